@@ -1,0 +1,166 @@
+/*
+ * colld.h - the public C API of colld, the per-node collective offload service.
+ *
+ * An application links libcolld, connects to the local colld daemon, joins communicators and posts
+ * collectives; the daemon owns the buffers' transport and runs the reductions. This is the only
+ * public header. Names and semantics follow NCCL where NCCL defines them.
+ *
+ * Lifetime rules (libuv style):
+ *  - If a create/connect/init call fails, there is nothing to destroy.
+ *  - If it succeeds, the matching destroy/disconnect is mandatory.
+ *  - Memory is reusable only after the destroy call returns.
+ *  - A colld_comm_t is used by one thread at a time (as an ncclComm_t); different communicators of
+ *    one client may be used from different threads.
+ *
+ * Changelog:
+ *  0.1  first version: connect, unique ids, communicators, host memory, all-reduce.
+ */
+#ifndef COLLD_COLLD_H
+#define COLLD_COLLD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define COLLD_VERSION_MAJOR 0
+#define COLLD_VERSION_MINOR 1
+#define COLLD_API_VERSION   1
+
+/*
+ * Status codes: one list generates the enum, colld_status_name and colld_status_string, so they
+ * cannot drift. X(NAME, value, "what it means and what to do next").
+ */
+#define COLLD_STATUS_LIST(X)                                                                        \
+    X(OK, 0, "success")                                                                            \
+    X(INPROGRESS, 1, "the operation has been issued and has not completed yet")                    \
+    X(ERR_INVALID_ARGUMENT, -1, "an argument is invalid (NULL pointer, out-of-range value, "       \
+      "unknown id or buffer out of bounds); see colld_comm_last_error for which one")              \
+    X(ERR_INVALID_USAGE, -2, "the call is not allowed in the current state (e.g. a rank joined "   \
+      "twice or a communicator used after destroy); fix the calling code")                         \
+    X(ERR_NO_MEMORY, -3, "out of memory in the client or the daemon")                              \
+    X(ERR_SYSTEM, -4, "a system call failed; run with COLLD_LOG_LEVEL=INFO for details")           \
+    X(ERR_DAEMON_UNAVAILABLE, -5, "no colld daemon answers on the socket; start colld or set "     \
+      "COLLD_SOCKET to its socket path")                                                           \
+    X(ERR_DAEMON_LOST, -6, "the connection to the colld daemon was lost (it died or was "          \
+      "restarted); destroy communicators and reconnect")                                           \
+    X(ERR_PEER_LOST, -7, "a peer rank's process died or disconnected; the communicator is "        \
+      "broken, destroy it")                                                                        \
+    X(ERR_NODE_LOST, -8, "a peer node's daemon was lost; the communicator is broken")              \
+    X(ERR_TIMEOUT, -9, "the operation timed out waiting for other ranks; "                         \
+      "colld_comm_last_error names the missing ranks")                                             \
+    X(ERR_MISMATCH, -10, "ranks called different collectives for the same sequence number; "       \
+      "colld_comm_last_error lists each rank's call")                                              \
+    X(ERR_ABORTED, -11, "the communicator was aborted")                                            \
+    X(ERR_PERMISSION_DENIED, -12, "the caller is not allowed to do this")                          \
+    X(ERR_QUOTA_EXCEEDED, -13, "a per-session or per-tenant limit of the daemon was reached")      \
+    X(ERR_DEVICE, -14, "a GPU or device error occurred")                                           \
+    X(ERR_NOT_SUPPORTED, -15, "this feature is not supported by this build or daemon")             \
+    X(ERR_PROTOCOL, -16, "client and daemon disagree on the protocol (version mismatch or a "      \
+      "corrupt message); use matching versions of libcolld and colld")                             \
+    X(ERR_INTERNAL, -17, "internal error in colld; please report it with the daemon log")
+
+typedef enum {
+#define COLLD_STATUS_ENUM_(name, value, text) COLLD_##name = (value),
+    COLLD_STATUS_LIST(COLLD_STATUS_ENUM_)
+#undef COLLD_STATUS_ENUM_
+} colld_status_t;
+
+typedef enum {
+    COLLD_INT8 = 0,
+    COLLD_UINT8 = 1,
+    COLLD_INT32 = 2,
+    COLLD_UINT32 = 3,
+    COLLD_INT64 = 4,
+    COLLD_UINT64 = 5,
+    COLLD_FLOAT16 = 6,
+    COLLD_BFLOAT16 = 7,
+    COLLD_FLOAT32 = 8,
+    COLLD_FLOAT64 = 9,
+    COLLD_DTYPE_COUNT = 10
+} colld_dtype_t;
+
+typedef enum {
+    COLLD_SUM = 0,
+    COLLD_PROD = 1,
+    COLLD_MIN = 2,
+    COLLD_MAX = 3,
+    COLLD_AVG = 4, /* integer average truncates, as NCCL */
+    COLLD_REDOP_COUNT = 5
+} colld_redop_t;
+
+typedef enum {
+    COLLD_MEM_HOST = 0,
+    COLLD_MEM_CUDA = 1
+} colld_memtype_t;
+
+typedef struct colld_client colld_client_t; /* one connection to the local daemon */
+typedef struct colld_comm colld_comm_t;     /* one rank's handle on a communicator */
+typedef struct {
+    char internal[128];
+} colld_unique_id_t;
+
+/* Communicator configuration. Starts with size and version so it can grow (as ncclConfig_t). */
+typedef struct {
+    size_t size;         /* sizeof(colld_comm_config_t) */
+    unsigned version;    /* COLLD_API_VERSION */
+    int timeout_ms;      /* collective and join timeout; 0: the daemon's default; < 0 invalid */
+    const char *name;    /* shown by collctl; NULL: none. Copied, at most 63 bytes kept */
+} colld_comm_config_t;
+
+#define COLLD_COMM_CONFIG_INIT { sizeof(colld_comm_config_t), COLLD_API_VERSION, 0, NULL }
+
+/* Connect to the local daemon. socket_path NULL: $COLLD_SOCKET, else /run/colld/colld.sock for
+ * root and $XDG_RUNTIME_DIR/colld.sock otherwise. */
+colld_status_t colld_connect(const char *socket_path, colld_client_t **out);
+/* Disconnect. Communicators of this client must be destroyed first; memory from colld_mem_alloc
+ * is released. */
+colld_status_t colld_disconnect(colld_client_t *c);
+
+colld_status_t colld_get_unique_id(colld_client_t *c, colld_unique_id_t *id);
+/* Join a communicator as `rank` of `nranks`. Blocks until every rank has joined or the timeout
+ * (cfg->timeout_ms or the daemon default) expires. */
+colld_status_t colld_comm_init_rank(colld_client_t *c, colld_comm_t **comm, int nranks,
+                                    colld_unique_id_t id, int rank, const colld_comm_config_t *cfg);
+colld_status_t colld_comm_destroy(colld_comm_t *comm); /* waits for issued work */
+colld_status_t colld_comm_abort(colld_comm_t *comm);   /* never blocks on peers */
+colld_status_t colld_comm_get_async_error(colld_comm_t *comm, colld_status_t *err);
+const char *colld_comm_last_error(colld_comm_t *comm); /* detail of this comm's last error */
+colld_status_t colld_comm_count(const colld_comm_t *comm, int *nranks);
+colld_status_t colld_comm_user_rank(const colld_comm_t *comm, int *rank);
+
+/* Host memory shared with the daemon (zero copy). Released by colld_mem_free or disconnect. */
+colld_status_t colld_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, colld_memtype_t type);
+colld_status_t colld_mem_free(colld_client_t *c, void *ptr);
+
+/* Collectives: asynchronous. For host buffers `stream` must be NULL and completion is observed with
+ * colld_comm_synchronize / colld_comm_query. In-place when sendbuf == recvbuf. */
+colld_status_t colld_allreduce(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype,
+                               colld_redop_t op, colld_comm_t *comm, void *stream);
+colld_status_t colld_broadcast(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype,
+                               int root, colld_comm_t *comm, void *stream);
+colld_status_t colld_reduce(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype,
+                            colld_redop_t op, int root, colld_comm_t *comm, void *stream);
+colld_status_t colld_allgather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                               colld_dtype_t dtype, colld_comm_t *comm, void *stream);
+colld_status_t colld_reducescatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                   colld_dtype_t dtype, colld_redop_t op, colld_comm_t *comm,
+                                   void *stream);
+colld_status_t colld_group_start(void);
+colld_status_t colld_group_end(void);
+colld_status_t colld_comm_synchronize(colld_comm_t *comm); /* waits for all issued host work */
+colld_status_t colld_comm_query(colld_comm_t *comm);       /* COLLD_OK, COLLD_INPROGRESS or error */
+
+const char *colld_status_name(colld_status_t s);   /* "COLLD_ERR_TIMEOUT" */
+const char *colld_status_string(colld_status_t s); /* what it means and what to do next */
+
+/* Size in bytes of one element of dtype, 0 for an unknown dtype. */
+size_t colld_dtype_size(colld_dtype_t dtype);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* COLLD_COLLD_H */

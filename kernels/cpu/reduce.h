@@ -1,0 +1,40 @@
+/*
+ * reduce.h - CPU reduction kernels: one generic core instantiated for every dtype x op.
+ *
+ * A multi-input kernel reads element i of every input in rank order (0, 1, ..., n_in-1), combines
+ * them, and writes the result to element i of every output. Inputs and outputs may alias each
+ * other (in-place collectives): every block of elements is read completely before it is written.
+ * Results are deterministic and identical between the dispatched (SIMD) and scalar versions:
+ * bitwise the same for every dtype, op, count and alignment.
+ *
+ * Semantics (as NCCL): sum, prod, min, max; avg = sum / n_in (integers truncate toward zero).
+ * Integer arithmetic wraps (two's complement). float16 and bfloat16 are accumulated in float over
+ * all inputs and rounded once (round to nearest even) when written. For min/max on floats a NaN
+ * input gives NaN.
+ */
+#ifndef COLLD_KERNELS_CPU_REDUCE_H
+#define COLLD_KERNELS_CPU_REDUCE_H
+
+#include <colld/colld.h>
+#include <stddef.h>
+
+/* Reduce n_in inputs into n_out outputs over `count` elements, using the best implementation for
+ * this CPU (chosen once at first use). n_in >= 1, n_out >= 0. Returns COLLD_OK, or
+ * COLLD_ERR_INVALID_ARGUMENT for an unknown dtype/op or n_in < 1. */
+colld_status_t colld_cpu_reduce(colld_dtype_t dtype, colld_redop_t op, const void *const *in, int n_in,
+                                void *const *out, int n_out, size_t count);
+
+/* The same, always the portable scalar code: the test oracle. */
+colld_status_t colld_cpu_reduce_scalar(colld_dtype_t dtype, colld_redop_t op, const void *const *in,
+                                       int n_in, void *const *out, int n_out, size_t count);
+
+/* Name of the implementation colld_cpu_reduce uses on this CPU ("avx512", "avx2", "scalar"). */
+const char *colld_cpu_reduce_impl(void);
+
+/* Conversions used by the kernels and by tests (round to nearest even; NaN stays NaN). */
+float colld_half_to_float(uint16_t h);
+uint16_t colld_float_to_half(float f);
+float colld_bf16_to_float(uint16_t b);
+uint16_t colld_float_to_bf16(float f);
+
+#endif /* COLLD_KERNELS_CPU_REDUCE_H */

@@ -1,0 +1,160 @@
+/*
+ * wire.h - the shared-memory and session-socket wire format between libcolld and colld.
+ *
+ * Both sides compile this header; nothing here is public API. The daemon treats every byte a
+ * client can write (its rings, its messages) as untrusted input and validates it before use.
+ *
+ * Session shared memory (one memfd per session, created by the daemon, mapped by both):
+ *
+ *   colld_wire_shm_t  header, ring control words on their own cache lines
+ *   sq entries        colld_wire_sqe_t[sq_entries]   client -> daemon work descriptors
+ *   cq entries        colld_wire_cqe_t[cq_entries]   daemon -> client completions
+ *
+ * Doorbells:
+ *   - client -> daemon: the daemon sets sq.need_wakeup before it sleeps in epoll; a client that
+ *     pushed work and sees need_wakeup writes the session eventfd (io_uring SQPOLL style). No
+ *     system call while the daemon is awake.
+ *   - daemon -> client: cq.doorbell is a futex word bumped after every batch of completions; the
+ *     daemon calls FUTEX_WAKE only when cq.waiters is non-zero.
+ */
+#ifndef COLLD_PROTO_WIRE_H
+#define COLLD_PROTO_WIRE_H
+
+#include <stdint.h>
+
+#define COLLD_WIRE_MAGIC 0x434f4c44u /* "COLD" */
+#define COLLD_WIRE_VERSION 1
+#define COLLD_WIRE_TOKEN_BYTES 16
+#define COLLD_WIRE_UNIQUE_ID_BYTES 16
+#define COLLD_WIRE_CACHELINE 64
+
+/* ---------------------------------------------------------------------------------------------
+ * Work descriptors
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum {
+    COLLD_KIND_ALLREDUCE = 1,
+    COLLD_KIND_BROADCAST = 2,
+    COLLD_KIND_REDUCE = 3,
+    COLLD_KIND_ALLGATHER = 4,
+    COLLD_KIND_REDUCESCATTER = 5,
+} colld_kind_t;
+
+/* A buffer reference: a registration of the submitting session plus a byte offset into it. */
+typedef struct {
+    uint32_t reg_id;
+    uint32_t reserved;
+    uint64_t offset;
+} colld_wire_buf_t;
+
+/* One work descriptor (64 bytes). `seq` counts from 1 per (session, communicator handle). */
+typedef struct {
+    uint64_t seq;
+    uint64_t count;
+    uint32_t comm;     /* session-local communicator handle from CommInit */
+    uint8_t kind;      /* colld_kind_t */
+    uint8_t dtype;     /* colld_dtype_t */
+    uint8_t redop;     /* colld_redop_t */
+    uint8_t flags;
+    int32_t root;
+    uint32_t reserved;
+    colld_wire_buf_t send;
+    colld_wire_buf_t recv;
+} colld_wire_sqe_t;
+
+/* One completion (32 bytes). */
+typedef struct {
+    uint64_t seq;
+    uint32_t comm;
+    int32_t status; /* colld_status_t */
+    uint64_t reserved[2];
+} colld_wire_cqe_t;
+
+_Static_assert(sizeof(colld_wire_sqe_t) == 64, "sqe layout");
+_Static_assert(sizeof(colld_wire_cqe_t) == 32, "cqe layout");
+
+/* ---------------------------------------------------------------------------------------------
+ * Session shared memory
+ * ------------------------------------------------------------------------------------------- */
+
+/* Ring control: the producer owns `head`, the consumer owns `tail`; both count entries ever
+ * pushed/popped (index = counter & (entries - 1)). */
+typedef struct {
+    _Alignas(COLLD_WIRE_CACHELINE) uint64_t head;
+    _Alignas(COLLD_WIRE_CACHELINE) uint64_t tail;
+    _Alignas(COLLD_WIRE_CACHELINE) uint32_t doorbell; /* futex word (cq) */
+    uint32_t waiters;                                   /* cq: consumer sleeps on doorbell */
+    uint32_t need_wakeup;                               /* sq: daemon sleeps, write the eventfd */
+    uint32_t reserved;
+} colld_wire_ring_t;
+
+typedef struct {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t sq_entries; /* power of two */
+    uint32_t cq_entries; /* power of two */
+    uint64_t sq_offset;  /* byte offset of the sqe array from the start of the mapping */
+    uint64_t cq_offset;
+    uint64_t total_size;
+    colld_wire_ring_t sq;
+    colld_wire_ring_t cq;
+} colld_wire_shm_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * Session socket messages (fixed size, 128 bytes; file descriptors ride along as SCM_RIGHTS)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum {
+    COLLD_MSG_HELLO = 1,       /* client -> daemon: version, role, process name */
+    COLLD_MSG_WELCOME = 2,     /* daemon -> client: session id, token, rings; fds: shm, eventfd */
+    COLLD_MSG_REG = 3,         /* client -> daemon: register memory; fd: memfd */
+    COLLD_MSG_REG_REPLY = 4,   /* daemon -> client: registration id or error */
+    COLLD_MSG_DEREG = 5,       /* client -> daemon: release a registration */
+    COLLD_MSG_DEREG_REPLY = 6, /* daemon -> client */
+} colld_msg_type_t;
+
+typedef enum {
+    COLLD_ROLE_CLIENT = 0,
+    COLLD_ROLE_ADMIN = 1, /* collctl: not counted as a workload session */
+} colld_role_t;
+
+#define COLLD_WIRE_DETAIL_BYTES 112
+
+typedef struct {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t type;   /* colld_msg_type_t */
+    int32_t status;  /* replies: colld_status_t; on error `u.detail` says why */
+    uint32_t reserved;
+    union {
+        struct {
+            uint32_t role;
+            uint32_t reserved;
+            char process_name[48];
+        } hello;
+        struct {
+            uint64_t session_id;
+            uint8_t token[COLLD_WIRE_TOKEN_BYTES];
+            uint64_t shm_size;
+            uint32_t sq_entries;
+            uint32_t cq_entries;
+        } welcome;
+        struct {
+            uint64_t bytes;
+            uint64_t cookie; /* echoed in the reply */
+        } reg;
+        struct {
+            uint32_t reg_id;
+            uint32_t reserved;
+            uint64_t cookie;
+        } reg_reply;
+        struct {
+            uint32_t reg_id;
+        } dereg;
+        char detail[COLLD_WIRE_DETAIL_BYTES];
+    } u;
+} colld_wire_msg_t;
+
+_Static_assert(sizeof(colld_wire_msg_t) == 128, "message layout");
+
+#endif /* COLLD_PROTO_WIRE_H */
