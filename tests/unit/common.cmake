@@ -1,1 +1,4 @@
-# common unit tests
+# common unit tests: status strings, logging, configuration tables.
+colld_unit_test(test_status SOURCES test_status.c LIBS colld_common TIMEOUT 30)
+colld_unit_test(test_log SOURCES test_log.c LIBS colld_common TIMEOUT 30)
+colld_unit_test(test_config SOURCES test_config.c LIBS colld_common TIMEOUT 30)
