@@ -40,16 +40,20 @@ int colld_rpc_server_create(const char *address, const colld_rpc_method_t *metho
 /* Start the completion-queue thread. Returns 0 or -1. */
 int colld_rpc_server_start(colld_rpc_server_t *srv);
 /* Stop: no new calls are dispatched; calls in flight are cancelled (their peers see CANCELLED or
- * UNAVAILABLE); unanswered deferred calls are released, and later reply/fail on them are
- * harmless no-ops. Joins the thread and frees everything. NULL is a no-op. */
+ * UNAVAILABLE); unanswered deferred calls are released, and reply/fail/send/finish on them from
+ * other threads while destroy runs are harmless no-ops. Joins the thread and frees everything,
+ * released calls included: once destroy has returned, every call pointer is invalid, so owners
+ * of deferred calls must drop them without answering (or answer them before destroy). Must not be
+ * called from a handler (it joins the handlers' thread). NULL is a no-op. */
 void colld_rpc_server_destroy(colld_rpc_server_t *srv);
 
 /* Answer a unary call with OK and `resp`. Thread-safe. The wrapper packs resp before returning. */
 void colld_rpc_reply(colld_rpc_call_t *call, const ProtobufCMessage *resp);
-/* Answer with a non-OK gRPC status and message. Thread-safe. */
+/* Answer with a non-OK gRPC status and message. Thread-safe. (For a streaming call this is the
+ * same as colld_rpc_finish; reply on a streaming call is one last message then finish OK.) */
 void colld_rpc_fail(colld_rpc_call_t *call, grpc_status_code code, const char *message);
 /* Streaming: queue one message (copied/packed now; sends are serialised internally). Returns 0,
- * or -1 when the client is gone (then still call colld_rpc_finish). */
+ * or -1 when the client is gone (then still call colld_rpc_finish). Always -1 on a unary call. */
 int colld_rpc_send(colld_rpc_call_t *call, const ProtobufCMessage *msg);
 /* Streaming: end the stream with a status. */
 void colld_rpc_finish(colld_rpc_call_t *call, grpc_status_code code, const char *message);
