@@ -11,6 +11,12 @@
  * Integer arithmetic wraps (two's complement). float16 and bfloat16 are accumulated in float over
  * all inputs and rounded once (round to nearest even) when written. For min/max on floats a NaN
  * input gives NaN.
+ *
+ * Details of this implementation: integer avg divides the wrapped sum (read in the element type) by
+ * n_in; float avg is sum / n_in in the accumulator precision (float for float16/bfloat16, then
+ * rounded once); min/max return the first NaN in rank order. Every pointer must be aligned to its
+ * element size. An output may be the very same buffer as an input, but buffers must not otherwise
+ * overlap.
  */
 #ifndef COLLD_KERNELS_CPU_REDUCE_H
 #define COLLD_KERNELS_CPU_REDUCE_H
