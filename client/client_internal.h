@@ -1,0 +1,96 @@
+/*
+ * client_internal.h - the objects of libcolld.
+ *
+ *   colld_client_t  one session with the local daemon: the session socket (identity, fds,
+ *                   liveness), the shared-memory rings, the gRPC channel, the registrations.
+ *   colld_comm_t    one rank's handle on a communicator: sequence counters and error state.
+ *
+ * Locking: client->mu guards the rings, the communicator table and the registrations;
+ * client->sock_mu serialises request/reply exchanges on the session socket. A monitor thread
+ * watches the session socket and, when the daemon goes away, marks the client lost and wakes
+ * every waiter, so no call ever waits for a daemon that is gone.
+ */
+#ifndef COLLD_CLIENT_INTERNAL_H
+#define COLLD_CLIENT_INTERNAL_H
+
+#include "client/rpc/rpc_client.h"
+#include "proto/wire.h"
+
+#include <colld/colld.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define COLLD_CLIENT_DETAIL_LEN 512
+#define COLLD_CLIENT_RPC_TIMEOUT_MS 10000
+
+typedef struct {
+    void *base;
+    size_t size;
+    uint32_t reg_id;
+} colld_client_reg_t;
+
+struct colld_client {
+    char socket_path[256];
+    int sock;
+    pthread_mutex_t sock_mu;
+    uint64_t session_id;
+    uint8_t token[COLLD_WIRE_TOKEN_BYTES];
+    int default_timeout_ms;
+
+    colld_wire_shm_t *shm;
+    size_t shm_size;
+    colld_wire_sqe_t *sqes;
+    colld_wire_cqe_t *cqes;
+    uint32_t entries;
+    int efd;
+
+    pthread_mutex_t mu;
+    uint64_t sq_head; /* our copy */
+    uint64_t cq_tail; /* our copy */
+    colld_comm_t **comms; /* by daemon handle */
+    uint32_t ncomms_slots;
+    colld_client_reg_t *regs;
+    size_t nregs, cap_regs;
+
+    atomic_bool lost;
+    pthread_t monitor;
+    bool monitor_started;
+    int wake_pipe[2];
+    colld_rpc_channel_t *rpc;
+};
+
+struct colld_comm {
+    colld_client_t *client;
+    uint32_t handle;
+    uint64_t comm_id;
+    int rank, nranks;
+    int timeout_ms;
+    uint64_t issued;    /* collectives posted */
+    uint64_t completed; /* completions received */
+    colld_status_t async_error;  /* first error of this communicator; sticky */
+    bool detail_fetched;
+    char last_error[COLLD_CLIENT_DETAIL_LEN];
+};
+
+/* client.c */
+colld_status_t colld__connect_role(const char *socket_path, int role, colld_client_t **out);
+colld_status_t colld__client_rpc(colld_client_t *c, const char *method, const ProtobufCMessage *req,
+                                 const ProtobufCMessageDescriptor *resp_desc, int timeout_ms,
+                                 ProtobufCMessage **resp, char *detail, size_t detail_len);
+/* Fill a SessionRef of a request (points into c; valid while c lives). */
+void colld__client_session_ref(colld_client_t *c, void *ref);
+/* Post one descriptor (waits for ring space). */
+colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *sqe);
+/* Wait until every collective issued on comm has completed. */
+colld_status_t colld__client_wait(colld_client_t *c, colld_comm_t *comm);
+/* Reap completions without waiting. */
+void colld__client_poll(colld_client_t *c);
+/* Translate a pointer range to a registration (mu held). Returns 0, -1 when the start is in no
+ * registration, -2 when the range runs past the end of the one it starts in. */
+int colld__client_lookup(colld_client_t *c, const void *p, size_t bytes, colld_wire_buf_t *out);
+int colld__client_add_comm(colld_client_t *c, colld_comm_t *comm);
+void colld__client_remove_comm(colld_client_t *c, colld_comm_t *comm);
+
+#endif /* COLLD_CLIENT_INTERNAL_H */

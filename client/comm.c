@@ -1,0 +1,365 @@
+/*
+ * comm.c - libcolld communicators and collectives.
+ *
+ * Joining and destroying go through the control plane (gRPC); collectives are descriptors posted
+ * on the submission ring, matched by the daemon across ranks by sequence number. Each
+ * communicator keeps its first error (sticky, as NCCL's async error): once broken, calls on it
+ * fail fast with that status, and colld_comm_last_error explains it.
+ */
+#include "client/client_internal.h"
+
+#include "colld.pb-c.h"
+#include "common/log.h"
+#include "common/util.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define JOIN_RPC_MARGIN_MS 5000
+
+/* Record a client-side error on a communicator and return it. */
+static colld_status_t comm_error(colld_comm_t *comm, colld_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static colld_status_t comm_error(colld_comm_t *comm, colld_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+    int n = snprintf(comm->last_error, sizeof(comm->last_error), "%s: ", colld_status_name(st));
+    va_start(ap, fmt);
+    vsnprintf(comm->last_error + n, sizeof(comm->last_error) - (size_t)n, fmt, ap);
+    va_end(ap);
+    comm->detail_fetched = true;
+    LOG_INFO(CLIENT, "%s: %s", colld_status_name(st), comm->last_error);
+    return st;
+}
+
+colld_status_t colld_get_unique_id(colld_client_t *c, colld_unique_id_t *id)
+{
+    if (!c || !id)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    Colld__V1__GetUniqueIdRequest req = COLLD__V1__GET_UNIQUE_ID_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    colld__client_session_ref(c, &ref);
+    req.session = &ref;
+    Colld__V1__GetUniqueIdResponse *resp = NULL;
+    char detail[256] = "";
+    colld_status_t st = colld__client_rpc(c, "/colld.v1.Colld/GetUniqueId", &req.base,
+                                          &colld__v1__get_unique_id_response__descriptor, COLLD_CLIENT_RPC_TIMEOUT_MS,
+                                          (ProtobufCMessage **)&resp, detail, sizeof(detail));
+    if (st != COLLD_OK) {
+        LOG_WARN(CLIENT, "colld_get_unique_id: %s: %s", colld_status_name(st), detail);
+        return st;
+    }
+    if (resp->unique_id.len != COLLD_WIRE_UNIQUE_ID_BYTES) {
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+        return COLLD_ERR_PROTOCOL;
+    }
+    memset(id, 0, sizeof(*id));
+    memcpy(id->internal, resp->unique_id.data, resp->unique_id.len);
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return COLLD_OK;
+}
+
+colld_status_t colld_comm_init_rank(colld_client_t *c, colld_comm_t **comm, int nranks, colld_unique_id_t id,
+                                    int rank, const colld_comm_config_t *cfg)
+{
+    if (!c || !comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    *comm = NULL;
+    if (nranks < 1 || rank < 0 || rank >= nranks) {
+        LOG_WARN(CLIENT, "colld_comm_init_rank: rank %d / nranks %d out of range", rank, nranks);
+        return COLLD_ERR_INVALID_ARGUMENT;
+    }
+    int timeout_ms = 0;
+    const char *name = NULL;
+    if (cfg) {
+        if (cfg->size < offsetof(colld_comm_config_t, name) + sizeof(cfg->name) || cfg->version == 0 ||
+            cfg->version > COLLD_API_VERSION) {
+            LOG_WARN(CLIENT, "colld_comm_init_rank: config not initialised with COLLD_COMM_CONFIG_INIT");
+            return COLLD_ERR_INVALID_ARGUMENT;
+        }
+        if (cfg->timeout_ms < 0) {
+            LOG_WARN(CLIENT, "colld_comm_init_rank: negative timeout_ms %d", cfg->timeout_ms);
+            return COLLD_ERR_INVALID_ARGUMENT;
+        }
+        timeout_ms = cfg->timeout_ms;
+        name = cfg->name;
+    }
+    colld_comm_t *cm = calloc(1, sizeof(*cm));
+    if (!cm)
+        return COLLD_ERR_NO_MEMORY;
+    char cname[64] = "";
+    colld_strlcpy(cname, name, sizeof(cname));
+
+    Colld__V1__CommInitRequest req = COLLD__V1__COMM_INIT_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    colld__client_session_ref(c, &ref);
+    req.session = &ref;
+    req.unique_id.data = (uint8_t *)id.internal;
+    req.unique_id.len = COLLD_WIRE_UNIQUE_ID_BYTES;
+    req.nranks = nranks;
+    req.rank = rank;
+    req.timeout_ms = timeout_ms;
+    req.name = cname;
+    int wait_ms = (timeout_ms ? timeout_ms : c->default_timeout_ms) + JOIN_RPC_MARGIN_MS;
+    Colld__V1__CommInitResponse *resp = NULL;
+    char detail[512] = "";
+    colld_status_t st = colld__client_rpc(c, "/colld.v1.Colld/CommInit", &req.base,
+                                          &colld__v1__comm_init_response__descriptor, wait_ms,
+                                          (ProtobufCMessage **)&resp, detail, sizeof(detail));
+    if (st != COLLD_OK) {
+        LOG_WARN(CLIENT, "colld_comm_init_rank(rank %d of %d): %s: %s", rank, nranks, colld_status_name(st), detail);
+        free(cm);
+        return st;
+    }
+    cm->client = c;
+    cm->handle = resp->handle;
+    cm->comm_id = resp->comm_id;
+    cm->timeout_ms = resp->timeout_ms;
+    cm->rank = rank;
+    cm->nranks = nranks;
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    if (colld__client_add_comm(c, cm) < 0) {
+        free(cm); /* the daemon sees this rank leave when the session ends */
+        return COLLD_ERR_NO_MEMORY;
+    }
+    *comm = cm;
+    return COLLD_OK;
+}
+
+colld_status_t colld_comm_destroy(colld_comm_t *comm)
+{
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    colld_client_t *c = comm->client;
+    if (!atomic_load(&c->lost))
+        (void)colld__client_wait(c, comm); /* issued work finishes (or fails) first */
+    if (!atomic_load(&c->lost)) {
+        Colld__V1__CommDestroyRequest req = COLLD__V1__COMM_DESTROY_REQUEST__INIT;
+        Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+        colld__client_session_ref(c, &ref);
+        req.session = &ref;
+        req.handle = comm->handle;
+        Colld__V1__CommDestroyResponse *resp = NULL;
+        char detail[256] = "";
+        colld_status_t st = colld__client_rpc(c, "/colld.v1.Colld/CommDestroy", &req.base,
+                                              &colld__v1__comm_destroy_response__descriptor,
+                                              COLLD_CLIENT_RPC_TIMEOUT_MS, (ProtobufCMessage **)&resp, detail,
+                                              sizeof(detail));
+        if (resp)
+            protobuf_c_message_free_unpacked(&resp->base, NULL);
+        if (st != COLLD_OK && st != COLLD_ERR_DAEMON_LOST)
+            LOG_WARN(CLIENT, "colld_comm_destroy: %s: %s", colld_status_name(st), detail);
+    }
+    colld__client_remove_comm(c, comm);
+    free(comm);
+    return COLLD_OK;
+}
+
+colld_status_t colld_comm_abort(colld_comm_t *comm)
+{
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    return comm_error(comm, COLLD_ERR_NOT_SUPPORTED, "colld_comm_abort is not supported by this version yet");
+}
+
+colld_status_t colld_comm_get_async_error(colld_comm_t *comm, colld_status_t *err)
+{
+    if (!comm || !err)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    colld__client_poll(comm->client);
+    *err = __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED);
+    if (*err == COLLD_OK && atomic_load(&comm->client->lost))
+        *err = COLLD_ERR_DAEMON_LOST;
+    return COLLD_OK;
+}
+
+const char *colld_comm_last_error(colld_comm_t *comm)
+{
+    if (!comm)
+        return "invalid communicator (NULL)";
+    colld_client_t *c = comm->client;
+    if (comm->async_error != COLLD_OK && !comm->detail_fetched) {
+        Colld__V1__CommErrorRequest req = COLLD__V1__COMM_ERROR_REQUEST__INIT;
+        Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+        colld__client_session_ref(c, &ref);
+        req.session = &ref;
+        req.handle = comm->handle;
+        Colld__V1__CommErrorResponse *resp = NULL;
+        char detail[256] = "";
+        colld_status_t st = colld__client_rpc(c, "/colld.v1.Colld/CommError", &req.base,
+                                              &colld__v1__comm_error_response__descriptor, COLLD_CLIENT_RPC_TIMEOUT_MS,
+                                              (ProtobufCMessage **)&resp, detail, sizeof(detail));
+        if (st == COLLD_OK) {
+            snprintf(comm->last_error, sizeof(comm->last_error), "%s: %s", colld_status_name(comm->async_error),
+                     resp->comm_detail);
+            protobuf_c_message_free_unpacked(&resp->base, NULL);
+        } else
+            snprintf(comm->last_error, sizeof(comm->last_error), "%s (no detail: %s)",
+                     colld_status_name(comm->async_error), colld_status_name(st));
+        comm->detail_fetched = true;
+    }
+    if (atomic_load(&c->lost) && comm->async_error == COLLD_OK && !comm->last_error[0])
+        return "COLLD_ERR_DAEMON_LOST: the connection to the colld daemon was lost";
+    return comm->last_error;
+}
+
+colld_status_t colld_comm_count(const colld_comm_t *comm, int *nranks)
+{
+    if (!comm || !nranks)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    *nranks = comm->nranks;
+    return COLLD_OK;
+}
+
+colld_status_t colld_comm_user_rank(const colld_comm_t *comm, int *rank)
+{
+    if (!comm || !rank)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    *rank = comm->rank;
+    return COLLD_OK;
+}
+
+/* ============================================================================================
+ * Collectives
+ * ========================================================================================== */
+
+/* Check the common arguments of a collective; returns COLLD_OK or the error (recorded). */
+static colld_status_t check_common(colld_comm_t *comm, colld_dtype_t dtype, void *stream)
+{
+    if (atomic_load(&comm->client->lost))
+        return comm_error(comm, COLLD_ERR_DAEMON_LOST, "the connection to the colld daemon was lost");
+    colld_status_t err = __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED);
+    if (err != COLLD_OK)
+        return err; /* broken: fail fast with the first error */
+    if (stream)
+        return comm_error(comm, COLLD_ERR_NOT_SUPPORTED,
+                          "stream must be NULL: GPU streams need the CUDA backend, not in this version");
+    if ((unsigned)dtype >= COLLD_DTYPE_COUNT)
+        return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "unknown dtype %d", (int)dtype);
+    return COLLD_OK;
+}
+
+/* Resolve a buffer to a registration; NULL or foreign memory is an error (recorded). */
+static colld_status_t resolve(colld_comm_t *comm, const void *p, size_t bytes, const char *which,
+                              colld_wire_buf_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (bytes == 0)
+        return COLLD_OK;
+    if (!p)
+        return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "%s is NULL", which);
+    colld_client_t *c = comm->client;
+    pthread_mutex_lock(&c->mu);
+    int rc = colld__client_lookup(c, p, bytes, out);
+    pthread_mutex_unlock(&c->mu);
+    if (rc == -2)
+        return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "%s (%p): %zu bytes run past the end of its buffer",
+                          which, p, bytes);
+    if (rc < 0)
+        return comm_error(comm, COLLD_ERR_NOT_SUPPORTED,
+                          "%s (%p, %zu bytes) is not inside one buffer from colld_mem_alloc; other memory is not "
+                          "supported by this version yet",
+                          which, p, bytes);
+    return COLLD_OK;
+}
+
+colld_status_t colld_allreduce(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype,
+                               colld_redop_t op, colld_comm_t *comm, void *stream)
+{
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    colld_status_t st = check_common(comm, dtype, stream);
+    if (st != COLLD_OK)
+        return st;
+    if ((unsigned)op >= COLLD_REDOP_COUNT)
+        return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "unknown reduction op %d", (int)op);
+    size_t bytes;
+    if (__builtin_mul_overflow(count, colld_dtype_size(dtype), &bytes))
+        return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "count %zu overflows", count);
+    colld_wire_sqe_t sqe;
+    memset(&sqe, 0, sizeof(sqe));
+    if ((st = resolve(comm, sendbuf, bytes, "sendbuf", &sqe.send)) != COLLD_OK ||
+        (st = resolve(comm, recvbuf, bytes, "recvbuf", &sqe.recv)) != COLLD_OK)
+        return st;
+    sqe.seq = comm->issued + 1;
+    sqe.count = count;
+    sqe.comm = comm->handle;
+    sqe.kind = COLLD_KIND_ALLREDUCE;
+    sqe.dtype = (uint8_t)dtype;
+    sqe.redop = (uint8_t)op;
+    st = colld__client_submit(comm->client, &sqe);
+    if (st != COLLD_OK)
+        return comm_error(comm, st, "cannot post the all-reduce: %s", colld_status_string(st));
+    comm->issued++;
+    return COLLD_OK;
+}
+
+/* Collectives of later versions: a clear status, never a crash. */
+static colld_status_t not_yet(colld_comm_t *comm, const char *what)
+{
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    return comm_error(comm, COLLD_ERR_NOT_SUPPORTED, "%s is not supported by this version yet", what);
+}
+
+colld_status_t colld_broadcast(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype, int root,
+                               colld_comm_t *comm, void *stream)
+{
+    (void)sendbuf, (void)recvbuf, (void)count, (void)dtype, (void)root, (void)stream;
+    return not_yet(comm, "colld_broadcast");
+}
+
+colld_status_t colld_reduce(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype,
+                            colld_redop_t op, int root, colld_comm_t *comm, void *stream)
+{
+    (void)sendbuf, (void)recvbuf, (void)count, (void)dtype, (void)op, (void)root, (void)stream;
+    return not_yet(comm, "colld_reduce");
+}
+
+colld_status_t colld_allgather(const void *sendbuf, void *recvbuf, size_t sendcount, colld_dtype_t dtype,
+                               colld_comm_t *comm, void *stream)
+{
+    (void)sendbuf, (void)recvbuf, (void)sendcount, (void)dtype, (void)stream;
+    return not_yet(comm, "colld_allgather");
+}
+
+colld_status_t colld_reducescatter(const void *sendbuf, void *recvbuf, size_t recvcount, colld_dtype_t dtype,
+                                   colld_redop_t op, colld_comm_t *comm, void *stream)
+{
+    (void)sendbuf, (void)recvbuf, (void)recvcount, (void)dtype, (void)op, (void)stream;
+    return not_yet(comm, "colld_reducescatter");
+}
+
+colld_status_t colld_group_start(void)
+{
+    return COLLD_ERR_NOT_SUPPORTED;
+}
+
+colld_status_t colld_group_end(void)
+{
+    return COLLD_ERR_NOT_SUPPORTED;
+}
+
+colld_status_t colld_comm_synchronize(colld_comm_t *comm)
+{
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    return colld__client_wait(comm->client, comm);
+}
+
+colld_status_t colld_comm_query(colld_comm_t *comm)
+{
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    colld__client_poll(comm->client);
+    colld_status_t err = __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED);
+    if (err != COLLD_OK)
+        return err;
+    if (__atomic_load_n(&comm->completed, __ATOMIC_ACQUIRE) >= comm->issued)
+        return COLLD_OK;
+    if (atomic_load(&comm->client->lost))
+        return COLLD_ERR_DAEMON_LOST;
+    return COLLD_INPROGRESS;
+}

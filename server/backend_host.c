@@ -1,0 +1,183 @@
+/*
+ * backend_host.c - the host backend: a pool of worker threads that run collectives directly on
+ * the ranks' mapped buffers (zero copy).
+ *
+ * An all-reduce over n ranks is split into element ranges; for each range a worker reads all n
+ * inputs and writes all n outputs in one pass (kernels/cpu), so the memory traffic is the minimum
+ * possible and in-place buffers are safe. Small jobs run on the calling (engine) thread alone,
+ * since waking workers costs more than the work. Results do not depend on the number of workers:
+ * every element is reduced in rank order by exactly one thread.
+ */
+#include "server/daemon.h"
+
+#include "common/log.h"
+#include "common/util.h"
+#include "kernels/cpu/reduce.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#define CHUNK_BYTES (256u * 1024u)     /* per task, per rank */
+#define PARALLEL_MIN_BYTES (64u * 1024u) /* below this the engine thread does it alone */
+
+struct colld_host_pool {
+    int nthreads;
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    bool stop;
+    uint64_t generation;       /* bumped per job so workers notice a new one */
+    const colld_host_job_t *job;
+    uint64_t chunk_elems;
+    uint64_t nchunks;
+    atomic_uint_fast64_t next_chunk;
+    atomic_uint_fast64_t chunks_done;
+    atomic_int failed;          /* first error status, 0 if none */
+    int busy;                   /* workers inside the current job */
+};
+
+/* Run elements [first, first+len) of an all-reduce. */
+static colld_status_t allreduce_range(const colld_host_job_t *job, uint64_t first, uint64_t len)
+{
+    size_t es = colld_dtype_size(job->dtype);
+    const void *in[COLLD_MAX_RANKS];
+    void *out[COLLD_MAX_RANKS];
+    for (int r = 0; r < job->n; r++) {
+        in[r] = (const char *)job->in[r] + first * es;
+        out[r] = (char *)job->out[r] + first * es;
+    }
+    return colld_cpu_reduce(job->dtype, job->op, in, job->n, out, job->n, (size_t)len);
+}
+
+/* Run one chunk of the current job. */
+static void run_chunk(colld_host_pool_t *p, const colld_host_job_t *job, uint64_t chunk)
+{
+    uint64_t first = chunk * p->chunk_elems;
+    uint64_t len = COLLD_MIN(p->chunk_elems, job->count - first);
+    colld_status_t st = allreduce_range(job, first, len);
+    if (st != COLLD_OK) {
+        int expected = 0;
+        atomic_compare_exchange_strong(&p->failed, &expected, (int)st);
+    }
+}
+
+/* Take chunks until none are left; returns after the last one this thread took. */
+static void take_chunks(colld_host_pool_t *p, const colld_host_job_t *job)
+{
+    for (;;) {
+        uint64_t c = atomic_fetch_add(&p->next_chunk, 1);
+        if (c >= p->nchunks)
+            return;
+        run_chunk(p, job, c);
+        atomic_fetch_add(&p->chunks_done, 1);
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    colld_host_pool_t *p = arg;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->stop && p->generation == seen)
+            pthread_cond_wait(&p->work_cv, &p->mu);
+        if (p->stop)
+            break;
+        seen = p->generation;
+        const colld_host_job_t *job = p->job;
+        p->busy++;
+        pthread_mutex_unlock(&p->mu);
+        if (job) /* NULL: woke after that job had already finished */
+            take_chunks(p, job);
+        pthread_mutex_lock(&p->mu);
+        if (--p->busy == 0)
+            pthread_cond_signal(&p->done_cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* Create a pool of nthreads-1 workers (the caller of colld_host_pool_run is the last one). */
+int colld_host_pool_create(int nthreads, colld_host_pool_t **out)
+{
+    colld_host_pool_t *p = calloc(1, sizeof(*p));
+    if (!p)
+        return -1;
+    p->nthreads = nthreads > 1 ? nthreads - 1 : 0;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->work_cv, NULL);
+    pthread_cond_init(&p->done_cv, NULL);
+    if (p->nthreads) {
+        p->threads = calloc((size_t)p->nthreads, sizeof(*p->threads));
+        if (!p->threads)
+            goto fail;
+    }
+    for (int i = 0; i < p->nthreads; i++)
+        if (pthread_create(&p->threads[i], NULL, worker_main, p) != 0) {
+            p->nthreads = i;
+            goto fail;
+        }
+    *out = p;
+    return 0;
+fail:
+    colld_host_pool_destroy(p);
+    return -1;
+}
+
+/* Stop and join the workers, free the pool. NULL is a no-op. */
+void colld_host_pool_destroy(colld_host_pool_t *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = true;
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->nthreads; i++)
+        pthread_join(p->threads[i], NULL);
+    free(p->threads);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->work_cv);
+    pthread_cond_destroy(&p->done_cv);
+    free(p);
+}
+
+/* Run a collective; returns when every element is done. Called by the engine thread only. */
+colld_status_t colld_host_pool_run(colld_host_pool_t *p, const colld_host_job_t *job)
+{
+    if (job->kind != COLLD_KIND_ALLREDUCE)
+        return COLLD_ERR_NOT_SUPPORTED;
+    if (job->count == 0)
+        return COLLD_OK;
+    size_t es = colld_dtype_size(job->dtype);
+    if (es == 0)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    uint64_t bytes = job->count * es;
+    if (p->nthreads == 0 || bytes < PARALLEL_MIN_BYTES)
+        return allreduce_range(job, 0, job->count);
+
+    pthread_mutex_lock(&p->mu);
+    /* A worker that woke late for an earlier job may still be in it: let it leave first. */
+    while (p->busy > 0)
+        pthread_cond_wait(&p->done_cv, &p->mu);
+    p->chunk_elems = CHUNK_BYTES / es;
+    p->nchunks = (job->count + p->chunk_elems - 1) / p->chunk_elems;
+    atomic_store(&p->next_chunk, 0);
+    atomic_store(&p->chunks_done, 0);
+    atomic_store(&p->failed, 0);
+    p->job = job;
+    p->generation++;
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+
+    take_chunks(p, job);
+
+    /* Wait until every worker that joined this job has left it, so none still reads `job`. */
+    pthread_mutex_lock(&p->mu);
+    while (p->busy > 0 || atomic_load(&p->chunks_done) < p->nchunks)
+        pthread_cond_wait(&p->done_cv, &p->mu);
+    p->job = NULL;
+    pthread_mutex_unlock(&p->mu);
+    int failed = atomic_load(&p->failed);
+    return failed ? (colld_status_t)failed : COLLD_OK;
+}

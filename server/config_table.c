@@ -1,0 +1,43 @@
+/*
+ * config_table.c - every option of the daemon: flag, environment name, default and doc, in one
+ * table (colld --help prints it).
+ */
+#include "server/daemon.h"
+
+#include <stddef.h>
+
+#define OPT(field) offsetof(colld_daemon_config_t, field)
+
+const colld_config_entry_t colld_daemon_config_table[] = {
+    { "socket", "COLLD_SOCKET", COLLD_CFG_STRING, NULL,
+      "session socket path (the gRPC control socket is <socket>.rpc); default /run/colld/colld.sock for root, "
+      "$XDG_RUNTIME_DIR/colld.sock otherwise",
+      OPT(socket), 0, 0 },
+    { "config", "COLLD_CONFIG", COLLD_CFG_STRING, NULL, "configuration file of 'name = value' lines", OPT(config), 0, 0 },
+    { "log-level", "COLLD_LOG_LEVEL", COLLD_CFG_STRING, "warn", "none, error, warn, info, debug or trace",
+      OPT(log_level), 0, 0 },
+    { "log-subsys", "COLLD_LOG_SUBSYS", COLLD_CFG_STRING, "ALL",
+      "subsystems to log: ALL or a list like SESSION,ENGINE,COLL; ^NAME excludes", OPT(log_subsys), 0, 0 },
+    { "log-file", "COLLD_LOG_FILE", COLLD_CFG_STRING, NULL, "log file (%h = host, %p = pid); default stderr",
+      OPT(log_file), 0, 0 },
+    { "workers", "COLLD_WORKERS", COLLD_CFG_INT, "0", "host backend threads; 0 = one per online CPU",
+      OPT(workers), 0, 256 },
+    { "timeout-ms", "COLLD_TIMEOUT_MS", COLLD_CFG_INT, "300000",
+      "default timeout of a collective and of forming a communicator (ms)", OPT(timeout_ms), 1, 86400000 },
+    { "max-timeout-ms", "COLLD_MAX_TIMEOUT_MS", COLLD_CFG_INT, "3600000",
+      "largest timeout a communicator may ask for; larger requests are capped (ms)", OPT(max_timeout_ms), 1, 86400000 },
+    { "ring-entries", "COLLD_RING_ENTRIES", COLLD_CFG_INT, "256",
+      "entries of each session's submission and completion ring (a power of two)", OPT(ring_entries), 8, 65536 },
+    { "spin-us", "COLLD_SPIN_US", COLLD_CFG_INT, "50", "engine busy-poll time before it sleeps (us)", OPT(spin_us), 0,
+      1000000 },
+    { "max-sessions", "COLLD_MAX_SESSIONS", COLLD_CFG_INT, "4096", "client connections served at once",
+      OPT(max_sessions), 1, 1000000 },
+    { "max-comms-per-session", "COLLD_MAX_COMMS_PER_SESSION", COLLD_CFG_INT, "1024",
+      "communicators one client process may belong to", OPT(max_comms_per_session), 1, 1000000 },
+    { "max-registered-bytes", "COLLD_MAX_REGISTERED_BYTES", COLLD_CFG_SIZE, "64G",
+      "memory one client process may share with the daemon (K/M/G suffixes)", OPT(max_registered_bytes), 0, 0 },
+    { "socket-mode", "COLLD_SOCKET_MODE", COLLD_CFG_STRING, "0660", "permission bits of both sockets, in octal",
+      OPT(socket_mode_text), 0, 0 },
+};
+
+const size_t colld_daemon_config_table_len = sizeof(colld_daemon_config_table) / sizeof(colld_daemon_config_table[0]);

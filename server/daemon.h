@@ -1,0 +1,276 @@
+/*
+ * daemon.h - the objects of the colld daemon and how they relate.
+ *
+ *   colld_daemon_t   one per process: configuration, the sessions, the communicators, the engine.
+ *   colld_session_t  one connected client process (session socket + shared-memory rings).
+ *   colld_reg_t      a memory registration of a session (a mapped, sealed memfd).
+ *   colld_dcomm_t    a communicator: nranks members, each a (session, handle) pair.
+ *   colld_member_t   one rank of a communicator; owns the FIFO of that rank's posted operations.
+ *   colld_op_t       one validated work descriptor waiting for its peers.
+ *
+ * Threads: the libuv loop (session sockets, signals), the gRPC completion-queue thread (control
+ * RPCs), the engine thread (rings, matching, execution) and the host worker pool. All daemon state
+ * is guarded by daemon->lock; the engine drops the lock only while a matched collective executes,
+ * and reference counts keep the sessions and mappings of that collective alive meanwhile.
+ */
+#ifndef COLLD_SERVER_DAEMON_H
+#define COLLD_SERVER_DAEMON_H
+
+#include "common/config.h"
+#include "proto/wire.h"
+#include "server/rpc/rpc_server.h"
+
+#include <colld/colld.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#define COLLD_MAX_RANKS 1024
+#define COLLD_DETAIL_LEN 512
+#define COLLD_NAME_LEN 64
+
+typedef struct colld_daemon colld_daemon_t;
+typedef struct colld_session colld_session_t;
+typedef struct colld_dcomm colld_dcomm_t;
+typedef struct colld_member colld_member_t;
+typedef struct colld_op colld_op_t;
+typedef struct colld_host_pool colld_host_pool_t;
+
+/* Daemon configuration (filled from the table in config_table.c). */
+typedef struct {
+    char *socket;        /* session socket; the gRPC socket is <socket>.rpc */
+    char *config;        /* config file */
+    char *log_level;
+    char *log_subsys;
+    char *log_file;
+    int64_t workers;       /* host backend threads */
+    int64_t timeout_ms;    /* default collective/join timeout */
+    int64_t max_timeout_ms;
+    int64_t ring_entries;  /* per session, submission and completion */
+    int64_t spin_us;       /* engine busy-poll before sleeping */
+    int64_t max_sessions;
+    int64_t max_comms_per_session;
+    uint64_t max_registered_bytes; /* per session */
+    char *socket_mode_text;
+    unsigned socket_mode;   /* parsed from socket_mode_text */
+} colld_daemon_config_t;
+
+typedef struct colld_reg {
+    uint32_t id;
+    int refs;             /* 1 for the session's table + 1 per op in flight */
+    void *base;
+    uint64_t size;
+    struct colld_reg *next;
+} colld_reg_t;
+
+struct colld_session {
+    colld_daemon_t *daemon;
+    uint64_t id;
+    uint8_t token[COLLD_WIRE_TOKEN_BYTES];
+    pid_t pid;
+    uid_t uid;
+    gid_t gid;
+    int role;
+    int64_t attached_ms;
+    char name[48];
+    bool attached;        /* the Attach RPC was made */
+    bool dead;            /* socket closed or protocol error: no new work */
+    bool kill_requested;  /* engine asks the loop to drop this session */
+    int refs;             /* list membership + ops in flight + executing collectives */
+
+    int fd;               /* session socket */
+    uv_poll_t poll;
+    bool poll_active;
+    uint8_t rbuf[sizeof(colld_wire_msg_t)];
+    size_t rlen;
+    int pending_fd;       /* fd received with the message being assembled */
+
+    int efd;              /* eventfd: client -> daemon doorbell */
+    int shm_fd;
+    colld_wire_shm_t *shm;
+    size_t shm_size;
+    colld_wire_sqe_t *sqes;
+    colld_wire_cqe_t *cqes;
+    uint32_t entries;     /* same for sq and cq */
+    uint64_t sq_tail;     /* daemon's own copy */
+    uint64_t cq_head;     /* daemon's own copy */
+    uint32_t in_flight;   /* accepted descriptors whose completion is not posted yet */
+
+    colld_reg_t *regs;
+    uint32_t next_reg_id;
+    uint64_t registered_bytes;
+    unsigned nuids;       /* unique ids issued and not yet used */
+
+    colld_member_t **handles; /* index = handle; handle 0 unused */
+    uint32_t nhandles;
+    unsigned ncomms;
+
+    colld_session_t *next;
+};
+
+typedef enum {
+    COLLD_COMM_JOINING = 0,
+    COLLD_COMM_READY = 1,
+    COLLD_COMM_BROKEN = 2,  /* a fault: every later operation fails with `error` */
+    COLLD_COMM_CLOSING = 3, /* a rank destroyed its handle: later operations fail */
+} colld_comm_state_t;
+
+struct colld_op {
+    colld_wire_sqe_t d;
+    colld_session_t *session; /* holds a reference */
+    colld_member_t *member;
+    colld_reg_t *send_reg, *recv_reg;
+    void *send_ptr, *recv_ptr;
+    uint64_t arrival_ns;
+    colld_op_t *next;
+};
+
+struct colld_member {
+    colld_dcomm_t *comm;
+    colld_session_t *session; /* NULL once the rank left (destroy or death) */
+    int rank;
+    uint32_t handle;
+    uint64_t next_seq;        /* the sequence number this rank must post next */
+    colld_op_t *head, *tail;  /* posted, not yet executed */
+    colld_rpc_call_t *join_call; /* CommInit answered when all ranks joined */
+    pid_t pid;
+    bool left;
+};
+
+struct colld_dcomm {
+    uint64_t id;
+    uint8_t unique_id[COLLD_WIRE_UNIQUE_ID_BYTES];
+    uid_t tenant;
+    int nranks;
+    int joined;
+    int present;              /* members not yet left */
+    char name[COLLD_NAME_LEN];
+    int timeout_ms;
+    colld_comm_state_t state;
+    colld_status_t error;
+    char error_detail[COLLD_DETAIL_LEN];
+    uint64_t created_ns;
+    uint64_t exec_seq;        /* next sequence number to execute */
+    uint64_t ops_completed, ops_failed;
+    int refs;                 /* 1 while members remain + 1 per executing collective */
+    colld_member_t *ranks;    /* [nranks] */
+    colld_dcomm_t *next;
+};
+
+typedef struct colld_issued_uid {
+    uint8_t bytes[COLLD_WIRE_UNIQUE_ID_BYTES];
+    uid_t tenant;
+    colld_session_t *owner;
+    struct colld_issued_uid *next;
+} colld_issued_uid_t;
+
+/* An answer to send once daemon->lock is released (replies never go out under the lock). */
+typedef struct colld_reply {
+    colld_rpc_call_t *call;
+    colld_status_t status;
+    char detail[COLLD_DETAIL_LEN];
+    uint32_t handle;
+    uint64_t comm_id;
+    int timeout_ms;
+    struct colld_reply *next;
+} colld_reply_t;
+
+struct colld_daemon {
+    colld_daemon_config_t cfg;
+    pthread_mutex_t lock;
+    uv_loop_t loop;
+    int listen_fd;
+    uv_poll_t listen_poll;
+    uv_signal_t sigterm, sigint;
+    uv_async_t async;         /* engine -> loop: drop sessions with kill_requested */
+    int lock_fd;
+    char lock_path[256], rpc_path[256], rpc_addr[272];
+    int64_t started_ms;
+    bool stopping;
+
+    colld_rpc_server_t *rpc;
+    colld_session_t *sessions;
+    unsigned nsessions;
+    uint64_t next_session_id;
+    colld_dcomm_t *comms;
+    uint64_t next_comm_id;
+    colld_issued_uid_t *uids;
+
+    /* engine */
+    pthread_t engine_thread;
+    bool engine_running;
+    int epfd;                 /* session eventfds + wake_fd */
+    int wake_fd;              /* eventfd: control paths -> engine */
+    colld_host_pool_t *pool;
+};
+
+/* ---- session.c: the session socket ---- */
+int colld_sessions_listen(colld_daemon_t *d);
+void colld_sessions_close_all(colld_daemon_t *d);
+colld_session_t *colld_session_find(colld_daemon_t *d, uint64_t id, const uint8_t *token);
+void colld_session_unref(colld_session_t *s);
+void colld_session_release_reg(colld_reg_t *r);
+colld_reg_t *colld_session_find_reg(colld_session_t *s, uint32_t id);
+/* Drop every session the engine marked with kill_requested (loop thread). */
+void colld_sessions_reap(colld_daemon_t *d);
+
+/* ---- comm.c: communicators ---- */
+colld_status_t colld_comm_issue_uid(colld_daemon_t *d, colld_session_t *s, uint8_t *out);
+void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, int nranks, int rank,
+                     int timeout_ms, const char *name, colld_rpc_call_t *call, colld_reply_t **replies);
+colld_status_t colld_comm_leave(colld_daemon_t *d, colld_session_t *s, uint32_t handle, char *detail,
+                                size_t detail_len, colld_reply_t **replies);
+/* Break a communicator: record the error and fail every queued operation and pending join. */
+void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, const char *detail,
+                      colld_reply_t **replies);
+void colld_comm_unref(colld_daemon_t *d, colld_dcomm_t *c);
+/* A session is gone: its ranks leave every communicator, which breaks with PEER_LOST. */
+void colld_comm_session_gone(colld_daemon_t *d, colld_session_t *s, colld_reply_t **replies);
+/* Check join timeouts; returns the earliest future deadline in ns (UINT64_MAX if none). */
+uint64_t colld_comm_check_join_timeouts(colld_daemon_t *d, uint64_t now, colld_reply_t **replies);
+const char *colld_comm_state_name(colld_comm_state_t s);
+colld_member_t *colld_comm_member(colld_session_t *s, uint32_t handle);
+void colld_reply_add(colld_reply_t **list, colld_rpc_call_t *call, colld_status_t st, const char *detail);
+/* Send and free replies collected under the lock (call without the lock). */
+void colld_replies_send(colld_reply_t *list);
+
+/* ---- engine.c ---- */
+int colld_engine_start(colld_daemon_t *d);
+void colld_engine_stop(colld_daemon_t *d);
+/* Wake the engine (after a control path changed state it must look at). */
+void colld_engine_wake(colld_daemon_t *d);
+int colld_engine_add_session(colld_daemon_t *d, colld_session_t *s);
+void colld_engine_remove_session(colld_daemon_t *d, colld_session_t *s);
+/* Post one completion to a session's completion ring (lock held). */
+void colld_engine_complete(colld_session_t *s, uint32_t handle, uint64_t seq, colld_status_t st);
+/* Fail and free one queued op (lock held). */
+void colld_engine_fail_op(colld_op_t *op, colld_status_t st);
+
+/* ---- control.c: gRPC handlers ---- */
+int colld_control_start(colld_daemon_t *d);
+void colld_control_stop(colld_daemon_t *d);
+
+/* ---- backend_host.c: the host backend ---- */
+typedef struct {
+    colld_kind_t kind;
+    colld_dtype_t dtype;
+    colld_redop_t op;
+    int root;
+    uint64_t count;
+    int n;                /* ranks */
+    const void **in;      /* [n] */
+    void **out;           /* [n] */
+} colld_host_job_t;
+
+int colld_host_pool_create(int nthreads, colld_host_pool_t **out);
+void colld_host_pool_destroy(colld_host_pool_t *p);
+/* Run a collective over mapped buffers, split across the pool; the caller participates. */
+colld_status_t colld_host_pool_run(colld_host_pool_t *p, const colld_host_job_t *job);
+
+/* ---- config_table.c ---- */
+extern const colld_config_entry_t colld_daemon_config_table[];
+extern const size_t colld_daemon_config_table_len;
+
+#endif /* COLLD_SERVER_DAEMON_H */

@@ -1,0 +1,547 @@
+/*
+ * engine.c - the progress engine: one thread that drains every session's submission ring,
+ * validates each descriptor, matches the ranks of a communicator by sequence number, runs the
+ * collective on the host backend and posts completions.
+ *
+ * Idle policy: after the last piece of work the thread busy-polls for spin_us, then sets
+ * need_wakeup in every session's ring and sleeps in epoll on the sessions' eventfds (and its own
+ * wake eventfd), with a timeout at the next collective/join deadline. An idle daemon therefore
+ * uses no CPU, and a client posting to an awake daemon makes no system call.
+ */
+#include "server/daemon.h"
+
+#include "common/log.h"
+#include "common/ring.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+/* A matched collective, taken out of the members' queues while it executes. */
+typedef struct coll {
+    colld_dcomm_t *comm;
+    colld_op_t **ops; /* [nranks], by rank */
+    colld_status_t status;
+    struct coll *next;
+} coll_t;
+
+static const char *kind_name(unsigned kind)
+{
+    switch (kind) {
+    case COLLD_KIND_ALLREDUCE:
+        return "allreduce";
+    case COLLD_KIND_BROADCAST:
+        return "broadcast";
+    case COLLD_KIND_REDUCE:
+        return "reduce";
+    case COLLD_KIND_ALLGATHER:
+        return "allgather";
+    case COLLD_KIND_REDUCESCATTER:
+        return "reducescatter";
+    }
+    return "unknown";
+}
+
+/* ============================================================================================
+ * Completions
+ * ========================================================================================== */
+
+/* Ask the loop thread to drop a session that broke the ring protocol. */
+static void session_kill(colld_session_t *s, const char *why)
+{
+    if (s->kill_requested)
+        return;
+    LOG_WARN(ENGINE, "session %llu (pid %d): %s; dropping it", (unsigned long long)s->id, (int)s->pid, why);
+    s->kill_requested = true;
+    uv_async_send(&s->daemon->async);
+}
+
+/* Post one completion to a session's completion ring and ring its doorbell (lock held). The
+ * engine admitted this operation only with a free completion slot reserved for it, so a full ring
+ * here means the client moved its tail backwards: a protocol violation. */
+void colld_engine_complete(colld_session_t *s, uint32_t handle, uint64_t seq, colld_status_t st)
+{
+    s->in_flight--;
+    if (s->dead || s->kill_requested)
+        return;
+    int64_t space = colld_ring_space(&s->shm->cq, s->cq_head, s->entries);
+    if (space <= 0) {
+        session_kill(s, "completion ring overrun (corrupt tail)");
+        return;
+    }
+    colld_wire_cqe_t *e = &s->cqes[s->cq_head & (s->entries - 1)];
+    e->seq = seq;
+    e->comm = handle;
+    e->status = st;
+    s->cq_head++;
+    COLLD_STORE_REL(&s->shm->cq.head, s->cq_head);
+    colld_doorbell_ring(&s->shm->cq);
+}
+
+/* Complete a queued op with a status and free it (lock held). */
+void colld_engine_fail_op(colld_op_t *op, colld_status_t st)
+{
+    colld_engine_complete(op->session, op->d.comm, op->d.seq, st);
+    if (op->send_reg)
+        colld_session_release_reg(op->send_reg);
+    if (op->recv_reg)
+        colld_session_release_reg(op->recv_reg);
+    colld_session_unref(op->session);
+    free(op);
+}
+
+/* ============================================================================================
+ * Admission: validate a descriptor before anything touches memory
+ * ========================================================================================== */
+
+/* Resolve a buffer reference of `bytes` bytes to a pointer in a registration of the session.
+ * Returns 0, or -1 with a detail. */
+static int resolve_buf(colld_session_t *s, const colld_wire_buf_t *b, uint64_t bytes, const char *which,
+                       colld_reg_t **reg, void **ptr, char *detail, size_t len)
+{
+    *reg = NULL;
+    *ptr = NULL;
+    if (bytes == 0)
+        return 0;
+    colld_reg_t *r = colld_session_find_reg(s, b->reg_id);
+    if (!r) {
+        snprintf(detail, len, "%s buffer: registration %u is not one of this process's buffers", which, b->reg_id);
+        return -1;
+    }
+    if (b->offset > r->size || bytes > r->size - b->offset) {
+        snprintf(detail, len, "%s buffer: %llu bytes at offset %llu overrun its %llu-byte registration", which,
+                 (unsigned long long)bytes, (unsigned long long)b->offset, (unsigned long long)r->size);
+        return -1;
+    }
+    r->refs++;
+    *reg = r;
+    *ptr = (char *)r->base + b->offset;
+    return 0;
+}
+
+/* Check a descriptor's own fields and buffers. Returns COLLD_OK or an error with a detail. */
+static colld_status_t validate(colld_session_t *s, colld_op_t *op, char *detail, size_t len)
+{
+    const colld_wire_sqe_t *d = &op->d;
+    if (d->kind != COLLD_KIND_ALLREDUCE) {
+        snprintf(detail, len, "collective %s (kind %u) is not supported by this daemon yet", kind_name(d->kind),
+                 d->kind);
+        return d->kind >= COLLD_KIND_ALLREDUCE && d->kind <= COLLD_KIND_REDUCESCATTER ? COLLD_ERR_NOT_SUPPORTED
+                                                                                      : COLLD_ERR_INVALID_ARGUMENT;
+    }
+    if (d->dtype >= COLLD_DTYPE_COUNT) {
+        snprintf(detail, len, "unknown dtype %u", d->dtype);
+        return COLLD_ERR_INVALID_ARGUMENT;
+    }
+    if (d->redop >= COLLD_REDOP_COUNT) {
+        snprintf(detail, len, "unknown reduction op %u", d->redop);
+        return COLLD_ERR_INVALID_ARGUMENT;
+    }
+    uint64_t bytes;
+    if (!colld_mul_ok(d->count, colld_dtype_size((colld_dtype_t)d->dtype), &bytes)) {
+        snprintf(detail, len, "count %llu overflows", (unsigned long long)d->count);
+        return COLLD_ERR_INVALID_ARGUMENT;
+    }
+    if (resolve_buf(s, &d->send, bytes, "send", &op->send_reg, &op->send_ptr, detail, len) < 0 ||
+        resolve_buf(s, &d->recv, bytes, "recv", &op->recv_reg, &op->recv_ptr, detail, len) < 0)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    return COLLD_OK;
+}
+
+/* Admit one descriptor: queue it on its rank, or complete it at once with an error. A rank whose
+ * descriptor is invalid breaks the communicator for every rank, so no peer waits for it. */
+static void admit(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_reply_t **replies)
+{
+    char detail[COLLD_DETAIL_LEN] = "";
+    colld_member_t *m = colld_comm_member(s, sqe->comm);
+    if (!m) {
+        LOG_INFO(ENGINE, "session %llu: descriptor for unknown communicator handle %u", (unsigned long long)s->id,
+                 sqe->comm);
+        colld_engine_complete(s, sqe->comm, sqe->seq, COLLD_ERR_INVALID_ARGUMENT);
+        return;
+    }
+    colld_dcomm_t *c = m->comm;
+    if (c->state != COLLD_COMM_READY) {
+        c->ops_failed++;
+        colld_engine_complete(s, sqe->comm, sqe->seq, c->state == COLLD_COMM_JOINING ? COLLD_ERR_INVALID_USAGE : c->error);
+        return;
+    }
+    if (sqe->seq != m->next_seq) {
+        snprintf(detail, sizeof(detail), "rank %d (pid %d) posted sequence number %llu where %llu was due", m->rank,
+                 (int)s->pid, (unsigned long long)sqe->seq, (unsigned long long)m->next_seq);
+        colld_engine_complete(s, sqe->comm, sqe->seq, COLLD_ERR_INVALID_ARGUMENT);
+        colld_comm_break(d, c, COLLD_ERR_INVALID_ARGUMENT, detail, replies);
+        return;
+    }
+    m->next_seq++;
+    colld_op_t *op = calloc(1, sizeof(*op));
+    if (!op) {
+        colld_engine_complete(s, sqe->comm, sqe->seq, COLLD_ERR_NO_MEMORY);
+        colld_comm_break(d, c, COLLD_ERR_NO_MEMORY, "daemon out of memory", replies);
+        return;
+    }
+    op->d = *sqe;
+    op->session = s;
+    op->member = m;
+    s->refs++;
+    colld_status_t st = validate(s, op, detail, sizeof(detail));
+    if (st != COLLD_OK) {
+        char why[COLLD_DETAIL_LEN];
+        snprintf(why, sizeof(why), "rank %d (pid %d), collective #%llu: %s", m->rank, (int)s->pid,
+                 (unsigned long long)sqe->seq, detail);
+        LOG_INFO(ENGINE, "invalid descriptor: %s", why);
+        c->ops_failed++;
+        colld_engine_fail_op(op, st);
+        colld_comm_break(d, c, st, why, replies);
+        return;
+    }
+    op->arrival_ns = colld_now_ns();
+    if (m->tail)
+        m->tail->next = op;
+    else
+        m->head = op;
+    m->tail = op;
+}
+
+/* Drain one session's submission ring as far as its completion ring has room. Returns the number
+ * of descriptors taken. */
+static int drain_session(colld_daemon_t *d, colld_session_t *s, colld_reply_t **replies)
+{
+    if (s->dead || s->kill_requested || !s->shm)
+        return 0;
+    int64_t avail = colld_ring_avail(&s->shm->sq, s->sq_tail, s->entries);
+    int64_t space = colld_ring_space(&s->shm->cq, s->cq_head, s->entries);
+    if (avail < 0 || space < 0) {
+        session_kill(s, "corrupt ring counters");
+        return 0;
+    }
+    int taken = 0;
+    while (avail > 0 && (int64_t)s->in_flight < space) {
+        colld_wire_sqe_t sqe;
+        memcpy(&sqe, &s->sqes[s->sq_tail & (s->entries - 1)], sizeof(sqe)); /* copy, then validate */
+        s->sq_tail++;
+        avail--;
+        s->in_flight++;
+        taken++;
+        admit(d, s, &sqe, replies);
+        if (s->dead || s->kill_requested)
+            break;
+    }
+    if (taken)
+        COLLD_STORE_REL(&s->shm->sq.tail, s->sq_tail);
+    return taken;
+}
+
+/* ============================================================================================
+ * Matching and time-outs
+ * ========================================================================================== */
+
+/* Describe one rank's call for a mismatch report. */
+static int describe_call(char *buf, size_t len, int rank, const colld_wire_sqe_t *d)
+{
+    return snprintf(buf, len, "%srank %d: %s(dtype %u, op %u, count %llu, root %d)", rank ? "; " : "", rank,
+                    kind_name(d->kind), d->dtype, d->redop, (unsigned long long)d->count, d->root);
+}
+
+/* If every rank of c has posted its next collective, take them out as one coll (signatures
+ * agreeing) or fail them all with MISMATCH. Returns the coll or NULL. */
+static coll_t *match_comm(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **replies)
+{
+    for (int r = 0; r < c->nranks; r++)
+        if (!c->ranks[r].head)
+            return NULL;
+    const colld_wire_sqe_t *a = &c->ranks[0].head->d;
+    bool same = true;
+    for (int r = 1; r < c->nranks && same; r++) {
+        const colld_wire_sqe_t *b = &c->ranks[r].head->d;
+        same = a->kind == b->kind && a->dtype == b->dtype && a->redop == b->redop && a->count == b->count &&
+               a->root == b->root;
+    }
+    if (!same) {
+        char why[COLLD_DETAIL_LEN];
+        int off = snprintf(why, sizeof(why), "collective #%llu differs between ranks: ", (unsigned long long)a->seq);
+        for (int r = 0; r < c->nranks && off < (int)sizeof(why) - 1; r++)
+            off += describe_call(why + off, sizeof(why) - (size_t)off, r, &c->ranks[r].head->d);
+        colld_comm_break(d, c, COLLD_ERR_MISMATCH, why, replies);
+        return NULL;
+    }
+    coll_t *k = calloc(1, sizeof(*k));
+    colld_op_t **ops = calloc((unsigned)c->nranks, sizeof(*ops));
+    if (!k || !ops) {
+        free(k);
+        free(ops);
+        colld_comm_break(d, c, COLLD_ERR_NO_MEMORY, "daemon out of memory", replies);
+        return NULL;
+    }
+    for (int r = 0; r < c->nranks; r++) {
+        colld_member_t *m = &c->ranks[r];
+        ops[r] = m->head;
+        m->head = m->head->next;
+        if (!m->head)
+            m->tail = NULL;
+        ops[r]->next = NULL;
+    }
+    k->comm = c;
+    k->ops = ops;
+    c->refs++;
+    c->exec_seq++;
+    return k;
+}
+
+/* Fail collectives whose first rank arrived more than the timeout ago, naming the missing ranks.
+ * Returns the next deadline (ns) among the waiting ones. */
+static uint64_t check_op_timeouts(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, colld_reply_t **replies)
+{
+    uint64_t first = UINT64_MAX;
+    for (int r = 0; r < c->nranks; r++)
+        if (c->ranks[r].head && c->ranks[r].head->arrival_ns < first)
+            first = c->ranks[r].head->arrival_ns;
+    if (first == UINT64_MAX)
+        return UINT64_MAX;
+    uint64_t deadline = first + (uint64_t)c->timeout_ms * 1000000ull;
+    if (now < deadline)
+        return deadline;
+    char why[COLLD_DETAIL_LEN];
+    int off = snprintf(why, sizeof(why), "collective #%llu timed out after %d ms: rank(s)",
+                       (unsigned long long)c->exec_seq, c->timeout_ms);
+    for (int r = 0; r < c->nranks && off < (int)sizeof(why) - 64; r++)
+        if (!c->ranks[r].head)
+            off += snprintf(why + off, sizeof(why) - (size_t)off, " %d", r);
+    off += snprintf(why + off, sizeof(why) - (size_t)off, " never arrived; waiting:");
+    for (int r = 0; r < c->nranks && off < (int)sizeof(why) - 40; r++)
+        if (c->ranks[r].head)
+            off += snprintf(why + off, sizeof(why) - (size_t)off, " rank %d %llu ms", r,
+                            (unsigned long long)((now - c->ranks[r].head->arrival_ns) / 1000000ull));
+    colld_comm_break(d, c, COLLD_ERR_TIMEOUT, why, replies);
+    return UINT64_MAX;
+}
+
+/* ============================================================================================
+ * Execution
+ * ========================================================================================== */
+
+/* Run one matched collective on the host backend (lock not held). */
+static colld_status_t execute(colld_daemon_t *d, coll_t *k)
+{
+    int n = k->comm->nranks;
+    const void *in[COLLD_MAX_RANKS];
+    void *out[COLLD_MAX_RANKS];
+    for (int r = 0; r < n; r++) {
+        in[r] = k->ops[r]->send_ptr;
+        out[r] = k->ops[r]->recv_ptr;
+    }
+    const colld_wire_sqe_t *a = &k->ops[0]->d;
+    colld_host_job_t job = {
+        .kind = (colld_kind_t)a->kind,
+        .dtype = (colld_dtype_t)a->dtype,
+        .op = (colld_redop_t)a->redop,
+        .root = a->root,
+        .count = a->count,
+        .n = n,
+        .in = in,
+        .out = out,
+    };
+    return colld_host_pool_run(d->pool, &job);
+}
+
+/* Post the results of an executed collective and release everything it held (lock held). */
+static void finish(colld_daemon_t *d, coll_t *k)
+{
+    colld_dcomm_t *c = k->comm;
+    colld_status_t st = k->status;
+    for (int r = 0; r < c->nranks; r++)
+        colld_engine_fail_op(k->ops[r], st);
+    if (st == COLLD_OK)
+        c->ops_completed++;
+    else
+        c->ops_failed++;
+    colld_comm_unref(d, c);
+    free(k->ops);
+    free(k);
+}
+
+/* ============================================================================================
+ * The thread
+ * ========================================================================================== */
+
+/* One pass over all sessions and communicators: admit, match, time out. Returns how much work
+ * was found, the matched collectives in *batch and the next deadline in *next_deadline. */
+static int engine_pass(colld_daemon_t *d, coll_t **batch, uint64_t *next_deadline, colld_reply_t **replies)
+{
+    int work = 0;
+    for (colld_session_t *s = d->sessions; s; s = s->next)
+        work += drain_session(d, s, replies);
+    uint64_t now = colld_now_ns();
+    uint64_t next = colld_comm_check_join_timeouts(d, now, replies);
+    for (colld_dcomm_t *c = d->comms; c; c = c->next) {
+        if (c->state != COLLD_COMM_READY)
+            continue;
+        coll_t *k = match_comm(d, c, replies);
+        if (k) {
+            k->next = *batch;
+            *batch = k;
+            work++;
+            continue;
+        }
+        uint64_t dl = check_op_timeouts(d, c, now, replies);
+        if (dl < next)
+            next = dl;
+    }
+    *next_deadline = next;
+    return work;
+}
+
+/* True if any session has descriptors waiting (lock held). */
+static bool any_pending(colld_daemon_t *d)
+{
+    for (colld_session_t *s = d->sessions; s; s = s->next)
+        if (s->shm && !s->dead && colld_ring_avail(&s->shm->sq, s->sq_tail, s->entries) != 0)
+            return true;
+    return false;
+}
+
+/* Set or clear need_wakeup in every session's submission ring (lock held). */
+static void set_need_wakeup(colld_daemon_t *d, uint32_t v)
+{
+    for (colld_session_t *s = d->sessions; s; s = s->next)
+        if (s->shm)
+            COLLD_STORE_SC(&s->shm->sq.need_wakeup, v);
+}
+
+static void *engine_main(void *arg)
+{
+    colld_daemon_t *d = arg;
+    uint64_t last_work = colld_now_ns();
+    uint64_t spin_ns = (uint64_t)d->cfg.spin_us * 1000ull;
+    for (;;) {
+        coll_t *batch = NULL;
+        colld_reply_t *replies = NULL;
+        uint64_t next_deadline;
+        pthread_mutex_lock(&d->lock);
+        if (!d->engine_running) {
+            pthread_mutex_unlock(&d->lock);
+            break;
+        }
+        int work = engine_pass(d, &batch, &next_deadline, &replies);
+        pthread_mutex_unlock(&d->lock);
+        colld_replies_send(replies);
+
+        if (batch) {
+            for (coll_t *k = batch; k; k = k->next)
+                k->status = execute(d, k);
+            pthread_mutex_lock(&d->lock);
+            while (batch) {
+                coll_t *k = batch;
+                batch = k->next;
+                finish(d, k);
+            }
+            pthread_mutex_unlock(&d->lock);
+        }
+        uint64_t now = colld_now_ns();
+        if (work) {
+            last_work = now;
+            continue;
+        }
+        if (now - last_work < spin_ns) {
+            sched_yield();
+            continue;
+        }
+        /* Sleep: announce it, re-check (a client may have posted just before seeing the flag). */
+        pthread_mutex_lock(&d->lock);
+        set_need_wakeup(d, 1);
+        bool pending = any_pending(d) || !d->engine_running;
+        pthread_mutex_unlock(&d->lock);
+        if (!pending) {
+            int timeout_ms = 1000;
+            if (next_deadline != UINT64_MAX) {
+                uint64_t left = next_deadline > now ? next_deadline - now : 0;
+                timeout_ms = (int)COLLD_MIN(left / 1000000ull + 1, 1000ull);
+            }
+            struct epoll_event ev[64];
+            int n = epoll_wait(d->epfd, ev, 64, timeout_ms);
+            if (n < 0 && errno != EINTR)
+                LOG_ERROR(ENGINE, "epoll_wait: %s", strerror(errno));
+        }
+        pthread_mutex_lock(&d->lock);
+        set_need_wakeup(d, 0);
+        pthread_mutex_unlock(&d->lock);
+        last_work = colld_now_ns();
+    }
+    return NULL;
+}
+
+/* Wake the engine from another thread. */
+void colld_engine_wake(colld_daemon_t *d)
+{
+    uint64_t one = 1;
+    ssize_t rc = write(d->wake_fd, &one, sizeof(one));
+    (void)rc; /* EAGAIN only when the counter is saturated: the engine is awake anyway */
+}
+
+/* Watch a session's eventfd (lock held). Edge-triggered: each client write is an event, and the
+ * counter never needs reading. */
+int colld_engine_add_session(colld_daemon_t *d, colld_session_t *s)
+{
+    struct epoll_event ev = { .events = EPOLLIN | EPOLLET, .data.u64 = s->id };
+    if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, s->efd, &ev) < 0) {
+        LOG_ERROR(ENGINE, "epoll_ctl: %s", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Stop watching a session's eventfd (lock held). */
+void colld_engine_remove_session(colld_daemon_t *d, colld_session_t *s)
+{
+    if (s->efd >= 0)
+        epoll_ctl(d->epfd, EPOLL_CTL_DEL, s->efd, NULL);
+}
+
+/* Create the epoll set, the host worker pool and the engine thread. Returns 0 or -1. */
+int colld_engine_start(colld_daemon_t *d)
+{
+    d->epfd = epoll_create1(EPOLL_CLOEXEC);
+    d->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (d->epfd < 0 || d->wake_fd < 0) {
+        LOG_ERROR(ENGINE, "cannot create the engine's epoll set: %s", strerror(errno));
+        return -1;
+    }
+    struct epoll_event ev = { .events = EPOLLIN | EPOLLET, .data.u64 = 0 };
+    if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->wake_fd, &ev) < 0)
+        return -1;
+    if (colld_host_pool_create((int)d->cfg.workers, &d->pool) < 0) {
+        LOG_ERROR(ENGINE, "cannot start %lld host workers", (long long)d->cfg.workers);
+        return -1;
+    }
+    d->engine_running = true;
+    if (pthread_create(&d->engine_thread, NULL, engine_main, d) != 0) {
+        d->engine_running = false;
+        return -1;
+    }
+    return 0;
+}
+
+/* Stop the engine thread and the pool. Sessions must already be gone. */
+void colld_engine_stop(colld_daemon_t *d)
+{
+    if (d->engine_running) {
+        pthread_mutex_lock(&d->lock);
+        d->engine_running = false;
+        pthread_mutex_unlock(&d->lock);
+        colld_engine_wake(d);
+        pthread_join(d->engine_thread, NULL);
+    }
+    colld_host_pool_destroy(d->pool);
+    d->pool = NULL;
+    if (d->epfd >= 0)
+        close(d->epfd);
+    if (d->wake_fd >= 0)
+        close(d->wake_fd);
+    d->epfd = d->wake_fd = -1;
+}

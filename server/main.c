@@ -1,0 +1,225 @@
+/*
+ * main.c - the colld daemon: configuration, the lock file, start-up and graceful shutdown.
+ *
+ * Start-up order: engine, gRPC control plane, and last the session socket, so that a client that
+ * can connect to the session socket finds everything else ready. SIGTERM/SIGINT end every session
+ * (clients report COLLD_ERR_DAEMON_LOST), stop the control plane and the engine, and exit 0.
+ */
+#include "server/daemon.h"
+
+#include "common/log.h"
+#include "common/util.h"
+#include "kernels/cpu/reduce.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char USAGE[] = "usage: colld [options]\n"
+                            "Runs the colld collective offload daemon in the foreground.\n";
+
+/* Create the socket's directory (and its parents) if missing. */
+static int make_parent_dirs(const char *path)
+{
+    char dir[256];
+    colld_strlcpy(dir, path, sizeof(dir));
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir)
+        return 0;
+    *slash = '\0';
+    for (char *p = dir + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+/* Take the lock file next to the socket so a second daemon cannot steal a running daemon's
+ * socket (gRPC would unlink it). Returns 0, or -1 after printing why. */
+static int take_lock(colld_daemon_t *d)
+{
+    snprintf(d->lock_path, sizeof(d->lock_path), "%s.lock", d->cfg.socket);
+    d->lock_fd = open(d->lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (d->lock_fd < 0) {
+        fprintf(stderr, "colld: cannot open lock file %s: %s\n", d->lock_path, strerror(errno));
+        return -1;
+    }
+    if (flock(d->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+        char pid[32] = "?";
+        ssize_t n = pread(d->lock_fd, pid, sizeof(pid) - 1, 0);
+        if (n > 0) {
+            pid[n] = '\0';
+            pid[strcspn(pid, "\n")] = '\0';
+        }
+        fprintf(stderr,
+                "colld: another colld (pid %s) is already serving %s; stop it first or choose another --socket\n",
+                pid, d->cfg.socket);
+        return -1;
+    }
+    char buf[32];
+    int len = snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
+    if (ftruncate(d->lock_fd, 0) < 0 || pwrite(d->lock_fd, buf, (size_t)len, 0) != len)
+        LOG_WARN(INIT, "cannot write pid to %s", d->lock_path);
+    return 0;
+}
+
+/* Check values that the table's bounds cannot express and fill in computed defaults. Returns 0
+ * or -1 after printing why. */
+static int finish_config(colld_daemon_t *d)
+{
+    colld_daemon_config_t *c = &d->cfg;
+    if (c->ring_entries & (c->ring_entries - 1)) {
+        fprintf(stderr, "colld: --ring-entries: %lld is not a power of two\n", (long long)c->ring_entries);
+        return -1;
+    }
+    char *end = NULL;
+    unsigned long mode = strtoul(c->socket_mode_text ? c->socket_mode_text : "", &end, 8);
+    if (!c->socket_mode_text || !*c->socket_mode_text || *end || mode > 0777) {
+        fprintf(stderr, "colld: --socket-mode: '%s' is not an octal permission like 0660\n",
+                c->socket_mode_text ? c->socket_mode_text : "");
+        return -1;
+    }
+    c->socket_mode = (unsigned)mode;
+    if (c->workers == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        c->workers = n > 0 ? n : 1;
+    }
+    if (c->timeout_ms > c->max_timeout_ms)
+        c->timeout_ms = c->max_timeout_ms;
+    if (!c->socket || !*c->socket) {
+        char path[256];
+        colld_default_socket_path(path, sizeof(path));
+        free(c->socket);
+        c->socket = strdup(path);
+        if (!c->socket)
+            return -1;
+    }
+    if (strlen(c->socket) + 8 > sizeof(d->rpc_path)) {
+        fprintf(stderr, "colld: --socket: path too long: %s\n", c->socket);
+        return -1;
+    }
+    snprintf(d->rpc_path, sizeof(d->rpc_path), "%s.rpc", c->socket);
+    snprintf(d->rpc_addr, sizeof(d->rpc_addr), "unix:%s", d->rpc_path);
+    return 0;
+}
+
+/* SIGTERM/SIGINT: end every session, stop the control plane and the engine, let the loop end. */
+static void on_signal(uv_signal_t *h, int signum)
+{
+    colld_daemon_t *d = h->data;
+    if (d->stopping)
+        return;
+    d->stopping = true;
+    LOG_INFO(INIT, "signal %d: shutting down", signum);
+    colld_sessions_close_all(d);
+    colld_control_stop(d);
+    colld_engine_stop(d);
+    uv_close((uv_handle_t *)&d->async, NULL);
+    uv_close((uv_handle_t *)&d->sigterm, NULL);
+    uv_close((uv_handle_t *)&d->sigint, NULL);
+}
+
+/* The engine asks the loop to drop sessions that broke the ring protocol. */
+static void on_async(uv_async_t *h)
+{
+    colld_sessions_reap(h->data);
+}
+
+int main(int argc, char **argv)
+{
+    colld_daemon_t d;
+    char err[512] = "";
+    int rc = 1;
+    memset(&d, 0, sizeof(d));
+    d.listen_fd = d.lock_fd = d.epfd = d.wake_fd = -1;
+    pthread_mutex_init(&d.lock, NULL);
+
+    int cr = colld_config_load(colld_daemon_config_table, colld_daemon_config_table_len, &d.cfg, argc, argv, err,
+                               sizeof(err));
+    if (cr == 1) {
+        colld_config_print_help(stdout, USAGE, colld_daemon_config_table, colld_daemon_config_table_len);
+        rc = 0;
+        goto out_cfg;
+    }
+    if (cr < 0) {
+        fprintf(stderr, "colld: %s\n", err);
+        rc = 2;
+        goto out_cfg;
+    }
+    if (colld_log_init("colld", d.cfg.log_level, d.cfg.log_subsys, d.cfg.log_file, err, sizeof(err)) < 0) {
+        fprintf(stderr, "colld: %s\n", err);
+        rc = 2;
+        goto out_cfg;
+    }
+    if (finish_config(&d) < 0) {
+        rc = 2;
+        goto out_cfg;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    if (make_parent_dirs(d.cfg.socket) < 0) {
+        fprintf(stderr, "colld: cannot create the directory of %s: %s\n", d.cfg.socket, strerror(errno));
+        goto out_cfg;
+    }
+    if (take_lock(&d) < 0)
+        goto out_cfg;
+
+    d.started_ms = colld_wall_ms();
+    uv_loop_init(&d.loop);
+    d.async.data = &d;
+    d.sigterm.data = &d;
+    d.sigint.data = &d;
+    uv_async_init(&d.loop, &d.async, on_async);
+    uv_signal_init(&d.loop, &d.sigterm);
+    uv_signal_init(&d.loop, &d.sigint);
+    uv_signal_start(&d.sigterm, on_signal, SIGTERM);
+    uv_signal_start(&d.sigint, on_signal, SIGINT);
+
+    if (colld_engine_start(&d) < 0 || colld_control_start(&d) < 0) {
+        fprintf(stderr, "colld: start-up failed; run with --log-level info for details\n");
+        goto out_stop;
+    }
+    chmod(d.rpc_path, (mode_t)d.cfg.socket_mode);
+    if (colld_sessions_listen(&d) < 0) {
+        fprintf(stderr, "colld: cannot listen on %s: %s\n", d.cfg.socket, strerror(errno));
+        goto out_stop;
+    }
+    /* A start-up banner on stderr whatever the log level: someone running colld by hand sees it. */
+    fprintf(stderr, "colld %d.%d: serving %s (control %s), host backend with %lld workers, %s kernels\n",
+            COLLD_VERSION_MAJOR, COLLD_VERSION_MINOR, d.cfg.socket, d.rpc_path, (long long)d.cfg.workers,
+            colld_cpu_reduce_impl());
+    uv_run(&d.loop, UV_RUN_DEFAULT);
+    rc = 0;
+    fprintf(stderr, "colld: stopped\n");
+    goto out_loop;
+
+out_stop:
+    d.stopping = true;
+    colld_sessions_close_all(&d);
+    colld_control_stop(&d);
+    colld_engine_stop(&d);
+    uv_close((uv_handle_t *)&d.async, NULL);
+    uv_close((uv_handle_t *)&d.sigterm, NULL);
+    uv_close((uv_handle_t *)&d.sigint, NULL);
+    uv_run(&d.loop, UV_RUN_DEFAULT);
+out_loop:
+    uv_loop_close(&d.loop);
+    if (d.lock_fd >= 0)
+        close(d.lock_fd);
+out_cfg:
+    colld_config_free(colld_daemon_config_table, colld_daemon_config_table_len, &d.cfg);
+    colld_log_fini();
+    pthread_mutex_destroy(&d.lock);
+    return rc;
+}

@@ -1,0 +1,619 @@
+/*
+ * session.c - the session socket: one unix stream connection per client process.
+ *
+ * The daemon learns the client's uid/gid/pid from SO_PEERCRED (never from what the client says),
+ * hands it its shared-memory rings and an eventfd, receives the memfds of its buffers, and sees
+ * the process die when the socket closes. Messages are fixed-size colld_wire_msg_t; file
+ * descriptors ride along as SCM_RIGHTS. The socket is served by the daemon's libuv loop.
+ */
+#include "server/daemon.h"
+
+#include "common/log.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define SEALS_REQUIRED (F_SEAL_SHRINK)
+
+static void session_drop(colld_session_t *s, const char *why);
+
+/* ============================================================================================
+ * Registrations
+ * ========================================================================================== */
+
+/* Drop one reference of a registration; the mapping goes away with the last one (lock held). */
+void colld_session_release_reg(colld_reg_t *r)
+{
+    if (--r->refs > 0)
+        return;
+    munmap(r->base, r->size);
+    free(r);
+}
+
+/* Find a live registration of a session by id (lock held). */
+colld_reg_t *colld_session_find_reg(colld_session_t *s, uint32_t id)
+{
+    for (colld_reg_t *r = s->regs; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+/* ============================================================================================
+ * Session lifetime
+ * ========================================================================================== */
+
+/* Drop a reference; the last one unmaps the rings and registrations and frees (lock held). */
+void colld_session_unref(colld_session_t *s)
+{
+    if (--s->refs > 0)
+        return;
+    while (s->regs) {
+        colld_reg_t *r = s->regs;
+        s->regs = r->next;
+        colld_session_release_reg(r);
+    }
+    if (s->shm)
+        munmap(s->shm, s->shm_size);
+    if (s->shm_fd >= 0)
+        close(s->shm_fd);
+    if (s->efd >= 0)
+        close(s->efd);
+    if (s->pending_fd >= 0)
+        close(s->pending_fd);
+    free(s->handles);
+    free(s);
+}
+
+/* Find a live session by id and token, comparing the token in constant time (lock held). */
+colld_session_t *colld_session_find(colld_daemon_t *d, uint64_t id, const uint8_t *token)
+{
+    for (colld_session_t *s = d->sessions; s; s = s->next) {
+        if (s->id != id || s->dead || !s->shm)
+            continue; /* no token before WELCOME */
+        unsigned diff = 0;
+        for (int i = 0; i < COLLD_WIRE_TOKEN_BYTES; i++)
+            diff |= (unsigned)(s->token[i] ^ token[i]);
+        return diff == 0 ? s : NULL;
+    }
+    return NULL;
+}
+
+/* ============================================================================================
+ * Sending
+ * ========================================================================================== */
+
+/* Send one message with up to two fds. Never blocks: a client that does not read its socket
+ * loses its session. Returns 0 or -1. */
+static int session_send(colld_session_t *s, colld_wire_msg_t *m, const int *fds, int nfds)
+{
+    m->magic = COLLD_WIRE_MAGIC;
+    m->version = COLLD_WIRE_VERSION;
+    struct iovec iov = { .iov_base = m, .iov_len = sizeof(*m) };
+    union {
+        char buf[CMSG_SPACE(2 * sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+    if (nfds > 0) {
+        memset(&cm, 0, sizeof(cm));
+        mh.msg_control = cm.buf;
+        mh.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+        memcpy(CMSG_DATA(c), fds, (size_t)nfds * sizeof(int));
+    }
+    ssize_t n;
+    do {
+        n = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof(*m)) {
+        LOG_WARN(SESSION, "session %llu (pid %d): cannot send reply: %s", (unsigned long long)s->id,
+                 (int)s->pid, n < 0 ? strerror(errno) : "short write");
+        return -1;
+    }
+    return 0;
+}
+
+/* Send an error reply of the given type. */
+static int session_send_error(colld_session_t *s, uint16_t type, colld_status_t st, const char *detail)
+{
+    colld_wire_msg_t m;
+    memset(&m, 0, sizeof(m));
+    m.type = type;
+    m.status = st;
+    colld_strlcpy(m.u.detail, detail, sizeof(m.u.detail));
+    return session_send(s, &m, NULL, 0);
+}
+
+/* ============================================================================================
+ * Messages
+ * ========================================================================================== */
+
+/* Create the session's shared memory (sealed so the client cannot shrink it under the daemon)
+ * and its eventfd. Returns 0 or -1. */
+static int session_make_rings(colld_session_t *s)
+{
+    uint32_t entries = (uint32_t)s->daemon->cfg.ring_entries;
+    size_t hdr = (sizeof(colld_wire_shm_t) + 4095) & ~(size_t)4095;
+    size_t sq = (size_t)entries * sizeof(colld_wire_sqe_t);
+    size_t cq = (size_t)entries * sizeof(colld_wire_cqe_t);
+    size_t total = (hdr + sq + cq + 4095) & ~(size_t)4095;
+    char name[64];
+    snprintf(name, sizeof(name), "colld-session-%llu", (unsigned long long)s->id);
+    s->shm_fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (s->shm_fd < 0 || ftruncate(s->shm_fd, (off_t)total) < 0 ||
+        fcntl(s->shm_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+        goto fail;
+    s->shm = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, s->shm_fd, 0);
+    if (s->shm == MAP_FAILED) {
+        s->shm = NULL;
+        goto fail;
+    }
+    s->shm_size = total;
+    s->entries = entries;
+    s->shm->magic = COLLD_WIRE_MAGIC;
+    s->shm->version = COLLD_WIRE_VERSION;
+    s->shm->sq_entries = entries;
+    s->shm->cq_entries = entries;
+    s->shm->sq_offset = hdr;
+    s->shm->cq_offset = hdr + sq;
+    s->shm->total_size = total;
+    s->sqes = (colld_wire_sqe_t *)((char *)s->shm + hdr);
+    s->cqes = (colld_wire_cqe_t *)((char *)s->shm + hdr + sq);
+    s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (s->efd < 0)
+        goto fail;
+    return 0;
+fail:
+    LOG_ERROR(SESSION, "session %llu: cannot create rings: %s", (unsigned long long)s->id, strerror(errno));
+    return -1;
+}
+
+/* HELLO: check the version, make the rings, answer WELCOME with the shm fd and eventfd. */
+static int session_on_hello(colld_session_t *s, const colld_wire_msg_t *m)
+{
+    colld_daemon_t *d = s->daemon;
+    if (s->shm) {
+        session_send_error(s, COLLD_MSG_WELCOME, COLLD_ERR_PROTOCOL, "HELLO sent twice");
+        return -1;
+    }
+    if (m->version != COLLD_WIRE_VERSION) {
+        char detail[COLLD_WIRE_DETAIL_BYTES];
+        snprintf(detail, sizeof(detail), "wire version %u not supported (daemon speaks %u)", m->version,
+                 COLLD_WIRE_VERSION);
+        session_send_error(s, COLLD_MSG_WELCOME, COLLD_ERR_PROTOCOL, detail);
+        return -1;
+    }
+    s->role = m->u.hello.role == COLLD_ROLE_ADMIN ? COLLD_ROLE_ADMIN : COLLD_ROLE_CLIENT;
+    char name[sizeof(m->u.hello.process_name) + 1];
+    memcpy(name, m->u.hello.process_name, sizeof(m->u.hello.process_name));
+    name[sizeof(name) - 1] = '\0';
+    for (char *p = name; *p; p++)
+        if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e)
+            *p = '?';
+    colld_strlcpy(s->name, name, sizeof(s->name));
+    if (colld_random_bytes(s->token, sizeof(s->token)) < 0 || session_make_rings(s) < 0) {
+        session_send_error(s, COLLD_MSG_WELCOME, COLLD_ERR_SYSTEM, "daemon cannot create the session rings");
+        return -1;
+    }
+    pthread_mutex_lock(&d->lock);
+    int rc = colld_engine_add_session(d, s);
+    pthread_mutex_unlock(&d->lock);
+    if (rc < 0) {
+        session_send_error(s, COLLD_MSG_WELCOME, COLLD_ERR_SYSTEM, "daemon cannot watch the session");
+        return -1;
+    }
+    colld_wire_msg_t w;
+    memset(&w, 0, sizeof(w));
+    w.type = COLLD_MSG_WELCOME;
+    w.status = COLLD_OK;
+    w.u.welcome.session_id = s->id;
+    memcpy(w.u.welcome.token, s->token, sizeof(s->token));
+    w.u.welcome.shm_size = s->shm_size;
+    w.u.welcome.sq_entries = s->entries;
+    w.u.welcome.cq_entries = s->entries;
+    int fds[2] = { s->shm_fd, s->efd };
+    if (session_send(s, &w, fds, 2) < 0)
+        return -1;
+    LOG_INFO(SESSION, "session %llu attached: pid %d uid %u gid %u (%s)%s", (unsigned long long)s->id,
+             (int)s->pid, (unsigned)s->uid, (unsigned)s->gid, s->name,
+             s->role == COLLD_ROLE_ADMIN ? " [admin]" : "");
+    return 0;
+}
+
+/* REG: map a sealed memfd the client sent and answer with its registration id. */
+static int session_on_reg(colld_session_t *s, const colld_wire_msg_t *m)
+{
+    colld_daemon_t *d = s->daemon;
+    int fd = s->pending_fd;
+    s->pending_fd = -1;
+    colld_status_t st = COLLD_ERR_INVALID_ARGUMENT;
+    char detail[COLLD_WIRE_DETAIL_BYTES] = "";
+    void *base = MAP_FAILED;
+    uint64_t bytes = m->u.reg.bytes;
+    struct stat sb;
+    int seals;
+
+    if (fd < 0) {
+        snprintf(detail, sizeof(detail), "registration without a file descriptor");
+        goto reply;
+    }
+    if (bytes == 0 || bytes > d->cfg.max_registered_bytes) {
+        snprintf(detail, sizeof(detail), "registration of %llu bytes is out of range (1..%llu)",
+                 (unsigned long long)bytes, (unsigned long long)d->cfg.max_registered_bytes);
+        goto reply;
+    }
+    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size < bytes) {
+        snprintf(detail, sizeof(detail), "registration fd is not a memfd of at least %llu bytes",
+                 (unsigned long long)bytes);
+        goto reply;
+    }
+    seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || (seals & SEALS_REQUIRED) != SEALS_REQUIRED) {
+        snprintf(detail, sizeof(detail), "registration memfd must be sealed against shrinking (F_SEAL_SHRINK)");
+        goto reply;
+    }
+    pthread_mutex_lock(&d->lock);
+    bool over = s->registered_bytes + bytes > d->cfg.max_registered_bytes;
+    pthread_mutex_unlock(&d->lock);
+    if (over) {
+        st = COLLD_ERR_QUOTA_EXCEEDED;
+        snprintf(detail, sizeof(detail), "session would register %llu bytes, over the limit of %llu",
+                 (unsigned long long)(s->registered_bytes + bytes),
+                 (unsigned long long)d->cfg.max_registered_bytes);
+        goto reply;
+    }
+    base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        st = errno == ENOMEM ? COLLD_ERR_NO_MEMORY : COLLD_ERR_SYSTEM;
+        snprintf(detail, sizeof(detail), "daemon cannot map the buffer: %s", strerror(errno));
+        goto reply;
+    }
+    colld_reg_t *r = calloc(1, sizeof(*r));
+    if (!r) {
+        munmap(base, bytes);
+        st = COLLD_ERR_NO_MEMORY;
+        snprintf(detail, sizeof(detail), "daemon out of memory");
+        goto reply;
+    }
+    r->base = base;
+    r->size = bytes;
+    r->refs = 1;
+    pthread_mutex_lock(&d->lock);
+    r->id = ++s->next_reg_id;
+    r->next = s->regs;
+    s->regs = r;
+    s->registered_bytes += bytes;
+    pthread_mutex_unlock(&d->lock);
+    st = COLLD_OK;
+    colld_wire_msg_t ok;
+    memset(&ok, 0, sizeof(ok));
+    ok.type = COLLD_MSG_REG_REPLY;
+    ok.u.reg_reply.reg_id = r->id;
+    ok.u.reg_reply.cookie = m->u.reg.cookie;
+    LOG_DEBUG(MEM, "session %llu: registered %llu bytes as %u", (unsigned long long)s->id,
+              (unsigned long long)bytes, r->id);
+    close(fd);
+    return session_send(s, &ok, NULL, 0);
+reply:
+    if (fd >= 0)
+        close(fd);
+    LOG_INFO(MEM, "session %llu: registration refused: %s", (unsigned long long)s->id, detail);
+    return session_send_error(s, COLLD_MSG_REG_REPLY, st, detail);
+}
+
+/* DEREG: forget a registration; the mapping stays until operations using it have finished. */
+static int session_on_dereg(colld_session_t *s, const colld_wire_msg_t *m)
+{
+    colld_daemon_t *d = s->daemon;
+    colld_status_t st = COLLD_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&d->lock);
+    for (colld_reg_t **pp = &s->regs; *pp; pp = &(*pp)->next) {
+        colld_reg_t *r = *pp;
+        if (r->id != m->u.dereg.reg_id)
+            continue;
+        *pp = r->next;
+        s->registered_bytes -= r->size;
+        colld_session_release_reg(r);
+        st = COLLD_OK;
+        break;
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (st != COLLD_OK)
+        return session_send_error(s, COLLD_MSG_DEREG_REPLY, st, "unknown registration id");
+    colld_wire_msg_t ok;
+    memset(&ok, 0, sizeof(ok));
+    ok.type = COLLD_MSG_DEREG_REPLY;
+    return session_send(s, &ok, NULL, 0);
+}
+
+/* Dispatch one complete message. Returns -1 to drop the session. */
+static int session_dispatch(colld_session_t *s, const colld_wire_msg_t *m)
+{
+    if (m->magic != COLLD_WIRE_MAGIC) {
+        LOG_WARN(SESSION, "session %llu (pid %d): bad message magic", (unsigned long long)s->id, (int)s->pid);
+        return -1;
+    }
+    if (m->type != COLLD_MSG_HELLO && !s->shm) {
+        LOG_WARN(SESSION, "session %llu (pid %d): message before HELLO", (unsigned long long)s->id, (int)s->pid);
+        return -1;
+    }
+    if (m->type != COLLD_MSG_REG && s->pending_fd >= 0) {
+        close(s->pending_fd); /* fds only make sense with REG */
+        s->pending_fd = -1;
+    }
+    switch (m->type) {
+    case COLLD_MSG_HELLO:
+        return session_on_hello(s, m);
+    case COLLD_MSG_REG:
+        return session_on_reg(s, m);
+    case COLLD_MSG_DEREG:
+        return session_on_dereg(s, m);
+    default:
+        LOG_WARN(SESSION, "session %llu (pid %d): unknown message type %u", (unsigned long long)s->id,
+                 (int)s->pid, m->type);
+        return -1;
+    }
+}
+
+/* Read what is available: assemble fixed-size messages, collect passed fds. Returns -1 on EOF,
+ * error or protocol violation. */
+static int session_read(colld_session_t *s)
+{
+    for (;;) {
+        union {
+            char buf[CMSG_SPACE(4 * sizeof(int))];
+            struct cmsghdr align;
+        } cm;
+        struct iovec iov = { .iov_base = s->rbuf + s->rlen, .iov_len = sizeof(s->rbuf) - s->rlen };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+                             .msg_controllen = sizeof(cm.buf) };
+        ssize_t n = recvmsg(s->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return 0;
+            return -1;
+        }
+        int bad_fds = 0;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                continue;
+            int nf = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int i = 0; i < nf; i++) {
+                int fd;
+                memcpy(&fd, CMSG_DATA(c) + (size_t)i * sizeof(int), sizeof(int));
+                if (s->pending_fd < 0 && i == 0)
+                    s->pending_fd = fd;
+                else {
+                    close(fd);
+                    bad_fds = 1;
+                }
+            }
+        }
+        if ((mh.msg_flags & MSG_CTRUNC) || bad_fds) {
+            LOG_WARN(SESSION, "session %llu (pid %d): too many file descriptors in one message",
+                     (unsigned long long)s->id, (int)s->pid);
+            return -1;
+        }
+        if (n == 0)
+            return -1;
+        s->rlen += (size_t)n;
+        if (s->rlen == sizeof(s->rbuf)) {
+            colld_wire_msg_t m;
+            memcpy(&m, s->rbuf, sizeof(m));
+            s->rlen = 0;
+            if (session_dispatch(s, &m) < 0)
+                return -1;
+        }
+    }
+}
+
+/* ============================================================================================
+ * The loop side
+ * ========================================================================================== */
+
+/* Final close of a session's poll handle: close the socket and drop the list's reference. */
+static void session_on_close(uv_handle_t *h)
+{
+    colld_session_t *s = h->data;
+    colld_daemon_t *d = s->daemon;
+    close(s->fd);
+    s->fd = -1;
+    pthread_mutex_lock(&d->lock);
+    colld_session_unref(s);
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* A session is over (socket closed, protocol error, daemon stopping): its ranks leave their
+ * communicators (peers get PEER_LOST), its unused unique ids go, and the engine forgets it. */
+static void session_drop(colld_session_t *s, const char *why)
+{
+    colld_daemon_t *d = s->daemon;
+    colld_reply_t *replies = NULL;
+    pthread_mutex_lock(&d->lock);
+    if (!s->poll_active) {
+        pthread_mutex_unlock(&d->lock);
+        return;
+    }
+    s->dead = true;
+    LOG_INFO(SESSION, "session %llu (pid %d) ended: %s", (unsigned long long)s->id, (int)s->pid, why);
+    colld_comm_session_gone(d, s, &replies);
+    for (colld_issued_uid_t **pp = &d->uids; *pp;) {
+        colld_issued_uid_t *u = *pp;
+        if (u->owner == s) {
+            *pp = u->next;
+            free(u);
+        } else
+            pp = &u->next;
+    }
+    if (s->shm)
+        colld_engine_remove_session(d, s);
+    for (colld_session_t **pp = &d->sessions; *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            d->nsessions--;
+            break;
+        }
+    s->poll_active = false;
+    pthread_mutex_unlock(&d->lock);
+    colld_replies_send(replies);
+    colld_engine_wake(d);
+    uv_poll_stop(&s->poll);
+    uv_close((uv_handle_t *)&s->poll, session_on_close);
+}
+
+/* libuv: the session socket is readable or the peer hung up. */
+static void session_on_poll(uv_poll_t *h, int status, int events)
+{
+    colld_session_t *s = h->data;
+    if (status < 0) {
+        session_drop(s, uv_strerror(status));
+        return;
+    }
+    if (events & UV_READABLE) {
+        if (session_read(s) < 0) {
+            session_drop(s, "socket closed");
+            return;
+        }
+    }
+    if (events & UV_DISCONNECT)
+        session_drop(s, "peer disconnected");
+}
+
+/* Accept every pending connection: read its credentials and start watching it. */
+static void session_on_listen(uv_poll_t *h, int status, int events)
+{
+    colld_daemon_t *d = h->data;
+    (void)events;
+    if (status < 0)
+        return;
+    for (;;) {
+        int fd = accept4(d->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                LOG_WARN(SESSION, "accept: %s", strerror(errno));
+            return;
+        }
+        struct ucred cred;
+        socklen_t len = sizeof(cred);
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+            LOG_WARN(SESSION, "SO_PEERCRED: %s", strerror(errno));
+            close(fd);
+            continue;
+        }
+        pthread_mutex_lock(&d->lock);
+        bool full = d->nsessions >= (unsigned)d->cfg.max_sessions;
+        pthread_mutex_unlock(&d->lock);
+        if (full) {
+            LOG_WARN(SESSION, "refusing pid %d: %u sessions is the limit (max-sessions)", (int)cred.pid,
+                     d->nsessions);
+            close(fd);
+            continue;
+        }
+        colld_session_t *s = calloc(1, sizeof(*s));
+        if (!s) {
+            close(fd);
+            continue;
+        }
+        s->daemon = d;
+        s->fd = fd;
+        s->pid = cred.pid;
+        s->uid = cred.uid;
+        s->gid = cred.gid;
+        s->shm_fd = s->efd = s->pending_fd = -1;
+        s->attached_ms = colld_wall_ms();
+        s->refs = 1;
+        s->poll.data = s;
+        if (uv_poll_init(&d->loop, &s->poll, fd) < 0) {
+            close(fd);
+            free(s);
+            continue;
+        }
+        s->poll_active = true;
+        pthread_mutex_lock(&d->lock);
+        s->id = ++d->next_session_id;
+        s->next = d->sessions;
+        d->sessions = s;
+        d->nsessions++;
+        pthread_mutex_unlock(&d->lock);
+        uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT, session_on_poll);
+    }
+}
+
+/* Drop every session the engine marked for killing (protocol errors seen on its rings). */
+void colld_sessions_reap(colld_daemon_t *d)
+{
+    for (;;) {
+        colld_session_t *victim = NULL;
+        pthread_mutex_lock(&d->lock);
+        for (colld_session_t *s = d->sessions; s; s = s->next)
+            if (s->kill_requested && s->poll_active) {
+                victim = s;
+                break;
+            }
+        pthread_mutex_unlock(&d->lock);
+        if (!victim)
+            return;
+        session_drop(victim, "protocol violation on its rings");
+    }
+}
+
+/* Create the session socket (mode from the configuration) and watch it. The lock file is
+ * already held, so an existing socket file is a stale one. Returns 0 or -1. */
+int colld_sessions_listen(colld_daemon_t *d)
+{
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    if (strlen(d->cfg.socket) >= sizeof(sa.sun_path)) {
+        LOG_ERROR(INIT, "socket path too long (max %zu bytes): %s", sizeof(sa.sun_path) - 1, d->cfg.socket);
+        return -1;
+    }
+    strcpy(sa.sun_path, d->cfg.socket);
+    unlink(d->cfg.socket);
+    d->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (d->listen_fd < 0 || bind(d->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+        chmod(d->cfg.socket, (mode_t)d->cfg.socket_mode) < 0 || listen(d->listen_fd, 512) < 0) {
+        LOG_ERROR(INIT, "cannot listen on %s: %s", d->cfg.socket, strerror(errno));
+        return -1;
+    }
+    d->listen_poll.data = d;
+    if (uv_poll_init(&d->loop, &d->listen_poll, d->listen_fd) < 0)
+        return -1;
+    uv_poll_start(&d->listen_poll, UV_READABLE, session_on_listen);
+    return 0;
+}
+
+/* Daemon shutdown: stop accepting and end every session (clients see their socket close and
+ * report COLLD_ERR_DAEMON_LOST). */
+void colld_sessions_close_all(colld_daemon_t *d)
+{
+    if (d->listen_fd >= 0) {
+        uv_poll_stop(&d->listen_poll);
+        uv_close((uv_handle_t *)&d->listen_poll, NULL);
+        close(d->listen_fd);
+        d->listen_fd = -1;
+        unlink(d->cfg.socket);
+    }
+    for (;;) {
+        pthread_mutex_lock(&d->lock);
+        colld_session_t *s = d->sessions;
+        pthread_mutex_unlock(&d->lock);
+        if (!s)
+            break;
+        session_drop(s, "daemon shutting down");
+    }
+}

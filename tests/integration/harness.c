@@ -1,0 +1,249 @@
+/*
+ * harness.c - see harness.h. Binaries come from the build: COLLD_BIN, RANK_BIN, COLLCTL_BIN.
+ */
+#include "tests/integration/harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+double harness_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+}
+
+pid_t harness_spawn(const char *const *argv)
+{
+    pid_t pid;
+    int rc = posix_spawn(&pid, argv[0], NULL, NULL, (char *const *)argv, environ);
+    if (rc != 0) {
+        fprintf(stderr, "harness: cannot spawn %s: %s\n", argv[0], strerror(rc));
+        return -1;
+    }
+    return pid;
+}
+
+int harness_wait(pid_t pid, int timeout_ms)
+{
+    double end = harness_now_ms() + timeout_ms;
+    for (;;) {
+        int status;
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (r < 0)
+            return -1;
+        if (harness_now_ms() > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            fprintf(stderr, "harness: pid %d did not finish within %d ms; killed\n", (int)pid, timeout_ms);
+            return -1;
+        }
+        sleep_ms(2);
+    }
+}
+
+static void print_log(const harness_t *h)
+{
+    FILE *f = fopen(h->log, "r");
+    if (!f)
+        return;
+    char line[512];
+    fprintf(stderr, "---- colld log ----\n");
+    while (fgets(line, sizeof(line), f))
+        fputs(line, stderr);
+    fclose(f);
+}
+
+int harness_daemon_start(harness_t *h, const char *const *extra)
+{
+    if (!h->dir[0]) {
+        snprintf(h->dir, sizeof(h->dir), "/tmp/colld-test-XXXXXX");
+        if (!mkdtemp(h->dir))
+            return -1;
+        snprintf(h->socket, sizeof(h->socket), "%s/colld.sock", h->dir);
+        snprintf(h->log, sizeof(h->log), "%s/colld.log", h->dir);
+    }
+    const char *argv[32] = { COLLD_BIN, "--socket", h->socket, "--log-level", "info", "--log-file", h->log };
+    int n = 7;
+    for (int i = 0; extra && extra[i] && n < 31; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    h->pid = harness_spawn(argv);
+    if (h->pid < 0)
+        return -1;
+    double end = harness_now_ms() + 10000;
+    while (harness_now_ms() < end) {
+        if (access(h->socket, F_OK) == 0 && colld_connect(h->socket, &h->client) == COLLD_OK)
+            return 0;
+        int status;
+        if (waitpid(h->pid, &status, WNOHANG) == h->pid) {
+            fprintf(stderr, "harness: colld exited during start-up\n");
+            h->pid = 0;
+            print_log(h);
+            return -1;
+        }
+        sleep_ms(5);
+    }
+    fprintf(stderr, "harness: colld did not come up within 10 s\n");
+    print_log(h);
+    return -1;
+}
+
+int harness_daemon_stop(harness_t *h, int sig, int timeout_ms)
+{
+    if (h->pid <= 0)
+        return 0;
+    kill(h->pid, sig);
+    double end = harness_now_ms() + timeout_ms;
+    for (;;) {
+        int status;
+        if (waitpid(h->pid, &status, WNOHANG) == h->pid) {
+            h->pid = 0;
+            return status;
+        }
+        if (harness_now_ms() > end) {
+            kill(h->pid, SIGKILL);
+            waitpid(h->pid, &status, 0);
+            h->pid = 0;
+            print_log(h);
+            return -1;
+        }
+        sleep_ms(2);
+    }
+}
+
+void harness_cleanup(harness_t *h)
+{
+    if (h->client) {
+        colld_disconnect(h->client);
+        h->client = NULL;
+    }
+    harness_daemon_stop(h, SIGTERM, 10000);
+    if (h->dir[0]) {
+        char cmd[300];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", h->dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "harness: cannot remove %s\n", h->dir);
+    }
+}
+
+void harness_uid_to_hex(const colld_unique_id_t *id, char *hex)
+{
+    for (int i = 0; i < 16; i++)
+        sprintf(hex + 2 * i, "%02x", (unsigned char)id->internal[i]);
+    hex[32] = '\0';
+}
+
+int harness_uid_from_hex(const char *hex, colld_unique_id_t *id)
+{
+    memset(id, 0, sizeof(*id));
+    if (!hex || strlen(hex) != 32)
+        return -1;
+    for (int i = 0; i < 16; i++) {
+        unsigned v;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1)
+            return -1;
+        id->internal[i] = (char)v;
+    }
+    return 0;
+}
+
+int harness_new_uid_hex(harness_t *h, char *hex)
+{
+    colld_unique_id_t id;
+    if (colld_get_unique_id(h->client, &id) != COLLD_OK)
+        return -1;
+    harness_uid_to_hex(&id, hex);
+    return 0;
+}
+
+int harness_spawn_ranks(harness_t *h, int nranks, const char *const *extra, pid_t *pids)
+{
+    char hex[33], nr[16], rk[16];
+    if (harness_new_uid_hex(h, hex) < 0)
+        return -1;
+    snprintf(nr, sizeof(nr), "%d", nranks);
+    for (int r = 0; r < nranks; r++) {
+        const char *argv[48] = { RANK_BIN, "--socket", h->socket, "--uid", hex, "--nranks", nr, "--rank", rk };
+        int n = 9;
+        for (int i = 0; extra && extra[i] && n < 47; i++)
+            argv[n++] = extra[i];
+        argv[n] = NULL;
+        snprintf(rk, sizeof(rk), "%d", r);
+        pids[r] = harness_spawn(argv);
+        if (pids[r] < 0)
+            return -1;
+    }
+    return 0;
+}
+
+int harness_wait_all(pid_t *pids, int n, int timeout_ms)
+{
+    int bad = 0;
+    double end = harness_now_ms() + timeout_ms;
+    for (int i = 0; i < n; i++) {
+        int left = (int)(end - harness_now_ms());
+        int rc = harness_wait(pids[i], left > 0 ? left : 1);
+        if (rc != 0) {
+            fprintf(stderr, "harness: rank %d (pid %d) ended with %d\n", i, (int)pids[i], rc);
+            bad++;
+        }
+    }
+    return bad;
+}
+
+int harness_wait_file(const char *path, int timeout_ms)
+{
+    double end = harness_now_ms() + timeout_ms;
+    while (harness_now_ms() < end) {
+        if (access(path, F_OK) == 0)
+            return 0;
+        sleep_ms(2);
+    }
+    return -1;
+}
+
+int harness_capture(const char *const *argv, char *out, size_t len, int timeout_ms)
+{
+    int p[2];
+    if (pipe(p) < 0)
+        return -1;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+    posix_spawn_file_actions_addclose(&fa, p[0]);
+    pid_t pid;
+    int rc = posix_spawn(&pid, argv[0], &fa, NULL, (char *const *)argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(p[1]);
+    if (rc != 0) {
+        close(p[0]);
+        return -1;
+    }
+    size_t got = 0;
+    ssize_t n;
+    while (got + 1 < len && (n = read(p[0], out + got, len - 1 - got)) > 0)
+        got += (size_t)n;
+    out[got] = '\0';
+    close(p[0]);
+    return harness_wait(pid, timeout_ms);
+}

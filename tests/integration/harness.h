@@ -1,0 +1,53 @@
+/*
+ * harness.h - helpers for integration tests: start and stop a real colld on a private socket,
+ * spawn real client processes (posix_spawn), wait for them with a time limit.
+ */
+#ifndef COLLD_TESTS_HARNESS_H
+#define COLLD_TESTS_HARNESS_H
+
+#include <colld/colld.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+typedef struct {
+    char dir[256];    /* private temporary directory */
+    char socket[300]; /* the daemon's session socket */
+    char log[300];    /* the daemon's log file */
+    pid_t pid;        /* the daemon, 0 when not running */
+    colld_client_t *client; /* the driver's own connection */
+} harness_t;
+
+/* Start colld with optional extra arguments (NULL-terminated); waits until a client can connect.
+ * Returns 0 or -1 (with the log printed). */
+int harness_daemon_start(harness_t *h, const char *const *extra);
+/* Send `sig` to the daemon and wait for it (at most timeout_ms). Returns its wait status, -1 if
+ * it did not end in time (then it is killed). */
+int harness_daemon_stop(harness_t *h, int sig, int timeout_ms);
+/* Disconnect, stop the daemon if running (SIGTERM), remove the directory. */
+void harness_cleanup(harness_t *h);
+
+/* Spawn a program; returns its pid or -1. */
+pid_t harness_spawn(const char *const *argv);
+/* Wait for a child at most timeout_ms; returns its exit code (128+signal if killed by one), or
+ * -1 on time-out (the child is then killed with SIGKILL and reaped). */
+int harness_wait(pid_t pid, int timeout_ms);
+
+/* Spawn `nranks` colld-test-rank processes joining one new communicator; extra arguments
+ * (NULL-terminated) go to every rank. Pids in pids[]. Returns 0 or -1. */
+int harness_spawn_ranks(harness_t *h, int nranks, const char *const *extra, pid_t *pids);
+/* Wait for all of them; returns the number that did not exit 0 in time. */
+int harness_wait_all(pid_t *pids, int n, int timeout_ms);
+
+/* A new unique id from the daemon, as hex text (33 bytes). */
+int harness_new_uid_hex(harness_t *h, char *hex);
+void harness_uid_to_hex(const colld_unique_id_t *id, char *hex);
+int harness_uid_from_hex(const char *hex, colld_unique_id_t *id);
+
+/* Wait until a file exists (at most timeout_ms). Returns 0 or -1. */
+int harness_wait_file(const char *path, int timeout_ms);
+/* Run a command and capture its stdout (at most len-1 bytes). Returns its exit code or -1. */
+int harness_capture(const char *const *argv, char *out, size_t len, int timeout_ms);
+/* Milliseconds on the monotonic clock. */
+double harness_now_ms(void);
+
+#endif /* COLLD_TESTS_HARNESS_H */

@@ -1,0 +1,387 @@
+/*
+ * test_faults.c - bad input and faults against a real colld: every bad argument, descriptor or
+ * ring gets a specific status and message, the daemon keeps serving, and no fault makes a rank
+ * hang (a dead peer, a missing rank, daemon shutdown, a second daemon on the same socket).
+ */
+#include "client/client_internal.h"
+#include "common/util.h"
+#include "tests/integration/harness.h"
+
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+static int setup(void **state)
+{
+    static harness_t h;
+    memset(&h, 0, sizeof(h));
+    if (harness_daemon_start(&h, NULL) < 0)
+        return -1;
+    *state = &h;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    harness_cleanup(*state);
+    return 0;
+}
+
+/* A one-rank communicator of the driver's own client (no peer can block it). */
+static colld_comm_t *solo_comm(harness_t *h)
+{
+    colld_unique_id_t id;
+    colld_comm_t *comm = NULL;
+    assert_int_equal(colld_get_unique_id(h->client, &id), COLLD_OK);
+    assert_int_equal(colld_comm_init_rank(h->client, &comm, 1, id, 0, NULL), COLLD_OK);
+    return comm;
+}
+
+/* A real 2-rank all-reduce by two processes: proof the daemon still serves. */
+static void assert_daemon_serves(harness_t *h)
+{
+    pid_t pids[2];
+    const char *extra[] = { "--counts", "1,1000", NULL };
+    assert_int_equal(harness_spawn_ranks(h, 2, extra, pids), 0);
+    assert_int_equal(harness_wait_all(pids, 2, 60000), 0);
+}
+
+static void read_file(const char *path, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    size_t n = fread(buf, 1, len - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Bad arguments of the API
+ * ------------------------------------------------------------------------------------------- */
+
+static void test_bad_api_arguments(void **state)
+{
+    harness_t *h = *state;
+    colld_client_t *c = h->client;
+    colld_client_t *other;
+    colld_unique_id_t id;
+    colld_comm_t *comm = NULL;
+    void *p;
+
+    assert_int_equal(colld_connect(h->socket, NULL), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_connect("/nonexistent/colld.sock", &other), COLLD_ERR_DAEMON_UNAVAILABLE);
+    assert_int_equal(colld_disconnect(NULL), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_get_unique_id(NULL, &id), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_get_unique_id(c, NULL), COLLD_ERR_INVALID_ARGUMENT);
+
+    assert_int_equal(colld_get_unique_id(c, &id), COLLD_OK);
+    assert_int_equal(colld_comm_init_rank(c, NULL, 2, id, 0, NULL), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_comm_init_rank(c, &comm, 2, id, -1, NULL), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_comm_init_rank(c, &comm, 2, id, 2, NULL), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_comm_init_rank(c, &comm, 0, id, 0, NULL), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_comm_init_rank(c, &comm, 100000, id, 0, NULL), COLLD_ERR_INVALID_ARGUMENT);
+    colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
+    cfg.timeout_ms = -5;
+    assert_int_equal(colld_comm_init_rank(c, &comm, 1, id, 0, &cfg), COLLD_ERR_INVALID_ARGUMENT);
+    cfg = (colld_comm_config_t)COLLD_COMM_CONFIG_INIT;
+    cfg.size = 3;
+    assert_int_equal(colld_comm_init_rank(c, &comm, 1, id, 0, &cfg), COLLD_ERR_INVALID_ARGUMENT);
+    assert_null(comm);
+
+    /* An id the daemon never issued. */
+    colld_unique_id_t bogus;
+    memset(&bogus, 0x5a, sizeof(bogus));
+    assert_int_equal(colld_comm_init_rank(c, &comm, 1, bogus, 0, NULL), COLLD_ERR_INVALID_ARGUMENT);
+
+    assert_int_equal(colld_mem_alloc(c, &p, 0, COLLD_MEM_HOST), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_mem_alloc(c, NULL, 64, COLLD_MEM_HOST), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_mem_alloc(c, &p, 64, COLLD_MEM_CUDA), COLLD_ERR_NOT_SUPPORTED);
+    assert_int_equal(colld_mem_alloc(c, &p, 64, (colld_memtype_t)7), COLLD_ERR_INVALID_ARGUMENT);
+    int local;
+    assert_int_equal(colld_mem_free(c, &local), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_mem_free(c, NULL), COLLD_ERR_INVALID_ARGUMENT);
+
+    assert_int_equal(colld_allreduce(&local, &local, 1, COLLD_INT32, COLLD_SUM, NULL, NULL), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_comm_synchronize(NULL), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_comm_query(NULL), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_comm_destroy(NULL), COLLD_ERR_INVALID_ARGUMENT);
+    int n;
+    assert_int_equal(colld_comm_count(NULL, &n), COLLD_ERR_INVALID_ARGUMENT);
+    assert_string_equal(colld_status_name((colld_status_t)-999), "COLLD_ERR_UNKNOWN");
+    assert_non_null(strstr(colld_comm_last_error(NULL), "NULL"));
+}
+
+/* Bad arguments to a collective are refused by the client with a clear message and leave the
+ * communicator usable. */
+static void test_bad_collective_arguments(void **state)
+{
+    harness_t *h = *state;
+    colld_comm_t *comm = solo_comm(h);
+    float *buf, *small;
+    static float heap[16];
+    assert_int_equal(colld_mem_alloc(h->client, (void **)&buf, 4096 * sizeof(float), COLLD_MEM_HOST), COLLD_OK);
+    assert_int_equal(colld_mem_alloc(h->client, (void **)&small, 4096, COLLD_MEM_HOST), COLLD_OK);
+
+    assert_int_equal(colld_allreduce(heap, heap, 16, COLLD_FLOAT32, COLLD_SUM, comm, NULL), COLLD_ERR_NOT_SUPPORTED);
+    assert_non_null(strstr(colld_comm_last_error(comm), "colld_mem_alloc"));
+    assert_int_equal(colld_allreduce(small, small, 2000, COLLD_FLOAT32, COLLD_SUM, comm, NULL),
+                     COLLD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(colld_comm_last_error(comm), "past the end"));
+    assert_int_equal(colld_allreduce(NULL, buf, 4, COLLD_FLOAT32, COLLD_SUM, comm, NULL), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_allreduce(buf, buf, 4, (colld_dtype_t)99, COLLD_SUM, comm, NULL), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_allreduce(buf, buf, 4, COLLD_FLOAT32, (colld_redop_t)42, comm, NULL),
+                     COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_allreduce(buf, buf, SIZE_MAX / 2, COLLD_FLOAT32, COLLD_SUM, comm, NULL),
+                     COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_allreduce(buf, buf, 4, COLLD_FLOAT32, COLLD_SUM, comm, (void *)0x1), COLLD_ERR_NOT_SUPPORTED);
+    assert_int_equal(colld_broadcast(buf, buf, 4, COLLD_FLOAT32, 0, comm, NULL), COLLD_ERR_NOT_SUPPORTED);
+    assert_int_equal(colld_group_start(), COLLD_ERR_NOT_SUPPORTED);
+
+    /* Still usable: a real all-reduce over the sending buffer's last element range. */
+    for (int i = 0; i < 4096; i++)
+        buf[i] = (float)i;
+    assert_int_equal(colld_allreduce(buf, buf, 4096, COLLD_FLOAT32, COLLD_SUM, comm, NULL), COLLD_OK);
+    assert_int_equal(colld_comm_synchronize(comm), COLLD_OK);
+    assert_true(buf[4095] == 4095.0f);
+    assert_int_equal(colld_comm_query(comm), COLLD_OK);
+    int nr = 0, rk = -1;
+    assert_int_equal(colld_comm_count(comm, &nr), COLLD_OK);
+    assert_int_equal(colld_comm_user_rank(comm, &rk), COLLD_OK);
+    assert_int_equal(nr, 1);
+    assert_int_equal(rk, 0);
+    assert_int_equal(colld_comm_destroy(comm), COLLD_OK);
+    assert_int_equal(colld_mem_free(h->client, buf), COLLD_OK);
+    assert_int_equal(colld_mem_free(h->client, small), COLLD_OK);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Garbage descriptors written straight into the ring: the daemon validates each one
+ * ------------------------------------------------------------------------------------------- */
+
+/* Post a raw descriptor on a fresh one-rank communicator; return its completion status and the
+ * communicator's error detail in `detail`. */
+static colld_status_t post_raw(harness_t *h, void (*mutate)(colld_wire_sqe_t *, colld_comm_t *, uint32_t reg),
+                               char *detail, size_t len)
+{
+    colld_comm_t *comm = solo_comm(h);
+    float *buf;
+    assert_int_equal(colld_mem_alloc(h->client, (void **)&buf, 4096, COLLD_MEM_HOST), COLLD_OK);
+    colld_wire_sqe_t sqe;
+    memset(&sqe, 0, sizeof(sqe));
+    pthread_mutex_lock(&h->client->mu);
+    assert_int_equal(colld__client_lookup(h->client, buf, 4096, &sqe.send), 0);
+    pthread_mutex_unlock(&h->client->mu);
+    sqe.recv = sqe.send;
+    sqe.seq = 1;
+    sqe.count = 1024;
+    sqe.comm = comm->handle;
+    sqe.kind = COLLD_KIND_ALLREDUCE;
+    sqe.dtype = COLLD_FLOAT32;
+    sqe.redop = COLLD_SUM;
+    mutate(&sqe, comm, sqe.send.reg_id);
+    assert_int_equal(colld__client_submit(h->client, &sqe), COLLD_OK);
+    comm->issued++;
+    colld_status_t st = colld_comm_synchronize(comm);
+    colld_strlcpy(detail, colld_comm_last_error(comm), len);
+    print_message("%s\n", detail);
+    colld_comm_destroy(comm);
+    colld_mem_free(h->client, buf);
+    return st;
+}
+
+static void bad_reg(colld_wire_sqe_t *s, colld_comm_t *c, uint32_t r) { (void)c, (void)r; s->send.reg_id = 12345; }
+static void bad_offset(colld_wire_sqe_t *s, colld_comm_t *c, uint32_t r) { (void)c, (void)r; s->recv.offset = UINT64_MAX - 8; }
+static void bad_count(colld_wire_sqe_t *s, colld_comm_t *c, uint32_t r) { (void)c, (void)r; s->count = 1025; }
+static void huge_count(colld_wire_sqe_t *s, colld_comm_t *c, uint32_t r) { (void)c, (void)r; s->count = UINT64_MAX / 2; }
+static void bad_dtype(colld_wire_sqe_t *s, colld_comm_t *c, uint32_t r) { (void)c, (void)r; s->dtype = 200; }
+static void bad_op(colld_wire_sqe_t *s, colld_comm_t *c, uint32_t r) { (void)c, (void)r; s->redop = 77; }
+static void bad_kind(colld_wire_sqe_t *s, colld_comm_t *c, uint32_t r) { (void)c, (void)r; s->kind = 99; }
+static void bad_seq(colld_wire_sqe_t *s, colld_comm_t *c, uint32_t r) { (void)c, (void)r; s->seq = 1000; }
+
+static void test_garbage_descriptors(void **state)
+{
+    harness_t *h = *state;
+    char d[600];
+    assert_int_equal(post_raw(h, bad_reg, d, sizeof(d)), COLLD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(d, "registration 12345"));
+    assert_int_equal(post_raw(h, bad_offset, d, sizeof(d)), COLLD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(d, "overrun"));
+    assert_int_equal(post_raw(h, bad_count, d, sizeof(d)), COLLD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(d, "overrun"));
+    assert_int_equal(post_raw(h, huge_count, d, sizeof(d)), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(post_raw(h, bad_dtype, d, sizeof(d)), COLLD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(d, "dtype 200"));
+    assert_int_equal(post_raw(h, bad_op, d, sizeof(d)), COLLD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(d, "op 77"));
+    assert_int_equal(post_raw(h, bad_kind, d, sizeof(d)), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(post_raw(h, bad_seq, d, sizeof(d)), COLLD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(d, "sequence number 1000"));
+    assert_daemon_serves(h);
+}
+
+/* A client that corrupts its ring counters loses its session; nobody else notices. */
+static void test_corrupt_ring_drops_only_that_session(void **state)
+{
+    harness_t *h = *state;
+    colld_client_t *bad;
+    assert_int_equal(colld_connect(h->socket, &bad), COLLD_OK);
+    __atomic_store_n(&bad->shm->sq.head, bad->sq_head + 1000000, __ATOMIC_SEQ_CST);
+    uint64_t one = 1;
+    assert_int_equal(write(bad->efd, &one, sizeof(one)), (ssize_t)sizeof(one));
+    colld_unique_id_t id;
+    colld_status_t st = COLLD_OK;
+    for (int i = 0; i < 500 && st == COLLD_OK; i++) {
+        usleep(10000);
+        st = colld_get_unique_id(bad, &id);
+    }
+    assert_int_equal(st, COLLD_ERR_DAEMON_LOST);
+    colld_disconnect(bad);
+    assert_daemon_serves(h);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Joining
+ * ------------------------------------------------------------------------------------------- */
+
+/* A rank asking for another size, or a rank already taken, is refused at once; the rank that
+ * waits for the missing peer times out naming it. */
+static void test_join_mismatch_and_timeout(void **state)
+{
+    harness_t *h = *state;
+    char hex[33];
+    assert_int_equal(harness_new_uid_hex(h, hex), 0);
+    const char *r0[] = { RANK_BIN, "--socket", h->socket, "--uid", hex, "--nranks", "2", "--rank", "0",
+                         "--timeout-ms", "1500", "--expect", "COLLD_ERR_TIMEOUT", NULL };
+    pid_t pid = harness_spawn(r0);
+    assert_true(pid > 0);
+    usleep(300000);
+    colld_unique_id_t id;
+    assert_int_equal(harness_uid_from_hex(hex, &id), 0);
+    colld_comm_t *comm = NULL;
+    double t0 = harness_now_ms();
+    assert_int_equal(colld_comm_init_rank(h->client, &comm, 3, id, 1, NULL), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_comm_init_rank(h->client, &comm, 2, id, 0, NULL), COLLD_ERR_INVALID_USAGE);
+    assert_true(harness_now_ms() - t0 < 1000); /* refused at once, not after the timeout */
+    assert_int_equal(harness_wait(pid, 20000), 0);
+
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Faults during a collective
+ * ------------------------------------------------------------------------------------------- */
+
+/* Start rank 0 (posts, waits, expects `expect`, prints the detail to a file) and rank 1 (joins,
+ * never posts). Returns once rank 0 waits in its collective. */
+static void start_pair(harness_t *h, const char *expect, const char *timeout_ms, pid_t *pids, char *out)
+{
+    char hex[33];
+    static char ready[300];
+    assert_int_equal(harness_new_uid_hex(h, hex), 0);
+    snprintf(ready, sizeof(ready), "%s/ready-%s", h->dir, hex);
+    snprintf(out, 300, "%s/out-%s", h->dir, hex);
+    const char *r0[] = { RANK_BIN, "--socket", h->socket, "--uid", hex, "--nranks", "2", "--rank", "0", "--mode",
+                         "hang", "--expect", expect, "--ready-file", ready, "--out", out, "--timeout-ms", timeout_ms,
+                         NULL };
+    const char *r1[] = { RANK_BIN, "--socket", h->socket, "--uid", hex, "--nranks", "2", "--rank", "1", "--mode",
+                         "hang", "--no-post", "--timeout-ms", timeout_ms, NULL };
+    assert_true((pids[0] = harness_spawn(r0)) > 0);
+    assert_true((pids[1] = harness_spawn(r1)) > 0);
+    assert_int_equal(harness_wait_file(ready, 20000), 0);
+    usleep(50000);
+}
+
+static void test_peer_killed_mid_collective(void **state)
+{
+    harness_t *h = *state;
+    pid_t pids[2];
+    char out[300], text[1024];
+    start_pair(h, "COLLD_ERR_PEER_LOST", "0", pids, out);
+    double t0 = harness_now_ms();
+    kill(pids[1], SIGKILL);
+    assert_int_equal(harness_wait(pids[0], 10000), 0);
+    double took = harness_now_ms() - t0;
+    harness_wait(pids[1], 5000);
+    read_file(out, text, sizeof(text));
+    print_message("peer lost after %.1f ms: %s", took, text);
+    assert_true(took < 5000);
+    assert_non_null(strstr(text, "rank 1"));
+    char pidtext[32];
+    snprintf(pidtext, sizeof(pidtext), "pid %d", (int)pids[1]);
+    assert_non_null(strstr(text, pidtext));
+    assert_daemon_serves(h);
+}
+
+static void test_missing_rank_times_out(void **state)
+{
+    harness_t *h = *state;
+    pid_t pids[2];
+    char out[300], text[1024];
+    start_pair(h, "COLLD_ERR_TIMEOUT", "600", pids, out);
+    assert_int_equal(harness_wait(pids[0], 20000), 0);
+    read_file(out, text, sizeof(text));
+    print_message("%s", text);
+    assert_non_null(strstr(text, "rank(s) 1 never arrived"));
+    kill(pids[1], SIGKILL);
+    harness_wait(pids[1], 5000);
+    assert_daemon_serves(h);
+}
+
+/* SIGTERM: the daemon ends every session (ranks get DAEMON_LOST) and exits 0. */
+static void test_sigterm_shuts_down_cleanly(void **state)
+{
+    harness_t *h = *state;
+    pid_t pids[2];
+    char out[300];
+    start_pair(h, "COLLD_ERR_DAEMON_LOST", "0", pids, out);
+    int status = harness_daemon_stop(h, SIGTERM, 10000);
+    assert_true(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_int_equal(harness_wait(pids[0], 10000), 0);
+    kill(pids[1], SIGKILL);
+    harness_wait(pids[1], 5000);
+    colld_disconnect(h->client);
+    h->client = NULL;
+}
+
+/* A second daemon on the same socket refuses to start and leaves the first one serving. */
+static void test_second_daemon_refused(void **state)
+{
+    harness_t *h = *state;
+    char out[1024];
+    const char *argv[] = { COLLD_BIN, "--socket", h->socket, NULL };
+    int rc = harness_capture(argv, out, sizeof(out), 10000);
+    assert_int_equal(rc, 1);
+    assert_daemon_serves(h);
+    const char *bad[] = { COLLD_BIN, "--socket", h->socket, "--workers", "lots", NULL };
+    assert_int_equal(harness_capture(bad, out, sizeof(out), 10000), 2);
+    const char *help[] = { COLLD_BIN, "--help", NULL };
+    assert_int_equal(harness_capture(help, out, sizeof(out), 10000), 0);
+    assert_non_null(strstr(out, "COLLD_SOCKET"));
+    assert_non_null(strstr(out, "COLLD_TIMEOUT_MS"));
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_bad_api_arguments, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_collective_arguments, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_garbage_descriptors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_ring_drops_only_that_session, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_join_mismatch_and_timeout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_peer_killed_mid_collective, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_missing_rank_times_out, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sigterm_shuts_down_cleanly, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_second_daemon_refused, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("faults", tests, NULL, NULL);
+}
