@@ -404,6 +404,11 @@ static void reap(colld_client_t *c)
         colld_comm_t *comm = e.comm < c->ncomms_slots ? c->comms[e.comm] : NULL;
         if (!comm)
             continue;
+        if (e.seq == 0) { /* a notice: the communicator broke, nothing completed */
+            if (e.status != COLLD_OK && __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED) == COLLD_OK)
+                __atomic_store_n(&comm->async_error, (colld_status_t)e.status, __ATOMIC_RELAXED);
+            continue;
+        }
         if (e.status != COLLD_OK && __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED) == COLLD_OK)
             __atomic_store_n(&comm->async_error, (colld_status_t)e.status, __ATOMIC_RELAXED);
         __atomic_add_fetch(&comm->completed, 1, __ATOMIC_RELEASE);

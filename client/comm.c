@@ -357,9 +357,9 @@ colld_status_t colld_comm_query(colld_comm_t *comm)
     colld_status_t err = __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED);
     if (err != COLLD_OK)
         return err;
+    if (atomic_load(&comm->client->lost))
+        return COLLD_ERR_DAEMON_LOST; /* even with nothing pending: the communicator is unusable */
     if (__atomic_load_n(&comm->completed, __ATOMIC_ACQUIRE) >= comm->issued)
         return COLLD_OK;
-    if (atomic_load(&comm->client->lost))
-        return COLLD_ERR_DAEMON_LOST;
     return COLLD_INPROGRESS;
 }

@@ -62,7 +62,8 @@ typedef struct {
     colld_wire_buf_t recv;
 } colld_wire_sqe_t;
 
-/* One completion (32 bytes). */
+/* One completion (32 bytes). seq 0 is a notice, not a completion: the communicator broke with
+ * `status` (sent to ranks with nothing in flight, so their async-error query sees it). */
 typedef struct {
     uint64_t seq;
     uint32_t comm;

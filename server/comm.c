@@ -125,6 +125,10 @@ static void member_detach(colld_member_t *m)
     s->ncomms--;
     m->session = NULL;
     m->left = true;
+    if (m->notify) {
+        m->notify = false;
+        m->comm->notices_pending--;
+    }
     m->comm->present--;
 }
 
@@ -195,12 +199,20 @@ void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, co
         c->error = st;
         colld_strlcpy(c->error_detail, detail, sizeof(c->error_detail));
         c->state = closing ? COLLD_COMM_CLOSING : COLLD_COMM_BROKEN;
-        if (!closing)
+        if (!closing) {
             LOG_WARN(COLL, "communicator %llu (%s) broken: %s: %s", (unsigned long long)c->id, c->name,
                      colld_status_name(st), detail);
+            /* Ranks with nothing in flight learn of it too (their async-error query). */
+            for (int r = 0; r < c->nranks; r++)
+                if (c->ranks[r].session && !c->ranks[r].notify) {
+                    c->ranks[r].notify = true;
+                    c->notices_pending++;
+                }
+        }
     }
     for (int r = 0; r < c->nranks; r++)
         member_fail_queue(c, &c->ranks[r], c->error);
+    colld_engine_post_notices(c);
 }
 
 /* Join rank `rank` of the communicator named by `uid`. Answers now on error; otherwise the answer

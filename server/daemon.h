@@ -137,6 +137,7 @@ struct colld_member {
     colld_rpc_call_t *join_call; /* CommInit answered when all ranks joined */
     pid_t pid;
     bool left;
+    bool notify;              /* owes its session a notice that the communicator broke */
 };
 
 struct colld_dcomm {
@@ -155,6 +156,7 @@ struct colld_dcomm {
     uint64_t exec_seq;        /* next sequence number to execute */
     uint64_t ops_completed, ops_failed;
     int refs;                 /* 1 while members remain + 1 per executing collective */
+    int notices_pending;      /* members whose break notice is not posted yet */
     colld_member_t *ranks;    /* [nranks] */
     colld_dcomm_t *next;
 };
@@ -245,6 +247,8 @@ int colld_engine_add_session(colld_daemon_t *d, colld_session_t *s);
 void colld_engine_remove_session(colld_daemon_t *d, colld_session_t *s);
 /* Post one completion to a session's completion ring (lock held). */
 void colld_engine_complete(colld_session_t *s, uint32_t handle, uint64_t seq, colld_status_t st);
+/* Post owed break notices of a communicator where the completion rings have room (lock held). */
+void colld_engine_post_notices(colld_dcomm_t *c);
 /* Fail and free one queued op (lock held). */
 void colld_engine_fail_op(colld_op_t *op, colld_status_t st);
 

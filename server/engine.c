@@ -84,6 +84,28 @@ void colld_engine_complete(colld_session_t *s, uint32_t handle, uint64_t seq, co
     colld_doorbell_ring(&s->shm->cq);
 }
 
+/* Post the notices a broken communicator owes its ranks (completion records with sequence
+ * number 0), each only into a free completion slot not reserved for an admitted operation;
+ * the rest are retried by the engine (lock held). */
+void colld_engine_post_notices(colld_dcomm_t *c)
+{
+    for (int r = 0; r < c->nranks && c->notices_pending > 0; r++) {
+        colld_member_t *m = &c->ranks[r];
+        colld_session_t *s = m->session;
+        if (!m->notify || !s)
+            continue;
+        if (!s->dead && !s->kill_requested) {
+            int64_t space = colld_ring_space(&s->shm->cq, s->cq_head, s->entries);
+            if (space <= (int64_t)s->in_flight)
+                continue; /* no unreserved slot yet */
+            s->in_flight++; /* colld_engine_complete counts it back */
+            colld_engine_complete(s, m->handle, 0, c->error);
+        }
+        m->notify = false;
+        c->notices_pending--;
+    }
+}
+
 /* Complete a queued op with a status and free it (lock held). */
 void colld_engine_fail_op(colld_op_t *op, colld_status_t st)
 {
@@ -158,7 +180,7 @@ static colld_status_t validate(colld_session_t *s, colld_op_t *op, char *detail,
  * descriptor is invalid breaks the communicator for every rank, so no peer waits for it. */
 static void admit(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_reply_t **replies)
 {
-    char detail[COLLD_DETAIL_LEN] = "";
+    char detail[COLLD_DETAIL_LEN / 2] = ""; /* leaves room for the rank prefix in `why` */
     colld_member_t *m = colld_comm_member(s, sqe->comm);
     if (!m) {
         LOG_INFO(ENGINE, "session %llu: descriptor for unknown communicator handle %u", (unsigned long long)s->id,
@@ -380,6 +402,8 @@ static int engine_pass(colld_daemon_t *d, coll_t **batch, uint64_t *next_deadlin
     uint64_t now = colld_now_ns();
     uint64_t next = colld_comm_check_join_timeouts(d, now, replies);
     for (colld_dcomm_t *c = d->comms; c; c = c->next) {
+        if (c->notices_pending)
+            colld_engine_post_notices(c);
         if (c->state != COLLD_COMM_READY)
             continue;
         coll_t *k = match_comm(d, c, replies);

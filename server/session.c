@@ -608,6 +608,16 @@ void colld_sessions_close_all(colld_daemon_t *d)
         d->listen_fd = -1;
         unlink(d->cfg.socket);
     }
+    /* Every communicator fails with DAEMON_LOST before any session goes, so no rank mistakes the
+     * shutdown for a peer's death. */
+    colld_reply_t *replies = NULL;
+    pthread_mutex_lock(&d->lock);
+    for (colld_dcomm_t *c = d->comms, *following; c; c = following) {
+        following = c->next; /* a forming communicator is dissolved and freed */
+        colld_comm_break(d, c, COLLD_ERR_DAEMON_LOST, "the colld daemon is shutting down", &replies);
+    }
+    pthread_mutex_unlock(&d->lock);
+    colld_replies_send(replies);
     for (;;) {
         pthread_mutex_lock(&d->lock);
         colld_session_t *s = d->sessions;
