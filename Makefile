@@ -49,7 +49,7 @@ test-asan: deps
 test-tsan: deps
 	cmake -S . -B $(BUILD_TSAN) -G Ninja -DCOLLD_WERROR=ON -DCMAKE_BUILD_TYPE=Debug -DCOLLD_SANITIZE=thread
 	cmake --build $(BUILD_TSAN) -j $(JOBS)
-	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  ctest --test-dir $(BUILD_TSAN) --output-on-failure --timeout 1200 -L integration
 
 clean:

@@ -197,23 +197,22 @@ static int session_on_hello(colld_session_t *s, const colld_wire_msg_t *m)
         session_send_error(s, COLLD_MSG_WELCOME, COLLD_ERR_PROTOCOL, detail);
         return -1;
     }
-    s->role = m->u.hello.role == COLLD_ROLE_ADMIN ? COLLD_ROLE_ADMIN : COLLD_ROLE_CLIENT;
     char name[sizeof(m->u.hello.process_name) + 1];
     memcpy(name, m->u.hello.process_name, sizeof(m->u.hello.process_name));
     name[sizeof(name) - 1] = '\0';
     for (char *p = name; *p; p++)
         if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e)
             *p = '?';
-    colld_strlcpy(s->name, name, sizeof(s->name));
-    if (colld_random_bytes(s->token, sizeof(s->token)) < 0 || session_make_rings(s) < 0) {
-        session_send_error(s, COLLD_MSG_WELCOME, COLLD_ERR_SYSTEM, "daemon cannot create the session rings");
-        return -1;
-    }
+    /* The engine and the control plane read these fields under the lock: publish them under it. */
     pthread_mutex_lock(&d->lock);
-    int rc = colld_engine_add_session(d, s);
+    s->role = m->u.hello.role == COLLD_ROLE_ADMIN ? COLLD_ROLE_ADMIN : COLLD_ROLE_CLIENT;
+    colld_strlcpy(s->name, name, sizeof(s->name));
+    int rc = colld_random_bytes(s->token, sizeof(s->token)) < 0 || session_make_rings(s) < 0 ? -1 : 0;
+    if (rc == 0)
+        rc = colld_engine_add_session(d, s);
     pthread_mutex_unlock(&d->lock);
     if (rc < 0) {
-        session_send_error(s, COLLD_MSG_WELCOME, COLLD_ERR_SYSTEM, "daemon cannot watch the session");
+        session_send_error(s, COLLD_MSG_WELCOME, COLLD_ERR_SYSTEM, "daemon cannot create the session rings");
         return -1;
     }
     colld_wire_msg_t w;

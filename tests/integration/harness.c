@@ -131,19 +131,29 @@ int harness_daemon_stop(harness_t *h, int sig, int timeout_ms)
     }
 }
 
-void harness_cleanup(harness_t *h)
+int harness_cleanup(harness_t *h)
 {
+    int rc = 0;
     if (h->client) {
         colld_disconnect(h->client);
         h->client = NULL;
     }
-    harness_daemon_stop(h, SIGTERM, 10000);
+    if (h->pid > 0) {
+        int status = harness_daemon_stop(h, SIGTERM, 10000);
+        if (status < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "harness: colld did not exit cleanly (wait status %d)\n", status);
+            print_log(h);
+            rc = -1;
+        }
+    }
     if (h->dir[0]) {
         char cmd[300];
         snprintf(cmd, sizeof(cmd), "rm -rf '%s'", h->dir);
         if (system(cmd) != 0)
             fprintf(stderr, "harness: cannot remove %s\n", h->dir);
+        h->dir[0] = '\0';
     }
+    return rc;
 }
 
 void harness_uid_to_hex(const colld_unique_id_t *id, char *hex)

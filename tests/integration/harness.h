@@ -23,8 +23,10 @@ int harness_daemon_start(harness_t *h, const char *const *extra);
 /* Send `sig` to the daemon and wait for it (at most timeout_ms). Returns its wait status, -1 if
  * it did not end in time (then it is killed). */
 int harness_daemon_stop(harness_t *h, int sig, int timeout_ms);
-/* Disconnect, stop the daemon if running (SIGTERM), remove the directory. */
-void harness_cleanup(harness_t *h);
+/* Disconnect, stop the daemon if running (SIGTERM), remove the directory. Returns 0 when the
+ * daemon (if it was running) exited with status 0 — so a sanitizer report or a leak in the
+ * daemon fails the test — else -1. */
+int harness_cleanup(harness_t *h);
 
 /* Spawn a program; returns its pid or -1. */
 pid_t harness_spawn(const char *const *argv);

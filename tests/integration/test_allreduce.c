@@ -30,8 +30,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    harness_cleanup(*state);
-    return 0;
+    return harness_cleanup(*state);
 }
 
 /* All ranks of one communicator run every count in both modes and check every element. */

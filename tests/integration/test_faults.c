@@ -31,8 +31,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    harness_cleanup(*state);
-    return 0;
+    return harness_cleanup(*state);
 }
 
 /* A one-rank communicator of the driver's own client (no peer can block it). */
