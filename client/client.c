@@ -192,6 +192,10 @@ static void client_free(colld_client_t *c)
     for (int i = 0; i < 2; i++)
         if (c->wake_pipe[i] >= 0)
             close(c->wake_pipe[i]);
+    for (uint32_t h = 0; h < c->ncomms_slots; h++)
+        if (c->comms[h])
+            colld__pending_drop_all(c, c->comms[h]);
+    colld__stage_free_all(c);
     for (size_t i = 0; i < c->nregs; i++)
         munmap(c->regs[i].base, c->regs[i].size);
     free(c->regs);
@@ -409,6 +413,8 @@ static void reap(colld_client_t *c)
                 __atomic_store_n(&comm->async_error, (colld_status_t)e.status, __ATOMIC_RELAXED);
             continue;
         }
+        if (comm->pending)
+            colld__pending_complete(c, comm, e.seq, (colld_status_t)e.status);
         if (e.status != COLLD_OK && __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED) == COLLD_OK)
             __atomic_store_n(&comm->async_error, (colld_status_t)e.status, __ATOMIC_RELAXED);
         __atomic_add_fetch(&comm->completed, 1, __ATOMIC_RELEASE);
@@ -435,9 +441,10 @@ static void sleep_on_doorbell(colld_client_t *c)
     __atomic_sub_fetch(&c->shm->cq.waiters, 1, __ATOMIC_SEQ_CST);
 }
 
-colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *sqe)
+colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *sqes, size_t n)
 {
-    for (unsigned spins = 0;; spins++) {
+    size_t done = 0;
+    for (unsigned spins = 0; done < n; spins++) {
         if (atomic_load(&c->lost))
             return COLLD_ERR_DAEMON_LOST;
         pthread_mutex_lock(&c->mu);
@@ -448,8 +455,11 @@ colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *s
             return COLLD_ERR_PROTOCOL;
         }
         if (space > 0) {
-            c->sqes[c->sq_head & (c->entries - 1)] = *sqe;
-            c->sq_head++;
+            /* Publish as many as fit, then one head store and at most one wake-up. */
+            for (; space > 0 && done < n; space--, done++) {
+                c->sqes[c->sq_head & (c->entries - 1)] = sqes[done];
+                c->sq_head++;
+            }
             COLLD_STORE_SC(&c->shm->sq.head, c->sq_head);
             if (COLLD_LOAD_SC(&c->shm->sq.need_wakeup)) {
                 uint64_t one = 1;
@@ -457,7 +467,8 @@ colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *s
                 (void)rc; /* EAGAIN: the counter is saturated, the daemon is being woken anyway */
             }
             pthread_mutex_unlock(&c->mu);
-            return COLLD_OK;
+            spins = 0;
+            continue;
         }
         /* Ring full: the daemon drains it as completions are consumed, so reap and retry. */
         reap(c);
@@ -469,6 +480,7 @@ colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *s
             nanosleep(&ts, NULL);
         }
     }
+    return COLLD_OK;
 }
 
 colld_status_t colld__client_wait(colld_client_t *c, colld_comm_t *comm)
@@ -547,6 +559,71 @@ int colld__client_lookup(colld_client_t *c, const void *p, size_t bytes, colld_w
     return -1;
 }
 
+/* Create a sealed memfd of at least `bytes`, map it and register it with the daemon. On success
+ * *base, *size and *reg_id describe the mapping; nothing else records it. */
+colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, size_t *size, uint32_t *reg_id)
+{
+    if (atomic_load(&c->lost))
+        return COLLD_ERR_DAEMON_LOST;
+    colld_status_t st = COLLD_ERR_SYSTEM;
+    void *p = MAP_FAILED;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (bytes == 0 || bytes > SIZE_MAX - page)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    size_t sz = (bytes + page - 1) & ~(page - 1);
+    int fd = memfd_create("colld-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, (off_t)sz) < 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+        st = errno == ENOMEM || errno == ENOSPC ? COLLD_ERR_NO_MEMORY : COLLD_ERR_SYSTEM;
+        goto out;
+    }
+    p = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        st = COLLD_ERR_NO_MEMORY;
+        goto out;
+    }
+    colld_wire_msg_t m, r;
+    memset(&m, 0, sizeof(m));
+    memset(&r, 0, sizeof(r));
+    m.type = COLLD_MSG_REG;
+    m.u.reg.bytes = sz;
+    m.u.reg.cookie = (uintptr_t)p;
+    st = sock_request(c, &m, fd, COLLD_MSG_REG_REPLY, &r, NULL, 0);
+    if (st == COLLD_OK && r.status != COLLD_OK) {
+        st = r.status;
+        r.u.detail[sizeof(r.u.detail) - 1] = '\0';
+        LOG_WARN(CLIENT, "registering %zu bytes with colld: %s", bytes, r.u.detail);
+    }
+    if (st != COLLD_OK)
+        goto out;
+    *base = p;
+    *size = sz;
+    *reg_id = r.u.reg_reply.reg_id;
+    p = MAP_FAILED;
+out:
+    if (p != MAP_FAILED)
+        munmap(p, sz);
+    if (fd >= 0)
+        close(fd);
+    return st;
+}
+
+/* Tell the daemon to forget a registration (its mapping there goes once no operation uses it). */
+colld_status_t colld__deregister(colld_client_t *c, uint32_t reg_id)
+{
+    if (atomic_load(&c->lost))
+        return COLLD_OK; /* the memory is ours alone now */
+    colld_wire_msg_t m, r;
+    memset(&m, 0, sizeof(m));
+    memset(&r, 0, sizeof(r));
+    m.type = COLLD_MSG_DEREG;
+    m.u.dereg.reg_id = reg_id;
+    colld_status_t st = sock_request(c, &m, -1, COLLD_MSG_DEREG_REPLY, &r, NULL, 0);
+    if (st == COLLD_OK)
+        st = r.status;
+    return st == COLLD_ERR_DAEMON_LOST ? COLLD_OK : st;
+}
+
 colld_status_t colld_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, colld_memtype_t type)
 {
     if (!c || !ptr || bytes == 0)
@@ -556,61 +633,29 @@ colld_status_t colld_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, coll
         return COLLD_ERR_NOT_SUPPORTED;
     if (type != COLLD_MEM_HOST)
         return COLLD_ERR_INVALID_ARGUMENT;
-    if (atomic_load(&c->lost))
-        return COLLD_ERR_DAEMON_LOST;
-    colld_status_t st = COLLD_ERR_SYSTEM;
-    void *p = MAP_FAILED;
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    if (bytes > SIZE_MAX - page)
-        return COLLD_ERR_INVALID_ARGUMENT;
-    size_t size = (bytes + page - 1) & ~(page - 1);
-    int fd = memfd_create("colld-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0 || ftruncate(fd, (off_t)size) < 0 ||
-        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-        st = errno == ENOMEM || errno == ENOSPC ? COLLD_ERR_NO_MEMORY : COLLD_ERR_SYSTEM;
-        goto out;
-    }
-    p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-        st = COLLD_ERR_NO_MEMORY;
-        goto out;
-    }
-    colld_wire_msg_t m, r;
-    memset(&m, 0, sizeof(m));
-    memset(&r, 0, sizeof(r));
-    m.type = COLLD_MSG_REG;
-    m.u.reg.bytes = size;
-    m.u.reg.cookie = (uintptr_t)p;
-    st = sock_request(c, &m, fd, COLLD_MSG_REG_REPLY, &r, NULL, 0);
-    if (st == COLLD_OK && r.status != COLLD_OK) {
-        st = r.status;
-        r.u.detail[sizeof(r.u.detail) - 1] = '\0';
-        LOG_WARN(CLIENT, "colld_mem_alloc(%zu): %s", bytes, r.u.detail);
-    }
+    void *base;
+    size_t size;
+    uint32_t reg_id;
+    colld_status_t st = colld__register(c, bytes, &base, &size, &reg_id);
     if (st != COLLD_OK)
-        goto out;
+        return st;
     pthread_mutex_lock(&c->mu);
     if (c->nregs == c->cap_regs) {
         size_t n = c->cap_regs ? c->cap_regs * 2 : 16;
         colld_client_reg_t *t = realloc(c->regs, n * sizeof(*t));
         if (!t) {
             pthread_mutex_unlock(&c->mu);
-            st = COLLD_ERR_NO_MEMORY; /* the daemon's registration goes with the session */
-            goto out;
+            colld__deregister(c, reg_id);
+            munmap(base, size);
+            return COLLD_ERR_NO_MEMORY;
         }
         c->regs = t;
         c->cap_regs = n;
     }
-    c->regs[c->nregs++] = (colld_client_reg_t){ .base = p, .size = size, .reg_id = r.u.reg_reply.reg_id };
+    c->regs[c->nregs++] = (colld_client_reg_t){ .base = base, .size = size, .reg_id = reg_id };
     pthread_mutex_unlock(&c->mu);
-    *ptr = p;
-    p = MAP_FAILED;
-out:
-    if (p != MAP_FAILED)
-        munmap(p, size);
-    if (fd >= 0)
-        close(fd);
-    return st;
+    *ptr = base;
+    return COLLD_OK;
 }
 
 colld_status_t colld_mem_free(colld_client_t *c, void *ptr)
@@ -628,19 +673,7 @@ colld_status_t colld_mem_free(colld_client_t *c, void *ptr)
     colld_client_reg_t reg = c->regs[i];
     c->regs[i] = c->regs[--c->nregs];
     pthread_mutex_unlock(&c->mu);
-    colld_status_t st = COLLD_OK;
-    if (!atomic_load(&c->lost)) {
-        colld_wire_msg_t m, r;
-        memset(&m, 0, sizeof(m));
-        memset(&r, 0, sizeof(r));
-        m.type = COLLD_MSG_DEREG;
-        m.u.dereg.reg_id = reg.reg_id;
-        st = sock_request(c, &m, -1, COLLD_MSG_DEREG_REPLY, &r, NULL, 0);
-        if (st == COLLD_OK)
-            st = r.status;
-        if (st == COLLD_ERR_DAEMON_LOST)
-            st = COLLD_OK; /* the memory is ours alone now */
-    }
+    colld_status_t st = colld__deregister(c, reg.reg_id);
     munmap(reg.base, reg.size);
     return st;
 }

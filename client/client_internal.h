@@ -31,6 +31,19 @@ typedef struct {
     uint32_t reg_id;
 } colld_client_reg_t;
 
+/* A registration used to stage memory that is not from colld_mem_alloc (staging.c). */
+typedef struct colld_stage colld_stage_t;
+
+/* A posted collective with staged buffers: what to copy out on completion, what to release. */
+typedef struct colld_pending {
+    uint64_t seq;
+    void *user;           /* the caller's receive buffer, NULL if nothing to copy out */
+    const char *from;     /* its staged copy */
+    size_t bytes;
+    colld_stage_t *stage[2];
+    struct colld_pending *next;
+} colld_pending_t;
+
 struct colld_client {
     char socket_path[256];
     int sock;
@@ -54,6 +67,10 @@ struct colld_client {
     colld_client_reg_t *regs;
     size_t nregs, cap_regs;
 
+    colld_stage_t *stage_cache; /* free staging regions (mu) */
+    size_t stage_cached;
+    colld_stage_t *stage_trash; /* regions to unregister outside mu */
+
     atomic_bool lost;
     pthread_t monitor;
     bool monitor_started;
@@ -72,6 +89,7 @@ struct colld_comm {
     colld_status_t async_error;  /* first error of this communicator; sticky */
     bool detail_fetched;
     char last_error[COLLD_CLIENT_DETAIL_LEN];
+    colld_pending_t *pending; /* staged collectives in flight, in sequence order (mu) */
 };
 
 /* client.c */
@@ -81,8 +99,8 @@ colld_status_t colld__client_rpc(colld_client_t *c, const char *method, const Pr
                                  ProtobufCMessage **resp, char *detail, size_t detail_len);
 /* Fill a SessionRef of a request (points into c; valid while c lives). */
 void colld__client_session_ref(colld_client_t *c, void *ref);
-/* Post one descriptor (waits for ring space). */
-colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *sqe);
+/* Post descriptors in order (waits for ring space; one wake-up per batch that fits). */
+colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *sqes, size_t n);
 /* Wait until every collective issued on comm has completed. */
 colld_status_t colld__client_wait(colld_client_t *c, colld_comm_t *comm);
 /* Reap completions without waiting. */
@@ -92,5 +110,31 @@ void colld__client_poll(colld_client_t *c);
 int colld__client_lookup(colld_client_t *c, const void *p, size_t bytes, colld_wire_buf_t *out);
 int colld__client_add_comm(colld_client_t *c, colld_comm_t *comm);
 void colld__client_remove_comm(colld_client_t *c, colld_comm_t *comm);
+
+colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, size_t *size, uint32_t *reg_id);
+colld_status_t colld__deregister(colld_client_t *c, uint32_t reg_id);
+
+/* staging.c */
+/* Resolve a collective's buffers: registered ranges as they are (zero copy), other memory
+ * through staging regions; *pending (or NULL) must be attached when the op is numbered, or
+ * released. On error `why` says what is wrong. */
+colld_status_t colld__stage(colld_comm_t *comm, const void *send, size_t send_bytes, void *recv, size_t recv_bytes,
+                            colld_wire_buf_t *wsend, colld_wire_buf_t *wrecv, colld_pending_t **pending,
+                            char *why, size_t why_len);
+void colld__pending_attach(colld_comm_t *comm, colld_pending_t *p, uint64_t seq); /* mu held */
+void colld__pending_detach(colld_comm_t *comm, colld_pending_t *p);               /* mu held */
+void colld__pending_release(colld_client_t *c, colld_pending_t *p);               /* mu held */
+void colld__pending_complete(colld_client_t *c, colld_comm_t *comm, uint64_t seq, colld_status_t st); /* mu */
+void colld__pending_drop_all(colld_client_t *c, colld_comm_t *comm);              /* mu held */
+void colld__stage_trim(colld_client_t *c);
+void colld__stage_free_all(colld_client_t *c);
+
+/* group.c */
+bool colld__group_active(void);
+/* Record the first error of the current group (no-op outside a group). */
+void colld__group_fail(colld_status_t st);
+/* Post a descriptor now (numbering it), or queue it until the outermost colld_group_end. Takes
+ * ownership of `pending` (NULL if nothing was staged). */
+colld_status_t colld__enqueue(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending);
 
 #endif /* COLLD_CLIENT_INTERNAL_H */

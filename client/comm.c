@@ -24,6 +24,7 @@ static colld_status_t comm_error(colld_comm_t *comm, colld_status_t st, const ch
     __attribute__((format(printf, 3, 4)));
 static colld_status_t comm_error(colld_comm_t *comm, colld_status_t st, const char *fmt, ...)
 {
+    colld__group_fail(st);
     va_list ap;
     int n = snprintf(comm->last_error, sizeof(comm->last_error), "%s: ", colld_status_name(st));
     va_start(ap, fmt);
@@ -153,6 +154,9 @@ colld_status_t colld_comm_destroy(colld_comm_t *comm)
             LOG_WARN(CLIENT, "colld_comm_destroy: %s: %s", colld_status_name(st), detail);
     }
     colld__client_remove_comm(c, comm);
+    pthread_mutex_lock(&c->mu);
+    colld__pending_drop_all(c, comm);
+    pthread_mutex_unlock(&c->mu);
     free(comm);
     return COLLD_OK;
 }
@@ -231,8 +235,10 @@ static colld_status_t check_common(colld_comm_t *comm, colld_dtype_t dtype, void
     if (atomic_load(&comm->client->lost))
         return comm_error(comm, COLLD_ERR_DAEMON_LOST, "the connection to the colld daemon was lost");
     colld_status_t err = __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED);
-    if (err != COLLD_OK)
+    if (err != COLLD_OK) {
+        colld__group_fail(err);
         return err; /* broken: fail fast with the first error */
+    }
     if (stream)
         return comm_error(comm, COLLD_ERR_NOT_SUPPORTED,
                           "stream must be NULL: GPU streams need the CUDA backend, not in this version");
@@ -241,28 +247,47 @@ static colld_status_t check_common(colld_comm_t *comm, colld_dtype_t dtype, void
     return COLLD_OK;
 }
 
-/* Resolve a buffer to a registration; NULL or foreign memory is an error (recorded). */
-static colld_status_t resolve(colld_comm_t *comm, const void *p, size_t bytes, const char *which,
-                              colld_wire_buf_t *out)
+/* Validate and post one collective. send_elems/recv_elems are the elements each buffer must hold
+ * on this rank (0: the buffer is not used here and may be NULL). */
+static colld_status_t post(colld_comm_t *comm, colld_kind_t kind, const void *sendbuf, size_t send_elems,
+                           void *recvbuf, size_t recv_elems, size_t count, colld_dtype_t dtype, colld_redop_t op,
+                           int root, void *stream)
 {
-    memset(out, 0, sizeof(*out));
-    if (bytes == 0)
-        return COLLD_OK;
-    if (!p)
-        return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "%s is NULL", which);
-    colld_client_t *c = comm->client;
-    pthread_mutex_lock(&c->mu);
-    int rc = colld__client_lookup(c, p, bytes, out);
-    pthread_mutex_unlock(&c->mu);
-    if (rc == -2)
-        return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "%s (%p): %zu bytes run past the end of its buffer",
-                          which, p, bytes);
-    if (rc < 0)
-        return comm_error(comm, COLLD_ERR_NOT_SUPPORTED,
-                          "%s (%p, %zu bytes) is not inside one buffer from colld_mem_alloc; other memory is not "
-                          "supported by this version yet",
-                          which, p, bytes);
+    colld_status_t st = check_common(comm, dtype, stream);
+    if (st != COLLD_OK)
+        return st;
+    bool reduces = kind == COLLD_KIND_ALLREDUCE || kind == COLLD_KIND_REDUCE || kind == COLLD_KIND_REDUCESCATTER;
+    if (reduces && (unsigned)op >= COLLD_REDOP_COUNT)
+        return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "unknown reduction op %d", (int)op);
+    if ((kind == COLLD_KIND_BROADCAST || kind == COLLD_KIND_REDUCE) && (root < 0 || root >= comm->nranks))
+        return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "root %d is out of range for %d ranks", root, comm->nranks);
+    size_t es = colld_dtype_size(dtype), send_bytes, recv_bytes;
+    if (__builtin_mul_overflow(send_elems, es, &send_bytes) || __builtin_mul_overflow(recv_elems, es, &recv_bytes))
+        return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "count %zu overflows", count);
+    colld_wire_sqe_t sqe;
+    memset(&sqe, 0, sizeof(sqe));
+    colld_pending_t *pending;
+    char why[256];
+    st = colld__stage(comm, sendbuf, send_bytes, recvbuf, recv_bytes, &sqe.send, &sqe.recv, &pending, why, sizeof(why));
+    if (st != COLLD_OK)
+        return comm_error(comm, st, "%s", why);
+    sqe.count = count;
+    sqe.comm = comm->handle;
+    sqe.kind = (uint8_t)kind;
+    sqe.dtype = (uint8_t)dtype;
+    sqe.redop = reduces ? (uint8_t)op : 0;
+    sqe.root = root;
+    st = colld__enqueue(comm, &sqe, pending);
+    if (st != COLLD_OK)
+        return comm_error(comm, st, "cannot post the collective: %s", colld_status_string(st));
     return COLLD_OK;
+}
+
+/* count * n without overflow, or SIZE_MAX (which then fails the buffer check). */
+static size_t times(size_t count, int n)
+{
+    size_t r;
+    return __builtin_mul_overflow(count, (size_t)n, &r) ? SIZE_MAX : r;
 }
 
 colld_status_t colld_allreduce(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype,
@@ -270,82 +295,51 @@ colld_status_t colld_allreduce(const void *sendbuf, void *recvbuf, size_t count,
 {
     if (!comm)
         return COLLD_ERR_INVALID_ARGUMENT;
-    colld_status_t st = check_common(comm, dtype, stream);
-    if (st != COLLD_OK)
-        return st;
-    if ((unsigned)op >= COLLD_REDOP_COUNT)
-        return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "unknown reduction op %d", (int)op);
-    size_t bytes;
-    if (__builtin_mul_overflow(count, colld_dtype_size(dtype), &bytes))
-        return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "count %zu overflows", count);
-    colld_wire_sqe_t sqe;
-    memset(&sqe, 0, sizeof(sqe));
-    if ((st = resolve(comm, sendbuf, bytes, "sendbuf", &sqe.send)) != COLLD_OK ||
-        (st = resolve(comm, recvbuf, bytes, "recvbuf", &sqe.recv)) != COLLD_OK)
-        return st;
-    sqe.seq = comm->issued + 1;
-    sqe.count = count;
-    sqe.comm = comm->handle;
-    sqe.kind = COLLD_KIND_ALLREDUCE;
-    sqe.dtype = (uint8_t)dtype;
-    sqe.redop = (uint8_t)op;
-    st = colld__client_submit(comm->client, &sqe);
-    if (st != COLLD_OK)
-        return comm_error(comm, st, "cannot post the all-reduce: %s", colld_status_string(st));
-    comm->issued++;
-    return COLLD_OK;
-}
-
-/* Collectives of later versions: a clear status, never a crash. */
-static colld_status_t not_yet(colld_comm_t *comm, const char *what)
-{
-    if (!comm)
-        return COLLD_ERR_INVALID_ARGUMENT;
-    return comm_error(comm, COLLD_ERR_NOT_SUPPORTED, "%s is not supported by this version yet", what);
+    return post(comm, COLLD_KIND_ALLREDUCE, sendbuf, count, recvbuf, count, count, dtype, op, 0, stream);
 }
 
 colld_status_t colld_broadcast(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype, int root,
                                colld_comm_t *comm, void *stream)
 {
-    (void)sendbuf, (void)recvbuf, (void)count, (void)dtype, (void)root, (void)stream;
-    return not_yet(comm, "colld_broadcast");
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    return post(comm, COLLD_KIND_BROADCAST, sendbuf, comm->rank == root ? count : 0, recvbuf, count, count, dtype,
+                COLLD_SUM, root, stream);
 }
 
 colld_status_t colld_reduce(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype,
                             colld_redop_t op, int root, colld_comm_t *comm, void *stream)
 {
-    (void)sendbuf, (void)recvbuf, (void)count, (void)dtype, (void)op, (void)root, (void)stream;
-    return not_yet(comm, "colld_reduce");
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    return post(comm, COLLD_KIND_REDUCE, sendbuf, count, recvbuf, comm->rank == root ? count : 0, count, dtype, op,
+                root, stream);
 }
 
 colld_status_t colld_allgather(const void *sendbuf, void *recvbuf, size_t sendcount, colld_dtype_t dtype,
                                colld_comm_t *comm, void *stream)
 {
-    (void)sendbuf, (void)recvbuf, (void)sendcount, (void)dtype, (void)stream;
-    return not_yet(comm, "colld_allgather");
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    return post(comm, COLLD_KIND_ALLGATHER, sendbuf, sendcount, recvbuf, times(sendcount, comm->nranks), sendcount,
+                dtype, COLLD_SUM, 0, stream);
 }
 
 colld_status_t colld_reducescatter(const void *sendbuf, void *recvbuf, size_t recvcount, colld_dtype_t dtype,
                                    colld_redop_t op, colld_comm_t *comm, void *stream)
 {
-    (void)sendbuf, (void)recvbuf, (void)recvcount, (void)dtype, (void)op, (void)stream;
-    return not_yet(comm, "colld_reducescatter");
-}
-
-colld_status_t colld_group_start(void)
-{
-    return COLLD_ERR_NOT_SUPPORTED;
-}
-
-colld_status_t colld_group_end(void)
-{
-    return COLLD_ERR_NOT_SUPPORTED;
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    return post(comm, COLLD_KIND_REDUCESCATTER, sendbuf, times(recvcount, comm->nranks), recvbuf, recvcount,
+                recvcount, dtype, op, 0, stream);
 }
 
 colld_status_t colld_comm_synchronize(colld_comm_t *comm)
 {
     if (!comm)
         return COLLD_ERR_INVALID_ARGUMENT;
+    if (colld__group_active())
+        return comm_error(comm, COLLD_ERR_INVALID_USAGE, "colld_comm_synchronize inside a group: call colld_group_end first");
     return colld__client_wait(comm->client, comm);
 }
 

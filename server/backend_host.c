@@ -2,11 +2,17 @@
  * backend_host.c - the host backend: a pool of worker threads that run collectives directly on
  * the ranks' mapped buffers (zero copy).
  *
- * An all-reduce over n ranks is split into element ranges; for each range a worker reads all n
- * inputs and writes all n outputs in one pass (kernels/cpu), so the memory traffic is the minimum
- * possible and in-place buffers are safe. Small jobs run on the calling (engine) thread alone,
- * since waking workers costs more than the work. Results do not depend on the number of workers:
- * every element is reduced in rank order by exactly one thread.
+ * Every collective is a set of segments, each split into chunks that the workers take:
+ *   allreduce      1 segment:  all n inputs -> all n outputs (reduced once, written n times)
+ *   reduce         1 segment:  all n inputs -> the root's output
+ *   reducescatter  n segments: segment q reduces slice q of every input into rank q's output
+ *   broadcast      1 segment:  the root's input copied to every output
+ *   allgather      n segments: segment r copies rank r's input into slice r of every output
+ * A reduction chunk reads element i of every input in rank order and writes the result to every
+ * output in one pass (kernels/cpu), so the memory traffic is the minimum possible and in-place
+ * buffers are safe. Every element is produced by exactly one thread in a fixed order, so results
+ * do not depend on the number of workers. Small jobs run on the calling (engine) thread alone,
+ * since waking workers costs more than the work.
  */
 #include "server/daemon.h"
 
@@ -16,6 +22,7 @@
 
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define CHUNK_BYTES (256u * 1024u)     /* per task, per rank */
 #define PARALLEL_MIN_BYTES (64u * 1024u) /* below this the engine thread does it alone */
@@ -29,6 +36,7 @@ struct colld_host_pool {
     uint64_t generation;       /* bumped per job so workers notice a new one */
     const colld_host_job_t *job;
     uint64_t chunk_elems;
+    uint64_t chunks_per_seg;
     uint64_t nchunks;
     atomic_uint_fast64_t next_chunk;
     atomic_uint_fast64_t chunks_done;
@@ -36,25 +44,58 @@ struct colld_host_pool {
     int busy;                   /* workers inside the current job */
 };
 
-/* Run elements [first, first+len) of an all-reduce. */
-static colld_status_t allreduce_range(const colld_host_job_t *job, uint64_t first, uint64_t len)
+/* Copy len bytes to every destination that is not the source itself (in-place). */
+static void copy_to_all(const char *src, char *const *dst, int n, size_t offset, size_t len)
+{
+    for (int r = 0; r < n; r++) {
+        char *d = dst[r] + offset;
+        if (d != src)
+            memcpy(d, src, len);
+    }
+}
+
+/* Run elements [first, first+len) of segment `seg` of a job. */
+static colld_status_t run_range(const colld_host_job_t *job, uint64_t seg, uint64_t first, uint64_t len)
 {
     size_t es = colld_dtype_size(job->dtype);
     const void *in[COLLD_MAX_RANKS];
     void *out[COLLD_MAX_RANKS];
-    for (int r = 0; r < job->n; r++) {
-        in[r] = (const char *)job->in[r] + first * es;
-        out[r] = (char *)job->out[r] + first * es;
+    int n = job->n;
+    switch (job->kind) {
+    case COLLD_KIND_ALLREDUCE:
+        for (int r = 0; r < n; r++) {
+            in[r] = (const char *)job->in[r] + first * es;
+            out[r] = (char *)job->out[r] + first * es;
+        }
+        return colld_cpu_reduce(job->dtype, job->op, in, n, out, n, (size_t)len);
+    case COLLD_KIND_REDUCE:
+    case COLLD_KIND_REDUCESCATTER: {
+        int dst = job->kind == COLLD_KIND_REDUCE ? job->root : (int)seg;
+        uint64_t base = job->kind == COLLD_KIND_REDUCE ? first : seg * job->count + first;
+        for (int r = 0; r < n; r++)
+            in[r] = (const char *)job->in[r] + base * es;
+        out[0] = (char *)job->out[dst] + first * es;
+        return colld_cpu_reduce(job->dtype, job->op, in, n, out, 1, (size_t)len);
     }
-    return colld_cpu_reduce(job->dtype, job->op, in, job->n, out, job->n, (size_t)len);
+    case COLLD_KIND_BROADCAST:
+        copy_to_all((const char *)job->in[job->root] + first * es, (char *const *)job->out, n, first * es, len * es);
+        return COLLD_OK;
+    case COLLD_KIND_ALLGATHER:
+        copy_to_all((const char *)job->in[seg] + first * es, (char *const *)job->out, n, (seg * job->count + first) * es,
+                    len * es);
+        return COLLD_OK;
+    }
+    return COLLD_ERR_INVALID_ARGUMENT;
 }
 
-/* Run one chunk of the current job. */
+/* Run one chunk of the current job: chunk c is range (c % chunks per segment) of segment
+ * (c / chunks per segment). */
 static void run_chunk(colld_host_pool_t *p, const colld_host_job_t *job, uint64_t chunk)
 {
-    uint64_t first = chunk * p->chunk_elems;
+    uint64_t seg = chunk / p->chunks_per_seg;
+    uint64_t first = (chunk % p->chunks_per_seg) * p->chunk_elems;
     uint64_t len = COLLD_MIN(p->chunk_elems, job->count - first);
-    colld_status_t st = allreduce_range(job, first, len);
+    colld_status_t st = run_range(job, seg, first, len);
     if (st != COLLD_OK) {
         int expected = 0;
         atomic_compare_exchange_strong(&p->failed, &expected, (int)st);
@@ -145,23 +186,26 @@ void colld_host_pool_destroy(colld_host_pool_t *p)
 /* Run a collective; returns when every element is done. Called by the engine thread only. */
 colld_status_t colld_host_pool_run(colld_host_pool_t *p, const colld_host_job_t *job)
 {
-    if (job->kind != COLLD_KIND_ALLREDUCE)
-        return COLLD_ERR_NOT_SUPPORTED;
     if (job->count == 0)
         return COLLD_OK;
     size_t es = colld_dtype_size(job->dtype);
     if (es == 0)
         return COLLD_ERR_INVALID_ARGUMENT;
-    uint64_t bytes = job->count * es;
-    if (p->nthreads == 0 || bytes < PARALLEL_MIN_BYTES)
-        return allreduce_range(job, 0, job->count);
+    uint64_t nseg = job->kind == COLLD_KIND_ALLGATHER || job->kind == COLLD_KIND_REDUCESCATTER ? (uint64_t)job->n : 1;
+    if (p->nthreads == 0 || job->count * es * nseg < PARALLEL_MIN_BYTES) {
+        colld_status_t st = COLLD_OK;
+        for (uint64_t seg = 0; seg < nseg && st == COLLD_OK; seg++)
+            st = run_range(job, seg, 0, job->count);
+        return st;
+    }
 
     pthread_mutex_lock(&p->mu);
     /* A worker that woke late for an earlier job may still be in it: let it leave first. */
     while (p->busy > 0)
         pthread_cond_wait(&p->done_cv, &p->mu);
     p->chunk_elems = CHUNK_BYTES / es;
-    p->nchunks = (job->count + p->chunk_elems - 1) / p->chunk_elems;
+    p->chunks_per_seg = (job->count + p->chunk_elems - 1) / p->chunk_elems;
+    p->nchunks = p->chunks_per_seg * nseg;
     atomic_store(&p->next_chunk, 0);
     atomic_store(&p->chunks_done, 0);
     atomic_store(&p->failed, 0);

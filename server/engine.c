@@ -147,31 +147,67 @@ static int resolve_buf(colld_session_t *s, const colld_wire_buf_t *b, uint64_t b
     return 0;
 }
 
-/* Check a descriptor's own fields and buffers. Returns COLLD_OK or an error with a detail. */
+/* True for the collectives whose root matters. */
+static bool has_root(unsigned kind)
+{
+    return kind == COLLD_KIND_BROADCAST || kind == COLLD_KIND_REDUCE;
+}
+
+/* True for the collectives that take a reduction op. */
+static bool has_op(unsigned kind)
+{
+    return kind == COLLD_KIND_ALLREDUCE || kind == COLLD_KIND_REDUCE || kind == COLLD_KIND_REDUCESCATTER;
+}
+
+/* Check a descriptor's own fields and buffers: the bytes each buffer must hold depend on the
+ * collective, the rank and the root (NCCL's rules: a non-root's broadcast send buffer and reduce
+ * receive buffer are not used; all-gather receives and reduce-scatter sends nranks x count).
+ * Returns COLLD_OK or an error with a detail. */
 static colld_status_t validate(colld_session_t *s, colld_op_t *op, char *detail, size_t len)
 {
     const colld_wire_sqe_t *d = &op->d;
-    if (d->kind != COLLD_KIND_ALLREDUCE) {
-        snprintf(detail, len, "collective %s (kind %u) is not supported by this daemon yet", kind_name(d->kind),
-                 d->kind);
-        return d->kind >= COLLD_KIND_ALLREDUCE && d->kind <= COLLD_KIND_REDUCESCATTER ? COLLD_ERR_NOT_SUPPORTED
-                                                                                      : COLLD_ERR_INVALID_ARGUMENT;
+    int rank = op->member->rank, nranks = op->member->comm->nranks;
+    if (d->kind < COLLD_KIND_ALLREDUCE || d->kind > COLLD_KIND_REDUCESCATTER) {
+        snprintf(detail, len, "unknown collective kind %u", d->kind);
+        return COLLD_ERR_INVALID_ARGUMENT;
     }
     if (d->dtype >= COLLD_DTYPE_COUNT) {
         snprintf(detail, len, "unknown dtype %u", d->dtype);
         return COLLD_ERR_INVALID_ARGUMENT;
     }
-    if (d->redop >= COLLD_REDOP_COUNT) {
+    if (has_op(d->kind) && d->redop >= COLLD_REDOP_COUNT) {
         snprintf(detail, len, "unknown reduction op %u", d->redop);
         return COLLD_ERR_INVALID_ARGUMENT;
     }
-    uint64_t bytes;
-    if (!colld_mul_ok(d->count, colld_dtype_size((colld_dtype_t)d->dtype), &bytes)) {
+    if (has_root(d->kind) && (d->root < 0 || d->root >= nranks)) {
+        snprintf(detail, len, "root %d is out of range for %d ranks", d->root, nranks);
+        return COLLD_ERR_INVALID_ARGUMENT;
+    }
+    uint64_t bytes, all;
+    if (!colld_mul_ok(d->count, colld_dtype_size((colld_dtype_t)d->dtype), &bytes) ||
+        !colld_mul_ok(bytes, (uint64_t)nranks, &all)) {
         snprintf(detail, len, "count %llu overflows", (unsigned long long)d->count);
         return COLLD_ERR_INVALID_ARGUMENT;
     }
-    if (resolve_buf(s, &d->send, bytes, "send", &op->send_reg, &op->send_ptr, detail, len) < 0 ||
-        resolve_buf(s, &d->recv, bytes, "recv", &op->recv_reg, &op->recv_ptr, detail, len) < 0)
+    uint64_t send_bytes = bytes, recv_bytes = bytes;
+    switch (d->kind) {
+    case COLLD_KIND_BROADCAST:
+        send_bytes = rank == d->root ? bytes : 0;
+        break;
+    case COLLD_KIND_REDUCE:
+        recv_bytes = rank == d->root ? bytes : 0;
+        break;
+    case COLLD_KIND_ALLGATHER:
+        recv_bytes = all;
+        break;
+    case COLLD_KIND_REDUCESCATTER:
+        send_bytes = all;
+        break;
+    default:
+        break;
+    }
+    if (resolve_buf(s, &d->send, send_bytes, "send", &op->send_reg, &op->send_ptr, detail, len) < 0 ||
+        resolve_buf(s, &d->recv, recv_bytes, "recv", &op->recv_reg, &op->recv_ptr, detail, len) < 0)
         return COLLD_ERR_INVALID_ARGUMENT;
     return COLLD_OK;
 }
@@ -282,8 +318,8 @@ static coll_t *match_comm(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **r
     bool same = true;
     for (int r = 1; r < c->nranks && same; r++) {
         const colld_wire_sqe_t *b = &c->ranks[r].head->d;
-        same = a->kind == b->kind && a->dtype == b->dtype && a->redop == b->redop && a->count == b->count &&
-               a->root == b->root;
+        same = a->kind == b->kind && a->dtype == b->dtype && a->count == b->count &&
+               (!has_op(a->kind) || a->redop == b->redop) && (!has_root(a->kind) || a->root == b->root);
     }
     if (!same) {
         char why[COLLD_DETAIL_LEN];

@@ -21,7 +21,7 @@
 
 typedef struct {
     const char *socket, *uid_hex, *mode, *expect, *ready_file, *counts;
-    int nranks, rank, iters, timeout_ms, skip_post;
+    int nranks, rank, iters, timeout_ms, skip_post, use_malloc;
     int inplace, outofplace;
 } args_t;
 
@@ -50,11 +50,18 @@ static int run_one(colld_client_t *c, colld_comm_t *comm, const args_t *a, size_
 {
     size_t bytes = count ? count * sizeof(float) : 1;
     float *send = NULL, *recv = NULL;
-    colld_status_t st = colld_mem_alloc(c, (void **)&send, bytes, COLLD_MEM_HOST);
-    if (st != COLLD_OK)
-        return fail("mem_alloc", st, comm);
-    if (!inplace && (st = colld_mem_alloc(c, (void **)&recv, bytes, COLLD_MEM_HOST)) != COLLD_OK)
-        return fail("mem_alloc", st, comm);
+    colld_status_t st = COLLD_OK;
+    if (a->use_malloc) { /* ordinary memory: libcolld stages it */
+        send = malloc(bytes);
+        recv = inplace ? NULL : malloc(bytes);
+        if (!send || (!inplace && !recv))
+            return fail("malloc", COLLD_ERR_NO_MEMORY, comm);
+    } else {
+        if ((st = colld_mem_alloc(c, (void **)&send, bytes, COLLD_MEM_HOST)) != COLLD_OK)
+            return fail("mem_alloc", st, comm);
+        if (!inplace && (st = colld_mem_alloc(c, (void **)&recv, bytes, COLLD_MEM_HOST)) != COLLD_OK)
+            return fail("mem_alloc", st, comm);
+    }
     if (inplace)
         recv = send;
     for (size_t i = 0; i < count; i++) {
@@ -78,9 +85,15 @@ static int run_one(colld_client_t *c, colld_comm_t *comm, const args_t *a, size_
         for (size_t i = 0; i < count; i++)
             if (send[i] != value(a->rank, i) && wrong++ < 3)
                 fprintf(stderr, "rank %d: sendbuf modified at %zu\n", a->rank, i);
-    colld_mem_free(c, send);
-    if (!inplace)
-        colld_mem_free(c, recv);
+    if (a->use_malloc) {
+        free(send);
+        if (!inplace)
+            free(recv);
+    } else {
+        colld_mem_free(c, send);
+        if (!inplace)
+            colld_mem_free(c, recv);
+    }
     return wrong ? 1 : 0;
 }
 
@@ -169,6 +182,8 @@ int main(int argc, char **argv)
             a.inplace = strcmp(v, "inplace") == 0, a.outofplace = !a.inplace;
         else if (strcmp(argv[i], "--no-post") == 0)
             a.skip_post = 1;
+        else if (strcmp(argv[i], "--malloc") == 0)
+            a.use_malloc = 1;
         else {
             fprintf(stderr, "rank: unknown argument %s\n", argv[i]);
             return 2;

@@ -48,6 +48,17 @@ static void test_3_ranks(void **state) { run_ranks(*state, 3); }
 static void test_4_ranks(void **state) { run_ranks(*state, 4); }
 static void test_8_ranks(void **state) { run_ranks(*state, 8); }
 
+/* Buffers from malloc (not colld_mem_alloc) work too: libcolld stages them through memory shared
+ * with the daemon, in place and out of place, several iterations reusing the staging cache. */
+static void test_malloc_buffers(void **state)
+{
+    harness_t *h = *state;
+    pid_t pids[3];
+    const char *extra[] = { "--counts", COUNTS, "--malloc", "--iters", "2", NULL };
+    assert_int_equal(harness_spawn_ranks(h, 3, extra, pids), 0);
+    assert_int_equal(harness_wait_all(pids, 3, 120000), 0);
+}
+
 /* Two communicators of different processes, running at the same time, each exact. */
 static void test_two_comms_at_once(void **state)
 {
@@ -128,6 +139,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_3_ranks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_4_ranks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_8_ranks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_malloc_buffers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_two_comms_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_20_attach_detach, setup, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_sigkill_mid_collective, setup, teardown),
