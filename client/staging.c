@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 
 #define STAGE_CACHE_BYTES (256u << 20)
+#define STAGE_MIN_BYTES 4096u
 
 struct colld_stage {
     void *base;
@@ -33,13 +34,15 @@ struct colld_stage {
  * Staging regions
  * ========================================================================================== */
 
-/* A region of at least `bytes`: a cached one no more than 4x too big, else a new registration. */
+/* A region of at least `bytes`: a cached one no more than 4x too big (counting a page as the
+ * smallest size), else a new registration. */
 static colld_status_t stage_get(colld_client_t *c, size_t bytes, colld_stage_t **out)
 {
+    size_t floor_bytes = bytes < STAGE_MIN_BYTES ? STAGE_MIN_BYTES : bytes;
     pthread_mutex_lock(&c->mu);
     for (colld_stage_t **pp = &c->stage_cache; *pp; pp = &(*pp)->next) {
         colld_stage_t *s = *pp;
-        if (s->size >= bytes && s->size / 4 <= bytes) {
+        if (s->size >= bytes && s->size / 4 <= floor_bytes) {
             *pp = s->next;
             c->stage_cached -= s->size;
             pthread_mutex_unlock(&c->mu);
@@ -60,19 +63,25 @@ static colld_status_t stage_get(colld_client_t *c, size_t bytes, colld_stage_t *
     return COLLD_OK;
 }
 
-/* Give a region back to the cache, or to the list of regions to unregister when the cache is
- * full (unregistering needs the session socket, which must not be used under mu). mu held. */
+/* Give a region back to the front of the cache (most recently used first); when the cache is
+ * over its budget the least recently used regions move to the list to unregister (which needs the
+ * session socket, not to be used under mu). mu held. */
 static void stage_put(colld_client_t *c, colld_stage_t *s)
 {
     if (!s)
         return;
-    if (c->stage_cached + s->size <= STAGE_CACHE_BYTES) {
-        s->next = c->stage_cache;
-        c->stage_cache = s;
-        c->stage_cached += s->size;
-    } else {
-        s->next = c->stage_trash;
-        c->stage_trash = s;
+    s->next = c->stage_cache;
+    c->stage_cache = s;
+    c->stage_cached += s->size;
+    while (c->stage_cached > STAGE_CACHE_BYTES) {
+        colld_stage_t **pp = &c->stage_cache;
+        while ((*pp)->next)
+            pp = &(*pp)->next;
+        colld_stage_t *old = *pp;
+        *pp = NULL;
+        c->stage_cached -= old->size;
+        old->next = c->stage_trash;
+        c->stage_trash = old;
     }
 }
 

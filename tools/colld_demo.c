@@ -22,7 +22,7 @@ extern char **environ;
 
 typedef struct {
     const char *socket;
-    int nranks, rank, iters, warmup;
+    int nranks, rank, iters, warmup, use_malloc;
     size_t min_bytes, max_bytes;
     char uid_hex[33];
 } demo_t;
@@ -76,8 +76,15 @@ static int run_rank(const demo_t *d)
         return 1;
     }
     float *send, *recv;
-    if (colld_mem_alloc(c, (void **)&send, d->max_bytes, COLLD_MEM_HOST) != COLLD_OK ||
-        colld_mem_alloc(c, (void **)&recv, d->max_bytes, COLLD_MEM_HOST) != COLLD_OK) {
+    if (d->use_malloc) { /* ordinary memory: libcolld stages it */
+        send = malloc(d->max_bytes);
+        recv = malloc(d->max_bytes);
+        if (!send || !recv) {
+            fprintf(stderr, "colld-demo: rank %d: cannot allocate %zu bytes\n", d->rank, d->max_bytes);
+            return 1;
+        }
+    } else if (colld_mem_alloc(c, (void **)&send, d->max_bytes, COLLD_MEM_HOST) != COLLD_OK ||
+               colld_mem_alloc(c, (void **)&recv, d->max_bytes, COLLD_MEM_HOST) != COLLD_OK) {
         fprintf(stderr, "colld-demo: rank %d: cannot allocate %zu bytes\n", d->rank, d->max_bytes);
         return 1;
     }
@@ -117,10 +124,15 @@ static int run_rank(const demo_t *d)
                             bytes, count, us, algbw, busbw, wrong ? "NO" : "yes");
     }
     if (d->rank == 0)
-        printf("colld-demo: all-reduce float32 sum, %d ranks (processes), %d iterations per size\n%s", d->nranks,
-               d->iters, table);
-    colld_mem_free(c, send);
-    colld_mem_free(c, recv);
+        printf("colld-demo: all-reduce float32 sum, %d ranks (processes), %d iterations per size, %s buffers\n%s",
+               d->nranks, d->iters, d->use_malloc ? "malloc (staged)" : "colld_mem_alloc (zero-copy)", table);
+    if (d->use_malloc) {
+        free(send);
+        free(recv);
+    } else {
+        colld_mem_free(c, send);
+        colld_mem_free(c, recv);
+    }
     colld_comm_destroy(comm);
     colld_disconnect(c);
     return all_ok ? 0 : 1;
@@ -143,11 +155,13 @@ int main(int argc, char **argv)
             d.min_bytes = parse_size(v);
         else if (!strcmp(argv[i], "--max-bytes") && ++i)
             d.max_bytes = parse_size(v);
+        else if (!strcmp(argv[i], "--malloc"))
+            d.use_malloc = 1;
         else if (!strcmp(argv[i], "--uid") && ++i)
             snprintf(d.uid_hex, sizeof(d.uid_hex), "%s", v);
         else {
             fprintf(stderr, "usage: colld-demo [--socket PATH] [--nranks N] [--min-bytes B] [--max-bytes B] "
-                            "[--iters N]\n");
+                            "[--iters N] [--malloc]\n");
             return 2;
         }
     }
@@ -181,8 +195,16 @@ int main(int argc, char **argv)
     int bad = 0;
     for (int r = 0; r < d.nranks; r++) {
         snprintf(rk, sizeof(rk), "%d", r);
-        char *args[] = { "colld-demo", "--uid", hex, "--nranks", nr, "--rank", rk, "--iters", it, "--min-bytes", mn,
-                         "--max-bytes", mx, d.socket ? "--socket" : NULL, (char *)d.socket, NULL };
+        char *args[20] = { "colld-demo", "--uid", hex, "--nranks", nr, "--rank", rk, "--iters", it, "--min-bytes", mn,
+                           "--max-bytes", mx };
+        int na = 13;
+        if (d.use_malloc)
+            args[na++] = "--malloc";
+        if (d.socket) {
+            args[na++] = "--socket";
+            args[na++] = (char *)d.socket;
+        }
+        args[na] = NULL;
         if (posix_spawn(&pids[r], "/proc/self/exe", NULL, NULL, args, environ) != 0) {
             fprintf(stderr, "colld-demo: cannot start rank %d\n", r);
             pids[r] = -1;
