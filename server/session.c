@@ -250,9 +250,8 @@ static int session_on_reg(colld_session_t *s, const colld_wire_msg_t *m)
         snprintf(detail, sizeof(detail), "registration without a file descriptor");
         goto reply;
     }
-    if (bytes == 0 || bytes > d->cfg.max_registered_bytes) {
-        snprintf(detail, sizeof(detail), "registration of %llu bytes is out of range (1..%llu)",
-                 (unsigned long long)bytes, (unsigned long long)d->cfg.max_registered_bytes);
+    if (bytes == 0) {
+        snprintf(detail, sizeof(detail), "registration of 0 bytes");
         goto reply;
     }
     if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size < bytes) {

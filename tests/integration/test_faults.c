@@ -373,6 +373,47 @@ static void test_second_daemon_refused(void **state)
     assert_non_null(strstr(out, "COLLD_TIMEOUT_MS"));
 }
 
+/* A daemon with a small per-session memory limit. */
+static int setup_small_quota(void **state)
+{
+    static harness_t h;
+    memset(&h, 0, sizeof(h));
+    const char *extra[] = { "--max-registered-bytes", "1M", NULL };
+    if (harness_daemon_start(&h, extra) < 0)
+        return -1;
+    *state = &h;
+    return 0;
+}
+
+/* A session cannot share more memory than the limit: allocations and staging of ordinary memory
+ * past it fail with COLLD_ERR_QUOTA_EXCEEDED; freeing gives the room back. */
+static void test_registered_bytes_quota(void **state)
+{
+    harness_t *h = *state;
+    void *a = NULL, *b = NULL, *big = NULL;
+    assert_int_equal(colld_mem_alloc(h->client, &big, 2 << 20, COLLD_MEM_HOST), COLLD_ERR_QUOTA_EXCEEDED);
+    assert_int_equal(colld_mem_alloc(h->client, &a, 600 << 10, COLLD_MEM_HOST), COLLD_OK);
+    assert_int_equal(colld_mem_alloc(h->client, &b, 600 << 10, COLLD_MEM_HOST), COLLD_ERR_QUOTA_EXCEEDED);
+    assert_int_equal(colld_mem_free(h->client, a), COLLD_OK);
+    assert_int_equal(colld_mem_alloc(h->client, &b, 600 << 10, COLLD_MEM_HOST), COLLD_OK);
+    assert_int_equal(colld_mem_free(h->client, b), COLLD_OK);
+
+    colld_comm_t *comm = solo_comm(h);
+    size_t n = (2u << 20) / sizeof(float);
+    float *heap = calloc(n, sizeof(float));
+    assert_non_null(heap);
+    assert_int_equal(colld_allreduce(heap, heap, n, COLLD_FLOAT32, COLLD_SUM, comm, NULL), COLLD_ERR_QUOTA_EXCEEDED);
+    print_message("%s\n", colld_comm_last_error(comm));
+    assert_non_null(strstr(colld_comm_last_error(comm), "stage"));
+    /* Within the limit, the same communicator still works with ordinary memory. */
+    heap[0] = 3.0f;
+    assert_int_equal(colld_allreduce(heap, heap, 1024, COLLD_FLOAT32, COLLD_SUM, comm, NULL), COLLD_OK);
+    assert_int_equal(colld_comm_synchronize(comm), COLLD_OK);
+    assert_true(heap[0] == 3.0f);
+    free(heap);
+    assert_int_equal(colld_comm_destroy(comm), COLLD_OK);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -386,6 +427,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_missing_rank_times_out, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_shuts_down_cleanly, setup, teardown),
         cmocka_unit_test_setup_teardown(test_second_daemon_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_registered_bytes_quota, setup_small_quota, teardown),
     };
     return cmocka_run_group_tests_name("faults", tests, NULL, NULL);
 }
