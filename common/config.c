@@ -29,17 +29,6 @@
  * Helpers
  * ---------------------------------------------------------------------------------------------- */
 
-/* Write a formatted message into err when the caller gave a buffer for one. */
-static void __attribute__((format(printf, 3, 4))) set_err(char *err, size_t err_len,
-                                                           const char *fmt, ...)
-{
-    if (!err || err_len == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 /* The single place where colld reads the environment. An empty variable counts as unset, so
  * "COLLD_X=" on a command line restores the default. */
@@ -106,27 +95,27 @@ static int parse_int(const colld_config_entry_t *e, const char *label, const cha
     int base = (p[0] == '0' && (p[1] == 'x' || p[1] == 'X')) ? 16 : 10;
     const char *digits = base == 16 ? p + 2 : p;
     if (!isxdigit((unsigned char)*digits)) {
-        set_err(err, err_len, "%s: '%s' is not an integer", label, text);
+        colld_set_err(err, err_len, "%s: '%s' is not an integer", label, text);
         return -1;
     }
     char *end;
     errno = 0;
     long long v = strtoll(text, &end, base);
     if (*end != '\0') {
-        set_err(err, err_len, "%s: '%s' is not an integer", label, text);
+        colld_set_err(err, err_len, "%s: '%s' is not an integer", label, text);
         return -1;
     }
     if (errno == ERANGE) {
-        set_err(err, err_len, "%s: '%s' does not fit in a 64-bit integer", label, text);
+        colld_set_err(err, err_len, "%s: '%s' does not fit in a 64-bit integer", label, text);
         return -1;
     }
     if (e->min != 0 || e->max != 0) {
         if (v < e->min) {
-            set_err(err, err_len, "%s: %lld is below the minimum %" PRId64, label, v, e->min);
+            colld_set_err(err, err_len, "%s: %lld is below the minimum %" PRId64, label, v, e->min);
             return -1;
         }
         if (v > e->max) {
-            set_err(err, err_len, "%s: %lld is above the maximum %" PRId64, label, v, e->max);
+            colld_set_err(err, err_len, "%s: %lld is above the maximum %" PRId64, label, v, e->max);
             return -1;
         }
     }
@@ -164,12 +153,12 @@ static int parse_size(const char *label, const char *text, uint64_t *out, char *
         goto too_large;
     return 0;
 bad:
-    set_err(err, err_len,
+    colld_set_err(err, err_len,
             "%s: '%s' is not a size (a number of bytes with an optional K, M or G suffix)", label,
             text);
     return -1;
 too_large:
-    set_err(err, err_len, "%s: '%s' is too large", label, text);
+    colld_set_err(err, err_len, "%s: '%s' is too large", label, text);
     return -1;
 }
 
@@ -188,7 +177,7 @@ static int parse_bool(const char *label, const char *text, bool *out, char *err,
             return 0;
         }
     }
-    set_err(err, err_len, "%s: '%s' is not a boolean (use true/false, yes/no, on/off or 1/0)",
+    colld_set_err(err, err_len, "%s: '%s' is not a boolean (use true/false, yes/no, on/off or 1/0)",
             label, text);
     return -1;
 }
@@ -206,7 +195,7 @@ static int set_value(const colld_config_entry_t *e, void *obj, const char *label
     case COLLD_CFG_STRING: {
         char *copy = strdup(text);
         if (!copy) {
-            set_err(err, err_len, "%s: out of memory", label);
+            colld_set_err(err, err_len, "%s: out of memory", label);
             return -1;
         }
         char **slot = field;
@@ -236,7 +225,7 @@ static int set_value(const colld_config_entry_t *e, void *obj, const char *label
         return 0;
     }
     }
-    set_err(err, err_len, "%s: unknown option type %d in the configuration table", label,
+    colld_set_err(err, err_len, "%s: unknown option type %d in the configuration table", label,
             (int)e->type);
     return -1;
 }
@@ -307,7 +296,7 @@ static int walk_argv(const colld_config_entry_t *table, size_t n, void *obj, int
         if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0') {
             if (mode != ARGV_ALL)
                 continue;
-            set_err(err, err_len, "unexpected argument '%s'; see --help", arg);
+            colld_set_err(err, err_len, "unexpected argument '%s'; see --help", arg);
             return -1;
         }
         const char *name = arg + 2;
@@ -317,7 +306,7 @@ static int walk_argv(const colld_config_entry_t *table, size_t n, void *obj, int
         if (!e) {
             if (mode != ARGV_ALL)
                 continue;
-            set_err(err, err_len, "unknown option --%.*s; see --help", (int)name_len, name);
+            colld_set_err(err, err_len, "unknown option --%.*s; see --help", (int)name_len, name);
             return -1;
         }
         const char *value;
@@ -332,7 +321,7 @@ static int walk_argv(const colld_config_entry_t *table, size_t n, void *obj, int
                 continue;
             if (mode == ARGV_ONLY_ENTRY && e != only)
                 continue;
-            set_err(err, err_len, "--%s: missing value", e->name);
+            colld_set_err(err, err_len, "--%s: missing value", e->name);
             return -1;
         }
         if (mode == ARGV_FIND_HELP || (mode == ARGV_ONLY_ENTRY && e != only))
@@ -400,7 +389,7 @@ static int apply_file(const colld_config_entry_t *table, size_t n, void *obj, co
             rc = 0;
             goto out;
         }
-        set_err(err, err_len, "--%s: cannot read '%s': %s", config_entry->name, path,
+        colld_set_err(err, err_len, "--%s: cannot read '%s': %s", config_entry->name, path,
                 strerror(errno));
         goto out;
     }
@@ -411,23 +400,23 @@ static int apply_file(const colld_config_entry_t *table, size_t n, void *obj, co
             continue;
         char *eq = strchr(s, '=');
         if (!eq) {
-            set_err(err, err_len, "%s:%u: expected 'name = value'", path, lineno);
+            colld_set_err(err, err_len, "%s:%u: expected 'name = value'", path, lineno);
             goto out;
         }
         *eq = '\0';
         char *key = trim(s);
         char *value = file_value(trim(eq + 1));
         if (*key == '\0' || !value) {
-            set_err(err, err_len, "%s:%u: expected 'name = value'", path, lineno);
+            colld_set_err(err, err_len, "%s:%u: expected 'name = value'", path, lineno);
             goto out;
         }
         const colld_config_entry_t *e = find_entry(table, n, key, strlen(key));
         if (!e) {
-            set_err(err, err_len, "%s:%u: unknown option '%s'", path, lineno, key);
+            colld_set_err(err, err_len, "%s:%u: unknown option '%s'", path, lineno, key);
             goto out;
         }
         if (e == config_entry) {
-            set_err(err, err_len, "%s:%u: '%s' cannot be set in a config file", path, lineno, key);
+            colld_set_err(err, err_len, "%s:%u: '%s' cannot be set in a config file", path, lineno, key);
             goto out;
         }
         snprintf(label, sizeof(label), "%s:%u: %s", path, lineno, e->name);
@@ -435,7 +424,7 @@ static int apply_file(const colld_config_entry_t *table, size_t n, void *obj, co
             goto out;
     }
     if (ferror(f)) {
-        set_err(err, err_len, "--%s: error reading '%s': %s", config_entry->name, path,
+        colld_set_err(err, err_len, "--%s: error reading '%s': %s", config_entry->name, path,
                 strerror(errno));
         goto out;
     }

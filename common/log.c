@@ -50,17 +50,6 @@ static const struct {
  * Parsing the configuration
  * ---------------------------------------------------------------------------------------------- */
 
-/* Write a formatted message into err when the caller gave a buffer for one. */
-static void __attribute__((format(printf, 3, 4))) set_err(char *err, size_t err_len,
-                                                           const char *fmt, ...)
-{
-    if (!err || err_len == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 /* Turn a level name (any case) into its value; NULL or "" means the default, warn. Returns 0, or
  * -1 with a message listing the accepted names. */
@@ -80,7 +69,7 @@ static int parse_level(const char *text, int *level, char *err, size_t err_len)
         *level = COLLD_LOG_WARN;
         return 0;
     }
-    set_err(err, err_len, "unknown log level '%s' (use none, error, warn, info, debug or trace)",
+    colld_set_err(err, err_len, "unknown log level '%s' (use none, error, warn, info, debug or trace)",
             text);
     return -1;
 }
@@ -127,7 +116,7 @@ static int parse_subsys(const char *text, unsigned *mask, char *err, size_t err_
         if (s < e) {
             unsigned bits = subsys_lookup(s, (size_t)(e - s));
             if (!bits) {
-                set_err(err, err_len,
+                colld_set_err(err, err_len,
                         "unknown log subsystem '%.*s' in '%s' (use ALL or a comma list of "
                         "INIT, CONFIG, SESSION, RPC, ENGINE, COLL, MEM, NET, ADMIN, CLIENT; "
                         "^NAME excludes)",
@@ -174,7 +163,7 @@ static int expand_pattern(const char *pattern, char *out, size_t out_len, char *
         }
         size_t len = strlen(add);
         if (o + len >= out_len) {
-            set_err(err, err_len, "log file name '%s' is too long once expanded", pattern);
+            colld_set_err(err, err_len, "log file name '%s' is too long once expanded", pattern);
             return -1;
         }
         memcpy(out + o, add, len);
@@ -207,7 +196,7 @@ int colld_log_init(const char *program, const char *level, const char *subsys, c
             return -1;
         new_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
         if (new_fd < 0) {
-            set_err(err, err_len, "cannot open log file '%s': %s", path, strerror(errno));
+            colld_set_err(err, err_len, "cannot open log file '%s': %s", path, strerror(errno));
             return -1;
         }
     }

@@ -6,6 +6,7 @@
 #include "common/config.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
@@ -39,6 +40,16 @@ void colld_strlcpy(char *dst, const char *src, size_t dst_len)
     if (n)
         memcpy(dst, src, n);
     dst[n] = '\0';
+}
+
+void colld_set_err(char *err, size_t err_len, const char *fmt, ...)
+{
+    if (!err || err_len == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
 }
 
 int colld_random_bytes(void *buf, size_t len)

@@ -21,6 +21,9 @@ int64_t colld_wall_ms(void);
 /* Copy src into dst (size dst_len), always NUL-terminated, truncating. */
 void colld_strlcpy(char *dst, const char *src, size_t dst_len);
 
+/* Write a formatted message into err when the caller gave a buffer for one (err may be NULL). */
+void colld_set_err(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* a * b without overflow: false if it overflows. */
 static inline bool colld_mul_ok(uint64_t a, uint64_t b, uint64_t *out)
 {

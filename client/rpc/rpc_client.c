@@ -6,6 +6,7 @@
  * (a pluck queue allows only a few concurrent pluckers). Every tag started on a queue is plucked
  * before the queue is destroyed.
  */
+#include "common/rpc_codec.h"
 #include "client/rpc/rpc_client.h"
 
 #include <grpc/byte_buffer.h>
@@ -43,38 +44,6 @@ struct colld_rpc_stream {
 /* ------------------------------------------------------------------------------------------ */
 /* Helpers                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
-
-/* Pack a protobuf-c message into a new gRPC byte buffer. Returns NULL when out of memory. */
-static grpc_byte_buffer *rpc_pack(const ProtobufCMessage *msg)
-{
-    grpc_byte_buffer *bb = NULL;
-    size_t len = protobuf_c_message_get_packed_size(msg);
-    grpc_slice slice = grpc_slice_malloc(len);
-
-    if (len > 0 && protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(slice)) != len)
-        goto out;
-    bb = grpc_raw_byte_buffer_create(&slice, 1);
-out:
-    grpc_slice_unref(slice);
-    return bb;
-}
-
-/* Unpack a received byte buffer as a message of type desc. Returns NULL if it does not parse. */
-static ProtobufCMessage *rpc_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc)
-{
-    ProtobufCMessage *msg = NULL;
-    grpc_byte_buffer_reader reader;
-    grpc_slice slice;
-
-    if (bb == NULL || !grpc_byte_buffer_reader_init(&reader, bb))
-        goto out;
-    slice = grpc_byte_buffer_reader_readall(&reader);
-    msg = protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(slice), GRPC_SLICE_START_PTR(slice));
-    grpc_slice_unref(slice);
-    grpc_byte_buffer_reader_destroy(&reader);
-out:
-    return msg;
-}
 
 /* Copy a status message (a slice, not NUL-terminated) into the caller's buffer. */
 static void copy_details(char *details, size_t details_len, grpc_slice slice)
@@ -197,7 +166,7 @@ grpc_status_code colld_rpc_unary(colld_rpc_channel_t *ch, const char *path, cons
     grpc_metadata_array_init(&initial_md);
     grpc_metadata_array_init(&trailing_md);
     cq = grpc_completion_queue_create_for_pluck(NULL);
-    send_bb = rpc_pack(req);
+    send_bb = colld_rpc_pack(req);
     if (cq == NULL || send_bb == NULL) {
         set_details(details, details_len, "out of memory");
         goto out;
@@ -230,7 +199,7 @@ grpc_status_code colld_rpc_unary(colld_rpc_channel_t *ch, const char *path, cons
     copy_details(details, details_len, status_details);
     if (code != GRPC_STATUS_OK)
         goto out;
-    *resp = rpc_unpack(recv_bb, resp_desc);
+    *resp = colld_rpc_unpack(recv_bb, resp_desc);
     if (*resp == NULL) {
         code = GRPC_STATUS_INTERNAL;
         set_details(details, details_len, recv_bb == NULL ? "no response message" : "cannot parse the response");
@@ -298,7 +267,7 @@ grpc_status_code colld_rpc_stream_open(colld_rpc_channel_t *ch, const char *path
     grpc_metadata_array_init(&s->initial_md);
     grpc_metadata_array_init(&s->trailing_md);
     s->cq = grpc_completion_queue_create_for_pluck(NULL);
-    send_bb = rpc_pack(req);
+    send_bb = colld_rpc_pack(req);
     if (s->cq == NULL || send_bb == NULL)
         goto out;
     s->call = create_call(ch->channel, s->cq, path, timeout_ms);
@@ -368,7 +337,7 @@ int colld_rpc_stream_next(colld_rpc_stream_t *s, ProtobufCMessage **msg, grpc_st
     (void)pluck(s->cq, (void *)(intptr_t)STREAM_TAG_RECV);
     if (bb == NULL)
         goto end; /* end of stream, or the call failed: the status says which */
-    *msg = rpc_unpack(bb, s->desc);
+    *msg = colld_rpc_unpack(bb, s->desc);
     if (*msg == NULL) {
         grpc_call_cancel(s->call, NULL);
         stream_wait_status(s);

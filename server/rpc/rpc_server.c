@@ -17,6 +17,7 @@
  * or after the status went out, which is how cancellation is learnt); for streaming, one
  * SEND_MESSAGE outstanding at a time with the rest queued; a final batch with the status.
  */
+#include "common/rpc_codec.h"
 #include "server/rpc/rpc_server.h"
 
 #include "common/log.h"
@@ -106,42 +107,6 @@ struct colld_rpc_server {
     bool cq_closing;          /* the queue is being shut down: start no batch */
     colld_rpc_call_t *calls;  /* every live call object, armed ones included */
 };
-
-/* ------------------------------------------------------------------------------------------ */
-/* Message packing                                                                             */
-/* ------------------------------------------------------------------------------------------ */
-
-/* Pack a protobuf-c message into a new gRPC byte buffer. Returns NULL when out of memory. */
-static grpc_byte_buffer *rpc_pack(const ProtobufCMessage *msg)
-{
-    grpc_byte_buffer *bb = NULL;
-    size_t len = protobuf_c_message_get_packed_size(msg);
-    grpc_slice slice = grpc_slice_malloc(len);
-
-    if (len > 0 && protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(slice)) != len)
-        goto out;
-    bb = grpc_raw_byte_buffer_create(&slice, 1);
-out:
-    grpc_slice_unref(slice);
-    return bb;
-}
-
-/* Unpack a received byte buffer as a message of type desc. Returns NULL if it does not parse. */
-static ProtobufCMessage *rpc_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc)
-{
-    ProtobufCMessage *msg = NULL;
-    grpc_byte_buffer_reader reader;
-    grpc_slice slice;
-
-    if (bb == NULL || !grpc_byte_buffer_reader_init(&reader, bb))
-        goto out;
-    slice = grpc_byte_buffer_reader_readall(&reader);
-    msg = protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(slice), GRPC_SLICE_START_PTR(slice));
-    grpc_slice_unref(slice);
-    grpc_byte_buffer_reader_destroy(&reader);
-out:
-    return msg;
-}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Call objects (all functions named *_locked run with srv->mu held)                           */
@@ -391,7 +356,7 @@ static void on_request(colld_rpc_call_t *c, bool ok)
     } else if (srv->shutting_down) {
         call_answer_locked(c, GRPC_STATUS_UNAVAILABLE, "server shutting down", NULL);
     } else {
-        req = rpc_unpack(c->payload, c->method->request);
+        req = colld_rpc_unpack(c->payload, c->method->request);
         if (c->payload != NULL) {
             grpc_byte_buffer_destroy(c->payload);
             c->payload = NULL;
@@ -660,7 +625,7 @@ void colld_rpc_server_destroy(colld_rpc_server_t *srv)
 void colld_rpc_reply(colld_rpc_call_t *call, const ProtobufCMessage *resp)
 {
     colld_rpc_server_t *srv = call->srv;
-    grpc_byte_buffer *bb = rpc_pack(resp);
+    grpc_byte_buffer *bb = colld_rpc_pack(resp);
 
     pthread_mutex_lock(&srv->mu);
     if (!call->owed) {
@@ -697,7 +662,7 @@ int colld_rpc_send(colld_rpc_call_t *call, const ProtobufCMessage *msg)
 
     if (!call->method->server_streaming)
         return -1;
-    bb = rpc_pack(msg);
+    bb = colld_rpc_pack(msg);
     if (bb == NULL)
         return -1;
     pthread_mutex_lock(&srv->mu);

@@ -1,0 +1,39 @@
+/*
+ * rpc_codec.c - see rpc_codec.h.
+ */
+#include "common/rpc_codec.h"
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/slice.h>
+
+/* Pack a protobuf-c message into a new gRPC byte buffer. Returns NULL when out of memory. */
+grpc_byte_buffer *colld_rpc_pack(const ProtobufCMessage *msg)
+{
+    grpc_byte_buffer *bb = NULL;
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    grpc_slice slice = grpc_slice_malloc(len);
+
+    if (len > 0 && protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(slice)) != len)
+        goto out;
+    bb = grpc_raw_byte_buffer_create(&slice, 1);
+out:
+    grpc_slice_unref(slice);
+    return bb;
+}
+
+/* Unpack a received byte buffer as a message of type desc. Returns NULL if it does not parse. */
+ProtobufCMessage *colld_rpc_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc)
+{
+    ProtobufCMessage *msg = NULL;
+    grpc_byte_buffer_reader reader;
+    grpc_slice slice;
+
+    if (bb == NULL || !grpc_byte_buffer_reader_init(&reader, bb))
+        goto out;
+    slice = grpc_byte_buffer_reader_readall(&reader);
+    msg = protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(slice), GRPC_SLICE_START_PTR(slice));
+    grpc_slice_unref(slice);
+    grpc_byte_buffer_reader_destroy(&reader);
+out:
+    return msg;
+}
