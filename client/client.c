@@ -547,9 +547,9 @@ int colld__client_lookup(colld_client_t *c, const void *p, size_t bytes, colld_w
     uintptr_t a = (uintptr_t)p;
     for (size_t i = 0; i < c->nregs; i++) {
         uintptr_t b = (uintptr_t)c->regs[i].base;
-        if (a < b || a - b >= c->regs[i].size)
+        if (a < b || a - b >= c->regs[i].bytes)
             continue;
-        if (bytes > c->regs[i].size - (a - b))
+        if (bytes > c->regs[i].bytes - (a - b))
             return -2; /* starts inside, runs past the end */
         out->reg_id = c->regs[i].reg_id;
         out->reserved = 0;
@@ -652,7 +652,7 @@ colld_status_t colld_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, coll
         c->regs = t;
         c->cap_regs = n;
     }
-    c->regs[c->nregs++] = (colld_client_reg_t){ .base = base, .size = size, .reg_id = reg_id };
+    c->regs[c->nregs++] = (colld_client_reg_t){ .base = base, .size = size, .bytes = bytes, .reg_id = reg_id };
     pthread_mutex_unlock(&c->mu);
     *ptr = base;
     return COLLD_OK;

@@ -27,7 +27,8 @@
 
 typedef struct {
     void *base;
-    size_t size;
+    size_t size;  /* mapped (whole pages) */
+    size_t bytes; /* what the caller asked for: the bounds of its buffer */
     uint32_t reg_id;
 } colld_client_reg_t;
 

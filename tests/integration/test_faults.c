@@ -132,6 +132,13 @@ static void test_bad_collective_arguments(void **state)
 
     assert_int_equal(colld_allreduce(small, small, 2000, COLLD_FLOAT32, COLLD_SUM, comm, NULL),
                      COLLD_ERR_INVALID_ARGUMENT);
+    /* The bound is the size asked for, not the page it was rounded up to. */
+    float *odd;
+    assert_int_equal(colld_mem_alloc(h->client, (void **)&odd, 100 * sizeof(float), COLLD_MEM_HOST), COLLD_OK);
+    assert_int_equal(colld_allreduce(odd, odd, 101, COLLD_FLOAT32, COLLD_SUM, comm, NULL), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_allreduce(odd, odd, 100, COLLD_FLOAT32, COLLD_SUM, comm, NULL), COLLD_OK);
+    assert_int_equal(colld_comm_synchronize(comm), COLLD_OK);
+    assert_int_equal(colld_mem_free(h->client, odd), COLLD_OK);
     assert_non_null(strstr(colld_comm_last_error(comm), "past the end"));
     assert_int_equal(colld_allreduce(NULL, buf, 4, COLLD_FLOAT32, COLLD_SUM, comm, NULL), COLLD_ERR_INVALID_ARGUMENT);
     assert_int_equal(colld_allreduce(buf, buf, 4, (colld_dtype_t)99, COLLD_SUM, comm, NULL), COLLD_ERR_INVALID_ARGUMENT);
