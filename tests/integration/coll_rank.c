@@ -1,0 +1,1007 @@
+/*
+ * coll_rank.c - colld-test-coll: one rank process of the collective integration tests.
+ *
+ * It connects to the daemon, joins a communicator at a rank and runs collectives on inputs from a
+ * deterministic generator of (rank, index, dtype, salt), so every rank can compute every rank's
+ * input. Expected results come from the scalar oracle (colld_cpu_reduce_scalar: rank order
+ * 0..n-1), and every result is compared BITWISE (memcmp). Around every buffer GUARD bytes must stay
+ * untouched; out of place the send buffer must be unchanged; buffers a rank does not use (a
+ * non-root's reduce receive buffer) must be unchanged.
+ *
+ * Modes (--mode):
+ *   matrix   (default) collective x dtype x op (reducing kinds only) x count {0, 1, 1001, big}
+ *            x {out-of-place, in-place}. "big" is BIG_BYTES per buffer (count = BIG_BYTES/size + 3)
+ *            and, unless --big-all, runs only the subset big_selected() names (see there).
+ *            Select with --kinds, --dtypes, --ops (comma lists or "all"), --no-big, --only
+ *            inplace|outofplace, --rotate K (start at the K-th kind), --salt S, --iters N.
+ *            --malloc (any mode but badargs): ordinary memory, which libcolld stages, instead of
+ *            colld_mem_alloc.
+ *   small    --iters N small all-reduces in a row (dtype, op, count and in-place vary), each checked;
+ *            rank 0 pauses at --checkpoints K1,K2,... (after K collectives): it creates
+ *            <--sync-dir>/at-K and waits (at most 120 s) for <--sync-dir>/go-K.
+ *   group    --group-size N mixed collectives inside colld_group_start/end, then all checked.
+ *   group-invalid  a group of valid calls and one invalid call: the invalid call and group_end
+ *            return COLLD_ERR_INVALID_ARGUMENT, nothing is posted, and the communicator stays
+ *            usable (a valid group afterwards is exact).
+ *   badargs  client-side argument errors of the new collectives that depend on nranks and root;
+ *            then a real allgather and broadcast prove the communicator still works.
+ *   call     one collective --call KIND:DTYPE:OP:COUNT:ROOT; with --expect NAME the synchronize
+ *            status must be NAME and the error detail is printed on stdout (--out FILE).
+ *
+ * Exit code: 0 everything matched (or the expected status came); 1 a mismatch or an unexpected
+ * status (the first mismatches are printed on stderr with full context); 2 bad arguments.
+ */
+#include "kernels/cpu/reduce.h"
+#include "tests/integration/harness.h"
+
+#include <colld/colld.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { K_ALLREDUCE, K_BROADCAST, K_REDUCE, K_ALLGATHER, K_REDUCESCATTER, K_COUNT };
+
+static const char *const kind_names[K_COUNT] = { "allreduce", "broadcast", "reduce", "allgather", "reducescatter" };
+static const char *const dtype_names[COLLD_DTYPE_COUNT] = { "int8",    "uint8",    "int32",   "uint32",  "int64",
+                                                            "uint64",  "float16",  "bfloat16", "float32", "float64" };
+static const char *const op_names[COLLD_REDOP_COUNT] = { "sum", "prod", "min", "max", "avg" };
+
+#define GUARD 64               /* bytes before and after every buffer that must stay untouched */
+#define SENTINEL 0xA5          /* what unwritten memory holds */
+#define BIG_BYTES (4u << 20)   /* the large count: at least this many bytes per buffer */
+#define SMALL_COUNTS 3         /* counts 0, 1, 1001; the 4th is the big one */
+#define GROUP_MAX_COUNT 300    /* largest count of a collective inside a group */
+#define MAX_RANKS 64           /* most ranks this program handles */
+
+static const size_t small_counts[SMALL_COUNTS] = { 0, 1, 1001 };
+
+typedef struct {
+    const char *socket, *uid_hex, *mode, *expect, *sync_dir, *call, *checkpoints;
+    int nranks, rank, timeout_ms, iters, rotate, group_size, max_report;
+    unsigned salt;
+    unsigned kinds, dtypes, ops; /* bit masks */
+    bool inplace, outofplace, big, big_all;
+    bool use_malloc; /* ordinary memory (staged by libcolld) instead of colld_mem_alloc */
+} args_t;
+
+/* One collective call: what it is, where its buffers are, and its inputs and expected output. */
+typedef struct {
+    int kind;
+    colld_dtype_t dt;
+    colld_redop_t op;
+    size_t count;
+    int root;
+    bool inplace;
+    bool null_unused; /* out of place, non-root: pass NULL for the buffer the call does not use */
+    unsigned salt;
+    unsigned char *sreg, *rreg; /* the slots (GUARD + buffer + GUARD) in the registered memory */
+    const void *sendp;
+    void *recvp;
+    unsigned char *mine;   /* this rank's input (send_elems) */
+    unsigned char *inputs; /* reductions: every rank's input for the elements this rank receives */
+    unsigned char *expect; /* the expected output of this rank (recv_elems) */
+} call_t;
+
+typedef struct {
+    const args_t *a;
+    colld_client_t *c;
+    colld_comm_t *comm;
+    int n, rank;
+    unsigned char *sreg, *rreg; /* registered buffers from colld_mem_alloc */
+    size_t reg_bytes;
+    long cases, collectives, bad;
+    int reported;
+} run_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * Data: generator, sizes, expected results
+ * ------------------------------------------------------------------------------------------- */
+
+/* splitmix64's finalizer: a cheap, well-mixed hash. */
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+/* Write elements [first, first+n) of rank `rank`'s input for (dtype, salt). Values are modest
+ * (small integers, floats of a few units with inexact fractions) so that sums, products and
+ * averages are interesting: float results depend on the order, integers may wrap, float16
+ * products may overflow to inf; the oracle defines every answer. */
+static void gen(colld_dtype_t dt, int rank, unsigned salt, size_t first, size_t n, void *out)
+{
+    uint64_t seed = mix(((uint64_t)salt << 32) ^ ((uint64_t)dt << 24) ^ (uint64_t)(rank + 1));
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = mix(seed + (uint64_t)(first + i) * 0x9e3779b97f4a7c15ull);
+        switch (dt) {
+        case COLLD_INT8: ((int8_t *)out)[i] = (int8_t)((int)(h % 61) - 30); break;
+        case COLLD_UINT8: ((uint8_t *)out)[i] = (uint8_t)(h % 61); break;
+        case COLLD_INT32: ((int32_t *)out)[i] = (int32_t)(h % 2001) - 1000; break;
+        case COLLD_UINT32: ((uint32_t *)out)[i] = (uint32_t)(h % 2001); break;
+        case COLLD_INT64: ((int64_t *)out)[i] = (int64_t)(h % 200001) - 100000; break;
+        case COLLD_UINT64: ((uint64_t *)out)[i] = h % 200001; break;
+        case COLLD_FLOAT16:
+            ((uint16_t *)out)[i] = colld_float_to_half((float)((int)(h % 201) - 100) * 0.0371f);
+            break;
+        case COLLD_BFLOAT16:
+            ((uint16_t *)out)[i] = colld_float_to_bf16((float)((int)(h % 201) - 100) * 0.0371f);
+            break;
+        case COLLD_FLOAT32: ((float *)out)[i] = (float)((int)(h % 2001) - 1000) * 0.0137f; break;
+        case COLLD_FLOAT64: ((double *)out)[i] = (double)((int)(h % 2001) - 1000) * 0.0137; break;
+        default: break;
+        }
+    }
+}
+
+/* True for the collectives that take a reduction op. */
+static bool reduces(int kind)
+{
+    return kind == K_ALLREDUCE || kind == K_REDUCE || kind == K_REDUCESCATTER;
+}
+
+/* Elements of the send and receive buffers of a call on one rank (NCCL's counts). */
+static void call_sizes(const call_t *k, int n, size_t *send_elems, size_t *recv_elems)
+{
+    *send_elems = k->kind == K_REDUCESCATTER ? (size_t)n * k->count : k->count;
+    *recv_elems = k->kind == K_ALLGATHER ? (size_t)n * k->count : k->count;
+}
+
+/* Bytes of the one buffer an in-place call uses (the larger of send and receive). */
+static size_t inplace_bytes(const call_t *k, int n)
+{
+    size_t s, r;
+    call_sizes(k, n, &s, &r);
+    return (s > r ? s : r) * colld_dtype_size(k->dt);
+}
+
+/* Whether this rank's receive buffer gets a result. */
+static bool receives(const call_t *k, int rank)
+{
+    return k->kind != K_REDUCE || rank == k->root;
+}
+
+/* Fill mine/inputs/expect of a call for this rank: every rank's input from the generator, the
+ * expected output from the scalar oracle (reductions), the root's input (broadcast) or every
+ * rank's input side by side (all-gather). Returns 0, or -1 when out of memory or the oracle
+ * refuses. */
+static int prepare_data(run_t *R, call_t *k)
+{
+    int n = R->n;
+    size_t es = colld_dtype_size(k->dt), se, re;
+    call_sizes(k, n, &se, &re);
+    k->mine = malloc(se * es + 1);
+    k->expect = malloc(re * es + 1);
+    k->inputs = reduces(k->kind) ? malloc((size_t)n * k->count * es + 1) : NULL;
+    if (!k->mine || !k->expect || (reduces(k->kind) && !k->inputs))
+        return -1;
+    gen(k->dt, R->rank, k->salt, 0, se, k->mine);
+    switch (k->kind) {
+    case K_ALLREDUCE:
+    case K_REDUCE:
+    case K_REDUCESCATTER: {
+        /* reduce-scatter: this rank receives slice `rank` of every rank's input */
+        size_t first = k->kind == K_REDUCESCATTER ? (size_t)R->rank * k->count : 0;
+        const void *in[MAX_RANKS];
+        for (int r = 0; r < n; r++) {
+            unsigned char *p = k->inputs + (size_t)r * k->count * es;
+            gen(k->dt, r, k->salt, first, k->count, p);
+            in[r] = p;
+        }
+        void *out[1] = { k->expect };
+        if (k->count && colld_cpu_reduce_scalar(k->dt, k->op, in, n, out, 1, k->count) != COLLD_OK)
+            return -1;
+        break;
+    }
+    case K_BROADCAST:
+        gen(k->dt, k->root, k->salt, 0, k->count, k->expect);
+        break;
+    case K_ALLGATHER:
+        for (int r = 0; r < n; r++)
+            gen(k->dt, r, k->salt, 0, k->count, k->expect + (size_t)r * k->count * es);
+        break;
+    }
+    return 0;
+}
+
+/* Free what prepare_data allocated. */
+static void free_data(call_t *k)
+{
+    free(k->mine);
+    free(k->inputs);
+    free(k->expect);
+    k->mine = k->inputs = k->expect = NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Reporting
+ * ------------------------------------------------------------------------------------------- */
+
+/* Format one element as its value and its bits. */
+static void fmt_elem(colld_dtype_t dt, const void *p, char *buf, size_t len)
+{
+    switch (dt) {
+    case COLLD_INT8: snprintf(buf, len, "%d", *(const int8_t *)p); break;
+    case COLLD_UINT8: snprintf(buf, len, "%u", *(const uint8_t *)p); break;
+    case COLLD_INT32: snprintf(buf, len, "%" PRId32, *(const int32_t *)p); break;
+    case COLLD_UINT32: snprintf(buf, len, "%" PRIu32, *(const uint32_t *)p); break;
+    case COLLD_INT64: snprintf(buf, len, "%" PRId64, *(const int64_t *)p); break;
+    case COLLD_UINT64: snprintf(buf, len, "%" PRIu64, *(const uint64_t *)p); break;
+    case COLLD_FLOAT16:
+        snprintf(buf, len, "%.9g (0x%04x)", (double)colld_half_to_float(*(const uint16_t *)p), *(const uint16_t *)p);
+        break;
+    case COLLD_BFLOAT16:
+        snprintf(buf, len, "%.9g (0x%04x)", (double)colld_bf16_to_float(*(const uint16_t *)p), *(const uint16_t *)p);
+        break;
+    case COLLD_FLOAT32: {
+        uint32_t b;
+        memcpy(&b, p, 4);
+        snprintf(buf, len, "%.9g (0x%08" PRIx32 ")", (double)*(const float *)p, b);
+        break;
+    }
+    case COLLD_FLOAT64: {
+        uint64_t b;
+        memcpy(&b, p, 8);
+        snprintf(buf, len, "%.17g (0x%016" PRIx64 ")", *(const double *)p, b);
+        break;
+    }
+    default: snprintf(buf, len, "?"); break;
+    }
+}
+
+/* Describe a call in one line. */
+static void describe(const run_t *R, const call_t *k, char *buf, size_t len)
+{
+    snprintf(buf, len, "rank %d/%d: %s dtype %s op %s count %zu root %d %s%s salt %u", R->rank, R->n,
+             kind_names[k->kind], dtype_names[k->dt], reduces(k->kind) ? op_names[k->op] : "-", k->count, k->root,
+             k->inplace ? "in-place" : "out-of-place", k->null_unused ? " (unused buffer NULL)" : "", k->salt);
+}
+
+static void report(run_t *R, const call_t *k, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Print a failure of a call (while the report budget lasts). */
+static void report(run_t *R, const call_t *k, const char *fmt, ...)
+{
+    if (R->reported++ >= R->a->max_report)
+        return;
+    char d[256], what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    describe(R, k, d, sizeof(d));
+    fprintf(stderr, "MISMATCH %s: %s\n", d, what);
+}
+
+/* Compare nelem elements bitwise; on a difference print the first few with the inputs that went
+ * into them. Returns the number of differing elements. */
+static size_t compare(run_t *R, const call_t *k, const char *what, const unsigned char *got,
+                      const unsigned char *want, size_t nelem)
+{
+    size_t es = colld_dtype_size(k->dt);
+    if (nelem == 0 || memcmp(got, want, nelem * es) == 0)
+        return 0;
+    size_t wrong = 0, first = SIZE_MAX;
+    for (size_t i = 0; i < nelem; i++)
+        if (memcmp(got + i * es, want + i * es, es) != 0) {
+            if (!wrong)
+                first = i;
+            wrong++;
+        }
+    report(R, k, "%s: %zu of %zu elements differ, first at %zu", what, wrong, nelem, first);
+    int shown = 0;
+    for (size_t i = first; i < nelem && shown < 4 && R->reported <= R->a->max_report; i++) {
+        if (memcmp(got + i * es, want + i * es, es) == 0)
+            continue;
+        char g[64], w[64], ins[512] = "";
+        fmt_elem(k->dt, got + i * es, g, sizeof(g));
+        fmt_elem(k->dt, want + i * es, w, sizeof(w));
+        if (k->inputs && i < k->count) {
+            size_t off = 0;
+            for (int r = 0; r < R->n && off < sizeof(ins) - 80; r++) {
+                char v[64];
+                fmt_elem(k->dt, k->inputs + ((size_t)r * k->count + i) * es, v, sizeof(v));
+                off += (size_t)snprintf(ins + off, sizeof(ins) - off, " r%d=%s", r, v);
+            }
+        }
+        fprintf(stderr, "    element %zu: got %s, expected %s%s%s\n", i, g, w, ins[0] ? "; inputs" : "", ins);
+        shown++;
+    }
+    return wrong;
+}
+
+/* True when len bytes at p all hold SENTINEL. */
+static bool untouched(const unsigned char *p, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (p[i] != SENTINEL)
+            return false;
+    return true;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * One call: prepare the buffers, post, check
+ * ------------------------------------------------------------------------------------------- */
+
+/* Fill the call's slots (sentinels, this rank's input) and set its send/recv pointers. */
+static void prepare_buffers(run_t *R, call_t *k)
+{
+    int n = R->n, rank = R->rank;
+    size_t es = colld_dtype_size(k->dt), se, re;
+    call_sizes(k, n, &se, &re);
+    unsigned char *sbuf = k->sreg + GUARD, *rbuf = k->rreg + GUARD;
+    bool is_root = rank == k->root;
+    if (!k->inplace) {
+        memset(k->sreg, SENTINEL, se * es + 2 * GUARD);
+        memcpy(sbuf, k->mine, se * es);
+        memset(k->rreg, SENTINEL, re * es + 2 * GUARD);
+        k->sendp = sbuf;
+        k->recvp = rbuf;
+        if (k->null_unused && !is_root && k->kind == K_BROADCAST)
+            k->sendp = NULL;
+        if (k->null_unused && !is_root && k->kind == K_REDUCE)
+            k->recvp = NULL;
+        return;
+    }
+    memset(k->rreg, SENTINEL, inplace_bytes(k, n) + 2 * GUARD);
+    switch (k->kind) {
+    case K_ALLGATHER: /* send is this rank's slice of the receive buffer */
+        memcpy(rbuf + (size_t)rank * k->count * es, k->mine, se * es);
+        k->sendp = rbuf + (size_t)rank * k->count * es;
+        k->recvp = rbuf;
+        break;
+    case K_REDUCESCATTER: /* receive is this rank's slice of the send buffer */
+        memcpy(rbuf, k->mine, se * es);
+        k->sendp = rbuf;
+        k->recvp = rbuf + (size_t)rank * k->count * es;
+        break;
+    case K_BROADCAST: /* only the root's buffer holds data */
+        if (is_root)
+            memcpy(rbuf, k->mine, se * es);
+        k->sendp = k->recvp = rbuf;
+        break;
+    default:
+        memcpy(rbuf, k->mine, se * es);
+        k->sendp = k->recvp = rbuf;
+        break;
+    }
+}
+
+/* Post a call (not waiting). */
+static colld_status_t post_call(run_t *R, const call_t *k)
+{
+    switch (k->kind) {
+    case K_ALLREDUCE: return colld_allreduce(k->sendp, k->recvp, k->count, k->dt, k->op, R->comm, NULL);
+    case K_BROADCAST: return colld_broadcast(k->sendp, k->recvp, k->count, k->dt, k->root, R->comm, NULL);
+    case K_REDUCE: return colld_reduce(k->sendp, k->recvp, k->count, k->dt, k->op, k->root, R->comm, NULL);
+    case K_ALLGATHER: return colld_allgather(k->sendp, k->recvp, k->count, k->dt, R->comm, NULL);
+    default: return colld_reducescatter(k->sendp, k->recvp, k->count, k->dt, k->op, R->comm, NULL);
+    }
+}
+
+/* Check a completed call: the result bitwise, the guards, the unchanged send buffer (out of
+ * place) and unused buffers. Returns 0 when everything is exact, else 1 (printed). */
+static int check_call(run_t *R, const call_t *k)
+{
+    int n = R->n, rank = R->rank;
+    size_t es = colld_dtype_size(k->dt), se, re, bad = 0;
+    call_sizes(k, n, &se, &re);
+    const unsigned char *sbuf = k->sreg + GUARD, *rbuf = k->rreg + GUARD;
+    size_t rspan = k->inplace ? inplace_bytes(k, n) : re * es;
+    if (!untouched(k->rreg, GUARD) || !untouched(rbuf + rspan, GUARD)) {
+        report(R, k, "bytes around the receive buffer were overwritten");
+        bad++;
+    }
+    if (receives(k, rank)) {
+        const unsigned char *res = rbuf;
+        if (k->inplace && k->kind == K_REDUCESCATTER)
+            res = rbuf + (size_t)rank * k->count * es;
+        bad += compare(R, k, "result", res, k->expect, re);
+    } else if (k->inplace) {
+        bad += compare(R, k, "non-root's buffer (must be unchanged)", rbuf, k->mine, se);
+    } else if (!untouched(rbuf, re * es)) { /* given or NULL, nothing may land there */
+        report(R, k, "the non-root's receive buffer was written");
+        bad++;
+    }
+    if (!k->inplace) {
+        if (!untouched(k->sreg, GUARD) || !untouched(sbuf + se * es, GUARD)) {
+            report(R, k, "bytes around the send buffer were overwritten");
+            bad++;
+        }
+        bad += compare(R, k, "send buffer (must be unchanged)", sbuf, k->mine, se);
+    }
+    return bad ? 1 : 0;
+}
+
+/* Report an unexpected status of a call (fatal: the communicator may be broken). */
+static int status_fail(run_t *R, const call_t *k, const char *what, colld_status_t st)
+{
+    char d[256] = "";
+    if (k)
+        describe(R, k, d, sizeof(d));
+    fprintf(stderr, "FAILED %s: %s returned %s: %s\n", d, what, colld_status_name(st), colld_comm_last_error(R->comm));
+    return -1;
+}
+
+/* Run one call by itself in the slots at the start of the registered buffers. Returns 0 exact,
+ * 1 mismatch, -1 fatal (out of memory or an unexpected status). */
+static int run_call(run_t *R, call_t *k)
+{
+    k->sreg = R->sreg;
+    k->rreg = R->rreg;
+    if (prepare_data(R, k) < 0) {
+        fprintf(stderr, "rank %d: out of memory or oracle refused\n", R->rank);
+        free_data(k);
+        return -1;
+    }
+    prepare_buffers(R, k);
+    colld_status_t st = post_call(R, k);
+    if (st == COLLD_OK)
+        st = colld_comm_synchronize(R->comm);
+    int rc = st == COLLD_OK ? check_call(R, k) : status_fail(R, k, "post or synchronize", st);
+    free_data(k);
+    R->collectives++;
+    if (rc > 0)
+        R->bad++;
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Modes
+ * ------------------------------------------------------------------------------------------- */
+
+/* The big count of a dtype: at least BIG_BYTES per buffer, odd, not a multiple of any chunk. */
+static size_t big_count(colld_dtype_t dt)
+{
+    return BIG_BYTES / colld_dtype_size(dt) + 3;
+}
+
+/* Which combinations run at the big count unless --big-all: broadcast and all-gather for every
+ * dtype; the reducing collectives for every dtype with sum and for float32 with every op. (The
+ * small counts run every combination; the big ones are there for the chunked, multi-threaded
+ * path of the host backend, which does not depend on the op.) */
+static bool big_selected(const args_t *a, int kind, colld_dtype_t dt, colld_redop_t op)
+{
+    return a->big_all || !reduces(kind) || op == COLLD_SUM || dt == COLLD_FLOAT32;
+}
+
+/* The whole matrix once. Returns 0 when everything matched. */
+static int mode_matrix(run_t *R, int iter)
+{
+    const args_t *a = R->a;
+    for (int kk = 0; kk < K_COUNT; kk++) {
+        int kind = (kk + a->rotate) % K_COUNT;
+        if (!(a->kinds & (1u << kind)))
+            continue;
+        for (int d = 0; d < COLLD_DTYPE_COUNT; d++) {
+            if (!(a->dtypes & (1u << d)))
+                continue;
+            for (int ci = 0; ci <= SMALL_COUNTS; ci++) {
+                bool big = ci == SMALL_COUNTS;
+                if (big && !a->big)
+                    continue;
+                size_t count = big ? big_count((colld_dtype_t)d) : small_counts[ci];
+                for (int op = 0; op < (reduces(kind) ? COLLD_REDOP_COUNT : 1); op++) {
+                    if (reduces(kind) && !(a->ops & (1u << op)))
+                        continue;
+                    if (big && !big_selected(a, kind, (colld_dtype_t)d, (colld_redop_t)op))
+                        continue;
+                    long id = R->cases++;
+                    for (int m = 0; m < 2; m++) {
+                        bool inplace = m == 1;
+                        if ((inplace && !a->inplace) || (!inplace && !a->outofplace))
+                            continue;
+                        call_t k = { .kind = kind,
+                                     .dt = (colld_dtype_t)d,
+                                     .op = (colld_redop_t)op,
+                                     .count = count,
+                                     .root = (int)((id + m) % R->n),
+                                     .inplace = inplace,
+                                     .null_unused = !inplace && (id / R->n) % 2 == 1,
+                                     .salt = a->salt * 1000003u + (unsigned)iter * 7919u + (unsigned)id * 2u + (unsigned)m };
+                        if (run_call(R, &k) < 0)
+                            return 1;
+                    }
+                }
+            }
+        }
+    }
+    return R->bad ? 1 : 0;
+}
+
+/* Rank 0 at a checkpoint: announce it and wait (at most 120 s) for the driver's go. */
+static int checkpoint(run_t *R, int done)
+{
+    const args_t *a = R->a;
+    if (R->rank != 0 || !a->sync_dir || !a->checkpoints)
+        return 0;
+    char mark[32];
+    snprintf(mark, sizeof(mark), ",%d,", done);
+    char list[256];
+    snprintf(list, sizeof(list), ",%s,", a->checkpoints);
+    if (!strstr(list, mark))
+        return 0;
+    char at[512], go[512];
+    snprintf(at, sizeof(at), "%s/at-%d", a->sync_dir, done);
+    snprintf(go, sizeof(go), "%s/go-%d", a->sync_dir, done);
+    FILE *f = fopen(at, "w");
+    if (f)
+        fclose(f);
+    if (harness_wait_file(go, 120000) < 0) {
+        fprintf(stderr, "rank 0: no %s within 120 s\n", go);
+        return -1;
+    }
+    return 0;
+}
+
+/* --iters small all-reduces in a row; dtype, op, count (1..64) and in-place vary. */
+static int mode_small(run_t *R)
+{
+    const args_t *a = R->a;
+    for (int it = 0; it < a->iters; it++) {
+        call_t k = { .kind = K_ALLREDUCE,
+                     .dt = (colld_dtype_t)(it % COLLD_DTYPE_COUNT),
+                     .op = (colld_redop_t)((it / COLLD_DTYPE_COUNT) % COLLD_REDOP_COUNT),
+                     .count = 1 + (size_t)(it * 13) % 64,
+                     .inplace = (it / 50) % 2 == 1,
+                     .salt = a->salt + (unsigned)it };
+        if (run_call(R, &k) < 0 || checkpoint(R, it + 1) < 0)
+            return 1;
+    }
+    return R->bad ? 1 : 0;
+}
+
+/* The j-th collective of a mixed group: every kind, dtype, op, root and both modes appear; one of
+ * them has count 0. */
+static call_t group_call(const run_t *R, int j, unsigned salt)
+{
+    call_t k = { .kind = j % K_COUNT,
+                 .dt = (colld_dtype_t)((j * 3) % COLLD_DTYPE_COUNT),
+                 .op = (colld_redop_t)((j / K_COUNT) % COLLD_REDOP_COUNT),
+                 .count = j == 7 ? 0 : 1 + (size_t)(j * 37) % GROUP_MAX_COUNT,
+                 .root = j % R->n,
+                 .inplace = (j / 2) % 2 == 1,
+                 .null_unused = j % 3 == 0,
+                 .salt = salt + (unsigned)j };
+    return k;
+}
+
+/* Bytes of one group slot: the largest buffer of a group call with its guards, 64-aligned. */
+static size_t group_slot_bytes(const run_t *R)
+{
+    return ((size_t)R->n * GROUP_MAX_COUNT * 8 + 2 * GUARD + 63) & ~(size_t)63;
+}
+
+/* Post `size` mixed collectives in one group and check them all. With `bad_at` >= 0 the
+ * collective at that index is replaced by an invalid broadcast (root out of range): it and
+ * group_end must return COLLD_ERR_INVALID_ARGUMENT and none of the group may run. Returns 0 when
+ * everything happened exactly so. */
+static int run_group(run_t *R, int size, unsigned salt, int bad_at)
+{
+    size_t slot = group_slot_bytes(R);
+    call_t *k = calloc((size_t)size, sizeof(*k));
+    int rc = 0;
+    colld_status_t st;
+    if (!k)
+        return 1;
+    for (int j = 0; j < size; j++) {
+        k[j] = group_call(R, j, salt);
+        if (bad_at >= 0) /* valid calls that would write: out of place, every buffer given */
+            k[j].inplace = false, k[j].null_unused = false;
+        k[j].sreg = R->sreg + (size_t)j * slot;
+        k[j].rreg = R->rreg + (size_t)j * slot;
+        if (prepare_data(R, &k[j]) < 0) {
+            rc = 1;
+            goto out;
+        }
+        prepare_buffers(R, &k[j]);
+    }
+    if ((st = colld_group_start()) != COLLD_OK) {
+        rc = status_fail(R, NULL, "colld_group_start", st) ? 1 : 0;
+        goto out;
+    }
+    for (int j = 0; j < size; j++) {
+        if (j == bad_at) {
+            st = colld_broadcast(k[j].sendp, k[j].recvp, 4, COLLD_FLOAT32, R->n, R->comm, NULL);
+            if (st != COLLD_ERR_INVALID_ARGUMENT) {
+                status_fail(R, &k[j], "invalid broadcast inside a group (want COLLD_ERR_INVALID_ARGUMENT)", st);
+                rc = 1;
+            }
+            continue;
+        }
+        if ((st = post_call(R, &k[j])) != COLLD_OK) {
+            status_fail(R, &k[j], "post inside a group", st);
+            rc = 1;
+        }
+    }
+    st = colld_group_end();
+    colld_status_t want = bad_at >= 0 ? COLLD_ERR_INVALID_ARGUMENT : COLLD_OK;
+    if (st != want) {
+        fprintf(stderr, "rank %d: colld_group_end returned %s, expected %s (%s)\n", R->rank, colld_status_name(st),
+                colld_status_name(want), colld_comm_last_error(R->comm));
+        rc = 1;
+        if (bad_at < 0)
+            goto out;
+    }
+    if ((st = colld_comm_synchronize(R->comm)) != COLLD_OK) {
+        rc = status_fail(R, NULL, "colld_comm_synchronize after the group", st) ? 1 : 0;
+        goto out;
+    }
+    if (bad_at >= 0 && (st = colld_comm_query(R->comm)) != COLLD_OK) {
+        rc = status_fail(R, NULL, "colld_comm_query after the failed group (want COLLD_OK)", st) ? 1 : 0;
+        goto out;
+    }
+    for (int j = 0; j < size; j++) {
+        if (bad_at < 0) {
+            R->collectives++;
+            rc |= check_call(R, &k[j]);
+            continue;
+        }
+        /* nothing posted: every receive buffer still holds the sentinel */
+        size_t se, re;
+        call_sizes(&k[j], R->n, &se, &re);
+        if (!untouched(k[j].rreg, re * colld_dtype_size(k[j].dt) + 2 * GUARD)) {
+            report(R, &k[j], "group_end failed, but this collective of the group wrote its receive buffer");
+            rc = 1;
+        }
+    }
+out:
+    for (int j = 0; j < size; j++)
+        free_data(&k[j]);
+    free(k);
+    return rc;
+}
+
+/* A valid group of --group-size collectives (--iters times), every result exact. */
+static int mode_group(run_t *R)
+{
+    for (int it = 0; it < R->a->iters; it++)
+        if (run_group(R, R->a->group_size, R->a->salt + (unsigned)it * 1000u, -1) != 0)
+            return 1;
+    return 0;
+}
+
+/* A group with one invalid call posts nothing; then the communicator still works. */
+static int mode_group_invalid(run_t *R)
+{
+    int size = R->a->group_size < 6 ? 6 : R->a->group_size;
+    if (run_group(R, size, R->a->salt, size / 2) != 0)
+        return 1;
+    call_t k = { .kind = K_ALLREDUCE, .dt = COLLD_FLOAT32, .op = COLLD_SUM, .count = 1001, .salt = R->a->salt + 77 };
+    if (run_call(R, &k) != 0)
+        return 1;
+    return run_group(R, 16, R->a->salt + 5000, -1);
+}
+
+/* Expect a call to fail with `want`, the detail containing `needle` (NULL: any). Returns 0/1. */
+static int expect_fail(run_t *R, const char *what, colld_status_t got, colld_status_t want, const char *needle)
+{
+    const char *detail = colld_comm_last_error(R->comm);
+    if (got == want && (!needle || strstr(detail, needle)))
+        return 0;
+    fprintf(stderr, "rank %d: %s: got %s (%s), expected %s%s%s\n", R->rank, what, colld_status_name(got), detail,
+            colld_status_name(want), needle ? " mentioning " : "", needle ? needle : "");
+    return 1;
+}
+
+/* Client-side argument errors of the new collectives that need a real multi-rank communicator
+ * (sizes that scale with nranks, the root's buffers). None of them is posted, so each rank may
+ * make its own; afterwards the communicator must still work and stay in step. */
+static int mode_badargs(run_t *R)
+{
+    int n = R->n, rank = R->rank, bad = 0, root = n - 1;
+    float *f = (float *)R->sreg, *g = (float *)R->rreg; /* whole registrations */
+    size_t cap = R->reg_bytes / sizeof(float);          /* floats in each */
+    size_t over = cap / (size_t)n + 1;                  /* n * over > cap >= over (n > 1) */
+    int dummy = 0;
+
+    /* All-gather receives and reduce-scatter sends nranks x count. */
+    bad += expect_fail(R, "allgather, recv holds count but not nranks*count",
+                       colld_allgather(f, g, over, COLLD_FLOAT32, R->comm, NULL), COLLD_ERR_INVALID_ARGUMENT,
+                       "past the end");
+    bad += expect_fail(R, "reducescatter, send holds count but not nranks*count",
+                       colld_reducescatter(f, g, over, COLLD_FLOAT32, COLLD_SUM, R->comm, NULL),
+                       COLLD_ERR_INVALID_ARGUMENT, "past the end");
+    bad += expect_fail(R, "allgather, nranks*sendcount overflows",
+                       colld_allgather(f, g, SIZE_MAX / 2 + 1, COLLD_INT8, R->comm, NULL),
+                       COLLD_ERR_INVALID_ARGUMENT, NULL);
+    bad += expect_fail(R, "reducescatter, nranks*recvcount overflows",
+                       colld_reducescatter(f, g, SIZE_MAX / 2 + 1, COLLD_INT8, COLLD_SUM, R->comm, NULL),
+                       COLLD_ERR_INVALID_ARGUMENT, NULL);
+    /* Unknown op / dtype on the new collectives. */
+    bad += expect_fail(R, "reduce with op 42", colld_reduce(f, g, 4, COLLD_FLOAT32, (colld_redop_t)42, 0, R->comm, NULL),
+                       COLLD_ERR_INVALID_ARGUMENT, "op 42");
+    bad += expect_fail(R, "reducescatter with op -1",
+                       colld_reducescatter(f, g, 4, COLLD_FLOAT32, (colld_redop_t)-1, R->comm, NULL),
+                       COLLD_ERR_INVALID_ARGUMENT, NULL);
+    bad += expect_fail(R, "broadcast with dtype 99", colld_broadcast(f, g, 4, (colld_dtype_t)99, 0, R->comm, NULL),
+                       COLLD_ERR_INVALID_ARGUMENT, "dtype 99");
+    bad += expect_fail(R, "allgather with dtype -3", colld_allgather(f, g, 4, (colld_dtype_t)-3, R->comm, NULL),
+                       COLLD_ERR_INVALID_ARGUMENT, NULL);
+    /* Roots just out of range at this size. */
+    bad += expect_fail(R, "broadcast root nranks", colld_broadcast(f, g, 4, COLLD_FLOAT32, n, R->comm, NULL),
+                       COLLD_ERR_INVALID_ARGUMENT, "out of range");
+    bad += expect_fail(R, "reduce root nranks", colld_reduce(f, g, 4, COLLD_FLOAT32, COLLD_MAX, n, R->comm, NULL),
+                       COLLD_ERR_INVALID_ARGUMENT, "out of range");
+    /* The root needs the buffer a non-root may leave NULL. */
+    if (rank == root) {
+        bad += expect_fail(R, "broadcast root with sendbuf NULL",
+                           colld_broadcast(NULL, g, 4, COLLD_FLOAT32, root, R->comm, NULL), COLLD_ERR_INVALID_ARGUMENT,
+                           "sendbuf is NULL");
+        bad += expect_fail(R, "reduce root with recvbuf NULL",
+                           colld_reduce(f, NULL, 4, COLLD_FLOAT32, COLLD_SUM, root, R->comm, NULL),
+                           COLLD_ERR_INVALID_ARGUMENT, "recvbuf is NULL");
+        bad += expect_fail(R, "reduce root, recv runs past its buffer",
+                           colld_reduce(f, g + cap - 2, 4, COLLD_FLOAT32, COLLD_SUM, root, R->comm, NULL),
+                           COLLD_ERR_INVALID_ARGUMENT, "recvbuf");
+    }
+    /* A stream (GPU only) on the new collectives. */
+    bad += expect_fail(R, "reducescatter with a stream",
+                       colld_reducescatter(f, g, 4, COLLD_FLOAT32, COLLD_SUM, R->comm, &dummy),
+                       COLLD_ERR_NOT_SUPPORTED, "stream");
+    bad += expect_fail(R, "broadcast with a stream", colld_broadcast(f, g, 4, COLLD_FLOAT32, 0, R->comm, &dummy),
+                       COLLD_ERR_NOT_SUPPORTED, "stream");
+    colld_status_t st = colld_comm_query(R->comm);
+    if (st != COLLD_OK) {
+        fprintf(stderr, "rank %d: after refused calls colld_comm_query is %s, expected COLLD_OK\n", rank,
+                colld_status_name(st));
+        bad++;
+    }
+    /* Still usable and in step: an all-gather and a broadcast from the last rank, both exact. */
+    call_t ag = { .kind = K_ALLGATHER, .dt = COLLD_INT32, .count = 1001, .salt = R->a->salt + 11 };
+    call_t bc = { .kind = K_BROADCAST, .dt = COLLD_FLOAT64, .count = 1001, .root = root, .null_unused = true,
+                  .salt = R->a->salt + 12 };
+    if (run_call(R, &ag) != 0 || run_call(R, &bc) != 0)
+        bad++;
+    return bad ? 1 : 0;
+}
+
+/* Look a name up in a table; -1 when absent. */
+static int lookup(const char *name, const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(name, names[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* One collective given as KIND:DTYPE:OP:COUNT:ROOT (e.g. to provoke a mismatch). With --expect
+ * the synchronize status must be that one; its detail goes to stdout. */
+static int mode_call(run_t *R)
+{
+    char spec[128], *save = NULL;
+    snprintf(spec, sizeof(spec), "%s", R->a->call ? R->a->call : "");
+    char *f[5];
+    for (int i = 0; i < 5; i++)
+        f[i] = strtok_r(i ? NULL : spec, ":", &save);
+    int kind = f[0] ? lookup(f[0], kind_names, K_COUNT) : -1;
+    int dt = f[1] ? lookup(f[1], dtype_names, COLLD_DTYPE_COUNT) : -1;
+    int op = f[2] ? lookup(f[2], op_names, COLLD_REDOP_COUNT) : -1;
+    if (kind < 0 || dt < 0 || op < 0 || !f[3] || !f[4]) {
+        fprintf(stderr, "rank %d: bad --call '%s' (KIND:DTYPE:OP:COUNT:ROOT)\n", R->rank, R->a->call);
+        return 2;
+    }
+    call_t k = { .kind = kind, .dt = (colld_dtype_t)dt, .op = (colld_redop_t)op,
+                 .count = strtoull(f[3], NULL, 10), .root = atoi(f[4]), .salt = R->a->salt };
+    if (!R->a->expect)
+        return run_call(R, &k) == 0 ? 0 : 1;
+    k.sreg = R->sreg;
+    k.rreg = R->rreg;
+    if (prepare_data(R, &k) < 0)
+        return 1;
+    prepare_buffers(R, &k);
+    colld_status_t st = post_call(R, &k);
+    if (st == COLLD_OK)
+        st = colld_comm_synchronize(R->comm);
+    free_data(&k);
+    if (strcmp(colld_status_name(st), R->a->expect) != 0)
+        return status_fail(R, &k, "the call (unexpected status)", st) ? 1 : 0;
+    printf("rank %d: %s\n", R->rank, colld_comm_last_error(R->comm));
+    fflush(stdout);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Set-up
+ * ------------------------------------------------------------------------------------------- */
+
+/* A comma list of names (or "all") as a bit mask; 0 on an unknown name. */
+static unsigned parse_mask(const char *list, const char *const *names, int n)
+{
+    if (strcmp(list, "all") == 0)
+        return (1u << n) - 1;
+    unsigned m = 0;
+    char buf[256], *save = NULL;
+    snprintf(buf, sizeof(buf), "%s", list);
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int i = lookup(t, names, n);
+        if (i < 0) {
+            fprintf(stderr, "coll_rank: unknown name '%s'\n", t);
+            return 0;
+        }
+        m |= 1u << i;
+    }
+    return m;
+}
+
+/* Bytes each registered buffer needs for the selected mode and subsets. */
+static size_t needed_bytes(const args_t *a)
+{
+    size_t n = (size_t)a->nranks, most = 1001;
+    if (strcmp(a->mode, "matrix") == 0 && a->big)
+        most = BIG_BYTES + 3 * 8; /* elements x size, at most */
+    else if (strcmp(a->mode, "matrix") == 0)
+        most = 1001 * 8;
+    else if (strcmp(a->mode, "small") == 0)
+        most = 64 * 8;
+    else if (strcmp(a->mode, "group") == 0 || strcmp(a->mode, "group-invalid") == 0)
+        return group_slot_bytes(&(run_t){ .n = a->nranks }) * (size_t)(a->group_size < 16 ? 16 : a->group_size);
+    else
+        most = 1001 * 8 + (size_t)(1 << 16);
+    if (strcmp(a->mode, "call") == 0 && a->call) {
+        const char *p = a->call;
+        for (int i = 0; i < 3 && p; i++)
+            p = strchr(p, ':') ? strchr(p, ':') + 1 : NULL;
+        if (p && strtoull(p, NULL, 10) * 8 > most)
+            most = strtoull(p, NULL, 10) * 8;
+    }
+    return n * most + 2 * GUARD;
+}
+
+/* Parse the command line into `a`. Returns 0, or 2 on a bad argument. */
+static int parse_args(int argc, char **argv, args_t *a)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : "";
+#define ARG(name) (strcmp(argv[i], name) == 0 && ++i)
+        if (ARG("--socket"))
+            a->socket = v;
+        else if (ARG("--uid"))
+            a->uid_hex = v;
+        else if (ARG("--nranks"))
+            a->nranks = atoi(v);
+        else if (ARG("--rank"))
+            a->rank = atoi(v);
+        else if (ARG("--mode"))
+            a->mode = v;
+        else if (ARG("--kinds"))
+            a->kinds = parse_mask(v, kind_names, K_COUNT);
+        else if (ARG("--dtypes"))
+            a->dtypes = parse_mask(v, dtype_names, COLLD_DTYPE_COUNT);
+        else if (ARG("--ops"))
+            a->ops = parse_mask(v, op_names, COLLD_REDOP_COUNT);
+        else if (ARG("--only"))
+            a->inplace = strcmp(v, "inplace") == 0, a->outofplace = !a->inplace;
+        else if (ARG("--salt"))
+            a->salt = (unsigned)strtoul(v, NULL, 10);
+        else if (ARG("--rotate"))
+            a->rotate = atoi(v);
+        else if (ARG("--iters"))
+            a->iters = atoi(v);
+        else if (ARG("--group-size"))
+            a->group_size = atoi(v);
+        else if (ARG("--timeout-ms"))
+            a->timeout_ms = atoi(v);
+        else if (ARG("--max-report"))
+            a->max_report = atoi(v);
+        else if (ARG("--sync-dir"))
+            a->sync_dir = v;
+        else if (ARG("--checkpoints"))
+            a->checkpoints = v;
+        else if (ARG("--call"))
+            a->call = v;
+        else if (ARG("--expect"))
+            a->expect = v;
+        else if (ARG("--out")) {
+            if (!freopen(v, "w", stdout))
+                return 2;
+        } else if (strcmp(argv[i], "--no-big") == 0)
+            a->big = false;
+        else if (strcmp(argv[i], "--big-all") == 0)
+            a->big_all = true;
+        else if (strcmp(argv[i], "--malloc") == 0)
+            a->use_malloc = true;
+        else {
+            fprintf(stderr, "coll_rank: unknown argument %s\n", argv[i]);
+            return 2;
+        }
+#undef ARG
+    }
+    if (!a->socket || !a->uid_hex || a->nranks < 1 || a->nranks > MAX_RANKS || a->rank < 0 ||
+        a->rank >= a->nranks || !a->kinds || !a->dtypes || !a->ops || a->iters < 0 || a->group_size < 1 ||
+        a->group_size > 1024) {
+        fprintf(stderr, "coll_rank: need --socket, --uid, --nranks 1..%d, --rank; valid subsets\n",
+                MAX_RANKS);
+        return 2;
+    }
+    return 0;
+}
+
+/* Join the communicator, share the buffers, run the mode, leave. */
+int main(int argc, char **argv)
+{
+    args_t a = { .mode = "matrix", .timeout_ms = 120000, .iters = 1, .group_size = 64, .max_report = 40,
+                 .kinds = (1u << K_COUNT) - 1, .dtypes = (1u << COLLD_DTYPE_COUNT) - 1,
+                 .ops = (1u << COLLD_REDOP_COUNT) - 1, .inplace = true, .outofplace = true, .big = true };
+    int rc = parse_args(argc, argv, &a);
+    if (rc != 0)
+        return rc;
+    run_t R = { .a = &a, .n = a.nranks, .rank = a.rank };
+    double t0 = harness_now_ms();
+    colld_unique_id_t id;
+    if (harness_uid_from_hex(a.uid_hex, &id) < 0) {
+        fprintf(stderr, "coll_rank: bad --uid\n");
+        return 2;
+    }
+    colld_status_t st = colld_connect(a.socket, &R.c);
+    if (st != COLLD_OK) {
+        fprintf(stderr, "rank %d: connect: %s\n", a.rank, colld_status_name(st));
+        return 1;
+    }
+    colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
+    cfg.timeout_ms = a.timeout_ms;
+    cfg.name = "test-coll";
+    st = colld_comm_init_rank(R.c, &R.comm, a.nranks, id, a.rank, &cfg);
+    if (st != COLLD_OK) {
+        fprintf(stderr, "rank %d: comm_init_rank: %s\n", a.rank, colld_status_name(st));
+        colld_disconnect(R.c);
+        return 1;
+    }
+    /* whole pages: libcolld lets a buffer use its last page to the end, so bounds are exact */
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    R.reg_bytes = (needed_bytes(&a) + page - 1) & ~(page - 1);
+    if (a.use_malloc) {
+        R.sreg = aligned_alloc(64, R.reg_bytes);
+        R.rreg = aligned_alloc(64, R.reg_bytes);
+        st = R.sreg && R.rreg ? COLLD_OK : COLLD_ERR_NO_MEMORY;
+    } else if ((st = colld_mem_alloc(R.c, (void **)&R.sreg, R.reg_bytes, COLLD_MEM_HOST)) == COLLD_OK)
+        st = colld_mem_alloc(R.c, (void **)&R.rreg, R.reg_bytes, COLLD_MEM_HOST);
+    if (st != COLLD_OK) {
+        fprintf(stderr, "rank %d: mem_alloc of %zu bytes: %s\n", a.rank, R.reg_bytes, colld_status_name(st));
+        rc = 1;
+        goto out;
+    }
+    if (strcmp(a.mode, "matrix") == 0) {
+        for (int it = 0; it < a.iters && rc == 0; it++)
+            rc = mode_matrix(&R, it);
+    } else if (strcmp(a.mode, "small") == 0)
+        rc = mode_small(&R);
+    else if (strcmp(a.mode, "group") == 0)
+        rc = mode_group(&R);
+    else if (strcmp(a.mode, "group-invalid") == 0)
+        rc = mode_group_invalid(&R);
+    else if (strcmp(a.mode, "badargs") == 0 && !a.use_malloc) /* bounds need colld_mem_alloc */
+        rc = mode_badargs(&R);
+    else if (strcmp(a.mode, "call") == 0)
+        rc = mode_call(&R);
+    else {
+        fprintf(stderr, "coll_rank: unknown mode %s\n", a.mode);
+        rc = 2;
+    }
+    if (rc != 0 && R.reported > a.max_report)
+        fprintf(stderr, "rank %d: %d more failures not shown\n", a.rank, R.reported - a.max_report);
+    if (a.rank == 0 && strcmp(a.mode, "call") != 0)
+        fprintf(stderr, "rank 0/%d: mode %s: %ld collectives, %ld wrong, %.0f ms\n", a.nranks, a.mode, R.collectives,
+                R.bad, harness_now_ms() - t0);
+out:
+    if (a.use_malloc) {
+        free(R.sreg);
+        free(R.rreg);
+    } else {
+        if (R.sreg)
+            colld_mem_free(R.c, R.sreg);
+        if (R.rreg)
+            colld_mem_free(R.c, R.rreg);
+    }
+    colld_comm_destroy(R.comm);
+    colld_disconnect(R.c);
+    return rc;
+}

@@ -1,0 +1,318 @@
+/*
+ * test_collectives.c - the five collectives (allreduce, broadcast, reduce, allgather,
+ * reducescatter) through a real colld daemon with real client processes (colld-test-coll, see
+ * coll_rank.c), every result compared bitwise with the scalar oracle:
+ *  - the whole matrix (kind x dtype x op x count {0, 1, 1001, >= 4 MiB} x in/out of place) for
+ *    1, 2, 3, 4 and 8 ranks. To keep the run within about 3 minutes on 2 cores (12 under ASan)
+ *    the >= 4 MiB count covers every combination on 1 and 2 ranks, and on 3, 4 and 8 ranks the
+ *    subset coll_rank.c's big_selected() names (broadcast and all-gather: every dtype; the
+ *    reductions: every dtype with sum, float32 with every op); the counts 0, 1 and 1001 always
+ *    cover every combination. Also at small counts with ordinary (staged) memory;
+ *  - four communicators of 8 ranks each (32 processes) running mixed collectives at once;
+ *  - 10,000 small all-reduces in a row, with the daemon's resident memory measured;
+ *  - a group of 64 mixed collectives, and a group with one invalid call (nothing posted);
+ *  - bad input of the new collectives that test_faults.c does not cover: errors that depend on
+ *    nranks and on the root, and ranks that disagree (mismatch) in root, kind, op or count.
+ */
+#include "tests/integration/harness.h"
+
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#define MAX_PROCS 32
+#define RUN_LIMIT_MS 600000      /* per group of rank processes; generous for sanitizer builds */
+#define RSS_GROWTH_LIMIT_KB 2048 /* the daemon may grow at most 2 MiB over 9,000 all-reduces */
+
+/* A fresh daemon on a private socket for each test. */
+static int setup(void **state)
+{
+    static harness_t h;
+    memset(&h, 0, sizeof(h));
+    if (harness_daemon_start(&h, NULL) < 0)
+        return -1;
+    *state = &h;
+    return 0;
+}
+
+/* Stop it; a daemon that does not exit cleanly (or a sanitizer report) fails the test. */
+static int teardown(void **state)
+{
+    return harness_cleanup(*state);
+}
+
+/* Spawn `nranks` colld-test-coll processes joining one new communicator; extra arguments
+ * (NULL-terminated) go to every rank. Pids in pids[]. Returns 0 or -1. */
+static int spawn_coll(harness_t *h, int nranks, const char *const *extra, pid_t *pids)
+{
+    char hex[33], nr[16], rk[16];
+    if (harness_new_uid_hex(h, hex) < 0)
+        return -1;
+    snprintf(nr, sizeof(nr), "%d", nranks);
+    for (int r = 0; r < nranks; r++) {
+        const char *argv[48] = { COLL_BIN, "--socket", h->socket, "--uid", hex, "--nranks", nr, "--rank", rk };
+        int n = 9;
+        for (int i = 0; extra && extra[i] && n < 47; i++)
+            argv[n++] = extra[i];
+        argv[n] = NULL;
+        snprintf(rk, sizeof(rk), "%d", r); /* posix_spawn copies argv before we reuse rk */
+        pids[r] = harness_spawn(argv);
+        if (pids[r] < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Run one communicator of colld-test-coll processes to the end; every rank must exit 0. */
+static void run_coll(harness_t *h, int nranks, const char *const *extra)
+{
+    pid_t pids[MAX_PROCS];
+    double t0 = harness_now_ms();
+    assert_int_equal(spawn_coll(h, nranks, extra, pids), 0);
+    assert_int_equal(harness_wait_all(pids, nranks, RUN_LIMIT_MS), 0);
+    print_message("%d rank(s): %.0f ms\n", nranks, harness_now_ms() - t0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The matrix
+ * ------------------------------------------------------------------------------------------- */
+
+/* The matrix for one rank count: every rank process runs it and exits 0 only when all matched. */
+static const char *const big_all[] = { "--big-all", NULL };
+static void test_matrix_1_rank(void **state) { run_coll(*state, 1, big_all); }
+static void test_matrix_2_ranks(void **state) { run_coll(*state, 2, big_all); }
+static void test_matrix_3_ranks(void **state) { run_coll(*state, 3, NULL); }
+static void test_matrix_4_ranks(void **state) { run_coll(*state, 4, NULL); }
+static void test_matrix_8_ranks(void **state) { run_coll(*state, 8, NULL); }
+
+/* Ordinary memory (malloc, not colld_mem_alloc) for every kind, dtype and op at the small
+ * counts: libcolld stages it, including the in-place slice forms of all-gather and
+ * reduce-scatter. */
+static void test_matrix_malloc_buffers(void **state)
+{
+    const char *extra[] = { "--malloc", "--no-big", NULL };
+    run_coll(*state, 3, extra);
+}
+
+/* Four communicators of 8 ranks each (32 processes) at once, each starting with a different
+ * collective and using its own data, so different kinds overlap in the daemon; all exact. */
+static void test_four_comms_concurrently(void **state)
+{
+    harness_t *h = *state;
+    pid_t pids[4][8];
+    char salt[4][16], rot[4][16];
+    double t0 = harness_now_ms();
+    for (int c = 0; c < 4; c++) {
+        snprintf(salt[c], sizeof(salt[c]), "%d", 100 + c);
+        snprintf(rot[c], sizeof(rot[c]), "%d", c);
+        const char *extra[] = { "--no-big", "--salt", salt[c], "--rotate", rot[c], "--iters", "2", NULL };
+        assert_int_equal(spawn_coll(h, 8, extra, pids[c]), 0);
+    }
+    int bad = 0;
+    for (int c = 0; c < 4; c++)
+        bad += harness_wait_all(pids[c], 8, RUN_LIMIT_MS);
+    print_message("4 communicators x 8 ranks: %.0f ms\n", harness_now_ms() - t0);
+    assert_int_equal(bad, 0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Many small all-reduces: the daemon's memory stays flat
+ * ------------------------------------------------------------------------------------------- */
+
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+
+/* A daemon for measuring memory. Under AddressSanitizer its quarantine holds every freed block
+ * back from reuse (up to 256 MiB), so resident memory would grow with any malloc/free churn:
+ * start this daemon with the quarantine off, so only memory still in use counts. */
+static int setup_memory(void **state)
+{
+#ifdef UNDER_ASAN
+    const char *old = getenv("ASAN_OPTIONS");
+    char *saved = old ? strdup(old) : NULL, opts[1024];
+    snprintf(opts, sizeof(opts), "%s%squarantine_size_mb=0:thread_local_quarantine_size_kb=0", old ? old : "",
+             old && old[0] ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+    int rc = setup(state);
+    if (saved)
+        setenv("ASAN_OPTIONS", saved, 1);
+    else
+        unsetenv("ASAN_OPTIONS");
+    free(saved);
+    return rc;
+#else
+    return setup(state);
+#endif
+}
+
+/* VmRSS of a process in KiB, -1 if unreadable. */
+static long rss_kb(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long kb = -1;
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb;
+}
+
+/* Wait for rank 0 to reach checkpoint k, measure the daemon, let rank 0 go on. */
+static long measure_at(harness_t *h, int k)
+{
+    char at[400], go[400];
+    snprintf(at, sizeof(at), "%s/at-%d", h->dir, k);
+    snprintf(go, sizeof(go), "%s/go-%d", h->dir, k);
+    if (harness_wait_file(at, RUN_LIMIT_MS) < 0)
+        return -1;
+    long kb = rss_kb(h->pid);
+    FILE *f = fopen(go, "w");
+    if (f)
+        fclose(f);
+    return kb;
+}
+
+/* 10,000 small all-reduces (every dtype and op, counts 1..64, in and out of place, each checked)
+ * by 2 ranks; the daemon's RSS after a warm-up of 1,000 and at the end (communicator still
+ * alive) may differ by at most RSS_GROWTH_LIMIT_KB. */
+static void test_10000_small_allreduces_memory_flat(void **state)
+{
+    harness_t *h = *state;
+    pid_t pids[2];
+    const char *extra[] = { "--mode", "small", "--iters", "10000", "--checkpoints", "1000,10000", "--sync-dir", h->dir,
+                            NULL };
+    long before = rss_kb(h->pid);
+    double t0 = harness_now_ms();
+    assert_int_equal(spawn_coll(h, 2, extra, pids), 0);
+    long warm = measure_at(h, 1000);
+    double t1 = harness_now_ms();
+    long end = measure_at(h, 10000);
+    double t2 = harness_now_ms();
+    int bad = harness_wait_all(pids, 2, RUN_LIMIT_MS);
+    print_message("daemon VmRSS: %ld KiB at start, %ld KiB after 1,000, %ld KiB after 10,000 all-reduces "
+                  "(growth %ld KiB, limit %d KiB); 9,000 all-reduces in %.0f ms (%.1f us each), %.0f ms in all\n",
+                  before, warm, end, end - warm, RSS_GROWTH_LIMIT_KB, t2 - t1, (t2 - t1) * 1000.0 / 9000.0,
+                  harness_now_ms() - t0);
+    assert_int_equal(bad, 0);
+    assert_true(warm > 0 && end > 0);
+    assert_true(end - warm < RSS_GROWTH_LIMIT_KB);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Groups
+ * ------------------------------------------------------------------------------------------- */
+
+/* 64 mixed collectives (every kind, dtype, op, both roots, in and out of place, one of count 0)
+ * in one group, three times, on 2 ranks: every result exact. */
+static void test_group_of_64_mixed(void **state)
+{
+    const char *extra[] = { "--mode", "group", "--group-size", "64", "--iters", "3", NULL };
+    run_coll(*state, 2, extra);
+}
+
+/* A group with one invalid call: the call and colld_group_end return
+ * COLLD_ERR_INVALID_ARGUMENT, none of the group's valid collectives runs, and the communicator
+ * stays usable and in step (an all-reduce and a group of 16 afterwards are exact). */
+static void test_group_with_invalid_call(void **state)
+{
+    const char *extra[] = { "--mode", "group-invalid", "--group-size", "12", NULL };
+    run_coll(*state, 2, extra);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Bad input of the new collectives (beyond test_faults.c)
+ * ------------------------------------------------------------------------------------------- */
+
+/* Errors that need several ranks: all-gather/reduce-scatter buffers that hold count but not
+ * nranks x count, nranks x count overflowing, roots equal to nranks, the root's own NULL or short
+ * buffer, unknown op/dtype and a stream on the new collectives; afterwards the communicator
+ * works and stays in step. */
+static void test_bad_arguments_multi_rank(void **state)
+{
+    const char *extra[] = { "--mode", "badargs", NULL };
+    run_coll(*state, 3, extra);
+}
+
+/* Two ranks call different collectives for the same sequence number: both get
+ * COLLD_ERR_MISMATCH, the detail names each rank's call (with needle_a and needle_b). */
+static void expect_mismatch(harness_t *h, const char *call0, const char *call1, const char *needle_a,
+                            const char *needle_b)
+{
+    char hex[33], out[2][400], text[2][2048];
+    assert_int_equal(harness_new_uid_hex(h, hex), 0);
+    pid_t pids[2];
+    for (int r = 0; r < 2; r++) {
+        snprintf(out[r], sizeof(out[r]), "%s/mismatch-%s-%d", h->dir, hex, r);
+        const char *argv[] = { COLL_BIN, "--socket", h->socket, "--uid", hex, "--nranks", "2", "--rank", r ? "1" : "0",
+                               "--mode", "call", "--call", r ? call1 : call0, "--expect", "COLLD_ERR_MISMATCH",
+                               "--out", out[r], NULL };
+        assert_true((pids[r] = harness_spawn(argv)) > 0);
+    }
+    assert_int_equal(harness_wait_all(pids, 2, 60000), 0);
+    for (int r = 0; r < 2; r++) {
+        FILE *f = fopen(out[r], "r");
+        assert_non_null(f);
+        size_t n = fread(text[r], 1, sizeof(text[r]) - 1, f);
+        text[r][n] = '\0';
+        fclose(f);
+        print_message("%s", text[r]);
+        assert_non_null(strstr(text[r], needle_a));
+        assert_non_null(strstr(text[r], needle_b));
+    }
+}
+
+/* Mismatches that only the new collectives can have: root (broadcast, reduce), all-gather
+ * against reduce-scatter, the op of a reduce-scatter, the count of a reduce; the daemon serves
+ * on. (Broadcast and all-gather have no op, all-gather and reduce-scatter no root: those never
+ * mismatch, which every matrix run relies on.) */
+static void test_mismatch_new_collectives(void **state)
+{
+    harness_t *h = *state;
+    expect_mismatch(h, "broadcast:float32:sum:100:0", "broadcast:float32:sum:100:1", "rank 0: broadcast(dtype 8, op 0, count 100, root 0)",
+                    "rank 1: broadcast(dtype 8, op 0, count 100, root 1)");
+    expect_mismatch(h, "reduce:int64:max:100:1", "reduce:int64:max:100:0", "root 1)", "root 0)");
+    expect_mismatch(h, "allgather:int32:sum:64:0", "reducescatter:int32:sum:64:0", "rank 0: allgather(",
+                    "rank 1: reducescatter(");
+    expect_mismatch(h, "reducescatter:float32:sum:64:0", "reducescatter:float32:max:64:0", "op 0,", "op 3,");
+    expect_mismatch(h, "reduce:int8:sum:10:0", "reduce:int8:sum:11:0", "count 10,", "count 11,");
+    const char *extra[] = { "--no-big", "--kinds", "broadcast,reduce,allgather,reducescatter", "--dtypes", "float32",
+                            NULL };
+    run_coll(h, 2, extra);
+}
+
+/* Every test gets its own daemon (setup/teardown). */
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_matrix_1_rank, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_matrix_2_ranks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_matrix_3_ranks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_matrix_4_ranks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_matrix_8_ranks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_matrix_malloc_buffers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_four_comms_concurrently, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_10000_small_allreduces_memory_flat, setup_memory, teardown),
+        cmocka_unit_test_setup_teardown(test_group_of_64_mixed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_group_with_invalid_call, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_arguments_multi_rank, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mismatch_new_collectives, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("collectives", tests, NULL, NULL);
+}
