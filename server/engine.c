@@ -279,6 +279,8 @@ static int drain_session(colld_daemon_t *d, colld_session_t *s, colld_reply_t **
         session_kill(s, "corrupt ring counters");
         return 0;
     }
+    /* Take a descriptor only with a completion slot reserved for it. `space` is read again each
+     * time: descriptors that fail at admission post their completion at once. */
     int taken = 0;
     while (avail > 0 && (int64_t)s->in_flight < space) {
         colld_wire_sqe_t sqe;
@@ -290,6 +292,7 @@ static int drain_session(colld_daemon_t *d, colld_session_t *s, colld_reply_t **
         admit(d, s, &sqe, replies);
         if (s->dead || s->kill_requested)
             break;
+        space = colld_ring_space(&s->shm->cq, s->cq_head, s->entries);
     }
     if (taken)
         COLLD_STORE_REL(&s->shm->sq.tail, s->sq_tail);
