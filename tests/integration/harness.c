@@ -156,6 +156,21 @@ int harness_cleanup(harness_t *h)
     return rc;
 }
 
+int harness_test_setup(void **state)
+{
+    static harness_t h;
+    memset(&h, 0, sizeof(h));
+    if (harness_daemon_start(&h, NULL) < 0)
+        return -1;
+    *state = &h;
+    return 0;
+}
+
+int harness_test_teardown(void **state)
+{
+    return harness_cleanup(*state);
+}
+
 void harness_uid_to_hex(const colld_unique_id_t *id, char *hex)
 {
     for (int i = 0; i < 16; i++)

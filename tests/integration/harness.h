@@ -28,6 +28,11 @@ int harness_daemon_stop(harness_t *h, int sig, int timeout_ms);
  * daemon fails the test — else -1. */
 int harness_cleanup(harness_t *h);
 
+/* cmocka setup/teardown for a test that wants a fresh daemon on a private socket: *state is
+ * the harness_t. The teardown fails the test when the daemon does not exit cleanly. */
+int harness_test_setup(void **state);
+int harness_test_teardown(void **state);
+
 /* Spawn a program; returns its pid or -1. */
 pid_t harness_spawn(const char *const *argv);
 /* Wait for a child at most timeout_ms; returns its exit code (128+signal if killed by one), or

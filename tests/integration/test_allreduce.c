@@ -18,21 +18,6 @@
 
 #define COUNTS "0,1,7,1000,1000003"
 
-static int setup(void **state)
-{
-    static harness_t h;
-    memset(&h, 0, sizeof(h));
-    if (harness_daemon_start(&h, NULL) < 0)
-        return -1;
-    *state = &h;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    return harness_cleanup(*state);
-}
-
 /* All ranks of one communicator run every count in both modes and check every element. */
 static void run_ranks(harness_t *h, int nranks)
 {
@@ -134,15 +119,15 @@ int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_1_rank, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_2_ranks, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_3_ranks, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_4_ranks, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_8_ranks, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_malloc_buffers, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_two_comms_at_once, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_20_attach_detach, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_daemon_sigkill_mid_collective, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_1_rank, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_2_ranks, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_3_ranks, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_4_ranks, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_8_ranks, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_malloc_buffers, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_two_comms_at_once, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_20_attach_detach, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_daemon_sigkill_mid_collective, harness_test_setup, harness_test_teardown),
     };
     return cmocka_run_group_tests_name("allreduce", tests, NULL, NULL);
 }

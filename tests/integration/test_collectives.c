@@ -31,23 +31,6 @@
 #define RUN_LIMIT_MS 600000      /* per group of rank processes; generous for sanitizer builds */
 #define RSS_GROWTH_LIMIT_KB 2048 /* the daemon may grow at most 2 MiB over 9,000 all-reduces */
 
-/* A fresh daemon on a private socket for each test. */
-static int setup(void **state)
-{
-    static harness_t h;
-    memset(&h, 0, sizeof(h));
-    if (harness_daemon_start(&h, NULL) < 0)
-        return -1;
-    *state = &h;
-    return 0;
-}
-
-/* Stop it; a daemon that does not exit cleanly (or a sanitizer report) fails the test. */
-static int teardown(void **state)
-{
-    return harness_cleanup(*state);
-}
-
 /* Spawn `nranks` colld-test-coll processes joining one new communicator; extra arguments
  * (NULL-terminated) go to every rank. Pids in pids[]. Returns 0 or -1. */
 static int spawn_coll(harness_t *h, int nranks, const char *const *extra, pid_t *pids)
@@ -155,7 +138,7 @@ static int setup_memory(void **state)
     snprintf(opts, sizeof(opts), "%s%squarantine_size_mb=0:thread_local_quarantine_size_kb=0", old ? old : "",
              old && old[0] ? ":" : "");
     setenv("ASAN_OPTIONS", opts, 1);
-    int rc = setup(state);
+    int rc = harness_test_setup(state);
     if (saved)
         setenv("ASAN_OPTIONS", saved, 1);
     else
@@ -163,7 +146,7 @@ static int setup_memory(void **state)
     free(saved);
     return rc;
 #else
-    return setup(state);
+    return harness_test_setup(state);
 #endif
 }
 
@@ -306,23 +289,23 @@ static void test_mismatch_new_collectives(void **state)
     run_coll(h, 2, extra);
 }
 
-/* Every test gets its own daemon (setup/teardown). */
+/* Every test gets its own daemon (harness_test_setup/teardown). */
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_matrix_1_rank, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_matrix_2_ranks, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_matrix_3_ranks, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_matrix_4_ranks, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_matrix_8_ranks, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_matrix_malloc_buffers, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_four_comms_concurrently, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_10000_small_allreduces_memory_flat, setup_memory, teardown),
-        cmocka_unit_test_setup_teardown(test_group_of_64_mixed, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_group_with_invalid_call, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_bad_arguments_multi_rank, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_mismatch_new_collectives, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_matrix_1_rank, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_matrix_2_ranks, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_matrix_3_ranks, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_matrix_4_ranks, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_matrix_8_ranks, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_matrix_malloc_buffers, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_four_comms_concurrently, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_10000_small_allreduces_memory_flat, setup_memory, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_group_of_64_mixed, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_group_with_invalid_call, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bad_arguments_multi_rank, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_mismatch_new_collectives, harness_test_setup, harness_test_teardown),
     };
     return cmocka_run_group_tests_name("collectives", tests, NULL, NULL);
 }

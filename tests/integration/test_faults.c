@@ -19,21 +19,6 @@
 
 #include <cmocka.h>
 
-static int setup(void **state)
-{
-    static harness_t h;
-    memset(&h, 0, sizeof(h));
-    if (harness_daemon_start(&h, NULL) < 0)
-        return -1;
-    *state = &h;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    return harness_cleanup(*state);
-}
-
 /* A one-rank communicator of the driver's own client (no peer can block it). */
 static colld_comm_t *solo_comm(harness_t *h)
 {
@@ -425,16 +410,16 @@ int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_bad_api_arguments, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_bad_collective_arguments, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_garbage_descriptors, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_corrupt_ring_drops_only_that_session, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_join_mismatch_and_timeout, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_peer_killed_mid_collective, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_missing_rank_times_out, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_sigterm_shuts_down_cleanly, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_second_daemon_refused, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_registered_bytes_quota, setup_small_quota, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_api_arguments, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_bad_collective_arguments, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_garbage_descriptors, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_ring_drops_only_that_session, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_join_mismatch_and_timeout, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_peer_killed_mid_collective, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_missing_rank_times_out, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_sigterm_shuts_down_cleanly, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_second_daemon_refused, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_registered_bytes_quota, setup_small_quota, harness_test_teardown),
     };
     return cmocka_run_group_tests_name("faults", tests, NULL, NULL);
 }
