@@ -56,6 +56,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1290,8 +1291,12 @@ int main(int argc, char **argv)
     opts_t o;
     parse_options(argc, argv, &o);
     signal(SIGPIPE, SIG_IGN);
-    if (o.rank >= 0)
+    if (o.rank >= 0) {
+        char name[32]; /* "colld-perf-r3" in top and perf, not "exe" (the kernel keeps 15 bytes) */
+        snprintf(name, sizeof(name), "colld-perf-r%d", o.rank);
+        prctl(PR_SET_NAME, name, 0, 0, 0);
         return o.attach_reps ? attach_main(&o) : rank_main(&o);
+    }
 
     /* The launcher. Signals that end the run are taken synchronously in run_ranks. */
     sigset_t set;
