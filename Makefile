@@ -55,3 +55,24 @@ test-tsan: deps
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
+
+# `make bench`: colld against OpenMPI and the memory-bandwidth bound in one run (bench/compare.sh,
+# issue 5); raw results, ratios and plots in $(BENCH_RESULTS). BENCH_ARGS="--quick" for a smoke run.
+BENCH_PACKAGES = openmpi-bin libopenmpi-dev gnuplot-nox
+BENCH_RESULTS ?= $(BUILD)/bench-results
+BENCH_ARGS    ?=
+
+.PHONY: bench-deps bench
+
+# The build's packages plus OpenMPI (the baseline) and gnuplot (the plots); only the missing ones.
+bench-deps:
+	@missing=""; for p in $(DEB_PACKAGES) $(BENCH_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "bench-deps: installing$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	else echo "bench-deps: all packages present"; fi
+
+bench: bench-deps $(BUILD)/build.ninja
+	bench/compare.sh --build $(BUILD) --results $(BENCH_RESULTS) $(BENCH_ARGS)
