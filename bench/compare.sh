@@ -5,7 +5,8 @@
 #
 # Builds what it needs (colld, colld-perf with CMake; bench/membw.c with cc; bench/mpi_allreduce.c
 # with mpicc when OpenMPI is installed: `make bench-deps`), then measures on this machine:
-#   1. memory bandwidth: bench/membw (copy, scale, 2-input add over 2 x CPUs threads);
+#   1. memory bandwidth: bench/membw (copy, scale, 2-input add, in-place update; one thread per
+#      CPU), before and again after the all-reduces; the bound uses the best figure of both runs;
 #   2. an idle daemon's CPU use over 10 s (utime + stime from /proc/PID/stat), fresh;
 #   3. all-reduce float32 sum, 2 and 4 ranks (processes), 8 B .. 64 MiB, with colld-perf -z 1 (each
 #      call waited for, as MPI_Allreduce is blocking) and with MPI_Allreduce (mpirun, shared
@@ -93,11 +94,9 @@ cat "$results/machine.txt" >&2
 # ---- memory bandwidth -----------------------------------------------------------------------
 log "== memory bandwidth (bench/membw)"
 "$results/bin/membw" -r 10 | tee "$results/raw/membw.txt" >&2
-membw=$(awk '/^membw_/ && $2 > m { m = $2 } END { print m + 0 }' "$results/raw/membw.txt")
 # The last-level cache: all-reduces whose buffers fit in it are not bound by memory bandwidth.
 l3_bytes=$(awk '/K$/ { v = $1 * 1024 } /M$/ { v = $1 * 1048576 } END { printf "%d", v }' \
   /sys/devices/system/cpu/cpu0/cache/index3/size 2>/dev/null || echo 0)
-log "bound uses the best figure: $membw GB/s"
 
 # ---- a daemon of our own --------------------------------------------------------------------
 run=$(mktemp -d /tmp/colld-bench.XXXXXX)
@@ -146,6 +145,12 @@ for p in 2 4; do
     done
   done
 done
+
+# ---- memory bandwidth again (the machine is shared: take the best of both runs) ------------
+log "== memory bandwidth again (bench/membw)"
+"$results/bin/membw" -r 10 | tee "$results/raw/membw2.txt" >&2
+membw=$(cat "$results/raw/membw.txt" "$results/raw/membw2.txt" | awk '/^membw_/ && $2 > m { m = $2 } END { print m + 0 }')
+log "bound uses the best figure: $membw GB/s"
 
 # ---- attach + join, idle after load ---------------------------------------------------------
 log "== attach + join, 4 ranks, $attach_reps repetitions"
@@ -248,6 +253,8 @@ verdict() { # name, value, op, limit, unit
 cat >"$results/summary.json" <<EOF
 {"date":"$(date -u '+%Y-%m-%dT%H:%M:%SZ')","cpus":$(nproc),"membw_bound_gbs":$membw,
  "membw":{$(awk '/^membw_/ { printf "%s\"%s\":%s", n++ ? "," : "", $1, $2 }' "$results/raw/membw.txt")},
+ "membw_again":{$(awk '/^membw_/ { printf "%s\"%s\":%s", n++ ? "," : "", $1, $2 }' "$results/raw/membw2.txt")},
+ "l3_bytes":$l3_bytes,
  "worst_busbw_ratio_ge_4MiB":"$worst_bus","worst_bound_fraction_ge_4MiB":"$worst_frac",
  "worst_latency_ratio_8B_4KiB":"$worst_lat","idle_cpu_percent_fresh":$idle_fresh,
  "idle_cpu_percent_after_load":$idle_after,"attach_join_p50_us_worst_rank":${attach_p50:-null},

@@ -3,19 +3,25 @@
  *
  *   membw [-s MIB_PER_ARRAY] [-t THREADS] [-r REPS]
  *
- * Three STREAM-like probes over arrays much bigger than the caches, split over THREADS threads
+ * Four STREAM-like probes over arrays much bigger than the caches, split over THREADS threads
  * (default: every online CPU), each thread touching its own slice first so pages are spread as
  * they will be used:
  *   copy   memcpy(b, a)        1 read stream, 1 write stream (glibc may use non-temporal stores)
  *   scale  b[i] = q * a[i]     1 read, 1 write with ordinary stores (the write allocates the line)
  *   add    c[i] = a[i] + b[i]  2 reads, 1 write with ordinary stores
+ *   update a[i] = q * a[i]     1 read, 1 write of the same line (no extra line fill): the access
+ *                              pattern of an in-place reduction, and of an out-of-place one whose
+ *                              outputs use streaming stores
  * Bytes are counted as STREAM does (what the program reads and writes, not the extra line fill a
- * cached store causes): copy and scale 2 x N, add 3 x N per pass. Each probe runs REPS times and
- * the best pass is reported, in GB/s (1e9 bytes/s), one "name value" per line:
+ * cached store causes): copy, scale and update 2 x N, add 3 x N per pass. So scale and add count
+ * less than the memory really moves (each written line is also read first) and update counts
+ * it all. Each probe runs REPS times and the best pass is reported, in GB/s (1e9 bytes/s), one
+ * "name value" per line:
  *
  *   membw_copy_gbs 21.3
  *   membw_scale_gbs 14.2
  *   membw_add_gbs 15.8
+ *   membw_update_gbs 22.0
  *
  * Exit status 0, 1 on an error, 2 for bad options. Build: cc -O2 -pthread membw.c -o membw
  */
@@ -28,8 +34,8 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { P_COPY, P_SCALE, P_ADD, P_COUNT };
-static const char *const probe_names[P_COUNT] = { "copy", "scale", "add" };
+enum { P_COPY, P_SCALE, P_ADD, P_UPDATE, P_COUNT };
+static const char *const probe_names[P_COUNT] = { "copy", "scale", "add", "update" };
 
 typedef struct {
     double *a, *b, *c; /* the whole arrays */
@@ -88,9 +94,13 @@ static void *worker(void *arg)
             for (size_t i = lo; i < hi; i++)
                 b[i] = q * a[i];
             break;
-        default:
+        case P_ADD:
             for (size_t i = lo; i < hi; i++)
                 c[i] = a[i] + b[i];
+            break;
+        default:
+            for (size_t i = lo; i < hi; i++)
+                a[i] = q * a[i];
             break;
         }
         pthread_barrier_wait(&s->done);
