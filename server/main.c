@@ -123,6 +123,7 @@ static void on_signal(uv_signal_t *h, int signum)
         return;
     d->stopping = true;
     LOG_INFO(INIT, "signal %d: shutting down", signum);
+    colld_metrics_stop(d);
     colld_sessions_close_all(d);
     colld_control_stop(d);
     colld_engine_stop(d);
@@ -186,6 +187,10 @@ int main(int argc, char **argv)
     uv_signal_start(&d.sigterm, on_signal, SIGTERM);
     uv_signal_start(&d.sigint, on_signal, SIGINT);
 
+    if (colld_metrics_create(&d) < 0) {
+        fprintf(stderr, "colld: out of memory\n");
+        goto out_stop;
+    }
     if (colld_engine_start(&d) < 0 || colld_control_start(&d) < 0) {
         fprintf(stderr, "colld: start-up failed; run with --log-level info for details\n");
         goto out_stop;
@@ -195,10 +200,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "colld: cannot listen on %s: %s\n", d.cfg.socket, strerror(errno));
         goto out_stop;
     }
+    if (colld_metrics_start(&d) < 0) {
+        fprintf(stderr, "colld: --metrics %s\n", colld_metrics_error(&d));
+        goto out_stop;
+    }
     /* A start-up banner on stderr whatever the log level: someone running colld by hand sees it. */
-    fprintf(stderr, "colld %d.%d: serving %s (control %s), host backend with %lld workers, %s kernels\n",
+    const char *metrics_url = colld_metrics_url(&d);
+    fprintf(stderr, "colld %d.%d: serving %s (control %s), host backend with %lld workers, %s kernels%s%s\n",
             COLLD_VERSION_MAJOR, COLLD_VERSION_MINOR, d.cfg.socket, d.rpc_path, (long long)d.cfg.workers,
-            colld_cpu_reduce_impl());
+            colld_cpu_reduce_impl(), metrics_url ? ", metrics on " : "", metrics_url ? metrics_url : "");
     uv_run(&d.loop, UV_RUN_DEFAULT);
     rc = 0;
     fprintf(stderr, "colld: stopped\n");
@@ -206,6 +216,7 @@ int main(int argc, char **argv)
 
 out_stop:
     d.stopping = true;
+    colld_metrics_stop(&d);
     colld_sessions_close_all(&d);
     colld_control_stop(&d);
     colld_engine_stop(&d);
@@ -215,6 +226,7 @@ out_stop:
     uv_run(&d.loop, UV_RUN_DEFAULT);
 out_loop:
     uv_loop_close(&d.loop);
+    colld_metrics_destroy(&d);
     if (d.lock_fd >= 0)
         close(d.lock_fd);
 out_cfg:

@@ -1,0 +1,915 @@
+/*
+ * metrics.c - the daemon's Prometheus metrics: counters, the text exposition, and a small HTTP
+ * endpoint on the daemon's libuv loop.
+ *
+ * Counters (operations and bytes by kind x dtype x status, latency histograms per kind,
+ * communicator errors by status, sessions opened, communicators formed) live in struct
+ * colld_metrics and are updated by the engine and the registry with daemon->lock held. Gauges
+ * (sessions, communicators by state, queued operations, descriptors in flight, registered bytes)
+ * are computed at scrape time by walking the daemon's state under the same lock, so they can
+ * never drift from what `collctl status` shows.
+ *
+ * The endpoint (--metrics HOST:PORT, off by default) answers GET/HEAD /metrics with the text
+ * exposition format 0.0.4 and closes the connection after every response. Debian 12 does not
+ * package llhttp (only Debian 13 does), and we only need the request line, so the request is
+ * parsed by the small hand-written parser below: at most 8 KiB are read until the blank line
+ * that ends the headers, anything else is answered with 400/404/405/431/505. Every connection
+ * has a 5 s deadline and at most 64 are served at once, so a slow or hostile client can neither
+ * block the loop nor hold the daemon's memory. All HTTP state belongs to the loop thread.
+ */
+#include "server/metrics.h"
+
+#include "common/log.h"
+#include "common/util.h"
+#include "server/daemon.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define HTTP_REQUEST_MAX 8192     /* bytes of request line + headers we read at most */
+#define HTTP_DEADLINE_MS 5000     /* a connection is closed this long after it was accepted */
+#define HTTP_MAX_CONNECTIONS 64   /* concurrent connections served; further ones are closed */
+#define METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+
+/* ============================================================================================
+ * Label spaces
+ * ========================================================================================== */
+
+/* Collective kinds: colld_kind_t is 1..5; everything else is "unknown" (the last index). */
+static const char *const kind_labels[] = { "allreduce", "broadcast", "reduce", "allgather", "reducescatter",
+                                           "unknown" };
+#define NKIND ((unsigned)COLLD_ARRAY_SIZE(kind_labels))
+
+/* Data types: colld_dtype_t is 0..9; everything else is "unknown" (the last index). */
+static const char *const dtype_labels[] = { "int8",    "uint8",    "int32",   "uint32",  "int64", "uint64",
+                                            "float16", "bfloat16", "float32", "float64", "unknown" };
+#define NDTYPE ((unsigned)COLLD_ARRAY_SIZE(dtype_labels))
+
+/* Statuses: a dense index per entry of COLLD_STATUS_LIST, plus one for values not in the list. */
+enum {
+#define STATUS_INDEX_(name, value, text) STATUS_IDX_##name,
+    COLLD_STATUS_LIST(STATUS_INDEX_)
+#undef STATUS_INDEX_
+        NSTATUS_KNOWN
+};
+#define NSTATUS (NSTATUS_KNOWN + 1)
+
+static const colld_status_t status_values[NSTATUS_KNOWN] = {
+#define STATUS_VALUE_(name, value, text) COLLD_##name,
+    COLLD_STATUS_LIST(STATUS_VALUE_)
+#undef STATUS_VALUE_
+};
+
+static unsigned status_index(colld_status_t st)
+{
+    switch (st) {
+#define STATUS_CASE_(name, value, text)                                                            \
+    case COLLD_##name:                                                                             \
+        return STATUS_IDX_##name;
+        COLLD_STATUS_LIST(STATUS_CASE_)
+#undef STATUS_CASE_
+    }
+    return NSTATUS_KNOWN;
+}
+
+static const char *status_label(unsigned idx)
+{
+    return idx < NSTATUS_KNOWN ? colld_status_name(status_values[idx]) : "COLLD_ERR_UNKNOWN";
+}
+
+static unsigned kind_index(unsigned kind)
+{
+    return kind >= COLLD_KIND_ALLREDUCE && kind <= COLLD_KIND_REDUCESCATTER ? kind - COLLD_KIND_ALLREDUCE
+                                                                              : NKIND - 1;
+}
+
+static unsigned dtype_index(unsigned dtype)
+{
+    return dtype < COLLD_DTYPE_COUNT ? dtype : NDTYPE - 1;
+}
+
+/* Latency buckets (upper bounds, inclusive): 1-2.5-5 per decade from 1 us to 10 s. */
+static const struct {
+    uint64_t ns;
+    const char *le;
+} buckets[] = {
+    { 1000ull, "1e-06" },       { 2500ull, "2.5e-06" },      { 5000ull, "5e-06" },
+    { 10000ull, "1e-05" },      { 25000ull, "2.5e-05" },     { 50000ull, "5e-05" },
+    { 100000ull, "0.0001" },    { 250000ull, "0.00025" },    { 500000ull, "0.0005" },
+    { 1000000ull, "0.001" },    { 2500000ull, "0.0025" },    { 5000000ull, "0.005" },
+    { 10000000ull, "0.01" },    { 25000000ull, "0.025" },    { 50000000ull, "0.05" },
+    { 100000000ull, "0.1" },    { 250000000ull, "0.25" },    { 500000000ull, "0.5" },
+    { 1000000000ull, "1" },     { 2500000000ull, "2.5" },    { 5000000000ull, "5" },
+    { 10000000000ull, "10" },
+};
+#define NBUCKET ((unsigned)COLLD_ARRAY_SIZE(buckets))
+
+/* ============================================================================================
+ * The object
+ * ========================================================================================== */
+
+typedef struct http_conn http_conn_t;
+static int accept_one(colld_metrics_t *m);
+
+typedef struct {
+    uint64_t bucket[NBUCKET + 1]; /* per bucket, not cumulative; the last one is > 10 s */
+    uint64_t sum_ns;
+    uint64_t count;
+} latency_hist_t;
+
+struct colld_metrics {
+    /* Counters: daemon->lock. */
+    uint64_t ops[NKIND][NDTYPE][NSTATUS];
+    uint64_t bytes[NKIND][NDTYPE][NSTATUS];
+    latency_hist_t latency[NKIND];
+    uint64_t comm_errors[NSTATUS];
+    uint64_t sessions_opened;
+    uint64_t comms_formed;
+    uint64_t created_ns; /* for colld_uptime_seconds */
+
+    /* The HTTP endpoint: loop thread only. */
+    colld_daemon_t *daemon;
+    uv_tcp_t server;
+    bool server_open;      /* server initialised and not closed yet */
+    char url[96];          /* "http://127.0.0.1:9464/metrics", "" when off */
+    char error[320];       /* why the last colld_metrics_start failed */
+    http_conn_t *conns;    /* every connection not yet freed */
+    unsigned nconns;       /* of them, those that count against the cap */
+    bool accept_pending;   /* a connection could not be accepted for lack of memory */
+    bool cap_warned;       /* the connection cap was hit (logged once until it clears) */
+};
+
+/* Create the counters. */
+int colld_metrics_create(colld_daemon_t *d)
+{
+    colld_metrics_t *m = calloc(1, sizeof(*m));
+    if (!m)
+        return -1;
+    m->daemon = d;
+    m->created_ns = colld_now_ns();
+    d->metrics = m;
+    return 0;
+}
+
+/* Free the counters; the endpoint must be stopped and the loop run since (its handles closed). */
+void colld_metrics_destroy(colld_daemon_t *d)
+{
+    free(d->metrics);
+    d->metrics = NULL;
+}
+
+const char *colld_metrics_url(const colld_daemon_t *d)
+{
+    return d->metrics && d->metrics->url[0] ? d->metrics->url : NULL;
+}
+
+const char *colld_metrics_error(const colld_daemon_t *d)
+{
+    return d->metrics && d->metrics->error[0] ? d->metrics->error : "unknown reason";
+}
+
+/* ============================================================================================
+ * Counter updates (daemon->lock held)
+ * ========================================================================================== */
+
+void colld_metrics_op(colld_daemon_t *d, unsigned kind, unsigned dtype, uint64_t bytes, colld_status_t st)
+{
+    colld_metrics_t *m = d->metrics;
+    if (!m)
+        return;
+    unsigned k = kind_index(kind), t = dtype_index(dtype), s = status_index(st);
+    m->ops[k][t][s]++;
+    m->bytes[k][t][s] += bytes;
+}
+
+void colld_metrics_latency(colld_daemon_t *d, unsigned kind, uint64_t ns)
+{
+    colld_metrics_t *m = d->metrics;
+    if (!m)
+        return;
+    latency_hist_t *h = &m->latency[kind_index(kind)];
+    unsigned b = 0;
+    while (b < NBUCKET && ns > buckets[b].ns)
+        b++;
+    h->bucket[b]++;
+    h->sum_ns += ns;
+    h->count++;
+}
+
+void colld_metrics_comm_error(colld_daemon_t *d, colld_status_t st)
+{
+    if (d->metrics)
+        d->metrics->comm_errors[status_index(st)]++;
+}
+
+void colld_metrics_session_opened(colld_daemon_t *d)
+{
+    if (d->metrics)
+        d->metrics->sessions_opened++;
+}
+
+void colld_metrics_comm_formed(colld_daemon_t *d)
+{
+    if (d->metrics)
+        d->metrics->comms_formed++;
+}
+
+/* ============================================================================================
+ * Rendering the exposition text
+ * ========================================================================================== */
+
+/* A growable text buffer; `failed` sticks once an allocation failed. */
+typedef struct {
+    char *data;
+    size_t len, cap;
+    bool failed;
+} textbuf_t;
+
+static void tb_printf(textbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void tb_printf(textbuf_t *b, const char *fmt, ...)
+{
+    if (b->failed)
+        return;
+    for (;;) {
+        size_t room = b->cap - b->len;
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->data ? b->data + b->len : NULL, room, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->failed = true;
+            return;
+        }
+        if ((size_t)n < room) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap : 16384;
+        while (cap - b->len <= (size_t)n)
+            cap *= 2;
+        char *p = realloc(b->data, cap);
+        if (!p) {
+            b->failed = true;
+            return;
+        }
+        b->data = p;
+        b->cap = cap;
+    }
+}
+
+/* "# HELP" and "# TYPE" lines of one metric family. */
+static void tb_family(textbuf_t *b, const char *name, const char *type, const char *help)
+{
+    tb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* What the process costs, read before taking the lock (cheap: getrusage and two small reads
+ * of /proc). Fields the system cannot tell stay negative and are not emitted. */
+typedef struct {
+    double cpu_seconds;
+    long long rss_bytes;
+    long long open_fds;
+    long long max_fds;
+} process_info_t;
+
+static void read_process_info(process_info_t *p)
+{
+    struct rusage ru;
+    p->cpu_seconds = -1;
+    p->rss_bytes = p->open_fds = p->max_fds = -1;
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        p->cpu_seconds = (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+                         ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) / 1e6;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        long long size, resident;
+        long page = sysconf(_SC_PAGESIZE);
+        if (fscanf(f, "%lld %lld", &size, &resident) == 2 && page > 0)
+            p->rss_bytes = resident * page;
+        fclose(f);
+    }
+    DIR *dir = opendir("/proc/self/fd");
+    if (dir) {
+        long long n = 0;
+        for (struct dirent *e; (e = readdir(dir)) != NULL;)
+            if (e->d_name[0] != '.')
+                n++;
+        closedir(dir);
+        p->open_fds = n - 1; /* the directory's own descriptor */
+    }
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        p->max_fds = (long long)rl.rlim_cur;
+}
+
+/* Gauges walked from the daemon's state (lock held). */
+typedef struct {
+    uint64_t sessions;
+    uint64_t comms_by_state[8]; /* index colld_comm_state_t */
+    unsigned nstates;           /* states to print */
+    uint64_t ops_queued;
+    uint64_t in_flight;
+    uint64_t registered_bytes;
+} state_gauges_t;
+
+static void walk_state(colld_daemon_t *d, state_gauges_t *g)
+{
+    memset(g, 0, sizeof(*g));
+    g->nstates = COLLD_COMM_CLOSING + 1;
+    for (colld_session_t *s = d->sessions; s; s = s->next) {
+        if (!s->dead)
+            g->sessions++;
+        g->in_flight += s->in_flight;
+        g->registered_bytes += s->registered_bytes;
+    }
+    for (colld_dcomm_t *c = d->comms; c; c = c->next) {
+        unsigned st = (unsigned)c->state;
+        if (st < COLLD_ARRAY_SIZE(g->comms_by_state)) {
+            g->comms_by_state[st]++;
+            if (st + 1 > g->nstates)
+                g->nstates = st + 1;
+        }
+        for (int r = 0; r < c->nranks; r++)
+            for (colld_op_t *op = c->ranks[r].head; op; op = op->next)
+                g->ops_queued++;
+    }
+}
+
+/* Write "<name>{kind=..,dtype=..,status=..} v" for every nonzero cell of a kind x dtype x status
+ * table. */
+static void render_op_table(textbuf_t *b, const char *name, uint64_t (*t)[NDTYPE][NSTATUS])
+{
+    for (unsigned k = 0; k < NKIND; k++)
+        for (unsigned y = 0; y < NDTYPE; y++)
+            for (unsigned s = 0; s < NSTATUS; s++)
+                if (t[k][y][s])
+                    tb_printf(b, "%s{kind=\"%s\",dtype=\"%s\",status=\"%s\"} %llu\n", name, kind_labels[k],
+                              dtype_labels[y], status_label(s), (unsigned long long)t[k][y][s]);
+}
+
+/* Render every metric (daemon->lock held by the caller). */
+static void render(colld_daemon_t *d, const process_info_t *p, textbuf_t *b)
+{
+    colld_metrics_t *m = d->metrics;
+    state_gauges_t g;
+    walk_state(d, &g);
+
+    tb_family(b, "colld_build_info", "gauge", "Version of this colld daemon (always 1).");
+    tb_printf(b, "colld_build_info{version=\"%d.%d\"} 1\n", COLLD_VERSION_MAJOR, COLLD_VERSION_MINOR);
+    uint64_t up = colld_now_ns() - m->created_ns;
+    tb_family(b, "colld_uptime_seconds", "gauge", "Seconds since the daemon started.");
+    tb_printf(b, "colld_uptime_seconds %llu.%03llu\n", (unsigned long long)(up / 1000000000ull),
+              (unsigned long long)(up % 1000000000ull / 1000000ull));
+
+    tb_family(b, "colld_sessions", "gauge", "Client sessions (processes) connected now.");
+    tb_printf(b, "colld_sessions %llu\n", (unsigned long long)g.sessions);
+    tb_family(b, "colld_sessions_opened_total", "counter", "Client sessions opened since the daemon started.");
+    tb_printf(b, "colld_sessions_opened_total %llu\n", (unsigned long long)m->sessions_opened);
+
+    tb_family(b, "colld_comms", "gauge", "Communicators now, by state.");
+    for (unsigned s = 0; s < g.nstates; s++)
+        tb_printf(b, "colld_comms{state=\"%s\"} %llu\n", colld_comm_state_name((colld_comm_state_t)s),
+                  (unsigned long long)g.comms_by_state[s]);
+    tb_family(b, "colld_comms_formed_total", "counter",
+              "Communicators formed (every rank joined) since the daemon started.");
+    tb_printf(b, "colld_comms_formed_total %llu\n", (unsigned long long)m->comms_formed);
+    tb_family(b, "colld_comm_errors_total", "counter",
+              "Communicators broken since the daemon started, by the status of their first fault.");
+    for (unsigned s = 0; s < NSTATUS; s++)
+        if ((s < NSTATUS_KNOWN && status_values[s] < 0) || m->comm_errors[s])
+            tb_printf(b, "colld_comm_errors_total{status=\"%s\"} %llu\n", status_label(s),
+                      (unsigned long long)m->comm_errors[s]);
+
+    tb_family(b, "colld_operations_total", "counter",
+              "Rank operations finished (executed or failed), by collective kind, data type and status.");
+    render_op_table(b, "colld_operations_total", m->ops);
+    tb_family(b, "colld_operation_bytes_total", "counter",
+              "Payload bytes of finished rank operations (count x dtype size per rank), by kind, dtype and "
+              "status.");
+    render_op_table(b, "colld_operation_bytes_total", m->bytes);
+
+    tb_family(b, "colld_collective_latency_seconds", "histogram",
+              "Executed collectives: time from the first rank's arrival to completion, by kind.");
+    for (unsigned k = 0; k < NKIND; k++) {
+        const latency_hist_t *h = &m->latency[k];
+        if (!h->count)
+            continue;
+        uint64_t cum = 0;
+        for (unsigned i = 0; i < NBUCKET; i++) {
+            cum += h->bucket[i];
+            tb_printf(b, "colld_collective_latency_seconds_bucket{kind=\"%s\",le=\"%s\"} %llu\n", kind_labels[k],
+                      buckets[i].le, (unsigned long long)cum);
+        }
+        tb_printf(b, "colld_collective_latency_seconds_bucket{kind=\"%s\",le=\"+Inf\"} %llu\n", kind_labels[k],
+                  (unsigned long long)h->count);
+        tb_printf(b, "colld_collective_latency_seconds_sum{kind=\"%s\"} %llu.%09llu\n", kind_labels[k],
+                  (unsigned long long)(h->sum_ns / 1000000000ull), (unsigned long long)(h->sum_ns % 1000000000ull));
+        tb_printf(b, "colld_collective_latency_seconds_count{kind=\"%s\"} %llu\n", kind_labels[k],
+                  (unsigned long long)h->count);
+    }
+
+    tb_family(b, "colld_ops_queued", "gauge", "Operations posted by ranks and waiting in the daemon for their peers.");
+    tb_printf(b, "colld_ops_queued %llu\n", (unsigned long long)g.ops_queued);
+    tb_family(b, "colld_descriptors_in_flight", "gauge",
+              "Work descriptors accepted from the sessions' rings whose completion is not posted yet.");
+    tb_printf(b, "colld_descriptors_in_flight %llu\n", (unsigned long long)g.in_flight);
+    tb_family(b, "colld_registered_bytes", "gauge", "Bytes of client memory registered with the daemon now.");
+    tb_printf(b, "colld_registered_bytes %llu\n", (unsigned long long)g.registered_bytes);
+
+    if (p->cpu_seconds >= 0) {
+        tb_family(b, "process_cpu_seconds_total", "counter", "User and system CPU time of the daemon in seconds.");
+        tb_printf(b, "process_cpu_seconds_total %.6f\n", p->cpu_seconds);
+    }
+    if (p->rss_bytes >= 0) {
+        tb_family(b, "process_resident_memory_bytes", "gauge", "Resident memory of the daemon in bytes.");
+        tb_printf(b, "process_resident_memory_bytes %lld\n", p->rss_bytes);
+    }
+    if (p->open_fds >= 0) {
+        tb_family(b, "process_open_fds", "gauge", "Open file descriptors of the daemon.");
+        tb_printf(b, "process_open_fds %lld\n", p->open_fds);
+    }
+    if (p->max_fds >= 0) {
+        tb_family(b, "process_max_fds", "gauge", "Limit on the daemon's open file descriptors.");
+        tb_printf(b, "process_max_fds %lld\n", p->max_fds);
+    }
+    tb_family(b, "process_start_time_seconds", "gauge", "Start time of the daemon since the Unix epoch in seconds.");
+    tb_printf(b, "process_start_time_seconds %lld.%03lld\n", (long long)(d->started_ms / 1000),
+              (long long)(d->started_ms % 1000));
+}
+
+/* ============================================================================================
+ * HTTP connections
+ * ========================================================================================== */
+
+/* A connection goes READING -> WRITING -> DRAINING -> CLOSING. DRAINING: the response is sent and
+ * our side shut down; what the client still sends is read and dropped until it closes, so an
+ * unread request tail cannot turn our close into a reset that destroys the response. */
+typedef enum {
+    CONN_READING,
+    CONN_WRITING,
+    CONN_DRAINING,
+    CONN_CLOSING,
+} conn_phase_t;
+
+struct http_conn {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    colld_metrics_t *m;
+    conn_phase_t phase;
+    bool counted;         /* counts against HTTP_MAX_CONNECTIONS */
+    int open_handles;     /* handles not yet closed; freed at 0 */
+    uv_write_t write_req;
+    uv_shutdown_t shutdown_req;
+    char head[512];       /* status line and headers of the response */
+    char *body;           /* response body (heap), NULL if none */
+    size_t body_len;
+    size_t len;           /* request bytes read */
+    char req[HTTP_REQUEST_MAX];
+    http_conn_t *prev, *next;
+};
+
+static void conn_on_close(uv_handle_t *h)
+{
+    http_conn_t *c = h->data;
+    if (--c->open_handles > 0)
+        return;
+    colld_metrics_t *m = c->m;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        m->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    if (c->counted && --m->nconns < HTTP_MAX_CONNECTIONS / 2)
+        m->cap_warned = false;
+    free(c->body);
+    free(c);
+    if (m->accept_pending && m->server_open) {
+        /* Memory may be back: take the connection libuv holds for us (accept_one tells). */
+        m->accept_pending = false;
+        if (accept_one(m) < 0)
+            m->accept_pending = true;
+    }
+}
+
+/* Close a connection (idempotent); it is freed once both handles are closed. */
+static void conn_close(http_conn_t *c)
+{
+    if (c->phase == CONN_CLOSING)
+        return;
+    c->phase = CONN_CLOSING;
+    uv_close((uv_handle_t *)&c->tcp, conn_on_close);
+    uv_close((uv_handle_t *)&c->timer, conn_on_close);
+}
+
+static void conn_on_deadline(uv_timer_t *t)
+{
+    http_conn_t *c = t->data;
+    LOG_DEBUG(ADMIN, "metrics: closing a connection after %d ms (%s)", HTTP_DEADLINE_MS,
+              c->phase == CONN_READING ? "no complete request" : "response not taken");
+    conn_close(c);
+}
+
+static void conn_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    http_conn_t *c = h->data;
+    (void)suggested;
+    if (c->phase == CONN_DRAINING)
+        *buf = uv_buf_init(c->req, sizeof(c->req)); /* discarded */
+    else
+        *buf = uv_buf_init(c->req + c->len, (unsigned)(sizeof(c->req) - c->len));
+}
+
+static void conn_on_drain_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    (void)buf;
+    if (nread < 0) /* EOF or error: the client is done */
+        conn_close(s->data);
+}
+
+static void conn_on_shutdown(uv_shutdown_t *req, int status)
+{
+    http_conn_t *c = req->data;
+    if (c->phase != CONN_WRITING)
+        return; /* closed meanwhile (UV_ECANCELED) */
+    if (status < 0 || uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_drain_read) < 0) {
+        conn_close(c);
+        return;
+    }
+    c->phase = CONN_DRAINING;
+}
+
+static void conn_on_write(uv_write_t *req, int status)
+{
+    http_conn_t *c = req->data;
+    if (c->phase != CONN_WRITING)
+        return; /* closed meanwhile (UV_ECANCELED) */
+    if (status < 0) {
+        LOG_DEBUG(ADMIN, "metrics: cannot send a response: %s", uv_strerror(status));
+        conn_close(c);
+        return;
+    }
+    c->shutdown_req.data = c;
+    if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->tcp, conn_on_shutdown) < 0)
+        conn_close(c);
+}
+
+static const char *reason_phrase(int code)
+{
+    switch (code) {
+    case 200:
+        return "OK";
+    case 400:
+        return "Bad Request";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 431:
+        return "Request Header Fields Too Large";
+    case 500:
+        return "Internal Server Error";
+    case 505:
+        return "HTTP Version Not Supported";
+    }
+    return "Error";
+}
+
+/* Send a response and close after it. body: heap memory the connection takes (may be NULL for
+ * an error response, which then gets a one-line text body). head_only: HEAD, no body sent. */
+static void conn_respond(http_conn_t *c, int code, char *body, size_t body_len, bool head_only)
+{
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    c->phase = CONN_WRITING;
+    if (!body) {
+        char line[96];
+        int n = snprintf(line, sizeof(line), "%d %s\n", code, reason_phrase(code));
+        body = strdup(line);
+        body_len = body ? (size_t)n : 0;
+    }
+    c->body = body;
+    c->body_len = body_len;
+    int n = snprintf(c->head, sizeof(c->head),
+                     "HTTP/1.1 %d %s\r\n"
+                     "Content-Type: %s\r\n"
+                     "Content-Length: %zu\r\n"
+                     "%s"
+                     "Connection: close\r\n"
+                     "\r\n",
+                     code, reason_phrase(code), code == 200 ? METRICS_CONTENT_TYPE : "text/plain; charset=utf-8",
+                     body_len, code == 405 ? "Allow: GET, HEAD\r\n" : "");
+    uv_buf_t bufs[2] = { uv_buf_init(c->head, (unsigned)n), uv_buf_init(body, (unsigned)body_len) };
+    c->write_req.data = c;
+    if (uv_write(&c->write_req, (uv_stream_t *)&c->tcp, bufs, head_only || !body_len ? 1 : 2, conn_on_write) < 0)
+        conn_close(c);
+}
+
+/* A token character of RFC 9110 (method names). */
+static bool is_tchar(char ch)
+{
+    return (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
+           (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+/* Answer a complete request (c->req holds it through the blank line at `end`). The parser reads
+ * only the request line "METHOD SP request-target SP HTTP/1.x"; headers are skipped. */
+static void conn_handle_request(http_conn_t *c, size_t end)
+{
+    const char *p = c->req, *lim = c->req + end;
+    while (p < lim && (*p == '\r' || *p == '\n')) /* RFC 9112: ignore empty lines before it */
+        p++;
+    const char *eol = memchr(p, '\n', (size_t)(lim - p));
+    if (!eol) {
+        conn_respond(c, 400, NULL, 0, false);
+        return;
+    }
+    size_t len = (size_t)(eol - p);
+    if (len && p[len - 1] == '\r')
+        len--;
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)p[i] < 0x20 || (unsigned char)p[i] > 0x7e) {
+            conn_respond(c, 400, NULL, 0, false);
+            return;
+        }
+    const char *sp1 = memchr(p, ' ', len);
+    const char *sp2 = sp1 ? memchr(sp1 + 1, ' ', len - (size_t)(sp1 + 1 - p)) : NULL;
+    if (!sp1 || !sp2 || sp1 == p || sp2 == sp1 + 1 || memchr(sp2 + 1, ' ', len - (size_t)(sp2 + 1 - p))) {
+        conn_respond(c, 400, NULL, 0, false);
+        return;
+    }
+    size_t mlen = (size_t)(sp1 - p), tlen = (size_t)(sp2 - sp1 - 1), vlen = len - (size_t)(sp2 + 1 - p);
+    for (size_t i = 0; i < mlen; i++)
+        if (!is_tchar(p[i])) {
+            conn_respond(c, 400, NULL, 0, false);
+            return;
+        }
+    const char *target = sp1 + 1, *version = sp2 + 1;
+    if (vlen != 8 || memcmp(version, "HTTP/", 5) != 0 || version[6] != '.' || version[5] < '0' ||
+        version[5] > '9' || version[7] < '0' || version[7] > '9') {
+        conn_respond(c, 400, NULL, 0, false);
+        return;
+    }
+    if (version[5] != '1') {
+        conn_respond(c, 505, NULL, 0, false);
+        return;
+    }
+    if (target[0] != '/') {
+        conn_respond(c, 400, NULL, 0, false);
+        return;
+    }
+    const char *q = memchr(target, '?', tlen);
+    size_t plen = q ? (size_t)(q - target) : tlen;
+    if (plen != 8 || memcmp(target, "/metrics", 8) != 0) {
+        conn_respond(c, 404, NULL, 0, false);
+        return;
+    }
+    bool head = mlen == 4 && memcmp(p, "HEAD", 4) == 0;
+    if (!head && !(mlen == 3 && memcmp(p, "GET", 3) == 0)) {
+        conn_respond(c, 405, NULL, 0, false);
+        return;
+    }
+
+    /* Render under the lock, send outside it. */
+    colld_daemon_t *d = c->m->daemon;
+    process_info_t pi;
+    textbuf_t b = { 0 };
+    read_process_info(&pi);
+    pthread_mutex_lock(&d->lock);
+    render(d, &pi, &b);
+    pthread_mutex_unlock(&d->lock);
+    if (b.failed) {
+        LOG_WARN(ADMIN, "metrics: out of memory rendering %zu bytes", b.cap);
+        free(b.data);
+        conn_respond(c, 500, NULL, 0, false);
+        return;
+    }
+    conn_respond(c, 200, b.data, b.len, head);
+}
+
+/* Find the end of the request headers: the byte after "\r\n\r\n" (or a bare "\n\n"), 0 if not
+ * there yet. */
+static size_t find_header_end(const char *buf, size_t len)
+{
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (buf[i] != '\n')
+            continue;
+        if (buf[i + 1] == '\n')
+            return i + 2;
+        if (i + 2 < len && buf[i + 1] == '\r' && buf[i + 2] == '\n')
+            return i + 3;
+    }
+    return 0;
+}
+
+static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    http_conn_t *c = s->data;
+    (void)buf;
+    if (nread < 0) {
+        if (nread != UV_EOF)
+            LOG_DEBUG(ADMIN, "metrics: read: %s", uv_strerror((int)nread));
+        conn_close(c);
+        return;
+    }
+    if (c->phase != CONN_READING || nread == 0)
+        return;
+    size_t from = c->len > 3 ? c->len - 3 : 0; /* a terminator may straddle two reads */
+    c->len += (size_t)nread;
+    size_t end = find_header_end(c->req + from, c->len - from);
+    if (end) {
+        conn_handle_request(c, from + end);
+        return;
+    }
+    if (c->len == sizeof(c->req))
+        conn_respond(c, 431, NULL, 0, false);
+}
+
+/* Accept one connection from the listener; returns -1 when there is no memory for it (the
+ * connection then stays in libuv's hands until the next try). */
+static int accept_one(colld_metrics_t *m)
+{
+    http_conn_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        return -1;
+    c->m = m;
+    c->tcp.data = c;
+    c->timer.data = c;
+    uv_tcp_init(&m->daemon->loop, &c->tcp);
+    uv_timer_init(&m->daemon->loop, &c->timer);
+    c->open_handles = 2;
+    c->next = m->conns;
+    if (m->conns)
+        m->conns->prev = c;
+    m->conns = c;
+    c->phase = CONN_READING;
+    int rc = uv_accept((uv_stream_t *)&m->server, (uv_stream_t *)&c->tcp);
+    if (rc < 0) {
+        LOG_DEBUG(ADMIN, "metrics: accept: %s", uv_strerror(rc));
+        conn_close(c);
+        return 0;
+    }
+    if (m->nconns >= HTTP_MAX_CONNECTIONS) {
+        if (!m->cap_warned)
+            LOG_WARN(ADMIN, "metrics: %d connections open; refusing more until they end", HTTP_MAX_CONNECTIONS);
+        m->cap_warned = true;
+        conn_close(c);
+        return 0;
+    }
+    c->counted = true;
+    m->nconns++;
+    uv_tcp_nodelay(&c->tcp, 1);
+    if (uv_timer_start(&c->timer, conn_on_deadline, HTTP_DEADLINE_MS, 0) < 0 ||
+        uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read) < 0)
+        conn_close(c);
+    return 0;
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    colld_metrics_t *m = server->data;
+    if (status < 0) {
+        LOG_WARN(ADMIN, "metrics: listener: %s", uv_strerror(status));
+        return;
+    }
+    if (accept_one(m) < 0) {
+        LOG_WARN(ADMIN, "metrics: out of memory accepting a connection; will retry");
+        m->accept_pending = true;
+    }
+}
+
+/* ============================================================================================
+ * Start and stop
+ * ========================================================================================== */
+
+/* Parse "HOST:PORT" ("127.0.0.1:9464", "[::1]:9464", "localhost:0") into a socket address.
+ * Port 0 picks a free port. Returns 0, or -1 with the reason in err. */
+static int parse_addr(const char *text, struct sockaddr_storage *out, char *err, size_t err_len)
+{
+    char host[256];
+    const char *port;
+    if (text[0] == '[') {
+        const char *close = strchr(text, ']');
+        if (!close || close[1] != ':' || (size_t)(close - text - 1) >= sizeof(host)) {
+            colld_set_err(err, err_len, "'%s' is not HOST:PORT (IPv6 as [::1]:9464)", text);
+            return -1;
+        }
+        memcpy(host, text + 1, (size_t)(close - text - 1));
+        host[close - text - 1] = '\0';
+        port = close + 2;
+    } else {
+        const char *colon = strrchr(text, ':');
+        if (!colon || (size_t)(colon - text) >= sizeof(host) || memchr(text, ':', (size_t)(colon - text))) {
+            colld_set_err(err, err_len, "'%s' is not HOST:PORT (e.g. 127.0.0.1:9464; IPv6 as [::1]:9464)", text);
+            return -1;
+        }
+        memcpy(host, text, (size_t)(colon - text));
+        host[colon - text] = '\0';
+        port = colon + 1;
+    }
+    if (!host[0]) {
+        colld_set_err(err, err_len, "'%s' has no host (use 127.0.0.1:PORT, or 0.0.0.0:PORT for every interface)",
+                      text);
+        return -1;
+    }
+    char *end = NULL;
+    errno = 0;
+    unsigned long pn = strtoul(port, &end, 10);
+    if (!*port || *end || errno || pn > 65535 || port[0] < '0' || port[0] > '9') {
+        colld_set_err(err, err_len, "'%s': port must be a number from 0 to 65535 (0: any free port)", text);
+        return -1;
+    }
+    /* Start-up only, before the loop runs: a blocking lookup of a name like "localhost" is fine. */
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
+    struct addrinfo *ai = NULL;
+    int rc = getaddrinfo(host, port, &hints, &ai);
+    if (rc != 0 || !ai) {
+        colld_set_err(err, err_len, "'%s': cannot resolve host '%s': %s", text, host, gai_strerror(rc));
+        return -1;
+    }
+    memset(out, 0, sizeof(*out));
+    memcpy(out, ai->ai_addr, ai->ai_addrlen < sizeof(*out) ? ai->ai_addrlen : sizeof(*out));
+    freeaddrinfo(ai);
+    return 0;
+}
+
+/* Start the endpoint if configured. */
+int colld_metrics_start(colld_daemon_t *d)
+{
+    colld_metrics_t *m = d->metrics;
+    const char *addr = d->cfg.metrics_addr;
+    if (!addr || !*addr)
+        return 0;
+    if (!m) {
+        LOG_ERROR(ADMIN, "metrics: counters not created");
+        return -1;
+    }
+    struct sockaddr_storage sa;
+    if (parse_addr(addr, &sa, m->error, sizeof(m->error)) < 0) {
+        LOG_ERROR(ADMIN, "--metrics: %s", m->error);
+        return -1;
+    }
+    int rc = uv_tcp_init(&d->loop, &m->server);
+    if (rc < 0) {
+        colld_set_err(m->error, sizeof(m->error), "'%s': %s", addr, uv_strerror(rc));
+        LOG_ERROR(ADMIN, "--metrics: %s", m->error);
+        return -1;
+    }
+    m->server.data = m;
+    m->server_open = true;
+    rc = uv_tcp_bind(&m->server, (const struct sockaddr *)&sa, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&m->server, 128, on_connection);
+    struct sockaddr_storage bound;
+    int blen = (int)sizeof(bound);
+    if (rc == 0)
+        rc = uv_tcp_getsockname(&m->server, (struct sockaddr *)&bound, &blen);
+    if (rc < 0) {
+        colld_set_err(m->error, sizeof(m->error), "'%s': cannot listen: %s%s", addr, uv_strerror(rc),
+                      rc == UV_EADDRINUSE ? " (another process uses the port; choose another, or 0 for any free one)"
+                                          : "");
+        LOG_ERROR(ADMIN, "--metrics: %s", m->error);
+        colld_metrics_stop(d);
+        return -1;
+    }
+    char ip[64] = "?";
+    int port = 0;
+    if (bound.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)&bound;
+        uv_ip6_name(s6, ip, sizeof(ip));
+        port = ntohs(s6->sin6_port);
+        snprintf(m->url, sizeof(m->url), "http://[%s]:%d/metrics", ip, port);
+    } else {
+        const struct sockaddr_in *s4 = (const struct sockaddr_in *)&bound;
+        uv_ip4_name(s4, ip, sizeof(ip));
+        port = ntohs(s4->sin_port);
+        snprintf(m->url, sizeof(m->url), "http://%s:%d/metrics", ip, port);
+    }
+    LOG_INFO(ADMIN, "metrics on %s", m->url);
+    return 0;
+}
+
+/* Close the listener and every connection. Their memory goes when the loop runs their close
+ * callbacks. Idempotent. */
+void colld_metrics_stop(colld_daemon_t *d)
+{
+    colld_metrics_t *m = d->metrics;
+    if (!m)
+        return;
+    if (m->server_open) {
+        uv_close((uv_handle_t *)&m->server, NULL);
+        m->server_open = false;
+    }
+    m->url[0] = '\0';
+    for (http_conn_t *c = m->conns; c; c = c->next)
+        conn_close(c);
+}
