@@ -18,6 +18,7 @@
 #include <string.h>
 
 #define JOIN_RPC_MARGIN_MS 5000
+#define ABORT_RPC_TIMEOUT_MS 2000
 
 /* Record a client-side error on a communicator and return it. */
 static colld_status_t comm_error(colld_comm_t *comm, colld_status_t st, const char *fmt, ...)
@@ -165,7 +166,32 @@ colld_status_t colld_comm_abort(colld_comm_t *comm)
 {
     if (!comm)
         return COLLD_ERR_INVALID_ARGUMENT;
-    return comm_error(comm, COLLD_ERR_NOT_SUPPORTED, "colld_comm_abort is not supported by this version yet");
+    colld_client_t *c = comm->client;
+    /* This handle fails fast from now on, whatever the daemon answers (the first error stays). */
+    colld_status_t ok = COLLD_OK;
+    __atomic_compare_exchange_n(&comm->async_error, &ok, COLLD_ERR_ABORTED, false, __ATOMIC_RELAXED,
+                                __ATOMIC_RELAXED);
+    if (atomic_load(&c->lost))
+        return COLLD_OK; /* no daemon, no peers to tell: every rank already sees DAEMON_LOST */
+    Colld__V1__CommAbortRequest req = COLLD__V1__COMM_ABORT_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    colld__client_session_ref(c, &ref);
+    req.session = &ref;
+    req.handle = comm->handle;
+    Colld__V1__CommAbortResponse *resp = NULL;
+    char detail[256] = "";
+    /* The daemon breaks the communicator under its lock and answers at once; it never waits for
+     * peers, and the deadline bounds this call even if the daemon is stuck. */
+    colld_status_t st = colld__client_rpc(c, "/colld.v1.Colld/CommAbort", &req.base,
+                                          &colld__v1__comm_abort_response__descriptor, ABORT_RPC_TIMEOUT_MS,
+                                          (ProtobufCMessage **)&resp, detail, sizeof(detail));
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    if (st == COLLD_ERR_DAEMON_LOST)
+        return COLLD_OK;
+    if (st != COLLD_OK)
+        LOG_WARN(CLIENT, "colld_comm_abort: the daemon did not confirm: %s: %s", colld_status_name(st), detail);
+    return st;
 }
 
 colld_status_t colld_comm_get_async_error(colld_comm_t *comm, colld_status_t *err)

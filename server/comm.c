@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/util.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,6 +144,10 @@ void colld_comm_unref(colld_daemon_t *d, colld_dcomm_t *c)
             break;
         }
     LOG_INFO(COLL, "communicator %llu (%s) freed", (unsigned long long)c->id, c->name);
+    colld_event(d, "comm_destroyed", c, -1, 0, 0, c->tenant, c->error,
+                "%s after %llu collectives completed, %llu failed", colld_comm_state_name(c->state),
+                (unsigned long long)c->ops_completed, (unsigned long long)c->ops_failed);
+    colld_recorder_free(c);
     free(c->ranks);
     free(c);
 }
@@ -170,9 +175,14 @@ static void member_fail_queue(colld_dcomm_t *c, colld_member_t *m, colld_status_
 
 /* A communicator that has not formed cannot be repaired: answer every waiting join with the
  * error and dissolve it. */
-static void comm_dissolve(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, const char *detail,
+static void comm_dissolve(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, int rank, const char *detail,
                           colld_reply_t **replies)
 {
+    c->error = st;
+    colld_strlcpy(c->error_detail, detail, sizeof(c->error_detail));
+    colld_metrics_comm_error(d, st);
+    colld_event(d, colld_event_type_of(st), c, rank, rank >= 0 ? c->ranks[rank].pid : 0, 0, c->tenant, st,
+                "while forming: %s", detail);
     for (int r = 0; r < c->nranks; r++) {
         colld_member_t *m = &c->ranks[r];
         colld_reply_add(replies, m->join_call, st, detail);
@@ -185,11 +195,11 @@ static void comm_dissolve(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st
 }
 
 /* Break a communicator: record the first error, fail queued operations; later ones fail fast. */
-void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, const char *detail,
+void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, int rank, const char *detail,
                       colld_reply_t **replies)
 {
     if (c->state == COLLD_COMM_JOINING) {
-        comm_dissolve(d, c, st, detail, replies);
+        comm_dissolve(d, c, st, rank, detail, replies);
         return;
     }
     /* The first fault wins; a normal leave (INVALID_USAGE) only closes, and a fault after it
@@ -202,6 +212,10 @@ void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, co
         if (!closing) {
             LOG_WARN(COLL, "communicator %llu (%s) broken: %s: %s", (unsigned long long)c->id, c->name,
                      colld_status_name(st), detail);
+            colld_metrics_comm_error(d, st);
+            colld_event(d, colld_event_type_of(st), c, rank, rank >= 0 ? c->ranks[rank].pid : 0,
+                        rank >= 0 && c->ranks[rank].session ? c->ranks[rank].session->id : 0, c->tenant, st, "%s",
+                        detail);
             /* Ranks with nothing in flight learn of it too (their async-error query). */
             for (int r = 0; r < c->nranks; r++)
                 if (c->ranks[r].session && !c->ranks[r].notify) {
@@ -210,9 +224,81 @@ void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, co
                 }
         }
     }
+    colld_recorder_failed(c, c->error, colld_now_ns());
     for (int r = 0; r < c->nranks; r++)
         member_fail_queue(c, &c->ranks[r], c->error);
     colld_engine_post_notices(c);
+}
+
+/* Abort: every rank's pending and later operations fail with ABORTED. The handles stay valid
+ * until each rank destroys its own. */
+void colld_dcomm_abort(colld_daemon_t *d, colld_dcomm_t *c, int rank, const char *who, colld_reply_t **replies)
+{
+    char why[COLLD_DETAIL_LEN];
+    snprintf(why, sizeof(why), "communicator %llu aborted by %s", (unsigned long long)c->id, who);
+    LOG_INFO(COLL, "%s", why);
+    colld_comm_break(d, c, COLLD_ERR_ABORTED, rank, why, replies);
+}
+
+/* ---- per-tenant policy ---- */
+
+int colld_policy_cap(const colld_daemon_t *d, uid_t uid)
+{
+    for (const colld_policy_t *p = d->policies; p; p = p->next)
+        if (p->uid == uid)
+            return p->max_timeout_ms;
+    return 0;
+}
+
+void colld_policy_free(colld_daemon_t *d)
+{
+    while (d->policies) {
+        colld_policy_t *p = d->policies;
+        d->policies = p->next;
+        free(p);
+    }
+}
+
+/* Parse "uid:ms,uid:ms" (whitespace allowed around items). */
+int colld_policy_parse(colld_daemon_t *d, const char *text, char *err, size_t err_len)
+{
+    const char *p = text;
+    while (p && *p) {
+        while (*p == ' ' || *p == '\t' || *p == ',')
+            p++;
+        if (!*p)
+            break;
+        char *end;
+        errno = 0;
+        unsigned long long uid = strtoull(p, &end, 10);
+        if (end == p || *end != ':' || errno || uid > UINT32_MAX - 1) {
+            snprintf(err, err_len, "tenant-timeout-caps: expected uid:ms at '%s'", p);
+            return -1;
+        }
+        p = end + 1;
+        long long ms = strtoll(p, &end, 10);
+        if (end == p || errno || ms < 1 || ms > 86400000 || (*end && *end != ',' && *end != ' ')) {
+            snprintf(err, err_len, "tenant-timeout-caps: timeout of uid %llu must be 1..86400000 ms at '%s'", uid, p);
+            return -1;
+        }
+        p = end;
+        colld_policy_t *pol = NULL;
+        for (colld_policy_t *x = d->policies; x; x = x->next)
+            if (x->uid == (uid_t)uid)
+                pol = x;
+        if (!pol) {
+            pol = calloc(1, sizeof(*pol));
+            if (!pol) {
+                snprintf(err, err_len, "out of memory");
+                return -1;
+            }
+            pol->uid = (uid_t)uid;
+            pol->next = d->policies;
+            d->policies = pol;
+        }
+        pol->max_timeout_ms = (int)ms;
+    }
+    return 0;
 }
 
 /* Join rank `rank` of the communicator named by `uid`. Answers now on error; otherwise the answer
@@ -240,6 +326,9 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
         timeout_ms = (int)d->cfg.timeout_ms;
     if (timeout_ms > d->cfg.max_timeout_ms)
         timeout_ms = (int)d->cfg.max_timeout_ms; /* the operator's cap */
+    int tenant_cap = colld_policy_cap(d, s->uid);
+    if (tenant_cap > 0 && timeout_ms > tenant_cap)
+        timeout_ms = tenant_cap; /* the tenant's policy */
     if (s->ncomms >= (unsigned)d->cfg.max_comms_per_session) {
         st = COLLD_ERR_QUOTA_EXCEEDED;
         snprintf(detail, sizeof(detail), "session already has %u communicators (max-comms-per-session)", s->ncomms);
@@ -267,9 +356,13 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
             u->owner->nuids--;
         free(u);
         c = calloc(1, sizeof(*c));
-        if (c)
+        if (c) {
+            c->nranks = nranks;
             c->ranks = calloc((size_t)nranks, sizeof(*c->ranks));
-        if (!c || !c->ranks) {
+        }
+        if (!c || !c->ranks || colld_recorder_init(d, c) < 0) {
+            if (c)
+                free(c->ranks);
             free(c);
             st = COLLD_ERR_NO_MEMORY;
             snprintf(detail, sizeof(detail), "daemon out of memory");
@@ -326,6 +419,9 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
         return;
     c->state = COLLD_COMM_READY;
     LOG_INFO(COLL, "communicator %llu (%s) formed with %d ranks", (unsigned long long)c->id, c->name, c->nranks);
+    colld_metrics_comm_formed(d);
+    colld_event(d, "comm_created", c, -1, 0, 0, c->tenant, COLLD_OK, "%d ranks, timeout %d ms", c->nranks,
+                c->timeout_ms);
     for (int r = 0; r < c->nranks; r++) {
         colld_member_t *x = &c->ranks[r];
         colld_reply_add(replies, x->join_call, COLLD_OK, "");
@@ -356,14 +452,16 @@ colld_status_t colld_comm_leave(colld_daemon_t *d, colld_session_t *s, uint32_t 
     char why[COLLD_DETAIL_LEN];
     if (c->state == COLLD_COMM_JOINING) {
         snprintf(why, sizeof(why), "rank %d (pid %d) left before all ranks joined", m->rank, (int)s->pid);
-        comm_dissolve(d, c, COLLD_ERR_ABORTED, why, replies);
+        comm_dissolve(d, c, COLLD_ERR_ABORTED, m->rank, why, replies);
         return COLLD_OK;
     }
     snprintf(why, sizeof(why), "rank %d (pid %d) has destroyed its handle of communicator %llu", m->rank,
              (int)s->pid, (unsigned long long)c->id);
+    if (c->state == COLLD_COMM_READY)
+        colld_recorder_failed(c, COLLD_ERR_INVALID_USAGE, colld_now_ns());
     member_fail_queue(c, m, COLLD_ERR_INVALID_USAGE);
     member_detach(m);
-    colld_comm_break(d, c, COLLD_ERR_INVALID_USAGE, why, replies);
+    colld_comm_break(d, c, COLLD_ERR_INVALID_USAGE, m->rank, why, replies);
     comm_maybe_free(d, c);
     return COLLD_OK;
 }
@@ -379,14 +477,16 @@ void colld_comm_session_gone(colld_daemon_t *d, colld_session_t *s, colld_reply_
         char why[COLLD_DETAIL_LEN];
         if (c->state == COLLD_COMM_JOINING) {
             snprintf(why, sizeof(why), "rank %d (pid %d) disconnected before all ranks joined", m->rank, (int)s->pid);
-            comm_dissolve(d, c, COLLD_ERR_PEER_LOST, why, replies);
+            comm_dissolve(d, c, COLLD_ERR_PEER_LOST, m->rank, why, replies);
             continue;
         }
         snprintf(why, sizeof(why), "rank %d (pid %d) disconnected: its process exited or was killed", m->rank,
                  (int)s->pid);
+        if (c->state == COLLD_COMM_READY)
+            colld_recorder_failed(c, COLLD_ERR_PEER_LOST, colld_now_ns());
         member_fail_queue(c, m, COLLD_ERR_PEER_LOST);
         member_detach(m);
-        colld_comm_break(d, c, COLLD_ERR_PEER_LOST, why, replies);
+        colld_comm_break(d, c, COLLD_ERR_PEER_LOST, m->rank, why, replies);
         comm_maybe_free(d, c);
     }
 }
@@ -407,7 +507,7 @@ uint64_t colld_comm_check_join_timeouts(colld_daemon_t *d, uint64_t now, colld_r
                 for (int r = 0; r < c->nranks && off < (int)sizeof(why) - 8; r++)
                     if (!c->ranks[r].session && !c->ranks[r].left)
                         off += snprintf(why + off, sizeof(why) - (size_t)off, " %d", r);
-                comm_dissolve(d, c, COLLD_ERR_TIMEOUT, why, replies);
+                comm_dissolve(d, c, COLLD_ERR_TIMEOUT, -1, why, replies);
             } else if (deadline < next)
                 next = deadline;
         }

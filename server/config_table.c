@@ -36,6 +36,19 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "communicators one client process may belong to", OPT(max_comms_per_session), 1, 1000000 },
     { "max-registered-bytes", "COLLD_MAX_REGISTERED_BYTES", COLLD_CFG_SIZE, "64G",
       "memory one client process may share with the daemon (K/M/G suffixes)", OPT(max_registered_bytes), 0, 0 },
+    { "trace-entries", "COLLD_TRACE_ENTRIES", COLLD_CFG_INT, "256",
+      "collectives each communicator's flight recorder keeps (collctl trace); 0 = none", OPT(trace_entries), 0,
+      65536 },
+    { "event-backlog", "COLLD_EVENT_BACKLOG", COLLD_CFG_INT, "1024",
+      "past events the daemon keeps for collctl events", OPT(event_backlog), 1, 1000000 },
+    { "tenant-timeout-caps", "COLLD_TENANT_TIMEOUT_CAPS", COLLD_CFG_STRING, NULL,
+      "per-tenant caps of communicator timeouts, uid:ms pairs like 1000:60000,1001:5000 (collctl policy changes "
+      "them at run time)",
+      OPT(tenant_caps_text), 0, 0 },
+    { "metrics", "COLLD_METRICS", COLLD_CFG_STRING, NULL,
+      "HOST:PORT to serve Prometheus metrics over HTTP (GET /metrics); off by default, loopback suggested "
+      "(127.0.0.1:9464)",
+      OPT(metrics_addr), 0, 0 },
     { "socket-mode", "COLLD_SOCKET_MODE", COLLD_CFG_STRING, "0660", "permission bits of both sockets, in octal",
       OPT(socket_mode_text), 0, 0 },
 };

@@ -1,6 +1,7 @@
 /*
  * control.c - the control-plane RPCs of proto/colld.proto (attach, unique ids, communicator
- * join/destroy/error, status), served through the gRPC wrapper in server/rpc/.
+ * join/destroy/abort/error, status, policy, flight-recorder trace, event stream), served through
+ * the gRPC wrapper in server/rpc/.
  *
  * Every request names its session by id and token; the token was handed out on the session
  * socket, so the caller's identity is the SO_PEERCRED identity of that socket. Handlers run on
@@ -32,6 +33,22 @@ static colld_session_t *session_of(colld_daemon_t *d, const Colld__V1__SessionRe
         *detail = "unknown or ended session: connect the session socket first (colld_connect)";
     }
     return s;
+}
+
+/* Admins (root or the daemon's own uid) see and may change everything; other sessions only
+ * their own tenant's communicators. */
+static bool is_admin(const colld_session_t *s)
+{
+    return s->uid == 0 || s->uid == getuid();
+}
+
+/* The communicator with this id, if the session may see it (lock held). */
+static colld_dcomm_t *comm_by_id(colld_daemon_t *d, const colld_session_t *s, uint64_t id)
+{
+    for (colld_dcomm_t *c = d->comms; c; c = c->next)
+        if (c->id == id && (is_admin(s) || c->tenant == s->uid))
+            return c;
+    return NULL;
 }
 
 /* Send the CommInit answers collected under the lock. */
@@ -182,7 +199,7 @@ static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
     colld_session_t *me = session_of(d, req->session, &resp.status, &detail);
     if (!me)
         goto unlock;
-    bool admin = me->uid == 0 || me->uid == getuid();
+    bool admin = is_admin(me);
     for (colld_session_t *s = d->sessions; s; s = s->next)
         ns++;
     for (colld_dcomm_t *c = d->comms; c; c = c->next) {
@@ -232,6 +249,7 @@ static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
         i->uid = c->tenant;
         i->timeout_ms = c->timeout_ms;
         i->last_error = strdup(c->error_detail);
+        i->slowest_rank = colld_recorder_slowest(c);
         i->members = &mptr[mi];
         for (int r = 0; r < c->nranks; r++) {
             colld_member_t *m = &c->ranks[r];
@@ -242,6 +260,9 @@ static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
             x->rank = r;
             x->session_id = m->session->id;
             x->pid = m->pid;
+            x->samples = m->late_samples;
+            x->mean_late_us = m->late_samples ? m->late_sum_ns / m->late_samples / 1000 : 0;
+            x->max_late_us = m->late_max_ns / 1000;
             mptr[mi++] = x;
             i->n_members++;
         }
@@ -271,6 +292,318 @@ unlock:
     free(mptr);
 }
 
+/* CommAbort: by a rank (handle) or by an operator (comm_id). */
+static void on_comm_abort(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *ctx)
+{
+    colld_daemon_t *d = ctx;
+    const Colld__V1__CommAbortRequest *req = (const Colld__V1__CommAbortRequest *)msg;
+    Colld__V1__CommAbortResponse resp = COLLD__V1__COMM_ABORT_RESPONSE__INIT;
+    colld_reply_t *replies = NULL;
+    char detail[COLLD_DETAIL_LEN] = "";
+    const char *sdetail = NULL;
+    char reason[128];
+    colld_strlcpy(reason, req->reason ? req->reason : "", sizeof(reason));
+    for (char *p = reason; *p; p++)
+        if ((unsigned char)*p < 0x20)
+            *p = '?';
+    pthread_mutex_lock(&d->lock);
+    colld_session_t *s = session_of(d, req->session, &resp.status, &sdetail);
+    if (s) {
+        char who[COLLD_DETAIL_LEN / 2];
+        colld_dcomm_t *c = NULL;
+        int rank = -1;
+        if (req->handle) {
+            colld_member_t *m = colld_comm_member(s, req->handle);
+            if (m) {
+                c = m->comm;
+                rank = m->rank;
+                snprintf(who, sizeof(who), "rank %d (pid %d)%s%s", m->rank, (int)s->pid, *reason ? ": " : "", reason);
+            } else
+                snprintf(detail, sizeof(detail), "unknown communicator handle %u", req->handle);
+        } else {
+            c = comm_by_id(d, s, req->comm_id);
+            if (c)
+                snprintf(who, sizeof(who), "an operator (pid %d, uid %u, %s)%s%s", (int)s->pid, (unsigned)s->uid, s->name,
+                         *reason ? ": " : "", reason);
+            else
+                snprintf(detail, sizeof(detail), "no communicator %llu visible to uid %u", (unsigned long long)req->comm_id,
+                         (unsigned)s->uid);
+        }
+        if (c)
+            colld_dcomm_abort(d, c, rank, who, &replies);
+        else
+            resp.status = COLLD_ERR_INVALID_ARGUMENT;
+    }
+    pthread_mutex_unlock(&d->lock);
+    colld_replies_send(replies);
+    colld_engine_wake(d);
+    resp.detail = sdetail ? (char *)sdetail : detail;
+    colld_rpc_reply(call, &resp.base);
+}
+
+static void on_set_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *ctx)
+{
+    colld_daemon_t *d = ctx;
+    const Colld__V1__SetPolicyRequest *req = (const Colld__V1__SetPolicyRequest *)msg;
+    Colld__V1__SetPolicyResponse resp = COLLD__V1__SET_POLICY_RESPONSE__INIT;
+    char detail[COLLD_DETAIL_LEN] = "";
+    const char *sdetail = NULL;
+    pthread_mutex_lock(&d->lock);
+    colld_session_t *s = session_of(d, req->session, &resp.status, &sdetail);
+    if (!s)
+        goto out;
+    if (!is_admin(s)) {
+        resp.status = COLLD_ERR_PERMISSION_DENIED;
+        snprintf(detail, sizeof(detail), "only root or the daemon's user may change policy (caller uid %u)",
+                 (unsigned)s->uid);
+        goto out;
+    }
+    if (!req->policy) {
+        resp.status = COLLD_ERR_INVALID_ARGUMENT;
+        snprintf(detail, sizeof(detail), "no policy given");
+        goto out;
+    }
+    uid_t uid = req->policy->uid;
+    if (req->clear) {
+        for (colld_policy_t **pp = &d->policies; *pp; pp = &(*pp)->next)
+            if ((*pp)->uid == uid) {
+                colld_policy_t *p = *pp;
+                *pp = p->next;
+                free(p);
+                break;
+            }
+        LOG_INFO(RPC, "policy of uid %u cleared by pid %d", (unsigned)uid, (int)s->pid);
+        goto out;
+    }
+    if (req->policy->max_timeout_ms < 1 || req->policy->max_timeout_ms > d->cfg.max_timeout_ms) {
+        resp.status = COLLD_ERR_INVALID_ARGUMENT;
+        snprintf(detail, sizeof(detail), "max_timeout_ms %d is out of range (1..%lld, the daemon's max-timeout-ms)",
+                 req->policy->max_timeout_ms, (long long)d->cfg.max_timeout_ms);
+        goto out;
+    }
+    char spec[64], err[256];
+    snprintf(spec, sizeof(spec), "%u:%d", (unsigned)uid, req->policy->max_timeout_ms);
+    if (colld_policy_parse(d, spec, err, sizeof(err)) < 0) {
+        resp.status = COLLD_ERR_NO_MEMORY;
+        colld_strlcpy(detail, err, sizeof(detail));
+        goto out;
+    }
+    LOG_INFO(RPC, "policy of uid %u: max timeout %d ms (set by pid %d)", (unsigned)uid, req->policy->max_timeout_ms,
+             (int)s->pid);
+out:
+    pthread_mutex_unlock(&d->lock);
+    resp.detail = sdetail ? (char *)sdetail : detail;
+    colld_rpc_reply(call, &resp.base);
+}
+
+static void on_get_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *ctx)
+{
+    colld_daemon_t *d = ctx;
+    const Colld__V1__GetPolicyRequest *req = (const Colld__V1__GetPolicyRequest *)msg;
+    Colld__V1__GetPolicyResponse resp = COLLD__V1__GET_POLICY_RESPONSE__INIT;
+    Colld__V1__TenantPolicy *pol = NULL, **ptr = NULL;
+    const char *detail = "";
+    pthread_mutex_lock(&d->lock);
+    colld_session_t *s = session_of(d, req->session, &resp.status, &detail);
+    if (s) {
+        size_t n = 0;
+        for (colld_policy_t *p = d->policies; p; p = p->next)
+            n++;
+        pol = calloc(n + 1, sizeof(*pol));
+        ptr = calloc(n + 1, sizeof(*ptr));
+        if (!pol || !ptr) {
+            resp.status = COLLD_ERR_NO_MEMORY;
+            detail = "daemon out of memory";
+        } else
+            for (colld_policy_t *p = d->policies; p; p = p->next) {
+                if (!is_admin(s) && p->uid != s->uid)
+                    continue;
+                Colld__V1__TenantPolicy *x = &pol[resp.n_tenants];
+                colld__v1__tenant_policy__init(x);
+                x->uid = p->uid;
+                x->max_timeout_ms = p->max_timeout_ms;
+                ptr[resp.n_tenants++] = x;
+            }
+        resp.tenants = ptr;
+        resp.default_timeout_ms = (int32_t)d->cfg.timeout_ms;
+        resp.max_timeout_ms = (int32_t)d->cfg.max_timeout_ms;
+    }
+    pthread_mutex_unlock(&d->lock);
+    resp.detail = (char *)detail;
+    colld_rpc_reply(call, &resp.base);
+    free(pol);
+    free(ptr);
+}
+
+/* Microseconds of `t` after `base` (monotonic ns), -1 when t is 0 (never happened). */
+static int64_t after_us(uint64_t t, uint64_t base)
+{
+    if (!t)
+        return -1;
+    return t >= base ? (int64_t)((t - base) / 1000) : -(int64_t)((base - t) / 1000);
+}
+
+/* Fill one trace entry (lock held); `arrivals` has nranks values, 0 = never arrived. */
+static int trace_entry(Colld__V1__TraceEntry *e, const colld_trace_rec_t *t, const uint64_t *arrivals, int nranks,
+                       int64_t mono_to_unix_us)
+{
+    colld__v1__trace_entry__init(e);
+    e->seq = t->seq;
+    e->kind = (char *)colld_kind_name(t->kind);
+    e->dtype = (char *)colld_dtype_name(t->dtype);
+    e->redop = (char *)(t->kind == COLLD_KIND_BROADCAST || t->kind == COLLD_KIND_ALLGATHER ? "-"
+                                                                                              : colld_redop_name(t->redop));
+    e->count = t->count;
+    e->root = t->root;
+    e->status = t->status;
+    e->first_arrival_unix_us = (int64_t)(t->first_ns / 1000) + mono_to_unix_us;
+    e->arrival_us = calloc((size_t)nranks, sizeof(*e->arrival_us));
+    if (!e->arrival_us)
+        return -1;
+    e->n_arrival_us = (size_t)nranks;
+    for (int r = 0; r < nranks; r++)
+        e->arrival_us[r] = after_us(arrivals[r], t->first_ns);
+    e->start_us = after_us(t->start_ns, t->first_ns);
+    e->end_us = after_us(t->end_ns, t->first_ns);
+    return 0;
+}
+
+/* Trace: the flight recorder of one communicator, plus the collective it is waiting for. */
+static void on_trace(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *ctx)
+{
+    colld_daemon_t *d = ctx;
+    const Colld__V1__TraceRequest *req = (const Colld__V1__TraceRequest *)msg;
+    Colld__V1__TraceResponse resp = COLLD__V1__TRACE_RESPONSE__INIT;
+    Colld__V1__TraceEntry *ent = NULL, **eptr = NULL;
+    Colld__V1__RankStats *rs = NULL, **rptr = NULL;
+    colld_trace_rec_t pending_rec;
+    uint64_t *pending_arr = NULL;
+    char detail[COLLD_DETAIL_LEN] = "";
+    const char *sdetail = NULL;
+    char *name = NULL, *comm_detail = NULL;
+    size_t nent = 0;
+
+    pthread_mutex_lock(&d->lock);
+    colld_session_t *s = session_of(d, req->session, &resp.status, &sdetail);
+    if (!s)
+        goto unlock;
+    colld_dcomm_t *c = comm_by_id(d, s, req->comm_id);
+    if (!c) {
+        resp.status = COLLD_ERR_INVALID_ARGUMENT;
+        snprintf(detail, sizeof(detail), "no communicator %llu visible to uid %u (collctl status lists them)",
+                 (unsigned long long)req->comm_id, (unsigned)s->uid);
+        goto unlock;
+    }
+    uint64_t kept = COLLD_MIN(c->trace_count, (uint64_t)c->trace_cap);
+    ent = calloc(kept + 1, sizeof(*ent));
+    nent = ent ? kept + 1 : 0;
+    eptr = calloc(kept + 1, sizeof(*eptr));
+    rs = calloc((size_t)c->nranks, sizeof(*rs));
+    rptr = calloc((size_t)c->nranks, sizeof(*rptr));
+    pending_arr = calloc((size_t)c->nranks, sizeof(*pending_arr));
+    name = strdup(c->name);
+    comm_detail = strdup(c->error_detail);
+    if (!ent || !eptr || !rs || !rptr || !pending_arr || !name || !comm_detail) {
+        resp.status = COLLD_ERR_NO_MEMORY;
+        snprintf(detail, sizeof(detail), "daemon out of memory");
+        goto unlock;
+    }
+    int64_t mono_to_unix_us = colld_wall_ms() * 1000 - (int64_t)(colld_now_ns() / 1000);
+    resp.comm_id = c->id;
+    resp.name = name;
+    resp.nranks = c->nranks;
+    resp.state = (char *)colld_comm_state_name(c->state);
+    resp.comm_status = c->error;
+    resp.comm_detail = comm_detail;
+    resp.timeout_ms = c->timeout_ms;
+    resp.capacity = c->trace_cap;
+    resp.recorded = c->trace_count;
+    resp.entries = eptr;
+    for (uint64_t i = c->trace_count - kept; i < c->trace_count; i++) {
+        size_t slot = (size_t)(i % c->trace_cap);
+        if (trace_entry(&ent[resp.n_entries], &c->trace[slot], &c->trace_arrivals[slot * (size_t)c->nranks],
+                        c->nranks, mono_to_unix_us) < 0)
+            goto nomem;
+        eptr[resp.n_entries] = &ent[resp.n_entries];
+        resp.n_entries++;
+    }
+    /* The collective being waited for, if any rank has posted it. */
+    memset(&pending_rec, 0, sizeof(pending_rec));
+    for (int r = 0; r < c->nranks; r++) {
+        const colld_op_t *op = c->ranks[r].head;
+        if (c->state != COLLD_COMM_READY || !op || op->d.seq != c->exec_seq)
+            continue;
+        pending_arr[r] = op->arrival_ns;
+        if (!pending_rec.first_ns || op->arrival_ns < pending_rec.first_ns) {
+            pending_rec.first_ns = op->arrival_ns;
+            pending_rec.seq = op->d.seq;
+            pending_rec.count = op->d.count;
+            pending_rec.kind = (uint8_t)op->d.kind;
+            pending_rec.dtype = (uint8_t)op->d.dtype;
+            pending_rec.redop = (uint8_t)op->d.redop;
+            pending_rec.root = op->d.root;
+        }
+    }
+    if (pending_rec.first_ns) {
+        pending_rec.status = COLLD_INPROGRESS;
+        if (trace_entry(&ent[resp.n_entries], &pending_rec, pending_arr, c->nranks, mono_to_unix_us) < 0)
+            goto nomem;
+        eptr[resp.n_entries] = &ent[resp.n_entries];
+        resp.n_entries++;
+    }
+    for (int r = 0; r < c->nranks; r++) {
+        const colld_member_t *m = &c->ranks[r];
+        colld__v1__rank_stats__init(&rs[r]);
+        rs[r].rank = r;
+        rs[r].pid = m->pid;
+        rs[r].present = m->session != NULL;
+        rs[r].samples = m->late_samples;
+        rs[r].mean_late_us = m->late_samples ? m->late_sum_ns / m->late_samples / 1000 : 0;
+        rs[r].max_late_us = m->late_max_ns / 1000;
+        rptr[r] = &rs[r];
+    }
+    resp.ranks = rptr;
+    resp.n_ranks = (size_t)c->nranks;
+    resp.slowest_rank = colld_recorder_slowest(c);
+    goto unlock;
+nomem:
+    resp.status = COLLD_ERR_NO_MEMORY;
+    snprintf(detail, sizeof(detail), "daemon out of memory");
+    resp.n_entries = resp.n_ranks = 0;
+unlock:
+    pthread_mutex_unlock(&d->lock);
+    resp.detail = sdetail ? (char *)sdetail : detail;
+    colld_rpc_reply(call, &resp.base);
+    for (size_t i = 0; i < nent; i++)
+        free(ent[i].arrival_us);
+    free(ent);
+    free(eptr);
+    free(rs);
+    free(rptr);
+    free(pending_arr);
+    free(name);
+    free(comm_detail);
+}
+
+/* Events: a server stream, served by the event pump (events.c). */
+static void on_events(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *ctx)
+{
+    colld_daemon_t *d = ctx;
+    const Colld__V1__EventsRequest *req = (const Colld__V1__EventsRequest *)msg;
+    int32_t status = COLLD_OK;
+    const char *detail = "";
+    pthread_mutex_lock(&d->lock);
+    colld_session_t *s = session_of(d, req->session, &status, &detail);
+    bool admin = s && is_admin(s);
+    uid_t uid = s ? s->uid : 0;
+    pthread_mutex_unlock(&d->lock);
+    if (!s) {
+        colld_rpc_finish(call, GRPC_STATUS_PERMISSION_DENIED, detail);
+        return;
+    }
+    colld_events_subscribe(d, call, req->follow, req->backlog, req->only_new, admin, uid);
+}
+
 static const colld_rpc_method_t methods[] = {
     { .path = "/colld.v1.Colld/Attach", .request = &colld__v1__attach_request__descriptor, .handler = on_attach },
     { .path = "/colld.v1.Colld/GetUniqueId",
@@ -282,12 +615,28 @@ static const colld_rpc_method_t methods[] = {
       .handler = on_comm_destroy },
     { .path = "/colld.v1.Colld/CommError", .request = &colld__v1__comm_error_request__descriptor, .handler = on_comm_error },
     { .path = "/colld.v1.Colld/Status", .request = &colld__v1__status_request__descriptor, .handler = on_status },
+    { .path = "/colld.v1.Colld/CommAbort", .request = &colld__v1__comm_abort_request__descriptor, .handler = on_comm_abort },
+    { .path = "/colld.v1.Colld/SetPolicy", .request = &colld__v1__set_policy_request__descriptor, .handler = on_set_policy },
+    { .path = "/colld.v1.Colld/GetPolicy", .request = &colld__v1__get_policy_request__descriptor, .handler = on_get_policy },
+    { .path = "/colld.v1.Colld/Trace", .request = &colld__v1__trace_request__descriptor, .handler = on_trace },
+    { .path = "/colld.v1.Colld/Events",
+      .request = &colld__v1__events_request__descriptor,
+      .handler = on_events,
+      .server_streaming = true },
 };
 
 /* Start the gRPC server on <socket>.rpc. Returns 0 or -1. */
 int colld_control_start(colld_daemon_t *d)
 {
     char err[256] = "";
+    if (d->cfg.tenant_caps_text && colld_policy_parse(d, d->cfg.tenant_caps_text, err, sizeof(err)) < 0) {
+        LOG_ERROR(INIT, "%s", err);
+        return -1;
+    }
+    if (colld_events_start(d) < 0) {
+        LOG_ERROR(INIT, "cannot start the event stream: out of memory");
+        return -1;
+    }
     if (colld_rpc_server_create(d->rpc_addr, methods, COLLD_ARRAY_SIZE(methods), d, &d->rpc, err, sizeof(err)) < 0 ||
         colld_rpc_server_start(d->rpc) < 0) {
         LOG_ERROR(RPC, "cannot serve the control plane on %s: %s", d->rpc_addr, err);
@@ -299,6 +648,10 @@ int colld_control_start(colld_daemon_t *d)
 /* Stop the gRPC server; deferred CommInit calls are released by the wrapper. */
 void colld_control_stop(colld_daemon_t *d)
 {
+    colld_events_stop(d); /* streams end before the server that carries them */
     colld_rpc_server_destroy(d->rpc);
     d->rpc = NULL;
+    pthread_mutex_lock(&d->lock);
+    colld_policy_free(d);
+    pthread_mutex_unlock(&d->lock);
 }

@@ -18,6 +18,7 @@
 
 #include "common/config.h"
 #include "proto/wire.h"
+#include "server/metrics.h"
 #include "server/rpc/rpc_server.h"
 
 #include <colld/colld.h>
@@ -37,6 +38,7 @@ typedef struct colld_dcomm colld_dcomm_t;
 typedef struct colld_member colld_member_t;
 typedef struct colld_op colld_op_t;
 typedef struct colld_host_pool colld_host_pool_t;
+typedef struct colld_events colld_events_t;
 
 /* Daemon configuration (filled from the table in config_table.c). */
 typedef struct {
@@ -55,6 +57,10 @@ typedef struct {
     uint64_t max_registered_bytes; /* per session */
     char *socket_mode_text;
     unsigned socket_mode;   /* parsed from socket_mode_text */
+    int64_t trace_entries;  /* flight recorder depth per communicator */
+    int64_t event_backlog;  /* events kept */
+    char *tenant_caps_text; /* "uid:ms,uid:ms" */
+    char *metrics_addr;     /* HOST:PORT or NULL */
 } colld_daemon_config_t;
 
 typedef struct colld_reg {
@@ -138,7 +144,20 @@ struct colld_member {
     pid_t pid;
     bool left;
     bool notify;              /* owes its session a notice that the communicator broke */
+    /* straggler statistics: how long after the first rank this rank posted each executed one */
+    uint64_t late_sum_ns, late_max_ns, late_samples;
 };
+
+/* One collective in a communicator's flight recorder. Times are CLOCK_MONOTONIC ns; the
+ * per-rank arrival times live in colld_dcomm_t.trace_arrivals (0: never arrived). */
+typedef struct {
+    uint64_t seq;
+    uint64_t count;
+    uint8_t kind, dtype, redop;
+    int32_t root;
+    colld_status_t status;
+    uint64_t first_ns, start_ns, end_ns; /* start_ns 0: never started */
+} colld_trace_rec_t;
 
 struct colld_dcomm {
     uint64_t id;
@@ -158,6 +177,12 @@ struct colld_dcomm {
     int refs;                 /* 1 while members remain + 1 per executing collective */
     int notices_pending;      /* members whose break notice is not posted yet */
     colld_member_t *ranks;    /* [nranks] */
+    /* flight recorder (recorder.c): a ring of trace_cap records, newest at trace_count - 1 */
+    colld_trace_rec_t *trace;
+    uint64_t *trace_arrivals; /* [trace_cap][nranks] */
+    unsigned trace_cap;
+    uint64_t trace_count;     /* records ever written */
+    uint64_t trace_failed_seq; /* the collective last recorded as failed (recorded once) */
     colld_dcomm_t *next;
 };
 
@@ -167,6 +192,13 @@ typedef struct colld_issued_uid {
     colld_session_t *owner;
     struct colld_issued_uid *next;
 } colld_issued_uid_t;
+
+/* A tenant's policy (collctl policy, --tenant-timeout-caps). */
+typedef struct colld_policy {
+    uid_t uid;
+    int max_timeout_ms;       /* > 0: cap of this tenant's communicator timeouts */
+    struct colld_policy *next;
+} colld_policy_t;
 
 /* An answer to send once daemon->lock is released (replies never go out under the lock). */
 typedef struct colld_reply {
@@ -206,6 +238,10 @@ struct colld_daemon {
     int epfd;                 /* session eventfds + wake_fd */
     int wake_fd;              /* eventfd: control paths -> engine */
     colld_host_pool_t *pool;
+
+    colld_metrics_t *metrics; /* counters (metrics.c), under lock; HTTP endpoint on the loop */
+    colld_events_t *events;   /* event backlog and streams (events.c); NULL once stopped */
+    colld_policy_t *policies; /* per tenant */
 };
 
 /* ---- session.c: the session socket ---- */
@@ -224,9 +260,17 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
                      int timeout_ms, const char *name, colld_rpc_call_t *call, colld_reply_t **replies);
 colld_status_t colld_comm_leave(colld_daemon_t *d, colld_session_t *s, uint32_t handle, char *detail,
                                 size_t detail_len, colld_reply_t **replies);
-/* Break a communicator: record the error and fail every queued operation and pending join. */
-void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, const char *detail,
+/* Break a communicator: record the error and fail every queued operation and pending join.
+ * `rank` is the rank at fault when one is (-1 otherwise); it goes into the event. */
+void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, int rank, const char *detail,
                       colld_reply_t **replies);
+/* Abort a communicator for every rank (COLLD_ERR_ABORTED); `who` says by whom, for the detail. */
+void colld_dcomm_abort(colld_daemon_t *d, colld_dcomm_t *c, int rank, const char *who, colld_reply_t **replies);
+/* The timeout cap of a tenant's policy, 0 when none. */
+int colld_policy_cap(const colld_daemon_t *d, uid_t uid);
+/* Parse "uid:ms,uid:ms" into the policy list. Returns 0, or -1 with a message in err. */
+int colld_policy_parse(colld_daemon_t *d, const char *text, char *err, size_t err_len);
+void colld_policy_free(colld_daemon_t *d);
 void colld_comm_unref(colld_daemon_t *d, colld_dcomm_t *c);
 /* A session is gone: its ranks leave every communicator, which breaks with PEER_LOST. */
 void colld_comm_session_gone(colld_daemon_t *d, colld_session_t *s, colld_reply_t **replies);
@@ -251,6 +295,37 @@ void colld_engine_complete(colld_session_t *s, uint32_t handle, uint64_t seq, co
 void colld_engine_post_notices(colld_dcomm_t *c);
 /* Fail and free one queued op (lock held). */
 void colld_engine_fail_op(colld_op_t *op, colld_status_t st);
+
+/* ---- recorder.c: flight recorder and straggler statistics ---- */
+int colld_recorder_init(colld_daemon_t *d, colld_dcomm_t *c);
+void colld_recorder_free(colld_dcomm_t *c);
+/* An executed collective: ops[nranks] by rank, its execution window and status. */
+void colld_recorder_executed(colld_dcomm_t *c, colld_op_t *const *ops, uint64_t start_ns, uint64_t end_ns,
+                             colld_status_t st);
+/* The communicator failed while waiting for collective exec_seq: record the ranks that had
+ * posted it (once per collective). */
+void colld_recorder_failed(colld_dcomm_t *c, colld_status_t st, uint64_t now);
+/* The rank with the largest mean lateness, -1 when none lags by COLLD_STRAGGLER_MIN_NS. */
+int colld_recorder_slowest(const colld_dcomm_t *c);
+#define COLLD_STRAGGLER_MIN_NS 100000ull /* 100 us */
+const char *colld_kind_name(unsigned kind);
+const char *colld_dtype_name(unsigned dtype);
+const char *colld_redop_name(unsigned redop);
+
+/* ---- events.c: the event backlog and the Events stream ---- */
+int colld_events_start(colld_daemon_t *d);
+/* Finish every stream and free the backlog (before the gRPC server is destroyed). */
+void colld_events_stop(colld_daemon_t *d);
+/* Record an event (daemon->lock held; never blocks on a subscriber). `c` may be NULL; with a
+ * communicator, the event belongs to its tenant, else to `uid`. */
+void colld_event(colld_daemon_t *d, const char *type, const colld_dcomm_t *c, int rank, pid_t pid,
+                 uint64_t session_id, uid_t uid, colld_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 9, 10)));
+/* Serve an Events call: backlog, then live events if follow. Takes the call. */
+void colld_events_subscribe(colld_daemon_t *d, colld_rpc_call_t *call, bool follow, uint32_t backlog,
+                            bool only_new, bool admin, uid_t uid);
+/* The event type of a communicator fault. */
+const char *colld_event_type_of(colld_status_t st);
 
 /* ---- control.c: gRPC handlers ---- */
 int colld_control_start(colld_daemon_t *d);

@@ -28,25 +28,9 @@ typedef struct coll {
     colld_dcomm_t *comm;
     colld_op_t **ops; /* [nranks], by rank */
     colld_status_t status;
+    uint64_t start_ns, end_ns;
     struct coll *next;
 } coll_t;
-
-static const char *kind_name(unsigned kind)
-{
-    switch (kind) {
-    case COLLD_KIND_ALLREDUCE:
-        return "allreduce";
-    case COLLD_KIND_BROADCAST:
-        return "broadcast";
-    case COLLD_KIND_REDUCE:
-        return "reduce";
-    case COLLD_KIND_ALLGATHER:
-        return "allgather";
-    case COLLD_KIND_REDUCESCATTER:
-        return "reducescatter";
-    }
-    return "unknown";
-}
 
 /* ============================================================================================
  * Completions
@@ -106,9 +90,26 @@ void colld_engine_post_notices(colld_dcomm_t *c)
     }
 }
 
+/* The payload per rank of a descriptor, for the metrics (0 when its fields are garbage). */
+static uint64_t payload_bytes(const colld_wire_sqe_t *d)
+{
+    uint64_t bytes;
+    if (d->dtype >= COLLD_DTYPE_COUNT || !colld_mul_ok(d->count, colld_dtype_size((colld_dtype_t)d->dtype), &bytes))
+        return 0;
+    return bytes;
+}
+
+/* Complete a descriptor that was never queued, and count it (lock held). */
+static void complete_sqe(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st)
+{
+    colld_metrics_op(d, sqe->kind, sqe->dtype, payload_bytes(sqe), st);
+    colld_engine_complete(s, sqe->comm, sqe->seq, st);
+}
+
 /* Complete a queued op with a status and free it (lock held). */
 void colld_engine_fail_op(colld_op_t *op, colld_status_t st)
 {
+    colld_metrics_op(op->session->daemon, op->d.kind, op->d.dtype, payload_bytes(&op->d), st);
     colld_engine_complete(op->session, op->d.comm, op->d.seq, st);
     if (op->send_reg)
         colld_session_release_reg(op->send_reg);
@@ -221,27 +222,27 @@ static void admit(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t 
     if (!m) {
         LOG_INFO(ENGINE, "session %llu: descriptor for unknown communicator handle %u", (unsigned long long)s->id,
                  sqe->comm);
-        colld_engine_complete(s, sqe->comm, sqe->seq, COLLD_ERR_INVALID_ARGUMENT);
+        complete_sqe(d, s, sqe, COLLD_ERR_INVALID_ARGUMENT);
         return;
     }
     colld_dcomm_t *c = m->comm;
     if (c->state != COLLD_COMM_READY) {
         c->ops_failed++;
-        colld_engine_complete(s, sqe->comm, sqe->seq, c->state == COLLD_COMM_JOINING ? COLLD_ERR_INVALID_USAGE : c->error);
+        complete_sqe(d, s, sqe, c->state == COLLD_COMM_JOINING ? COLLD_ERR_INVALID_USAGE : c->error);
         return;
     }
     if (sqe->seq != m->next_seq) {
         snprintf(detail, sizeof(detail), "rank %d (pid %d) posted sequence number %llu where %llu was due", m->rank,
                  (int)s->pid, (unsigned long long)sqe->seq, (unsigned long long)m->next_seq);
-        colld_engine_complete(s, sqe->comm, sqe->seq, COLLD_ERR_INVALID_ARGUMENT);
-        colld_comm_break(d, c, COLLD_ERR_INVALID_ARGUMENT, detail, replies);
+        complete_sqe(d, s, sqe, COLLD_ERR_INVALID_ARGUMENT);
+        colld_comm_break(d, c, COLLD_ERR_INVALID_ARGUMENT, m->rank, detail, replies);
         return;
     }
     m->next_seq++;
     colld_op_t *op = calloc(1, sizeof(*op));
     if (!op) {
-        colld_engine_complete(s, sqe->comm, sqe->seq, COLLD_ERR_NO_MEMORY);
-        colld_comm_break(d, c, COLLD_ERR_NO_MEMORY, "daemon out of memory", replies);
+        complete_sqe(d, s, sqe, COLLD_ERR_NO_MEMORY);
+        colld_comm_break(d, c, COLLD_ERR_NO_MEMORY, -1, "daemon out of memory", replies);
         return;
     }
     op->d = *sqe;
@@ -256,7 +257,7 @@ static void admit(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t 
         LOG_INFO(ENGINE, "invalid descriptor: %s", why);
         c->ops_failed++;
         colld_engine_fail_op(op, st);
-        colld_comm_break(d, c, st, why, replies);
+        colld_comm_break(d, c, st, m->rank, why, replies);
         return;
     }
     op->arrival_ns = colld_now_ns();
@@ -306,8 +307,9 @@ static int drain_session(colld_daemon_t *d, colld_session_t *s, colld_reply_t **
 /* Describe one rank's call for a mismatch report. */
 static int describe_call(char *buf, size_t len, int rank, const colld_wire_sqe_t *d)
 {
-    return snprintf(buf, len, "%srank %d: %s(dtype %u, op %u, count %llu, root %d)", rank ? "; " : "", rank,
-                    kind_name(d->kind), d->dtype, d->redop, (unsigned long long)d->count, d->root);
+    return snprintf(buf, len, "%srank %d: %s(%s, %s, count %llu, root %d)", rank ? "; " : "", rank,
+                    colld_kind_name(d->kind), colld_dtype_name(d->dtype), has_op(d->kind) ? colld_redop_name(d->redop) : "-",
+                    (unsigned long long)d->count, d->root);
 }
 
 /* If every rank of c has posted its next collective, take them out as one coll (signatures
@@ -329,7 +331,7 @@ static coll_t *match_comm(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **r
         int off = snprintf(why, sizeof(why), "collective #%llu differs between ranks: ", (unsigned long long)a->seq);
         for (int r = 0; r < c->nranks && off < (int)sizeof(why) - 1; r++)
             off += describe_call(why + off, sizeof(why) - (size_t)off, r, &c->ranks[r].head->d);
-        colld_comm_break(d, c, COLLD_ERR_MISMATCH, why, replies);
+        colld_comm_break(d, c, COLLD_ERR_MISMATCH, -1, why, replies);
         return NULL;
     }
     coll_t *k = calloc(1, sizeof(*k));
@@ -337,7 +339,7 @@ static coll_t *match_comm(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **r
     if (!k || !ops) {
         free(k);
         free(ops);
-        colld_comm_break(d, c, COLLD_ERR_NO_MEMORY, "daemon out of memory", replies);
+        colld_comm_break(d, c, COLLD_ERR_NO_MEMORY, -1, "daemon out of memory", replies);
         return NULL;
     }
     for (int r = 0; r < c->nranks; r++) {
@@ -379,7 +381,7 @@ static uint64_t check_op_timeouts(colld_daemon_t *d, colld_dcomm_t *c, uint64_t 
         if (c->ranks[r].head)
             off += snprintf(why + off, sizeof(why) - (size_t)off, " rank %d %llu ms", r,
                             (unsigned long long)((now - c->ranks[r].head->arrival_ns) / 1000000ull));
-    colld_comm_break(d, c, COLLD_ERR_TIMEOUT, why, replies);
+    colld_comm_break(d, c, COLLD_ERR_TIMEOUT, -1, why, replies);
     return UINT64_MAX;
 }
 
@@ -416,6 +418,11 @@ static void finish(colld_daemon_t *d, coll_t *k)
 {
     colld_dcomm_t *c = k->comm;
     colld_status_t st = k->status;
+    colld_recorder_executed(c, k->ops, k->start_ns, k->end_ns, st);
+    uint64_t first = UINT64_MAX;
+    for (int r = 0; r < c->nranks; r++)
+        first = COLLD_MIN(first, k->ops[r]->arrival_ns);
+    colld_metrics_latency(d, k->ops[0]->d.kind, k->end_ns - first);
     for (int r = 0; r < c->nranks; r++)
         colld_engine_fail_op(k->ops[r], st);
     if (st == COLLD_OK)
@@ -496,8 +503,11 @@ static void *engine_main(void *arg)
         colld_replies_send(replies);
 
         if (batch) {
-            for (coll_t *k = batch; k; k = k->next)
+            for (coll_t *k = batch; k; k = k->next) {
+                k->start_ns = colld_now_ns();
                 k->status = execute(d, k);
+                k->end_ns = colld_now_ns();
+            }
             pthread_mutex_lock(&d->lock);
             while (batch) {
                 coll_t *k = batch;

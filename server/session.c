@@ -230,6 +230,12 @@ static int session_on_hello(colld_session_t *s, const colld_wire_msg_t *m)
     LOG_INFO(SESSION, "session %llu attached: pid %d uid %u gid %u (%s)%s", (unsigned long long)s->id,
              (int)s->pid, (unsigned)s->uid, (unsigned)s->gid, s->name,
              s->role == COLLD_ROLE_ADMIN ? " [admin]" : "");
+    pthread_mutex_lock(&d->lock);
+    colld_metrics_session_opened(d);
+    if (s->role == COLLD_ROLE_CLIENT) /* collctl's own sessions are not news */
+        colld_event(d, "session_attached", NULL, -1, s->pid, s->id, s->uid, COLLD_OK, "%s, uid %u gid %u", s->name,
+                    (unsigned)s->uid, (unsigned)s->gid);
+    pthread_mutex_unlock(&d->lock);
     return 0;
 }
 
@@ -450,6 +456,8 @@ static void session_drop(colld_session_t *s, const char *why)
     }
     s->dead = true;
     LOG_INFO(SESSION, "session %llu (pid %d) ended: %s", (unsigned long long)s->id, (int)s->pid, why);
+    if (s->shm && s->role == COLLD_ROLE_CLIENT)
+        colld_event(d, "session_detached", NULL, -1, s->pid, s->id, s->uid, COLLD_OK, "%s: %s", s->name, why);
     colld_comm_session_gone(d, s, &replies);
     for (colld_issued_uid_t **pp = &d->uids; *pp;) {
         colld_issued_uid_t *u = *pp;
@@ -612,7 +620,7 @@ void colld_sessions_close_all(colld_daemon_t *d)
     pthread_mutex_lock(&d->lock);
     for (colld_dcomm_t *c = d->comms, *following; c; c = following) {
         following = c->next; /* a forming communicator is dissolved and freed */
-        colld_comm_break(d, c, COLLD_ERR_DAEMON_LOST, "the colld daemon is shutting down", &replies);
+        colld_comm_break(d, c, COLLD_ERR_DAEMON_LOST, -1, "the colld daemon is shutting down", &replies);
     }
     pthread_mutex_unlock(&d->lock);
     colld_replies_send(replies);

@@ -125,7 +125,11 @@ colld_status_t colld_get_unique_id(colld_client_t *c, colld_unique_id_t *id);
 colld_status_t colld_comm_init_rank(colld_client_t *c, colld_comm_t **comm, int nranks,
                                     colld_unique_id_t id, int rank, const colld_comm_config_t *cfg);
 colld_status_t colld_comm_destroy(colld_comm_t *comm); /* waits for issued work */
-colld_status_t colld_comm_abort(colld_comm_t *comm);   /* never blocks on peers */
+/* Abort: every rank's pending and later operations on this communicator fail with
+ * COLLD_ERR_ABORTED (callable from any thread, e.g. a watchdog). Never waits for peers; it
+ * returns within about 2 s even if the daemon is stuck. The handle stays valid: release it with
+ * colld_comm_destroy, which then returns promptly. */
+colld_status_t colld_comm_abort(colld_comm_t *comm);
 colld_status_t colld_comm_get_async_error(colld_comm_t *comm, colld_status_t *err);
 const char *colld_comm_last_error(colld_comm_t *comm); /* detail of this comm's last error */
 colld_status_t colld_comm_count(const colld_comm_t *comm, int *nranks);

@@ -1,0 +1,295 @@
+/*
+ * events.c - the daemon's event backlog and the Events stream (collctl events --follow).
+ *
+ * Events (session attached/detached, communicator created/destroyed, faults) are appended to a
+ * ring of event-backlog records under events->mu, from whatever thread notices them (usually
+ * with daemon->lock held; lock order daemon->lock -> events->mu). A pump thread sends them to
+ * the subscribed streams outside every lock, so a slow or vanished subscriber never holds up the
+ * engine: the ring overwrites the oldest records, and a subscriber that fell behind by more than
+ * the ring is told how many it missed.
+ */
+#include "server/daemon.h"
+
+#include "colld.pb-c.h"
+#include "common/log.h"
+#include "common/util.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define BATCH_MAX 64           /* events copied per subscriber per round */
+#define PUMP_POLL_MS 500       /* how often the pump looks for cancelled streams */
+
+typedef struct {
+    uint64_t seq;
+    int64_t unix_us;
+    const char *type;          /* a string literal */
+    uint64_t comm_id;
+    char comm_name[COLLD_NAME_LEN];
+    int rank;
+    pid_t pid;
+    uint64_t session_id;
+    uid_t uid;
+    colld_status_t status;
+    char detail[COLLD_DETAIL_LEN];
+} event_rec_t;
+
+typedef struct sub {
+    colld_rpc_call_t *call;
+    bool follow, admin;
+    uid_t uid;
+    uint64_t next;             /* sequence number of the next event to consider */
+    struct sub *next_sub;
+} sub_t;
+
+struct colld_events {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    event_rec_t *ring;
+    uint64_t cap;
+    uint64_t next_seq;         /* events ever recorded + 1 */
+    sub_t *subs;
+    bool running;
+    pthread_t thread;
+};
+
+const char *colld_event_type_of(colld_status_t st)
+{
+    switch (st) {
+    case COLLD_ERR_TIMEOUT:
+        return "timeout";
+    case COLLD_ERR_PEER_LOST:
+        return "peer_lost";
+    case COLLD_ERR_MISMATCH:
+        return "mismatch";
+    case COLLD_ERR_ABORTED:
+        return "abort";
+    default:
+        return "op_failed";
+    }
+}
+
+void colld_event(colld_daemon_t *d, const char *type, const colld_dcomm_t *c, int rank, pid_t pid,
+                 uint64_t session_id, uid_t uid, colld_status_t st, const char *fmt, ...)
+{
+    colld_events_t *ev = d->events;
+    if (!ev)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    pthread_mutex_lock(&ev->mu);
+    event_rec_t *e = &ev->ring[ev->next_seq % ev->cap];
+    e->seq = ev->next_seq++;
+    e->unix_us = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    e->type = type;
+    e->comm_id = c ? c->id : 0;
+    colld_strlcpy(e->comm_name, c ? c->name : "", sizeof(e->comm_name));
+    e->rank = rank;
+    e->pid = pid;
+    e->session_id = session_id;
+    e->uid = c ? c->tenant : uid;
+    e->status = st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->detail, sizeof(e->detail), fmt, ap);
+    va_end(ap);
+    pthread_cond_broadcast(&ev->cv);
+    pthread_mutex_unlock(&ev->mu);
+}
+
+/* Copy the events a subscriber may see, from sub->next on, into out (mu held). Returns how many;
+ * *missed counts events that were overwritten before it saw them. */
+static size_t collect(colld_events_t *ev, sub_t *sub, event_rec_t *out, size_t max, uint64_t *missed)
+{
+    uint64_t oldest = ev->next_seq > ev->cap ? ev->next_seq - ev->cap : 1;
+    *missed = 0;
+    if (sub->next < oldest) {
+        *missed = oldest - sub->next;
+        sub->next = oldest;
+    }
+    size_t n = 0;
+    for (; sub->next < ev->next_seq && n < max; sub->next++) {
+        const event_rec_t *e = &ev->ring[sub->next % ev->cap];
+        if (sub->admin || e->uid == sub->uid)
+            out[n++] = *e;
+    }
+    return n;
+}
+
+/* Send one event. Returns 0, or -1 when the subscriber is gone. */
+static int send_event(colld_rpc_call_t *call, const event_rec_t *e)
+{
+    Colld__V1__Event m = COLLD__V1__EVENT__INIT;
+    m.seq = e->seq;
+    m.unix_us = e->unix_us;
+    m.type = (char *)e->type;
+    m.comm_id = e->comm_id;
+    m.comm_name = (char *)e->comm_name;
+    m.rank = e->rank;
+    m.pid = e->pid;
+    m.session_id = e->session_id;
+    m.uid = e->uid;
+    m.status = e->status;
+    m.detail = (char *)e->detail;
+    return colld_rpc_send(call, &m.base);
+}
+
+/* Serve one subscriber a round of events (pump thread). Returns true when it is done with. */
+static bool serve(colld_events_t *ev, sub_t *sub, event_rec_t *buf)
+{
+    uint64_t missed;
+    pthread_mutex_lock(&ev->mu);
+    size_t n = collect(ev, sub, buf, BATCH_MAX, &missed);
+    bool caught_up = sub->next == ev->next_seq;
+    pthread_mutex_unlock(&ev->mu);
+    if (missed) {
+        event_rec_t gap = { .seq = 0, .type = "events_missed", .rank = -1, .status = COLLD_OK };
+        snprintf(gap.detail, sizeof(gap.detail), "%llu older events were overwritten before they could be sent "
+                 "(raise --event-backlog)", (unsigned long long)missed);
+        if (send_event(sub->call, &gap) < 0)
+            return true;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (send_event(sub->call, &buf[i]) < 0)
+            return true;
+    if (colld_rpc_call_cancelled(sub->call))
+        return true;
+    return caught_up && !sub->follow;
+}
+
+static void *pump_main(void *arg)
+{
+    colld_events_t *ev = arg;
+    event_rec_t *buf = malloc(BATCH_MAX * sizeof(*buf));
+    if (!buf) {
+        LOG_ERROR(RPC, "event pump out of memory: event streams stop");
+        return NULL;
+    }
+    pthread_mutex_lock(&ev->mu);
+    while (ev->running) {
+        bool pending = false;
+        for (sub_t *s = ev->subs; s && !pending; s = s->next_sub)
+            pending = s->next < ev->next_seq || !s->follow;
+        if (!pending && !ev->subs) {
+            pthread_cond_wait(&ev->cv, &ev->mu); /* nobody listens: sleep until someone does */
+            continue;
+        }
+        if (!pending) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += PUMP_POLL_MS * 1000000L;
+            ts.tv_sec += ts.tv_nsec / 1000000000L;
+            ts.tv_nsec %= 1000000000L;
+            pthread_cond_timedwait(&ev->cv, &ev->mu, &ts);
+            if (!ev->running)
+                break;
+        }
+        /* Only this thread removes subscribers, so the list can be walked without mu while
+         * serving; new ones are pushed at the head, which the walk started after. */
+        sub_t *list = ev->subs;
+        pthread_mutex_unlock(&ev->mu);
+        for (sub_t *s = list; s; s = s->next_sub) {
+            bool done = serve(ev, s, buf);
+            if (done) {
+                colld_rpc_finish(s->call, GRPC_STATUS_OK, "");
+                s->call = NULL;
+            }
+        }
+        pthread_mutex_lock(&ev->mu);
+        for (sub_t **pp = &ev->subs; *pp;) {
+            sub_t *s = *pp;
+            if (!s->call) {
+                *pp = s->next_sub;
+                free(s);
+            } else
+                pp = &s->next_sub;
+        }
+    }
+    pthread_mutex_unlock(&ev->mu);
+    free(buf);
+    return NULL;
+}
+
+int colld_events_start(colld_daemon_t *d)
+{
+    colld_events_t *ev = calloc(1, sizeof(*ev));
+    if (!ev)
+        return -1;
+    ev->cap = (uint64_t)d->cfg.event_backlog;
+    ev->ring = calloc(ev->cap, sizeof(*ev->ring));
+    ev->next_seq = 1;
+    if (!ev->ring) {
+        free(ev);
+        return -1;
+    }
+    pthread_mutex_init(&ev->mu, NULL);
+    pthread_cond_init(&ev->cv, NULL);
+    ev->running = true;
+    if (pthread_create(&ev->thread, NULL, pump_main, ev) != 0) {
+        free(ev->ring);
+        free(ev);
+        return -1;
+    }
+    pthread_mutex_lock(&d->lock);
+    d->events = ev;
+    pthread_mutex_unlock(&d->lock);
+    return 0;
+}
+
+void colld_events_stop(colld_daemon_t *d)
+{
+    pthread_mutex_lock(&d->lock);
+    colld_events_t *ev = d->events;
+    d->events = NULL; /* emitters check it under daemon->lock or see the ring still alive */
+    pthread_mutex_unlock(&d->lock);
+    if (!ev)
+        return;
+    pthread_mutex_lock(&ev->mu);
+    ev->running = false;
+    pthread_cond_broadcast(&ev->cv);
+    pthread_mutex_unlock(&ev->mu);
+    pthread_join(ev->thread, NULL);
+    while (ev->subs) {
+        sub_t *s = ev->subs;
+        ev->subs = s->next_sub;
+        colld_rpc_finish(s->call, GRPC_STATUS_UNAVAILABLE, "the colld daemon is shutting down");
+        free(s);
+    }
+    pthread_cond_destroy(&ev->cv);
+    pthread_mutex_destroy(&ev->mu);
+    free(ev->ring);
+    free(ev);
+}
+
+void colld_events_subscribe(colld_daemon_t *d, colld_rpc_call_t *call, bool follow, uint32_t backlog,
+                            bool only_new, bool admin, uid_t uid)
+{
+    pthread_mutex_lock(&d->lock);
+    colld_events_t *ev = d->events;
+    sub_t *s = ev ? calloc(1, sizeof(*s)) : NULL;
+    if (!s) {
+        pthread_mutex_unlock(&d->lock);
+        colld_rpc_finish(call, ev ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_UNAVAILABLE,
+                         ev ? "colld daemon out of memory" : "the colld daemon is shutting down");
+        return;
+    }
+    s->call = call;
+    s->follow = follow;
+    s->admin = admin;
+    s->uid = uid;
+    pthread_mutex_lock(&ev->mu);
+    uint64_t oldest = ev->next_seq > ev->cap ? ev->next_seq - ev->cap : 1;
+    s->next = oldest;
+    if (only_new)
+        s->next = ev->next_seq;
+    else if (backlog && ev->next_seq - oldest > backlog)
+        s->next = ev->next_seq - backlog; /* approximately: counts events of every tenant */
+    s->next_sub = ev->subs;
+    ev->subs = s;
+    pthread_cond_broadcast(&ev->cv);
+    pthread_mutex_unlock(&ev->mu);
+    pthread_mutex_unlock(&d->lock);
+}
