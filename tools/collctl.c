@@ -2,30 +2,51 @@
  * collctl.c - the operators' command-line tool for a running colld.
  *
  *   collctl [--socket PATH] [--json] status
+ *   collctl [--socket PATH] [--json] trace COMM
+ *   collctl [--socket PATH] [--json] events [--follow] [--backlog N] [--new]
+ *   collctl [--socket PATH] [--json] policy [set UID --max-timeout-ms MS | clear UID]
+ *   collctl [--socket PATH] abort COMM [--reason TEXT]
  *
- * status lists the daemon's sessions (pid, uid, process, attached since, communicators, shared
- * memory) and communicators (id, name, size, ranks joined, state, operations completed/failed,
- * last error). --json prints the same as one JSON object.
+ * status lists sessions and communicators (with each one's slowest rank); trace prints a
+ * communicator's flight recorder; events prints the daemon's events (and keeps printing them with
+ * --follow); policy shows or changes per-tenant timeout caps (admin); abort fails a communicator
+ * for every rank. --json prints one JSON object (events: one per line).
  */
 #include "client/client_internal.h"
 #include "colld.pb-c.h"
 
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 static const char USAGE[] =
-    "usage: collctl [--socket PATH] [--json] COMMAND\n"
+    "usage: collctl [--socket PATH] [--json] COMMAND [ARGS]\n"
     "\n"
     "Commands:\n"
-    "  status    sessions and communicators of the daemon\n"
+    "  status                     sessions and communicators of the daemon, slowest ranks\n"
+    "  trace COMM                 flight recorder of communicator COMM: the last collectives, when each\n"
+    "                             rank posted them, how they ended; per-rank lateness\n"
+    "  events [--follow] [--backlog N] [--new]\n"
+    "                             the daemon's events (attach/detach, communicators, faults); --follow\n"
+    "                             keeps printing new ones until interrupted; --backlog N shows at most N\n"
+    "                             past events first, --new none\n"
+    "  policy                     per-tenant policy\n"
+    "  policy set UID --max-timeout-ms MS\n"
+    "                             cap the timeout of uid UID's new communicators (admin only)\n"
+    "  policy clear UID           remove uid UID's policy (admin only)\n"
+    "  abort COMM [--reason TEXT] fail every pending and later operation of COMM on every rank with\n"
+    "                             COLLD_ERR_ABORTED (admin, or the communicator's own user)\n"
     "\n"
     "Options:\n"
     "  --socket PATH  the daemon's socket (env COLLD_SOCKET; default /run/colld/colld.sock for root,\n"
     "                 $XDG_RUNTIME_DIR/colld.sock otherwise)\n"
     "  --json         machine-readable output\n"
-    "  -h, --help     this text\n";
+    "  -h, --help     this text\n"
+    "\n"
+    "Exit status: 0 done, 1 the daemon refused or is unreachable, 2 bad command line.\n";
 
 /* Print a JSON string literal. */
 static void json_str(const char *s)
@@ -67,10 +88,14 @@ static void print_json(const Colld__V1__StatusResponse *r)
         printf(",\"ops_completed\":%llu,\"ops_failed\":%llu,\"uid\":%u,\"timeout_ms\":%d,\"last_error\":",
                (unsigned long long)c->ops_completed, (unsigned long long)c->ops_failed, c->uid, c->timeout_ms);
         json_str(c->last_error);
-        printf(",\"members\":[");
-        for (size_t m = 0; m < c->n_members; m++)
-            printf("%s{\"rank\":%d,\"session\":%llu,\"pid\":%d}", m ? "," : "", c->members[m]->rank,
-                   (unsigned long long)c->members[m]->session_id, c->members[m]->pid);
+        printf(",\"slowest_rank\":%d,\"members\":[", c->slowest_rank);
+        for (size_t m = 0; m < c->n_members; m++) {
+            const Colld__V1__CommMemberInfo *x = c->members[m];
+            printf("%s{\"rank\":%d,\"session\":%llu,\"pid\":%d,\"samples\":%llu,\"mean_late_us\":%llu,"
+                   "\"max_late_us\":%llu}",
+                   m ? "," : "", x->rank, (unsigned long long)x->session_id, x->pid, (unsigned long long)x->samples,
+                   (unsigned long long)x->mean_late_us, (unsigned long long)x->max_late_us);
+        }
         printf("]}");
     }
     printf("]}\n");
@@ -126,60 +151,484 @@ static void print_text(const Colld__V1__StatusResponse *r)
         for (size_t m = 0; m < c->n_members; m++)
             printf(" %d=pid %d", c->members[m]->rank, c->members[m]->pid);
         printf("\n");
+        for (size_t m = 0; m < c->n_members; m++) {
+            const Colld__V1__CommMemberInfo *x = c->members[m];
+            if (x->rank == c->slowest_rank)
+                printf("         slowest: rank %d (pid %d), on average %.3f ms behind the first rank, at worst "
+                       "%.3f ms, over %llu collectives\n",
+                       x->rank, x->pid, (double)x->mean_late_us / 1000.0, (double)x->max_late_us / 1000.0,
+                       (unsigned long long)x->samples);
+        }
         if (c->last_error && *c->last_error)
             printf("         last error: %s\n", c->last_error);
     }
 }
 
+/* ============================================================================================
+ * Calls
+ * ========================================================================================== */
+
+/* One unary call of the admin session; prints the failure. Returns 0 or 1. */
+static int call(colld_client_t *c, const char *what, const char *method, ProtobufCMessage *req,
+                const ProtobufCMessageDescriptor *desc, ProtobufCMessage **resp)
+{
+    char detail[512] = "";
+    colld_status_t st = colld__client_rpc(c, method, req, desc, COLLD_CLIENT_RPC_TIMEOUT_MS, resp, detail,
+                                          sizeof(detail));
+    if (st != COLLD_OK) {
+        fprintf(stderr, "collctl: %s failed: %s: %s\n", what, colld_status_name(st), *detail ? detail : colld_status_string(st));
+        return 1;
+    }
+    return 0;
+}
+
+static int cmd_status(colld_client_t *c, int json)
+{
+    Colld__V1__StatusRequest req = COLLD__V1__STATUS_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    colld__client_session_ref(c, &ref);
+    req.session = &ref;
+    Colld__V1__StatusResponse *resp = NULL;
+    if (call(c, "status", "/colld.v1.Colld/Status", &req.base, &colld__v1__status_response__descriptor,
+             (ProtobufCMessage **)&resp))
+        return 1;
+    if (json)
+        print_json(resp);
+    else
+        print_text(resp);
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return 0;
+}
+
+/* ============================================================================================
+ * trace COMM
+ * ========================================================================================== */
+
+/* "12:00:01.123456" in local time. */
+static void fmt_time_us(int64_t unix_us, char *buf, size_t len)
+{
+    time_t t = (time_t)(unix_us / 1000000);
+    struct tm tm;
+    localtime_r(&t, &tm);
+    size_t n = strftime(buf, len, "%H:%M:%S", &tm);
+    snprintf(buf + n, len - n, ".%06lld", (long long)(unix_us % 1000000));
+}
+
+/* "+1.234" ms after the first arrival, or "absent". */
+static void fmt_after(int64_t us, char *buf, size_t len)
+{
+    if (us < 0)
+        snprintf(buf, len, "-");
+    else
+        snprintf(buf, len, "+%.3f", (double)us / 1000.0);
+}
+
+static const char *short_status(int32_t st)
+{
+    return st == COLLD_INPROGRESS ? "WAITING" : colld_status_name((colld_status_t)st);
+}
+
+/* What is notable about one collective: the ranks absent and the last rank to arrive. */
+static void print_arrivals(const Colld__V1__TraceEntry *e)
+{
+    char b[32];
+    if (e->n_arrival_us <= 8) {
+        for (size_t r = 0; r < e->n_arrival_us; r++) {
+            if (e->arrival_us[r] < 0)
+                printf(" r%zu:ABSENT", r);
+            else {
+                fmt_after(e->arrival_us[r], b, sizeof(b));
+                printf(" r%zu:%s", r, b);
+            }
+        }
+        return;
+    }
+    size_t absent = 0, last = 0;
+    for (size_t r = 0; r < e->n_arrival_us; r++) {
+        if (e->arrival_us[r] < 0)
+            absent++;
+        else if (e->arrival_us[r] > e->arrival_us[last] || e->arrival_us[last] < 0)
+            last = r;
+    }
+    fmt_after(e->arrival_us[last], b, sizeof(b));
+    printf(" last r%zu:%s", last, b);
+    if (absent) {
+        printf(" ABSENT:");
+        size_t shown = 0;
+        for (size_t r = 0; r < e->n_arrival_us && shown < 16; r++)
+            if (e->arrival_us[r] < 0) {
+                printf("%s%zu", shown++ ? "," : "", r);
+            }
+        if (absent > shown)
+            printf(",...(%zu)", absent);
+    }
+}
+
+static void trace_text(const Colld__V1__TraceResponse *r)
+{
+    printf("communicator %llu (%s): %d ranks, state %s, timeout %d ms\n", (unsigned long long)r->comm_id, r->name,
+           r->nranks, r->state, r->timeout_ms);
+    if (r->comm_status)
+        printf("error: %s: %s\n", colld_status_name((colld_status_t)r->comm_status), r->comm_detail);
+    printf("flight recorder: %llu collectives recorded, last %u kept (times in ms after the first rank posted)\n\n",
+           (unsigned long long)r->recorded, r->capacity);
+    printf("%6s %-13s %-8s %-4s %10s %-20s %-15s %9s %9s  %s\n", "SEQ", "COLLECTIVE", "DTYPE", "OP", "COUNT", "STATUS",
+           "FIRST-POSTED", "START", "END", "ARRIVALS");
+    for (size_t i = 0; i < r->n_entries; i++) {
+        const Colld__V1__TraceEntry *e = r->entries[i];
+        char when[32], start[32], end[32];
+        fmt_time_us(e->first_arrival_unix_us, when, sizeof(when));
+        fmt_after(e->start_us, start, sizeof(start));
+        fmt_after(e->end_us, end, sizeof(end));
+        printf("%6llu %-13s %-8s %-4s %10llu %-20s %-15s %9s %9s ", (unsigned long long)e->seq, e->kind, e->dtype,
+               e->redop, (unsigned long long)e->count, short_status(e->status), when, start, end);
+        print_arrivals(e);
+        printf("\n");
+    }
+    if (r->n_entries == 0)
+        printf("  (no collective recorded yet)\n");
+    printf("\n%6s %8s %8s %8s %12s %12s\n", "RANK", "PID", "MEMBER", "SAMPLES", "MEAN-LATE", "MAX-LATE");
+    for (size_t i = 0; i < r->n_ranks; i++) {
+        const Colld__V1__RankStats *x = r->ranks[i];
+        printf("%6d %8d %8s %8llu %9.3f ms %9.3f ms%s\n", x->rank, x->pid, x->present ? "yes" : "left",
+               (unsigned long long)x->samples, (double)x->mean_late_us / 1000.0, (double)x->max_late_us / 1000.0,
+               x->rank == r->slowest_rank ? "  <- slowest" : "");
+    }
+}
+
+static void trace_json(const Colld__V1__TraceResponse *r)
+{
+    printf("{\"comm_id\":%llu,\"name\":", (unsigned long long)r->comm_id);
+    json_str(r->name);
+    printf(",\"nranks\":%d,\"state\":", r->nranks);
+    json_str(r->state);
+    printf(",\"timeout_ms\":%d,\"status\":", r->timeout_ms);
+    json_str(r->comm_status ? colld_status_name((colld_status_t)r->comm_status) : "COLLD_OK");
+    printf(",\"detail\":");
+    json_str(r->comm_detail);
+    printf(",\"recorded\":%llu,\"capacity\":%u,\"slowest_rank\":%d,\"entries\":[", (unsigned long long)r->recorded,
+           r->capacity, r->slowest_rank);
+    for (size_t i = 0; i < r->n_entries; i++) {
+        const Colld__V1__TraceEntry *e = r->entries[i];
+        printf("%s{\"seq\":%llu,\"kind\":", i ? "," : "", (unsigned long long)e->seq);
+        json_str(e->kind);
+        printf(",\"dtype\":");
+        json_str(e->dtype);
+        printf(",\"op\":");
+        json_str(e->redop);
+        printf(",\"count\":%llu,\"root\":%d,\"status\":", (unsigned long long)e->count, e->root);
+        json_str(short_status(e->status));
+        printf(",\"first_arrival_unix_us\":%lld,\"start_us\":%lld,\"end_us\":%lld,\"arrival_us\":[",
+               (long long)e->first_arrival_unix_us, (long long)e->start_us, (long long)e->end_us);
+        for (size_t k = 0; k < e->n_arrival_us; k++)
+            printf("%s%lld", k ? "," : "", (long long)e->arrival_us[k]);
+        printf("]}");
+    }
+    printf("],\"ranks\":[");
+    for (size_t i = 0; i < r->n_ranks; i++) {
+        const Colld__V1__RankStats *x = r->ranks[i];
+        printf("%s{\"rank\":%d,\"pid\":%d,\"present\":%s,\"samples\":%llu,\"mean_late_us\":%llu,\"max_late_us\":%llu}",
+               i ? "," : "", x->rank, x->pid, x->present ? "true" : "false", (unsigned long long)x->samples,
+               (unsigned long long)x->mean_late_us, (unsigned long long)x->max_late_us);
+    }
+    printf("]}\n");
+}
+
+/* A communicator id argument. Returns 0 or prints why not and returns -1. */
+static int parse_comm(const char *text, uint64_t *id)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = text ? strtoull(text, &end, 10) : 0;
+    if (!text || end == text || *end || errno || v == 0) {
+        fprintf(stderr, "collctl: expected a communicator id (the ID column of collctl status), got '%s'\n",
+                text ? text : "");
+        return -1;
+    }
+    *id = v;
+    return 0;
+}
+
+static int cmd_trace(colld_client_t *c, uint64_t comm, int json)
+{
+    Colld__V1__TraceRequest req = COLLD__V1__TRACE_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    colld__client_session_ref(c, &ref);
+    req.session = &ref;
+    req.comm_id = comm;
+    Colld__V1__TraceResponse *resp = NULL;
+    if (call(c, "trace", "/colld.v1.Colld/Trace", &req.base, &colld__v1__trace_response__descriptor,
+             (ProtobufCMessage **)&resp))
+        return 1;
+    if (json)
+        trace_json(resp);
+    else
+        trace_text(resp);
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return 0;
+}
+
+/* ============================================================================================
+ * events [--follow]
+ * ========================================================================================== */
+
+static void event_print(const Colld__V1__Event *e, int json)
+{
+    if (json) {
+        printf("{\"seq\":%llu,\"unix_us\":%lld,\"type\":", (unsigned long long)e->seq, (long long)e->unix_us);
+        json_str(e->type);
+        printf(",\"comm_id\":%llu,\"comm_name\":", (unsigned long long)e->comm_id);
+        json_str(e->comm_name);
+        printf(",\"rank\":%d,\"pid\":%d,\"session\":%llu,\"uid\":%u,\"status\":", e->rank, e->pid,
+               (unsigned long long)e->session_id, e->uid);
+        json_str(colld_status_name((colld_status_t)e->status));
+        printf(",\"detail\":");
+        json_str(e->detail);
+        printf("}\n");
+    } else {
+        char when[32], day[16];
+        time_t t = (time_t)(e->unix_us / 1000000);
+        struct tm tm;
+        localtime_r(&t, &tm);
+        strftime(day, sizeof(day), "%Y-%m-%d", &tm);
+        fmt_time_us(e->unix_us, when, sizeof(when));
+        printf("%s %s %-16s", day, when, e->type);
+        if (e->comm_id)
+            printf(" comm %llu (%s)", (unsigned long long)e->comm_id, e->comm_name);
+        if (e->rank >= 0)
+            printf(" rank %d", e->rank);
+        if (e->pid > 0)
+            printf(" pid %d", e->pid);
+        if (!e->comm_id && e->session_id)
+            printf(" session %llu uid %u", (unsigned long long)e->session_id, e->uid);
+        if (e->status != COLLD_OK)
+            printf(" %s", colld_status_name((colld_status_t)e->status));
+        if (e->detail && *e->detail)
+            printf(": %s", e->detail);
+        printf("\n");
+    }
+    fflush(stdout);
+}
+
+static int cmd_events(colld_client_t *c, int follow, uint32_t backlog, int only_new, int json)
+{
+    Colld__V1__EventsRequest req = COLLD__V1__EVENTS_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    colld__client_session_ref(c, &ref);
+    req.session = &ref;
+    req.follow = follow;
+    req.backlog = backlog;
+    req.only_new = only_new;
+    colld_rpc_stream_t *st = NULL;
+    grpc_status_code code = colld_rpc_stream_open(c->rpc, "/colld.v1.Colld/Events", &req.base,
+                                                  &colld__v1__event__descriptor, follow ? 0 : COLLD_CLIENT_RPC_TIMEOUT_MS,
+                                                  &st);
+    if (code != GRPC_STATUS_OK) {
+        fprintf(stderr, "collctl: events: cannot open the event stream (gRPC status %d)\n", (int)code);
+        return 1;
+    }
+    int rc = 0;
+    for (;;) {
+        ProtobufCMessage *m = NULL;
+        grpc_status_code final = GRPC_STATUS_OK;
+        char details[256] = "";
+        int r = colld_rpc_stream_next(st, &m, &final, details, sizeof(details));
+        if (r == 0) {
+            event_print((const Colld__V1__Event *)m, json);
+            protobuf_c_message_free_unpacked(m, NULL);
+            continue;
+        }
+        if (r < 0 || final != GRPC_STATUS_OK) {
+            fprintf(stderr, "collctl: event stream ended: %s\n",
+                    *details ? details : "the connection to the colld daemon was lost");
+            rc = 1;
+        }
+        break;
+    }
+    colld_rpc_stream_close(st);
+    return rc;
+}
+
+/* ============================================================================================
+ * policy, abort
+ * ========================================================================================== */
+
+static int cmd_policy_show(colld_client_t *c, int json)
+{
+    Colld__V1__GetPolicyRequest req = COLLD__V1__GET_POLICY_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    colld__client_session_ref(c, &ref);
+    req.session = &ref;
+    Colld__V1__GetPolicyResponse *resp = NULL;
+    if (call(c, "policy", "/colld.v1.Colld/GetPolicy", &req.base, &colld__v1__get_policy_response__descriptor,
+             (ProtobufCMessage **)&resp))
+        return 1;
+    if (json) {
+        printf("{\"default_timeout_ms\":%d,\"max_timeout_ms\":%d,\"tenants\":[", resp->default_timeout_ms,
+               resp->max_timeout_ms);
+        for (size_t i = 0; i < resp->n_tenants; i++)
+            printf("%s{\"uid\":%u,\"max_timeout_ms\":%d}", i ? "," : "", resp->tenants[i]->uid,
+                   resp->tenants[i]->max_timeout_ms);
+        printf("]}\n");
+    } else {
+        printf("default timeout %d ms, daemon-wide cap %d ms\n", resp->default_timeout_ms, resp->max_timeout_ms);
+        printf("%8s %16s\n", "UID", "MAX-TIMEOUT");
+        for (size_t i = 0; i < resp->n_tenants; i++)
+            printf("%8u %13d ms\n", resp->tenants[i]->uid, resp->tenants[i]->max_timeout_ms);
+        if (!resp->n_tenants)
+            printf("  (no per-tenant policy)\n");
+    }
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return 0;
+}
+
+static int cmd_policy_set(colld_client_t *c, uint32_t uid, int max_timeout_ms, int clear)
+{
+    Colld__V1__SetPolicyRequest req = COLLD__V1__SET_POLICY_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    Colld__V1__TenantPolicy pol = COLLD__V1__TENANT_POLICY__INIT;
+    colld__client_session_ref(c, &ref);
+    req.session = &ref;
+    pol.uid = uid;
+    pol.max_timeout_ms = max_timeout_ms;
+    req.policy = &pol;
+    req.clear = clear;
+    Colld__V1__SetPolicyResponse *resp = NULL;
+    if (call(c, "policy", "/colld.v1.Colld/SetPolicy", &req.base, &colld__v1__set_policy_response__descriptor,
+             (ProtobufCMessage **)&resp))
+        return 1;
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return 0;
+}
+
+static int cmd_abort(colld_client_t *c, uint64_t comm, const char *reason)
+{
+    Colld__V1__CommAbortRequest req = COLLD__V1__COMM_ABORT_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    colld__client_session_ref(c, &ref);
+    req.session = &ref;
+    req.comm_id = comm;
+    req.reason = (char *)(reason ? reason : "");
+    Colld__V1__CommAbortResponse *resp = NULL;
+    if (call(c, "abort", "/colld.v1.Colld/CommAbort", &req.base, &colld__v1__comm_abort_response__descriptor,
+             (ProtobufCMessage **)&resp))
+        return 1;
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    printf("communicator %llu aborted\n", (unsigned long long)comm);
+    return 0;
+}
+
+/* ============================================================================================
+ * Command line
+ * ========================================================================================== */
+
+/* A non-negative integer option value. Returns 0 or prints why not and returns -1. */
+static int parse_uint(const char *opt, const char *text, long long max, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = text ? strtoll(text, &end, 10) : -1;
+    if (!text || end == text || *end || errno || v < 0 || v > max) {
+        fprintf(stderr, "collctl: %s expects a number 0..%lld, got '%s'\n", opt, max, text ? text : "");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+#define MAX_ARGS 8
+
 int main(int argc, char **argv)
 {
-    const char *socket = NULL, *cmd = NULL;
-    int json = 0;
+    const char *socket = NULL, *reason = NULL;
+    const char *args[MAX_ARGS];
+    int nargs = 0, json = 0, follow = 0, only_new = 0;
+    long long backlog = 0, max_timeout = -1;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--socket") == 0 && i + 1 < argc)
+        const char *a = argv[i];
+        if (strcmp(a, "--socket") == 0 && i + 1 < argc)
             socket = argv[++i];
-        else if (strncmp(argv[i], "--socket=", 9) == 0)
-            socket = argv[i] + 9;
-        else if (strcmp(argv[i], "--json") == 0)
+        else if (strncmp(a, "--socket=", 9) == 0)
+            socket = a + 9;
+        else if (strcmp(a, "--json") == 0)
             json = 1;
-        else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+        else if (strcmp(a, "--follow") == 0 || strcmp(a, "-f") == 0)
+            follow = 1;
+        else if (strcmp(a, "--new") == 0)
+            only_new = 1;
+        else if (strcmp(a, "--backlog") == 0) {
+            if (parse_uint(a, i + 1 < argc ? argv[++i] : NULL, UINT32_MAX, &backlog) < 0)
+                return 2;
+        } else if (strcmp(a, "--max-timeout-ms") == 0) {
+            if (parse_uint(a, i + 1 < argc ? argv[++i] : NULL, INT32_MAX, &max_timeout) < 0)
+                return 2;
+        } else if (strcmp(a, "--reason") == 0 && i + 1 < argc)
+            reason = argv[++i];
+        else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             fputs(USAGE, stdout);
             return 0;
-        } else if (argv[i][0] == '-' || cmd) {
-            fprintf(stderr, "collctl: unexpected argument '%s'\n%s", argv[i], USAGE);
+        } else if (a[0] == '-' || nargs == MAX_ARGS) {
+            fprintf(stderr, "collctl: unexpected argument '%s'\n%s", a, USAGE);
             return 2;
         } else
-            cmd = argv[i];
+            args[nargs++] = a;
     }
-    if (!cmd || strcmp(cmd, "status") != 0) {
-        fprintf(stderr, cmd ? "collctl: unknown command '%s'\n%s" : "collctl: no command given%s\n%s",
-                cmd ? cmd : "", USAGE);
+    if (nargs == 0) {
+        fprintf(stderr, "collctl: no command given\n%s", USAGE);
         return 2;
     }
+    const char *cmd = args[0];
+    uint64_t comm = 0;
+    long long uid = 0;
+    int policy_mode = 0; /* 0 show, 1 set, 2 clear */
+    if (strcmp(cmd, "status") == 0 || strcmp(cmd, "events") == 0) {
+        if (nargs != 1)
+            goto usage;
+    } else if (strcmp(cmd, "trace") == 0 || strcmp(cmd, "abort") == 0) {
+        if (nargs != 2)
+            goto usage;
+        if (parse_comm(args[1], &comm) < 0)
+            return 2;
+    } else if (strcmp(cmd, "policy") == 0) {
+        if (nargs == 1)
+            policy_mode = 0;
+        else if (nargs == 3 && (strcmp(args[1], "set") == 0 || strcmp(args[1], "clear") == 0)) {
+            policy_mode = strcmp(args[1], "set") == 0 ? 1 : 2;
+            if (parse_uint("UID", args[2], UINT32_MAX - 1, &uid) < 0)
+                return 2;
+            if (policy_mode == 1 && max_timeout < 1) {
+                fprintf(stderr, "collctl: policy set UID needs --max-timeout-ms MS (at least 1)\n");
+                return 2;
+            }
+        } else
+            goto usage;
+    } else {
+        fprintf(stderr, "collctl: unknown command '%s'\n%s", cmd, USAGE);
+        return 2;
+    }
+
     colld_client_t *c;
     colld_status_t st = colld__connect_role(socket, COLLD_ROLE_ADMIN, &c);
     if (st != COLLD_OK) {
         fprintf(stderr, "collctl: cannot reach colld: %s: %s\n", colld_status_name(st), colld_status_string(st));
         return 1;
     }
-    Colld__V1__StatusRequest req = COLLD__V1__STATUS_REQUEST__INIT;
-    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
-    colld__client_session_ref(c, &ref);
-    req.session = &ref;
-    Colld__V1__StatusResponse *resp = NULL;
-    char detail[256] = "";
-    st = colld__client_rpc(c, "/colld.v1.Colld/Status", &req.base, &colld__v1__status_response__descriptor,
-                           COLLD_CLIENT_RPC_TIMEOUT_MS, (ProtobufCMessage **)&resp, detail, sizeof(detail));
-    if (st != COLLD_OK) {
-        fprintf(stderr, "collctl: status failed: %s: %s\n", colld_status_name(st), detail);
-        colld_disconnect(c);
-        return 1;
-    }
-    if (json)
-        print_json(resp);
+    int rc;
+    if (strcmp(cmd, "status") == 0)
+        rc = cmd_status(c, json);
+    else if (strcmp(cmd, "trace") == 0)
+        rc = cmd_trace(c, comm, json);
+    else if (strcmp(cmd, "events") == 0)
+        rc = cmd_events(c, follow, (uint32_t)backlog, only_new, json);
+    else if (strcmp(cmd, "abort") == 0)
+        rc = cmd_abort(c, comm, reason);
+    else if (policy_mode == 0)
+        rc = cmd_policy_show(c, json);
     else
-        print_text(resp);
-    protobuf_c_message_free_unpacked(&resp->base, NULL);
+        rc = cmd_policy_set(c, (uint32_t)uid, (int)max_timeout, policy_mode == 2);
     colld_disconnect(c);
-    return 0;
+    return rc;
+usage:
+    fprintf(stderr, "collctl: wrong arguments for '%s'\n%s", cmd, USAGE);
+    return 2;
 }
