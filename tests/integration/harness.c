@@ -3,6 +3,9 @@
  */
 #include "tests/integration/harness.h"
 
+#include "client/client_internal.h"
+#include "colld.pb-c.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -219,6 +222,77 @@ int harness_spawn_ranks(harness_t *h, int nranks, const char *const *extra, pid_
             return -1;
     }
     return 0;
+}
+
+int harness_bg_start(harness_t *h, harness_bg_t *bg)
+{
+    static unsigned serial;
+    snprintf(bg->stop, sizeof(bg->stop), "%s/bg-stop-%u", h->dir, serial);
+    snprintf(bg->progress, sizeof(bg->progress), "%s/bg-progress-%u", h->dir, serial++);
+    const char *extra[] = { "--iters", "0", "--counts", "1,4096", "--name", "background", "--stop-file", bg->stop,
+                            "--progress-file", bg->progress, NULL };
+    if (harness_spawn_ranks(h, 2, extra, bg->pids) < 0)
+        return -1;
+    double end = harness_now_ms() + 20000;
+    while (harness_now_ms() < end) {
+        if (harness_bg_progress(bg) > 0)
+            return 0;
+        sleep_ms(5);
+    }
+    fprintf(stderr, "harness: the background communicator made no progress in 20 s\n");
+    return -1;
+}
+
+long harness_bg_progress(const harness_bg_t *bg)
+{
+    FILE *f = fopen(bg->progress, "r");
+    long n = 0;
+    if (f) {
+        if (fscanf(f, "%ld", &n) != 1)
+            n = 0;
+        fclose(f);
+    }
+    return n;
+}
+
+int harness_bg_stop(harness_bg_t *bg)
+{
+    FILE *f = fopen(bg->stop, "w");
+    if (f)
+        fclose(f);
+    return harness_wait_all(bg->pids, 2, 30000) == 0 ? 0 : -1;
+}
+
+int harness_wait_clean(harness_t *h, int timeout_ms)
+{
+    double end = harness_now_ms() + timeout_ms;
+    size_t sessions = 0, comms = 0;
+    for (;;) {
+        Colld__V1__StatusRequest req = COLLD__V1__STATUS_REQUEST__INIT;
+        Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+        colld__client_session_ref(h->client, &ref);
+        req.session = &ref;
+        Colld__V1__StatusResponse *resp = NULL;
+        char detail[256];
+        colld_status_t st = colld__client_rpc(h->client, "/colld.v1.Colld/Status", &req.base,
+                                              &colld__v1__status_response__descriptor, 10000,
+                                              (ProtobufCMessage **)&resp, detail, sizeof(detail));
+        if (st != COLLD_OK) {
+            fprintf(stderr, "harness: status: %s: %s\n", colld_status_name(st), detail);
+            return -1;
+        }
+        sessions = resp->n_sessions;
+        comms = resp->n_comms;
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+        if (sessions == 1 && comms == 0)
+            return 0;
+        if (harness_now_ms() > end)
+            break;
+        sleep_ms(10);
+    }
+    fprintf(stderr, "harness: left behind: %zu sessions (expected 1, the driver's) and %zu communicators\n", sessions,
+            comms);
+    return -1;
 }
 
 int harness_wait_all(pid_t *pids, int n, int timeout_ms)

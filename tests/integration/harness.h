@@ -45,6 +45,23 @@ int harness_spawn_ranks(harness_t *h, int nranks, const char *const *extra, pid_
 /* Wait for all of them; returns the number that did not exit 0 in time. */
 int harness_wait_all(pid_t *pids, int n, int timeout_ms);
 
+/* A second communicator that keeps running exact all-reduces while a test injects a fault into
+ * another one: the daemon must keep serving it throughout. */
+typedef struct {
+    pid_t pids[2];
+    char stop[320], progress[320];
+} harness_bg_t;
+/* Start it (2 ranks, named "background"); returns once it has finished a first iteration. */
+int harness_bg_start(harness_t *h, harness_bg_t *bg);
+/* Iterations it has finished so far. */
+long harness_bg_progress(const harness_bg_t *bg);
+/* Stop it; returns 0 when both ranks ran every all-reduce exactly and exited 0. */
+int harness_bg_stop(harness_bg_t *bg);
+
+/* Wait (at most timeout_ms) until nothing is left behind in the daemon: the driver's own session
+ * is the only one and no communicator remains. Returns 0, or -1 after printing what is left. */
+int harness_wait_clean(harness_t *h, int timeout_ms);
+
 /* A new unique id from the daemon, as hex text (33 bytes). */
 int harness_new_uid_hex(harness_t *h, char *hex);
 void harness_uid_to_hex(const colld_unique_id_t *id, char *hex);

@@ -8,12 +8,21 @@
  *   1 wrong results or an unexpected status (printed on stderr).
  *
  * Modes: --mode allreduce (default), --mode attach (connect/alloc/free/disconnect --iters times),
- * --mode hang (join, then post one all-reduce only if --post is given, and wait forever).
+ * --mode hang (join, run --warmup exact all-reduces, then post one more unless --no-post and wait
+ * for the expected failure; a --no-post rank waits until the communicator breaks, or aborts it
+ * itself after --abort-after-ms). After a failure, a later call must fail fast with the same status.
+ *
+ * Coordination with the driver: --ready-file is written when the rank waits (hang) or starts its
+ * loop; --done-file when its work is done; --stop-file makes it wait for that file before it
+ * destroys its communicator (and, with --iters 0, run all-reduces until the file appears);
+ * --progress-file receives the number of finished iterations; --straggle-ms delays every
+ * all-reduce of this rank (a straggler).
  */
 #include "tests/integration/harness.h"
 
 #include <colld/colld.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,8 +30,9 @@
 
 typedef struct {
     const char *socket, *uid_hex, *mode, *expect, *ready_file, *counts;
+    const char *name, *done_file, *stop_file, *progress_file;
     int nranks, rank, iters, timeout_ms, skip_post, use_malloc;
-    int inplace, outofplace;
+    int inplace, outofplace, straggle_ms, warmup, abort_after_ms;
 } args_t;
 
 static int fail(const char *what, colld_status_t st, colld_comm_t *comm)
@@ -32,6 +42,8 @@ static int fail(const char *what, colld_status_t st, colld_comm_t *comm)
 }
 
 /* Value of element i on rank r: small integers, so float sums are exact in any order. */
+#define COLLD_TEST_MAX(a, b) ((a) > (b) ? (a) : (b))
+
 static float value(int r, size_t i)
 {
     return (float)((int)((i * 7 + (size_t)r * 13) % 61) - 30);
@@ -64,6 +76,8 @@ static int run_one(colld_client_t *c, colld_comm_t *comm, const args_t *a, size_
     }
     if (inplace)
         recv = send;
+    if (a->straggle_ms)
+        usleep((useconds_t)a->straggle_ms * 1000);
     for (size_t i = 0; i < count; i++) {
         send[i] = value(a->rank, i);
         if (!inplace)
@@ -114,14 +128,119 @@ static int mode_attach(const args_t *a)
     return 0;
 }
 
+/* Create a file for the driver (NULL: nothing), holding `text`. */
+static void touch(const char *path, const char *text)
+{
+    if (!path)
+        return;
+    char tmp[512];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return;
+    fputs(text, f);
+    fclose(f);
+    rename(tmp, path); /* the driver never sees a half-written file */
+}
+
 /* Tell the driver we reached the point it waits for. */
 static void signal_ready(const args_t *a)
 {
-    if (!a->ready_file)
-        return;
-    FILE *f = fopen(a->ready_file, "w");
-    if (f)
-        fclose(f);
+    touch(a->ready_file, "");
+}
+
+static bool file_exists(const char *path)
+{
+    return path && access(path, F_OK) == 0;
+}
+
+/* Wait for the driver's stop file (at most 120 s), if one was given. */
+static void wait_stop(const args_t *a)
+{
+    for (int i = 0; a->stop_file && i < 12000 && !file_exists(a->stop_file); i++)
+        usleep(10000);
+}
+
+/* With --iters 0 the ranks run until the stop file appears; they agree on it by an all-reduce of
+ * what each one sees, so that none leaves while another posts one more collective. */
+static int stop_agreed(colld_client_t *c, colld_comm_t *comm, const args_t *a)
+{
+    int32_t *flag;
+    colld_status_t st = colld_mem_alloc(c, (void **)&flag, sizeof(*flag), COLLD_MEM_HOST);
+    if (st != COLLD_OK) {
+        fail("mem_alloc", st, comm);
+        return -1;
+    }
+    *flag = file_exists(a->stop_file);
+    st = colld_allreduce(flag, flag, 1, COLLD_INT32, COLLD_MAX, comm, NULL);
+    if (st == COLLD_OK)
+        st = colld_comm_synchronize(comm);
+    int stop = st != COLLD_OK ? -1 : *flag != 0;
+    if (st != COLLD_OK)
+        fail("stop agreement", st, comm);
+    colld_mem_free(c, flag);
+    return stop;
+}
+
+/* After a failure, the communicator is broken: a later call must fail at once with the same
+ * status. Returns 0 when it does. */
+static int check_fails_fast(colld_client_t *c, colld_comm_t *comm, colld_status_t st)
+{
+    float *buf;
+    if (colld_mem_alloc(c, (void **)&buf, 64, COLLD_MEM_HOST) != COLLD_OK)
+        buf = NULL; /* the daemon may be gone: the call below must fail anyway */
+    double t0 = harness_now_ms();
+    colld_status_t again = colld_allreduce(buf, buf, buf ? 16 : 0, COLLD_FLOAT32, COLLD_SUM, comm, NULL);
+    if (again == COLLD_OK)
+        again = colld_comm_synchronize(comm);
+    double took = harness_now_ms() - t0;
+    if (buf)
+        colld_mem_free(c, buf);
+    if (again != st || took > 1000) {
+        fprintf(stderr, "rank: a later all-reduce gave %s after %.1f ms, expected %s at once\n",
+                colld_status_name(again), took, colld_status_name(st));
+        return 1;
+    }
+    return 0;
+}
+
+/* A silent member polls the async error as a framework's watchdog does, until the communicator
+ * breaks (or the daemon goes). Every poll must return at once. */
+static int watchdog(colld_comm_t *comm, const args_t *a)
+{
+    colld_status_t err = COLLD_OK;
+    double longest = 0;
+    while (err == COLLD_OK) {
+        double t0 = harness_now_ms();
+        colld_status_t st = colld_comm_get_async_error(comm, &err);
+        longest = COLLD_TEST_MAX(longest, harness_now_ms() - t0);
+        if (st != COLLD_OK)
+            return fail("get_async_error", st, comm);
+        if (err == COLLD_OK)
+            usleep(5000);
+    }
+    printf("rank %d: async error %s, longest poll %.3f ms: %s\n", a->rank, colld_status_name(err), longest,
+           colld_comm_last_error(comm));
+    fflush(stdout);
+    if (longest > 100) {
+        fprintf(stderr, "rank %d: colld_comm_get_async_error blocked for %.1f ms\n", a->rank, longest);
+        return 1;
+    }
+    return 0;
+}
+
+/* A silent member that aborts the communicator after abort_after_ms. */
+static int abort_later(colld_client_t *c, colld_comm_t *comm, const args_t *a)
+{
+    usleep((useconds_t)a->abort_after_ms * 1000);
+    double t0 = harness_now_ms();
+    colld_status_t st = colld_comm_abort(comm);
+    double took = harness_now_ms() - t0;
+    if (st != COLLD_OK)
+        return fail("comm_abort", st, comm);
+    printf("rank %d: abort took %.3f ms\n", a->rank, took);
+    fflush(stdout);
+    return check_fails_fast(c, comm, COLLD_ERR_ABORTED);
 }
 
 /* Post one all-reduce (unless --no-post) and wait: for the expected failure, or, as a silent
@@ -130,21 +249,24 @@ static int mode_hang(colld_client_t *c, colld_comm_t *comm, const args_t *a)
 {
     float *buf;
     colld_status_t st;
+    for (int i = 0; i < a->warmup; i++)
+        if (run_one(c, comm, a, 1000, 1) != 0)
+            return 1;
     if ((st = colld_mem_alloc(c, (void **)&buf, 4096, COLLD_MEM_HOST)) != COLLD_OK)
         return fail("mem_alloc", st, comm);
     if (!a->skip_post && (st = colld_allreduce(buf, buf, 1024, COLLD_FLOAT32, COLLD_SUM, comm, NULL)) != COLLD_OK)
         return fail("allreduce", st, comm);
     signal_ready(a);
-    if (a->skip_post) {
-        while (colld_comm_query(comm) == COLLD_OK)
-            usleep(10000);
-        return 0;
-    }
+    if (a->skip_post)
+        return a->abort_after_ms ? abort_later(c, comm, a) : watchdog(comm, a);
+    double t0 = harness_now_ms();
     st = colld_comm_synchronize(comm);
+    double waited = harness_now_ms() - t0;
     if (a->expect && strcmp(a->expect, colld_status_name(st)) == 0) {
         printf("rank %d: %s\n", a->rank, colld_comm_last_error(comm));
+        printf("rank %d: failed after %.1f ms\n", a->rank, waited);
         fflush(stdout);
-        return 0;
+        return check_fails_fast(c, comm, st);
     }
     return fail("expected another status", st, comm);
 }
@@ -178,6 +300,20 @@ int main(int argc, char **argv)
             a.iters = atoi(v);
         else if (ARG("--timeout-ms"))
             a.timeout_ms = atoi(v);
+        else if (ARG("--name"))
+            a.name = v;
+        else if (ARG("--done-file"))
+            a.done_file = v;
+        else if (ARG("--stop-file"))
+            a.stop_file = v;
+        else if (ARG("--progress-file"))
+            a.progress_file = v;
+        else if (ARG("--straggle-ms"))
+            a.straggle_ms = atoi(v);
+        else if (ARG("--warmup"))
+            a.warmup = atoi(v);
+        else if (ARG("--abort-after-ms"))
+            a.abort_after_ms = atoi(v);
         else if (ARG("--only"))
             a.inplace = strcmp(v, "inplace") == 0, a.outofplace = !a.inplace;
         else if (strcmp(argv[i], "--no-post") == 0)
@@ -205,7 +341,7 @@ int main(int argc, char **argv)
     }
     colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
     cfg.timeout_ms = a.timeout_ms;
-    cfg.name = "test";
+    cfg.name = a.name ? a.name : "test";
     st = colld_comm_init_rank(c, &comm, a.nranks, id, a.rank, &cfg);
     if (st != COLLD_OK) {
         int expected = a.expect && strcmp(a.expect, colld_status_name(st)) == 0;
@@ -220,7 +356,12 @@ int main(int argc, char **argv)
         goto out;
     }
     signal_ready(&a);
-    for (int it = 0; it < a.iters && rc == 0; it++) {
+    for (int it = 0; rc == 0; it++) {
+        int stop = a.iters ? it >= a.iters : stop_agreed(c, comm, &a);
+        if (stop) {
+            rc = stop < 0;
+            break;
+        }
         char *list = strdup(a.counts), *save = NULL;
         for (char *tok = strtok_r(list, ",", &save); tok && rc == 0; tok = strtok_r(NULL, ",", &save)) {
             size_t count = strtoull(tok, NULL, 10);
@@ -230,8 +371,15 @@ int main(int argc, char **argv)
                 rc |= run_one(c, comm, &a, count, 1);
         }
         free(list);
+        if (a.progress_file) {
+            char n[32];
+            snprintf(n, sizeof(n), "%d\n", it + 1);
+            touch(a.progress_file, n);
+        }
     }
 out:
+    touch(a.done_file, "");
+    wait_stop(&a);
     colld_comm_destroy(comm);
     colld_disconnect(c);
     return rc;

@@ -277,12 +277,12 @@ static void expect_mismatch(harness_t *h, const char *call0, const char *call1, 
 static void test_mismatch_new_collectives(void **state)
 {
     harness_t *h = *state;
-    expect_mismatch(h, "broadcast:float32:sum:100:0", "broadcast:float32:sum:100:1", "rank 0: broadcast(dtype 8, op 0, count 100, root 0)",
-                    "rank 1: broadcast(dtype 8, op 0, count 100, root 1)");
+    expect_mismatch(h, "broadcast:float32:sum:100:0", "broadcast:float32:sum:100:1", "rank 0: broadcast(float32, -, count 100, root 0)",
+                    "rank 1: broadcast(float32, -, count 100, root 1)");
     expect_mismatch(h, "reduce:int64:max:100:1", "reduce:int64:max:100:0", "root 1)", "root 0)");
     expect_mismatch(h, "allgather:int32:sum:64:0", "reducescatter:int32:sum:64:0", "rank 0: allgather(",
                     "rank 1: reducescatter(");
-    expect_mismatch(h, "reducescatter:float32:sum:64:0", "reducescatter:float32:max:64:0", "op 0,", "op 3,");
+    expect_mismatch(h, "reducescatter:float32:sum:64:0", "reducescatter:float32:max:64:0", "reducescatter(float32, sum,", "reducescatter(float32, max,");
     expect_mismatch(h, "reduce:int8:sum:10:0", "reduce:int8:sum:11:0", "count 10,", "count 11,");
     const char *extra[] = { "--no-big", "--kinds", "broadcast,reduce,allgather,reducescatter", "--dtypes", "float32",
                             NULL };

@@ -293,12 +293,17 @@ static void start_pair(harness_t *h, const char *expect, const char *timeout_ms,
     usleep(50000);
 }
 
+/* A rank killed with SIGKILL while its peer waits: the peer gets PEER_LOST naming rank and pid;
+ * another communicator keeps running all-reduces throughout; nothing is left behind. */
 static void test_peer_killed_mid_collective(void **state)
 {
     harness_t *h = *state;
     pid_t pids[2];
     char out[300], text[1024];
+    harness_bg_t bg;
+    assert_int_equal(harness_bg_start(h, &bg), 0);
     start_pair(h, "COLLD_ERR_PEER_LOST", "0", pids, out);
+    long before = harness_bg_progress(&bg);
     double t0 = harness_now_ms();
     kill(pids[1], SIGKILL);
     int rc0 = harness_wait(pids[0], 10000);
@@ -312,7 +317,11 @@ static void test_peer_killed_mid_collective(void **state)
     char pidtext[32];
     snprintf(pidtext, sizeof(pidtext), "pid %d", (int)pids[1]);
     assert_non_null(strstr(text, pidtext));
+    usleep(50000);
+    assert_true(harness_bg_progress(&bg) > before);
+    assert_int_equal(harness_bg_stop(&bg), 0);
     assert_daemon_serves(h);
+    assert_int_equal(harness_wait_clean(h, 5000), 0);
 }
 
 static void test_missing_rank_times_out(void **state)
@@ -320,7 +329,10 @@ static void test_missing_rank_times_out(void **state)
     harness_t *h = *state;
     pid_t pids[2];
     char out[300], text[1024];
+    harness_bg_t bg;
+    assert_int_equal(harness_bg_start(h, &bg), 0);
     start_pair(h, "COLLD_ERR_TIMEOUT", "600", pids, out);
+    long before = harness_bg_progress(&bg);
     int rc0 = harness_wait(pids[0], 20000);
     int rc1 = harness_wait(pids[1], 10000); /* rank 1 sees the broken communicator and leaves */
     read_file(out, text, sizeof(text));
@@ -328,7 +340,10 @@ static void test_missing_rank_times_out(void **state)
     assert_int_equal(rc0, 0);
     assert_int_equal(rc1, 0);
     assert_non_null(strstr(text, "rank(s) 1 never arrived"));
+    assert_true(harness_bg_progress(&bg) > before);
+    assert_int_equal(harness_bg_stop(&bg), 0);
     assert_daemon_serves(h);
+    assert_int_equal(harness_wait_clean(h, 5000), 0);
 }
 
 /* SIGTERM: the daemon ends every session (ranks get DAEMON_LOST) and exits 0. */
