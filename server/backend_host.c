@@ -25,10 +25,10 @@
 #include <string.h>
 
 #define CHUNK_BYTES (256u * 1024u)     /* per task, per rank */
-#define PARALLEL_MIN_BYTES (64u * 1024u) /* below this the engine thread does it alone */
 
 struct colld_host_pool {
     int nthreads;
+    uint64_t parallel_min_bytes; /* below this the engine thread does a job alone */
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t work_cv, done_cv;
@@ -139,11 +139,12 @@ static void *worker_main(void *arg)
 }
 
 /* Create a pool of nthreads-1 workers (the caller of colld_host_pool_run is the last one). */
-int colld_host_pool_create(int nthreads, colld_host_pool_t **out)
+int colld_host_pool_create(int nthreads, uint64_t parallel_min_bytes, colld_host_pool_t **out)
 {
     colld_host_pool_t *p = calloc(1, sizeof(*p));
     if (!p)
         return -1;
+    p->parallel_min_bytes = parallel_min_bytes;
     p->nthreads = nthreads > 1 ? nthreads - 1 : 0;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->work_cv, NULL);
@@ -192,7 +193,7 @@ colld_status_t colld_host_pool_run(colld_host_pool_t *p, const colld_host_job_t 
     if (es == 0)
         return COLLD_ERR_INVALID_ARGUMENT;
     uint64_t nseg = job->kind == COLLD_KIND_ALLGATHER || job->kind == COLLD_KIND_REDUCESCATTER ? (uint64_t)job->n : 1;
-    if (p->nthreads == 0 || job->count * es * nseg < PARALLEL_MIN_BYTES) {
+    if (p->nthreads == 0 || job->count * es * nseg < p->parallel_min_bytes) {
         colld_status_t st = COLLD_OK;
         for (uint64_t seg = 0; seg < nseg && st == COLLD_OK; seg++)
             st = run_range(job, seg, 0, job->count);

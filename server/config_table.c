@@ -26,6 +26,10 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "default timeout of a collective and of forming a communicator (ms)", OPT(timeout_ms), 1, 86400000 },
     { "max-timeout-ms", "COLLD_MAX_TIMEOUT_MS", COLLD_CFG_INT, "3600000",
       "largest timeout a communicator may ask for; larger requests are capped (ms)", OPT(max_timeout_ms), 1, 86400000 },
+    { "parallel-min-bytes", "COLLD_PARALLEL_MIN_BYTES", COLLD_CFG_SIZE, "1M",
+      "collectives moving fewer bytes than this run on the engine thread alone; larger ones are split "
+      "across the workers (waking them costs about 10 us)",
+      OPT(parallel_min_bytes), 0, 0 },
     { "ring-entries", "COLLD_RING_ENTRIES", COLLD_CFG_INT, "256",
       "entries of each session's submission and completion ring (a power of two)", OPT(ring_entries), 8, 65536 },
     { "spin-us", "COLLD_SPIN_US", COLLD_CFG_INT, "50", "engine busy-poll time before it sleeps (us)", OPT(spin_us), 0,

@@ -52,6 +52,7 @@ typedef struct {
     int64_t max_timeout_ms;
     int64_t ring_entries;  /* per session, submission and completion */
     int64_t spin_us;       /* engine busy-poll before sleeping */
+    uint64_t parallel_min_bytes; /* smaller collectives run on the engine thread alone */
     int64_t max_sessions;
     int64_t max_comms_per_session;
     uint64_t max_registered_bytes; /* per session */
@@ -238,6 +239,8 @@ struct colld_daemon {
     int epfd;                 /* session eventfds + wake_fd */
     int wake_fd;              /* eventfd: control paths -> engine */
     colld_host_pool_t *pool;
+    colld_op_t *op_free;      /* recycled operation records (engine.c) */
+    unsigned op_free_n;
 
     colld_metrics_t *metrics; /* counters (metrics.c), under lock; HTTP endpoint on the loop */
     colld_events_t *events;   /* event backlog and streams (events.c); NULL once stopped */
@@ -343,7 +346,8 @@ typedef struct {
     void **out;           /* [n] */
 } colld_host_job_t;
 
-int colld_host_pool_create(int nthreads, colld_host_pool_t **out);
+/* nthreads: workers including the caller; jobs under parallel_min_bytes run on the caller alone. */
+int colld_host_pool_create(int nthreads, uint64_t parallel_min_bytes, colld_host_pool_t **out);
 void colld_host_pool_destroy(colld_host_pool_t *p);
 /* Run a collective over mapped buffers, split across the pool; the caller participates. */
 colld_status_t colld_host_pool_run(colld_host_pool_t *p, const colld_host_job_t *job);

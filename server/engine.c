@@ -26,11 +26,38 @@
 /* A matched collective, taken out of the members' queues while it executes. */
 typedef struct coll {
     colld_dcomm_t *comm;
-    colld_op_t **ops; /* [nranks], by rank */
     colld_status_t status;
     uint64_t start_ns, end_ns;
     struct coll *next;
+    colld_op_t *ops[]; /* [nranks], by rank */
 } coll_t;
+
+/* Operation records are recycled through a free list (lock held), so the per-collective path does
+ * not call the allocator for them. */
+#define OP_FREE_MAX 4096
+
+static colld_op_t *op_alloc(colld_daemon_t *d)
+{
+    colld_op_t *op = d->op_free;
+    if (op) {
+        d->op_free = op->next;
+        d->op_free_n--;
+        memset(op, 0, sizeof(*op));
+        return op;
+    }
+    return calloc(1, sizeof(*op));
+}
+
+static void op_release(colld_daemon_t *d, colld_op_t *op)
+{
+    if (d->op_free_n >= OP_FREE_MAX) {
+        free(op);
+        return;
+    }
+    op->next = d->op_free;
+    d->op_free = op;
+    d->op_free_n++;
+}
 
 /* ============================================================================================
  * Completions
@@ -115,8 +142,9 @@ void colld_engine_fail_op(colld_op_t *op, colld_status_t st)
         colld_session_release_reg(op->send_reg);
     if (op->recv_reg)
         colld_session_release_reg(op->recv_reg);
+    colld_daemon_t *d = op->session->daemon;
     colld_session_unref(op->session);
-    free(op);
+    op_release(d, op);
 }
 
 /* ============================================================================================
@@ -239,7 +267,7 @@ static void admit(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t 
         return;
     }
     m->next_seq++;
-    colld_op_t *op = calloc(1, sizeof(*op));
+    colld_op_t *op = op_alloc(d);
     if (!op) {
         complete_sqe(d, s, sqe, COLLD_ERR_NO_MEMORY);
         colld_comm_break(d, c, COLLD_ERR_NO_MEMORY, -1, "daemon out of memory", replies);
@@ -334,24 +362,22 @@ static coll_t *match_comm(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **r
         colld_comm_break(d, c, COLLD_ERR_MISMATCH, -1, why, replies);
         return NULL;
     }
-    coll_t *k = calloc(1, sizeof(*k));
-    colld_op_t **ops = calloc((unsigned)c->nranks, sizeof(*ops));
-    if (!k || !ops) {
-        free(k);
-        free(ops);
+    coll_t *k = malloc(sizeof(*k) + (size_t)c->nranks * sizeof(k->ops[0]));
+    if (!k) {
         colld_comm_break(d, c, COLLD_ERR_NO_MEMORY, -1, "daemon out of memory", replies);
         return NULL;
     }
     for (int r = 0; r < c->nranks; r++) {
         colld_member_t *m = &c->ranks[r];
-        ops[r] = m->head;
+        k->ops[r] = m->head;
         m->head = m->head->next;
         if (!m->head)
             m->tail = NULL;
-        ops[r]->next = NULL;
+        k->ops[r]->next = NULL;
     }
     k->comm = c;
-    k->ops = ops;
+    k->status = COLLD_OK;
+    k->next = NULL;
     c->refs++;
     c->exec_seq++;
     return k;
@@ -430,7 +456,6 @@ static void finish(colld_daemon_t *d, coll_t *k)
     else
         c->ops_failed++;
     colld_comm_unref(d, c);
-    free(k->ops);
     free(k);
 }
 
@@ -588,7 +613,7 @@ int colld_engine_start(colld_daemon_t *d)
     struct epoll_event ev = { .events = EPOLLIN | EPOLLET, .data.u64 = 0 };
     if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, d->wake_fd, &ev) < 0)
         return -1;
-    if (colld_host_pool_create((int)d->cfg.workers, &d->pool) < 0) {
+    if (colld_host_pool_create((int)d->cfg.workers, d->cfg.parallel_min_bytes, &d->pool) < 0) {
         LOG_ERROR(ENGINE, "cannot start %lld host workers", (long long)d->cfg.workers);
         return -1;
     }
@@ -612,6 +637,12 @@ void colld_engine_stop(colld_daemon_t *d)
     }
     colld_host_pool_destroy(d->pool);
     d->pool = NULL;
+    while (d->op_free) {
+        colld_op_t *op = d->op_free;
+        d->op_free = op->next;
+        free(op);
+    }
+    d->op_free_n = 0;
     if (d->epfd >= 0)
         close(d->epfd);
     if (d->wake_fd >= 0)
