@@ -36,6 +36,7 @@
  *
  * Exit status: 0 success (and no wrong element), 1 a failure or a wrong result, 2 bad options.
  */
+#include "kernels/cpu/pattern.h"
 #include "kernels/cpu/reduce.h"
 
 #include <colld/colld.h>
@@ -369,44 +370,6 @@ static double median(double *v, int n)
  * Data: generator and reference results
  * ========================================================================================== */
 
-/* splitmix64's finalizer. */
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
-/* Elements [first, first+n) of rank `rank`'s input for (dtype, salt): modest values (small
- * integers, floats of a few units), so that reductions are interesting but mostly finite. */
-static void gen(colld_dtype_t dt, int rank, unsigned salt, size_t first, size_t n, void *out)
-{
-    uint64_t seed = mix(((uint64_t)salt << 32) ^ ((uint64_t)dt << 24) ^ (uint64_t)(rank + 1));
-    for (size_t i = 0; i < n; i++) {
-        uint64_t h = mix(seed + (uint64_t)(first + i) * 0x9e3779b97f4a7c15ull);
-        switch (dt) {
-        case COLLD_INT8: ((int8_t *)out)[i] = (int8_t)((int)(h % 61) - 30); break;
-        case COLLD_UINT8: ((uint8_t *)out)[i] = (uint8_t)(h % 61); break;
-        case COLLD_INT32: ((int32_t *)out)[i] = (int32_t)(h % 2001) - 1000; break;
-        case COLLD_UINT32: ((uint32_t *)out)[i] = (uint32_t)(h % 2001); break;
-        case COLLD_INT64: ((int64_t *)out)[i] = (int64_t)(h % 200001) - 100000; break;
-        case COLLD_UINT64: ((uint64_t *)out)[i] = h % 200001; break;
-        case COLLD_FLOAT16:
-            ((uint16_t *)out)[i] = colld_float_to_half((float)((int)(h % 201) - 100) * 0.0371f);
-            break;
-        case COLLD_BFLOAT16:
-            ((uint16_t *)out)[i] = colld_float_to_bf16((float)((int)(h % 201) - 100) * 0.0371f);
-            break;
-        case COLLD_FLOAT32: ((float *)out)[i] = (float)((int)(h % 2001) - 1000) * 0.0137f; break;
-        case COLLD_FLOAT64: ((double *)out)[i] = (double)((int)(h % 2001) - 1000) * 0.0137; break;
-        default: break;
-        }
-    }
-}
-
 /* Scratch for the reference computation: one chunk per rank plus the expected chunk. */
 typedef struct {
     unsigned char *in[MAX_RANKS];
@@ -441,13 +404,13 @@ static size_t count_wrong(const shape_t *s, int n, int rank, unsigned salt, cons
         size_t m = s->recv_elems - base < CHECK_CHUNK ? s->recv_elems - base : CHECK_CHUNK;
         switch (s->kind) {
         case K_BROADCAST:
-            gen(s->dt, s->root, salt, base, m, f->want);
+            colld_cpu_pattern(s->dt, s->root, salt, base, m, f->want);
             break;
         case K_ALLGATHER: /* element j of the result is element j % count of rank j / count */
             for (size_t j = 0; j < m;) {
                 size_t e = base + j, r = e / s->count, off = e % s->count;
                 size_t run = s->count - off < m - j ? s->count - off : m - j;
-                gen(s->dt, (int)r, salt, off, run, f->want + j * es);
+                colld_cpu_pattern(s->dt, (int)r, salt, off, run, f->want + j * es);
                 j += run;
             }
             break;
@@ -455,7 +418,7 @@ static size_t count_wrong(const shape_t *s, int n, int rank, unsigned salt, cons
             size_t first = (s->kind == K_REDUCESCATTER ? (size_t)rank * s->count : 0) + base;
             const void *in[MAX_RANKS];
             for (int r = 0; r < n; r++) {
-                gen(s->dt, r, salt, first, m, f->in[r]);
+                colld_cpu_pattern(s->dt, r, salt, first, m, f->in[r]);
                 in[r] = f->in[r];
             }
             void *out[1] = { f->want };
@@ -536,21 +499,21 @@ static void fill_inputs(rank_t *R, const shape_t *s, bool inplace, unsigned salt
     size_t es = colld_dtype_size(s->dt);
     size_t span = (s->send_elems > s->recv_elems ? s->send_elems : s->recv_elems) * es;
     if (!inplace) {
-        gen(s->dt, R->rank, salt, 0, s->send_elems, R->sbuf);
+        colld_cpu_pattern(s->dt, R->rank, salt, 0, s->send_elems, R->sbuf);
         memset(R->rbuf, SENTINEL, s->recv_elems * es);
         return;
     }
     memset(R->rbuf, SENTINEL, span);
     switch (s->kind) {
     case K_ALLGATHER:
-        gen(s->dt, R->rank, salt, 0, s->count, R->rbuf + (size_t)R->rank * s->count * es);
+        colld_cpu_pattern(s->dt, R->rank, salt, 0, s->count, R->rbuf + (size_t)R->rank * s->count * es);
         break;
     case K_BROADCAST:
         if (R->rank == s->root)
-            gen(s->dt, R->rank, salt, 0, s->count, R->rbuf);
+            colld_cpu_pattern(s->dt, R->rank, salt, 0, s->count, R->rbuf);
         break;
     default: /* all-reduce, reduce: count elements; reduce-scatter: n x count */
-        gen(s->dt, R->rank, salt, 0, s->send_elems, R->rbuf);
+        colld_cpu_pattern(s->dt, R->rank, salt, 0, s->send_elems, R->rbuf);
         break;
     }
 }

@@ -31,6 +31,7 @@
  * Exit code: 0 everything matched (or the expected status came); 1 a mismatch or an unexpected
  * status (the first mismatches are printed on stderr with full context); 2 bad arguments.
  */
+#include "kernels/cpu/pattern.h"
 #include "kernels/cpu/reduce.h"
 #include "tests/integration/harness.h"
 
@@ -103,46 +104,6 @@ typedef struct {
  * Data: generator, sizes, expected results
  * ------------------------------------------------------------------------------------------- */
 
-/* splitmix64's finalizer: a cheap, well-mixed hash. */
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
-/* Write elements [first, first+n) of rank `rank`'s input for (dtype, salt). Values are modest
- * (small integers, floats of a few units with inexact fractions) so that sums, products and
- * averages are interesting: float results depend on the order, integers may wrap, float16
- * products may overflow to inf; the oracle defines every answer. */
-static void gen(colld_dtype_t dt, int rank, unsigned salt, size_t first, size_t n, void *out)
-{
-    uint64_t seed = mix(((uint64_t)salt << 32) ^ ((uint64_t)dt << 24) ^ (uint64_t)(rank + 1));
-    for (size_t i = 0; i < n; i++) {
-        uint64_t h = mix(seed + (uint64_t)(first + i) * 0x9e3779b97f4a7c15ull);
-        switch (dt) {
-        case COLLD_INT8: ((int8_t *)out)[i] = (int8_t)((int)(h % 61) - 30); break;
-        case COLLD_UINT8: ((uint8_t *)out)[i] = (uint8_t)(h % 61); break;
-        case COLLD_INT32: ((int32_t *)out)[i] = (int32_t)(h % 2001) - 1000; break;
-        case COLLD_UINT32: ((uint32_t *)out)[i] = (uint32_t)(h % 2001); break;
-        case COLLD_INT64: ((int64_t *)out)[i] = (int64_t)(h % 200001) - 100000; break;
-        case COLLD_UINT64: ((uint64_t *)out)[i] = h % 200001; break;
-        case COLLD_FLOAT16:
-            ((uint16_t *)out)[i] = colld_float_to_half((float)((int)(h % 201) - 100) * 0.0371f);
-            break;
-        case COLLD_BFLOAT16:
-            ((uint16_t *)out)[i] = colld_float_to_bf16((float)((int)(h % 201) - 100) * 0.0371f);
-            break;
-        case COLLD_FLOAT32: ((float *)out)[i] = (float)((int)(h % 2001) - 1000) * 0.0137f; break;
-        case COLLD_FLOAT64: ((double *)out)[i] = (double)((int)(h % 2001) - 1000) * 0.0137; break;
-        default: break;
-        }
-    }
-}
-
 /* True for the collectives that take a reduction op. */
 static bool reduces(int kind)
 {
@@ -184,7 +145,7 @@ static int prepare_data(run_t *R, call_t *k)
     k->inputs = reduces(k->kind) ? malloc((size_t)n * k->count * es + 1) : NULL;
     if (!k->mine || !k->expect || (reduces(k->kind) && !k->inputs))
         return -1;
-    gen(k->dt, R->rank, k->salt, 0, se, k->mine);
+    colld_cpu_pattern(k->dt, R->rank, k->salt, 0, se, k->mine);
     switch (k->kind) {
     case K_ALLREDUCE:
     case K_REDUCE:
@@ -194,7 +155,7 @@ static int prepare_data(run_t *R, call_t *k)
         const void *in[MAX_RANKS];
         for (int r = 0; r < n; r++) {
             unsigned char *p = k->inputs + (size_t)r * k->count * es;
-            gen(k->dt, r, k->salt, first, k->count, p);
+            colld_cpu_pattern(k->dt, r, k->salt, first, k->count, p);
             in[r] = p;
         }
         void *out[1] = { k->expect };
@@ -203,11 +164,11 @@ static int prepare_data(run_t *R, call_t *k)
         break;
     }
     case K_BROADCAST:
-        gen(k->dt, k->root, k->salt, 0, k->count, k->expect);
+        colld_cpu_pattern(k->dt, k->root, k->salt, 0, k->count, k->expect);
         break;
     case K_ALLGATHER:
         for (int r = 0; r < n; r++)
-            gen(k->dt, r, k->salt, 0, k->count, k->expect + (size_t)r * k->count * es);
+            colld_cpu_pattern(k->dt, r, k->salt, 0, k->count, k->expect + (size_t)r * k->count * es);
         break;
     }
     return 0;

@@ -159,14 +159,19 @@ int harness_cleanup(harness_t *h)
     return rc;
 }
 
-int harness_test_setup(void **state)
+int harness_test_setup_args(void **state, const char *const *extra)
 {
     static harness_t h;
     memset(&h, 0, sizeof(h));
-    if (harness_daemon_start(&h, NULL) < 0)
+    if (harness_daemon_start(&h, extra) < 0)
         return -1;
     *state = &h;
     return 0;
+}
+
+int harness_test_setup(void **state)
+{
+    return harness_test_setup_args(state, NULL);
 }
 
 int harness_test_teardown(void **state)
@@ -263,24 +268,45 @@ int harness_bg_stop(harness_bg_t *bg)
     return harness_wait_all(bg->pids, 2, 30000) == 0 ? 0 : -1;
 }
 
+/* The daemon's Status as the driver's session sees it, or NULL (printed). */
+static Colld__V1__StatusResponse *status_of(harness_t *h)
+{
+    Colld__V1__StatusRequest req = COLLD__V1__STATUS_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    colld__client_session_ref(h->client, &ref);
+    req.session = &ref;
+    Colld__V1__StatusResponse *resp = NULL;
+    char detail[256];
+    colld_status_t st = colld__client_rpc(h->client, "/colld.v1.Colld/Status", &req.base,
+                                          &colld__v1__status_response__descriptor, 10000, (ProtobufCMessage **)&resp,
+                                          detail, sizeof(detail));
+    if (st != COLLD_OK) {
+        fprintf(stderr, "harness: status: %s: %s\n", colld_status_name(st), detail);
+        return NULL;
+    }
+    return resp;
+}
+
+uint64_t harness_comm_id(harness_t *h, const char *name)
+{
+    Colld__V1__StatusResponse *resp = status_of(h);
+    uint64_t id = 0;
+    for (size_t i = 0; resp && i < resp->n_comms; i++)
+        if (strcmp(resp->comms[i]->name, name) == 0)
+            id = resp->comms[i]->id;
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return id;
+}
+
 int harness_wait_clean(harness_t *h, int timeout_ms)
 {
     double end = harness_now_ms() + timeout_ms;
     size_t sessions = 0, comms = 0;
     for (;;) {
-        Colld__V1__StatusRequest req = COLLD__V1__STATUS_REQUEST__INIT;
-        Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
-        colld__client_session_ref(h->client, &ref);
-        req.session = &ref;
-        Colld__V1__StatusResponse *resp = NULL;
-        char detail[256];
-        colld_status_t st = colld__client_rpc(h->client, "/colld.v1.Colld/Status", &req.base,
-                                              &colld__v1__status_response__descriptor, 10000,
-                                              (ProtobufCMessage **)&resp, detail, sizeof(detail));
-        if (st != COLLD_OK) {
-            fprintf(stderr, "harness: status: %s: %s\n", colld_status_name(st), detail);
+        Colld__V1__StatusResponse *resp = status_of(h);
+        if (!resp)
             return -1;
-        }
         sessions = resp->n_sessions;
         comms = resp->n_comms;
         protobuf_c_message_free_unpacked(&resp->base, NULL);
@@ -310,6 +336,17 @@ int harness_wait_all(pid_t *pids, int n, int timeout_ms)
     return bad;
 }
 
+void harness_read_file(const char *path, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    size_t n = fread(buf, 1, len - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+}
+
 int harness_wait_file(const char *path, int timeout_ms)
 {
     double end = harness_now_ms() + timeout_ms;
@@ -321,7 +358,8 @@ int harness_wait_file(const char *path, int timeout_ms)
     return -1;
 }
 
-int harness_capture(const char *const *argv, char *out, size_t len, int timeout_ms)
+/* Run argv with its stdout (and stderr if asked) into out; see harness_capture. */
+static int capture(const char *const *argv, char *out, size_t len, int timeout_ms, bool with_stderr)
 {
     int p[2];
     if (pipe(p) < 0)
@@ -329,6 +367,8 @@ int harness_capture(const char *const *argv, char *out, size_t len, int timeout_
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+    if (with_stderr)
+        posix_spawn_file_actions_adddup2(&fa, p[1], 2);
     posix_spawn_file_actions_addclose(&fa, p[0]);
     pid_t pid;
     int rc = posix_spawn(&pid, argv[0], &fa, NULL, (char *const *)argv, environ);
@@ -345,4 +385,14 @@ int harness_capture(const char *const *argv, char *out, size_t len, int timeout_
     out[got] = '\0';
     close(p[0]);
     return harness_wait(pid, timeout_ms);
+}
+
+int harness_capture(const char *const *argv, char *out, size_t len, int timeout_ms)
+{
+    return capture(argv, out, len, timeout_ms, false);
+}
+
+int harness_capture_all(const char *const *argv, char *out, size_t len, int timeout_ms)
+{
+    return capture(argv, out, len, timeout_ms, true);
 }

@@ -7,6 +7,7 @@
 
 #include <colld/colld.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 typedef struct {
@@ -31,6 +32,8 @@ int harness_cleanup(harness_t *h);
 /* cmocka setup/teardown for a test that wants a fresh daemon on a private socket: *state is
  * the harness_t. The teardown fails the test when the daemon does not exit cleanly. */
 int harness_test_setup(void **state);
+/* The same with extra daemon arguments (NULL-terminated; must outlive the test). */
+int harness_test_setup_args(void **state, const char *const *extra);
 int harness_test_teardown(void **state);
 
 /* Spawn a program; returns its pid or -1. */
@@ -61,16 +64,22 @@ int harness_bg_stop(harness_bg_t *bg);
 /* Wait (at most timeout_ms) until nothing is left behind in the daemon: the driver's own session
  * is the only one and no communicator remains. Returns 0, or -1 after printing what is left. */
 int harness_wait_clean(harness_t *h, int timeout_ms);
+/* The id of the live communicator named `name`, 0 if there is none. */
+uint64_t harness_comm_id(harness_t *h, const char *name);
 
 /* A new unique id from the daemon, as hex text (33 bytes). */
 int harness_new_uid_hex(harness_t *h, char *hex);
 void harness_uid_to_hex(const colld_unique_id_t *id, char *hex);
 int harness_uid_from_hex(const char *hex, colld_unique_id_t *id);
 
+/* Read a small text file into buf (at most len-1 bytes; empty if it cannot be read). */
+void harness_read_file(const char *path, char *buf, size_t len);
 /* Wait until a file exists (at most timeout_ms). Returns 0 or -1. */
 int harness_wait_file(const char *path, int timeout_ms);
 /* Run a command and capture its stdout (at most len-1 bytes). Returns its exit code or -1. */
 int harness_capture(const char *const *argv, char *out, size_t len, int timeout_ms);
+/* The same with stderr into the same buffer. */
+int harness_capture_all(const char *const *argv, char *out, size_t len, int timeout_ms);
 /* Milliseconds on the monotonic clock. */
 double harness_now_ms(void);
 

@@ -38,17 +38,6 @@ static void assert_daemon_serves(harness_t *h)
     assert_int_equal(harness_wait_all(pids, 2, 60000), 0);
 }
 
-static void read_file(const char *path, char *buf, size_t len)
-{
-    buf[0] = '\0';
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return;
-    size_t n = fread(buf, 1, len - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Bad arguments of the API
  * ------------------------------------------------------------------------------------------- */
@@ -310,7 +299,7 @@ static void test_peer_killed_mid_collective(void **state)
     double took = harness_now_ms() - t0;
     harness_wait(pids[1], 5000);
     assert_int_equal(rc0, 0);
-    read_file(out, text, sizeof(text));
+    harness_read_file(out, text, sizeof(text));
     print_message("peer lost after %.1f ms: %s", took, text);
     assert_true(took < 5000);
     assert_non_null(strstr(text, "rank 1"));
@@ -335,7 +324,7 @@ static void test_missing_rank_times_out(void **state)
     long before = harness_bg_progress(&bg);
     int rc0 = harness_wait(pids[0], 20000);
     int rc1 = harness_wait(pids[1], 10000); /* rank 1 sees the broken communicator and leaves */
-    read_file(out, text, sizeof(text));
+    harness_read_file(out, text, sizeof(text));
     print_message("%s", text);
     assert_int_equal(rc0, 0);
     assert_int_equal(rc1, 0);
@@ -383,13 +372,8 @@ static void test_second_daemon_refused(void **state)
 /* A daemon with a small per-session memory limit. */
 static int setup_small_quota(void **state)
 {
-    static harness_t h;
-    memset(&h, 0, sizeof(h));
-    const char *extra[] = { "--max-registered-bytes", "1M", NULL };
-    if (harness_daemon_start(&h, extra) < 0)
-        return -1;
-    *state = &h;
-    return 0;
+    static const char *const extra[] = { "--max-registered-bytes", "1M", NULL };
+    return harness_test_setup_args(state, extra);
 }
 
 /* A session cannot share more memory than the limit: allocations and staging of ordinary memory

@@ -5,8 +5,6 @@
  * a second communicator keeps running exact all-reduces, and afterwards no session or
  * communicator is left behind.
  */
-#include "client/client_internal.h"
-#include "colld.pb-c.h"
 #include "tests/integration/harness.h"
 
 #include <setjmp.h>
@@ -25,17 +23,6 @@
  * Helpers
  * ------------------------------------------------------------------------------------------- */
 
-static void read_file(const char *path, char *buf, size_t len)
-{
-    buf[0] = '\0';
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return;
-    size_t n = fread(buf, 1, len - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-}
-
 /* Run collctl with arguments (NULL-terminated) on the test's daemon; returns its exit code. */
 static int collctl(harness_t *h, char *out, size_t len, ...)
 {
@@ -48,27 +35,6 @@ static int collctl(harness_t *h, char *out, size_t len, ...)
     va_end(ap);
     argv[n] = NULL;
     return harness_capture(argv, out, len, 20000);
-}
-
-/* The id of the live communicator named `name`, from the Status RPC (0 if none). */
-static uint64_t comm_id_by_name(harness_t *h, const char *name)
-{
-    Colld__V1__StatusRequest req = COLLD__V1__STATUS_REQUEST__INIT;
-    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
-    colld__client_session_ref(h->client, &ref);
-    req.session = &ref;
-    Colld__V1__StatusResponse *resp = NULL;
-    char detail[256];
-    assert_int_equal(colld__client_rpc(h->client, "/colld.v1.Colld/Status", &req.base,
-                                       &colld__v1__status_response__descriptor, 10000, (ProtobufCMessage **)&resp,
-                                       detail, sizeof(detail)),
-                     COLLD_OK);
-    uint64_t id = 0;
-    for (size_t i = 0; i < resp->n_comms; i++)
-        if (strcmp(resp->comms[i]->name, name) == 0)
-            id = resp->comms[i]->id;
-    protobuf_c_message_free_unpacked(&resp->base, NULL);
-    return id;
 }
 
 /* Nothing left behind: only the driver's session, no communicator. */
@@ -144,13 +110,13 @@ static void test_abort_by_rank(void **state)
     char text[2048], pidtext[32];
     snprintf(pidtext, sizeof(pidtext), "rank 2 (pid %d)", (int)pids[2]);
     for (int r = 0; r < 2; r++) {
-        read_file(s.out[r], text, sizeof(text));
+        harness_read_file(s.out[r], text, sizeof(text));
         print_message("rank %d: %s", r, text);
         assert_non_null(strstr(text, "COLLD_ERR_ABORTED"));
         assert_non_null(strstr(text, "aborted by"));
         assert_non_null(strstr(text, pidtext));
     }
-    read_file(s.out[2], text, sizeof(text));
+    harness_read_file(s.out[2], text, sizeof(text));
     print_message("%s", text);
     double took = -1;
     const char *p = strstr(text, "abort took ");
@@ -176,19 +142,19 @@ static void test_abort_by_operator(void **state)
     pid_t pids[2] = { scene_rank(h, &s, 2, 0, waiter), scene_rank(h, &s, 2, 1, silent) };
     assert_int_equal(harness_wait_file(s.ready[0], 20000), 0);
     assert_int_equal(harness_wait_file(s.ready[1], 20000), 0);
-    uint64_t id = comm_id_by_name(h, "victim");
+    uint64_t id = harness_comm_id(h, "victim");
     assert_true(id != 0);
     char idtext[32], out[4096];
     snprintf(idtext, sizeof(idtext), "%llu", (unsigned long long)id);
     assert_int_equal(collctl(h, out, sizeof(out), "abort", idtext, "--reason", "drain for maintenance", NULL), 0);
     assert_int_equal(harness_wait_all(pids, 2, 20000), 0);
     char text[2048];
-    read_file(s.out[0], text, sizeof(text));
+    harness_read_file(s.out[0], text, sizeof(text));
     print_message("%s", text);
     assert_non_null(strstr(text, "COLLD_ERR_ABORTED"));
     assert_non_null(strstr(text, "an operator"));
     assert_non_null(strstr(text, "drain for maintenance"));
-    read_file(s.out[1], text, sizeof(text)); /* the silent rank learned it by polling */
+    harness_read_file(s.out[1], text, sizeof(text)); /* the silent rank learned it by polling */
     print_message("%s", text);
     assert_non_null(strstr(text, "async error COLLD_ERR_ABORTED"));
     /* Bad requests: an unknown communicator, a malformed id. */
@@ -226,7 +192,7 @@ static void test_tenant_timeout_cap(void **state)
     pid_t pids[2] = { scene_rank(h, &s, 2, 0, waiter), scene_rank(h, &s, 2, 1, silent) };
     assert_int_equal(harness_wait_all(pids, 2, 20000), 0);
     char text[2048];
-    read_file(s.out[0], text, sizeof(text));
+    harness_read_file(s.out[0], text, sizeof(text));
     print_message("%s", text);
     assert_non_null(strstr(text, "timed out after 400 ms"));
     assert_non_null(strstr(text, "rank(s) 1 never arrived"));
@@ -234,7 +200,7 @@ static void test_tenant_timeout_cap(void **state)
     assert_non_null(p);
     double waited = atof(p + strlen("failed after "));
     assert_true(waited >= 350 && waited < 5000); /* the cap, not the minute asked for */
-    read_file(s.out[1], text, sizeof(text));
+    harness_read_file(s.out[1], text, sizeof(text));
     print_message("%s", text);
     assert_non_null(strstr(text, "async error COLLD_ERR_TIMEOUT"));
     assert_int_equal(harness_bg_stop(&bg), 0);
@@ -266,7 +232,7 @@ static void test_trace_after_timeout(void **state)
                       scene_rank(h, &s, 3, 2, silent) };
     for (int r = 0; r < 3; r++)
         assert_int_equal(harness_wait_file(s.ready[r], 20000), 0);
-    uint64_t id = comm_id_by_name(h, "traced");
+    uint64_t id = harness_comm_id(h, "traced");
     assert_true(id != 0);
     char idtext[32], out[16384];
     snprintf(idtext, sizeof(idtext), "%llu", (unsigned long long)id);
@@ -319,13 +285,8 @@ static void test_trace_after_timeout(void **state)
 /* A daemon whose flight recorder keeps 4 collectives per communicator. */
 static int setup_short_recorder(void **state)
 {
-    static harness_t h;
-    memset(&h, 0, sizeof(h));
-    const char *extra[] = { "--trace-entries", "4", NULL };
-    if (harness_daemon_start(&h, extra) < 0)
-        return -1;
-    *state = &h;
-    return 0;
+    static const char *const extra[] = { "--trace-entries", "4", NULL };
+    return harness_test_setup_args(state, extra);
 }
 
 /* The recorder keeps the last N (--trace-entries) collectives: after 10, it shows 7..10. */
@@ -339,7 +300,7 @@ static void test_trace_keeps_last_n(void **state)
     for (int r = 0; r < 2; r++)
         assert_int_equal(harness_wait_file(s.done[r], 30000), 0);
     char idtext[32], out[16384];
-    snprintf(idtext, sizeof(idtext), "%llu", (unsigned long long)comm_id_by_name(h, "short"));
+    snprintf(idtext, sizeof(idtext), "%llu", (unsigned long long)harness_comm_id(h, "short"));
     assert_int_equal(collctl(h, out, sizeof(out), "--json", "trace", idtext, NULL), 0);
     print_message("%s\n", out);
     /* 5 iterations x (out-of-place + in-place) = 10 collectives. */
@@ -391,7 +352,7 @@ static void test_straggler_marked(void **state)
     assert_non_null(mean);
     long mean_us = atol(mean + strlen("\"mean_late_us\":"));
     assert_true(mean_us >= 20000); /* 30 ms late each time, less scheduling noise */
-    uint64_t id = comm_id_by_name(h, "straggly");
+    uint64_t id = harness_comm_id(h, "straggly");
     char idtext[32];
     snprintf(idtext, sizeof(idtext), "%llu", (unsigned long long)id);
     assert_int_equal(collctl(h, out, sizeof(out), "trace", idtext, NULL), 0);
@@ -472,7 +433,7 @@ static void test_events_follow(void **state)
     const char *last[] = { "\"type\":\"comm_destroyed\"", "\"comm_name\":\"ev-kill\"", NULL };
     for (int i = 0; i < 500 && !find_line(text, last); i++) {
         usleep(10000);
-        read_file(events_file, text, sizeof(text));
+        harness_read_file(events_file, text, sizeof(text));
     }
     kill(follower, SIGKILL); /* vanishes without a goodbye */
     harness_wait(follower, 5000);

@@ -8,7 +8,6 @@
 
 #include <setjmp.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -25,36 +24,7 @@
 #define RUN_LIMIT_MS 120000 /* per colld-perf run; generous for sanitizer builds */
 #define OUT_BYTES (1u << 20)
 
-extern char **environ;
 
-/* Run argv with stdout and stderr into one buffer (at most len-1 bytes); returns the exit code
- * (128+signal), or -1 when it did not end within RUN_LIMIT_MS. */
-static int run_all(const char *const *argv, char *out, size_t len)
-{
-    int p[2];
-    if (pipe(p) < 0)
-        return -1;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, p[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, p[1], 2);
-    posix_spawn_file_actions_addclose(&fa, p[0]);
-    pid_t pid;
-    int rc = posix_spawn(&pid, argv[0], &fa, NULL, (char *const *)argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(p[1]);
-    if (rc != 0) {
-        close(p[0]);
-        return -1;
-    }
-    size_t got = 0;
-    ssize_t n;
-    while (got + 1 < len && (n = read(p[0], out + got, len - 1 - got)) > 0)
-        got += (size_t)n;
-    out[got] = '\0';
-    close(p[0]);
-    return harness_wait(pid, RUN_LIMIT_MS);
-}
 
 /* Count the table's data rows (lines not starting with '#' that have 13 fields) and how many of
  * them have a #wrong other than 0 in either mode. */
@@ -106,7 +76,7 @@ static void test_every_collective_checked(void **state)
     char *out = malloc(OUT_BYTES);
     assert_non_null(out);
     const char *argv[] = { PERF_BIN, "--socket", h->socket, "-p", "2", "-t", "all", SWEEP, NULL };
-    int rc = run_all(argv, out, OUT_BYTES);
+    int rc = harness_capture_all(argv, out, OUT_BYTES, RUN_LIMIT_MS);
     if (rc != 0)
         print_message("%s", out);
     assert_int_equal(rc, 0);
@@ -133,7 +103,7 @@ static void test_every_dtype_and_op(void **state)
     assert_non_null(out);
     const char *argv[] = { PERF_BIN, "--socket", h->socket, "-p", "3", "-r", "2", "-t", "all", "-d", "all", "-o", "all",
                            "-b", "8", "-e", "4K", "-f", "8", "-n", "1", "-w", "0", "-c", "1", NULL };
-    int rc = run_all(argv, out, OUT_BYTES);
+    int rc = harness_capture_all(argv, out, OUT_BYTES, RUN_LIMIT_MS);
     if (rc != 0)
         print_message("%s", out);
     assert_int_equal(rc, 0);
@@ -176,7 +146,7 @@ static void test_starts_own_daemon(void **state)
     snprintf(missing, sizeof(missing), "%s/nobody-here.sock", h->dir);
     const char *argv[] = { PERF_BIN, "--socket", missing, "-p", "2", "-b", "8", "-e", "64K", "-f", "8",
                            "-n", "2", "-w", "1", NULL };
-    int rc = run_all(argv, out, OUT_BYTES);
+    int rc = harness_capture_all(argv, out, OUT_BYTES, RUN_LIMIT_MS);
     if (rc != 0)
         print_message("%s", out);
     assert_int_equal(rc, 0);
@@ -229,7 +199,7 @@ static void test_bad_options(void **state)
             argv[n++] = cases[i].args[j];
         argv[n] = NULL;
         char out[4096];
-        int rc = run_all(argv, out, sizeof(out));
+        int rc = harness_capture_all(argv, out, sizeof(out), RUN_LIMIT_MS);
         if (rc != 2 || !strstr(out, cases[i].says))
             print_message("case %zu: exit %d, output:\n%s\n(expected exit 2 and '%s')\n", i, rc, out, cases[i].says);
         assert_int_equal(rc, 2);

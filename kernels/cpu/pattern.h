@@ -1,0 +1,16 @@
+/*
+ * pattern.h - deterministic test inputs per (dtype, rank, salt).
+ */
+#ifndef COLLD_KERNELS_CPU_PATTERN_H
+#define COLLD_KERNELS_CPU_PATTERN_H
+
+#include <colld/colld.h>
+#include <stddef.h>
+
+/* Write elements [first, first+n) of rank `rank`'s input for (dtype, salt) into out. Values are
+ * modest (small integers, floats of a few units with inexact fractions) so that sums, products and
+ * averages are interesting: float results depend on the order, integers may wrap, float16
+ * products may overflow to inf; the scalar oracle defines every answer. */
+void colld_cpu_pattern(colld_dtype_t dt, int rank, unsigned salt, size_t first, size_t n, void *out);
+
+#endif /* COLLD_KERNELS_CPU_PATTERN_H */
