@@ -282,23 +282,41 @@ int colld_policy_parse(colld_daemon_t *d, const char *text, char *err, size_t er
             return -1;
         }
         p = end;
-        colld_policy_t *pol = NULL;
-        for (colld_policy_t *x = d->policies; x; x = x->next)
-            if (x->uid == (uid_t)uid)
-                pol = x;
-        if (!pol) {
-            pol = calloc(1, sizeof(*pol));
-            if (!pol) {
-                snprintf(err, err_len, "out of memory");
-                return -1;
-            }
-            pol->uid = (uid_t)uid;
-            pol->next = d->policies;
-            d->policies = pol;
+        if (colld_policy_set(d, (uid_t)uid, (int)ms) < 0) {
+            snprintf(err, err_len, "out of memory");
+            return -1;
         }
-        pol->max_timeout_ms = (int)ms;
     }
     return 0;
+}
+
+int colld_policy_set(colld_daemon_t *d, uid_t uid, int max_timeout_ms)
+{
+    colld_policy_t *pol = NULL;
+    for (colld_policy_t *x = d->policies; x; x = x->next)
+        if (x->uid == uid)
+            pol = x;
+    if (!pol) {
+        pol = calloc(1, sizeof(*pol));
+        if (!pol)
+            return -1;
+        pol->uid = uid;
+        pol->next = d->policies;
+        d->policies = pol;
+    }
+    pol->max_timeout_ms = max_timeout_ms;
+    return 0;
+}
+
+void colld_policy_clear(colld_daemon_t *d, uid_t uid)
+{
+    for (colld_policy_t **pp = &d->policies; *pp; pp = &(*pp)->next)
+        if ((*pp)->uid == uid) {
+            colld_policy_t *p = *pp;
+            *pp = p->next;
+            free(p);
+            return;
+        }
 }
 
 /* Join rank `rank` of the communicator named by `uid`. Answers now on error; otherwise the answer

@@ -365,13 +365,7 @@ static void on_set_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
     }
     uid_t uid = req->policy->uid;
     if (req->clear) {
-        for (colld_policy_t **pp = &d->policies; *pp; pp = &(*pp)->next)
-            if ((*pp)->uid == uid) {
-                colld_policy_t *p = *pp;
-                *pp = p->next;
-                free(p);
-                break;
-            }
+        colld_policy_clear(d, uid);
         LOG_INFO(RPC, "policy of uid %u cleared by pid %d", (unsigned)uid, (int)s->pid);
         goto out;
     }
@@ -381,11 +375,9 @@ static void on_set_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
                  req->policy->max_timeout_ms, (long long)d->cfg.max_timeout_ms);
         goto out;
     }
-    char spec[64], err[256];
-    snprintf(spec, sizeof(spec), "%u:%d", (unsigned)uid, req->policy->max_timeout_ms);
-    if (colld_policy_parse(d, spec, err, sizeof(err)) < 0) {
+    if (colld_policy_set(d, uid, req->policy->max_timeout_ms) < 0) {
         resp.status = COLLD_ERR_NO_MEMORY;
-        colld_strlcpy(detail, err, sizeof(detail));
+        snprintf(detail, sizeof(detail), "daemon out of memory");
         goto out;
     }
     LOG_INFO(RPC, "policy of uid %u: max timeout %d ms (set by pid %d)", (unsigned)uid, req->policy->max_timeout_ms,

@@ -273,6 +273,9 @@ void colld_dcomm_abort(colld_daemon_t *d, colld_dcomm_t *c, int rank, const char
 int colld_policy_cap(const colld_daemon_t *d, uid_t uid);
 /* Parse "uid:ms,uid:ms" into the policy list. Returns 0, or -1 with a message in err. */
 int colld_policy_parse(colld_daemon_t *d, const char *text, char *err, size_t err_len);
+/* Set (or replace) a tenant's cap; returns 0 or -1 (no memory). Clearing a missing one is a no-op. */
+int colld_policy_set(colld_daemon_t *d, uid_t uid, int max_timeout_ms);
+void colld_policy_clear(colld_daemon_t *d, uid_t uid);
 void colld_policy_free(colld_daemon_t *d);
 void colld_comm_unref(colld_daemon_t *d, colld_dcomm_t *c);
 /* A session is gone: its ranks leave every communicator, which breaks with PEER_LOST. */
@@ -302,9 +305,10 @@ void colld_engine_fail_op(colld_op_t *op, colld_status_t st);
 /* ---- recorder.c: flight recorder and straggler statistics ---- */
 int colld_recorder_init(colld_daemon_t *d, colld_dcomm_t *c);
 void colld_recorder_free(colld_dcomm_t *c);
-/* An executed collective: ops[nranks] by rank, its execution window and status. */
-void colld_recorder_executed(colld_dcomm_t *c, colld_op_t *const *ops, uint64_t start_ns, uint64_t end_ns,
-                             colld_status_t st);
+/* An executed collective: ops[nranks] by rank, its execution window and status. Returns the
+ * first rank's arrival time. */
+uint64_t colld_recorder_executed(colld_dcomm_t *c, colld_op_t *const *ops, uint64_t start_ns, uint64_t end_ns,
+                                 colld_status_t st);
 /* The communicator failed while waiting for collective exec_seq: record the ranks that had
  * posted it (once per collective). */
 void colld_recorder_failed(colld_dcomm_t *c, colld_status_t st, uint64_t now);

@@ -444,10 +444,7 @@ static void finish(colld_daemon_t *d, coll_t *k)
 {
     colld_dcomm_t *c = k->comm;
     colld_status_t st = k->status;
-    colld_recorder_executed(c, k->ops, k->start_ns, k->end_ns, st);
-    uint64_t first = UINT64_MAX;
-    for (int r = 0; r < c->nranks; r++)
-        first = COLLD_MIN(first, k->ops[r]->arrival_ns);
+    uint64_t first = colld_recorder_executed(c, k->ops, k->start_ns, k->end_ns, st);
     colld_metrics_latency(d, k->ops[0]->d.kind, k->end_ns - first);
     for (int r = 0; r < c->nranks; r++)
         colld_engine_fail_op(k->ops[r], st);

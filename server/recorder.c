@@ -95,8 +95,8 @@ static void fill_call(colld_trace_rec_t *t, const colld_wire_sqe_t *d)
     t->root = d->root;
 }
 
-void colld_recorder_executed(colld_dcomm_t *c, colld_op_t *const *ops, uint64_t start_ns, uint64_t end_ns,
-                             colld_status_t st)
+uint64_t colld_recorder_executed(colld_dcomm_t *c, colld_op_t *const *ops, uint64_t start_ns, uint64_t end_ns,
+                                 colld_status_t st)
 {
     uint64_t first = UINT64_MAX;
     for (int r = 0; r < c->nranks; r++)
@@ -109,7 +109,7 @@ void colld_recorder_executed(colld_dcomm_t *c, colld_op_t *const *ops, uint64_t 
         m->late_samples++;
     }
     if (!c->trace_cap)
-        return;
+        return first;
     uint64_t *arrivals;
     colld_trace_rec_t *t = next_rec(c, &arrivals);
     fill_call(t, &ops[0]->d);
@@ -119,6 +119,7 @@ void colld_recorder_executed(colld_dcomm_t *c, colld_op_t *const *ops, uint64_t 
     t->end_ns = end_ns;
     for (int r = 0; r < c->nranks; r++)
         arrivals[r] = ops[r]->arrival_ns;
+    return first;
 }
 
 void colld_recorder_failed(colld_dcomm_t *c, colld_status_t st, uint64_t now)
