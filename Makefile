@@ -8,7 +8,7 @@ CMAKE_ARGS ?=
 
 # Debian 12 packages needed to build colld and run its tests.
 DEB_PACKAGES = gcc make cmake ninja-build pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
-               libuv1-dev libcmocka-dev
+               libuv1-dev libssl-dev libcmocka-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

@@ -25,7 +25,13 @@
 #define COLLD_WIRE_MAGIC 0x434f4c44u /* "COLD" */
 #define COLLD_WIRE_VERSION 1
 #define COLLD_WIRE_TOKEN_BYTES 16
-#define COLLD_WIRE_UNIQUE_ID_BYTES 16
+/* A unique id (the 128 bytes of colld_unique_id_t): 16 random bytes; an id made by a daemon that
+ * listens for peers (multi-node) also carries "CLN1" at byte 16 and that daemon's address
+ * "HOST:PORT" (NUL-terminated) from byte 20. Unused bytes are zero. */
+#define COLLD_WIRE_UNIQUE_ID_BYTES 128
+#define COLLD_WIRE_UID_RANDOM_BYTES 16
+#define COLLD_WIRE_UID_NET_MAGIC "CLN1"
+#define COLLD_WIRE_UID_ADDR_OFFSET 20
 #define COLLD_WIRE_CACHELINE 64
 
 /* ---------------------------------------------------------------------------------------------

@@ -69,10 +69,11 @@ colld_status_t colld_comm_issue_uid(colld_daemon_t *d, colld_session_t *s, uint8
     colld_issued_uid_t *u = calloc(1, sizeof(*u));
     if (!u)
         return COLLD_ERR_NO_MEMORY;
-    if (colld_random_bytes(u->bytes, sizeof(u->bytes)) < 0) {
+    if (colld_random_bytes(u->bytes, COLLD_WIRE_UID_RANDOM_BYTES) < 0) {
         free(u);
         return COLLD_ERR_SYSTEM;
     }
+    colld_cluster_stamp_uid(d, u->bytes); /* a multi-node id when this daemon listens for peers */
     u->tenant = s->uid;
     u->owner = s;
     u->next = d->uids;
@@ -93,6 +94,17 @@ static colld_issued_uid_t *uid_take(colld_daemon_t *d, const uint8_t *uid, uid_t
         }
     }
     return NULL;
+}
+
+bool colld_comm_take_uid(colld_daemon_t *d, const uint8_t *uid, uid_t tenant)
+{
+    colld_issued_uid_t *u = uid_take(d, uid, tenant);
+    if (!u)
+        return false;
+    if (u->owner)
+        u->owner->nuids--;
+    free(u);
+    return true;
 }
 
 /* Give a session a handle for a member: the lowest free slot, growing the table. 0 on failure. */
@@ -148,6 +160,8 @@ void colld_comm_unref(colld_daemon_t *d, colld_dcomm_t *c)
                 "%s after %llu collectives completed, %llu failed", colld_comm_state_name(c->state),
                 (unsigned long long)c->ops_completed, (unsigned long long)c->ops_failed);
     colld_recorder_free(c);
+    if (c->x)
+        colld_xcomm_free(c->x);
     free(c->ranks);
     free(c);
 }
@@ -191,6 +205,8 @@ static void comm_dissolve(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st
     }
     LOG_INFO(COLL, "communicator %llu (%s) dissolved before forming: %s", (unsigned long long)c->id, c->name,
              detail);
+    if (c->x)
+        colld_cluster_comm_failed(d, c, st, rank, detail);
     comm_maybe_free(d, c);
 }
 
@@ -209,6 +225,8 @@ void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, in
         c->error = st;
         colld_strlcpy(c->error_detail, detail, sizeof(c->error_detail));
         c->state = closing ? COLLD_COMM_CLOSING : COLLD_COMM_BROKEN;
+        if (c->x)
+            colld_cluster_comm_failed(d, c, st, rank, detail); /* the other nodes' ranks learn it too */
         if (!closing) {
             LOG_WARN(COLL, "communicator %llu (%s) broken: %s: %s", (unsigned long long)c->id, c->name,
                      colld_status_name(st), detail);
@@ -301,6 +319,7 @@ int colld_policy_set(colld_daemon_t *d, uid_t uid, int max_timeout_ms)
         if (!pol)
             return -1;
         pol->uid = uid;
+        pol->net_algo = -1;
         pol->next = d->policies;
         d->policies = pol;
     }
@@ -363,14 +382,18 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
                  (unsigned long long)c->id);
         goto fail;
     }
+    char root_addr[COLLD_WIRE_UNIQUE_ID_BYTES];
+    bool multi_node = colld_uid_root_addr(uid, root_addr, sizeof(root_addr)) != NULL;
     if (!c) {
-        colld_issued_uid_t *u = uid_take(d, uid, s->uid);
-        if (!u) {
+        /* A multi-node id is checked by its root daemon (it may be this one) when the join
+         * reaches it; a local one must have been issued here. */
+        colld_issued_uid_t *u = multi_node ? NULL : uid_take(d, uid, s->uid);
+        if (!u && !multi_node) {
             snprintf(detail, sizeof(detail), "unknown unique id: not issued by this daemon to this user "
                                              "(get it with colld_get_unique_id on the same host)");
             goto fail;
         }
-        if (u->owner)
+        if (u && u->owner)
             u->owner->nuids--;
         free(u);
         c = calloc(1, sizeof(*c));
@@ -403,6 +426,12 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
             c->ranks[r].comm = c;
             c->ranks[r].rank = r;
         }
+        if (multi_node && colld_cluster_comm_init(d, c, &st, detail, sizeof(detail)) < 0) {
+            colld_recorder_free(c);
+            free(c->ranks);
+            free(c);
+            goto fail;
+        }
         c->next = d->comms;
         d->comms = c;
         LOG_INFO(COLL, "communicator %llu (%s) created: %d ranks, timeout %d ms", (unsigned long long)c->id,
@@ -433,8 +462,22 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
     s->ncomms++;
     c->joined++;
     c->present++;
+    if (c->x) {
+        colld_cluster_joined(d, c, m); /* formed when the root daemon has every rank */
+        return;
+    }
     if (c->joined < c->nranks)
         return;
+    colld_comm_formed(d, c, replies);
+    return;
+fail:
+    LOG_INFO(COLL, "pid %d: join refused: %s", (int)s->pid, detail);
+    colld_reply_add(replies, call, st, detail);
+}
+
+/* Every rank has joined: the communicator is ready; answer the joins (lock held). */
+void colld_comm_formed(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **replies)
+{
     c->state = COLLD_COMM_READY;
     LOG_INFO(COLL, "communicator %llu (%s) formed with %d ranks", (unsigned long long)c->id, c->name, c->nranks);
     colld_metrics_comm_formed(d);
@@ -450,10 +493,6 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
         }
         x->join_call = NULL;
     }
-    return;
-fail:
-    LOG_INFO(COLL, "pid %d: join refused: %s", (int)s->pid, detail);
-    colld_reply_add(replies, call, st, detail);
 }
 
 /* CommDestroy: the rank leaves. Peers that post later collectives get INVALID_USAGE at once
@@ -517,7 +556,10 @@ uint64_t colld_comm_check_join_timeouts(colld_daemon_t *d, uint64_t now, colld_r
     while (c) {
         colld_dcomm_t *following = c->next;
         if (c->state == COLLD_COMM_JOINING) {
-            uint64_t deadline = c->created_ns + (uint64_t)c->timeout_ms * 1000000ull;
+            /* A multi-node communicator's root daemon times the join out and names the missing
+             * ranks; this daemon's own deadline is a second later, for a lost root. */
+            uint64_t grace = c->x ? 1000000000ull : 0;
+            uint64_t deadline = c->created_ns + (uint64_t)c->timeout_ms * 1000000ull + grace;
             if (now >= deadline) {
                 char why[COLLD_DETAIL_LEN];
                 int off = snprintf(why, sizeof(why), "only %d of %d ranks joined within %d ms; missing ranks:",

@@ -53,6 +53,34 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "HOST:PORT to serve Prometheus metrics over HTTP (GET /metrics); off by default, loopback suggested "
       "(127.0.0.1:9464)",
       OPT(metrics_addr), 0, 0 },
+    { "listen", "COLLD_LISTEN", COLLD_CFG_STRING, NULL,
+      "HOST:PORT where peer daemons reach this one (multi-node communicators); off by default. HOST must be an "
+      "address the peers can connect to; port 0 picks a free one",
+      OPT(listen), 0, 0 },
+    { "node-name", "COLLD_NODE_NAME", COLLD_CFG_STRING, NULL,
+      "this daemon's name in multi-node errors and collctl status; default the host name", OPT(node_name), 0, 0 },
+    { "cluster-secret-file", "COLLD_CLUSTER_SECRET_FILE", COLLD_CFG_STRING, NULL,
+      "file holding the cluster secret (at least 16 bytes, mode 600) that daemons prove to each other with an "
+      "HMAC-SHA256 challenge before any message is accepted; required with --listen",
+      OPT(secret_file), 0, 0 },
+    { "net-conns", "COLLD_NET_CONNS", COLLD_CFG_INT, "2", "TCP connections this daemon opens to each peer daemon",
+      OPT(net_conns), 1, 16 },
+    { "net-chunk", "COLLD_NET_CHUNK", COLLD_CFG_SIZE, "512K",
+      "bytes per network message of a multi-node collective (4K..1M, a multiple of 64); the root daemon's value "
+      "applies to a communicator",
+      OPT(net_chunk), 0, 0 },
+    { "heartbeat-ms", "COLLD_HEARTBEAT_MS", COLLD_CFG_INT, "500",
+      "a heartbeat goes to a peer daemon over a connection idle this long (ms)", OPT(heartbeat_ms), 10, 60000 },
+    { "heartbeat-misses", "COLLD_HEARTBEAT_MISSES", COLLD_CFG_INT, "3",
+      "a peer daemon silent for this many heartbeat intervals is lost (COLLD_ERR_NODE_LOST)", OPT(heartbeat_misses),
+      2, 100 },
+    { "net-small-bytes", "COLLD_NET_SMALL_BYTES", COLLD_CFG_SIZE, "64K",
+      "multi-node all-reduces up to this size use recursive doubling, larger ones the ring", OPT(net_small_bytes), 0,
+      0 },
+    { "net-algo", "COLLD_NET_ALGO", COLLD_CFG_STRING, "auto",
+      "multi-node all-reduce algorithm: auto (by size), ring or rd (recursive doubling, for buffers up to "
+      "--net-chunk); collctl policy overrides it per tenant",
+      OPT(net_algo_text), 0, 0 },
     { "socket-mode", "COLLD_SOCKET_MODE", COLLD_CFG_STRING, "0660", "permission bits of both sockets, in octal",
       OPT(socket_mode_text), 0, 0 },
 };

@@ -8,6 +8,7 @@
  * the gRPC thread and take daemon->lock; CommInit is answered later, when all ranks have joined.
  */
 #include "server/daemon.h"
+#include "transport/tcp/tcp.h"
 
 #include "colld.pb-c.h"
 #include "common/log.h"
@@ -242,7 +243,9 @@ static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
         i->id = c->id;
         i->name = strdup(c->name);
         i->nranks = c->nranks;
-        i->joined = c->present;
+        i->joined = c->present; /* ranks here, plus (multi-node) those on other nodes */
+        for (int r = 0; r < c->nranks; r++)
+            i->joined += c->ranks[r].remote;
         i->state = (char *)colld_comm_state_name(c->state);
         i->ops_completed = c->ops_completed;
         i->ops_failed = c->ops_failed;
@@ -253,13 +256,14 @@ static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
         i->members = &mptr[mi];
         for (int r = 0; r < c->nranks; r++) {
             colld_member_t *m = &c->ranks[r];
-            if (!m->session)
+            if (!m->session && !m->remote)
                 continue;
             Colld__V1__CommMemberInfo *x = &minfo[mi];
             colld__v1__comm_member_info__init(x);
             x->rank = r;
-            x->session_id = m->session->id;
+            x->session_id = m->session ? m->session->id : 0;
             x->pid = m->pid;
+            x->node = (char *)colld_cluster_rank_node(c, r);
             x->samples = m->late_samples;
             x->mean_late_us = m->late_samples ? m->late_sum_ns / m->late_samples / 1000 : 0;
             x->max_late_us = m->late_max_ns / 1000;
@@ -275,6 +279,30 @@ static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
     resp.socket = d->cfg.socket;
 unlock:
     pthread_mutex_unlock(&d->lock);
+    /* peer daemons: the transport's own snapshot, taken without daemon->lock */
+    colld_net_peer_info_t peers[64];
+    Colld__V1__PeerInfo pinfo[64], *pptr[64];
+    if (me && d->cluster) {
+        size_t np = colld_cluster_peers(d, peers, 64, &resp.net_payload_sent, &resp.net_payload_received,
+                                        &resp.net_refused);
+        resp.node_name = (char *)colld_cluster_node_name(d);
+        resp.listen = (char *)colld_cluster_listen_addr(d);
+        for (size_t k = 0; k < np && k < 64; k++) {
+            Colld__V1__PeerInfo *x = &pinfo[k];
+            colld__v1__peer_info__init(x);
+            x->name = peers[k].name;
+            x->addr = peers[k].addr;
+            x->state = (char *)peers[k].state;
+            x->conns = peers[k].conns;
+            x->bytes_sent = peers[k].bytes_sent;
+            x->bytes_received = peers[k].bytes_received;
+            x->send_rate = peers[k].send_rate;
+            x->recv_rate = peers[k].recv_rate;
+            x->last_error = peers[k].last_error;
+            pptr[resp.n_peers++] = x;
+        }
+        resp.peers = pptr;
+    }
     resp.detail = (char *)detail;
     resp.daemon_version = (char *)DAEMON_VERSION;
     colld_rpc_reply(call, &resp.base);
@@ -369,19 +397,30 @@ static void on_set_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
         LOG_INFO(RPC, "policy of uid %u cleared by pid %d", (unsigned)uid, (int)s->pid);
         goto out;
     }
-    if (req->policy->max_timeout_ms < 1 || req->policy->max_timeout_ms > d->cfg.max_timeout_ms) {
+    const char *algo_text = req->policy->net_algo;
+    int algo = algo_text && *algo_text ? colld_net_algo_parse(algo_text) : -2;
+    if (algo == -1) {
         resp.status = COLLD_ERR_INVALID_ARGUMENT;
-        snprintf(detail, sizeof(detail), "max_timeout_ms %d is out of range (1..%lld, the daemon's max-timeout-ms)",
-                 req->policy->max_timeout_ms, (long long)d->cfg.max_timeout_ms);
+        snprintf(detail, sizeof(detail), "net_algo '%s' is not auto, ring or rd", algo_text);
         goto out;
     }
-    if (colld_policy_set(d, uid, req->policy->max_timeout_ms) < 0) {
+    int cap = req->policy->max_timeout_ms;
+    if ((cap == 0 && algo == -2) || cap < 0 || cap > d->cfg.max_timeout_ms) {
+        resp.status = COLLD_ERR_INVALID_ARGUMENT;
+        snprintf(detail, sizeof(detail), "max_timeout_ms %d is out of range (1..%lld, the daemon's max-timeout-ms)",
+                 cap, (long long)d->cfg.max_timeout_ms);
+        goto out;
+    }
+    if (colld_policy_set(d, uid, cap ? cap : colld_policy_cap(d, uid)) < 0) {
         resp.status = COLLD_ERR_NO_MEMORY;
         snprintf(detail, sizeof(detail), "daemon out of memory");
         goto out;
     }
-    LOG_INFO(RPC, "policy of uid %u: max timeout %d ms (set by pid %d)", (unsigned)uid, req->policy->max_timeout_ms,
-             (int)s->pid);
+    for (colld_policy_t *p = d->policies; p && algo >= 0; p = p->next)
+        if (p->uid == uid)
+            p->net_algo = algo;
+    LOG_INFO(RPC, "policy of uid %u: max timeout %d ms, multi-node all-reduce %s (set by pid %d)", (unsigned)uid,
+             colld_policy_cap(d, uid), algo >= 0 ? colld_net_algo_name(algo) : "unchanged", (int)s->pid);
 out:
     pthread_mutex_unlock(&d->lock);
     resp.detail = sdetail ? (char *)sdetail : detail;
@@ -414,6 +453,7 @@ static void on_get_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
                 colld__v1__tenant_policy__init(x);
                 x->uid = p->uid;
                 x->max_timeout_ms = p->max_timeout_ms;
+                x->net_algo = p->net_algo >= 0 ? (char *)colld_net_algo_name(p->net_algo) : "";
                 ptr[resp.n_tenants++] = x;
             }
         resp.tenants = ptr;
@@ -596,6 +636,36 @@ static void on_events(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
     colld_events_subscribe(d, call, req->follow, req->backlog, req->only_new, admin, uid);
 }
 
+/* PeerDisconnect: close the connections to a peer daemon (admin). */
+static void on_peer_disconnect(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *ctx)
+{
+    colld_daemon_t *d = ctx;
+    const Colld__V1__PeerDisconnectRequest *req = (const Colld__V1__PeerDisconnectRequest *)msg;
+    Colld__V1__PeerDisconnectResponse resp = COLLD__V1__PEER_DISCONNECT_RESPONSE__INIT;
+    char detail[COLLD_DETAIL_LEN] = "";
+    const char *sdetail = NULL;
+    pthread_mutex_lock(&d->lock);
+    colld_session_t *s = session_of(d, req->session, &resp.status, &sdetail);
+    bool admin = s && is_admin(s);
+    uid_t uid = s ? s->uid : 0;
+    pthread_mutex_unlock(&d->lock);
+    if (s && !admin) {
+        resp.status = COLLD_ERR_PERMISSION_DENIED;
+        snprintf(detail, sizeof(detail), "only root or the daemon's user may disconnect peers (caller uid %u)",
+                 (unsigned)uid);
+    } else if (s && !d->cluster) {
+        resp.status = COLLD_ERR_INVALID_USAGE;
+        snprintf(detail, sizeof(detail), "this daemon has no peers (it was started without --listen)");
+    } else if (s && colld_cluster_disconnect(d, req->peer ? req->peer : "") < 0) {
+        resp.status = COLLD_ERR_INVALID_ARGUMENT;
+        snprintf(detail, sizeof(detail), "no peer daemon '%s' is up", req->peer ? req->peer : "");
+    } else if (s) {
+        LOG_WARN(ADMIN, "peer %s disconnected by an operator", req->peer);
+    }
+    resp.detail = sdetail ? (char *)sdetail : detail;
+    colld_rpc_reply(call, &resp.base);
+}
+
 static const colld_rpc_method_t methods[] = {
     { .path = "/colld.v1.Colld/Attach", .request = &colld__v1__attach_request__descriptor, .handler = on_attach },
     { .path = "/colld.v1.Colld/GetUniqueId",
@@ -615,6 +685,9 @@ static const colld_rpc_method_t methods[] = {
       .request = &colld__v1__events_request__descriptor,
       .handler = on_events,
       .server_streaming = true },
+    { .path = "/colld.v1.Colld/PeerDisconnect",
+      .request = &colld__v1__peer_disconnect_request__descriptor,
+      .handler = on_peer_disconnect },
 };
 
 /* Start the gRPC server on <socket>.rpc. Returns 0 or -1. */

@@ -39,6 +39,8 @@ typedef struct colld_member colld_member_t;
 typedef struct colld_op colld_op_t;
 typedef struct colld_host_pool colld_host_pool_t;
 typedef struct colld_events colld_events_t;
+typedef struct colld_cluster colld_cluster_t;
+typedef struct colld_xcomm colld_xcomm_t;
 
 /* Daemon configuration (filled from the table in config_table.c). */
 typedef struct {
@@ -62,7 +64,21 @@ typedef struct {
     int64_t event_backlog;  /* events kept */
     char *tenant_caps_text; /* "uid:ms,uid:ms" */
     char *metrics_addr;     /* HOST:PORT or NULL */
+    /* multi-node (cluster.c); off without --listen */
+    char *listen;           /* HOST:PORT peers reach this daemon at */
+    char *node_name;        /* default: the host name */
+    char *secret_file;      /* cluster secret */
+    int64_t net_conns;      /* TCP connections this daemon opens to each peer */
+    uint64_t net_chunk;     /* bytes per network message of a collective */
+    int64_t heartbeat_ms;
+    int64_t heartbeat_misses;
+    uint64_t net_small_bytes; /* all-reduces up to this size use recursive doubling */
+    char *net_algo_text;    /* auto, ring or rd */
+    int net_algo;           /* COLLD_NET_ALGO_* parsed from net_algo_text */
 } colld_daemon_config_t;
+
+/* Inter-node all-reduce algorithm (policy override; auto chooses by size). */
+enum { COLLD_NET_ALGO_AUTO = 0, COLLD_NET_ALGO_RING = 1, COLLD_NET_ALGO_RD = 2 };
 
 typedef struct colld_reg {
     uint32_t id;
@@ -144,6 +160,8 @@ struct colld_member {
     colld_rpc_call_t *join_call; /* CommInit answered when all ranks joined */
     pid_t pid;
     bool left;
+    bool remote;              /* the rank lives on another node (multi-node communicators) */
+    int node;                 /* its node index once formed (multi-node) */
     bool notify;              /* owes its session a notice that the communicator broke */
     /* straggler statistics: how long after the first rank this rank posted each executed one */
     uint64_t late_sum_ns, late_max_ns, late_samples;
@@ -184,6 +202,8 @@ struct colld_dcomm {
     unsigned trace_cap;
     uint64_t trace_count;     /* records ever written */
     uint64_t trace_failed_seq; /* the collective last recorded as failed (recorded once) */
+    colld_xcomm_t *x;         /* multi-node state (cluster.c), NULL for a single-node communicator */
+    bool fault_from_peer;     /* the fault being recorded came from another node: do not echo it */
     colld_dcomm_t *next;
 };
 
@@ -198,6 +218,7 @@ typedef struct colld_issued_uid {
 typedef struct colld_policy {
     uid_t uid;
     int max_timeout_ms;       /* > 0: cap of this tenant's communicator timeouts */
+    int net_algo;             /* -1: the daemon's --net-algo; else COLLD_NET_ALGO_* */
     struct colld_policy *next;
 } colld_policy_t;
 
@@ -245,7 +266,18 @@ struct colld_daemon {
     colld_metrics_t *metrics; /* counters (metrics.c), under lock; HTTP endpoint on the loop */
     colld_events_t *events;   /* event backlog and streams (events.c); NULL once stopped */
     colld_policy_t *policies; /* per tenant */
+    colld_cluster_t *cluster; /* peers and multi-node communicators (cluster.c); NULL without --listen */
 };
+
+/* A matched collective, taken out of the members' queues while it executes. ops[] is by rank;
+ * a multi-node communicator's remote ranks have NULL. */
+typedef struct colld_coll {
+    colld_dcomm_t *comm;
+    colld_status_t status;
+    uint64_t start_ns, end_ns;
+    struct colld_coll *next;
+    colld_op_t *ops[]; /* [nranks], by rank */
+} colld_coll_t;
 
 /* ---- session.c: the session socket ---- */
 int colld_sessions_listen(colld_daemon_t *d);
@@ -301,6 +333,51 @@ void colld_engine_complete(colld_session_t *s, uint32_t handle, uint64_t seq, co
 void colld_engine_post_notices(colld_dcomm_t *c);
 /* Fail and free one queued op (lock held). */
 void colld_engine_fail_op(colld_op_t *op, colld_status_t st);
+/* Post the results of an executed collective with k->status and free it (lock held). */
+void colld_engine_finish(colld_daemon_t *d, colld_coll_t *k);
+/* The first local op of a collective (a multi-node one has NULL for remote ranks). */
+colld_op_t *colld_coll_lead(const colld_coll_t *k);
+
+/* Every rank has joined: the communicator is ready; answer the joins (lock held). */
+void colld_comm_formed(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **replies);
+/* Take an issued unique id (it names one communicator only). False if it was not issued here to
+ * this tenant or is used already (lock held). */
+bool colld_comm_take_uid(colld_daemon_t *d, const uint8_t *uid, uid_t tenant);
+
+/* ---- cluster.c: peers, multi-node communicators (membership and faults) ---- */
+/* Start the peer transport when --listen is set (0 otherwise, or on success); -1 on error. */
+int colld_cluster_start(colld_daemon_t *d);
+void colld_cluster_stop(colld_daemon_t *d);
+/* Stamp an issued unique id with this daemon's address when it listens (a multi-node id). */
+void colld_cluster_stamp_uid(const colld_daemon_t *d, uint8_t *uid);
+/* The root daemon's address in a multi-node unique id (into buf), or NULL for a local id. */
+const char *colld_uid_root_addr(const uint8_t *uid, char *buf, size_t len);
+/* First local join of a multi-node communicator: attach its multi-node state. Returns 0, or -1
+ * with a detail and status. (lock held) */
+int colld_cluster_comm_init(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t *st, char *detail, size_t len);
+/* A local rank joined a multi-node communicator: tell the root daemon (lock held). */
+void colld_cluster_joined(colld_daemon_t *d, colld_dcomm_t *c, colld_member_t *m);
+/* A multi-node communicator failed here (lock held): tell the other daemons, unless the fault
+ * came from one of them. */
+void colld_cluster_comm_failed(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, int rank, const char *detail);
+/* Hand a matched collective of a multi-node communicator to the network thread (lock held). */
+void colld_cluster_submit(colld_daemon_t *d, colld_coll_t *k);
+/* Free a communicator's multi-node state (lock held, no collective in flight). */
+void colld_xcomm_free(colld_xcomm_t *x);
+/* Peers and counters for collctl status (call without the lock). Returns the number of peers. */
+struct colld_net_peer_info;
+size_t colld_cluster_peers(colld_daemon_t *d, struct colld_net_peer_info *out, size_t max, uint64_t *sent,
+                           uint64_t *received, uint64_t *refused);
+/* Close the connections to a peer (operator, tests). Returns 0 or -1 (no such peer up). */
+int colld_cluster_disconnect(colld_daemon_t *d, const char *peer);
+/* "auto", "ring", "rd" -> COLLD_NET_ALGO_*, -1 if unknown; and back. */
+int colld_net_algo_parse(const char *text);
+const char *colld_net_algo_name(int algo);
+/* This daemon's node name and peer address (cluster running). */
+const char *colld_cluster_node_name(const colld_daemon_t *d);
+const char *colld_cluster_listen_addr(const colld_daemon_t *d);
+/* The node name of a rank's daemon for display ("" when local or unknown) (lock held). */
+const char *colld_cluster_rank_node(const colld_dcomm_t *c, int rank);
 
 /* ---- recorder.c: flight recorder and straggler statistics ---- */
 int colld_recorder_init(colld_daemon_t *d, colld_dcomm_t *c);

@@ -23,14 +23,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-/* A matched collective, taken out of the members' queues while it executes. */
-typedef struct coll {
-    colld_dcomm_t *comm;
-    colld_status_t status;
-    uint64_t start_ns, end_ns;
-    struct coll *next;
-    colld_op_t *ops[]; /* [nranks], by rank */
-} coll_t;
+typedef colld_coll_t coll_t;
 
 /* Operation records are recycled through a free list (lock held), so the per-collective path does
  * not call the allocator for them. */
@@ -344,12 +337,21 @@ static int describe_call(char *buf, size_t len, int rank, const colld_wire_sqe_t
  * agreeing) or fail them all with MISMATCH. Returns the coll or NULL. */
 static coll_t *match_comm(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **replies)
 {
-    for (int r = 0; r < c->nranks; r++)
+    const colld_wire_sqe_t *a = NULL;
+    for (int r = 0; r < c->nranks; r++) {
+        if (c->ranks[r].remote)
+            continue; /* another node matches its own ranks */
         if (!c->ranks[r].head)
             return NULL;
-    const colld_wire_sqe_t *a = &c->ranks[0].head->d;
+        if (!a)
+            a = &c->ranks[r].head->d;
+    }
+    if (!a)
+        return NULL;
     bool same = true;
-    for (int r = 1; r < c->nranks && same; r++) {
+    for (int r = 0; r < c->nranks && same; r++) {
+        if (c->ranks[r].remote)
+            continue;
         const colld_wire_sqe_t *b = &c->ranks[r].head->d;
         same = a->kind == b->kind && a->dtype == b->dtype && a->count == b->count &&
                (!has_op(a->kind) || a->redop == b->redop) && (!has_root(a->kind) || a->root == b->root);
@@ -358,7 +360,8 @@ static coll_t *match_comm(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **r
         char why[COLLD_DETAIL_LEN];
         int off = snprintf(why, sizeof(why), "collective #%llu differs between ranks: ", (unsigned long long)a->seq);
         for (int r = 0; r < c->nranks && off < (int)sizeof(why) - 1; r++)
-            off += describe_call(why + off, sizeof(why) - (size_t)off, r, &c->ranks[r].head->d);
+            if (!c->ranks[r].remote)
+                off += describe_call(why + off, sizeof(why) - (size_t)off, r, &c->ranks[r].head->d);
         colld_comm_break(d, c, COLLD_ERR_MISMATCH, -1, why, replies);
         return NULL;
     }
@@ -370,6 +373,8 @@ static coll_t *match_comm(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **r
     for (int r = 0; r < c->nranks; r++) {
         colld_member_t *m = &c->ranks[r];
         k->ops[r] = m->head;
+        if (m->remote)
+            continue;
         m->head = m->head->next;
         if (!m->head)
             m->tail = NULL;
@@ -389,7 +394,7 @@ static uint64_t check_op_timeouts(colld_daemon_t *d, colld_dcomm_t *c, uint64_t 
 {
     uint64_t first = UINT64_MAX;
     for (int r = 0; r < c->nranks; r++)
-        if (c->ranks[r].head && c->ranks[r].head->arrival_ns < first)
+        if (!c->ranks[r].remote && c->ranks[r].head && c->ranks[r].head->arrival_ns < first)
             first = c->ranks[r].head->arrival_ns;
     if (first == UINT64_MAX)
         return UINT64_MAX;
@@ -400,7 +405,7 @@ static uint64_t check_op_timeouts(colld_daemon_t *d, colld_dcomm_t *c, uint64_t 
     int off = snprintf(why, sizeof(why), "collective #%llu timed out after %d ms: rank(s)",
                        (unsigned long long)c->exec_seq, c->timeout_ms);
     for (int r = 0; r < c->nranks && off < (int)sizeof(why) - 64; r++)
-        if (!c->ranks[r].head)
+        if (!c->ranks[r].head && !c->ranks[r].remote)
             off += snprintf(why + off, sizeof(why) - (size_t)off, " %d", r);
     off += snprintf(why + off, sizeof(why) - (size_t)off, " never arrived; waiting:");
     for (int r = 0; r < c->nranks && off < (int)sizeof(why) - 40; r++)
@@ -439,15 +444,25 @@ static colld_status_t execute(colld_daemon_t *d, coll_t *k)
     return colld_host_pool_run(d->pool, &job);
 }
 
+/* The first local op of a collective. */
+colld_op_t *colld_coll_lead(const colld_coll_t *k)
+{
+    for (int r = 0; r < k->comm->nranks; r++)
+        if (k->ops[r])
+            return k->ops[r];
+    return NULL;
+}
+
 /* Post the results of an executed collective and release everything it held (lock held). */
-static void finish(colld_daemon_t *d, coll_t *k)
+void colld_engine_finish(colld_daemon_t *d, coll_t *k)
 {
     colld_dcomm_t *c = k->comm;
     colld_status_t st = k->status;
     uint64_t first = colld_recorder_executed(c, k->ops, k->start_ns, k->end_ns, st);
-    colld_metrics_latency(d, k->ops[0]->d.kind, k->end_ns - first);
+    colld_metrics_latency(d, colld_coll_lead(k)->d.kind, k->end_ns - first);
     for (int r = 0; r < c->nranks; r++)
-        colld_engine_fail_op(k->ops[r], st);
+        if (k->ops[r])
+            colld_engine_fail_op(k->ops[r], st);
     if (st == COLLD_OK)
         c->ops_completed++;
     else
@@ -475,6 +490,11 @@ static int engine_pass(colld_daemon_t *d, coll_t **batch, uint64_t *next_deadlin
         if (c->state != COLLD_COMM_READY)
             continue;
         coll_t *k = match_comm(d, c, replies);
+        if (k && c->x) {
+            colld_cluster_submit(d, k); /* the network thread runs it */
+            work++;
+            continue;
+        }
         if (k) {
             k->next = *batch;
             *batch = k;
@@ -534,7 +554,7 @@ static void *engine_main(void *arg)
             while (batch) {
                 coll_t *k = batch;
                 batch = k->next;
-                finish(d, k);
+                colld_engine_finish(d, k);
             }
             pthread_mutex_unlock(&d->lock);
         }

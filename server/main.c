@@ -92,6 +92,16 @@ static int finish_config(colld_daemon_t *d)
         return -1;
     }
     c->socket_mode = (unsigned)mode;
+    c->net_algo = colld_net_algo_parse(c->net_algo_text);
+    if (c->net_algo < 0) {
+        fprintf(stderr, "colld: --net-algo: '%s' is not auto, ring or rd\n", c->net_algo_text ? c->net_algo_text : "");
+        return -1;
+    }
+    if (c->net_chunk < 4096 || c->net_chunk > (1u << 20) || c->net_chunk % 64) {
+        fprintf(stderr, "colld: --net-chunk: %llu must be 4K..1M and a multiple of 64\n",
+                (unsigned long long)c->net_chunk);
+        return -1;
+    }
     if (c->workers == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         c->workers = n > 0 ? n : 1;
@@ -126,6 +136,7 @@ static void on_signal(uv_signal_t *h, int signum)
     colld_metrics_stop(d);
     colld_sessions_close_all(d);
     colld_control_stop(d);
+    colld_cluster_stop(d);
     colld_engine_stop(d);
     uv_close((uv_handle_t *)&d->async, NULL);
     uv_close((uv_handle_t *)&d->sigterm, NULL);
@@ -195,6 +206,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "colld: start-up failed; run with --log-level info for details\n");
         goto out_stop;
     }
+    if (colld_cluster_start(&d) < 0) {
+        fprintf(stderr, "colld: cannot serve peer daemons on --listen %s (see the log above)\n", d.cfg.listen);
+        goto out_stop;
+    }
     chmod(d.rpc_path, (mode_t)d.cfg.socket_mode);
     if (colld_sessions_listen(&d) < 0) {
         fprintf(stderr, "colld: cannot listen on %s: %s\n", d.cfg.socket, strerror(errno));
@@ -209,6 +224,9 @@ int main(int argc, char **argv)
     fprintf(stderr, "colld %d.%d: serving %s (control %s), host backend with %lld workers, %s kernels%s%s\n",
             COLLD_VERSION_MAJOR, COLLD_VERSION_MINOR, d.cfg.socket, d.rpc_path, (long long)d.cfg.workers,
             colld_cpu_reduce_impl(), metrics_url ? ", metrics on " : "", metrics_url ? metrics_url : "");
+    if (d.cluster)
+        fprintf(stderr, "colld: node %s listening for peer daemons on %s\n", colld_cluster_node_name(&d),
+                colld_cluster_listen_addr(&d));
     uv_run(&d.loop, UV_RUN_DEFAULT);
     rc = 0;
     fprintf(stderr, "colld: stopped\n");
@@ -219,6 +237,7 @@ out_stop:
     colld_metrics_stop(&d);
     colld_sessions_close_all(&d);
     colld_control_stop(&d);
+    colld_cluster_stop(&d);
     colld_engine_stop(&d);
     uv_close((uv_handle_t *)&d.async, NULL);
     uv_close((uv_handle_t *)&d.sigterm, NULL);

@@ -99,10 +99,17 @@ uint64_t colld_recorder_executed(colld_dcomm_t *c, colld_op_t *const *ops, uint6
                                  colld_status_t st)
 {
     uint64_t first = UINT64_MAX;
+    const colld_op_t *lead = NULL; /* remote ranks (multi-node) have no op here */
     for (int r = 0; r < c->nranks; r++)
-        first = COLLD_MIN(first, ops[r]->arrival_ns);
+        if (ops[r]) {
+            first = COLLD_MIN(first, ops[r]->arrival_ns);
+            if (!lead)
+                lead = ops[r];
+        }
     for (int r = 0; r < c->nranks; r++) {
         colld_member_t *m = &c->ranks[r];
+        if (!ops[r])
+            continue;
         uint64_t late = ops[r]->arrival_ns - first;
         m->late_sum_ns += late;
         m->late_max_ns = COLLD_MAX(m->late_max_ns, late);
@@ -112,13 +119,13 @@ uint64_t colld_recorder_executed(colld_dcomm_t *c, colld_op_t *const *ops, uint6
         return first;
     uint64_t *arrivals;
     colld_trace_rec_t *t = next_rec(c, &arrivals);
-    fill_call(t, &ops[0]->d);
+    fill_call(t, &lead->d);
     t->status = st;
     t->first_ns = first;
     t->start_ns = start_ns;
     t->end_ns = end_ns;
     for (int r = 0; r < c->nranks; r++)
-        arrivals[r] = ops[r]->arrival_ns;
+        arrivals[r] = ops[r] ? ops[r]->arrival_ns : 0;
     return first;
 }
 

@@ -4,13 +4,16 @@
  *   collctl [--socket PATH] [--json] status
  *   collctl [--socket PATH] [--json] trace COMM
  *   collctl [--socket PATH] [--json] events [--follow] [--backlog N] [--new]
- *   collctl [--socket PATH] [--json] policy [set UID --max-timeout-ms MS | clear UID]
+ *   collctl [--socket PATH] [--json] policy [set UID [--max-timeout-ms MS] [--net-algo ALGO] | clear UID]
  *   collctl [--socket PATH] abort COMM [--reason TEXT]
+ *   collctl [--socket PATH] peer disconnect NAME
  *
- * status lists sessions and communicators (with each one's slowest rank); trace prints a
- * communicator's flight recorder; events prints the daemon's events (and keeps printing them with
- * --follow); policy shows or changes per-tenant timeout caps (admin); abort fails a communicator
- * for every rank. --json prints one JSON object (events: one per line).
+ * status lists sessions and communicators (with each one's slowest rank) and, on a multi-node
+ * daemon (started with --listen), its node and peer daemons; trace prints a communicator's flight
+ * recorder; events prints the daemon's events (and keeps printing them with --follow); policy shows
+ * or changes per-tenant timeout caps and multi-node all-reduce algorithms (admin); abort fails a
+ * communicator for every rank; peer disconnect closes the connections to a peer daemon (admin).
+ * --json prints one JSON object (events: one per line).
  */
 #include "client/client_internal.h"
 #include "colld.pb-c.h"
@@ -26,7 +29,8 @@ static const char USAGE[] =
     "usage: collctl [--socket PATH] [--json] COMMAND [ARGS]\n"
     "\n"
     "Commands:\n"
-    "  status                     sessions and communicators of the daemon, slowest ranks\n"
+    "  status                     sessions and communicators of the daemon, slowest ranks; on a\n"
+    "                             multi-node daemon also its node and peer daemons\n"
     "  trace COMM                 flight recorder of communicator COMM: the last collectives, when each\n"
     "                             rank posted them, how they ended; per-rank lateness\n"
     "  events [--follow] [--backlog N] [--new]\n"
@@ -34,11 +38,14 @@ static const char USAGE[] =
     "                             keeps printing new ones until interrupted; --backlog N shows at most N\n"
     "                             past events first, --new none\n"
     "  policy                     per-tenant policy\n"
-    "  policy set UID --max-timeout-ms MS\n"
-    "                             cap the timeout of uid UID's new communicators (admin only)\n"
+    "  policy set UID [--max-timeout-ms MS] [--net-algo auto|ring|rd]\n"
+    "                             cap the timeout of uid UID's new communicators and/or choose their\n"
+    "                             multi-node all-reduce algorithm (at least one option; admin only)\n"
     "  policy clear UID           remove uid UID's policy (admin only)\n"
     "  abort COMM [--reason TEXT] fail every pending and later operation of COMM on every rank with\n"
     "                             COLLD_ERR_ABORTED (admin, or the communicator's own user)\n"
+    "  peer disconnect NAME       close the connections to peer daemon NAME (node name or address), as\n"
+    "                             if its link broke; communicators spanning it fail (admin only)\n"
     "\n"
     "Options:\n"
     "  --socket PATH  the daemon's socket (env COLLD_SOCKET; default /run/colld/colld.sock for root,\n"
@@ -69,7 +76,29 @@ static void print_json(const Colld__V1__StatusResponse *r)
     json_str(r->daemon_version);
     printf(",\"daemon_pid\":%d,\"started_unix_ms\":%lld,\"socket\":", r->pid, (long long)r->started_unix_ms);
     json_str(r->socket);
-    printf(",\"sessions\":[");
+    printf(",\"node_name\":");
+    json_str(r->node_name);
+    printf(",\"listen\":");
+    json_str(r->listen);
+    printf(",\"net_payload_sent\":%llu,\"net_payload_received\":%llu,\"net_refused\":%llu,\"peers\":[",
+           (unsigned long long)r->net_payload_sent, (unsigned long long)r->net_payload_received,
+           (unsigned long long)r->net_refused);
+    for (size_t i = 0; i < r->n_peers; i++) {
+        const Colld__V1__PeerInfo *p = r->peers[i];
+        printf("%s{\"name\":", i ? "," : "");
+        json_str(p->name);
+        printf(",\"addr\":");
+        json_str(p->addr);
+        printf(",\"state\":");
+        json_str(p->state);
+        printf(",\"conns\":%d,\"bytes_sent\":%llu,\"bytes_received\":%llu,\"send_rate\":%.1f,\"recv_rate\":%.1f,"
+               "\"last_error\":",
+               p->conns, (unsigned long long)p->bytes_sent, (unsigned long long)p->bytes_received, p->send_rate,
+               p->recv_rate);
+        json_str(p->last_error);
+        printf("}");
+    }
+    printf("],\"sessions\":[");
     for (size_t i = 0; i < r->n_sessions; i++) {
         const Colld__V1__SessionInfo *s = r->sessions[i];
         printf("%s{\"id\":%llu,\"pid\":%d,\"uid\":%u,\"gid\":%u,\"attached_unix_ms\":%lld,\"process\":", i ? "," : "",
@@ -91,9 +120,10 @@ static void print_json(const Colld__V1__StatusResponse *r)
         printf(",\"slowest_rank\":%d,\"members\":[", c->slowest_rank);
         for (size_t m = 0; m < c->n_members; m++) {
             const Colld__V1__CommMemberInfo *x = c->members[m];
-            printf("%s{\"rank\":%d,\"session\":%llu,\"pid\":%d,\"samples\":%llu,\"mean_late_us\":%llu,"
-                   "\"max_late_us\":%llu}",
-                   m ? "," : "", x->rank, (unsigned long long)x->session_id, x->pid, (unsigned long long)x->samples,
+            printf("%s{\"rank\":%d,\"session\":%llu,\"pid\":%d,\"node\":", m ? "," : "", x->rank,
+                   (unsigned long long)x->session_id, x->pid);
+            json_str(x->node);
+            printf(",\"samples\":%llu,\"mean_late_us\":%llu,\"max_late_us\":%llu}", (unsigned long long)x->samples,
                    (unsigned long long)x->mean_late_us, (unsigned long long)x->max_late_us);
         }
         printf("]}");
@@ -122,11 +152,45 @@ static void fmt_bytes(uint64_t b, char *buf, size_t len)
     snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
 }
 
+/* Where a communicator member lives: "pid 1234", or "node NAME" for a rank on another node. */
+static void fmt_member(const Colld__V1__CommMemberInfo *x, char *buf, size_t len)
+{
+    if (x->node && *x->node)
+        snprintf(buf, len, "node %s", x->node);
+    else
+        snprintf(buf, len, "pid %d", x->pid);
+}
+
+/* A multi-node daemon's node, its traffic and its peer daemons. */
+static void print_peers(const Colld__V1__StatusResponse *r)
+{
+    char sent[32], received[32], rate_s[32], rate_r[32];
+    fmt_bytes(r->net_payload_sent, sent, sizeof(sent));
+    fmt_bytes(r->net_payload_received, received, sizeof(received));
+    printf("node %s listening on %s: %s sent, %s received to peers, %llu connections refused\n\n", r->node_name,
+           r->listen, sent, received, (unsigned long long)r->net_refused);
+    printf("PEERS (%zu)\n", r->n_peers);
+    printf("  %-16s %-21s %-10s %5s %10s %10s %10s %10s  %s\n", "NAME", "ADDR", "STATE", "CONNS", "SENT", "RECEIVED",
+           "SEND/s", "RECV/s", "LAST-ERROR");
+    for (size_t i = 0; i < r->n_peers; i++) {
+        const Colld__V1__PeerInfo *p = r->peers[i];
+        fmt_bytes(p->bytes_sent, sent, sizeof(sent));
+        fmt_bytes(p->bytes_received, received, sizeof(received));
+        fmt_bytes(p->send_rate > 0 ? (uint64_t)p->send_rate : 0, rate_s, sizeof(rate_s));
+        fmt_bytes(p->recv_rate > 0 ? (uint64_t)p->recv_rate : 0, rate_r, sizeof(rate_r));
+        printf("  %-16s %-21s %-10s %5d %10s %10s %10s %10s  %s\n", p->name, p->addr, p->state, p->conns, sent,
+               received, rate_s, rate_r, p->last_error && *p->last_error ? p->last_error : "-");
+    }
+    printf("\n");
+}
+
 static void print_text(const Colld__V1__StatusResponse *r)
 {
     char when[32], size[32];
     fmt_time(r->started_unix_ms, when, sizeof(when));
     printf("colld %s, pid %d, started %s, socket %s\n\n", r->daemon_version, r->pid, when, r->socket);
+    if (r->node_name && *r->node_name)
+        print_peers(r);
     printf("SESSIONS (%zu)\n", r->n_sessions);
     printf("  %-6s %-8s %-6s %-20s %-19s %5s %10s\n", "ID", "PID", "UID", "PROCESS", "ATTACHED", "COMMS", "SHARED");
     for (size_t i = 0; i < r->n_sessions; i++) {
@@ -147,16 +211,20 @@ static void print_text(const Colld__V1__StatusResponse *r)
         snprintf(to, sizeof(to), "%d ms", c->timeout_ms);
         printf("  %-6llu %-16s %5d %6d %-8s %12llu %10llu %10s\n", (unsigned long long)c->id, c->name, c->nranks,
                c->joined, c->state, (unsigned long long)c->ops_completed, (unsigned long long)c->ops_failed, to);
+        char where[96];
         printf("         ranks:");
-        for (size_t m = 0; m < c->n_members; m++)
-            printf(" %d=pid %d", c->members[m]->rank, c->members[m]->pid);
+        for (size_t m = 0; m < c->n_members; m++) {
+            fmt_member(c->members[m], where, sizeof(where));
+            printf(" %d=%s", c->members[m]->rank, where);
+        }
         printf("\n");
         for (size_t m = 0; m < c->n_members; m++) {
             const Colld__V1__CommMemberInfo *x = c->members[m];
+            fmt_member(x, where, sizeof(where));
             if (x->rank == c->slowest_rank)
-                printf("         slowest: rank %d (pid %d), on average %.3f ms behind the first rank, at worst "
+                printf("         slowest: rank %d (%s), on average %.3f ms behind the first rank, at worst "
                        "%.3f ms, over %llu collectives\n",
-                       x->rank, x->pid, (double)x->mean_late_us / 1000.0, (double)x->max_late_us / 1000.0,
+                       x->rank, where, (double)x->mean_late_us / 1000.0, (double)x->max_late_us / 1000.0,
                        (unsigned long long)x->samples);
         }
         if (c->last_error && *c->last_error)
@@ -450,7 +518,7 @@ static int cmd_events(colld_client_t *c, int follow, uint32_t backlog, int only_
 }
 
 /* ============================================================================================
- * policy, abort
+ * policy, abort, peer disconnect
  * ========================================================================================== */
 
 static int cmd_policy_show(colld_client_t *c, int json)
@@ -466,15 +534,23 @@ static int cmd_policy_show(colld_client_t *c, int json)
     if (json) {
         printf("{\"default_timeout_ms\":%d,\"max_timeout_ms\":%d,\"tenants\":[", resp->default_timeout_ms,
                resp->max_timeout_ms);
-        for (size_t i = 0; i < resp->n_tenants; i++)
-            printf("%s{\"uid\":%u,\"max_timeout_ms\":%d}", i ? "," : "", resp->tenants[i]->uid,
+        for (size_t i = 0; i < resp->n_tenants; i++) {
+            printf("%s{\"uid\":%u,\"max_timeout_ms\":%d,\"net_algo\":", i ? "," : "", resp->tenants[i]->uid,
                    resp->tenants[i]->max_timeout_ms);
+            json_str(resp->tenants[i]->net_algo);
+            printf("}");
+        }
         printf("]}\n");
     } else {
         printf("default timeout %d ms, daemon-wide cap %d ms\n", resp->default_timeout_ms, resp->max_timeout_ms);
-        printf("%8s %16s\n", "UID", "MAX-TIMEOUT");
-        for (size_t i = 0; i < resp->n_tenants; i++)
-            printf("%8u %13d ms\n", resp->tenants[i]->uid, resp->tenants[i]->max_timeout_ms);
+        printf("%8s %16s  %s\n", "UID", "MAX-TIMEOUT", "NET-ALGO");
+        for (size_t i = 0; i < resp->n_tenants; i++) {
+            const Colld__V1__TenantPolicy *t = resp->tenants[i];
+            char cap[32] = "-"; /* 0: no tenant cap, only the daemon-wide one */
+            if (t->max_timeout_ms > 0)
+                snprintf(cap, sizeof(cap), "%d ms", t->max_timeout_ms);
+            printf("%8u %16s  %s\n", t->uid, cap, t->net_algo && *t->net_algo ? t->net_algo : "(daemon default)");
+        }
         if (!resp->n_tenants)
             printf("  (no per-tenant policy)\n");
     }
@@ -482,7 +558,8 @@ static int cmd_policy_show(colld_client_t *c, int json)
     return 0;
 }
 
-static int cmd_policy_set(colld_client_t *c, uint32_t uid, int max_timeout_ms, int clear)
+/* Set uid's policy (max_timeout_ms 0: keep the timeout cap; net_algo NULL: keep the algorithm), or clear it. */
+static int cmd_policy_set(colld_client_t *c, uint32_t uid, int max_timeout_ms, const char *net_algo, int clear)
 {
     Colld__V1__SetPolicyRequest req = COLLD__V1__SET_POLICY_REQUEST__INIT;
     Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
@@ -491,6 +568,7 @@ static int cmd_policy_set(colld_client_t *c, uint32_t uid, int max_timeout_ms, i
     req.session = &ref;
     pol.uid = uid;
     pol.max_timeout_ms = max_timeout_ms;
+    pol.net_algo = (char *)(net_algo ? net_algo : "");
     req.policy = &pol;
     req.clear = clear;
     Colld__V1__SetPolicyResponse *resp = NULL;
@@ -518,6 +596,22 @@ static int cmd_abort(colld_client_t *c, uint64_t comm, const char *reason)
     return 0;
 }
 
+static int cmd_peer_disconnect(colld_client_t *c, const char *peer)
+{
+    Colld__V1__PeerDisconnectRequest req = COLLD__V1__PEER_DISCONNECT_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    colld__client_session_ref(c, &ref);
+    req.session = &ref;
+    req.peer = (char *)peer;
+    Colld__V1__PeerDisconnectResponse *resp = NULL;
+    if (call(c, "peer disconnect", "/colld.v1.Colld/PeerDisconnect", &req.base,
+             &colld__v1__peer_disconnect_response__descriptor, (ProtobufCMessage **)&resp))
+        return 1;
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    printf("connections to peer %s closed\n", peer);
+    return 0;
+}
+
 /* ============================================================================================
  * Command line
  * ========================================================================================== */
@@ -536,11 +630,23 @@ static int parse_uint(const char *opt, const char *text, long long max, long lon
     return 0;
 }
 
+/* A multi-node all-reduce algorithm name, as the daemon accepts it. Returns 0 or prints why not and
+ * returns -1. */
+static int check_net_algo(const char *text)
+{
+    static const char *const algos[] = { "auto", "ring", "rd" };
+    for (size_t i = 0; text && i < sizeof(algos) / sizeof(algos[0]); i++)
+        if (strcmp(text, algos[i]) == 0)
+            return 0;
+    fprintf(stderr, "collctl: --net-algo expects auto, ring or rd, got '%s'\n", text ? text : "");
+    return -1;
+}
+
 #define MAX_ARGS 8
 
 int main(int argc, char **argv)
 {
-    const char *socket = NULL, *reason = NULL;
+    const char *socket = NULL, *reason = NULL, *net_algo = NULL;
     const char *args[MAX_ARGS];
     int nargs = 0, json = 0, follow = 0, only_new = 0;
     long long backlog = 0, max_timeout = -1;
@@ -561,6 +667,10 @@ int main(int argc, char **argv)
                 return 2;
         } else if (strcmp(a, "--max-timeout-ms") == 0) {
             if (parse_uint(a, i + 1 < argc ? argv[++i] : NULL, INT32_MAX, &max_timeout) < 0)
+                return 2;
+        } else if (strcmp(a, "--net-algo") == 0) {
+            net_algo = i + 1 < argc ? argv[++i] : NULL;
+            if (check_net_algo(net_algo) < 0)
                 return 2;
         } else if (strcmp(a, "--reason") == 0 && i + 1 < argc)
             reason = argv[++i];
@@ -596,11 +706,18 @@ int main(int argc, char **argv)
             policy_mode = strcmp(args[1], "set") == 0 ? 1 : 2;
             if (parse_uint("UID", args[2], UINT32_MAX - 1, &uid) < 0)
                 return 2;
-            if (policy_mode == 1 && max_timeout < 1) {
-                fprintf(stderr, "collctl: policy set UID needs --max-timeout-ms MS (at least 1)\n");
+            if (policy_mode == 1 && max_timeout < 0 && !net_algo) {
+                fprintf(stderr, "collctl: policy set UID needs --max-timeout-ms MS, --net-algo ALGO or both\n");
+                return 2;
+            }
+            if (policy_mode == 1 && max_timeout == 0) {
+                fprintf(stderr, "collctl: --max-timeout-ms must be at least 1\n");
                 return 2;
             }
         } else
+            goto usage;
+    } else if (strcmp(cmd, "peer") == 0) {
+        if (nargs != 3 || strcmp(args[1], "disconnect") != 0 || !*args[2])
             goto usage;
     } else {
         fprintf(stderr, "collctl: unknown command '%s'\n%s", cmd, USAGE);
@@ -622,10 +739,12 @@ int main(int argc, char **argv)
         rc = cmd_events(c, follow, (uint32_t)backlog, only_new, json);
     else if (strcmp(cmd, "abort") == 0)
         rc = cmd_abort(c, comm, reason);
+    else if (strcmp(cmd, "peer") == 0)
+        rc = cmd_peer_disconnect(c, args[2]);
     else if (policy_mode == 0)
         rc = cmd_policy_show(c, json);
     else
-        rc = cmd_policy_set(c, (uint32_t)uid, (int)max_timeout, policy_mode == 2);
+        rc = cmd_policy_set(c, (uint32_t)uid, max_timeout > 0 ? (int)max_timeout : 0, net_algo, policy_mode == 2);
     colld_disconnect(c);
     return rc;
 usage:

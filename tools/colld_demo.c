@@ -24,7 +24,7 @@ typedef struct {
     const char *socket;
     int nranks, rank, iters, warmup, use_malloc;
     size_t min_bytes, max_bytes;
-    char uid_hex[33];
+    char uid_hex[2 * sizeof(((colld_unique_id_t *)0)->internal) + 1];
 } demo_t;
 
 static double now_us(void)
@@ -59,8 +59,8 @@ static int run_rank(const demo_t *d)
     colld_comm_t *comm;
     colld_unique_id_t id;
     memset(&id, 0, sizeof(id));
-    for (int i = 0; i < 16; i++) {
-        unsigned v;
+    for (size_t i = 0; i < sizeof(id.internal) && d->uid_hex[2 * i]; i++) {
+        unsigned v = 0;
         sscanf(d->uid_hex + 2 * i, "%2x", &v);
         id.internal[i] = (char)v;
     }
@@ -184,8 +184,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "colld-demo: unique id: %s\n", colld_status_name(st));
         return 1;
     }
-    char hex[33], nr[16], rk[16], it[16], mn[32], mx[32];
-    for (int i = 0; i < 16; i++)
+    char hex[2 * sizeof(id.internal) + 1], nr[16], rk[16], it[16], mn[32], mx[32];
+    for (size_t i = 0; i < sizeof(id.internal); i++)
         sprintf(hex + 2 * i, "%02x", (unsigned char)id.internal[i]);
     snprintf(nr, sizeof(nr), "%d", d.nranks);
     snprintf(it, sizeof(it), "%d", d.iters);

@@ -46,3 +46,25 @@ void colld_cpu_pattern(colld_dtype_t dt, int rank, unsigned salt, size_t first, 
     }
 }
 
+
+/* See pattern.h. */
+void colld_cpu_pattern_small(colld_dtype_t dt, int rank, unsigned salt, size_t first, size_t n, void *out)
+{
+    uint64_t seed = mix(((uint64_t)salt << 32) ^ ((uint64_t)dt << 24) ^ (uint64_t)(rank + 1) ^ 0x5a5a5a5aull);
+    for (size_t i = 0; i < n; i++) {
+        int v = (int)(mix(seed + (uint64_t)(first + i) * 0x9e3779b97f4a7c15ull) % 5) - 2; /* -2..2 */
+        switch (dt) {
+        case COLLD_INT8: ((int8_t *)out)[i] = (int8_t)v; break;
+        case COLLD_UINT8: ((uint8_t *)out)[i] = (uint8_t)(v + 2); break;
+        case COLLD_INT32: ((int32_t *)out)[i] = v; break;
+        case COLLD_UINT32: ((uint32_t *)out)[i] = (uint32_t)(v + 2); break;
+        case COLLD_INT64: ((int64_t *)out)[i] = v; break;
+        case COLLD_UINT64: ((uint64_t *)out)[i] = (uint64_t)(v + 2); break;
+        case COLLD_FLOAT16: ((uint16_t *)out)[i] = colld_float_to_half((float)v); break;
+        case COLLD_BFLOAT16: ((uint16_t *)out)[i] = colld_float_to_bf16((float)v); break;
+        case COLLD_FLOAT32: ((float *)out)[i] = (float)v; break;
+        case COLLD_FLOAT64: ((double *)out)[i] = (double)v; break;
+        default: break;
+        }
+    }
+}

@@ -13,4 +13,9 @@
  * products may overflow to inf; the scalar oracle defines every answer. */
 void colld_cpu_pattern(colld_dtype_t dt, int rank, unsigned salt, size_t first, size_t n, void *out);
 
+/* The same for inputs whose every reduction is exact in every dtype (integers -2..2, 0..4 for
+ * unsigned types, for up to 8 ranks): any order of combining gives bitwise the same result, so a
+ * hierarchical (multi-node) reduction can be checked against the rank-order oracle. */
+void colld_cpu_pattern_small(colld_dtype_t dt, int rank, unsigned salt, size_t first, size_t n, void *out);
+
 #endif /* COLLD_KERNELS_CPU_PATTERN_H */

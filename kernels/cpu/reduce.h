@@ -34,6 +34,11 @@ colld_status_t colld_cpu_reduce(colld_dtype_t dtype, colld_redop_t op, const voi
 colld_status_t colld_cpu_reduce_scalar(colld_dtype_t dtype, colld_redop_t op, const void *const *in,
                                        int n_in, void *const *out, int n_out, size_t count);
 
+/* Divide `count` sums by `divisor` in place, exactly as the avg of colld_cpu_reduce divides its sum
+ * (integers truncate toward zero; float16/bfloat16 divide in float and round once): the last step
+ * of an average whose sum was reduced in stages (across hosts). */
+colld_status_t colld_cpu_avg_finish(colld_dtype_t dtype, void *buf, size_t count, int divisor);
+
 /* Name of the implementation colld_cpu_reduce uses on this CPU ("avx512", "avx2", "scalar"). */
 const char *colld_cpu_reduce_impl(void);
 

@@ -15,7 +15,8 @@
  *            Select with --kinds, --dtypes, --ops (comma lists or "all"), --no-big, --only
  *            inplace|outofplace, --rotate K (start at the K-th kind), --salt S, --iters N.
  *            --malloc (any mode but badargs): ordinary memory, which libcolld stages, instead of
- *            colld_mem_alloc.
+ *            colld_mem_alloc. --exact-values: inputs whose reductions are exact in any order
+ *            (multi-node runs combine per node first).
  *   small    --iters N small all-reduces in a row (dtype, op, count and in-place vary), each checked;
  *            rank 0 pauses at --checkpoints K1,K2,... (after K collectives): it creates
  *            <--sync-dir>/at-K and waits (at most 120 s) for <--sync-dir>/go-K.
@@ -61,6 +62,10 @@ static const char *const op_names[COLLD_REDOP_COUNT] = { "sum", "prod", "min", "
 #define MAX_RANKS 64           /* most ranks this program handles */
 
 static const size_t small_counts[SMALL_COUNTS] = { 0, 1, 1001 };
+
+/* The input generator: colld_cpu_pattern, or with --exact-values colld_cpu_pattern_small (for
+ * multi-node runs, whose reduction order differs from rank order). */
+static void (*pattern)(colld_dtype_t, int, unsigned, size_t, size_t, void *) = colld_cpu_pattern;
 
 typedef struct {
     const char *socket, *uid_hex, *mode, *expect, *sync_dir, *call, *checkpoints;
@@ -145,7 +150,7 @@ static int prepare_data(run_t *R, call_t *k)
     k->inputs = reduces(k->kind) ? malloc((size_t)n * k->count * es + 1) : NULL;
     if (!k->mine || !k->expect || (reduces(k->kind) && !k->inputs))
         return -1;
-    colld_cpu_pattern(k->dt, R->rank, k->salt, 0, se, k->mine);
+    pattern(k->dt, R->rank, k->salt, 0, se, k->mine);
     switch (k->kind) {
     case K_ALLREDUCE:
     case K_REDUCE:
@@ -155,7 +160,7 @@ static int prepare_data(run_t *R, call_t *k)
         const void *in[MAX_RANKS];
         for (int r = 0; r < n; r++) {
             unsigned char *p = k->inputs + (size_t)r * k->count * es;
-            colld_cpu_pattern(k->dt, r, k->salt, first, k->count, p);
+            pattern(k->dt, r, k->salt, first, k->count, p);
             in[r] = p;
         }
         void *out[1] = { k->expect };
@@ -164,11 +169,11 @@ static int prepare_data(run_t *R, call_t *k)
         break;
     }
     case K_BROADCAST:
-        colld_cpu_pattern(k->dt, k->root, k->salt, 0, k->count, k->expect);
+        pattern(k->dt, k->root, k->salt, 0, k->count, k->expect);
         break;
     case K_ALLGATHER:
         for (int r = 0; r < n; r++)
-            colld_cpu_pattern(k->dt, r, k->salt, 0, k->count, k->expect + (size_t)r * k->count * es);
+            pattern(k->dt, r, k->salt, 0, k->count, k->expect + (size_t)r * k->count * es);
         break;
     }
     return 0;
@@ -870,6 +875,8 @@ static int parse_args(int argc, char **argv, args_t *a)
             a->big_all = true;
         else if (strcmp(argv[i], "--malloc") == 0)
             a->use_malloc = true;
+        else if (strcmp(argv[i], "--exact-values") == 0)
+            pattern = colld_cpu_pattern_small;
         else {
             fprintf(stderr, "coll_rank: unknown argument %s\n", argv[i]);
             return 2;

@@ -181,17 +181,17 @@ int harness_test_teardown(void **state)
 
 void harness_uid_to_hex(const colld_unique_id_t *id, char *hex)
 {
-    for (int i = 0; i < 16; i++)
+    for (int i = 0; i < COLLD_WIRE_UNIQUE_ID_BYTES; i++)
         sprintf(hex + 2 * i, "%02x", (unsigned char)id->internal[i]);
-    hex[32] = '\0';
+    hex[2 * COLLD_WIRE_UNIQUE_ID_BYTES] = '\0';
 }
 
 int harness_uid_from_hex(const char *hex, colld_unique_id_t *id)
 {
     memset(id, 0, sizeof(*id));
-    if (!hex || strlen(hex) != 32)
+    if (!hex || strlen(hex) != 2 * COLLD_WIRE_UNIQUE_ID_BYTES)
         return -1;
-    for (int i = 0; i < 16; i++) {
+    for (int i = 0; i < COLLD_WIRE_UNIQUE_ID_BYTES; i++) {
         unsigned v;
         if (sscanf(hex + 2 * i, "%2x", &v) != 1)
             return -1;
@@ -211,7 +211,7 @@ int harness_new_uid_hex(harness_t *h, char *hex)
 
 int harness_spawn_ranks(harness_t *h, int nranks, const char *const *extra, pid_t *pids)
 {
-    char hex[33], nr[16], rk[16];
+    char hex[HARNESS_UID_HEX_LEN], nr[16], rk[16];
     if (harness_new_uid_hex(h, hex) < 0)
         return -1;
     snprintf(nr, sizeof(nr), "%d", nranks);
@@ -395,4 +395,21 @@ int harness_capture(const char *const *argv, char *out, size_t len, int timeout_
 int harness_capture_all(const char *const *argv, char *out, size_t len, int timeout_ms)
 {
     return capture(argv, out, len, timeout_ms, true);
+}
+
+int harness_net_status(harness_t *h, harness_net_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    Colld__V1__StatusResponse *resp = status_of(h);
+    if (!resp)
+        return -1;
+    out->sent = resp->net_payload_sent;
+    out->received = resp->net_payload_received;
+    out->refused = resp->net_refused;
+    snprintf(out->listen, sizeof(out->listen), "%s", resp->listen ? resp->listen : "");
+    for (size_t i = 0; i < resp->n_peers; i++)
+        if (resp->peers[i]->state && strcmp(resp->peers[i]->state, "up") == 0)
+            out->peers_up++;
+    colld__v1__status_response__free_unpacked(resp, NULL);
+    return 0;
 }

@@ -5,6 +5,8 @@
 #ifndef COLLD_TESTS_HARNESS_H
 #define COLLD_TESTS_HARNESS_H
 
+#include "proto/wire.h"
+
 #include <colld/colld.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -67,7 +69,17 @@ int harness_wait_clean(harness_t *h, int timeout_ms);
 /* The id of the live communicator named `name`, 0 if there is none. */
 uint64_t harness_comm_id(harness_t *h, const char *name);
 
-/* A new unique id from the daemon, as hex text (33 bytes). */
+/* A daemon's multi-node counters and address (its Status). */
+typedef struct {
+    uint64_t sent, received; /* collective payload bytes to and from peer daemons */
+    uint64_t refused;        /* connections refused for failing authentication */
+    int peers_up;
+    char listen[128];
+} harness_net_t;
+int harness_net_status(harness_t *h, harness_net_t *out);
+
+/* A new unique id from the daemon, as hex text (HARNESS_UID_HEX_LEN bytes with the NUL). */
+#define HARNESS_UID_HEX_LEN (2 * COLLD_WIRE_UNIQUE_ID_BYTES + 1)
 int harness_new_uid_hex(harness_t *h, char *hex);
 void harness_uid_to_hex(const colld_unique_id_t *id, char *hex);
 int harness_uid_from_hex(const char *hex, colld_unique_id_t *id);

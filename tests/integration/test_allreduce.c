@@ -92,7 +92,7 @@ static void test_daemon_sigkill_mid_collective(void **state)
     char ready[300];
     snprintf(ready, sizeof(ready), "%s/ready0", h->dir);
     pid_t pids[2];
-    char hex[33];
+    char hex[HARNESS_UID_HEX_LEN];
     assert_int_equal(harness_new_uid_hex(h, hex), 0);
     const char *r0[] = { RANK_BIN, "--socket", h->socket, "--uid", hex, "--nranks", "2", "--rank", "0",
                          "--mode", "hang", "--expect", "COLLD_ERR_DAEMON_LOST", "--ready-file", ready, NULL };

@@ -35,7 +35,7 @@
  * (NULL-terminated) go to every rank. Pids in pids[]. Returns 0 or -1. */
 static int spawn_coll(harness_t *h, int nranks, const char *const *extra, pid_t *pids)
 {
-    char hex[33], nr[16], rk[16];
+    char hex[HARNESS_UID_HEX_LEN], nr[16], rk[16];
     if (harness_new_uid_hex(h, hex) < 0)
         return -1;
     snprintf(nr, sizeof(nr), "%d", nranks);
@@ -247,11 +247,11 @@ static void test_bad_arguments_multi_rank(void **state)
 static void expect_mismatch(harness_t *h, const char *call0, const char *call1, const char *needle_a,
                             const char *needle_b)
 {
-    char hex[33], out[2][400], text[2][2048];
+    char hex[HARNESS_UID_HEX_LEN], out[2][400], text[2][2048];
     assert_int_equal(harness_new_uid_hex(h, hex), 0);
     pid_t pids[2];
     for (int r = 0; r < 2; r++) {
-        snprintf(out[r], sizeof(out[r]), "%s/mismatch-%s-%d", h->dir, hex, r);
+        snprintf(out[r], sizeof(out[r]), "%s/mismatch-%.32s-%d", h->dir, hex, r);
         const char *argv[] = { COLL_BIN, "--socket", h->socket, "--uid", hex, "--nranks", "2", "--rank", r ? "1" : "0",
                                "--mode", "call", "--call", r ? call1 : call0, "--expect", "COLLD_ERR_MISMATCH",
                                "--out", out[r], NULL };

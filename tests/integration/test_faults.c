@@ -240,7 +240,7 @@ static void test_corrupt_ring_drops_only_that_session(void **state)
 static void test_join_mismatch_and_timeout(void **state)
 {
     harness_t *h = *state;
-    char hex[33];
+    char hex[HARNESS_UID_HEX_LEN];
     assert_int_equal(harness_new_uid_hex(h, hex), 0);
     const char *r0[] = { RANK_BIN, "--socket", h->socket, "--uid", hex, "--nranks", "2", "--rank", "0",
                          "--timeout-ms", "1500", "--expect", "COLLD_ERR_TIMEOUT", NULL };
@@ -266,11 +266,11 @@ static void test_join_mismatch_and_timeout(void **state)
  * never posts). Returns once rank 0 waits in its collective. */
 static void start_pair(harness_t *h, const char *expect, const char *timeout_ms, pid_t *pids, char *out)
 {
-    char hex[33];
+    char hex[HARNESS_UID_HEX_LEN];
     static char ready[300];
     assert_int_equal(harness_new_uid_hex(h, hex), 0);
-    snprintf(ready, sizeof(ready), "%s/ready-%s", h->dir, hex);
-    snprintf(out, 300, "%s/out-%s", h->dir, hex);
+    snprintf(ready, sizeof(ready), "%s/ready-%.32s", h->dir, hex);
+    snprintf(out, 300, "%s/out-%.32s", h->dir, hex);
     const char *r0[] = { RANK_BIN, "--socket", h->socket, "--uid", hex, "--nranks", "2", "--rank", "0", "--mode",
                          "hang", "--expect", expect, "--ready-file", ready, "--out", out, "--timeout-ms", timeout_ms,
                          NULL };

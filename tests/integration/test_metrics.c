@@ -352,7 +352,7 @@ static void test_allreduce_job_counted(void **state)
 static void test_timeout_counted_once(void **state)
 {
     fixture_t *f = *state;
-    char hex[33], ready[300], out[300];
+    char hex[HARNESS_UID_HEX_LEN], ready[300], out[300];
     assert_int_equal(harness_new_uid_hex(&f->h, hex), 0);
     snprintf(ready, sizeof(ready), "%s/ready", f->h.dir);
     snprintf(out, sizeof(out), "%s/out", f->h.dir);

@@ -45,7 +45,7 @@ static void assert_nothing_leaked(harness_t *h)
 
 /* Paths of the coordination files of one test communicator. */
 typedef struct {
-    char hex[33];
+    char hex[HARNESS_UID_HEX_LEN];
     char ready[3][320], out[3][320], done[3][320];
     char stop[320];
 } scene_t;
@@ -54,11 +54,11 @@ static void scene_init(harness_t *h, scene_t *s)
 {
     assert_int_equal(harness_new_uid_hex(h, s->hex), 0);
     for (int r = 0; r < 3; r++) {
-        snprintf(s->ready[r], sizeof(s->ready[r]), "%s/ready-%s-%d", h->dir, s->hex, r);
-        snprintf(s->out[r], sizeof(s->out[r]), "%s/out-%s-%d", h->dir, s->hex, r);
-        snprintf(s->done[r], sizeof(s->done[r]), "%s/done-%s-%d", h->dir, s->hex, r);
+        snprintf(s->ready[r], sizeof(s->ready[r]), "%s/ready-%.32s-%d", h->dir, s->hex, r);
+        snprintf(s->out[r], sizeof(s->out[r]), "%s/out-%.32s-%d", h->dir, s->hex, r);
+        snprintf(s->done[r], sizeof(s->done[r]), "%s/done-%.32s-%d", h->dir, s->hex, r);
     }
-    snprintf(s->stop, sizeof(s->stop), "%s/stop-%s", h->dir, s->hex);
+    snprintf(s->stop, sizeof(s->stop), "%s/stop-%.32s", h->dir, s->hex);
 }
 
 /* Spawn rank `r` of an n-rank communicator of the scene with extra arguments. */
@@ -175,8 +175,8 @@ static void test_tenant_timeout_cap(void **state)
     snprintf(uid, sizeof(uid), "%u", (unsigned)getuid());
     assert_int_equal(collctl(h, out, sizeof(out), "policy", "set", uid, "--max-timeout-ms", "400", NULL), 0);
     assert_int_equal(collctl(h, out, sizeof(out), "--json", "policy", NULL), 0);
-    char want[64];
-    snprintf(want, sizeof(want), "{\"uid\":%s,\"max_timeout_ms\":400}", uid);
+    char want[96];
+    snprintf(want, sizeof(want), "{\"uid\":%s,\"max_timeout_ms\":400,\"net_algo\":\"\"}", uid);
     assert_non_null(strstr(out, want));
     /* Bad policy requests are refused with a clear message. */
     assert_int_equal(collctl(h, out, sizeof(out), "policy", "set", uid, NULL), 2);

@@ -1,0 +1,923 @@
+/*
+ * cluster.c - multi-node communicators: the peer transport, forming a communicator across
+ * daemons, and turning a fault on one node into an error on every node.
+ *
+ * Forming. A unique id made by a daemon started with --listen carries that daemon's address (the
+ * root). A rank joins through its own daemon, which creates its local communicator (state
+ * joining) and sends Join to the root. The root collects the joins of every rank (xjoin_t); when
+ * it has them all it orders the member daemons by their lowest rank (the ring order), picks the
+ * communicator's cluster-wide id (xid), the all-reduce algorithm and the chunk size, and sends
+ * Formed to every member daemon, which then answers its ranks' CommInit calls. The root itself
+ * needs no rank of the communicator.
+ *
+ * Faults. A fault a daemon detects on its own ranks (time-out, a dead process, mismatch, abort,
+ * a rank leaving) is sent as Fail to the other member daemons, which break their side of the
+ * communicator with the same status and detail; the first fault wins everywhere. A lost peer
+ * daemon (connection closed, heartbeats missing, an operator's disconnect) breaks every
+ * communicator spanning it with COLLD_ERR_NODE_LOST naming the node.
+ *
+ * Everything here that touches the transport runs on its network thread; the daemon's other
+ * threads hand work over through the inbox (cluster.h).
+ */
+#include "server/cluster.h"
+
+#include "colld_net.pb-c.h"
+#include "common/log.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* A communicator the root daemon is forming. */
+struct xjoin {
+    uint8_t uid[COLLD_WIRE_UNIQUE_ID_BYTES];
+    uid_t tenant;
+    int nranks, joined;
+    int *rank_node;                     /* [nranks], -1 until joined */
+    int nnodes;
+    char (*name)[COLLD_NET_NAME_LEN];   /* [nranks] at most */
+    char (*addr)[COLLD_NET_ADDR_LEN];
+    uint64_t deadline_ns;
+    struct xjoin *next;
+};
+
+/* ============================================================================================
+ * Unique ids
+ * ========================================================================================== */
+
+void colld_cluster_stamp_uid(const colld_daemon_t *d, uint8_t *uid)
+{
+    if (!d->cluster)
+        return;
+    memcpy(uid + COLLD_WIRE_UID_RANDOM_BYTES, COLLD_WIRE_UID_NET_MAGIC, 4);
+    colld_strlcpy((char *)uid + COLLD_WIRE_UID_ADDR_OFFSET, d->cluster->self_addr,
+                  COLLD_WIRE_UNIQUE_ID_BYTES - COLLD_WIRE_UID_ADDR_OFFSET);
+}
+
+const char *colld_uid_root_addr(const uint8_t *uid, char *buf, size_t len)
+{
+    if (memcmp(uid + COLLD_WIRE_UID_RANDOM_BYTES, COLLD_WIRE_UID_NET_MAGIC, 4) != 0)
+        return NULL;
+    const char *a = (const char *)uid + COLLD_WIRE_UID_ADDR_OFFSET;
+    size_t n = strnlen(a, COLLD_WIRE_UNIQUE_ID_BYTES - COLLD_WIRE_UID_ADDR_OFFSET);
+    if (n == 0 || n >= COLLD_WIRE_UNIQUE_ID_BYTES - COLLD_WIRE_UID_ADDR_OFFSET || n >= len)
+        return NULL;
+    memcpy(buf, a, n);
+    buf[n] = '\0';
+    return buf;
+}
+
+/* ============================================================================================
+ * The inbox: work for the network thread
+ * ========================================================================================== */
+
+static void inbox_push(colld_daemon_t *d, cjob_t *j)
+{
+    colld_cluster_t *cl = d->cluster;
+    if (cl->inbox_tail)
+        cl->inbox_tail->next = j;
+    else
+        cl->inbox = j;
+    cl->inbox_tail = j;
+    colld_net_wake(cl->net);
+}
+
+void colld_cluster_post(colld_daemon_t *d, const char *addr, const void *msg_buf, size_t len)
+{
+    cjob_t *j = calloc(1, sizeof(*j));
+    uint8_t *b = malloc(len ? len : 1);
+    if (!j || !b) {
+        free(j);
+        free(b);
+        LOG_ERROR(NET, "out of memory: a message to %s is dropped", addr);
+        return;
+    }
+    memcpy(b, msg_buf, len);
+    colld_strlcpy(j->addr, addr, sizeof(j->addr));
+    j->buf = b;
+    j->len = len;
+    inbox_push(d, j);
+}
+
+/* Encode and queue a message (lock held). */
+static void post_msg(colld_daemon_t *d, const char *addr, const Colld__Net__V1__Msg *m)
+{
+    size_t len = colld__net__v1__msg__get_packed_size(m);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf) {
+        LOG_ERROR(NET, "out of memory: a message to %s is dropped", addr);
+        return;
+    }
+    colld__net__v1__msg__pack(m, buf);
+    colld_cluster_post(d, addr, buf, len);
+    free(buf);
+}
+
+void colld_cluster_submit(colld_daemon_t *d, colld_coll_t *k)
+{
+    cjob_t *j = calloc(1, sizeof(*j));
+    if (!j) {
+        colld_comm_break(d, k->comm, COLLD_ERR_NO_MEMORY, -1, "daemon out of memory", NULL);
+        k->status = COLLD_ERR_NO_MEMORY;
+        colld_engine_finish(d, k);
+        return;
+    }
+    j->coll = k;
+    inbox_push(d, j);
+}
+
+/* ============================================================================================
+ * Communicator state
+ * ========================================================================================== */
+
+int colld_cluster_comm_init(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t *st, char *detail, size_t len)
+{
+    char root[COLLD_NET_ADDR_LEN];
+    colld_uid_root_addr(c->unique_id, root, sizeof(root));
+    if (!d->cluster) {
+        *st = COLLD_ERR_NOT_SUPPORTED;
+        snprintf(detail, len,
+                 "the unique id was made by the daemon at %s for a multi-node communicator; start this "
+                 "daemon with --listen and --cluster-secret-file to join it",
+                 root);
+        return -1;
+    }
+    colld_xcomm_t *x = calloc(1, sizeof(*x));
+    if (!x) {
+        *st = COLLD_ERR_NO_MEMORY;
+        snprintf(detail, len, "daemon out of memory");
+        return -1;
+    }
+    memcpy(x->uid, c->unique_id, sizeof(x->uid));
+    colld_strlcpy(x->root_addr, root, sizeof(x->root_addr));
+    c->x = x;
+    return 0;
+}
+
+void colld_xcomm_free(colld_xcomm_t *x)
+{
+    free(x->node_name);
+    free(x->node_addr);
+    free(x->rank_node);
+    free(x->node_nranks);
+    free(x->peers);
+    free(x->ready);
+    free(x->scratch);
+    free(x);
+}
+
+const char *colld_cluster_rank_node(const colld_dcomm_t *c, int rank)
+{
+    if (!c->x || !c->x->formed || rank < 0 || rank >= c->nranks || !c->ranks[rank].remote)
+        return "";
+    return c->x->node_name[c->x->rank_node[rank]];
+}
+
+void colld_cluster_joined(colld_daemon_t *d, colld_dcomm_t *c, colld_member_t *m)
+{
+    colld_cluster_t *cl = d->cluster;
+    Colld__Net__V1__Join j = COLLD__NET__V1__JOIN__INIT;
+    j.unique_id.data = c->unique_id;
+    j.unique_id.len = sizeof(c->unique_id);
+    j.tenant = c->tenant;
+    j.nranks = c->nranks;
+    j.rank = m->rank;
+    j.pid = m->pid;
+    j.name = c->name;
+    j.node_name = cl->node_name;
+    j.node_addr = cl->self_addr;
+    j.timeout_ms = c->timeout_ms;
+    Colld__Net__V1__Msg msg = COLLD__NET__V1__MSG__INIT;
+    msg.m_case = COLLD__NET__V1__MSG__M_JOIN;
+    msg.join = &j;
+    post_msg(d, c->x->root_addr, &msg);
+}
+
+/* Send Fail for a communicator (by xid when formed, else by unique id) to `addr`. */
+static void post_fail(colld_daemon_t *d, const char *addr, const uint8_t *uid, uid_t tenant, uint64_t xid,
+                      colld_status_t st, int rank, const char *detail)
+{
+    Colld__Net__V1__Fail f = COLLD__NET__V1__FAIL__INIT;
+    f.unique_id.data = (uint8_t *)uid;
+    f.unique_id.len = COLLD_WIRE_UNIQUE_ID_BYTES;
+    f.tenant = tenant;
+    f.xid = xid;
+    f.status = st;
+    f.rank = rank;
+    f.detail = (char *)detail;
+    f.node_name = d->cluster->node_name;
+    Colld__Net__V1__Msg msg = COLLD__NET__V1__MSG__INIT;
+    msg.m_case = COLLD__NET__V1__MSG__M_FAIL;
+    msg.fail = &f;
+    post_msg(d, addr, &msg);
+}
+
+void colld_cluster_comm_failed(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, int rank, const char *detail)
+{
+    colld_xcomm_t *x = c->x;
+    if (!d->cluster || c->fault_from_peer)
+        return;
+    if (!x->formed) {
+        post_fail(d, x->root_addr, c->unique_id, c->tenant, 0, st, rank, detail);
+        return;
+    }
+    const char *lost = d->cluster->lost_addr; /* under daemon->lock, like this call */
+    for (int i = 0; i < x->nnodes; i++)
+        if (i != x->self && !(lost && strcmp(lost, x->node_addr[i]) == 0))
+            post_fail(d, x->node_addr[i], c->unique_id, c->tenant, x->xid, st, rank, detail);
+}
+
+colld_dcomm_t *colld_cluster_pin(colld_daemon_t *d, uint64_t xid)
+{
+    colld_dcomm_t *found = NULL;
+    pthread_mutex_lock(&d->lock);
+    for (colld_dcomm_t *c = d->comms; c; c = c->next)
+        if (c->x && c->x->formed && c->x->xid == xid && c->joined > 0) {
+            c->refs++;
+            found = c;
+            break;
+        }
+    pthread_mutex_unlock(&d->lock);
+    return found;
+}
+
+void colld_cluster_unpin(colld_daemon_t *d, colld_dcomm_t *c)
+{
+    pthread_mutex_lock(&d->lock);
+    colld_comm_unref(d, c);
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* The joining communicator of this tenant and unique id on this daemon (lock held). */
+static colld_dcomm_t *joining_comm(colld_daemon_t *d, const uint8_t *uid, uid_t tenant)
+{
+    for (colld_dcomm_t *c = d->comms; c; c = c->next)
+        if (c->x && c->state == COLLD_COMM_JOINING && c->tenant == tenant && c->joined > 0 &&
+            memcmp(c->unique_id, uid, sizeof(c->unique_id)) == 0)
+            return c;
+    return NULL;
+}
+
+/* Break (or dissolve) a communicator with a fault another daemon reported (lock held). */
+static void break_from_peer(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, int rank, const char *detail,
+                            colld_reply_t **replies)
+{
+    c->fault_from_peer = true;
+    colld_comm_break(d, c, st, rank, detail, replies);
+    c->fault_from_peer = false;
+}
+
+/* ============================================================================================
+ * The root: forming a communicator
+ * ========================================================================================== */
+
+static void xjoin_free(xjoin_t *j)
+{
+    free(j->rank_node);
+    free(j->name);
+    free(j->addr);
+    free(j);
+}
+
+static void xjoin_unlink(colld_cluster_t *cl, xjoin_t *j)
+{
+    for (xjoin_t **pp = &cl->xjoins; *pp; pp = &(*pp)->next)
+        if (*pp == j) {
+            *pp = j->next;
+            return;
+        }
+}
+
+/* Give up forming: every daemon with a joined rank is told (this one through its inbox). */
+static void xjoin_dissolve(colld_daemon_t *d, xjoin_t *j, colld_status_t st, int rank, const char *detail)
+{
+    LOG_WARN(NET, "multi-node communicator not formed: %s: %s", colld_status_name(st), detail);
+    for (int n = 0; n < j->nnodes; n++)
+        post_fail(d, j->addr[n], j->uid, j->tenant, 0, st, rank, detail);
+    xjoin_unlink(d->cluster, j);
+    xjoin_free(j);
+}
+
+/* A Join that cannot be accepted: the sending daemon's communicator fails, and so does the rest. */
+static void join_refuse(colld_daemon_t *d, xjoin_t *j, const Colld__Net__V1__Join *m, colld_status_t st,
+                        const char *detail)
+{
+    post_fail(d, m->node_addr, m->unique_id.data, m->tenant, 0, st, m->rank, detail);
+    if (j)
+        xjoin_dissolve(d, j, st, m->rank, detail);
+}
+
+static void node_order_formed(colld_daemon_t *d, xjoin_t *j);
+
+/* A rank joined somewhere (lock held). */
+static void handle_join(colld_daemon_t *d, const Colld__Net__V1__Join *m)
+{
+    colld_cluster_t *cl = d->cluster;
+    char why[COLLD_DETAIL_LEN];
+    if (m->unique_id.len != COLLD_WIRE_UNIQUE_ID_BYTES || !m->node_addr || !*m->node_addr)
+        return;
+    xjoin_t *j = NULL;
+    for (xjoin_t *x = cl->xjoins; x; x = x->next)
+        if (x->tenant == m->tenant && memcmp(x->uid, m->unique_id.data, sizeof(x->uid)) == 0)
+            j = x;
+    if (!j) {
+        if (m->nranks < 1 || m->nranks > COLLD_MAX_RANKS) {
+            snprintf(why, sizeof(why), "nranks %d is out of range (1..%d)", m->nranks, COLLD_MAX_RANKS);
+            join_refuse(d, NULL, m, COLLD_ERR_INVALID_ARGUMENT, why);
+            return;
+        }
+        if (!colld_comm_take_uid(d, m->unique_id.data, (uid_t)m->tenant)) {
+            join_refuse(d, NULL, m, COLLD_ERR_INVALID_ARGUMENT,
+                        "unknown unique id: not issued by its root daemon to this user, or already used");
+            return;
+        }
+        j = calloc(1, sizeof(*j));
+        if (j) {
+            j->rank_node = malloc((size_t)m->nranks * sizeof(int));
+            j->name = calloc((size_t)m->nranks, sizeof(*j->name));
+            j->addr = calloc((size_t)m->nranks, sizeof(*j->addr));
+        }
+        if (!j || !j->rank_node || !j->name || !j->addr) {
+            if (j)
+                xjoin_free(j);
+            join_refuse(d, NULL, m, COLLD_ERR_NO_MEMORY, "root daemon out of memory");
+            return;
+        }
+        memcpy(j->uid, m->unique_id.data, sizeof(j->uid));
+        j->tenant = m->tenant;
+        j->nranks = m->nranks;
+        for (int r = 0; r < j->nranks; r++)
+            j->rank_node[r] = -1;
+        int timeout = m->timeout_ms > 0 ? m->timeout_ms : (int)d->cfg.timeout_ms;
+        j->deadline_ns = colld_now_ns() + (uint64_t)timeout * 1000000ull;
+        j->next = cl->xjoins;
+        cl->xjoins = j;
+    }
+    if (m->nranks != j->nranks) {
+        snprintf(why, sizeof(why), "rank %d on node %s gave nranks %d where the others gave %d", m->rank,
+                 m->node_name, m->nranks, j->nranks);
+        join_refuse(d, j, m, COLLD_ERR_INVALID_ARGUMENT, why);
+        return;
+    }
+    if (m->rank < 0 || m->rank >= j->nranks) {
+        snprintf(why, sizeof(why), "rank %d on node %s is out of range for nranks %d", m->rank, m->node_name,
+                 j->nranks);
+        join_refuse(d, j, m, COLLD_ERR_INVALID_ARGUMENT, why);
+        return;
+    }
+    int node = -1;
+    for (int n = 0; n < j->nnodes; n++)
+        if (strcmp(j->addr[n], m->node_addr) == 0)
+            node = n;
+    if (j->rank_node[m->rank] >= 0) {
+        snprintf(why, sizeof(why), "rank %d joined twice: on node %s and on node %s", m->rank,
+                 j->name[j->rank_node[m->rank]], m->node_name);
+        join_refuse(d, j, m, COLLD_ERR_INVALID_USAGE, why);
+        return;
+    }
+    if (node < 0) {
+        node = j->nnodes++;
+        colld_strlcpy(j->name[node], m->node_name ? m->node_name : "", sizeof(j->name[node]));
+        colld_strlcpy(j->addr[node], m->node_addr, sizeof(j->addr[node]));
+    }
+    j->rank_node[m->rank] = node;
+    j->joined++;
+    LOG_INFO(NET, "multi-node communicator: rank %d of %d joined on node %s (%d joined)", m->rank, j->nranks,
+             j->name[node], j->joined);
+    if (j->joined == j->nranks)
+        node_order_formed(d, j);
+}
+
+/* Every rank joined: order the nodes by their lowest rank and send Formed to each (lock held). */
+static void node_order_formed(colld_daemon_t *d, xjoin_t *j)
+{
+    int order[COLLD_MAX_RANKS], seen = 0, remap[COLLD_MAX_RANKS];
+    for (int n = 0; n < j->nnodes; n++)
+        remap[n] = -1;
+    for (int r = 0; r < j->nranks; r++) {
+        int n = j->rank_node[r];
+        if (remap[n] < 0) {
+            remap[n] = seen;
+            order[seen++] = n;
+        }
+    }
+    int32_t *rank_node = malloc((size_t)j->nranks * sizeof(int32_t));
+    Colld__Net__V1__Node *nodes = calloc((size_t)j->nnodes, sizeof(*nodes));
+    Colld__Net__V1__Node **nodep = calloc((size_t)j->nnodes, sizeof(*nodep));
+    uint64_t xid = 0;
+    if (!rank_node || !nodes || !nodep || colld_random_bytes(&xid, sizeof(xid)) < 0) {
+        free(rank_node);
+        free(nodes);
+        free(nodep);
+        xjoin_dissolve(d, j, COLLD_ERR_NO_MEMORY, -1, "root daemon out of memory");
+        return;
+    }
+    xid |= 1; /* never 0 */
+    for (int r = 0; r < j->nranks; r++)
+        rank_node[r] = remap[j->rank_node[r]];
+    for (int i = 0; i < j->nnodes; i++) {
+        colld__net__v1__node__init(&nodes[i]);
+        nodes[i].name = j->name[order[i]];
+        nodes[i].addr = j->addr[order[i]];
+        nodep[i] = &nodes[i];
+    }
+    int algo = d->cfg.net_algo;
+    for (colld_policy_t *p = d->policies; p; p = p->next)
+        if (p->uid == j->tenant && p->net_algo >= 0)
+            algo = p->net_algo;
+    Colld__Net__V1__Formed f = COLLD__NET__V1__FORMED__INIT;
+    f.unique_id.data = j->uid;
+    f.unique_id.len = sizeof(j->uid);
+    f.tenant = j->tenant;
+    f.xid = xid;
+    f.nranks = j->nranks;
+    f.n_nodes = (size_t)j->nnodes;
+    f.nodes = nodep;
+    f.n_rank_node = (size_t)j->nranks;
+    f.rank_node = rank_node;
+    f.algo = (uint32_t)algo;
+    f.small_bytes = d->cfg.net_small_bytes;
+    f.chunk_bytes = d->cfg.net_chunk;
+    Colld__Net__V1__Msg msg = COLLD__NET__V1__MSG__INIT;
+    msg.m_case = COLLD__NET__V1__MSG__M_FORMED;
+    msg.formed = &f;
+    LOG_INFO(NET, "multi-node communicator formed: %d ranks on %d nodes, xid %016llx", j->nranks, j->nnodes,
+             (unsigned long long)xid);
+    for (int i = 0; i < j->nnodes; i++)
+        post_msg(d, j->addr[i], &msg);
+    free(rank_node);
+    free(nodes);
+    free(nodep);
+    xjoin_unlink(d->cluster, j);
+    xjoin_free(j);
+}
+
+/* ============================================================================================
+ * A member daemon: formed, failed
+ * ========================================================================================== */
+
+/* Fill x from a Formed message; returns 0 or -1 with a detail (lock held). */
+static int apply_formed(colld_daemon_t *d, colld_dcomm_t *c, const Colld__Net__V1__Formed *f, char *why,
+                        size_t len)
+{
+    colld_xcomm_t *x = c->x;
+    int k = (int)f->n_nodes;
+    if (f->nranks != c->nranks || f->n_rank_node != (size_t)c->nranks || k < 1 || k > c->nranks ||
+        f->chunk_bytes < 4096 || f->chunk_bytes > COLLD_NET_MAX_CHUNK || f->chunk_bytes % 64) {
+        snprintf(why, len, "malformed Formed message from the root daemon");
+        return -1;
+    }
+    x->self = -1;
+    for (int i = 0; i < k; i++)
+        if (f->nodes[i]->addr && strcmp(f->nodes[i]->addr, d->cluster->self_addr) == 0)
+            x->self = i;
+    x->node_name = calloc((size_t)k, sizeof(*x->node_name));
+    x->node_addr = calloc((size_t)k, sizeof(*x->node_addr));
+    x->rank_node = calloc((size_t)c->nranks, sizeof(int));
+    x->node_nranks = calloc((size_t)k, sizeof(int));
+    x->peers = calloc((size_t)k, sizeof(*x->peers));
+    x->ready = calloc((size_t)k, sizeof(*x->ready));
+    if (!x->node_name || !x->node_addr || !x->rank_node || !x->node_nranks || !x->peers || !x->ready) {
+        snprintf(why, len, "daemon out of memory");
+        return -1;
+    }
+    if (x->self < 0) {
+        snprintf(why, len, "the root daemon did not list this node (%s) among the members", d->cluster->self_addr);
+        return -1;
+    }
+    for (int i = 0; i < k; i++) {
+        colld_strlcpy(x->node_name[i], f->nodes[i]->name ? f->nodes[i]->name : "", sizeof(x->node_name[i]));
+        colld_strlcpy(x->node_addr[i], f->nodes[i]->addr ? f->nodes[i]->addr : "", sizeof(x->node_addr[i]));
+    }
+    for (int r = 0; r < c->nranks; r++) {
+        int n = f->rank_node[r];
+        if (n < 0 || n >= k) {
+            snprintf(why, len, "malformed Formed message from the root daemon");
+            return -1;
+        }
+        bool local = c->ranks[r].session != NULL;
+        if (local != (n == x->self)) {
+            snprintf(why, len, "rank %d: the root daemon places it on node %s, but it %s here", r, x->node_name[n],
+                     local ? "joined" : "did not join");
+            return -1;
+        }
+        x->rank_node[r] = n;
+        x->node_nranks[n]++;
+        c->ranks[r].remote = !local;
+        c->ranks[r].node = n;
+    }
+    x->nnodes = k;
+    x->xid = f->xid;
+    x->algo = f->algo <= COLLD_NET_ALGO_RD ? (int)f->algo : COLLD_NET_ALGO_AUTO;
+    x->small_bytes = f->small_bytes;
+    x->chunk_bytes = f->chunk_bytes;
+    x->formed = true;
+    return 0;
+}
+
+/* Formed arrived (network thread). */
+static void handle_formed(colld_daemon_t *d, const Colld__Net__V1__Formed *f)
+{
+    colld_reply_t *replies = NULL;
+    colld_xcomm_t *x = NULL;
+    char why[COLLD_DETAIL_LEN];
+    if (f->unique_id.len != COLLD_WIRE_UNIQUE_ID_BYTES)
+        return;
+    pthread_mutex_lock(&d->lock);
+    colld_dcomm_t *c = joining_comm(d, f->unique_id.data, (uid_t)f->tenant);
+    if (!c) {
+        /* Its ranks here are gone already: the other nodes must not wait for them. */
+        snprintf(why, sizeof(why), "node %s no longer has ranks of this communicator (they left while it formed)",
+                 d->cluster->node_name);
+        for (size_t i = 0; i < f->n_nodes; i++)
+            if (f->nodes[i]->addr && strcmp(f->nodes[i]->addr, d->cluster->self_addr) != 0)
+                post_fail(d, f->nodes[i]->addr, f->unique_id.data, f->tenant, f->xid, COLLD_ERR_PEER_LOST, -1, why);
+    } else if (apply_formed(d, c, f, why, sizeof(why)) < 0) {
+        LOG_WARN(NET, "communicator %llu: %s", (unsigned long long)c->id, why);
+        colld_comm_break(d, c, COLLD_ERR_INTERNAL, -1, why, &replies);
+    } else {
+        colld_comm_formed(d, c, &replies);
+        x = c->x;
+        c->refs++; /* pinned while the peers are looked up below */
+    }
+    pthread_mutex_unlock(&d->lock);
+    colld_replies_send(replies);
+    if (x) {
+        /* Connect to every member daemon now (a full mesh: each sees every other's loss). */
+        for (int i = 0; i < x->nnodes; i++)
+            if (i != x->self)
+                x->peers[i] = colld_net_peer_get(d->cluster->net, x->node_addr[i]);
+        colld_cluster_unpin(d, c);
+    }
+}
+
+/* Fail arrived (network thread, lock held). */
+static void handle_fail(colld_daemon_t *d, const Colld__Net__V1__Fail *f, colld_reply_t **replies)
+{
+    colld_status_t st = f->status < 0 && f->status >= COLLD_ERR_INTERNAL ? (colld_status_t)f->status
+                                                                           : COLLD_ERR_INTERNAL;
+    char why[COLLD_DETAIL_LEN];
+    snprintf(why, sizeof(why), "%s", f->detail ? f->detail : "");
+    if (f->xid) {
+        for (colld_dcomm_t *c = d->comms; c; c = c->next)
+            if (c->x && c->x->formed && c->x->xid == f->xid) {
+                break_from_peer(d, c, st, f->rank >= 0 && f->rank < c->nranks ? f->rank : -1, why, replies);
+                break;
+            }
+        return;
+    }
+    if (f->unique_id.len != COLLD_WIRE_UNIQUE_ID_BYTES)
+        return;
+    for (xjoin_t *j = d->cluster->xjoins; j; j = j->next)
+        if (j->tenant == f->tenant && memcmp(j->uid, f->unique_id.data, sizeof(j->uid)) == 0) {
+            xjoin_dissolve(d, j, st, f->rank, why); /* tells every node, this one included */
+            return;
+        }
+    colld_dcomm_t *c = joining_comm(d, f->unique_id.data, (uid_t)f->tenant);
+    if (c)
+        break_from_peer(d, c, st, f->rank >= 0 && f->rank < c->nranks ? f->rank : -1, why, replies);
+}
+
+/* Ready arrived (network thread). */
+static void handle_ready(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net__V1__Ready *m)
+{
+    colld_dcomm_t *c = colld_cluster_pin(d, m->xid);
+    if (!c)
+        return;
+    colld_xcomm_t *x = c->x;
+    int node = -1;
+    for (int i = 0; i < x->nnodes; i++)
+        if (i != x->self && strcmp(x->node_addr[i], colld_net_peer_addr(p)) == 0)
+            node = i;
+    if (node >= 0 && m->seq > 0) {
+        xsig_t sig = { .seq = m->seq, .kind = m->kind, .dtype = m->dtype, .redop = m->redop, .root = m->root,
+                       .count = m->count };
+        colld_xcoll_ready(d, c, node, &sig);
+    }
+    colld_cluster_unpin(d, c);
+}
+
+/* One CTRL message, from a peer or (p NULL) from this daemon itself (network thread). */
+static void handle_ctrl(colld_daemon_t *d, colld_net_peer_t *p, const void *buf, size_t len)
+{
+    Colld__Net__V1__Msg *m = colld__net__v1__msg__unpack(NULL, len, buf);
+    if (!m) {
+        LOG_WARN(NET, "undecodable message from %s dropped", p ? colld_net_peer_addr(p) : "this daemon");
+        return;
+    }
+    colld_reply_t *replies = NULL;
+    switch (m->m_case) {
+    case COLLD__NET__V1__MSG__M_JOIN:
+        pthread_mutex_lock(&d->lock);
+        handle_join(d, m->join);
+        pthread_mutex_unlock(&d->lock);
+        break;
+    case COLLD__NET__V1__MSG__M_FORMED:
+        handle_formed(d, m->formed);
+        break;
+    case COLLD__NET__V1__MSG__M_FAIL:
+        pthread_mutex_lock(&d->lock);
+        handle_fail(d, m->fail, &replies);
+        pthread_mutex_unlock(&d->lock);
+        break;
+    case COLLD__NET__V1__MSG__M_READY:
+        if (p)
+            handle_ready(d, p, m->ready);
+        break;
+    default:
+        break;
+    }
+    colld_replies_send(replies);
+    colld__net__v1__msg__free_unpacked(m, NULL);
+}
+
+/* ============================================================================================
+ * Transport callbacks (network thread)
+ * ========================================================================================== */
+
+static void on_peer_up(void *arg, colld_net_peer_t *p)
+{
+    (void)arg;
+    LOG_INFO(NET, "peer %s (%s) up", colld_net_peer_name(p), colld_net_peer_addr(p));
+}
+
+static void on_peer_lost(void *arg, colld_net_peer_t *p, const char *why)
+{
+    colld_daemon_t *d = arg;
+    colld_cluster_t *cl = d->cluster;
+    const char *addr = colld_net_peer_addr(p);
+    colld_reply_t *replies = NULL;
+    char detail[COLLD_DETAIL_LEN];
+    LOG_WARN(NET, "peer %s (%s) lost: %s", colld_net_peer_name(p), addr, why);
+    pthread_mutex_lock(&d->lock);
+    cl->lost_addr = addr; /* the other nodes hear of it; the lost one is not called back */
+    colld_dcomm_t *c = d->comms;
+    while (c) {
+        colld_dcomm_t *following = c->next; /* a dissolved communicator may be freed */
+        colld_xcomm_t *x = c->x;
+        if (x && x->formed && (c->state == COLLD_COMM_READY || c->state == COLLD_COMM_CLOSING)) {
+            for (int i = 0; i < x->nnodes; i++)
+                if (i != x->self && strcmp(x->node_addr[i], addr) == 0) {
+                    snprintf(detail, sizeof(detail), "node %s (%s) lost: %s", x->node_name[i], addr, why);
+                    colld_comm_break(d, c, COLLD_ERR_NODE_LOST, -1, detail, &replies);
+                    break;
+                }
+        } else if (x && !x->formed && c->state == COLLD_COMM_JOINING && strcmp(x->root_addr, addr) == 0) {
+            snprintf(detail, sizeof(detail), "the root daemon of this communicator (%s) is unreachable: %s", addr,
+                     why);
+            break_from_peer(d, c, COLLD_ERR_NODE_LOST, -1, detail, &replies);
+        }
+        c = following;
+    }
+    xjoin_t *j = cl->xjoins;
+    while (j) {
+        xjoin_t *following = j->next;
+        for (int n = 0; n < j->nnodes; n++)
+            if (strcmp(j->addr[n], addr) == 0) {
+                snprintf(detail, sizeof(detail), "node %s (%s) lost while the communicator formed: %s", j->name[n],
+                         addr, why);
+                xjoin_dissolve(d, j, COLLD_ERR_NODE_LOST, -1, detail);
+                break;
+            }
+        j = following;
+    }
+    cl->lost_addr = NULL;
+    pthread_mutex_unlock(&d->lock);
+    colld_replies_send(replies);
+    colld_xcoll_tick(d);
+}
+
+static void *on_data_dest(void *arg, colld_net_peer_t *p, const colld_net_hdr_t *h)
+{
+    (void)arg;
+    (void)p;
+    (void)h;
+    return NULL; /* into the connection's buffer: a failed collective's memory is never written */
+}
+
+static void on_data(void *arg, colld_net_peer_t *p, const colld_net_hdr_t *h, void *payload)
+{
+    colld_xcoll_data(arg, p, h, payload);
+}
+
+static void on_ctrl(void *arg, colld_net_peer_t *p, const void *payload, size_t len)
+{
+    handle_ctrl(arg, p, payload, len);
+}
+
+/* Join time-outs of the communicators this daemon forms (lock held). */
+static void check_xjoins(colld_daemon_t *d)
+{
+    uint64_t now = colld_now_ns();
+    xjoin_t *j = d->cluster->xjoins;
+    while (j) {
+        xjoin_t *following = j->next;
+        if (now >= j->deadline_ns) {
+            char why[COLLD_DETAIL_LEN];
+            int off = snprintf(why, sizeof(why), "only %d of %d ranks joined in time; missing ranks:", j->joined,
+                               j->nranks);
+            for (int r = 0; r < j->nranks && off < (int)sizeof(why) - 8; r++)
+                if (j->rank_node[r] < 0)
+                    off += snprintf(why + off, sizeof(why) - (size_t)off, " %d", r);
+            xjoin_dissolve(d, j, COLLD_ERR_TIMEOUT, -1, why);
+        }
+        j = following;
+    }
+}
+
+static void on_tick(void *arg)
+{
+    colld_daemon_t *d = arg;
+    colld_cluster_t *cl = d->cluster;
+    pthread_mutex_lock(&d->lock);
+    cjob_t *jobs = cl->inbox;
+    cl->inbox = cl->inbox_tail = NULL;
+    check_xjoins(d);
+    pthread_mutex_unlock(&d->lock);
+    while (jobs) {
+        cjob_t *j = jobs;
+        jobs = j->next;
+        if (j->coll) {
+            colld_xcoll_add(d, j->coll);
+        } else if (strcmp(j->addr, cl->self_addr) == 0) {
+            handle_ctrl(d, NULL, j->buf, j->len);
+        } else {
+            colld_net_peer_t *p = colld_net_peer_get(cl->net, j->addr);
+            if (!p || colld_net_send_ctrl(p, j->buf, j->len) < 0)
+                LOG_WARN(NET, "a message to %s could not be queued", j->addr);
+        }
+        free(j->buf);
+        free(j);
+    }
+    colld_xcoll_tick(d);
+}
+
+/* ============================================================================================
+ * Start and stop
+ * ========================================================================================== */
+
+/* Read the cluster secret (trailing whitespace dropped). Returns its length or -1. */
+static ssize_t read_secret(const char *path, uint8_t *buf, size_t cap)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        LOG_ERROR(NET, "cannot open the cluster secret %s: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) == 0 && (st.st_mode & 0077))
+        LOG_WARN(NET, "the cluster secret %s is readable by other users (mode %03o): chmod 600 it", path,
+                 (unsigned)(st.st_mode & 0777));
+    ssize_t n = read(fd, buf, cap);
+    close(fd);
+    if (n < 0) {
+        LOG_ERROR(NET, "cannot read the cluster secret %s: %s", path, strerror(errno));
+        return -1;
+    }
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
+        n--;
+    return n;
+}
+
+int colld_cluster_start(colld_daemon_t *d)
+{
+    if (!d->cfg.listen || !*d->cfg.listen)
+        return 0;
+    if (!d->cfg.secret_file || !*d->cfg.secret_file) {
+        LOG_ERROR(NET, "--listen needs --cluster-secret-file: daemons authenticate each other with a shared "
+                       "secret (at least 16 bytes, e.g. head -c 32 /dev/urandom | base64 > FILE)");
+        return -1;
+    }
+    uint8_t secret[1024];
+    ssize_t slen = read_secret(d->cfg.secret_file, secret, sizeof(secret));
+    if (slen < 0)
+        return -1;
+    if (slen < 16) {
+        LOG_ERROR(NET, "the cluster secret in %s is %zd bytes; at least 16 are needed", d->cfg.secret_file, slen);
+        return -1;
+    }
+    colld_cluster_t *cl = calloc(1, sizeof(*cl));
+    if (!cl)
+        return -1;
+    cl->d = d;
+    if (d->cfg.node_name && *d->cfg.node_name)
+        colld_strlcpy(cl->node_name, d->cfg.node_name, sizeof(cl->node_name));
+    else if (gethostname(cl->node_name, sizeof(cl->node_name) - 1) < 0)
+        colld_strlcpy(cl->node_name, "node", sizeof(cl->node_name));
+    colld_net_config_t nc = {
+        .node_name = cl->node_name,
+        .listen_addr = d->cfg.listen,
+        .secret = secret,
+        .secret_len = (size_t)slen,
+        .conns_per_peer = (int)d->cfg.net_conns,
+        .heartbeat_ms = (int)d->cfg.heartbeat_ms,
+        .heartbeat_misses = (int)d->cfg.heartbeat_misses,
+        .chunk_bytes = COLLD_NET_MAX_CHUNK,
+        .cb = { .peer_up = on_peer_up,
+                .peer_lost = on_peer_lost,
+                .data_dest = on_data_dest,
+                .data = on_data,
+                .ctrl = on_ctrl,
+                .tick = on_tick,
+                .arg = d },
+    };
+    char err[256];
+    d->cluster = cl; /* the thread's callbacks find it there */
+    if (colld_net_start(&nc, &cl->net, err, sizeof(err)) < 0) {
+        LOG_ERROR(NET, "cannot listen for peer daemons on %s: %s", d->cfg.listen, err);
+        d->cluster = NULL;
+        free(cl);
+        memset(secret, 0, sizeof(secret));
+        return -1;
+    }
+    memset(secret, 0, sizeof(secret));
+    colld_strlcpy(cl->self_addr, colld_net_listen_addr(cl->net), sizeof(cl->self_addr));
+    LOG_INFO(NET, "node %s listening for peer daemons on %s", cl->node_name, cl->self_addr);
+    return 0;
+}
+
+void colld_cluster_stop(colld_daemon_t *d)
+{
+    colld_cluster_t *cl = d->cluster;
+    if (!cl)
+        return;
+    colld_net_stop(cl->net); /* no callback runs after this */
+    colld_xcoll_abort_all(d);
+    pthread_mutex_lock(&d->lock);
+    while (cl->inbox) {
+        cjob_t *j = cl->inbox;
+        cl->inbox = j->next;
+        if (j->coll) {
+            j->coll->status = COLLD_ERR_NODE_LOST;
+            colld_engine_finish(d, j->coll);
+        }
+        free(j->buf);
+        free(j);
+    }
+    while (cl->xjoins) {
+        xjoin_t *j = cl->xjoins;
+        cl->xjoins = j->next;
+        xjoin_free(j);
+    }
+    d->cluster = NULL;
+    pthread_mutex_unlock(&d->lock);
+    free(cl);
+}
+
+size_t colld_cluster_peers(colld_daemon_t *d, colld_net_peer_info_t *out, size_t max, uint64_t *sent,
+                           uint64_t *received, uint64_t *refused)
+{
+    colld_cluster_t *cl = d->cluster;
+    *sent = *received = *refused = 0;
+    if (!cl)
+        return 0;
+    *sent = atomic_load(&cl->payload_sent);
+    *received = atomic_load(&cl->payload_received);
+    *refused = colld_net_refused(cl->net);
+    return colld_net_peers(cl->net, out, max);
+}
+
+int colld_cluster_disconnect(colld_daemon_t *d, const char *peer)
+{
+    if (!d->cluster)
+        return -1;
+    return colld_net_disconnect(d->cluster->net, peer);
+}
+
+int colld_net_algo_parse(const char *text)
+{
+    if (!text || !*text || strcmp(text, "auto") == 0)
+        return COLLD_NET_ALGO_AUTO;
+    if (strcmp(text, "ring") == 0)
+        return COLLD_NET_ALGO_RING;
+    if (strcmp(text, "rd") == 0)
+        return COLLD_NET_ALGO_RD;
+    return -1;
+}
+
+const char *colld_net_algo_name(int algo)
+{
+    switch (algo) {
+    case COLLD_NET_ALGO_RING:
+        return "ring";
+    case COLLD_NET_ALGO_RD:
+        return "rd";
+    default:
+        return "auto";
+    }
+}
+
+const char *colld_cluster_node_name(const colld_daemon_t *d)
+{
+    return d->cluster ? d->cluster->node_name : "";
+}
+
+const char *colld_cluster_listen_addr(const colld_daemon_t *d)
+{
+    return d->cluster ? d->cluster->self_addr : "";
+}

@@ -1,0 +1,100 @@
+/*
+ * cluster.h - what cluster.c (membership, faults across daemons) and xcoll.c (the inter-node
+ * collective algorithms) share. Internal to the daemon.
+ *
+ * Threads: the network thread of transport/tcp runs every callback here. Other threads reach it
+ * only through the inbox (under daemon->lock) and colld_net_wake, so no transport call is ever made
+ * with daemon->lock held by a thread other than the network thread.
+ */
+#ifndef COLLD_SERVER_CLUSTER_H
+#define COLLD_SERVER_CLUSTER_H
+
+#include "server/daemon.h"
+#include "transport/tcp/tcp.h"
+
+#include <stdatomic.h>
+
+#define COLLD_NET_MAX_CHUNK (1u << 20) /* the transport's receive buffer per connection */
+
+/* DATA phases of the algorithms (colld_net_hdr_t.phase). */
+enum {
+    XPHASE_RS = 1,      /* ring reduce-scatter */
+    XPHASE_AG = 2,      /* ring all-gather (and the broadcast chain) */
+    XPHASE_RD_PRE = 3,  /* recursive doubling: a node beyond the power of two hands its data in */
+    XPHASE_RD = 4,      /* recursive doubling: exchange with partner self ^ (1 << step) */
+    XPHASE_RD_POST = 5, /* recursive doubling: the result back to that node */
+};
+
+typedef struct xcoll xcoll_t;
+
+/* What one node announced for a sequence number (Ready). */
+typedef struct {
+    uint64_t seq; /* 0: empty */
+    uint32_t kind, dtype, redop;
+    int32_t root;
+    uint64_t count;
+} xsig_t;
+
+/* A communicator's multi-node state. Set under daemon->lock at join and at formation (then
+ * fixed); the fields marked (net) belong to the network thread. */
+struct colld_xcomm {
+    uint8_t uid[COLLD_WIRE_UNIQUE_ID_BYTES];
+    char root_addr[COLLD_NET_ADDR_LEN];
+    bool formed;
+    uint64_t xid;
+    int nnodes, self;
+    char (*node_name)[COLLD_NET_NAME_LEN];
+    char (*node_addr)[COLLD_NET_ADDR_LEN];
+    int *rank_node;           /* [nranks] */
+    int *node_nranks;         /* [nnodes] ranks per node */
+    int algo;                 /* COLLD_NET_ALGO_* */
+    uint64_t small_bytes, chunk_bytes;
+    colld_net_peer_t **peers; /* (net) [nnodes], NULL for self */
+    xsig_t (*ready)[2];       /* (net) [nnodes][seq & 1] */
+    xcoll_t *qhead, *qtail;   /* (net) collectives handed over, the head one running */
+    void *scratch;            /* (net) the collective's buffer, kept for the next one */
+    size_t scratch_size;
+};
+
+/* A message for the network thread: a CTRL message to a daemon (this one included), or a matched
+ * collective. */
+typedef struct cjob {
+    colld_coll_t *coll;
+    char addr[COLLD_NET_ADDR_LEN];
+    uint8_t *buf;
+    size_t len;
+    struct cjob *next;
+} cjob_t;
+
+typedef struct xjoin xjoin_t;
+
+struct colld_cluster {
+    colld_daemon_t *d;
+    colld_net_t *net;
+    char self_addr[COLLD_NET_ADDR_LEN];
+    char node_name[COLLD_NET_NAME_LEN];
+    cjob_t *inbox, *inbox_tail; /* under daemon->lock */
+    xjoin_t *xjoins;            /* (net, and daemon->lock) communicators this daemon is forming */
+    xcoll_t *running;           /* (net) every xcoll handed over and not finished */
+    const char *lost_addr;      /* (daemon->lock) the peer being reported lost: no message goes to it */
+    atomic_uint_fast64_t payload_sent, payload_received;
+};
+
+/* ---- cluster.c ---- */
+/* Queue a CTRL message (an encoded colld.net.v1.Msg) to the daemon at addr (lock held). */
+void colld_cluster_post(colld_daemon_t *d, const char *addr, const void *msg_buf, size_t len);
+/* Pin / unpin the communicator with this xid (takes the lock). NULL if unknown. */
+colld_dcomm_t *colld_cluster_pin(colld_daemon_t *d, uint64_t xid);
+void colld_cluster_unpin(colld_daemon_t *d, colld_dcomm_t *c);
+
+/* ---- xcoll.c (network thread) ---- */
+void colld_xcoll_add(colld_daemon_t *d, colld_coll_t *k);
+/* A Ready from node `node` of communicator c (pinned). */
+void colld_xcoll_ready(colld_daemon_t *d, colld_dcomm_t *c, int node, const xsig_t *sig);
+void colld_xcoll_data(colld_daemon_t *d, colld_net_peer_t *p, const colld_net_hdr_t *h, const void *payload);
+/* Fail what must fail (broken communicators, time-outs) and start what can start. */
+void colld_xcoll_tick(colld_daemon_t *d);
+/* The transport has stopped: end every collective with an error (daemon shutting down). */
+void colld_xcoll_abort_all(colld_daemon_t *d);
+
+#endif /* COLLD_SERVER_CLUSTER_H */

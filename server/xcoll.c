@@ -1,0 +1,853 @@
+/*
+ * xcoll.c - collectives across daemons (hierarchical): local step, inter-node step, local step.
+ *
+ * When every local rank of a multi-node communicator has posted collective `seq`, the engine
+ * hands it here (network thread). Each daemon is the single participant for its local ranks:
+ *
+ *   1. local:  reduce its ranks' inputs into one buffer X (all-reduce, reduce, reduce-scatter), or
+ *              copy them into their slots of X (all-gather); a broadcast root's node sends straight
+ *              from the root's buffer.
+ *   2. nodes:  tell every other member daemon "Ready(seq, signature)"; data goes to a daemon only
+ *              after its Ready, so it always has somewhere to go. Then, over k nodes in ring order:
+ *              - ring reduce-scatter (RS): at step t node j sends block (j-t-1) mod k to j+1 and
+ *                reduces the block (j-t-2) mod k it receives from j-1 into X (received partial
+ *                first); after k-1 steps node j holds block j reduced over every node.
+ *              - ring all-gather (AG): at step t node j forwards block (j-t) mod k to j+1.
+ *              all-reduce and reduce = RS + AG over k equal blocks (2(k-1)/k of the bytes per
+ *              node, whatever the number of local ranks); reduce-scatter = RS and all-gather = AG
+ *              with each node's block made of its ranks' slots; broadcast = AG of the root
+ *              node's block alone (a pipelined chain). Blocks travel in chunks of chunk_bytes, and
+ *              each chunk is forwarded as soon as it is reduced, so the reduction overlaps the
+ *              network. Small all-reduces (<= small_bytes, or by policy) use recursive doubling:
+ *              log2(p) exchanges of the whole buffer with partner j ^ 2^s, the nodes beyond the
+ *              largest power of two p handing their data to node j-p first and getting the
+ *              result back at the end.
+ *   3. local:  avg divides by nranks once the sum is complete; X is copied to the local outputs.
+ *
+ * Determinism: each block is combined in a fixed order of nodes (and each node's partial in rank
+ * order), so every rank gets bitwise the same result on every run of the same layout. The order
+ * differs from single-node rank order, so float sums may differ from a single daemon's in the
+ * last bits (docs/architecture.md).
+ *
+ * Faults: a failed collective stops sending, discards what still arrives, and is completed (with
+ * the communicator's error) once none of its sends is still being written. Nothing ever writes
+ * into a collective's memory after it ended: received payloads land in the transport's buffers
+ * and are copied from there.
+ */
+#include "server/cluster.h"
+
+#include "colld_net.pb-c.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "kernels/cpu/reduce.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    uint64_t off, len;
+    int block;
+} xrange_t;
+
+/* A send waiting for its destination's Ready. */
+typedef struct pend {
+    int node;
+    colld_net_hdr_t h;
+    const uint8_t *src;
+    struct pend *next;
+} pend_t;
+
+struct xcoll {
+    colld_daemon_t *d;
+    colld_coll_t *k;
+    colld_dcomm_t *c;
+    colld_xcomm_t *x;
+    xsig_t sig;
+    colld_dtype_t dt;
+    colld_redop_t op;    /* the collective's op */
+    colld_redop_t pop;   /* the op that combines partials (avg: sum) */
+    size_t es;
+    bool active, failed, rd, done_local;
+    int busy;            /* > 0 while a handler runs: finishing waits for it */
+    colld_status_t status;
+    uint8_t *X;
+    uint64_t xbytes;
+    xrange_t *ranges;    /* ring layout */
+    int nranges;
+    bool *ready;         /* [nnodes]: Ready(seq) seen with the same signature */
+    int nready;          /* other nodes ready */
+    uint64_t recv_left;
+    unsigned inflight;   /* DATA sends not written yet */
+    pend_t *pend, *pend_tail;
+    uint64_t deadline_ns;
+    /* recursive doubling */
+    int rd_p, rd_nsteps, rd_step;
+    bool rd_pre_wait, rd_finished;
+    uint8_t *rd_buf;     /* [pre | steps recv | steps send], each xbytes */
+    uint64_t *rd_left;   /* [1 + nsteps]: bytes still to receive (0: pre) */
+    bool *rd_sent;       /* [nsteps]: this node's data of the step went out */
+    xcoll_t *next;       /* in x's queue */
+    xcoll_t *rnext;      /* in the cluster's running list */
+};
+
+static void xcoll_maybe_end(xcoll_t *xc);
+
+/* ============================================================================================
+ * Helpers
+ * ========================================================================================== */
+
+static int mod(int a, int k)
+{
+    return ((a % k) + k) % k;
+}
+
+static bool kind_reduces(unsigned kind)
+{
+    return kind == COLLD_KIND_ALLREDUCE || kind == COLLD_KIND_REDUCE || kind == COLLD_KIND_REDUCESCATTER;
+}
+
+/* Ring phases of a kind. */
+static bool has_rs(unsigned kind)
+{
+    return kind_reduces(kind);
+}
+
+static bool has_ag(unsigned kind)
+{
+    return kind != COLLD_KIND_REDUCESCATTER;
+}
+
+static const char *kind_name(unsigned k)
+{
+    return colld_kind_name(k);
+}
+
+static int describe_sig(char *buf, size_t len, const xsig_t *s)
+{
+    return snprintf(buf, len, "%s(%s, %s, count %llu, root %d)", kind_name(s->kind), colld_dtype_name(s->dtype),
+                    kind_reduces(s->kind) ? colld_redop_name(s->redop) : "-", (unsigned long long)s->count, s->root);
+}
+
+static bool sig_equal(const xsig_t *a, const xsig_t *b)
+{
+    bool root = a->kind == COLLD_KIND_BROADCAST || a->kind == COLLD_KIND_REDUCE;
+    return a->kind == b->kind && a->dtype == b->dtype && a->count == b->count &&
+           (!kind_reduces(a->kind) || a->redop == b->redop) && (!root || a->root == b->root);
+}
+
+/* Bytes of the block b of the ring layout. */
+static uint64_t block_bytes(const xcoll_t *xc, int b)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < xc->nranges; i++)
+        if (xc->ranges[i].block == b)
+            n += xc->ranges[i].len;
+    return n;
+}
+
+/* The block of [off, off+len), -1 when it is not inside one range. */
+static int block_of(const xcoll_t *xc, uint64_t off, uint64_t len)
+{
+    for (int i = 0; i < xc->nranges; i++) {
+        const xrange_t *r = &xc->ranges[i];
+        if (off >= r->off && off - r->off < r->len && len <= r->len - (off - r->off))
+            return r->block;
+    }
+    return -1;
+}
+
+/* ============================================================================================
+ * Failing and ending
+ * ========================================================================================== */
+
+static void pend_free(xcoll_t *xc)
+{
+    while (xc->pend) {
+        pend_t *p = xc->pend;
+        xc->pend = p->next;
+        free(p);
+    }
+    xc->pend_tail = NULL;
+}
+
+/* Fail the collective; with `break_comm`, the communicator too (which tells the other nodes). */
+static void xcoll_fail(xcoll_t *xc, colld_status_t st, const char *detail, bool break_comm)
+{
+    if (xc->failed)
+        return;
+    xc->failed = true;
+    xc->status = st;
+    pend_free(xc);
+    LOG_INFO(NET, "communicator %llu collective #%llu failed: %s: %s", (unsigned long long)xc->c->id,
+             (unsigned long long)xc->sig.seq, colld_status_name(st), detail);
+    if (break_comm) {
+        colld_reply_t *replies = NULL;
+        pthread_mutex_lock(&xc->d->lock);
+        colld_comm_break(xc->d, xc->c, st, -1, detail, &replies);
+        pthread_mutex_unlock(&xc->d->lock);
+        colld_replies_send(replies);
+    }
+}
+
+/* Copy X to the local ranks' outputs. */
+static void phase_out(xcoll_t *xc)
+{
+    colld_coll_t *k = xc->k;
+    int n = xc->c->nranks;
+    uint64_t slot = xc->sig.count * xc->es;
+    for (int r = 0; r < n; r++) {
+        colld_op_t *op = k->ops[r];
+        if (!op || !op->recv_ptr)
+            continue;
+        switch (xc->sig.kind) {
+        case COLLD_KIND_REDUCE:
+            if (r != xc->sig.root)
+                break;
+            /* fall through */
+        case COLLD_KIND_ALLREDUCE:
+        case COLLD_KIND_BROADCAST:
+        case COLLD_KIND_ALLGATHER:
+            if (op->recv_ptr != xc->X)
+                memcpy(op->recv_ptr, xc->X, xc->xbytes);
+            break;
+        case COLLD_KIND_REDUCESCATTER:
+            memcpy(op->recv_ptr, xc->X + (uint64_t)r * slot, slot);
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+static void xcoll_start(xcoll_t *xc);
+
+/* The collective is over: post its completions, free it, start the next one of its communicator. */
+static void xcoll_end(xcoll_t *xc)
+{
+    colld_daemon_t *d = xc->d;
+    colld_cluster_t *cl = d->cluster;
+    colld_xcomm_t *x = xc->x;
+    if (!xc->failed)
+        phase_out(xc);
+    x->qhead = xc->next;
+    if (!x->qhead)
+        x->qtail = NULL;
+    xcoll_t *next = xc->next; /* holds its own reference on the communicator: x stays */
+    for (xcoll_t **pp = &cl->running; *pp; pp = &(*pp)->rnext)
+        if (*pp == xc) {
+            *pp = xc->rnext;
+            break;
+        }
+    pthread_mutex_lock(&d->lock);
+    xc->k->status = xc->failed ? xc->status : COLLD_OK;
+    xc->k->end_ns = colld_now_ns();
+    colld_engine_finish(d, xc->k);
+    pthread_mutex_unlock(&d->lock);
+    pend_free(xc);
+    free(xc->ranges);
+    free(xc->ready);
+    free(xc->rd_buf);
+    free(xc->rd_left);
+    free(xc->rd_sent);
+    free(xc);
+    if (next)
+        xcoll_start(next);
+}
+
+static bool xcoll_complete(const xcoll_t *xc)
+{
+    if (!xc->active)
+        return false;
+    if (xc->failed)
+        return xc->inflight == 0;
+    return xc->nready == xc->x->nnodes - 1 && xc->recv_left == 0 && xc->inflight == 0 && !xc->pend &&
+           (!xc->rd || xc->rd_finished);
+}
+
+static void xcoll_maybe_end(xcoll_t *xc)
+{
+    if (xc->busy == 0 && xcoll_complete(xc))
+        xcoll_end(xc);
+}
+
+/* ============================================================================================
+ * Sending
+ * ========================================================================================== */
+
+static void send_done(void *cookie, bool ok)
+{
+    xcoll_t *xc = cookie;
+    xc->inflight--;
+    if (!ok)
+        xcoll_fail(xc, COLLD_ERR_NODE_LOST, "a peer daemon was lost while data was sent to it", false);
+    xcoll_maybe_end(xc);
+}
+
+/* Send now (the destination is ready). */
+static void send_now(xcoll_t *xc, int node, const colld_net_hdr_t *h, const uint8_t *src)
+{
+    colld_net_peer_t *p = xc->x->peers[node];
+    xc->inflight++;
+    if (!p || colld_net_send_data(p, h, src, (unsigned)(h->offset / xc->x->chunk_bytes), send_done, xc) < 0) {
+        xc->inflight--;
+        char why[COLLD_DETAIL_LEN];
+        snprintf(why, sizeof(why), "node %s (%s) is not reachable", xc->x->node_name[node], xc->x->node_addr[node]);
+        xcoll_fail(xc, COLLD_ERR_NODE_LOST, why, true);
+        return;
+    }
+    atomic_fetch_add(&xc->d->cluster->payload_sent, h->len);
+}
+
+/* Send [off, off+len) of src to node (one chunk), or hold it until the node is ready. */
+static void xsend(xcoll_t *xc, int node, int phase, int step, uint64_t off, uint64_t len, const uint8_t *src)
+{
+    if (xc->failed)
+        return;
+    colld_net_hdr_t h = { .phase = (uint8_t)phase,
+                          .step = (uint16_t)step,
+                          .len = (uint32_t)len,
+                          .xid = xc->x->xid,
+                          .seq = xc->sig.seq,
+                          .offset = off };
+    if (xc->ready[node]) {
+        send_now(xc, node, &h, src);
+        return;
+    }
+    pend_t *p = calloc(1, sizeof(*p));
+    if (!p) {
+        xcoll_fail(xc, COLLD_ERR_NO_MEMORY, "daemon out of memory", true);
+        return;
+    }
+    p->node = node;
+    p->h = h;
+    p->src = src;
+    if (xc->pend_tail)
+        xc->pend_tail->next = p;
+    else
+        xc->pend = p;
+    xc->pend_tail = p;
+}
+
+/* Send every chunk of block b of X. */
+static void send_block(xcoll_t *xc, int node, int phase, int step, int b)
+{
+    uint64_t chunk = xc->x->chunk_bytes;
+    for (int i = 0; i < xc->nranges && !xc->failed; i++) {
+        const xrange_t *r = &xc->ranges[i];
+        if (r->block != b)
+            continue;
+        for (uint64_t o = 0; o < r->len; o += chunk)
+            xsend(xc, node, phase, step, r->off + o, COLLD_MIN(chunk, r->len - o), xc->X + r->off + o);
+    }
+}
+
+/* The sends held for a node that just became ready, in order. */
+static void flush_pending(xcoll_t *xc, int node)
+{
+    pend_t **pp = &xc->pend;
+    xc->pend_tail = NULL;
+    while (*pp) {
+        pend_t *p = *pp;
+        if (p->node == node && !xc->failed) {
+            *pp = p->next;
+            send_now(xc, node, &p->h, p->src);
+            free(p);
+            continue;
+        }
+        xc->pend_tail = p;
+        pp = &p->next;
+    }
+}
+
+/* ============================================================================================
+ * Recursive doubling (small all-reduces)
+ * ========================================================================================== */
+
+static uint8_t *rd_recv_area(xcoll_t *xc, int idx) /* 0: pre, 1 + s: step s */
+{
+    return xc->rd_buf + (uint64_t)idx * xc->xbytes;
+}
+
+static uint8_t *rd_send_area(xcoll_t *xc, int s)
+{
+    return xc->rd_buf + (uint64_t)(1 + xc->rd_nsteps + s) * xc->xbytes;
+}
+
+/* X = combine of two partials, the lower node's first. */
+static void rd_combine(xcoll_t *xc, const uint8_t *lower, const uint8_t *upper)
+{
+    const void *in[2] = { lower, upper };
+    void *out[1] = { xc->X };
+    colld_cpu_reduce(xc->dt, xc->pop, in, 2, out, 1, xc->xbytes / xc->es);
+}
+
+/* Advance as far as the received data allows. */
+static void rd_advance(xcoll_t *xc)
+{
+    int j = xc->x->self, k = xc->x->nnodes, p = xc->rd_p;
+    if (xc->failed || xc->rd_finished || j >= p)
+        return; /* a node beyond p waits for its result (recv_left) */
+    if (xc->rd_pre_wait) {
+        if (xc->rd_left[0] > 0)
+            return;
+        rd_combine(xc, xc->X, rd_recv_area(xc, 0)); /* node j before node j + p */
+        xc->rd_pre_wait = false;
+    }
+    while (xc->rd_step < xc->rd_nsteps && !xc->failed) {
+        int s = xc->rd_step, partner = j ^ (1 << s);
+        if (!xc->rd_sent[s]) { /* a copy: X changes while the copy is still being sent */
+            memcpy(rd_send_area(xc, s), xc->X, xc->xbytes);
+            xc->rd_sent[s] = true;
+            if (xc->xbytes)
+                xsend(xc, partner, XPHASE_RD, s, 0, xc->xbytes, rd_send_area(xc, s));
+        }
+        if (xc->rd_left[1 + s] > 0)
+            return;
+        if (j < partner)
+            rd_combine(xc, xc->X, rd_recv_area(xc, 1 + s));
+        else
+            rd_combine(xc, rd_recv_area(xc, 1 + s), xc->X);
+        xc->rd_step++;
+    }
+    if (xc->failed)
+        return;
+    if (xc->op == COLLD_AVG)
+        colld_cpu_avg_finish(xc->dt, xc->X, xc->xbytes / xc->es, xc->c->nranks);
+    if (j < k - p && xc->xbytes)
+        xsend(xc, j + p, XPHASE_RD_POST, 0, 0, xc->xbytes, xc->X);
+    xc->rd_finished = true;
+}
+
+/* ============================================================================================
+ * Starting a collective
+ * ========================================================================================== */
+
+/* The ring layout: which byte ranges of X make up each node's block. */
+static int make_layout(xcoll_t *xc)
+{
+    colld_xcomm_t *x = xc->x;
+    int k = x->nnodes, n = xc->c->nranks;
+    uint64_t slot = xc->sig.count * xc->es;
+    switch (xc->sig.kind) {
+    case COLLD_KIND_ALLREDUCE:
+    case COLLD_KIND_REDUCE: {
+        xc->ranges = calloc((size_t)k, sizeof(*xc->ranges));
+        if (!xc->ranges)
+            return -1;
+        uint64_t count = xc->sig.count;
+        for (int b = 0; b < k; b++) {
+            uint64_t first = count * (uint64_t)b / (uint64_t)k, last = count * (uint64_t)(b + 1) / (uint64_t)k;
+            xc->ranges[b] = (xrange_t){ first * xc->es, (last - first) * xc->es, b };
+        }
+        xc->nranges = k;
+        return 0;
+    }
+    case COLLD_KIND_BROADCAST:
+        xc->ranges = calloc(1, sizeof(*xc->ranges));
+        if (!xc->ranges)
+            return -1;
+        xc->ranges[0] = (xrange_t){ 0, xc->xbytes, x->rank_node[xc->sig.root] };
+        xc->nranges = 1;
+        return 0;
+    default: /* all-gather, reduce-scatter: rank r's slot belongs to its node */
+        xc->ranges = calloc((size_t)n, sizeof(*xc->ranges));
+        if (!xc->ranges)
+            return -1;
+        for (int r = 0; r < n; r++)
+            xc->ranges[r] = (xrange_t){ (uint64_t)r * slot, slot, x->rank_node[r] };
+        xc->nranges = n;
+        return 0;
+    }
+}
+
+/* Step 1: the local ranks' contribution into X. */
+static int phase_in(xcoll_t *xc)
+{
+    colld_coll_t *k = xc->k;
+    int n = xc->c->nranks;
+    uint64_t slot = xc->sig.count * xc->es;
+    const void *in[COLLD_MAX_RANKS];
+    int nin = 0;
+    for (int r = 0; r < n; r++)
+        if (k->ops[r])
+            in[nin++] = k->ops[r]->send_ptr;
+    if (xc->sig.kind == COLLD_KIND_BROADCAST) {
+        if (k->ops[xc->sig.root])
+            xc->X = k->ops[xc->sig.root]->send_ptr; /* sent from the root's buffer, no copy */
+    } else if (xc->sig.kind == COLLD_KIND_ALLGATHER) {
+        for (int r = 0; r < n; r++)
+            if (k->ops[r])
+                memcpy(xc->X + (uint64_t)r * slot, k->ops[r]->send_ptr, slot);
+    } else if (xc->xbytes) {
+        void *out[1] = { xc->X };
+        if (colld_cpu_reduce(xc->dt, xc->pop, in, nin, out, 1, xc->xbytes / xc->es) != COLLD_OK)
+            return -1;
+    }
+    return 0;
+}
+
+/* Send Ready to every other member daemon. */
+static void send_ready(xcoll_t *xc)
+{
+    colld_xcomm_t *x = xc->x;
+    Colld__Net__V1__Ready r = COLLD__NET__V1__READY__INIT;
+    r.xid = x->xid;
+    r.seq = xc->sig.seq;
+    r.kind = xc->sig.kind;
+    r.dtype = xc->sig.dtype;
+    r.redop = xc->sig.redop;
+    r.root = xc->sig.root;
+    r.count = xc->sig.count;
+    Colld__Net__V1__Msg m = COLLD__NET__V1__MSG__INIT;
+    m.m_case = COLLD__NET__V1__MSG__M_READY;
+    m.ready = &r;
+    uint8_t buf[128];
+    size_t len = colld__net__v1__msg__pack(&m, buf);
+    for (int i = 0; i < x->nnodes; i++)
+        if (i != x->self && (!x->peers[i] || colld_net_send_ctrl(x->peers[i], buf, len) < 0)) {
+            char why[COLLD_DETAIL_LEN];
+            snprintf(why, sizeof(why), "node %s (%s) is not reachable", x->node_name[i], x->node_addr[i]);
+            xcoll_fail(xc, COLLD_ERR_NODE_LOST, why, true);
+            return;
+        }
+}
+
+/* A node announced this collective: check its signature, release the sends held for it. */
+static void apply_ready(xcoll_t *xc, int node, const xsig_t *sig)
+{
+    if (xc->ready[node] || xc->failed)
+        return;
+    if (!sig_equal(sig, &xc->sig)) {
+        char why[COLLD_DETAIL_LEN], a[160], b[160];
+        describe_sig(a, sizeof(a), &xc->sig);
+        describe_sig(b, sizeof(b), sig);
+        snprintf(why, sizeof(why), "collective #%llu differs between nodes: node %s: %s; node %s: %s",
+                 (unsigned long long)xc->sig.seq, xc->x->node_name[xc->x->self], a, xc->x->node_name[node], b);
+        xcoll_fail(xc, COLLD_ERR_MISMATCH, why, true);
+        return;
+    }
+    xc->ready[node] = true;
+    xc->nready++;
+    flush_pending(xc, node);
+}
+
+/* Start the collective at the head of its communicator's queue. */
+static void xcoll_start(xcoll_t *xc)
+{
+    colld_daemon_t *d = xc->d;
+    colld_xcomm_t *x = xc->x;
+    int k = x->nnodes, j = x->self;
+    xc->busy++;
+    xc->active = true;
+    pthread_mutex_lock(&d->lock);
+    bool ok = xc->c->state == COLLD_COMM_READY;
+    colld_status_t err = xc->c->error;
+    pthread_mutex_unlock(&d->lock);
+    xc->k->start_ns = colld_now_ns();
+    if (!ok) {
+        xcoll_fail(xc, err ? err : COLLD_ERR_ABORTED, "communicator already failed", false);
+        goto out;
+    }
+    /* X: the collective's whole buffer on this node */
+    uint64_t bytes = xc->sig.count * xc->es;
+    if (xc->sig.kind == COLLD_KIND_ALLGATHER || xc->sig.kind == COLLD_KIND_REDUCESCATTER)
+        bytes *= (uint64_t)xc->c->nranks;
+    xc->xbytes = bytes;
+    if (bytes > x->scratch_size) {
+        void *p = realloc(x->scratch, bytes);
+        if (!p) {
+            xcoll_fail(xc, COLLD_ERR_NO_MEMORY, "daemon out of memory for the collective's buffer", true);
+            goto out;
+        }
+        x->scratch = p;
+        x->scratch_size = bytes;
+    }
+    xc->X = x->scratch;
+    xc->ready = calloc((size_t)k, sizeof(bool));
+    bool small = bytes <= x->chunk_bytes && (x->algo == COLLD_NET_ALGO_RD ||
+                                             (x->algo == COLLD_NET_ALGO_AUTO && bytes <= x->small_bytes));
+    xc->rd = (xc->sig.kind == COLLD_KIND_ALLREDUCE || xc->sig.kind == COLLD_KIND_REDUCE) && small;
+    if (!xc->ready || make_layout(xc) < 0 || phase_in(xc) < 0) {
+        xcoll_fail(xc, COLLD_ERR_NO_MEMORY, "daemon out of memory", true);
+        goto out;
+    }
+    send_ready(xc);
+    if (xc->failed)
+        goto out;
+    for (int i = 0; i < k; i++) /* Ready messages that came before this collective started */
+        if (i != j && x->ready[i][xc->sig.seq & 1].seq == xc->sig.seq)
+            apply_ready(xc, i, &x->ready[i][xc->sig.seq & 1]);
+    if (xc->rd) {
+        int p = 1;
+        while (p * 2 <= k)
+            p *= 2;
+        xc->rd_p = p;
+        while ((1 << xc->rd_nsteps) < p)
+            xc->rd_nsteps++;
+        xc->rd_buf = malloc((size_t)(2 * xc->rd_nsteps + 1) * bytes + 1);
+        xc->rd_left = malloc((size_t)(1 + xc->rd_nsteps) * sizeof(uint64_t));
+        xc->rd_sent = calloc((size_t)xc->rd_nsteps + 1, sizeof(bool));
+        if (!xc->rd_buf || !xc->rd_left || !xc->rd_sent) {
+            xcoll_fail(xc, COLLD_ERR_NO_MEMORY, "daemon out of memory", true);
+            goto out;
+        }
+        xc->rd_left[0] = j < k - p ? bytes : 0;
+        for (int s = 0; s < xc->rd_nsteps; s++)
+            xc->rd_left[1 + s] = j < p ? bytes : 0;
+        xc->rd_pre_wait = j < k - p;
+        if (j >= p) { /* beyond the power of two: hand the data in, wait for the result */
+            xc->recv_left = bytes;
+            xc->rd_finished = true;
+            if (bytes)
+                xsend(xc, j - p, XPHASE_RD_PRE, 0, 0, bytes, xc->X);
+        } else {
+            xc->recv_left = xc->rd_left[0] + (uint64_t)xc->rd_nsteps * bytes;
+            rd_advance(xc);
+        }
+        goto out;
+    }
+    /* ring */
+    int next = mod(j + 1, k);
+    if (has_rs(xc->sig.kind)) {
+        xc->recv_left = bytes - block_bytes(xc, mod(j - 1, k));
+        if (has_ag(xc->sig.kind))
+            xc->recv_left += bytes - block_bytes(xc, j);
+        if (k == 1 && xc->op == COLLD_AVG && bytes)
+            colld_cpu_avg_finish(xc->dt, xc->X, bytes / xc->es, xc->c->nranks);
+        if (k > 1)
+            send_block(xc, next, XPHASE_RS, 0, mod(j - 1, k));
+    } else {
+        xc->recv_left = bytes - block_bytes(xc, j);
+        if (k > 1)
+            send_block(xc, next, XPHASE_AG, 0, j);
+    }
+out:
+    xc->busy--;
+    xcoll_maybe_end(xc);
+}
+
+/* ============================================================================================
+ * Entry points (network thread)
+ * ========================================================================================== */
+
+void colld_xcoll_add(colld_daemon_t *d, colld_coll_t *k)
+{
+    colld_cluster_t *cl = d->cluster;
+    colld_dcomm_t *c = k->comm;
+    xcoll_t *xc = calloc(1, sizeof(*xc));
+    if (!xc) {
+        pthread_mutex_lock(&d->lock);
+        k->status = COLLD_ERR_NO_MEMORY;
+        colld_engine_finish(d, k);
+        pthread_mutex_unlock(&d->lock);
+        return;
+    }
+    const colld_op_t *lead = colld_coll_lead(k);
+    xc->d = d;
+    xc->k = k;
+    xc->c = c;
+    xc->x = c->x;
+    xc->sig = (xsig_t){ .seq = lead->d.seq,
+                        .kind = lead->d.kind,
+                        .dtype = lead->d.dtype,
+                        .redop = lead->d.redop,
+                        .root = lead->d.root,
+                        .count = lead->d.count };
+    xc->dt = (colld_dtype_t)lead->d.dtype;
+    xc->op = (colld_redop_t)lead->d.redop;
+    xc->pop = xc->op == COLLD_AVG ? COLLD_SUM : xc->op;
+    xc->es = colld_dtype_size(xc->dt);
+    uint64_t first = UINT64_MAX;
+    for (int r = 0; r < c->nranks; r++)
+        if (k->ops[r])
+            first = COLLD_MIN(first, k->ops[r]->arrival_ns);
+    xc->deadline_ns = first + (uint64_t)c->timeout_ms * 1000000ull;
+    xc->rnext = cl->running;
+    cl->running = xc;
+    colld_xcomm_t *x = c->x;
+    if (x->qtail)
+        x->qtail->next = xc;
+    else
+        x->qhead = xc;
+    x->qtail = xc;
+    if (x->qhead == xc)
+        xcoll_start(xc);
+}
+
+void colld_xcoll_ready(colld_daemon_t *d, colld_dcomm_t *c, int node, const xsig_t *sig)
+{
+    (void)d;
+    colld_xcomm_t *x = c->x;
+    x->ready[node][sig->seq & 1] = *sig;
+    xcoll_t *xc = x->qhead;
+    if (!xc || !xc->active || xc->sig.seq != sig->seq)
+        return;
+    xc->busy++;
+    apply_ready(xc, node, sig);
+    xc->busy--;
+    xcoll_maybe_end(xc);
+}
+
+/* The running collective a DATA message belongs to. */
+static xcoll_t *find_xcoll(colld_cluster_t *cl, uint64_t xid, uint64_t seq)
+{
+    for (xcoll_t *xc = cl->running; xc; xc = xc->rnext)
+        if (xc->active && xc->x->xid == xid && xc->sig.seq == seq)
+            return xc;
+    return NULL;
+}
+
+/* Check a DATA message against what this node expects; returns its sender node or -1. */
+static bool data_valid(xcoll_t *xc, const colld_net_hdr_t *h, char *why, size_t len)
+{
+    int k = xc->x->nnodes, j = xc->x->self;
+    if (h->offset > xc->xbytes || h->len > xc->xbytes - h->offset || h->offset % xc->es || h->len % xc->es ||
+        h->len > xc->recv_left) {
+        snprintf(why, len, "bytes %llu..%llu are outside the collective's %llu-byte buffer or already received",
+                 (unsigned long long)h->offset, (unsigned long long)(h->offset + h->len),
+                 (unsigned long long)xc->xbytes);
+        return false;
+    }
+    int want = -1;
+    switch (h->phase) {
+    case XPHASE_RS:
+        want = !xc->rd && has_rs(xc->sig.kind) && h->step < k - 1 ? mod(j - h->step - 2, k) : -2;
+        break;
+    case XPHASE_AG:
+        want = !xc->rd && has_ag(xc->sig.kind) && h->step < k - 1 ? mod(j - h->step - 1, k) : -2;
+        break;
+    case XPHASE_RD_PRE:
+        return xc->rd && j < k - xc->rd_p && xc->rd_left[0] >= h->len;
+    case XPHASE_RD:
+        return xc->rd && j < xc->rd_p && h->step < xc->rd_nsteps && xc->rd_left[1 + h->step] >= h->len;
+    case XPHASE_RD_POST:
+        return xc->rd && j >= xc->rd_p;
+    default:
+        break;
+    }
+    if (want < 0 || block_of(xc, h->offset, h->len) != want) {
+        snprintf(why, len, "phase %u step %u bytes at %llu do not belong to the block due", h->phase, h->step,
+                 (unsigned long long)h->offset);
+        return false;
+    }
+    return true;
+}
+
+void colld_xcoll_data(colld_daemon_t *d, colld_net_peer_t *p, const colld_net_hdr_t *h, const void *payload)
+{
+    colld_cluster_t *cl = d->cluster;
+    atomic_fetch_add(&cl->payload_received, h->len);
+    xcoll_t *xc = find_xcoll(cl, h->xid, h->seq);
+    if (!xc || xc->failed)
+        return; /* a collective that failed here: what still arrives is dropped */
+    xc->busy++;
+    char why[COLLD_DETAIL_LEN / 2];
+    int k = xc->x->nnodes, j = xc->x->self;
+    uint64_t off = h->offset, len = h->len;
+    if (!data_valid(xc, h, why, sizeof(why))) {
+        char detail[COLLD_DETAIL_LEN];
+        snprintf(detail, sizeof(detail), "protocol error from node %s: %s", colld_net_peer_name(p), why);
+        xcoll_fail(xc, COLLD_ERR_INTERNAL, detail, true);
+        goto out;
+    }
+    int next = mod(j + 1, k);
+    switch (h->phase) {
+    case XPHASE_RS: {
+        const void *in[2] = { payload, xc->X + off };
+        void *out[1] = { xc->X + off };
+        colld_cpu_reduce(xc->dt, xc->pop, in, 2, out, 1, len / xc->es);
+        xc->recv_left -= len;
+        if (h->step + 1 < k - 1) {
+            xsend(xc, next, XPHASE_RS, h->step + 1, off, len, xc->X + off);
+        } else { /* this node's own block is complete here */
+            if (xc->op == COLLD_AVG)
+                colld_cpu_avg_finish(xc->dt, xc->X + off, len / xc->es, xc->c->nranks);
+            if (has_ag(xc->sig.kind))
+                xsend(xc, next, XPHASE_AG, 0, off, len, xc->X + off);
+        }
+        break;
+    }
+    case XPHASE_AG:
+        memcpy(xc->X + off, payload, len);
+        xc->recv_left -= len;
+        if (h->step + 1 < k - 1)
+            xsend(xc, next, XPHASE_AG, h->step + 1, off, len, xc->X + off);
+        break;
+    case XPHASE_RD_PRE:
+        memcpy(rd_recv_area(xc, 0) + off, payload, len);
+        xc->rd_left[0] -= len;
+        xc->recv_left -= len;
+        rd_advance(xc);
+        break;
+    case XPHASE_RD: /* may come before this node's own send of the step */
+        memcpy(rd_recv_area(xc, 1 + h->step) + off, payload, len);
+        xc->rd_left[1 + h->step] -= len;
+        xc->recv_left -= len;
+        rd_advance(xc);
+        break;
+    case XPHASE_RD_POST:
+        memcpy(xc->X + off, payload, len);
+        xc->recv_left -= len;
+        break;
+    default:
+        break;
+    }
+out:
+    xc->busy--;
+    xcoll_maybe_end(xc);
+}
+
+void colld_xcoll_tick(colld_daemon_t *d)
+{
+    colld_cluster_t *cl = d->cluster;
+    uint64_t now = colld_now_ns();
+    /* Collect first: ending a collective changes the list. */
+    xcoll_t *todo[256];
+    int n = 0;
+    for (xcoll_t *xc = cl->running; xc && n < 256; xc = xc->rnext)
+        if (xc->active)
+            todo[n++] = xc;
+    for (int i = 0; i < n; i++) {
+        xcoll_t *xc = todo[i];
+        xc->busy++;
+        pthread_mutex_lock(&d->lock);
+        colld_comm_state_t st = xc->c->state;
+        colld_status_t err = xc->c->error;
+        pthread_mutex_unlock(&d->lock);
+        if (!xc->failed && st != COLLD_COMM_READY) {
+            xcoll_fail(xc, err ? err : COLLD_ERR_ABORTED, "the communicator failed", false);
+        } else if (!xc->failed && xc->nready < xc->x->nnodes - 1 && now >= xc->deadline_ns) {
+            char why[COLLD_DETAIL_LEN];
+            int off = snprintf(why, sizeof(why), "collective #%llu timed out after %d ms waiting for other nodes:",
+                               (unsigned long long)xc->sig.seq, xc->c->timeout_ms);
+            for (int node = 0; node < xc->x->nnodes && off < (int)sizeof(why) - 64; node++) {
+                if (node == xc->x->self || xc->ready[node])
+                    continue;
+                off += snprintf(why + off, sizeof(why) - (size_t)off, " node %s (rank(s)", xc->x->node_name[node]);
+                for (int r = 0; r < xc->c->nranks && off < (int)sizeof(why) - 16; r++)
+                    if (xc->x->rank_node[r] == node)
+                        off += snprintf(why + off, sizeof(why) - (size_t)off, " %d", r);
+                off += snprintf(why + off, sizeof(why) - (size_t)off, ") not ready;");
+            }
+            xcoll_fail(xc, COLLD_ERR_TIMEOUT, why, true);
+        }
+        xc->busy--;
+        xcoll_maybe_end(xc);
+    }
+}
+
+void colld_xcoll_abort_all(colld_daemon_t *d)
+{
+    colld_cluster_t *cl = d->cluster;
+    while (cl->running) {
+        xcoll_t *xc = cl->running;
+        xc->failed = true;
+        xc->status = COLLD_ERR_NODE_LOST;
+        xc->inflight = 0;
+        xc->active = true;
+        xc->next = NULL; /* do not start the next one */
+        xc->x->qhead = xc;
+        xcoll_end(xc);
+    }
+}

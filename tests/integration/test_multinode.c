@@ -1,0 +1,466 @@
+/*
+ * test_multinode.c - communicators across daemons: three (or four) real colld daemons on one
+ * machine, each with its own socket, TCP port and node name, and real client processes on each.
+ *
+ *   - the correctness matrix across hosts with uneven ranks per host (3 + 1 + 2), a root daemon
+ *     without ranks, both all-reduce algorithms (recursive doubling by size, ring by policy);
+ *   - inter-node bytes per host of a large all-reduce = 2(k-1)/k of its size, whatever the
+ *     number of local ranks;
+ *   - a daemon killed mid-collective, a silent (stopped) daemon, a connection cut by an
+ *     operator: COLLD_ERR_NODE_LOST naming the host within 2 s on every other rank, while a
+ *     communicator not spanning that host keeps running;
+ *   - faults crossing hosts: a rank killed on another host, a rank missing on another host, ranks
+ *     on two hosts calling different collectives;
+ *   - a stranger (another secret, or garbage on the port) is refused and logged.
+ */
+#include "tests/integration/harness.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAXN 4
+
+typedef struct {
+    harness_t h[MAXN];
+    int n;
+    char tmp[64];
+    char secret[128];
+} cluster_t;
+
+static const char *const node_names[MAXN] = { "node-a", "node-b", "node-c", "node-d" };
+
+static int write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    fputs(text, f);
+    fclose(f);
+    return chmod(path, 0600);
+}
+
+/* Start daemon i of the cluster with a secret file. */
+static int start_node(cluster_t *cl, int i, const char *secret)
+{
+    /* heartbeats: a silent peer is lost after 1.2 s (the target is 2 s) */
+    const char *extra[] = { "--listen", "127.0.0.1:0", "--node-name", node_names[i], "--cluster-secret-file", secret,
+                            "--heartbeat-ms", "400", NULL };
+    return harness_daemon_start(&cl->h[i], extra);
+}
+
+static int setup_n(void **state, int n)
+{
+    cluster_t *cl = calloc(1, sizeof(*cl));
+    if (!cl)
+        return -1;
+    snprintf(cl->tmp, sizeof(cl->tmp), "/tmp/colld-mn-XXXXXX");
+    if (!mkdtemp(cl->tmp))
+        return -1;
+    snprintf(cl->secret, sizeof(cl->secret), "%s/secret", cl->tmp);
+    if (write_file(cl->secret, "this-is-the-test-cluster-secret\n") < 0)
+        return -1;
+    cl->n = n;
+    for (int i = 0; i < n; i++)
+        if (start_node(cl, i, cl->secret) < 0)
+            return -1;
+    *state = cl;
+    return 0;
+}
+
+static int setup3(void **state)
+{
+    return setup_n(state, 3);
+}
+
+static int teardown(void **state)
+{
+    cluster_t *cl = *state;
+    int bad = 0;
+    for (int i = 0; i < MAXN; i++)
+        if (cl->h[i].dir[0] && harness_cleanup(&cl->h[i]) < 0) {
+            fprintf(stderr, "daemon %s did not exit cleanly\n", node_names[i]);
+            bad = 1;
+        }
+    unlink(cl->secret);
+    rmdir(cl->tmp);
+    free(cl);
+    return bad ? -1 : 0;
+}
+
+/* Spawn one rank process on daemon `node` with the given program and arguments after the
+ * common ones. */
+static pid_t spawn_rank(cluster_t *cl, const char *bin, int node, const char *hex, int nranks, int rank,
+                        const char *const *extra)
+{
+    char nr[16], rk[16];
+    snprintf(nr, sizeof(nr), "%d", nranks);
+    snprintf(rk, sizeof(rk), "%d", rank);
+    const char *argv[48] = { bin, "--socket", cl->h[node].socket, "--uid", hex, "--nranks", nr, "--rank", rk };
+    int n = 9;
+    for (int i = 0; extra && extra[i] && n < 47; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    return harness_spawn(argv);
+}
+
+/* Run colld-test-coll on ranks placed by place[] (daemon of each rank), with a unique id from
+ * daemon `root`; every rank must exit 0. */
+static void run_matrix(cluster_t *cl, int root, const int *place, int nranks, const char *const *extra)
+{
+    char hex[HARNESS_UID_HEX_LEN];
+    pid_t pids[16];
+    assert_int_equal(harness_new_uid_hex(&cl->h[root], hex), 0);
+    for (int r = 0; r < nranks; r++)
+        assert_true((pids[r] = spawn_rank(cl, COLL_BIN, place[r], hex, nranks, r, extra)) > 0);
+    assert_int_equal(harness_wait_all(pids, nranks, 600000), 0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Correctness
+ * ------------------------------------------------------------------------------------------- */
+
+/* Every collective x dtype x op x count {0, 1, 1001}, in and out of place, 6 ranks on 3 hosts
+ * (3 + 1 + 2, interleaved), the unique id from the host with one rank. All-reduce and reduce
+ * take recursive doubling at these sizes (3 hosts: one hands its data in first). */
+static void test_matrix_uneven(void **state)
+{
+    cluster_t *cl = *state;
+    const int place[] = { 0, 1, 2, 0, 2, 0 };
+    const char *extra[] = { "--exact-values", "--no-big", NULL };
+    run_matrix(cl, 1, place, 6, extra);
+}
+
+/* The same for the reducing collectives with the ring forced by the root's policy, 2 hosts with
+ * 2 ranks each, and a root daemon with no rank of the communicator; then a large all-gather and
+ * reduce-scatter (several chunks per block). */
+static void test_ring_policy_rootless(void **state)
+{
+    cluster_t *cl = *state;
+    char out[512];
+    char uid[16];
+    snprintf(uid, sizeof(uid), "%u", (unsigned)getuid());
+    const char *set[] = { COLLCTL_BIN, "--socket", cl->h[2].socket, "policy", "set", uid, "--net-algo", "ring", NULL };
+    assert_int_equal(harness_capture_all(set, out, sizeof(out), 10000), 0);
+    const int place[] = { 0, 1, 1, 0 };
+    const char *reducing[] = { "--exact-values", "--no-big", "--kinds", "allreduce,reduce,reducescatter", NULL };
+    run_matrix(cl, 2, place, 4, reducing);
+    const char *big[] = { "--exact-values", "--kinds", "allreduce,allgather,reducescatter,broadcast", "--dtypes",
+                          "float32,int8", "--ops", "sum,avg", NULL };
+    run_matrix(cl, 2, place, 4, big);
+    const char *clear[] = { COLLCTL_BIN, "--socket", cl->h[2].socket, "policy", "clear", uid, NULL };
+    assert_int_equal(harness_capture_all(clear, out, sizeof(out), 10000), 0);
+}
+
+/* A large all-reduce of S bytes over k = 3 hosts: each daemon sends and receives 2(k-1)/k * S
+ * payload bytes to its peers, the same with 3 local ranks as with 1. */
+static void test_traffic_per_host(void **state)
+{
+    cluster_t *cl = *state;
+    const int place[] = { 0, 1, 2, 0, 2, 0 };
+    const uint64_t count = 3u << 20; /* float32: 12 MiB */
+    const uint64_t bytes = count * 4;
+    harness_net_t before[3], after[3];
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(harness_net_status(&cl->h[i], &before[i]), 0);
+    char call[64];
+    snprintf(call, sizeof(call), "allreduce:float32:sum:%llu:0", (unsigned long long)count);
+    const char *extra[] = { "--mode", "call", "--call", call, "--exact-values", NULL };
+    run_matrix(cl, 0, place, 6, extra);
+    double want = 2.0 * (3 - 1) / 3 * (double)bytes;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(harness_net_status(&cl->h[i], &after[i]), 0);
+        uint64_t sent = after[i].sent - before[i].sent, received = after[i].received - before[i].received;
+        print_message("%s: sent %llu, received %llu payload bytes; 2(k-1)/k * S = %.0f\n", node_names[i],
+                      (unsigned long long)sent, (unsigned long long)received, want);
+        /* blocks differ by at most one element */
+        assert_true((double)sent >= want - 16 && (double)sent <= want + 16);
+        assert_true((double)received >= want - 16 && (double)received <= want + 16);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Losing a host
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    pid_t pids[4];  /* ranks 0, 1 on node-a, rank 2 on node-b, rank 3 on node-c */
+    char out[3][300];
+    pid_t bg[2];    /* a communicator on node-a and node-b only */
+    char bg_stop[300], bg_progress[300];
+} lose_t;
+
+static long progress_of(const char *path)
+{
+    char text[64];
+    harness_read_file(path, text, sizeof(text));
+    return atol(text);
+}
+
+/* Ranks 0..2 wait in an all-reduce that rank 3 (node-c) never posts; a second communicator
+ * spanning node-a and node-b runs exact all-reduces. Returns once the waiting ranks wait. */
+static void lose_start(cluster_t *cl, lose_t *L, const char *expect)
+{
+    char hex[HARNESS_UID_HEX_LEN], bghex[HARNESS_UID_HEX_LEN], ready[3][320];
+    assert_int_equal(harness_new_uid_hex(&cl->h[0], bghex), 0);
+    snprintf(L->bg_stop, sizeof(L->bg_stop), "%s/bg-stop", cl->tmp);
+    snprintf(L->bg_progress, sizeof(L->bg_progress), "%s/bg-progress", cl->tmp);
+    unlink(L->bg_stop);
+    unlink(L->bg_progress);
+    const char *bgx[] = { "--iters", "0", "--counts", "1,4096", "--name", "background", "--stop-file", L->bg_stop,
+                          "--progress-file", L->bg_progress, NULL };
+    assert_true((L->bg[0] = spawn_rank(cl, RANK_BIN, 0, bghex, 2, 0, bgx)) > 0);
+    assert_true((L->bg[1] = spawn_rank(cl, RANK_BIN, 1, bghex, 2, 1, bgx)) > 0);
+    double end = harness_now_ms() + 30000;
+    while (progress_of(L->bg_progress) == 0 && harness_now_ms() < end)
+        usleep(5000);
+    assert_true(progress_of(L->bg_progress) > 0);
+
+    assert_int_equal(harness_new_uid_hex(&cl->h[0], hex), 0);
+    const int place[] = { 0, 0, 1 };
+    for (int r = 0; r < 3; r++) {
+        snprintf(ready[r], sizeof(ready[r]), "%s/ready-%d", cl->tmp, r);
+        snprintf(L->out[r], sizeof(L->out[r]), "%s/out-%d", cl->tmp, r);
+        unlink(ready[r]);
+        const char *x[] = { "--mode", "hang", "--expect", expect, "--ready-file", ready[r], "--out", L->out[r],
+                            "--timeout-ms", "0", NULL };
+        assert_true((L->pids[r] = spawn_rank(cl, RANK_BIN, place[r], hex, 4, r, x)) > 0);
+    }
+    const char *silent[] = { "--mode", "hang", "--no-post", "--timeout-ms", "0", NULL };
+    assert_true((L->pids[3] = spawn_rank(cl, RANK_BIN, 2, hex, 4, 3, silent)) > 0);
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(harness_wait_file(ready[r], 30000), 0);
+    usleep(100000);
+}
+
+/* The waiting ranks got the expected error naming `who` within `limit_ms` of t0; the background
+ * communicator kept going and ends exactly. */
+static void lose_check(cluster_t *cl, lose_t *L, double t0, const char *who, double limit_ms)
+{
+    long before = progress_of(L->bg_progress);
+    for (int r = 0; r < 3; r++) {
+        char text[1024];
+        assert_int_equal(harness_wait(L->pids[r], 20000), 0);
+        double took = harness_now_ms() - t0;
+        harness_read_file(L->out[r], text, sizeof(text));
+        print_message("rank %d after %.0f ms: %s", r, took, text);
+        assert_true(took < limit_ms);
+        assert_non_null(strstr(text, who));
+    }
+    usleep(100000);
+    assert_true(progress_of(L->bg_progress) > before);
+    FILE *f = fopen(L->bg_stop, "w");
+    if (f)
+        fclose(f);
+    assert_int_equal(harness_wait_all(L->bg, 2, 30000), 0);
+    (void)cl;
+}
+
+/* SIGKILL of node-c's daemon mid-collective. */
+static void test_daemon_killed(void **state)
+{
+    cluster_t *cl = *state;
+    lose_t L;
+    lose_start(cl, &L, "COLLD_ERR_NODE_LOST");
+    double t0 = harness_now_ms();
+    harness_daemon_stop(&cl->h[2], SIGKILL, 5000);
+    lose_check(cl, &L, t0, "node-c", 2000);
+    harness_wait(L.pids[3], 10000); /* its daemon is gone: it ends with DAEMON_LOST */
+    assert_int_equal(harness_wait_clean(&cl->h[0], 5000), 0);
+    assert_int_equal(harness_wait_clean(&cl->h[1], 5000), 0);
+}
+
+/* node-c's daemon stops answering (SIGSTOP): heartbeats find it. */
+static void test_daemon_silent(void **state)
+{
+    cluster_t *cl = *state;
+    lose_t L;
+    lose_start(cl, &L, "COLLD_ERR_NODE_LOST");
+    double t0 = harness_now_ms();
+    kill(cl->h[2].pid, SIGSTOP);
+    lose_check(cl, &L, t0, "node-c", 2000);
+    kill(cl->h[2].pid, SIGCONT);
+    assert_int_equal(harness_wait(L.pids[3], 20000), 0); /* node-c breaks its side too */
+    assert_int_equal(harness_wait_clean(&cl->h[0], 5000), 0);
+}
+
+/* An operator cuts the links to node-c (collctl peer disconnect). */
+static void test_connection_cut(void **state)
+{
+    cluster_t *cl = *state;
+    lose_t L;
+    char out[512];
+    lose_start(cl, &L, "COLLD_ERR_NODE_LOST");
+    double t0 = harness_now_ms();
+    const char *cut[] = { COLLCTL_BIN, "--socket", cl->h[0].socket, "peer", "disconnect", "node-c", NULL };
+    assert_int_equal(harness_capture_all(cut, out, sizeof(out), 10000), 0);
+    lose_check(cl, &L, t0, "node-c", 2000);
+    assert_int_equal(harness_wait(L.pids[3], 20000), 0);
+    assert_int_equal(harness_wait_clean(&cl->h[0], 5000), 0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Faults of ranks on other hosts
+ * ------------------------------------------------------------------------------------------- */
+
+/* A rank on node-b is killed while a rank on node-a waits: PEER_LOST naming rank and pid. */
+static void test_remote_rank_killed(void **state)
+{
+    cluster_t *cl = *state;
+    char hex[HARNESS_UID_HEX_LEN], ready[300], out[300], text[1024];
+    assert_int_equal(harness_new_uid_hex(&cl->h[0], hex), 0);
+    snprintf(ready, sizeof(ready), "%s/ready", cl->tmp);
+    snprintf(out, sizeof(out), "%s/out", cl->tmp);
+    const char *x0[] = { "--mode", "hang", "--expect", "COLLD_ERR_PEER_LOST", "--ready-file", ready, "--out", out,
+                         "--timeout-ms", "0", NULL };
+    const char *x1[] = { "--mode", "hang", "--no-post", "--timeout-ms", "0", NULL };
+    pid_t p0 = spawn_rank(cl, RANK_BIN, 0, hex, 2, 0, x0), p1 = spawn_rank(cl, RANK_BIN, 1, hex, 2, 1, x1);
+    assert_true(p0 > 0 && p1 > 0);
+    assert_int_equal(harness_wait_file(ready, 30000), 0);
+    usleep(100000);
+    double t0 = harness_now_ms();
+    kill(p1, SIGKILL);
+    assert_int_equal(harness_wait(p0, 10000), 0);
+    double took = harness_now_ms() - t0;
+    harness_wait(p1, 5000);
+    harness_read_file(out, text, sizeof(text));
+    print_message("after %.0f ms: %s", took, text);
+    char pidtext[32];
+    snprintf(pidtext, sizeof(pidtext), "pid %d", (int)p1);
+    assert_non_null(strstr(text, "rank 1"));
+    assert_non_null(strstr(text, pidtext));
+    assert_true(took < 2000);
+    assert_int_equal(harness_wait_clean(&cl->h[0], 5000), 0);
+    assert_int_equal(harness_wait_clean(&cl->h[1], 5000), 0);
+}
+
+/* A rank on node-b never posts: node-a's rank times out naming node-b and rank 1. */
+static void test_remote_rank_missing(void **state)
+{
+    cluster_t *cl = *state;
+    char hex[HARNESS_UID_HEX_LEN], ready[300], out[300], text[1024];
+    assert_int_equal(harness_new_uid_hex(&cl->h[0], hex), 0);
+    snprintf(ready, sizeof(ready), "%s/ready", cl->tmp);
+    snprintf(out, sizeof(out), "%s/out", cl->tmp);
+    const char *x0[] = { "--mode", "hang", "--expect", "COLLD_ERR_TIMEOUT", "--ready-file", ready, "--out", out,
+                         "--timeout-ms", "800", NULL };
+    const char *x1[] = { "--mode", "hang", "--no-post", "--timeout-ms", "800", NULL };
+    pid_t p0 = spawn_rank(cl, RANK_BIN, 0, hex, 2, 0, x0), p1 = spawn_rank(cl, RANK_BIN, 1, hex, 2, 1, x1);
+    assert_true(p0 > 0 && p1 > 0);
+    assert_int_equal(harness_wait(p0, 20000), 0);
+    assert_int_equal(harness_wait(p1, 20000), 0); /* it sees the broken communicator and leaves */
+    harness_read_file(out, text, sizeof(text));
+    print_message("%s", text);
+    assert_non_null(strstr(text, "node-b"));
+    assert_non_null(strstr(text, "rank(s) 1"));
+}
+
+/* Ranks on two hosts call different collectives: MISMATCH naming both calls. */
+static void test_mismatch_across_hosts(void **state)
+{
+    cluster_t *cl = *state;
+    char hex[HARNESS_UID_HEX_LEN], out[2][300], text[2][1024];
+    assert_int_equal(harness_new_uid_hex(&cl->h[0], hex), 0);
+    const char *calls[2] = { "allreduce:float32:sum:100:0", "broadcast:float32:sum:100:0" };
+    pid_t p[2];
+    for (int r = 0; r < 2; r++) {
+        snprintf(out[r], sizeof(out[r]), "%s/mm-%d", cl->tmp, r);
+        const char *x[] = { "--mode", "call", "--call", calls[r], "--expect", "COLLD_ERR_MISMATCH", "--out", out[r],
+                            NULL };
+        assert_true((p[r] = spawn_rank(cl, COLL_BIN, r, hex, 2, r, x)) > 0);
+    }
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(harness_wait(p[r], 20000), 0);
+        harness_read_file(out[r], text[r], sizeof(text[r]));
+        print_message("rank %d: %s", r, text[r]);
+        assert_non_null(strstr(text[r], "differs between nodes"));
+        assert_non_null(strstr(text[r], "allreduce(float32"));
+        assert_non_null(strstr(text[r], "broadcast(float32"));
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Strangers
+ * ------------------------------------------------------------------------------------------- */
+
+/* A daemon with another secret cannot join a communicator rooted on node-a, and garbage on
+ * node-a's port is refused; node-a keeps serving its cluster. */
+static void test_stranger_refused(void **state)
+{
+    cluster_t *cl = *state;
+    char other[200], hex[HARNESS_UID_HEX_LEN], text[1024];
+    snprintf(other, sizeof(other), "%s/other-secret", cl->tmp);
+    assert_int_equal(write_file(other, "a-different-secret-of-some-length\n"), 0);
+    assert_int_equal(start_node(cl, 3, other), 0);
+    harness_net_t a0, a1;
+    assert_int_equal(harness_net_status(&cl->h[0], &a0), 0);
+
+    assert_int_equal(harness_new_uid_hex(&cl->h[0], hex), 0);
+    const char *x[] = { RANK_BIN, "--socket", cl->h[3].socket, "--uid", hex, "--nranks", "2", "--rank", "1", "--expect",
+                        "COLLD_ERR_NODE_LOST", "--timeout-ms", "10000", NULL };
+    /* the join fails; libcolld logs the detail on stderr */
+    assert_int_equal(harness_capture_all(x, text, sizeof(text), 30000), 0);
+    print_message("stranger's rank: %s", text);
+    assert_non_null(strstr(text, "authentication"));
+
+    /* raw garbage on node-a's port */
+    char host[64];
+    int port = 0;
+    assert_int_equal(sscanf(a0.listen, "%63[^:]:%d", host, &port), 2);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    inet_pton(AF_INET, host, &sa.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    const char junk[] = "GET / HTTP/1.1\r\nHost: colld\r\n\r\n0123456789abcdef0123456789abcdef0123456789";
+    assert_true(write(fd, junk, sizeof(junk)) > 0);
+    char buf[64];
+    ssize_t n = read(fd, buf, sizeof(buf)); /* the daemon closes it */
+    (void)n;
+    close(fd);
+    double end = harness_now_ms() + 10000;
+    do {
+        assert_int_equal(harness_net_status(&cl->h[0], &a1), 0);
+        if (a1.refused >= a0.refused + 2)
+            break;
+        usleep(20000);
+    } while (harness_now_ms() < end);
+    print_message("node-a refused %llu connection(s)", (unsigned long long)(a1.refused - a0.refused));
+    assert_true(a1.refused >= a0.refused + 2);
+    char log[8192];
+    harness_read_file(cl->h[0].log, log, sizeof(log));
+    assert_non_null(strstr(log, "refused"));
+
+    /* the cluster itself still works */
+    const int place[] = { 0, 1 };
+    const char *small[] = { "--exact-values", "--no-big", "--kinds", "allreduce,broadcast", "--dtypes", "float32",
+                            NULL };
+    run_matrix(cl, 0, place, 2, small);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_matrix_uneven, setup3, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_policy_rootless, setup3, teardown),
+        cmocka_unit_test_setup_teardown(test_traffic_per_host, setup3, teardown),
+        cmocka_unit_test_setup_teardown(test_daemon_killed, setup3, teardown),
+        cmocka_unit_test_setup_teardown(test_daemon_silent, setup3, teardown),
+        cmocka_unit_test_setup_teardown(test_connection_cut, setup3, teardown),
+        cmocka_unit_test_setup_teardown(test_remote_rank_killed, setup3, teardown),
+        cmocka_unit_test_setup_teardown(test_remote_rank_missing, setup3, teardown),
+        cmocka_unit_test_setup_teardown(test_mismatch_across_hosts, setup3, teardown),
+        cmocka_unit_test_setup_teardown(test_stranger_refused, setup3, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

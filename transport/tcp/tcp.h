@@ -1,0 +1,143 @@
+/*
+ * tcp.h - daemon-to-daemon links over TCP: authenticated connections, framed messages, heartbeats.
+ *
+ * One colld_net_t per daemon owns a listening socket, one network thread (epoll, non-blocking
+ * sockets) and a peer table. A peer is another daemon, named by the address it listens on
+ * ("HOST:PORT", as given to its --listen); it has `conns_per_peer` TCP connections, opened by
+ * whichever side needed the peer first (both sides may open some; all of them are used).
+ *
+ * Authentication (before any message is accepted): both sides prove knowledge of the cluster
+ * secret with an HMAC-SHA256 challenge/response over fresh nonces (OpenSSL). A connection that
+ * fails it, sends anything else first, or does not finish within 5 s is closed and logged; it
+ * never reaches the daemon's callbacks. Messages after that are not encrypted.
+ *
+ * Messages: CTRL (opaque payload up to COLLD_NET_CTRL_MAX bytes, copied, always on the peer's
+ * first connection so CTRL messages to one peer keep their order) and DATA (header fields for the
+ * collective engine plus a payload of at most chunk_bytes, sent zero-copy from the caller's
+ * memory and striped over the connections by a hint). Heartbeats keep silent links alive and
+ * detect dead ones: a connection that receives nothing for heartbeat_ms * heartbeat_misses ms
+ * makes its peer lost.
+ *
+ * Threads: every callback runs on the network thread. Functions marked (net thread) may be
+ * called only from a callback; the others are safe from any thread.
+ */
+#ifndef COLLD_TRANSPORT_TCP_H
+#define COLLD_TRANSPORT_TCP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define COLLD_NET_NAME_LEN 64
+#define COLLD_NET_ADDR_LEN 128
+#define COLLD_NET_CTRL_MAX (1u << 20)
+
+typedef struct colld_net colld_net_t;
+typedef struct colld_net_peer colld_net_peer_t;
+
+/* The header of a DATA message. The transport carries the fields; their meaning is the
+ * caller's (phase/step/offset of a collective algorithm). Little-endian on the wire. */
+typedef struct {
+    uint8_t phase;
+    uint8_t flags;
+    uint16_t step;
+    uint32_t len;    /* payload bytes, <= chunk_bytes */
+    uint64_t xid;    /* communicator's cluster-wide id */
+    uint64_t seq;    /* collective sequence number */
+    uint64_t offset; /* byte offset in the collective's buffer */
+} colld_net_hdr_t;
+
+typedef struct {
+    /* A peer finished its handshake (its first connection is up): its name is known. */
+    void (*peer_up)(void *arg, colld_net_peer_t *p);
+    /* A peer was lost: one of its connections closed or failed, failed the handshake, could not
+     * be opened, or heard nothing for too long; or colld_net_disconnect was called. All its
+     * connections are closed first, and every DATA message still queued to it has had its done
+     * callback run with ok = false. The peer object stays valid (state lost) for the life of the
+     * colld_net_t; sending to it again starts a new connection attempt. */
+    void (*peer_lost)(void *arg, colld_net_peer_t *p, const char *why);
+    /* A DATA header arrived: return where its h->len payload bytes must be written (memory the
+     * caller keeps valid until data() runs), or NULL to receive them into the connection's own
+     * buffer of chunk_bytes. */
+    void *(*data_dest)(void *arg, colld_net_peer_t *p, const colld_net_hdr_t *h);
+    /* A DATA message arrived complete; `payload` is where it was written (the connection's
+     * buffer is valid only during the call). */
+    void (*data)(void *arg, colld_net_peer_t *p, const colld_net_hdr_t *h, void *payload);
+    /* A CTRL message arrived (payload valid only during the call). */
+    void (*ctrl)(void *arg, colld_net_peer_t *p, const void *payload, size_t len);
+    /* Runs on the network thread after colld_net_wake and at least every 50 ms. */
+    void (*tick)(void *arg);
+    void *arg;
+} colld_net_callbacks_t;
+
+typedef struct {
+    const char *node_name;   /* this daemon's name, sent in the handshake */
+    const char *listen_addr; /* "HOST:PORT" to bind and to advertise to peers (port 0: any) */
+    const uint8_t *secret;   /* cluster secret (copied), at least 16 bytes */
+    size_t secret_len;
+    int conns_per_peer;      /* connections this side opens to a peer, >= 1 */
+    int heartbeat_ms;        /* a heartbeat goes out on a connection silent this long */
+    int heartbeat_misses;    /* a connection that hears nothing for heartbeat_ms * this is dead */
+    size_t chunk_bytes;      /* largest DATA payload, and each connection's receive buffer */
+    int handshake_ms;        /* a connection must authenticate within this; 0: 5000 */
+    colld_net_callbacks_t cb;
+} colld_net_config_t;
+
+/* A peer as collctl shows it. */
+typedef struct colld_net_peer_info {
+    char name[COLLD_NET_NAME_LEN]; /* "" until its handshake */
+    char addr[COLLD_NET_ADDR_LEN];
+    const char *state;             /* "connecting", "up" or "lost" (static strings) */
+    int conns;                     /* authenticated connections open */
+    uint64_t bytes_sent, bytes_received; /* payload and headers, since the daemon started */
+    double send_rate, recv_rate;   /* bytes/s over roughly the last second */
+    char last_error[160];          /* why it was last lost, "" if never */
+} colld_net_peer_info_t;
+
+/* Bind the listening socket and start the network thread. Returns 0, or -1 with a message in
+ * err (bad address, port in use, secret too short). On failure there is nothing to destroy. */
+int colld_net_start(const colld_net_config_t *cfg, colld_net_t **out, char *err, size_t err_len);
+/* Stop the thread, close every socket and free everything. Callbacks do not run during or after
+ * this call (DATA done callbacks of unsent messages included). NULL is a no-op. Not from a
+ * callback (it joins the network thread). */
+void colld_net_stop(colld_net_t *n);
+
+/* The address peers reach this daemon at: listen_addr, with the port the kernel chose when it
+ * was 0. */
+const char *colld_net_listen_addr(const colld_net_t *n);
+
+/* Wake the network thread: tick() runs soon (any thread). */
+void colld_net_wake(colld_net_t *n);
+/* Queue a copy of a CTRL message to the peer listening at addr, connecting to it if needed
+ * (any thread). If the peer cannot be reached, peer_lost() reports it. Returns 0, or -1 if out
+ * of memory or len > COLLD_NET_CTRL_MAX. */
+int colld_net_post_ctrl(colld_net_t *n, const char *addr, const void *payload, size_t len);
+/* Close every connection of the peer at addr or named name as if its link broke: peer_lost()
+ * runs with "disconnected by an operator" (any thread). Returns 0, or -1 if no such peer is up. */
+int colld_net_disconnect(colld_net_t *n, const char *name_or_addr);
+/* Snapshot of the peer table (any thread): fills up to max entries, returns how many peers exist. */
+size_t colld_net_peers(colld_net_t *n, colld_net_peer_info_t *out, size_t max);
+/* Connections refused so far because they failed authentication (any thread). */
+uint64_t colld_net_refused(colld_net_t *n);
+
+/* The peer listening at addr, created (and connected to) if it is new or was lost (net thread).
+ * NULL only when out of memory. */
+colld_net_peer_t *colld_net_peer_get(colld_net_t *n, const char *addr);
+/* Queue a CTRL message (copied) (net thread). Returns 0 or -1 (out of memory, too long). */
+int colld_net_send_ctrl(colld_net_peer_t *p, const void *payload, size_t len);
+/* Queue a DATA message (net thread). The payload (h->len bytes) is not copied: it must stay
+ * unchanged until done(cookie, ok) runs on the network thread, ok = true once the bytes were
+ * handed to the kernel, false if the peer was lost first. The connection is conn_hint modulo the
+ * peer's open connections. Returns 0, or -1 (peer lost, h->len > chunk_bytes, no memory), in
+ * which case done is not called. */
+int colld_net_send_data(colld_net_peer_t *p, const colld_net_hdr_t *h, const void *payload, unsigned conn_hint,
+                        void (*done)(void *cookie, bool ok), void *cookie);
+/* A peer's address and name ("" before its handshake); valid for the life of the colld_net_t. */
+const char *colld_net_peer_addr(const colld_net_peer_t *p);
+const char *colld_net_peer_name(const colld_net_peer_t *p);
+bool colld_net_peer_is_up(const colld_net_peer_t *p);
+/* A caller-owned pointer kept with the peer (net thread). */
+void colld_net_peer_set_user(colld_net_peer_t *p, void *user);
+void *colld_net_peer_user(const colld_net_peer_t *p);
+
+#endif /* COLLD_TRANSPORT_TCP_H */
