@@ -267,9 +267,11 @@ static colld_dcomm_t *joining_comm(colld_daemon_t *d, const uint8_t *uid, uid_t 
 static void break_from_peer(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, int rank, const char *detail,
                             colld_reply_t **replies)
 {
+    c->refs++; /* a communicator that had not formed is freed by the break */
     c->fault_from_peer = true;
     colld_comm_break(d, c, st, rank, detail, replies);
     c->fault_from_peer = false;
+    colld_comm_unref(d, c);
 }
 
 /* ============================================================================================
@@ -562,7 +564,8 @@ static void handle_fail(colld_daemon_t *d, const Colld__Net__V1__Fail *f, colld_
     colld_status_t st = f->status < 0 && f->status >= COLLD_ERR_INTERNAL ? (colld_status_t)f->status
                                                                            : COLLD_ERR_INTERNAL;
     char why[COLLD_DETAIL_LEN];
-    snprintf(why, sizeof(why), "%s", f->detail ? f->detail : "");
+    /* say which node saw it: with a cut link, each end reports the other one lost */
+    snprintf(why, sizeof(why), "on node %s: %s", f->node_name ? f->node_name : "?", f->detail ? f->detail : "");
     if (f->xid) {
         for (colld_dcomm_t *c = d->comms; c; c = c->next)
             if (c->x && c->x->formed && c->x->xid == f->xid) {

@@ -68,7 +68,9 @@ struct xcoll {
     colld_redop_t op;    /* the collective's op */
     colld_redop_t pop;   /* the op that combines partials (avg: sum) */
     size_t es;
-    bool active, failed, rd, done_local;
+    bool active, failed, rd;
+    int stage;           /* STAGE_IN, STAGE_NET, STAGE_OUT */
+    uint64_t cursor;     /* bytes of X the local stage has done */
     int busy;            /* > 0 while a handler runs: finishing waits for it */
     colld_status_t status;
     uint8_t *X;
@@ -92,6 +94,12 @@ struct xcoll {
 };
 
 static void xcoll_maybe_end(xcoll_t *xc);
+
+/* The local stages run in slices of this many bytes of X, one slice per pass of the network
+ * thread, so that a large collective never keeps it from its sockets and heartbeats. */
+#define SLICE_BYTES (4u << 20)
+
+enum { STAGE_IN = 0, STAGE_NET = 1, STAGE_OUT = 2 };
 
 /* ============================================================================================
  * Helpers
@@ -190,8 +198,8 @@ static void xcoll_fail(xcoll_t *xc, colld_status_t st, const char *detail, bool 
     }
 }
 
-/* Copy X to the local ranks' outputs. */
-static void phase_out(xcoll_t *xc)
+/* Copy bytes [a, b) of X to the local ranks' outputs. */
+static void phase_out(xcoll_t *xc, uint64_t a, uint64_t b)
 {
     colld_coll_t *k = xc->k;
     int n = xc->c->nranks;
@@ -209,11 +217,14 @@ static void phase_out(xcoll_t *xc)
         case COLLD_KIND_BROADCAST:
         case COLLD_KIND_ALLGATHER:
             if (op->recv_ptr != xc->X)
-                memcpy(op->recv_ptr, xc->X, xc->xbytes);
+                memcpy((uint8_t *)op->recv_ptr + a, xc->X + a, b - a);
             break;
-        case COLLD_KIND_REDUCESCATTER:
-            memcpy(op->recv_ptr, xc->X + (uint64_t)r * slot, slot);
+        case COLLD_KIND_REDUCESCATTER: { /* rank r's slot, where it meets [a, b) */
+            uint64_t lo = COLLD_MAX(a, (uint64_t)r * slot), hi = COLLD_MIN(b, (uint64_t)(r + 1) * slot);
+            if (lo < hi)
+                memcpy((uint8_t *)op->recv_ptr + (lo - (uint64_t)r * slot), xc->X + lo, hi - lo);
             break;
+        }
         default:
             break;
         }
@@ -228,8 +239,6 @@ static void xcoll_end(xcoll_t *xc)
     colld_daemon_t *d = xc->d;
     colld_cluster_t *cl = d->cluster;
     colld_xcomm_t *x = xc->x;
-    if (!xc->failed)
-        phase_out(xc);
     x->qhead = xc->next;
     if (!x->qhead)
         x->qtail = NULL;
@@ -261,14 +270,26 @@ static bool xcoll_complete(const xcoll_t *xc)
         return false;
     if (xc->failed)
         return xc->inflight == 0;
+    if (xc->stage != STAGE_NET)
+        return false;
     return xc->nready == xc->x->nnodes - 1 && xc->recv_left == 0 && xc->inflight == 0 && !xc->pend &&
            (!xc->rd || xc->rd_finished);
 }
 
+static void xcoll_pump(xcoll_t *xc);
+
+/* Move on when the network part is over: the copy-out stage (if it succeeded), then the end. */
 static void xcoll_maybe_end(xcoll_t *xc)
 {
-    if (xc->busy == 0 && xcoll_complete(xc))
+    if (xc->busy != 0 || !xcoll_complete(xc))
+        return;
+    if (xc->failed || xc->xbytes == 0) {
         xcoll_end(xc);
+        return;
+    }
+    xc->stage = STAGE_OUT;
+    xc->cursor = 0;
+    xcoll_pump(xc);
 }
 
 /* ============================================================================================
@@ -379,6 +400,8 @@ static void rd_combine(xcoll_t *xc, const uint8_t *lower, const uint8_t *upper)
 {
     const void *in[2] = { lower, upper };
     void *out[1] = { xc->X };
+    if (xc->xbytes == 0)
+        return;
     colld_cpu_reduce(xc->dt, xc->pop, in, 2, out, 1, xc->xbytes / xc->es);
 }
 
@@ -397,10 +420,11 @@ static void rd_advance(xcoll_t *xc)
     while (xc->rd_step < xc->rd_nsteps && !xc->failed) {
         int s = xc->rd_step, partner = j ^ (1 << s);
         if (!xc->rd_sent[s]) { /* a copy: X changes while the copy is still being sent */
-            memcpy(rd_send_area(xc, s), xc->X, xc->xbytes);
             xc->rd_sent[s] = true;
-            if (xc->xbytes)
+            if (xc->xbytes) {
+                memcpy(rd_send_area(xc, s), xc->X, xc->xbytes);
                 xsend(xc, partner, XPHASE_RD, s, 0, xc->xbytes, rd_send_area(xc, s));
+            }
         }
         if (xc->rd_left[1 + s] > 0)
             return;
@@ -461,8 +485,8 @@ static int make_layout(xcoll_t *xc)
     }
 }
 
-/* Step 1: the local ranks' contribution into X. */
-static int phase_in(xcoll_t *xc)
+/* Step 1 for bytes [a, b) of X: the local ranks' contribution. */
+static int phase_in(xcoll_t *xc, uint64_t a, uint64_t b)
 {
     colld_coll_t *k = xc->k;
     int n = xc->c->nranks;
@@ -471,20 +495,19 @@ static int phase_in(xcoll_t *xc)
     int nin = 0;
     for (int r = 0; r < n; r++)
         if (k->ops[r])
-            in[nin++] = k->ops[r]->send_ptr;
-    if (xc->sig.kind == COLLD_KIND_BROADCAST) {
-        if (k->ops[xc->sig.root])
-            xc->X = k->ops[xc->sig.root]->send_ptr; /* sent from the root's buffer, no copy */
-    } else if (xc->sig.kind == COLLD_KIND_ALLGATHER) {
-        for (int r = 0; r < n; r++)
-            if (k->ops[r])
-                memcpy(xc->X + (uint64_t)r * slot, k->ops[r]->send_ptr, slot);
-    } else if (xc->xbytes) {
-        void *out[1] = { xc->X };
-        if (colld_cpu_reduce(xc->dt, xc->pop, in, nin, out, 1, xc->xbytes / xc->es) != COLLD_OK)
-            return -1;
+            in[nin++] = (const uint8_t *)k->ops[r]->send_ptr + a;
+    if (xc->sig.kind == COLLD_KIND_BROADCAST)
+        return 0; /* the root's node sends from the root's buffer */
+    if (xc->sig.kind == COLLD_KIND_ALLGATHER) {
+        for (int r = 0; r < n; r++) {
+            uint64_t lo = COLLD_MAX(a, (uint64_t)r * slot), hi = COLLD_MIN(b, (uint64_t)(r + 1) * slot);
+            if (k->ops[r] && lo < hi)
+                memcpy(xc->X + lo, (const uint8_t *)k->ops[r]->send_ptr + (lo - (uint64_t)r * slot), hi - lo);
+        }
+        return 0;
     }
-    return 0;
+    void *out[1] = { xc->X + a };
+    return colld_cpu_reduce(xc->dt, xc->pop, in, nin, out, 1, (b - a) / xc->es) == COLLD_OK ? 0 : -1;
 }
 
 /* Send Ready to every other member daemon. */
@@ -532,14 +555,17 @@ static void apply_ready(xcoll_t *xc, int node, const xsig_t *sig)
     flush_pending(xc, node);
 }
 
-/* Start the collective at the head of its communicator's queue. */
+static void xcoll_run(xcoll_t *xc);
+
+/* Start the collective at the head of its communicator's queue: its buffer, its layout, then
+ * the local stage (in slices). */
 static void xcoll_start(xcoll_t *xc)
 {
     colld_daemon_t *d = xc->d;
     colld_xcomm_t *x = xc->x;
-    int k = x->nnodes, j = x->self;
     xc->busy++;
     xc->active = true;
+    xc->stage = STAGE_IN;
     pthread_mutex_lock(&d->lock);
     bool ok = xc->c->state == COLLD_COMM_READY;
     colld_status_t err = xc->c->error;
@@ -564,14 +590,60 @@ static void xcoll_start(xcoll_t *xc)
         x->scratch_size = bytes;
     }
     xc->X = x->scratch;
-    xc->ready = calloc((size_t)k, sizeof(bool));
+    if (xc->sig.kind == COLLD_KIND_BROADCAST && xc->k->ops[xc->sig.root])
+        xc->X = xc->k->ops[xc->sig.root]->send_ptr; /* sent straight from the root's buffer */
+    xc->ready = calloc((size_t)x->nnodes, sizeof(bool));
     bool small = bytes <= x->chunk_bytes && (x->algo == COLLD_NET_ALGO_RD ||
                                              (x->algo == COLLD_NET_ALGO_AUTO && bytes <= x->small_bytes));
     xc->rd = (xc->sig.kind == COLLD_KIND_ALLREDUCE || xc->sig.kind == COLLD_KIND_REDUCE) && small;
-    if (!xc->ready || make_layout(xc) < 0 || phase_in(xc) < 0) {
+    if (!xc->ready || make_layout(xc) < 0) {
         xcoll_fail(xc, COLLD_ERR_NO_MEMORY, "daemon out of memory", true);
         goto out;
     }
+    xc->cursor = 0;
+    xcoll_pump(xc);
+out:
+    xc->busy--;
+    xcoll_maybe_end(xc);
+}
+
+/* One slice of a local stage; at the end of the stage, the next step. */
+static void xcoll_pump(xcoll_t *xc)
+{
+    if (xc->failed || (xc->stage != STAGE_IN && xc->stage != STAGE_OUT))
+        return;
+    xc->busy++;
+    uint64_t a = xc->cursor, b = COLLD_MIN(xc->xbytes, a + SLICE_BYTES);
+    if (xc->stage == STAGE_IN && b > a && phase_in(xc, a, b) < 0)
+        xcoll_fail(xc, COLLD_ERR_INTERNAL, "local reduction refused its arguments", true);
+    if (xc->stage == STAGE_OUT && b > a)
+        phase_out(xc, a, b);
+    xc->cursor = b;
+    bool stage_done = b >= xc->xbytes;
+    xc->busy--;
+    if (xc->failed) {
+        xcoll_maybe_end(xc);
+        return;
+    }
+    if (!stage_done) {
+        colld_net_wake(xc->d->cluster->net); /* the next slice after the sockets had a turn */
+        return;
+    }
+    if (xc->stage == STAGE_IN) {
+        xc->stage = STAGE_NET;
+        xcoll_run(xc);
+    } else {
+        xcoll_end(xc);
+    }
+}
+
+/* The local contribution is in X: announce it and start the algorithm among the nodes. */
+static void xcoll_run(xcoll_t *xc)
+{
+    colld_xcomm_t *x = xc->x;
+    int k = x->nnodes, j = x->self;
+    uint64_t bytes = xc->xbytes;
+    xc->busy++;
     send_ready(xc);
     if (xc->failed)
         goto out;
@@ -815,6 +887,11 @@ void colld_xcoll_tick(colld_daemon_t *d)
         colld_comm_state_t st = xc->c->state;
         colld_status_t err = xc->c->error;
         pthread_mutex_unlock(&d->lock);
+        if (!xc->failed && (xc->stage == STAGE_IN || xc->stage == STAGE_OUT)) {
+            xc->busy--;
+            xcoll_pump(xc); /* the next slice of a local stage */
+            continue;
+        }
         if (!xc->failed && st != COLLD_COMM_READY) {
             xcoll_fail(xc, err ? err : COLLD_ERR_ABORTED, "the communicator failed", false);
         } else if (!xc->failed && xc->nready < xc->x->nnodes - 1 && now >= xc->deadline_ns) {
