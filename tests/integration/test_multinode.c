@@ -452,6 +452,37 @@ static void test_stranger_refused(void **state)
     run_matrix(cl, 0, place, 2, small);
 }
 
+/* A rank never joins: the root daemon dissolves the communicator after its timeout naming the
+ * missing rank, and the rank that joined on another node hears it. */
+static void test_join_times_out(void **state)
+{
+    cluster_t *cl = *state;
+    char hex[HARNESS_UID_HEX_LEN], text[2048];
+    assert_int_equal(harness_new_uid_hex(&cl->h[0], hex), 0);
+    const char *x[] = { RANK_BIN, "--socket", cl->h[1].socket, "--uid", hex, "--nranks", "3", "--rank", "2", "--expect",
+                        "COLLD_ERR_TIMEOUT", "--timeout-ms", "800", NULL };
+    double t0 = harness_now_ms();
+    assert_int_equal(harness_capture_all(x, text, sizeof(text), 30000), 0);
+    print_message("after %.0f ms: %s", harness_now_ms() - t0, text);
+    assert_non_null(strstr(text, "missing ranks: 0 1"));
+    assert_non_null(strstr(text, "on node node-a"));
+    assert_int_equal(harness_wait_clean(&cl->h[1], 5000), 0);
+}
+
+/* A multi-node id on a daemon that does not listen for peers: a clear NOT_SUPPORTED. */
+static void test_single_node_daemon_refuses(void **state)
+{
+    cluster_t *cl = *state;
+    char hex[HARNESS_UID_HEX_LEN], text[2048];
+    assert_int_equal(harness_daemon_start(&cl->h[3], NULL), 0);
+    assert_int_equal(harness_new_uid_hex(&cl->h[0], hex), 0);
+    const char *x[] = { RANK_BIN, "--socket", cl->h[3].socket, "--uid", hex, "--nranks", "2", "--rank", "1", "--expect",
+                        "COLLD_ERR_NOT_SUPPORTED", NULL };
+    assert_int_equal(harness_capture_all(x, text, sizeof(text), 30000), 0);
+    print_message("%s", text);
+    assert_non_null(strstr(text, "--listen"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -465,6 +496,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_remote_rank_missing, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_mismatch_across_hosts, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_stranger_refused, setup3, teardown),
+        cmocka_unit_test_setup_teardown(test_join_times_out, setup3, teardown),
+        cmocka_unit_test_setup_teardown(test_single_node_daemon_refuses, setup3, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
