@@ -318,30 +318,44 @@ static void test_connection_cut(void **state)
  * Faults of ranks on other hosts
  * ------------------------------------------------------------------------------------------- */
 
+/* Rank 0 on node-a posts an all-reduce and expects `expect` (its detail goes to `out`); rank 1
+ * on node-b joins and never posts. pids[2]; returns once rank 0 waits when `wait_ready`. */
+static void start_remote_pair(cluster_t *cl, const char *expect, const char *timeout_ms, bool wait_ready, pid_t *p,
+                              char *out, size_t out_len)
+{
+    char hex[HARNESS_UID_HEX_LEN], ready[300];
+    assert_int_equal(harness_new_uid_hex(&cl->h[0], hex), 0);
+    snprintf(ready, sizeof(ready), "%s/ready", cl->tmp);
+    snprintf(out, out_len, "%s/out", cl->tmp);
+    unlink(ready);
+    const char *x0[] = { "--mode", "hang", "--expect", expect, "--ready-file", ready, "--out", out, "--timeout-ms",
+                         timeout_ms, NULL };
+    const char *x1[] = { "--mode", "hang", "--no-post", "--timeout-ms", timeout_ms, NULL };
+    p[0] = spawn_rank(cl, RANK_BIN, 0, hex, 2, 0, x0);
+    p[1] = spawn_rank(cl, RANK_BIN, 1, hex, 2, 1, x1);
+    assert_true(p[0] > 0 && p[1] > 0);
+    if (wait_ready) {
+        assert_int_equal(harness_wait_file(ready, 30000), 0);
+        usleep(100000);
+    }
+}
+
 /* A rank on node-b is killed while a rank on node-a waits: PEER_LOST naming rank and pid. */
 static void test_remote_rank_killed(void **state)
 {
     cluster_t *cl = *state;
-    char hex[HARNESS_UID_HEX_LEN], ready[300], out[300], text[1024];
-    assert_int_equal(harness_new_uid_hex(&cl->h[0], hex), 0);
-    snprintf(ready, sizeof(ready), "%s/ready", cl->tmp);
-    snprintf(out, sizeof(out), "%s/out", cl->tmp);
-    const char *x0[] = { "--mode", "hang", "--expect", "COLLD_ERR_PEER_LOST", "--ready-file", ready, "--out", out,
-                         "--timeout-ms", "0", NULL };
-    const char *x1[] = { "--mode", "hang", "--no-post", "--timeout-ms", "0", NULL };
-    pid_t p0 = spawn_rank(cl, RANK_BIN, 0, hex, 2, 0, x0), p1 = spawn_rank(cl, RANK_BIN, 1, hex, 2, 1, x1);
-    assert_true(p0 > 0 && p1 > 0);
-    assert_int_equal(harness_wait_file(ready, 30000), 0);
-    usleep(100000);
+    char out[300], text[1024];
+    pid_t p[2];
+    start_remote_pair(cl, "COLLD_ERR_PEER_LOST", "0", true, p, out, sizeof(out));
     double t0 = harness_now_ms();
-    kill(p1, SIGKILL);
-    assert_int_equal(harness_wait(p0, 10000), 0);
+    kill(p[1], SIGKILL);
+    assert_int_equal(harness_wait(p[0], 10000), 0);
     double took = harness_now_ms() - t0;
-    harness_wait(p1, 5000);
+    harness_wait(p[1], 5000);
     harness_read_file(out, text, sizeof(text));
     print_message("after %.0f ms: %s", took, text);
     char pidtext[32];
-    snprintf(pidtext, sizeof(pidtext), "pid %d", (int)p1);
+    snprintf(pidtext, sizeof(pidtext), "pid %d", (int)p[1]);
     assert_non_null(strstr(text, "rank 1"));
     assert_non_null(strstr(text, pidtext));
     assert_true(took < 2000);
@@ -353,17 +367,11 @@ static void test_remote_rank_killed(void **state)
 static void test_remote_rank_missing(void **state)
 {
     cluster_t *cl = *state;
-    char hex[HARNESS_UID_HEX_LEN], ready[300], out[300], text[1024];
-    assert_int_equal(harness_new_uid_hex(&cl->h[0], hex), 0);
-    snprintf(ready, sizeof(ready), "%s/ready", cl->tmp);
-    snprintf(out, sizeof(out), "%s/out", cl->tmp);
-    const char *x0[] = { "--mode", "hang", "--expect", "COLLD_ERR_TIMEOUT", "--ready-file", ready, "--out", out,
-                         "--timeout-ms", "800", NULL };
-    const char *x1[] = { "--mode", "hang", "--no-post", "--timeout-ms", "800", NULL };
-    pid_t p0 = spawn_rank(cl, RANK_BIN, 0, hex, 2, 0, x0), p1 = spawn_rank(cl, RANK_BIN, 1, hex, 2, 1, x1);
-    assert_true(p0 > 0 && p1 > 0);
-    assert_int_equal(harness_wait(p0, 20000), 0);
-    assert_int_equal(harness_wait(p1, 20000), 0); /* it sees the broken communicator and leaves */
+    char out[300], text[1024];
+    pid_t p[2];
+    start_remote_pair(cl, "COLLD_ERR_TIMEOUT", "800", false, p, out, sizeof(out));
+    assert_int_equal(harness_wait(p[0], 20000), 0);
+    assert_int_equal(harness_wait(p[1], 20000), 0); /* it sees the broken communicator and leaves */
     harness_read_file(out, text, sizeof(text));
     print_message("%s", text);
     assert_non_null(strstr(text, "node-b"));
