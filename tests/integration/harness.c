@@ -260,6 +260,17 @@ long harness_bg_progress(const harness_bg_t *bg)
     return n;
 }
 
+long harness_bg_wait_progress(const harness_bg_t *bg, long before, int timeout_ms)
+{
+    double end = harness_now_ms() + timeout_ms;
+    long n = harness_bg_progress(bg);
+    while (n <= before && harness_now_ms() < end) {
+        sleep_ms(5);
+        n = harness_bg_progress(bg);
+    }
+    return n;
+}
+
 int harness_bg_stop(harness_bg_t *bg)
 {
     FILE *f = fopen(bg->stop, "w");

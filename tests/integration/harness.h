@@ -60,6 +60,9 @@ typedef struct {
 int harness_bg_start(harness_t *h, harness_bg_t *bg);
 /* Iterations it has finished so far. */
 long harness_bg_progress(const harness_bg_t *bg);
+/* Its progress once it is past `before`, waiting at most timeout_ms (a loaded machine may
+ * need a moment); `before` when it made none. */
+long harness_bg_wait_progress(const harness_bg_t *bg, long before, int timeout_ms);
 /* Stop it; returns 0 when both ranks ran every all-reduce exactly and exited 0. */
 int harness_bg_stop(harness_bg_t *bg);
 

@@ -307,7 +307,7 @@ static void test_peer_killed_mid_collective(void **state)
     snprintf(pidtext, sizeof(pidtext), "pid %d", (int)pids[1]);
     assert_non_null(strstr(text, pidtext));
     usleep(50000);
-    assert_true(harness_bg_progress(&bg) > before);
+    assert_true(harness_bg_wait_progress(&bg, before, 5000) > before);
     assert_int_equal(harness_bg_stop(&bg), 0);
     assert_daemon_serves(h);
     assert_int_equal(harness_wait_clean(h, 5000), 0);
@@ -329,7 +329,7 @@ static void test_missing_rank_times_out(void **state)
     assert_int_equal(rc0, 0);
     assert_int_equal(rc1, 0);
     assert_non_null(strstr(text, "rank(s) 1 never arrived"));
-    assert_true(harness_bg_progress(&bg) > before);
+    assert_true(harness_bg_wait_progress(&bg, before, 5000) > before);
     assert_int_equal(harness_bg_stop(&bg), 0);
     assert_daemon_serves(h);
     assert_int_equal(harness_wait_clean(h, 5000), 0);

@@ -106,7 +106,7 @@ static void test_abort_by_rank(void **state)
     assert_int_equal(harness_wait_file(s.ready[0], 20000), 0);
     long before = harness_bg_progress(&bg);
     assert_int_equal(harness_wait_all(pids, 3, 20000), 0);
-    long after = harness_bg_progress(&bg);
+    long after = harness_bg_wait_progress(&bg, before, 5000);
     char text[2048], pidtext[32];
     snprintf(pidtext, sizeof(pidtext), "rank 2 (pid %d)", (int)pids[2]);
     for (int r = 0; r < 2; r++) {
