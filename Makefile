@@ -62,7 +62,7 @@ BENCH_PACKAGES = openmpi-bin libopenmpi-dev gnuplot-nox
 BENCH_RESULTS ?= $(BUILD)/bench-results
 BENCH_ARGS    ?=
 
-.PHONY: bench-deps bench
+.PHONY: bench-deps bench bench-netns
 
 # The build's packages plus OpenMPI (the baseline) and gnuplot (the plots); only the missing ones.
 bench-deps:
@@ -76,3 +76,7 @@ bench-deps:
 
 bench: bench-deps $(BUILD)/build.ninja
 	bench/compare.sh --build $(BUILD) --results $(BENCH_RESULTS) $(BENCH_ARGS)
+
+# Multi-node all-reduce across network namespaces joined by rate-limited veth links (root only).
+bench-netns: build
+	bench/netns.sh --build $(BUILD) $(BENCH_ARGS)

@@ -5,6 +5,8 @@
  *              [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1] [-z 0|1]
  *              [-d DTYPE|all] [-o OP|all] [-r ROOT] [--socket PATH] [--json]
  *   colld-perf --attach-bench REPS [-p NRANKS] [--socket PATH] [--json]
+ *   colld-perf --make-uid [--socket PATH]
+ *   colld-perf --join HEX -p NRANKS --rank R [benchmark options] [--socket PATH]
  *
  * Every rank is a separate process: the first process (the launcher) gets a unique id from the
  * daemon, re-executes itself once per rank (posix_spawn of /proc/self/exe, so nothing of gRPC
@@ -12,6 +14,17 @@
  * daemon answers on the socket, the launcher starts its own colld (found next to colld-perf, in
  * the build tree's server/, or on PATH) on a private socket in a temporary directory and stops it
  * with SIGTERM at the end.
+ *
+ * Ranks on several daemons (multi-node, one process per rank started by the caller): --make-uid
+ * prints a new unique id of the daemon at --socket as hex (when that daemon runs with --listen,
+ * the id carries its address, so ranks on other hosts can join it) and keeps it valid: a daemon
+ * drops the ids of a client that disconnects before the first rank joined, so the process stays
+ * connected until SIGINT/SIGTERM or --timeout-ms (run it in the background, e.g.
+ * `colld-perf --make-uid > uid & ... kill $!`). Each rank is then started as
+ * `colld-perf --join HEX -p NRANKS --rank R --socket ITS_LOCAL_DAEMON ...` with the same
+ * benchmark options everywhere; the process is rank R only (no launcher, no daemon of its own)
+ * and runs exactly the code of a launched rank. Rank 0 prints the table or --json; the header
+ * names each rank's host and daemon socket. bench/netns.sh runs it across network namespaces.
  *
  * Measurement, as nccl-tests: for each size, after the warm-up iterations and a barrier (a one
  * element all-reduce), each rank times ITERS back-to-back collectives (-z 1: each one waited for
@@ -27,7 +40,9 @@
  * sentinel), the collective runs once more, and every element this rank receives is compared
  * bitwise with the result of the scalar reference kernel (rank order 0..n-1, the same
  * deterministic order the daemon guarantees). #wrong is the number of differing elements summed
- * over ranks; for reduce only the root receives.
+ * over ranks; for reduce only the root receives. With --join the inputs are small integers
+ * (colld_cpu_pattern_small), exact in any order: daemons on several nodes combine per node first,
+ * so general float inputs would differ from the rank-order reference in the last bits.
  *
  * --attach-bench REPS: each rank process connects (attach) and joins a new NRANKS communicator
  * REPS+1 times; the first repetition is cold (process start, library initialisation), the others
@@ -41,6 +56,7 @@
 
 #include <colld/colld.h>
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -76,7 +92,13 @@ extern char **environ;
 #define CHECK_CHUNK 16384        /* elements per step of the reference computation */
 #define MAX_ATTACH_REPS 1000
 #define SENTINEL 0xA5            /* what a receive buffer holds before a checked call */
-#define SMALL_BYTES 4096         /* the registered scratch buffer: barrier, times, counts, pids */
+#define SMALL_BYTES 4096         /* the registered scratch buffer: barrier, times, counts, pids, labels */
+#define PIDS_OFF 256             /* where in it: every rank's pid (int64) */
+#define LABELS_OFF 1024          /* ... and every rank's "host" or "host via socket" */
+#define LABEL_BYTES 48
+
+_Static_assert(PIDS_OFF + MAX_RANKS * 8 <= LABELS_OFF && LABELS_OFF + MAX_RANKS * LABEL_BYTES <= SMALL_BYTES,
+               "the scratch buffer holds the pids and the labels of MAX_RANKS ranks");
 
 /* =============================================================================================
  * Names and conventions
@@ -153,10 +175,13 @@ typedef struct {
     double factor;
     int iters, warmup, check, blocking, root, nranks, timeout_ms, attach_reps;
     unsigned kinds, dtypes, ops; /* bit masks */
-    bool json;
+    bool json, make_uid;
     const char *socket, *colld;
-    /* internal: set for rank processes by the launcher */
+    /* this process is one rank: set by the launcher (--internal-rank, id from a pipe) or by the
+     * caller (--rank with --join, id from the command line) */
     int rank;
+    bool join;
+    colld_unique_id_t join_id;
 } opts_t;
 
 static void usage(FILE *f)
@@ -184,6 +209,15 @@ static void usage(FILE *f)
             "      --timeout-ms MS     communicator timeout (default %d)\n"
             "      --attach-bench REPS time connect + join of an NRANKS communicator REPS times\n"
             "      --json              print one JSON object instead of the table\n"
+            "Ranks on several daemons (hosts), one process per rank started by you:\n"
+            "      --make-uid          print a new unique id (hex) of the daemon at --socket (one\n"
+            "                          started with --listen) and hold it: the daemon forgets it when\n"
+            "                          this process disconnects before a rank has joined; ends on\n"
+            "                          SIGINT/SIGTERM or after --timeout-ms\n"
+            "      --join HEX          be one rank of the communicator with this id (from --make-uid),\n"
+            "                          through the daemon at --socket; needs -p and --rank, and the\n"
+            "                          same benchmark options in every rank; rank 0 prints the results\n"
+            "      --rank R            this process's rank with --join, 0..N-1\n"
             "  -h, --help              this text\n",
             MAX_RANKS, DEFAULT_TIMEOUT_MS);
 }
@@ -245,7 +279,34 @@ static unsigned parse_names(const char *opt, const char *s, const char *const *n
     die_usage("%s: unknown value '%s' (one of: %sall)", opt, s, list);
 }
 
-enum { OPT_SOCKET = 256, OPT_JSON, OPT_COLLD, OPT_TIMEOUT, OPT_ATTACH, OPT_RANK };
+enum {
+    OPT_SOCKET = 256, OPT_JSON, OPT_COLLD, OPT_TIMEOUT, OPT_ATTACH, OPT_RANK, OPT_MAKE_UID, OPT_JOIN, OPT_JOIN_RANK
+};
+
+/* A unique id as lowercase hex, 2 digits per byte (the integration tests' format). */
+static void uid_to_hex(const colld_unique_id_t *id, char *hex)
+{
+    for (size_t i = 0; i < sizeof(id->internal); i++)
+        sprintf(hex + 2 * i, "%02x", (unsigned char)id->internal[i]);
+    hex[2 * sizeof(id->internal)] = '\0';
+}
+
+/* The reverse; dies with a usage error when `hex` is not exactly one id. */
+static void uid_from_hex(const char *hex, colld_unique_id_t *id)
+{
+    static const char digits[] = "0123456789abcdef";
+    size_t len = strlen(hex);
+    if (len != 2 * sizeof(id->internal))
+        die_usage("--join: the id has %zu hex digits, not %zu (use the output of --make-uid)", len,
+                  2 * sizeof(id->internal));
+    for (size_t i = 0; i < sizeof(id->internal); i++) {
+        const char *hi = strchr(digits, tolower((unsigned char)hex[2 * i]));
+        const char *lo = strchr(digits, tolower((unsigned char)hex[2 * i + 1]));
+        if (!hi || !lo || !*hi || !*lo)
+            die_usage("--join: '%.2s' at offset %zu is not a hex byte", hex + 2 * i, 2 * i);
+        id->internal[i] = (char)((hi - digits) << 4 | (lo - digits));
+    }
+}
 
 static void parse_options(int argc, char **argv, opts_t *o)
 {
@@ -262,12 +323,14 @@ static void parse_options(int argc, char **argv, opts_t *o)
         { "socket", required_argument, NULL, OPT_SOCKET }, { "json", no_argument, NULL, OPT_JSON },
         { "colld", required_argument, NULL, OPT_COLLD },  { "timeout-ms", required_argument, NULL, OPT_TIMEOUT },
         { "attach-bench", required_argument, NULL, OPT_ATTACH },
+        { "make-uid", no_argument, NULL, OPT_MAKE_UID },  { "join", required_argument, NULL, OPT_JOIN },
+        { "rank", required_argument, NULL, OPT_JOIN_RANK },
         { "help", no_argument, NULL, 'h' },
         { "internal-rank", required_argument, NULL, OPT_RANK }, /* set by the launcher */
         { NULL, 0, NULL, 0 },
     };
     opterr = 0;
-    int c;
+    int c, join_rank = -1;
     while ((c = getopt_long(argc, argv, ":t:p:b:e:f:n:w:c:z:d:o:r:h", longs, NULL)) != -1) {
         switch (c) {
         case 't': o->kinds = parse_names("-t", optarg, kind_names, NULL, K_COUNT); break;
@@ -294,6 +357,12 @@ static void parse_options(int argc, char **argv, opts_t *o)
         case OPT_TIMEOUT: o->timeout_ms = parse_int("--timeout-ms", optarg, 1, 86400000); break;
         case OPT_ATTACH: o->attach_reps = parse_int("--attach-bench", optarg, 1, MAX_ATTACH_REPS); break;
         case OPT_RANK: o->rank = parse_int("--internal-rank", optarg, 0, MAX_RANKS - 1); break;
+        case OPT_MAKE_UID: o->make_uid = true; break;
+        case OPT_JOIN:
+            uid_from_hex(optarg, &o->join_id);
+            o->join = true;
+            break;
+        case OPT_JOIN_RANK: join_rank = parse_int("--rank", optarg, 0, MAX_RANKS - 1); break;
         case 'h': usage(stdout); exit(0);
         case ':': die_usage("option '%s' needs a value", argv[optind - 1]);
         default: die_usage("unknown option '%s'", argv[optind - 1]);
@@ -307,6 +376,17 @@ static void parse_options(int argc, char **argv, opts_t *o)
         die_usage("-r %d: the root must be below the number of ranks (-p %d)", o->root, o->nranks);
     if (o->rank >= o->nranks)
         die_usage("--internal-rank %d is not below -p %d", o->rank, o->nranks);
+    if (o->make_uid && (o->join || o->attach_reps))
+        die_usage("--make-uid goes alone (with --socket and --timeout-ms): it prints an id and holds it");
+    if (o->join != (join_rank >= 0))
+        die_usage(o->join ? "--join needs --rank R (this process's rank)" : "--rank goes with --join HEX");
+    if (o->join && o->attach_reps)
+        die_usage("--attach-bench makes its own communicators; it does not take --join");
+    if (o->join) {
+        if (join_rank >= o->nranks)
+            die_usage("--rank %d is not below -p %d", join_rank, o->nranks);
+        o->rank = join_rank;
+    }
 }
 
 /* =============================================================================================
@@ -370,15 +450,24 @@ static double median(double *v, int n)
  * Data: generator and reference results
  * ========================================================================================== */
 
-/* Scratch for the reference computation: one chunk per rank plus the expected chunk. */
+typedef void (*pattern_fn)(colld_dtype_t dt, int rank, unsigned salt, size_t first, size_t n, void *out);
+
+/* Scratch for the reference computation: one chunk per rank plus the expected chunk; and the
+ * input generator of the run. */
 typedef struct {
     unsigned char *in[MAX_RANKS];
     unsigned char *want;
+    pattern_fn pattern;
 } ref_t;
 
-static int ref_alloc(ref_t *f, int n)
+/* Ranks that --join may sit on several daemons, which reduce per node first: an order other than
+ * rank order, so float results would differ from the rank-order oracle in the last bits. Their
+ * inputs are small integers, exact in any order (colld_cpu_pattern_small); launched ranks share
+ * one daemon, which reduces in rank order, and get the general inputs. */
+static int ref_alloc(ref_t *f, int n, bool any_order)
 {
     memset(f, 0, sizeof(*f));
+    f->pattern = any_order ? colld_cpu_pattern_small : colld_cpu_pattern;
     for (int r = 0; r < n; r++)
         if (!(f->in[r] = malloc(CHECK_CHUNK * 8)))
             return -1;
@@ -404,13 +493,13 @@ static size_t count_wrong(const shape_t *s, int n, int rank, unsigned salt, cons
         size_t m = s->recv_elems - base < CHECK_CHUNK ? s->recv_elems - base : CHECK_CHUNK;
         switch (s->kind) {
         case K_BROADCAST:
-            colld_cpu_pattern(s->dt, s->root, salt, base, m, f->want);
+            f->pattern(s->dt, s->root, salt, base, m, f->want);
             break;
         case K_ALLGATHER: /* element j of the result is element j % count of rank j / count */
             for (size_t j = 0; j < m;) {
                 size_t e = base + j, r = e / s->count, off = e % s->count;
                 size_t run = s->count - off < m - j ? s->count - off : m - j;
-                colld_cpu_pattern(s->dt, (int)r, salt, off, run, f->want + j * es);
+                f->pattern(s->dt, (int)r, salt, off, run, f->want + j * es);
                 j += run;
             }
             break;
@@ -418,7 +507,7 @@ static size_t count_wrong(const shape_t *s, int n, int rank, unsigned salt, cons
             size_t first = (s->kind == K_REDUCESCATTER ? (size_t)rank * s->count : 0) + base;
             const void *in[MAX_RANKS];
             for (int r = 0; r < n; r++) {
-                colld_cpu_pattern(s->dt, r, salt, first, m, f->in[r]);
+                f->pattern(s->dt, r, salt, first, m, f->in[r]);
                 in[r] = f->in[r];
             }
             void *out[1] = { f->want };
@@ -499,21 +588,21 @@ static void fill_inputs(rank_t *R, const shape_t *s, bool inplace, unsigned salt
     size_t es = colld_dtype_size(s->dt);
     size_t span = (s->send_elems > s->recv_elems ? s->send_elems : s->recv_elems) * es;
     if (!inplace) {
-        colld_cpu_pattern(s->dt, R->rank, salt, 0, s->send_elems, R->sbuf);
+        R->ref.pattern(s->dt, R->rank, salt, 0, s->send_elems, R->sbuf);
         memset(R->rbuf, SENTINEL, s->recv_elems * es);
         return;
     }
     memset(R->rbuf, SENTINEL, span);
     switch (s->kind) {
     case K_ALLGATHER:
-        colld_cpu_pattern(s->dt, R->rank, salt, 0, s->count, R->rbuf + (size_t)R->rank * s->count * es);
+        R->ref.pattern(s->dt, R->rank, salt, 0, s->count, R->rbuf + (size_t)R->rank * s->count * es);
         break;
     case K_BROADCAST:
         if (R->rank == s->root)
-            colld_cpu_pattern(s->dt, R->rank, salt, 0, s->count, R->rbuf);
+            R->ref.pattern(s->dt, R->rank, salt, 0, s->count, R->rbuf);
         break;
     default: /* all-reduce, reduce: count elements; reduce-scatter: n x count */
-        colld_cpu_pattern(s->dt, R->rank, salt, 0, s->send_elems, R->rbuf);
+        R->ref.pattern(s->dt, R->rank, salt, 0, s->send_elems, R->rbuf);
         break;
     }
 }
@@ -613,16 +702,16 @@ static void fmt_time(double us, char *buf, size_t len)
     snprintf(buf, len, us >= 10000.0 ? "%7.0f" : us >= 100.0 ? "%7.1f" : "%7.2f", us);
 }
 
-static void print_header(const rank_t *R, const int64_t *pids)
+/* Rank 0's header; labels[r] says where rank r runs (LABEL_BYTES each). */
+static void print_header(const rank_t *R, const int64_t *pids, const char *labels)
 {
     const opts_t *o = R->o;
-    char host[256] = "?";
-    gethostname(host, sizeof(host) - 1);
     printf("# colld-perf: nranks %d (processes)  minBytes %zu maxBytes %zu step: %g(factor) warmup iters: %d "
            "iters: %d validation: %d blocking: %d\n#\n# Using ranks\n",
            o->nranks, o->min_bytes, o->max_bytes, o->factor, o->warmup, o->iters, o->check, o->blocking);
     for (int r = 0; r < R->n; r++)
-        printf("#  Rank %2d Pid %7" PRId64 " on %s host memory (colld_mem_alloc, zero copy)\n", r, pids[r], host);
+        printf("#  Rank %2d Pid %7" PRId64 " on %s host memory (colld_mem_alloc, zero copy)\n", r, pids[r],
+               labels + (size_t)r * LABEL_BYTES);
 }
 
 static void print_table_head(int kind)
@@ -707,17 +796,27 @@ static int run_bench(rank_t *R)
     long bw_count = 0;
     uint64_t oob = 0;
 
-    /* Every rank's pid, for the header. */
+    /* Every rank's pid and where it runs, for the header: each rank fills its own slot of zeroed
+     * arrays and a sum gathers them (the labels as bytes). With --join the ranks may be on other
+     * hosts and daemons, so the label names the host and this rank's daemon socket. */
     int64_t pids[MAX_RANKS] = { 0 };
-    memset(R->small + 256, 0, (size_t)R->n * 8);
+    char host[256] = "?", *label = (char *)R->small + LABELS_OFF + (size_t)R->rank * LABEL_BYTES;
+    gethostname(host, sizeof(host) - 1);
+    memset(R->small + PIDS_OFF, 0, SMALL_BYTES - PIDS_OFF);
     int64_t me = (int64_t)getpid();
-    memcpy(R->small + 256 + (size_t)R->rank * 8, &me, 8);
-    colld_status_t st = small_allreduce(R, 256, (size_t)R->n, COLLD_INT64, COLLD_SUM);
+    memcpy(R->small + PIDS_OFF + (size_t)R->rank * 8, &me, 8);
+    if (o->join)
+        snprintf(label, LABEL_BYTES, "%s via %s", host, o->socket ? o->socket : "the default socket");
+    else
+        snprintf(label, LABEL_BYTES, "%s", host);
+    colld_status_t st = small_allreduce(R, PIDS_OFF, (size_t)R->n, COLLD_INT64, COLLD_SUM);
+    if (st == COLLD_OK)
+        st = small_allreduce(R, LABELS_OFF, (size_t)R->n * LABEL_BYTES, COLLD_UINT8, COLLD_SUM);
     if (st != COLLD_OK)
-        return fail(R, "exchanging pids", st);
-    memcpy(pids, R->small + 256, (size_t)R->n * 8);
+        return fail(R, "exchanging pids and hosts", st);
+    memcpy(pids, R->small + PIDS_OFF, (size_t)R->n * 8);
     if (R->rank == 0 && !o->json)
-        print_header(R, pids);
+        print_header(R, pids, (const char *)R->small + LABELS_OFF);
 
     unsigned salt = 1;
     for (int kind = 0; kind < K_COUNT && !rc; kind++) {
@@ -788,17 +887,12 @@ static int run_bench(rank_t *R)
     return rc;
 }
 
-/* A rank process: read the id, connect, join, allocate, benchmark, clean up. */
-static int rank_main(const opts_t *o)
+/* A rank process (launched, or --join): connect, join the communicator `id`, allocate,
+ * benchmark, clean up. */
+static int rank_main(const opts_t *o, colld_unique_id_t id)
 {
     rank_t R = { .o = o, .n = o->nranks, .rank = o->rank };
-    colld_unique_id_t id;
     int rc = 1;
-    if (read_full(ID_FD, &id, sizeof(id), ID_READ_TIMEOUT_MS) < 0) {
-        fprintf(stderr, PROG ": rank %d: did not receive the unique id from the launcher\n", o->rank);
-        return 1;
-    }
-    close(ID_FD);
     colld_status_t st = colld_connect(o->socket, &R.c);
     if (st != COLLD_OK) {
         fprintf(stderr, PROG ": rank %d: connect: %s: %s\n", o->rank, colld_status_name(st), colld_status_string(st));
@@ -820,7 +914,7 @@ static int rank_main(const opts_t *o)
                 colld_status_name(st));
         goto out_comm;
     }
-    if (ref_alloc(&R.ref, R.n) < 0) {
+    if (ref_alloc(&R.ref, R.n, o->join) < 0) {
         fprintf(stderr, PROG ": rank %d: out of memory\n", R.rank);
         goto out_comm;
     }
@@ -1249,16 +1343,67 @@ static int run_ranks(const opts_t *o, int argc, char **argv, const char *socket,
     return bad;
 }
 
+/* --make-uid: print a new unique id of the daemon at --socket (never of one we start: it would be
+ * gone when the ranks join), then hold it. The daemon forgets the ids a client was issued when
+ * that client disconnects (until the first rank has joined with it), so this process stays
+ * connected until SIGINT or SIGTERM (exit 0) or --timeout-ms (exit 0 as well: by then the ranks
+ * have joined or given up). Returns the exit status. */
+static int make_uid_main(const opts_t *o)
+{
+    colld_client_t *c;
+    colld_unique_id_t id;
+    char hex[2 * sizeof(id.internal) + 1];
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    colld_status_t st = colld_connect(o->socket, &c);
+    if (st != COLLD_OK) {
+        fprintf(stderr, PROG ": --make-uid: cannot connect to colld%s%s: %s: %s\n", o->socket ? " at " : "",
+                o->socket ? o->socket : "", colld_status_name(st), colld_status_string(st));
+        return 1;
+    }
+    int rc = 1;
+    if ((st = colld_get_unique_id(c, &id)) != COLLD_OK) {
+        fprintf(stderr, PROG ": --make-uid: %s: %s\n", colld_status_name(st), colld_status_string(st));
+        goto out;
+    }
+    uid_to_hex(&id, hex);
+    printf("%s\n", hex);
+    if (fflush(stdout) != 0)
+        goto out;
+    struct timespec ts = { o->timeout_ms / 1000, (long)(o->timeout_ms % 1000) * 1000000L };
+    while (sigtimedwait(&set, NULL, &ts) < 0 && errno == EINTR)
+        ; /* the remaining time is not tracked across EINTR: it only comes from a debugger */
+    rc = 0;
+out:
+    colld_disconnect(c);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     opts_t o;
     parse_options(argc, argv, &o);
     signal(SIGPIPE, SIG_IGN);
+    if (o.make_uid)
+        return make_uid_main(&o);
     if (o.rank >= 0) {
         char name[32]; /* "colld-perf-r3" in top and perf, not "exe" (the kernel keeps 15 bytes) */
         snprintf(name, sizeof(name), "colld-perf-r%d", o.rank);
         prctl(PR_SET_NAME, name, 0, 0, 0);
-        return o.attach_reps ? attach_main(&o) : rank_main(&o);
+        if (o.attach_reps)
+            return attach_main(&o);
+        if (o.join)
+            return rank_main(&o, o.join_id);
+        colld_unique_id_t id;
+        if (read_full(ID_FD, &id, sizeof(id), ID_READ_TIMEOUT_MS) < 0) {
+            fprintf(stderr, PROG ": rank %d: did not receive the unique id from the launcher\n", o.rank);
+            return 1;
+        }
+        close(ID_FD);
+        return rank_main(&o, id);
     }
 
     /* The launcher. Signals that end the run are taken synchronously in run_ranks. */
