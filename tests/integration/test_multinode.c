@@ -190,6 +190,15 @@ static void test_traffic_per_host(void **state)
         assert_true((double)sent >= want - 16 && (double)sent <= want + 16);
         assert_true((double)received >= want - 16 && (double)received <= want + 16);
     }
+    /* what an operator sees: the node, its peers up, the bytes */
+    char out[8192];
+    const char *st[] = { COLLCTL_BIN, "--socket", cl->h[0].socket, "status", NULL };
+    assert_int_equal(harness_capture(st, out, sizeof(out), 10000), 0);
+    print_message("%s", out);
+    assert_non_null(strstr(out, "node node-a listening on"));
+    assert_non_null(strstr(out, "node-b"));
+    assert_non_null(strstr(out, "node-c"));
+    assert_non_null(strstr(out, " up "));
 }
 
 /* ---------------------------------------------------------------------------------------------
