@@ -875,9 +875,14 @@ void colld_xcoll_tick(colld_daemon_t *d)
     colld_cluster_t *cl = d->cluster;
     uint64_t now = colld_now_ns();
     /* Collect first: ending a collective changes the list. */
-    xcoll_t *todo[256];
     int n = 0;
-    for (xcoll_t *xc = cl->running; xc && n < 256; xc = xc->rnext)
+    for (xcoll_t *xc = cl->running; xc; xc = xc->rnext)
+        n += xc->active;
+    xcoll_t **todo = malloc((size_t)n * sizeof(*todo) + 1);
+    if (!todo)
+        return; /* the next tick tries again */
+    n = 0;
+    for (xcoll_t *xc = cl->running; xc; xc = xc->rnext)
         if (xc->active)
             todo[n++] = xc;
     for (int i = 0; i < n; i++) {
@@ -912,6 +917,7 @@ void colld_xcoll_tick(colld_daemon_t *d)
         xc->busy--;
         xcoll_maybe_end(xc);
     }
+    free(todo);
 }
 
 void colld_xcoll_abort_all(colld_daemon_t *d)
