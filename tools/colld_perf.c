@@ -806,9 +806,9 @@ static int run_bench(rank_t *R)
     int64_t me = (int64_t)getpid();
     memcpy(R->small + PIDS_OFF + (size_t)R->rank * 8, &me, 8);
     if (o->join)
-        snprintf(label, LABEL_BYTES, "%s via %s", host, o->socket ? o->socket : "the default socket");
+        snprintf(label, LABEL_BYTES, "%.16s via %.26s", host, o->socket ? o->socket : "the default socket");
     else
-        snprintf(label, LABEL_BYTES, "%s", host);
+        snprintf(label, LABEL_BYTES, "%.47s", host); /* both fit LABEL_BYTES (48) with the NUL */
     colld_status_t st = small_allreduce(R, PIDS_OFF, (size_t)R->n, COLLD_INT64, COLLD_SUM);
     if (st == COLLD_OK)
         st = small_allreduce(R, LABELS_OFF, (size_t)R->n * LABEL_BYTES, COLLD_UINT8, COLLD_SUM);
