@@ -115,25 +115,16 @@ static bool kind_reduces(unsigned kind)
     return kind == COLLD_KIND_ALLREDUCE || kind == COLLD_KIND_REDUCE || kind == COLLD_KIND_REDUCESCATTER;
 }
 
-/* Ring phases of a kind. */
-static bool has_rs(unsigned kind)
-{
-    return kind_reduces(kind);
-}
-
+/* Ring phases of a kind: the reducing ones have a reduce-scatter; all but reduce-scatter an
+ * all-gather. */
 static bool has_ag(unsigned kind)
 {
     return kind != COLLD_KIND_REDUCESCATTER;
 }
 
-static const char *kind_name(unsigned k)
-{
-    return colld_kind_name(k);
-}
-
 static int describe_sig(char *buf, size_t len, const xsig_t *s)
 {
-    return snprintf(buf, len, "%s(%s, %s, count %llu, root %d)", kind_name(s->kind), colld_dtype_name(s->dtype),
+    return snprintf(buf, len, "%s(%s, %s, count %llu, root %d)", colld_kind_name(s->kind), colld_dtype_name(s->dtype),
                     kind_reduces(s->kind) ? colld_redop_name(s->redop) : "-", (unsigned long long)s->count, s->root);
 }
 
@@ -681,7 +672,7 @@ static void xcoll_run(xcoll_t *xc)
     }
     /* ring */
     int next = mod(j + 1, k);
-    if (has_rs(xc->sig.kind)) {
+    if (kind_reduces(xc->sig.kind)) {
         xc->recv_left = bytes - block_bytes(xc, mod(j - 1, k));
         if (has_ag(xc->sig.kind))
             xc->recv_left += bytes - block_bytes(xc, j);
@@ -784,7 +775,7 @@ static bool data_valid(xcoll_t *xc, const colld_net_hdr_t *h, char *why, size_t 
     int want = -1;
     switch (h->phase) {
     case XPHASE_RS:
-        want = !xc->rd && has_rs(xc->sig.kind) && h->step < k - 1 ? mod(j - h->step - 2, k) : -2;
+        want = !xc->rd && kind_reduces(xc->sig.kind) && h->step < k - 1 ? mod(j - h->step - 2, k) : -2;
         break;
     case XPHASE_AG:
         want = !xc->rd && has_ag(xc->sig.kind) && h->step < k - 1 ? mod(j - h->step - 1, k) : -2;
@@ -878,15 +869,15 @@ void colld_xcoll_tick(colld_daemon_t *d)
     int n = 0;
     for (xcoll_t *xc = cl->running; xc; xc = xc->rnext)
         n += xc->active;
-    xcoll_t **todo = malloc((size_t)n * sizeof(*todo) + 1);
-    if (!todo)
+    xcoll_t **due = malloc((size_t)n * sizeof(*due) + 1);
+    if (!due)
         return; /* the next tick tries again */
     n = 0;
     for (xcoll_t *xc = cl->running; xc; xc = xc->rnext)
         if (xc->active)
-            todo[n++] = xc;
+            due[n++] = xc;
     for (int i = 0; i < n; i++) {
-        xcoll_t *xc = todo[i];
+        xcoll_t *xc = due[i];
         xc->busy++;
         pthread_mutex_lock(&d->lock);
         colld_comm_state_t st = xc->c->state;
@@ -917,7 +908,7 @@ void colld_xcoll_tick(colld_daemon_t *d)
         xc->busy--;
         xcoll_maybe_end(xc);
     }
-    free(todo);
+    free(due);
 }
 
 void colld_xcoll_abort_all(colld_daemon_t *d)
