@@ -48,7 +48,7 @@ static void client_log_init(void)
 
 /* Send one message (and an optional fd) and receive the reply of `reply_type`. Serialised by
  * sock_mu. Returns COLLD_OK or DAEMON_LOST / PROTOCOL. */
-static colld_status_t sock_request(colld_client_t *c, colld_wire_msg_t *m, int fd, uint16_t reply_type,
+colld_status_t colld__sock_request(colld_client_t *c, colld_wire_msg_t *m, int fd, uint16_t reply_type,
                                    colld_wire_msg_t *reply, int *fds_out, int nfds_out)
 {
     colld_status_t st = COLLD_ERR_DAEMON_LOST;
@@ -204,7 +204,10 @@ static void client_free(colld_client_t *c)
     if (c->efd >= 0)
         close(c->efd);
     for (uint32_t h = 0; h < c->ncomms_slots; h++)
-        free(c->comms[h]);
+        if (c->comms[h]) {
+            colld__fast_detach(c->comms[h]);
+            free(c->comms[h]);
+        }
     free(c->comms);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->sock_mu);
@@ -267,7 +270,7 @@ colld_status_t colld__connect_role(const char *socket_path, int role, colld_clie
     hello.type = COLLD_MSG_HELLO;
     hello.u.hello.role = (uint32_t)role;
     colld_strlcpy(hello.u.hello.process_name, program_invocation_short_name, sizeof(hello.u.hello.process_name));
-    st = sock_request(c, &hello, -1, COLLD_MSG_WELCOME, &welcome, fds, 2);
+    st = colld__sock_request(c, &hello, -1, COLLD_MSG_WELCOME, &welcome, fds, 2);
     if (st == COLLD_OK && welcome.status != COLLD_OK) {
         st = welcome.status;
         welcome.u.detail[sizeof(welcome.u.detail) - 1] = '\0';
@@ -483,8 +486,43 @@ colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *s
     return COLLD_OK;
 }
 
+colld_status_t colld__client_record(colld_client_t *c, const colld_wire_sqe_t *sqe)
+{
+    for (unsigned spins = 0;; spins++) {
+        if (atomic_load(&c->lost))
+            return COLLD_ERR_DAEMON_LOST;
+        pthread_mutex_lock(&c->mu);
+        int64_t space = colld_ring_space(&c->shm->sq, c->sq_head, c->entries);
+        if (space < 0) {
+            pthread_mutex_unlock(&c->mu);
+            atomic_store(&c->lost, true);
+            return COLLD_ERR_PROTOCOL;
+        }
+        if (space > 0) {
+            c->sqes[c->sq_head & (c->entries - 1)] = *sqe;
+            c->sq_head++;
+            COLLD_STORE_REL(&c->shm->sq.head, c->sq_head);
+            pthread_mutex_unlock(&c->mu);
+            return COLLD_OK;
+        }
+        reap(c);
+        pthread_mutex_unlock(&c->mu);
+        /* Full of records the daemon has not taken yet: wake it. */
+        uint64_t one = 1;
+        ssize_t rc = write(c->efd, &one, sizeof(one));
+        (void)rc;
+        if (spins < SPIN_ITERS)
+            sched_yield();
+        else {
+            struct timespec ts = { 0, 20000 };
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
 colld_status_t colld__client_wait(colld_client_t *c, colld_comm_t *comm)
 {
+    (void)colld__fast_finish(comm, true); /* a failure is the communicator's error, returned below */
     for (unsigned spins = 0;; spins++) {
         pthread_mutex_lock(&c->mu);
         reap(c);
@@ -588,7 +626,7 @@ colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, siz
     m.type = COLLD_MSG_REG;
     m.u.reg.bytes = sz;
     m.u.reg.cookie = (uintptr_t)p;
-    st = sock_request(c, &m, fd, COLLD_MSG_REG_REPLY, &r, NULL, 0);
+    st = colld__sock_request(c, &m, fd, COLLD_MSG_REG_REPLY, &r, NULL, 0);
     if (st == COLLD_OK && r.status != COLLD_OK) {
         st = r.status;
         r.u.detail[sizeof(r.u.detail) - 1] = '\0';
@@ -618,7 +656,7 @@ colld_status_t colld__deregister(colld_client_t *c, uint32_t reg_id)
     memset(&r, 0, sizeof(r));
     m.type = COLLD_MSG_DEREG;
     m.u.dereg.reg_id = reg_id;
-    colld_status_t st = sock_request(c, &m, -1, COLLD_MSG_DEREG_REPLY, &r, NULL, 0);
+    colld_status_t st = colld__sock_request(c, &m, -1, COLLD_MSG_DEREG_REPLY, &r, NULL, 0);
     if (st == COLLD_OK)
         st = r.status;
     return st == COLLD_ERR_DAEMON_LOST ? COLLD_OK : st;

@@ -79,18 +79,38 @@ struct colld_client {
     colld_rpc_channel_t *rpc;
 };
 
+/* A collective this rank started on the fast area and has not finished (fast.c). */
+typedef struct {
+    bool active;
+    uint8_t kind, dtype, redop;
+    int32_t root;
+    uint64_t seq;
+    uint64_t count;
+    void *recv;
+    uint64_t arrival_ns;
+} colld_fast_op_t;
+
 struct colld_comm {
     colld_client_t *client;
     uint32_t handle;
     uint64_t comm_id;
     int rank, nranks;
     int timeout_ms;
-    uint64_t issued;    /* collectives posted */
-    uint64_t completed; /* completions received */
+    uint64_t seq;       /* the last sequence number given (engine and fast-path collectives) */
+    uint64_t issued;    /* collectives posted to the engine */
+    uint64_t completed; /* their completions received */
     colld_status_t async_error;  /* first error of this communicator; sticky */
     bool detail_fetched;
     char last_error[COLLD_CLIENT_DETAIL_LEN];
     colld_pending_t *pending; /* staged collectives in flight, in sequence order (mu) */
+    /* fast area (fast.c); NULL when the daemon gave none (multi-node, disabled) */
+    colld_wire_fast_t *fast;
+    size_t fast_size;
+    void *fast_scratch;       /* slot_bytes, cache-line aligned: output of a misaligned buffer */
+    const void **fast_in;     /* [nranks] input pointers for the kernels */
+    colld_fast_op_t fop;      /* at most one in flight: a rank finishes it before its next call */
+    uint64_t spin_ns;         /* adaptive busy-wait before yielding */
+    uint64_t spin_max_ns;     /* 0 with more ranks than CPUs */
 };
 
 /* client.c */
@@ -106,6 +126,12 @@ colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *s
 colld_status_t colld__client_wait(colld_client_t *c, colld_comm_t *comm);
 /* Reap completions without waiting. */
 void colld__client_poll(colld_client_t *c);
+/* Post a fast-path record without waking the daemon (it takes records when it next runs; a full
+ * ring wakes it). */
+colld_status_t colld__client_record(colld_client_t *c, const colld_wire_sqe_t *sqe);
+/* One request/reply exchange on the session socket, receiving up to nfds_out fds. */
+colld_status_t colld__sock_request(colld_client_t *c, colld_wire_msg_t *m, int fd, uint16_t reply_type,
+                                   colld_wire_msg_t *reply, int *fds_out, int nfds_out);
 /* Translate a pointer range to a registration (mu held). Returns 0, -1 when the start is in no
  * registration, -2 when the range runs past the end of the one it starts in. */
 int colld__client_lookup(colld_client_t *c, const void *p, size_t bytes, colld_wire_buf_t *out);
@@ -130,6 +156,22 @@ void colld__pending_drop_all(colld_client_t *c, colld_comm_t *comm);            
 void colld__stage_trim(colld_client_t *c);
 void colld__stage_free_all(colld_client_t *c);
 
+/* fast.c */
+/* Ask the daemon for the communicator's fast area and map it (best effort: without one, every
+ * collective goes through the engine). */
+void colld__fast_attach(colld_comm_t *comm);
+void colld__fast_detach(colld_comm_t *comm);
+/* True when this collective runs on the fast area (the same answer on every rank). */
+bool colld__fast_eligible(const colld_comm_t *comm, colld_kind_t kind, size_t count, colld_dtype_t dtype);
+/* Start one (nothing else of this communicator may be in flight): publish this rank's input,
+ * post the record. On error `why` says what is wrong. */
+colld_status_t colld__fast_start(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes,
+                                 void *recv, size_t recv_bytes, size_t count, colld_dtype_t dtype, colld_redop_t op,
+                                 int root, char *why, size_t why_len);
+/* Finish the one in flight, if any: COLLD_OK, COLLD_INPROGRESS (only when !block) or the error
+ * (also recorded as the communicator's). */
+colld_status_t colld__fast_finish(colld_comm_t *comm, bool block);
+
 /* group.c */
 bool colld__group_active(void);
 /* Record the first error of the current group (no-op outside a group). */
@@ -137,5 +179,9 @@ void colld__group_fail(colld_status_t st);
 /* Post a descriptor now (numbering it), or queue it until the outermost colld_group_end. Takes
  * ownership of `pending` (NULL if nothing was staged). */
 colld_status_t colld__enqueue(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending);
+/* Queue a fast-path collective until the outermost colld_group_end (inside a group only). */
+colld_status_t colld__group_queue_fast(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes,
+                                       void *recv, size_t recv_bytes, size_t count, colld_dtype_t dtype,
+                                       colld_redop_t op, int root);
 
 #endif /* COLLD_CLIENT_INTERNAL_H */

@@ -126,6 +126,7 @@ colld_status_t colld_comm_init_rank(colld_client_t *c, colld_comm_t **comm, int 
         free(cm); /* the daemon sees this rank leave when the session ends */
         return COLLD_ERR_NO_MEMORY;
     }
+    colld__fast_attach(cm);
     *comm = cm;
     return COLLD_OK;
 }
@@ -158,6 +159,7 @@ colld_status_t colld_comm_destroy(colld_comm_t *comm)
     pthread_mutex_lock(&c->mu);
     colld__pending_drop_all(c, comm);
     pthread_mutex_unlock(&c->mu);
+    colld__fast_detach(comm);
     free(comm);
     return COLLD_OK;
 }
@@ -290,10 +292,26 @@ static colld_status_t post(colld_comm_t *comm, colld_kind_t kind, const void *se
     size_t es = colld_dtype_size(dtype), send_bytes, recv_bytes;
     if (__builtin_mul_overflow(send_elems, es, &send_bytes) || __builtin_mul_overflow(recv_elems, es, &recv_bytes))
         return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "count %zu overflows", count);
+    char why[256];
+    if (colld__fast_eligible(comm, kind, count, dtype)) {
+        if (colld__group_active()) {
+            st = colld__group_queue_fast(comm, kind, sendbuf, send_bytes, recvbuf, recv_bytes, count, dtype, op, root);
+            return st == COLLD_OK ? st : comm_error(comm, st, "cannot queue the collective: %s", colld_status_string(st));
+        }
+        /* Everything issued before on this communicator finishes first: its outputs may be
+         * this call's inputs, and the fast area holds one collective per rank at a time. */
+        if ((st = colld__client_wait(comm->client, comm)) != COLLD_OK)
+            return st;
+        st = colld__fast_start(comm, kind, sendbuf, send_bytes, recvbuf, recv_bytes, count, dtype, op, root, why,
+                               sizeof(why));
+        return st == COLLD_OK ? st : comm_error(comm, st, "%s", why);
+    }
+    /* A fast-path collective still in flight finishes first (its output may be this input). */
+    if (!colld__group_active() && (st = colld__fast_finish(comm, true)) != COLLD_OK)
+        return st;
     colld_wire_sqe_t sqe;
     memset(&sqe, 0, sizeof(sqe));
     colld_pending_t *pending;
-    char why[256];
     st = colld__stage(comm, sendbuf, send_bytes, recvbuf, recv_bytes, &sqe.send, &sqe.recv, &pending, why, sizeof(why));
     if (st != COLLD_OK)
         return comm_error(comm, st, "%s", why);
@@ -374,6 +392,8 @@ colld_status_t colld_comm_query(colld_comm_t *comm)
     if (!comm)
         return COLLD_ERR_INVALID_ARGUMENT;
     colld__client_poll(comm->client);
+    if (colld__fast_finish(comm, false) == COLLD_INPROGRESS)
+        return COLLD_INPROGRESS;
     colld_status_t err = __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED);
     if (err != COLLD_OK)
         return err;

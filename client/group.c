@@ -1,23 +1,34 @@
 /*
  * group.c - group calls (colld_group_start / colld_group_end), as NCCL's.
  *
- * Between start and end, collectives are validated at once but not posted: their descriptors
- * wait in a per-thread list and colld_group_end posts them all, in call order, each client's run
- * in one batch with one wake-up of the daemon. Groups nest; only the outermost end posts. A call
- * that fails validation inside a group returns its error at once and poisons the group:
- * colld_group_end then posts nothing and returns that first error. Sequence numbers are given at
- * posting, so a discarded group leaves every communicator exactly as it was.
+ * Between start and end, collectives are validated at once but not posted: they wait in a
+ * per-thread list and colld_group_end starts them all, in call order per communicator. Engine
+ * collectives of one client are posted in one batch with one wake-up of the daemon; fast-path
+ * collectives (fast.c) are started as soon as their communicator has nothing else in flight, so
+ * one thread can drive several ranks (one communicator handle each) in one group without waiting
+ * on itself. Groups nest; only the outermost end starts anything. A call that fails validation
+ * inside a group returns its error at once and poisons the group: colld_group_end then starts
+ * nothing and returns that first error. Sequence numbers are given at start, so a discarded group
+ * leaves every communicator exactly as it was.
  */
 #include "client/client_internal.h"
 
+#include <sched.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct {
     colld_comm_t *comm;
     colld_wire_sqe_t sqe;
     colld_pending_t *pending;
+    bool fast; /* a fast-path collective: the buffers below instead of sqe's references */
+    bool done;
+    const void *send;
+    void *recv;
+    size_t send_bytes, recv_bytes;
 } queued_t;
 
 typedef struct {
@@ -62,31 +73,58 @@ static void discard(colld_comm_t *comm, colld_pending_t *p)
     pthread_mutex_unlock(&comm->client->mu);
 }
 
+/* Room for one more queued op; false (group poisoned) when memory is out. */
+static bool group_grow(void)
+{
+    if (group.n < group.cap)
+        return true;
+    size_t cap = group.cap ? group.cap * 2 : 64;
+    queued_t *ops = realloc(group.ops, cap * sizeof(*ops));
+    if (!ops) {
+        colld__group_fail(COLLD_ERR_NO_MEMORY);
+        return false;
+    }
+    group.ops = ops;
+    group.cap = cap;
+    return true;
+}
+
 colld_status_t colld__enqueue(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending)
 {
     if (group.depth == 0) {
         colld_wire_sqe_t one = *sqe;
-        one.seq = comm->issued + 1;
+        one.seq = comm->seq + 1;
         attach(comm, pending, one.seq);
         colld_status_t st = colld__client_submit(comm->client, &one, 1);
-        if (st == COLLD_OK)
+        if (st == COLLD_OK) {
+            comm->seq++;
             comm->issued++;
-        else
+        } else
             discard(comm, pending);
         return st;
     }
-    if (group.n == group.cap) {
-        size_t cap = group.cap ? group.cap * 2 : 64;
-        queued_t *ops = realloc(group.ops, cap * sizeof(*ops));
-        if (!ops) {
-            discard(comm, pending);
-            colld__group_fail(COLLD_ERR_NO_MEMORY);
-            return COLLD_ERR_NO_MEMORY;
-        }
-        group.ops = ops;
-        group.cap = cap;
+    if (!group_grow()) {
+        discard(comm, pending);
+        return COLLD_ERR_NO_MEMORY;
     }
     group.ops[group.n++] = (queued_t){ .comm = comm, .sqe = *sqe, .pending = pending };
+    return COLLD_OK;
+}
+
+colld_status_t colld__group_queue_fast(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes,
+                                       void *recv, size_t recv_bytes, size_t count, colld_dtype_t dtype,
+                                       colld_redop_t op, int root)
+{
+    if (!group_grow())
+        return COLLD_ERR_NO_MEMORY;
+    queued_t q = { .comm = comm, .fast = true, .send = send, .recv = recv, .send_bytes = send_bytes,
+                   .recv_bytes = recv_bytes };
+    q.sqe.kind = (uint8_t)kind;
+    q.sqe.dtype = (uint8_t)dtype;
+    q.sqe.redop = (uint8_t)op;
+    q.sqe.root = root;
+    q.sqe.count = count;
+    group.ops[group.n++] = q;
     return COLLD_OK;
 }
 
@@ -105,6 +143,63 @@ colld_status_t colld_group_start(void)
     return COLLD_OK;
 }
 
+/* Post a batch of numbered engine collectives of one client; the first error wins. */
+static void flush(colld_client_t *c, colld_wire_sqe_t *batch, size_t *k, colld_status_t *first)
+{
+    if (!*k)
+        return;
+    colld_status_t st = colld__client_submit(c, batch, *k);
+    if (st != COLLD_OK && *first == COLLD_OK)
+        *first = st; /* the daemon is lost: the counters no longer matter */
+    *k = 0;
+}
+
+/* Try to start queued op i: COLLD_INPROGRESS while its communicator has something in flight that
+ * must finish first, else the op is done (started, or failed with the returned error). */
+static colld_status_t try_start(size_t i, colld_wire_sqe_t *batch, size_t *k, colld_client_t **batch_client,
+                                colld_status_t *first)
+{
+    queued_t *q = &group.ops[i];
+    colld_comm_t *comm = q->comm;
+    colld_status_t st = __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED);
+    if (st == COLLD_OK && atomic_load(&comm->client->lost))
+        st = COLLD_ERR_DAEMON_LOST;
+    if (st != COLLD_OK) {
+        discard(comm, q->pending); /* the communicator broke meanwhile: its error is reported */
+        return st;
+    }
+    st = colld__fast_finish(comm, false);
+    if (st != COLLD_OK) {
+        if (st != COLLD_INPROGRESS)
+            discard(comm, q->pending);
+        return st;
+    }
+    if (!q->fast) {
+        if (*batch_client != comm->client)
+            flush(*batch_client, batch, k, first);
+        *batch_client = comm->client;
+        batch[*k] = q->sqe;
+        batch[(*k)++].seq = ++comm->seq;
+        comm->issued++;
+        attach(comm, q->pending, comm->seq);
+        return COLLD_OK;
+    }
+    colld__client_poll(comm->client);
+    if (__atomic_load_n(&comm->completed, __ATOMIC_ACQUIRE) < comm->issued) {
+        flush(*batch_client, batch, k, first); /* it may be waiting for ops still in the batch */
+        return COLLD_INPROGRESS;
+    }
+    char why[256];
+    st = colld__fast_start(comm, (colld_kind_t)q->sqe.kind, q->send, q->send_bytes, q->recv, q->recv_bytes,
+                           q->sqe.count, (colld_dtype_t)q->sqe.dtype, (colld_redop_t)q->sqe.redop, q->sqe.root, why,
+                           sizeof(why));
+    if (st != COLLD_OK) {
+        snprintf(comm->last_error, sizeof(comm->last_error), "%s: %s", colld_status_name(st), why);
+        comm->detail_fetched = true;
+    }
+    return st;
+}
+
 colld_status_t colld_group_end(void)
 {
     if (group.depth == 0)
@@ -116,25 +211,50 @@ colld_status_t colld_group_end(void)
         group_reset(false);
         return st;
     }
-    /* Number each op, then post each client's consecutive run as one batch. */
     colld_wire_sqe_t *batch = group.n ? malloc(group.n * sizeof(*batch)) : NULL;
     if (group.n && !batch) {
         group_reset(false);
         return COLLD_ERR_NO_MEMORY;
     }
-    /* A failed submission means the daemon is lost, after which the counters no longer matter. */
-    size_t i = 0;
-    while (i < group.n && st == COLLD_OK) {
-        colld_client_t *c = group.ops[i].comm->client;
-        size_t k = 0;
-        for (; i < group.n && group.ops[i].comm->client == c; i++) {
-            batch[k] = group.ops[i].sqe;
-            batch[k++].seq = ++group.ops[i].comm->issued;
-            attach(group.ops[i].comm, group.ops[i].pending, batch[k - 1].seq);
+    /* Passes over the list: an op starts once the ops before it on the same communicator have
+     * started and its communicator has nothing in flight that it must wait for. Every wait ends:
+     * peers arrive, or the daemon fails the communicator (time-out, lost peer, abort). */
+    size_t left = group.n, k = 0;
+    colld_client_t *batch_client = NULL;
+    for (unsigned idle = 0; left > 0 && st == COLLD_OK;) {
+        bool progress = false;
+        for (size_t i = 0; i < group.n && st == COLLD_OK; i++) {
+            if (group.ops[i].done)
+                continue;
+            bool blocked = false;
+            for (size_t j = 0; j < i && !blocked; j++)
+                blocked = !group.ops[j].done && group.ops[j].comm == group.ops[i].comm;
+            if (blocked)
+                continue;
+            colld_status_t r = try_start(i, batch, &k, &batch_client, &st);
+            if (r == COLLD_INPROGRESS)
+                continue;
+            if (r == COLLD_ERR_DAEMON_LOST)
+                st = r;
+            group.ops[i].done = true;
+            left--;
+            progress = true;
         }
-        st = colld__client_submit(c, batch, k);
+        flush(batch_client, batch, &k, &st);
+        if (progress)
+            idle = 0;
+        else if (++idle < 2000)
+            sched_yield();
+        else {
+            struct timespec ts = { 0, 50000 };
+            nanosleep(&ts, NULL);
+        }
     }
+    /* Ops never started (the daemon was lost) release what they staged. */
+    for (size_t i = 0; i < group.n; i++)
+        if (!group.ops[i].done)
+            discard(group.ops[i].comm, group.ops[i].pending);
     free(batch);
-    group_reset(true); /* posted ones belong to their communicators; on a lost daemon too */
+    group_reset(true);
     return st;
 }

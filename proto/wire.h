@@ -53,6 +53,13 @@ typedef struct {
     uint64_t offset;
 } colld_wire_buf_t;
 
+/* sqe.flags */
+/* A record, not a request: the ranks ran this collective themselves on the communicator's fast
+ * area (below). The daemon matches and checks it like any collective (so the sequence numbers,
+ * the signature check, time-outs and the flight recorder cover it) but executes nothing and posts
+ * no completion. `send.offset` carries the rank's arrival time (CLOCK_MONOTONIC ns). */
+#define COLLD_SQE_FAST 0x01u
+
 /* One work descriptor (64 bytes). `seq` counts from 1 per (session, communicator handle). */
 typedef struct {
     uint64_t seq;
@@ -108,6 +115,48 @@ typedef struct {
 } colld_wire_shm_t;
 
 /* ---------------------------------------------------------------------------------------------
+ * Fast area: one memfd per single-node communicator, created by the daemon and mapped by every
+ * member (COLLD_MSG_FAST_AREA). Small collectives run here without the daemon on the critical
+ * path: each rank copies its input into its slot for that sequence number and publishes the slot
+ * header's `seq` last (release); every rank waits until all slots of that sequence are published
+ * with the same signature, then computes its own output from the slots in rank order. A rank
+ * finishes its previous collective on the communicator before it starts the next, so two slots
+ * per rank (by seq parity) are never overwritten while a peer still reads them.
+ *
+ *   colld_wire_fast_t       header: the daemon's verdict and a futex word
+ *   slot[rank][seq % 2]     colld_wire_fast_slot_t + slot_bytes of payload, 64-byte aligned
+ *
+ * The daemon only writes `status` (the error that broke the communicator) and wakes `gen`; it
+ * never reads what the ranks wrote. Ranks treat peers' slots as untrusted (signature and sizes
+ * are checked against their own call before any byte is used).
+ * ------------------------------------------------------------------------------------------- */
+
+#define COLLD_WIRE_FAST_MAGIC 0x46415354u /* "FAST" */
+#define COLLD_WIRE_FAST_DEPTH 2
+
+typedef struct {
+    uint32_t magic;
+    uint32_t nranks;
+    uint32_t slot_bytes;  /* payload bytes per slot: the largest per-rank input on this path */
+    uint32_t slot_stride; /* bytes from one slot header to the next */
+    uint64_t total_size;
+    _Alignas(COLLD_WIRE_CACHELINE) int32_t status; /* 0, or the colld_status_t that broke it */
+    uint32_t gen;      /* futex word: bumped by every published slot and by the daemon */
+    uint32_t sleepers; /* ranks asleep on gen: a publisher wakes them only when non-zero */
+    uint32_t reserved;
+} colld_wire_fast_t;
+
+typedef struct {
+    uint64_t seq; /* published last: the slot holds collective `seq` */
+    uint64_t count;
+    uint8_t kind, dtype, redop, flags;
+    int32_t root;
+    uint64_t reserved[5];
+} colld_wire_fast_slot_t;
+
+_Static_assert(sizeof(colld_wire_fast_slot_t) == 64, "fast slot header layout");
+
+/* ---------------------------------------------------------------------------------------------
  * Session socket messages (fixed size, 128 bytes; file descriptors ride along as SCM_RIGHTS)
  * ------------------------------------------------------------------------------------------- */
 
@@ -118,6 +167,8 @@ typedef enum {
     COLLD_MSG_REG_REPLY = 4,   /* daemon -> client: registration id or error */
     COLLD_MSG_DEREG = 5,       /* client -> daemon: release a registration */
     COLLD_MSG_DEREG_REPLY = 6, /* daemon -> client */
+    COLLD_MSG_FAST_AREA = 7,   /* client -> daemon: the fast area of a communicator handle */
+    COLLD_MSG_FAST_AREA_REPLY = 8, /* daemon -> client: its size; fd: the memfd (or an error) */
 } colld_msg_type_t;
 
 typedef enum {
@@ -158,6 +209,11 @@ typedef struct {
         struct {
             uint32_t reg_id;
         } dereg;
+        struct {
+            uint32_t handle;
+            uint32_t reserved;
+            uint64_t size; /* reply: bytes to map */
+        } fast;
         char detail[COLLD_WIRE_DETAIL_BYTES];
     } u;
 } colld_wire_msg_t;

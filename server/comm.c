@@ -160,6 +160,7 @@ void colld_comm_unref(colld_daemon_t *d, colld_dcomm_t *c)
                 "%s after %llu collectives completed, %llu failed", colld_comm_state_name(c->state),
                 (unsigned long long)c->ops_completed, (unsigned long long)c->ops_failed);
     colld_recorder_free(c);
+    colld_fast_free(c);
     if (c->x)
         colld_xcomm_free(c->x);
     free(c->ranks);
@@ -246,6 +247,7 @@ void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, in
     for (int r = 0; r < c->nranks; r++)
         member_fail_queue(c, &c->ranks[r], c->error);
     colld_engine_post_notices(c);
+    colld_fast_break(c); /* ranks waiting on the fast area wake with the error */
 }
 
 /* Abort: every rank's pending and later operations fail with ABORTED. The handles stay valid
@@ -418,6 +420,7 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
         c->state = COLLD_COMM_JOINING;
         c->created_ns = colld_now_ns();
         c->exec_seq = 1;
+        c->fast_fd = -1;
         if (name && *name)
             colld_strlcpy(c->name, name, sizeof(c->name));
         else
@@ -479,6 +482,7 @@ fail:
 void colld_comm_formed(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **replies)
 {
     c->state = COLLD_COMM_READY;
+    colld_fast_create(d, c);
     LOG_INFO(COLL, "communicator %llu (%s) formed with %d ranks", (unsigned long long)c->id, c->name, c->nranks);
     colld_metrics_comm_formed(d);
     colld_event(d, "comm_created", c, -1, 0, 0, c->tenant, COLLD_OK, "%d ranks, timeout %d ms", c->nranks,

@@ -81,6 +81,10 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "multi-node all-reduce algorithm: auto (by size), ring or rd (recursive doubling, for buffers up to "
       "--net-chunk); collctl policy overrides it per tenant",
       OPT(net_algo_text), 0, 0 },
+    { "fast-path-bytes", "COLLD_FAST_PATH_BYTES", COLLD_CFG_SIZE, "16K",
+      "collectives of a single-node communicator whose input per rank is at most this are run by the ranks "
+      "themselves on shared memory (no hand-off to the engine; the daemon still checks and records them); 0 = off",
+      OPT(fast_path_bytes), 0, 0 },
     { "socket-mode", "COLLD_SOCKET_MODE", COLLD_CFG_STRING, "0660", "permission bits of both sockets, in octal",
       OPT(socket_mode_text), 0, 0 },
 };

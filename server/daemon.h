@@ -75,6 +75,7 @@ typedef struct {
     uint64_t net_small_bytes; /* all-reduces up to this size use recursive doubling */
     char *net_algo_text;    /* auto, ring or rd */
     int net_algo;           /* COLLD_NET_ALGO_* parsed from net_algo_text */
+    uint64_t fast_path_bytes; /* per-rank inputs up to this run on the fast area (0: off) */
 } colld_daemon_config_t;
 
 /* Inter-node all-reduce algorithm (policy override; auto chooses by size). */
@@ -204,6 +205,9 @@ struct colld_dcomm {
     uint64_t trace_failed_seq; /* the collective last recorded as failed (recorded once) */
     colld_xcomm_t *x;         /* multi-node state (cluster.c), NULL for a single-node communicator */
     bool fault_from_peer;     /* the fault being recorded came from another node: do not echo it */
+    colld_wire_fast_t *fast;  /* fast area (fast.c), NULL when none */
+    size_t fast_size;
+    int fast_fd;
     colld_dcomm_t *next;
 };
 
@@ -378,6 +382,22 @@ const char *colld_cluster_node_name(const colld_daemon_t *d);
 const char *colld_cluster_listen_addr(const colld_daemon_t *d);
 /* The node name of a rank's daemon for display ("" when local or unknown) (lock held). */
 const char *colld_cluster_rank_node(const colld_dcomm_t *c, int rank);
+
+/* ---- fast.c: the fast area of a single-node communicator ---- */
+/* Create it when the communicator forms (lock held). Returns 0 (also when there is none: off,
+ * multi-node, too many ranks) or -1 (could not be made: the engine path serves everything). */
+int colld_fast_create(colld_daemon_t *d, colld_dcomm_t *c);
+void colld_fast_free(colld_dcomm_t *c);
+/* The communicator broke: write its error into the area and wake every waiting rank (lock held). */
+void colld_fast_break(colld_dcomm_t *c);
+/* A new descriptor of the area for a member's session (lock held): the fd and *size, or -1 with
+ * *st and a detail. */
+int colld_fast_dup(colld_session_t *s, uint32_t handle, uint64_t *size, colld_status_t *st, char *detail, size_t len);
+
+/* ---- engine.c (record catch-up) ---- */
+/* Drain every session's ring and retire the fast-path records that have matched, so that what
+ * the ranks already finished shows in trace, status and metrics (lock held; control threads). */
+void colld_engine_catch_up(colld_daemon_t *d, colld_reply_t **replies);
 
 /* ---- recorder.c: flight recorder and straggler statistics ---- */
 int colld_recorder_init(colld_daemon_t *d, colld_dcomm_t *c);

@@ -119,18 +119,28 @@ static uint64_t payload_bytes(const colld_wire_sqe_t *d)
     return bytes;
 }
 
+/* Post a descriptor's completion, or for a fast-path record (which the ranks completed
+ * themselves) just give back the completion slot reserved for it (lock held). */
+static void retire(colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st)
+{
+    if (sqe->flags & COLLD_SQE_FAST)
+        s->in_flight--;
+    else
+        colld_engine_complete(s, sqe->comm, sqe->seq, st);
+}
+
 /* Complete a descriptor that was never queued, and count it (lock held). */
 static void complete_sqe(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st)
 {
     colld_metrics_op(d, sqe->kind, sqe->dtype, payload_bytes(sqe), st);
-    colld_engine_complete(s, sqe->comm, sqe->seq, st);
+    retire(s, sqe, st);
 }
 
 /* Complete a queued op with a status and free it (lock held). */
 void colld_engine_fail_op(colld_op_t *op, colld_status_t st)
 {
     colld_metrics_op(op->session->daemon, op->d.kind, op->d.dtype, payload_bytes(&op->d), st);
-    colld_engine_complete(op->session, op->d.comm, op->d.seq, st);
+    retire(op->session, &op->d, st);
     if (op->send_reg)
         colld_session_release_reg(op->send_reg);
     if (op->recv_reg)
@@ -211,6 +221,14 @@ static colld_status_t validate(colld_session_t *s, colld_op_t *op, char *detail,
         snprintf(detail, len, "count %llu overflows", (unsigned long long)d->count);
         return COLLD_ERR_INVALID_ARGUMENT;
     }
+    if (d->flags & COLLD_SQE_FAST) {
+        /* A record: the ranks used their fast area, no buffer of theirs is touched here. */
+        if (!op->member->comm->fast) {
+            snprintf(detail, len, "fast-path record on a communicator without a fast area");
+            return COLLD_ERR_INVALID_ARGUMENT;
+        }
+        return COLLD_OK;
+    }
     uint64_t send_bytes = bytes, recv_bytes = bytes;
     switch (d->kind) {
     case COLLD_KIND_BROADCAST:
@@ -282,6 +300,10 @@ static void admit(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t 
         return;
     }
     op->arrival_ns = colld_now_ns();
+    /* A record carries the rank's own arrival time (it may be drained late); a time in the
+     * future is not believed. */
+    if ((sqe->flags & COLLD_SQE_FAST) && sqe->send.offset && sqe->send.offset < op->arrival_ns)
+        op->arrival_ns = sqe->send.offset;
     if (m->tail)
         m->tail->next = op;
     else
@@ -354,7 +376,8 @@ static coll_t *match_comm(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **r
             continue;
         const colld_wire_sqe_t *b = &c->ranks[r].head->d;
         same = a->kind == b->kind && a->dtype == b->dtype && a->count == b->count &&
-               (!has_op(a->kind) || a->redop == b->redop) && (!has_root(a->kind) || a->root == b->root);
+               (!has_op(a->kind) || a->redop == b->redop) && (!has_root(a->kind) || a->root == b->root) &&
+               (a->flags & COLLD_SQE_FAST) == (b->flags & COLLD_SQE_FAST);
     }
     if (!same) {
         char why[COLLD_DETAIL_LEN];
@@ -453,6 +476,47 @@ colld_op_t *colld_coll_lead(const colld_coll_t *k)
     return NULL;
 }
 
+/* True when a matched collective is a fast-path record (the ranks ran it). */
+static bool is_record(const coll_t *k)
+{
+    return (colld_coll_lead(k)->d.flags & COLLD_SQE_FAST) != 0;
+}
+
+/* Retire a matched fast-path record: record and count it; nothing runs, nothing is posted (lock
+ * held). Its time in the flight recorder is the last rank's arrival. */
+static void finish_record(colld_daemon_t *d, coll_t *k)
+{
+    uint64_t last = 0;
+    for (int r = 0; r < k->comm->nranks; r++)
+        if (k->ops[r] && k->ops[r]->arrival_ns > last)
+            last = k->ops[r]->arrival_ns;
+    k->start_ns = k->end_ns = last;
+    colld_engine_finish(d, k);
+}
+
+void colld_engine_catch_up(colld_daemon_t *d, colld_reply_t **replies)
+{
+    for (colld_session_t *s = d->sessions; s; s = s->next)
+        drain_session(d, s, replies);
+    for (colld_dcomm_t *c = d->comms; c; c = c->next) {
+        while (c->state == COLLD_COMM_READY && c->fast) {
+            const colld_op_t *lead = NULL;
+            bool all = true;
+            for (int r = 0; r < c->nranks && all; r++) {
+                all = c->ranks[r].head != NULL;
+                if (all && !lead)
+                    lead = c->ranks[r].head;
+            }
+            if (!all || !lead || !(lead->d.flags & COLLD_SQE_FAST))
+                break; /* real collectives are the engine thread's to run */
+            coll_t *k = match_comm(d, c, replies);
+            if (!k)
+                break;
+            finish_record(d, k);
+        }
+    }
+}
+
 /* Post the results of an executed collective and release everything it held (lock held). */
 void colld_engine_finish(colld_daemon_t *d, coll_t *k)
 {
@@ -490,6 +554,11 @@ static int engine_pass(colld_daemon_t *d, coll_t **batch, uint64_t *next_deadlin
         if (c->state != COLLD_COMM_READY)
             continue;
         coll_t *k = match_comm(d, c, replies);
+        if (k && is_record(k)) {
+            finish_record(d, k);
+            work++;
+            continue;
+        }
         if (k && c->x) {
             colld_cluster_submit(d, k); /* the network thread runs it */
             work++;

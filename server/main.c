@@ -102,6 +102,11 @@ static int finish_config(colld_daemon_t *d)
                 (unsigned long long)c->net_chunk);
         return -1;
     }
+    if (c->fast_path_bytes > (1u << 20) || c->fast_path_bytes % 64) {
+        fprintf(stderr, "colld: --fast-path-bytes: %llu must be 0..1M and a multiple of 64\n",
+                (unsigned long long)c->fast_path_bytes);
+        return -1;
+    }
     if (c->workers == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         c->workers = n > 0 ? n : 1;

@@ -684,9 +684,12 @@ static void conn_handle_request(http_conn_t *c, size_t end)
     process_info_t pi;
     textbuf_t b = { 0 };
     read_process_info(&pi);
+    colld_reply_t *replies = NULL;
     pthread_mutex_lock(&d->lock);
+    colld_engine_catch_up(d, &replies); /* count the collectives the ranks ran on fast areas */
     render(d, &pi, &b);
     pthread_mutex_unlock(&d->lock);
+    colld_replies_send(replies);
     if (b.failed) {
         LOG_WARN(ADMIN, "metrics: out of memory rendering %zu bytes", b.cap);
         free(b.data);

@@ -344,6 +344,28 @@ static int session_on_dereg(colld_session_t *s, const colld_wire_msg_t *m)
     return session_send(s, &ok, NULL, 0);
 }
 
+/* FAST_AREA: hand a member its communicator's fast area. */
+static int session_on_fast_area(colld_session_t *s, const colld_wire_msg_t *m)
+{
+    colld_daemon_t *d = s->daemon;
+    char detail[COLLD_WIRE_DETAIL_BYTES];
+    colld_status_t st = COLLD_OK;
+    uint64_t size = 0;
+    pthread_mutex_lock(&d->lock);
+    int fd = colld_fast_dup(s, m->u.fast.handle, &size, &st, detail, sizeof(detail));
+    pthread_mutex_unlock(&d->lock);
+    if (fd < 0)
+        return session_send_error(s, COLLD_MSG_FAST_AREA_REPLY, st, detail);
+    colld_wire_msg_t ok;
+    memset(&ok, 0, sizeof(ok));
+    ok.type = COLLD_MSG_FAST_AREA_REPLY;
+    ok.u.fast.handle = m->u.fast.handle;
+    ok.u.fast.size = size;
+    int rc = session_send(s, &ok, &fd, 1);
+    close(fd);
+    return rc;
+}
+
 /* Dispatch one complete message. Returns -1 to drop the session. */
 static int session_dispatch(colld_session_t *s, const colld_wire_msg_t *m)
 {
@@ -366,6 +388,8 @@ static int session_dispatch(colld_session_t *s, const colld_wire_msg_t *m)
         return session_on_reg(s, m);
     case COLLD_MSG_DEREG:
         return session_on_dereg(s, m);
+    case COLLD_MSG_FAST_AREA:
+        return session_on_fast_area(s, m);
     default:
         LOG_WARN(SESSION, "session %llu (pid %d): unknown message type %u", (unsigned long long)s->id,
                  (int)s->pid, m->type);
@@ -454,6 +478,8 @@ static void session_drop(colld_session_t *s, const char *why)
         pthread_mutex_unlock(&d->lock);
         return;
     }
+    /* What its ranks finished on fast areas is recorded before they leave. */
+    colld_engine_catch_up(d, &replies);
     s->dead = true;
     LOG_INFO(SESSION, "session %llu (pid %d) ended: %s", (unsigned long long)s->id, (int)s->pid, why);
     if (s->shm && s->role == COLLD_ROLE_CLIENT)

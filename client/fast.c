@@ -1,0 +1,410 @@
+/*
+ * fast.c - small collectives run by the ranks themselves on the communicator's fast area.
+ *
+ * A collective whose input per rank fits in a slot of the area (the daemon's --fast-path-bytes)
+ * skips the hand-off to the engine thread: this rank copies its input into its slot and publishes
+ * it, waits until every rank has published the same collective, then computes its own output from
+ * the slots in rank order with the same CPU kernels the daemon uses (so results are bitwise those
+ * of the engine path). The protocol and layout are in proto/wire.h. Whether a collective takes
+ * this path depends only on its signature and the communicator, so every rank decides alike.
+ *
+ * The daemon still sees every such collective: each rank posts a record descriptor (without
+ * waking the daemon) that the engine matches like any collective, so sequence numbers, the
+ * signature check (MISMATCH), time-outs naming the missing ranks and the flight recorder work as
+ * on the engine path. When the communicator breaks, the daemon writes the error into the area and
+ * wakes the waiting ranks. A rank that has to wait spins briefly (no system call), then yields,
+ * then wakes the daemon (so it takes the record and starts the time-out clock) and sleeps on the
+ * area's futex word.
+ */
+#include "client/client_internal.h"
+
+#include "common/log.h"
+#include "common/ring.h"
+#include "common/util.h"
+#include "kernels/cpu/reduce.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define SPIN_MAX_NS 50000ull     /* longest busy-wait before yielding the CPU */
+#define SPIN_START_NS 20000ull
+#define YIELD_NS 200000ull       /* then yield this long before sleeping */
+#define SLEEP_SLICE_NS 10000000ull /* a sleeper re-checks at least this often */
+#define LOCAL_GRACE_MS 2000      /* the daemon's time-out is the rule; this is the last resort */
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+static size_t hdr_bytes(void)
+{
+    return (sizeof(colld_wire_fast_t) + COLLD_WIRE_CACHELINE - 1) & ~(size_t)(COLLD_WIRE_CACHELINE - 1);
+}
+
+static colld_wire_fast_slot_t *slot_of(const colld_comm_t *comm, int rank, uint64_t seq)
+{
+    size_t i = (size_t)rank * COLLD_WIRE_FAST_DEPTH + (size_t)(seq % COLLD_WIRE_FAST_DEPTH);
+    return (colld_wire_fast_slot_t *)((char *)comm->fast + hdr_bytes() + i * comm->fast->slot_stride);
+}
+
+static char *payload_of(colld_wire_fast_slot_t *s)
+{
+    return (char *)(s + 1);
+}
+
+static bool has_op(unsigned kind)
+{
+    return kind == COLLD_KIND_ALLREDUCE || kind == COLLD_KIND_REDUCE || kind == COLLD_KIND_REDUCESCATTER;
+}
+
+static bool has_root(unsigned kind)
+{
+    return kind == COLLD_KIND_BROADCAST || kind == COLLD_KIND_REDUCE;
+}
+
+/* ============================================================================================
+ * Attaching
+ * ========================================================================================== */
+
+void colld__fast_attach(colld_comm_t *comm)
+{
+    colld_client_t *c = comm->client;
+    colld_wire_msg_t m, r;
+    memset(&m, 0, sizeof(m));
+    memset(&r, 0, sizeof(r));
+    m.type = COLLD_MSG_FAST_AREA;
+    m.u.fast.handle = comm->handle;
+    int fd = -1;
+    colld_status_t st = colld__sock_request(c, &m, -1, COLLD_MSG_FAST_AREA_REPLY, &r, &fd, 1);
+    if (st == COLLD_OK && r.status != COLLD_OK) {
+        r.u.detail[sizeof(r.u.detail) - 1] = '\0';
+        LOG_DEBUG(CLIENT, "communicator %llu: every collective goes through the daemon: %s",
+                  (unsigned long long)comm->comm_id, r.u.detail);
+        return;
+    }
+    if (st != COLLD_OK || fd < 0) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    uint64_t size = r.u.fast.size;
+    void *p = size >= hdr_bytes() && size <= SIZE_MAX ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                                                      : MAP_FAILED;
+    close(fd);
+    if (p == MAP_FAILED) {
+        LOG_WARN(CLIENT, "communicator %llu: cannot map its fast area; using the daemon for every collective",
+                 (unsigned long long)comm->comm_id);
+        return;
+    }
+    const colld_wire_fast_t *f = p;
+    uint64_t need = 0;
+    bool ok = f->magic == COLLD_WIRE_FAST_MAGIC && f->nranks == (uint32_t)comm->nranks && f->total_size == size &&
+              f->slot_stride % COLLD_WIRE_CACHELINE == 0 &&
+              f->slot_stride >= sizeof(colld_wire_fast_slot_t) + (uint64_t)f->slot_bytes &&
+              colld_mul_ok((uint64_t)f->slot_stride, (uint64_t)comm->nranks * COLLD_WIRE_FAST_DEPTH, &need) &&
+              need <= size - hdr_bytes();
+    void *scratch = NULL;
+    const void **in = NULL;
+    if (ok) {
+        scratch = aligned_alloc(COLLD_WIRE_CACHELINE, ((size_t)f->slot_bytes + 63) & ~(size_t)63);
+        in = calloc((size_t)comm->nranks, sizeof(*in));
+    }
+    if (!ok || !scratch || !in) {
+        if (!ok)
+            LOG_WARN(CLIENT, "communicator %llu: the daemon's fast area is malformed; not using it",
+                     (unsigned long long)comm->comm_id);
+        free(scratch);
+        free(in);
+        munmap(p, size);
+        return;
+    }
+    comm->fast = p;
+    comm->fast_size = size;
+    comm->fast_scratch = scratch;
+    comm->fast_in = in;
+    /* More ranks than CPUs: a rank that busy-waits only keeps a peer it waits for off a CPU. */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    comm->spin_max_ns = cpus > 0 && comm->nranks > cpus ? 0 : SPIN_MAX_NS;
+    comm->spin_ns = COLLD_MIN(SPIN_START_NS, comm->spin_max_ns);
+}
+
+void colld__fast_detach(colld_comm_t *comm)
+{
+    if (!comm->fast)
+        return;
+    munmap(comm->fast, comm->fast_size);
+    free(comm->fast_scratch);
+    free(comm->fast_in);
+    comm->fast = NULL;
+    comm->fast_scratch = NULL;
+    comm->fast_in = NULL;
+}
+
+/* Bytes of this rank's input that go into its slot (the same on every rank but for a broadcast
+ * non-root, which writes none; eligibility uses the full size so that every rank decides alike). */
+static bool input_bytes(const colld_comm_t *comm, colld_kind_t kind, size_t count, colld_dtype_t dtype, uint64_t *out)
+{
+    uint64_t b;
+    if (!colld_mul_ok(count, colld_dtype_size(dtype), &b))
+        return false;
+    if (kind == COLLD_KIND_REDUCESCATTER && !colld_mul_ok(b, (uint64_t)comm->nranks, &b))
+        return false;
+    *out = b;
+    return true;
+}
+
+bool colld__fast_eligible(const colld_comm_t *comm, colld_kind_t kind, size_t count, colld_dtype_t dtype)
+{
+    uint64_t b;
+    return comm->fast && input_bytes(comm, kind, count, dtype, &b) && b <= comm->fast->slot_bytes;
+}
+
+/* ============================================================================================
+ * Starting
+ * ========================================================================================== */
+
+/* Reject a buffer range that starts inside one of our registrations and runs past its end, as
+ * the engine path does (anything else is the caller's own memory). */
+static colld_status_t check_range(colld_comm_t *comm, const void *p, size_t bytes, const char *which, char *why,
+                                  size_t why_len)
+{
+    if (!bytes)
+        return COLLD_OK;
+    if (!p) {
+        snprintf(why, why_len, "%s is NULL", which);
+        return COLLD_ERR_INVALID_ARGUMENT;
+    }
+    colld_wire_buf_t b;
+    pthread_mutex_lock(&comm->client->mu);
+    int rc = colld__client_lookup(comm->client, p, bytes, &b);
+    pthread_mutex_unlock(&comm->client->mu);
+    if (rc == -2) {
+        snprintf(why, why_len, "%s (%p): %zu bytes run past the end of its buffer", which, p, bytes);
+        return COLLD_ERR_INVALID_ARGUMENT;
+    }
+    return COLLD_OK;
+}
+
+colld_status_t colld__fast_start(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes,
+                                 void *recv, size_t recv_bytes, size_t count, colld_dtype_t dtype, colld_redop_t op,
+                                 int root, char *why, size_t why_len)
+{
+    colld_status_t st = check_range(comm, send, send_bytes, "sendbuf", why, why_len);
+    if (st == COLLD_OK)
+        st = check_range(comm, recv, recv_bytes, "recvbuf", why, why_len);
+    if (st != COLLD_OK)
+        return st;
+    uint64_t seq = comm->seq + 1;
+    uint8_t redop = has_op(kind) ? (uint8_t)op : 0;
+    /* The record goes first: once a peer sees our slot it may finish and leave, and the daemon
+     * must then find our record already in the ring. */
+    colld_wire_sqe_t rec;
+    memset(&rec, 0, sizeof(rec));
+    rec.seq = seq;
+    rec.count = count;
+    rec.comm = comm->handle;
+    rec.kind = (uint8_t)kind;
+    rec.dtype = (uint8_t)dtype;
+    rec.redop = redop;
+    rec.flags = COLLD_SQE_FAST;
+    rec.root = root;
+    rec.send.offset = colld_now_ns();
+    st = colld__client_record(comm->client, &rec);
+    if (st != COLLD_OK) {
+        snprintf(why, why_len, "cannot post the collective's record: %s", colld_status_string(st));
+        return st;
+    }
+    comm->seq = seq;
+    colld_wire_fast_slot_t *s = slot_of(comm, comm->rank, seq);
+    if (send_bytes)
+        memcpy(payload_of(s), send, send_bytes);
+    s->count = count;
+    s->kind = (uint8_t)kind;
+    s->dtype = (uint8_t)dtype;
+    s->redop = redop;
+    s->flags = 0;
+    s->root = root;
+    __atomic_store_n(&s->seq, seq, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&comm->fast->gen, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&comm->fast->sleepers, __ATOMIC_SEQ_CST))
+        colld_futex_wake_all(&comm->fast->gen);
+    comm->fop = (colld_fast_op_t){ .active = true, .seq = seq, .kind = (uint8_t)kind, .dtype = (uint8_t)dtype,
+                                   .redop = redop, .root = root, .count = count, .recv = recv,
+                                   .arrival_ns = rec.send.offset };
+    return COLLD_OK;
+}
+
+/* ============================================================================================
+ * Finishing
+ * ========================================================================================== */
+
+/* 1: every rank published this collective with our signature; 0: not all yet; -1: a slot holds
+ * something else (a different call: the daemon's signature check will name it). */
+static int slots_ready(const colld_comm_t *comm)
+{
+    const colld_fast_op_t *f = &comm->fop;
+    for (int j = 0; j < comm->nranks; j++) {
+        const colld_wire_fast_slot_t *s = slot_of(comm, j, f->seq);
+        uint64_t seq = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
+        if (seq < f->seq)
+            return 0;
+        if (seq > f->seq || s->kind != f->kind || s->dtype != f->dtype || s->count != f->count ||
+            (has_op(f->kind) && s->redop != f->redop) || (has_root(f->kind) && s->root != f->root))
+            return -1;
+    }
+    return 1;
+}
+
+/* Compute this rank's output from the published slots. */
+static void compute(colld_comm_t *comm)
+{
+    const colld_fast_op_t *f = &comm->fop;
+    colld_dtype_t dt = (colld_dtype_t)f->dtype;
+    size_t es = colld_dtype_size(dt), bytes = (size_t)f->count * es;
+    int n = comm->nranks, me = comm->rank;
+    if (!bytes)
+        return;
+    switch ((colld_kind_t)f->kind) {
+    case COLLD_KIND_BROADCAST:
+        memmove(f->recv, payload_of(slot_of(comm, f->root, f->seq)), bytes);
+        return;
+    case COLLD_KIND_ALLGATHER:
+        for (int j = 0; j < n; j++)
+            memmove((char *)f->recv + (size_t)j * bytes, payload_of(slot_of(comm, j, f->seq)), bytes);
+        return;
+    case COLLD_KIND_REDUCE:
+        if (me != f->root)
+            return;
+        /* fall through */
+    case COLLD_KIND_ALLREDUCE:
+    case COLLD_KIND_REDUCESCATTER: {
+        size_t off = f->kind == COLLD_KIND_REDUCESCATTER ? (size_t)me * bytes : 0;
+        for (int j = 0; j < n; j++)
+            comm->fast_in[j] = payload_of(slot_of(comm, j, f->seq)) + off;
+        /* The kernels want element-aligned pointers; the slots are, the caller's buffer may not be. */
+        bool aligned = (uintptr_t)f->recv % es == 0;
+        void *out = aligned ? f->recv : comm->fast_scratch;
+        colld_cpu_reduce(dt, (colld_redop_t)f->redop, comm->fast_in, n, &out, 1, f->count);
+        if (!aligned)
+            memcpy(f->recv, comm->fast_scratch, bytes);
+        return;
+    }
+    }
+}
+
+/* The collective failed: the communicator keeps the first error (its detail comes from the
+ * daemon, or was written here). */
+static colld_status_t fail(colld_comm_t *comm, colld_status_t st, const char *detail)
+{
+    comm->fop.active = false;
+    colld_status_t ok = COLLD_OK;
+    if (__atomic_compare_exchange_n(&comm->async_error, &ok, st, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED) &&
+        detail) {
+        snprintf(comm->last_error, sizeof(comm->last_error), "%s: %.440s", colld_status_name(st), detail);
+        comm->detail_fetched = true;
+    }
+    return st;
+}
+
+/* The last resort when the daemon has said nothing long after the time-out: name the ranks this
+ * rank never saw. */
+static colld_status_t local_timeout(colld_comm_t *comm)
+{
+    char why[COLLD_CLIENT_DETAIL_LEN];
+    int off = snprintf(why, sizeof(why), "collective #%llu: no verdict from the daemon %d ms after the %d ms "
+                                         "time-out; ranks not seen on the fast area:",
+                       (unsigned long long)comm->fop.seq, LOCAL_GRACE_MS, comm->timeout_ms);
+    for (int j = 0; j < comm->nranks && off < (int)sizeof(why) - 12; j++)
+        if (__atomic_load_n(&slot_of(comm, j, comm->fop.seq)->seq, __ATOMIC_ACQUIRE) != comm->fop.seq)
+            off += snprintf(why + off, sizeof(why) - (size_t)off, " %d", j);
+    LOG_WARN(CLIENT, "%s", why);
+    return fail(comm, COLLD_ERR_TIMEOUT, why);
+}
+
+/* Wake the daemon if it sleeps, so it takes our record (and times the collective out). */
+static void kick_daemon(colld_client_t *c)
+{
+    if (COLLD_LOAD_SC(&c->shm->sq.need_wakeup)) {
+        uint64_t one = 1;
+        ssize_t rc = write(c->efd, &one, sizeof(one));
+        (void)rc;
+    }
+}
+
+/* Sleep on the area's futex word unless something changed since `gen` was read. */
+static void sleep_on_area(colld_comm_t *comm, uint32_t gen)
+{
+    colld_wire_fast_t *f = comm->fast;
+    __atomic_add_fetch(&f->sleepers, 1, __ATOMIC_SEQ_CST);
+    if (slots_ready(comm) != 1 && !__atomic_load_n(&f->status, __ATOMIC_SEQ_CST) && !atomic_load(&comm->client->lost))
+        colld_futex_wait(&f->gen, gen, SLEEP_SLICE_NS);
+    __atomic_sub_fetch(&f->sleepers, 1, __ATOMIC_SEQ_CST);
+}
+
+colld_status_t colld__fast_finish(colld_comm_t *comm, bool block)
+{
+    if (!comm->fop.active)
+        return COLLD_OK;
+    colld_client_t *c = comm->client;
+    uint64_t start = 0, now = 0;
+    bool kicked = false;
+    for (unsigned iter = 0;; iter++) {
+        uint32_t gen = __atomic_load_n(&comm->fast->gen, __ATOMIC_SEQ_CST);
+        int ready = slots_ready(comm);
+        if (ready == 1) {
+            compute(comm);
+            comm->fop.active = false;
+            /* Adapt the busy-wait: longer while peers come within it, shorter when they do not
+             * (oversubscribed CPUs, where spinning only delays the peer we wait for). */
+            if (start == 0 || now - start <= comm->spin_ns)
+                comm->spin_ns = COLLD_MIN(comm->spin_ns * 2 + 1000, comm->spin_max_ns);
+            else
+                comm->spin_ns /= 2;
+            return COLLD_OK;
+        }
+        int32_t area = __atomic_load_n(&comm->fast->status, __ATOMIC_SEQ_CST);
+        if (area != COLLD_OK)
+            return fail(comm, (colld_status_t)area, NULL);
+        colld_status_t err = __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED);
+        if (err != COLLD_OK) /* aborted here, or a notice of a fault */
+            return fail(comm, err, NULL);
+        if (atomic_load(&c->lost))
+            return fail(comm, COLLD_ERR_DAEMON_LOST, "the connection to the colld daemon was lost");
+        if (!block)
+            return COLLD_INPROGRESS;
+        if ((iter & 31) == 0) {
+            now = colld_now_ns();
+            if (!start)
+                start = now;
+        }
+        uint64_t waited = now - start;
+        if (ready == 0 && waited < comm->spin_ns) {
+            cpu_relax();
+            continue;
+        }
+        if (ready == 0 && waited < comm->spin_ns + YIELD_NS) {
+            sched_yield();
+            continue;
+        }
+        /* Sleep: first make sure the daemon has our record (a different call on another rank,
+         * ready == -1, is its to report), and keep reading its notices. */
+        if (!kicked) {
+            kick_daemon(c);
+            kicked = true;
+        }
+        colld__client_poll(c);
+        if (waited > ((uint64_t)comm->timeout_ms + LOCAL_GRACE_MS) * 1000000ull)
+            return local_timeout(comm);
+        sleep_on_area(comm, gen);
+        now = colld_now_ns();
+    }
+}
