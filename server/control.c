@@ -492,6 +492,7 @@ static int trace_entry(Colld__V1__TraceEntry *e, const colld_trace_rec_t *t, con
                                                                                               : colld_redop_name(t->redop));
     e->count = t->count;
     e->root = t->root;
+    e->path = (char *)((t->flags & COLLD_SQE_FAST) ? "fast" : "engine");
     e->status = t->status;
     e->first_arrival_unix_us = (int64_t)(t->first_ns / 1000) + mono_to_unix_us;
     e->arrival_us = calloc((size_t)nranks, sizeof(*e->arrival_us));
@@ -580,6 +581,7 @@ static void on_trace(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *
             pending_rec.kind = (uint8_t)op->d.kind;
             pending_rec.dtype = (uint8_t)op->d.dtype;
             pending_rec.redop = (uint8_t)op->d.redop;
+            pending_rec.flags = op->d.flags & COLLD_SQE_FAST;
             pending_rec.root = op->d.root;
         }
     }

@@ -174,6 +174,7 @@ typedef struct {
     uint64_t seq;
     uint64_t count;
     uint8_t kind, dtype, redop;
+    uint8_t flags;  /* COLLD_SQE_FAST: the ranks ran it on the fast area */
     int32_t root;
     colld_status_t status;
     uint64_t first_ns, start_ns, end_ns; /* start_ns 0: never started */

@@ -92,6 +92,7 @@ static void fill_call(colld_trace_rec_t *t, const colld_wire_sqe_t *d)
     t->kind = (uint8_t)d->kind;
     t->dtype = (uint8_t)d->dtype;
     t->redop = (uint8_t)d->redop;
+    t->flags = d->flags & COLLD_SQE_FAST;
     t->root = d->root;
 }
 

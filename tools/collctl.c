@@ -340,16 +340,16 @@ static void trace_text(const Colld__V1__TraceResponse *r)
         printf("error: %s: %s\n", colld_status_name((colld_status_t)r->comm_status), r->comm_detail);
     printf("flight recorder: %llu collectives recorded, last %u kept (times in ms after the first rank posted)\n\n",
            (unsigned long long)r->recorded, r->capacity);
-    printf("%6s %-13s %-8s %-4s %10s %-20s %-15s %9s %9s  %s\n", "SEQ", "COLLECTIVE", "DTYPE", "OP", "COUNT", "STATUS",
-           "FIRST-POSTED", "START", "END", "ARRIVALS");
+    printf("%6s %-13s %-8s %-4s %10s %-6s %-20s %-15s %9s %9s  %s\n", "SEQ", "COLLECTIVE", "DTYPE", "OP", "COUNT",
+           "PATH", "STATUS", "FIRST-POSTED", "START", "END", "ARRIVALS");
     for (size_t i = 0; i < r->n_entries; i++) {
         const Colld__V1__TraceEntry *e = r->entries[i];
         char when[32], start[32], end[32];
         fmt_time_us(e->first_arrival_unix_us, when, sizeof(when));
         fmt_after(e->start_us, start, sizeof(start));
         fmt_after(e->end_us, end, sizeof(end));
-        printf("%6llu %-13s %-8s %-4s %10llu %-20s %-15s %9s %9s ", (unsigned long long)e->seq, e->kind, e->dtype,
-               e->redop, (unsigned long long)e->count, short_status(e->status), when, start, end);
+        printf("%6llu %-13s %-8s %-4s %10llu %-6s %-20s %-15s %9s %9s ", (unsigned long long)e->seq, e->kind,
+               e->dtype, e->redop, (unsigned long long)e->count, e->path, short_status(e->status), when, start, end);
         print_arrivals(e);
         printf("\n");
     }
@@ -384,7 +384,9 @@ static void trace_json(const Colld__V1__TraceResponse *r)
         json_str(e->dtype);
         printf(",\"op\":");
         json_str(e->redop);
-        printf(",\"count\":%llu,\"root\":%d,\"status\":", (unsigned long long)e->count, e->root);
+        printf(",\"count\":%llu,\"root\":%d,\"path\":", (unsigned long long)e->count, e->root);
+        json_str(e->path);
+        printf(",\"status\":");
         json_str(short_status(e->status));
         printf(",\"first_arrival_unix_us\":%lld,\"start_us\":%lld,\"end_us\":%lld,\"arrival_us\":[",
                (long long)e->first_arrival_unix_us, (long long)e->start_us, (long long)e->end_us);

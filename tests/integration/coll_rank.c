@@ -28,6 +28,12 @@
  *            then a real allgather and broadcast prove the communicator still works.
  *   call     one collective --call KIND:DTYPE:OP:COUNT:ROOT; with --expect NAME the synchronize
  *            status must be NAME and the error detail is printed on stdout (--out FILE).
+ *   chain    --iters rounds of reduce-scatter (x -> y) then all-gather (y -> x), float32 sum,
+ *            --chain-count K elements per rank, posted back to back with one synchronize at the
+ *            end: each call reads what the one before wrote. With the default fast-path size and
+ *            2 ranks, K = 3000 sends the reduce-scatter (24000 B per rank) through the engine and
+ *            the all-gather (12000 B) through the fast area, so the ordering between the two paths
+ *            is checked. Rank 0 then stops at checkpoint --iters if asked.
  *
  * Exit code: 0 everything matched (or the expected status came); 1 a mismatch or an unexpected
  * status (the first mismatches are printed on stderr with full context); 2 bad arguments.
@@ -70,6 +76,7 @@ static void (*pattern)(colld_dtype_t, int, unsigned, size_t, size_t, void *) = c
 typedef struct {
     const char *socket, *uid_hex, *mode, *expect, *sync_dir, *call, *checkpoints;
     int nranks, rank, timeout_ms, iters, rotate, group_size, max_report;
+    size_t chain_count;
     unsigned salt;
     unsigned kinds, dtypes, ops; /* bit masks */
     bool inplace, outofplace, big, big_all;
@@ -775,6 +782,52 @@ static int mode_call(run_t *R)
     return 0;
 }
 
+/* Input of rank r, element i of the chain: -2..2, so every sum stays exact in float32. */
+static float chain_value(int r, size_t i)
+{
+    return (float)((int)((i * 7 + (size_t)r * 13) % 5) - 2);
+}
+
+static int mode_chain(run_t *R)
+{
+    size_t k = R->a->chain_count, n = (size_t)R->n;
+    if (!k || n * k * sizeof(float) + 2 * GUARD > R->reg_bytes) {
+        fprintf(stderr, "rank %d: --chain-count %zu does not fit\n", R->rank, k);
+        return 2;
+    }
+    float *x = (float *)(R->sreg + GUARD), *y = (float *)(R->rreg + GUARD);
+    for (size_t i = 0; i < n * k; i++)
+        x[i] = chain_value(R->rank, i);
+    colld_status_t st = COLLD_OK;
+    for (int it = 0; it < R->a->iters && st == COLLD_OK; it++) {
+        st = colld_reducescatter(x, y, k, COLLD_FLOAT32, COLLD_SUM, R->comm, NULL);
+        if (st == COLLD_OK)
+            st = colld_allgather(y, x, k, COLLD_FLOAT32, R->comm, NULL);
+        R->collectives += 2;
+    }
+    if (st == COLLD_OK)
+        st = colld_comm_synchronize(R->comm);
+    if (st != COLLD_OK) {
+        fprintf(stderr, "rank %d: chain: %s (%s)\n", R->rank, colld_status_name(st), colld_comm_last_error(R->comm));
+        return 1;
+    }
+    /* After R rounds every element is n^(R-1) times the sum of the ranks' inputs. */
+    float scale = 1;
+    for (int it = 1; it < R->a->iters; it++)
+        scale *= (float)n;
+    for (size_t i = 0; i < n * k; i++) {
+        float sum = 0;
+        for (size_t r = 0; r < n; r++)
+            sum += chain_value((int)r, i);
+        if (x[i] != sum * scale && R->bad++ < 5)
+            fprintf(stderr, "rank %d: chain: element %zu is %g, expected %g\n", R->rank, i, (double)x[i],
+                    (double)(sum * scale));
+    }
+    if (checkpoint(R, R->a->iters) < 0)
+        return 1;
+    return R->bad ? 1 : 0;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Set-up
  * ------------------------------------------------------------------------------------------- */
@@ -808,6 +861,8 @@ static size_t needed_bytes(const args_t *a)
         most = 1001 * 8;
     else if (strcmp(a->mode, "small") == 0)
         most = 64 * 8;
+    else if (strcmp(a->mode, "chain") == 0)
+        most = a->chain_count * sizeof(float);
     else if (strcmp(a->mode, "group") == 0 || strcmp(a->mode, "group-invalid") == 0)
         return group_slot_bytes(&(run_t){ .n = a->nranks }) * (size_t)(a->group_size < 16 ? 16 : a->group_size);
     else
@@ -864,6 +919,8 @@ static int parse_args(int argc, char **argv, args_t *a)
             a->checkpoints = v;
         else if (ARG("--call"))
             a->call = v;
+        else if (ARG("--chain-count"))
+            a->chain_count = strtoull(v, NULL, 10);
         else if (ARG("--expect"))
             a->expect = v;
         else if (ARG("--out")) {
@@ -950,6 +1007,8 @@ int main(int argc, char **argv)
         rc = mode_badargs(&R);
     else if (strcmp(a.mode, "call") == 0)
         rc = mode_call(&R);
+    else if (strcmp(a.mode, "chain") == 0)
+        rc = mode_chain(&R);
     else {
         fprintf(stderr, "coll_rank: unknown mode %s\n", a.mode);
         rc = 2;
