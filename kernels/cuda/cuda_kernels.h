@@ -25,6 +25,14 @@
  * CUDA refuses the launch (no device, no kernel image for this GPU, a sticky error from an earlier
  * fault in the context, ...). Nothing is launched when a call fails. colld_cuda_last_error() then
  * says why in words.
+ *
+ * How the collectives of one node map onto launches (one per GPU g of N ranks, no batching needed):
+ *   all-reduce      reduce(in = every rank's sendbuf + slice_g, out = every rank's recvbuf + slice_g)
+ *   reduce          reduce(in = every rank's sendbuf + slice_g, out = root's recvbuf + slice_g)
+ *   reduce-scatter  reduce(in = every rank's sendbuf + g * recvcount, out = rank g's recvbuf)
+ *   broadcast       copy(src = root's sendbuf + slice_g, out = every rank's recvbuf + slice_g)
+ *   all-gather      copy(src = rank g's sendbuf, out = every rank's recvbuf + g * sendcount)
+ * In place (sendbuf == recvbuf, or the rank's slice of it) needs nothing special in any of them.
  */
 #ifndef COLLD_KERNELS_CUDA_CUDA_KERNELS_H
 #define COLLD_KERNELS_CUDA_CUDA_KERNELS_H
