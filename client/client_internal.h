@@ -88,6 +88,7 @@ typedef struct {
     uint64_t count;
     void *recv;
     uint64_t arrival_ns;
+    bool recorded; /* its record went to the daemon (the rank had to wait) */
 } colld_fast_op_t;
 
 struct colld_comm {
@@ -126,8 +127,7 @@ colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *s
 colld_status_t colld__client_wait(colld_client_t *c, colld_comm_t *comm);
 /* Reap completions without waiting. */
 void colld__client_poll(colld_client_t *c);
-/* Post a fast-path record without waking the daemon (it takes records when it next runs; a full
- * ring wakes it). */
+/* Post a fast-path record (the caller wakes the daemon). */
 colld_status_t colld__client_record(colld_client_t *c, const colld_wire_sqe_t *sqe);
 /* One request/reply exchange on the session socket, receiving up to nfds_out fds. */
 colld_status_t colld__sock_request(colld_client_t *c, colld_wire_msg_t *m, int fd, uint16_t reply_type,

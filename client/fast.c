@@ -8,13 +8,14 @@
  * of the engine path). The protocol and layout are in proto/wire.h. Whether a collective takes
  * this path depends only on its signature and the communicator, so every rank decides alike.
  *
- * The daemon still sees every such collective: each rank posts a record descriptor (without
- * waking the daemon) that the engine matches like any collective, so sequence numbers, the
- * signature check (MISMATCH), time-outs naming the missing ranks and the flight recorder work as
- * on the engine path. When the communicator breaks, the daemon writes the error into the area and
- * wakes the waiting ranks. A rank that has to wait spins briefly (no system call), then yields,
- * then wakes the daemon (so it takes the record and starts the time-out clock) and sleeps on the
- * area's futex word.
+ * The daemon is off this path but stays the authority: a rank that has waited a while (or that
+ * finds a different call in a peer's slot) posts a record of its collective and wakes the
+ * daemon, which checks it against the other ranks' records, engine descriptors and slots
+ * (MISMATCH naming each call), times it out naming the ranks that never came, and records it in
+ * the flight recorder. When the communicator breaks, the daemon writes the error into the area
+ * and wakes the waiting ranks. A waiting rank spins briefly (no system call), then yields, then
+ * posts its record and sleeps on the area's futex word. Each rank counts what it finished in its
+ * stats block of the area, which the daemon's metrics read.
  */
 #include "client/client_internal.h"
 
@@ -45,15 +46,16 @@
 #define cpu_relax() ((void)0)
 #endif
 
-static size_t hdr_bytes(void)
-{
-    return (sizeof(colld_wire_fast_t) + COLLD_WIRE_CACHELINE - 1) & ~(size_t)(COLLD_WIRE_CACHELINE - 1);
-}
-
 static colld_wire_fast_slot_t *slot_of(const colld_comm_t *comm, int rank, uint64_t seq)
 {
     size_t i = (size_t)rank * COLLD_WIRE_FAST_DEPTH + (size_t)(seq % COLLD_WIRE_FAST_DEPTH);
-    return (colld_wire_fast_slot_t *)((char *)comm->fast + hdr_bytes() + i * comm->fast->slot_stride);
+    return (colld_wire_fast_slot_t *)((char *)comm->fast + COLLD_WIRE_FAST_SLOTS_OFFSET(comm->nranks) +
+                                      i * comm->fast->slot_stride);
+}
+
+static colld_wire_fast_stats_t *my_stats(const colld_comm_t *comm)
+{
+    return (colld_wire_fast_stats_t *)((char *)comm->fast + COLLD_WIRE_FAST_STATS_OFFSET) + comm->rank;
 }
 
 static char *payload_of(colld_wire_fast_slot_t *s)
@@ -97,8 +99,9 @@ void colld__fast_attach(colld_comm_t *comm)
         return;
     }
     uint64_t size = r.u.fast.size;
-    void *p = size >= hdr_bytes() && size <= SIZE_MAX ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                                                      : MAP_FAILED;
+    size_t slots = COLLD_WIRE_FAST_SLOTS_OFFSET(comm->nranks);
+    void *p = size >= slots && size <= SIZE_MAX ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                                                : MAP_FAILED;
     close(fd);
     if (p == MAP_FAILED) {
         LOG_WARN(CLIENT, "communicator %llu: cannot map its fast area; using the daemon for every collective",
@@ -111,7 +114,7 @@ void colld__fast_attach(colld_comm_t *comm)
               f->slot_stride % COLLD_WIRE_CACHELINE == 0 &&
               f->slot_stride >= sizeof(colld_wire_fast_slot_t) + (uint64_t)f->slot_bytes &&
               colld_mul_ok((uint64_t)f->slot_stride, (uint64_t)comm->nranks * COLLD_WIRE_FAST_DEPTH, &need) &&
-              need <= size - hdr_bytes();
+              need <= size - slots;
     void *scratch = NULL;
     const void **in = NULL;
     if (ok) {
@@ -203,27 +206,9 @@ colld_status_t colld__fast_start(colld_comm_t *comm, colld_kind_t kind, const vo
         st = check_range(comm, recv, recv_bytes, "recvbuf", why, why_len);
     if (st != COLLD_OK)
         return st;
-    uint64_t seq = comm->seq + 1;
+    uint64_t seq = ++comm->seq;
     uint8_t redop = has_op(kind) ? (uint8_t)op : 0;
-    /* The record goes first: once a peer sees our slot it may finish and leave, and the daemon
-     * must then find our record already in the ring. */
-    colld_wire_sqe_t rec;
-    memset(&rec, 0, sizeof(rec));
-    rec.seq = seq;
-    rec.count = count;
-    rec.comm = comm->handle;
-    rec.kind = (uint8_t)kind;
-    rec.dtype = (uint8_t)dtype;
-    rec.redop = redop;
-    rec.flags = COLLD_SQE_FAST;
-    rec.root = root;
-    rec.send.offset = colld_now_ns();
-    st = colld__client_record(comm->client, &rec);
-    if (st != COLLD_OK) {
-        snprintf(why, why_len, "cannot post the collective's record: %s", colld_status_string(st));
-        return st;
-    }
-    comm->seq = seq;
+    uint64_t now = colld_now_ns();
     colld_wire_fast_slot_t *s = slot_of(comm, comm->rank, seq);
     if (send_bytes)
         memcpy(payload_of(s), send, send_bytes);
@@ -233,14 +218,40 @@ colld_status_t colld__fast_start(colld_comm_t *comm, colld_kind_t kind, const vo
     s->redop = redop;
     s->flags = 0;
     s->root = root;
+    s->arrival_ns = now;
     __atomic_store_n(&s->seq, seq, __ATOMIC_RELEASE);
     __atomic_add_fetch(&comm->fast->gen, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&comm->fast->sleepers, __ATOMIC_SEQ_CST))
         colld_futex_wake_all(&comm->fast->gen);
     comm->fop = (colld_fast_op_t){ .active = true, .seq = seq, .kind = (uint8_t)kind, .dtype = (uint8_t)dtype,
-                                   .redop = redop, .root = root, .count = count, .recv = recv,
-                                   .arrival_ns = rec.send.offset };
+                                   .redop = redop, .root = root, .count = count, .recv = recv, .arrival_ns = now };
     return COLLD_OK;
+}
+
+/* Tell the daemon that this rank waits for the collective in flight (once per collective), and
+ * wake it: it checks the call against the other ranks and starts the time-out clock. */
+static void post_record(colld_comm_t *comm)
+{
+    colld_fast_op_t *f = &comm->fop;
+    if (f->recorded)
+        return;
+    f->recorded = true;
+    colld_wire_sqe_t rec;
+    memset(&rec, 0, sizeof(rec));
+    rec.seq = f->seq;
+    rec.count = f->count;
+    rec.comm = comm->handle;
+    rec.kind = f->kind;
+    rec.dtype = f->dtype;
+    rec.redop = f->redop;
+    rec.flags = COLLD_SQE_FAST;
+    rec.root = f->root;
+    rec.send.offset = f->arrival_ns;
+    if (colld__client_record(comm->client, &rec) == COLLD_OK) {
+        uint64_t one = 1;
+        ssize_t rc = write(comm->client->efd, &one, sizeof(one));
+        (void)rc;
+    }
 }
 
 /* ============================================================================================
@@ -330,16 +341,6 @@ static colld_status_t local_timeout(colld_comm_t *comm)
     return fail(comm, COLLD_ERR_TIMEOUT, why);
 }
 
-/* Wake the daemon if it sleeps, so it takes our record (and times the collective out). */
-static void kick_daemon(colld_client_t *c)
-{
-    if (COLLD_LOAD_SC(&c->shm->sq.need_wakeup)) {
-        uint64_t one = 1;
-        ssize_t rc = write(c->efd, &one, sizeof(one));
-        (void)rc;
-    }
-}
-
 /* Sleep on the area's futex word unless something changed since `gen` was read. */
 static void sleep_on_area(colld_comm_t *comm, uint32_t gen)
 {
@@ -356,13 +357,18 @@ colld_status_t colld__fast_finish(colld_comm_t *comm, bool block)
         return COLLD_OK;
     colld_client_t *c = comm->client;
     uint64_t start = 0, now = 0;
-    bool kicked = false;
     for (unsigned iter = 0;; iter++) {
         uint32_t gen = __atomic_load_n(&comm->fast->gen, __ATOMIC_SEQ_CST);
         int ready = slots_ready(comm);
         if (ready == 1) {
             compute(comm);
             comm->fop.active = false;
+            colld_wire_fast_stats_t *st = my_stats(comm);
+            unsigned k = comm->fop.kind - 1u, t = comm->fop.dtype;
+            if (k < COLLD_WIRE_FAST_KINDS && t < COLLD_WIRE_FAST_DTYPES) {
+                st->ops[k][t]++;
+                st->bytes[k][t] += comm->fop.count * colld_dtype_size((colld_dtype_t)t);
+            }
             /* Adapt the busy-wait: longer while peers come within it, shorter when they do not
              * (oversubscribed CPUs, where spinning only delays the peer we wait for). */
             if (start == 0 || now - start <= comm->spin_ns)
@@ -395,12 +401,9 @@ colld_status_t colld__fast_finish(colld_comm_t *comm, bool block)
             sched_yield();
             continue;
         }
-        /* Sleep: first make sure the daemon has our record (a different call on another rank,
-         * ready == -1, is its to report), and keep reading its notices. */
-        if (!kicked) {
-            kick_daemon(c);
-            kicked = true;
-        }
+        /* Sleep: first tell the daemon (a different call on another rank, ready == -1, is its
+         * to report), and keep reading its notices. */
+        post_record(comm);
         colld__client_poll(c);
         if (waited > ((uint64_t)comm->timeout_ms + LOCAL_GRACE_MS) * 1000000ull)
             return local_timeout(comm);

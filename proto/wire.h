@@ -54,10 +54,13 @@ typedef struct {
 } colld_wire_buf_t;
 
 /* sqe.flags */
-/* A record, not a request: the ranks ran this collective themselves on the communicator's fast
- * area (below). The daemon matches and checks it like any collective (so the sequence numbers,
- * the signature check, time-outs and the flight recorder cover it) but executes nothing and posts
- * no completion. `send.offset` carries the rank's arrival time (CLOCK_MONOTONIC ns). */
+/* A record, not a request: a rank that has waited a while for a collective on the
+ * communicator's fast area (below), or that saw a different call in a peer's slot, tells the daemon
+ * so. The daemon checks it against the other ranks (their records, their engine descriptors and
+ * their slots) for a signature mismatch and for the time-out, records it in the flight recorder,
+ * executes nothing and posts no completion. `send.offset` carries the rank's arrival time
+ * (CLOCK_MONOTONIC ns). Collectives that nobody waited for produce no record; their sequence
+ * numbers are simply skipped in the descriptors the daemon sees. */
 #define COLLD_SQE_FAST 0x01u
 
 /* One work descriptor (64 bytes). `seq` counts from 1 per (session, communicator handle). */
@@ -124,11 +127,14 @@ typedef struct {
  * per rank (by seq parity) are never overwritten while a peer still reads them.
  *
  *   colld_wire_fast_t       header: the daemon's verdict and a futex word
+ *   stats[rank]             colld_wire_fast_stats_t: what each rank finished here (metrics)
  *   slot[rank][seq % 2]     colld_wire_fast_slot_t + slot_bytes of payload, 64-byte aligned
  *
- * The daemon only writes `status` (the error that broke the communicator) and wakes `gen`; it
- * never reads what the ranks wrote. Ranks treat peers' slots as untrusted (signature and sizes
- * are checked against their own call before any byte is used).
+ * The daemon writes only `status` (the error that broke the communicator) and wakes `gen`. It
+ * reads the slot headers (which sequence number each rank has reached, with what signature) to
+ * resolve records and time-outs, and the stats for its metrics; both are the tenant's own
+ * untrusted data, only ever compared or counted. Ranks treat peers' slots as untrusted too
+ * (signature and sizes are checked against their own call before any byte is used).
  * ------------------------------------------------------------------------------------------- */
 
 #define COLLD_WIRE_FAST_MAGIC 0x46415354u /* "FAST" */
@@ -151,10 +157,27 @@ typedef struct {
     uint64_t count;
     uint8_t kind, dtype, redop, flags;
     int32_t root;
-    uint64_t reserved[5];
+    uint64_t arrival_ns; /* when the rank published it (CLOCK_MONOTONIC) */
+    uint64_t reserved[4];
 } colld_wire_fast_slot_t;
 
+/* Collectives a rank finished on the fast area, by kind (1..5) and dtype; written by that rank
+ * only. */
+#define COLLD_WIRE_FAST_KINDS 5
+#define COLLD_WIRE_FAST_DTYPES 10
+typedef struct {
+    uint64_t ops[COLLD_WIRE_FAST_KINDS][COLLD_WIRE_FAST_DTYPES];
+    uint64_t bytes[COLLD_WIRE_FAST_KINDS][COLLD_WIRE_FAST_DTYPES];
+    uint64_t reserved[4];
+} colld_wire_fast_stats_t;
+
 _Static_assert(sizeof(colld_wire_fast_slot_t) == 64, "fast slot header layout");
+_Static_assert(sizeof(colld_wire_fast_stats_t) % 64 == 0, "fast stats layout");
+
+/* Byte offsets inside the area. */
+#define COLLD_WIRE_FAST_STATS_OFFSET ((sizeof(colld_wire_fast_t) + 63) & ~(size_t)63)
+#define COLLD_WIRE_FAST_SLOTS_OFFSET(nranks) \
+    (COLLD_WIRE_FAST_STATS_OFFSET + (size_t)(nranks) * sizeof(colld_wire_fast_stats_t))
 
 /* ---------------------------------------------------------------------------------------------
  * Session socket messages (fixed size, 128 bytes; file descriptors ride along as SCM_RIGHTS)

@@ -160,7 +160,7 @@ void colld_comm_unref(colld_daemon_t *d, colld_dcomm_t *c)
                 "%s after %llu collectives completed, %llu failed", colld_comm_state_name(c->state),
                 (unsigned long long)c->ops_completed, (unsigned long long)c->ops_failed);
     colld_recorder_free(c);
-    colld_fast_free(c);
+    colld_fast_free(d, c);
     if (c->x)
         colld_xcomm_free(c->x);
     free(c->ranks);
@@ -516,6 +516,7 @@ colld_status_t colld_comm_leave(colld_daemon_t *d, colld_session_t *s, uint32_t 
         comm_dissolve(d, c, COLLD_ERR_ABORTED, m->rank, why, replies);
         return COLLD_OK;
     }
+    colld_engine_settle_fast(d, c, replies);
     snprintf(why, sizeof(why), "rank %d (pid %d) has destroyed its handle of communicator %llu", m->rank,
              (int)s->pid, (unsigned long long)c->id);
     if (c->state == COLLD_COMM_READY)
@@ -541,6 +542,7 @@ void colld_comm_session_gone(colld_daemon_t *d, colld_session_t *s, colld_reply_
             comm_dissolve(d, c, COLLD_ERR_PEER_LOST, m->rank, why, replies);
             continue;
         }
+        colld_engine_settle_fast(d, c, replies);
         snprintf(why, sizeof(why), "rank %d (pid %d) disconnected: its process exited or was killed", m->rank,
                  (int)s->pid);
         if (c->state == COLLD_COMM_READY)

@@ -148,7 +148,6 @@ static void on_comm_destroy(colld_rpc_call_t *call, const ProtobufCMessage *msg,
     char detail[COLLD_DETAIL_LEN] = "";
     const char *sdetail = NULL;
     pthread_mutex_lock(&d->lock);
-    colld_engine_catch_up(d, &replies); /* fast-path collectives before the leave count as done */
     colld_session_t *s = session_of(d, req->session, &resp.status, &sdetail);
     if (s)
         resp.status = colld_comm_leave(d, s, req->handle, detail, sizeof(detail), &replies);
@@ -196,10 +195,8 @@ static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
     Colld__V1__CommMemberInfo *minfo = NULL, **mptr = NULL;
     const char *detail = "";
     size_t ns = 0, nc = 0, nm = 0;
-    colld_reply_t *replies = NULL;
 
     pthread_mutex_lock(&d->lock);
-    colld_engine_catch_up(d, &replies); /* what the ranks finished on their fast areas counts */
     colld_session_t *me = session_of(d, req->session, &resp.status, &detail);
     if (!me)
         goto unlock;
@@ -282,7 +279,6 @@ static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
     resp.socket = d->cfg.socket;
 unlock:
     pthread_mutex_unlock(&d->lock);
-    colld_replies_send(replies);
     /* peer daemons: the transport's own snapshot, taken without daemon->lock */
     colld_net_peer_info_t peers[64];
     Colld__V1__PeerInfo pinfo[64], *pptr[64];
@@ -339,7 +335,6 @@ static void on_comm_abort(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
         if ((unsigned char)*p < 0x20)
             *p = '?';
     pthread_mutex_lock(&d->lock);
-    colld_engine_catch_up(d, &replies); /* fast-path collectives before the abort count as done */
     colld_session_t *s = session_of(d, req->session, &resp.status, &sdetail);
     if (s) {
         char who[COLLD_DETAIL_LEN / 2];
@@ -520,10 +515,8 @@ static void on_trace(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *
     const char *sdetail = NULL;
     char *name = NULL, *comm_detail = NULL;
     size_t nent = 0;
-    colld_reply_t *replies = NULL;
 
     pthread_mutex_lock(&d->lock);
-    colld_engine_catch_up(d, &replies); /* fast-path collectives the ranks finished are recorded */
     colld_session_t *s = session_of(d, req->session, &resp.status, &sdetail);
     if (!s)
         goto unlock;
@@ -613,7 +606,6 @@ nomem:
     resp.n_entries = resp.n_ranks = 0;
 unlock:
     pthread_mutex_unlock(&d->lock);
-    colld_replies_send(replies);
     resp.detail = sdetail ? (char *)sdetail : detail;
     colld_rpc_reply(call, &resp.base);
     for (size_t i = 0; i < nent; i++)

@@ -209,6 +209,7 @@ struct colld_dcomm {
     colld_wire_fast_t *fast;  /* fast area (fast.c), NULL when none */
     size_t fast_size;
     int fast_fd;
+    colld_wire_fast_stats_t *fast_seen; /* [nranks] the ranks' counters already in the metrics */
     colld_dcomm_t *next;
 };
 
@@ -338,6 +339,9 @@ void colld_engine_complete(colld_session_t *s, uint32_t handle, uint64_t seq, co
 void colld_engine_post_notices(colld_dcomm_t *c);
 /* Fail and free one queued op (lock held). */
 void colld_engine_fail_op(colld_op_t *op, colld_status_t st);
+/* Retire the fast-path records of a communicator whose collectives every rank has finished, so
+ * that a leave or a lost rank does not fail them (lock held). */
+void colld_engine_settle_fast(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **replies);
 /* Post the results of an executed collective with k->status and free it (lock held). */
 void colld_engine_finish(colld_daemon_t *d, colld_coll_t *k);
 /* The first local op of a collective (a multi-node one has NULL for remote ranks). */
@@ -388,17 +392,19 @@ const char *colld_cluster_rank_node(const colld_dcomm_t *c, int rank);
 /* Create it when the communicator forms (lock held). Returns 0 (also when there is none: off,
  * multi-node, too many ranks) or -1 (could not be made: the engine path serves everything). */
 int colld_fast_create(colld_daemon_t *d, colld_dcomm_t *c);
-void colld_fast_free(colld_dcomm_t *c);
+void colld_fast_free(colld_daemon_t *d, colld_dcomm_t *c);
+/* Where rank `rank` is in collective `seq` by its slots: it published it (its call and arrival
+ * time in *call and *arrival_ns), it has gone past it, or neither yet (lock held). */
+typedef enum { COLLD_FAST_ABSENT = 0, COLLD_FAST_PUBLISHED = 1, COLLD_FAST_PASSED = 2 } colld_fast_seen_t;
+colld_fast_seen_t colld_fast_rank_at(const colld_dcomm_t *c, int rank, uint64_t seq, colld_wire_sqe_t *call,
+                                     uint64_t *arrival_ns);
+/* Add what the ranks finished on the fast area since the last look to the metrics (lock held). */
+void colld_fast_harvest(colld_daemon_t *d, colld_dcomm_t *c);
 /* The communicator broke: write its error into the area and wake every waiting rank (lock held). */
 void colld_fast_break(colld_dcomm_t *c);
 /* A new descriptor of the area for a member's session (lock held): the fd and *size, or -1 with
  * *st and a detail. */
 int colld_fast_dup(colld_session_t *s, uint32_t handle, uint64_t *size, colld_status_t *st, char *detail, size_t len);
-
-/* ---- engine.c (record catch-up) ---- */
-/* Drain every session's ring and retire the fast-path records that have matched, so that what
- * the ranks already finished shows in trace, status and metrics (lock held; control threads). */
-void colld_engine_catch_up(colld_daemon_t *d, colld_reply_t **replies);
 
 /* ---- recorder.c: flight recorder and straggler statistics ---- */
 int colld_recorder_init(colld_daemon_t *d, colld_dcomm_t *c);

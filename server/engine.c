@@ -132,13 +132,16 @@ static void retire(colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status
 /* Complete a descriptor that was never queued, and count it (lock held). */
 static void complete_sqe(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st)
 {
-    colld_metrics_op(d, sqe->kind, sqe->dtype, payload_bytes(sqe), st);
+    if (!(sqe->flags & COLLD_SQE_FAST))
+        colld_metrics_op(d, sqe->kind, sqe->dtype, payload_bytes(sqe), st);
     retire(s, sqe, st);
 }
 
 /* Complete a queued op with a status and free it (lock held). */
 void colld_engine_fail_op(colld_op_t *op, colld_status_t st)
 {
+    /* A failed record is that rank's collective failing (a finished one is retired by
+     * drop_record, and the ranks count those themselves). */
     colld_metrics_op(op->session->daemon, op->d.kind, op->d.dtype, payload_bytes(&op->d), st);
     retire(op->session, &op->d, st);
     if (op->send_reg)
@@ -270,14 +273,17 @@ static void admit(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t 
         complete_sqe(d, s, sqe, c->state == COLLD_COMM_JOINING ? COLLD_ERR_INVALID_USAGE : c->error);
         return;
     }
-    if (sqe->seq != m->next_seq) {
-        snprintf(detail, sizeof(detail), "rank %d (pid %d) posted sequence number %llu where %llu was due", m->rank,
-                 (int)s->pid, (unsigned long long)sqe->seq, (unsigned long long)m->next_seq);
+    /* With a fast area, the sequence numbers of collectives the ranks ran there without waiting
+     * are skipped. */
+    if (c->fast ? sqe->seq < m->next_seq : sqe->seq != m->next_seq) {
+        snprintf(detail, sizeof(detail), "rank %d (pid %d) posted sequence number %llu where %s%llu was due", m->rank,
+                 (int)s->pid, (unsigned long long)sqe->seq, c->fast ? "at least " : "",
+                 (unsigned long long)m->next_seq);
         complete_sqe(d, s, sqe, COLLD_ERR_INVALID_ARGUMENT);
         colld_comm_break(d, c, COLLD_ERR_INVALID_ARGUMENT, m->rank, detail, replies);
         return;
     }
-    m->next_seq++;
+    m->next_seq = sqe->seq + 1;
     colld_op_t *op = op_alloc(d);
     if (!op) {
         complete_sqe(d, s, sqe, COLLD_ERR_NO_MEMORY);
@@ -376,8 +382,7 @@ static coll_t *match_comm(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **r
             continue;
         const colld_wire_sqe_t *b = &c->ranks[r].head->d;
         same = a->kind == b->kind && a->dtype == b->dtype && a->count == b->count &&
-               (!has_op(a->kind) || a->redop == b->redop) && (!has_root(a->kind) || a->root == b->root) &&
-               (a->flags & COLLD_SQE_FAST) == (b->flags & COLLD_SQE_FAST);
+               (!has_op(a->kind) || a->redop == b->redop) && (!has_root(a->kind) || a->root == b->root);
     }
     if (!same) {
         char why[COLLD_DETAIL_LEN];
@@ -407,7 +412,7 @@ static coll_t *match_comm(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **r
     k->status = COLLD_OK;
     k->next = NULL;
     c->refs++;
-    c->exec_seq++;
+    c->exec_seq = a->seq + 1;
     return k;
 }
 
@@ -476,44 +481,154 @@ colld_op_t *colld_coll_lead(const colld_coll_t *k)
     return NULL;
 }
 
-/* True when a matched collective is a fast-path record (the ranks ran it). */
-static bool is_record(const coll_t *k)
+/* The same call (what the signature check compares). */
+static bool same_call(const colld_wire_sqe_t *a, const colld_wire_sqe_t *b)
 {
-    return (colld_coll_lead(k)->d.flags & COLLD_SQE_FAST) != 0;
+    return a->kind == b->kind && a->dtype == b->dtype && a->count == b->count &&
+           (!has_op(a->kind) || a->redop == b->redop) && (!has_root(a->kind) || a->root == b->root);
 }
 
-/* Retire a matched fast-path record: record and count it; nothing runs, nothing is posted (lock
- * held). Its time in the flight recorder is the last rank's arrival. */
-static void finish_record(colld_daemon_t *d, coll_t *k)
+/* Free a record without posting anything (lock held). */
+static void drop_record(colld_daemon_t *d, colld_op_t *op)
 {
-    uint64_t last = 0;
-    for (int r = 0; r < k->comm->nranks; r++)
-        if (k->ops[r] && k->ops[r]->arrival_ns > last)
-            last = k->ops[r]->arrival_ns;
-    k->start_ns = k->end_ns = last;
-    colld_engine_finish(d, k);
+    op->session->in_flight--;
+    colld_session_unref(op->session);
+    op_release(d, op);
 }
 
-void colld_engine_catch_up(colld_daemon_t *d, colld_reply_t **replies)
+/* A communicator with a fast area: the ranks run small collectives there and skip their sequence
+ * numbers here; a rank that waited posts a record. Look at the lowest sequence number queued,
+ * seq, and at every rank's slots for it:
+ *  - engine descriptors of every rank: returns true, match_comm runs it;
+ *  - engine descriptors of some ranks while others ran or posted seq on the fast area (or recorded
+ *    a different call): MISMATCH naming each rank's call;
+ *  - records only, every rank there (a record, its slot, or gone past seq): the collective
+ *    happened; the records go into the flight recorder and are retired;
+ *  - otherwise it waits; past the time-out (from the first arrival) it fails naming the ranks
+ *    that never came. *deadline gets the time to look again (the slots change without a wake-up).
+ * Returns false unless match_comm should run (lock held). */
+static bool resolve_fast(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint64_t *deadline,
+                         colld_reply_t **replies)
 {
-    for (colld_session_t *s = d->sessions; s; s = s->next)
-        drain_session(d, s, replies);
-    for (colld_dcomm_t *c = d->comms; c; c = c->next) {
-        while (c->state == COLLD_COMM_READY && c->fast) {
-            const colld_op_t *lead = NULL;
-            bool all = true;
-            for (int r = 0; r < c->nranks && all; r++) {
-                all = c->ranks[r].head != NULL;
-                if (all && !lead)
-                    lead = c->ranks[r].head;
-            }
-            if (!all || !lead || !(lead->d.flags & COLLD_SQE_FAST))
-                break; /* real collectives are the engine thread's to run */
-            coll_t *k = match_comm(d, c, replies);
-            if (!k)
-                break;
-            finish_record(d, k);
+    uint64_t seq = UINT64_MAX;
+    for (int r = 0; r < c->nranks; r++)
+        if (c->ranks[r].head && c->ranks[r].head->d.seq < seq)
+            seq = c->ranks[r].head->d.seq;
+    if (seq == UINT64_MAX)
+        return false;
+    c->exec_seq = seq;
+    int n = c->nranks, engine = 0, fast = 0, absent = 0;
+    const colld_wire_sqe_t *ref = NULL;
+    bool differ = false;
+    uint64_t first = UINT64_MAX;
+    colld_wire_sqe_t *calls = calloc((size_t)n, sizeof(*calls));
+    uint64_t *arrivals = calloc((size_t)n, sizeof(*arrivals));
+    signed char *where = calloc((size_t)n, 1); /* 0 absent, 1 engine, 2 record, 3 slot, 4 passed */
+    if (!calls || !arrivals || !where) {
+        free(calls);
+        free(arrivals);
+        free(where);
+        return false; /* try again on the next pass */
+    }
+    for (int r = 0; r < n; r++) {
+        const colld_op_t *h = c->ranks[r].head;
+        if (h && h->d.seq == seq) {
+            calls[r] = h->d;
+            arrivals[r] = h->arrival_ns;
+            where[r] = (h->d.flags & COLLD_SQE_FAST) ? 2 : 1;
+        } else if (h) {
+            where[r] = 4; /* its next descriptor is later: it ran seq on the fast area */
+        } else {
+            colld_fast_seen_t at = colld_fast_rank_at(c, r, seq, &calls[r], &arrivals[r]);
+            where[r] = at == COLLD_FAST_PUBLISHED ? 3 : at == COLLD_FAST_PASSED ? 4 : 0;
+            if (arrivals[r] > now)
+                arrivals[r] = now; /* the tenant's own clock values are not believed blindly */
         }
+        if (where[r] == 1)
+            engine++;
+        else if (where[r] == 0)
+            absent++;
+        else
+            fast++;
+        if (where[r] == 2 || where[r] == 3) {
+            if (!ref)
+                ref = &calls[r];
+            else if (!same_call(ref, &calls[r]))
+                differ = true;
+        }
+        if (where[r] && where[r] != 4 && arrivals[r] && arrivals[r] < first)
+            first = arrivals[r];
+    }
+    bool engine_path = false;
+    if ((engine && fast) || differ) {
+        char why[COLLD_DETAIL_LEN];
+        int off = snprintf(why, sizeof(why), "collective #%llu differs between ranks: ", (unsigned long long)seq);
+        for (int r = 0; r < n && off < (int)sizeof(why) - 1; r++) {
+            if (where[r] == 1 || where[r] == 2 || where[r] == 3)
+                off += describe_call(why + off, sizeof(why) - (size_t)off, r, &calls[r]);
+            else
+                off += snprintf(why + off, sizeof(why) - (size_t)off, "%srank %d: %s", r ? "; " : "", r,
+                                where[r] == 4 ? "a small collective on the fast area" : "nothing yet");
+        }
+        colld_comm_break(d, c, COLLD_ERR_MISMATCH, -1, why, replies);
+    } else if (engine) {
+        engine_path = true; /* match_comm and the engine's time-out take it from here */
+    } else if (!absent) {
+        /* Everyone ran it: record it (ranks past it without a slot show as never arrived) and
+         * retire the records. */
+        colld_op_t **ops = calloc((size_t)n, sizeof(*ops));
+        colld_op_t *stubs = calloc((size_t)n, sizeof(*stubs));
+        if (ops && stubs) {
+            for (int r = 0; r < n; r++)
+                if (where[r] == 2 || where[r] == 3) {
+                    stubs[r].d = calls[r];
+                    stubs[r].arrival_ns = arrivals[r] ? arrivals[r] : first;
+                    ops[r] = &stubs[r];
+                }
+            colld_recorder_executed(c, ops, now, now, COLLD_OK);
+        }
+        free(ops);
+        free(stubs);
+        for (int r = 0; r < n; r++) {
+            colld_member_t *m = &c->ranks[r];
+            if (where[r] != 2)
+                continue;
+            colld_op_t *op = m->head;
+            m->head = op->next;
+            if (!m->head)
+                m->tail = NULL;
+            drop_record(d, op);
+        }
+        c->exec_seq = seq + 1;
+    } else {
+        uint64_t dl = first == UINT64_MAX ? now : first + (uint64_t)c->timeout_ms * 1000000ull;
+        if (now >= dl) {
+            char why[COLLD_DETAIL_LEN];
+            int off = snprintf(why, sizeof(why), "collective #%llu timed out after %d ms: rank(s)",
+                               (unsigned long long)seq, c->timeout_ms);
+            for (int r = 0; r < n && off < (int)sizeof(why) - 64; r++)
+                if (!where[r])
+                    off += snprintf(why + off, sizeof(why) - (size_t)off, " %d", r);
+            snprintf(why + off, sizeof(why) - (size_t)off, " never arrived (fast area)");
+            colld_comm_break(d, c, COLLD_ERR_TIMEOUT, -1, why, replies);
+        } else {
+            uint64_t look = now + 10000000ull; /* slots change without waking the engine */
+            *deadline = COLLD_MIN(COLLD_MIN(dl, look), *deadline);
+        }
+    }
+    free(calls);
+    free(arrivals);
+    free(where);
+    return engine_path;
+}
+
+void colld_engine_settle_fast(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **replies)
+{
+    uint64_t now = colld_now_ns(), deadline = UINT64_MAX;
+    while (c->fast && c->state == COLLD_COMM_READY) {
+        uint64_t before = c->exec_seq;
+        if (resolve_fast(d, c, now, &deadline, replies) || c->exec_seq == before)
+            break;
     }
 }
 
@@ -553,12 +668,9 @@ static int engine_pass(colld_daemon_t *d, coll_t **batch, uint64_t *next_deadlin
             colld_engine_post_notices(c);
         if (c->state != COLLD_COMM_READY)
             continue;
-        coll_t *k = match_comm(d, c, replies);
-        if (k && is_record(k)) {
-            finish_record(d, k);
-            work++;
+        if (c->fast && !resolve_fast(d, c, now, &next, replies))
             continue;
-        }
+        coll_t *k = match_comm(d, c, replies);
         if (k && c->x) {
             colld_cluster_submit(d, k); /* the network thread runs it */
             work++;

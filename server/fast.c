@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -35,13 +36,14 @@ int colld_fast_create(colld_daemon_t *d, colld_dcomm_t *c)
     uint64_t slot = d->cfg.fast_path_bytes;
     if (slot == 0 || c->x)
         return 0; /* disabled, or multi-node (the network stages need the daemon) */
-    uint64_t per_rank = FAST_AREA_MAX / (uint64_t)c->nranks / COLLD_WIRE_FAST_DEPTH;
-    if (per_rank < 2 * COLLD_WIRE_CACHELINE)
+    uint64_t share = FAST_AREA_MAX / (uint64_t)c->nranks;
+    if (share < sizeof(colld_wire_fast_stats_t) + COLLD_WIRE_FAST_DEPTH * 2 * COLLD_WIRE_CACHELINE)
         return 0;
+    uint64_t per_rank = (share - sizeof(colld_wire_fast_stats_t)) / COLLD_WIRE_FAST_DEPTH;
     if (slot > per_rank - sizeof(colld_wire_fast_slot_t))
         slot = (per_rank - sizeof(colld_wire_fast_slot_t)) & ~(uint64_t)(COLLD_WIRE_CACHELINE - 1);
     uint64_t stride = line_up(sizeof(colld_wire_fast_slot_t) + slot);
-    uint64_t hdr = line_up(sizeof(colld_wire_fast_t));
+    uint64_t hdr = COLLD_WIRE_FAST_SLOTS_OFFSET(c->nranks);
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     uint64_t total = (hdr + stride * COLLD_WIRE_FAST_DEPTH * (uint64_t)c->nranks + page - 1) & ~(page - 1);
     char name[64];
@@ -60,6 +62,11 @@ int colld_fast_create(colld_daemon_t *d, colld_dcomm_t *c)
     f->slot_bytes = (uint32_t)slot;
     f->slot_stride = (uint32_t)stride;
     f->total_size = total;
+    c->fast_seen = calloc((size_t)c->nranks, sizeof(*c->fast_seen));
+    if (!c->fast_seen) {
+        munmap(p, total);
+        goto fail;
+    }
     c->fast = f;
     c->fast_size = total;
     c->fast_fd = fd;
@@ -72,10 +79,13 @@ fail:
     return -1;
 }
 
-void colld_fast_free(colld_dcomm_t *c)
+void colld_fast_free(colld_daemon_t *d, colld_dcomm_t *c)
 {
     if (!c->fast)
         return;
+    colld_fast_harvest(d, c);
+    free(c->fast_seen);
+    c->fast_seen = NULL;
     munmap(c->fast, c->fast_size);
     close(c->fast_fd);
     c->fast = NULL;
@@ -114,4 +124,60 @@ int colld_fast_dup(colld_session_t *s, uint32_t handle, uint64_t *size, colld_st
     }
     *size = c->fast_size;
     return fd;
+}
+
+/* The slot header rank `rank` last published for the parity of `seq` (a copy; seq read first,
+ * with acquire, so the rest belongs to it or to a later collective). */
+static colld_wire_fast_slot_t slot_copy(const colld_dcomm_t *c, int rank, uint64_t seq)
+{
+    const colld_wire_fast_slot_t *s =
+        (const colld_wire_fast_slot_t *)((const char *)c->fast + COLLD_WIRE_FAST_SLOTS_OFFSET(c->nranks) +
+                                         ((size_t)rank * COLLD_WIRE_FAST_DEPTH + seq % COLLD_WIRE_FAST_DEPTH) *
+                                             c->fast->slot_stride);
+    colld_wire_fast_slot_t out;
+    out.seq = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
+    memcpy((char *)&out + sizeof(out.seq), (const char *)s + sizeof(s->seq), sizeof(out) - sizeof(out.seq));
+    return out;
+}
+
+colld_fast_seen_t colld_fast_rank_at(const colld_dcomm_t *c, int rank, uint64_t seq, colld_wire_sqe_t *call,
+                                     uint64_t *arrival_ns)
+{
+    colld_wire_fast_slot_t a = slot_copy(c, rank, seq), b = slot_copy(c, rank, seq + 1);
+    if (a.seq == seq) {
+        memset(call, 0, sizeof(*call));
+        call->seq = seq;
+        call->count = a.count;
+        call->kind = a.kind;
+        call->dtype = a.dtype;
+        call->redop = a.redop;
+        call->root = a.root;
+        call->flags = COLLD_SQE_FAST;
+        *arrival_ns = a.arrival_ns;
+        return COLLD_FAST_PUBLISHED;
+    }
+    return a.seq > seq || b.seq > seq ? COLLD_FAST_PASSED : COLLD_FAST_ABSENT;
+}
+
+void colld_fast_harvest(colld_daemon_t *d, colld_dcomm_t *c)
+{
+    if (!c->fast)
+        return;
+    const colld_wire_fast_stats_t *st =
+        (const colld_wire_fast_stats_t *)((const char *)c->fast + COLLD_WIRE_FAST_STATS_OFFSET);
+    for (int r = 0; r < c->nranks; r++)
+        for (unsigned k = 0; k < COLLD_WIRE_FAST_KINDS; k++)
+            for (unsigned t = 0; t < COLLD_WIRE_FAST_DTYPES; t++) {
+                /* Counters only grow; anything else is the tenant scribbling and is ignored. */
+                uint64_t ops = __atomic_load_n(&st[r].ops[k][t], __ATOMIC_RELAXED);
+                uint64_t bytes = __atomic_load_n(&st[r].bytes[k][t], __ATOMIC_RELAXED);
+                uint64_t *seen = c->fast_seen[r].ops[k];
+                uint64_t *seen_b = c->fast_seen[r].bytes[k];
+                if (ops <= seen[t] || bytes < seen_b[t])
+                    continue;
+                colld_metrics_ops_add(d, k + 1, t, ops - seen[t], bytes - seen_b[t]);
+                c->ops_completed += r == 0 ? ops - seen[t] : 0;
+                seen[t] = ops;
+                seen_b[t] = bytes;
+            }
 }

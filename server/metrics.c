@@ -191,6 +191,16 @@ void colld_metrics_op(colld_daemon_t *d, unsigned kind, unsigned dtype, uint64_t
     m->bytes[k][t][s] += bytes;
 }
 
+void colld_metrics_ops_add(colld_daemon_t *d, unsigned kind, unsigned dtype, uint64_t n, uint64_t bytes)
+{
+    colld_metrics_t *m = d->metrics;
+    if (!m)
+        return;
+    unsigned k = kind_index(kind), t = dtype_index(dtype), s = status_index(COLLD_OK);
+    m->ops[k][t][s] += n;
+    m->bytes[k][t][s] += bytes;
+}
+
 void colld_metrics_latency(colld_daemon_t *d, unsigned kind, uint64_t ns)
 {
     colld_metrics_t *m = d->metrics;
@@ -684,12 +694,11 @@ static void conn_handle_request(http_conn_t *c, size_t end)
     process_info_t pi;
     textbuf_t b = { 0 };
     read_process_info(&pi);
-    colld_reply_t *replies = NULL;
     pthread_mutex_lock(&d->lock);
-    colld_engine_catch_up(d, &replies); /* count the collectives the ranks ran on fast areas */
+    for (colld_dcomm_t *x = d->comms; x; x = x->next)
+        colld_fast_harvest(d, x); /* what the ranks ran on fast areas */
     render(d, &pi, &b);
     pthread_mutex_unlock(&d->lock);
-    colld_replies_send(replies);
     if (b.failed) {
         LOG_WARN(ADMIN, "metrics: out of memory rendering %zu bytes", b.cap);
         free(b.data);

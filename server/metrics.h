@@ -24,6 +24,8 @@ void colld_metrics_destroy(colld_daemon_t *d);
  * kind/dtype may be out of range for garbage descriptors: they are counted under "unknown".
  * bytes: the operation's payload per rank (count x dtype size), 0 when unknown. */
 void colld_metrics_op(colld_daemon_t *d, unsigned kind, unsigned dtype, uint64_t bytes, colld_status_t st);
+/* n successful operations moving `bytes` in all (collectives the ranks ran on a fast area). */
+void colld_metrics_ops_add(colld_daemon_t *d, unsigned kind, unsigned dtype, uint64_t n, uint64_t bytes);
 /* One collective executed: latency from its first rank's arrival to its completion. */
 void colld_metrics_latency(colld_daemon_t *d, unsigned kind, uint64_t ns);
 /* A communicator broke with this error (counted once per communicator, the first fault). */

@@ -478,8 +478,6 @@ static void session_drop(colld_session_t *s, const char *why)
         pthread_mutex_unlock(&d->lock);
         return;
     }
-    /* What its ranks finished on fast areas is recorded before they leave. */
-    colld_engine_catch_up(d, &replies);
     s->dead = true;
     LOG_INFO(SESSION, "session %llu (pid %d) ended: %s", (unsigned long long)s->id, (int)s->pid, why);
     if (s->shm && s->role == COLLD_ROLE_CLIENT)

@@ -26,8 +26,6 @@
 
 #define ITERS 25         /* all-reduces per rank in the job */
 #define RANKS 4
-#define COUNT 1000       /* floats per all-reduce */
-#define BYTES (COUNT * 4)
 #define HTTP_TIMEOUT_MS 10000
 
 typedef struct {
@@ -273,13 +271,17 @@ static void test_exposition_at_start(void **state)
 /* An all-reduce job of RANKS ranks x ITERS iterations: exact operation and byte counters, one
  * latency sample per collective in a cumulative histogram, one communicator formed; afterwards
  * nothing is queued, in flight or registered. */
-static void test_allreduce_job_counted(void **state)
+/* RANKS ranks run ITERS all-reduces of `count` floats; the counters show exactly that. Above the
+ * fast-path size the engine runs them and the latency histogram has one sample per collective;
+ * below it the ranks run them on their fast area, count them there, and the daemon adds them to
+ * the same counters (no latency samples: the daemon does not time them). */
+static void job_counted(fixture_t *f, int count_floats, bool fast)
 {
-    fixture_t *f = *state;
+    const double bytes_per = (double)count_floats * 4;
     pid_t pids[RANKS];
     char iters[16], count[16];
     snprintf(iters, sizeof(iters), "%d", ITERS);
-    snprintf(count, sizeof(count), "%d", COUNT);
+    snprintf(count, sizeof(count), "%d", count_floats);
     const char *extra[] = { "--counts", count, "--only", "inplace", "--iters", iters, NULL };
     assert_int_equal(harness_spawn_ranks(&f->h, RANKS, extra, pids), 0);
     assert_int_equal(harness_wait_all(pids, RANKS, 120000), 0);
@@ -293,12 +295,12 @@ static void test_allreduce_job_counted(void **state)
     double ops = value_of(text, series);
     snprintf(series, sizeof(series), "colld_operation_bytes_total%s", ok);
     double bytes = value_of(text, series);
-    print_message("%s = %.0f (want %d), bytes %.0f (want %d)\n", "allreduce float32 COLLD_OK ops", ops,
-                  RANKS * ITERS, bytes, RANKS * ITERS * BYTES);
+    print_message("%s = %.0f (want %d), bytes %.0f (want %.0f)\n", "allreduce float32 COLLD_OK ops", ops,
+                  RANKS * ITERS, bytes, (double)RANKS * ITERS * bytes_per);
     if (ops <= 0)
         print_message("the operation counters read zero: the engine does not call colld_metrics_op yet\n");
     assert_true(ops == RANKS * ITERS);
-    assert_true(bytes == (double)RANKS * ITERS * BYTES);
+    assert_true(bytes == (double)(double)RANKS * ITERS * bytes_per);
     /* No failed operation and no other kind was counted. */
     const char *p = text;
     int series_lines = 0;
@@ -308,6 +310,13 @@ static void test_allreduce_job_counted(void **state)
     }
     assert_int_equal(series_lines, 1);
 
+    if (fast) {
+        assert_null(strstr(text, "colld_collective_latency_seconds_count"));
+        assert_true(value_of(text, "colld_comms_formed_total") == 1);
+        free(text);
+        assert_true(wait_value(f, "colld_comms{state=\"ready\"}", 0, 5000) == 0);
+        return;
+    }
     /* The histogram: one sample per executed collective, cumulative buckets ending at +Inf. */
     assert_true(value_of(text, "colld_collective_latency_seconds_count{kind=\"allreduce\"}") == ITERS);
     assert_true(value_of(text, "colld_collective_latency_seconds_sum{kind=\"allreduce\"}") > 0);
@@ -344,6 +353,16 @@ static void test_allreduce_job_counted(void **state)
     assert_true(value_of(text, "colld_registered_bytes") == 0);
     assert_true(value_of(text, "colld_sessions_opened_total") >= 1 + RANKS);
     free(text);
+}
+
+static void test_allreduce_job_counted(void **state)
+{
+    job_counted(*state, 8192, false); /* 32 KiB per rank: the engine */
+}
+
+static void test_fast_path_job_counted(void **state)
+{
+    job_counted(*state, 1000, true); /* 4000 B per rank: the fast area */
 }
 
 /* A rank waits in an all-reduce its peer never posts: while it waits the gauges show one queued
@@ -575,6 +594,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_exposition_at_start, metrics_setup, metrics_teardown),
         cmocka_unit_test_setup_teardown(test_allreduce_job_counted, metrics_setup, metrics_teardown),
+        cmocka_unit_test_setup_teardown(test_fast_path_job_counted, metrics_setup, metrics_teardown),
         cmocka_unit_test_setup_teardown(test_timeout_counted_once, metrics_setup, metrics_teardown),
         cmocka_unit_test_setup_teardown(test_http_errors, metrics_setup, metrics_teardown),
         cmocka_unit_test_setup_teardown(test_idle_client_closed, metrics_setup, metrics_teardown),

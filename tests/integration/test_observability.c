@@ -253,8 +253,12 @@ static void test_trace_after_timeout(void **state)
     print_message("%s\n", out);
     assert_non_null(strstr(out, "\"state\":\"broken\""));
     assert_non_null(strstr(out, "\"status\":\"COLLD_ERR_TIMEOUT\""));
-    assert_non_null(strstr(out, "\"recorded\":6,"));
-    for (int seq = 1; seq <= 5; seq++) {
+    /* The warm-up all-reduces are small: on the fast path (the default) nobody waited for them, so
+     * only #6 is recorded; through the engine (COLLD_FAST_PATH_BYTES=0) all six are. */
+    const char *fp = getenv("COLLD_FAST_PATH_BYTES");
+    bool engine_only = fp && strcmp(fp, "0") == 0;
+    assert_non_null(strstr(out, engine_only ? "\"recorded\":6," : "\"recorded\":1,"));
+    for (int seq = 1; seq <= 5 && engine_only; seq++) {
         char want[64];
         snprintf(want, sizeof(want), "{\"seq\":%d,\"kind\":\"allreduce\",\"dtype\":\"float32\"", seq);
         assert_non_null(strstr(out, want));
@@ -295,7 +299,7 @@ static void test_trace_keeps_last_n(void **state)
     harness_t *h = *state;
     scene_t s;
     scene_init(h, &s);
-    const char *args[] = { "--name", "short", "--iters", "5", "--counts", "100", "--stop-file", s.stop, NULL };
+    const char *args[] = { "--name", "short", "--iters", "5", "--counts", "8192", "--stop-file", s.stop, NULL };
     pid_t pids[2] = { scene_rank(h, &s, 2, 0, args), scene_rank(h, &s, 2, 1, args) };
     for (int r = 0; r < 2; r++)
         assert_int_equal(harness_wait_file(s.done[r], 30000), 0);
