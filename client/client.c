@@ -486,40 +486,6 @@ colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *s
     return COLLD_OK;
 }
 
-colld_status_t colld__client_record(colld_client_t *c, const colld_wire_sqe_t *sqe)
-{
-    for (unsigned spins = 0;; spins++) {
-        if (atomic_load(&c->lost))
-            return COLLD_ERR_DAEMON_LOST;
-        pthread_mutex_lock(&c->mu);
-        int64_t space = colld_ring_space(&c->shm->sq, c->sq_head, c->entries);
-        if (space < 0) {
-            pthread_mutex_unlock(&c->mu);
-            atomic_store(&c->lost, true);
-            return COLLD_ERR_PROTOCOL;
-        }
-        if (space > 0) {
-            c->sqes[c->sq_head & (c->entries - 1)] = *sqe;
-            c->sq_head++;
-            COLLD_STORE_REL(&c->shm->sq.head, c->sq_head);
-            pthread_mutex_unlock(&c->mu);
-            return COLLD_OK;
-        }
-        reap(c);
-        pthread_mutex_unlock(&c->mu);
-        /* Full of records the daemon has not taken yet: wake it. */
-        uint64_t one = 1;
-        ssize_t rc = write(c->efd, &one, sizeof(one));
-        (void)rc;
-        if (spins < SPIN_ITERS)
-            sched_yield();
-        else {
-            struct timespec ts = { 0, 20000 };
-            nanosleep(&ts, NULL);
-        }
-    }
-}
-
 colld_status_t colld__client_wait(colld_client_t *c, colld_comm_t *comm)
 {
     (void)colld__fast_finish(comm, true); /* a failure is the communicator's error, returned below */

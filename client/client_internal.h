@@ -127,8 +127,6 @@ colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *s
 colld_status_t colld__client_wait(colld_client_t *c, colld_comm_t *comm);
 /* Reap completions without waiting. */
 void colld__client_poll(colld_client_t *c);
-/* Post a fast-path record (the caller wakes the daemon). */
-colld_status_t colld__client_record(colld_client_t *c, const colld_wire_sqe_t *sqe);
 /* One request/reply exchange on the session socket, receiving up to nfds_out fds. */
 colld_status_t colld__sock_request(colld_client_t *c, colld_wire_msg_t *m, int fd, uint16_t reply_type,
                                    colld_wire_msg_t *reply, int *fds_out, int nfds_out);

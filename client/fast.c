@@ -247,11 +247,7 @@ static void post_record(colld_comm_t *comm)
     rec.flags = COLLD_SQE_FAST;
     rec.root = f->root;
     rec.send.offset = f->arrival_ns;
-    if (colld__client_record(comm->client, &rec) == COLLD_OK) {
-        uint64_t one = 1;
-        ssize_t rc = write(comm->client->efd, &one, sizeof(one));
-        (void)rc;
-    }
+    (void)colld__client_submit(comm->client, &rec, 1); /* wakes a sleeping daemon; fails only when it is lost */
 }
 
 /* ============================================================================================
