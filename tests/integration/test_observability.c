@@ -253,11 +253,15 @@ static void test_trace_after_timeout(void **state)
     print_message("%s\n", out);
     assert_non_null(strstr(out, "\"state\":\"broken\""));
     assert_non_null(strstr(out, "\"status\":\"COLLD_ERR_TIMEOUT\""));
-    /* The warm-up all-reduces are small: on the fast path (the default) nobody waited for them, so
-     * only #6 is recorded; through the engine (COLLD_FAST_PATH_BYTES=0) all six are. */
+    /* The warm-up all-reduces are small: through the engine (COLLD_FAST_PATH_BYTES=0) all six are
+     * recorded; on the fast path (the default) #6 and those of #1..#5 some rank had to wait for
+     * (about 0.25 ms; it depends on the machine's load). */
     const char *fp = getenv("COLLD_FAST_PATH_BYTES");
     bool engine_only = fp && strcmp(fp, "0") == 0;
-    assert_non_null(strstr(out, engine_only ? "\"recorded\":6," : "\"recorded\":1,"));
+    const char *rec = strstr(out, "\"recorded\":");
+    assert_non_null(rec);
+    long recorded = strtol(rec + strlen("\"recorded\":"), NULL, 10);
+    assert_true(engine_only ? recorded == 6 : recorded >= 1 && recorded <= 6);
     for (int seq = 1; seq <= 5 && engine_only; seq++) {
         char want[64];
         snprintf(want, sizeof(want), "{\"seq\":%d,\"kind\":\"allreduce\",\"dtype\":\"float32\"", seq);
