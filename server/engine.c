@@ -353,6 +353,13 @@ static int drain_session(colld_daemon_t *d, colld_session_t *s, colld_reply_t **
  * Matching and time-outs
  * ========================================================================================== */
 
+/* The same call (what the signature check compares). */
+static bool same_call(const colld_wire_sqe_t *a, const colld_wire_sqe_t *b)
+{
+    return a->kind == b->kind && a->dtype == b->dtype && a->count == b->count &&
+           (!has_op(a->kind) || a->redop == b->redop) && (!has_root(a->kind) || a->root == b->root);
+}
+
 /* Describe one rank's call for a mismatch report. */
 static int describe_call(char *buf, size_t len, int rank, const colld_wire_sqe_t *d)
 {
@@ -380,9 +387,7 @@ static coll_t *match_comm(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **r
     for (int r = 0; r < c->nranks && same; r++) {
         if (c->ranks[r].remote)
             continue;
-        const colld_wire_sqe_t *b = &c->ranks[r].head->d;
-        same = a->kind == b->kind && a->dtype == b->dtype && a->count == b->count &&
-               (!has_op(a->kind) || a->redop == b->redop) && (!has_root(a->kind) || a->root == b->root);
+        same = same_call(a, &c->ranks[r].head->d);
     }
     if (!same) {
         char why[COLLD_DETAIL_LEN];
@@ -481,13 +486,6 @@ colld_op_t *colld_coll_lead(const colld_coll_t *k)
     return NULL;
 }
 
-/* The same call (what the signature check compares). */
-static bool same_call(const colld_wire_sqe_t *a, const colld_wire_sqe_t *b)
-{
-    return a->kind == b->kind && a->dtype == b->dtype && a->count == b->count &&
-           (!has_op(a->kind) || a->redop == b->redop) && (!has_root(a->kind) || a->root == b->root);
-}
-
 /* Free a record without posting anything (lock held). */
 static void drop_record(colld_daemon_t *d, colld_op_t *op)
 {
@@ -495,6 +493,9 @@ static void drop_record(colld_daemon_t *d, colld_op_t *op)
     colld_session_unref(op->session);
     op_release(d, op);
 }
+
+/* Where a rank stands in the collective resolve_fast looks at. */
+enum { AT_ABSENT = 0, AT_ENGINE, AT_RECORD, AT_SLOT, AT_PASSED };
 
 /* A communicator with a fast area: the ranks run small collectives there and skip their sequence
  * numbers here; a rank that waited posts a record. Look at the lowest sequence number queued,
@@ -517,13 +518,21 @@ static bool resolve_fast(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint
     if (seq == UINT64_MAX)
         return false;
     c->exec_seq = seq;
+    /* The common case first, without reading the slots: every rank posted seq to the engine. */
+    bool all_engine = true;
+    for (int r = 0; r < c->nranks && all_engine; r++) {
+        const colld_op_t *h = c->ranks[r].head;
+        all_engine = h && h->d.seq == seq && !(h->d.flags & COLLD_SQE_FAST);
+    }
+    if (all_engine)
+        return true;
     int n = c->nranks, engine = 0, fast = 0, absent = 0;
     const colld_wire_sqe_t *ref = NULL;
     bool differ = false;
     uint64_t first = UINT64_MAX;
     colld_wire_sqe_t *calls = calloc((size_t)n, sizeof(*calls));
     uint64_t *arrivals = calloc((size_t)n, sizeof(*arrivals));
-    signed char *where = calloc((size_t)n, 1); /* 0 absent, 1 engine, 2 record, 3 slot, 4 passed */
+    signed char *where = calloc((size_t)n, 1); /* AT_* */
     if (!calls || !arrivals || !where) {
         free(calls);
         free(arrivals);
@@ -535,28 +544,28 @@ static bool resolve_fast(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint
         if (h && h->d.seq == seq) {
             calls[r] = h->d;
             arrivals[r] = h->arrival_ns;
-            where[r] = (h->d.flags & COLLD_SQE_FAST) ? 2 : 1;
+            where[r] = (h->d.flags & COLLD_SQE_FAST) ? AT_RECORD : AT_ENGINE;
         } else if (h) {
-            where[r] = 4; /* its next descriptor is later: it ran seq on the fast area */
+            where[r] = AT_PASSED; /* its next descriptor is later: it ran seq on the fast area */
         } else {
             colld_fast_seen_t at = colld_fast_rank_at(c, r, seq, &calls[r], &arrivals[r]);
-            where[r] = at == COLLD_FAST_PUBLISHED ? 3 : at == COLLD_FAST_PASSED ? 4 : 0;
+            where[r] = at == COLLD_FAST_PUBLISHED ? AT_SLOT : at == COLLD_FAST_PASSED ? AT_PASSED : AT_ABSENT;
             if (arrivals[r] > now)
                 arrivals[r] = now; /* the tenant's own clock values are not believed blindly */
         }
-        if (where[r] == 1)
+        if (where[r] == AT_ENGINE)
             engine++;
-        else if (where[r] == 0)
+        else if (where[r] == AT_ABSENT)
             absent++;
         else
             fast++;
-        if (where[r] == 2 || where[r] == 3) {
+        if (where[r] == AT_RECORD || where[r] == AT_SLOT) {
             if (!ref)
                 ref = &calls[r];
             else if (!same_call(ref, &calls[r]))
                 differ = true;
         }
-        if (where[r] && where[r] != 4 && arrivals[r] && arrivals[r] < first)
+        if (where[r] != AT_ABSENT && where[r] != AT_PASSED && arrivals[r] && arrivals[r] < first)
             first = arrivals[r];
     }
     bool engine_path = false;
@@ -564,11 +573,11 @@ static bool resolve_fast(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint
         char why[COLLD_DETAIL_LEN];
         int off = snprintf(why, sizeof(why), "collective #%llu differs between ranks: ", (unsigned long long)seq);
         for (int r = 0; r < n && off < (int)sizeof(why) - 1; r++) {
-            if (where[r] == 1 || where[r] == 2 || where[r] == 3)
+            if (where[r] == AT_ENGINE || where[r] == AT_RECORD || where[r] == AT_SLOT)
                 off += describe_call(why + off, sizeof(why) - (size_t)off, r, &calls[r]);
             else
                 off += snprintf(why + off, sizeof(why) - (size_t)off, "%srank %d: %s", r ? "; " : "", r,
-                                where[r] == 4 ? "a small collective on the fast area" : "nothing yet");
+                                where[r] == AT_PASSED ? "a small collective on the fast area" : "nothing yet");
         }
         colld_comm_break(d, c, COLLD_ERR_MISMATCH, -1, why, replies);
     } else if (engine) {
@@ -577,21 +586,21 @@ static bool resolve_fast(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint
         /* Everyone ran it: record it (ranks past it without a slot show as never arrived) and
          * retire the records. */
         colld_op_t **ops = calloc((size_t)n, sizeof(*ops));
-        colld_op_t *stubs = calloc((size_t)n, sizeof(*stubs));
-        if (ops && stubs) {
+        colld_op_t *seen = calloc((size_t)n, sizeof(*seen)); /* the recorder's view of each rank */
+        if (ops && seen) {
             for (int r = 0; r < n; r++)
-                if (where[r] == 2 || where[r] == 3) {
-                    stubs[r].d = calls[r];
-                    stubs[r].arrival_ns = arrivals[r] ? arrivals[r] : first;
-                    ops[r] = &stubs[r];
+                if (where[r] == AT_RECORD || where[r] == AT_SLOT) {
+                    seen[r].d = calls[r];
+                    seen[r].arrival_ns = arrivals[r] ? arrivals[r] : first;
+                    ops[r] = &seen[r];
                 }
             colld_recorder_executed(c, ops, now, now, COLLD_OK);
         }
         free(ops);
-        free(stubs);
+        free(seen);
         for (int r = 0; r < n; r++) {
             colld_member_t *m = &c->ranks[r];
-            if (where[r] != 2)
+            if (where[r] != AT_RECORD)
                 continue;
             colld_op_t *op = m->head;
             m->head = op->next;
@@ -607,7 +616,7 @@ static bool resolve_fast(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint
             int off = snprintf(why, sizeof(why), "collective #%llu timed out after %d ms: rank(s)",
                                (unsigned long long)seq, c->timeout_ms);
             for (int r = 0; r < n && off < (int)sizeof(why) - 64; r++)
-                if (!where[r])
+                if (where[r] == AT_ABSENT)
                     off += snprintf(why + off, sizeof(why) - (size_t)off, " %d", r);
             snprintf(why + off, sizeof(why) - (size_t)off, " never arrived (fast area)");
             colld_comm_break(d, c, COLLD_ERR_TIMEOUT, -1, why, replies);
