@@ -210,6 +210,11 @@ colld_status_t colld__fast_start(colld_comm_t *comm, colld_kind_t kind, const vo
     uint8_t redop = has_op(kind) ? (uint8_t)op : 0;
     uint64_t now = colld_now_ns();
     colld_wire_fast_slot_t *s = slot_of(comm, comm->rank, seq);
+    /* Mark the slot as being rewritten (seq 0) before touching it: the daemon may still be
+     * reading the collective it held (seq - 2) and must see that its copy is torn. Peers are done
+     * with that one (see proto/wire.h). */
+    __atomic_store_n(&s->seq, 0, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
     if (send_bytes)
         memcpy(payload_of(s), send, send_bytes);
     s->count = count;

@@ -153,7 +153,7 @@ typedef struct {
 } colld_wire_fast_t;
 
 typedef struct {
-    uint64_t seq; /* published last: the slot holds collective `seq` */
+    uint64_t seq; /* published last: the slot holds collective `seq`; 0 while it is rewritten */
     uint64_t count;
     uint8_t kind, dtype, redop, flags;
     int32_t root;

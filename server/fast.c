@@ -126,8 +126,8 @@ int colld_fast_dup(colld_session_t *s, uint32_t handle, uint64_t *size, colld_st
     return fd;
 }
 
-/* The slot header rank `rank` last published for the parity of `seq` (a copy; seq read first,
- * with acquire, so the rest belongs to it or to a later collective). */
+/* The slot header rank `rank` last published for the parity of `seq`: a consistent copy, or one
+ * whose seq says the rank has gone past it (it was rewriting the slot). */
 static colld_wire_fast_slot_t slot_copy(const colld_dcomm_t *c, int rank, uint64_t seq)
 {
     const colld_wire_fast_slot_t *s =
@@ -137,6 +137,12 @@ static colld_wire_fast_slot_t slot_copy(const colld_dcomm_t *c, int rank, uint64
     colld_wire_fast_slot_t out;
     out.seq = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
     memcpy((char *)&out + sizeof(out.seq), (const char *)s + sizeof(s->seq), sizeof(out) - sizeof(out.seq));
+    /* A seqlock read: the rank sets seq to 0 before it rewrites the slot for seq + 2, so a
+     * changed seq means the copy may be torn, and the rank has moved on. */
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    uint64_t again = __atomic_load_n(&s->seq, __ATOMIC_RELAXED);
+    if (again != out.seq)
+        out.seq = again ? again : out.seq + COLLD_WIRE_FAST_DEPTH;
     return out;
 }
 
