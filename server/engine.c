@@ -559,7 +559,10 @@ static bool resolve_fast(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint
             absent++;
         else
             fast++;
-        if (where[r] == AT_RECORD || where[r] == AT_SLOT) {
+        /* Only records are compared: a rank that sees a different call in a peer's slot posts
+         * one itself, so the daemon never judges a call from slot bytes it reads under the
+         * writer's feet. */
+        if (where[r] == AT_RECORD) {
             if (!ref)
                 ref = &calls[r];
             else if (!same_call(ref, &calls[r]))
@@ -569,31 +572,38 @@ static bool resolve_fast(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint
             first = arrivals[r];
     }
     bool engine_path = false;
-    if ((engine && fast) || differ) {
+    int slot_only = 0; /* ranks seen on the fast area that have not posted their record yet */
+    for (int r = 0; r < n; r++)
+        slot_only += where[r] == AT_SLOT;
+    if (engine && fast && slot_only && !differ) {
+        /* A mismatch; its report names each call, so wait the moment (about 0.25 ms) until the
+         * ranks waiting on the fast area post their records. */
+        *deadline = COLLD_MIN(now + 1000000ull, *deadline);
+    } else if ((engine && fast) || differ) {
         char why[COLLD_DETAIL_LEN];
         int off = snprintf(why, sizeof(why), "collective #%llu differs between ranks: ", (unsigned long long)seq);
         for (int r = 0; r < n && off < (int)sizeof(why) - 1; r++) {
-            if (where[r] == AT_ENGINE || where[r] == AT_RECORD || where[r] == AT_SLOT)
+            if (where[r] == AT_ENGINE || where[r] == AT_RECORD)
                 off += describe_call(why + off, sizeof(why) - (size_t)off, r, &calls[r]);
             else
                 off += snprintf(why + off, sizeof(why) - (size_t)off, "%srank %d: %s", r ? "; " : "", r,
-                                where[r] == AT_PASSED ? "a small collective on the fast area" : "nothing yet");
+                                where[r] == AT_ABSENT ? "nothing yet" : "a small collective on the fast area");
         }
         colld_comm_break(d, c, COLLD_ERR_MISMATCH, -1, why, replies);
     } else if (engine) {
         engine_path = true; /* match_comm and the engine's time-out take it from here */
     } else if (!absent) {
-        /* Everyone ran it: record it (ranks past it without a slot show as never arrived) and
-         * retire the records. */
+        /* Everyone ran it: record it and retire the records. */
         colld_op_t **ops = calloc((size_t)n, sizeof(*ops));
         colld_op_t *seen = calloc((size_t)n, sizeof(*seen)); /* the recorder's view of each rank */
         if (ops && seen) {
-            for (int r = 0; r < n; r++)
-                if (where[r] == AT_RECORD || where[r] == AT_SLOT) {
-                    seen[r].d = calls[r];
-                    seen[r].arrival_ns = arrivals[r] ? arrivals[r] : first;
-                    ops[r] = &seen[r];
-                }
+            /* A rank already past it (its slot reused) arrived too, at a time no longer known:
+             * it is shown with the first arrival rather than as absent. */
+            for (int r = 0; r < n; r++) {
+                seen[r].d = where[r] == AT_RECORD ? calls[r] : *ref;
+                seen[r].arrival_ns = arrivals[r] && where[r] != AT_PASSED ? arrivals[r] : first;
+                ops[r] = &seen[r];
+            }
             colld_recorder_executed(c, ops, now, now, COLLD_OK);
         }
         free(ops);
