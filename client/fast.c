@@ -213,8 +213,7 @@ colld_status_t colld__fast_start(colld_comm_t *comm, colld_kind_t kind, const vo
     /* Mark the slot as being rewritten (seq 0) before touching it: the daemon may still be
      * reading the collective it held (seq - 2) and must see that its copy is torn. Peers are done
      * with that one (see proto/wire.h). */
-    __atomic_store_n(&s->seq, 0, __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_RELEASE);
+    (void)__atomic_exchange_n(&s->seq, 0, __ATOMIC_ACQ_REL); /* acquire: no later store moves above it */
     if (send_bytes)
         memcpy(payload_of(s), send, send_bytes);
     s->count = count;

@@ -130,8 +130,8 @@ int colld_fast_dup(colld_session_t *s, uint32_t handle, uint64_t *size, colld_st
  * whose seq says the rank has gone past it (it was rewriting the slot). */
 static colld_wire_fast_slot_t slot_copy(const colld_dcomm_t *c, int rank, uint64_t seq)
 {
-    const colld_wire_fast_slot_t *s =
-        (const colld_wire_fast_slot_t *)((const char *)c->fast + COLLD_WIRE_FAST_SLOTS_OFFSET(c->nranks) +
+    colld_wire_fast_slot_t *s =
+        (colld_wire_fast_slot_t *)((char *)c->fast + COLLD_WIRE_FAST_SLOTS_OFFSET(c->nranks) +
                                          ((size_t)rank * COLLD_WIRE_FAST_DEPTH + seq % COLLD_WIRE_FAST_DEPTH) *
                                              c->fast->slot_stride);
     colld_wire_fast_slot_t out;
@@ -139,8 +139,7 @@ static colld_wire_fast_slot_t slot_copy(const colld_dcomm_t *c, int rank, uint64
     memcpy((char *)&out + sizeof(out.seq), (const char *)s + sizeof(s->seq), sizeof(out) - sizeof(out.seq));
     /* A seqlock read: the rank sets seq to 0 before it rewrites the slot for seq + 2, so a
      * changed seq means the copy may be torn, and the rank has moved on. */
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    uint64_t again = __atomic_load_n(&s->seq, __ATOMIC_RELAXED);
+    uint64_t again = __atomic_fetch_add(&s->seq, 0, __ATOMIC_ACQ_REL); /* release: the copy is done first */
     if (again != out.seq)
         out.seq = again ? again : out.seq + COLLD_WIRE_FAST_DEPTH;
     return out;
