@@ -572,12 +572,16 @@ static bool resolve_fast(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint
             first = arrivals[r];
     }
     bool engine_path = false;
-    int slot_only = 0; /* ranks seen on the fast area that have not posted their record yet */
+    int slot_only = 0;   /* ranks seen on the fast area that have not posted their record yet */
+    bool slot_differs = false; /* ... one of them with another call: its record is coming */
     for (int r = 0; r < n; r++)
-        slot_only += where[r] == AT_SLOT;
-    if (engine && fast && slot_only && !differ) {
-        /* A mismatch; its report names each call, so wait the moment (about 0.25 ms) until the
-         * ranks waiting on the fast area post their records. */
+        if (where[r] == AT_SLOT) {
+            slot_only++;
+            slot_differs |= ref && !same_call(ref, &calls[r]);
+        }
+    if ((engine && fast && slot_only && !differ) || (!engine && !differ && slot_differs)) {
+        /* A mismatch; its report names each call from the ranks' own records, so wait the moment
+         * (about 0.25 ms) until the ranks seen only on the fast area post theirs. */
         *deadline = COLLD_MIN(now + 1000000ull, *deadline);
     } else if ((engine && fast) || differ) {
         char why[COLLD_DETAIL_LEN];
