@@ -62,6 +62,14 @@ typedef struct {
  * (CLOCK_MONOTONIC ns). Collectives that nobody waited for produce no record; their sequence
  * numbers are simply skipped in the descriptors the daemon sees. */
 #define COLLD_SQE_FAST 0x01u
+/* GPU buffers, stream-ordered (the CUDA backend): both buffer references name CUDA registrations
+ * (COLLD_MSG_REG_CUDA) of the session. The rank's CUDA stream writes `ready` = (uint32_t)seq into
+ * the session's GPU flag line of this communicator handle (COLLD_MSG_GPU_FLAGS) once the inputs
+ * are ready, and waits for `done` to reach it. The daemon launches the kernels only when every
+ * rank's `ready` has reached seq (so a kernel never runs on the buffers of a rank whose stream did
+ * not get there, and such a rank is named in the time-out), then its own stream writes `done`.
+ * The completion is posted when the kernels have finished. */
+#define COLLD_SQE_STREAM 0x02u
 
 /* One work descriptor (64 bytes). `seq` counts from 1 per (session, communicator handle). */
 typedef struct {
@@ -180,6 +188,51 @@ _Static_assert(sizeof(colld_wire_fast_stats_t) % 64 == 0, "fast stats layout");
     (COLLD_WIRE_FAST_STATS_OFFSET + (size_t)(nranks) * sizeof(colld_wire_fast_stats_t))
 
 /* ---------------------------------------------------------------------------------------------
+ * GPU stream flags: one memfd per session (COLLD_MSG_GPU_FLAGS), created by the daemon on the
+ * first request, mapped and registered with CUDA (cuMemHostRegister, device-mapped) by both
+ * sides. Line h belongs to communicator handle h (COLLD_WIRE_GPU_LINES(max comms per session)
+ * lines; handle 0 unused).
+ *
+ *   ready   written by the rank's stream (cuStreamWriteValue32): the low 32 bits of the sequence
+ *           number whose inputs are ready, after the work before it on the stream.
+ *   done    written by the daemon's stream after the collective's kernels (cuStreamWriteValue32),
+ *           or by the daemon's host on failure; the rank's stream waits with
+ *           CU_STREAM_WAIT_VALUE_GEQ, a cyclic comparison ((int32_t)(done - seq) >= 0).
+ *   status  0, or the colld_status_t that broke the communicator, written before the release.
+ *
+ * Release on failure (time-out, lost rank, abort, mismatch, device error, daemon loss): once no
+ * kernel of the communicator is running any more, `done` is set to the last sequence number the
+ * rank posted plus COLLD_WIRE_GPU_RELEASE, so every wait already enqueued (and the next 2^30)
+ * passes and no GPU stream waits forever; the error surfaces through the async-error query. The
+ * client does the same on its side when it loses the daemon.
+ * ------------------------------------------------------------------------------------------- */
+
+#define COLLD_WIRE_GPU_RELEASE (1u << 30)
+
+typedef struct {
+    _Alignas(COLLD_WIRE_CACHELINE) uint32_t ready;
+    uint32_t reserved_ready[15];
+    _Alignas(COLLD_WIRE_CACHELINE) uint32_t done;
+    int32_t status;
+    uint32_t reserved_done[14];
+} colld_wire_gpu_flag_t;
+
+_Static_assert(sizeof(colld_wire_gpu_flag_t) == 128, "gpu flag line layout");
+
+/* Lines in a session's flag area, and its size (whole pages). */
+#define COLLD_WIRE_GPU_LINES(max_comms) ((uint64_t)(max_comms) + 1)
+#define COLLD_WIRE_GPU_FLAGS_BYTES(max_comms) \
+    ((COLLD_WIRE_GPU_LINES(max_comms) * sizeof(colld_wire_gpu_flag_t) + 4095) & ~(uint64_t)4095)
+
+/* How a GPU allocation is handed to the daemon (COLLD_MSG_REG_CUDA). */
+typedef enum {
+    COLLD_CUDA_EXPORT_IPC = 1, /* u.reg_cuda.ipc is a CUipcMemHandle of a cuMemAlloc/cudaMalloc allocation */
+    COLLD_CUDA_EXPORT_FD = 2,  /* the fd (SCM_RIGHTS) is a POSIX-fd shareable handle of a cuMem (VMM) allocation */
+} colld_cuda_export_t;
+
+#define COLLD_WIRE_CUDA_IPC_BYTES 64
+
+/* ---------------------------------------------------------------------------------------------
  * Session socket messages (fixed size, 128 bytes; file descriptors ride along as SCM_RIGHTS)
  * ------------------------------------------------------------------------------------------- */
 
@@ -192,6 +245,9 @@ typedef enum {
     COLLD_MSG_DEREG_REPLY = 6, /* daemon -> client */
     COLLD_MSG_FAST_AREA = 7,   /* client -> daemon: the fast area of a communicator handle */
     COLLD_MSG_FAST_AREA_REPLY = 8, /* daemon -> client: its size; fd: the memfd (or an error) */
+    COLLD_MSG_REG_CUDA = 9,    /* client -> daemon: register a GPU allocation; fd with EXPORT_FD; reply REG_REPLY */
+    COLLD_MSG_GPU_FLAGS = 10,  /* client -> daemon: the session's GPU flag area */
+    COLLD_MSG_GPU_FLAGS_REPLY = 11, /* daemon -> client: its size and line count; fd: the memfd (or an error) */
 } colld_msg_type_t;
 
 typedef enum {
@@ -229,6 +285,19 @@ typedef struct {
             uint32_t reserved;
             uint64_t cookie;
         } reg_reply;
+        struct {
+            uint64_t bytes;  /* the whole allocation */
+            uint64_t cookie; /* echoed in the reply */
+            uint32_t how;    /* colld_cuda_export_t */
+            uint32_t reserved;
+            uint8_t uuid[16]; /* CUuuid of the GPU that holds it */
+            uint8_t ipc[COLLD_WIRE_CUDA_IPC_BYTES];
+        } reg_cuda;
+        struct {
+            uint64_t size;  /* bytes to map */
+            uint32_t lines; /* flag lines (communicator handles 1 .. lines-1) */
+            uint32_t reserved;
+        } gpu_flags;
         struct {
             uint32_t reg_id;
         } dereg;
