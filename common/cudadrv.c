@@ -58,8 +58,7 @@ static void load_once(void)
     void *h = dlopen(DRIVER_LIB, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *why = dlerror();
-        snprintf(load_error, sizeof(load_error), "no NVIDIA driver: cannot load %s (%s)", DRIVER_LIB,
-                 why ? why : "not found");
+        snprintf(load_error, sizeof(load_error), "no NVIDIA driver (%s)", why ? why : DRIVER_LIB " not found");
         return;
     }
     get_proc_v2_t get_v2 = (get_proc_v2_t)dlsym(h, "cuGetProcAddress_v2");

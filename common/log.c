@@ -118,7 +118,7 @@ static int parse_subsys(const char *text, unsigned *mask, char *err, size_t err_
             if (!bits) {
                 colld_set_err(err, err_len,
                         "unknown log subsystem '%.*s' in '%s' (use ALL or a comma list of "
-                        "INIT, CONFIG, SESSION, RPC, ENGINE, COLL, MEM, NET, ADMIN, CLIENT; "
+                        "INIT, CONFIG, SESSION, RPC, ENGINE, COLL, MEM, NET, ADMIN, CLIENT, GPU; "
                         "^NAME excludes)",
                         (int)(e - s), s, text);
                 return -1;

@@ -25,7 +25,7 @@ typedef enum {
 /* Subsystems, a bit each. */
 #define COLLD_LOG_SUBSYS_LIST(X)                                                                   \
     X(INIT, 0) X(CONFIG, 1) X(SESSION, 2) X(RPC, 3) X(ENGINE, 4) X(COLL, 5) X(MEM, 6) X(NET, 7)     \
-    X(ADMIN, 8) X(CLIENT, 9)
+    X(ADMIN, 8) X(CLIENT, 9) X(GPU, 10)
 
 typedef enum {
 #define COLLD_LOG_SUBSYS_ENUM_(name, bit) COLLD_SUB_##name = 1u << (bit),

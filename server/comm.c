@@ -161,6 +161,7 @@ void colld_comm_unref(colld_daemon_t *d, colld_dcomm_t *c)
                 (unsigned long long)c->ops_completed, (unsigned long long)c->ops_failed);
     colld_recorder_free(c);
     colld_fast_free(d, c);
+    colld_gpu_comm_free(d, c);
     if (c->x)
         colld_xcomm_free(c->x);
     free(c->ranks);
@@ -248,6 +249,7 @@ void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, in
         member_fail_queue(c, &c->ranks[r], c->error);
     colld_engine_post_notices(c);
     colld_fast_break(c); /* ranks waiting on the fast area wake with the error */
+    colld_gpu_comm_broken(d, c); /* and no GPU stream of theirs waits forever */
 }
 
 /* Abort: every rank's pending and later operations fail with ABORTED. The handles stay valid

@@ -41,6 +41,8 @@ typedef struct colld_host_pool colld_host_pool_t;
 typedef struct colld_events colld_events_t;
 typedef struct colld_cluster colld_cluster_t;
 typedef struct colld_xcomm colld_xcomm_t;
+typedef struct colld_gpus colld_gpus_t;
+typedef struct colld_gpu_comm colld_gpu_comm_t;
 
 /* Daemon configuration (filled from the table in config_table.c). */
 typedef struct {
@@ -84,8 +86,15 @@ enum { COLLD_NET_ALGO_AUTO = 0, COLLD_NET_ALGO_RING = 1, COLLD_NET_ALGO_RD = 2 }
 typedef struct colld_reg {
     uint32_t id;
     int refs;             /* 1 for the session's table + 1 per op in flight */
-    void *base;
+    void *base;           /* host: the daemon's mapping; GPU: the device address (never dereferenced) */
     uint64_t size;
+    /* GPU memory (gpu.c) */
+    bool cuda;
+    int gpu;              /* index of the daemon's GPU that holds it */
+    int how;              /* colld_cuda_export_t */
+    int users;            /* registrations of the same IPC allocation by the session (dereg drops one) */
+    uint8_t ipc[COLLD_WIRE_CUDA_IPC_BYTES];
+    colld_daemon_t *daemon;
     struct colld_reg *next;
 } colld_reg_t;
 
@@ -124,6 +133,12 @@ struct colld_session {
 
     colld_reg_t *regs;
     uint32_t next_reg_id;
+    /* GPU stream flags (gpu.c): created on the first COLLD_MSG_GPU_FLAGS, NULL before */
+    colld_wire_gpu_flag_t *gpu_flags;
+    size_t gpu_flags_size;
+    int gpu_flags_fd;
+    uint64_t gpu_flags_dptr; /* the same memory as the GPUs address it */
+    uint32_t gpu_lines;
     uint64_t registered_bytes;
     unsigned nuids;       /* unique ids issued and not yet used */
 
@@ -210,6 +225,7 @@ struct colld_dcomm {
     size_t fast_size;
     int fast_fd;
     colld_wire_fast_stats_t *fast_seen; /* [nranks] the ranks' counters already in the metrics */
+    colld_gpu_comm_t *gpu;    /* GPU state (gpu.c), NULL until the first stream-ordered collective */
     colld_dcomm_t *next;
 };
 
@@ -273,6 +289,8 @@ struct colld_daemon {
     colld_events_t *events;   /* event backlog and streams (events.c); NULL once stopped */
     colld_policy_t *policies; /* per tenant */
     colld_cluster_t *cluster; /* peers and multi-node communicators (cluster.c); NULL without --listen */
+    colld_gpus_t *gpus;       /* the CUDA backend (gpu.c); NULL without a usable GPU */
+    char gpu_none[256];       /* why there is no CUDA backend */
 };
 
 /* A matched collective, taken out of the members' queues while it executes. ops[] is by rank;
@@ -282,6 +300,9 @@ typedef struct colld_coll {
     colld_status_t status;
     uint64_t start_ns, end_ns;
     struct colld_coll *next;
+    void *gpu_event;          /* stream-ordered (gpu.c): the CUevent after the kernels and flags */
+    int gpu_lead;             /* the GPU whose stream writes the done flags */
+    char gpu_why[COLLD_DETAIL_LEN / 2]; /* why the launch failed */
     colld_op_t *ops[]; /* [nranks], by rank */
 } colld_coll_t;
 
@@ -387,6 +408,42 @@ const char *colld_cluster_node_name(const colld_daemon_t *d);
 const char *colld_cluster_listen_addr(const colld_daemon_t *d);
 /* The node name of a rank's daemon for display ("" when local or unknown) (lock held). */
 const char *colld_cluster_rank_node(const colld_dcomm_t *c, int rank);
+
+/* ---- gpu.c: the CUDA backend ---- */
+/* Load the driver and take every visible GPU (none is fine: gpu_none says why). */
+int colld_gpu_start(colld_daemon_t *d);
+void colld_gpu_stop(colld_daemon_t *d);
+int colld_gpu_count(const colld_daemon_t *d);
+/* COLLD_MSG_REG_CUDA (loop thread, lock not held): open a GPU allocation for a session. */
+colld_status_t colld_gpu_register(colld_session_t *s, const colld_wire_msg_t *m, int fd, uint32_t *reg_id,
+                                  char *detail, size_t len);
+/* Close a GPU registration's mapping (its last reference went; lock held). */
+void colld_gpu_release_reg(colld_reg_t *r);
+/* COLLD_MSG_GPU_FLAGS (lock not held): the session's flag area (made on first use); a dup of its
+ * fd, or -1 with a status and detail. */
+int colld_gpu_flags_dup(colld_session_t *s, uint64_t *size, uint32_t *lines, colld_status_t *st, char *detail,
+                        size_t len);
+void colld_gpu_session_free(colld_session_t *s);
+/* A matched stream-ordered collective: wait for the ranks' ready flags (lock held). */
+void colld_gpu_submit(colld_daemon_t *d, colld_coll_t *k);
+/* Poll the GPU collectives (lock held): finish those whose kernels are done, move those every
+ * rank's stream has reached to *launch (in order), time out the others. Returns work done. */
+int colld_gpu_progress(colld_daemon_t *d, uint64_t now, uint64_t *deadline, colld_coll_t **launch,
+                       colld_reply_t **replies);
+/* Launch a list from colld_gpu_progress (engine thread, lock NOT held), then hand it back to
+ * colld_gpu_launched (lock held). */
+void colld_gpu_launch(colld_daemon_t *d, colld_coll_t *list);
+void colld_gpu_launched(colld_daemon_t *d, colld_coll_t *list, colld_reply_t **replies);
+/* A stream-ordered collective of the communicator is matched and not finished (lock held). */
+bool colld_gpu_busy(const colld_dcomm_t *c);
+/* Any GPU collective not finished (the engine keeps polling). */
+bool colld_gpu_outstanding(const colld_daemon_t *d);
+/* The communicator broke: fail its matched GPU collectives, release every rank's stream (lock held). */
+void colld_gpu_comm_broken(colld_daemon_t *d, colld_dcomm_t *c);
+/* A stream-ordered collective (session s, handle, seq) failed: release the rank's stream past it,
+ * once no kernel of the communicator runs (lock held). */
+void colld_gpu_owe_release(colld_dcomm_t *c, colld_session_t *s, uint32_t handle, uint64_t seq, colld_status_t st);
+void colld_gpu_comm_free(colld_daemon_t *d, colld_dcomm_t *c);
 
 /* ---- fast.c: the fast area of a single-node communicator ---- */
 /* Create it when the communicator forms (lock held). Returns 0 (also when there is none: off,

@@ -29,6 +29,9 @@ typedef colld_coll_t coll_t;
  * not call the allocator for them. */
 #define OP_FREE_MAX 4096
 
+/* How long the engine busy-polls GPU flags and events before it polls them once a millisecond. */
+#define GPU_SPIN_NS 2000000ull
+
 static colld_op_t *op_alloc(colld_daemon_t *d)
 {
     colld_op_t *op = d->op_free;
@@ -129,11 +132,22 @@ static void retire(colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status
         colld_engine_complete(s, sqe->comm, sqe->seq, st);
 }
 
+/* A stream-ordered descriptor that fails: its rank's GPU stream must not wait for it (lock held). */
+static void release_stream(colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st)
+{
+    if (!(sqe->flags & COLLD_SQE_STREAM) || st == COLLD_OK)
+        return;
+    colld_member_t *m = colld_comm_member(s, sqe->comm);
+    if (m)
+        colld_gpu_owe_release(m->comm, s, sqe->comm, sqe->seq, st);
+}
+
 /* Complete a descriptor that was never queued, and count it (lock held). */
 static void complete_sqe(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st)
 {
     if (!(sqe->flags & COLLD_SQE_FAST))
         colld_metrics_op(d, sqe->kind, sqe->dtype, payload_bytes(sqe), st);
+    release_stream(s, sqe, st);
     retire(s, sqe, st);
 }
 
@@ -143,6 +157,7 @@ void colld_engine_fail_op(colld_op_t *op, colld_status_t st)
     /* A failed record is that rank's collective failing (a finished one is retired by
      * drop_record, and the ranks count those themselves). */
     colld_metrics_op(op->session->daemon, op->d.kind, op->d.dtype, payload_bytes(&op->d), st);
+    release_stream(op->session, &op->d, st);
     retire(op->session, &op->d, st);
     if (op->send_reg)
         colld_session_release_reg(op->send_reg);
@@ -249,9 +264,33 @@ static colld_status_t validate(colld_session_t *s, colld_op_t *op, char *detail,
     default:
         break;
     }
+    bool stream = d->flags & COLLD_SQE_STREAM;
+    if (stream) {
+        colld_daemon_t *dm = s->daemon;
+        if (!dm->gpus) {
+            snprintf(detail, len, "GPU collective, but no GPU here: %.160s", dm->gpu_none);
+            return COLLD_ERR_NOT_SUPPORTED;
+        }
+        if (op->member->comm->x) {
+            snprintf(detail, len, "GPU collectives on a multi-node communicator are not supported yet");
+            return COLLD_ERR_NOT_SUPPORTED;
+        }
+        if (!s->gpu_flags || d->comm >= s->gpu_lines) {
+            snprintf(detail, len, "GPU collective without a GPU flag line for communicator handle %u", d->comm);
+            return COLLD_ERR_INVALID_ARGUMENT;
+        }
+    }
     if (resolve_buf(s, &d->send, send_bytes, "send", &op->send_reg, &op->send_ptr, detail, len) < 0 ||
         resolve_buf(s, &d->recv, recv_bytes, "recv", &op->recv_reg, &op->recv_ptr, detail, len) < 0)
         return COLLD_ERR_INVALID_ARGUMENT;
+    /* GPU memory only in stream-ordered collectives, host memory only in the others: the host
+     * backend never dereferences a device address. */
+    if ((op->send_reg && op->send_reg->cuda != stream) || (op->recv_reg && op->recv_reg->cuda != stream)) {
+        snprintf(detail, len, stream ? "GPU collective on a host buffer (registration %u)"
+                                     : "host collective on a GPU buffer (registration %u)",
+                 op->send_reg && op->send_reg->cuda != stream ? d->send.reg_id : d->recv.reg_id);
+        return COLLD_ERR_INVALID_ARGUMENT;
+    }
     return COLLD_OK;
 }
 
@@ -357,15 +396,16 @@ static int drain_session(colld_daemon_t *d, colld_session_t *s, colld_reply_t **
 static bool same_call(const colld_wire_sqe_t *a, const colld_wire_sqe_t *b)
 {
     return a->kind == b->kind && a->dtype == b->dtype && a->count == b->count &&
-           (!has_op(a->kind) || a->redop == b->redop) && (!has_root(a->kind) || a->root == b->root);
+           (!has_op(a->kind) || a->redop == b->redop) && (!has_root(a->kind) || a->root == b->root) &&
+           (a->flags & COLLD_SQE_STREAM) == (b->flags & COLLD_SQE_STREAM);
 }
 
 /* Describe one rank's call for a mismatch report. */
 static int describe_call(char *buf, size_t len, int rank, const colld_wire_sqe_t *d)
 {
-    return snprintf(buf, len, "%srank %d: %s(%s, %s, count %llu, root %d)", rank ? "; " : "", rank,
+    return snprintf(buf, len, "%srank %d: %s(%s, %s, count %llu, root %d%s)", rank ? "; " : "", rank,
                     colld_kind_name(d->kind), colld_dtype_name(d->dtype), has_op(d->kind) ? colld_redop_name(d->redop) : "-",
-                    (unsigned long long)d->count, d->root);
+                    (unsigned long long)d->count, d->root, d->flags & COLLD_SQE_STREAM ? ", GPU stream" : "");
 }
 
 /* If every rank of c has posted its next collective, take them out as one coll (signatures
@@ -679,13 +719,24 @@ void colld_engine_finish(colld_daemon_t *d, coll_t *k)
 
 /* One pass over all sessions and communicators: admit, match, time out. Returns how much work
  * was found, the matched collectives in *batch and the next deadline in *next_deadline. */
-static int engine_pass(colld_daemon_t *d, coll_t **batch, uint64_t *next_deadline, colld_reply_t **replies)
+/* The first local rank's next descriptor is a host collective (lock held). */
+static bool host_next(const colld_dcomm_t *c)
+{
+    for (int r = 0; r < c->nranks; r++)
+        if (!c->ranks[r].remote)
+            return c->ranks[r].head && !(c->ranks[r].head->d.flags & COLLD_SQE_STREAM);
+    return false;
+}
+
+static int engine_pass(colld_daemon_t *d, coll_t **batch, coll_t **gpu_launch, uint64_t *next_deadline,
+                       colld_reply_t **replies)
 {
     int work = 0;
     for (colld_session_t *s = d->sessions; s; s = s->next)
         work += drain_session(d, s, replies);
     uint64_t now = colld_now_ns();
     uint64_t next = colld_comm_check_join_timeouts(d, now, replies);
+    work += colld_gpu_progress(d, now, &next, gpu_launch, replies);
     for (colld_dcomm_t *c = d->comms; c; c = c->next) {
         if (c->notices_pending)
             colld_engine_post_notices(c);
@@ -693,9 +744,18 @@ static int engine_pass(colld_daemon_t *d, coll_t **batch, uint64_t *next_deadlin
             continue;
         if (c->fast && !resolve_fast(d, c, now, &next, replies))
             continue;
+        /* A host collective after GPU ones of the same communicator waits for them to finish,
+         * so each rank's completions stay in sequence order (and it is not timed out meanwhile). */
+        if (colld_gpu_busy(c) && host_next(c))
+            continue;
         coll_t *k = match_comm(d, c, replies);
         if (k && c->x) {
             colld_cluster_submit(d, k); /* the network thread runs it */
+            work++;
+            continue;
+        }
+        if (k && (colld_coll_lead(k)->d.flags & COLLD_SQE_STREAM)) {
+            colld_gpu_submit(d, k); /* launched once every rank's stream reached it */
             work++;
             continue;
         }
@@ -736,7 +796,7 @@ static void *engine_main(void *arg)
     uint64_t last_work = colld_now_ns();
     uint64_t spin_ns = (uint64_t)d->cfg.spin_us * 1000ull;
     for (;;) {
-        coll_t *batch = NULL;
+        coll_t *batch = NULL, *gpu_launch = NULL;
         colld_reply_t *replies = NULL;
         uint64_t next_deadline;
         pthread_mutex_lock(&d->lock);
@@ -744,9 +804,19 @@ static void *engine_main(void *arg)
             pthread_mutex_unlock(&d->lock);
             break;
         }
-        int work = engine_pass(d, &batch, &next_deadline, &replies);
+        int work = engine_pass(d, &batch, &gpu_launch, &next_deadline, &replies);
+        bool gpu_waiting = colld_gpu_outstanding(d);
         pthread_mutex_unlock(&d->lock);
         colld_replies_send(replies);
+
+        if (gpu_launch) {
+            colld_gpu_launch(d, gpu_launch); /* kernels are queued asynchronously */
+            replies = NULL;
+            pthread_mutex_lock(&d->lock);
+            colld_gpu_launched(d, gpu_launch, &replies);
+            pthread_mutex_unlock(&d->lock);
+            colld_replies_send(replies);
+        }
 
         if (batch) {
             for (coll_t *k = batch; k; k = k->next) {
@@ -767,7 +837,9 @@ static void *engine_main(void *arg)
             last_work = now;
             continue;
         }
-        if (now - last_work < spin_ns) {
+        /* While GPU work is outstanding the engine polls its flags and events: busy for a
+         * while (small collectives finish within it), then every millisecond (next_deadline). */
+        if (now - last_work < (gpu_waiting ? COLLD_MAX(spin_ns, GPU_SPIN_NS) : spin_ns)) {
             sched_yield();
             continue;
         }

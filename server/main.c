@@ -203,6 +203,10 @@ int main(int argc, char **argv)
     uv_signal_start(&d.sigterm, on_signal, SIGTERM);
     uv_signal_start(&d.sigint, on_signal, SIGINT);
 
+    if (colld_gpu_start(&d) < 0) {
+        fprintf(stderr, "colld: out of memory\n");
+        goto out_stop;
+    }
     if (colld_metrics_create(&d) < 0) {
         fprintf(stderr, "colld: out of memory\n");
         goto out_stop;
@@ -229,6 +233,10 @@ int main(int argc, char **argv)
     fprintf(stderr, "colld %d.%d: serving %s (control %s), host backend with %lld workers, %s kernels%s%s\n",
             COLLD_VERSION_MAJOR, COLLD_VERSION_MINOR, d.cfg.socket, d.rpc_path, (long long)d.cfg.workers,
             colld_cpu_reduce_impl(), metrics_url ? ", metrics on " : "", metrics_url ? metrics_url : "");
+    if (colld_gpu_count(&d) > 0)
+        fprintf(stderr, "colld: CUDA backend on %d GPU(s)\n", colld_gpu_count(&d));
+    else
+        fprintf(stderr, "colld: no CUDA backend: %s\n", d.gpu_none);
     if (d.cluster)
         fprintf(stderr, "colld: node %s listening for peer daemons on %s\n", colld_cluster_node_name(&d),
                 colld_cluster_listen_addr(&d));
@@ -250,6 +258,7 @@ out_stop:
     uv_run(&d.loop, UV_RUN_DEFAULT);
 out_loop:
     uv_loop_close(&d.loop);
+    colld_gpu_stop(&d);
     colld_metrics_destroy(&d);
     if (d.lock_fd >= 0)
         close(d.lock_fd);

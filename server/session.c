@@ -36,7 +36,10 @@ void colld_session_release_reg(colld_reg_t *r)
 {
     if (--r->refs > 0)
         return;
-    munmap(r->base, r->size);
+    if (r->cuda)
+        colld_gpu_release_reg(r);
+    else
+        munmap(r->base, r->size);
     free(r);
 }
 
@@ -63,6 +66,7 @@ void colld_session_unref(colld_session_t *s)
         s->regs = r->next;
         colld_session_release_reg(r);
     }
+    colld_gpu_session_free(s);
     if (s->shm)
         munmap(s->shm, s->shm_size);
     if (s->shm_fd >= 0)
@@ -329,8 +333,12 @@ static int session_on_dereg(colld_session_t *s, const colld_wire_msg_t *m)
         colld_reg_t *r = *pp;
         if (r->id != m->u.dereg.reg_id)
             continue;
+        st = COLLD_OK;
+        if (r->cuda && --r->users > 0)
+            break; /* the same IPC allocation is still registered */
         *pp = r->next;
-        s->registered_bytes -= r->size;
+        if (!r->cuda)
+            s->registered_bytes -= r->size;
         colld_session_release_reg(r);
         st = COLLD_OK;
         break;
@@ -342,6 +350,48 @@ static int session_on_dereg(colld_session_t *s, const colld_wire_msg_t *m)
     memset(&ok, 0, sizeof(ok));
     ok.type = COLLD_MSG_DEREG_REPLY;
     return session_send(s, &ok, NULL, 0);
+}
+
+/* REG_CUDA: open a GPU allocation (an IPC handle, or a VMM fd) for this session. */
+static int session_on_reg_cuda(colld_session_t *s, const colld_wire_msg_t *m)
+{
+    int fd = s->pending_fd;
+    s->pending_fd = -1;
+    char detail[COLLD_WIRE_DETAIL_BYTES] = "";
+    uint32_t id = 0;
+    colld_status_t st = colld_gpu_register(s, m, fd, &id, detail, sizeof(detail));
+    if (fd >= 0)
+        close(fd);
+    if (st != COLLD_OK) {
+        LOG_INFO(MEM, "session %llu: GPU registration refused: %s", (unsigned long long)s->id, detail);
+        return session_send_error(s, COLLD_MSG_REG_REPLY, st, detail);
+    }
+    colld_wire_msg_t ok;
+    memset(&ok, 0, sizeof(ok));
+    ok.type = COLLD_MSG_REG_REPLY;
+    ok.u.reg_reply.reg_id = id;
+    ok.u.reg_reply.cookie = m->u.reg_cuda.cookie;
+    return session_send(s, &ok, NULL, 0);
+}
+
+/* GPU_FLAGS: hand the session its GPU stream flag area. */
+static int session_on_gpu_flags(colld_session_t *s)
+{
+    char detail[COLLD_WIRE_DETAIL_BYTES] = "";
+    colld_status_t st = COLLD_OK;
+    uint64_t size = 0;
+    uint32_t lines = 0;
+    int fd = colld_gpu_flags_dup(s, &size, &lines, &st, detail, sizeof(detail));
+    if (fd < 0)
+        return session_send_error(s, COLLD_MSG_GPU_FLAGS_REPLY, st, detail);
+    colld_wire_msg_t ok;
+    memset(&ok, 0, sizeof(ok));
+    ok.type = COLLD_MSG_GPU_FLAGS_REPLY;
+    ok.u.gpu_flags.size = size;
+    ok.u.gpu_flags.lines = lines;
+    int rc = session_send(s, &ok, &fd, 1);
+    close(fd);
+    return rc;
 }
 
 /* FAST_AREA: hand a member its communicator's fast area. */
@@ -377,8 +427,8 @@ static int session_dispatch(colld_session_t *s, const colld_wire_msg_t *m)
         LOG_WARN(SESSION, "session %llu (pid %d): message before HELLO", (unsigned long long)s->id, (int)s->pid);
         return -1;
     }
-    if (m->type != COLLD_MSG_REG && s->pending_fd >= 0) {
-        close(s->pending_fd); /* fds only make sense with REG */
+    if (m->type != COLLD_MSG_REG && m->type != COLLD_MSG_REG_CUDA && s->pending_fd >= 0) {
+        close(s->pending_fd); /* fds only make sense with REG and REG_CUDA */
         s->pending_fd = -1;
     }
     switch (m->type) {
@@ -390,6 +440,10 @@ static int session_dispatch(colld_session_t *s, const colld_wire_msg_t *m)
         return session_on_dereg(s, m);
     case COLLD_MSG_FAST_AREA:
         return session_on_fast_area(s, m);
+    case COLLD_MSG_REG_CUDA:
+        return session_on_reg_cuda(s, m);
+    case COLLD_MSG_GPU_FLAGS:
+        return session_on_gpu_flags(s);
     default:
         LOG_WARN(SESSION, "session %llu (pid %d): unknown message type %u", (unsigned long long)s->id,
                  (int)s->pid, m->type);
@@ -565,7 +619,7 @@ static void session_on_listen(uv_poll_t *h, int status, int events)
         s->pid = cred.pid;
         s->uid = cred.uid;
         s->gid = cred.gid;
-        s->shm_fd = s->efd = s->pending_fd = -1;
+        s->shm_fd = s->efd = s->pending_fd = s->gpu_flags_fd = -1;
         s->attached_ms = colld_wall_ms();
         s->refs = 1;
         s->poll.data = s;

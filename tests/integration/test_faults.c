@@ -221,6 +221,38 @@ static void test_garbage_descriptors(void **state)
     assert_daemon_serves(h);
 }
 
+/* A stream-ordered descriptor on a host buffer. */
+static void stream_flag(colld_wire_sqe_t *s, colld_comm_t *c, uint32_t r) { (void)c, (void)r; s->flags |= COLLD_SQE_STREAM; }
+
+/* GPU requests sent straight to a daemon that has no GPU (this machine's, or one built without
+ * CUDA): each gets NOT_SUPPORTED with the reason, and the daemon goes on serving. */
+static void test_gpu_requests_without_gpu(void **state)
+{
+    harness_t *h = *state;
+    colld_wire_msg_t m, reply;
+    memset(&m, 0, sizeof(m));
+    m.type = COLLD_MSG_REG_CUDA;
+    m.u.reg_cuda.how = COLLD_CUDA_EXPORT_IPC;
+    m.u.reg_cuda.bytes = 1 << 20;
+    assert_int_equal(colld__sock_request(h->client, &m, -1, COLLD_MSG_REG_REPLY, &reply, NULL, 0), COLLD_OK);
+    print_message("REG_CUDA: %s: %s\n", colld_status_name(reply.status), reply.u.detail);
+    assert_int_equal(reply.status, COLLD_ERR_NOT_SUPPORTED);
+    assert_true(strstr(reply.u.detail, "no GPU here") || strstr(reply.u.detail, "without CUDA"));
+
+    memset(&m, 0, sizeof(m));
+    m.type = COLLD_MSG_GPU_FLAGS;
+    int fd = -1;
+    assert_int_equal(colld__sock_request(h->client, &m, -1, COLLD_MSG_GPU_FLAGS_REPLY, &reply, &fd, 1), COLLD_OK);
+    print_message("GPU_FLAGS: %s: %s\n", colld_status_name(reply.status), reply.u.detail);
+    assert_int_equal(reply.status, COLLD_ERR_NOT_SUPPORTED);
+    assert_int_equal(fd, -1);
+
+    char d[600];
+    assert_int_equal(post_raw(h, stream_flag, d, sizeof(d)), COLLD_ERR_NOT_SUPPORTED);
+    assert_true(strstr(d, "no GPU here") || strstr(d, "without CUDA"));
+    assert_daemon_serves(h);
+}
+
 /* A client that corrupts its ring counters loses its session; nobody else notices. */
 static void test_corrupt_ring_drops_only_that_session(void **state)
 {
@@ -422,6 +454,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_api_arguments, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_bad_collective_arguments, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_garbage_descriptors, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_gpu_requests_without_gpu, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_ring_drops_only_that_session, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_join_mismatch_and_timeout, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_peer_killed_mid_collective, harness_test_setup, harness_test_teardown),
