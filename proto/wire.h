@@ -63,15 +63,17 @@ typedef struct {
  * numbers are simply skipped in the descriptors the daemon sees. */
 #define COLLD_SQE_FAST 0x01u
 /* GPU buffers, stream-ordered (the CUDA backend): both buffer references name CUDA registrations
- * (COLLD_MSG_REG_CUDA) of the session. The rank's CUDA stream writes `ready` = (uint32_t)seq into
- * the session's GPU flag line of this communicator handle (COLLD_MSG_GPU_FLAGS) once the inputs
- * are ready, and waits for `done` to reach it. The daemon launches the kernels only when every
+ * (COLLD_MSG_REG_CUDA) of the session. `reserved` carries the rank's flag base for this
+ * communicator (below); the flag value of the collective is base + (uint32_t)seq. The rank's CUDA
+ * stream writes `ready` = that value into the session's GPU flag line of this communicator handle
+ * (COLLD_MSG_GPU_FLAGS) once the inputs are ready, and waits for `done` to reach it. The daemon launches the kernels only when every
  * rank's `ready` has reached seq (so a kernel never runs on the buffers of a rank whose stream did
  * not get there, and such a rank is named in the time-out), then its own stream writes `done`.
  * The completion is posted when the kernels have finished. */
 #define COLLD_SQE_STREAM 0x02u
 
-/* One work descriptor (64 bytes). `seq` counts from 1 per (session, communicator handle). */
+/* One work descriptor (64 bytes). `seq` counts from 1 per (session, communicator handle).
+ * `reserved` is 0, except in COLLD_SQE_STREAM descriptors (the flag base). */
 typedef struct {
     uint64_t seq;
     uint64_t count;
@@ -193,16 +195,22 @@ _Static_assert(sizeof(colld_wire_fast_stats_t) % 64 == 0, "fast stats layout");
  * sides. Line h belongs to communicator handle h (COLLD_WIRE_GPU_LINES(max comms per session)
  * lines; handle 0 unused).
  *
- *   ready   written by the rank's stream (cuStreamWriteValue32): the low 32 bits of the sequence
- *           number whose inputs are ready, after the work before it on the stream.
+ * Flag values: a line outlives the communicators that use its handle one after another, so the
+ * values keep growing across them: at its first stream-ordered collective a communicator takes
+ * base = the line's current `done` + 1 and uses base + (uint32_t)seq for collective seq, sending
+ * the base in every such descriptor (the daemon refuses a rank whose base changes). Waits left
+ * over from an earlier communicator on the same line are thereby always satisfied.
+ *
+ *   ready   written by the rank's stream (cuStreamWriteValue32): the flag value of the collective
+ *           whose inputs are ready, after the work before it on the stream.
  *   done    written by the daemon's stream after the collective's kernels (cuStreamWriteValue32),
  *           or by the daemon's host on failure; the rank's stream waits with
- *           CU_STREAM_WAIT_VALUE_GEQ, a cyclic comparison ((int32_t)(done - seq) >= 0).
+ *           CU_STREAM_WAIT_VALUE_GEQ, a cyclic comparison ((int32_t)(done - value) >= 0).
  *   status  0, or the colld_status_t that broke the communicator, written before the release.
  *
  * Release on failure (time-out, lost rank, abort, mismatch, device error, daemon loss): once no
- * kernel of the communicator is running any more, `done` is set to the last sequence number the
- * rank posted plus COLLD_WIRE_GPU_RELEASE, so every wait already enqueued (and the next 2^30)
+ * kernel of the communicator is running any more, `done` is set to the flag value of the last
+ * collective the rank posted plus COLLD_WIRE_GPU_RELEASE, so every wait already enqueued (and the next 2^30)
  * passes and no GPU stream waits forever; the error surfaces through the async-error query. The
  * client does the same on its side when it loses the daemon.
  * ------------------------------------------------------------------------------------------- */

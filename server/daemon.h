@@ -179,6 +179,9 @@ struct colld_member {
     bool remote;              /* the rank lives on another node (multi-node communicators) */
     int node;                 /* its node index once formed (multi-node) */
     bool notify;              /* owes its session a notice that the communicator broke */
+    bool gpu_base_set;        /* posted a stream-ordered collective: gpu_base is its flag base */
+    uint32_t gpu_base;
+    uint32_t gpu_last;        /* flag value of its last stream-ordered collective */
     /* straggler statistics: how long after the first rank this rank posted each executed one */
     uint64_t late_sum_ns, late_max_ns, late_samples;
 };
@@ -440,9 +443,9 @@ bool colld_gpu_busy(const colld_dcomm_t *c);
 bool colld_gpu_outstanding(const colld_daemon_t *d);
 /* The communicator broke: fail its matched GPU collectives, release every rank's stream (lock held). */
 void colld_gpu_comm_broken(colld_daemon_t *d, colld_dcomm_t *c);
-/* A stream-ordered collective (session s, handle, seq) failed: release the rank's stream past it,
- * once no kernel of the communicator runs (lock held). */
-void colld_gpu_owe_release(colld_dcomm_t *c, colld_session_t *s, uint32_t handle, uint64_t seq, colld_status_t st);
+/* A stream-ordered collective of `rank` with flag value `value` failed: release the rank's
+ * stream past it, once no kernel of the communicator runs (lock held). */
+void colld_gpu_owe_release(colld_dcomm_t *c, int rank, uint32_t value, colld_status_t st);
 void colld_gpu_comm_free(colld_daemon_t *d, colld_dcomm_t *c);
 
 /* ---- fast.c: the fast area of a single-node communicator ---- */

@@ -139,7 +139,7 @@ static void release_stream(colld_session_t *s, const colld_wire_sqe_t *sqe, coll
         return;
     colld_member_t *m = colld_comm_member(s, sqe->comm);
     if (m)
-        colld_gpu_owe_release(m->comm, s, sqe->comm, sqe->seq, st);
+        colld_gpu_owe_release(m->comm, m->rank, sqe->reserved + (uint32_t)sqe->seq, st);
 }
 
 /* Complete a descriptor that was never queued, and count it (lock held). */
@@ -279,6 +279,15 @@ static colld_status_t validate(colld_session_t *s, colld_op_t *op, char *detail,
             snprintf(detail, len, "GPU collective without a GPU flag line for communicator handle %u", d->comm);
             return COLLD_ERR_INVALID_ARGUMENT;
         }
+        colld_member_t *m = op->member;
+        if (m->gpu_base_set && d->reserved != m->gpu_base) {
+            snprintf(detail, len, "GPU collective with flag base %u where the communicator uses %u", d->reserved,
+                     m->gpu_base);
+            return COLLD_ERR_INVALID_ARGUMENT;
+        }
+        m->gpu_base_set = true;
+        m->gpu_base = d->reserved;
+        m->gpu_last = d->reserved + (uint32_t)d->seq;
     }
     if (resolve_buf(s, &d->send, send_bytes, "send", &op->send_reg, &op->send_ptr, detail, len) < 0 ||
         resolve_buf(s, &d->recv, recv_bytes, "recv", &op->recv_reg, &op->recv_ptr, detail, len) < 0)

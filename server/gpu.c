@@ -47,19 +47,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-/* Release one flag line: status, then `done` moved forward (never back) to `value` (lock held). */
-static void flag_release(colld_session_t *s, uint32_t handle, uint32_t value, colld_status_t st)
-{
-    if (!s || !s->gpu_flags || handle == 0 || handle >= s->gpu_lines)
-        return;
-    colld_wire_gpu_flag_t *f = &s->gpu_flags[handle];
-    if (st != COLLD_OK)
-        __atomic_store_n(&f->status, (int32_t)st, __ATOMIC_RELAXED);
-    uint32_t cur = __atomic_load_n(&f->done, __ATOMIC_RELAXED);
-    if ((int32_t)(value - cur) > 0)
-        __atomic_store_n(&f->done, value, __ATOMIC_RELEASE);
-}
-
 #ifndef COLLD_HAVE_CUDA
 
 /* ============================================================================================
@@ -149,18 +136,12 @@ bool colld_gpu_outstanding(const colld_daemon_t *d)
 
 void colld_gpu_comm_broken(colld_daemon_t *d, colld_dcomm_t *c)
 {
-    (void)d;
-    for (int r = 0; r < c->nranks; r++) {
-        colld_member_t *m = &c->ranks[r];
-        if (m->session && m->next_seq > 1)
-            flag_release(m->session, m->handle, (uint32_t)(m->next_seq - 1) + COLLD_WIRE_GPU_RELEASE, c->error);
-    }
+    (void)d, (void)c;
 }
 
-void colld_gpu_owe_release(colld_dcomm_t *c, colld_session_t *s, uint32_t handle, uint64_t seq, colld_status_t st)
+void colld_gpu_owe_release(colld_dcomm_t *c, int rank, uint32_t value, colld_status_t st)
 {
-    (void)c;
-    flag_release(s, handle, (uint32_t)seq + COLLD_WIRE_GPU_RELEASE, st);
+    (void)c, (void)rank, (void)value, (void)st;
 }
 
 void colld_gpu_comm_free(colld_daemon_t *d, colld_dcomm_t *c)
@@ -201,6 +182,19 @@ struct colld_gpu_comm {
 };
 
 #define CU (d->gpus->cu)
+
+/* Release one flag line: status, then `done` moved forward (never back) to `value` (lock held). */
+static void flag_release(colld_session_t *s, uint32_t handle, uint32_t value, colld_status_t st)
+{
+    if (!s || !s->gpu_flags || handle == 0 || handle >= s->gpu_lines)
+        return;
+    colld_wire_gpu_flag_t *f = &s->gpu_flags[handle];
+    if (st != COLLD_OK)
+        __atomic_store_n(&f->status, (int32_t)st, __ATOMIC_RELAXED);
+    uint32_t cur = __atomic_load_n(&f->done, __ATOMIC_RELAXED);
+    if ((int32_t)(value - cur) > 0)
+        __atomic_store_n(&f->done, value, __ATOMIC_RELEASE);
+}
 
 static const char *cu_err(const colld_cu_t *cu, CUresult r, char *buf, size_t len)
 {
@@ -619,16 +613,14 @@ static void pay_releases(colld_dcomm_t *c)
         }
 }
 
-void colld_gpu_owe_release(colld_dcomm_t *c, colld_session_t *s, uint32_t handle, uint64_t seq, colld_status_t st)
+void colld_gpu_owe_release(colld_dcomm_t *c, int rank, uint32_t value, colld_status_t st)
 {
-    uint32_t v = (uint32_t)seq + COLLD_WIRE_GPU_RELEASE;
+    uint32_t v = value + COLLD_WIRE_GPU_RELEASE;
     colld_gpu_comm_t *gc = c->gpu;
-    int rank = -1;
-    for (int r = 0; r < c->nranks; r++)
-        if (c->ranks[r].session == s && c->ranks[r].handle == handle)
-            rank = r;
-    if (!gc || !gc->running || rank < 0) {
-        flag_release(s, handle, v, st);
+    if (rank < 0 || rank >= c->nranks)
+        return;
+    if (!gc || !gc->running) {
+        flag_release(c->ranks[rank].session, c->ranks[rank].handle, v, st);
         return;
     }
     if (!gc->owe[rank] || (int32_t)(v - gc->owed[rank]) > 0)
@@ -681,15 +673,14 @@ void colld_gpu_submit(colld_daemon_t *d, colld_coll_t *k)
 /* Has every rank's stream reached this collective? (lock held) */
 static bool all_ready(const colld_coll_t *k, int *missing, int nmissing_max, int *nmissing)
 {
-    uint32_t seq = (uint32_t)colld_coll_lead(k)->d.seq;
     *nmissing = 0;
     for (int r = 0; r < k->comm->nranks; r++) {
         const colld_op_t *op = k->ops[r];
         const colld_session_t *s = op->session;
-        uint32_t h = op->d.comm;
+        uint32_t h = op->d.comm, want = op->d.reserved + (uint32_t)op->d.seq;
         uint32_t ready = s->gpu_flags && h < s->gpu_lines ? __atomic_load_n(&s->gpu_flags[h].ready, __ATOMIC_ACQUIRE)
-                                                          : seq - 1;
-        if ((int32_t)(ready - seq) < 0) {
+                                                          : want - 1;
+        if ((int32_t)(ready - want) < 0) {
             if (*nmissing < nmissing_max)
                 missing[*nmissing] = r;
             (*nmissing)++;
@@ -934,8 +925,8 @@ static colld_status_t launch_one(colld_daemon_t *d, colld_coll_t *k, char *why, 
         const colld_op_t *op = k->ops[r];
         CUdeviceptr f = (CUdeviceptr)(op->session->gpu_flags_dptr + (uint64_t)op->d.comm * sizeof(colld_wire_gpu_flag_t) +
                                       offsetof(colld_wire_gpu_flag_t, done));
-        if ((cr = cu->cuStreamWriteValue32(stream[lead], f, (cuuint32_t)a->seq, CU_STREAM_WRITE_VALUE_DEFAULT)) !=
-            CUDA_SUCCESS)
+        cuuint32_t value = op->d.reserved + (uint32_t)op->d.seq;
+        if ((cr = cu->cuStreamWriteValue32(stream[lead], f, value, CU_STREAM_WRITE_VALUE_DEFAULT)) != CUDA_SUCCESS)
             goto cuda_failed;
     }
     CUevent done;
@@ -1014,8 +1005,8 @@ void colld_gpu_comm_broken(colld_daemon_t *d, colld_dcomm_t *c)
     /* Every rank's stream is released past what it posted (deferred while a kernel runs). */
     for (int r = 0; r < c->nranks; r++) {
         colld_member_t *m = &c->ranks[r];
-        if (m->session && m->session->gpu_flags && m->next_seq > 1)
-            colld_gpu_owe_release(c, m->session, m->handle, m->next_seq - 1, c->error);
+        if (m->session && m->session->gpu_flags && m->gpu_base_set)
+            colld_gpu_owe_release(c, r, m->gpu_last, c->error);
     }
 }
 
