@@ -1,7 +1,7 @@
 /*
  * client.c - libcolld's connection to the local daemon: the session socket, the shared-memory
- * rings, the monitor thread that turns a lost daemon into COLLD_ERR_DAEMON_LOST, and host memory
- * shared with the daemon.
+ * rings, the monitor thread that turns a lost daemon into COLLD_ERR_DAEMON_LOST (and releases the
+ * GPU streams waiting on it), and memory shared with the daemon (host here, GPU in cuda.c).
  */
 #include "client/client_internal.h"
 
@@ -16,6 +16,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,6 +141,7 @@ static void *monitor_main(void *arg)
             if (!atomic_exchange(&c->lost, true))
                 LOG_WARN(CLIENT, "lost the colld daemon at %s: every pending and later call fails with "
                                  "COLLD_ERR_DAEMON_LOST", c->socket_path);
+            colld__gpu_daemon_lost(c); /* no application stream may wait for a daemon that is gone */
             wake_waiters(c);
             return NULL;
         }
@@ -187,6 +189,8 @@ static void client_free(colld_client_t *c)
         pthread_join(c->monitor, NULL);
     }
     colld_rpc_channel_destroy(c->rpc);
+    if (c->gpu)
+        colld__gpu_client_free(c); /* deregisters through the session socket: before it closes */
     if (c->sock >= 0)
         close(c->sock);
     for (int i = 0; i < 2; i++)
@@ -237,6 +241,10 @@ colld_status_t colld__connect_role(const char *socket_path, int role, colld_clie
     c->sock = c->efd = c->wake_pipe[0] = c->wake_pipe[1] = -1;
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->sock_mu, NULL);
+    if (colld__gpu_client_init(c) != COLLD_OK) {
+        client_free(c);
+        return COLLD_ERR_NO_MEMORY;
+    }
     if (!socket_path)
         socket_path = colld_config_env("COLLD_SOCKET");
     if (socket_path)
@@ -563,6 +571,17 @@ int colld__client_lookup(colld_client_t *c, const void *p, size_t bytes, colld_w
     return -1;
 }
 
+void colld__client_lookup2(colld_client_t *c, const void *send, size_t send_bytes, const void *recv,
+                           size_t recv_bytes, colld_wire_buf_t *wsend, colld_wire_buf_t *wrecv, int *ls, int *lr)
+{
+    memset(wsend, 0, sizeof(*wsend));
+    memset(wrecv, 0, sizeof(*wrecv));
+    pthread_mutex_lock(&c->mu);
+    *ls = send_bytes ? colld__client_lookup(c, send, send_bytes, wsend) : 0;
+    *lr = recv_bytes ? colld__client_lookup(c, recv, recv_bytes, wrecv) : 0;
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* Create a sealed memfd of at least `bytes`, map it and register it with the daemon. On success
  * *base, *size and *reg_id describe the mapping; nothing else records it. */
 colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, size_t *size, uint32_t *reg_id)
@@ -628,21 +647,49 @@ colld_status_t colld__deregister(colld_client_t *c, uint32_t reg_id)
     return st == COLLD_ERR_DAEMON_LOST ? COLLD_OK : st;
 }
 
+colld_status_t colld__client_error(colld_client_t *c, colld_status_t st, const char *fmt, ...)
+{
+    char text[COLLD_CLIENT_DETAIL_LEN - 64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&c->mu);
+    snprintf(c->last_error, sizeof(c->last_error), "%s: %s", colld_status_name(st), text);
+    pthread_mutex_unlock(&c->mu);
+    LOG_INFO(CLIENT, "%s: %s", colld_status_name(st), text);
+    return st;
+}
+
+const char *colld_last_error(colld_client_t *c)
+{
+    if (!c)
+        return "invalid client (NULL)";
+    return c->last_error;
+}
+
 colld_status_t colld_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, colld_memtype_t type)
 {
-    if (!c || !ptr || bytes == 0)
+    if (!c)
         return COLLD_ERR_INVALID_ARGUMENT;
+    if (!ptr || bytes == 0)
+        return colld__client_error(c, COLLD_ERR_INVALID_ARGUMENT, "colld_mem_alloc: %s",
+                                   !ptr ? "ptr is NULL" : "0 bytes");
     *ptr = NULL;
-    if (type == COLLD_MEM_CUDA)
-        return COLLD_ERR_NOT_SUPPORTED;
+    char why[360];
+    if (type == COLLD_MEM_CUDA) {
+        colld_status_t st = colld__gpu_mem_alloc(c, ptr, bytes, why, sizeof(why));
+        return st == COLLD_OK ? st : colld__client_error(c, st, "colld_mem_alloc(%zu bytes, COLLD_MEM_CUDA): %s", bytes, why);
+    }
     if (type != COLLD_MEM_HOST)
-        return COLLD_ERR_INVALID_ARGUMENT;
+        return colld__client_error(c, COLLD_ERR_INVALID_ARGUMENT, "colld_mem_alloc: unknown memory type %d", (int)type);
     void *base;
     size_t size;
     uint32_t reg_id;
     colld_status_t st = colld__register(c, bytes, &base, &size, &reg_id);
     if (st != COLLD_OK)
-        return st;
+        return colld__client_error(c, st, "colld_mem_alloc(%zu bytes, COLLD_MEM_HOST): %s", bytes,
+                                   colld_status_string(st));
     pthread_mutex_lock(&c->mu);
     if (c->nregs == c->cap_regs) {
         size_t n = c->cap_regs ? c->cap_regs * 2 : 16;
@@ -672,7 +719,9 @@ colld_status_t colld_mem_free(colld_client_t *c, void *ptr)
         i++;
     if (i == c->nregs) {
         pthread_mutex_unlock(&c->mu);
-        return COLLD_ERR_INVALID_ARGUMENT;
+        char why[360];
+        colld_status_t st = colld__gpu_mem_free(c, ptr, why, sizeof(why)); /* GPU memory, or not ours */
+        return st == COLLD_OK ? st : colld__client_error(c, st, "colld_mem_free: %s", why);
     }
     colld_client_reg_t reg = c->regs[i];
     c->regs[i] = c->regs[--c->nregs];

@@ -4,6 +4,8 @@
  *   colld_client_t  one session with the local daemon: the session socket (identity, fds,
  *                   liveness), the shared-memory rings, the gRPC channel, the registrations.
  *   colld_comm_t    one rank's handle on a communicator: sequence counters and error state.
+ *   colld_gpu_t     a client's GPU state (cuda.c): registrations of device memory, the session's
+ *                   GPU stream flag area. Opaque outside cuda.c.
  *
  * Locking: client->mu guards the rings, the communicator table and the registrations;
  * client->sock_mu serialises request/reply exchanges on the session socket. A monitor thread
@@ -45,6 +47,9 @@ typedef struct colld_pending {
     struct colld_pending *next;
 } colld_pending_t;
 
+/* The GPU state of a client (cuda.c). */
+typedef struct colld_gpu colld_gpu_t;
+
 struct colld_client {
     char socket_path[256];
     int sock;
@@ -77,6 +82,9 @@ struct colld_client {
     bool monitor_started;
     int wake_pipe[2];
     colld_rpc_channel_t *rpc;
+
+    colld_gpu_t *gpu; /* created at connect, never NULL afterwards */
+    char last_error[COLLD_CLIENT_DETAIL_LEN]; /* colld_last_error (mu) */
 };
 
 /* A collective this rank started on the fast area and has not finished (fast.c). */
@@ -112,7 +120,21 @@ struct colld_comm {
     colld_fast_op_t fop;      /* at most one in flight: a rank finishes it before its next call */
     uint64_t spin_ns;         /* adaptive busy-wait before yielding */
     uint64_t spin_max_ns;     /* 0 with more ranks than CPUs */
+    bool gpu_used;            /* gpu_base is set (at the first stream-ordered collective) */
+    uint32_t gpu_base;        /* flag base: collective seq has flag value gpu_base + (uint32_t)seq */
 };
+
+/* A stream-ordered collective between its validation (colld__gpu_prepare) and its posting
+ * (colld__gpu_post): the stream, its context and the device addresses of its flag line. Plain
+ * integers and pointers, so that no CUDA header is needed outside cuda.c. */
+typedef struct {
+    void *stream;        /* CUstream; CU_STREAM_LEGACY for the default stream */
+    void *ctx;           /* CUcontext of the stream */
+    uint64_t ready;      /* CUdeviceptr of the line's `ready` word */
+    uint64_t done;       /* CUdeviceptr of the line's `done` word */
+    unsigned wait_flags; /* CU_STREAM_WAIT_VALUE_GEQ, plus FLUSH where the device supports it */
+    uint32_t base;       /* the communicator's flag base (proto/wire.h) */
+} colld_gpu_op_t;
 
 /* client.c */
 colld_status_t colld__connect_role(const char *socket_path, int role, colld_client_t **out);
@@ -138,14 +160,23 @@ void colld__client_remove_comm(colld_client_t *c, colld_comm_t *comm);
 
 colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, size_t *size, uint32_t *reg_id);
 colld_status_t colld__deregister(colld_client_t *c, uint32_t reg_id);
+/* Record a client-level error (colld_last_error) and return st. */
+colld_status_t colld__client_error(colld_client_t *c, colld_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Look up both buffers of a collective in the host registrations under one lock: *ls / *lr as
+ * colld__client_lookup (0 also for an unused buffer, 0 bytes), *wsend / *wrecv filled when found. */
+void colld__client_lookup2(colld_client_t *c, const void *send, size_t send_bytes, const void *recv,
+                           size_t recv_bytes, colld_wire_buf_t *wsend, colld_wire_buf_t *wrecv, int *ls, int *lr);
 
 /* staging.c */
-/* Resolve a collective's buffers: registered ranges as they are (zero copy), other memory
- * through staging regions; *pending (or NULL) must be attached when the op is numbered, or
- * released. On error `why` says what is wrong. */
+/* Resolve a collective's buffers, given what colld__client_lookup2 found (ls, lr: 0 registered or
+ * unused, -1 not registered; never -2): registered ranges as they are (zero copy, *wsend / *wrecv
+ * already filled), other memory through staging regions; *pending (or NULL) must be attached when
+ * the op is numbered, or released. On error `why` says what is wrong. */
 colld_status_t colld__stage(colld_comm_t *comm, const void *send, size_t send_bytes, void *recv, size_t recv_bytes,
-                            colld_wire_buf_t *wsend, colld_wire_buf_t *wrecv, colld_pending_t **pending,
-                            char *why, size_t why_len);
+                            int ls, int lr, colld_wire_buf_t *wsend, colld_wire_buf_t *wrecv,
+                            colld_pending_t **pending, char *why, size_t why_len);
 void colld__pending_attach(colld_comm_t *comm, colld_pending_t *p, uint64_t seq); /* mu held */
 void colld__pending_detach(colld_comm_t *comm, colld_pending_t *p);               /* mu held */
 void colld__pending_release(colld_client_t *c, colld_pending_t *p);               /* mu held */
@@ -162,7 +193,8 @@ void colld__fast_detach(colld_comm_t *comm);
 /* True when this collective runs on the fast area (the same answer on every rank). */
 bool colld__fast_eligible(const colld_comm_t *comm, colld_kind_t kind, size_t count, colld_dtype_t dtype);
 /* Start one (nothing else of this communicator may be in flight): publish this rank's input,
- * post the record. On error `why` says what is wrong. */
+ * post the record. The caller has checked the buffers (not NULL where used, not running past the
+ * end of a registration). On error `why` says what is wrong. */
 colld_status_t colld__fast_start(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes,
                                  void *recv, size_t recv_bytes, size_t count, colld_dtype_t dtype, colld_redop_t op,
                                  int root, char *why, size_t why_len);
@@ -175,11 +207,45 @@ bool colld__group_active(void);
 /* Record the first error of the current group (no-op outside a group). */
 void colld__group_fail(colld_status_t st);
 /* Post a descriptor now (numbering it), or queue it until the outermost colld_group_end. Takes
- * ownership of `pending` (NULL if nothing was staged). */
-colld_status_t colld__enqueue(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending);
+ * ownership of `pending` (NULL if nothing was staged). `gpu` (NULL for host buffers): a
+ * stream-ordered collective, prepared by colld__gpu_prepare, posted with colld__gpu_post. On
+ * error `why` says what is wrong. */
+colld_status_t colld__enqueue(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending,
+                              const colld_gpu_op_t *gpu, char *why, size_t why_len);
 /* Queue a fast-path collective until the outermost colld_group_end (inside a group only). */
 colld_status_t colld__group_queue_fast(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes,
                                        void *recv, size_t recv_bytes, size_t count, colld_dtype_t dtype,
                                        colld_redop_t op, int root);
+
+/* cuda.c: GPU buffers and stream-ordered collectives. Without CUDA support in the build, or
+ * without a driver, every entry point answers COLLD_ERR_NOT_SUPPORTED with the reason in `why`. */
+/* Create the (empty) GPU state of a client at connect; nothing of CUDA is loaded. */
+colld_status_t colld__gpu_client_init(colld_client_t *c);
+/* At disconnect (monitor stopped, session socket still open): deregister every GPU
+ * registration, free the device memory from colld_mem_alloc, unmap the flag area. */
+void colld__gpu_client_free(colld_client_t *c);
+/* The daemon is gone (monitor thread): release every flag line this client used, so that no
+ * application stream waits forever. */
+void colld__gpu_daemon_lost(colld_client_t *c);
+/* Whether pointers outside the host registrations may be device memory: false, at the cost of one
+ * dl_iterate_phdr step, unless the CUDA driver is loaded in the process. */
+bool colld__gpu_maybe_device(colld_client_t *c);
+/* Whether p is device memory (false for any host memory, and when the driver is unusable). */
+bool colld__gpu_is_device(colld_client_t *c, const void *p);
+/* Validate a stream-ordered collective (stream NULL: the legacy default stream): resolve both
+ * buffers to registrations (registering their allocations once) into sqe->send / sqe->recv, set
+ * up the flag area, check the stream's device. Nothing is enqueued on the stream yet. */
+colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *send, size_t send_bytes,
+                                  const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe, colld_gpu_op_t *op,
+                                  char *why, size_t why_len);
+/* Number a prepared collective, enqueue `ready = value` and the wait for `done >= value` on its
+ * stream (value = flag base + seq), and post the descriptor; if the posting fails, the stream is
+ * released from here. */
+colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op,
+                               char *why, size_t why_len);
+/* colld_mem_alloc(COLLD_MEM_CUDA) and its colld_mem_free (COLLD_ERR_INVALID_ARGUMENT when ptr is
+ * not such an allocation). */
+colld_status_t colld__gpu_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, char *why, size_t why_len);
+colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, char *why, size_t why_len);
 
 #endif /* COLLD_CLIENT_INTERNAL_H */

@@ -5,6 +5,13 @@
  * on the submission ring, matched by the daemon across ranks by sequence number. Each
  * communicator keeps its first error (sticky, as NCCL's async error): once broken, calls on it
  * fail fast with that status, and colld_comm_last_error explains it.
+ *
+ * Which path a collective takes: with a CUDA stream, or on device buffers with stream NULL (the
+ * legacy default stream, as NCCL), it is stream-ordered (cuda.c); otherwise host buffers go to
+ * the communicator's fast area when small (fast.c), else to the engine, staged when they are not
+ * from colld_mem_alloc (staging.c). Device pointers are only looked for when the CUDA driver is
+ * loaded in the process, and never for buffers inside host registrations, so host programs pay
+ * nothing for the GPU path.
  */
 #include "client/client_internal.h"
 
@@ -258,7 +265,7 @@ colld_status_t colld_comm_user_rank(const colld_comm_t *comm, int *rank)
  * ========================================================================================== */
 
 /* Check the common arguments of a collective; returns COLLD_OK or the error (recorded). */
-static colld_status_t check_common(colld_comm_t *comm, colld_dtype_t dtype, void *stream)
+static colld_status_t check_common(colld_comm_t *comm, colld_dtype_t dtype)
 {
     if (atomic_load(&comm->client->lost))
         return comm_error(comm, COLLD_ERR_DAEMON_LOST, "the connection to the colld daemon was lost");
@@ -267,12 +274,44 @@ static colld_status_t check_common(colld_comm_t *comm, colld_dtype_t dtype, void
         colld__group_fail(err);
         return err; /* broken: fail fast with the first error */
     }
-    if (stream)
-        return comm_error(comm, COLLD_ERR_NOT_SUPPORTED,
-                          "stream must be NULL: GPU streams need the CUDA backend, not in this version");
     if ((unsigned)dtype >= COLLD_DTYPE_COUNT)
         return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "unknown dtype %d", (int)dtype);
     return COLLD_OK;
+}
+
+/* Fill the signature fields of a descriptor. */
+static void describe(colld_wire_sqe_t *sqe, const colld_comm_t *comm, colld_kind_t kind, size_t count,
+                     colld_dtype_t dtype, colld_redop_t op, bool reduces, int root)
+{
+    sqe->count = count;
+    sqe->comm = comm->handle;
+    sqe->kind = (uint8_t)kind;
+    sqe->dtype = (uint8_t)dtype;
+    sqe->redop = reduces ? (uint8_t)op : 0;
+    sqe->root = root;
+}
+
+/* Post a stream-ordered collective (stream NULL: the legacy default stream). Its buffers are
+ * resolved and its stream checked now, also inside a group, so that errors come from this call. */
+static colld_status_t post_gpu(colld_comm_t *comm, colld_kind_t kind, const void *sendbuf, size_t send_bytes,
+                               void *recvbuf, size_t recv_bytes, size_t count, colld_dtype_t dtype, colld_redop_t op,
+                               bool reduces, int root, void *stream)
+{
+    /* A fast-path collective still in flight finishes first (the daemon sees sequence numbers in
+     * order). */
+    colld_status_t st;
+    if (!colld__group_active() && (st = colld__fast_finish(comm, true)) != COLLD_OK)
+        return st;
+    colld_wire_sqe_t sqe;
+    memset(&sqe, 0, sizeof(sqe));
+    colld_gpu_op_t gop;
+    char why[400];
+    st = colld__gpu_prepare(comm, stream, sendbuf, send_bytes, recvbuf, recv_bytes, &sqe, &gop, why, sizeof(why));
+    if (st != COLLD_OK)
+        return comm_error(comm, st, "%s", why);
+    describe(&sqe, comm, kind, count, dtype, op, reduces, root);
+    st = colld__enqueue(comm, &sqe, NULL, &gop, why, sizeof(why));
+    return st == COLLD_OK ? st : comm_error(comm, st, "%s", why);
 }
 
 /* Validate and post one collective. send_elems/recv_elems are the elements each buffer must hold
@@ -281,7 +320,7 @@ static colld_status_t post(colld_comm_t *comm, colld_kind_t kind, const void *se
                            void *recvbuf, size_t recv_elems, size_t count, colld_dtype_t dtype, colld_redop_t op,
                            int root, void *stream)
 {
-    colld_status_t st = check_common(comm, dtype, stream);
+    colld_status_t st = check_common(comm, dtype);
     if (st != COLLD_OK)
         return st;
     bool reduces = kind == COLLD_KIND_ALLREDUCE || kind == COLLD_KIND_REDUCE || kind == COLLD_KIND_REDUCESCATTER;
@@ -292,6 +331,34 @@ static colld_status_t post(colld_comm_t *comm, colld_kind_t kind, const void *se
     size_t es = colld_dtype_size(dtype), send_bytes, recv_bytes;
     if (__builtin_mul_overflow(send_elems, es, &send_bytes) || __builtin_mul_overflow(recv_elems, es, &recv_bytes))
         return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "count %zu overflows", count);
+    if (stream)
+        return post_gpu(comm, kind, sendbuf, send_bytes, recvbuf, recv_bytes, count, dtype, op, reduces, root, stream);
+    if ((send_bytes && !sendbuf) || (recv_bytes && !recvbuf))
+        return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "%s is NULL", send_bytes && !sendbuf ? "sendbuf" : "recvbuf");
+    colld_wire_sqe_t sqe;
+    memset(&sqe, 0, sizeof(sqe));
+    int ls, lr;
+    colld__client_lookup2(comm->client, sendbuf, send_bytes, recvbuf, recv_bytes, &sqe.send, &sqe.recv, &ls, &lr);
+    if (ls == -2 || lr == -2)
+        return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "%s (%p): %zu bytes run past the end of its buffer",
+                          ls == -2 ? "sendbuf" : "recvbuf", ls == -2 ? sendbuf : (const void *)recvbuf,
+                          ls == -2 ? send_bytes : recv_bytes);
+    /* Memory outside the host registrations may be device memory when the application uses CUDA:
+     * device buffers with stream NULL are stream-ordered on the legacy default stream. */
+    if ((ls == -1 || lr == -1) && colld__gpu_maybe_device(comm->client)) {
+        bool sdev = ls == -1 && colld__gpu_is_device(comm->client, sendbuf);
+        bool rdev = lr == -1 && colld__gpu_is_device(comm->client, recvbuf);
+        bool shost = send_bytes && !sdev, rhost = recv_bytes && !rdev;
+        if ((sdev || rdev) && (shost || rhost))
+            return comm_error(comm, COLLD_ERR_INVALID_ARGUMENT,
+                              "%s (%p) is device memory but %s (%p) is host memory: both buffers of a collective "
+                              "must be device memory (stream-ordered) or both host memory",
+                              sdev ? "sendbuf" : "recvbuf", sdev ? sendbuf : (const void *)recvbuf,
+                              sdev ? "recvbuf" : "sendbuf", sdev ? (const void *)recvbuf : sendbuf);
+        if (sdev || rdev)
+            return post_gpu(comm, kind, sendbuf, send_bytes, recvbuf, recv_bytes, count, dtype, op, reduces, root,
+                            NULL);
+    }
     char why[256];
     if (colld__fast_eligible(comm, kind, count, dtype)) {
         if (colld__group_active()) {
@@ -309,21 +376,15 @@ static colld_status_t post(colld_comm_t *comm, colld_kind_t kind, const void *se
     /* A fast-path collective still in flight finishes first (its output may be this input). */
     if (!colld__group_active() && (st = colld__fast_finish(comm, true)) != COLLD_OK)
         return st;
-    colld_wire_sqe_t sqe;
-    memset(&sqe, 0, sizeof(sqe));
     colld_pending_t *pending;
-    st = colld__stage(comm, sendbuf, send_bytes, recvbuf, recv_bytes, &sqe.send, &sqe.recv, &pending, why, sizeof(why));
+    st = colld__stage(comm, sendbuf, send_bytes, recvbuf, recv_bytes, ls, lr, &sqe.send, &sqe.recv, &pending, why,
+                      sizeof(why));
     if (st != COLLD_OK)
         return comm_error(comm, st, "%s", why);
-    sqe.count = count;
-    sqe.comm = comm->handle;
-    sqe.kind = (uint8_t)kind;
-    sqe.dtype = (uint8_t)dtype;
-    sqe.redop = reduces ? (uint8_t)op : 0;
-    sqe.root = root;
-    st = colld__enqueue(comm, &sqe, pending);
+    describe(&sqe, comm, kind, count, dtype, op, reduces, root);
+    st = colld__enqueue(comm, &sqe, pending, NULL, why, sizeof(why));
     if (st != COLLD_OK)
-        return comm_error(comm, st, "cannot post the collective: %s", colld_status_string(st));
+        return comm_error(comm, st, "%s", why);
     return COLLD_OK;
 }
 

@@ -175,37 +175,13 @@ bool colld__fast_eligible(const colld_comm_t *comm, colld_kind_t kind, size_t co
  * Starting
  * ========================================================================================== */
 
-/* Reject a buffer range that starts inside one of our registrations and runs past its end, as
- * the engine path does (anything else is the caller's own memory). */
-static colld_status_t check_range(colld_comm_t *comm, const void *p, size_t bytes, const char *which, char *why,
-                                  size_t why_len)
-{
-    if (!bytes)
-        return COLLD_OK;
-    if (!p) {
-        snprintf(why, why_len, "%s is NULL", which);
-        return COLLD_ERR_INVALID_ARGUMENT;
-    }
-    colld_wire_buf_t b;
-    pthread_mutex_lock(&comm->client->mu);
-    int rc = colld__client_lookup(comm->client, p, bytes, &b);
-    pthread_mutex_unlock(&comm->client->mu);
-    if (rc == -2) {
-        snprintf(why, why_len, "%s (%p): %zu bytes run past the end of its buffer", which, p, bytes);
-        return COLLD_ERR_INVALID_ARGUMENT;
-    }
-    return COLLD_OK;
-}
-
+/* The buffers were checked by the caller (comm.c's post, when the call was made): not NULL where
+ * used, not running past the end of a registration, not device memory. */
 colld_status_t colld__fast_start(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes,
                                  void *recv, size_t recv_bytes, size_t count, colld_dtype_t dtype, colld_redop_t op,
                                  int root, char *why, size_t why_len)
 {
-    colld_status_t st = check_range(comm, send, send_bytes, "sendbuf", why, why_len);
-    if (st == COLLD_OK)
-        st = check_range(comm, recv, recv_bytes, "recvbuf", why, why_len);
-    if (st != COLLD_OK)
-        return st;
+    (void)recv_bytes, (void)why, (void)why_len;
     uint64_t seq = ++comm->seq;
     uint8_t redop = has_op(kind) ? (uint8_t)op : 0;
     uint64_t now = colld_now_ns();

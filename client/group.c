@@ -9,7 +9,10 @@
  * on itself. Groups nest; only the outermost end starts anything. A call that fails validation
  * inside a group returns its error at once and poisons the group: colld_group_end then starts
  * nothing and returns that first error. Sequence numbers are given at start, so a discarded group
- * leaves every communicator exactly as it was.
+ * leaves every communicator exactly as it was. A stream-ordered collective (cuda.c) is validated
+ * and its buffers registered when it is called; at the end it is posted on its own, in order with
+ * the other ops of its communicator, once its stream operations are enqueued; if that fails,
+ * colld_group_end returns the error.
  */
 #include "client/client_internal.h"
 
@@ -25,7 +28,9 @@ typedef struct {
     colld_wire_sqe_t sqe;
     colld_pending_t *pending;
     bool fast; /* a fast-path collective: the buffers below instead of sqe's references */
+    bool gpu;  /* a stream-ordered collective: gop */
     bool done;
+    colld_gpu_op_t gop;
     const void *send;
     void *recv;
     size_t send_bytes, recv_bytes;
@@ -89,8 +94,11 @@ static bool group_grow(void)
     return true;
 }
 
-colld_status_t colld__enqueue(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending)
+colld_status_t colld__enqueue(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending,
+                              const colld_gpu_op_t *gpu, char *why, size_t why_len)
 {
+    if (group.depth == 0 && gpu)
+        return colld__gpu_post(comm, sqe, gpu, why, why_len);
     if (group.depth == 0) {
         colld_wire_sqe_t one = *sqe;
         one.seq = comm->seq + 1;
@@ -99,15 +107,20 @@ colld_status_t colld__enqueue(colld_comm_t *comm, const colld_wire_sqe_t *sqe, c
         if (st == COLLD_OK) {
             comm->seq++;
             comm->issued++;
-        } else
+        } else {
             discard(comm, pending);
+            snprintf(why, why_len, "cannot post the collective: %s", colld_status_string(st));
+        }
         return st;
     }
     if (!group_grow()) {
         discard(comm, pending);
+        snprintf(why, why_len, "cannot queue the collective: out of memory");
         return COLLD_ERR_NO_MEMORY;
     }
-    group.ops[group.n++] = (queued_t){ .comm = comm, .sqe = *sqe, .pending = pending };
+    group.ops[group.n++] = (queued_t){ .comm = comm, .sqe = *sqe, .pending = pending, .gpu = gpu != NULL };
+    if (gpu)
+        group.ops[group.n - 1].gop = *gpu;
     return COLLD_OK;
 }
 
@@ -155,9 +168,10 @@ static void flush(colld_client_t *c, colld_wire_sqe_t *batch, size_t *k, colld_s
 }
 
 /* Try to start queued op i: COLLD_INPROGRESS while its communicator has something in flight that
- * must finish first, else the op is done (started, or failed with the returned error). */
+ * must finish first, else the op is done (started, or failed with the returned error). A
+ * stream-ordered op that cannot be posted also records its error in *late. */
 static colld_status_t try_start(size_t i, colld_wire_sqe_t *batch, size_t *k, colld_client_t **batch_client,
-                                colld_status_t *first)
+                                colld_status_t *first, colld_status_t *late)
 {
     queued_t *q = &group.ops[i];
     colld_comm_t *comm = q->comm;
@@ -172,6 +186,19 @@ static colld_status_t try_start(size_t i, colld_wire_sqe_t *batch, size_t *k, co
     if (st != COLLD_OK) {
         if (st != COLLD_INPROGRESS)
             discard(comm, q->pending);
+        return st;
+    }
+    if (q->gpu) {
+        /* On its own, after the batch: its stream operations carry its sequence number. */
+        flush(*batch_client, batch, k, first);
+        char why[400];
+        st = colld__gpu_post(comm, &q->sqe, &q->gop, why, sizeof(why));
+        if (st != COLLD_OK) {
+            snprintf(comm->last_error, sizeof(comm->last_error), "%s: %s", colld_status_name(st), why);
+            comm->detail_fetched = true;
+            if (*late == COLLD_OK)
+                *late = st;
+        }
         return st;
     }
     if (!q->fast) {
@@ -221,6 +248,7 @@ colld_status_t colld_group_end(void)
      * peers arrive, or the daemon fails the communicator (time-out, lost peer, abort). */
     size_t left = group.n, k = 0;
     colld_client_t *batch_client = NULL;
+    colld_status_t late = COLLD_OK;
     for (unsigned idle = 0; left > 0 && st == COLLD_OK;) {
         bool progress = false;
         for (size_t i = 0; i < group.n && st == COLLD_OK; i++) {
@@ -231,7 +259,7 @@ colld_status_t colld_group_end(void)
                 blocked = !group.ops[j].done && group.ops[j].comm == group.ops[i].comm;
             if (blocked)
                 continue;
-            colld_status_t r = try_start(i, batch, &k, &batch_client, &st);
+            colld_status_t r = try_start(i, batch, &k, &batch_client, &st, &late);
             if (r == COLLD_INPROGRESS)
                 continue;
             if (r == COLLD_ERR_DAEMON_LOST)
@@ -256,5 +284,5 @@ colld_status_t colld_group_end(void)
             discard(group.ops[i].comm, group.ops[i].pending);
     free(batch);
     group_reset(true);
-    return st;
+    return st != COLLD_OK ? st : late;
 }

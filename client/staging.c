@@ -181,37 +181,14 @@ void colld__pending_drop_all(colld_client_t *c, colld_comm_t *comm)
  * Resolving a collective's buffers
  * ========================================================================================== */
 
-/* Look up a range in the registrations: 0 found, -1 not registered, -2 runs past its end. */
-static int lookup(colld_client_t *c, const void *p, size_t bytes, colld_wire_buf_t *out)
-{
-    memset(out, 0, sizeof(*out));
-    if (bytes == 0)
-        return 0;
-    pthread_mutex_lock(&c->mu);
-    int rc = colld__client_lookup(c, p, bytes, out);
-    pthread_mutex_unlock(&c->mu);
-    return rc;
-}
-
 colld_status_t colld__stage(colld_comm_t *comm, const void *send, size_t send_bytes, void *recv, size_t recv_bytes,
-                            colld_wire_buf_t *wsend, colld_wire_buf_t *wrecv, colld_pending_t **pending,
-                            char *why, size_t why_len)
+                            int ls, int lr, colld_wire_buf_t *wsend, colld_wire_buf_t *wrecv,
+                            colld_pending_t **pending, char *why, size_t why_len)
 {
     colld_client_t *c = comm->client;
     colld_status_t st = COLLD_OK;
     colld_pending_t *p = NULL;
     *pending = NULL;
-    if ((send_bytes && !send) || (recv_bytes && !recv)) {
-        snprintf(why, why_len, "%s is NULL", send_bytes && !send ? "sendbuf" : "recvbuf");
-        return COLLD_ERR_INVALID_ARGUMENT;
-    }
-    int ls = lookup(c, send, send_bytes, wsend);
-    int lr = lookup(c, recv, recv_bytes, wrecv);
-    if (ls == -2 || lr == -2) {
-        snprintf(why, why_len, "%s (%p): %zu bytes run past the end of its buffer", ls == -2 ? "sendbuf" : "recvbuf",
-                 ls == -2 ? send : (const void *)recv, ls == -2 ? send_bytes : recv_bytes);
-        return COLLD_ERR_INVALID_ARGUMENT;
-    }
     if (ls == 0 && lr == 0)
         return COLLD_OK; /* zero copy */
     colld__stage_trim(c);

@@ -14,6 +14,13 @@
  *
  * Changelog:
  *  0.1  first version: connect, unique ids, communicators, host memory, all-reduce.
+ *  0.2  (unreleased) GPU buffers and CUDA streams (the CUDA backend): colld_mem_alloc(COLLD_MEM_CUDA), device
+ *       pointers in every collective, stream-ordered collectives. New: colld_last_error, the
+ *       detail of a client's last failed call that has no communicator (colld_mem_alloc,
+ *       colld_mem_free), since colld_comm_last_error needs a communicator. Changed: a non-NULL
+ *       `stream` was always refused with COLLD_ERR_NOT_SUPPORTED; it is now a CUDA stream
+ *       (COLLD_ERR_NOT_SUPPORTED, with the reason in colld_comm_last_error, only where the CUDA
+ *       driver or this build's CUDA support is missing).
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -116,15 +123,22 @@ typedef struct {
  * root and $XDG_RUNTIME_DIR/colld.sock otherwise. */
 colld_status_t colld_connect(const char *socket_path, colld_client_t **out);
 /* Disconnect. Communicators of this client must be destroyed first; memory from colld_mem_alloc
- * is released. */
+ * (host and GPU) is released, and so are the daemon's registrations of other GPU memory the
+ * client used. Streams that still carry collectives of this client must have completed them. */
 colld_status_t colld_disconnect(colld_client_t *c);
+/* What went wrong in this client's last failed call that has no communicator (colld_mem_alloc,
+ * colld_mem_free): "COLLD_ERR_NOT_SUPPORTED: colld_mem_alloc(...): ...". Empty if none failed.
+ * Valid until the next such call on c or colld_disconnect. */
+const char *colld_last_error(colld_client_t *c);
 
 colld_status_t colld_get_unique_id(colld_client_t *c, colld_unique_id_t *id);
 /* Join a communicator as `rank` of `nranks`. Blocks until every rank has joined or the timeout
  * (cfg->timeout_ms or the daemon default) expires. */
 colld_status_t colld_comm_init_rank(colld_client_t *c, colld_comm_t **comm, int nranks,
                                     colld_unique_id_t id, int rank, const colld_comm_config_t *cfg);
-colld_status_t colld_comm_destroy(colld_comm_t *comm); /* waits for issued work */
+/* Waits for issued work (for stream-ordered collectives: until the daemon has completed them,
+ * which their streams then see). */
+colld_status_t colld_comm_destroy(colld_comm_t *comm);
 /* Abort: every rank's pending and later operations on this communicator fail with
  * COLLD_ERR_ABORTED (callable from any thread, e.g. a watchdog). Never waits for peers; it
  * returns within about 2 s even if the daemon is stuck. The handle stays valid: release it with
@@ -135,12 +149,35 @@ const char *colld_comm_last_error(colld_comm_t *comm); /* detail of this comm's 
 colld_status_t colld_comm_count(const colld_comm_t *comm, int *nranks);
 colld_status_t colld_comm_user_rank(const colld_comm_t *comm, int *rank);
 
-/* Host memory shared with the daemon (zero copy). Released by colld_mem_free or disconnect. */
+/* Memory shared with the daemon (zero copy), released by colld_mem_free or disconnect.
+ * COLLD_MEM_HOST: host memory. COLLD_MEM_CUDA: device memory of the current CUDA context's device
+ * (no context current: device 0's primary context is made current, as the CUDA runtime does),
+ * from cuMemCreate exportable as a POSIX fd where the device supports it, else cuMemAlloc; usable
+ * by kernels like any device memory. Without a CUDA driver (or in a build without CUDA support)
+ * COLLD_MEM_CUDA gives COLLD_ERR_NOT_SUPPORTED and colld_last_error says why. Free memory only
+ * once the collectives that use it have completed. */
 colld_status_t colld_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, colld_memtype_t type);
 colld_status_t colld_mem_free(colld_client_t *c, void *ptr);
 
-/* Collectives: asynchronous. For host buffers `stream` must be NULL and completion is observed with
- * colld_comm_synchronize / colld_comm_query. In-place when sendbuf == recvbuf. */
+/* Collectives: asynchronous. In-place when sendbuf == recvbuf (or the rank's slice of it).
+ *
+ * Host buffers: `stream` is NULL; completion is observed with colld_comm_synchronize /
+ * colld_comm_query. Any host pointer works (memory from colld_mem_alloc is zero copy).
+ *
+ * GPU buffers (device memory from colld_mem_alloc(COLLD_MEM_CUDA), cudaMalloc / cuMemAlloc, or
+ * cuMemCreate made exportable with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR): `stream` is a
+ * cudaStream_t (NULL: the legacy default stream, as NCCL) and the collective is stream-ordered:
+ * it reads its inputs after the work queued before it on the stream, and the work queued after it
+ * sees its outputs. The call returns at once, without waiting for the GPU. The allocation that
+ * holds each buffer is registered with the daemon on first use and cached (an allocation freed
+ * and replaced at the same address is recognised). Both buffers must be device memory; a host
+ * buffer with a stream, or one device and one host buffer, is COLLD_ERR_INVALID_ARGUMENT. Managed
+ * memory and cudaMallocAsync pool memory are not supported. colld_comm_synchronize /
+ * colld_comm_query report the daemon's completion (the kernels have finished) and errors; on
+ * any failure the stream is released (it never waits forever) and the error is reported by
+ * colld_comm_get_async_error. Needs CUDA stream memory operations on the device (the IPC event
+ * fallback is not built yet): COLLD_ERR_NOT_SUPPORTED otherwise, and also without a CUDA driver,
+ * with the reason in colld_comm_last_error. */
 colld_status_t colld_allreduce(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype,
                                colld_redop_t op, colld_comm_t *comm, void *stream);
 colld_status_t colld_broadcast(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype,
@@ -154,7 +191,9 @@ colld_status_t colld_reducescatter(const void *sendbuf, void *recvbuf, size_t re
                                    void *stream);
 colld_status_t colld_group_start(void);
 colld_status_t colld_group_end(void);
-colld_status_t colld_comm_synchronize(colld_comm_t *comm); /* waits for all issued host work */
+/* Waits for all issued work: host collectives, and the daemon's completion of stream-ordered ones
+ * (it does not synchronize the streams themselves). */
+colld_status_t colld_comm_synchronize(colld_comm_t *comm);
 colld_status_t colld_comm_query(colld_comm_t *comm);       /* COLLD_OK, COLLD_INPROGRESS or error */
 
 const char *colld_status_name(colld_status_t s);   /* "COLLD_ERR_TIMEOUT" */

@@ -1,0 +1,985 @@
+/*
+ * cuda.c - libcolld's half of the CUDA backend: GPU buffers and stream-ordered collectives.
+ *
+ * The CUDA driver is loaded at run time (common/cudadrv): libcolld links neither libcuda nor
+ * libcudart, and a program that never hands it a GPU buffer or a stream never loads the driver.
+ *
+ * GPU memory. A device pointer is resolved to the allocation that holds it, and that allocation
+ * is registered with the daemon once per client (COLLD_MSG_REG_CUDA); a buffer reference is then
+ * (registration, byte offset from the allocation's start). The cache is keyed by (allocation
+ * start, CU_POINTER_ATTRIBUTE_BUFFER_ID): the buffer id is unique over the life of the process,
+ * so an allocation freed and another one made at the same address is recognised, the stale
+ * registration is dropped and the new one registered. Memory from cudaMalloc / cuMemAlloc goes
+ * as a legacy CUDA IPC handle of the allocation; cuMem (VMM) memory as a POSIX file descriptor
+ * (cuMemExportToShareableHandle, passed with SCM_RIGHTS), which requires the allocation to have
+ * been created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR. For VMM memory the registration
+ * covers the mapped range that holds the pointer (cuMemGetAddressRange), and assumes that this
+ * range maps its physical allocation from offset 0 (true of every single-mapping allocator:
+ * colld_mem_alloc, ncclMemAlloc, PyTorch's expandable segments map whole allocations).
+ * Managed memory and cudaMallocAsync pool memory are not supported.
+ *
+ * Stream ordering (the protocol is in proto/wire.h). The session has one GPU flag area, mapped
+ * here and registered with CUDA (device-mapped, portable); line h belongs to communicator handle
+ * h. A line outlives the communicators that use its handle one after another, so a communicator
+ * takes a flag base (the line's `done` + 1) at its first stream-ordered collective, and
+ * collective seq has the flag value v = base + (uint32_t)seq; the base goes to the daemon in every
+ * such descriptor. A stream-ordered collective enqueues on the application's stream
+ *   cuStreamWriteValue32(ready = v)      after the work before it: inputs are ready
+ *   cuStreamWaitValue32(done >= v)       the daemon's stream writes done after its kernels
+ * and then posts its descriptor (COLLD_SQE_STREAM) like any collective. The host call never waits
+ * for the GPU. If the descriptor cannot be posted after the stream operations were enqueued, or
+ * the daemon goes away, the line is released from here (status, then done = v + 2^30) so that
+ * no application stream waits forever.
+ *
+ * Contexts: calls run in the stream's context (pushed when another one is current). A thread with
+ * no current context gets the primary context of the buffers' device (device 0 for
+ * colld_mem_alloc), retained and made current as the CUDA runtime would do; these retains are
+ * released at disconnect.
+ *
+ * Locking: gpu->mu guards the registrations, the retained contexts and the setting up of the flag
+ * area; it is held across the socket exchanges of a registration. The flag area is published
+ * once complete (atomic pointer) so that the monitor thread can release its lines without a lock.
+ */
+#include "client/client_internal.h"
+
+#include "common/cudadrv.h"
+#include "common/log.h"
+#include "common/util.h"
+
+#include <link.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define NO_CUDA_BUILD "this build of libcolld has no CUDA support (built without the CUDA toolkit)"
+
+/* Format `why` and return st. */
+static colld_status_t say(char *why, size_t len, colld_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static colld_status_t say(char *why, size_t len, colld_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, len, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+#ifndef COLLD_HAVE_CUDA
+
+/* ============================================================================================
+ * A build without the CUDA toolkit: GPU buffers and streams are refused with the reason.
+ * ========================================================================================== */
+
+struct colld_gpu {
+    char unused;
+};
+
+colld_status_t colld__gpu_client_init(colld_client_t *c)
+{
+    c->gpu = calloc(1, sizeof(*c->gpu));
+    return c->gpu ? COLLD_OK : COLLD_ERR_NO_MEMORY;
+}
+
+void colld__gpu_client_free(colld_client_t *c)
+{
+    free(c->gpu);
+    c->gpu = NULL;
+}
+
+void colld__gpu_daemon_lost(colld_client_t *c)
+{
+    (void)c;
+}
+
+/* Without CUDA headers device pointers cannot be recognised: every pointer is host memory. */
+bool colld__gpu_maybe_device(colld_client_t *c)
+{
+    (void)c;
+    return false;
+}
+
+bool colld__gpu_is_device(colld_client_t *c, const void *p)
+{
+    (void)c, (void)p;
+    return false;
+}
+
+colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *send, size_t send_bytes,
+                                  const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe, colld_gpu_op_t *op,
+                                  char *why, size_t why_len)
+{
+    (void)comm, (void)stream, (void)send, (void)send_bytes, (void)recv, (void)recv_bytes, (void)sqe, (void)op;
+    return say(why, why_len, COLLD_ERR_NOT_SUPPORTED, "stream-ordered (GPU) collectives: %s", NO_CUDA_BUILD);
+}
+
+colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op,
+                               char *why, size_t why_len)
+{
+    (void)comm, (void)sqe, (void)op;
+    return say(why, why_len, COLLD_ERR_NOT_SUPPORTED, "stream-ordered (GPU) collectives: %s", NO_CUDA_BUILD);
+}
+
+colld_status_t colld__gpu_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, char *why, size_t why_len)
+{
+    (void)c, (void)ptr, (void)bytes;
+    return say(why, why_len, COLLD_ERR_NOT_SUPPORTED, "COLLD_MEM_CUDA: %s", NO_CUDA_BUILD);
+}
+
+colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, char *why, size_t why_len)
+{
+    (void)c;
+    return say(why, why_len, COLLD_ERR_INVALID_ARGUMENT, "%p is not memory from colld_mem_alloc", ptr);
+}
+
+#else /* COLLD_HAVE_CUDA */
+
+/* ============================================================================================
+ * State
+ * ========================================================================================== */
+
+/* Find the process's load count (every dlopen that loads an object increments it). */
+static int adds_cb(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    *(unsigned long long *)data = info->dlpi_adds;
+    return 1; /* the first object is enough: the count is the same in every entry */
+}
+
+/* The part of the state that exists in every build. */
+typedef struct {
+    atomic_bool driver_seen;    /* libcuda.so.1 is loaded in the process (stays so) */
+    atomic_ullong adds_checked; /* load count when it was last found absent; 0: never checked */
+} gpu_probe_t;
+
+/* Is the CUDA driver loaded in this process? colld_cu_in_process() costs a library search
+ * (about 20 us when the driver is absent), so it is asked again only when an object was loaded
+ * since the last time it said no. */
+static bool probe_driver(gpu_probe_t *p)
+{
+    if (atomic_load_explicit(&p->driver_seen, memory_order_relaxed))
+        return true;
+    unsigned long long adds = 0;
+    dl_iterate_phdr(adds_cb, &adds);
+    if (adds && atomic_load_explicit(&p->adds_checked, memory_order_relaxed) == adds)
+        return false;
+    if (colld_cu_in_process()) {
+        atomic_store(&p->driver_seen, true);
+        return true;
+    }
+    atomic_store_explicit(&p->adds_checked, adds, memory_order_relaxed);
+    return false;
+}
+
+#define MAX_DEVICES 64
+
+/* How colld_mem_alloc made an allocation (0: the application's own memory). */
+enum { OWN_NONE = 0, OWN_VMM = 1, OWN_MEMALLOC = 2 };
+
+/* One registered GPU allocation. */
+typedef struct {
+    CUdeviceptr base;
+    size_t size;                  /* registered bytes (the whole allocation / mapped range) */
+    size_t limit;                 /* bytes a buffer may use from base: size, or what the user asked for */
+    unsigned long long buffer_id; /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
+    uint32_t reg_id;
+    int own;                      /* OWN_*: colld_mem_alloc memory, freed by colld_mem_free */
+    size_t own_size;              /* OWN_VMM: the reserved and mapped bytes */
+    CUcontext own_ctx;            /* OWN_MEMALLOC: the context it was allocated in */
+} gpu_reg_t;
+
+/* The session's flag area. posted[h]: POSTED_USED | the flag value of the last wait enqueued on
+ * line h (0: never used), what a release must cover. */
+#define POSTED_USED (1ull << 32)
+typedef struct {
+    colld_wire_gpu_flag_t *lines;
+    size_t size;
+    uint32_t nlines;
+    CUdeviceptr dptr;
+    CUcontext ctx; /* current when it was registered (for cuMemHostUnregister) */
+    _Atomic uint64_t *posted;
+} gpu_flags_t;
+
+struct colld_gpu {
+    gpu_probe_t probe;
+    pthread_mutex_t mu;
+    const colld_cu_t *cu; /* set once the driver was used */
+    gpu_reg_t *regs;
+    size_t nregs, cap;
+    _Atomic(gpu_flags_t *) flags;
+    bool primary[MAX_DEVICES];   /* primary context retained by us */
+    int8_t flush[MAX_DEVICES];   /* CAN_FLUSH_REMOTE_WRITES: 0 unknown, 1 no, 2 yes */
+};
+
+/* What the driver says of a pointer. */
+typedef struct {
+    unsigned int memtype;         /* CUmemorytype, 0 for memory CUDA does not know */
+    unsigned long long buffer_id;
+    int ordinal;
+    unsigned int ipc;             /* legacy CUDA IPC capable (cudaMalloc / cuMemAlloc) */
+    unsigned int managed;
+    CUdeviceptr range_start;
+    size_t range_size;
+    CUcontext ctx;
+} ptr_info_t;
+
+_Static_assert(sizeof(CUipcMemHandle) == COLLD_WIRE_CUDA_IPC_BYTES, "IPC handle size");
+_Static_assert(sizeof(CUuuid) == 16, "device uuid size");
+
+/* "cuIpcGetMemHandle: CUDA_ERROR_... (text)" into why; returns st. */
+static colld_status_t cu_say(const colld_cu_t *cu, char *why, size_t len, colld_status_t st, CUresult r,
+                             const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static colld_status_t cu_say(const colld_cu_t *cu, char *why, size_t len, colld_status_t st, CUresult r,
+                             const char *fmt, ...)
+{
+    char what[192], desc[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    snprintf(why, len, "%s: %s", what, colld_cu_describe(cu, r, desc, sizeof(desc)));
+    return st;
+}
+
+colld_status_t colld__gpu_client_init(colld_client_t *c)
+{
+    colld_gpu_t *g = calloc(1, sizeof(*g));
+    if (!g)
+        return COLLD_ERR_NO_MEMORY;
+    pthread_mutex_init(&g->mu, NULL);
+    c->gpu = g;
+    return COLLD_OK;
+}
+
+bool colld__gpu_maybe_device(colld_client_t *c)
+{
+    return probe_driver(&c->gpu->probe);
+}
+
+/* ============================================================================================
+ * Contexts and devices
+ * ========================================================================================== */
+
+/* Make sure a context is current on this thread: the current one, else the primary context of
+ * device `ordinal` (retained once per client, released at disconnect), as the CUDA runtime does
+ * on first use. g->mu held. */
+static colld_status_t ensure_ctx(colld_gpu_t *g, const colld_cu_t *cu, int ordinal, CUcontext *out, char *why,
+                                 size_t len)
+{
+    CUcontext ctx = NULL;
+    CUresult r = cu->cuCtxGetCurrent(&ctx);
+    if (r == CUDA_SUCCESS && ctx) {
+        *out = ctx;
+        return COLLD_OK;
+    }
+    if (ordinal < 0 || ordinal >= MAX_DEVICES)
+        return say(why, len, COLLD_ERR_INVALID_ARGUMENT, "no CUDA context is current and device %d is out of range",
+                   ordinal);
+    CUdevice dev;
+    if ((r = cu->cuDeviceGet(&dev, ordinal)) != CUDA_SUCCESS)
+        return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "cuDeviceGet(%d)", ordinal);
+    if ((r = cu->cuDevicePrimaryCtxRetain(&ctx, dev)) != CUDA_SUCCESS)
+        return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "cuDevicePrimaryCtxRetain(device %d)", ordinal);
+    if ((r = cu->cuCtxSetCurrent(ctx)) != CUDA_SUCCESS) {
+        cu->cuDevicePrimaryCtxRelease(dev);
+        return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "cuCtxSetCurrent(primary context of device %d)", ordinal);
+    }
+    if (g->primary[ordinal])
+        cu->cuDevicePrimaryCtxRelease(dev); /* one retain per client is enough */
+    g->primary[ordinal] = true;
+    *out = ctx;
+    return COLLD_OK;
+}
+
+/* Make ctx current for a while; *pushed says whether ctx_leave must pop it. */
+static CUresult ctx_enter(const colld_cu_t *cu, CUcontext ctx, bool *pushed)
+{
+    CUcontext cur = NULL;
+    *pushed = false;
+    if (!ctx || (cu->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == ctx))
+        return CUDA_SUCCESS;
+    CUresult r = cu->cuCtxPushCurrent(ctx);
+    *pushed = r == CUDA_SUCCESS;
+    return r;
+}
+
+static void ctx_leave(const colld_cu_t *cu, bool pushed)
+{
+    CUcontext popped;
+    if (pushed)
+        cu->cuCtxPopCurrent(&popped);
+}
+
+/* A device attribute, cached per device (cache: 0 unknown, 1 false, 2 true). g->mu held. */
+static bool dev_flag(const colld_cu_t *cu, int8_t *cache, CUdevice dev, CUdevice_attribute attr)
+{
+    if (dev >= 0 && dev < MAX_DEVICES && cache[dev])
+        return cache[dev] == 2;
+    int v = 0;
+    if (cu->cuDeviceGetAttribute(&v, attr, dev) != CUDA_SUCCESS)
+        v = 0;
+    if (dev >= 0 && dev < MAX_DEVICES)
+        cache[dev] = v ? 2 : 1;
+    return v != 0;
+}
+
+/* ============================================================================================
+ * Pointers and registrations
+ * ========================================================================================== */
+
+/* The attributes colld needs of a pointer, in one call. The driver writes each into a zeroed
+ * 8-byte slot (the documented types are 4 or 8 bytes; booleans may be narrower), read back at
+ * their documented type. */
+static CUresult ptr_query(const colld_cu_t *cu, const void *p, ptr_info_t *pi)
+{
+    enum { MEMTYPE, BUFID, ORDINAL, IPC, START, SIZE, MANAGED, CTX, N };
+    CUpointer_attribute attrs[N] = {
+        [MEMTYPE] = CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        [BUFID] = CU_POINTER_ATTRIBUTE_BUFFER_ID,
+        [ORDINAL] = CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        [IPC] = CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+        [START] = CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        [SIZE] = CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        [MANAGED] = CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        [CTX] = CU_POINTER_ATTRIBUTE_CONTEXT,
+    };
+    union {
+        uint64_t u64;
+        uint32_t u32;
+        int32_t i32;
+        uint8_t u8;
+        void *ptr;
+    } slot[N];
+    void *data[N];
+    memset(slot, 0, sizeof(slot));
+    for (int i = 0; i < N; i++)
+        data[i] = &slot[i];
+    memset(pi, 0, sizeof(*pi));
+    CUresult r = cu->cuPointerGetAttributes(N, attrs, data, (CUdeviceptr)(uintptr_t)p);
+    if (r != CUDA_SUCCESS)
+        return r;
+    pi->memtype = slot[MEMTYPE].u32;
+    pi->buffer_id = slot[BUFID].u64;
+    pi->ordinal = slot[ORDINAL].i32;
+    pi->ipc = slot[IPC].u64 != 0;
+    pi->range_start = (CUdeviceptr)slot[START].u64;
+    pi->range_size = (size_t)slot[SIZE].u64;
+    pi->managed = slot[MANAGED].u64 != 0;
+    pi->ctx = (CUcontext)slot[CTX].ptr;
+    return CUDA_SUCCESS;
+}
+
+bool colld__gpu_is_device(colld_client_t *c, const void *p)
+{
+    const colld_cu_t *cu = colld_cu_load(NULL, 0);
+    ptr_info_t pi;
+    (void)c;
+    /* A driver that cannot start (no device) has no device memory to offer either. */
+    return cu && ptr_query(cu, p, &pi) == CUDA_SUCCESS && pi.memtype == CU_MEMORYTYPE_DEVICE && !pi.managed;
+}
+
+/* Check that a buffer a stream-ordered collective uses is device memory. */
+static colld_status_t need_device(const ptr_info_t *pi, const void *p, const char *which, char *why, size_t len)
+{
+    if (pi->memtype != CU_MEMORYTYPE_DEVICE)
+        return say(why, len, COLLD_ERR_INVALID_ARGUMENT,
+                   "%s (%p) is host memory: a collective on a CUDA stream needs device memory for both buffers "
+                   "(pass stream = NULL for host buffers)", which, p);
+    if (pi->managed)
+        return say(why, len, COLLD_ERR_NOT_SUPPORTED,
+                   "%s (%p) is CUDA managed memory, which cannot be shared with the daemon: use cudaMalloc, "
+                   "cuMemCreate or colld_mem_alloc(COLLD_MEM_CUDA)", which, p);
+    return COLLD_OK;
+}
+
+/* Export an allocation and register it with the daemon. g->mu held. */
+static colld_status_t register_alloc(colld_client_t *c, const colld_cu_t *cu, const ptr_info_t *pi, CUdeviceptr base,
+                                     size_t size, uint32_t *reg_id, char *why, size_t len)
+{
+    colld_wire_msg_t m, rep;
+    memset(&m, 0, sizeof(m));
+    memset(&rep, 0, sizeof(rep));
+    m.type = COLLD_MSG_REG_CUDA;
+    m.u.reg_cuda.bytes = size;
+    m.u.reg_cuda.cookie = base;
+    CUdevice dev;
+    CUuuid uuid;
+    CUresult r = cu->cuDeviceGet(&dev, pi->ordinal);
+    if (r == CUDA_SUCCESS)
+        r = cu->cuDeviceGetUuid(&uuid, dev);
+    if (r != CUDA_SUCCESS)
+        return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "the UUID of device %d", pi->ordinal);
+    memcpy(m.u.reg_cuda.uuid, uuid.bytes, sizeof(m.u.reg_cuda.uuid));
+    int fd = -1;
+    if (pi->ipc) {
+        CUipcMemHandle h;
+        bool pushed;
+        r = ctx_enter(cu, pi->ctx, &pushed);
+        if (r == CUDA_SUCCESS)
+            r = cu->cuIpcGetMemHandle(&h, base);
+        ctx_leave(cu, pushed);
+        if (r != CUDA_SUCCESS)
+            return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "cuIpcGetMemHandle(0x%llx)", (unsigned long long)base);
+        m.u.reg_cuda.how = COLLD_CUDA_EXPORT_IPC;
+        memcpy(m.u.reg_cuda.ipc, h.reserved, sizeof(m.u.reg_cuda.ipc));
+    } else {
+        CUmemGenericAllocationHandle h;
+        r = cu->cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)base);
+        if (r != CUDA_SUCCESS)
+            return cu_say(cu, why, len, COLLD_ERR_NOT_SUPPORTED, r,
+                          "device memory at 0x%llx is neither a cudaMalloc/cuMemAlloc allocation nor a cuMem (VMM) "
+                          "mapping (cudaMallocAsync pool memory is not supported); cuMemRetainAllocationHandle",
+                          (unsigned long long)base);
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof(prop));
+        bool exportable = cu->cuMemGetAllocationPropertiesFromHandle(&prop, h) != CUDA_SUCCESS ||
+                          (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        r = exportable ? cu->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
+                       : CUDA_ERROR_NOT_SUPPORTED;
+        cu->cuMemRelease(h);
+        if (r != CUDA_SUCCESS || fd < 0)
+            return cu_say(cu, why, len, COLLD_ERR_NOT_SUPPORTED, r,
+                          "the cuMem (VMM) allocation at 0x%llx cannot be exported as a POSIX file descriptor: create "
+                          "it with CUmemAllocationProp.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR",
+                          (unsigned long long)base);
+        m.u.reg_cuda.how = COLLD_CUDA_EXPORT_FD;
+    }
+    colld_status_t st = colld__sock_request(c, &m, fd, COLLD_MSG_REG_REPLY, &rep, NULL, 0);
+    if (fd >= 0)
+        close(fd);
+    if (st != COLLD_OK)
+        return say(why, len, st, "registering %zu bytes of GPU memory with colld: %s", size, colld_status_string(st));
+    if (rep.status != COLLD_OK) {
+        rep.u.detail[sizeof(rep.u.detail) - 1] = '\0';
+        return say(why, len, rep.status, "colld refused the GPU buffer at 0x%llx (%zu bytes): %s",
+                   (unsigned long long)base, size, rep.u.detail);
+    }
+    if (rep.u.reg_reply.cookie != base)
+        return say(why, len, COLLD_ERR_PROTOCOL, "colld answered a GPU registration with another cookie");
+    *reg_id = rep.u.reg_reply.reg_id;
+    return COLLD_OK;
+}
+
+/* Free colld_mem_alloc memory (its registration is gone). */
+static void free_owned(const colld_cu_t *cu, const gpu_reg_t *e)
+{
+    if (e->own == OWN_VMM) {
+        cu->cuMemUnmap(e->base, e->own_size);
+        cu->cuMemAddressFree(e->base, e->own_size);
+    } else if (e->own == OWN_MEMALLOC) {
+        bool pushed;
+        if (ctx_enter(cu, e->own_ctx, &pushed) == CUDA_SUCCESS)
+            cu->cuMemFree(e->base);
+        ctx_leave(cu, pushed);
+    }
+}
+
+/* Drop the registrations that overlap [base, base + size) but are not (base, buffer_id): their
+ * allocations were freed and the addresses reused. g->mu held. */
+static void drop_stale(colld_client_t *c, colld_gpu_t *g, CUdeviceptr base, size_t size, unsigned long long buffer_id)
+{
+    for (size_t i = 0; i < g->nregs;) {
+        gpu_reg_t e = g->regs[i];
+        bool overlaps = e.base < base + size && base < e.base + e.size;
+        if (!overlaps || (e.base == base && e.buffer_id == buffer_id)) {
+            i++;
+            continue;
+        }
+        g->regs[i] = g->regs[--g->nregs];
+        LOG_DEBUG(GPU, "GPU registration %u (0x%llx, %zu bytes) is stale: its memory was freed", e.reg_id,
+                  (unsigned long long)e.base, e.size);
+        colld__deregister(c, e.reg_id);
+        /* Memory from colld_mem_alloc released behind our back (cudaFree): nothing left to free. */
+    }
+}
+
+/* Resolve [p, p + bytes) of device memory (pi: its attributes) to a registration, registering
+ * its allocation the first time. g->mu held, a context current. */
+static colld_status_t resolve(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu, const void *p, size_t bytes,
+                              const ptr_info_t *pi, const char *which, colld_wire_buf_t *out, gpu_reg_t **entry,
+                              char *why, size_t len)
+{
+    CUdeviceptr a = (CUdeviceptr)(uintptr_t)p, base = 0;
+    size_t size = 0;
+    memset(out, 0, sizeof(*out));
+    if (pi->ipc) {
+        base = pi->range_start;
+        size = pi->range_size;
+    }
+    /* VMM: the mapped range (the range attributes give the whole reservation); and the fallback. */
+    if (!pi->ipc || !base || !size) {
+        CUresult r = cu->cuMemGetAddressRange(&base, &size, a);
+        if (r != CUDA_SUCCESS)
+            return cu_say(cu, why, len, COLLD_ERR_INVALID_ARGUMENT, r, "%s (%p): cuMemGetAddressRange", which, p);
+    }
+    if (a < base || a - base >= size)
+        return say(why, len, COLLD_ERR_DEVICE, "%s (%p): the driver places it outside its allocation (0x%llx, %zu bytes)",
+                   which, p, (unsigned long long)base, size);
+    gpu_reg_t *e = NULL;
+    for (size_t i = 0; i < g->nregs && !e; i++)
+        if (g->regs[i].base == base && g->regs[i].buffer_id == pi->buffer_id)
+            e = &g->regs[i];
+    if (!e) {
+        drop_stale(c, g, base, size, pi->buffer_id);
+        if (g->nregs == g->cap) {
+            size_t n = g->cap ? g->cap * 2 : 16;
+            gpu_reg_t *t = realloc(g->regs, n * sizeof(*t));
+            if (!t)
+                return say(why, len, COLLD_ERR_NO_MEMORY, "out of memory");
+            g->regs = t;
+            g->cap = n;
+        }
+        uint32_t reg_id;
+        colld_status_t st = register_alloc(c, cu, pi, base, size, &reg_id, why, len);
+        if (st != COLLD_OK)
+            return st;
+        e = &g->regs[g->nregs++];
+        *e = (gpu_reg_t){ .base = base, .size = size, .limit = size, .buffer_id = pi->buffer_id, .reg_id = reg_id };
+        LOG_DEBUG(GPU, "registered GPU %d memory 0x%llx (%zu bytes, %s) as %u", pi->ordinal, (unsigned long long)base,
+                  size, pi->ipc ? "IPC" : "VMM fd", reg_id);
+    }
+    if (bytes > e->limit - (a - base))
+        return say(why, len, COLLD_ERR_INVALID_ARGUMENT, "%s (%p): %zu bytes run past the end of its %zu-byte GPU buffer",
+                   which, p, bytes, e->limit);
+    out->reg_id = e->reg_id;
+    out->offset = a - base;
+    if (entry)
+        *entry = e;
+    return COLLD_OK;
+}
+
+/* ============================================================================================
+ * The flag area
+ * ========================================================================================== */
+
+/* Map the session's flag area and register it with CUDA, once. g->mu held, a context current. */
+static colld_status_t flags_setup(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu, char *why, size_t len)
+{
+    if (atomic_load(&g->flags))
+        return COLLD_OK;
+    colld_wire_msg_t m, rep;
+    memset(&m, 0, sizeof(m));
+    memset(&rep, 0, sizeof(rep));
+    m.type = COLLD_MSG_GPU_FLAGS;
+    int fd = -1;
+    colld_status_t st = colld__sock_request(c, &m, -1, COLLD_MSG_GPU_FLAGS_REPLY, &rep, &fd, 1);
+    if (st != COLLD_OK)
+        return say(why, len, st, "cannot get the GPU flag area from colld: %s", colld_status_string(st));
+    if (rep.status != COLLD_OK) {
+        if (fd >= 0)
+            close(fd);
+        rep.u.detail[sizeof(rep.u.detail) - 1] = '\0';
+        return say(why, len, rep.status, "colld has no GPU flag area for this client: %s", rep.u.detail);
+    }
+    uint64_t size = rep.u.gpu_flags.size;
+    uint32_t nlines = rep.u.gpu_flags.lines;
+    if (fd < 0 || nlines < 2 || size > (1ull << 30) || size < (uint64_t)nlines * sizeof(colld_wire_gpu_flag_t) ||
+        size % 4096) {
+        if (fd >= 0)
+            close(fd);
+        return say(why, len, COLLD_ERR_PROTOCOL, "colld sent a malformed GPU flag area (%llu bytes, %u lines)",
+                   (unsigned long long)size, nlines);
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return say(why, len, COLLD_ERR_SYSTEM, "cannot map the GPU flag area: %m");
+    gpu_flags_t *f = calloc(1, sizeof(*f));
+    _Atomic uint64_t *posted = calloc(nlines, sizeof(*posted));
+    if (!f || !posted) {
+        free(f);
+        free(posted);
+        munmap(p, size);
+        return say(why, len, COLLD_ERR_NO_MEMORY, "out of memory");
+    }
+    CUdeviceptr dptr = 0;
+    CUresult r = cu->cuMemHostRegister(p, size, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
+    if (r == CUDA_SUCCESS && (r = cu->cuMemHostGetDevicePointer(&dptr, p, 0)) != CUDA_SUCCESS)
+        cu->cuMemHostUnregister(p);
+    if (r != CUDA_SUCCESS) {
+        free(f);
+        free(posted);
+        munmap(p, size);
+        return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "registering the GPU flag area with CUDA (cuMemHostRegister)");
+    }
+    f->lines = p;
+    f->size = size;
+    f->nlines = nlines;
+    f->dptr = dptr;
+    f->posted = posted;
+    cu->cuCtxGetCurrent(&f->ctx);
+    atomic_store(&g->flags, f);
+    LOG_DEBUG(GPU, "GPU flag area: %u lines, %llu bytes, device address 0x%llx", nlines, (unsigned long long)size,
+              (unsigned long long)dptr);
+    return COLLD_OK;
+}
+
+/* Release a line from the host: its error, then `done` far enough ahead that every wait enqueued
+ * up to flag value `value` (and the next 2^30) passes. Never moves `done` back. */
+static void release_line(colld_wire_gpu_flag_t *l, uint32_t value, colld_status_t st)
+{
+    uint32_t v = value + COLLD_WIRE_GPU_RELEASE;
+    __atomic_store_n(&l->status, (int32_t)st, __ATOMIC_RELAXED);
+    uint32_t cur = __atomic_load_n(&l->done, __ATOMIC_RELAXED);
+    if ((int32_t)(v - cur) > 0)
+        __atomic_store_n(&l->done, v, __ATOMIC_RELEASE);
+}
+
+void colld__gpu_daemon_lost(colld_client_t *c)
+{
+    gpu_flags_t *f = atomic_load(&c->gpu->flags);
+    if (!f)
+        return;
+    int n = 0;
+    for (uint32_t h = 1; h < f->nlines; h++) {
+        uint64_t posted = atomic_load(&f->posted[h]);
+        if (posted) {
+            release_line(&f->lines[h], (uint32_t)posted, COLLD_ERR_DAEMON_LOST);
+            n++;
+        }
+    }
+    if (n)
+        LOG_WARN(GPU, "released the GPU streams of %d communicator(s) with COLLD_ERR_DAEMON_LOST", n);
+}
+
+/* ============================================================================================
+ * Stream-ordered collectives
+ * ========================================================================================== */
+
+/* colld__gpu_prepare with g->mu held. */
+static colld_status_t prepare_locked(colld_comm_t *comm, const colld_cu_t *cu, void *stream, const void *send,
+                                     size_t send_bytes, const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe,
+                                     colld_gpu_op_t *op, char *why, size_t len)
+{
+    colld_client_t *c = comm->client;
+    colld_gpu_t *g = c->gpu;
+    ptr_info_t ps, pr;
+    CUresult r;
+    colld_status_t st;
+    /* (a) Both buffers: device memory, in bounds, registered. */
+    if (send_bytes && (r = ptr_query(cu, send, &ps)) != CUDA_SUCCESS)
+        return cu_say(cu, why, len, COLLD_ERR_INVALID_ARGUMENT, r, "sendbuf (%p): cuPointerGetAttributes", send);
+    if (recv_bytes && (r = ptr_query(cu, recv, &pr)) != CUDA_SUCCESS)
+        return cu_say(cu, why, len, COLLD_ERR_INVALID_ARGUMENT, r, "recvbuf (%p): cuPointerGetAttributes", recv);
+    if ((send_bytes && (st = need_device(&ps, send, "sendbuf", why, len)) != COLLD_OK) ||
+        (recv_bytes && (st = need_device(&pr, recv, "recvbuf", why, len)) != COLLD_OK))
+        return st;
+    CUcontext cur, sctx = NULL;
+    st = ensure_ctx(g, cu, send_bytes ? ps.ordinal : recv_bytes ? pr.ordinal : 0, &cur, why, len);
+    if (st != COLLD_OK)
+        return st;
+    CUstream s = stream ? (CUstream)stream : CU_STREAM_LEGACY;
+    if ((r = cu->cuStreamGetCtx(s, &sctx)) != CUDA_SUCCESS)
+        return cu_say(cu, why, len, COLLD_ERR_INVALID_ARGUMENT, r,
+                      "stream %p: cuStreamGetCtx (is it a live cudaStream_t?)", stream);
+    bool pushed;
+    if ((r = ctx_enter(cu, sctx, &pushed)) != CUDA_SUCCESS)
+        return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "making the stream's context current");
+    CUdevice dev;
+    if ((r = cu->cuCtxGetDevice(&dev)) != CUDA_SUCCESS) {
+        st = cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "the device of stream %p", stream);
+        goto out;
+    }
+    /* Stream memory operations: the entry points are the V2 ones (CUDA 12.0 ABI, see
+     * common/cudadrv.h), which the driver offers by default on every platform. The
+     * CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1 attribute only says whether the deprecated V1
+     * API was enabled (NVreg_EnableStreamMemOPs=1, off by default), so it is not a gate here; a
+     * device without them makes the calls fail with CUDA_ERROR_NOT_SUPPORTED, which
+     * colld__gpu_post reports as COLLD_ERR_NOT_SUPPORTED. (The CUDA IPC event fallback for such
+     * devices is not built yet.) */
+    bool flush = dev_flag(cu, g->flush, dev, CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES);
+    if ((send_bytes && (st = resolve(c, g, cu, send, send_bytes, &ps, "sendbuf", &sqe->send, NULL, why, len))) ||
+        (recv_bytes && (st = resolve(c, g, cu, recv, recv_bytes, &pr, "recvbuf", &sqe->recv, NULL, why, len))))
+        goto out;
+    if ((st = flags_setup(c, g, cu, why, len)) != COLLD_OK)
+        goto out;
+    gpu_flags_t *f = atomic_load(&g->flags);
+    uint32_t h = comm->handle;
+    if (h == 0 || h >= f->nlines) {
+        st = say(why, len, COLLD_ERR_PROTOCOL, "communicator handle %u has no GPU flag line (colld gave %u lines)", h,
+                 f->nlines);
+        goto out;
+    }
+    /* The first stream-ordered collective of the communicator takes its flag base: values above
+     * everything an earlier communicator on this line left, whose waits then stay satisfied. */
+    if (!comm->gpu_used) {
+        comm->gpu_base = __atomic_load_n(&f->lines[h].done, __ATOMIC_ACQUIRE) + 1;
+        comm->gpu_used = true;
+    }
+    op->base = comm->gpu_base;
+    op->stream = s;
+    op->ctx = sctx;
+    op->ready = f->dptr + (uint64_t)h * sizeof(colld_wire_gpu_flag_t) + offsetof(colld_wire_gpu_flag_t, ready);
+    op->done = f->dptr + (uint64_t)h * sizeof(colld_wire_gpu_flag_t) + offsetof(colld_wire_gpu_flag_t, done);
+    op->wait_flags = (unsigned)CU_STREAM_WAIT_VALUE_GEQ | (flush ? (unsigned)CU_STREAM_WAIT_VALUE_FLUSH : 0u);
+    st = COLLD_OK;
+out:
+    ctx_leave(cu, pushed);
+    return st;
+}
+
+colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *send, size_t send_bytes,
+                                  const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe, colld_gpu_op_t *op,
+                                  char *why, size_t why_len)
+{
+    char err[256];
+    /* The stream is not looked at before the driver is known to be there. */
+    const colld_cu_t *cu = colld_cu_load(err, sizeof(err));
+    if (!cu)
+        return say(why, why_len, COLLD_ERR_NOT_SUPPORTED, "stream-ordered (GPU) collectives need the CUDA driver: %s",
+                   err);
+    if ((send_bytes && !send) || (recv_bytes && !recv))
+        return say(why, why_len, COLLD_ERR_INVALID_ARGUMENT, "%s is NULL", send_bytes && !send ? "sendbuf" : "recvbuf");
+    colld_gpu_t *g = comm->client->gpu;
+    pthread_mutex_lock(&g->mu);
+    g->cu = cu;
+    colld_status_t st = prepare_locked(comm, cu, stream, send, send_bytes, recv, recv_bytes, sqe, op, why, why_len);
+    pthread_mutex_unlock(&g->mu);
+    return st;
+}
+
+colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op, char *why,
+                               size_t why_len)
+{
+    colld_client_t *c = comm->client;
+    const colld_cu_t *cu = colld_cu_load(NULL, 0);
+    gpu_flags_t *f = atomic_load(&c->gpu->flags);
+    if (!cu || !f) /* prepare succeeded, so neither can be missing */
+        return say(why, why_len, COLLD_ERR_INTERNAL, "stream-ordered collective posted without preparation");
+    /* (b) The next sequence number of the communicator (host collectives share the counter), and
+     * its flag value. */
+    colld_wire_sqe_t d = *sqe;
+    d.seq = comm->seq + 1;
+    d.flags |= COLLD_SQE_STREAM;
+    d.reserved = op->base;
+    uint32_t v = op->base + (uint32_t)d.seq;
+    /* A release by the monitor (daemon lost) must cover the wait about to be enqueued. */
+    atomic_store(&f->posted[comm->handle], POSTED_USED | v);
+    /* (c) ready = v once the stream gets here, (d) then wait for done >= v. */
+    bool pushed;
+    CUresult r = ctx_enter(cu, (CUcontext)op->ctx, &pushed);
+    const char *call = "making the stream's context current";
+    if (r == CUDA_SUCCESS) {
+        call = "cuStreamWriteValue32";
+        r = cu->cuStreamWriteValue32((CUstream)op->stream, (CUdeviceptr)op->ready, v, CU_STREAM_WRITE_VALUE_DEFAULT);
+    }
+    if (r == CUDA_SUCCESS) {
+        call = "cuStreamWaitValue32";
+        r = cu->cuStreamWaitValue32((CUstream)op->stream, (CUdeviceptr)op->done, v, op->wait_flags);
+    }
+    ctx_leave(cu, pushed);
+    if (r != CUDA_SUCCESS) {
+        /* Nothing was posted and the sequence number is not used: a `ready` already written
+         * names a collective the daemon never sees, and the next one writes the same value. */
+        if (r == CUDA_ERROR_NOT_SUPPORTED)
+            return cu_say(cu, why, why_len, COLLD_ERR_NOT_SUPPORTED, r,
+                          "%s on stream %p: this device has no CUDA stream memory operations, which stream-ordered "
+                          "collectives need (the CUDA IPC event fallback is not built yet)", call, op->stream);
+        return cu_say(cu, why, why_len, COLLD_ERR_DEVICE, r, "%s on stream %p", call, op->stream);
+    }
+    /* (e) Post it like any collective. */
+    colld_status_t st = colld__client_submit(c, &d, 1);
+    if (st != COLLD_OK) {
+        release_line(&f->lines[comm->handle], v, st);
+        return say(why, why_len, st, "cannot post the collective (%s); its stream was released with that error",
+                   colld_status_string(st));
+    }
+    comm->seq = d.seq;
+    comm->issued++;
+    return COLLD_OK;
+}
+
+/* ============================================================================================
+ * colld_mem_alloc(COLLD_MEM_CUDA)
+ * ========================================================================================== */
+
+/* Allocate `bytes` of device memory on the device of the current context. */
+static colld_status_t alloc_locked(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu, void **ptr, size_t bytes,
+                                   char *why, size_t len)
+{
+    CUcontext ctx;
+    colld_status_t st = ensure_ctx(g, cu, 0, &ctx, why, len);
+    if (st != COLLD_OK)
+        return st;
+    CUdevice dev;
+    CUresult r = cu->cuCtxGetDevice(&dev);
+    if (r != CUDA_SUCCESS)
+        return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "cuCtxGetDevice");
+    int vmm = 0, fdok = 0;
+    cu->cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
+    cu->cuDeviceGetAttribute(&fdok, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev);
+    CUdeviceptr p = 0;
+    size_t size = bytes;
+    int own;
+    const char *call;
+    if (vmm && fdok) {
+        own = OWN_VMM;
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof(prop));
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = (int)dev;
+        size_t gran = 0;
+        CUmemGenericAllocationHandle h = 0;
+        bool created = false, reserved = false;
+        call = "cuMemGetAllocationGranularity";
+        if ((r = cu->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)) ==
+            CUDA_SUCCESS) {
+            if (gran == 0 || bytes > SIZE_MAX - gran)
+                return say(why, len, COLLD_ERR_INVALID_ARGUMENT, "%zu bytes of GPU memory: too large", bytes);
+            size = (bytes + gran - 1) / gran * gran;
+            call = "cuMemCreate";
+            created = (r = cu->cuMemCreate(&h, size, &prop, 0)) == CUDA_SUCCESS;
+        }
+        if (r == CUDA_SUCCESS) {
+            call = "cuMemAddressReserve";
+            reserved = (r = cu->cuMemAddressReserve(&p, size, gran, 0, 0)) == CUDA_SUCCESS;
+        }
+        if (r == CUDA_SUCCESS) {
+            call = "cuMemMap";
+            r = cu->cuMemMap(p, size, 0, h, 0);
+            if (r == CUDA_SUCCESS) {
+                CUmemAccessDesc acc;
+                memset(&acc, 0, sizeof(acc));
+                acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+                acc.location.id = (int)dev;
+                acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+                call = "cuMemSetAccess";
+                if ((r = cu->cuMemSetAccess(p, size, &acc, 1)) != CUDA_SUCCESS)
+                    cu->cuMemUnmap(p, size);
+            }
+        }
+        if (created)
+            cu->cuMemRelease(h); /* the mapping holds the memory */
+        if (r != CUDA_SUCCESS && reserved)
+            cu->cuMemAddressFree(p, size);
+    } else {
+        own = OWN_MEMALLOC;
+        call = "cuMemAlloc";
+        r = cu->cuMemAlloc(&p, bytes);
+    }
+    if (r != CUDA_SUCCESS)
+        return cu_say(cu, why, len, r == CUDA_ERROR_OUT_OF_MEMORY ? COLLD_ERR_NO_MEMORY : COLLD_ERR_DEVICE, r,
+                      "%s (%zu bytes on device %d)", call, size, (int)dev);
+    /* Register it now, so that collectives on it never pay for it. */
+    gpu_reg_t tmp = { .base = p, .own = own, .own_size = size, .own_ctx = ctx };
+    ptr_info_t pi;
+    colld_wire_buf_t wb;
+    gpu_reg_t *e = NULL;
+    if ((r = ptr_query(cu, (void *)(uintptr_t)p, &pi)) != CUDA_SUCCESS)
+        st = cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "cuPointerGetAttributes of a new allocation");
+    else
+        st = resolve(c, g, cu, (void *)(uintptr_t)p, bytes, &pi, "the new allocation", &wb, &e, why, len);
+    if (st == COLLD_OK && (e->base != p || wb.offset != 0)) {
+        st = say(why, len, COLLD_ERR_DEVICE, "the driver does not see the new allocation 0x%llx as its own range",
+                 (unsigned long long)p);
+        colld__deregister(c, e->reg_id);
+        *e = g->regs[--g->nregs];
+    }
+    if (st != COLLD_OK) {
+        free_owned(cu, &tmp);
+        return st;
+    }
+    e->own = own;
+    e->own_size = size;
+    e->own_ctx = ctx;
+    e->limit = bytes;
+    *ptr = (void *)(uintptr_t)p;
+    LOG_DEBUG(GPU, "colld_mem_alloc: %zu bytes of GPU %d memory at 0x%llx (%s)", bytes, (int)dev,
+              (unsigned long long)p, own == OWN_VMM ? "cuMemCreate, exportable as a POSIX fd" : "cuMemAlloc");
+    return COLLD_OK;
+}
+
+colld_status_t colld__gpu_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, char *why, size_t why_len)
+{
+    char err[256];
+    const colld_cu_t *cu = colld_cu_load(err, sizeof(err));
+    if (!cu)
+        return say(why, why_len, COLLD_ERR_NOT_SUPPORTED, "COLLD_MEM_CUDA needs the CUDA driver: %s", err);
+    if (atomic_load(&c->lost))
+        return say(why, why_len, COLLD_ERR_DAEMON_LOST, "the connection to the colld daemon was lost");
+    colld_gpu_t *g = c->gpu;
+    pthread_mutex_lock(&g->mu);
+    g->cu = cu;
+    colld_status_t st = alloc_locked(c, g, cu, ptr, bytes, why, why_len);
+    pthread_mutex_unlock(&g->mu);
+    return st;
+}
+
+colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, char *why, size_t why_len)
+{
+    colld_gpu_t *g = c->gpu;
+    pthread_mutex_lock(&g->mu);
+    size_t i = 0;
+    while (i < g->nregs && !(g->regs[i].own && g->regs[i].base == (CUdeviceptr)(uintptr_t)ptr))
+        i++;
+    if (i == g->nregs) {
+        pthread_mutex_unlock(&g->mu);
+        return say(why, why_len, COLLD_ERR_INVALID_ARGUMENT, "%p is not memory from colld_mem_alloc", ptr);
+    }
+    gpu_reg_t e = g->regs[i];
+    g->regs[i] = g->regs[--g->nregs];
+    colld_status_t st = colld__deregister(c, e.reg_id);
+    free_owned(g->cu, &e);
+    pthread_mutex_unlock(&g->mu);
+    if (st != COLLD_OK)
+        say(why, why_len, st, "colld did not release the GPU registration of %p: %s", ptr, colld_status_string(st));
+    return st;
+}
+
+/* ============================================================================================
+ * Disconnect
+ * ========================================================================================== */
+
+void colld__gpu_client_free(colld_client_t *c)
+{
+    colld_gpu_t *g = c->gpu;
+    if (!g)
+        return;
+    const colld_cu_t *cu = g->cu;
+    for (size_t i = 0; i < g->nregs; i++) {
+        colld__deregister(c, g->regs[i].reg_id); /* a no-op once the daemon is lost */
+        free_owned(cu, &g->regs[i]);
+    }
+    free(g->regs);
+    gpu_flags_t *f = atomic_load(&g->flags);
+    if (f) {
+        /* A wait still enqueued on some stream reads the area: release it and keep the area. */
+        int busy = 0;
+        for (uint32_t h = 1; h < f->nlines; h++) {
+            uint64_t posted = atomic_load(&f->posted[h]);
+            uint32_t done = __atomic_load_n(&f->lines[h].done, __ATOMIC_ACQUIRE);
+            if (posted && (int32_t)(done - (uint32_t)posted) < 0) {
+                release_line(&f->lines[h], (uint32_t)posted, COLLD_ERR_ABORTED);
+                busy++;
+            }
+        }
+        if (busy) {
+            LOG_WARN(GPU, "colld_disconnect with stream-ordered collectives of %d communicator(s) not complete: "
+                          "their streams were released with COLLD_ERR_ABORTED; the flag area stays mapped", busy);
+        } else {
+            bool pushed;
+            if (ctx_enter(cu, f->ctx, &pushed) == CUDA_SUCCESS)
+                cu->cuMemHostUnregister(f->lines);
+            ctx_leave(cu, pushed);
+            munmap(f->lines, f->size);
+            free((void *)f->posted);
+            free(f);
+        }
+    }
+    for (int d = 0; d < MAX_DEVICES; d++) {
+        CUdevice dev;
+        if (g->primary[d] && cu->cuDeviceGet(&dev, d) == CUDA_SUCCESS)
+            cu->cuDevicePrimaryCtxRelease(dev);
+    }
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+    c->gpu = NULL;
+}
+
+#endif /* COLLD_HAVE_CUDA */
