@@ -1,0 +1,301 @@
+/*
+ * test_gpu_collectives.c - the collectives on GPU buffers, stream-ordered, through a real colld
+ * daemon with real rank processes on GPU 0 (colld-test-gpu-rank, see gpu_rank.c), every result
+ * compared bitwise with the scalar CPU oracle. Label gpu; exits 77 (skipped) before starting
+ * anything when cudaGetDeviceCount fails or finds no GPU.
+ *
+ *   test_gpu_collectives [matrix|stream|fault|all]     (default all; ctest runs the three groups)
+ *
+ *  matrix  every collective x dtype x op, counts {0, 1, 1001, >= 4 MiB (odd)}, in and out of place,
+ *          for 2, 4 and 8 rank processes on one GPU with cudaMalloc'd buffers (the >= 4 MiB count:
+ *          every combination on 2 ranks, gpu_rank.c's big_selected() subset on 4 and 8); with
+ *          colld_mem_alloc(COLLD_MEM_CUDA) buffers, and with both kinds mixed in one communicator;
+ *          two 4-rank communicators at once; buffers freed and allocated again (same addresses).
+ *  stream  producer kernel -> colld_allreduce -> consumer kernel on each rank's stream with no host
+ *          synchronisation in between; the host call returns while a 200 ms producer still runs.
+ *          Non-blocking streams, blocking (legacy-synchronising) streams, 4 ranks with
+ *          colld_mem_alloc buffers.
+ *  fault   3 ranks post an all-reduce; one is killed with SIGKILL, without having posted, or with
+ *          its stream waiting behind a long kernel. The survivors' streams are released within the
+ *          communicator timeout + a few seconds with COLLD_ERR_PEER_LOST (or COLLD_ERR_TIMEOUT), they
+ *          form a new communicator that computes exactly, a GPU and a host communicator running
+ *          beside them keep working, a fresh pair of ranks afterwards is exact, and the daemon is
+ *          left with nothing of the broken communicator.
+ */
+#include "tests/integration/harness.h"
+
+#include <cuda_runtime_api.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#define MAX_PROCS 8
+#define RUN_LIMIT_MS 600000     /* per group of rank processes */
+#define FAULT_TIMEOUT_MS 3000   /* the communicator timeout of the fault test */
+#define RELEASE_LIMIT_MS (FAULT_TIMEOUT_MS + 3000) /* kill -> survivors' streams released */
+
+/* Spawn `nranks` colld-test-gpu-rank processes joining one new communicator; extra arguments
+ * (NULL-terminated) go to every rank. Pids in pids[]. Returns 0 or -1. */
+static int spawn_gpu(harness_t *h, int nranks, const char *const *extra, pid_t *pids)
+{
+    char hex[HARNESS_UID_HEX_LEN], nr[16], rk[16];
+    if (harness_new_uid_hex(h, hex) < 0)
+        return -1;
+    snprintf(nr, sizeof(nr), "%d", nranks);
+    for (int r = 0; r < nranks; r++) {
+        const char *argv[48] = { GPU_RANK_BIN, "--socket", h->socket, "--uid", hex, "--nranks", nr, "--rank", rk };
+        int n = 9;
+        for (int i = 0; extra && extra[i] && n < 47; i++)
+            argv[n++] = extra[i];
+        argv[n] = NULL;
+        snprintf(rk, sizeof(rk), "%d", r); /* posix_spawn copies argv before rk is reused */
+        pids[r] = harness_spawn(argv);
+        if (pids[r] < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Run one communicator of GPU ranks to the end; every rank must exit 0. */
+static void run_gpu(harness_t *h, int nranks, const char *const *extra)
+{
+    pid_t pids[MAX_PROCS];
+    double t0 = harness_now_ms();
+    assert_int_equal(spawn_gpu(h, nranks, extra, pids), 0);
+    assert_int_equal(harness_wait_all(pids, nranks, RUN_LIMIT_MS), 0);
+    print_message("%d GPU rank(s): %.0f ms\n", nranks, harness_now_ms() - t0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The matrix
+ * ------------------------------------------------------------------------------------------- */
+
+static void test_matrix_2_ranks(void **state)
+{
+    const char *extra[] = { "--big-all", NULL };
+    run_gpu(*state, 2, extra);
+}
+
+static void test_matrix_4_ranks(void **state) { run_gpu(*state, 4, NULL); }
+static void test_matrix_8_ranks(void **state) { run_gpu(*state, 8, NULL); }
+
+/* Buffers from colld_mem_alloc(COLLD_MEM_CUDA). */
+static void test_matrix_colld_mem_alloc(void **state)
+{
+    const char *extra[] = { "--alloc", "colld", NULL };
+    run_gpu(*state, 2, extra);
+}
+
+/* cudaMalloc'd and colld_mem_alloc'd buffers in one communicator (even / odd ranks), odd size. */
+static void test_matrix_mixed_alloc_3_ranks(void **state)
+{
+    const char *extra[] = { "--alloc", "mixed", "--no-big", NULL };
+    run_gpu(*state, 3, extra);
+}
+
+/* Two communicators of 4 ranks on the one GPU at once, each starting with another collective. */
+static void test_two_comms_concurrently(void **state)
+{
+    harness_t *h = *state;
+    pid_t pids[2][4];
+    double t0 = harness_now_ms();
+    for (int c = 0; c < 2; c++) {
+        const char *extra[] = { "--no-big", "--salt", c ? "201" : "200", "--rotate", c ? "2" : "0", NULL };
+        assert_int_equal(spawn_gpu(h, 4, extra, pids[c]), 0);
+    }
+    int bad = harness_wait_all(pids[0], 4, RUN_LIMIT_MS) + harness_wait_all(pids[1], 4, RUN_LIMIT_MS);
+    print_message("2 communicators x 4 GPU ranks: %.0f ms\n", harness_now_ms() - t0);
+    assert_int_equal(bad, 0);
+}
+
+/* cudaFree and cudaMalloc again between all-reduces: the same addresses come back. */
+static void test_realloc_same_addresses(void **state)
+{
+    const char *extra[] = { "--mode", "realloc", "--iters", "6", NULL };
+    run_gpu(*state, 2, extra);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Stream semantics
+ * ------------------------------------------------------------------------------------------- */
+
+static void test_stream_semantics_2_ranks(void **state)
+{
+    const char *extra[] = { "--mode", "stream", NULL };
+    run_gpu(*state, 2, extra);
+}
+
+/* Streams created without cudaStreamNonBlocking synchronise with the legacy default stream: the
+ * library must not use that stream on the application's behalf while the application's waits. */
+static void test_stream_semantics_blocking_streams(void **state)
+{
+    const char *extra[] = { "--mode", "stream", "--blocking-stream", NULL };
+    run_gpu(*state, 2, extra);
+}
+
+static void test_stream_semantics_4_ranks_colld_mem_alloc(void **state)
+{
+    const char *extra[] = { "--mode", "stream", "--alloc", "colld", NULL };
+    run_gpu(*state, 4, extra);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Faults
+ * ------------------------------------------------------------------------------------------- */
+
+/* A 2-rank GPU communicator running exact all-reduces in a loop (gpu_rank --mode loop), with the
+ * harness's background bookkeeping (progress and stop files). */
+static int gpu_bg_start(harness_t *h, harness_bg_t *bg)
+{
+    snprintf(bg->stop, sizeof(bg->stop), "%s/gpu-bg-stop", h->dir);
+    snprintf(bg->progress, sizeof(bg->progress), "%s/gpu-bg-progress", h->dir);
+    const char *extra[] = { "--mode", "loop", "--stop-file", bg->stop, "--progress-file", bg->progress, NULL };
+    if (spawn_gpu(h, 2, extra, bg->pids) < 0)
+        return -1;
+    return harness_bg_wait_progress(bg, 0, 60000) > 0 ? 0 : -1;
+}
+
+/* The survivor's line in <dir>/released-R: the monotonic time (ms) its stream was released and
+ * the async error it got. Returns 0 or -1. */
+static int read_release(harness_t *h, int rank, double *at, char *status, size_t len)
+{
+    char path[400], text[256], name[64] = "";
+    snprintf(path, sizeof(path), "%s/released-%d", h->dir, rank);
+    harness_read_file(path, text, sizeof(text));
+    if (sscanf(text, "%lf %63s", at, name) != 2)
+        return -1;
+    snprintf(status, len, "%s", name);
+    return 0;
+}
+
+/* Three ranks post an all-reduce; the last one is killed (-9) before posting (victim_posts false)
+ * or while every stream waits on it (true). See the file comment for what must follow. */
+static void run_fault(harness_t *h, bool victim_posts)
+{
+    char uid[HARNESS_UID_HEX_LEN], uid2[HARNESS_UID_HEX_LEN], nr[] = "3", rk[3][4], timeout[16], path[400];
+    harness_bg_t host_bg, gpu_bg;
+    pid_t pids[3];
+    snprintf(timeout, sizeof(timeout), "%d", FAULT_TIMEOUT_MS);
+    assert_int_equal(harness_bg_start(h, &host_bg), 0);
+    assert_int_equal(gpu_bg_start(h, &gpu_bg), 0);
+    assert_int_equal(harness_new_uid_hex(h, uid), 0);
+    assert_int_equal(harness_new_uid_hex(h, uid2), 0);
+    for (int r = 0; r < 3; r++) {
+        snprintf(rk[r], sizeof(rk[r]), "%d", r);
+        const char *argv[] = { GPU_RANK_BIN, "--socket", h->socket, "--uid", uid, "--nranks", nr, "--rank", rk[r],
+                               "--mode", "fault", "--uid2", uid2, "--victim", "2", "--sync-dir", h->dir,
+                               "--timeout-ms", timeout, victim_posts ? "--victim-posts" : NULL, NULL };
+        assert_true((pids[r] = harness_spawn(argv)) > 0);
+    }
+    const char *marks[] = { "posted-0", "posted-1", "victim-ready" };
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof(path), "%s/%s", h->dir, marks[i]);
+        if (harness_wait_file(path, 120000) < 0) {
+            for (int r = 0; r < 3; r++)
+                kill(pids[r], SIGKILL);
+            harness_wait_all(pids, 3, 10000);
+            fail_msg("no %s within 120 s", marks[i]);
+        }
+    }
+    usleep(300 * 1000); /* the survivors' streams are waiting now */
+    long host_before = harness_bg_progress(&host_bg), gpu_before = harness_bg_progress(&gpu_bg);
+    double killed = harness_now_ms();
+    assert_int_equal(kill(pids[2], SIGKILL), 0);
+    assert_int_equal(harness_wait(pids[2], 10000), 128 + SIGKILL);
+    int bad = harness_wait_all(pids, 2, FAULT_TIMEOUT_MS + 120000);
+    for (int r = 0; r < 2; r++) {
+        double at = 0;
+        char status[64] = "";
+        if (read_release(h, r, &at, status, sizeof(status)) < 0) {
+            print_message("survivor %d wrote no release record\n", r);
+            bad++;
+            continue;
+        }
+        print_message("survivor %d: stream released %.1f ms after the kill with %s (%s)\n", r, at - killed, status,
+                      strcmp(status, "COLLD_ERR_PEER_LOST") == 0 ? "the daemon saw the process die"
+                                                                : "the daemon's timer: the kill came before the post");
+        if (at - killed > RELEASE_LIMIT_MS) {
+            print_message("survivor %d: released later than %d ms after the kill\n", r, RELEASE_LIMIT_MS);
+            bad++;
+        }
+    }
+    assert_int_equal(bad, 0);
+
+    /* The communicators beside it kept working, and stop cleanly. */
+    long host_after = harness_bg_wait_progress(&host_bg, host_before, 20000);
+    long gpu_after = harness_bg_wait_progress(&gpu_bg, gpu_before, 20000);
+    print_message("background communicators: host %ld -> %ld, GPU %ld -> %ld all-reduces\n", host_before, host_after,
+                  gpu_before, gpu_after);
+    assert_true(host_after > host_before);
+    assert_true(gpu_after > gpu_before);
+    assert_int_equal(harness_bg_stop(&host_bg), 0);
+    assert_int_equal(harness_bg_stop(&gpu_bg), 0);
+
+    /* A fresh pair of ranks on the same daemon, and nothing left behind. */
+    const char *extra[] = { "--no-big", "--kinds", "allreduce,allgather", "--dtypes", "float32,int32,bfloat16", NULL };
+    run_gpu(h, 2, extra);
+    assert_int_equal(harness_wait_clean(h, 10000), 0);
+}
+
+static void test_fault_kill_before_post(void **state) { run_fault(*state, false); }
+static void test_fault_kill_while_streams_wait(void **state) { run_fault(*state, true); }
+
+/* ---------------------------------------------------------------------------------------------
+ * Main
+ * ------------------------------------------------------------------------------------------- */
+
+/* Every test gets its own daemon (harness_test_setup/teardown). */
+int main(int argc, char **argv)
+{
+    const char *group = argc > 1 ? argv[1] : "all";
+    int ndev = 0;
+    signal(SIGPIPE, SIG_IGN);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev == 0) {
+        printf("SKIP: no CUDA GPU visible (cudaGetDeviceCount: %s)\n",
+               e != cudaSuccess ? cudaGetErrorName(e) : "0 devices");
+        return 77;
+    }
+    const struct CMUnitTest matrix[] = {
+        cmocka_unit_test_setup_teardown(test_matrix_2_ranks, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_matrix_4_ranks, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_matrix_8_ranks, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_matrix_colld_mem_alloc, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_matrix_mixed_alloc_3_ranks, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_two_comms_concurrently, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_realloc_same_addresses, harness_test_setup, harness_test_teardown),
+    };
+    const struct CMUnitTest stream[] = {
+        cmocka_unit_test_setup_teardown(test_stream_semantics_2_ranks, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_stream_semantics_blocking_streams, harness_test_setup,
+                                        harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_stream_semantics_4_ranks_colld_mem_alloc, harness_test_setup,
+                                        harness_test_teardown),
+    };
+    const struct CMUnitTest fault[] = {
+        cmocka_unit_test_setup_teardown(test_fault_kill_before_post, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_fault_kill_while_streams_wait, harness_test_setup, harness_test_teardown),
+    };
+    bool all = strcmp(group, "all") == 0;
+    int failed = 0;
+    if (!all && strcmp(group, "matrix") && strcmp(group, "stream") && strcmp(group, "fault")) {
+        fprintf(stderr, "usage: %s [matrix|stream|fault|all]\n", argv[0]);
+        return 2;
+    }
+    printf("GPU 0 of %d visible\n", ndev);
+    if (all || !strcmp(group, "matrix"))
+        failed += cmocka_run_group_tests_name("gpu_matrix", matrix, NULL, NULL);
+    if (all || !strcmp(group, "stream"))
+        failed += cmocka_run_group_tests_name("gpu_stream", stream, NULL, NULL);
+    if (all || !strcmp(group, "fault"))
+        failed += cmocka_run_group_tests_name("gpu_fault", fault, NULL, NULL);
+    return failed ? 1 : 0;
+}
