@@ -3,7 +3,7 @@
  *
  *   colld-perf [-t allreduce|broadcast|reduce|allgather|reducescatter|all] [-p NRANKS]
  *              [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1] [-z 0|1]
- *              [-d DTYPE|all] [-o OP|all] [-r ROOT] [--socket PATH] [--json]
+ *              [-d DTYPE|all] [-o OP|all] [-r ROOT] [-G] [--socket PATH] [--json]
  *   colld-perf --attach-bench REPS [-p NRANKS] [--socket PATH] [--json]
  *   colld-perf --make-uid [--socket PATH]
  *   colld-perf --join HEX -p NRANKS --rank R [benchmark options] [--socket PATH]
@@ -44,6 +44,21 @@
  * (colld_cpu_pattern_small), exact in any order: daemons on several nodes combine per node first,
  * so general float inputs would differ from the rank-order reference in the last bits.
  *
+ * GPU mode (-G, --gpu; only in a build with the CUDA toolkit): every rank puts its buffers on GPU 0
+ * (cudaMalloc; several ranks share the one GPU) and posts every collective on its own stream
+ * (cudaStreamNonBlocking), stream-ordered; the communicator carries only GPU work (barriers and the
+ * combining of results are stream-ordered all-reduces too). A call's time runs from the host call
+ * to the stream's completion, observed by polling cudaStreamQuery (with colld_comm_get_async_error
+ * checked while it waits), so the time column is "call -> stream complete" per iteration, averaged
+ * over ITERS back-to-back calls as above. Three more columns per row: p50 (each mode), the median
+ * over ITERS calls each waited for on its own (call -> stream complete; the worst rank's median);
+ * d2d, the device-to-device copy bandwidth of the GPU at the row's size measured in the same run
+ * (rank 0 alone, the other ranks idle: ITERS cudaMemcpyAsync D2D of S bytes, counted as read +
+ * write, 2S / time); and for all-reduce hbm/d2d: the HBM traffic of the all-reduce (every rank's
+ * input read once and output written once, 2 x nranks x S / time, out of place) as a fraction of
+ * that copy bandwidth. Inputs are generated on the host, copied in, and results copied back for
+ * the check exactly as in host mode.
+ *
  * --attach-bench REPS: each rank process connects (attach) and joins a new NRANKS communicator
  * REPS+1 times; the first repetition is cold (process start, library initialisation), the others
  * start together after a barrier of the previous communicator. Prints per-rank p50/min/max of
@@ -56,6 +71,9 @@
 
 #include <colld/colld.h>
 
+#ifdef COLLD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -175,7 +193,7 @@ typedef struct {
     double factor;
     int iters, warmup, check, blocking, root, nranks, timeout_ms, attach_reps;
     unsigned kinds, dtypes, ops; /* bit masks */
-    bool json, make_uid;
+    bool json, make_uid, gpu;
     const char *socket, *colld;
     /* this process is one rank: set by the launcher (--internal-rank, id from a pipe) or by the
      * caller (--rank with --join, id from the command line) */
@@ -203,6 +221,8 @@ static void usage(FILE *f)
             " or all (default float)\n"
             "  -o, --op NAME           sum prod min max avg or all (default sum)\n"
             "  -r, --root R            root of broadcast and reduce (default 0)\n"
+            "  -G, --gpu               buffers on GPU 0 (cudaMalloc), stream-ordered calls on a stream\n"
+            "                          per rank; adds p50 latency, D2D copy bandwidth and HBM/D2D\n"
             "      --socket PATH       the daemon's socket (default $COLLD_SOCKET or the standard one);\n"
             "                          when none answers, " PROG " starts its own colld\n"
             "      --colld PATH        the colld binary to start (default: next to " PROG ", then PATH)\n"
@@ -325,13 +345,13 @@ static void parse_options(int argc, char **argv, opts_t *o)
         { "attach-bench", required_argument, NULL, OPT_ATTACH },
         { "make-uid", no_argument, NULL, OPT_MAKE_UID },  { "join", required_argument, NULL, OPT_JOIN },
         { "rank", required_argument, NULL, OPT_JOIN_RANK },
-        { "help", no_argument, NULL, 'h' },
+        { "gpu", no_argument, NULL, 'G' },                { "help", no_argument, NULL, 'h' },
         { "internal-rank", required_argument, NULL, OPT_RANK }, /* set by the launcher */
         { NULL, 0, NULL, 0 },
     };
     opterr = 0;
     int c, join_rank = -1;
-    while ((c = getopt_long(argc, argv, ":t:p:b:e:f:n:w:c:z:d:o:r:h", longs, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":t:p:b:e:f:n:w:c:z:d:o:r:Gh", longs, NULL)) != -1) {
         switch (c) {
         case 't': o->kinds = parse_names("-t", optarg, kind_names, NULL, K_COUNT); break;
         case 'p': o->nranks = parse_int("-p", optarg, 1, MAX_RANKS); break;
@@ -363,6 +383,7 @@ static void parse_options(int argc, char **argv, opts_t *o)
             o->join = true;
             break;
         case OPT_JOIN_RANK: join_rank = parse_int("--rank", optarg, 0, MAX_RANKS - 1); break;
+        case 'G': o->gpu = true; break;
         case 'h': usage(stdout); exit(0);
         case ':': die_usage("option '%s' needs a value", argv[optind - 1]);
         default: die_usage("unknown option '%s'", argv[optind - 1]);
@@ -382,6 +403,13 @@ static void parse_options(int argc, char **argv, opts_t *o)
         die_usage(o->join ? "--join needs --rank R (this process's rank)" : "--rank goes with --join HEX");
     if (o->join && o->attach_reps)
         die_usage("--attach-bench makes its own communicators; it does not take --join");
+    if (o->gpu && (o->attach_reps || o->make_uid))
+        die_usage("-G/--gpu is for the collective benchmark; --attach-bench and --make-uid use no buffers");
+#ifndef COLLD_HAVE_CUDA
+    if (o->gpu)
+        die_usage("-G/--gpu: this " PROG " was built without CUDA (no CUDA toolkit was found when it was "
+                  "configured); rebuild it where the CUDA toolkit is installed");
+#endif
     if (o->join) {
         if (join_rank >= o->nranks)
             die_usage("--rank %d is not below -p %d", join_rank, o->nranks);
@@ -534,21 +562,27 @@ typedef struct {
     colld_client_t *c;
     colld_comm_t *comm;
     int n, rank;
-    unsigned char *sbuf, *rbuf; /* registered, max_bytes each */
-    unsigned char *small;       /* registered scratch: barrier, times, counts, pids */
+    unsigned char *sbuf, *rbuf; /* registered, max_bytes each (GPU mode: pinned host images) */
+    unsigned char *small;       /* registered scratch: barrier, times, counts, pids (GPU mode: image) */
     ref_t ref;
-    size_t bytes;               /* registered bytes of sbuf and rbuf */
+    size_t bytes;               /* bytes of sbuf and rbuf */
+    /* GPU mode: the device buffers that sbuf, rbuf and small mirror, and the rank's stream */
+    unsigned char *dsbuf, *drbuf, *dsmall;
+    void *stream;
+    double *lat;                /* GPU mode: ITERS latency samples */
 } rank_t;
 
 /* One measured mode of one row, after the reduction over ranks. */
 typedef struct {
     double time_us, algbw, busbw;
+    double p50_us; /* GPU mode: median call -> stream complete (worst rank) */
     uint64_t wrong;
 } mode_result_t;
 
 typedef struct {
     shape_t s;
     mode_result_t m[2]; /* out of place, in place */
+    double d2d_gbs;     /* GPU mode: device-to-device copy bandwidth at this size (read + write) */
 } row_t;
 
 /* Report a failed call of this rank and return 1. */
@@ -559,12 +593,198 @@ static int fail(rank_t *R, const char *what, colld_status_t st)
     return 1;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * GPU mode: device buffers mirror the host images; everything runs on the rank's stream
+ * ------------------------------------------------------------------------------------------- */
+
+/* The device address of a byte of the host images (GPU mode), or the host address itself. */
+static void *dev_ptr(const rank_t *R, const void *host)
+{
+    const unsigned char *p = host;
+    if (!R->o->gpu)
+        return (void *)p;
+    if (p >= R->sbuf && p < R->sbuf + R->bytes)
+        return R->dsbuf + (p - R->sbuf);
+    if (p >= R->rbuf && p < R->rbuf + R->bytes)
+        return R->drbuf + (p - R->rbuf);
+    return R->dsmall + (p - R->small);
+}
+
+#ifdef COLLD_HAVE_CUDA
+/* A CUDA error of this rank as a colld status (printed). */
+static colld_status_t cuda_status(const rank_t *R, const char *what, cudaError_t e)
+{
+    if (e == cudaSuccess)
+        return COLLD_OK;
+    fprintf(stderr, PROG ": rank %d: %s: %s: %s\n", R->rank, what, cudaGetErrorName(e), cudaGetErrorString(e));
+    return COLLD_ERR_DEVICE;
+}
+
+/* Copy len bytes at host image address p to the device (to_dev) or back, on the stream. */
+static colld_status_t gpu_copy(rank_t *R, void *p, size_t len, bool to_dev)
+{
+    if (!len)
+        return COLLD_OK;
+    cudaError_t e = to_dev ? cudaMemcpyAsync(dev_ptr(R, p), p, len, cudaMemcpyHostToDevice, R->stream)
+                           : cudaMemcpyAsync(p, dev_ptr(R, p), len, cudaMemcpyDeviceToHost, R->stream);
+    return cuda_status(R, to_dev ? "cudaMemcpyAsync H2D" : "cudaMemcpyAsync D2H", e);
+}
+
+/* Wait for the stream as nccl-tests does: poll cudaStreamQuery, and the communicator's
+ * asynchronous error now and then, so a failed collective ends the wait with its error. */
+static colld_status_t gpu_wait(rank_t *R)
+{
+    for (unsigned i = 0;; i++) {
+        cudaError_t e = cudaStreamQuery(R->stream);
+        if (e == cudaSuccess)
+            break;
+        if (e != cudaErrorNotReady)
+            return cuda_status(R, "cudaStreamQuery", e);
+        if (i % 1024 == 1023) {
+            colld_status_t err = COLLD_OK;
+            if (colld_comm_get_async_error(R->comm, &err) == COLLD_OK && err != COLLD_OK && err != COLLD_INPROGRESS)
+                return err;
+        }
+    }
+    colld_status_t err = COLLD_OK;
+    colld_status_t st = colld_comm_get_async_error(R->comm, &err);
+    return st != COLLD_OK ? st : err == COLLD_INPROGRESS ? COLLD_OK : err;
+}
+
+/* Rank 0's device-to-device copy bandwidth at `bytes` (read + write: 2 x bytes / time), GB/s. */
+static double gpu_d2d_gbs(rank_t *R, size_t bytes)
+{
+    int iters = R->o->iters < 5 ? 5 : R->o->iters;
+    if (!bytes)
+        return 0;
+    for (int i = 0; i < 2; i++)
+        if (cudaMemcpyAsync(R->drbuf, R->dsbuf, bytes, cudaMemcpyDeviceToDevice, R->stream) != cudaSuccess)
+            return 0;
+    if (cuda_status(R, "cudaStreamSynchronize", cudaStreamSynchronize(R->stream)) != COLLD_OK)
+        return 0;
+    double t0 = now_us();
+    for (int i = 0; i < iters; i++)
+        if (cuda_status(R, "cudaMemcpyAsync D2D",
+                        cudaMemcpyAsync(R->drbuf, R->dsbuf, bytes, cudaMemcpyDeviceToDevice, R->stream)) != COLLD_OK)
+            return 0;
+    if (cuda_status(R, "cudaStreamSynchronize", cudaStreamSynchronize(R->stream)) != COLLD_OK)
+        return 0;
+    double us = (now_us() - t0) / iters;
+    return us > 0 ? 2.0 * (double)bytes / us / 1e3 : 0;
+}
+
+/* GPU mode set-up: device 0, a stream, device buffers and pinned host images. 0 or -1 (printed). */
+static int gpu_setup(rank_t *R)
+{
+    cudaStream_t st = NULL;
+    if (cuda_status(R, "cudaSetDevice(0)", cudaSetDevice(0)) != COLLD_OK ||
+        cuda_status(R, "cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)) != COLLD_OK)
+        return -1;
+    R->stream = st;
+    if (cuda_status(R, "cudaMalloc", cudaMalloc((void **)&R->dsbuf, R->bytes)) != COLLD_OK ||
+        cuda_status(R, "cudaMalloc", cudaMalloc((void **)&R->drbuf, R->bytes)) != COLLD_OK ||
+        cuda_status(R, "cudaMalloc", cudaMalloc((void **)&R->dsmall, SMALL_BYTES)) != COLLD_OK ||
+        cuda_status(R, "cudaMallocHost", cudaMallocHost((void **)&R->sbuf, R->bytes)) != COLLD_OK ||
+        cuda_status(R, "cudaMallocHost", cudaMallocHost((void **)&R->rbuf, R->bytes)) != COLLD_OK ||
+        cuda_status(R, "cudaMallocHost", cudaMallocHost((void **)&R->small, SMALL_BYTES)) != COLLD_OK)
+        return -1;
+    if (!(R->lat = calloc((size_t)R->o->iters, sizeof(double)))) {
+        fprintf(stderr, PROG ": rank %d: out of memory\n", R->rank);
+        return -1;
+    }
+    return 0;
+}
+
+static void gpu_teardown(rank_t *R)
+{
+    if (R->stream)
+        cudaStreamSynchronize(R->stream);
+    cudaFree(R->dsbuf);
+    cudaFree(R->drbuf);
+    cudaFree(R->dsmall);
+    cudaFreeHost(R->sbuf);
+    cudaFreeHost(R->rbuf);
+    cudaFreeHost(R->small);
+    if (R->stream)
+        cudaStreamDestroy(R->stream);
+    free(R->lat);
+}
+
+/* The device name of GPU 0 for the header. */
+static void gpu_name(char *buf, size_t len)
+{
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+        snprintf(buf, len, "%.100s, %d SMs, %.0f GiB", prop.name, prop.multiProcessorCount,
+                 (double)prop.totalGlobalMem / (1 << 30));
+    else
+        snprintf(buf, len, "?");
+}
+
+/* The launcher's check before anything starts: is a GPU visible? 0, or -1 (printed). */
+static int gpu_visible(void)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaSuccess && n > 0)
+        return 0;
+    fprintf(stderr, PROG ": --gpu: no CUDA GPU is visible (cudaGetDeviceCount: %s%s%s)\n",
+            e != cudaSuccess ? cudaGetErrorName(e) : "0 devices", e != cudaSuccess ? ": " : "",
+            e != cudaSuccess ? cudaGetErrorString(e) : "");
+    return -1;
+}
+#else
+/* Without CUDA, -G is refused when the options are parsed; these are never reached. */
+static colld_status_t gpu_copy(rank_t *R, void *p, size_t len, bool to_dev)
+{
+    (void)R, (void)p, (void)len, (void)to_dev;
+    return COLLD_ERR_NOT_SUPPORTED;
+}
+static colld_status_t gpu_wait(rank_t *R)
+{
+    (void)R;
+    return COLLD_ERR_NOT_SUPPORTED;
+}
+static double gpu_d2d_gbs(rank_t *R, size_t bytes)
+{
+    (void)R, (void)bytes;
+    return 0;
+}
+static int gpu_setup(rank_t *R)
+{
+    (void)R;
+    return -1;
+}
+static void gpu_teardown(rank_t *R)
+{
+    (void)R;
+}
+static void gpu_name(char *buf, size_t len)
+{
+    snprintf(buf, len, "?");
+}
+static int gpu_visible(void)
+{
+    return -1;
+}
+#endif
+
+/* Wait for everything this rank issued: colld_comm_synchronize, or in GPU mode the stream. */
+static colld_status_t wait_issued(rank_t *R)
+{
+    return R->o->gpu ? gpu_wait(R) : colld_comm_synchronize(R->comm);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The measurement
+ * ------------------------------------------------------------------------------------------- */
+
 /* Post one collective of the given shape; `inplace` picks the buffers as NCCL defines in-place. */
 static colld_status_t post(rank_t *R, const shape_t *s, bool inplace)
 {
     size_t es = colld_dtype_size(s->dt);
-    const void *send = R->sbuf;
-    void *recv = R->rbuf;
+    const unsigned char *send = R->sbuf;
+    unsigned char *recv = R->rbuf;
     if (inplace) {
         send = R->rbuf;
         if (s->kind == K_ALLGATHER)
@@ -572,25 +792,38 @@ static colld_status_t post(rank_t *R, const shape_t *s, bool inplace)
         if (s->kind == K_REDUCESCATTER)
             recv = R->rbuf + (size_t)R->rank * s->count * es;
     }
+    const void *sp = dev_ptr(R, send);
+    void *rp = dev_ptr(R, recv), *st = R->stream;
     switch (s->kind) {
-    case K_ALLREDUCE: return colld_allreduce(send, recv, s->count, s->dt, s->op, R->comm, NULL);
-    case K_BROADCAST: return colld_broadcast(send, recv, s->count, s->dt, s->root, R->comm, NULL);
-    case K_REDUCE: return colld_reduce(send, recv, s->count, s->dt, s->op, s->root, R->comm, NULL);
-    case K_ALLGATHER: return colld_allgather(send, recv, s->count, s->dt, R->comm, NULL);
-    default: return colld_reducescatter(send, recv, s->count, s->dt, s->op, R->comm, NULL);
+    case K_ALLREDUCE: return colld_allreduce(sp, rp, s->count, s->dt, s->op, R->comm, st);
+    case K_BROADCAST: return colld_broadcast(sp, rp, s->count, s->dt, s->root, R->comm, st);
+    case K_REDUCE: return colld_reduce(sp, rp, s->count, s->dt, s->op, s->root, R->comm, st);
+    case K_ALLGATHER: return colld_allgather(sp, rp, s->count, s->dt, R->comm, st);
+    default: return colld_reducescatter(sp, rp, s->count, s->dt, s->op, R->comm, st);
     }
 }
 
-/* Fill this rank's input for a call with `salt` (and the receive buffer with the sentinel where
- * the input does not go), as the in-place or out-of-place form needs it. */
-static void fill_inputs(rank_t *R, const shape_t *s, bool inplace, unsigned salt)
+/* Bytes of the receive buffer a call of this shape uses (in place: the larger of the two). */
+static size_t recv_span(const shape_t *s, bool inplace)
 {
     size_t es = colld_dtype_size(s->dt);
-    size_t span = (s->send_elems > s->recv_elems ? s->send_elems : s->recv_elems) * es;
+    return (inplace && s->send_elems > s->recv_elems ? s->send_elems : s->recv_elems) * es;
+}
+
+/* Fill this rank's input for a call with `salt` (and the receive buffer with the sentinel where
+ * the input does not go), as the in-place or out-of-place form needs it; in GPU mode the images
+ * are then copied to the device on the stream. */
+static colld_status_t fill_inputs(rank_t *R, const shape_t *s, bool inplace, unsigned salt)
+{
+    size_t es = colld_dtype_size(s->dt);
+    size_t span = recv_span(s, inplace);
     if (!inplace) {
         R->ref.pattern(s->dt, R->rank, salt, 0, s->send_elems, R->sbuf);
         memset(R->rbuf, SENTINEL, s->recv_elems * es);
-        return;
+        if (!R->o->gpu)
+            return COLLD_OK;
+        colld_status_t st = gpu_copy(R, R->sbuf, s->send_elems * es, true);
+        return st == COLLD_OK ? gpu_copy(R, R->rbuf, span, true) : st;
     }
     memset(R->rbuf, SENTINEL, span);
     switch (s->kind) {
@@ -605,31 +838,40 @@ static void fill_inputs(rank_t *R, const shape_t *s, bool inplace, unsigned salt
         R->ref.pattern(s->dt, R->rank, salt, 0, s->send_elems, R->rbuf);
         break;
     }
+    return R->o->gpu ? gpu_copy(R, R->rbuf, span, true) : COLLD_OK;
+}
+
+/* All-reduce `count` elements of the scratch buffer at `off` in place, waited for (in GPU mode
+ * through the device scratch buffer, on the stream). */
+static colld_status_t small_allreduce(rank_t *R, size_t off, size_t count, colld_dtype_t dt, colld_redop_t op)
+{
+    size_t len = count * colld_dtype_size(dt);
+    colld_status_t st = R->o->gpu ? gpu_copy(R, R->small + off, len, true) : COLLD_OK;
+    if (st == COLLD_OK)
+        st = colld_allreduce(dev_ptr(R, R->small + off), dev_ptr(R, R->small + off), count, dt, op, R->comm, R->stream);
+    if (st == COLLD_OK && R->o->gpu)
+        st = gpu_copy(R, R->small + off, len, false);
+    return st == COLLD_OK ? wait_issued(R) : st;
 }
 
 /* A barrier: a one-element all-reduce, waited for. */
 static colld_status_t barrier(rank_t *R)
 {
-    colld_status_t st = colld_allreduce(R->small, R->small, 1, COLLD_INT32, COLLD_SUM, R->comm, NULL);
-    return st == COLLD_OK ? colld_comm_synchronize(R->comm) : st;
+    return small_allreduce(R, 0, 1, COLLD_INT32, COLLD_SUM);
 }
 
-/* All-reduce `count` elements of the scratch buffer at `off` in place, waited for. */
-static colld_status_t small_allreduce(rank_t *R, size_t off, size_t count, colld_dtype_t dt, colld_redop_t op)
-{
-    colld_status_t st = colld_allreduce(R->small + off, R->small + off, count, dt, op, R->comm, NULL);
-    return st == COLLD_OK ? colld_comm_synchronize(R->comm) : st;
-}
-
-/* Time one mode of one row on this rank: warm-up, barrier, ITERS collectives; then, with -c 1,
- * one more call on fresh inputs, checked. *us is this rank's time per call. */
-static int measure(rank_t *R, const shape_t *s, bool inplace, unsigned check_salt, double *us, uint64_t *wrong)
+/* Time one mode of one row on this rank: warm-up, barrier, ITERS collectives; in GPU mode then
+ * ITERS more, each waited for on its own (*p50 their median); then, with -c 1, one more call on
+ * fresh inputs, checked. *us is this rank's time per call. */
+static int measure(rank_t *R, const shape_t *s, bool inplace, unsigned check_salt, double *us, double *p50,
+                   uint64_t *wrong)
 {
     const opts_t *o = R->o;
     colld_status_t st;
-    fill_inputs(R, s, inplace, 0);
+    if ((st = fill_inputs(R, s, inplace, 0)) != COLLD_OK)
+        return fail(R, "filling the inputs", st);
     for (int i = 0; i < o->warmup; i++)
-        if ((st = post(R, s, inplace)) != COLLD_OK || (st = colld_comm_synchronize(R->comm)) != COLLD_OK)
+        if ((st = post(R, s, inplace)) != COLLD_OK || (st = wait_issued(R)) != COLLD_OK)
             return fail(R, "warm-up collective", st);
     if ((st = barrier(R)) != COLLD_OK)
         return fail(R, "barrier", st);
@@ -637,21 +879,32 @@ static int measure(rank_t *R, const shape_t *s, bool inplace, unsigned check_sal
     for (int i = 0; i < o->iters; i++) {
         if ((st = post(R, s, inplace)) != COLLD_OK)
             return fail(R, "collective", st);
-        if (o->blocking && (st = colld_comm_synchronize(R->comm)) != COLLD_OK)
+        if (o->blocking && (st = wait_issued(R)) != COLLD_OK)
             return fail(R, "collective", st);
     }
-    if (!o->blocking && (st = colld_comm_synchronize(R->comm)) != COLLD_OK)
+    if (!o->blocking && (st = wait_issued(R)) != COLLD_OK)
         return fail(R, "collective", st);
     *us = (now_us() - t0) / o->iters;
+    *p50 = 0;
+    if (o->gpu) {
+        for (int i = 0; i < o->iters; i++) {
+            double t = now_us();
+            if ((st = post(R, s, inplace)) != COLLD_OK || (st = wait_issued(R)) != COLLD_OK)
+                return fail(R, "collective (latency)", st);
+            R->lat[i] = now_us() - t;
+        }
+        *p50 = median(R->lat, o->iters);
+    }
     *wrong = 0;
     if (!o->check)
         return 0;
-    fill_inputs(R, s, inplace, check_salt);
-    if ((st = post(R, s, inplace)) != COLLD_OK || (st = colld_comm_synchronize(R->comm)) != COLLD_OK)
-        return fail(R, "checked collective", st);
-    const unsigned char *got = R->rbuf;
+    unsigned char *got = R->rbuf;
     if (inplace && s->kind == K_REDUCESCATTER)
         got += (size_t)R->rank * s->count * colld_dtype_size(s->dt);
+    if ((st = fill_inputs(R, s, inplace, check_salt)) != COLLD_OK || (st = post(R, s, inplace)) != COLLD_OK ||
+        (o->gpu && (st = gpu_copy(R, R->rbuf, recv_span(s, inplace), false)) != COLLD_OK) ||
+        (st = wait_issued(R)) != COLLD_OK)
+        return fail(R, "checked collective", st);
     size_t w = count_wrong(s, R->n, R->rank, check_salt, got, &R->ref);
     if (w == SIZE_MAX) {
         fprintf(stderr, PROG ": rank %d: the reference kernel refused %s %s %s\n", R->rank, kind_names[s->kind],
@@ -662,34 +915,54 @@ static int measure(rank_t *R, const shape_t *s, bool inplace, unsigned check_sal
     return 0;
 }
 
-/* Measure one row in both modes and combine over ranks: the maximum time, the summed wrong
- * counts. Every rank gets the combined row. */
+/* Measure one row in both modes and combine over ranks: the maximum times, the summed wrong
+ * counts. In GPU mode first rank 0 measures the D2D copy bandwidth at this size while the others
+ * wait in a barrier. Every rank gets the combined row. */
 static int run_row(rank_t *R, const shape_t *s, unsigned check_salt, row_t *row)
 {
-    double us[2];
+    double t[5] = { 0 }; /* us[2], p50[2], d2d */
     uint64_t wrong[2];
+    colld_status_t st;
+    if (R->o->gpu) {
+        if ((st = barrier(R)) != COLLD_OK)
+            return fail(R, "barrier", st);
+        if (R->rank == 0 && s->size <= R->bytes)
+            t[4] = gpu_d2d_gbs(R, s->size);
+        if ((st = barrier(R)) != COLLD_OK)
+            return fail(R, "barrier", st);
+    }
     for (int ip = 0; ip < 2; ip++)
-        if (measure(R, s, ip == 1, check_salt + (unsigned)ip, &us[ip], &wrong[ip]))
+        if (measure(R, s, ip == 1, check_salt + (unsigned)ip, &t[ip], &t[2 + ip], &wrong[ip]))
             return 1;
-    memcpy(R->small + 64, us, sizeof(us));
+    memcpy(R->small + 64, t, sizeof(t));
     memcpy(R->small + 128, wrong, sizeof(wrong));
-    colld_status_t st = small_allreduce(R, 64, 2, COLLD_FLOAT64, COLLD_MAX);
+    st = small_allreduce(R, 64, 5, COLLD_FLOAT64, COLLD_MAX);
     if (st == COLLD_OK && R->o->check)
         st = small_allreduce(R, 128, 2, COLLD_UINT64, COLLD_SUM);
     if (st != COLLD_OK)
         return fail(R, "combining the results of the ranks", st);
-    memcpy(us, R->small + 64, sizeof(us));
+    memcpy(t, R->small + 64, sizeof(t));
     memcpy(wrong, R->small + 128, sizeof(wrong));
     row->s = *s;
+    row->d2d_gbs = t[4];
     double factor = busbw_factor(s->kind, R->n);
     for (int ip = 0; ip < 2; ip++) {
         mode_result_t *m = &row->m[ip];
-        m->time_us = us[ip];
-        m->algbw = us[ip] > 0 ? (double)s->size / us[ip] / 1e3 : 0;
+        m->time_us = t[ip];
+        m->p50_us = t[2 + ip];
+        m->algbw = t[ip] > 0 ? (double)s->size / t[ip] / 1e3 : 0;
         m->busbw = m->algbw * factor;
         m->wrong = wrong[ip];
     }
     return 0;
+}
+
+/* GPU mode, all-reduce: the HBM traffic (each rank's input read once and output written once,
+ * 2 x nranks x S per call) of mode ip in GB/s, 0 when it does not apply. */
+static double hbm_gbs(const row_t *row, int n, int ip)
+{
+    const mode_result_t *m = &row->m[ip];
+    return row->s.kind == K_ALLREDUCE && m->time_us > 0 ? 2.0 * n * (double)row->s.size / m->time_us / 1e3 : 0;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -709,23 +982,34 @@ static void print_header(const rank_t *R, const int64_t *pids, const char *label
     printf("# colld-perf: nranks %d (processes)  minBytes %zu maxBytes %zu step: %g(factor) warmup iters: %d "
            "iters: %d validation: %d blocking: %d\n#\n# Using ranks\n",
            o->nranks, o->min_bytes, o->max_bytes, o->factor, o->warmup, o->iters, o->check, o->blocking);
+    char gpu[160] = "";
+    if (o->gpu)
+        gpu_name(gpu, sizeof(gpu));
     for (int r = 0; r < R->n; r++)
-        printf("#  Rank %2d Pid %7" PRId64 " on %s host memory (colld_mem_alloc, zero copy)\n", r, pids[r],
-               labels + (size_t)r * LABEL_BYTES);
+        printf("#  Rank %2d Pid %7" PRId64 " on %s %s\n", r, pids[r], labels + (size_t)r * LABEL_BYTES,
+               o->gpu ? "GPU 0 (cudaMalloc, stream-ordered on its own stream)"
+                      : "host memory (colld_mem_alloc, zero copy)");
+    if (o->gpu)
+        printf("# GPU 0: %s\n# time: call -> stream complete (average of back-to-back calls); p50: median of calls "
+               "each waited for; d2d: cudaMemcpyAsync D2D, 2 x size / time; hbm/d2d: all-reduce 2 x nranks x size / "
+               "time (out of place, in place) over d2d\n", gpu);
 }
 
-static void print_table_head(int kind)
+static void print_table_head(int kind, bool gpu)
 {
-    /* The first five columns take 52 characters, each mode's four columns 33. */
+    /* The first five columns take 52 characters, each mode's four columns 33; GPU mode appends
+     * p50 (us) of both modes, d2d (GB/s) and hbm/d2d of both modes. */
     printf("#\n# Collective test: %s\n#\n", kind_names[kind]);
-    printf("#%51s%-10s%-23s%-12s%-21s\n", "", "", "out-of-place", "", "in-place");
-    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "size", "count", "type",
+    printf("#%51s%-10s%-23s%-12s%-21s%s\n", "", "", "out-of-place", "", "in-place",
+           gpu ? "       p50 (us)         d2d     hbm/d2d" : "");
+    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s", "size", "count", "type",
            "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+    printf(gpu ? "  %7s  %7s  %8s  %6s  %6s\n" : "\n", "oop", "ip", "(GB/s)", "oop", "ip");
     printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "(B)", "(elements)", "", "",
            "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
 }
 
-static void print_row(const row_t *row, bool check)
+static void print_row(const row_t *row, bool check, bool gpu, int n)
 {
     const shape_t *s = &row->s;
     printf("  %10zu  %12zu  %8s  %6s  %6d", s->size, s->total, dtype_names[s->dt],
@@ -739,6 +1023,18 @@ static void print_row(const row_t *row, bool check)
             snprintf(w, sizeof(w), "N/A");
         printf("  %7s  %6.2f  %6.2f  %6s", t, row->m[ip].algbw, row->m[ip].busbw, w);
     }
+    if (gpu) {
+        char p[2][32], r[2][16];
+        for (int ip = 0; ip < 2; ip++) {
+            fmt_time(row->m[ip].p50_us, p[ip], sizeof(p[ip]));
+            double h = hbm_gbs(row, n, ip);
+            if (h > 0 && row->d2d_gbs > 0)
+                snprintf(r[ip], sizeof(r[ip]), "%5.1f%%", 100.0 * h / row->d2d_gbs);
+            else
+                snprintf(r[ip], sizeof(r[ip]), "N/A");
+        }
+        printf("  %7s  %7s  %8.1f  %6s  %6s", p[0], p[1], row->d2d_gbs, r[0], r[1]);
+    }
     printf("\n");
     fflush(stdout);
 }
@@ -747,9 +1043,10 @@ static void print_json(const rank_t *R, const row_t *rows, size_t nrows, uint64_
                        const int64_t *pids)
 {
     const opts_t *o = R->o;
-    printf("{\"colld_perf\":{\"nranks\":%d,\"min_bytes\":%zu,\"max_bytes\":%zu,\"step_factor\":%g,\"iters\":%d,"
+    printf("{\"colld_perf\":{%s\"nranks\":%d,\"min_bytes\":%zu,\"max_bytes\":%zu,\"step_factor\":%g,\"iters\":%d,"
            "\"warmup_iters\":%d,\"check\":%d,\"blocking\":%d,\"pids\":[",
-           o->nranks, o->min_bytes, o->max_bytes, o->factor, o->iters, o->warmup, o->check, o->blocking);
+           o->gpu ? "\"gpu\":true," : "", o->nranks, o->min_bytes, o->max_bytes, o->factor, o->iters, o->warmup,
+           o->check, o->blocking);
     for (int r = 0; r < R->n; r++)
         printf("%s%" PRId64, r ? "," : "", pids[r]);
     printf("]},\"rows\":[");
@@ -760,13 +1057,28 @@ static void print_json(const rank_t *R, const row_t *rows, size_t nrows, uint64_
                kind_reduces(s->kind) ? op_names[s->op] : "none", kind_rooted(s->kind) ? s->root : -1);
         for (int ip = 0; ip < 2; ip++) {
             const mode_result_t *m = &rows[i].m[ip];
-            printf(",\"%s\":{\"time_us\":%.3f,\"algbw_gbs\":%.6g,\"busbw_gbs\":%.6g,\"wrong\":",
-                   ip ? "in_place" : "out_of_place", m->time_us, m->algbw, m->busbw);
+            printf(",\"%s\":{\"time_us\":%.3f,\"algbw_gbs\":%.6g,\"busbw_gbs\":%.6g,", ip ? "in_place" : "out_of_place",
+                   m->time_us, m->algbw, m->busbw);
+            if (o->gpu) {
+                double h = hbm_gbs(&rows[i], R->n, ip);
+                printf("\"p50_us\":%.3f,", m->p50_us);
+                if (h > 0)
+                    printf("\"hbm_gbs\":%.6g,", h);
+                else
+                    printf("\"hbm_gbs\":null,");
+                if (h > 0 && rows[i].d2d_gbs > 0)
+                    printf("\"hbm_over_d2d\":%.6g,", h / rows[i].d2d_gbs);
+                else
+                    printf("\"hbm_over_d2d\":null,");
+            }
+            printf("\"wrong\":");
             if (o->check)
                 printf("%" PRIu64 "}", m->wrong);
             else
                 printf("null}");
         }
+        if (o->gpu)
+            printf(",\"d2d_gbs\":%.6g", rows[i].d2d_gbs);
         printf("}");
     }
     printf("],\n\"out_of_bounds\":");
@@ -823,7 +1135,7 @@ static int run_bench(rank_t *R)
         if (!(o->kinds & (1u << kind)))
             continue;
         if (R->rank == 0 && !o->json)
-            print_table_head(kind);
+            print_table_head(kind, o->gpu);
         for (int dt = 0; dt < COLLD_DTYPE_COUNT && !rc; dt++) {
             if (!(o->dtypes & (1u << dt)))
                 continue;
@@ -847,7 +1159,7 @@ static int run_bench(rank_t *R)
                     if (R->rank != 0)
                         continue;
                     if (!o->json) {
-                        print_row(&row, o->check);
+                        print_row(&row, o->check, o->gpu, R->n);
                         continue;
                     }
                     if (nrows == cap) {
@@ -893,9 +1205,18 @@ static int rank_main(const opts_t *o, colld_unique_id_t id)
 {
     rank_t R = { .o = o, .n = o->nranks, .rank = o->rank };
     int rc = 1;
+    R.bytes = o->max_bytes > 64 ? o->max_bytes : 64;
+    /* GPU mode: the device, its stream and buffers first, as an application sets up CUDA before
+     * it joins (the images sbuf, rbuf and small are pinned host memory). */
+    if (o->gpu && gpu_setup(&R) < 0) {
+        gpu_teardown(&R);
+        return 1;
+    }
     colld_status_t st = colld_connect(o->socket, &R.c);
     if (st != COLLD_OK) {
         fprintf(stderr, PROG ": rank %d: connect: %s: %s\n", o->rank, colld_status_name(st), colld_status_string(st));
+        if (o->gpu)
+            gpu_teardown(&R);
         return 1;
     }
     colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
@@ -906,10 +1227,9 @@ static int rank_main(const opts_t *o, colld_unique_id_t id)
         fail(&R, "joining the communicator", st);
         goto out_client;
     }
-    R.bytes = o->max_bytes > 64 ? o->max_bytes : 64;
-    if ((st = colld_mem_alloc(R.c, (void **)&R.sbuf, R.bytes, COLLD_MEM_HOST)) != COLLD_OK ||
-        (st = colld_mem_alloc(R.c, (void **)&R.rbuf, R.bytes, COLLD_MEM_HOST)) != COLLD_OK ||
-        (st = colld_mem_alloc(R.c, (void **)&R.small, SMALL_BYTES, COLLD_MEM_HOST)) != COLLD_OK) {
+    if (!o->gpu && ((st = colld_mem_alloc(R.c, (void **)&R.sbuf, R.bytes, COLLD_MEM_HOST)) != COLLD_OK ||
+                    (st = colld_mem_alloc(R.c, (void **)&R.rbuf, R.bytes, COLLD_MEM_HOST)) != COLLD_OK ||
+                    (st = colld_mem_alloc(R.c, (void **)&R.small, SMALL_BYTES, COLLD_MEM_HOST)) != COLLD_OK)) {
         fprintf(stderr, PROG ": rank %d: cannot share 2 x %zu bytes with the daemon: %s\n", R.rank, R.bytes,
                 colld_status_name(st));
         goto out_comm;
@@ -922,16 +1242,20 @@ static int rank_main(const opts_t *o, colld_unique_id_t id)
     rc = run_bench(&R);
 out_comm:
     ref_free(&R.ref);
-    if (R.sbuf)
-        colld_mem_free(R.c, R.sbuf);
-    if (R.rbuf)
-        colld_mem_free(R.c, R.rbuf);
-    if (R.small)
-        colld_mem_free(R.c, R.small);
+    if (!o->gpu) {
+        if (R.sbuf)
+            colld_mem_free(R.c, R.sbuf);
+        if (R.rbuf)
+            colld_mem_free(R.c, R.rbuf);
+        if (R.small)
+            colld_mem_free(R.c, R.small);
+    }
     if ((st = colld_comm_destroy(R.comm)) != COLLD_OK && !rc)
         rc = fail(&R, "destroying the communicator", st);
 out_client:
     colld_disconnect(R.c);
+    if (o->gpu)
+        gpu_teardown(&R);
     return rc;
 }
 
@@ -1406,7 +1730,10 @@ int main(int argc, char **argv)
         return rank_main(&o, id);
     }
 
-    /* The launcher. Signals that end the run are taken synchronously in run_ranks. */
+    /* The launcher: with --gpu, say at once when there is no GPU (before a daemon or a rank starts). */
+    if (o.gpu && gpu_visible() < 0)
+        return 1;
+    /* Signals that end the run are taken synchronously in run_ranks. */
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGCHLD);
