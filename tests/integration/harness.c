@@ -310,6 +310,22 @@ uint64_t harness_comm_id(harness_t *h, const char *name)
     return id;
 }
 
+int harness_wait_comm_count(harness_t *h, size_t n, int timeout_ms)
+{
+    double end = harness_now_ms() + timeout_ms;
+    for (;;) {
+        Colld__V1__StatusResponse *resp = status_of(h);
+        size_t comms = resp ? resp->n_comms : 0;
+        if (resp)
+            protobuf_c_message_free_unpacked(&resp->base, NULL);
+        if (comms >= n)
+            return 0;
+        if (harness_now_ms() > end)
+            return -1;
+        sleep_ms(5);
+    }
+}
+
 int harness_wait_clean(harness_t *h, int timeout_ms)
 {
     double end = harness_now_ms() + timeout_ms;

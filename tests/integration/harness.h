@@ -69,6 +69,9 @@ int harness_bg_stop(harness_bg_t *bg);
 /* Wait (at most timeout_ms) until nothing is left behind in the daemon: the driver's own session
  * is the only one and no communicator remains. Returns 0, or -1 after printing what is left. */
 int harness_wait_clean(harness_t *h, int timeout_ms);
+/* Wait (at most timeout_ms) until the daemon lists at least n communicators (joining ones
+ * included). Returns 0 or -1. */
+int harness_wait_comm_count(harness_t *h, size_t n, int timeout_ms);
 /* The id of the live communicator named `name`, 0 if there is none. */
 uint64_t harness_comm_id(harness_t *h, const char *name);
 

@@ -288,7 +288,8 @@ static void test_join_mismatch_and_timeout(void **state)
                          "--timeout-ms", "1500", "--expect", "COLLD_ERR_TIMEOUT", NULL };
     pid_t pid = harness_spawn(r0);
     assert_true(pid > 0);
-    usleep(300000);
+    /* Rank 0 must have joined first (its process may take a while to start under load). */
+    assert_int_equal(harness_wait_comm_count(h, 1, 20000), 0);
     colld_unique_id_t id;
     assert_int_equal(harness_uid_from_hex(hex, &id), 0);
     colld_comm_t *comm = NULL;
