@@ -757,10 +757,9 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
     d.flags |= COLLD_SQE_STREAM;
     d.reserved = op->base;
     uint32_t v = op->base + (uint32_t)d.seq;
-    /* A release by the monitor (daemon lost) must cover the wait about to be enqueued. */
-    atomic_store(&f->posted[comm->handle], POSTED_USED | v);
     /* (c) ready = v once the stream gets here, (d) then wait for done >= v. */
-    bool pushed;
+    bool pushed, written = false;
+    uint64_t prev = 0;
     CUresult r = ctx_enter(cu, (CUcontext)op->ctx, &pushed);
     const char *call = "making the stream's context current";
     if (r == CUDA_SUCCESS) {
@@ -768,18 +767,34 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
         r = cu->cuStreamWriteValue32((CUstream)op->stream, (CUdeviceptr)op->ready, v, CU_STREAM_WRITE_VALUE_DEFAULT);
     }
     if (r == CUDA_SUCCESS) {
+        written = true;
+        /* A release by the monitor (daemon lost) must cover the wait about to be enqueued. */
+        prev = atomic_exchange(&f->posted[comm->handle], POSTED_USED | v);
         call = "cuStreamWaitValue32";
         r = cu->cuStreamWaitValue32((CUstream)op->stream, (CUdeviceptr)op->done, v, op->wait_flags);
+        if (r != CUDA_SUCCESS)
+            atomic_store(&f->posted[comm->handle], prev); /* no wait of v was enqueued */
     }
     ctx_leave(cu, pushed);
-    if (r != CUDA_SUCCESS) {
-        /* Nothing was posted and the sequence number is not used: a `ready` already written
-         * names a collective the daemon never sees, and the next one writes the same value. */
+    if (r != CUDA_SUCCESS && !written) {
+        /* Nothing was enqueued or posted, the sequence number is not used: a later call may try
+         * again. */
         if (r == CUDA_ERROR_NOT_SUPPORTED)
             return cu_say(cu, why, why_len, COLLD_ERR_NOT_SUPPORTED, r,
                           "%s on stream %p: this device has no CUDA stream memory operations, which stream-ordered "
                           "collectives need (the CUDA IPC event fallback is not built yet)", call, op->stream);
         return cu_say(cu, why, why_len, COLLD_ERR_DEVICE, r, "%s on stream %p", call, op->stream);
+    }
+    if (r != CUDA_SUCCESS) {
+        /* `ready` = v is on the stream without its wait: the next collective (the same v) would
+         * look ready before its inputs are. The communicator is unusable from this rank now (its
+         * peers see it as missing). */
+        colld_status_t ok = COLLD_OK;
+        __atomic_compare_exchange_n(&comm->async_error, &ok, COLLD_ERR_DEVICE, false, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED);
+        return cu_say(cu, why, why_len, COLLD_ERR_DEVICE, r,
+                      "%s on stream %p after its ready flag was enqueued; the communicator cannot be used any more",
+                      call, op->stream);
     }
     /* (e) Post it like any collective. */
     colld_status_t st = colld__client_submit(c, &d, 1);
