@@ -700,8 +700,12 @@ int colld_gpu_progress(colld_daemon_t *d, uint64_t now, uint64_t *deadline, coll
     /* Launched: has the event fired? */
     for (colld_coll_t **pp = &g->running; *pp;) {
         colld_coll_t *k = *pp;
+        /* Completions go out in sequence order per communicator: an earlier one still runs. */
+        bool earlier = false;
+        for (colld_coll_t *e = g->running; e != k; e = e->next)
+            earlier |= e->comm == k->comm;
         g->cu->cuCtxSetCurrent(g->gpu[k->gpu_lead].ctx);
-        CUresult r = g->cu->cuEventQuery((CUevent)k->gpu_event);
+        CUresult r = earlier ? CUDA_ERROR_NOT_READY : g->cu->cuEventQuery((CUevent)k->gpu_event);
         if (r == CUDA_ERROR_NOT_READY) {
             pp = &k->next;
             continue;
@@ -963,8 +967,10 @@ void colld_gpu_launched(colld_daemon_t *d, colld_coll_t *list, colld_reply_t **r
         k->next = NULL;
         if (k->status == COLLD_OK) {
             k->comm->gpu->running++;
-            k->next = d->gpus->running;
-            d->gpus->running = k;
+            colld_coll_t **tail = &d->gpus->running; /* FIFO: launch order */
+            while (*tail)
+                tail = &(*tail)->next;
+            *tail = k;
             continue;
         }
         /* Nothing of it runs: fail it, and the communicator with it (the ranks' later
@@ -979,6 +985,7 @@ void colld_gpu_launched(colld_daemon_t *d, colld_coll_t *list, colld_reply_t **r
 void colld_gpu_comm_broken(colld_daemon_t *d, colld_dcomm_t *c)
 {
     colld_gpus_t *g = d->gpus;
+    c->refs++; /* the collectives failed below may hold the last references */
     if (g) {
         /* Matched but not launched: fail them now. */
         colld_coll_t *prev = NULL;
@@ -1008,6 +1015,7 @@ void colld_gpu_comm_broken(colld_daemon_t *d, colld_dcomm_t *c)
         if (m->session && m->session->gpu_flags && m->gpu_base_set)
             colld_gpu_owe_release(c, r, m->gpu_last, c->error);
     }
+    colld_comm_unref(d, c);
 }
 
 #endif /* COLLD_HAVE_CUDA */

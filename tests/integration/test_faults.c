@@ -78,7 +78,6 @@ static void test_bad_api_arguments(void **state)
 
     assert_int_equal(colld_mem_alloc(c, &p, 0, COLLD_MEM_HOST), COLLD_ERR_INVALID_ARGUMENT);
     assert_int_equal(colld_mem_alloc(c, NULL, 64, COLLD_MEM_HOST), COLLD_ERR_INVALID_ARGUMENT);
-    assert_int_equal(colld_mem_alloc(c, &p, 64, COLLD_MEM_CUDA), COLLD_ERR_NOT_SUPPORTED);
     assert_int_equal(colld_mem_alloc(c, &p, 64, (colld_memtype_t)7), COLLD_ERR_INVALID_ARGUMENT);
     int local;
     assert_int_equal(colld_mem_free(c, &local), COLLD_ERR_INVALID_ARGUMENT);
