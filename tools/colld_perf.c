@@ -57,7 +57,8 @@
  * write, 2S / time); and for all-reduce hbm/d2d: the HBM traffic of the all-reduce (every rank's
  * input read once and output written once, 2 x nranks x S / time, out of place) as a fraction of
  * that copy bandwidth. Inputs are generated on the host, copied in, and results copied back for
- * the check exactly as in host mode.
+ * the check exactly as in host mode. The device buffers, the stream and every CUDA call are in
+ * colld_perf_gpu.c.
  *
  * --attach-bench REPS: each rank process connects (attach) and joins a new NRANKS communicator
  * REPS+1 times; the first repetition is cold (process start, library initialisation), the others
@@ -66,14 +67,12 @@
  *
  * Exit status: 0 success (and no wrong element), 1 a failure or a wrong result, 2 bad options.
  */
+#include "colld_perf.h"
 #include "kernels/cpu/pattern.h"
 #include "kernels/cpu/reduce.h"
 
 #include <colld/colld.h>
 
-#ifdef COLLD_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -99,8 +98,6 @@
 
 extern char **environ;
 
-#define PROG "colld-perf"
-#define MAX_RANKS 64
 #define ID_FD 3                  /* where a rank process finds the pipe with the unique id(s) */
 #define ID_READ_TIMEOUT_MS 30000 /* a rank waits at most this long for its id */
 #define DAEMON_START_MS 10000    /* a daemon we start must answer within this */
@@ -110,8 +107,7 @@ extern char **environ;
 #define CHECK_CHUNK 16384        /* elements per step of the reference computation */
 #define MAX_ATTACH_REPS 1000
 #define SENTINEL 0xA5            /* what a receive buffer holds before a checked call */
-#define SMALL_BYTES 4096         /* the registered scratch buffer: barrier, times, counts, pids, labels */
-#define PIDS_OFF 256             /* where in it: every rank's pid (int64) */
+#define PIDS_OFF 256             /* where in the scratch buffer (SMALL_BYTES): every rank's pid (int64) */
 #define LABELS_OFF 1024          /* ... and every rank's "host" or "host via socket" */
 #define LABEL_BYTES 48
 
@@ -185,22 +181,8 @@ static shape_t make_shape(int kind, colld_dtype_t dt, colld_redop_t op, int root
 }
 
 /* =============================================================================================
- * Options
+ * Options (opts_t: colld_perf.h)
  * ========================================================================================== */
-
-typedef struct {
-    size_t min_bytes, max_bytes;
-    double factor;
-    int iters, warmup, check, blocking, root, nranks, timeout_ms, attach_reps;
-    unsigned kinds, dtypes, ops; /* bit masks */
-    bool json, make_uid, gpu;
-    const char *socket, *colld;
-    /* this process is one rank: set by the launcher (--internal-rank, id from a pipe) or by the
-     * caller (--rank with --join, id from the command line) */
-    int rank;
-    bool join;
-    colld_unique_id_t join_id;
-} opts_t;
 
 static void usage(FILE *f)
 {
@@ -421,7 +403,7 @@ static void parse_options(int argc, char **argv, opts_t *o)
  * Small utilities
  * ========================================================================================== */
 
-static double now_us(void)
+double now_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -475,18 +457,8 @@ static double median(double *v, int n)
 }
 
 /* =============================================================================================
- * Data: generator and reference results
+ * Data: generator and reference results (ref_t: colld_perf.h)
  * ========================================================================================== */
-
-typedef void (*pattern_fn)(colld_dtype_t dt, int rank, unsigned salt, size_t first, size_t n, void *out);
-
-/* Scratch for the reference computation: one chunk per rank plus the expected chunk; and the
- * input generator of the run. */
-typedef struct {
-    unsigned char *in[MAX_RANKS];
-    unsigned char *want;
-    pattern_fn pattern;
-} ref_t;
 
 /* Ranks that --join may sit on several daemons, which reduce per node first: an order other than
  * rank order, so float results would differ from the rank-order oracle in the last bits. Their
@@ -554,23 +526,9 @@ static size_t count_wrong(const shape_t *s, int n, int rank, unsigned salt, cons
 }
 
 /* =============================================================================================
- * One rank: the benchmark
+ * One rank: the benchmark (rank_t: colld_perf.h; GPU mode's device buffers, stream and CUDA calls:
+ * colld_perf_gpu.c)
  * ========================================================================================== */
-
-typedef struct {
-    const opts_t *o;
-    colld_client_t *c;
-    colld_comm_t *comm;
-    int n, rank;
-    unsigned char *sbuf, *rbuf; /* registered, max_bytes each (GPU mode: pinned host images) */
-    unsigned char *small;       /* registered scratch: barrier, times, counts, pids (GPU mode: image) */
-    ref_t ref;
-    size_t bytes;               /* bytes of sbuf and rbuf */
-    /* GPU mode: the device buffers that sbuf, rbuf and small mirror, and the rank's stream */
-    unsigned char *dsbuf, *drbuf, *dsmall;
-    void *stream;
-    double *lat;                /* GPU mode: ITERS latency samples */
-} rank_t;
 
 /* One measured mode of one row, after the reduction over ranks. */
 typedef struct {
@@ -592,182 +550,6 @@ static int fail(rank_t *R, const char *what, colld_status_t st)
             R->comm ? colld_comm_last_error(R->comm) : colld_status_string(st));
     return 1;
 }
-
-/* ---------------------------------------------------------------------------------------------
- * GPU mode: device buffers mirror the host images; everything runs on the rank's stream
- * ------------------------------------------------------------------------------------------- */
-
-/* The device address of a byte of the host images (GPU mode), or the host address itself. */
-static void *dev_ptr(const rank_t *R, const void *host)
-{
-    const unsigned char *p = host;
-    if (!R->o->gpu)
-        return (void *)p;
-    if (p >= R->sbuf && p < R->sbuf + R->bytes)
-        return R->dsbuf + (p - R->sbuf);
-    if (p >= R->rbuf && p < R->rbuf + R->bytes)
-        return R->drbuf + (p - R->rbuf);
-    return R->dsmall + (p - R->small);
-}
-
-#ifdef COLLD_HAVE_CUDA
-/* A CUDA error of this rank as a colld status (printed). */
-static colld_status_t cuda_status(const rank_t *R, const char *what, cudaError_t e)
-{
-    if (e == cudaSuccess)
-        return COLLD_OK;
-    fprintf(stderr, PROG ": rank %d: %s: %s: %s\n", R->rank, what, cudaGetErrorName(e), cudaGetErrorString(e));
-    return COLLD_ERR_DEVICE;
-}
-
-/* Copy len bytes at host image address p to the device (to_dev) or back, on the stream. */
-static colld_status_t gpu_copy(rank_t *R, void *p, size_t len, bool to_dev)
-{
-    if (!len)
-        return COLLD_OK;
-    cudaError_t e = to_dev ? cudaMemcpyAsync(dev_ptr(R, p), p, len, cudaMemcpyHostToDevice, R->stream)
-                           : cudaMemcpyAsync(p, dev_ptr(R, p), len, cudaMemcpyDeviceToHost, R->stream);
-    return cuda_status(R, to_dev ? "cudaMemcpyAsync H2D" : "cudaMemcpyAsync D2H", e);
-}
-
-/* Wait for the stream as nccl-tests does: poll cudaStreamQuery, and the communicator's
- * asynchronous error now and then, so a failed collective ends the wait with its error. */
-static colld_status_t gpu_wait(rank_t *R)
-{
-    for (unsigned i = 0;; i++) {
-        cudaError_t e = cudaStreamQuery(R->stream);
-        if (e == cudaSuccess)
-            break;
-        if (e != cudaErrorNotReady)
-            return cuda_status(R, "cudaStreamQuery", e);
-        if (i % 1024 == 1023) {
-            colld_status_t err = COLLD_OK;
-            if (colld_comm_get_async_error(R->comm, &err) == COLLD_OK && err != COLLD_OK && err != COLLD_INPROGRESS)
-                return err;
-        }
-    }
-    colld_status_t err = COLLD_OK;
-    colld_status_t st = colld_comm_get_async_error(R->comm, &err);
-    return st != COLLD_OK ? st : err == COLLD_INPROGRESS ? COLLD_OK : err;
-}
-
-/* Rank 0's device-to-device copy bandwidth at `bytes` (read + write: 2 x bytes / time), GB/s. */
-static double gpu_d2d_gbs(rank_t *R, size_t bytes)
-{
-    int iters = R->o->iters < 5 ? 5 : R->o->iters;
-    if (!bytes)
-        return 0;
-    for (int i = 0; i < 2; i++)
-        if (cudaMemcpyAsync(R->drbuf, R->dsbuf, bytes, cudaMemcpyDeviceToDevice, R->stream) != cudaSuccess)
-            return 0;
-    if (cuda_status(R, "cudaStreamSynchronize", cudaStreamSynchronize(R->stream)) != COLLD_OK)
-        return 0;
-    double t0 = now_us();
-    for (int i = 0; i < iters; i++)
-        if (cuda_status(R, "cudaMemcpyAsync D2D",
-                        cudaMemcpyAsync(R->drbuf, R->dsbuf, bytes, cudaMemcpyDeviceToDevice, R->stream)) != COLLD_OK)
-            return 0;
-    if (cuda_status(R, "cudaStreamSynchronize", cudaStreamSynchronize(R->stream)) != COLLD_OK)
-        return 0;
-    double us = (now_us() - t0) / iters;
-    return us > 0 ? 2.0 * (double)bytes / us / 1e3 : 0;
-}
-
-/* GPU mode set-up: device 0, a stream, device buffers and pinned host images. 0 or -1 (printed). */
-static int gpu_setup(rank_t *R)
-{
-    cudaStream_t st = NULL;
-    if (cuda_status(R, "cudaSetDevice(0)", cudaSetDevice(0)) != COLLD_OK ||
-        cuda_status(R, "cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)) != COLLD_OK)
-        return -1;
-    R->stream = st;
-    if (cuda_status(R, "cudaMalloc", cudaMalloc((void **)&R->dsbuf, R->bytes)) != COLLD_OK ||
-        cuda_status(R, "cudaMalloc", cudaMalloc((void **)&R->drbuf, R->bytes)) != COLLD_OK ||
-        cuda_status(R, "cudaMalloc", cudaMalloc((void **)&R->dsmall, SMALL_BYTES)) != COLLD_OK ||
-        cuda_status(R, "cudaMallocHost", cudaMallocHost((void **)&R->sbuf, R->bytes)) != COLLD_OK ||
-        cuda_status(R, "cudaMallocHost", cudaMallocHost((void **)&R->rbuf, R->bytes)) != COLLD_OK ||
-        cuda_status(R, "cudaMallocHost", cudaMallocHost((void **)&R->small, SMALL_BYTES)) != COLLD_OK)
-        return -1;
-    if (!(R->lat = calloc((size_t)R->o->iters, sizeof(double)))) {
-        fprintf(stderr, PROG ": rank %d: out of memory\n", R->rank);
-        return -1;
-    }
-    return 0;
-}
-
-static void gpu_teardown(rank_t *R)
-{
-    if (R->stream)
-        cudaStreamSynchronize(R->stream);
-    cudaFree(R->dsbuf);
-    cudaFree(R->drbuf);
-    cudaFree(R->dsmall);
-    cudaFreeHost(R->sbuf);
-    cudaFreeHost(R->rbuf);
-    cudaFreeHost(R->small);
-    if (R->stream)
-        cudaStreamDestroy(R->stream);
-    free(R->lat);
-}
-
-/* The device name of GPU 0 for the header. */
-static void gpu_name(char *buf, size_t len)
-{
-    struct cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
-        snprintf(buf, len, "%.100s, %d SMs, %.0f GiB", prop.name, prop.multiProcessorCount,
-                 (double)prop.totalGlobalMem / (1 << 30));
-    else
-        snprintf(buf, len, "?");
-}
-
-/* The launcher's check before anything starts: is a GPU visible? 0, or -1 (printed). */
-static int gpu_visible(void)
-{
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e == cudaSuccess && n > 0)
-        return 0;
-    fprintf(stderr, PROG ": --gpu: no CUDA GPU is visible (cudaGetDeviceCount: %s%s%s)\n",
-            e != cudaSuccess ? cudaGetErrorName(e) : "0 devices", e != cudaSuccess ? ": " : "",
-            e != cudaSuccess ? cudaGetErrorString(e) : "");
-    return -1;
-}
-#else
-/* Without CUDA, -G is refused when the options are parsed; these are never reached. */
-static colld_status_t gpu_copy(rank_t *R, void *p, size_t len, bool to_dev)
-{
-    (void)R, (void)p, (void)len, (void)to_dev;
-    return COLLD_ERR_NOT_SUPPORTED;
-}
-static colld_status_t gpu_wait(rank_t *R)
-{
-    (void)R;
-    return COLLD_ERR_NOT_SUPPORTED;
-}
-static double gpu_d2d_gbs(rank_t *R, size_t bytes)
-{
-    (void)R, (void)bytes;
-    return 0;
-}
-static int gpu_setup(rank_t *R)
-{
-    (void)R;
-    return -1;
-}
-static void gpu_teardown(rank_t *R)
-{
-    (void)R;
-}
-static void gpu_name(char *buf, size_t len)
-{
-    snprintf(buf, len, "?");
-}
-static int gpu_visible(void)
-{
-    return -1;
-}
-#endif
 
 /* Wait for everything this rank issued: colld_comm_synchronize, or in GPU mode the stream. */
 static colld_status_t wait_issued(rank_t *R)
