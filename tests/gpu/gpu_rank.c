@@ -16,7 +16,7 @@
  * Modes (--mode):
  *   matrix   (default) collective x dtype x op (reducing kinds only) x count {0, 1, 1001, big} x
  *            {out-of-place, in-place}, as colld-test-coll does on host memory: big is >= 4 MiB per
- *            buffer (an odd count) and, unless --big-all, only the subset big_selected() names.
+ *            buffer (an odd count) and, unless --big-all, only the subset coll_big_selected() names.
  *            Each call: the host images of the slots (sentinels and this rank's input) are copied
  *            to the device on the stream, the collective is posted on the stream, the slots are
  *            copied back on the stream, and only then does the host wait (--host-sync: also wait
@@ -48,14 +48,12 @@
  * a CUDA error or a stream that was not released; 2 bad arguments; 77 no GPU visible.
  */
 #include "kernels/cpu/pattern.h"
-#include "kernels/cpu/reduce.h"
 #include "tests/gpu/gpu_rank_kernels.h"
+#include "tests/integration/coll_data.h"
 #include "tests/integration/harness.h"
 
 #include <colld/colld.h>
 #include <cuda_runtime_api.h>
-#include <inttypes.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -64,18 +62,6 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { K_ALLREDUCE, K_BROADCAST, K_REDUCE, K_ALLGATHER, K_REDUCESCATTER, K_COUNT };
-
-static const char *const kind_names[K_COUNT] = { "allreduce", "broadcast", "reduce", "allgather", "reducescatter" };
-static const char *const dtype_names[COLLD_DTYPE_COUNT] = { "int8",    "uint8",    "int32",   "uint32",  "int64",
-                                                            "uint64",  "float16",  "bfloat16", "float32", "float64" };
-static const char *const op_names[COLLD_REDOP_COUNT] = { "sum", "prod", "min", "max", "avg" };
-
-#define GUARD 64                 /* bytes before and after every buffer that must stay untouched */
-#define SENTINEL 0xA5            /* what unwritten memory holds */
-#define BIG_BYTES (4u << 20)     /* the large count: at least this many bytes per buffer */
-#define SMALL_COUNTS 3           /* counts 0, 1, 1001; the 4th is the big one */
-#define MAX_RANKS 64
 #define WAIT_GRACE_MS 10000      /* a stream may take the communicator timeout plus this */
 #define RELEASE_GRACE_MS 5000    /* fault: a survivor's stream is released within timeout + this */
 #define HOST_CALL_LIMIT_MS 50.0  /* stream: the host call returns within this */
@@ -84,8 +70,6 @@ static const char *const op_names[COLLD_REDOP_COUNT] = { "sum", "prod", "min", "
 #define VICTIM_SPIN_MS 60000.0   /* fault --victim-posts: the victim's stream waits behind this */
 #define FAULT_COUNT (((size_t)1 << 20) + 1) /* fault: elements of the all-reduce that breaks */
 
-static const size_t small_counts[SMALL_COUNTS] = { 0, 1, 1001 };
-
 typedef struct {
     const char *socket, *uid_hex, *uid2_hex, *mode, *alloc, *sync_dir, *stop_file, *progress_file;
     int nranks, rank, timeout_ms, iters, rotate, max_report, victim;
@@ -93,25 +77,6 @@ typedef struct {
     unsigned salt, kinds, dtypes, ops; /* bit masks */
     bool big, big_all, host_sync, blocking_stream, victim_posts;
 } args_t;
-
-/* One collective call: what it is, where its buffers are, its inputs and expected output. The
- * slots and pointers are HOST addresses in the pinned images; dev() maps them to the device. */
-typedef struct {
-    int kind;
-    colld_dtype_t dt;
-    colld_redop_t op;
-    size_t count;
-    int root;
-    bool inplace;
-    bool null_unused; /* out of place, non-root: pass NULL for the buffer the call does not use */
-    unsigned salt;
-    unsigned char *sreg, *rreg; /* the slots (GUARD + buffer + GUARD) in the host images */
-    const void *sendp;
-    void *recvp;
-    unsigned char *mine;   /* this rank's input (send_elems) */
-    unsigned char *inputs; /* reductions: every rank's input for the elements this rank receives */
-    unsigned char *expect; /* the expected output of this rank (recv_elems) */
-} call_t;
 
 typedef struct {
     const args_t *a;
@@ -213,184 +178,24 @@ static void *dev(const run_t *R, const void *host)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Data: sizes, inputs, expected results (as colld-test-coll)
- * ------------------------------------------------------------------------------------------- */
-
-static bool reduces(int kind)
-{
-    return kind == K_ALLREDUCE || kind == K_REDUCE || kind == K_REDUCESCATTER;
-}
-
-/* Elements of the send and receive buffers of a call on one rank (NCCL's counts). */
-static void call_sizes(const call_t *k, int n, size_t *send_elems, size_t *recv_elems)
-{
-    *send_elems = k->kind == K_REDUCESCATTER ? (size_t)n * k->count : k->count;
-    *recv_elems = k->kind == K_ALLGATHER ? (size_t)n * k->count : k->count;
-}
-
-/* Bytes of the one buffer an in-place call uses (the larger of send and receive). */
-static size_t inplace_bytes(const call_t *k, int n)
-{
-    size_t s, r;
-    call_sizes(k, n, &s, &r);
-    return (s > r ? s : r) * colld_dtype_size(k->dt);
-}
-
-static bool receives(const call_t *k, int rank)
-{
-    return k->kind != K_REDUCE || rank == k->root;
-}
-
-/* Fill mine/inputs/expect of a call for this rank. Returns 0, or -1 when out of memory or the
- * oracle refuses. */
-static int prepare_data(run_t *R, call_t *k)
-{
-    int n = R->n;
-    size_t es = colld_dtype_size(k->dt), se, re;
-    call_sizes(k, n, &se, &re);
-    k->mine = malloc(se * es + 1);
-    k->expect = malloc(re * es + 1);
-    k->inputs = reduces(k->kind) ? malloc((size_t)n * k->count * es + 1) : NULL;
-    if (!k->mine || !k->expect || (reduces(k->kind) && !k->inputs))
-        return -1;
-    colld_cpu_pattern(k->dt, R->rank, k->salt, 0, se, k->mine);
-    switch (k->kind) {
-    case K_ALLREDUCE:
-    case K_REDUCE:
-    case K_REDUCESCATTER: {
-        size_t first = k->kind == K_REDUCESCATTER ? (size_t)R->rank * k->count : 0;
-        const void *in[MAX_RANKS];
-        for (int r = 0; r < n; r++) {
-            unsigned char *p = k->inputs + (size_t)r * k->count * es;
-            colld_cpu_pattern(k->dt, r, k->salt, first, k->count, p);
-            in[r] = p;
-        }
-        void *out[1] = { k->expect };
-        if (k->count && colld_cpu_reduce_scalar(k->dt, k->op, in, n, out, 1, k->count) != COLLD_OK)
-            return -1;
-        break;
-    }
-    case K_BROADCAST:
-        colld_cpu_pattern(k->dt, k->root, k->salt, 0, k->count, k->expect);
-        break;
-    case K_ALLGATHER:
-        for (int r = 0; r < n; r++)
-            colld_cpu_pattern(k->dt, r, k->salt, 0, k->count, k->expect + (size_t)r * k->count * es);
-        break;
-    }
-    return 0;
-}
-
-static void free_data(call_t *k)
-{
-    free(k->mine);
-    free(k->inputs);
-    free(k->expect);
-    k->mine = k->inputs = k->expect = NULL;
-}
-
-/* ---------------------------------------------------------------------------------------------
  * Reporting
  * ------------------------------------------------------------------------------------------- */
 
-/* One element as its value and, for floating types, its bits. */
-static void fmt_elem(colld_dtype_t dt, const void *p, char *buf, size_t len)
+/* Describe a call in one line, with the memory the rank's buffers came from. */
+static void describe(const void *ctx, const call_t *k, char *buf, size_t len)
 {
-    switch (dt) {
-    case COLLD_INT8: snprintf(buf, len, "%d", *(const int8_t *)p); break;
-    case COLLD_UINT8: snprintf(buf, len, "%u", *(const uint8_t *)p); break;
-    case COLLD_INT32: snprintf(buf, len, "%" PRId32, *(const int32_t *)p); break;
-    case COLLD_UINT32: snprintf(buf, len, "%" PRIu32, *(const uint32_t *)p); break;
-    case COLLD_INT64: snprintf(buf, len, "%" PRId64, *(const int64_t *)p); break;
-    case COLLD_UINT64: snprintf(buf, len, "%" PRIu64, *(const uint64_t *)p); break;
-    case COLLD_FLOAT16:
-        snprintf(buf, len, "%.9g (0x%04x)", (double)colld_half_to_float(*(const uint16_t *)p), *(const uint16_t *)p);
-        break;
-    case COLLD_BFLOAT16:
-        snprintf(buf, len, "%.9g (0x%04x)", (double)colld_bf16_to_float(*(const uint16_t *)p), *(const uint16_t *)p);
-        break;
-    case COLLD_FLOAT32: {
-        uint32_t b;
-        memcpy(&b, p, 4);
-        snprintf(buf, len, "%.9g (0x%08" PRIx32 ")", (double)*(const float *)p, b);
-        break;
-    }
-    case COLLD_FLOAT64: {
-        uint64_t b;
-        memcpy(&b, p, 8);
-        snprintf(buf, len, "%.17g (0x%016" PRIx64 ")", *(const double *)p, b);
-        break;
-    }
-    default: snprintf(buf, len, "?"); break;
-    }
-}
-
-static void describe(const run_t *R, const call_t *k, char *buf, size_t len)
-{
+    const run_t *R = ctx;
     snprintf(buf, len, "rank %d/%d (gpu, %s): %s dtype %s op %s count %zu root %d %s%s salt %u", R->rank, R->n,
              R->use_colld_alloc ? "colld_mem_alloc" : "cudaMalloc", kind_names[k->kind], dtype_names[k->dt],
-             reduces(k->kind) ? op_names[k->op] : "-", k->count, k->root, k->inplace ? "in-place" : "out-of-place",
+             coll_reduces(k->kind) ? op_names[k->op] : "-", k->count, k->root, k->inplace ? "in-place" : "out-of-place",
              k->null_unused ? " (unused buffer NULL)" : "", k->salt);
 }
 
-static void report(run_t *R, const call_t *k, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Print a failure of a call (while the report budget lasts). */
-static void report(run_t *R, const call_t *k, const char *fmt, ...)
+/* The run's reporting for coll_check_call and coll_report. */
+static coll_check_t checker(run_t *R)
 {
-    if (R->reported++ >= R->a->max_report)
-        return;
-    char d[320], what[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof(what), fmt, ap);
-    va_end(ap);
-    describe(R, k, d, sizeof(d));
-    fprintf(stderr, "MISMATCH %s: %s\n", d, what);
-}
-
-/* Compare nelem elements bitwise; print the first differences with their inputs. Returns the
- * number of differing elements. */
-static size_t compare(run_t *R, const call_t *k, const char *what, const unsigned char *got,
-                      const unsigned char *want, size_t nelem)
-{
-    size_t es = colld_dtype_size(k->dt);
-    if (nelem == 0 || memcmp(got, want, nelem * es) == 0)
-        return 0;
-    size_t wrong = 0, first = SIZE_MAX;
-    for (size_t i = 0; i < nelem; i++)
-        if (memcmp(got + i * es, want + i * es, es) != 0) {
-            if (!wrong)
-                first = i;
-            wrong++;
-        }
-    report(R, k, "%s: %zu of %zu elements differ, first at %zu", what, wrong, nelem, first);
-    int shown = 0;
-    for (size_t i = first; i < nelem && shown < 4 && R->reported <= R->a->max_report; i++) {
-        if (memcmp(got + i * es, want + i * es, es) == 0)
-            continue;
-        char g[64], w[64], ins[512] = "";
-        fmt_elem(k->dt, got + i * es, g, sizeof(g));
-        fmt_elem(k->dt, want + i * es, w, sizeof(w));
-        if (k->inputs && i < k->count) {
-            size_t off = 0;
-            for (int r = 0; r < R->n && off < sizeof(ins) - 80; r++) {
-                char v[64];
-                fmt_elem(k->dt, k->inputs + ((size_t)r * k->count + i) * es, v, sizeof(v));
-                off += (size_t)snprintf(ins + off, sizeof(ins) - off, " r%d=%s", r, v);
-            }
-        }
-        fprintf(stderr, "    element %zu: got %s, expected %s%s%s\n", i, g, w, ins[0] ? "; inputs" : "", ins);
-        shown++;
-    }
-    return wrong;
-}
-
-static bool untouched(const unsigned char *p, size_t len)
-{
-    for (size_t i = 0; i < len; i++)
-        if (p[i] != SENTINEL)
-            return false;
-    return true;
+    return (coll_check_t){ .n = R->n, .rank = R->rank, .reported = &R->reported, .max_report = R->a->max_report,
+                           .where = " on the device", .describe = describe, .ctx = R };
 }
 
 /* An unexpected status (fatal for the mode: the communicator may be broken). Returns -1. */
@@ -407,50 +212,6 @@ static int status_fail(run_t *R, const call_t *k, const char *what, colld_status
  * One call: host images, upload, post on the stream, download, check
  * ------------------------------------------------------------------------------------------- */
 
-/* Fill the call's slots in the host images (sentinels, this rank's input) and set its pointers. */
-static void prepare_buffers(run_t *R, call_t *k)
-{
-    int n = R->n, rank = R->rank;
-    size_t es = colld_dtype_size(k->dt), se, re;
-    call_sizes(k, n, &se, &re);
-    unsigned char *sbuf = k->sreg + GUARD, *rbuf = k->rreg + GUARD;
-    bool is_root = rank == k->root;
-    if (!k->inplace) {
-        memset(k->sreg, SENTINEL, se * es + 2 * GUARD);
-        memcpy(sbuf, k->mine, se * es);
-        memset(k->rreg, SENTINEL, re * es + 2 * GUARD);
-        k->sendp = sbuf;
-        k->recvp = rbuf;
-        if (k->null_unused && !is_root && k->kind == K_BROADCAST)
-            k->sendp = NULL;
-        if (k->null_unused && !is_root && k->kind == K_REDUCE)
-            k->recvp = NULL;
-        return;
-    }
-    memset(k->rreg, SENTINEL, inplace_bytes(k, n) + 2 * GUARD);
-    switch (k->kind) {
-    case K_ALLGATHER: /* send is this rank's slice of the receive buffer */
-        memcpy(rbuf + (size_t)rank * k->count * es, k->mine, se * es);
-        k->sendp = rbuf + (size_t)rank * k->count * es;
-        k->recvp = rbuf;
-        break;
-    case K_REDUCESCATTER: /* receive is this rank's slice of the send buffer */
-        memcpy(rbuf, k->mine, se * es);
-        k->sendp = rbuf;
-        k->recvp = rbuf + (size_t)rank * k->count * es;
-        break;
-    case K_BROADCAST:
-        if (is_root)
-            memcpy(rbuf, k->mine, se * es);
-        k->sendp = k->recvp = rbuf;
-        break;
-    default:
-        memcpy(rbuf, k->mine, se * es);
-        k->sendp = k->recvp = rbuf;
-        break;
-    }
-}
-
 /* Post a call on the rank's stream, with device pointers. */
 static colld_status_t post_call(run_t *R, const call_t *k)
 {
@@ -465,38 +226,11 @@ static colld_status_t post_call(run_t *R, const call_t *k)
     }
 }
 
-/* Check a completed call in the downloaded images: the result bitwise, the guards, the unchanged
- * send buffer (out of place) and unused buffers. Returns 0 when exact, else 1 (printed). */
+/* Check a completed call in the downloaded images (coll_check_call). Returns 0 when exact, else 1. */
 static int check_call(run_t *R, const call_t *k)
 {
-    int n = R->n, rank = R->rank;
-    size_t es = colld_dtype_size(k->dt), se, re, bad = 0;
-    call_sizes(k, n, &se, &re);
-    const unsigned char *sbuf = k->sreg + GUARD, *rbuf = k->rreg + GUARD;
-    size_t rspan = k->inplace ? inplace_bytes(k, n) : re * es;
-    if (!untouched(k->rreg, GUARD) || !untouched(rbuf + rspan, GUARD)) {
-        report(R, k, "bytes around the receive buffer were overwritten on the device");
-        bad++;
-    }
-    if (receives(k, rank)) {
-        const unsigned char *res = rbuf;
-        if (k->inplace && k->kind == K_REDUCESCATTER)
-            res = rbuf + (size_t)rank * k->count * es;
-        bad += compare(R, k, "result", res, k->expect, re);
-    } else if (k->inplace) {
-        bad += compare(R, k, "non-root's buffer (must be unchanged)", rbuf, k->mine, se);
-    } else if (!untouched(rbuf, re * es)) {
-        report(R, k, "the non-root's receive buffer was written");
-        bad++;
-    }
-    if (!k->inplace) {
-        if (!untouched(k->sreg, GUARD) || !untouched(sbuf + se * es, GUARD)) {
-            report(R, k, "bytes around the send buffer were overwritten on the device");
-            bad++;
-        }
-        bad += compare(R, k, "send buffer (must be unchanged)", sbuf, k->mine, se);
-    }
-    return bad ? 1 : 0;
+    coll_check_t c = checker(R);
+    return coll_check_call(&c, k);
 }
 
 /* Run one call in the slots at the start of the buffers: upload the images on the stream, post,
@@ -507,14 +241,14 @@ static int run_call(run_t *R, call_t *k)
     int rc = -1;
     k->sreg = R->hs;
     k->rreg = R->hr;
-    if (prepare_data(R, k) < 0) {
+    if (coll_prepare_data(k, R->n, R->rank, colld_cpu_pattern) < 0) {
         fprintf(stderr, "rank %d: out of memory or the oracle refused\n", R->rank);
         goto out;
     }
-    prepare_buffers(R, k);
+    coll_prepare_buffers(k, R->n, R->rank);
     size_t es = colld_dtype_size(k->dt), se, re;
-    call_sizes(k, R->n, &se, &re);
-    size_t sspan = se * es + 2 * GUARD, rspan = (k->inplace ? inplace_bytes(k, R->n) : re * es) + 2 * GUARD;
+    coll_call_sizes(k, R->n, &se, &re);
+    size_t sspan = se * es + 2 * GUARD, rspan = (k->inplace ? coll_inplace_bytes(k, R->n) : re * es) + 2 * GUARD;
     if ((!k->inplace && !cuda_ok(R, "cudaMemcpyAsync H2D (send)",
                                  cudaMemcpyAsync(R->ds, R->hs, sspan, cudaMemcpyHostToDevice, R->stream))) ||
         !cuda_ok(R, "cudaMemcpyAsync H2D (recv)",
@@ -543,7 +277,7 @@ static int run_call(run_t *R, call_t *k)
     if (rc > 0)
         R->bad++;
 out:
-    free_data(k);
+    coll_free_data(k);
     return rc;
 }
 
@@ -551,56 +285,21 @@ out:
  * Modes
  * ------------------------------------------------------------------------------------------- */
 
-static size_t big_count(colld_dtype_t dt)
+/* run_call for coll_run_matrix. */
+static int matrix_call(void *R, call_t *k)
 {
-    return BIG_BYTES / colld_dtype_size(dt) + 3;
+    return run_call(R, k);
 }
 
-/* The big count covers, unless --big-all: broadcast and all-gather for every dtype; the reductions
- * for every dtype with sum and for float32 with every op (the small counts cover everything). */
-static bool big_selected(const args_t *a, int kind, colld_dtype_t dt, colld_redop_t op)
-{
-    return a->big_all || !reduces(kind) || op == COLLD_SUM || dt == COLLD_FLOAT32;
-}
-
+/* The whole matrix once, both modes. Returns 0 when everything matched. */
 static int mode_matrix(run_t *R, int iter)
 {
     const args_t *a = R->a;
-    for (int kk = 0; kk < K_COUNT; kk++) {
-        int kind = (kk + a->rotate) % K_COUNT;
-        if (!(a->kinds & (1u << kind)))
-            continue;
-        for (int d = 0; d < COLLD_DTYPE_COUNT; d++) {
-            if (!(a->dtypes & (1u << d)))
-                continue;
-            for (int ci = 0; ci <= SMALL_COUNTS; ci++) {
-                bool big = ci == SMALL_COUNTS;
-                if (big && !a->big)
-                    continue;
-                size_t count = big ? big_count((colld_dtype_t)d) : small_counts[ci];
-                for (int op = 0; op < (reduces(kind) ? COLLD_REDOP_COUNT : 1); op++) {
-                    if (reduces(kind) && !(a->ops & (1u << op)))
-                        continue;
-                    if (big && !big_selected(a, kind, (colld_dtype_t)d, (colld_redop_t)op))
-                        continue;
-                    long id = R->cases++;
-                    for (int m = 0; m < 2; m++) {
-                        call_t k = { .kind = kind,
-                                     .dt = (colld_dtype_t)d,
-                                     .op = (colld_redop_t)op,
-                                     .count = count,
-                                     .root = (int)((id + m) % R->n),
-                                     .inplace = m == 1,
-                                     .null_unused = m == 0 && (id / R->n) % 2 == 1,
-                                     .salt = a->salt * 1000003u + (unsigned)iter * 7919u + (unsigned)id * 2u +
-                                             (unsigned)m };
-                        if (run_call(R, &k) < 0)
-                            return 1;
-                    }
-                }
-            }
-        }
-    }
+    coll_matrix_t m = { .kinds = a->kinds, .dtypes = a->dtypes, .ops = a->ops, .rotate = a->rotate,
+                        .inplace = true, .outofplace = true, .big = a->big, .big_all = a->big_all,
+                        .salt = a->salt, .n = R->n };
+    if (coll_run_matrix(&m, iter, &R->cases, matrix_call, R) != 0)
+        return 1;
     return R->bad ? 1 : 0;
 }
 
@@ -987,33 +686,6 @@ static int mode_loop(run_t *R)
  * Set-up
  * ------------------------------------------------------------------------------------------- */
 
-static int lookup(const char *name, const char *const *names, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (strcmp(name, names[i]) == 0)
-            return i;
-    return -1;
-}
-
-/* A comma list of names (or "all") as a bit mask; 0 on an unknown name. */
-static unsigned parse_mask(const char *list, const char *const *names, int n)
-{
-    if (strcmp(list, "all") == 0)
-        return (1u << n) - 1;
-    unsigned m = 0;
-    char buf[256], *save = NULL;
-    snprintf(buf, sizeof(buf), "%s", list);
-    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        int i = lookup(t, names, n);
-        if (i < 0) {
-            fprintf(stderr, "gpu_rank: unknown name '%s'\n", t);
-            return 0;
-        }
-        m |= 1u << i;
-    }
-    return m;
-}
-
 /* Bytes each device buffer needs for the mode. */
 static size_t needed_bytes(const args_t *a)
 {
@@ -1047,11 +719,11 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (ARG("--alloc"))
             a->alloc = v;
         else if (ARG("--kinds"))
-            a->kinds = parse_mask(v, kind_names, K_COUNT);
+            a->kinds = coll_parse_mask("gpu_rank", v, kind_names, K_COUNT);
         else if (ARG("--dtypes"))
-            a->dtypes = parse_mask(v, dtype_names, COLLD_DTYPE_COUNT);
+            a->dtypes = coll_parse_mask("gpu_rank", v, dtype_names, COLLD_DTYPE_COUNT);
         else if (ARG("--ops"))
-            a->ops = parse_mask(v, op_names, COLLD_REDOP_COUNT);
+            a->ops = coll_parse_mask("gpu_rank", v, op_names, COLLD_REDOP_COUNT);
         else if (ARG("--salt"))
             a->salt = (unsigned)strtoul(v, NULL, 10);
         else if (ARG("--rotate"))

@@ -11,7 +11,7 @@
  * Modes (--mode):
  *   matrix   (default) collective x dtype x op (reducing kinds only) x count {0, 1, 1001, big}
  *            x {out-of-place, in-place}. "big" is BIG_BYTES per buffer (count = BIG_BYTES/size + 3)
- *            and, unless --big-all, runs only the subset big_selected() names (see there).
+ *            and, unless --big-all, runs only the subset coll_big_selected() names (coll_data.h).
  *            Select with --kinds, --dtypes, --ops (comma lists or "all"), --no-big, --only
  *            inplace|outofplace, --rotate K (start at the K-th kind), --salt S, --iters N.
  *            --malloc (any mode but badargs): ordinary memory, which libcolld stages, instead of
@@ -39,12 +39,10 @@
  * status (the first mismatches are printed on stderr with full context); 2 bad arguments.
  */
 #include "kernels/cpu/pattern.h"
-#include "kernels/cpu/reduce.h"
+#include "tests/integration/coll_data.h"
 #include "tests/integration/harness.h"
 
 #include <colld/colld.h>
-#include <inttypes.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -53,25 +51,11 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { K_ALLREDUCE, K_BROADCAST, K_REDUCE, K_ALLGATHER, K_REDUCESCATTER, K_COUNT };
-
-static const char *const kind_names[K_COUNT] = { "allreduce", "broadcast", "reduce", "allgather", "reducescatter" };
-static const char *const dtype_names[COLLD_DTYPE_COUNT] = { "int8",    "uint8",    "int32",   "uint32",  "int64",
-                                                            "uint64",  "float16",  "bfloat16", "float32", "float64" };
-static const char *const op_names[COLLD_REDOP_COUNT] = { "sum", "prod", "min", "max", "avg" };
-
-#define GUARD 64               /* bytes before and after every buffer that must stay untouched */
-#define SENTINEL 0xA5          /* what unwritten memory holds */
-#define BIG_BYTES (4u << 20)   /* the large count: at least this many bytes per buffer */
-#define SMALL_COUNTS 3         /* counts 0, 1, 1001; the 4th is the big one */
 #define GROUP_MAX_COUNT 300    /* largest count of a collective inside a group */
-#define MAX_RANKS 64           /* most ranks this program handles */
-
-static const size_t small_counts[SMALL_COUNTS] = { 0, 1, 1001 };
 
 /* The input generator: colld_cpu_pattern, or with --exact-values colld_cpu_pattern_small (for
  * multi-node runs, whose reduction order differs from rank order). */
-static void (*pattern)(colld_dtype_t, int, unsigned, size_t, size_t, void *) = colld_cpu_pattern;
+static coll_pattern_fn pattern = colld_cpu_pattern;
 
 typedef struct {
     const char *socket, *uid_hex, *mode, *expect, *sync_dir, *call, *checkpoints;
@@ -82,24 +66,6 @@ typedef struct {
     bool inplace, outofplace, big, big_all;
     bool use_malloc; /* ordinary memory (staged by libcolld) instead of colld_mem_alloc */
 } args_t;
-
-/* One collective call: what it is, where its buffers are, and its inputs and expected output. */
-typedef struct {
-    int kind;
-    colld_dtype_t dt;
-    colld_redop_t op;
-    size_t count;
-    int root;
-    bool inplace;
-    bool null_unused; /* out of place, non-root: pass NULL for the buffer the call does not use */
-    unsigned salt;
-    unsigned char *sreg, *rreg; /* the slots (GUARD + buffer + GUARD) in the registered memory */
-    const void *sendp;
-    void *recvp;
-    unsigned char *mine;   /* this rank's input (send_elems) */
-    unsigned char *inputs; /* reductions: every rank's input for the elements this rank receives */
-    unsigned char *expect; /* the expected output of this rank (recv_elems) */
-} call_t;
 
 typedef struct {
     const args_t *a;
@@ -113,240 +79,28 @@ typedef struct {
 } run_t;
 
 /* ---------------------------------------------------------------------------------------------
- * Data: generator, sizes, expected results
- * ------------------------------------------------------------------------------------------- */
-
-/* True for the collectives that take a reduction op. */
-static bool reduces(int kind)
-{
-    return kind == K_ALLREDUCE || kind == K_REDUCE || kind == K_REDUCESCATTER;
-}
-
-/* Elements of the send and receive buffers of a call on one rank (NCCL's counts). */
-static void call_sizes(const call_t *k, int n, size_t *send_elems, size_t *recv_elems)
-{
-    *send_elems = k->kind == K_REDUCESCATTER ? (size_t)n * k->count : k->count;
-    *recv_elems = k->kind == K_ALLGATHER ? (size_t)n * k->count : k->count;
-}
-
-/* Bytes of the one buffer an in-place call uses (the larger of send and receive). */
-static size_t inplace_bytes(const call_t *k, int n)
-{
-    size_t s, r;
-    call_sizes(k, n, &s, &r);
-    return (s > r ? s : r) * colld_dtype_size(k->dt);
-}
-
-/* Whether this rank's receive buffer gets a result. */
-static bool receives(const call_t *k, int rank)
-{
-    return k->kind != K_REDUCE || rank == k->root;
-}
-
-/* Fill mine/inputs/expect of a call for this rank: every rank's input from the generator, the
- * expected output from the scalar oracle (reductions), the root's input (broadcast) or every
- * rank's input side by side (all-gather). Returns 0, or -1 when out of memory or the oracle
- * refuses. */
-static int prepare_data(run_t *R, call_t *k)
-{
-    int n = R->n;
-    size_t es = colld_dtype_size(k->dt), se, re;
-    call_sizes(k, n, &se, &re);
-    k->mine = malloc(se * es + 1);
-    k->expect = malloc(re * es + 1);
-    k->inputs = reduces(k->kind) ? malloc((size_t)n * k->count * es + 1) : NULL;
-    if (!k->mine || !k->expect || (reduces(k->kind) && !k->inputs))
-        return -1;
-    pattern(k->dt, R->rank, k->salt, 0, se, k->mine);
-    switch (k->kind) {
-    case K_ALLREDUCE:
-    case K_REDUCE:
-    case K_REDUCESCATTER: {
-        /* reduce-scatter: this rank receives slice `rank` of every rank's input */
-        size_t first = k->kind == K_REDUCESCATTER ? (size_t)R->rank * k->count : 0;
-        const void *in[MAX_RANKS];
-        for (int r = 0; r < n; r++) {
-            unsigned char *p = k->inputs + (size_t)r * k->count * es;
-            pattern(k->dt, r, k->salt, first, k->count, p);
-            in[r] = p;
-        }
-        void *out[1] = { k->expect };
-        if (k->count && colld_cpu_reduce_scalar(k->dt, k->op, in, n, out, 1, k->count) != COLLD_OK)
-            return -1;
-        break;
-    }
-    case K_BROADCAST:
-        pattern(k->dt, k->root, k->salt, 0, k->count, k->expect);
-        break;
-    case K_ALLGATHER:
-        for (int r = 0; r < n; r++)
-            pattern(k->dt, r, k->salt, 0, k->count, k->expect + (size_t)r * k->count * es);
-        break;
-    }
-    return 0;
-}
-
-/* Free what prepare_data allocated. */
-static void free_data(call_t *k)
-{
-    free(k->mine);
-    free(k->inputs);
-    free(k->expect);
-    k->mine = k->inputs = k->expect = NULL;
-}
-
-/* ---------------------------------------------------------------------------------------------
  * Reporting
  * ------------------------------------------------------------------------------------------- */
 
-/* Format one element as its value and its bits. */
-static void fmt_elem(colld_dtype_t dt, const void *p, char *buf, size_t len)
-{
-    switch (dt) {
-    case COLLD_INT8: snprintf(buf, len, "%d", *(const int8_t *)p); break;
-    case COLLD_UINT8: snprintf(buf, len, "%u", *(const uint8_t *)p); break;
-    case COLLD_INT32: snprintf(buf, len, "%" PRId32, *(const int32_t *)p); break;
-    case COLLD_UINT32: snprintf(buf, len, "%" PRIu32, *(const uint32_t *)p); break;
-    case COLLD_INT64: snprintf(buf, len, "%" PRId64, *(const int64_t *)p); break;
-    case COLLD_UINT64: snprintf(buf, len, "%" PRIu64, *(const uint64_t *)p); break;
-    case COLLD_FLOAT16:
-        snprintf(buf, len, "%.9g (0x%04x)", (double)colld_half_to_float(*(const uint16_t *)p), *(const uint16_t *)p);
-        break;
-    case COLLD_BFLOAT16:
-        snprintf(buf, len, "%.9g (0x%04x)", (double)colld_bf16_to_float(*(const uint16_t *)p), *(const uint16_t *)p);
-        break;
-    case COLLD_FLOAT32: {
-        uint32_t b;
-        memcpy(&b, p, 4);
-        snprintf(buf, len, "%.9g (0x%08" PRIx32 ")", (double)*(const float *)p, b);
-        break;
-    }
-    case COLLD_FLOAT64: {
-        uint64_t b;
-        memcpy(&b, p, 8);
-        snprintf(buf, len, "%.17g (0x%016" PRIx64 ")", *(const double *)p, b);
-        break;
-    }
-    default: snprintf(buf, len, "?"); break;
-    }
-}
-
 /* Describe a call in one line. */
-static void describe(const run_t *R, const call_t *k, char *buf, size_t len)
+static void describe(const void *ctx, const call_t *k, char *buf, size_t len)
 {
+    const run_t *R = ctx;
     snprintf(buf, len, "rank %d/%d: %s dtype %s op %s count %zu root %d %s%s salt %u", R->rank, R->n,
-             kind_names[k->kind], dtype_names[k->dt], reduces(k->kind) ? op_names[k->op] : "-", k->count, k->root,
+             kind_names[k->kind], dtype_names[k->dt], coll_reduces(k->kind) ? op_names[k->op] : "-", k->count, k->root,
              k->inplace ? "in-place" : "out-of-place", k->null_unused ? " (unused buffer NULL)" : "", k->salt);
 }
 
-static void report(run_t *R, const call_t *k, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Print a failure of a call (while the report budget lasts). */
-static void report(run_t *R, const call_t *k, const char *fmt, ...)
+/* The run's reporting for coll_check_call and coll_report. */
+static coll_check_t checker(run_t *R)
 {
-    if (R->reported++ >= R->a->max_report)
-        return;
-    char d[256], what[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof(what), fmt, ap);
-    va_end(ap);
-    describe(R, k, d, sizeof(d));
-    fprintf(stderr, "MISMATCH %s: %s\n", d, what);
-}
-
-/* Compare nelem elements bitwise; on a difference print the first few with the inputs that went
- * into them. Returns the number of differing elements. */
-static size_t compare(run_t *R, const call_t *k, const char *what, const unsigned char *got,
-                      const unsigned char *want, size_t nelem)
-{
-    size_t es = colld_dtype_size(k->dt);
-    if (nelem == 0 || memcmp(got, want, nelem * es) == 0)
-        return 0;
-    size_t wrong = 0, first = SIZE_MAX;
-    for (size_t i = 0; i < nelem; i++)
-        if (memcmp(got + i * es, want + i * es, es) != 0) {
-            if (!wrong)
-                first = i;
-            wrong++;
-        }
-    report(R, k, "%s: %zu of %zu elements differ, first at %zu", what, wrong, nelem, first);
-    int shown = 0;
-    for (size_t i = first; i < nelem && shown < 4 && R->reported <= R->a->max_report; i++) {
-        if (memcmp(got + i * es, want + i * es, es) == 0)
-            continue;
-        char g[64], w[64], ins[512] = "";
-        fmt_elem(k->dt, got + i * es, g, sizeof(g));
-        fmt_elem(k->dt, want + i * es, w, sizeof(w));
-        if (k->inputs && i < k->count) {
-            size_t off = 0;
-            for (int r = 0; r < R->n && off < sizeof(ins) - 80; r++) {
-                char v[64];
-                fmt_elem(k->dt, k->inputs + ((size_t)r * k->count + i) * es, v, sizeof(v));
-                off += (size_t)snprintf(ins + off, sizeof(ins) - off, " r%d=%s", r, v);
-            }
-        }
-        fprintf(stderr, "    element %zu: got %s, expected %s%s%s\n", i, g, w, ins[0] ? "; inputs" : "", ins);
-        shown++;
-    }
-    return wrong;
-}
-
-/* True when len bytes at p all hold SENTINEL. */
-static bool untouched(const unsigned char *p, size_t len)
-{
-    for (size_t i = 0; i < len; i++)
-        if (p[i] != SENTINEL)
-            return false;
-    return true;
+    return (coll_check_t){ .n = R->n, .rank = R->rank, .reported = &R->reported, .max_report = R->a->max_report,
+                           .where = "", .describe = describe, .ctx = R };
 }
 
 /* ---------------------------------------------------------------------------------------------
  * One call: prepare the buffers, post, check
  * ------------------------------------------------------------------------------------------- */
-
-/* Fill the call's slots (sentinels, this rank's input) and set its send/recv pointers. */
-static void prepare_buffers(run_t *R, call_t *k)
-{
-    int n = R->n, rank = R->rank;
-    size_t es = colld_dtype_size(k->dt), se, re;
-    call_sizes(k, n, &se, &re);
-    unsigned char *sbuf = k->sreg + GUARD, *rbuf = k->rreg + GUARD;
-    bool is_root = rank == k->root;
-    if (!k->inplace) {
-        memset(k->sreg, SENTINEL, se * es + 2 * GUARD);
-        memcpy(sbuf, k->mine, se * es);
-        memset(k->rreg, SENTINEL, re * es + 2 * GUARD);
-        k->sendp = sbuf;
-        k->recvp = rbuf;
-        if (k->null_unused && !is_root && k->kind == K_BROADCAST)
-            k->sendp = NULL;
-        if (k->null_unused && !is_root && k->kind == K_REDUCE)
-            k->recvp = NULL;
-        return;
-    }
-    memset(k->rreg, SENTINEL, inplace_bytes(k, n) + 2 * GUARD);
-    switch (k->kind) {
-    case K_ALLGATHER: /* send is this rank's slice of the receive buffer */
-        memcpy(rbuf + (size_t)rank * k->count * es, k->mine, se * es);
-        k->sendp = rbuf + (size_t)rank * k->count * es;
-        k->recvp = rbuf;
-        break;
-    case K_REDUCESCATTER: /* receive is this rank's slice of the send buffer */
-        memcpy(rbuf, k->mine, se * es);
-        k->sendp = rbuf;
-        k->recvp = rbuf + (size_t)rank * k->count * es;
-        break;
-    case K_BROADCAST: /* only the root's buffer holds data */
-        if (is_root)
-            memcpy(rbuf, k->mine, se * es);
-        k->sendp = k->recvp = rbuf;
-        break;
-    default:
-        memcpy(rbuf, k->mine, se * es);
-        k->sendp = k->recvp = rbuf;
-        break;
-    }
-}
 
 /* Post a call (not waiting). */
 static colld_status_t post_call(run_t *R, const call_t *k)
@@ -360,38 +114,11 @@ static colld_status_t post_call(run_t *R, const call_t *k)
     }
 }
 
-/* Check a completed call: the result bitwise, the guards, the unchanged send buffer (out of
- * place) and unused buffers. Returns 0 when everything is exact, else 1 (printed). */
+/* Check a completed call (coll_check_call). Returns 0 when everything is exact, else 1. */
 static int check_call(run_t *R, const call_t *k)
 {
-    int n = R->n, rank = R->rank;
-    size_t es = colld_dtype_size(k->dt), se, re, bad = 0;
-    call_sizes(k, n, &se, &re);
-    const unsigned char *sbuf = k->sreg + GUARD, *rbuf = k->rreg + GUARD;
-    size_t rspan = k->inplace ? inplace_bytes(k, n) : re * es;
-    if (!untouched(k->rreg, GUARD) || !untouched(rbuf + rspan, GUARD)) {
-        report(R, k, "bytes around the receive buffer were overwritten");
-        bad++;
-    }
-    if (receives(k, rank)) {
-        const unsigned char *res = rbuf;
-        if (k->inplace && k->kind == K_REDUCESCATTER)
-            res = rbuf + (size_t)rank * k->count * es;
-        bad += compare(R, k, "result", res, k->expect, re);
-    } else if (k->inplace) {
-        bad += compare(R, k, "non-root's buffer (must be unchanged)", rbuf, k->mine, se);
-    } else if (!untouched(rbuf, re * es)) { /* given or NULL, nothing may land there */
-        report(R, k, "the non-root's receive buffer was written");
-        bad++;
-    }
-    if (!k->inplace) {
-        if (!untouched(k->sreg, GUARD) || !untouched(sbuf + se * es, GUARD)) {
-            report(R, k, "bytes around the send buffer were overwritten");
-            bad++;
-        }
-        bad += compare(R, k, "send buffer (must be unchanged)", sbuf, k->mine, se);
-    }
-    return bad ? 1 : 0;
+    coll_check_t c = checker(R);
+    return coll_check_call(&c, k);
 }
 
 /* Report an unexpected status of a call (fatal: the communicator may be broken). */
@@ -410,17 +137,17 @@ static int run_call(run_t *R, call_t *k)
 {
     k->sreg = R->sreg;
     k->rreg = R->rreg;
-    if (prepare_data(R, k) < 0) {
+    if (coll_prepare_data(k, R->n, R->rank, pattern) < 0) {
         fprintf(stderr, "rank %d: out of memory or oracle refused\n", R->rank);
-        free_data(k);
+        coll_free_data(k);
         return -1;
     }
-    prepare_buffers(R, k);
+    coll_prepare_buffers(k, R->n, R->rank);
     colld_status_t st = post_call(R, k);
     if (st == COLLD_OK)
         st = colld_comm_synchronize(R->comm);
     int rc = st == COLLD_OK ? check_call(R, k) : status_fail(R, k, "post or synchronize", st);
-    free_data(k);
+    coll_free_data(k);
     R->collectives++;
     if (rc > 0)
         R->bad++;
@@ -431,62 +158,21 @@ static int run_call(run_t *R, call_t *k)
  * Modes
  * ------------------------------------------------------------------------------------------- */
 
-/* The big count of a dtype: at least BIG_BYTES per buffer, odd, not a multiple of any chunk. */
-static size_t big_count(colld_dtype_t dt)
+/* run_call for coll_run_matrix. */
+static int matrix_call(void *R, call_t *k)
 {
-    return BIG_BYTES / colld_dtype_size(dt) + 3;
-}
-
-/* Which combinations run at the big count unless --big-all: broadcast and all-gather for every
- * dtype; the reducing collectives for every dtype with sum and for float32 with every op. (The
- * small counts run every combination; the big ones are there for the chunked, multi-threaded
- * path of the host backend, which does not depend on the op.) */
-static bool big_selected(const args_t *a, int kind, colld_dtype_t dt, colld_redop_t op)
-{
-    return a->big_all || !reduces(kind) || op == COLLD_SUM || dt == COLLD_FLOAT32;
+    return run_call(R, k);
 }
 
 /* The whole matrix once. Returns 0 when everything matched. */
 static int mode_matrix(run_t *R, int iter)
 {
     const args_t *a = R->a;
-    for (int kk = 0; kk < K_COUNT; kk++) {
-        int kind = (kk + a->rotate) % K_COUNT;
-        if (!(a->kinds & (1u << kind)))
-            continue;
-        for (int d = 0; d < COLLD_DTYPE_COUNT; d++) {
-            if (!(a->dtypes & (1u << d)))
-                continue;
-            for (int ci = 0; ci <= SMALL_COUNTS; ci++) {
-                bool big = ci == SMALL_COUNTS;
-                if (big && !a->big)
-                    continue;
-                size_t count = big ? big_count((colld_dtype_t)d) : small_counts[ci];
-                for (int op = 0; op < (reduces(kind) ? COLLD_REDOP_COUNT : 1); op++) {
-                    if (reduces(kind) && !(a->ops & (1u << op)))
-                        continue;
-                    if (big && !big_selected(a, kind, (colld_dtype_t)d, (colld_redop_t)op))
-                        continue;
-                    long id = R->cases++;
-                    for (int m = 0; m < 2; m++) {
-                        bool inplace = m == 1;
-                        if ((inplace && !a->inplace) || (!inplace && !a->outofplace))
-                            continue;
-                        call_t k = { .kind = kind,
-                                     .dt = (colld_dtype_t)d,
-                                     .op = (colld_redop_t)op,
-                                     .count = count,
-                                     .root = (int)((id + m) % R->n),
-                                     .inplace = inplace,
-                                     .null_unused = !inplace && (id / R->n) % 2 == 1,
-                                     .salt = a->salt * 1000003u + (unsigned)iter * 7919u + (unsigned)id * 2u + (unsigned)m };
-                        if (run_call(R, &k) < 0)
-                            return 1;
-                    }
-                }
-            }
-        }
-    }
+    coll_matrix_t m = { .kinds = a->kinds, .dtypes = a->dtypes, .ops = a->ops, .rotate = a->rotate,
+                        .inplace = a->inplace, .outofplace = a->outofplace, .big = a->big, .big_all = a->big_all,
+                        .salt = a->salt, .n = R->n };
+    if (coll_run_matrix(&m, iter, &R->cases, matrix_call, R) != 0)
+        return 1;
     return R->bad ? 1 : 0;
 }
 
@@ -571,11 +257,11 @@ static int run_group(run_t *R, int size, unsigned salt, int bad_at)
             k[j].inplace = false, k[j].null_unused = false;
         k[j].sreg = R->sreg + (size_t)j * slot;
         k[j].rreg = R->rreg + (size_t)j * slot;
-        if (prepare_data(R, &k[j]) < 0) {
+        if (coll_prepare_data(&k[j], R->n, R->rank, pattern) < 0) {
             rc = 1;
             goto out;
         }
-        prepare_buffers(R, &k[j]);
+        coll_prepare_buffers(&k[j], R->n, R->rank);
     }
     if ((st = colld_group_start()) != COLLD_OK) {
         rc = status_fail(R, NULL, "colld_group_start", st) ? 1 : 0;
@@ -620,15 +306,16 @@ static int run_group(run_t *R, int size, unsigned salt, int bad_at)
         }
         /* nothing posted: every receive buffer still holds the sentinel */
         size_t se, re;
-        call_sizes(&k[j], R->n, &se, &re);
-        if (!untouched(k[j].rreg, re * colld_dtype_size(k[j].dt) + 2 * GUARD)) {
-            report(R, &k[j], "group_end failed, but this collective of the group wrote its receive buffer");
+        coll_call_sizes(&k[j], R->n, &se, &re);
+        if (!coll_untouched(k[j].rreg, re * colld_dtype_size(k[j].dt) + 2 * GUARD)) {
+            coll_check_t c = checker(R);
+            coll_report(&c, &k[j], "group_end failed, but this collective of the group wrote its receive buffer");
             rc = 1;
         }
     }
 out:
     for (int j = 0; j < size; j++)
-        free_data(&k[j]);
+        coll_free_data(&k[j]);
     free(k);
     return rc;
 }
@@ -737,15 +424,6 @@ static int mode_badargs(run_t *R)
     return bad ? 1 : 0;
 }
 
-/* Look a name up in a table; -1 when absent. */
-static int lookup(const char *name, const char *const *names, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (strcmp(name, names[i]) == 0)
-            return i;
-    return -1;
-}
-
 /* One collective given as KIND:DTYPE:OP:COUNT:ROOT (e.g. to provoke a mismatch). With --expect
  * the synchronize status must be that one; its detail goes to stdout. */
 static int mode_call(run_t *R)
@@ -755,9 +433,9 @@ static int mode_call(run_t *R)
     char *f[5];
     for (int i = 0; i < 5; i++)
         f[i] = strtok_r(i ? NULL : spec, ":", &save);
-    int kind = f[0] ? lookup(f[0], kind_names, K_COUNT) : -1;
-    int dt = f[1] ? lookup(f[1], dtype_names, COLLD_DTYPE_COUNT) : -1;
-    int op = f[2] ? lookup(f[2], op_names, COLLD_REDOP_COUNT) : -1;
+    int kind = f[0] ? coll_lookup(f[0], kind_names, K_COUNT) : -1;
+    int dt = f[1] ? coll_lookup(f[1], dtype_names, COLLD_DTYPE_COUNT) : -1;
+    int op = f[2] ? coll_lookup(f[2], op_names, COLLD_REDOP_COUNT) : -1;
     if (kind < 0 || dt < 0 || op < 0 || !f[3] || !f[4]) {
         fprintf(stderr, "rank %d: bad --call '%s' (KIND:DTYPE:OP:COUNT:ROOT)\n", R->rank, R->a->call);
         return 2;
@@ -768,13 +446,13 @@ static int mode_call(run_t *R)
         return run_call(R, &k) == 0 ? 0 : 1;
     k.sreg = R->sreg;
     k.rreg = R->rreg;
-    if (prepare_data(R, &k) < 0)
+    if (coll_prepare_data(&k, R->n, R->rank, pattern) < 0)
         return 1;
-    prepare_buffers(R, &k);
+    coll_prepare_buffers(&k, R->n, R->rank);
     colld_status_t st = post_call(R, &k);
     if (st == COLLD_OK)
         st = colld_comm_synchronize(R->comm);
-    free_data(&k);
+    coll_free_data(&k);
     if (strcmp(colld_status_name(st), R->a->expect) != 0)
         return status_fail(R, &k, "the call (unexpected status)", st) ? 1 : 0;
     printf("rank %d: %s\n", R->rank, colld_comm_last_error(R->comm));
@@ -832,25 +510,6 @@ static int mode_chain(run_t *R)
  * Set-up
  * ------------------------------------------------------------------------------------------- */
 
-/* A comma list of names (or "all") as a bit mask; 0 on an unknown name. */
-static unsigned parse_mask(const char *list, const char *const *names, int n)
-{
-    if (strcmp(list, "all") == 0)
-        return (1u << n) - 1;
-    unsigned m = 0;
-    char buf[256], *save = NULL;
-    snprintf(buf, sizeof(buf), "%s", list);
-    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        int i = lookup(t, names, n);
-        if (i < 0) {
-            fprintf(stderr, "coll_rank: unknown name '%s'\n", t);
-            return 0;
-        }
-        m |= 1u << i;
-    }
-    return m;
-}
-
 /* Bytes each registered buffer needs for the selected mode and subsets. */
 static size_t needed_bytes(const args_t *a)
 {
@@ -894,11 +553,11 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (ARG("--mode"))
             a->mode = v;
         else if (ARG("--kinds"))
-            a->kinds = parse_mask(v, kind_names, K_COUNT);
+            a->kinds = coll_parse_mask("coll_rank", v, kind_names, K_COUNT);
         else if (ARG("--dtypes"))
-            a->dtypes = parse_mask(v, dtype_names, COLLD_DTYPE_COUNT);
+            a->dtypes = coll_parse_mask("coll_rank", v, dtype_names, COLLD_DTYPE_COUNT);
         else if (ARG("--ops"))
-            a->ops = parse_mask(v, op_names, COLLD_REDOP_COUNT);
+            a->ops = coll_parse_mask("coll_rank", v, op_names, COLLD_REDOP_COUNT);
         else if (ARG("--only"))
             a->inplace = strcmp(v, "inplace") == 0, a->outofplace = !a->inplace;
         else if (ARG("--salt"))
