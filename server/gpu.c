@@ -670,6 +670,18 @@ void colld_gpu_submit(colld_daemon_t *d, colld_coll_t *k)
     d->gpus->pending_tail = k;
 }
 
+/* Take k (after prev, NULL when k is first) off the pending list (lock held). */
+static void pending_unlink(colld_gpus_t *g, colld_coll_t *prev, colld_coll_t *k)
+{
+    if (prev)
+        prev->next = k->next;
+    else
+        g->pending = k->next;
+    if (g->pending_tail == k)
+        g->pending_tail = prev;
+    k->next = NULL;
+}
+
 /* Has every rank's stream reached this collective? (lock held) */
 static bool all_ready(const colld_coll_t *k, int *missing, int nmissing_max, int *nmissing)
 {
@@ -736,13 +748,7 @@ int colld_gpu_progress(colld_daemon_t *d, uint64_t now, uint64_t *deadline, coll
         for (colld_coll_t *e = g->pending; e != k; e = e->next)
             earlier |= e->comm == c;
         if (!earlier && all_ready(k, missing, 8, &nmissing)) {
-            if (prev)
-                prev->next = next;
-            else
-                g->pending = next;
-            if (g->pending_tail == k)
-                g->pending_tail = prev;
-            k->next = NULL;
+            pending_unlink(g, prev, k);
             *launch_tail = k;
             launch_tail = &k->next;
             work++;
@@ -996,13 +1002,7 @@ void colld_gpu_comm_broken(colld_daemon_t *d, colld_dcomm_t *c)
                 k = next;
                 continue;
             }
-            if (prev)
-                prev->next = next;
-            else
-                g->pending = next;
-            if (g->pending_tail == k)
-                g->pending_tail = prev;
-            k->next = NULL;
+            pending_unlink(g, prev, k);
             k->status = c->error;
             k->start_ns = 0;
             gpu_finish(d, k, false);
