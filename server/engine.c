@@ -726,8 +726,6 @@ void colld_engine_finish(colld_daemon_t *d, coll_t *k)
  * The thread
  * ========================================================================================== */
 
-/* One pass over all sessions and communicators: admit, match, time out. Returns how much work
- * was found, the matched collectives in *batch and the next deadline in *next_deadline. */
 /* The first local rank's next descriptor is a host collective (lock held). */
 static bool host_next(const colld_dcomm_t *c)
 {
@@ -737,6 +735,9 @@ static bool host_next(const colld_dcomm_t *c)
     return false;
 }
 
+/* One pass over all sessions and communicators: admit, match, time out, progress the GPU
+ * collectives. Returns how much work was found, the matched host collectives in *batch, the GPU
+ * collectives to launch in *gpu_launch and the next deadline in *next_deadline. */
 static int engine_pass(colld_daemon_t *d, coll_t **batch, coll_t **gpu_launch, uint64_t *next_deadline,
                        colld_reply_t **replies)
 {

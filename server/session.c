@@ -340,7 +340,6 @@ static int session_on_dereg(colld_session_t *s, const colld_wire_msg_t *m)
         if (!r->cuda)
             s->registered_bytes -= r->size;
         colld_session_release_reg(r);
-        st = COLLD_OK;
         break;
     }
     pthread_mutex_unlock(&d->lock);
