@@ -115,6 +115,8 @@ struct colld_comm {
     /* fast area (fast.c); NULL when the daemon gave none (multi-node, disabled) */
     colld_wire_fast_t *fast;
     size_t fast_size;
+    uint64_t fast_stride;     /* the area's layout as validated at attach: never read back from the */
+    uint64_t fast_slot_bytes; /* area, which every member can write */
     void *fast_scratch;       /* slot_bytes, cache-line aligned: output of a misaligned buffer */
     const void **fast_in;     /* [nranks] input pointers for the kernels */
     colld_fast_op_t fop;      /* at most one in flight: a rank finishes it before its next call */

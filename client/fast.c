@@ -50,7 +50,7 @@ static colld_wire_fast_slot_t *slot_of(const colld_comm_t *comm, int rank, uint6
 {
     size_t i = (size_t)rank * COLLD_WIRE_FAST_DEPTH + (size_t)(seq % COLLD_WIRE_FAST_DEPTH);
     return (colld_wire_fast_slot_t *)((char *)comm->fast + COLLD_WIRE_FAST_SLOTS_OFFSET(comm->nranks) +
-                                      i * comm->fast->slot_stride);
+                                      i * comm->fast_stride);
 }
 
 static colld_wire_fast_stats_t *my_stats(const colld_comm_t *comm)
@@ -108,17 +108,20 @@ void colld__fast_attach(colld_comm_t *comm)
                  (unsigned long long)comm->comm_id);
         return;
     }
-    const colld_wire_fast_t *f = p;
+    /* Copy the layout, then validate the copy, and use only the copy from here on: every member
+     * of the communicator can write the area's header. */
+    colld_wire_fast_t hdr;
+    memcpy(&hdr, p, sizeof(hdr));
     uint64_t need = 0;
-    bool ok = f->magic == COLLD_WIRE_FAST_MAGIC && f->nranks == (uint32_t)comm->nranks && f->total_size == size &&
-              f->slot_stride % COLLD_WIRE_CACHELINE == 0 &&
-              f->slot_stride >= sizeof(colld_wire_fast_slot_t) + (uint64_t)f->slot_bytes &&
-              colld_mul_ok((uint64_t)f->slot_stride, (uint64_t)comm->nranks * COLLD_WIRE_FAST_DEPTH, &need) &&
+    bool ok = hdr.magic == COLLD_WIRE_FAST_MAGIC && hdr.nranks == (uint32_t)comm->nranks && hdr.total_size == size &&
+              hdr.slot_stride % COLLD_WIRE_CACHELINE == 0 &&
+              hdr.slot_stride >= sizeof(colld_wire_fast_slot_t) + (uint64_t)hdr.slot_bytes &&
+              colld_mul_ok((uint64_t)hdr.slot_stride, (uint64_t)comm->nranks * COLLD_WIRE_FAST_DEPTH, &need) &&
               need <= size - slots;
     void *scratch = NULL;
     const void **in = NULL;
     if (ok) {
-        scratch = aligned_alloc(COLLD_WIRE_CACHELINE, ((size_t)f->slot_bytes + 63) & ~(size_t)63);
+        scratch = aligned_alloc(COLLD_WIRE_CACHELINE, ((size_t)hdr.slot_bytes + 63) & ~(size_t)63);
         in = calloc((size_t)comm->nranks, sizeof(*in));
     }
     if (!ok || !scratch || !in) {
@@ -132,6 +135,8 @@ void colld__fast_attach(colld_comm_t *comm)
     }
     comm->fast = p;
     comm->fast_size = size;
+    comm->fast_stride = hdr.slot_stride;
+    comm->fast_slot_bytes = hdr.slot_bytes;
     comm->fast_scratch = scratch;
     comm->fast_in = in;
     /* More ranks than CPUs: a rank that busy-waits only keeps a peer it waits for off a CPU. */
@@ -168,7 +173,7 @@ static bool input_bytes(const colld_comm_t *comm, colld_kind_t kind, size_t coun
 bool colld__fast_eligible(const colld_comm_t *comm, colld_kind_t kind, size_t count, colld_dtype_t dtype)
 {
     uint64_t b;
-    return comm->fast && input_bytes(comm, kind, count, dtype, &b) && b <= comm->fast->slot_bytes;
+    return comm->fast && input_bytes(comm, kind, count, dtype, &b) && b <= comm->fast_slot_bytes;
 }
 
 /* ============================================================================================

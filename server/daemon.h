@@ -224,8 +224,9 @@ struct colld_dcomm {
     uint64_t trace_failed_seq; /* the collective last recorded as failed (recorded once) */
     colld_xcomm_t *x;         /* multi-node state (cluster.c), NULL for a single-node communicator */
     bool fault_from_peer;     /* the fault being recorded came from another node: do not echo it */
-    colld_wire_fast_t *fast;  /* fast area (fast.c), NULL when none */
+    colld_wire_fast_t *fast;  /* fast area (fast.c), NULL when none; the tenant's memory */
     size_t fast_size;
+    uint64_t fast_stride;     /* the daemon's own copy of the slot stride: never read back from the area */
     int fast_fd;
     colld_wire_fast_stats_t *fast_seen; /* [nranks] the ranks' counters already in the metrics */
     colld_gpu_comm_t *gpu;    /* GPU state (gpu.c), NULL until the first stream-ordered collective */

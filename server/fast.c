@@ -69,6 +69,7 @@ int colld_fast_create(colld_daemon_t *d, colld_dcomm_t *c)
     }
     c->fast = f;
     c->fast_size = total;
+    c->fast_stride = stride;
     c->fast_fd = fd;
     return 0;
 fail:
@@ -127,13 +128,15 @@ int colld_fast_dup(colld_session_t *s, uint32_t handle, uint64_t *size, colld_st
 }
 
 /* The slot header rank `rank` last published for the parity of `seq`: a consistent copy, or one
- * whose seq says the rank has gone past it (it was rewriting the slot). */
+ * whose seq says the rank has gone past it (it was rewriting the slot). The address comes from the
+ * daemon's own layout (c->nranks, c->fast_stride), never from the area's header, which every
+ * member can write. */
 static colld_wire_fast_slot_t slot_copy(const colld_dcomm_t *c, int rank, uint64_t seq)
 {
     colld_wire_fast_slot_t *s =
         (colld_wire_fast_slot_t *)((char *)c->fast + COLLD_WIRE_FAST_SLOTS_OFFSET(c->nranks) +
                                          ((size_t)rank * COLLD_WIRE_FAST_DEPTH + seq % COLLD_WIRE_FAST_DEPTH) *
-                                             c->fast->slot_stride);
+                                             c->fast_stride);
     colld_wire_fast_slot_t out;
     out.seq = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
     memcpy((char *)&out + sizeof(out.seq), (const char *)s + sizeof(s->seq), sizeof(out) - sizeof(out.seq));
