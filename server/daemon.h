@@ -43,6 +43,7 @@ typedef struct colld_cluster colld_cluster_t;
 typedef struct colld_xcomm colld_xcomm_t;
 typedef struct colld_gpus colld_gpus_t;
 typedef struct colld_gpu_comm colld_gpu_comm_t;
+typedef struct colld_tenants colld_tenants_t;
 
 /* Daemon configuration (filled from the table in config_table.c). */
 typedef struct {
@@ -60,6 +61,14 @@ typedef struct {
     int64_t max_sessions;
     int64_t max_comms_per_session;
     uint64_t max_registered_bytes; /* per session */
+    /* per-tenant limits (tenant.c); collctl policy overrides them per uid */
+    int64_t max_sessions_per_tenant;
+    int64_t max_comms_per_tenant;
+    int64_t max_joining_ranks_per_tenant;
+    int64_t max_regs_per_tenant;
+    uint64_t max_registered_bytes_per_tenant;
+    int64_t max_followers_per_tenant;
+    int64_t max_rpc_conns_per_tenant;
     char *socket_mode_text;
     unsigned socket_mode;   /* parsed from socket_mode_text */
     int64_t trace_entries;  /* flight recorder depth per communicator */
@@ -292,6 +301,7 @@ struct colld_daemon {
     colld_metrics_t *metrics; /* counters (metrics.c), under lock; HTTP endpoint on the loop */
     colld_events_t *events;   /* event backlog and streams (events.c); NULL once stopped */
     colld_policy_t *policies; /* per tenant */
+    colld_tenants_t *tenants; /* what each tenant holds, against its limits (tenant.c) */
     colld_cluster_t *cluster; /* peers and multi-node communicators (cluster.c); NULL without --listen */
     colld_gpus_t *gpus;       /* the CUDA backend (gpu.c); NULL without a usable GPU */
     char gpu_none[256];       /* why there is no CUDA backend */

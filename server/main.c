@@ -6,6 +6,7 @@
  * (clients report COLLD_ERR_DAEMON_LOST), stop the control plane and the engine, and exit 0.
  */
 #include "server/daemon.h"
+#include "server/tenant.h"
 
 #include "common/log.h"
 #include "common/util.h"
@@ -260,6 +261,7 @@ out_loop:
     uv_loop_close(&d.loop);
     colld_gpu_stop(&d);
     colld_metrics_destroy(&d);
+    colld_tenants_free(&d);
     if (d.lock_fd >= 0)
         close(d.lock_fd);
 out_cfg:

@@ -1,0 +1,61 @@
+/*
+ * tenant.h - per-tenant resource accounting: what each uid holds in the daemon, against limits
+ * from the configuration table (--max-*-per-tenant) that `collctl policy` can override per uid.
+ *
+ * A tenant is a uid (SO_PEERCRED, never what a client says). Every resource a client can make the
+ * daemon hold is charged to its tenant when it is taken and uncharged when it is given back, so
+ * one tenant can exhaust only its own share; global backstops (max-sessions, the fd limit) stay
+ * beside these. A refused charge is COLLD_ERR_QUOTA_EXCEEDED with a detail that names the limit,
+ * the tenant's use and how to raise it.
+ *
+ * Locking: every function here runs with daemon->lock held.
+ */
+#ifndef COLLD_SERVER_TENANT_H
+#define COLLD_SERVER_TENANT_H
+
+#include <colld/colld.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct colld_daemon colld_daemon_t;
+
+/* What is counted. Keep colld_limit_name's table in tenant.c in the same order. */
+typedef enum {
+    COLLD_LIMIT_SESSIONS = 0,    /* client connections (sessions) */
+    COLLD_LIMIT_COMMS,           /* communicator memberships, joining or formed */
+    COLLD_LIMIT_JOINING_RANKS,   /* nranks summed over the communicators this tenant is forming */
+    COLLD_LIMIT_REGS,            /* memory registrations (each a mapping in the daemon) */
+    COLLD_LIMIT_REG_BYTES,       /* bytes mapped for registrations (each charged at least a page) */
+    COLLD_LIMIT_FOLLOWERS,       /* Events streams open */
+    COLLD_LIMIT_RPC_CONNS,       /* connections to the gRPC control socket */
+    COLLD_LIMIT_COUNT
+} colld_limit_t;
+
+/* The option name of a limit ("max-sessions-per-tenant"), for messages. */
+const char *colld_limit_name(colld_limit_t what);
+
+/* The limit that applies to `uid`: its policy override if set, else the configured default. */
+uint64_t colld_tenant_limit(const colld_daemon_t *d, uid_t uid, colld_limit_t what);
+
+/* What `uid` holds now. */
+uint64_t colld_tenant_used(const colld_daemon_t *d, uid_t uid, colld_limit_t what);
+
+/* Charge `n` units to `uid`. Returns COLLD_OK, or COLLD_ERR_QUOTA_EXCEEDED (nothing charged) with
+ * a detail naming the limit, or COLLD_ERR_NO_MEMORY. */
+colld_status_t colld_tenant_charge(colld_daemon_t *d, uid_t uid, colld_limit_t what, uint64_t n, char *detail,
+                                   size_t len);
+
+/* Give back `n` units charged earlier. */
+void colld_tenant_uncharge(colld_daemon_t *d, uid_t uid, colld_limit_t what, uint64_t n);
+
+/* Set a tenant's override of one limit (UINT64_MAX clears it). Returns 0 or -1 (no memory). */
+int colld_tenant_set_limit(colld_daemon_t *d, uid_t uid, colld_limit_t what, uint64_t limit);
+
+/* Refusals so far, by limit (for metrics and collctl). */
+uint64_t colld_tenant_refusals(const colld_daemon_t *d, colld_limit_t what);
+
+/* Free the accounting (daemon shutdown). */
+void colld_tenants_free(colld_daemon_t *d);
+
+#endif /* COLLD_SERVER_TENANT_H */
