@@ -430,8 +430,15 @@ static void reap(colld_client_t *c)
             __atomic_store_n(&comm->async_error, (colld_status_t)e.status, __ATOMIC_RELAXED);
         __atomic_add_fetch(&comm->completed, 1, __ATOMIC_RELEASE);
     }
-    if (avail)
-        COLLD_STORE_REL(&c->shm->cq.tail, c->cq_tail);
+    if (!avail)
+        return;
+    COLLD_STORE_SC(&c->shm->cq.tail, c->cq_tail);
+    /* The daemon holds descriptors back until completion space frees up: tell it. */
+    if (COLLD_LOAD_SC(&c->shm->cq.need_wakeup)) {
+        uint64_t one = 1;
+        ssize_t rc = write(c->efd, &one, sizeof(one));
+        (void)rc; /* EAGAIN: the counter is saturated, the daemon is being woken anyway */
+    }
 }
 
 void colld__client_poll(colld_client_t *c)

@@ -14,6 +14,10 @@
  *   - client -> daemon: the daemon sets sq.need_wakeup before it sleeps in epoll; a client that
  *     pushed work and sees need_wakeup writes the session eventfd (io_uring SQPOLL style). No
  *     system call while the daemon is awake.
+ *   - client -> daemon, completion space: the daemon takes a descriptor only with a completion
+ *     slot free for it. When descriptors wait and the completion ring is full, it sets
+ *     cq.need_wakeup and stops looking at the session; a client that consumed completions
+ *     (advanced cq.tail) and sees cq.need_wakeup writes the session eventfd.
  *   - daemon -> client: cq.doorbell is a futex word bumped after every batch of completions; the
  *     daemon calls FUTEX_WAKE only when cq.waiters is non-zero.
  */
@@ -111,7 +115,7 @@ typedef struct {
     _Alignas(COLLD_WIRE_CACHELINE) uint64_t tail;
     _Alignas(COLLD_WIRE_CACHELINE) uint32_t doorbell; /* futex word (cq) */
     uint32_t waiters;                                   /* cq: consumer sleeps on doorbell */
-    uint32_t need_wakeup;                               /* sq: daemon sleeps, write the eventfd */
+    uint32_t need_wakeup;                               /* daemon waits: write the eventfd (below) */
     uint32_t reserved;
 } colld_wire_ring_t;
 

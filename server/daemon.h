@@ -139,6 +139,7 @@ struct colld_session {
     uint64_t sq_tail;     /* daemon's own copy */
     uint64_t cq_head;     /* daemon's own copy */
     uint32_t in_flight;   /* accepted descriptors whose completion is not posted yet */
+    bool cq_wait;         /* descriptors wait for completion space: cq.need_wakeup is set (engine.c) */
 
     colld_reg_t *regs;
     uint32_t next_reg_id;
@@ -327,6 +328,11 @@ colld_session_t *colld_session_find(colld_daemon_t *d, uint64_t id, const uint8_
 void colld_session_unref(colld_session_t *s);
 void colld_session_release_reg(colld_reg_t *r);
 colld_reg_t *colld_session_find_reg(colld_session_t *s, uint32_t id);
+/* Create a session's shared memory (rings) and eventfd. Returns 0 or -1. */
+int colld_session_make_rings(colld_session_t *s);
+/* The daemon's side of a session ending (lock held): its ranks leave, its unique ids go, the engine
+ * and the session list forget it; the caller drops the list's reference. */
+void colld_session_forget(colld_session_t *s, const char *why, colld_reply_t **replies);
 /* Drop every session the engine marked with kill_requested (loop thread). */
 void colld_sessions_reap(colld_daemon_t *d);
 
@@ -364,6 +370,10 @@ void colld_replies_send(colld_reply_t *list);
 /* ---- engine.c ---- */
 int colld_engine_start(colld_daemon_t *d);
 void colld_engine_stop(colld_daemon_t *d);
+/* One round of the engine on the caller's thread, without sleeping (in-process tests and fuzzers,
+ * with no engine thread running; d->engine_running must be true). Returns the work found, -1
+ * when the engine is stopped. */
+int colld_engine_run_once(colld_daemon_t *d);
 /* Wake the engine (after a control path changed state it must look at). */
 void colld_engine_wake(colld_daemon_t *d);
 int colld_engine_add_session(colld_daemon_t *d, colld_session_t *s);

@@ -174,8 +174,8 @@ void colld_engine_fail_op(colld_op_t *op, colld_status_t st)
 
 /* Resolve a buffer reference of `bytes` bytes to a pointer in a registration of the session.
  * Returns 0, or -1 with a detail. */
-static int resolve_buf(colld_session_t *s, const colld_wire_buf_t *b, uint64_t bytes, const char *which,
-                       colld_reg_t **reg, void **ptr, char *detail, size_t len)
+static int resolve_buf(colld_session_t *s, const colld_wire_buf_t *b, uint64_t bytes, size_t align,
+                       const char *which, colld_reg_t **reg, void **ptr, char *detail, size_t len)
 {
     *reg = NULL;
     *ptr = NULL;
@@ -189,6 +189,13 @@ static int resolve_buf(colld_session_t *s, const colld_wire_buf_t *b, uint64_t b
     if (b->offset > r->size || bytes > r->size - b->offset) {
         snprintf(detail, len, "%s buffer: %llu bytes at offset %llu overrun its %llu-byte registration", which,
                  (unsigned long long)bytes, (unsigned long long)b->offset, (unsigned long long)r->size);
+        return -1;
+    }
+    /* Registrations start on a page, so an aligned offset is an aligned address: the kernels
+     * load whole elements. */
+    if (b->offset % align) {
+        snprintf(detail, len, "%s buffer: offset %llu is not a multiple of the element size (%zu bytes)", which,
+                 (unsigned long long)b->offset, align);
         return -1;
     }
     r->refs++;
@@ -207,6 +214,29 @@ static bool has_root(unsigned kind)
 static bool has_op(unsigned kind)
 {
     return kind == COLLD_KIND_ALLREDUCE || kind == COLLD_KIND_REDUCE || kind == COLLD_KIND_REDUCESCATTER;
+}
+
+/* A rank's two buffers either do not overlap or are in place as NCCL defines it (the same buffer;
+ * for all-gather the send buffer is the rank's slice of the receive buffer, for reduce-scatter the
+ * receive buffer is the rank's slice of the send buffer). Anything else would have the host
+ * backend copy between overlapping ranges. */
+static bool in_place_or_apart(const colld_wire_sqe_t *d, const colld_op_t *op, uint64_t send_bytes,
+                              uint64_t recv_bytes, uint64_t bytes, int rank)
+{
+    if (!op->send_reg || op->send_reg != op->recv_reg)
+        return true;
+    uint64_t so = d->send.offset, ro = d->recv.offset; /* in bounds: resolve_buf checked them */
+    if (so + send_bytes <= ro || ro + recv_bytes <= so)
+        return true;
+    uint64_t slice = (uint64_t)rank * bytes;
+    switch (d->kind) {
+    case COLLD_KIND_ALLGATHER:
+        return so == ro + slice;
+    case COLLD_KIND_REDUCESCATTER:
+        return ro == so + slice;
+    default:
+        return so == ro;
+    }
 }
 
 /* Check a descriptor's own fields and buffers: the bytes each buffer must hold depend on the
@@ -289,8 +319,9 @@ static colld_status_t validate(colld_session_t *s, colld_op_t *op, char *detail,
         m->gpu_base = d->reserved;
         m->gpu_last = d->reserved + (uint32_t)d->seq;
     }
-    if (resolve_buf(s, &d->send, send_bytes, "send", &op->send_reg, &op->send_ptr, detail, len) < 0 ||
-        resolve_buf(s, &d->recv, recv_bytes, "recv", &op->recv_reg, &op->recv_ptr, detail, len) < 0)
+    size_t es = colld_dtype_size((colld_dtype_t)d->dtype);
+    if (resolve_buf(s, &d->send, send_bytes, es, "send", &op->send_reg, &op->send_ptr, detail, len) < 0 ||
+        resolve_buf(s, &d->recv, recv_bytes, es, "recv", &op->recv_reg, &op->recv_ptr, detail, len) < 0)
         return COLLD_ERR_INVALID_ARGUMENT;
     /* GPU memory only in stream-ordered collectives, host memory only in the others: the host
      * backend never dereferences a device address. */
@@ -298,6 +329,15 @@ static colld_status_t validate(colld_session_t *s, colld_op_t *op, char *detail,
         snprintf(detail, len, stream ? "GPU collective on a host buffer (registration %u)"
                                      : "host collective on a GPU buffer (registration %u)",
                  op->send_reg && op->send_reg->cuda != stream ? d->send.reg_id : d->recv.reg_id);
+        return COLLD_ERR_INVALID_ARGUMENT;
+    }
+    if (!in_place_or_apart(d, op, send_bytes, recv_bytes, bytes, rank)) {
+        snprintf(detail, len, "send (offset %llu, %llu bytes) and recv (offset %llu, %llu bytes) overlap without being "
+                 "in place (in place: the same buffer%s)", (unsigned long long)d->send.offset,
+                 (unsigned long long)send_bytes, (unsigned long long)d->recv.offset, (unsigned long long)recv_bytes,
+                 d->kind == COLLD_KIND_ALLGATHER       ? ", or sendbuf at the rank's slice of recvbuf"
+                 : d->kind == COLLD_KIND_REDUCESCATTER ? ", or recvbuf at the rank's slice of sendbuf"
+                                                       : "");
         return COLLD_ERR_INVALID_ARGUMENT;
     }
     return COLLD_OK;
@@ -365,6 +405,38 @@ static void admit(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t 
     m->tail = op;
 }
 
+/* A session whose client leaves its completions unread while more descriptors wait cannot make
+ * progress: the engine must not spin on it. It sets cq.need_wakeup, and the client, having read
+ * completions (advanced cq.tail), writes the session eventfd when it sees the flag; until then the
+ * session does not count as pending work (session_pending). */
+static void cq_wait_set(colld_session_t *s)
+{
+    if (s->cq_wait)
+        return;
+    s->cq_wait = true;
+    COLLD_STORE_SC(&s->shm->cq.need_wakeup, 1);
+}
+
+static void cq_wait_clear(colld_session_t *s)
+{
+    if (!s->cq_wait)
+        return;
+    s->cq_wait = false;
+    COLLD_STORE_SC(&s->shm->cq.need_wakeup, 0);
+}
+
+/* True when the engine can take a descriptor of the session now: one is waiting and a completion
+ * slot is free for it (lock held). Re-read after need_wakeup is published, so a client that freed
+ * completion space just before seeing the flag is not missed. */
+static bool session_pending(colld_session_t *s)
+{
+    if (!s->shm || s->dead || s->kill_requested)
+        return false;
+    int64_t avail = colld_ring_avail(&s->shm->sq, s->sq_tail, s->entries);
+    int64_t space = colld_ring_space(&s->shm->cq, s->cq_head, s->entries);
+    return avail != 0 && (avail < 0 || space < 0 || (int64_t)s->in_flight < space);
+}
+
 /* Drain one session's submission ring as far as its completion ring has room. Returns the number
  * of descriptors taken. */
 static int drain_session(colld_daemon_t *d, colld_session_t *s, colld_reply_t **replies)
@@ -380,6 +452,7 @@ static int drain_session(colld_daemon_t *d, colld_session_t *s, colld_reply_t **
     /* Take a descriptor only with a completion slot reserved for it. `space` is read again each
      * time: descriptors that fail at admission post their completion at once. */
     int taken = 0;
+    cq_wait_clear(s);
     while (avail > 0 && (int64_t)s->in_flight < space) {
         colld_wire_sqe_t sqe;
         memcpy(&sqe, &s->sqes[s->sq_tail & (s->entries - 1)], sizeof(sqe)); /* copy, then validate */
@@ -394,6 +467,8 @@ static int drain_session(colld_daemon_t *d, colld_session_t *s, colld_reply_t **
     }
     if (taken)
         COLLD_STORE_REL(&s->shm->sq.tail, s->sq_tail);
+    if (avail > 0 && !s->dead && !s->kill_requested)
+        cq_wait_set(s);
     return taken;
 }
 
@@ -783,11 +858,11 @@ static int engine_pass(colld_daemon_t *d, coll_t **batch, coll_t **gpu_launch, u
     return work;
 }
 
-/* True if any session has descriptors waiting (lock held). */
+/* True if any session has descriptors the engine can take now (lock held). */
 static bool any_pending(colld_daemon_t *d)
 {
     for (colld_session_t *s = d->sessions; s; s = s->next)
-        if (s->shm && !s->dead && colld_ring_avail(&s->shm->sq, s->sq_tail, s->entries) != 0)
+        if (session_pending(s))
             return true;
     return false;
 }
@@ -800,48 +875,67 @@ static void set_need_wakeup(colld_daemon_t *d, uint32_t v)
             COLLD_STORE_SC(&s->shm->sq.need_wakeup, v);
 }
 
+/* One round of the engine: admit, match, launch and execute what is ready, finish it. Returns
+ * the work found, or -1 once the engine is stopping; *next_deadline and *gpu_waiting say when
+ * it must look again (engine thread, lock not held). */
+static int engine_round(colld_daemon_t *d, uint64_t *next_deadline, bool *gpu_waiting)
+{
+    coll_t *batch = NULL, *gpu_launch = NULL;
+    colld_reply_t *replies = NULL;
+    pthread_mutex_lock(&d->lock);
+    if (!d->engine_running) {
+        pthread_mutex_unlock(&d->lock);
+        return -1;
+    }
+    int work = engine_pass(d, &batch, &gpu_launch, next_deadline, &replies);
+    *gpu_waiting = colld_gpu_outstanding(d);
+    pthread_mutex_unlock(&d->lock);
+    colld_replies_send(replies);
+
+    if (gpu_launch) {
+        colld_gpu_launch(d, gpu_launch); /* kernels are queued asynchronously */
+        replies = NULL;
+        pthread_mutex_lock(&d->lock);
+        colld_gpu_launched(d, gpu_launch, &replies);
+        pthread_mutex_unlock(&d->lock);
+        colld_replies_send(replies);
+    }
+
+    if (batch) {
+        for (coll_t *k = batch; k; k = k->next) {
+            k->start_ns = colld_now_ns();
+            k->status = execute(d, k);
+            k->end_ns = colld_now_ns();
+        }
+        pthread_mutex_lock(&d->lock);
+        while (batch) {
+            coll_t *k = batch;
+            batch = k->next;
+            colld_engine_finish(d, k);
+        }
+        pthread_mutex_unlock(&d->lock);
+    }
+    return work;
+}
+
+int colld_engine_run_once(colld_daemon_t *d)
+{
+    uint64_t next_deadline;
+    bool gpu_waiting;
+    return engine_round(d, &next_deadline, &gpu_waiting);
+}
+
 static void *engine_main(void *arg)
 {
     colld_daemon_t *d = arg;
     uint64_t last_work = colld_now_ns();
     uint64_t spin_ns = (uint64_t)d->cfg.spin_us * 1000ull;
     for (;;) {
-        coll_t *batch = NULL, *gpu_launch = NULL;
-        colld_reply_t *replies = NULL;
         uint64_t next_deadline;
-        pthread_mutex_lock(&d->lock);
-        if (!d->engine_running) {
-            pthread_mutex_unlock(&d->lock);
+        bool gpu_waiting;
+        int work = engine_round(d, &next_deadline, &gpu_waiting);
+        if (work < 0)
             break;
-        }
-        int work = engine_pass(d, &batch, &gpu_launch, &next_deadline, &replies);
-        bool gpu_waiting = colld_gpu_outstanding(d);
-        pthread_mutex_unlock(&d->lock);
-        colld_replies_send(replies);
-
-        if (gpu_launch) {
-            colld_gpu_launch(d, gpu_launch); /* kernels are queued asynchronously */
-            replies = NULL;
-            pthread_mutex_lock(&d->lock);
-            colld_gpu_launched(d, gpu_launch, &replies);
-            pthread_mutex_unlock(&d->lock);
-            colld_replies_send(replies);
-        }
-
-        if (batch) {
-            for (coll_t *k = batch; k; k = k->next) {
-                k->start_ns = colld_now_ns();
-                k->status = execute(d, k);
-                k->end_ns = colld_now_ns();
-            }
-            pthread_mutex_lock(&d->lock);
-            while (batch) {
-                coll_t *k = batch;
-                batch = k->next;
-                colld_engine_finish(d, k);
-            }
-            pthread_mutex_unlock(&d->lock);
-        }
         uint64_t now = colld_now_ns();
         if (work) {
             last_work = now;
