@@ -359,6 +359,16 @@ static colld_status_t post(colld_comm_t *comm, colld_kind_t kind, const void *se
             return post_gpu(comm, kind, sendbuf, send_bytes, recvbuf, recv_bytes, count, dtype, op, reduces, root,
                             NULL);
     }
+    /* The daemon takes only element-aligned offsets (its kernels load whole elements): memory of
+     * colld_mem_alloc at a misaligned address is staged like any other pointer. */
+    if (ls == 0 && send_bytes && sqe.send.offset % es) {
+        ls = -1;
+        memset(&sqe.send, 0, sizeof(sqe.send));
+    }
+    if (lr == 0 && recv_bytes && sqe.recv.offset % es) {
+        lr = -1;
+        memset(&sqe.recv, 0, sizeof(sqe.recv));
+    }
     char why[256];
     if (colld__fast_eligible(comm, kind, count, dtype)) {
         if (colld__group_active()) {

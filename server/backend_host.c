@@ -44,13 +44,15 @@ struct colld_host_pool {
     int busy;                   /* workers inside the current job */
 };
 
-/* Copy len bytes to every destination that is not the source itself (in-place). */
+/* Copy len bytes to every destination that is not the source itself (in-place). memmove: one
+ * process may hold several ranks whose buffers share a registration, and admission checks only
+ * each rank's own pair of buffers. */
 static void copy_to_all(const char *src, char *const *dst, int n, size_t offset, size_t len)
 {
     for (int r = 0; r < n; r++) {
         char *d = dst[r] + offset;
         if (d != src)
-            memcpy(d, src, len);
+            memmove(d, src, len);
     }
 }
 
