@@ -3,16 +3,18 @@
 BUILD      ?= build
 BUILD_ASAN ?= build-asan
 BUILD_TSAN ?= build-tsan
+BUILD_FUZZ ?= build-fuzz
+FUZZ_SECONDS ?= 600
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
 # Debian 12 packages needed to build colld and run its tests.
 DEB_PACKAGES = gcc make cmake ninja-build pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
-               libuv1-dev libssl-dev libcmocka-dev
+               libuv1-dev libssl-dev libcmocka-dev clang libclang-rt-14-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build demo test test-asan test-tsan clean
+.PHONY: all deps build demo test test-asan test-tsan test-fuzz fuzz clean
 
 all: build
 
@@ -53,8 +55,24 @@ test-tsan: deps
 	COLLD_TEST_NO_BIG=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  ctest --test-dir $(BUILD_TSAN) --output-on-failure --timeout 1200 -L integration
 
+# The libFuzzer harnesses (tests/fuzz, clang with ASan+UBSan): `make test-fuzz` is CI's smoke run
+# (30 s each); `make fuzz` runs each for FUZZ_SECONDS (default 600). New inputs stay in
+# $(BUILD_FUZZ)/tests/fuzz/work, crashes in $(BUILD_FUZZ)/tests/fuzz/artifacts.
+$(BUILD_FUZZ)/build.ninja:
+	CC=clang cmake -S . -B $(BUILD_FUZZ) -G Ninja -DCOLLD_WERROR=ON -DCOLLD_FUZZ=ON -DCOLLD_ENABLE_CUDA=OFF
+
+test-fuzz: deps $(BUILD_FUZZ)/build.ninja
+	cmake -S . -B $(BUILD_FUZZ) -DCOLLD_FUZZ_SECONDS=30
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzzers
+	ctest --test-dir $(BUILD_FUZZ) --output-on-failure -L fuzz
+
+fuzz: deps $(BUILD_FUZZ)/build.ninja
+	cmake -S . -B $(BUILD_FUZZ) -DCOLLD_FUZZ_SECONDS=$(FUZZ_SECONDS)
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzzers
+	ctest --test-dir $(BUILD_FUZZ) --output-on-failure -L fuzz
+
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN) $(BUILD_FUZZ)
 
 # `make bench`: colld against OpenMPI and the memory-bandwidth bound in one run (bench/compare.sh,
 # issue 5); raw results, ratios and plots in $(BENCH_RESULTS). BENCH_ARGS="--quick" for a smoke run.

@@ -148,7 +148,7 @@ static int session_send_error(colld_session_t *s, uint16_t type, colld_status_t 
 
 /* Create the session's shared memory (sealed so the client cannot shrink it under the daemon)
  * and its eventfd. Returns 0 or -1. */
-static int session_make_rings(colld_session_t *s)
+int colld_session_make_rings(colld_session_t *s)
 {
     uint32_t entries = (uint32_t)s->daemon->cfg.ring_entries;
     size_t hdr = (sizeof(colld_wire_shm_t) + 4095) & ~(size_t)4095;
@@ -211,7 +211,7 @@ static int session_on_hello(colld_session_t *s, const colld_wire_msg_t *m)
     pthread_mutex_lock(&d->lock);
     s->role = m->u.hello.role == COLLD_ROLE_ADMIN ? COLLD_ROLE_ADMIN : COLLD_ROLE_CLIENT;
     colld_strlcpy(s->name, name, sizeof(s->name));
-    int rc = colld_random_bytes(s->token, sizeof(s->token)) < 0 || session_make_rings(s) < 0 ? -1 : 0;
+    int rc = colld_random_bytes(s->token, sizeof(s->token)) < 0 || colld_session_make_rings(s) < 0 ? -1 : 0;
     if (rc == 0)
         rc = colld_engine_add_session(d, s);
     pthread_mutex_unlock(&d->lock);
@@ -520,22 +520,17 @@ static void session_on_close(uv_handle_t *h)
     pthread_mutex_unlock(&d->lock);
 }
 
-/* A session is over (socket closed, protocol error, daemon stopping): its ranks leave their
- * communicators (peers get PEER_LOST), its unused unique ids go, and the engine forgets it. */
-static void session_drop(colld_session_t *s, const char *why)
+/* The daemon's side of a session ending (lock held): its ranks leave their communicators (peers
+ * get PEER_LOST), its unused unique ids go, the engine forgets it and it leaves the session list.
+ * The list's reference is the caller's to drop. */
+void colld_session_forget(colld_session_t *s, const char *why, colld_reply_t **replies)
 {
     colld_daemon_t *d = s->daemon;
-    colld_reply_t *replies = NULL;
-    pthread_mutex_lock(&d->lock);
-    if (!s->poll_active) {
-        pthread_mutex_unlock(&d->lock);
-        return;
-    }
     s->dead = true;
     LOG_INFO(SESSION, "session %llu (pid %d) ended: %s", (unsigned long long)s->id, (int)s->pid, why);
     if (s->shm && s->role == COLLD_ROLE_CLIENT)
         colld_event(d, "session_detached", NULL, -1, s->pid, s->id, s->uid, COLLD_OK, "%s: %s", s->name, why);
-    colld_comm_session_gone(d, s, &replies);
+    colld_comm_session_gone(d, s, replies);
     for (colld_issued_uid_t **pp = &d->uids; *pp;) {
         colld_issued_uid_t *u = *pp;
         if (u->owner == s) {
@@ -552,6 +547,20 @@ static void session_drop(colld_session_t *s, const char *why)
             d->nsessions--;
             break;
         }
+}
+
+/* A session is over (socket closed, protocol error, daemon stopping): the daemon forgets it and
+ * the loop stops watching its socket. */
+static void session_drop(colld_session_t *s, const char *why)
+{
+    colld_daemon_t *d = s->daemon;
+    colld_reply_t *replies = NULL;
+    pthread_mutex_lock(&d->lock);
+    if (!s->poll_active) {
+        pthread_mutex_unlock(&d->lock);
+        return;
+    }
+    colld_session_forget(s, why, &replies);
     s->poll_active = false;
     pthread_mutex_unlock(&d->lock);
     colld_replies_send(replies);

@@ -1,0 +1,178 @@
+/*
+ * core_fixture.c - the daemon core in-process (see core_fixture.h).
+ */
+#include "tests/fuzz/core_fixture.h"
+
+#include "common/log.h"
+#include "common/ring.h"
+#include "common/util.h"
+#include "server/tenant.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+int fix_start(fix_t *f, uint64_t fast_path_bytes)
+{
+    memset(f, 0, sizeof(*f));
+    colld_daemon_t *d = &f->d;
+    char err[256];
+    char arg0[] = "colld-fuzz";
+    char *argv[] = { arg0, NULL };
+    colld_log_init("colld-fuzz", "none", NULL, NULL, err, sizeof(err)); /* inputs fail by design: no log */
+    pthread_mutex_init(&d->lock, NULL);
+    d->listen_fd = d->lock_fd = d->epfd = d->wake_fd = -1;
+    if (colld_config_load(colld_daemon_config_table, colld_daemon_config_table_len, &d->cfg, 1, argv, err,
+                          sizeof(err)) != 0)
+        return -1;
+    d->cfg.workers = 1;
+    d->cfg.fast_path_bytes = fast_path_bytes;
+    d->cfg.ring_entries = 16; /* small rings: full rings are reached quickly */
+    if (uv_loop_init(&d->loop) != 0 || uv_async_init(&d->loop, &d->async, NULL) != 0)
+        return -1;
+    if (colld_metrics_create(d) < 0 || colld_host_pool_create(1, d->cfg.parallel_min_bytes, &d->pool) < 0)
+        return -1;
+    d->engine_running = true;
+    return 0;
+}
+
+colld_session_t *fix_session(fix_t *f, uid_t uid, uint8_t fill)
+{
+    colld_daemon_t *d = &f->d;
+    if (f->nsessions >= FIX_MAX_SESSIONS)
+        return NULL;
+    colld_session_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->daemon = d;
+    s->fd = s->shm_fd = s->efd = s->pending_fd = s->gpu_flags_fd = -1;
+    s->pid = 1000 + f->nsessions;
+    s->uid = uid;
+    s->refs = 2; /* the session list's and the fixture's (f->s[] stays valid until fix_stop) */
+    s->id = ++d->next_session_id;
+    if (colld_session_make_rings(s) < 0) {
+        free(s);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < FIX_REGS; i++) {
+        colld_reg_t *r = calloc(1, sizeof(*r));
+        void *p = mmap(NULL, FIX_REG_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (!r || p == MAP_FAILED) {
+            free(r);
+            if (p != MAP_FAILED)
+                munmap(p, FIX_REG_BYTES);
+            break;
+        }
+        memset(p, fill, FIX_REG_BYTES);
+        r->id = ++s->next_reg_id;
+        r->base = p;
+        r->size = FIX_REG_BYTES;
+        r->refs = 1;
+        r->daemon = d;
+        r->next = s->regs;
+        s->regs = r;
+        s->registered_bytes += FIX_REG_BYTES;
+    }
+    pthread_mutex_lock(&d->lock);
+    s->next = d->sessions;
+    d->sessions = s;
+    d->nsessions++;
+    pthread_mutex_unlock(&d->lock);
+    f->s[f->nsessions++] = s;
+    return s;
+}
+
+colld_dcomm_t *fix_comm(fix_t *f, int nranks, int timeout_ms)
+{
+    colld_daemon_t *d = &f->d;
+    uint8_t uid[COLLD_WIRE_UNIQUE_ID_BYTES];
+    colld_reply_t *replies = NULL;
+    colld_dcomm_t *c = NULL;
+    if (nranks > f->nsessions)
+        return NULL;
+    pthread_mutex_lock(&d->lock);
+    if (colld_comm_issue_uid(d, f->s[0], uid) == COLLD_OK) {
+        for (int r = 0; r < nranks; r++)
+            colld_comm_join(d, f->s[r], uid, nranks, r, timeout_ms, "fuzz", NULL, &replies);
+        for (colld_dcomm_t *x = d->comms; x; x = x->next)
+            if (memcmp(x->unique_id, uid, sizeof(uid)) == 0 && x->state == COLLD_COMM_READY)
+                c = x;
+    }
+    pthread_mutex_unlock(&d->lock);
+    colld_replies_send(replies);
+    return c;
+}
+
+bool fix_post(fix_t *f, colld_session_t *s, const colld_wire_sqe_t *sqe)
+{
+    (void)f;
+    /* The client's own head is the shared one: this fixture is the only producer. */
+    uint64_t head = COLLD_LOAD_RLX(&s->shm->sq.head);
+    int64_t space = colld_ring_space(&s->shm->sq, head, s->entries);
+    if (space <= 0)
+        return false;
+    s->sqes[head & (s->entries - 1)] = *sqe;
+    COLLD_STORE_SC(&s->shm->sq.head, head + 1);
+    return true;
+}
+
+int fix_reap(fix_t *f, colld_session_t *s)
+{
+    (void)f;
+    uint64_t tail = COLLD_LOAD_RLX(&s->shm->cq.tail);
+    int64_t avail = colld_ring_avail(&s->shm->cq, tail, s->entries);
+    if (avail <= 0)
+        return 0;
+    COLLD_STORE_SC(&s->shm->cq.tail, tail + (uint64_t)avail);
+    return (int)avail;
+}
+
+void fix_session_end(fix_t *f, colld_session_t *s)
+{
+    colld_daemon_t *d = &f->d;
+    colld_reply_t *replies = NULL;
+    pthread_mutex_lock(&d->lock);
+    if (s->dead) {
+        pthread_mutex_unlock(&d->lock);
+        return;
+    }
+    colld_session_forget(s, "the fixture ended it", &replies);
+    colld_session_unref(s);
+    pthread_mutex_unlock(&d->lock);
+    colld_replies_send(replies);
+}
+
+void fix_stop(fix_t *f)
+{
+    colld_daemon_t *d = &f->d;
+    for (int i = 0; i < f->nsessions; i++)
+        fix_session_end(f, f->s[i]);
+    /* Collectives of ended sessions finish (and release their references) in the next rounds. */
+    for (int i = 0; i < 4 && d->comms; i++)
+        colld_engine_run_once(d);
+    pthread_mutex_lock(&d->lock);
+    for (int i = 0; i < f->nsessions; i++)
+        colld_session_unref(f->s[i]);
+    pthread_mutex_unlock(&d->lock);
+    d->engine_running = false;
+    colld_host_pool_destroy(d->pool);
+    while (d->op_free) {
+        colld_op_t *op = d->op_free;
+        d->op_free = op->next;
+        free(op);
+    }
+    while (d->uids) {
+        colld_issued_uid_t *u = d->uids;
+        d->uids = u->next;
+        free(u);
+    }
+    colld_metrics_destroy(d);
+    colld_tenants_free(d);
+    colld_policy_free(d);
+    uv_close((uv_handle_t *)&d->async, NULL);
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&d->loop);
+    colld_config_free(colld_daemon_config_table, colld_daemon_config_table_len, &d->cfg);
+    pthread_mutex_destroy(&d->lock);
+}

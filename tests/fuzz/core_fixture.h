@@ -1,0 +1,43 @@
+/*
+ * core_fixture.h - the daemon core in-process, for fuzzers and in-process tests: a colld_daemon_t
+ * with its configuration defaults, metrics, a one-thread host pool and an engine that runs a round
+ * at a time on the caller's thread (colld_engine_run_once); sessions with their rings in memory
+ * (the memory a client would map: tests write descriptors into it as a client, or garbage as a
+ * hostile one); registrations of anonymous shared memory; communicators formed through the real
+ * registry (colld_comm_issue_uid / colld_comm_join). No sockets, no threads but the caller's, no
+ * gRPC. Everything the core does from here on is its own code.
+ */
+#ifndef COLLD_TESTS_CORE_FIXTURE_H
+#define COLLD_TESTS_CORE_FIXTURE_H
+
+#include "server/daemon.h"
+
+#define FIX_MAX_SESSIONS 8
+#define FIX_REGS 2            /* registrations per session, ids 1 and 2 */
+#define FIX_REG_BYTES 65536   /* bytes each */
+
+typedef struct {
+    colld_daemon_t d;
+    colld_session_t *s[FIX_MAX_SESSIONS];
+    int nsessions;
+} fix_t;
+
+/* Start a core. `fast_path_bytes` sets --fast-path-bytes (0: no fast areas). Returns 0 or -1. */
+int fix_start(fix_t *f, uint64_t fast_path_bytes);
+/* A new session of uid `uid` with FIX_REGS registrations (filled with `fill`). NULL when full. */
+colld_session_t *fix_session(fix_t *f, uid_t uid, uint8_t fill);
+/* Form a communicator of the first `nranks` sessions, rank i = session i (each one join, as the
+ * CommInit RPC makes it). Returns the communicator (ready) or NULL. */
+colld_dcomm_t *fix_comm(fix_t *f, int nranks, int timeout_ms);
+/* Publish a descriptor in a session's submission ring as a client does (lock not held). Returns
+ * false when the ring is full. */
+bool fix_post(fix_t *f, colld_session_t *s, const colld_wire_sqe_t *sqe);
+/* Consume every completion of a session as a client does; returns how many. */
+int fix_reap(fix_t *f, colld_session_t *s);
+/* End a session as its socket closing would (its ranks leave, peers get PEER_LOST). The session
+ * object stays valid (dead) until fix_stop. */
+void fix_session_end(fix_t *f, colld_session_t *s);
+/* End every session, run the engine until nothing is left, free everything. */
+void fix_stop(fix_t *f);
+
+#endif /* COLLD_TESTS_CORE_FIXTURE_H */
