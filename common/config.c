@@ -521,3 +521,102 @@ void colld_config_print_help(FILE *out, const char *usage, const colld_config_en
     }
     fprintf(out, "  -h, --help\n      print this help and exit\n");
 }
+
+/* Write one option's current value as config file text into buf (sizes in the largest K/M/G unit
+ * that divides them exactly, so the file reads as the defaults do). */
+static void format_value(const colld_config_entry_t *e, const void *obj, char *buf, size_t len)
+{
+    const void *field = (const char *)obj + e->offset;
+    switch (e->type) {
+    case COLLD_CFG_STRING: {
+        const char *v = *(char *const *)field;
+        snprintf(buf, len, "%s", v ? v : "");
+        return;
+    }
+    case COLLD_CFG_INT:
+        snprintf(buf, len, "%" PRId64, *(const int64_t *)field);
+        return;
+    case COLLD_CFG_BOOL:
+        snprintf(buf, len, "%s", *(const bool *)field ? "true" : "false");
+        return;
+    case COLLD_CFG_SIZE: {
+        uint64_t v = *(const uint64_t *)field;
+        static const char units[] = "KMG";
+        int u = -1;
+        while (u < 2 && v && v % 1024 == 0) {
+            v /= 1024;
+            u++;
+        }
+        if (u < 0)
+            snprintf(buf, len, "%" PRIu64, v);
+        else
+            snprintf(buf, len, "%" PRIu64 "%c", v, units[u]);
+        return;
+    }
+    }
+    snprintf(buf, len, "?");
+}
+
+/* Print `text` as "# " comment lines of at most about 96 columns, broken at spaces. */
+static void print_comment(FILE *out, const char *text)
+{
+    const size_t width = 94;
+    while (*text) {
+        size_t len = strlen(text);
+        if (len > width) {
+            len = width;
+            while (len > 0 && text[len] != ' ')
+                len--;
+            if (len == 0) /* one word longer than the line */
+                len = strcspn(text, " ");
+        }
+        fprintf(out, "# %.*s\n", (int)len, text);
+        text += len;
+        while (*text == ' ')
+            text++;
+    }
+}
+
+/* Compare every option with a defaults-only copy and print each with its documentation. */
+void colld_config_print_file(FILE *out, const char *header, const colld_config_entry_t *table, size_t n,
+                             const void *obj)
+{
+    char value[PATH_MAX + 64], def[PATH_MAX + 64];
+    if (header && *header)
+        fprintf(out, "%s\n", header);
+    for (size_t i = 0; i < n; i++) {
+        const colld_config_entry_t *e = &table[i];
+        format_value(e, obj, value, sizeof(value));
+        /* The default in the same normal form (a size default "1M" stays "1M"). */
+        if (e->type == COLLD_CFG_STRING || !e->def || !*e->def)
+            snprintf(def, sizeof(def), "%s", e->def ? e->def : (e->type == COLLD_CFG_STRING ? "" : "0"));
+        else
+            snprintf(def, sizeof(def), "%s", e->def);
+        bool is_default;
+        if (e->type == COLLD_CFG_STRING) {
+            is_default = strcmp(value, def) == 0;
+        } else {
+            /* Numbers: parse the default the way the loader does and compare the values. */
+            char parsed[PATH_MAX + 64], err[64];
+            uint64_t scratch[2] = { 0, 0 };
+            colld_config_entry_t copy = *e;
+            copy.offset = 0;
+            is_default = set_value(&copy, scratch, "default", def, err, sizeof(err)) == 0;
+            if (is_default) {
+                format_value(&copy, scratch, parsed, sizeof(parsed));
+                is_default = strcmp(parsed, value) == 0;
+            }
+        }
+        fprintf(out, "\n");
+        print_comment(out, e->doc ? e->doc : "");
+        fprintf(out, "# (--%s%s%s, default %s)\n", e->name, e->env ? ", env " : "", e->env ? e->env : "",
+                *def ? def : "none");
+        bool quote = *value && (strchr(value, '#') || isspace((unsigned char)value[0]) ||
+                                isspace((unsigned char)value[strlen(value) - 1]));
+        const char *q = quote ? (strchr(value, '"') ? "'" : "\"") : "";
+        if (!*value)
+            fprintf(out, "%s%s =\n", is_default ? "#" : "", e->name);
+        else
+            fprintf(out, "%s%s = %s%s%s\n", is_default ? "#" : "", e->name, q, value, q);
+    }
+}

@@ -43,6 +43,14 @@ void colld_config_free(const colld_config_entry_t *table, size_t n, void *obj);
 /* Print every option: flag, environment name, default and doc, one block per option. */
 void colld_config_print_help(FILE *out, const char *usage, const colld_config_entry_t *table, size_t n);
 
+/* Print obj as a config file (colld --print-config): `header` (each line already a "# " comment,
+ * may be NULL), then per option its doc, environment name and default as comments and the line
+ * "name = value". Options whose value equals the default are printed commented out, so the output
+ * of a default configuration is the annotated list of every option, and loading it back gives the
+ * same configuration. Values containing '#' or white space at either end are quoted. */
+void colld_config_print_file(FILE *out, const char *header, const colld_config_entry_t *table, size_t n,
+                             const void *obj);
+
 /* Read one environment variable through the config module (for the client library, which has
  * no argv). Returns NULL when unset or empty. */
 const char *colld_config_env(const char *name);

@@ -107,6 +107,10 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       OPT(fast_path_bytes), 0, 0 },
     { "socket-mode", "COLLD_SOCKET_MODE", COLLD_CFG_STRING, "0660", "permission bits of both sockets, in octal",
       OPT(socket_mode_text), 0, 0 },
+    { "drain-timeout-ms", "COLLD_DRAIN_TIMEOUT_MS", COLLD_CFG_INT, "0",
+      "on SIGTERM, refuse new communicators and let the running ones finish for up to this long before stopping "
+      "(ms; a second SIGTERM or SIGINT stops at once); 0 = stop at once",
+      OPT(drain_timeout_ms), 0, 86400000 },
 };
 
 const size_t colld_daemon_config_table_len = sizeof(colld_daemon_config_table) / sizeof(colld_daemon_config_table[0]);

@@ -19,7 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define DAEMON_VERSION "0.1.0"
+#define DAEMON_VERSION COLLD_VERSION_STRING /* the CMake project version */
 
 /* Look up the session of a request (lock held). Answers the call with an error and returns NULL
  * when the reference is missing or unknown. */
@@ -128,6 +128,11 @@ static void on_comm_init(colld_rpc_call_t *call, const ProtobufCMessage *msg, vo
     if (s && req->unique_id.len != COLLD_WIRE_UNIQUE_ID_BYTES) {
         status = COLLD_ERR_INVALID_ARGUMENT;
         detail = "malformed unique id";
+    } else if (s && d->draining) {
+        status = COLLD_ERR_DAEMON_UNAVAILABLE;
+        detail = "colld is draining before it stops (a restart or an upgrade): it forms no new communicators; the "
+                 "running ones go on until they finish or the drain deadline. Create the communicator once the "
+                 "daemon is back";
     }
     if (status == COLLD_OK)
         colld_comm_join(d, s, req->unique_id.data, req->nranks, req->rank, req->timeout_ms, req->name, call,

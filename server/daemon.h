@@ -87,6 +87,7 @@ typedef struct {
     char *net_algo_text;    /* auto, ring or rd */
     int net_algo;           /* COLLD_NET_ALGO_* parsed from net_algo_text */
     uint64_t fast_path_bytes; /* per-rank inputs up to this run on the fast area (0: off) */
+    int64_t drain_timeout_ms; /* SIGTERM drains this long before stopping (0: stop at once) */
 } colld_daemon_config_t;
 
 /* Inter-node all-reduce algorithm (policy override; auto chooses by size). */
@@ -281,6 +282,12 @@ struct colld_daemon {
     char lock_path[256], rpc_path[256], rpc_addr[272];
     int64_t started_ms;
     bool stopping;
+    /* Draining (main.c): set under lock; new communicators are refused (control.c) and /readyz
+     * answers 503 until the daemon stops at drain_deadline_ms (wall clock) or earlier. */
+    bool draining;
+    int64_t drain_deadline_ms;
+    uv_timer_t drain_timer;   /* loop: checks whether the drain is done */
+    uv_timer_t watchdog;      /* loop: WATCHDOG=1 to systemd (notify.c), when it asks for it */
 
     colld_rpc_server_t *rpc;
     colld_session_t *sessions;

@@ -2,10 +2,15 @@
  * main.c - the colld daemon: configuration, the lock file, start-up and graceful shutdown.
  *
  * Start-up order: engine, gRPC control plane, and last the session socket, so that a client that
- * can connect to the session socket finds everything else ready. SIGTERM/SIGINT end every session
- * (clients report COLLD_ERR_DAEMON_LOST), stop the control plane and the engine, and exit 0.
+ * can connect to the session socket finds everything else ready; then READY=1 to systemd.
+ * SIGINT, and SIGTERM with --drain-timeout-ms 0, end every session (clients report
+ * COLLD_ERR_DAEMON_LOST), stop the control plane and the engine, and exit 0. SIGTERM with a drain
+ * timeout first drains: new communicators are refused (control.c), the running ones go on until
+ * none is left or the timeout passes, then the daemon stops as above; a second SIGTERM stops it
+ * at once.
  */
 #include "server/daemon.h"
+#include "server/notify.h"
 #include "server/tenant.h"
 
 #include "common/log.h"
@@ -22,8 +27,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char USAGE[] = "usage: colld [options]\n"
-                            "Runs the colld collective offload daemon in the foreground.\n";
+static const char USAGE[] =
+    "usage: colld [options]\n"
+    "Runs the colld collective offload daemon in the foreground.\n"
+    "\n"
+    "  --version       print the version and exit\n"
+    "  --print-config  print the configuration the other options give, as a config file with every\n"
+    "                  option documented (defaults commented out), and exit\n"
+    "\n"
+    "Signals: SIGTERM drains for up to --drain-timeout-ms, then stops (a second SIGTERM stops at\n"
+    "once); SIGINT stops at once. Stopping ends every session: clients get COLLD_ERR_DAEMON_LOST.";
+
+/* Drain progress is checked this often. */
+#define DRAIN_POLL_MS 100
 
 /* Create the socket's directory (and its parents) if missing. */
 static int make_parent_dirs(const char *path)
@@ -131,22 +147,89 @@ static int finish_config(colld_daemon_t *d)
     return 0;
 }
 
-/* SIGTERM/SIGINT: end every session, stop the control plane and the engine, let the loop end. */
-static void on_signal(uv_signal_t *h, int signum)
+/* End every session, stop the control plane and the engine, close the loop's handles so that
+ * uv_run returns. */
+static void stop_now(colld_daemon_t *d)
 {
-    colld_daemon_t *d = h->data;
-    if (d->stopping)
-        return;
     d->stopping = true;
-    LOG_INFO(INIT, "signal %d: shutting down", signum);
+    colld_notify_stopping("stopping: ending every session");
     colld_metrics_stop(d);
     colld_sessions_close_all(d);
     colld_control_stop(d);
     colld_cluster_stop(d);
     colld_engine_stop(d);
+    colld_notify_close(d);
+    uv_timer_stop(&d->drain_timer);
+    uv_close((uv_handle_t *)&d->drain_timer, NULL);
     uv_close((uv_handle_t *)&d->async, NULL);
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
+}
+
+/* Communicators a drain waits for: those forming or formed (broken and closing ones can run
+ * nothing any more). Lock held. */
+static unsigned running_comms(const colld_daemon_t *d)
+{
+    unsigned n = 0;
+    for (const colld_dcomm_t *c = d->comms; c; c = c->next)
+        if (c->state == COLLD_COMM_JOINING || c->state == COLLD_COMM_READY)
+            n++;
+    return n;
+}
+
+/* The drain's timer: stop once no communicator runs or the deadline has passed. */
+static void on_drain_tick(uv_timer_t *t)
+{
+    colld_daemon_t *d = t->data;
+    pthread_mutex_lock(&d->lock);
+    unsigned left = running_comms(d);
+    pthread_mutex_unlock(&d->lock);
+    int64_t now = colld_wall_ms();
+    if (left == 0) {
+        LOG_WARN(INIT, "drain: no communicator left, stopping");
+    } else if (now >= d->drain_deadline_ms) {
+        LOG_WARN(INIT, "drain: deadline reached with %u communicator(s) still running; stopping (their ranks get "
+                       "COLLD_ERR_DAEMON_LOST)",
+                 left);
+    } else {
+        char status[128];
+        snprintf(status, sizeof(status), "draining: %u communicator(s) running, stopping in at most %lld s", left,
+                 (long long)((d->drain_deadline_ms - now + 999) / 1000));
+        colld_notify_status(status);
+        return;
+    }
+    stop_now(d);
+}
+
+/* Start draining: refuse new communicators from now on and check every DRAIN_POLL_MS whether the
+ * running ones are done. */
+static void start_drain(colld_daemon_t *d)
+{
+    pthread_mutex_lock(&d->lock);
+    d->draining = true;
+    d->drain_deadline_ms = colld_wall_ms() + d->cfg.drain_timeout_ms;
+    unsigned left = running_comms(d);
+    pthread_mutex_unlock(&d->lock);
+    LOG_WARN(INIT, "SIGTERM: draining: new communicators are refused; %u running, stopping when they are done or in "
+                   "%lld ms at the latest (SIGTERM again to stop now)",
+             left, (long long)d->cfg.drain_timeout_ms);
+    colld_notify_stopping("draining: refusing new communicators");
+    uv_timer_start(&d->drain_timer, on_drain_tick, 0, DRAIN_POLL_MS);
+}
+
+/* SIGTERM drains first when --drain-timeout-ms is set; SIGINT, a second SIGTERM, or SIGTERM
+ * without a drain timeout stop at once. */
+static void on_signal(uv_signal_t *h, int signum)
+{
+    colld_daemon_t *d = h->data;
+    if (d->stopping)
+        return;
+    if (signum == SIGTERM && d->cfg.drain_timeout_ms > 0 && !d->draining) {
+        start_drain(d);
+        return;
+    }
+    LOG_INFO(INIT, "signal %d: shutting down", signum);
+    stop_now(d);
 }
 
 /* The engine asks the loop to drop sessions that broke the ring protocol. */
@@ -164,8 +247,38 @@ int main(int argc, char **argv)
     d.listen_fd = d.lock_fd = d.epfd = d.wake_fd = -1;
     pthread_mutex_init(&d.lock, NULL);
 
-    int cr = colld_config_load(colld_daemon_config_table, colld_daemon_config_table_len, &d.cfg, argc, argv, err,
+    /* --version and --print-config are commands, not options: taken out before the table sees
+     * the arguments. */
+    bool print_config = false;
+    int nargs = 0;
+    char **args = calloc((size_t)argc + 1, sizeof(*args));
+    if (!args) {
+        fprintf(stderr, "colld: out of memory\n");
+        goto out_cfg;
+    }
+    for (int i = 0; i < argc; i++) {
+        if (i > 0 && strcmp(argv[i], "--version") == 0) {
+            printf("colld %s\n", COLLD_VERSION_STRING);
+            free(args);
+            rc = 0;
+            goto out_cfg;
+        }
+        if (i > 0 && strcmp(argv[i], "--print-config") == 0)
+            print_config = true;
+        else
+            args[nargs++] = argv[i];
+    }
+    int cr = colld_config_load(colld_daemon_config_table, colld_daemon_config_table_len, &d.cfg, nargs, args, err,
                                sizeof(err));
+    free(args);
+    if (cr == 0 && print_config) {
+        printf("# colld %s configuration (colld --print-config). Every option of colld; the lines starting with\n"
+               "# '#name =' hold the default. Precedence: command line > environment (COLLD_*) > this file.\n",
+               COLLD_VERSION_STRING);
+        colld_config_print_file(stdout, NULL, colld_daemon_config_table, colld_daemon_config_table_len, &d.cfg);
+        rc = 0;
+        goto out_cfg;
+    }
     if (cr == 1) {
         colld_config_print_help(stdout, USAGE, colld_daemon_config_table, colld_daemon_config_table_len);
         rc = 0;
@@ -199,6 +312,9 @@ int main(int argc, char **argv)
     d.sigterm.data = &d;
     d.sigint.data = &d;
     uv_async_init(&d.loop, &d.async, on_async);
+    uv_timer_init(&d.loop, &d.drain_timer);
+    d.drain_timer.data = &d;
+    colld_notify_init(&d);
     uv_signal_init(&d.loop, &d.sigterm);
     uv_signal_init(&d.loop, &d.sigint);
     uv_signal_start(&d.sigterm, on_signal, SIGTERM);
@@ -231,8 +347,8 @@ int main(int argc, char **argv)
     }
     /* A start-up banner on stderr whatever the log level: someone running colld by hand sees it. */
     const char *metrics_url = colld_metrics_url(&d);
-    fprintf(stderr, "colld %d.%d: serving %s (control %s), host backend with %lld workers, %s kernels%s%s\n",
-            COLLD_VERSION_MAJOR, COLLD_VERSION_MINOR, d.cfg.socket, d.rpc_path, (long long)d.cfg.workers,
+    fprintf(stderr, "colld %s: serving %s (control %s), host backend with %lld workers, %s kernels%s%s\n",
+            COLLD_VERSION_STRING, d.cfg.socket, d.rpc_path, (long long)d.cfg.workers,
             colld_cpu_reduce_impl(), metrics_url ? ", metrics on " : "", metrics_url ? metrics_url : "");
     if (colld_gpu_count(&d) > 0)
         fprintf(stderr, "colld: CUDA backend on %d GPU(s)\n", colld_gpu_count(&d));
@@ -241,21 +357,16 @@ int main(int argc, char **argv)
     if (d.cluster)
         fprintf(stderr, "colld: node %s listening for peer daemons on %s\n", colld_cluster_node_name(&d),
                 colld_cluster_listen_addr(&d));
+    char ready[160];
+    snprintf(ready, sizeof(ready), "serving %s", d.cfg.socket);
+    colld_notify_ready(&d, ready);
     uv_run(&d.loop, UV_RUN_DEFAULT);
     rc = 0;
     fprintf(stderr, "colld: stopped\n");
     goto out_loop;
 
 out_stop:
-    d.stopping = true;
-    colld_metrics_stop(&d);
-    colld_sessions_close_all(&d);
-    colld_control_stop(&d);
-    colld_cluster_stop(&d);
-    colld_engine_stop(&d);
-    uv_close((uv_handle_t *)&d.async, NULL);
-    uv_close((uv_handle_t *)&d.sigterm, NULL);
-    uv_close((uv_handle_t *)&d.sigint, NULL);
+    stop_now(&d);
     uv_run(&d.loop, UV_RUN_DEFAULT);
 out_loop:
     uv_loop_close(&d.loop);

@@ -10,7 +10,11 @@
  * never drift from what `collctl status` shows.
  *
  * The endpoint (--metrics HOST:PORT, off by default) answers GET/HEAD /metrics with the text
- * exposition format 0.0.4 and closes the connection after every response. Debian 12 does not
+ * exposition format 0.0.4, /healthz (200 whenever the process answers) and /readyz (200 when the
+ * session socket, the control plane, the engine and, with --listen, the peer listener are up and
+ * the daemon is not draining or stopping; 503 naming what is not), and closes the connection
+ * after every response. Per-tenant series are bounded: the METRICS_TOP_TENANTS tenants with the
+ * most registered memory (then sessions) get their own uid label, the rest are summed as "other". Debian 12 does not
  * package llhttp (only Debian 13 does), and we only need the request line, so the request is
  * parsed by the small hand-written parser below: at most 8 KiB are read until the blank line
  * that ends the headers, anything else is answered with 400/404/405/431/505. Every connection
@@ -22,12 +26,14 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "server/daemon.h"
+#include "transport/tcp/tcp.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <netdb.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +45,9 @@
 #define HTTP_DEADLINE_MS 5000     /* a connection is closed this long after it was accepted */
 #define HTTP_MAX_CONNECTIONS 64   /* concurrent connections served; further ones are closed */
 #define METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+#define TEXT_CONTENT_TYPE "text/plain; charset=utf-8"
+#define METRICS_TOP_TENANTS 10    /* tenants with their own label; the others are "other" */
+#define METRICS_MAX_PEERS 1024    /* peer daemons listed one by one */
 
 /* ============================================================================================
  * Label spaces
@@ -355,6 +364,200 @@ static void walk_state(colld_daemon_t *d, state_gauges_t *g)
     }
 }
 
+/* The peer daemons, snapshotted from the transport before daemon->lock is taken (as collctl
+ * status does). */
+typedef struct {
+    colld_net_peer_info_t *peers; /* heap, NULL without --listen */
+    size_t n;
+    uint64_t sent, received, refused;
+} peer_snapshot_t;
+
+static void read_peers(colld_daemon_t *d, peer_snapshot_t *ps)
+{
+    memset(ps, 0, sizeof(*ps));
+    if (!d->cluster)
+        return;
+    ps->peers = calloc(METRICS_MAX_PEERS, sizeof(*ps->peers));
+    if (!ps->peers)
+        return;
+    size_t n = colld_cluster_peers(d, ps->peers, METRICS_MAX_PEERS, &ps->sent, &ps->received, &ps->refused);
+    ps->n = n < METRICS_MAX_PEERS ? n : METRICS_MAX_PEERS;
+}
+
+/* Append a label value: peers choose their names, so anything but printable ASCII becomes '?'
+ * and the exposition format's escapes are applied. */
+static void tb_label(textbuf_t *b, const char *v)
+{
+    char out[2 * COLLD_NET_ADDR_LEN + 2];
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)v; *p && o + 3 < sizeof(out); p++) {
+        if (*p == '\\' || *p == '"') {
+            out[o++] = '\\';
+            out[o++] = (char)*p;
+        } else
+            out[o++] = *p >= 0x20 && *p < 0x7f ? (char)*p : '?';
+    }
+    out[o] = '\0';
+    tb_printf(b, "%s", out);
+}
+
+/* One peer line: name{peer="..."} value. */
+static void peer_line(textbuf_t *b, const char *name, const colld_net_peer_info_t *p, int decimals, double v)
+{
+    tb_printf(b, "%s{peer=\"", name);
+    tb_label(b, p->name[0] ? p->name : p->addr);
+    tb_printf(b, "\"} %.*f\n", decimals, v);
+}
+
+/* Peer daemons and the links to them. HELP/TYPE lines are always written, so the families exist
+ * (empty) on a single-node daemon. */
+static void render_peers(textbuf_t *b, const peer_snapshot_t *ps)
+{
+    static const char *const states[] = { "connecting", "up", "lost" };
+    tb_family(b, "colld_peers", "gauge", "Peer daemons (multi-node) by the state of the links to them.");
+    for (size_t s = 0; s < COLLD_ARRAY_SIZE(states); s++) {
+        unsigned n = 0;
+        for (size_t i = 0; i < ps->n; i++)
+            n += ps->peers[i].state && strcmp(ps->peers[i].state, states[s]) == 0;
+        if (ps->peers)
+            tb_printf(b, "colld_peers{state=\"%s\"} %u\n", states[s], n);
+    }
+    tb_family(b, "colld_peer_up", "gauge", "1 while the links to this peer daemon are up, 0 while connecting or lost.");
+    for (size_t i = 0; i < ps->n; i++)
+        peer_line(b, "colld_peer_up", &ps->peers[i], 0,
+                  ps->peers[i].state && strcmp(ps->peers[i].state, "up") == 0 ? 1.0 : 0.0);
+    tb_family(b, "colld_peer_connections", "gauge", "Authenticated connections open to this peer daemon.");
+    for (size_t i = 0; i < ps->n; i++)
+        peer_line(b, "colld_peer_connections", &ps->peers[i], 0, (double)ps->peers[i].conns);
+    tb_family(b, "colld_peer_sent_bytes_total", "counter", "Bytes sent to this peer daemon (payload and headers).");
+    for (size_t i = 0; i < ps->n; i++)
+        peer_line(b, "colld_peer_sent_bytes_total", &ps->peers[i], 0, (double)ps->peers[i].bytes_sent);
+    tb_family(b, "colld_peer_received_bytes_total", "counter",
+              "Bytes received from this peer daemon (payload and headers).");
+    for (size_t i = 0; i < ps->n; i++)
+        peer_line(b, "colld_peer_received_bytes_total", &ps->peers[i], 0, (double)ps->peers[i].bytes_received);
+    tb_family(b, "colld_peer_send_bytes_per_second", "gauge", "Send rate to this peer over about the last second.");
+    for (size_t i = 0; i < ps->n; i++)
+        peer_line(b, "colld_peer_send_bytes_per_second", &ps->peers[i], 1, ps->peers[i].send_rate);
+    tb_family(b, "colld_peer_receive_bytes_per_second", "gauge",
+              "Receive rate from this peer over about the last second.");
+    for (size_t i = 0; i < ps->n; i++)
+        peer_line(b, "colld_peer_receive_bytes_per_second", &ps->peers[i], 1, ps->peers[i].recv_rate);
+    tb_family(b, "colld_net_payload_sent_bytes_total", "counter", "Collective payload bytes sent to peer daemons.");
+    tb_printf(b, "colld_net_payload_sent_bytes_total %llu\n", (unsigned long long)ps->sent);
+    tb_family(b, "colld_net_payload_received_bytes_total", "counter",
+              "Collective payload bytes received from peer daemons.");
+    tb_printf(b, "colld_net_payload_received_bytes_total %llu\n", (unsigned long long)ps->received);
+    tb_family(b, "colld_net_refused_connections_total", "counter",
+              "Connections to the peer port refused because they failed authentication.");
+    tb_printf(b, "colld_net_refused_connections_total %llu\n", (unsigned long long)ps->refused);
+}
+
+/* What one tenant (uid) holds, for the per-tenant families. */
+typedef struct {
+    uid_t uid;
+    uint64_t sessions, comms, registered_bytes;
+} tenant_row_t;
+
+static int tenant_by_uid(const void *a, const void *b)
+{
+    uid_t x = ((const tenant_row_t *)a)->uid, y = ((const tenant_row_t *)b)->uid;
+    return x < y ? -1 : x > y;
+}
+
+/* Most registered memory first, then most sessions, then the smaller uid (a stable order). */
+static int tenant_by_weight(const void *a, const void *b)
+{
+    const tenant_row_t *x = a, *y = b;
+    if (x->registered_bytes != y->registered_bytes)
+        return x->registered_bytes > y->registered_bytes ? -1 : 1;
+    if (x->sessions != y->sessions)
+        return x->sessions > y->sessions ? -1 : 1;
+    return x->uid < y->uid ? -1 : x->uid > y->uid;
+}
+
+/* Per-tenant gauges of the top METRICS_TOP_TENANTS tenants and "other" (lock held). One row per
+ * live session, sorted by uid and merged, so the cost is O(sessions log sessions). */
+static void render_tenants(colld_daemon_t *d, textbuf_t *b)
+{
+    size_t n = 0, cap = 0;
+    for (colld_session_t *s = d->sessions; s; s = s->next)
+        cap += !s->dead;
+    tenant_row_t *rows = cap ? calloc(cap, sizeof(*rows)) : NULL;
+    if (cap && !rows) {
+        b->failed = true;
+        return;
+    }
+    for (colld_session_t *s = d->sessions; s && n < cap; s = s->next)
+        if (!s->dead)
+            rows[n++] = (tenant_row_t){ .uid = s->uid, .sessions = 1, .comms = s->ncomms,
+                                        .registered_bytes = s->registered_bytes };
+    if (n)
+        qsort(rows, n, sizeof(*rows), tenant_by_uid);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (m && rows[m - 1].uid == rows[i].uid) {
+            rows[m - 1].sessions += rows[i].sessions;
+            rows[m - 1].comms += rows[i].comms;
+            rows[m - 1].registered_bytes += rows[i].registered_bytes;
+        } else
+            rows[m++] = rows[i];
+    }
+    if (m)
+        qsort(rows, m, sizeof(*rows), tenant_by_weight);
+    tenant_row_t other = { 0 };
+    for (size_t i = METRICS_TOP_TENANTS; i < m; i++) {
+        other.sessions += rows[i].sessions;
+        other.comms += rows[i].comms;
+        other.registered_bytes += rows[i].registered_bytes;
+    }
+    size_t top = m < METRICS_TOP_TENANTS ? m : METRICS_TOP_TENANTS;
+    static const struct {
+        const char *name, *help;
+        size_t offset;
+    } families[] = {
+        { "colld_tenant_sessions", "Client sessions of a tenant (uid); the tenants beyond the top ones are \"other\".",
+          offsetof(tenant_row_t, sessions) },
+        { "colld_tenant_comms", "Communicator memberships of a tenant's sessions.", offsetof(tenant_row_t, comms) },
+        { "colld_tenant_registered_bytes", "Memory a tenant has registered with the daemon.",
+          offsetof(tenant_row_t, registered_bytes) },
+    };
+    for (size_t f = 0; f < COLLD_ARRAY_SIZE(families); f++) {
+        tb_family(b, families[f].name, "gauge", families[f].help);
+        for (size_t i = 0; i < top; i++)
+            tb_printf(b, "%s{tenant=\"%u\"} %llu\n", families[f].name, (unsigned)rows[i].uid,
+                      (unsigned long long)*(const uint64_t *)((const char *)&rows[i] + families[f].offset));
+        if (m > top)
+            tb_printf(b, "%s{tenant=\"other\"} %llu\n", families[f].name,
+                      (unsigned long long)*(const uint64_t *)((const char *)&other + families[f].offset));
+    }
+    free(rows);
+}
+
+/* Stragglers: communicators whose slowest rank lags the first rank by at least
+ * COLLD_STRAGGLER_MIN_NS on average, and the largest such mean lag (lock held). */
+static void render_stragglers(colld_daemon_t *d, textbuf_t *b)
+{
+    uint64_t n = 0, worst_ns = 0;
+    for (colld_dcomm_t *c = d->comms; c; c = c->next) {
+        int r = colld_recorder_slowest(c);
+        if (r < 0)
+            continue;
+        n++;
+        uint64_t mean = c->ranks[r].late_sum_ns / c->ranks[r].late_samples;
+        if (mean > worst_ns)
+            worst_ns = mean;
+    }
+    tb_family(b, "colld_stragglers", "gauge",
+              "Communicators with a straggler: a rank that posts its collectives at least 0.1 ms behind the first "
+              "rank on average (collctl status names it).");
+    tb_printf(b, "colld_stragglers %llu\n", (unsigned long long)n);
+    tb_family(b, "colld_straggler_lag_max_seconds", "gauge",
+              "The largest mean lateness of a straggler behind the first rank of its communicator.");
+    tb_printf(b, "colld_straggler_lag_max_seconds %llu.%09llu\n", (unsigned long long)(worst_ns / 1000000000ull),
+              (unsigned long long)(worst_ns % 1000000000ull));
+}
+
 /* Write "<name>{kind=..,dtype=..,status=..} v" for every nonzero cell of a kind x dtype x status
  * table. */
 static void render_op_table(textbuf_t *b, const char *name, uint64_t (*t)[NDTYPE][NSTATUS])
@@ -368,7 +571,7 @@ static void render_op_table(textbuf_t *b, const char *name, uint64_t (*t)[NDTYPE
 }
 
 /* Render every metric (daemon->lock held by the caller). */
-static void render(colld_daemon_t *d, const process_info_t *p, textbuf_t *b)
+static void render(colld_daemon_t *d, const process_info_t *p, const peer_snapshot_t *ps, textbuf_t *b)
 {
     colld_metrics_t *m = d->metrics;
     state_gauges_t g;
@@ -435,6 +638,14 @@ static void render(colld_daemon_t *d, const process_info_t *p, textbuf_t *b)
     tb_printf(b, "colld_descriptors_in_flight %llu\n", (unsigned long long)g.in_flight);
     tb_family(b, "colld_registered_bytes", "gauge", "Bytes of client memory registered with the daemon now.");
     tb_printf(b, "colld_registered_bytes %llu\n", (unsigned long long)g.registered_bytes);
+    tb_family(b, "colld_draining", "gauge",
+              "1 while the daemon drains before stopping (SIGTERM with --drain-timeout-ms): new communicators are "
+              "refused.");
+    tb_printf(b, "colld_draining %d\n", d->draining ? 1 : 0);
+
+    render_stragglers(d, b);
+    render_tenants(d, b);
+    render_peers(b, ps);
 
     if (p->cpu_seconds >= 0) {
         tb_family(b, "process_cpu_seconds_total", "counter", "User and system CPU time of the daemon in seconds.");
@@ -589,6 +800,8 @@ static const char *reason_phrase(int code)
         return "Request Header Fields Too Large";
     case 500:
         return "Internal Server Error";
+    case 503:
+        return "Service Unavailable";
     case 505:
         return "HTTP Version Not Supported";
     }
@@ -596,8 +809,9 @@ static const char *reason_phrase(int code)
 }
 
 /* Send a response and close after it. body: heap memory the connection takes (may be NULL for
- * an error response, which then gets a one-line text body). head_only: HEAD, no body sent. */
-static void conn_respond(http_conn_t *c, int code, char *body, size_t body_len, bool head_only)
+ * an error response, which then gets a one-line text body). head_only: HEAD, no body sent. A 200
+ * is the metrics exposition unless `text` says it is plain text (/healthz, /readyz). */
+static void conn_respond_as(http_conn_t *c, int code, char *body, size_t body_len, bool head_only, bool text)
 {
     uv_read_stop((uv_stream_t *)&c->tcp);
     c->phase = CONN_WRITING;
@@ -616,12 +830,52 @@ static void conn_respond(http_conn_t *c, int code, char *body, size_t body_len, 
                      "%s"
                      "Connection: close\r\n"
                      "\r\n",
-                     code, reason_phrase(code), code == 200 ? METRICS_CONTENT_TYPE : "text/plain; charset=utf-8",
+                     code, reason_phrase(code), code == 200 && !text ? METRICS_CONTENT_TYPE : TEXT_CONTENT_TYPE,
                      body_len, code == 405 ? "Allow: GET, HEAD\r\n" : "");
     uv_buf_t bufs[2] = { uv_buf_init(c->head, (unsigned)n), uv_buf_init(body, (unsigned)body_len) };
     c->write_req.data = c;
     if (uv_write(&c->write_req, (uv_stream_t *)&c->tcp, bufs, head_only || !body_len ? 1 : 2, conn_on_write) < 0)
         conn_close(c);
+}
+
+static void conn_respond(http_conn_t *c, int code, char *body, size_t body_len, bool head_only)
+{
+    conn_respond_as(c, code, body, body_len, head_only, false);
+}
+
+/* /readyz: 200 "ready" when everything a client needs is up, else 503 naming what is not. Every
+ * condition is one the start-up establishes before the endpoint opens, or the shutdown drops. */
+static void conn_respond_ready(http_conn_t *c, bool head)
+{
+    colld_daemon_t *d = c->m->daemon;
+    char text[384];
+    size_t n = 0;
+    pthread_mutex_lock(&d->lock);
+    bool draining = d->draining;
+    pthread_mutex_unlock(&d->lock);
+    const struct {
+        bool bad;
+        const char *what;
+    } checks[] = {
+        { d->stopping, "stopping" },
+        { draining, "draining (new communicators are refused)" },
+        { d->listen_fd < 0, "the session socket is not listening" },
+        { !d->rpc, "the control plane is not serving" },
+        { !d->engine_running, "the engine is not running" },
+        { d->cfg.listen && *d->cfg.listen && !d->cluster, "the peer listener (--listen) is not up" },
+    };
+    for (size_t i = 0; i < COLLD_ARRAY_SIZE(checks); i++)
+        if (checks[i].bad)
+            n += (size_t)snprintf(text + n, sizeof(text) - n, "%s%s", n ? "; " : "not ready: ", checks[i].what);
+    if (!n)
+        snprintf(text, sizeof(text), "ready");
+    size_t len = strlen(text);
+    char *body = malloc(len + 2);
+    if (body) {
+        memcpy(body, text, len);
+        body[len++] = '\n';
+    }
+    conn_respond_as(c, n ? 503 : 200, body, body ? len : 0, head, true);
 }
 
 /* A token character of RFC 9110 (method names). */
@@ -679,7 +933,10 @@ static void conn_handle_request(http_conn_t *c, size_t end)
     }
     const char *q = memchr(target, '?', tlen);
     size_t plen = q ? (size_t)(q - target) : tlen;
-    if (plen != 8 || memcmp(target, "/metrics", 8) != 0) {
+    bool metrics = plen == 8 && memcmp(target, "/metrics", 8) == 0;
+    bool healthz = plen == 8 && memcmp(target, "/healthz", 8) == 0;
+    bool readyz = plen == 7 && memcmp(target, "/readyz", 7) == 0;
+    if (!metrics && !healthz && !readyz) {
         conn_respond(c, 404, NULL, 0, false);
         return;
     }
@@ -688,17 +945,29 @@ static void conn_handle_request(http_conn_t *c, size_t end)
         conn_respond(c, 405, NULL, 0, false);
         return;
     }
+    if (healthz) { /* the process answers: that is all it claims */
+        char *ok = strdup("ok\n");
+        conn_respond_as(c, 200, ok, ok ? 3 : 0, head, true);
+        return;
+    }
+    if (readyz) {
+        conn_respond_ready(c, head);
+        return;
+    }
 
     /* Render under the lock, send outside it. */
     colld_daemon_t *d = c->m->daemon;
     process_info_t pi;
+    peer_snapshot_t ps;
     textbuf_t b = { 0 };
     read_process_info(&pi);
+    read_peers(d, &ps);
     pthread_mutex_lock(&d->lock);
     for (colld_dcomm_t *x = d->comms; x; x = x->next)
         colld_fast_harvest(d, x); /* what the ranks ran on fast areas */
-    render(d, &pi, &b);
+    render(d, &pi, &ps, &b);
     pthread_mutex_unlock(&d->lock);
+    free(ps.peers);
     if (b.failed) {
         LOG_WARN(ADMIN, "metrics: out of memory rendering %zu bytes", b.cap);
         free(b.data);
