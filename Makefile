@@ -8,13 +8,23 @@ FUZZ_SECONDS ?= 600
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-# Debian 12 packages needed to build colld and run its tests.
+# Debian 12 packages needed to build colld and run its tests. libsystemd-dev: sd_notify for the
+# Type=notify unit (optional to the build). systemd, prometheus, help2man and groff-base are
+# deploy/check.sh's validators (the test deploy_check): systemd-analyze and systemd-sysusers,
+# promtool (on a host that runs systemd the prometheus package also enables a Prometheus server),
+# the man pages.
 DEB_PACKAGES = gcc make cmake ninja-build pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
-               libuv1-dev libssl-dev libcmocka-dev clang libclang-rt-14-dev
+               libuv1-dev libssl-dev libcmocka-dev clang libclang-rt-14-dev libsystemd-dev \
+               systemd prometheus help2man groff-base
+# node and npm for the Kubernetes schemas (deploy/kubernetes/validate.js): Debian's nodejs and npm,
+# installed only when no npm is on the PATH (a node from elsewhere may carry its own npm, which
+# Debian's npm package would conflict with). The npm packages themselves go into $(NPM_CACHE).
+NODE_PACKAGES = nodejs npm
+NPM_CACHE ?= .cache/deploy-npm
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build demo test test-asan test-tsan test-fuzz fuzz clean
+.PHONY: all deps build demo test test-asan test-tsan test-fuzz fuzz clean image
 
 all: build
 
@@ -23,10 +33,12 @@ deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing $(NODE_PACKAGES)"; \
 	if [ -n "$$missing" ]; then \
 	  echo "deps: installing$$missing"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	else echo "deps: all packages present"; fi
+	deploy/npm-deps.sh $(NPM_CACHE)
 
 $(BUILD)/build.ninja:
 	cmake -S . -B $(BUILD) -G Ninja -DCOLLD_WERROR=ON $(CMAKE_ARGS)
@@ -73,6 +85,18 @@ fuzz: deps $(BUILD_FUZZ)/build.ninja
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN) $(BUILD_FUZZ)
+
+# `make image`: the container image of deploy/container/Containerfile (Debian packages only),
+# with buildah where it is installed (apt-get install buildah), else podman or docker.
+IMAGE ?= colld:$(shell grep -o 'colld VERSION [0-9.]*' CMakeLists.txt | cut -d' ' -f3)
+image:
+	@if command -v buildah >/dev/null 2>&1; then \
+	  buildah build --layers -f deploy/container/Containerfile -t $(IMAGE) . ; \
+	elif command -v podman >/dev/null 2>&1; then \
+	  podman build -f deploy/container/Containerfile -t $(IMAGE) . ; \
+	elif command -v docker >/dev/null 2>&1; then \
+	  docker build -f deploy/container/Containerfile -t $(IMAGE) . ; \
+	else echo "image: needs buildah (apt-get install buildah), podman or docker" >&2; exit 1; fi
 
 # `make bench`: colld against OpenMPI and the memory-bandwidth bound in one run (bench/compare.sh,
 # issue 5); raw results, ratios and plots in $(BENCH_RESULTS). BENCH_ARGS="--quick" for a smoke run.

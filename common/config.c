@@ -614,7 +614,9 @@ void colld_config_print_file(FILE *out, const char *header, const colld_config_e
         bool quote = *value && (strchr(value, '#') || isspace((unsigned char)value[0]) ||
                                 isspace((unsigned char)value[strlen(value) - 1]));
         const char *q = quote ? (strchr(value, '"') ? "'" : "\"") : "";
-        if (!*value)
+        if (e == config_file_entry(table, n)) /* names the file: never set inside one */
+            fprintf(out, "#%s =\n", e->name);
+        else if (!*value)
             fprintf(out, "%s%s =\n", is_default ? "#" : "", e->name);
         else
             fprintf(out, "%s%s = %s%s%s\n", is_default ? "#" : "", e->name, q, value, q);

@@ -7,9 +7,15 @@
  * each line is formatted into a local buffer and handed to the kernel with a single write(), so
  * lines from different threads never interleave and a reconfiguration never closes a descriptor
  * that a writer is still using.
+ *
+ * When stderr is the systemd journal (systemd sets JOURNAL_STREAM to the device and inode of the
+ * stream it connected, which is how sd-daemon(3) says to recognise it) and no log file is set,
+ * lines carry a "<N>" syslog priority prefix instead of the timestamp, program name and pid that
+ * the journal records by itself.
  */
 #include "common/log.h"
 
+#include "common/config.h"
 #include "common/util.h"
 
 #include <ctype.h>
@@ -21,6 +27,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,8 +41,11 @@ unsigned colld__log_subsys = COLLD_SUB_ALL;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static int log_fd = STDERR_FILENO;          /* guarded by log_lock */
 static char log_program[LOG_PROGRAM_MAX];   /* guarded by log_lock; "" = not set yet */
+static bool log_journal;                    /* guarded by log_lock; stderr is the journal */
 
 static const char *const level_names[] = {"NONE", "ERROR", "WARN", "INFO", "DEBUG", "TRACE"};
+/* syslog priorities of the levels, for the journal: err, warning, info, debug, debug. */
+static const int level_priority[] = {6, 3, 4, 6, 7, 7};
 
 static const struct {
     const char *name;
@@ -177,6 +187,20 @@ static int expand_pattern(const char *pattern, char *out, size_t out_len, char *
  * Public functions
  * ---------------------------------------------------------------------------------------------- */
 
+/* Whether stderr is the stream systemd connected to the journal: JOURNAL_STREAM is
+ * "DEVICE:INODE" of that stream, and it is inherited by children whose stderr may be something
+ * else, so the descriptor itself is compared. */
+static bool stderr_is_journal(void)
+{
+    const char *v = colld_config_env("JOURNAL_STREAM");
+    unsigned long long dev, ino;
+    char tail;
+    struct stat st;
+    if (!v || sscanf(v, "%llu:%llu%c", &dev, &ino, &tail) != 2 || fstat(STDERR_FILENO, &st) != 0)
+        return false;
+    return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
 /* Parse everything first and open the new file, then swap the settings in under the lock, so a
  * bad argument leaves logging exactly as it was. */
 int colld_log_init(const char *program, const char *level, const char *subsys, const char *file,
@@ -204,6 +228,7 @@ int colld_log_init(const char *program, const char *level, const char *subsys, c
     pthread_mutex_lock(&log_lock);
     int old_fd = log_fd;
     log_fd = new_fd;
+    log_journal = new_fd == STDERR_FILENO && stderr_is_journal();
     if (program)
         colld_strlcpy(log_program, program, sizeof(log_program));
     __atomic_store_n(&colld__log_subsys, new_mask, __ATOMIC_RELAXED);
@@ -262,7 +287,13 @@ void colld__log(colld_log_level_t level, unsigned subsys, const char *file, int 
 
     pthread_mutex_lock(&log_lock);
     const char *program = log_program[0] ? log_program : program_invocation_short_name;
-    int n = snprintf(buf, sizeof(buf), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s[%ld] %s %s %s:%d ",
+    int n;
+    if (log_journal) /* the journal stamps time, program and pid itself */
+        n = snprintf(buf, sizeof(buf), "<%d>%s %s %s:%d ",
+                     level_priority[(size_t)level < COLLD_ARRAY_SIZE(level_priority) ? level : 0], lvl,
+                     subsys_name(subsys), base, line);
+    else
+        n = snprintf(buf, sizeof(buf), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s[%ld] %s %s %s:%d ",
                      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
                      ts.tv_nsec / 1000000L, program, (long)getpid(), lvl, subsys_name(subsys), base,
                      line);

@@ -13,24 +13,34 @@
  * recorder; events prints the daemon's events (and keeps printing them with --follow); policy shows
  * or changes per-tenant timeout caps and multi-node all-reduce algorithms (admin); abort fails a
  * communicator for every rank; peer disconnect closes the connections to a peer daemon (admin).
- * --json prints one JSON object (events: one per line).
+ * --json prints one JSON object (events: one per line), each starting with "schema_version"
+ * (JSON_SCHEMA_VERSION): it goes up whenever a field changes meaning or disappears, not when one
+ * is added. status --watch prints the status again every --interval seconds (default 2) until
+ * interrupted (or --count times), reconnecting when the daemon restarts.
  */
 #include "client/client_internal.h"
 #include "colld.pb-c.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+/* The version of collctl's --json objects (the "schema_version" field of each). */
+#define JSON_SCHEMA_VERSION 1
 
 static const char USAGE[] =
     "usage: collctl [--socket PATH] [--json] COMMAND [ARGS]\n"
     "\n"
     "Commands:\n"
-    "  status                     sessions and communicators of the daemon, slowest ranks; on a\n"
-    "                             multi-node daemon also its node and peer daemons\n"
+    "  status [--watch [--interval S] [--count N]]\n"
+    "                             sessions and communicators of the daemon, slowest ranks; on a\n"
+    "                             multi-node daemon also its node and peer daemons; --watch prints it\n"
+    "                             again every S seconds (default 2), N times or until interrupted\n"
     "  trace COMM                 flight recorder of communicator COMM: the last collectives, when each\n"
     "                             rank posted them, how they ended; per-rank lateness\n"
     "  events [--follow] [--backlog N] [--new]\n"
@@ -50,7 +60,9 @@ static const char USAGE[] =
     "Options:\n"
     "  --socket PATH  the daemon's socket (env COLLD_SOCKET; default /run/colld/colld.sock for root,\n"
     "                 $XDG_RUNTIME_DIR/colld.sock otherwise)\n"
-    "  --json         machine-readable output\n"
+    "  --json         machine-readable output: one JSON object (events, status --watch: one per\n"
+    "                 line), each with \"schema_version\"\n"
+    "  --version      print the version and exit\n"
     "  -h, --help     this text\n"
     "\n"
     "Exit status: 0 done, 1 the daemon refused or is unreachable, 2 bad command line.\n";
@@ -72,7 +84,7 @@ static void json_str(const char *s)
 
 static void print_json(const Colld__V1__StatusResponse *r)
 {
-    printf("{\"daemon_version\":");
+    printf("{\"schema_version\":%d,\"daemon_version\":", JSON_SCHEMA_VERSION);
     json_str(r->daemon_version);
     printf(",\"daemon_pid\":%d,\"started_unix_ms\":%lld,\"socket\":", r->pid, (long long)r->started_unix_ms);
     json_str(r->socket);
@@ -268,6 +280,52 @@ static int cmd_status(colld_client_t *c, int json)
     return 0;
 }
 
+/* status --watch: the status every interval_s seconds, count times (0: until interrupted). A
+ * daemon that goes away is reported and reconnected to at the next interval, so an upgrade can
+ * be watched from start to end. On a terminal each refresh replaces the screen; otherwise (and
+ * with --json, one object per line) the refreshes follow each other. Returns 0 after count
+ * refreshes, 1 if none could be shown. */
+static int cmd_status_watch(colld_client_t *c, const char *socket, int json, long long interval_s, long long count)
+{
+    bool tty = !json && isatty(STDOUT_FILENO);
+    long long shown = 0;
+    for (long long i = 0; count == 0 || i < count; i++) {
+        if (i > 0) {
+            struct timespec ts = { .tv_sec = (time_t)interval_s };
+            while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+            }
+        }
+        if (!c) {
+            colld_status_t st = colld__connect_role(socket, COLLD_ROLE_ADMIN, &c);
+            if (st != COLLD_OK) {
+                c = NULL;
+                fprintf(stderr, "collctl: cannot reach colld: %s (retrying every %lld s)\n", colld_status_name(st),
+                        interval_s);
+                continue;
+            }
+        }
+        if (tty) {
+            char when[64];
+            time_t now = time(NULL);
+            struct tm tm;
+            localtime_r(&now, &tm);
+            strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
+            printf("\033[H\033[2J");
+            printf("collctl status, every %lld s (Ctrl-C to stop): %s\n\n", interval_s, when);
+        }
+        if (cmd_status(c, json) != 0) {
+            colld_disconnect(c);
+            c = NULL;
+            continue;
+        }
+        shown++;
+        fflush(stdout);
+    }
+    if (c)
+        colld_disconnect(c);
+    return shown ? 0 : 1;
+}
+
 /* ============================================================================================
  * trace COMM
  * ========================================================================================== */
@@ -366,7 +424,7 @@ static void trace_text(const Colld__V1__TraceResponse *r)
 
 static void trace_json(const Colld__V1__TraceResponse *r)
 {
-    printf("{\"comm_id\":%llu,\"name\":", (unsigned long long)r->comm_id);
+    printf("{\"schema_version\":%d,\"comm_id\":%llu,\"name\":", JSON_SCHEMA_VERSION, (unsigned long long)r->comm_id);
     json_str(r->name);
     printf(",\"nranks\":%d,\"state\":", r->nranks);
     json_str(r->state);
@@ -445,7 +503,8 @@ static int cmd_trace(colld_client_t *c, uint64_t comm, int json)
 static void event_print(const Colld__V1__Event *e, int json)
 {
     if (json) {
-        printf("{\"seq\":%llu,\"unix_us\":%lld,\"type\":", (unsigned long long)e->seq, (long long)e->unix_us);
+        printf("{\"schema_version\":%d,\"seq\":%llu,\"unix_us\":%lld,\"type\":", JSON_SCHEMA_VERSION,
+               (unsigned long long)e->seq, (long long)e->unix_us);
         json_str(e->type);
         printf(",\"comm_id\":%llu,\"comm_name\":", (unsigned long long)e->comm_id);
         json_str(e->comm_name);
@@ -534,8 +593,8 @@ static int cmd_policy_show(colld_client_t *c, int json)
              (ProtobufCMessage **)&resp))
         return 1;
     if (json) {
-        printf("{\"default_timeout_ms\":%d,\"max_timeout_ms\":%d,\"tenants\":[", resp->default_timeout_ms,
-               resp->max_timeout_ms);
+        printf("{\"schema_version\":%d,\"default_timeout_ms\":%d,\"max_timeout_ms\":%d,\"tenants\":[",
+               JSON_SCHEMA_VERSION, resp->default_timeout_ms, resp->max_timeout_ms);
         for (size_t i = 0; i < resp->n_tenants; i++) {
             printf("%s{\"uid\":%u,\"max_timeout_ms\":%d,\"net_algo\":", i ? "," : "", resp->tenants[i]->uid,
                    resp->tenants[i]->max_timeout_ms);
@@ -650,8 +709,8 @@ int main(int argc, char **argv)
 {
     const char *socket = NULL, *reason = NULL, *net_algo = NULL;
     const char *args[MAX_ARGS];
-    int nargs = 0, json = 0, follow = 0, only_new = 0;
-    long long backlog = 0, max_timeout = -1;
+    int nargs = 0, json = 0, follow = 0, only_new = 0, watch = 0;
+    long long backlog = 0, max_timeout = -1, interval = 2, count = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--socket") == 0 && i + 1 < argc)
@@ -664,6 +723,22 @@ int main(int argc, char **argv)
             follow = 1;
         else if (strcmp(a, "--new") == 0)
             only_new = 1;
+        else if (strcmp(a, "--watch") == 0 || strcmp(a, "-w") == 0)
+            watch = 1;
+        else if (strcmp(a, "--interval") == 0) {
+            if (parse_uint(a, i + 1 < argc ? argv[++i] : NULL, 86400, &interval) < 0)
+                return 2;
+            if (interval == 0) {
+                fprintf(stderr, "collctl: --interval must be at least 1 second\n");
+                return 2;
+            }
+        } else if (strcmp(a, "--count") == 0) {
+            if (parse_uint(a, i + 1 < argc ? argv[++i] : NULL, INT32_MAX, &count) < 0)
+                return 2;
+        } else if (strcmp(a, "--version") == 0) {
+            printf("collctl %s\n", COLLD_VERSION_STRING);
+            return 0;
+        }
         else if (strcmp(a, "--backlog") == 0) {
             if (parse_uint(a, i + 1 < argc ? argv[++i] : NULL, UINT32_MAX, &backlog) < 0)
                 return 2;
@@ -693,6 +768,10 @@ int main(int argc, char **argv)
     uint64_t comm = 0;
     long long uid = 0;
     int policy_mode = 0; /* 0 show, 1 set, 2 clear */
+    if (watch && strcmp(cmd, "status") != 0) {
+        fprintf(stderr, "collctl: --watch goes with status only\n");
+        return 2;
+    }
     if (strcmp(cmd, "status") == 0 || strcmp(cmd, "events") == 0) {
         if (nargs != 1)
             goto usage;
@@ -726,6 +805,8 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    if (watch)
+        return cmd_status_watch(NULL, socket, json, interval, count);
     colld_client_t *c;
     colld_status_t st = colld__connect_role(socket, COLLD_ROLE_ADMIN, &c);
     if (st != COLLD_OK) {

@@ -220,6 +220,7 @@ static void usage(FILE *f)
             "                          through the daemon at --socket; needs -p and --rank, and the\n"
             "                          same benchmark options in every rank; rank 0 prints the results\n"
             "      --rank R            this process's rank with --join, 0..N-1\n"
+            "      --version           print the version and exit\n"
             "  -h, --help              this text\n",
             MAX_RANKS, DEFAULT_TIMEOUT_MS);
 }
@@ -282,7 +283,8 @@ static unsigned parse_names(const char *opt, const char *s, const char *const *n
 }
 
 enum {
-    OPT_SOCKET = 256, OPT_JSON, OPT_COLLD, OPT_TIMEOUT, OPT_ATTACH, OPT_RANK, OPT_MAKE_UID, OPT_JOIN, OPT_JOIN_RANK
+    OPT_SOCKET = 256, OPT_JSON, OPT_COLLD, OPT_TIMEOUT, OPT_ATTACH, OPT_RANK, OPT_MAKE_UID, OPT_JOIN, OPT_JOIN_RANK,
+    OPT_VERSION
 };
 
 /* A unique id as lowercase hex, 2 digits per byte (the integration tests' format). */
@@ -328,6 +330,7 @@ static void parse_options(int argc, char **argv, opts_t *o)
         { "make-uid", no_argument, NULL, OPT_MAKE_UID },  { "join", required_argument, NULL, OPT_JOIN },
         { "rank", required_argument, NULL, OPT_JOIN_RANK },
         { "gpu", no_argument, NULL, 'G' },                { "help", no_argument, NULL, 'h' },
+        { "version", no_argument, NULL, OPT_VERSION },
         { "internal-rank", required_argument, NULL, OPT_RANK }, /* set by the launcher */
         { NULL, 0, NULL, 0 },
     };
@@ -367,6 +370,7 @@ static void parse_options(int argc, char **argv, opts_t *o)
         case OPT_JOIN_RANK: join_rank = parse_int("--rank", optarg, 0, MAX_RANKS - 1); break;
         case 'G': o->gpu = true; break;
         case 'h': usage(stdout); exit(0);
+        case OPT_VERSION: printf(PROG " %s\n", COLLD_VERSION_STRING); exit(0);
         case ':': die_usage("option '%s' needs a value", argv[optind - 1]);
         default: die_usage("unknown option '%s'", argv[optind - 1]);
         }
@@ -825,7 +829,7 @@ static void print_json(const rank_t *R, const row_t *rows, size_t nrows, uint64_
                        const int64_t *pids)
 {
     const opts_t *o = R->o;
-    printf("{\"colld_perf\":{%s\"nranks\":%d,\"min_bytes\":%zu,\"max_bytes\":%zu,\"step_factor\":%g,\"iters\":%d,"
+    printf("{\"schema_version\":1,\"colld_perf\":{%s\"nranks\":%d,\"min_bytes\":%zu,\"max_bytes\":%zu,\"step_factor\":%g,\"iters\":%d,"
            "\"warmup_iters\":%d,\"check\":%d,\"blocking\":%d,\"pids\":[",
            o->gpu ? "\"gpu\":true," : "", o->nranks, o->min_bytes, o->max_bytes, o->factor, o->iters, o->warmup,
            o->check, o->blocking);
@@ -1060,7 +1064,7 @@ static void print_attach(const opts_t *o, const double *samples, int reps)
     }
     int nall = 0;
     if (o->json)
-        printf("{\"attach_bench\":{\"nranks\":%d,\"reps\":%d,\"ranks\":[", n, reps - 1);
+        printf("{\"schema_version\":1,\"attach_bench\":{\"nranks\":%d,\"reps\":%d,\"ranks\":[", n, reps - 1);
     else
         printf("# colld-perf attach+join: %d ranks (processes), %d warm repetitions after 1 cold one\n"
                "# connect = colld_connect, join = colld_comm_init_rank; times in us, per process\n"

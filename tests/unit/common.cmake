@@ -2,3 +2,4 @@
 colld_unit_test(test_status SOURCES test_status.c LIBS colld_common TIMEOUT 30)
 colld_unit_test(test_log SOURCES test_log.c LIBS colld_common TIMEOUT 30)
 colld_unit_test(test_config SOURCES test_config.c LIBS colld_common TIMEOUT 30)
+colld_unit_test(test_log_journal SOURCES test_log_journal.c LIBS colld_common TIMEOUT 30)
