@@ -120,7 +120,10 @@ colld_status_t colld_comm_init_rank(colld_client_t *c, colld_comm_t **comm, int 
     if (st != COLLD_OK) {
         LOG_WARN(CLIENT, "colld_comm_init_rank(rank %d of %d): %s: %s", rank, nranks, colld_status_name(st), detail);
         free(cm);
-        return st;
+        /* No communicator to hold the detail: the client's last error does (e.g. a draining
+         * daemon's refusal). */
+        return colld__client_error(c, st, "colld_comm_init_rank(rank %d of %d): %s", rank, nranks,
+                                   *detail ? detail : colld_status_string(st));
     }
     cm->client = c;
     cm->handle = resp->handle;

@@ -20,7 +20,9 @@
  *       colld_mem_free), since colld_comm_last_error needs a communicator. Changed: a non-NULL
  *       `stream` was always refused with COLLD_ERR_NOT_SUPPORTED; it is now a CUDA stream
  *       (COLLD_ERR_NOT_SUPPORTED, with the reason in colld_comm_last_error, only where the CUDA
- *       driver or this build's CUDA support is missing).
+ *       driver or this build's CUDA support is missing). colld_last_error also holds the
+ *       daemon's reason when colld_comm_init_rank fails (e.g. COLLD_ERR_DAEMON_UNAVAILABLE from a
+ *       daemon that drains before a restart).
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -127,7 +129,8 @@ colld_status_t colld_connect(const char *socket_path, colld_client_t **out);
  * client used. Streams that still carry collectives of this client must have completed them. */
 colld_status_t colld_disconnect(colld_client_t *c);
 /* What went wrong in this client's last failed call that has no communicator (colld_mem_alloc,
- * colld_mem_free): "COLLD_ERR_NOT_SUPPORTED: colld_mem_alloc(...): ...". Empty if none failed.
+ * colld_mem_free, a colld_comm_init_rank that made none): "COLLD_ERR_NOT_SUPPORTED:
+ * colld_mem_alloc(...): ...". Empty if none failed.
  * Valid until the next such call on c or colld_disconnect. */
 const char *colld_last_error(colld_client_t *c);
 
