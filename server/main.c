@@ -27,16 +27,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char USAGE[] =
-    "usage: colld [options]\n"
-    "Runs the colld collective offload daemon in the foreground.\n"
+static const char USAGE[] = "usage: colld [options]\n"
+                            "Runs the colld collective offload daemon in the foreground.\n";
+/* Printed after the options' table. */
+static const char USAGE_TAIL[] =
     "\n"
+    "Commands:\n"
     "  --version       print the version and exit\n"
     "  --print-config  print the configuration the other options give, as a config file with every\n"
     "                  option documented (defaults commented out), and exit\n"
     "\n"
     "Signals: SIGTERM drains for up to --drain-timeout-ms, then stops (a second SIGTERM stops at\n"
-    "once); SIGINT stops at once. Stopping ends every session: clients get COLLD_ERR_DAEMON_LOST.";
+    "once); SIGINT stops at once. Stopping ends every session: clients get COLLD_ERR_DAEMON_LOST.\n";
 
 /* Drain progress is checked this often. */
 #define DRAIN_POLL_MS 100
@@ -281,6 +283,7 @@ int main(int argc, char **argv)
     }
     if (cr == 1) {
         colld_config_print_help(stdout, USAGE, colld_daemon_config_table, colld_daemon_config_table_len);
+        fputs(USAGE_TAIL, stdout);
         rc = 0;
         goto out_cfg;
     }

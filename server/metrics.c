@@ -459,6 +459,7 @@ typedef struct {
     uint64_t sessions, comms, registered_bytes;
 } tenant_row_t;
 
+/* qsort order by uid, so one tenant's sessions sit next to each other and merge. */
 static int tenant_by_uid(const void *a, const void *b)
 {
     uid_t x = ((const tenant_row_t *)a)->uid, y = ((const tenant_row_t *)b)->uid;

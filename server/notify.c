@@ -16,6 +16,7 @@
 #include <systemd/sd-daemon.h>
 #endif
 
+/* The watchdog timer exists on every build, so that shutdown closes the same handles. */
 void colld_notify_init(colld_daemon_t *d)
 {
     uv_timer_init(&d->loop, &d->watchdog);
@@ -33,6 +34,7 @@ static void on_watchdog(uv_timer_t *t)
     sd_notify(0, "WATCHDOG=1");
 }
 
+/* READY=1, then pings at half the interval systemd asked for (WATCHDOG_USEC), if it did. */
 void colld_notify_ready(colld_daemon_t *d, const char *status)
 {
     uint64_t usec = 0;
@@ -44,11 +46,13 @@ void colld_notify_ready(colld_daemon_t *d, const char *status)
     }
 }
 
+/* STOPPING=1: systemd then waits for the exit (TimeoutStopSec) instead of expecting a restart. */
 void colld_notify_stopping(const char *status)
 {
     sd_notifyf(0, "STOPPING=1\nSTATUS=%s", status);
 }
 
+/* A STATUS= line, shown by systemctl status (the drain's progress). */
 void colld_notify_status(const char *status)
 {
     sd_notifyf(0, "STATUS=%s", status);
@@ -56,6 +60,7 @@ void colld_notify_status(const char *status)
 
 #else /* !COLLD_HAVE_SYSTEMD */
 
+/* Without libsystemd nothing can be sent; say so when a service manager is waiting for it. */
 void colld_notify_ready(colld_daemon_t *d, const char *status)
 {
     (void)d;
@@ -65,11 +70,13 @@ void colld_notify_ready(colld_daemon_t *d, const char *status)
                         "in its unit, or rebuild with libsystemd-dev installed\n");
 }
 
+/* No-op without libsystemd. */
 void colld_notify_stopping(const char *status)
 {
     (void)status;
 }
 
+/* No-op without libsystemd. */
 void colld_notify_status(const char *status)
 {
     (void)status;
@@ -77,6 +84,7 @@ void colld_notify_status(const char *status)
 
 #endif /* COLLD_HAVE_SYSTEMD */
 
+/* Stop the pings and close the timer (idempotent, loop thread). */
 void colld_notify_close(colld_daemon_t *d)
 {
     uv_timer_stop(&d->watchdog);
