@@ -42,6 +42,100 @@ void colld_strlcpy(char *dst, const char *src, size_t dst_len)
     dst[n] = '\0';
 }
 
+/* ============================================================================================
+ * Strings from tenants and peers
+ * ========================================================================================== */
+
+/* Decode one UTF-8 character of at most n bytes at p into *cp. Returns its length, or 0 when the
+ * bytes are not a valid encoding (stray continuation byte, overlong form, surrogate, past
+ * U+10FFFF, cut short). */
+static size_t utf8_next(const unsigned char *p, size_t n, uint32_t *cp)
+{
+    size_t len;
+    uint32_t c, min;
+    if (p[0] < 0x80) {
+        *cp = p[0];
+        return 1;
+    }
+    if ((p[0] & 0xe0) == 0xc0) {
+        len = 2, c = p[0] & 0x1fu, min = 0x80;
+    } else if ((p[0] & 0xf0) == 0xe0) {
+        len = 3, c = p[0] & 0x0fu, min = 0x800;
+    } else if ((p[0] & 0xf8) == 0xf0) {
+        len = 4, c = p[0] & 0x07u, min = 0x10000;
+    } else
+        return 0;
+    if (len > n)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+        c = (c << 6) | (p[i] & 0x3fu);
+    }
+    if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
+        return 0;
+    *cp = c;
+    return len;
+}
+
+/* Whether a code point may appear in a tenant's string (see util.h). */
+static bool printable(uint32_t c)
+{
+    if (c < 0x20 || c == 0x7f || (c >= 0x80 && c <= 0x9f))
+        return false;
+    if (c == 0x200e || c == 0x200f || (c >= 0x2028 && c <= 0x202e) || (c >= 0x2066 && c <= 0x2069))
+        return false;
+    return true;
+}
+
+bool colld_str_valid(const char *s, size_t max_bytes, char *why, size_t why_len)
+{
+    const unsigned char *p = (const unsigned char *)(s ? s : "");
+    size_t n = strnlen((const char *)p, max_bytes + 1);
+    if (n > max_bytes) {
+        colld_set_err(why, why_len, "longer than %zu bytes", max_bytes);
+        return false;
+    }
+    for (size_t i = 0; i < n;) {
+        uint32_t c;
+        size_t len = utf8_next(p + i, n - i, &c);
+        if (len == 0) {
+            colld_set_err(why, why_len, "byte %zu: not valid UTF-8 (0x%02x)", i, p[i]);
+            return false;
+        }
+        if (!printable(c)) {
+            colld_set_err(why, why_len, "byte %zu: control or formatting character U+%04X", i, (unsigned)c);
+            return false;
+        }
+        i += len;
+    }
+    return true;
+}
+
+size_t colld_str_sanitize(char *dst, size_t dst_len, const char *src, size_t src_len)
+{
+    if (dst_len == 0)
+        return 0;
+    const unsigned char *p = (const unsigned char *)(src ? src : "");
+    size_t n = src ? strnlen(src, src_len) : 0, out = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t c;
+        size_t len = utf8_next(p + i, n - i, &c);
+        bool ok = len > 0 && printable(c);
+        size_t w = ok ? len : 1;
+        if (out + w > dst_len - 1)
+            break; /* no room for the whole character */
+        if (ok)
+            memcpy(dst + out, p + i, len);
+        else
+            dst[out] = '?';
+        out += w;
+        i += len ? len : 1; /* an unacceptable character is one '?', a stray byte too */
+    }
+    dst[out] = '\0';
+    return out;
+}
+
 void colld_set_err(char *err, size_t err_len, const char *fmt, ...)
 {
     if (!err || err_len == 0)

@@ -21,6 +21,21 @@ int64_t colld_wall_ms(void);
 /* Copy src into dst (size dst_len), always NUL-terminated, truncating. */
 void colld_strlcpy(char *dst, const char *src, size_t dst_len);
 
+/* Strings from tenants and peers (names, reasons, process names) are checked or sanitized where they
+ * enter, so that nothing the daemon stores, logs, prints or puts into a protobuf is invalid UTF-8 or
+ * can steer a terminal. Acceptable: valid UTF-8 (no overlong forms, surrogates or code points past
+ * U+10FFFF) without control characters (C0, DEL, C1), line or paragraph separators (U+2028/9) or
+ * bidirectional formatting characters (U+200E/F, U+202A..E, U+2066..9). */
+
+/* Whether the NUL-terminated string s is acceptable and at most max_bytes bytes long. If not, and
+ * why is given, it says what is wrong and where ("byte 3: control character 0x1b"). */
+bool colld_str_valid(const char *s, size_t max_bytes, char *why, size_t why_len);
+
+/* Copy at most src_len bytes of src (less at a NUL) into dst (dst_len bytes, always
+ * NUL-terminated), each unacceptable byte or character replaced by '?', truncated only between
+ * characters. Returns the bytes written (without the NUL). */
+size_t colld_str_sanitize(char *dst, size_t dst_len, const char *src, size_t src_len);
+
 /* Write a formatted message into err when the caller gave a buffer for one (err may be NULL). */
 void colld_set_err(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
