@@ -277,7 +277,8 @@ colld_status_t colld__connect_role(const char *socket_path, int role, colld_clie
     memset(&welcome, 0, sizeof(welcome));
     hello.type = COLLD_MSG_HELLO;
     hello.u.hello.role = (uint32_t)role;
-    colld_strlcpy(hello.u.hello.process_name, program_invocation_short_name, sizeof(hello.u.hello.process_name));
+    colld_str_sanitize(hello.u.hello.process_name, sizeof(hello.u.hello.process_name), program_invocation_short_name,
+                       SIZE_MAX); /* cut between characters */
     st = colld__sock_request(c, &hello, -1, COLLD_MSG_WELCOME, &welcome, fds, 2);
     if (st == COLLD_OK && welcome.status != COLLD_OK) {
         st = welcome.status;
@@ -590,26 +591,35 @@ void colld__client_lookup2(colld_client_t *c, const void *send, size_t send_byte
 }
 
 /* Create a sealed memfd of at least `bytes`, map it and register it with the daemon. On success
- * *base, *size and *reg_id describe the mapping; nothing else records it. */
-colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, size_t *size, uint32_t *reg_id)
+ * *base, *size and *reg_id describe the mapping; nothing else records it. A refusal is not retried:
+ * the daemon's status and detail go to the caller (why). */
+colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, size_t *size, uint32_t *reg_id,
+                               char *why, size_t why_len)
 {
-    if (atomic_load(&c->lost))
+    colld_set_err(why, why_len, "%s", "");
+    if (atomic_load(&c->lost)) {
+        colld_set_err(why, why_len, "the connection to the colld daemon was lost");
         return COLLD_ERR_DAEMON_LOST;
+    }
     colld_status_t st = COLLD_ERR_SYSTEM;
     void *p = MAP_FAILED;
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    if (bytes == 0 || bytes > SIZE_MAX - page)
+    if (bytes == 0 || bytes > SIZE_MAX - page) {
+        colld_set_err(why, why_len, "cannot share %zu bytes", bytes);
         return COLLD_ERR_INVALID_ARGUMENT;
+    }
     size_t sz = (bytes + page - 1) & ~(page - 1);
     int fd = memfd_create("colld-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0 || ftruncate(fd, (off_t)sz) < 0 ||
         fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
         st = errno == ENOMEM || errno == ENOSPC ? COLLD_ERR_NO_MEMORY : COLLD_ERR_SYSTEM;
+        colld_set_err(why, why_len, "cannot create shared memory: %s", strerror(errno));
         goto out;
     }
     p = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         st = COLLD_ERR_NO_MEMORY;
+        colld_set_err(why, why_len, "cannot map shared memory: %s", strerror(errno));
         goto out;
     }
     colld_wire_msg_t m, r;
@@ -620,10 +630,14 @@ colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, siz
     m.u.reg.cookie = (uintptr_t)p;
     st = colld__sock_request(c, &m, fd, COLLD_MSG_REG_REPLY, &r, NULL, 0);
     if (st == COLLD_OK && r.status != COLLD_OK) {
-        st = r.status;
-        r.u.detail[sizeof(r.u.detail) - 1] = '\0';
-        LOG_WARN(CLIENT, "registering %zu bytes with colld: %s", bytes, r.u.detail);
-    }
+        /* The daemon's detail is a tenant-visible string from the wire: bounded and checked. */
+        char detail[sizeof(r.u.detail)];
+        colld_str_sanitize(detail, sizeof(detail), r.u.detail, sizeof(r.u.detail));
+        st = r.status < 0 ? (colld_status_t)r.status : COLLD_ERR_PROTOCOL;
+        colld_set_err(why, why_len, "the daemon refused to register %zu bytes: %s", bytes, detail);
+        LOG_WARN(CLIENT, "registering %zu bytes with colld: %s: %s", bytes, colld_status_name(st), detail);
+    } else if (st != COLLD_OK)
+        colld_set_err(why, why_len, "registering %zu bytes: %s", bytes, colld_status_string(st));
     if (st != COLLD_OK)
         goto out;
     *base = p;
@@ -693,10 +707,9 @@ colld_status_t colld_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, coll
     void *base;
     size_t size;
     uint32_t reg_id;
-    colld_status_t st = colld__register(c, bytes, &base, &size, &reg_id);
+    colld_status_t st = colld__register(c, bytes, &base, &size, &reg_id, why, sizeof(why));
     if (st != COLLD_OK)
-        return colld__client_error(c, st, "colld_mem_alloc(%zu bytes, COLLD_MEM_HOST): %s", bytes,
-                                   colld_status_string(st));
+        return colld__client_error(c, st, "colld_mem_alloc(%zu bytes, COLLD_MEM_HOST): %s", bytes, why);
     pthread_mutex_lock(&c->mu);
     if (c->nregs == c->cap_regs) {
         size_t n = c->cap_regs ? c->cap_regs * 2 : 16;

@@ -160,7 +160,10 @@ int colld__client_lookup(colld_client_t *c, const void *p, size_t bytes, colld_w
 int colld__client_add_comm(colld_client_t *c, colld_comm_t *comm);
 void colld__client_remove_comm(colld_client_t *c, colld_comm_t *comm);
 
-colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, size_t *size, uint32_t *reg_id);
+/* Register `bytes` of new shared memory with the daemon. On error `why` says what went wrong,
+ * with the daemon's own detail when it refused (a quota names its limit). */
+colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, size_t *size, uint32_t *reg_id,
+                               char *why, size_t why_len);
 colld_status_t colld__deregister(colld_client_t *c, uint32_t reg_id);
 /* Record a client-level error (colld_last_error) and return st. */
 colld_status_t colld__client_error(colld_client_t *c, colld_status_t st, const char *fmt, ...)

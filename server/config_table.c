@@ -40,6 +40,11 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "communicators one client process may belong to", OPT(max_comms_per_session), 1, 1000000 },
     { "max-registered-bytes", "COLLD_MAX_REGISTERED_BYTES", COLLD_CFG_SIZE, "64G",
       "memory one client process may share with the daemon (K/M/G suffixes)", OPT(max_registered_bytes), 0, 0 },
+    { "max-registrations", "COLLD_MAX_REGISTRATIONS", COLLD_CFG_INT, "0",
+      "memory registrations the daemon holds for all users together (each is a mapping); 0 = derived from "
+      "vm.max_map_count, keeping 4096 + 2 x max-sessions + an eighth of it for the daemon's own mappings (a larger "
+      "value is capped there)",
+      OPT(max_registrations), 0, 100000000 },
     { "max-sessions-per-tenant", "COLLD_MAX_SESSIONS_PER_TENANT", COLLD_CFG_INT, "1024",
       "client connections one uid may hold (collctl policy overrides it per uid)", OPT(max_sessions_per_tenant), 1,
       1000000 },

@@ -61,6 +61,7 @@ typedef struct {
     int64_t max_sessions;
     int64_t max_comms_per_session;
     uint64_t max_registered_bytes; /* per session */
+    int64_t max_registrations;     /* all tenants; 0: derived from vm.max_map_count (tenant.c) */
     /* per-tenant limits (tenant.c); collctl policy overrides them per uid */
     int64_t max_sessions_per_tenant;
     int64_t max_comms_per_tenant;
@@ -105,6 +106,8 @@ typedef struct colld_reg {
     int users;            /* registrations of the same IPC allocation by the session (dereg drops one) */
     uint8_t ipc[COLLD_WIRE_CUDA_IPC_BYTES];
     colld_daemon_t *daemon;
+    uid_t tenant;         /* charged to this uid (tenant.c) ... */
+    uint64_t charged;     /* ... these bytes; 0: not charged */
     struct colld_reg *next;
 } colld_reg_t;
 

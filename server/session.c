@@ -7,6 +7,7 @@
  * descriptors ride along as SCM_RIGHTS. The socket is served by the daemon's libuv loop.
  */
 #include "server/daemon.h"
+#include "server/tenant.h"
 
 #include "common/log.h"
 #include "common/util.h"
@@ -36,6 +37,8 @@ void colld_session_release_reg(colld_reg_t *r)
 {
     if (--r->refs > 0)
         return;
+    if (r->charged)
+        colld_tenant_uncharge_reg(r->daemon, r->tenant, r->charged);
     if (r->cuda)
         colld_gpu_release_reg(r);
     else
@@ -252,7 +255,7 @@ static int session_on_reg(colld_session_t *s, const colld_wire_msg_t *m)
     colld_status_t st = COLLD_ERR_INVALID_ARGUMENT;
     char detail[COLLD_WIRE_DETAIL_BYTES] = "";
     void *base = MAP_FAILED;
-    uint64_t bytes = m->u.reg.bytes;
+    uint64_t bytes = m->u.reg.bytes, charged = 0;
     struct stat sb;
     int seals;
 
@@ -274,32 +277,38 @@ static int session_on_reg(colld_session_t *s, const colld_wire_msg_t *m)
         snprintf(detail, sizeof(detail), "registration memfd must be sealed against shrinking (F_SEAL_SHRINK)");
         goto reply;
     }
+    /* The session's bytes, then the tenant's count and bytes and the daemon-wide backstop, all
+     * charged before the mapping exists (given back if it cannot be made). */
     pthread_mutex_lock(&d->lock);
-    bool over = s->registered_bytes + bytes > d->cfg.max_registered_bytes;
-    pthread_mutex_unlock(&d->lock);
-    if (over) {
+    uint64_t max = d->cfg.max_registered_bytes;
+    if (s->registered_bytes > max || bytes > max - s->registered_bytes) {
         st = COLLD_ERR_QUOTA_EXCEEDED;
-        snprintf(detail, sizeof(detail), "session would register %llu bytes, over the limit of %llu",
-                 (unsigned long long)(s->registered_bytes + bytes),
-                 (unsigned long long)d->cfg.max_registered_bytes);
+        snprintf(detail, sizeof(detail), "max-registered-bytes = %llu (per process) reached: holds %llu, asked %llu",
+                 (unsigned long long)max, (unsigned long long)s->registered_bytes, (unsigned long long)bytes);
+    } else
+        st = colld_tenant_charge_reg(d, s->uid, bytes, &charged, detail, sizeof(detail));
+    pthread_mutex_unlock(&d->lock);
+    if (st != COLLD_OK)
         goto reply;
-    }
     base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) {
-        st = errno == ENOMEM ? COLLD_ERR_NO_MEMORY : COLLD_ERR_SYSTEM;
-        snprintf(detail, sizeof(detail), "daemon cannot map the buffer: %s", strerror(errno));
-        goto reply;
-    }
-    colld_reg_t *r = calloc(1, sizeof(*r));
+    colld_reg_t *r = base == MAP_FAILED ? NULL : calloc(1, sizeof(*r));
     if (!r) {
-        munmap(base, bytes);
-        st = COLLD_ERR_NO_MEMORY;
-        snprintf(detail, sizeof(detail), "daemon out of memory");
+        st = base == MAP_FAILED && errno != ENOMEM ? COLLD_ERR_SYSTEM : COLLD_ERR_NO_MEMORY;
+        snprintf(detail, sizeof(detail), "daemon cannot map the buffer: %s",
+                 base == MAP_FAILED ? strerror(errno) : "out of memory");
+        if (base != MAP_FAILED)
+            munmap(base, bytes);
+        pthread_mutex_lock(&d->lock);
+        colld_tenant_uncharge_reg(d, s->uid, charged);
+        pthread_mutex_unlock(&d->lock);
         goto reply;
     }
     r->base = base;
     r->size = bytes;
     r->refs = 1;
+    r->daemon = d;
+    r->tenant = s->uid;
+    r->charged = charged;
     pthread_mutex_lock(&d->lock);
     r->id = ++s->next_reg_id;
     r->next = s->regs;
@@ -351,14 +360,35 @@ static int session_on_dereg(colld_session_t *s, const colld_wire_msg_t *m)
     return session_send(s, &ok, NULL, 0);
 }
 
-/* REG_CUDA: open a GPU allocation (an IPC handle, or a VMM fd) for this session. */
+/* REG_CUDA: open a GPU allocation (an IPC handle, or a VMM fd) for this session. It is charged
+ * to the tenant as any registration (on a daemon with GPUs; without, it is refused anyway); the
+ * same IPC allocation registered again is the same registration and is charged once. */
 static int session_on_reg_cuda(colld_session_t *s, const colld_wire_msg_t *m)
 {
+    colld_daemon_t *d = s->daemon;
     int fd = s->pending_fd;
     s->pending_fd = -1;
     char detail[COLLD_WIRE_DETAIL_BYTES] = "";
     uint32_t id = 0;
-    colld_status_t st = colld_gpu_register(s, m, fd, &id, detail, sizeof(detail));
+    uint64_t charged = 0;
+    colld_status_t st = COLLD_OK;
+    if (d->gpus) {
+        pthread_mutex_lock(&d->lock);
+        st = colld_tenant_charge_reg(d, s->uid, m->u.reg_cuda.bytes, &charged, detail, sizeof(detail));
+        pthread_mutex_unlock(&d->lock);
+    }
+    if (st == COLLD_OK)
+        st = colld_gpu_register(s, m, fd, &id, detail, sizeof(detail));
+    if (charged) {
+        pthread_mutex_lock(&d->lock);
+        colld_reg_t *r = st == COLLD_OK ? colld_session_find_reg(s, id) : NULL;
+        if (r && !r->charged) {
+            r->tenant = s->uid;
+            r->charged = charged;
+        } else
+            colld_tenant_uncharge_reg(d, s->uid, charged);
+        pthread_mutex_unlock(&d->lock);
+    }
     if (fd >= 0)
         close(fd);
     if (st != COLLD_OK) {

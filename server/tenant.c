@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct colld_tenant {
     uid_t uid;
@@ -24,6 +25,11 @@ typedef struct colld_tenant {
 struct colld_tenants {
     colld_tenant_t *list;
     uint64_t refusals[COLLD_LIMIT_COUNT];
+    /* the registration backstop (all tenants together) */
+    uint64_t regs_held;
+    uint64_t regs_refused;
+    uint64_t regs_backstop; /* 0 until first derived */
+    uint64_t map_count;     /* vm.max_map_count when it was derived */
 };
 
 static const char *const limit_names[COLLD_LIMIT_COUNT] = {
@@ -76,13 +82,21 @@ static colld_tenant_t *find(const colld_daemon_t *d, uid_t uid)
     return NULL;
 }
 
+/* The accounting, created on first use; NULL without memory. */
+static colld_tenants_t *tenants(colld_daemon_t *d)
+{
+    if (!d->tenants)
+        d->tenants = calloc(1, sizeof(*d->tenants));
+    return d->tenants;
+}
+
 /* The record of a uid, created on first use; NULL without memory. */
 static colld_tenant_t *get(colld_daemon_t *d, uid_t uid)
 {
     colld_tenant_t *t = find(d, uid);
     if (t)
         return t;
-    if (!d->tenants && !(d->tenants = calloc(1, sizeof(*d->tenants))))
+    if (!tenants(d))
         return NULL;
     t = calloc(1, sizeof(*t));
     if (!t)
@@ -132,10 +146,11 @@ colld_status_t colld_tenant_charge(colld_daemon_t *d, uid_t uid, colld_limit_t w
     uint64_t limit = t->limit[what] != UINT64_MAX ? t->limit[what] : default_limit(d, what);
     if (t->used[what] > limit || n > limit - t->used[what]) {
         d->tenants->refusals[what]++;
+        /* The limit's name first: the session socket carries only the first 111 bytes. */
         snprintf(detail, len,
-                 "uid %u is at its limit %s = %llu (holds %llu, asked for %llu more); an operator can raise it: "
+                 "%s = %llu reached: uid %u holds %llu and asked for %llu more; an operator can raise it with "
                  "collctl policy set %u --%s N",
-                 (unsigned)uid, colld_limit_name(what), (unsigned long long)limit, (unsigned long long)t->used[what],
+                 colld_limit_name(what), (unsigned long long)limit, (unsigned)uid, (unsigned long long)t->used[what],
                  (unsigned long long)n, (unsigned)uid, colld_limit_name(what));
         maybe_free(d, t);
         return COLLD_ERR_QUOTA_EXCEEDED;
@@ -166,6 +181,137 @@ int colld_tenant_set_limit(colld_daemon_t *d, uid_t uid, colld_limit_t what, uin
 uint64_t colld_tenant_refusals(const colld_daemon_t *d, colld_limit_t what)
 {
     return d->tenants ? d->tenants->refusals[what] : 0;
+}
+
+int colld_limit_by_name(const char *name)
+{
+    if (!name)
+        return -1;
+    if (strncmp(name, "--", 2) == 0)
+        name += 2;
+    for (int i = 0; i < COLLD_LIMIT_COUNT; i++)
+        if (strcmp(name, limit_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+bool colld_tenant_overridden(const colld_daemon_t *d, uid_t uid, colld_limit_t what)
+{
+    const colld_tenant_t *t = find(d, uid);
+    return t && t->limit[what] != UINT64_MAX;
+}
+
+uint64_t colld_tenant_used_total(const colld_daemon_t *d, colld_limit_t what)
+{
+    uint64_t sum = 0;
+    for (const colld_tenant_t *t = d->tenants ? d->tenants->list : NULL; t; t = t->next)
+        sum += t->used[what];
+    return sum;
+}
+
+size_t colld_tenant_uids(const colld_daemon_t *d, uid_t *out, size_t max)
+{
+    size_t n = 0;
+    for (const colld_tenant_t *t = d->tenants ? d->tenants->list : NULL; t; t = t->next, n++)
+        if (n < max)
+            out[n] = t->uid;
+    return n;
+}
+
+bool colld_uid_is_admin(uid_t uid)
+{
+    return uid == 0 || uid == getuid();
+}
+
+/* ============================================================================================
+ * Registrations and the backstop
+ * ========================================================================================== */
+
+/* vm.max_map_count, or the kernel's default when it cannot be read. */
+static uint64_t read_map_count(void)
+{
+    unsigned long long v = 0;
+    FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+    if (f) {
+        if (fscanf(f, "%llu", &v) != 1)
+            v = 0;
+        fclose(f);
+    }
+    return v ? (uint64_t)v : 65530;
+}
+
+uint64_t colld_regs_backstop(colld_daemon_t *d)
+{
+    colld_tenants_t *ts = tenants(d);
+    if (!ts)
+        return 0;
+    if (!ts->regs_backstop) {
+        uint64_t maps = read_map_count();
+        uint64_t keep = 4096 + 2 * (uint64_t)d->cfg.max_sessions + maps / 8;
+        uint64_t derived = maps > keep ? maps - keep : maps / 2; /* a small map count: keep half */
+        uint64_t set = d->cfg.max_registrations > 0 ? (uint64_t)d->cfg.max_registrations : derived;
+        ts->regs_backstop = set < derived ? set : derived;
+        ts->map_count = maps;
+    }
+    return ts->regs_backstop;
+}
+
+uint64_t colld_regs_held(const colld_daemon_t *d)
+{
+    return d->tenants ? d->tenants->regs_held : 0;
+}
+
+uint64_t colld_regs_backstop_refusals(const colld_daemon_t *d)
+{
+    return d->tenants ? d->tenants->regs_refused : 0;
+}
+
+/* The bytes a registration of `bytes` is charged: whole pages, at least one. */
+static uint64_t reg_charge_bytes(uint64_t bytes)
+{
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    if (bytes > UINT64_MAX - page)
+        return UINT64_MAX - page + 1;
+    return bytes == 0 ? page : (bytes + page - 1) / page * page;
+}
+
+colld_status_t colld_tenant_charge_reg(colld_daemon_t *d, uid_t uid, uint64_t bytes, uint64_t *charged,
+                                       char *detail, size_t len)
+{
+    uint64_t backstop = colld_regs_backstop(d);
+    if (!d->tenants) {
+        snprintf(detail, len, "daemon out of memory");
+        return COLLD_ERR_NO_MEMORY;
+    }
+    colld_tenants_t *ts = d->tenants;
+    if (ts->regs_held >= backstop) {
+        ts->regs_refused++;
+        snprintf(detail, len,
+                 "max-registrations = %llu reached: the daemon holds %llu registrations of all users (one mapping "
+                 "each; vm.max_map_count is %llu); free some memory, or an operator raises vm.max_map_count",
+                 (unsigned long long)backstop, (unsigned long long)ts->regs_held, (unsigned long long)ts->map_count);
+        return COLLD_ERR_QUOTA_EXCEEDED;
+    }
+    uint64_t b = reg_charge_bytes(bytes);
+    colld_status_t st = colld_tenant_charge(d, uid, COLLD_LIMIT_REGS, 1, detail, len);
+    if (st != COLLD_OK)
+        return st;
+    st = colld_tenant_charge(d, uid, COLLD_LIMIT_REG_BYTES, b, detail, len);
+    if (st != COLLD_OK) {
+        colld_tenant_uncharge(d, uid, COLLD_LIMIT_REGS, 1);
+        return st;
+    }
+    ts->regs_held++;
+    *charged = b;
+    return COLLD_OK;
+}
+
+void colld_tenant_uncharge_reg(colld_daemon_t *d, uid_t uid, uint64_t charged)
+{
+    if (d->tenants && d->tenants->regs_held > 0)
+        d->tenants->regs_held--;
+    colld_tenant_uncharge(d, uid, COLLD_LIMIT_REG_BYTES, charged);
+    colld_tenant_uncharge(d, uid, COLLD_LIMIT_REGS, 1);
 }
 
 void colld_tenants_free(colld_daemon_t *d)

@@ -14,6 +14,7 @@
 #define COLLD_SERVER_TENANT_H
 
 #include <colld/colld.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -54,6 +55,48 @@ int colld_tenant_set_limit(colld_daemon_t *d, uid_t uid, colld_limit_t what, uin
 
 /* Refusals so far, by limit (for metrics and collctl). */
 uint64_t colld_tenant_refusals(const colld_daemon_t *d, colld_limit_t what);
+
+/* The limit whose option name is `name` ("max-regs-per-tenant", a leading "--" allowed), or -1. */
+int colld_limit_by_name(const char *name);
+
+/* Whether `uid` has its own override of a limit (collctl policy). */
+bool colld_tenant_overridden(const colld_daemon_t *d, uid_t uid, colld_limit_t what);
+
+/* What all tenants together hold of a limit. */
+uint64_t colld_tenant_used_total(const colld_daemon_t *d, colld_limit_t what);
+
+/* The uids that hold something or have an override, at most `max` into out; returns how many
+ * there are (which may be more than max). */
+size_t colld_tenant_uids(const colld_daemon_t *d, uid_t *out, size_t max);
+
+/* Whether a uid is an administrator of this daemon: root or the daemon's own uid. Only they may
+ * change policy and take the admin role (collctl's sessions, which are not workload events). */
+bool colld_uid_is_admin(uid_t uid);
+
+/* ---- registrations: per tenant and the daemon-wide backstop ----
+ *
+ * Every registration is a mapping in the daemon, and the kernel allows a process only
+ * vm.max_map_count of them (65530 by default): past that the daemon cannot map a session's rings
+ * (no tenant can attach) and gRPC cannot grow. So besides each tenant's count and bytes, all
+ * tenants' registrations together stay under a backstop that keeps room for the daemon's own
+ * mappings (see colld_regs_backstop). */
+
+/* Charge one registration of `bytes` to `uid`: the count, the bytes (rounded up to whole pages,
+ * at least one), and the backstop. Returns COLLD_OK with *charged (the bytes to give back), or
+ * COLLD_ERR_QUOTA_EXCEEDED (nothing charged) with a detail naming the limit. */
+colld_status_t colld_tenant_charge_reg(colld_daemon_t *d, uid_t uid, uint64_t bytes, uint64_t *charged,
+                                       char *detail, size_t len);
+/* Give back a registration charged with colld_tenant_charge_reg. */
+void colld_tenant_uncharge_reg(colld_daemon_t *d, uid_t uid, uint64_t charged);
+
+/* The backstop: --max-registrations when set (never above the derived value), else
+ * vm.max_map_count less what the daemon keeps for itself: 4096 mappings for its libraries,
+ * threads and allocator, two per session it may serve (rings, GPU flag area) and an eighth of the
+ * map count for fast areas and growth. */
+uint64_t colld_regs_backstop(colld_daemon_t *d);
+/* Registrations the daemon holds now (all tenants), and backstop refusals so far. */
+uint64_t colld_regs_held(const colld_daemon_t *d);
+uint64_t colld_regs_backstop_refusals(const colld_daemon_t *d);
 
 /* Free the accounting (daemon shutdown). */
 void colld_tenants_free(colld_daemon_t *d);
