@@ -6,8 +6,15 @@
  * join times out, or a joined rank's process dies), then all ranks are answered together. All
  * functions here run with daemon->lock held; RPC answers are collected in a reply list and sent
  * after the lock is released.
+ *
+ * What a tenant can make the daemon hold is charged to it (tenant.c): one membership per joined
+ * rank (max-comms-per-tenant) and, while a communicator forms, its nranks
+ * (max-joining-ranks-per-tenant). A forming single-node communicator holds memory only for the
+ * ranks that joined; its member array and flight recorder are made when the last rank joins.
+ * Teardown is linear in what a session held: communicators unlink in O(1).
  */
 #include "server/daemon.h"
+#include "server/tenant.h"
 
 #include "common/log.h"
 #include "common/util.h"
@@ -107,12 +114,13 @@ bool colld_comm_take_uid(colld_daemon_t *d, const uint8_t *uid, uid_t tenant)
     return true;
 }
 
-/* Give a session a handle for a member: the lowest free slot, growing the table. 0 on failure. */
-static uint32_t handle_alloc(colld_session_t *s, colld_member_t *m)
+/* The lowest free handle of a session, growing the table; 0 without memory. The slot is not
+ * taken: the caller stores the member in it. The hint makes a run of joins linear. */
+static uint32_t handle_free_slot(colld_session_t *s)
 {
-    for (uint32_t h = 1; h < s->nhandles; h++)
+    for (uint32_t h = COLLD_MAX(s->handle_hint, 1u); h < s->nhandles; h++)
         if (!s->handles[h]) {
-            s->handles[h] = m;
+            s->handle_hint = h;
             return h;
         }
     uint32_t n = s->nhandles ? s->nhandles * 2 : 8;
@@ -123,19 +131,64 @@ static uint32_t handle_alloc(colld_session_t *s, colld_member_t *m)
     uint32_t h = s->nhandles ? s->nhandles : 1;
     s->handles = t;
     s->nhandles = n;
-    s->handles[h] = m;
+    s->handle_hint = h;
     return h;
 }
 
-/* Detach a member from its session: the handle is freed and the rank counts as gone. */
+int colld_comm_nslots(const colld_dcomm_t *c)
+{
+    return c->ranks ? c->nranks : c->njoiners;
+}
+
+colld_member_t *colld_comm_slot(const colld_dcomm_t *c, int i)
+{
+    return c->ranks ? &c->ranks[i] : c->joiners[i];
+}
+
+/* Whether rank r has joined here (it may have left since). */
+static bool rank_joined(const colld_dcomm_t *c, int r)
+{
+    if (c->ranks)
+        return c->ranks[r].session || c->ranks[r].left;
+    return (c->joined_mask[r / 64] >> (r % 64)) & 1u;
+}
+
+/* The pid of rank r for an event, 0 when it is not here. */
+static pid_t rank_pid(const colld_dcomm_t *c, int r)
+{
+    if (r < 0 || r >= c->nranks)
+        return 0;
+    for (int i = 0; i < colld_comm_nslots(c); i++) {
+        const colld_member_t *m = colld_comm_slot(c, i);
+        if (m->rank == r)
+            return m->pid;
+    }
+    return 0;
+}
+
+/* Give back the joining ranks charged when the communicator was created: it formed or is gone. */
+static void joining_settle(colld_daemon_t *d, colld_dcomm_t *c)
+{
+    if (!c->joining_charged)
+        return;
+    colld_tenant_uncharge(d, c->tenant, COLLD_LIMIT_JOINING_RANKS, (uint64_t)c->nranks);
+    c->joining_charged = false;
+}
+
+/* Detach a member from its session: the handle is freed, the membership given back to the
+ * tenant, and the rank counts as gone. */
 static void member_detach(colld_member_t *m)
 {
     colld_session_t *s = m->session;
     if (!s)
         return;
-    if (m->handle < s->nhandles && s->handles[m->handle] == m)
+    if (m->handle < s->nhandles && s->handles[m->handle] == m) {
         s->handles[m->handle] = NULL;
+        if (m->handle < s->handle_hint)
+            s->handle_hint = m->handle;
+    }
     s->ncomms--;
+    colld_tenant_uncharge(s->daemon, s->uid, COLLD_LIMIT_COMMS, 1);
     m->session = NULL;
     m->left = true;
     if (m->notify) {
@@ -145,16 +198,32 @@ static void member_detach(colld_member_t *m)
     m->comm->present--;
 }
 
+/* Free the member storage of a communicator. */
+static void comm_free_members(colld_dcomm_t *c)
+{
+    for (int i = 0; i < c->njoiners; i++)
+        free(c->joiners[i]);
+    free(c->joiners);
+    free(c->joined_mask);
+    free(c->ranks);
+    c->joiners = NULL;
+    c->joined_mask = NULL;
+    c->ranks = NULL;
+    c->njoiners = 0;
+}
+
 /* Free a communicator once no member and no executing collective refers to it. */
 void colld_comm_unref(colld_daemon_t *d, colld_dcomm_t *c)
 {
     if (--c->refs > 0)
         return;
-    for (colld_dcomm_t **pp = &d->comms; *pp; pp = &(*pp)->next)
-        if (*pp == c) {
-            *pp = c->next;
-            break;
-        }
+    if (c->prev)
+        c->prev->next = c->next;
+    else if (d->comms == c)
+        d->comms = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    joining_settle(d, c);
     LOG_INFO(COLL, "communicator %llu (%s) freed", (unsigned long long)c->id, c->name);
     colld_event(d, "comm_destroyed", c, -1, 0, 0, c->tenant, c->error,
                 "%s after %llu collectives completed, %llu failed", colld_comm_state_name(c->state),
@@ -164,7 +233,7 @@ void colld_comm_unref(colld_daemon_t *d, colld_dcomm_t *c)
     colld_gpu_comm_free(d, c);
     if (c->x)
         colld_xcomm_free(c->x);
-    free(c->ranks);
+    comm_free_members(c);
     free(c);
 }
 
@@ -197,14 +266,15 @@ static void comm_dissolve(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st
     c->error = st;
     colld_strlcpy(c->error_detail, detail, sizeof(c->error_detail));
     colld_metrics_comm_error(d, st);
-    colld_event(d, colld_event_type_of(st), c, rank, rank >= 0 ? c->ranks[rank].pid : 0, 0, c->tenant, st,
-                "while forming: %s", detail);
-    for (int r = 0; r < c->nranks; r++) {
-        colld_member_t *m = &c->ranks[r];
+    colld_event(d, colld_event_type_of(st), c, rank, rank_pid(c, rank), 0, c->tenant, st, "while forming: %s",
+                detail);
+    for (int i = 0; i < colld_comm_nslots(c); i++) {
+        colld_member_t *m = colld_comm_slot(c, i);
         colld_reply_add(replies, m->join_call, st, detail);
         m->join_call = NULL;
         member_detach(m);
     }
+    joining_settle(d, c);
     LOG_INFO(COLL, "communicator %llu (%s) dissolved before forming: %s", (unsigned long long)c->id, c->name,
              detail);
     if (c->x)
@@ -342,14 +412,149 @@ void colld_policy_clear(colld_daemon_t *d, uid_t uid)
         }
 }
 
+/* Create a communicator for the first local join (lock held): charged to the tenant's joining
+ * ranks until it forms; a single-node one holds room for a few joiners, not nranks members.
+ * Returns it (linked into daemon->comms), or NULL with *st and a detail. */
+static colld_dcomm_t *comm_create(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, bool multi_node,
+                                  int nranks, int timeout_ms, const char *name, colld_status_t *st, char *detail,
+                                  size_t len)
+{
+    *st = colld_tenant_charge(d, s->uid, COLLD_LIMIT_JOINING_RANKS, (uint64_t)nranks, detail, len);
+    if (*st != COLLD_OK)
+        return NULL;
+    /* A multi-node id is checked by its root daemon (it may be this one) when the join reaches
+     * it; a local one must have been issued here. */
+    colld_issued_uid_t *u = multi_node ? NULL : uid_take(d, uid, s->uid);
+    if (!u && !multi_node) {
+        *st = COLLD_ERR_INVALID_ARGUMENT;
+        snprintf(detail, len, "unknown unique id: not issued by this daemon to this user (get it with "
+                              "colld_get_unique_id on the same host)");
+        goto fail;
+    }
+    if (u && u->owner)
+        u->owner->nuids--;
+    free(u);
+    colld_dcomm_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        goto nomem;
+    c->nranks = nranks;
+    c->tenant = s->uid;
+    c->joining_charged = true;
+    if (multi_node) {
+        c->ranks = calloc((size_t)nranks, sizeof(*c->ranks));
+        for (int r = 0; c->ranks && r < nranks; r++) {
+            c->ranks[r].comm = c;
+            c->ranks[r].rank = r;
+        }
+    } else {
+        c->joiners_cap = COLLD_MIN(nranks, 4);
+        c->joiners = calloc((size_t)c->joiners_cap, sizeof(*c->joiners));
+        c->joined_mask = calloc((size_t)nranks / 64 + 1, sizeof(*c->joined_mask));
+    }
+    if (multi_node ? !c->ranks : !c->joiners || !c->joined_mask) {
+        comm_free_members(c);
+        free(c);
+        goto nomem;
+    }
+    c->id = ++d->next_comm_id;
+    memcpy(c->unique_id, uid, sizeof(c->unique_id));
+    c->timeout_ms = timeout_ms;
+    c->refs = 1;
+    c->state = COLLD_COMM_JOINING;
+    c->created_ns = colld_now_ns();
+    c->exec_seq = 1;
+    c->fast_fd = -1;
+    if (name && *name)
+        colld_strlcpy(c->name, name, sizeof(c->name));
+    else
+        snprintf(c->name, sizeof(c->name), "comm-%llu", (unsigned long long)c->id);
+    if (multi_node && colld_cluster_comm_init(d, c, st, detail, len) < 0) {
+        comm_free_members(c);
+        free(c);
+        goto fail;
+    }
+    c->next = d->comms;
+    if (d->comms)
+        d->comms->prev = c;
+    d->comms = c;
+    LOG_INFO(COLL, "communicator %llu (%s) created: %d ranks, timeout %d ms", (unsigned long long)c->id, c->name,
+             nranks, timeout_ms);
+    return c;
+nomem:
+    *st = COLLD_ERR_NO_MEMORY;
+    snprintf(detail, len, "daemon out of memory");
+fail:
+    colld_tenant_uncharge(d, s->uid, COLLD_LIMIT_JOINING_RANKS, (uint64_t)nranks);
+    return NULL;
+}
+
+/* The member a joining rank takes (lock held): its slot by rank in a multi-node communicator, a
+ * new joiner record in a forming single-node one (`fresh`, allocated by the caller, is used and
+ * set to NULL). NULL without memory. */
+static colld_member_t *member_take(colld_dcomm_t *c, int rank, colld_member_t **fresh)
+{
+    if (c->ranks)
+        return &c->ranks[rank];
+    if (c->njoiners == c->joiners_cap) {
+        int cap = COLLD_MIN(c->joiners_cap * 2, c->nranks);
+        colld_member_t **t = realloc(c->joiners, (size_t)cap * sizeof(*t));
+        if (!t)
+            return NULL;
+        c->joiners = t;
+        c->joiners_cap = cap;
+    }
+    colld_member_t *m = *fresh;
+    *fresh = NULL;
+    m->comm = c;
+    m->rank = rank;
+    c->joiners[c->njoiners++] = m;
+    c->joined_mask[rank / 64] |= 1ull << (rank % 64);
+    return m;
+}
+
+/* Every rank of a single-node communicator has joined: make its member array by rank and move
+ * the joiners there (their sessions' handles follow). Returns 0 or -1 (no memory: it stays as it
+ * is). */
+static int comm_densify(colld_dcomm_t *c)
+{
+    if (c->ranks)
+        return 0;
+    colld_member_t *ranks = calloc((size_t)c->nranks, sizeof(*ranks));
+    if (!ranks)
+        return -1;
+    for (int r = 0; r < c->nranks; r++) {
+        ranks[r].comm = c;
+        ranks[r].rank = r;
+    }
+    for (int i = 0; i < c->njoiners; i++) {
+        colld_member_t *j = c->joiners[i];
+        colld_member_t *m = &ranks[j->rank];
+        *m = *j;
+        if (m->session && m->handle < m->session->nhandles && m->session->handles[m->handle] == j)
+            m->session->handles[m->handle] = m;
+        free(j);
+    }
+    free(c->joiners);
+    free(c->joined_mask);
+    c->joiners = NULL;
+    c->joined_mask = NULL;
+    c->njoiners = c->joiners_cap = 0;
+    c->ranks = ranks;
+    return 0;
+}
+
 /* Join rank `rank` of the communicator named by `uid`. Answers now on error; otherwise the answer
- * comes when the last rank joins. */
+ * comes when the last rank joins. The name is the tenant's: it must be printable UTF-8 of at most
+ * COLLD_NAME_LEN - 1 bytes (it is shown to operators, logged, and sent in every Status and event),
+ * else the join is refused with INVALID_ARGUMENT saying what is wrong. */
 void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, int nranks, int rank,
                      int timeout_ms, const char *name, colld_rpc_call_t *call, colld_reply_t **replies)
 {
-    char detail[COLLD_DETAIL_LEN];
+    char detail[COLLD_DETAIL_LEN], why[96];
     colld_status_t st = COLLD_ERR_INVALID_ARGUMENT;
     colld_dcomm_t *c = NULL;
+    colld_member_t *fresh = NULL;
+    bool charged = false;
 
     if (nranks < 1 || nranks > COLLD_MAX_RANKS) {
         snprintf(detail, sizeof(detail), "nranks %d is out of range (1..%d)", nranks, COLLD_MAX_RANKS);
@@ -363,6 +568,13 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
         snprintf(detail, sizeof(detail), "timeout_ms %d is negative", timeout_ms);
         goto fail;
     }
+    if (name && !colld_str_valid(name, COLLD_NAME_LEN - 1, why, sizeof(why))) {
+        snprintf(detail, sizeof(detail),
+                 "communicator name refused: %s (a name is at most %d bytes of printable UTF-8, no control or "
+                 "formatting characters)",
+                 why, COLLD_NAME_LEN - 1);
+        goto fail;
+    }
     if (timeout_ms == 0)
         timeout_ms = (int)d->cfg.timeout_ms;
     if (timeout_ms > d->cfg.max_timeout_ms)
@@ -372,7 +584,9 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
         timeout_ms = tenant_cap; /* the tenant's policy */
     if (s->ncomms >= (unsigned)d->cfg.max_comms_per_session) {
         st = COLLD_ERR_QUOTA_EXCEEDED;
-        snprintf(detail, sizeof(detail), "session already has %u communicators (max-comms-per-session)", s->ncomms);
+        snprintf(detail, sizeof(detail), "max-comms-per-session = %lld reached: this process already has %u "
+                                         "communicators",
+                 (long long)d->cfg.max_comms_per_session, s->ncomms);
         goto fail;
     }
     for (colld_dcomm_t *x = d->comms; x; x = x->next)
@@ -386,79 +600,41 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
                  (unsigned long long)c->id);
         goto fail;
     }
-    char root_addr[COLLD_WIRE_UNIQUE_ID_BYTES];
-    bool multi_node = colld_uid_root_addr(uid, root_addr, sizeof(root_addr)) != NULL;
-    if (!c) {
-        /* A multi-node id is checked by its root daemon (it may be this one) when the join
-         * reaches it; a local one must have been issued here. */
-        colld_issued_uid_t *u = multi_node ? NULL : uid_take(d, uid, s->uid);
-        if (!u && !multi_node) {
-            snprintf(detail, sizeof(detail), "unknown unique id: not issued by this daemon to this user "
-                                             "(get it with colld_get_unique_id on the same host)");
-            goto fail;
-        }
-        if (u && u->owner)
-            u->owner->nuids--;
-        free(u);
-        c = calloc(1, sizeof(*c));
-        if (c) {
-            c->nranks = nranks;
-            c->ranks = calloc((size_t)nranks, sizeof(*c->ranks));
-        }
-        if (!c || !c->ranks || colld_recorder_init(d, c) < 0) {
-            if (c)
-                free(c->ranks);
-            free(c);
-            st = COLLD_ERR_NO_MEMORY;
-            snprintf(detail, sizeof(detail), "daemon out of memory");
-            goto fail;
-        }
-        c->id = ++d->next_comm_id;
-        memcpy(c->unique_id, uid, sizeof(c->unique_id));
-        c->tenant = s->uid;
-        c->nranks = nranks;
-        c->timeout_ms = timeout_ms;
-        c->refs = 1;
-        c->state = COLLD_COMM_JOINING;
-        c->created_ns = colld_now_ns();
-        c->exec_seq = 1;
-        c->fast_fd = -1;
-        if (name && *name)
-            colld_strlcpy(c->name, name, sizeof(c->name));
-        else
-            snprintf(c->name, sizeof(c->name), "comm-%llu", (unsigned long long)c->id);
-        for (int r = 0; r < nranks; r++) {
-            c->ranks[r].comm = c;
-            c->ranks[r].rank = r;
-        }
-        if (multi_node && colld_cluster_comm_init(d, c, &st, detail, sizeof(detail)) < 0) {
-            colld_recorder_free(c);
-            free(c->ranks);
-            free(c);
-            goto fail;
-        }
-        c->next = d->comms;
-        d->comms = c;
-        LOG_INFO(COLL, "communicator %llu (%s) created: %d ranks, timeout %d ms", (unsigned long long)c->id,
-                 c->name, nranks, timeout_ms);
-    } else if (c->nranks != nranks) {
+    if (c && c->nranks != nranks) {
         snprintf(detail, sizeof(detail), "nranks %d differs from %d given by the ranks that joined first", nranks,
                  c->nranks);
         goto fail;
     }
-    colld_member_t *m = &c->ranks[rank];
-    if (m->session || m->left) {
+    if (c && rank_joined(c, rank)) {
         st = COLLD_ERR_INVALID_USAGE;
         snprintf(detail, sizeof(detail), "rank %d of communicator %llu already joined (pid %d)", rank,
-                 (unsigned long long)c->id, (int)m->pid);
+                 (unsigned long long)c->id, (int)rank_pid(c, rank));
         goto fail;
     }
-    uint32_t h = handle_alloc(s, m);
-    if (!h) {
+    char root_addr[COLLD_WIRE_UNIQUE_ID_BYTES];
+    bool multi_node = c ? c->x != NULL : colld_uid_root_addr(uid, root_addr, sizeof(root_addr)) != NULL;
+    /* Everything that can fail for want of memory comes before anything changes. */
+    uint32_t h = handle_free_slot(s);
+    if (!multi_node)
+        fresh = calloc(1, sizeof(*fresh));
+    if (!h || (!multi_node && !fresh)) {
         st = COLLD_ERR_NO_MEMORY;
         snprintf(detail, sizeof(detail), "daemon out of memory");
         goto fail;
     }
+    st = colld_tenant_charge(d, s->uid, COLLD_LIMIT_COMMS, 1, detail, sizeof(detail));
+    if (st != COLLD_OK)
+        goto fail;
+    charged = true;
+    if (!c && !(c = comm_create(d, s, uid, multi_node, nranks, timeout_ms, name, &st, detail, sizeof(detail))))
+        goto fail;
+    colld_member_t *m = member_take(c, rank, &fresh);
+    if (!m) {
+        st = COLLD_ERR_NO_MEMORY;
+        snprintf(detail, sizeof(detail), "daemon out of memory");
+        goto fail;
+    }
+    s->handles[h] = m;
     m->session = s;
     m->handle = h;
     m->pid = s->pid;
@@ -473,17 +649,29 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
     }
     if (c->joined < c->nranks)
         return;
+    if (comm_densify(c) < 0) {
+        comm_dissolve(d, c, COLLD_ERR_NO_MEMORY, -1, "daemon out of memory while the communicator formed", replies);
+        return;
+    }
     colld_comm_formed(d, c, replies);
     return;
 fail:
+    free(fresh);
+    if (charged)
+        colld_tenant_uncharge(d, s->uid, COLLD_LIMIT_COMMS, 1);
     LOG_INFO(COLL, "pid %d: join refused: %s", (int)s->pid, detail);
     colld_reply_add(replies, call, st, detail);
 }
 
-/* Every rank has joined: the communicator is ready; answer the joins (lock held). */
+/* Every rank has joined: the communicator is ready; answer the joins (lock held). Its flight
+ * recorder is made now (without memory for it, it runs without one). */
 void colld_comm_formed(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **replies)
 {
     c->state = COLLD_COMM_READY;
+    joining_settle(d, c);
+    if (colld_recorder_init(d, c) < 0)
+        LOG_WARN(COLL, "communicator %llu (%s): no memory for its flight recorder; it runs without one",
+                 (unsigned long long)c->id, c->name);
     colld_fast_create(d, c);
     LOG_INFO(COLL, "communicator %llu (%s) formed with %d ranks", (unsigned long long)c->id, c->name, c->nranks);
     colld_metrics_comm_formed(d);
@@ -573,7 +761,7 @@ uint64_t colld_comm_check_join_timeouts(colld_daemon_t *d, uint64_t now, colld_r
                 int off = snprintf(why, sizeof(why), "only %d of %d ranks joined within %d ms; missing ranks:",
                                    c->joined, c->nranks, c->timeout_ms);
                 for (int r = 0; r < c->nranks && off < (int)sizeof(why) - 8; r++)
-                    if (!c->ranks[r].session && !c->ranks[r].left)
+                    if (!rank_joined(c, r))
                         off += snprintf(why + off, sizeof(why) - (size_t)off, " %d", r);
                 comm_dissolve(d, c, COLLD_ERR_TIMEOUT, -1, why, replies);
             } else if (deadline < next)

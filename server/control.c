@@ -210,7 +210,7 @@ static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
         ns++;
     for (colld_dcomm_t *c = d->comms; c; c = c->next) {
         nc++;
-        nm += (size_t)c->nranks;
+        nm += (size_t)colld_comm_nslots(c); /* a forming communicator: only the ranks that joined */
     }
     sinfo = calloc(ns + 1, sizeof(*sinfo));
     sptr = calloc(ns + 1, sizeof(*sptr));
@@ -249,8 +249,8 @@ static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
         i->name = strdup(c->name);
         i->nranks = c->nranks;
         i->joined = c->present; /* ranks here, plus (multi-node) those on other nodes */
-        for (int r = 0; r < c->nranks; r++)
-            i->joined += c->ranks[r].remote;
+        for (int k = 0; k < colld_comm_nslots(c); k++)
+            i->joined += colld_comm_slot(c, k)->remote;
         i->state = (char *)colld_comm_state_name(c->state);
         i->ops_completed = c->ops_completed;
         i->ops_failed = c->ops_failed;
@@ -259,8 +259,9 @@ static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
         i->last_error = strdup(c->error_detail);
         i->slowest_rank = colld_recorder_slowest(c);
         i->members = &mptr[mi];
-        for (int r = 0; r < c->nranks; r++) {
-            colld_member_t *m = &c->ranks[r];
+        for (int k = 0; k < colld_comm_nslots(c); k++) {
+            colld_member_t *m = colld_comm_slot(c, k);
+            int r = m->rank;
             if (!m->session && !m->remote)
                 continue;
             Colld__V1__CommMemberInfo *x = &minfo[mi];
@@ -567,9 +568,9 @@ static void on_trace(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *
     }
     /* The collective being waited for, if any rank has posted it. */
     memset(&pending_rec, 0, sizeof(pending_rec));
-    for (int r = 0; r < c->nranks; r++) {
+    for (int r = 0; r < c->nranks && c->state == COLLD_COMM_READY; r++) {
         const colld_op_t *op = c->ranks[r].head;
-        if (c->state != COLLD_COMM_READY || !op || op->d.seq != c->exec_seq)
+        if (!op || op->d.seq != c->exec_seq)
             continue;
         pending_arr[r] = op->arrival_ns;
         if (!pending_rec.first_ns || op->arrival_ns < pending_rec.first_ns) {
@@ -591,15 +592,18 @@ static void on_trace(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *
         resp.n_entries++;
     }
     for (int r = 0; r < c->nranks; r++) {
-        const colld_member_t *m = &c->ranks[r];
         colld__v1__rank_stats__init(&rs[r]);
         rs[r].rank = r;
+        rptr[r] = &rs[r];
+    }
+    for (int k = 0; k < colld_comm_nslots(c); k++) { /* a forming communicator: the ranks that joined */
+        const colld_member_t *m = colld_comm_slot(c, k);
+        int r = m->rank;
         rs[r].pid = m->pid;
         rs[r].present = m->session != NULL;
         rs[r].samples = m->late_samples;
         rs[r].mean_late_us = m->late_samples ? m->late_sum_ns / m->late_samples / 1000 : 0;
         rs[r].max_late_us = m->late_max_ns / 1000;
-        rptr[r] = &rs[r];
     }
     resp.ranks = rptr;
     resp.n_ranks = (size_t)c->nranks;

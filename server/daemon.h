@@ -158,6 +158,7 @@ struct colld_session {
 
     colld_member_t **handles; /* index = handle; handle 0 unused */
     uint32_t nhandles;
+    uint32_t handle_hint;     /* no free handle below this one */
     unsigned ncomms;
 
     colld_session_t *next;
@@ -229,7 +230,16 @@ struct colld_dcomm {
     uint64_t ops_completed, ops_failed;
     int refs;                 /* 1 while members remain + 1 per executing collective */
     int notices_pending;      /* members whose break notice is not posted yet */
-    colld_member_t *ranks;    /* [nranks] */
+    /* Members. A single-node communicator holds only the ranks that joined while it forms
+     * (`joiners`, memory proportional to them, so a tenant cannot make the daemon hold nranks
+     * members for ranks that never come); `ranks` is made when it forms. A multi-node one has
+     * `ranks` from the start (the root daemon places every rank while it forms). Outside comm.c,
+     * iterate a communicator that may be forming with colld_comm_nslots / colld_comm_slot. */
+    colld_member_t *ranks;    /* [nranks] by rank, or NULL while a single-node communicator forms */
+    colld_member_t **joiners; /* while forming (single-node): [njoiners] in join order */
+    int njoiners, joiners_cap;
+    uint64_t *joined_mask;    /* while forming (single-node): bit r = rank r has joined */
+    bool joining_charged;     /* nranks charged to the tenant's joining ranks (tenant.c) until it forms */
     /* flight recorder (recorder.c): a ring of trace_cap records, newest at trace_count - 1 */
     colld_trace_rec_t *trace;
     uint64_t *trace_arrivals; /* [trace_cap][nranks] */
@@ -244,7 +254,7 @@ struct colld_dcomm {
     int fast_fd;
     colld_wire_fast_stats_t *fast_seen; /* [nranks] the ranks' counters already in the metrics */
     colld_gpu_comm_t *gpu;    /* GPU state (gpu.c), NULL until the first stream-ordered collective */
-    colld_dcomm_t *next;
+    colld_dcomm_t *next, *prev; /* daemon->comms (prev: unlinked in O(1) when freed) */
 };
 
 typedef struct colld_issued_uid {
@@ -373,6 +383,11 @@ void colld_comm_session_gone(colld_daemon_t *d, colld_session_t *s, colld_reply_
 uint64_t colld_comm_check_join_timeouts(colld_daemon_t *d, uint64_t now, colld_reply_t **replies);
 const char *colld_comm_state_name(colld_comm_state_t s);
 colld_member_t *colld_comm_member(colld_session_t *s, uint32_t handle);
+/* The members of a communicator that are here (lock held): slot i in [0, colld_comm_nslots(c)) is
+ * rank i once it formed (or multi-node), the i-th rank to join while a single-node one forms
+ * (slot->rank says which). A slot of a formed communicator may be a rank that left or is remote. */
+int colld_comm_nslots(const colld_dcomm_t *c);
+colld_member_t *colld_comm_slot(const colld_dcomm_t *c, int i);
 void colld_reply_add(colld_reply_t **list, colld_rpc_call_t *call, colld_status_t st, const char *detail);
 /* Send and free replies collected under the lock (call without the lock). */
 void colld_replies_send(colld_reply_t *list);

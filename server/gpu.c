@@ -620,7 +620,12 @@ void colld_gpu_owe_release(colld_dcomm_t *c, int rank, uint32_t value, colld_sta
     if (rank < 0 || rank >= c->nranks)
         return;
     if (!gc || !gc->running) {
-        flag_release(c->ranks[rank].session, c->ranks[rank].handle, v, st);
+        const colld_member_t *m = c->ranks ? &c->ranks[rank] : NULL;
+        for (int i = 0; !m && i < colld_comm_nslots(c); i++) /* forming: the rank's joiner record */
+            if (colld_comm_slot(c, i)->rank == rank)
+                m = colld_comm_slot(c, i);
+        if (m)
+            flag_release(m->session, m->handle, v, st);
         return;
     }
     if (!gc->owe[rank] || (int32_t)(v - gc->owed[rank]) > 0)

@@ -358,7 +358,7 @@ static void walk_state(colld_daemon_t *d, state_gauges_t *g)
             if (st + 1 > g->nstates)
                 g->nstates = st + 1;
         }
-        for (int r = 0; r < c->nranks; r++)
+        for (int r = 0; r < c->nranks && st != COLLD_COMM_JOINING; r++) /* forming: no ops, no rank array */
             for (colld_op_t *op = c->ranks[r].head; op; op = op->next)
                 g->ops_queued++;
     }

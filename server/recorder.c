@@ -48,7 +48,8 @@ const char *colld_redop_name(unsigned redop)
     return redop < COLLD_REDOP_COUNT ? names[redop] : "unknown";
 }
 
-/* Allocate the recorder of a new communicator (trace-entries records; 0 disables it). */
+/* Allocate the recorder of a communicator that has formed (trace-entries records of nranks
+ * arrival times each; 0 disables it): not before, so a communicator that never forms costs none. */
 int colld_recorder_init(colld_daemon_t *d, colld_dcomm_t *c)
 {
     unsigned cap = (unsigned)d->cfg.trace_entries;
@@ -159,6 +160,8 @@ void colld_recorder_failed(colld_dcomm_t *c, colld_status_t st, uint64_t now)
 int colld_recorder_slowest(const colld_dcomm_t *c)
 {
     int slowest = -1;
+    if (!c->ranks)
+        return -1; /* forming: nothing has run */
     uint64_t worst = COLLD_STRAGGLER_MIN_NS;
     for (int r = 0; r < c->nranks; r++) {
         const colld_member_t *m = &c->ranks[r];

@@ -204,15 +204,20 @@ static int session_on_hello(colld_session_t *s, const colld_wire_msg_t *m)
         session_send_error(s, COLLD_MSG_WELCOME, COLLD_ERR_PROTOCOL, detail);
         return -1;
     }
-    char name[sizeof(m->u.hello.process_name) + 1];
-    memcpy(name, m->u.hello.process_name, sizeof(m->u.hello.process_name));
-    name[sizeof(name) - 1] = '\0';
-    for (char *p = name; *p; p++)
-        if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e)
-            *p = '?';
+    /* The process name is the client's word, shown to operators and logged: kept if it is
+     * printable UTF-8, each unacceptable byte or character a '?' (a connection is not refused for
+     * its name). The admin role (collctl's sessions, which make no attach/detach events) is
+     * checked, not claimed: a tenant that is not an administrator gets the client role. */
+    char name[sizeof(s->name)];
+    colld_str_sanitize(name, sizeof(name), m->u.hello.process_name, sizeof(m->u.hello.process_name));
+    bool admin = m->u.hello.role == COLLD_ROLE_ADMIN && colld_uid_is_admin(s->uid);
+    if (m->u.hello.role == COLLD_ROLE_ADMIN && !admin)
+        LOG_INFO(SESSION, "session %llu (pid %d, uid %u) asked for the admin role: not an administrator, served as "
+                          "a client",
+                 (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid);
     /* The engine and the control plane read these fields under the lock: publish them under it. */
     pthread_mutex_lock(&d->lock);
-    s->role = m->u.hello.role == COLLD_ROLE_ADMIN ? COLLD_ROLE_ADMIN : COLLD_ROLE_CLIENT;
+    s->role = admin ? COLLD_ROLE_ADMIN : COLLD_ROLE_CLIENT;
     colld_strlcpy(s->name, name, sizeof(s->name));
     int rc = colld_random_bytes(s->token, sizeof(s->token)) < 0 || colld_session_make_rings(s) < 0 ? -1 : 0;
     if (rc == 0)
@@ -561,10 +566,11 @@ void colld_session_forget(colld_session_t *s, const char *why, colld_reply_t **r
     if (s->shm && s->role == COLLD_ROLE_CLIENT)
         colld_event(d, "session_detached", NULL, -1, s->pid, s->id, s->uid, COLLD_OK, "%s: %s", s->name, why);
     colld_comm_session_gone(d, s, replies);
-    for (colld_issued_uid_t **pp = &d->uids; *pp;) {
+    for (colld_issued_uid_t **pp = &d->uids; *pp && s->nuids > 0;) { /* its unused unique ids, if any */
         colld_issued_uid_t *u = *pp;
         if (u->owner == s) {
             *pp = u->next;
+            s->nuids--;
             free(u);
         } else
             pp = &u->next;
