@@ -8,6 +8,7 @@
  * the gRPC thread and take daemon->lock; CommInit is answered later, when all ranks have joined.
  */
 #include "server/daemon.h"
+#include "server/tenant.h"
 #include "transport/tcp/tcp.h"
 
 #include "colld.pb-c.h"
@@ -40,7 +41,7 @@ static colld_session_t *session_of(colld_daemon_t *d, const Colld__V1__SessionRe
  * their own tenant's communicators. */
 static bool is_admin(const colld_session_t *s)
 {
-    return s->uid == 0 || s->uid == getuid();
+    return colld_uid_is_admin(s->uid);
 }
 
 /* The communicator with this id, if the session may see it (lock held). */
@@ -375,6 +376,8 @@ static void on_comm_abort(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
     colld_rpc_reply(call, &resp.base);
 }
 
+/* SetPolicy (admin): a tenant's timeout cap, multi-node algorithm and resource limit overrides, or
+ * with clear all of them removed. Every part is checked before any is applied. */
 static void on_set_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *ctx)
 {
     colld_daemon_t *d = ctx;
@@ -397,80 +400,186 @@ static void on_set_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
         snprintf(detail, sizeof(detail), "no policy given");
         goto out;
     }
-    uid_t uid = req->policy->uid;
+    const Colld__V1__TenantPolicy *pol = req->policy;
+    uid_t uid = pol->uid;
     if (req->clear) {
         colld_policy_clear(d, uid);
+        for (int i = 0; i < COLLD_LIMIT_COUNT; i++)
+            colld_tenant_set_limit(d, uid, (colld_limit_t)i, UINT64_MAX); /* clearing never allocates */
         LOG_INFO(RPC, "policy of uid %u cleared by pid %d", (unsigned)uid, (int)s->pid);
         goto out;
     }
-    const char *algo_text = req->policy->net_algo;
+    const char *algo_text = pol->net_algo;
     int algo = algo_text && *algo_text ? colld_net_algo_parse(algo_text) : -2;
     if (algo == -1) {
         resp.status = COLLD_ERR_INVALID_ARGUMENT;
-        snprintf(detail, sizeof(detail), "net_algo '%s' is not auto, ring or rd", algo_text);
+        snprintf(detail, sizeof(detail), "net_algo '%.32s' is not auto, ring or rd", algo_text);
         goto out;
     }
-    int cap = req->policy->max_timeout_ms;
-    if ((cap == 0 && algo == -2) || cap < 0 || cap > d->cfg.max_timeout_ms) {
+    int cap = pol->max_timeout_ms;
+    if (cap < 0 || cap > d->cfg.max_timeout_ms) {
         resp.status = COLLD_ERR_INVALID_ARGUMENT;
         snprintf(detail, sizeof(detail), "max_timeout_ms %d is out of range (1..%lld, the daemon's max-timeout-ms)",
                  cap, (long long)d->cfg.max_timeout_ms);
         goto out;
     }
-    if (colld_policy_set(d, uid, cap ? cap : colld_policy_cap(d, uid)) < 0) {
-        resp.status = COLLD_ERR_NO_MEMORY;
-        snprintf(detail, sizeof(detail), "daemon out of memory");
+    int which[COLLD_LIMIT_COUNT];
+    if (pol->n_limits > COLLD_LIMIT_COUNT) {
+        resp.status = COLLD_ERR_INVALID_ARGUMENT;
+        snprintf(detail, sizeof(detail), "%zu limits given; there are %d", pol->n_limits, COLLD_LIMIT_COUNT);
         goto out;
     }
-    for (colld_policy_t *p = d->policies; p && algo >= 0; p = p->next)
-        if (p->uid == uid)
-            p->net_algo = algo;
-    LOG_INFO(RPC, "policy of uid %u: max timeout %d ms, multi-node all-reduce %s (set by pid %d)", (unsigned)uid,
-             colld_policy_cap(d, uid), algo >= 0 ? colld_net_algo_name(algo) : "unchanged", (int)s->pid);
+    for (size_t i = 0; i < pol->n_limits; i++) {
+        const Colld__V1__TenantLimit *l = pol->limits[i];
+        int w = colld_limit_by_name(l->name);
+        for (size_t j = 0; w >= 0 && j < i; j++)
+            if (which[j] == w)
+                w = -1; /* named twice */
+        if (w < 0 || (!l->reset && l->limit == UINT64_MAX)) {
+            resp.status = COLLD_ERR_INVALID_ARGUMENT;
+            snprintf(detail, sizeof(detail),
+                     "limit %zu ('%.48s'): not a per-tenant limit, named twice, or out of range (known: "
+                     "max-sessions-per-tenant, max-comms-per-tenant, max-joining-ranks-per-tenant, "
+                     "max-regs-per-tenant, max-registered-bytes-per-tenant, max-event-followers-per-tenant, "
+                     "max-rpc-conns-per-tenant)",
+                     i, l->name ? l->name : "");
+            goto out;
+        }
+        which[i] = w;
+    }
+    if (cap == 0 && algo == -2 && pol->n_limits == 0) {
+        resp.status = COLLD_ERR_INVALID_ARGUMENT;
+        snprintf(detail, sizeof(detail), "nothing to set: give max_timeout_ms, net_algo or a limit");
+        goto out;
+    }
+    if (cap > 0 || algo >= 0) {
+        if (colld_policy_set(d, uid, cap ? cap : colld_policy_cap(d, uid)) < 0)
+            goto nomem;
+        for (colld_policy_t *p = d->policies; p && algo >= 0; p = p->next)
+            if (p->uid == uid)
+                p->net_algo = algo;
+        LOG_INFO(RPC, "policy of uid %u: max timeout %d ms, multi-node all-reduce %s (set by pid %d)", (unsigned)uid,
+                 colld_policy_cap(d, uid), algo >= 0 ? colld_net_algo_name(algo) : "unchanged", (int)s->pid);
+    }
+    for (size_t i = 0; i < pol->n_limits; i++) {
+        const Colld__V1__TenantLimit *l = pol->limits[i];
+        if (colld_tenant_set_limit(d, uid, (colld_limit_t)which[i], l->reset ? UINT64_MAX : l->limit) < 0)
+            goto nomem;
+        LOG_INFO(RPC, "policy of uid %u: %s = %llu%s (set by pid %d)", (unsigned)uid,
+                 colld_limit_name((colld_limit_t)which[i]),
+                 (unsigned long long)colld_tenant_limit(d, uid, (colld_limit_t)which[i]),
+                 l->reset ? " (the default)" : "", (int)s->pid);
+    }
+    goto out;
+nomem:
+    resp.status = COLLD_ERR_NO_MEMORY;
+    snprintf(detail, sizeof(detail), "daemon out of memory");
 out:
     pthread_mutex_unlock(&d->lock);
     resp.detail = sdetail ? (char *)sdetail : detail;
     colld_rpc_reply(call, &resp.base);
 }
 
+/* The uids GetPolicy reports (lock held): an administrator sees every tenant with a policy, an
+ * override or something held; anyone else only their own uid. Returns how many (at most max). */
+static size_t policy_uids(const colld_daemon_t *d, const colld_session_t *s, uid_t *out, size_t max)
+{
+    if (!is_admin(s)) {
+        out[0] = s->uid;
+        return 1;
+    }
+    size_t n = 0;
+    for (const colld_policy_t *p = d->policies; p && n < max; p = p->next)
+        out[n++] = p->uid;
+    size_t np = n, end = n + COLLD_MIN(colld_tenant_uids(d, out + n, max - n), max - n);
+    for (size_t i = np; i < end; i++) {
+        bool seen = false;
+        for (size_t j = 0; j < np && !seen; j++) /* the tenant uids themselves are distinct */
+            seen = out[j] == out[i];
+        if (!seen)
+            out[n++] = out[i];
+    }
+    return n;
+}
+
+/* GetPolicy: every limit's default, use and refusals, the registration backstop, and per tenant
+ * its timeout cap, algorithm and limits with what it holds. */
 static void on_get_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *ctx)
 {
     colld_daemon_t *d = ctx;
     const Colld__V1__GetPolicyRequest *req = (const Colld__V1__GetPolicyRequest *)msg;
     Colld__V1__GetPolicyResponse resp = COLLD__V1__GET_POLICY_RESPONSE__INIT;
     Colld__V1__TenantPolicy *pol = NULL, **ptr = NULL;
+    Colld__V1__TenantLimit *lim = NULL, **lptr = NULL;
+    uid_t *uids = NULL;
     const char *detail = "";
     pthread_mutex_lock(&d->lock);
     colld_session_t *s = session_of(d, req->session, &resp.status, &detail);
-    if (s) {
-        size_t n = 0;
+    if (!s)
+        goto out;
+    size_t max = colld_tenant_uids(d, NULL, 0) + 1;
+    for (colld_policy_t *p = d->policies; p; p = p->next)
+        max++;
+    uids = calloc(max, sizeof(*uids));
+    size_t n = uids ? policy_uids(d, s, uids, max) : 0;
+    pol = calloc(n + 1, sizeof(*pol));
+    ptr = calloc(n + 1, sizeof(*ptr));
+    lim = calloc((n + 1) * COLLD_LIMIT_COUNT, sizeof(*lim));
+    lptr = calloc((n + 1) * COLLD_LIMIT_COUNT, sizeof(*lptr));
+    if (!uids || !pol || !ptr || !lim || !lptr) {
+        resp.status = COLLD_ERR_NO_MEMORY;
+        detail = "daemon out of memory";
+        goto out;
+    }
+    for (int i = 0; i < COLLD_LIMIT_COUNT; i++) { /* slots [0, COUNT): the defaults */
+        Colld__V1__TenantLimit *l = &lim[i];
+        colld__v1__tenant_limit__init(l);
+        l->name = (char *)colld_limit_name((colld_limit_t)i);
+        l->limit = colld_limit_default(d, (colld_limit_t)i);
+        l->used = colld_tenant_used_total(d, (colld_limit_t)i);
+        l->refused = colld_tenant_refusals(d, (colld_limit_t)i);
+        lptr[i] = l;
+    }
+    resp.defaults = lptr;
+    resp.n_defaults = COLLD_LIMIT_COUNT;
+    for (size_t k = 0; k < n; k++) {
+        Colld__V1__TenantPolicy *x = &pol[k];
+        colld__v1__tenant_policy__init(x);
+        x->uid = uids[k];
+        x->net_algo = "";
         for (colld_policy_t *p = d->policies; p; p = p->next)
-            n++;
-        pol = calloc(n + 1, sizeof(*pol));
-        ptr = calloc(n + 1, sizeof(*ptr));
-        if (!pol || !ptr) {
-            resp.status = COLLD_ERR_NO_MEMORY;
-            detail = "daemon out of memory";
-        } else
-            for (colld_policy_t *p = d->policies; p; p = p->next) {
-                if (!is_admin(s) && p->uid != s->uid)
-                    continue;
-                Colld__V1__TenantPolicy *x = &pol[resp.n_tenants];
-                colld__v1__tenant_policy__init(x);
-                x->uid = p->uid;
+            if (p->uid == uids[k]) {
                 x->max_timeout_ms = p->max_timeout_ms;
                 x->net_algo = p->net_algo >= 0 ? (char *)colld_net_algo_name(p->net_algo) : "";
-                ptr[resp.n_tenants++] = x;
             }
-        resp.tenants = ptr;
-        resp.default_timeout_ms = (int32_t)d->cfg.timeout_ms;
-        resp.max_timeout_ms = (int32_t)d->cfg.max_timeout_ms;
+        x->limits = &lptr[(k + 1) * COLLD_LIMIT_COUNT];
+        x->n_limits = COLLD_LIMIT_COUNT;
+        for (int i = 0; i < COLLD_LIMIT_COUNT; i++) {
+            Colld__V1__TenantLimit *l = &lim[(k + 1) * COLLD_LIMIT_COUNT + (size_t)i];
+            colld__v1__tenant_limit__init(l);
+            l->name = (char *)colld_limit_name((colld_limit_t)i);
+            l->limit = colld_tenant_limit(d, uids[k], (colld_limit_t)i);
+            l->used = colld_tenant_used(d, uids[k], (colld_limit_t)i);
+            l->overridden = colld_tenant_overridden(d, uids[k], (colld_limit_t)i);
+            x->limits[i] = l;
+        }
+        ptr[resp.n_tenants++] = x;
     }
+    resp.tenants = ptr;
+    resp.default_timeout_ms = (int32_t)d->cfg.timeout_ms;
+    resp.max_timeout_ms = (int32_t)d->cfg.max_timeout_ms;
+    resp.max_registrations = colld_regs_backstop(d);
+    resp.registrations = colld_regs_held(d);
+    resp.registrations_refused = colld_regs_backstop_refusals(d);
+out:
     pthread_mutex_unlock(&d->lock);
     resp.detail = (char *)detail;
     colld_rpc_reply(call, &resp.base);
+    free(uids);
     free(pol);
     free(ptr);
+    free(lim);
+    free(lptr);
 }
 
 /* Microseconds of `t` after `base` (monotonic ns), -1 when t is 0 (never happened). */

@@ -27,6 +27,7 @@
 #include "common/util.h"
 #include "server/daemon.h"
 #include "transport/tcp/tcp.h"
+#include "server/tenant.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -639,6 +640,14 @@ static void render(colld_daemon_t *d, const process_info_t *p, const peer_snapsh
     tb_printf(b, "colld_descriptors_in_flight %llu\n", (unsigned long long)g.in_flight);
     tb_family(b, "colld_registered_bytes", "gauge", "Bytes of client memory registered with the daemon now.");
     tb_printf(b, "colld_registered_bytes %llu\n", (unsigned long long)g.registered_bytes);
+    tb_family(b, "colld_quota_refusals_total", "counter",
+              "Requests refused at a per-tenant limit (collctl policy) or the daemon-wide registration backstop, "
+              "by limit.");
+    for (int i = 0; i < COLLD_LIMIT_COUNT; i++)
+        tb_printf(b, "colld_quota_refusals_total{limit=\"%s\"} %llu\n", colld_limit_name((colld_limit_t)i),
+                  (unsigned long long)colld_tenant_refusals(d, (colld_limit_t)i));
+    tb_printf(b, "colld_quota_refusals_total{limit=\"max-registrations\"} %llu\n",
+              (unsigned long long)colld_regs_backstop_refusals(d));
     tb_family(b, "colld_draining", "gauge",
               "1 while the daemon drains before stopping (SIGTERM with --drain-timeout-ms): new communicators are "
               "refused.");

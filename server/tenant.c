@@ -47,8 +47,7 @@ const char *colld_limit_name(colld_limit_t what)
     return (unsigned)what < COLLD_LIMIT_COUNT ? limit_names[what] : "unknown limit";
 }
 
-/* The configured default of a limit. */
-static uint64_t default_limit(const colld_daemon_t *d, colld_limit_t what)
+uint64_t colld_limit_default(const colld_daemon_t *d, colld_limit_t what)
 {
     const colld_daemon_config_t *c = &d->cfg;
     switch (what) {
@@ -126,7 +125,7 @@ static void maybe_free(colld_daemon_t *d, colld_tenant_t *t)
 uint64_t colld_tenant_limit(const colld_daemon_t *d, uid_t uid, colld_limit_t what)
 {
     const colld_tenant_t *t = find(d, uid);
-    return t && t->limit[what] != UINT64_MAX ? t->limit[what] : default_limit(d, what);
+    return t && t->limit[what] != UINT64_MAX ? t->limit[what] : colld_limit_default(d, what);
 }
 
 uint64_t colld_tenant_used(const colld_daemon_t *d, uid_t uid, colld_limit_t what)
@@ -143,7 +142,7 @@ colld_status_t colld_tenant_charge(colld_daemon_t *d, uid_t uid, colld_limit_t w
         snprintf(detail, len, "daemon out of memory");
         return COLLD_ERR_NO_MEMORY;
     }
-    uint64_t limit = t->limit[what] != UINT64_MAX ? t->limit[what] : default_limit(d, what);
+    uint64_t limit = t->limit[what] != UINT64_MAX ? t->limit[what] : colld_limit_default(d, what);
     if (t->used[what] > limit || n > limit - t->used[what]) {
         d->tenants->refusals[what]++;
         /* The limit's name first: the session socket carries only the first 111 bytes. */

@@ -39,6 +39,9 @@ const char *colld_limit_name(colld_limit_t what);
 /* The limit that applies to `uid`: its policy override if set, else the configured default. */
 uint64_t colld_tenant_limit(const colld_daemon_t *d, uid_t uid, colld_limit_t what);
 
+/* The configured default of a limit (what applies to a uid without an override). */
+uint64_t colld_limit_default(const colld_daemon_t *d, colld_limit_t what);
+
 /* What `uid` holds now. */
 uint64_t colld_tenant_used(const colld_daemon_t *d, uid_t uid, colld_limit_t what);
 

@@ -4,14 +4,16 @@
  *   collctl [--socket PATH] [--json] status
  *   collctl [--socket PATH] [--json] trace COMM
  *   collctl [--socket PATH] [--json] events [--follow] [--backlog N] [--new]
- *   collctl [--socket PATH] [--json] policy [set UID [--max-timeout-ms MS] [--net-algo ALGO] | clear UID]
+ *   collctl [--socket PATH] [--json] policy [set UID [--max-timeout-ms MS] [--net-algo ALGO] [--LIMIT N]
+ *                                           | clear UID]
  *   collctl [--socket PATH] abort COMM [--reason TEXT]
  *   collctl [--socket PATH] peer disconnect NAME
  *
  * status lists sessions and communicators (with each one's slowest rank) and, on a multi-node
  * daemon (started with --listen), its node and peer daemons; trace prints a communicator's flight
  * recorder; events prints the daemon's events (and keeps printing them with --follow); policy shows
- * or changes per-tenant timeout caps and multi-node all-reduce algorithms (admin); abort fails a
+ * or changes per-tenant timeout caps, multi-node all-reduce algorithms and resource limits (admin,
+ * shown with each tenant's use); abort fails a
  * communicator for every rank; peer disconnect closes the connections to a peer daemon (admin).
  * --json prints one JSON object (events: one per line), each starting with "schema_version"
  * (JSON_SCHEMA_VERSION): it goes up whenever a field changes meaning or disappears, not when one
@@ -47,11 +49,17 @@ static const char USAGE[] =
     "                             the daemon's events (attach/detach, communicators, faults); --follow\n"
     "                             keeps printing new ones until interrupted; --backlog N shows at most N\n"
     "                             past events first, --new none\n"
-    "  policy                     per-tenant policy\n"
-    "  policy set UID [--max-timeout-ms MS] [--net-algo auto|ring|rd]\n"
-    "                             cap the timeout of uid UID's new communicators and/or choose their\n"
-    "                             multi-node all-reduce algorithm (at least one option; admin only)\n"
-    "  policy clear UID           remove uid UID's policy (admin only)\n"
+    "  policy                     per-tenant policy: limits with their defaults, use and refusals, and\n"
+    "                             per uid its timeout cap, algorithm and limits with what it holds\n"
+    "  policy set UID [--max-timeout-ms MS] [--net-algo auto|ring|rd] [--LIMIT N|default ...]\n"
+    "                             cap the timeout of uid UID's new communicators, choose their\n"
+    "                             multi-node all-reduce algorithm, and/or override its limits (at least\n"
+    "                             one option; admin only). LIMIT is one of max-sessions-per-tenant,\n"
+    "                             max-comms-per-tenant, max-joining-ranks-per-tenant, max-regs-per-tenant,\n"
+    "                             max-registered-bytes-per-tenant (K/M/G/T suffixes),\n"
+    "                             max-event-followers-per-tenant, max-rpc-conns-per-tenant; 'default'\n"
+    "                             drops the override\n"
+    "  policy clear UID           remove uid UID's policy and limit overrides (admin only)\n"
     "  abort COMM [--reason TEXT] fail every pending and later operation of COMM on every rank with\n"
     "                             COLLD_ERR_ABORTED (admin, or the communicator's own user)\n"
     "  peer disconnect NAME       close the connections to peer daemon NAME (node name or address), as\n"
@@ -593,43 +601,97 @@ static int cmd_policy_show(colld_client_t *c, int json)
              (ProtobufCMessage **)&resp))
         return 1;
     if (json) {
-        printf("{\"schema_version\":%d,\"default_timeout_ms\":%d,\"max_timeout_ms\":%d,\"tenants\":[",
-               JSON_SCHEMA_VERSION, resp->default_timeout_ms, resp->max_timeout_ms);
+        printf("{\"schema_version\":%d,\"default_timeout_ms\":%d,\"max_timeout_ms\":%d,\"max_registrations\":%llu,"
+               "\"registrations\":%llu,\"registrations_refused\":%llu,\"limits\":[",
+               JSON_SCHEMA_VERSION, resp->default_timeout_ms, resp->max_timeout_ms,
+               (unsigned long long)resp->max_registrations, (unsigned long long)resp->registrations,
+               (unsigned long long)resp->registrations_refused);
+        for (size_t i = 0; i < resp->n_defaults; i++) {
+            const Colld__V1__TenantLimit *l = resp->defaults[i];
+            printf("%s{\"name\":", i ? "," : "");
+            json_str(l->name);
+            printf(",\"default\":%llu,\"used\":%llu,\"refused\":%llu}", (unsigned long long)l->limit,
+                   (unsigned long long)l->used, (unsigned long long)l->refused);
+        }
+        printf("],\"tenants\":[");
         for (size_t i = 0; i < resp->n_tenants; i++) {
-            printf("%s{\"uid\":%u,\"max_timeout_ms\":%d,\"net_algo\":", i ? "," : "", resp->tenants[i]->uid,
-                   resp->tenants[i]->max_timeout_ms);
-            json_str(resp->tenants[i]->net_algo);
-            printf("}");
+            const Colld__V1__TenantPolicy *t = resp->tenants[i];
+            printf("%s{\"uid\":%u,\"max_timeout_ms\":%d,\"net_algo\":", i ? "," : "", t->uid, t->max_timeout_ms);
+            json_str(t->net_algo);
+            printf(",\"limits\":[");
+            for (size_t k = 0; k < t->n_limits; k++) {
+                const Colld__V1__TenantLimit *l = t->limits[k];
+                printf("%s{\"name\":", k ? "," : "");
+                json_str(l->name);
+                printf(",\"limit\":%llu,\"used\":%llu,\"override\":%s}", (unsigned long long)l->limit,
+                       (unsigned long long)l->used, l->overridden ? "true" : "false");
+            }
+            printf("]}");
         }
         printf("]}\n");
     } else {
         printf("default timeout %d ms, daemon-wide cap %d ms\n", resp->default_timeout_ms, resp->max_timeout_ms);
-        printf("%8s %16s  %s\n", "UID", "MAX-TIMEOUT", "NET-ALGO");
+        printf("registrations of all users: %llu held of %llu (max-registrations), %llu refused\n\n",
+               (unsigned long long)resp->registrations, (unsigned long long)resp->max_registrations,
+               (unsigned long long)resp->registrations_refused);
+        printf("%-34s %14s %14s %10s\n", "LIMIT", "DEFAULT", "IN-USE", "REFUSED");
+        for (size_t i = 0; i < resp->n_defaults; i++) {
+            const Colld__V1__TenantLimit *l = resp->defaults[i];
+            printf("%-34s %14llu %14llu %10llu\n", l->name, (unsigned long long)l->limit, (unsigned long long)l->used,
+                   (unsigned long long)l->refused);
+        }
         for (size_t i = 0; i < resp->n_tenants; i++) {
             const Colld__V1__TenantPolicy *t = resp->tenants[i];
             char cap[32] = "-"; /* 0: no tenant cap, only the daemon-wide one */
             if (t->max_timeout_ms > 0)
                 snprintf(cap, sizeof(cap), "%d ms", t->max_timeout_ms);
-            printf("%8u %16s  %s\n", t->uid, cap, t->net_algo && *t->net_algo ? t->net_algo : "(daemon default)");
+            printf("\nuid %u: max timeout %s, multi-node all-reduce %s\n", t->uid, cap,
+                   t->net_algo && *t->net_algo ? t->net_algo : "(daemon default)");
+            for (size_t k = 0; k < t->n_limits; k++) {
+                const Colld__V1__TenantLimit *l = t->limits[k];
+                printf("  %-32s %14llu / %-14llu%s\n", l->name, (unsigned long long)l->used,
+                       (unsigned long long)l->limit, l->overridden ? " (override)" : "");
+            }
         }
         if (!resp->n_tenants)
-            printf("  (no per-tenant policy)\n");
+            printf("\n(no per-tenant policy)\n");
     }
     protobuf_c_message_free_unpacked(&resp->base, NULL);
     return 0;
 }
 
-/* Set uid's policy (max_timeout_ms 0: keep the timeout cap; net_algo NULL: keep the algorithm), or clear it. */
-static int cmd_policy_set(colld_client_t *c, uint32_t uid, int max_timeout_ms, const char *net_algo, int clear)
+#define MAX_LIMIT_ARGS 7 /* one per limit */
+
+/* A limit override from the command line: --NAME VALUE. */
+typedef struct {
+    const char *name; /* the option without "--" */
+    uint64_t value;
+    bool reset;       /* VALUE was "default" */
+} limit_arg_t;
+
+/* Set uid's policy (max_timeout_ms 0: keep the timeout cap; net_algo NULL: keep the algorithm;
+ * limits: overrides to change), or clear it. */
+static int cmd_policy_set(colld_client_t *c, uint32_t uid, int max_timeout_ms, const char *net_algo,
+                          const limit_arg_t *limits, size_t nlimits, int clear)
 {
     Colld__V1__SetPolicyRequest req = COLLD__V1__SET_POLICY_REQUEST__INIT;
     Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
     Colld__V1__TenantPolicy pol = COLLD__V1__TENANT_POLICY__INIT;
+    Colld__V1__TenantLimit lim[MAX_LIMIT_ARGS], *lptr[MAX_LIMIT_ARGS];
     colld__client_session_ref(c, &ref);
     req.session = &ref;
     pol.uid = uid;
     pol.max_timeout_ms = max_timeout_ms;
     pol.net_algo = (char *)(net_algo ? net_algo : "");
+    for (size_t i = 0; i < nlimits; i++) {
+        colld__v1__tenant_limit__init(&lim[i]);
+        lim[i].name = (char *)limits[i].name;
+        lim[i].limit = limits[i].value;
+        lim[i].reset = limits[i].reset;
+        lptr[i] = &lim[i];
+    }
+    pol.limits = lptr;
+    pol.n_limits = nlimits;
     req.policy = &pol;
     req.clear = clear;
     Colld__V1__SetPolicyResponse *resp = NULL;
@@ -705,10 +767,55 @@ static int check_net_algo(const char *text)
 
 #define MAX_ARGS 8
 
+/* The per-tenant limits collctl policy set accepts (the daemon's --max-*-per-tenant options). */
+static const char *const limit_names[] = {
+    "max-sessions-per-tenant", "max-comms-per-tenant", "max-joining-ranks-per-tenant", "max-regs-per-tenant",
+    "max-registered-bytes-per-tenant", "max-event-followers-per-tenant", "max-rpc-conns-per-tenant",
+};
+
+/* A limit option: --NAME VALUE with VALUE a number (K/M/G/T suffixes, powers of 1024) or
+ * "default". Returns 1 when `opt` is not a limit option, 0 when parsed into *out, -1 (printed)
+ * when it is one with a bad value. */
+static int parse_limit(const char *opt, const char *text, limit_arg_t *out)
+{
+    size_t i = 0;
+    while (i < (sizeof(limit_names) / sizeof(limit_names[0])) && (strncmp(opt, "--", 2) != 0 || strcmp(opt + 2, limit_names[i]) != 0))
+        i++;
+    if (i == (sizeof(limit_names) / sizeof(limit_names[0])))
+        return 1;
+    *out = (limit_arg_t){ .name = limit_names[i] };
+    if (text && strcmp(text, "default") == 0) {
+        out->reset = true;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    unsigned long long v = text && *text != '-' ? strtoull(text, &end, 10) : 0;
+    unsigned shift = 0;
+    if (text && end != text && *end && !end[1]) {
+        const char *units = "KMGT", *u = strchr(units, *end == 'k' ? 'K' : *end);
+        shift = u ? 10u * (unsigned)(u - units + 1) : 0;
+        end += u ? 1 : 0;
+    }
+    if (!text || end == text || *end || errno || (shift && v > (UINT64_MAX - 1) >> shift)) {
+        fprintf(stderr, "collctl: %s expects a number (K/M/G/T suffixes allowed) or 'default', got '%s'\n", opt,
+                text ? text : "");
+        return -1;
+    }
+    out->value = (uint64_t)v << shift;
+    if (out->value == UINT64_MAX) {
+        fprintf(stderr, "collctl: %s: %s is too large\n", opt, text);
+        return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *socket = NULL, *reason = NULL, *net_algo = NULL;
     const char *args[MAX_ARGS];
+    limit_arg_t limits[MAX_LIMIT_ARGS];
+    size_t nlimits = 0;
     int nargs = 0, json = 0, follow = 0, only_new = 0, watch = 0;
     long long backlog = 0, max_timeout = -1, interval = 2, count = 0;
     for (int i = 1; i < argc; i++) {
@@ -749,6 +856,22 @@ int main(int argc, char **argv)
             net_algo = i + 1 < argc ? argv[++i] : NULL;
             if (check_net_algo(net_algo) < 0)
                 return 2;
+        } else if (strncmp(a, "--max-", 6) == 0 && strcmp(a, "--max-timeout-ms") != 0) {
+            limit_arg_t l;
+            int r = parse_limit(a, i + 1 < argc ? argv[i + 1] : NULL, &l);
+            if (r == 1) {
+                fprintf(stderr, "collctl: unknown limit '%s'\n%s", a, USAGE);
+                return 2;
+            }
+            if (r < 0)
+                return 2;
+            i++;
+            for (size_t k = 0; k < nlimits; k++)
+                if (limits[k].name == l.name) {
+                    fprintf(stderr, "collctl: %s given twice\n", a);
+                    return 2;
+                }
+            limits[nlimits++] = l;
         } else if (strcmp(a, "--reason") == 0 && i + 1 < argc)
             reason = argv[++i];
         else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -787,8 +910,9 @@ int main(int argc, char **argv)
             policy_mode = strcmp(args[1], "set") == 0 ? 1 : 2;
             if (parse_uint("UID", args[2], UINT32_MAX - 1, &uid) < 0)
                 return 2;
-            if (policy_mode == 1 && max_timeout < 0 && !net_algo) {
-                fprintf(stderr, "collctl: policy set UID needs --max-timeout-ms MS, --net-algo ALGO or both\n");
+            if (policy_mode == 1 && max_timeout < 0 && !net_algo && !nlimits) {
+                fprintf(stderr, "collctl: policy set UID needs --max-timeout-ms MS, --net-algo ALGO and/or a limit "
+                                "(--max-regs-per-tenant N, ...)\n");
                 return 2;
             }
             if (policy_mode == 1 && max_timeout == 0) {
@@ -827,7 +951,8 @@ int main(int argc, char **argv)
     else if (policy_mode == 0)
         rc = cmd_policy_show(c, json);
     else
-        rc = cmd_policy_set(c, (uint32_t)uid, max_timeout > 0 ? (int)max_timeout : 0, net_algo, policy_mode == 2);
+        rc = cmd_policy_set(c, (uint32_t)uid, max_timeout > 0 ? (int)max_timeout : 0, net_algo, limits, nlimits,
+                            policy_mode == 2);
     colld_disconnect(c);
     return rc;
 usage:

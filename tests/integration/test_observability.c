@@ -176,7 +176,7 @@ static void test_tenant_timeout_cap(void **state)
     assert_int_equal(collctl(h, out, sizeof(out), "policy", "set", uid, "--max-timeout-ms", "400", NULL), 0);
     assert_int_equal(collctl(h, out, sizeof(out), "--json", "policy", NULL), 0);
     char want[96];
-    snprintf(want, sizeof(want), "{\"uid\":%s,\"max_timeout_ms\":400,\"net_algo\":\"\"}", uid);
+    snprintf(want, sizeof(want), "{\"uid\":%s,\"max_timeout_ms\":400,\"net_algo\":\"\",", uid);
     assert_non_null(strstr(out, want));
     /* Bad policy requests are refused with a clear message. */
     assert_int_equal(collctl(h, out, sizeof(out), "policy", "set", uid, NULL), 2);
