@@ -100,6 +100,8 @@ colld_status_t colld_comm_init_rank(colld_client_t *c, colld_comm_t **comm, int 
         return COLLD_ERR_NO_MEMORY;
     char cname[64] = "";
     colld_strlcpy(cname, name, sizeof(cname));
+    for (size_t n = strlen(cname); n > 0 && name && name[n] && ((unsigned char)name[n] & 0xc0) == 0x80;)
+        cname[--n] = '\0'; /* cut before the character the copy split, not inside it */
 
     Colld__V1__CommInitRequest req = COLLD__V1__COMM_INIT_REQUEST__INIT;
     Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;

@@ -23,6 +23,13 @@
  *       driver or this build's CUDA support is missing). colld_last_error also holds the
  *       daemon's reason when colld_comm_init_rank fails (e.g. COLLD_ERR_DAEMON_UNAVAILABLE from a
  *       daemon that drains before a restart).
+ *       Per-tenant limits (issue 13): a request over a limit of the daemon (registrations,
+ *       communicators, ranks joining) fails with COLLD_ERR_QUOTA_EXCEEDED and the detail names the
+ *       limit (colld_last_error for colld_mem_alloc and colld_comm_init_rank, colld_comm_last_error
+ *       for a collective whose buffer could not be staged). Changed: a communicator name that is
+ *       not printable UTF-8 (control or bidirectional formatting characters, invalid encodings)
+ *       is refused with COLLD_ERR_INVALID_ARGUMENT instead of being shown as it came; a name
+ *       longer than 63 bytes is still cut, now between characters.
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -116,7 +123,9 @@ typedef struct {
     size_t size;         /* sizeof(colld_comm_config_t) */
     unsigned version;    /* COLLD_API_VERSION */
     int timeout_ms;      /* collective and join timeout; 0: the daemon's default; < 0 invalid */
-    const char *name;    /* shown by collctl; NULL: none. Copied, at most 63 bytes kept */
+    const char *name;    /* shown by collctl; NULL: none. Printable UTF-8, else colld_comm_init_rank
+                            fails with COLLD_ERR_INVALID_ARGUMENT. Copied, at most 63 bytes kept
+                            (cut between characters) */
 } colld_comm_config_t;
 
 #define COLLD_COMM_CONFIG_INIT { sizeof(colld_comm_config_t), COLLD_API_VERSION, 0, NULL }
