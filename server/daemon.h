@@ -353,6 +353,10 @@ int colld_session_make_rings(colld_session_t *s);
 /* The daemon's side of a session ending (lock held): its ranks leave, its unique ids go, the engine
  * and the session list forget it; the caller drops the list's reference. */
 void colld_session_forget(colld_session_t *s, const char *why, colld_reply_t **replies);
+/* Handle one complete session-socket message as the loop's read path does, `fd` (-1: none) being
+ * the descriptor that came with it (taken): the entry point of in-process tests and fuzzers
+ * (lock not held; replies go to s->fd). Returns -1 when the session must be dropped. */
+int colld_session_dispatch(colld_session_t *s, const colld_wire_msg_t *m, int fd);
 /* Drop every session the engine marked with kill_requested (loop thread). */
 void colld_sessions_reap(colld_daemon_t *d);
 

@@ -485,6 +485,16 @@ static int session_dispatch(colld_session_t *s, const colld_wire_msg_t *m)
     }
 }
 
+int colld_session_dispatch(colld_session_t *s, const colld_wire_msg_t *m, int fd)
+{
+    if (fd >= 0) {
+        if (s->pending_fd >= 0)
+            close(s->pending_fd); /* as the read path: one fd per message */
+        s->pending_fd = fd;
+    }
+    return session_dispatch(s, m);
+}
+
 /* Read what is available: assemble fixed-size messages, collect passed fds. Returns -1 on EOF,
  * error or protocol violation. */
 static int session_read(colld_session_t *s)
