@@ -405,7 +405,8 @@ static void on_set_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
     if (req->clear) {
         colld_policy_clear(d, uid);
         for (int i = 0; i < COLLD_LIMIT_COUNT; i++)
-            colld_tenant_set_limit(d, uid, (colld_limit_t)i, UINT64_MAX); /* clearing never allocates */
+            if (colld_tenant_overridden(d, uid, (colld_limit_t)i))
+                colld_tenant_set_limit(d, uid, (colld_limit_t)i, UINT64_MAX); /* its record exists: no allocation */
         LOG_INFO(RPC, "policy of uid %u cleared by pid %d", (unsigned)uid, (int)s->pid);
         goto out;
     }
