@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
@@ -88,12 +89,16 @@ static bool printable(uint32_t c)
     return true;
 }
 
-bool colld_str_valid(const char *s, size_t max_bytes, char *why, size_t why_len)
+bool colld_str_check(const char *s, size_t max_len, char *why, size_t why_len)
 {
-    const unsigned char *p = (const unsigned char *)(s ? s : "");
-    size_t n = strnlen((const char *)p, max_bytes + 1);
-    if (n > max_bytes) {
-        colld_set_err(why, why_len, "longer than %zu bytes", max_bytes);
+    if (!s) {
+        colld_set_err(why, why_len, "missing");
+        return false;
+    }
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strnlen(s, max_len + 1);
+    if (n > max_len) {
+        colld_set_err(why, why_len, "longer than %zu bytes", max_len);
         return false;
     }
     for (size_t i = 0; i < n;) {
@@ -112,28 +117,41 @@ bool colld_str_valid(const char *s, size_t max_bytes, char *why, size_t why_len)
     return true;
 }
 
-size_t colld_str_sanitize(char *dst, size_t dst_len, const char *src, size_t src_len)
+bool colld_str_valid(const char *s, size_t max_len)
+{
+    return colld_str_check(s, max_len, NULL, 0);
+}
+
+bool colld_str_sanitize(char *dst, size_t dst_len, const char *src, size_t len)
 {
     if (dst_len == 0)
-        return 0;
-    const unsigned char *p = (const unsigned char *)(src ? src : "");
-    size_t n = src ? strnlen(src, src_len) : 0, out = 0;
-    for (size_t i = 0; i < n;) {
+        return false;
+    if (!src) {
+        dst[0] = '\0';
+        return len == 0 || len == SIZE_MAX;
+    }
+    const unsigned char *p = (const unsigned char *)src;
+    size_t n = len == SIZE_MAX ? strlen(src) : len, out = 0, in = 0;
+    bool exact = true;
+    while (in < n && p[in] != '\0') {
         uint32_t c;
-        size_t len = utf8_next(p + i, n - i, &c);
-        bool ok = len > 0 && printable(c);
-        size_t w = ok ? len : 1;
-        if (out + w > dst_len - 1)
+        size_t k = utf8_next(p + in, n - in, &c);
+        if (k == 0 || !printable(c))
+            k = 0; /* each byte of it becomes a '?' */
+        if (out + (k ? k : 1) > dst_len - 1)
             break; /* no room for the whole character */
-        if (ok)
-            memcpy(dst + out, p + i, len);
-        else
-            dst[out] = '?';
-        out += w;
-        i += len ? len : 1; /* an unacceptable character is one '?', a stray byte too */
+        if (k) {
+            memmove(dst + out, p + in, k); /* dst may be src: out <= in */
+            out += k;
+            in += k;
+        } else {
+            dst[out++] = '?';
+            in++;
+            exact = false;
+        }
     }
     dst[out] = '\0';
-    return out;
+    return exact && in == n;
 }
 
 void colld_set_err(char *err, size_t err_len, const char *fmt, ...)

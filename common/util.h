@@ -25,16 +25,18 @@ void colld_strlcpy(char *dst, const char *src, size_t dst_len);
  * enter, so that nothing the daemon stores, logs, prints or puts into a protobuf is invalid UTF-8 or
  * can steer a terminal. Acceptable: valid UTF-8 (no overlong forms, surrogates or code points past
  * U+10FFFF) without control characters (C0, DEL, C1), line or paragraph separators (U+2028/9) or
- * bidirectional formatting characters (U+200E/F, U+202A..E, U+2066..9). */
-
-/* Whether the NUL-terminated string s is acceptable and at most max_bytes bytes long. If not, and
- * why is given, it says what is wrong and where ("byte 3: control character 0x1b"). */
-bool colld_str_valid(const char *s, size_t max_bytes, char *why, size_t why_len);
-
-/* Copy at most src_len bytes of src (less at a NUL) into dst (dst_len bytes, always
- * NUL-terminated), each unacceptable byte or character replaced by '?', truncated only between
- * characters. Returns the bytes written (without the NUL). */
-size_t colld_str_sanitize(char *dst, size_t dst_len, const char *src, size_t src_len);
+ * bidirectional formatting characters (U+200E/F, U+202A..E, U+2066..9).
+ *
+ * colld_str_valid: whether the NUL-terminated s is acceptable and at most max_len bytes long.
+ * colld_str_check: the same, and when it is not, `why` (if given) says what is wrong and where
+ *   ("byte 3: control or formatting character U+001B", "longer than 63 bytes").
+ * colld_str_sanitize: copy src (len bytes, or up to its NUL when len is SIZE_MAX; a NUL ends the
+ *   copy) into dst (dst_len bytes, always NUL-terminated) so that dst is acceptable: each byte of
+ *   an unacceptable character or sequence becomes '?', and truncation never splits a character;
+ *   dst may be src. Returns true when dst is an exact copy of all of src. */
+bool colld_str_valid(const char *s, size_t max_len);
+bool colld_str_check(const char *s, size_t max_len, char *why, size_t why_len);
+bool colld_str_sanitize(char *dst, size_t dst_len, const char *src, size_t len);
 
 /* Write a formatted message into err when the caller gave a buffer for one (err may be NULL). */
 void colld_set_err(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -568,7 +568,7 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
         snprintf(detail, sizeof(detail), "timeout_ms %d is negative", timeout_ms);
         goto fail;
     }
-    if (name && !colld_str_valid(name, COLLD_NAME_LEN - 1, why, sizeof(why))) {
+    if (name && !colld_str_check(name, COLLD_NAME_LEN - 1, why, sizeof(why))) {
         snprintf(detail, sizeof(detail),
                  "communicator name refused: %s (a name is at most %d bytes of printable UTF-8, no control or "
                  "formatting characters)",

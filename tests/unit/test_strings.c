@@ -28,7 +28,8 @@ static void test_valid_strings_pass(void **state)
     };
     for (size_t i = 0; i < COLLD_ARRAY_SIZE(good); i++) {
         char why[128] = "";
-        assert_true(colld_str_valid(good[i], 63, why, sizeof(why)));
+        assert_true(colld_str_check(good[i], 63, why, sizeof(why)));
+        assert_true(colld_str_valid(good[i], 63));
         assert_string_equal(why, "");
     }
 }
@@ -36,7 +37,8 @@ static void test_valid_strings_pass(void **state)
 static void expect_invalid(const char *s, size_t max, const char *why_part)
 {
     char why[128] = "";
-    assert_false(colld_str_valid(s, max, why, sizeof(why)));
+    assert_false(colld_str_check(s, max, why, sizeof(why)));
+    assert_false(colld_str_valid(s, max));
     if (!strstr(why, why_part))
         fail_msg("'%s' does not contain '%s'", why, why_part);
 }
@@ -59,39 +61,47 @@ static void test_invalid_strings_are_refused_with_the_reason(void **state)
     expect_invalid("\xf4\x90\x80\x80", 63, "not valid UTF-8");      /* past U+10FFFF */
     expect_invalid("cut \xe8\xae", 63, "byte 4: not valid UTF-8");  /* truncated sequence */
     expect_invalid("0123456789", 9, "longer than 9 bytes");
-    assert_true(colld_str_valid("012345678", 9, NULL, 0)); /* exactly the bound; no reason wanted */
-    assert_false(colld_str_valid("\x01", 9, NULL, 0));
+    assert_true(colld_str_check("012345678", 9, NULL, 0)); /* exactly the bound; no reason wanted */
+    assert_false(colld_str_check("\x01", 9, NULL, 0));
+    assert_false(colld_str_valid(NULL, 9));
 }
 
 static void test_sanitize_replaces_and_cuts_between_characters(void **state)
 {
     (void)state;
     char out[64];
-    assert_int_equal(colld_str_sanitize(out, sizeof(out), "ok\x1b[2Jx", 64), 7);
+    assert_false(colld_str_sanitize(out, sizeof(out), "ok\x1b[2Jx", SIZE_MAX));
     assert_string_equal(out, "ok?[2Jx");
-    colld_str_sanitize(out, sizeof(out), "a\xe2\x80\xae" "b", 64); /* one '?' for the whole character */
-    assert_string_equal(out, "a?b");
-    colld_str_sanitize(out, sizeof(out), "\xff\xfe" "z", 64);
+    assert_false(colld_str_sanitize(out, sizeof(out), "a\xe2\x80\xae" "b", SIZE_MAX)); /* each byte a '?' */
+    assert_string_equal(out, "a???b");
+    colld_str_sanitize(out, sizeof(out), "\xff\xfe" "z", SIZE_MAX);
     assert_string_equal(out, "??z");
-    colld_str_sanitize(out, sizeof(out), "\xe8\xae\xad\xe7\xbb\x83", 64); /* valid UTF-8 is kept */
+    assert_true(colld_str_sanitize(out, sizeof(out), "\xe8\xae\xad\xe7\xbb\x83", SIZE_MAX)); /* kept */
     assert_string_equal(out, "\xe8\xae\xad\xe7\xbb\x83");
     /* 5 bytes of room: the second 3-byte character does not fit and is left out whole. */
     char small[6];
-    assert_int_equal(colld_str_sanitize(small, sizeof(small), "\xe8\xae\xad\xe7\xbb\x83", 64), 3);
+    assert_false(colld_str_sanitize(small, sizeof(small), "\xe8\xae\xad\xe7\xbb\x83", SIZE_MAX));
     assert_string_equal(small, "\xe8\xae\xad");
-    /* src_len bounds the input (a fixed-size field without a NUL); the bytes of a character it cuts
-     * are each a '?'. */
-    assert_int_equal(colld_str_sanitize(out, sizeof(out), "abc\xe8\xae\xad", 5), 5);
+    /* len bounds the input (a fixed-size field without a NUL); the bytes of a character it cuts
+     * are each a '?'; a NUL ends the copy. */
+    colld_str_sanitize(out, sizeof(out), "abc\xe8\xae\xad", 5);
     assert_string_equal(out, "abc??");
-    assert_int_equal(colld_str_sanitize(out, sizeof(out), NULL, 10), 0);
+    assert_true(colld_str_sanitize(out, sizeof(out), "abc", 3));
+    assert_false(colld_str_sanitize(out, sizeof(out), "ab\0cd", 5));
+    assert_string_equal(out, "ab");
+    assert_true(colld_str_sanitize(out, sizeof(out), NULL, SIZE_MAX));
     assert_string_equal(out, "");
+    /* In place. */
+    char inplace[] = "x\x07y\xe8\xae\xad";
+    colld_str_sanitize(inplace, sizeof(inplace), inplace, SIZE_MAX);
+    assert_string_equal(inplace, "x?y\xe8\xae\xad");
     /* Whatever goes in, what comes out is acceptable. */
     unsigned char junk[256];
     for (unsigned seed = 1; seed < 200; seed++) {
         for (size_t i = 0; i < sizeof(junk); i++)
             junk[i] = (unsigned char)((i * 131 + seed * 7919 + (i * seed) % 97) & 0xff);
         colld_str_sanitize(out, sizeof(out), (const char *)junk, sizeof(junk));
-        assert_true(colld_str_valid(out, sizeof(out) - 1, NULL, 0));
+        assert_true(colld_str_valid(out, sizeof(out) - 1));
     }
 }
 
