@@ -584,8 +584,7 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
         timeout_ms = tenant_cap; /* the tenant's policy */
     if (s->ncomms >= (unsigned)d->cfg.max_comms_per_session) {
         st = COLLD_ERR_QUOTA_EXCEEDED;
-        snprintf(detail, sizeof(detail), "max-comms-per-session = %lld reached: this process already has %u "
-                                         "communicators",
+        snprintf(detail, sizeof(detail), "this process is at its limit max-comms-per-session = %lld (holds %u)",
                  (long long)d->cfg.max_comms_per_session, s->ncomms);
         goto fail;
     }

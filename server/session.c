@@ -288,7 +288,8 @@ static int session_on_reg(colld_session_t *s, const colld_wire_msg_t *m)
     uint64_t max = d->cfg.max_registered_bytes;
     if (s->registered_bytes > max || bytes > max - s->registered_bytes) {
         st = COLLD_ERR_QUOTA_EXCEEDED;
-        snprintf(detail, sizeof(detail), "max-registered-bytes = %llu (per process) reached: holds %llu, asked %llu",
+        snprintf(detail, sizeof(detail), "this process is at its limit max-registered-bytes = %llu (holds %llu, asked "
+                                         "for %llu more)",
                  (unsigned long long)max, (unsigned long long)s->registered_bytes, (unsigned long long)bytes);
     } else
         st = colld_tenant_charge_reg(d, s->uid, bytes, &charged, detail, sizeof(detail));

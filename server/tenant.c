@@ -145,11 +145,11 @@ colld_status_t colld_tenant_charge(colld_daemon_t *d, uid_t uid, colld_limit_t w
     uint64_t limit = t->limit[what] != UINT64_MAX ? t->limit[what] : colld_limit_default(d, what);
     if (t->used[what] > limit || n > limit - t->used[what]) {
         d->tenants->refusals[what]++;
-        /* The limit's name first: the session socket carries only the first 111 bytes. */
+        /* The limit's name early: the session socket carries only the first 111 bytes. */
         snprintf(detail, len,
-                 "%s = %llu reached: uid %u holds %llu and asked for %llu more; an operator can raise it with "
+                 "uid %u is at its limit %s = %llu (holds %llu, asked for %llu more); an operator can raise it: "
                  "collctl policy set %u --%s N",
-                 colld_limit_name(what), (unsigned long long)limit, (unsigned)uid, (unsigned long long)t->used[what],
+                 (unsigned)uid, colld_limit_name(what), (unsigned long long)limit, (unsigned long long)t->used[what],
                  (unsigned long long)n, (unsigned)uid, colld_limit_name(what));
         maybe_free(d, t);
         return COLLD_ERR_QUOTA_EXCEEDED;
@@ -286,9 +286,9 @@ colld_status_t colld_tenant_charge_reg(colld_daemon_t *d, uid_t uid, uint64_t by
     if (ts->regs_held >= backstop) {
         ts->regs_refused++;
         snprintf(detail, len,
-                 "max-registrations = %llu reached: the daemon holds %llu registrations of all users (one mapping "
+                 "the daemon is at its limit max-registrations = %llu (registrations of all users, one mapping "
                  "each; vm.max_map_count is %llu); free some memory, or an operator raises vm.max_map_count",
-                 (unsigned long long)backstop, (unsigned long long)ts->regs_held, (unsigned long long)ts->map_count);
+                 (unsigned long long)backstop, (unsigned long long)ts->map_count);
         return COLLD_ERR_QUOTA_EXCEEDED;
     }
     uint64_t b = reg_charge_bytes(bytes);

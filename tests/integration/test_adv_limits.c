@@ -402,7 +402,7 @@ static void test_registration_count(void **state)
     assert_int_equal(reg_until_refused(att, fd, 4096, 10000, &st, detail, sizeof(detail)), 64);
     print_message("65th registration: %s: %s\n", colld_status_name(st), detail);
     assert_int_equal(st, COLLD_ERR_QUOTA_EXCEEDED);
-    expect_contains(detail, "max-regs-per-tenant = 64 reached: uid 0 holds 64");
+    expect_contains(detail, "uid 0 is at its limit max-regs-per-tenant = 64 (holds 64, asked for 1 more)");
     assert_int_equal(used_total(h, "max-regs-per-tenant"), 64);
     assert_int_equal(used_total(h, "max-registered-bytes-per-tenant"), 64 * 4096);
 
@@ -410,7 +410,7 @@ static void test_registration_count(void **state)
     void *p = NULL;
     assert_int_equal(colld_mem_alloc(att, &p, 1 << 20, COLLD_MEM_HOST), COLLD_ERR_QUOTA_EXCEEDED);
     print_message("colld_mem_alloc: %s\n", colld_last_error(att));
-    expect_contains(colld_last_error(att), "max-regs-per-tenant = 64 reached");
+    expect_contains(colld_last_error(att), "uid 0 is at its limit max-regs-per-tenant = 64");
     colld_unique_id_t id;
     colld_comm_t *comm;
     assert_int_equal(colld_get_unique_id(att, &id), COLLD_OK);
@@ -420,7 +420,7 @@ static void test_registration_count(void **state)
     assert_non_null(big);
     assert_int_equal(colld_allreduce(big, big, count, COLLD_FLOAT32, COLLD_SUM, comm, NULL), COLLD_ERR_QUOTA_EXCEEDED);
     print_message("staging: %s\n", colld_comm_last_error(comm));
-    expect_contains(colld_comm_last_error(comm), "max-regs-per-tenant = 64 reached");
+    expect_contains(colld_comm_last_error(comm), "uid 0 is at its limit max-regs-per-tenant = 64");
     free(big);
     assert_int_equal(colld_comm_destroy(comm), COLLD_OK);
 
@@ -442,11 +442,11 @@ static void test_registration_count(void **state)
     expect_contains(out, "{\"name\":\"max-regs-per-tenant\",\"limit\":96,\"used\":64,\"override\":true}");
     assert_int_equal(reg_until_refused(att, fd, 4096, 10000, &st, detail, sizeof(detail)), 32);
     assert_int_equal(st, COLLD_ERR_QUOTA_EXCEEDED);
-    expect_contains(detail, "max-regs-per-tenant = 96 reached");
+    expect_contains(detail, "uid 0 is at its limit max-regs-per-tenant = 96 (holds 96");
     /* Back to the default: what is held stays, nothing more is accepted. */
     assert_int_equal(collctl(h, out, sizeof(out), "policy", "set", "0", "--max-regs-per-tenant", "default", NULL), 0);
     assert_int_equal(raw_reg(att, fd, 4096, detail, sizeof(detail)), COLLD_ERR_QUOTA_EXCEEDED);
-    expect_contains(detail, "max-regs-per-tenant = 64 reached: uid 0 holds 96");
+    expect_contains(detail, "uid 0 is at its limit max-regs-per-tenant = 64 (holds 96");
 
     /* The tenant's registrations are given back when its session ends. */
     close(fd);
@@ -474,11 +474,11 @@ static void test_registration_bytes(void **state)
     assert_int_equal(colld_connect(h->socket, &att), COLLD_OK);
     int fd = sealed_memfd(1 << 20);
     assert_int_equal(raw_reg(att, fd, 1 << 20, detail, sizeof(detail)), COLLD_ERR_QUOTA_EXCEEDED);
-    expect_contains(detail, "max-registered-bytes-per-tenant = 65536 reached: uid 0 holds 0 and asked for 1048576");
+    expect_contains(detail, "uid 0 is at its limit max-registered-bytes-per-tenant = 65536 (holds 0, asked for 1048576 more)");
     assert_int_equal(reg_until_refused(att, fd, 1, 10000, &st, detail, sizeof(detail)), 16);
     print_message("17th one-byte registration: %s: %s\n", colld_status_name(st), detail);
     assert_int_equal(st, COLLD_ERR_QUOTA_EXCEEDED);
-    expect_contains(detail, "max-registered-bytes-per-tenant = 65536 reached: uid 0 holds 65536 and asked for 4096");
+    expect_contains(detail, "uid 0 is at its limit max-registered-bytes-per-tenant = 65536 (holds 65536, asked for 4096 more)");
     assert_int_equal(run_victim(h, false), 0);
     close(fd);
     colld_disconnect(att);
@@ -532,7 +532,7 @@ static void test_registration_backstop(void **state)
     print_message("%ld registrations, then %s: %s (vm.max_map_count %ld, daemon maps %ld)\n", n,
                   colld_status_name(st), detail, max_maps, map_count(h->pid));
     assert_int_equal(st, COLLD_ERR_QUOTA_EXCEEDED);
-    expect_contains(detail, "max-registrations = ");
+    expect_contains(detail, "the daemon is at its limit max-registrations = ");
     Colld__V1__GetPolicyResponse *p = get_policy(h);
     assert_int_equal((long)p->max_registrations, n);
     assert_int_equal((long)p->registrations, n);
@@ -583,7 +583,7 @@ static void test_comm_memberships(void **state)
     print_message("communicator %d: %s: %s\n", n + 1, colld_status_name(st), colld_last_error(att));
     assert_int_equal(n, 8);
     assert_int_equal(st, COLLD_ERR_QUOTA_EXCEEDED);
-    expect_contains(colld_last_error(att), "max-comms-per-tenant = 8 reached: uid 0 holds 8");
+    expect_contains(colld_last_error(att), "uid 0 is at its limit max-comms-per-tenant = 8 (holds 8, asked for 1 more)");
     assert_int_equal(run_victim(h, false), 0);
 
     assert_int_equal(colld_comm_destroy(comms[--n]), COLLD_OK);
@@ -597,7 +597,7 @@ static void test_comm_memberships(void **state)
     }
     assert_int_equal(colld_get_unique_id(att, &id), COLLD_OK);
     assert_int_equal(colld_comm_init_rank(att, &comms[n], 1, id, 0, NULL), COLLD_ERR_QUOTA_EXCEEDED);
-    expect_contains(colld_last_error(att), "max-comms-per-tenant = 10 reached");
+    expect_contains(colld_last_error(att), "uid 0 is at its limit max-comms-per-tenant = 10");
     assert_int_equal(used_total(h, "max-comms-per-tenant"), 10);
     while (n > 0)
         assert_int_equal(colld_comm_destroy(comms[--n]), COLLD_OK);
@@ -672,8 +672,8 @@ static void test_joining_ranks(void **state)
     assert_int_equal(colld_get_unique_id(h->client, &id), COLLD_OK);
     assert_int_equal(colld_comm_init_rank(h->client, &comm, JOIN_NRANKS, id, 0, &cfg), COLLD_ERR_QUOTA_EXCEEDED);
     print_message("%s\n", colld_last_error(h->client));
-    expect_contains(colld_last_error(h->client), "max-joining-ranks-per-tenant = 262144 reached: uid 0 holds 262144 "
-                                                 "and asked for 1024 more");
+    expect_contains(colld_last_error(h->client), "uid 0 is at its limit max-joining-ranks-per-tenant = 262144 (holds "
+                                                 "262144, asked for 1024 more)");
     assert_int_equal(used_total(h, "max-comms-per-tenant"), JOINERS);
     assert_int_equal(run_victim(h, false), 0);
 
