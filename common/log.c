@@ -12,6 +12,9 @@
  * stream it connected, which is how sd-daemon(3) says to recognise it) and no log file is set,
  * lines carry a "<N>" syslog priority prefix instead of the timestamp, program name and pid that
  * the journal records by itself.
+ *
+ * Rate-limited call sites (LOG_*_RL) keep a small state each (a static in the macro) that says
+ * when the site may print again and how many calls it dropped meanwhile; one lock guards them.
  */
 #include "common/log.h"
 
@@ -39,6 +42,7 @@ int colld__log_level = COLLD_LOG_WARN;
 unsigned colld__log_subsys = COLLD_SUB_ALL;
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t rl_lock = PTHREAD_MUTEX_INITIALIZER; /* every call site's colld_log_rl_t */
 static int log_fd = STDERR_FILENO;          /* guarded by log_lock */
 static char log_program[LOG_PROGRAM_MAX];   /* guarded by log_lock; "" = not set yet */
 static bool log_journal;                    /* guarded by log_lock; stderr is the journal */
@@ -263,15 +267,17 @@ static const char *subsys_name(unsigned subsys)
 }
 
 /* Format one line (UTC timestamp, program, pid, level, subsystem, file base name and line, the
- * message) and write it with one write() under the lock. The level is checked again so direct
- * callers that skip the macro are filtered too. */
-void colld__log(colld_log_level_t level, unsigned subsys, const char *file, int line,
-                const char *fmt, ...)
+ * message, then `suffix` if any) and write it with one write() under the lock. The level is
+ * checked again so direct callers that skip the macro are filtered too. */
+static void log_line(colld_log_level_t level, unsigned subsys, const char *file, int line, const char *suffix,
+                     const char *fmt, va_list ap) __attribute__((format(printf, 6, 0)));
+
+static void log_line(colld_log_level_t level, unsigned subsys, const char *file, int line, const char *suffix,
+                     const char *fmt, va_list ap)
 {
     char buf[LOG_LINE_MAX];
     struct timespec ts;
     struct tm tm;
-    va_list ap;
 
     int max_level = __atomic_load_n(&colld__log_level, __ATOMIC_RELAXED);
     unsigned mask = __atomic_load_n(&colld__log_subsys, __ATOMIC_RELAXED);
@@ -298,13 +304,16 @@ void colld__log(colld_log_level_t level, unsigned subsys, const char *file, int 
                      ts.tv_nsec / 1000000L, program, (long)getpid(), lvl, subsys_name(subsys), base,
                      line);
     size_t len = n < 0 ? 0 : COLLD_MIN((size_t)n, sizeof(buf) - 2);
-    va_start(ap, fmt);
     n = vsnprintf(buf + len, sizeof(buf) - len - 1, fmt, ap);
-    va_end(ap);
     if (n > 0)
         len = COLLD_MIN(len + (size_t)n, sizeof(buf) - 2);
     while (len > 0 && buf[len - 1] == '\n') /* exactly one newline per line */
         len--;
+    if (suffix) {
+        n = snprintf(buf + len, sizeof(buf) - len - 1, "%s", suffix);
+        if (n > 0)
+            len = COLLD_MIN(len + (size_t)n, sizeof(buf) - 2);
+    }
     buf[len++] = '\n';
 
     ssize_t w;
@@ -313,4 +322,56 @@ void colld__log(colld_log_level_t level, unsigned subsys, const char *file, int 
     } while (w < 0 && errno == EINTR);
     pthread_mutex_unlock(&log_lock);
     errno = saved_errno;
+}
+
+void colld__log(colld_log_level_t level, unsigned subsys, const char *file, int line,
+                const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    log_line(level, subsys, file, line, NULL, fmt, ap);
+    va_end(ap);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Rate limiting
+ * ---------------------------------------------------------------------------------------------- */
+
+/* The first call of a site prints; later ones print once `interval_ns` has passed since the last
+ * printed line and are counted otherwise. The state of every call site is guarded by one lock:
+ * it is held for a few instructions, and a suppressed call does no formatting. */
+bool colld_log_rl_pass(colld_log_rl_t *rl, uint64_t now_ns, uint64_t interval_ns, uint64_t *suppressed)
+{
+    bool pass;
+    pthread_mutex_lock(&rl_lock);
+    pass = rl->next_ns == 0 || now_ns >= rl->next_ns;
+    if (pass) {
+        *suppressed = rl->suppressed;
+        rl->suppressed = 0;
+        rl->next_ns = now_ns + interval_ns;
+        if (rl->next_ns == 0)
+            rl->next_ns = 1;
+    } else {
+        rl->suppressed++;
+    }
+    pthread_mutex_unlock(&rl_lock);
+    return pass;
+}
+
+/* Print the line if its call site may, with the count of the lines it suppressed before. */
+void colld__log_rl(colld_log_level_t level, unsigned subsys, const char *file, int line, colld_log_rl_t *rl,
+                   uint64_t interval_ms, const char *fmt, ...)
+{
+    uint64_t suppressed = 0;
+    char suffix[96];
+    va_list ap;
+
+    if (!colld_log_rl_pass(rl, colld_now_ns(), interval_ms * 1000000ull, &suppressed))
+        return;
+    if (suppressed)
+        snprintf(suffix, sizeof(suffix), " (%llu similar message%s suppressed)", (unsigned long long)suppressed,
+                 suppressed == 1 ? "" : "s");
+    va_start(ap, fmt);
+    log_line(level, subsys, file, line, suppressed ? suffix : NULL, fmt, ap);
+    va_end(ap);
 }

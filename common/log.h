@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef enum {
     COLLD_LOG_NONE = 0,
@@ -56,10 +57,42 @@ void colld__log(colld_log_level_t level, unsigned subsys, const char *file, int 
             colld__log((level), (subsys), __FILE__, __LINE__, __VA_ARGS__);                        \
     } while (0)
 
+/* Rate limiting of repeated lines, per call site (a message that a client or peer can trigger over
+ * and over, e.g. a refused connection, must not flood the log). A call site prints at most one
+ * line per interval; the calls in between are counted, and the next line it prints ends with
+ * "(N similar messages suppressed)". Suppressed calls are not formatted. */
+typedef struct {
+    uint64_t next_ns;    /* CLOCK_MONOTONIC time from which the next line may print (0: none yet) */
+    uint64_t suppressed; /* calls dropped since the last printed line */
+} colld_log_rl_t;
+
+#define COLLD_LOG_RL_DEFAULT_MS 5000
+
+/* The decision for one call site at `now_ns`: true when it may print (then *suppressed says how
+ * many calls were dropped before it, and the next interval starts), false when it is dropped
+ * (and counted). Thread-safe. Exposed for tests; use the LOG_*_RL macros. */
+bool colld_log_rl_pass(colld_log_rl_t *rl, uint64_t now_ns, uint64_t interval_ns, uint64_t *suppressed);
+
+/* colld__log through the call site's rate-limit state `rl`. */
+void colld__log_rl(colld_log_level_t level, unsigned subsys, const char *file, int line, colld_log_rl_t *rl,
+                   uint64_t interval_ms, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+
+#define COLLD_LOG_RL(level, subsys, interval_ms, ...)                                              \
+    do {                                                                                           \
+        static colld_log_rl_t colld__rl_;                                                          \
+        if ((int)(level) <= colld__log_level && ((subsys) & colld__log_subsys))                    \
+            colld__log_rl((level), (subsys), __FILE__, __LINE__, &colld__rl_, (interval_ms), __VA_ARGS__); \
+    } while (0)
+
 #define LOG_ERROR(sub, ...) COLLD_LOG(COLLD_LOG_ERROR, COLLD_SUB_##sub, __VA_ARGS__)
 #define LOG_WARN(sub, ...) COLLD_LOG(COLLD_LOG_WARN, COLLD_SUB_##sub, __VA_ARGS__)
 #define LOG_INFO(sub, ...) COLLD_LOG(COLLD_LOG_INFO, COLLD_SUB_##sub, __VA_ARGS__)
 #define LOG_DEBUG(sub, ...) COLLD_LOG(COLLD_LOG_DEBUG, COLLD_SUB_##sub, __VA_ARGS__)
 #define LOG_TRACE(sub, ...) COLLD_LOG(COLLD_LOG_TRACE, COLLD_SUB_##sub, __VA_ARGS__)
+
+/* The same, at most one line per COLLD_LOG_RL_DEFAULT_MS per call site. */
+#define LOG_ERROR_RL(sub, ...) COLLD_LOG_RL(COLLD_LOG_ERROR, COLLD_SUB_##sub, COLLD_LOG_RL_DEFAULT_MS, __VA_ARGS__)
+#define LOG_WARN_RL(sub, ...) COLLD_LOG_RL(COLLD_LOG_WARN, COLLD_SUB_##sub, COLLD_LOG_RL_DEFAULT_MS, __VA_ARGS__)
+#define LOG_INFO_RL(sub, ...) COLLD_LOG_RL(COLLD_LOG_INFO, COLLD_SUB_##sub, COLLD_LOG_RL_DEFAULT_MS, __VA_ARGS__)
 
 #endif /* COLLD_COMMON_LOG_H */

@@ -1,6 +1,6 @@
 /*
  * test_log.c - log levels, subsystem filtering, file output with %p/%h, line format, bad settings,
- * and whole lines under concurrent writers.
+ * whole lines under concurrent writers, and rate-limited call sites.
  */
 #include "common/log.h"
 
@@ -313,13 +313,79 @@ static void test_threads(void **state)
     free(text);
 }
 
+/* The rate-limit decision at given times: the first call passes, calls within the interval are
+ * counted, the first one after it passes with that count, and the count starts again. */
+static void test_rate_limit_decision(void **state)
+{
+    (void)state;
+    colld_log_rl_t rl = { 0 };
+    uint64_t sup = 99;
+    const uint64_t s = 1000000000ull;
+    assert_true(colld_log_rl_pass(&rl, 10 * s, 5 * s, &sup));
+    assert_int_equal(sup, 0);
+    for (int i = 0; i < 1000; i++)
+        assert_false(colld_log_rl_pass(&rl, 10 * s + (uint64_t)i * 1000000ull, 5 * s, &sup));
+    assert_false(colld_log_rl_pass(&rl, 15 * s - 1, 5 * s, &sup));
+    assert_true(colld_log_rl_pass(&rl, 15 * s, 5 * s, &sup));
+    assert_int_equal(sup, 1001);
+    assert_false(colld_log_rl_pass(&rl, 16 * s, 5 * s, &sup));
+    assert_true(colld_log_rl_pass(&rl, 100 * s, 5 * s, &sup));
+    assert_int_equal(sup, 1);
+    assert_true(colld_log_rl_pass(&rl, 200 * s, 5 * s, &sup));
+    assert_int_equal(sup, 0);
+
+    /* A zero interval lets every call through. */
+    colld_log_rl_t z = { 0 };
+    assert_true(colld_log_rl_pass(&z, 5, 0, &sup));
+    assert_true(colld_log_rl_pass(&z, 5, 0, &sup));
+    assert_int_equal(sup, 0);
+}
+
+/* One call site that fires in a loop prints one line; another call site has its own state; a
+ * disabled level neither prints nor counts. (An hour-long interval: nothing here depends on how
+ * fast the loop runs.) */
+static void test_rate_limit_lines(void **state)
+{
+    (void)state;
+    char path[PATH_MAX];
+    log_to("rl.log", "warn", NULL, path, sizeof(path));
+    for (int i = 0; i < 10000; i++)
+        COLLD_LOG_RL(COLLD_LOG_WARN, COLLD_SUB_SESSION, 3600000, "accept: %s (%d)", "Too many open files", i);
+    for (int i = 0; i < 3; i++)
+        COLLD_LOG_RL(COLLD_LOG_WARN, COLLD_SUB_RPC, 3600000, "other site %d", i);
+    for (int i = 0; i < 3; i++)
+        LOG_INFO_RL(RPC, "filtered %d", i);
+    char *text = slurp(path);
+    assert_int_equal(count_lines(text), 2);
+    assert_non_null(strstr(text, " WARN SESSION test_log.c:"));
+    assert_non_null(strstr(text, "accept: Too many open files (0)\n"));
+    assert_non_null(strstr(text, "other site 0\n"));
+    assert_null(strstr(text, "suppressed"));
+    free(text);
+
+    /* The next line of a site that dropped calls says how many. */
+    colld_log_rl_t rl = { .next_ns = 1, .suppressed = 41 };
+    colld__log_rl(COLLD_LOG_WARN, COLLD_SUB_NET, "x/y.c", 7, &rl, 3600000, "listener paused\n");
+    colld__log_rl(COLLD_LOG_WARN, COLLD_SUB_NET, "x/y.c", 7, &rl, 3600000, "dropped");
+    rl = (colld_log_rl_t){ .next_ns = 1, .suppressed = 1 };
+    colld__log_rl(COLLD_LOG_ERROR, COLLD_SUB_NET, "x/y.c", 8, &rl, 3600000, "once");
+    text = slurp(path);
+    assert_int_equal(count_lines(text), 4);
+    assert_non_null(strstr(text, " WARN NET y.c:7 listener paused (41 similar messages suppressed)\n"));
+    assert_non_null(strstr(text, " ERROR NET y.c:8 once (1 similar message suppressed)\n"));
+    assert_null(strstr(text, "dropped"));
+    assert_int_equal(rl.suppressed, 0);
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),     cmocka_unit_test(test_level_filter),
         cmocka_unit_test(test_line_format),  cmocka_unit_test(test_subsys_filter),
         cmocka_unit_test(test_file_pattern), cmocka_unit_test(test_invalid),
-        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_threads),      cmocka_unit_test(test_rate_limit_decision),
+        cmocka_unit_test(test_rate_limit_lines),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
