@@ -78,7 +78,9 @@ colld_status_t colld__sock_request(colld_client_t *c, colld_wire_msg_t *m, int f
     do {
         n = sendmsg(c->sock, &mh, MSG_NOSIGNAL);
     } while (n < 0 && errno == EINTR);
-    if (n != (ssize_t)sizeof(*m))
+    /* A daemon that refuses a connection answers before it reads and closes at once, so the
+     * request may fail to go out while the answer waits to be read: read it anyway. */
+    if (n != (ssize_t)sizeof(*m) && !(n < 0 && (errno == EPIPE || errno == ECONNRESET)))
         goto out;
     size_t got = 0;
     while (got < sizeof(*reply)) {
@@ -218,6 +220,24 @@ static void client_free(colld_client_t *c)
     free(c);
 }
 
+/* Why this thread's last colld_connect failed (colld_last_error(NULL)). */
+static _Thread_local char connect_error[COLLD_CLIENT_DETAIL_LEN];
+
+/* Record why a connect failed, for colld_last_error(NULL), and log it. Returns st. */
+static colld_status_t connect_failed(colld_status_t st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static colld_status_t connect_failed(colld_status_t st, const char *fmt, ...)
+{
+    char text[COLLD_CLIENT_DETAIL_LEN - 64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    snprintf(connect_error, sizeof(connect_error), "%s: %s", colld_status_name(st), text);
+    LOG_WARN(CLIENT, "%s", connect_error);
+    return st;
+}
+
 colld_status_t colld_connect(const char *socket_path, colld_client_t **out)
 {
     return colld__connect_role(socket_path, COLLD_ROLE_CLIENT, out);
@@ -234,6 +254,7 @@ colld_status_t colld__connect_role(const char *socket_path, int role, colld_clie
         return COLLD_ERR_INVALID_ARGUMENT;
     *out = NULL;
     pthread_once(&log_once, client_log_init);
+    connect_error[0] = '\0';
 
     c = calloc(1, sizeof(*c));
     if (!c)
@@ -254,7 +275,7 @@ colld_status_t colld__connect_role(const char *socket_path, int role, colld_clie
 
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
     if (strlen(c->socket_path) >= sizeof(sa.sun_path) - 8) {
-        LOG_WARN(CLIENT, "socket path too long: %s", c->socket_path);
+        connect_failed(st, "socket path too long: %s", c->socket_path);
         goto fail;
     }
     strcpy(sa.sun_path, c->socket_path);
@@ -265,8 +286,8 @@ colld_status_t colld__connect_role(const char *socket_path, int role, colld_clie
     }
     if (connect(c->sock, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
         st = errno == EACCES ? COLLD_ERR_PERMISSION_DENIED : COLLD_ERR_DAEMON_UNAVAILABLE;
-        LOG_WARN(CLIENT, "cannot connect to colld at %s: %s (is colld running? set COLLD_SOCKET to its socket)",
-                 c->socket_path, strerror(errno));
+        connect_failed(st, "cannot connect to colld at %s: %s (is colld running? set COLLD_SOCKET to its socket)",
+                       c->socket_path, strerror(errno));
         goto fail;
     }
     struct timeval tv = { .tv_sec = COLLD_CLIENT_RPC_TIMEOUT_MS / 1000 };
@@ -281,14 +302,17 @@ colld_status_t colld__connect_role(const char *socket_path, int role, colld_clie
                        SIZE_MAX); /* cut between characters */
     st = colld__sock_request(c, &hello, -1, COLLD_MSG_WELCOME, &welcome, fds, 2);
     if (st == COLLD_OK && welcome.status != COLLD_OK) {
-        st = welcome.status;
+        st = welcome.status >= COLLD_ERR_INTERNAL && welcome.status < COLLD_OK ? welcome.status : COLLD_ERR_PROTOCOL;
         welcome.u.detail[sizeof(welcome.u.detail) - 1] = '\0';
-        LOG_WARN(CLIENT, "colld refused the session: %s", welcome.u.detail);
+        for (char *p = welcome.u.detail; *p; p++) /* the daemon's words, printed: no control characters */
+            if ((unsigned char)*p < 0x20 || (unsigned char)*p == 0x7f)
+                *p = '?';
+        connect_failed(st, "colld at %s refused the session: %s", c->socket_path, welcome.u.detail);
         goto fail;
     }
     if (st != COLLD_OK || fds[0] < 0 || fds[1] < 0) {
         st = st == COLLD_OK ? COLLD_ERR_PROTOCOL : st;
-        LOG_WARN(CLIENT, "no valid answer from colld at %s (%s)", c->socket_path, colld_status_name(st));
+        connect_failed(st, "no valid answer from colld at %s", c->socket_path);
         goto fail;
     }
     c->session_id = welcome.u.welcome.session_id;
@@ -317,7 +341,7 @@ colld_status_t colld__connect_role(const char *socket_path, int role, colld_clie
     st = colld__client_rpc(c, "/colld.v1.Colld/Attach", &req.base, &colld__v1__attach_response__descriptor,
                            COLLD_CLIENT_RPC_TIMEOUT_MS, (ProtobufCMessage **)&resp, detail, sizeof(detail));
     if (st != COLLD_OK) {
-        LOG_WARN(CLIENT, "attach to colld failed: %s: %s", colld_status_name(st), detail);
+        connect_failed(st, "attach to colld at %s failed: %s", c->socket_path, detail);
         goto fail;
     }
     c->default_timeout_ms = (int)resp->default_timeout_ms;
@@ -383,6 +407,8 @@ colld_status_t colld__client_rpc(colld_client_t *c, const char *method, const Pr
         return COLLD_ERR_DAEMON_LOST;
     case GRPC_STATUS_DEADLINE_EXCEEDED:
         return COLLD_ERR_TIMEOUT;
+    case GRPC_STATUS_RESOURCE_EXHAUSTED: /* a limit of the daemon (the detail names it) */
+        return COLLD_ERR_QUOTA_EXCEEDED;
     case GRPC_STATUS_UNIMPLEMENTED:
         return COLLD_ERR_PROTOCOL;
     default:
@@ -685,7 +711,7 @@ colld_status_t colld__client_error(colld_client_t *c, colld_status_t st, const c
 const char *colld_last_error(colld_client_t *c)
 {
     if (!c)
-        return "invalid client (NULL)";
+        return connect_error;
     return c->last_error;
 }
 

@@ -823,7 +823,8 @@ int colld_control_start(colld_daemon_t *d)
         LOG_ERROR(INIT, "cannot start the event stream: out of memory");
         return -1;
     }
-    if (colld_rpc_server_create(d->rpc_addr, methods, COLLD_ARRAY_SIZE(methods), d, &d->rpc, err, sizeof(err)) < 0 ||
+    /* No address: main.c accepts <socket>.rpc itself and hands the connections over (ctl_listen.c). */
+    if (colld_rpc_server_create(NULL, methods, COLLD_ARRAY_SIZE(methods), d, &d->rpc, err, sizeof(err)) < 0 ||
         colld_rpc_server_start(d->rpc) < 0) {
         LOG_ERROR(RPC, "cannot serve the control plane on %s: %s", d->rpc_addr, err);
         return -1;

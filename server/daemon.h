@@ -44,6 +44,25 @@ typedef struct colld_xcomm colld_xcomm_t;
 typedef struct colld_gpus colld_gpus_t;
 typedef struct colld_gpu_comm colld_gpu_comm_t;
 typedef struct colld_tenants colld_tenants_t;
+typedef struct colld_ctl colld_ctl_t;
+typedef struct colld_listener colld_listener_t;
+
+/* A listening unix socket served by the loop (fds.c): accepts with SO_PEERCRED and survives
+ * descriptor exhaustion (see fds.c). `on_accept` takes the new connection's fd. */
+typedef void (*colld_accept_fn)(colld_listener_t *l, int fd, uid_t uid, gid_t gid, pid_t pid);
+/* Tell a connection the daemon cannot serve why, before it is closed (never blocks). */
+typedef void (*colld_refuse_fn)(int fd, colld_status_t st, const char *why);
+struct colld_listener {
+    colld_daemon_t *d;
+    const char *what;         /* "session socket", for messages */
+    int fd;
+    uv_poll_t poll;
+    uv_timer_t pause;         /* restarts accepting after a pause */
+    bool open, paused;
+    colld_accept_fn on_accept;
+    colld_refuse_fn refuse;   /* NULL: the connection is just closed */
+    uint64_t shed;            /* connections refused for lack of descriptors */
+};
 
 /* Daemon configuration (filled from the table in config_table.c). */
 typedef struct {
@@ -70,6 +89,12 @@ typedef struct {
     uint64_t max_registered_bytes_per_tenant;
     int64_t max_followers_per_tenant;
     int64_t max_rpc_conns_per_tenant;
+    /* descriptors and the control socket (fds.c, ctl_listen.c) */
+    int64_t max_fds;           /* soft RLIMIT_NOFILE to run with; 0: the hard limit */
+    int64_t max_rpc_conns;     /* connections to the control socket, all tenants */
+    int64_t rpc_handshake_ms;  /* a control connection without a call for this long is closed */
+    int64_t self_probe_ms;     /* interval of the control plane's self-probe; 0: off */
+    int64_t self_probe_failures; /* consecutive failed probes that end the daemon */
     char *socket_mode_text;
     unsigned socket_mode;   /* parsed from socket_mode_text */
     int64_t trace_entries;  /* flight recorder depth per communicator */
@@ -122,6 +147,7 @@ struct colld_session {
     int64_t attached_ms;
     char name[48];
     bool attached;        /* the Attach RPC was made */
+    bool charged;         /* holds a unit of its tenant's COLLD_LIMIT_SESSIONS */
     bool dead;            /* socket closed or protocol error: no new work */
     bool kill_requested;  /* engine asks the loop to drop this session */
     int refs;             /* list membership + ops in flight + executing collectives */
@@ -287,8 +313,9 @@ struct colld_daemon {
     colld_daemon_config_t cfg;
     pthread_mutex_t lock;
     uv_loop_t loop;
-    int listen_fd;
-    uv_poll_t listen_poll;
+    colld_listener_t sessions_l; /* the session socket */
+    int spare_fd;             /* kept to accept-and-refuse when out of descriptors (fds.c) */
+    colld_ctl_t *ctl;         /* the control socket's connections (ctl_listen.c) */
     uv_signal_t sigterm, sigint;
     uv_async_t async;         /* engine -> loop: drop sessions with kill_requested */
     int lock_fd;
@@ -340,6 +367,33 @@ typedef struct colld_coll {
     char gpu_why[COLLD_DETAIL_LEN / 2]; /* why the launch failed */
     colld_op_t *ops[]; /* [nranks], by rank */
 } colld_coll_t;
+
+/* ---- fds.c: descriptor exhaustion ---- */
+/* Raise the soft fd limit (--max-fds, else the hard limit), warn when it cannot cover the
+ * configured maxima, take the spare descriptor. Returns 0, or -1 after printing why. */
+int colld_fds_init(colld_daemon_t *d);
+void colld_fds_fini(colld_daemon_t *d);
+/* Create a unix socket at `path` (a stale file there is replaced: the lock file is held) with
+ * the configured mode and serve it on the loop. Returns 0, or -1 with errno set. */
+int colld_listener_open(colld_daemon_t *d, colld_listener_t *l, const char *what, const char *path,
+                        colld_accept_fn on_accept, colld_refuse_fn refuse);
+/* Stop accepting and close the socket (loop thread; the handles close when the loop runs). */
+void colld_listener_close(colld_listener_t *l);
+/* How many of `max` connections are kept for operators (colld_uid_is_admin, tenant.h): root and
+ * the daemon's own uid get them, and are never refused by a per-tenant limit on sessions or
+ * control connections. */
+unsigned colld_admin_reserve(int64_t max);
+
+/* ---- ctl_listen.c: connections to the control socket ---- */
+/* Accept <socket>.rpc on the loop and hand the connections to the gRPC server (which must exist),
+ * within per-tenant and global caps; start the self-probe. Returns 0 or -1. */
+int colld_ctl_start(colld_daemon_t *d);
+/* Stop accepting (loop thread); connections end with the gRPC server. */
+void colld_ctl_stop(colld_daemon_t *d);
+/* Free what is left once the gRPC server is destroyed and the loop has run. */
+void colld_ctl_free(colld_daemon_t *d);
+/* Control connections served now, refused ones still held, refused ones so far (loop thread). */
+void colld_ctl_stats(const colld_daemon_t *d, unsigned *admitted, unsigned *refused_held, uint64_t *refused_total);
 
 /* ---- session.c: the session socket ---- */
 int colld_sessions_listen(colld_daemon_t *d);

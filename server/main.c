@@ -157,6 +157,7 @@ static void stop_now(colld_daemon_t *d)
     colld_notify_stopping("stopping: ending every session");
     colld_metrics_stop(d);
     colld_sessions_close_all(d);
+    colld_ctl_stop(d);
     colld_control_stop(d);
     colld_cluster_stop(d);
     colld_engine_stop(d);
@@ -246,7 +247,7 @@ int main(int argc, char **argv)
     char err[512] = "";
     int rc = 1;
     memset(&d, 0, sizeof(d));
-    d.listen_fd = d.lock_fd = d.epfd = d.wake_fd = -1;
+    d.spare_fd = d.lock_fd = d.epfd = d.wake_fd = -1;
     pthread_mutex_init(&d.lock, NULL);
 
     /* --version and --print-config are commands, not options: taken out before the table sees
@@ -301,6 +302,10 @@ int main(int argc, char **argv)
         rc = 2;
         goto out_cfg;
     }
+    if (colld_fds_init(&d) < 0) {
+        rc = 2;
+        goto out_cfg;
+    }
     signal(SIGPIPE, SIG_IGN);
     if (make_parent_dirs(d.cfg.socket) < 0) {
         fprintf(stderr, "colld: cannot create the directory of %s: %s\n", d.cfg.socket, strerror(errno));
@@ -339,7 +344,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "colld: cannot serve peer daemons on --listen %s (see the log above)\n", d.cfg.listen);
         goto out_stop;
     }
-    chmod(d.rpc_path, (mode_t)d.cfg.socket_mode);
+    if (colld_ctl_start(&d) < 0) {
+        fprintf(stderr, "colld: cannot listen on %s: %s\n", d.rpc_path, strerror(errno));
+        goto out_stop;
+    }
     if (colld_sessions_listen(&d) < 0) {
         fprintf(stderr, "colld: cannot listen on %s: %s\n", d.cfg.socket, strerror(errno));
         goto out_stop;
@@ -373,12 +381,14 @@ out_stop:
     uv_run(&d.loop, UV_RUN_DEFAULT);
 out_loop:
     uv_loop_close(&d.loop);
+    colld_ctl_free(&d);
     colld_gpu_stop(&d);
     colld_metrics_destroy(&d);
     colld_tenants_free(&d);
     if (d.lock_fd >= 0)
         close(d.lock_fd);
 out_cfg:
+    colld_fds_fini(&d);
     colld_config_free(colld_daemon_config_table, colld_daemon_config_table_len, &d.cfg);
     colld_log_fini();
     pthread_mutex_destroy(&d.lock);

@@ -869,7 +869,7 @@ static void conn_respond_ready(http_conn_t *c, bool head)
     } checks[] = {
         { d->stopping, "stopping" },
         { draining, "draining (new communicators are refused)" },
-        { d->listen_fd < 0, "the session socket is not listening" },
+        { !d->sessions_l.open, "the session socket is not listening" },
         { !d->rpc, "the control plane is not serving" },
         { !d->engine_running, "the engine is not running" },
         { d->cfg.listen && *d->cfg.listen && !d->cluster, "the peer listener (--listen) is not up" },

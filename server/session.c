@@ -592,6 +592,9 @@ void colld_session_forget(colld_session_t *s, const char *why, colld_reply_t **r
         if (*pp == s) {
             *pp = s->next;
             d->nsessions--;
+            if (s->charged)
+                colld_tenant_uncharge(d, s->uid, COLLD_LIMIT_SESSIONS, 1);
+            s->charged = false;
             break;
         }
 }
@@ -634,63 +637,104 @@ static void session_on_poll(uv_poll_t *h, int status, int events)
         session_drop(s, "peer disconnected");
 }
 
-/* Accept every pending connection: read its credentials and start watching it. */
-static void session_on_listen(uv_poll_t *h, int status, int events)
+/* Refuse a connection before any session exists: an error WELCOME with the reason (libcolld's
+ * colld_connect returns its status and detail), then the socket is closed. Never blocks: the
+ * socket is new, so its send buffer is empty. What the client sent already is read and dropped,
+ * so the close is not turned into a reset that could destroy the answer. */
+static void session_refuse(int fd, colld_status_t st, const char *why)
 {
-    colld_daemon_t *d = h->data;
-    (void)events;
-    if (status < 0)
+    colld_wire_msg_t m;
+    char sink[sizeof(colld_wire_msg_t)];
+    memset(&m, 0, sizeof(m));
+    m.magic = COLLD_WIRE_MAGIC;
+    m.version = COLLD_WIRE_VERSION;
+    m.type = COLLD_MSG_WELCOME;
+    m.status = st;
+    colld_strlcpy(m.u.detail, why, sizeof(m.u.detail));
+    ssize_t n = send(fd, &m, sizeof(m), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)n;
+    n = recv(fd, sink, sizeof(sink), MSG_DONTWAIT); /* passed descriptors are discarded by the kernel */
+    (void)n;
+    shutdown(fd, SHUT_WR);
+}
+
+/* Admit a connection (lock held): the global backstop (max-sessions, of which the last few are
+ * kept for operators) and the tenant's max-sessions-per-tenant, which operators are not held to.
+ * Returns COLLD_OK (with *charged when a tenant unit was taken), or a status with the reason for
+ * the client in why (it must fit a wire detail) and the full one in log. */
+static colld_status_t session_admit(colld_daemon_t *d, uid_t uid, bool *charged, char *why, size_t why_len,
+                                    char *log, size_t log_len)
+{
+    bool admin = colld_uid_is_admin(uid);
+    unsigned max = (unsigned)d->cfg.max_sessions, reserve = colld_admin_reserve(d->cfg.max_sessions);
+    *charged = false;
+    if (d->nsessions >= max || (!admin && d->nsessions + reserve >= max)) {
+        snprintf(why, why_len, "colld serves its limit of %u sessions (max-sessions); try again later", max);
+        snprintf(log, log_len, "%u sessions, the limit is max-sessions = %u (%u of them kept for operators)",
+                 d->nsessions, max, reserve);
+        return COLLD_ERR_QUOTA_EXCEEDED;
+    }
+    if (admin)
+        return COLLD_OK;
+    colld_status_t st = colld_tenant_charge(d, uid, COLLD_LIMIT_SESSIONS, 1, log, log_len);
+    if (st == COLLD_ERR_QUOTA_EXCEEDED)
+        snprintf(why, why_len, "uid %u has max-sessions-per-tenant = %llu sessions open", (unsigned)uid,
+                 (unsigned long long)colld_tenant_limit(d, uid, COLLD_LIMIT_SESSIONS));
+    else if (st != COLLD_OK)
+        snprintf(why, why_len, "colld is out of memory");
+    *charged = st == COLLD_OK;
+    return st;
+}
+
+/* A new connection on the session socket (listener in fds.c): admit it against the limits, then
+ * start watching it; a refused one gets an error WELCOME that says which limit. */
+static void session_on_accept(colld_listener_t *l, int fd, uid_t uid, gid_t gid, pid_t pid)
+{
+    colld_daemon_t *d = l->d;
+    char why[COLLD_WIRE_DETAIL_BYTES], log[COLLD_DETAIL_LEN];
+    bool charged;
+    pthread_mutex_lock(&d->lock);
+    colld_status_t st = session_admit(d, uid, &charged, why, sizeof(why), log, sizeof(log));
+    pthread_mutex_unlock(&d->lock);
+    if (st != COLLD_OK) {
+        LOG_WARN_RL(SESSION, "refusing pid %d uid %u: %s", (int)pid, (unsigned)uid, log);
+        session_refuse(fd, st, why);
+        close(fd);
         return;
-    for (;;) {
-        int fd = accept4(d->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-                LOG_WARN(SESSION, "accept: %s", strerror(errno));
-            return;
-        }
-        struct ucred cred;
-        socklen_t len = sizeof(cred);
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
-            LOG_WARN(SESSION, "SO_PEERCRED: %s", strerror(errno));
-            close(fd);
-            continue;
-        }
+    }
+    colld_session_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        goto fail;
+    s->daemon = d;
+    s->fd = fd;
+    s->pid = pid;
+    s->uid = uid;
+    s->gid = gid;
+    s->charged = charged;
+    s->shm_fd = s->efd = s->pending_fd = s->gpu_flags_fd = -1;
+    s->attached_ms = colld_wall_ms();
+    s->refs = 1;
+    s->poll.data = s;
+    if (uv_poll_init(&d->loop, &s->poll, fd) < 0)
+        goto fail;
+    s->poll_active = true;
+    pthread_mutex_lock(&d->lock);
+    s->id = ++d->next_session_id;
+    s->next = d->sessions;
+    d->sessions = s;
+    d->nsessions++;
+    pthread_mutex_unlock(&d->lock);
+    uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT, session_on_poll);
+    return;
+fail:
+    LOG_WARN_RL(SESSION, "refusing pid %d uid %u: out of memory", (int)pid, (unsigned)uid);
+    session_refuse(fd, COLLD_ERR_NO_MEMORY, "colld is out of memory");
+    close(fd);
+    free(s);
+    if (charged) {
         pthread_mutex_lock(&d->lock);
-        bool full = d->nsessions >= (unsigned)d->cfg.max_sessions;
+        colld_tenant_uncharge(d, uid, COLLD_LIMIT_SESSIONS, 1);
         pthread_mutex_unlock(&d->lock);
-        if (full) {
-            LOG_WARN(SESSION, "refusing pid %d: %u sessions is the limit (max-sessions)", (int)cred.pid,
-                     d->nsessions);
-            close(fd);
-            continue;
-        }
-        colld_session_t *s = calloc(1, sizeof(*s));
-        if (!s) {
-            close(fd);
-            continue;
-        }
-        s->daemon = d;
-        s->fd = fd;
-        s->pid = cred.pid;
-        s->uid = cred.uid;
-        s->gid = cred.gid;
-        s->shm_fd = s->efd = s->pending_fd = s->gpu_flags_fd = -1;
-        s->attached_ms = colld_wall_ms();
-        s->refs = 1;
-        s->poll.data = s;
-        if (uv_poll_init(&d->loop, &s->poll, fd) < 0) {
-            close(fd);
-            free(s);
-            continue;
-        }
-        s->poll_active = true;
-        pthread_mutex_lock(&d->lock);
-        s->id = ++d->next_session_id;
-        s->next = d->sessions;
-        d->sessions = s;
-        d->nsessions++;
-        pthread_mutex_unlock(&d->lock);
-        uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT, session_on_poll);
     }
 }
 
@@ -712,39 +756,20 @@ void colld_sessions_reap(colld_daemon_t *d)
     }
 }
 
-/* Create the session socket (mode from the configuration) and watch it. The lock file is
- * already held, so an existing socket file is a stale one. Returns 0 or -1. */
+/* Create the session socket (mode from the configuration) and serve it (fds.c). The lock file
+ * is already held, so an existing socket file is a stale one. Returns 0 or -1. */
 int colld_sessions_listen(colld_daemon_t *d)
 {
-    struct sockaddr_un sa = { .sun_family = AF_UNIX };
-    if (strlen(d->cfg.socket) >= sizeof(sa.sun_path)) {
-        LOG_ERROR(INIT, "socket path too long (max %zu bytes): %s", sizeof(sa.sun_path) - 1, d->cfg.socket);
-        return -1;
-    }
-    strcpy(sa.sun_path, d->cfg.socket);
-    unlink(d->cfg.socket);
-    d->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (d->listen_fd < 0 || bind(d->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-        chmod(d->cfg.socket, (mode_t)d->cfg.socket_mode) < 0 || listen(d->listen_fd, 512) < 0) {
-        LOG_ERROR(INIT, "cannot listen on %s: %s", d->cfg.socket, strerror(errno));
-        return -1;
-    }
-    d->listen_poll.data = d;
-    if (uv_poll_init(&d->loop, &d->listen_poll, d->listen_fd) < 0)
-        return -1;
-    uv_poll_start(&d->listen_poll, UV_READABLE, session_on_listen);
-    return 0;
+    return colld_listener_open(d, &d->sessions_l, "session socket", d->cfg.socket, session_on_accept,
+                               session_refuse);
 }
 
 /* Daemon shutdown: stop accepting and end every session (clients see their socket close and
  * report COLLD_ERR_DAEMON_LOST). */
 void colld_sessions_close_all(colld_daemon_t *d)
 {
-    if (d->listen_fd >= 0) {
-        uv_poll_stop(&d->listen_poll);
-        uv_close((uv_handle_t *)&d->listen_poll, NULL);
-        close(d->listen_fd);
-        d->listen_fd = -1;
+    if (d->sessions_l.open) {
+        colld_listener_close(&d->sessions_l);
         unlink(d->cfg.socket);
     }
     /* Every communicator fails with DAEMON_LOST before any session goes, so no rank mistakes the

@@ -15,24 +15,35 @@
  *
  * Batches per call: RECV_CLOSE_ON_SERVER in its own batch (it completes when the client cancels
  * or after the status went out, which is how cancellation is learnt); for streaming, one
- * SEND_MESSAGE outstanding at a time with the rest queued; a final batch with the status.
+ * SEND_MESSAGE outstanding at a time with the rest queued (within the bounds of the header); a
+ * final batch with the status.
+ *
+ * Connections handed over by the owner (colld_rpc_server_add_conn) have a record indexed by the
+ * descriptor number: gRPC names such a connection's peer "fd:N", so each arriving call finds its
+ * connection, counts itself there while it lives, and inherits its credentials or refusal. A
+ * record carries an id, because the number is reused once gRPC closed the descriptor.
  */
 #include "common/rpc_codec.h"
 #include "server/rpc/rpc_server.h"
 
 #include "common/log.h"
+#include "common/util.h"
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
+#include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
+#include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------------------------------------ */
 /* Types                                                                                       */
@@ -58,6 +69,16 @@ typedef struct rpc_msg {
     grpc_byte_buffer *bb;
 } rpc_msg_t;
 
+/* A connection handed over by the owner (colld_rpc_server_add_conn). */
+typedef struct rpc_conn {
+    uint64_t id;
+    uid_t uid;
+    pid_t pid;
+    unsigned active;          /* calls of it not yet freed */
+    uint64_t calls;           /* calls dispatched on it */
+    char *refusal;            /* non-NULL: every call is answered RESOURCE_EXHAUSTED with it */
+} rpc_conn_t;
+
 /* Index of the generic (unknown method) slot in the arming functions. */
 #define RPC_GENERIC_SLOT ((size_t)-1)
 
@@ -81,6 +102,12 @@ struct colld_rpc_call {
     bool send_in_flight;
     grpc_byte_buffer *sending; /* buffer of the SEND_MESSAGE in flight */
     rpc_msg_t *queue_head, *queue_tail;
+    size_t queued_msgs;        /* in queue_head..tail */
+    uint64_t queued_bytes;
+    bool full;                 /* a send was refused as full: call writable once it drains */
+    colld_rpc_writable_fn writable;
+    void *writable_arg;
+    rpc_conn_t *conn;          /* the connection it came on, NULL when unknown */
     bool finish_pending;       /* finish asked for while sends were still queued */
     grpc_status_code finish_code;
     char *finish_message;
@@ -106,11 +133,28 @@ struct colld_rpc_server {
     bool shutting_down;       /* destroy began: dispatch no new calls, arm no new requests */
     bool cq_closing;          /* the queue is being shut down: start no batch */
     colld_rpc_call_t *calls;  /* every live call object, armed ones included */
+    grpc_server_credentials *fd_creds; /* for connections handed over */
+    rpc_conn_t **conns;       /* by descriptor number */
+    size_t nconn_slots;
+    uint64_t next_conn_id;
+    uint64_t queued_bytes;    /* streaming messages waiting, over every call */
+    uint64_t refused_full;    /* sends refused because a call's queue was full */
 };
 
 /* ------------------------------------------------------------------------------------------ */
 /* Call objects (all functions named *_locked run with srv->mu held)                           */
 /* ------------------------------------------------------------------------------------------ */
+
+/* Tell the sender of a call whose send was refused as full that it may send again (its next
+ * send learns whether the client is still there). */
+static void call_wake_sender_locked(colld_rpc_call_t *c)
+{
+    if (!c->full)
+        return;
+    c->full = false;
+    if (c->writable != NULL)
+        c->writable(c->writable_arg);
+}
 
 /* Drop every queued streaming message (the client is gone or the server is shutting down). */
 static void call_drop_queue_locked(colld_rpc_call_t *c)
@@ -122,6 +166,10 @@ static void call_drop_queue_locked(colld_rpc_call_t *c)
         free(m);
     }
     c->queue_tail = NULL;
+    c->srv->queued_bytes -= c->queued_bytes;
+    c->queued_bytes = 0;
+    c->queued_msgs = 0;
+    call_wake_sender_locked(c);
 }
 
 /* Free a call object whose reference count reached zero (or, at destroy, a released one): all
@@ -136,6 +184,8 @@ static void call_free_locked(colld_rpc_call_t *c)
         srv->calls = c->next;
     if (c->next != NULL)
         c->next->prev = c->prev;
+    if (c->conn != NULL)
+        c->conn->active--;
     if (c->call != NULL)
         grpc_call_unref(c->call);
     grpc_metadata_array_destroy(&c->request_md);
@@ -148,6 +198,7 @@ static void call_free_locked(colld_rpc_call_t *c)
         grpc_byte_buffer_destroy(c->final_msg);
     if (c->final_started)
         grpc_slice_unref(c->final_details);
+    c->writable = NULL;
     call_drop_queue_locked(c);
     free(c->finish_message);
     free(c);
@@ -159,6 +210,30 @@ static void call_unref_locked(colld_rpc_call_t *c)
 {
     if (--c->refs == 0)
         call_free_locked(c);
+}
+
+/* Free a connection record (NULL-safe). */
+static void conn_free(rpc_conn_t *conn)
+{
+    if (conn == NULL)
+        return;
+    free(conn->refusal);
+    free(conn);
+}
+
+/* Take the record of the connection on descriptor fd out of the table and free it: its calls no
+ * longer point to it. */
+static void conn_detach_locked(colld_rpc_server_t *srv, int fd)
+{
+    rpc_conn_t *conn = srv->conns[fd];
+
+    for (colld_rpc_call_t *c = srv->calls; c != NULL; c = c->next)
+        if (c->conn == conn) {
+            c->conn = NULL;
+            conn->active--;
+        }
+    srv->conns[fd] = NULL;
+    conn_free(conn);
 }
 
 /* Start a batch on the call and take a reference for its completion. Refused once the queue is
@@ -218,12 +293,14 @@ static int call_start_send_locked(colld_rpc_call_t *c, grpc_byte_buffer *bb)
     return 0;
 }
 
-/* Queue or start one streaming message. Takes ownership of bb in every case. Returns 0, or -1
+/* Queue or start one streaming message. Takes ownership of bb in every case. Returns 0,
+ * COLLD_RPC_SEND_FULL when the queue is at its bound (the sender is told when it drained), or -1
  * when the message cannot go out (client gone, shutdown, out of memory). */
 static int call_send_locked(colld_rpc_call_t *c, grpc_byte_buffer *bb)
 {
     rpc_msg_t *m;
     int rc = -1;
+    size_t len;
 
     if (atomic_load(&c->cancelled) || c->srv->cq_closing)
         goto out;
@@ -231,6 +308,13 @@ static int call_send_locked(colld_rpc_call_t *c, grpc_byte_buffer *bb)
         rc = call_start_send_locked(c, bb);
         if (rc == 0)
             bb = NULL;
+        goto out;
+    }
+    len = grpc_byte_buffer_length(bb);
+    if (c->queued_msgs >= COLLD_RPC_STREAM_MAX_MSGS || c->queued_bytes + len > COLLD_RPC_STREAM_MAX_BYTES) {
+        c->full = true;
+        c->srv->refused_full++;
+        rc = COLLD_RPC_SEND_FULL;
         goto out;
     }
     m = malloc(sizeof(*m));
@@ -244,6 +328,9 @@ static int call_send_locked(colld_rpc_call_t *c, grpc_byte_buffer *bb)
     else
         c->queue_head = m;
     c->queue_tail = m;
+    c->queued_msgs++;
+    c->queued_bytes += len;
+    c->srv->queued_bytes += len;
     rc = 0;
 out:
     if (bb != NULL)
@@ -263,6 +350,7 @@ static void call_answer_locked(colld_rpc_call_t *c, grpc_status_code code, const
         return;
     }
     c->owed = false;
+    c->writable = NULL; /* the sender is done with the call */
     if (c->send_in_flight) {
         /* Only streaming calls have sends in flight, and they never carry bb here. */
         if (bb != NULL)
@@ -324,6 +412,22 @@ out:
 /* Completion-queue events                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
+/* The descriptor number of a call's connection when it is one handed over ("fd:N"), else -1. */
+static int call_peer_fd(grpc_call *call)
+{
+    char *peer = grpc_call_get_peer(call);
+    int fd = -1;
+
+    if (peer != NULL && strncmp(peer, "fd:", 3) == 0 && peer[3] >= '0' && peer[3] <= '9') {
+        char *end = NULL;
+        long v = strtol(peer + 3, &end, 10);
+        if (*end == '\0' && v >= 0 && v <= INT_MAX)
+            fd = (int)v;
+    }
+    gpr_free(peer);
+    return fd;
+}
+
 /* A requested call arrived: re-arm its slot, watch for cancellation, then answer it ourselves
  * (unknown method, unparseable request, shutdown) or hand it to the method's handler. */
 static void on_request(colld_rpc_call_t *c, bool ok)
@@ -332,6 +436,7 @@ static void on_request(colld_rpc_call_t *c, bool ok)
     ProtobufCMessage *req = NULL;
     colld_rpc_handler_fn handler = NULL;
     grpc_op op;
+    int fd = ok ? call_peer_fd(c->call) : -1;
 
     pthread_mutex_lock(&srv->mu);
     if (!ok) {
@@ -343,6 +448,11 @@ static void on_request(colld_rpc_call_t *c, bool ok)
                   c->method != NULL ? c->method->path : "(generic)");
     if (c->method == NULL)
         c->deadline = c->details.deadline;
+    if (fd >= 0 && (size_t)fd < srv->nconn_slots && srv->conns[fd] != NULL) {
+        c->conn = srv->conns[fd];
+        c->conn->active++;
+        c->conn->calls++;
+    }
 
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
@@ -351,7 +461,9 @@ static void on_request(colld_rpc_call_t *c, bool ok)
 
     c->owed = true;
     c->refs++; /* the user's reference, dropped by the answer */
-    if (c->method == NULL) {
+    if (c->conn != NULL && c->conn->refusal != NULL) {
+        call_answer_locked(c, GRPC_STATUS_RESOURCE_EXHAUSTED, c->conn->refusal, NULL);
+    } else if (c->method == NULL) {
         call_answer_locked(c, GRPC_STATUS_UNIMPLEMENTED, "unknown method", NULL);
     } else if (srv->shutting_down) {
         call_answer_locked(c, GRPC_STATUS_UNAVAILABLE, "server shutting down", NULL);
@@ -408,12 +520,18 @@ static void on_send(colld_rpc_call_t *c, bool ok)
         c->queue_head = m->next;
         if (c->queue_head == NULL)
             c->queue_tail = NULL;
+        size_t len = grpc_byte_buffer_length(m->bb);
+        c->queued_msgs--;
+        c->queued_bytes -= len;
+        srv->queued_bytes -= len;
         if (call_start_send_locked(c, m->bb) != 0) {
             grpc_byte_buffer_destroy(m->bb);
             call_drop_queue_locked(c);
         }
         free(m);
     }
+    if (c->queued_msgs <= COLLD_RPC_STREAM_MAX_MSGS / 2 && c->queued_bytes <= COLLD_RPC_STREAM_MAX_BYTES / 2)
+        call_wake_sender_locked(c);
     if (!c->send_in_flight && c->finish_pending) {
         c->finish_pending = false;
         call_send_final_locked(c, c->finish_code, c->finish_message, NULL);
@@ -443,6 +561,7 @@ static void on_shutdown(colld_rpc_server_t *srv)
     for (c = srv->calls; c != NULL; c = c->next) {
         c->owed = false; /* a released call keeps its user reference until destroy */
         c->finish_pending = false;
+        c->writable = NULL;
         call_drop_queue_locked(c);
     }
     pthread_mutex_unlock(&srv->mu);
@@ -526,8 +645,13 @@ int colld_rpc_server_create(const char *address, const colld_rpc_method_t *metho
             goto out;
         }
     }
+    srv->fd_creds = grpc_insecure_server_credentials_create();
     creds = grpc_insecure_server_credentials_create();
-    if (grpc_server_add_http2_port(srv->server, address, creds) == 0) {
+    if (srv->fd_creds == NULL || creds == NULL) {
+        snprintf(err, err_len, "cannot create the gRPC server credentials");
+        goto out;
+    }
+    if (address != NULL && grpc_server_add_http2_port(srv->server, address, creds) == 0) {
         snprintf(err, err_len, "cannot listen on %s (bad address, missing directory or no permission)",
                  address);
         goto out;
@@ -547,6 +671,8 @@ out:
                 ;
             grpc_completion_queue_destroy(srv->cq);
         }
+        if (srv->fd_creds != NULL)
+            grpc_server_credentials_release(srv->fd_creds);
         pthread_mutex_destroy(&srv->mu);
         free(srv->handles);
         free(srv);
@@ -611,10 +737,193 @@ void colld_rpc_server_destroy(colld_rpc_server_t *srv)
 
     grpc_server_destroy(srv->server);
     grpc_completion_queue_destroy(srv->cq);
+    for (size_t i = 0; i < srv->nconn_slots; i++)
+        conn_free(srv->conns[i]);
+    free(srv->conns);
+    grpc_server_credentials_release(srv->fd_creds);
     pthread_mutex_destroy(&srv->mu);
     free(srv->handles);
     free(srv);
     grpc_shutdown();
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Connections handed over                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+uint64_t colld_rpc_server_add_conn(colld_rpc_server_t *srv, int fd, uid_t uid, pid_t pid, const char *refusal)
+{
+    rpc_conn_t *conn = calloc(1, sizeof(*conn));
+    uint64_t id = 0;
+
+    if (conn == NULL || (refusal != NULL && (conn->refusal = strdup(refusal)) == NULL))
+        goto out;
+    conn->uid = uid;
+    conn->pid = pid;
+    pthread_mutex_lock(&srv->mu);
+    if (srv->shutting_down || !srv->server_started) {
+        pthread_mutex_unlock(&srv->mu);
+        goto out;
+    }
+    if ((size_t)fd >= srv->nconn_slots) {
+        size_t n = COLLD_MAX((size_t)fd + 1, srv->nconn_slots * 2);
+        rpc_conn_t **grown = realloc(srv->conns, n * sizeof(*grown));
+        if (grown == NULL) {
+            pthread_mutex_unlock(&srv->mu);
+            goto out;
+        }
+        memset(grown + srv->nconn_slots, 0, (n - srv->nconn_slots) * sizeof(*grown));
+        srv->conns = grown;
+        srv->nconn_slots = n;
+    }
+    if (srv->conns[fd] != NULL) /* the number's previous connection ended before its owner noticed */
+        conn_detach_locked(srv, fd);
+    conn->id = id = ++srv->next_conn_id;
+    srv->conns[fd] = conn;
+    conn = NULL;
+    pthread_mutex_unlock(&srv->mu);
+    grpc_server_add_channel_from_fd(srv->server, fd, srv->fd_creds);
+    return id;
+out:
+    conn_free(conn);
+    close(fd);
+    return 0;
+}
+
+int colld_rpc_server_conn_calls(colld_rpc_server_t *srv, int fd, uint64_t id, uint64_t *total, unsigned *active)
+{
+    int rc = -1;
+
+    pthread_mutex_lock(&srv->mu);
+    if (fd >= 0 && (size_t)fd < srv->nconn_slots && srv->conns[fd] != NULL && srv->conns[fd]->id == id) {
+        *total = srv->conns[fd]->calls;
+        *active = srv->conns[fd]->active;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&srv->mu);
+    return rc;
+}
+
+void colld_rpc_server_conn_forget(colld_rpc_server_t *srv, int fd, uint64_t id)
+{
+    pthread_mutex_lock(&srv->mu);
+    if (fd >= 0 && (size_t)fd < srv->nconn_slots && srv->conns[fd] != NULL && srv->conns[fd]->id == id)
+        conn_detach_locked(srv, fd);
+    pthread_mutex_unlock(&srv->mu);
+}
+
+void colld_rpc_server_queue_stats(colld_rpc_server_t *srv, uint64_t *queued_bytes, uint64_t *refused_full)
+{
+    pthread_mutex_lock(&srv->mu);
+    *queued_bytes = srv->queued_bytes;
+    *refused_full = srv->refused_full;
+    pthread_mutex_unlock(&srv->mu);
+}
+
+int colld_rpc_call_peer(const colld_rpc_call_t *call, uid_t *uid, pid_t *pid)
+{
+    colld_rpc_server_t *srv = call->srv;
+    int rc = -1;
+
+    pthread_mutex_lock(&srv->mu);
+    if (call->conn != NULL) {
+        *uid = call->conn->uid;
+        *pid = call->conn->pid;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&srv->mu);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The self-probe                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* One unary call with everything in one batch, on its own channel and pluck queue. */
+int colld_rpc_probe(const char *target, const char *path, int timeout_ms, char *why, size_t why_len)
+{
+    grpc_channel_credentials *creds;
+    grpc_channel *ch = NULL;
+    grpc_completion_queue *cq = NULL;
+    grpc_call *call = NULL;
+    grpc_byte_buffer *req = NULL, *resp = NULL;
+    grpc_metadata_array initial_md, trailing_md;
+    grpc_status_code code = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+    grpc_slice method = grpc_slice_from_copied_string(path);
+    gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
+    grpc_op ops[6];
+    grpc_event ev;
+    int rc = -1;
+
+    grpc_init();
+    grpc_metadata_array_init(&initial_md);
+    grpc_metadata_array_init(&trailing_md);
+    creds = grpc_insecure_credentials_create();
+    if (creds != NULL)
+        ch = grpc_channel_create(target, creds, NULL);
+    cq = grpc_completion_queue_create_for_pluck(NULL);
+    req = grpc_raw_byte_buffer_create(NULL, 0);
+    if (ch == NULL || cq == NULL || req == NULL) {
+        snprintf(why, why_len, "cannot create a channel to %s", target);
+        goto out;
+    }
+    call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL, deadline, NULL);
+    if (call == NULL) {
+        snprintf(why, why_len, "cannot create a call to %s", target);
+        goto out;
+    }
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = req;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &resp;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &trailing_md;
+    ops[5].data.recv_status_on_client.status = &code;
+    ops[5].data.recv_status_on_client.status_details = &details;
+    if (grpc_call_start_batch(call, ops, 6, ops, NULL) != GRPC_CALL_OK) {
+        snprintf(why, why_len, "cannot start a call to %s", target);
+        goto out;
+    }
+    /* The call's own deadline ends it; the queue always reports the batch. */
+    ev = grpc_completion_queue_pluck(cq, ops, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (ev.type != GRPC_OP_COMPLETE) {
+        snprintf(why, why_len, "the probe's completion queue failed");
+        goto out;
+    }
+    if (code != GRPC_STATUS_OK) {
+        char *text = grpc_slice_to_c_string(details);
+        snprintf(why, why_len, "%s on %s: gRPC status %d (%s)", path, target, (int)code, text ? text : "");
+        gpr_free(text);
+        goto out;
+    }
+    rc = 0;
+out:
+    if (call != NULL)
+        grpc_call_unref(call);
+    if (ch != NULL)
+        grpc_channel_destroy(ch);
+    if (creds != NULL)
+        grpc_channel_credentials_release(creds);
+    if (cq != NULL) {
+        grpc_completion_queue_shutdown(cq);
+        grpc_completion_queue_destroy(cq);
+    }
+    if (req != NULL)
+        grpc_byte_buffer_destroy(req);
+    if (resp != NULL)
+        grpc_byte_buffer_destroy(resp);
+    grpc_slice_unref(details);
+    grpc_slice_unref(method);
+    grpc_metadata_array_destroy(&initial_md);
+    grpc_metadata_array_destroy(&trailing_md);
+    grpc_shutdown();
+    return rc;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -672,6 +981,19 @@ int colld_rpc_send(colld_rpc_call_t *call, const ProtobufCMessage *msg)
         grpc_byte_buffer_destroy(bb);
     pthread_mutex_unlock(&srv->mu);
     return rc;
+}
+
+/* Register the sender's wake-up for a full queue (see the header). */
+void colld_rpc_set_writable(colld_rpc_call_t *call, colld_rpc_writable_fn fn, void *arg)
+{
+    colld_rpc_server_t *srv = call->srv;
+
+    pthread_mutex_lock(&srv->mu);
+    if (call->owed) {
+        call->writable = fn;
+        call->writable_arg = arg;
+    }
+    pthread_mutex_unlock(&srv->mu);
 }
 
 /* End a stream: the status follows the queued messages. */

@@ -9,6 +9,16 @@
  * Lifetime: colld_rpc_server_create -> colld_rpc_server_start -> colld_rpc_server_destroy.
  * A call must be answered exactly once (reply or fail; for streaming methods, any number of
  * colld_rpc_send then one colld_rpc_finish). After that the call object is gone.
+ *
+ * Connections: a server created without an address serves only the connections its owner
+ * accepts itself and hands over with colld_rpc_server_add_conn (the daemon does, to learn the
+ * peer's credentials and to bound connections per tenant). The wrapper counts the calls of each
+ * such connection, and can refuse every call on one with a message.
+ *
+ * Streaming sends are bounded: at most COLLD_RPC_STREAM_MAX_MSGS messages and
+ * COLLD_RPC_STREAM_MAX_BYTES bytes wait per call (a client that grants no HTTP/2 window cannot
+ * make the daemon queue without bound); a send over it is refused with COLLD_RPC_SEND_FULL and
+ * the sender learns through its writable callback when there is room again.
  */
 #ifndef COLLD_SERVER_RPC_SERVER_H
 #define COLLD_SERVER_RPC_SERVER_H
@@ -18,6 +28,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 typedef struct colld_rpc_server colld_rpc_server_t;
 typedef struct colld_rpc_call colld_rpc_call_t;
@@ -33,8 +44,15 @@ typedef struct {
     bool server_streaming;                        /* answered with send* + finish */
 } colld_rpc_method_t;
 
-/* Create a server listening on `address` ("unix:/path" or "HOST:PORT"). The method table must
- * outlive the server. Returns 0, or -1 with a message in err (err_len bytes). */
+/* Per streaming call: messages and bytes queued behind the one being sent. */
+#define COLLD_RPC_STREAM_MAX_MSGS 1024
+#define COLLD_RPC_STREAM_MAX_BYTES (1u << 20)
+/* colld_rpc_send: the call's queue is full; nothing was queued. */
+#define COLLD_RPC_SEND_FULL 1
+
+/* Create a server listening on `address` ("unix:/path" or "HOST:PORT"), or on nothing (NULL:
+ * connections come from colld_rpc_server_add_conn). The method table must outlive the server.
+ * Returns 0, or -1 with a message in err (err_len bytes). */
 int colld_rpc_server_create(const char *address, const colld_rpc_method_t *methods, size_t nmethods,
                             void *ctx, colld_rpc_server_t **out, char *err, size_t err_len);
 /* Start the completion-queue thread. Returns 0 or -1. */
@@ -47,14 +65,45 @@ int colld_rpc_server_start(colld_rpc_server_t *srv);
  * called from a handler (it joins the handlers' thread). NULL is a no-op. */
 void colld_rpc_server_destroy(colld_rpc_server_t *srv);
 
+/* Serve a connection the caller accepted (a connected stream socket from uid/pid). gRPC owns fd
+ * afterwards, also on failure; when the connection ends it shuts the socket down and closes it,
+ * so a duplicate the caller keeps sees the hang-up. refusal: NULL to serve the connection, else
+ * every call on it is answered RESOURCE_EXHAUSTED with this message. Returns an id for the
+ * connection (> 0), or 0 when it could not be served (no memory, not started). Thread-safe. */
+uint64_t colld_rpc_server_add_conn(colld_rpc_server_t *srv, int fd, uid_t uid, pid_t pid, const char *refusal);
+/* Calls ever dispatched on connection `id` (added with fd) and those not finished yet. Returns
+ * 0, or -1 when the wrapper does not know it. Thread-safe. */
+int colld_rpc_server_conn_calls(colld_rpc_server_t *srv, int fd, uint64_t id, uint64_t *total, unsigned *active);
+/* Forget connection `id` (its owner saw it end). Thread-safe. */
+void colld_rpc_server_conn_forget(colld_rpc_server_t *srv, int fd, uint64_t id);
+/* Bytes of streaming messages queued now, over every call, and sends refused as full so far. */
+void colld_rpc_server_queue_stats(colld_rpc_server_t *srv, uint64_t *queued_bytes, uint64_t *refused_full);
+
+/* One unary call to `target` ("unix:/path") with an empty request, on a new channel (so it goes
+ * through the target's accept): the daemon's self-probe of its control plane. Returns 0 when the
+ * call completed with OK, else -1 with the reason in why. Blocks at most timeout_ms. */
+int colld_rpc_probe(const char *target, const char *path, int timeout_ms, char *why, size_t why_len);
+
+/* The credentials of the connection a call came on (colld_rpc_server_add_conn). Returns 0, or -1
+ * when not known. Thread-safe. */
+int colld_rpc_call_peer(const colld_rpc_call_t *call, uid_t *uid, pid_t *pid);
+
 /* Answer a unary call with OK and `resp`. Thread-safe. The wrapper packs resp before returning. */
 void colld_rpc_reply(colld_rpc_call_t *call, const ProtobufCMessage *resp);
 /* Answer with a non-OK gRPC status and message. Thread-safe. (For a streaming call this is the
  * same as colld_rpc_finish; reply on a streaming call is one last message then finish OK.) */
 void colld_rpc_fail(colld_rpc_call_t *call, grpc_status_code code, const char *message);
 /* Streaming: queue one message (copied/packed now; sends are serialised internally). Returns 0,
- * or -1 when the client is gone (then still call colld_rpc_finish). Always -1 on a unary call. */
+ * COLLD_RPC_SEND_FULL when the call's queue is at its bound (the message was not queued: send it
+ * again once the writable callback said there is room), or -1 when the client is gone (then still
+ * call colld_rpc_finish). Always -1 on a unary call. */
 int colld_rpc_send(colld_rpc_call_t *call, const ProtobufCMessage *msg);
+/* Streaming: have fn(arg) called when a send was refused as full and the queue has drained to
+ * half its bound. It runs on the server thread with the wrapper's lock held: it must only signal
+ * (never call back into this module). Cleared when the call is answered; after colld_rpc_finish
+ * returns it is never called again. */
+typedef void (*colld_rpc_writable_fn)(void *arg);
+void colld_rpc_set_writable(colld_rpc_call_t *call, colld_rpc_writable_fn fn, void *arg);
 /* Streaming: end the stream with a status. */
 void colld_rpc_finish(colld_rpc_call_t *call, grpc_status_code code, const char *message);
 /* The call's deadline as milliseconds since the epoch (INT64_MAX if none). */

@@ -22,7 +22,7 @@ int fix_start(fix_t *f, uint64_t fast_path_bytes)
     char *argv[] = { arg0, NULL };
     colld_log_init("colld-fuzz", "none", NULL, NULL, err, sizeof(err)); /* inputs fail by design: no log */
     pthread_mutex_init(&d->lock, NULL);
-    d->listen_fd = d->lock_fd = d->epfd = d->wake_fd = -1;
+    d->spare_fd = d->lock_fd = d->epfd = d->wake_fd = -1;
     if (colld_config_load(colld_daemon_config_table, colld_daemon_config_table_len, &d->cfg, 1, argv, err,
                           sizeof(err)) != 0)
         return -1;

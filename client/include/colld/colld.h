@@ -30,6 +30,9 @@
  *       not printable UTF-8 (control or bidirectional formatting characters, invalid encodings)
  *       is refused with COLLD_ERR_INVALID_ARGUMENT instead of being shown as it came; a name
  *       longer than 63 bytes is still cut, now between characters.
+ *       Changed: colld_last_error(NULL) says why the calling thread's last colld_connect failed
+ *       (it returned "invalid client (NULL)"); a daemon at one of its limits refuses colld_connect
+ *       with COLLD_ERR_QUOTA_EXCEEDED (it closed the connection: COLLD_ERR_DAEMON_LOST).
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -140,7 +143,10 @@ colld_status_t colld_disconnect(colld_client_t *c);
 /* What went wrong in this client's last failed call that has no communicator (colld_mem_alloc,
  * colld_mem_free, a colld_comm_init_rank that made none): "COLLD_ERR_NOT_SUPPORTED:
  * colld_mem_alloc(...): ...". Empty if none failed.
- * Valid until the next such call on c or colld_disconnect. */
+ * Valid until the next such call on c or colld_disconnect. With c NULL: why the calling thread's
+ * last colld_connect failed ("COLLD_ERR_QUOTA_EXCEEDED: colld at ... refused the session: uid 1000
+ * has max-sessions-per-tenant = 1024 sessions open"), empty after one that succeeded; valid until
+ * the thread's next colld_connect. */
 const char *colld_last_error(colld_client_t *c);
 
 colld_status_t colld_get_unique_id(colld_client_t *c, colld_unique_id_t *id);
