@@ -353,6 +353,11 @@ void colld_ctl_stats(const colld_daemon_t *d, unsigned *admitted, unsigned *refu
     *refused_total = ctl ? ctl->refused_total : 0;
 }
 
+uint64_t colld_ctl_shed(const colld_daemon_t *d)
+{
+    return d->ctl ? d->ctl->l.shed : 0;
+}
+
 void colld_ctl_free(colld_daemon_t *d)
 {
     colld_ctl_t *ctl = d->ctl;

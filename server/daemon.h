@@ -394,6 +394,8 @@ void colld_ctl_stop(colld_daemon_t *d);
 void colld_ctl_free(colld_daemon_t *d);
 /* Control connections served now, refused ones still held, refused ones so far (loop thread). */
 void colld_ctl_stats(const colld_daemon_t *d, unsigned *admitted, unsigned *refused_held, uint64_t *refused_total);
+/* Control connections refused for lack of descriptors so far (loop thread). */
+uint64_t colld_ctl_shed(const colld_daemon_t *d);
 
 /* ---- session.c: the session socket ---- */
 int colld_sessions_listen(colld_daemon_t *d);

@@ -7,8 +7,18 @@
  * the subscribed streams outside every lock, so a slow or vanished subscriber never holds up the
  * engine: the ring overwrites the oldest records, and a subscriber that fell behind by more than
  * the ring is told how many it missed.
+ *
+ * A subscriber that does not read (an Events follower that grants no HTTP/2 window, a paused
+ * `collctl events --follow`) costs a bounded amount: the gRPC wrapper queues at most
+ * COLLD_RPC_STREAM_MAX_* per stream and refuses more; the subscriber then keeps its position in
+ * the ring instead of a queue and waits (blocked) until the wrapper says its queue drained. What
+ * the ring overwrote meanwhile is reported as one events_missed event. Each open stream holds a
+ * unit of its tenant's max-event-followers-per-tenant (operators are not held to it). The
+ * wrapper's wake-up (sub_writable) runs under the wrapper's lock and takes events->mu, so the pump
+ * never calls the wrapper with events->mu held.
  */
 #include "server/daemon.h"
+#include "server/tenant.h"
 
 #include "colld.pb-c.h"
 #include "common/log.h"
@@ -38,14 +48,20 @@ typedef struct {
 } event_rec_t;
 
 typedef struct sub {
+    colld_events_t *ev;
     colld_rpc_call_t *call;
     bool follow, admin;
+    bool charged;              /* holds a unit of its tenant's COLLD_LIMIT_FOLLOWERS */
     uid_t uid;
-    uint64_t next;             /* sequence number of the next event to consider */
+    uint64_t next;             /* sequence number of the next event to consider (mu) */
+    uint64_t missed;           /* overwritten events not reported yet (mu) */
+    bool blocked;              /* its stream's queue is full: wait for the wrapper's call (mu) */
+    uint64_t wakeups;          /* times the wrapper said its queue drained (mu) */
     struct sub *next_sub;
 } sub_t;
 
 struct colld_events {
+    colld_daemon_t *d;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     event_rec_t *ring;
@@ -119,7 +135,8 @@ static size_t collect(colld_events_t *ev, sub_t *sub, event_rec_t *out, size_t m
     return n;
 }
 
-/* Send one event. Returns 0, or -1 when the subscriber is gone. */
+/* Send one event. Returns 0, COLLD_RPC_SEND_FULL when the stream's queue is full, or -1 when the
+ * subscriber is gone. */
 static int send_event(colld_rpc_call_t *call, const event_rec_t *e)
 {
     Colld__V1__Event m = COLLD__V1__EVENT__INIT;
@@ -137,27 +154,83 @@ static int send_event(colld_rpc_call_t *call, const event_rec_t *e)
     return colld_rpc_send(call, &m.base);
 }
 
-/* Serve one subscriber a round of events (pump thread). Returns true when it is done with. */
+/* The gRPC wrapper says a blocked subscriber's queue drained (its thread, its lock held: only
+ * signal). */
+static void sub_writable(void *arg)
+{
+    sub_t *sub = arg;
+    colld_events_t *ev = sub->ev;
+    pthread_mutex_lock(&ev->mu);
+    sub->wakeups++;
+    sub->blocked = false;
+    pthread_cond_broadcast(&ev->cv);
+    pthread_mutex_unlock(&ev->mu);
+}
+
+/* Serve one subscriber a round of events (pump thread). A full queue leaves the subscriber at the
+ * first event it could not take, blocked until the wrapper calls sub_writable. Returns true when
+ * it is done with. */
 static bool serve(colld_events_t *ev, sub_t *sub, event_rec_t *buf)
 {
     uint64_t missed;
     pthread_mutex_lock(&ev->mu);
+    if (sub->blocked) {
+        pthread_mutex_unlock(&ev->mu);
+        return colld_rpc_call_cancelled(sub->call);
+    }
+    uint64_t wakeups = sub->wakeups;
     size_t n = collect(ev, sub, buf, BATCH_MAX, &missed);
+    sub->missed += missed;
+    uint64_t gap_count = sub->missed;
     bool caught_up = sub->next == ev->next_seq;
     pthread_mutex_unlock(&ev->mu);
-    if (missed) {
+
+    int rc = 0;
+    if (gap_count) {
         event_rec_t gap = { .seq = 0, .type = "events_missed", .rank = -1, .status = COLLD_OK };
         snprintf(gap.detail, sizeof(gap.detail), "%llu older events were overwritten before they could be sent "
-                 "(raise --event-backlog)", (unsigned long long)missed);
-        if (send_event(sub->call, &gap) < 0)
-            return true;
+                 "(raise --event-backlog, or read the stream faster)", (unsigned long long)gap_count);
+        rc = send_event(sub->call, &gap);
+        if (rc == 0) {
+            pthread_mutex_lock(&ev->mu);
+            sub->missed -= gap_count;
+            pthread_mutex_unlock(&ev->mu);
+        }
     }
-    for (size_t i = 0; i < n; i++)
-        if (send_event(sub->call, &buf[i]) < 0)
-            return true;
+    size_t sent = 0;
+    while (rc == 0 && sent < n && (rc = send_event(sub->call, &buf[sent])) == 0)
+        sent++;
+    if (rc < 0)
+        return true;
+    if (rc == COLLD_RPC_SEND_FULL) {
+        pthread_mutex_lock(&ev->mu);
+        if (sent < n)
+            sub->next = buf[sent].seq; /* keep its place: what did not go out is sent later */
+        if (sub->wakeups == wakeups) /* else the queue drained meanwhile: go on at once */
+            sub->blocked = true;
+        pthread_mutex_unlock(&ev->mu);
+        return colld_rpc_call_cancelled(sub->call);
+    }
     if (colld_rpc_call_cancelled(sub->call))
         return true;
     return caught_up && !sub->follow;
+}
+
+/* Give back the tenant units of finished subscribers and free them (no lock held). */
+static void subs_release(colld_events_t *ev, sub_t *list)
+{
+    if (!list)
+        return;
+    pthread_mutex_lock(&ev->d->lock);
+    for (sub_t *s = list; s; s = s->next_sub)
+        if (s->charged)
+            colld_tenant_uncharge(ev->d, s->uid, COLLD_LIMIT_FOLLOWERS, 1);
+    pthread_mutex_unlock(&ev->d->lock);
+    while (list) {
+        sub_t *s = list;
+        list = s->next_sub;
+        free(s);
+    }
 }
 
 static void *pump_main(void *arg)
@@ -172,7 +245,7 @@ static void *pump_main(void *arg)
     while (ev->running) {
         bool pending = false;
         for (sub_t *s = ev->subs; s && !pending; s = s->next_sub)
-            pending = s->next < ev->next_seq || !s->follow;
+            pending = !s->blocked && (s->next < ev->next_seq || !s->follow || s->missed);
         if (!pending && !ev->subs) {
             pthread_cond_wait(&ev->cv, &ev->mu); /* nobody listens: sleep until someone does */
             continue;
@@ -198,14 +271,21 @@ static void *pump_main(void *arg)
                 s->call = NULL;
             }
         }
+        sub_t *gone = NULL;
         pthread_mutex_lock(&ev->mu);
         for (sub_t **pp = &ev->subs; *pp;) {
             sub_t *s = *pp;
             if (!s->call) {
                 *pp = s->next_sub;
-                free(s);
+                s->next_sub = gone;
+                gone = s;
             } else
                 pp = &s->next_sub;
+        }
+        if (gone) {
+            pthread_mutex_unlock(&ev->mu); /* lock order: daemon->lock before mu */
+            subs_release(ev, gone);
+            pthread_mutex_lock(&ev->mu);
         }
     }
     pthread_mutex_unlock(&ev->mu);
@@ -218,6 +298,7 @@ int colld_events_start(colld_daemon_t *d)
     colld_events_t *ev = calloc(1, sizeof(*ev));
     if (!ev)
         return -1;
+    ev->d = d;
     ev->cap = (uint64_t)d->cfg.event_backlog;
     ev->ring = calloc(ev->cap, sizeof(*ev->ring));
     ev->next_seq = 1;
@@ -252,12 +333,10 @@ void colld_events_stop(colld_daemon_t *d)
     pthread_cond_broadcast(&ev->cv);
     pthread_mutex_unlock(&ev->mu);
     pthread_join(ev->thread, NULL);
-    while (ev->subs) {
-        sub_t *s = ev->subs;
-        ev->subs = s->next_sub;
+    for (sub_t *s = ev->subs; s; s = s->next_sub)
         colld_rpc_finish(s->call, GRPC_STATUS_UNAVAILABLE, "the colld daemon is shutting down");
-        free(s);
-    }
+    subs_release(ev, ev->subs);
+    ev->subs = NULL;
     pthread_cond_destroy(&ev->cv);
     pthread_mutex_destroy(&ev->mu);
     free(ev->ring);
@@ -267,6 +346,7 @@ void colld_events_stop(colld_daemon_t *d)
 void colld_events_subscribe(colld_daemon_t *d, colld_rpc_call_t *call, bool follow, uint32_t backlog,
                             bool only_new, bool admin, uid_t uid)
 {
+    char detail[COLLD_DETAIL_LEN];
     pthread_mutex_lock(&d->lock);
     colld_events_t *ev = d->events;
     sub_t *s = ev ? calloc(1, sizeof(*s)) : NULL;
@@ -276,7 +356,17 @@ void colld_events_subscribe(colld_daemon_t *d, colld_rpc_call_t *call, bool foll
                          ev ? "colld daemon out of memory" : "the colld daemon is shutting down");
         return;
     }
+    if (!admin && colld_tenant_charge(d, uid, COLLD_LIMIT_FOLLOWERS, 1, detail, sizeof(detail)) != COLLD_OK) {
+        pthread_mutex_unlock(&d->lock);
+        free(s);
+        LOG_WARN_RL(RPC, "refusing an event stream: %s", detail);
+        colld_rpc_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, detail);
+        return;
+    }
+    s->charged = !admin;
+    s->ev = ev;
     s->call = call;
+    colld_rpc_set_writable(call, sub_writable, s); /* before the pump can find the queue full */
     s->follow = follow;
     s->admin = admin;
     s->uid = uid;

@@ -17,9 +17,15 @@
  * most registered memory (then sessions) get their own uid label, the rest are summed as "other". Debian 12 does not
  * package llhttp (only Debian 13 does), and we only need the request line, so the request is
  * parsed by the small hand-written parser below: at most 8 KiB are read until the blank line
- * that ends the headers, anything else is answered with 400/404/405/431/505. Every connection
- * has a 5 s deadline and at most 64 are served at once, so a slow or hostile client can neither
- * block the loop nor hold the daemon's memory. All HTTP state belongs to the loop thread.
+ * that ends the headers, anything else is answered with 400/404/405/431/505. All HTTP state
+ * belongs to the loop thread.
+ *
+ * Held connections must not starve scrapes (slowloris): a connection has HTTP_REQUEST_DEADLINE_MS
+ * to deliver its whole request (a scraper sends it at once) and then HTTP_RESPONSE_DEADLINE_MS to
+ * take the answer; at most HTTP_MAX_CONNECTIONS are open at once, and a new connection beyond that
+ * closes the oldest one still waiting for its request, from the address that holds the most such
+ * connections. So a client holding connections open loses its own, a scraper from elsewhere loses
+ * none, and even one from the same address gets in (the held connections are older).
  */
 #include "server/metrics.h"
 
@@ -43,8 +49,9 @@
 #include <unistd.h>
 
 #define HTTP_REQUEST_MAX 8192     /* bytes of request line + headers we read at most */
-#define HTTP_DEADLINE_MS 5000     /* a connection is closed this long after it was accepted */
-#define HTTP_MAX_CONNECTIONS 64   /* concurrent connections served; further ones are closed */
+#define HTTP_REQUEST_DEADLINE_MS 2000  /* the whole request must arrive this soon after the accept */
+#define HTTP_RESPONSE_DEADLINE_MS 5000 /* the answer must be taken this soon after the request */
+#define HTTP_MAX_CONNECTIONS 64   /* open at once; a new one closes an older one still reading */
 #define METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 #define TEXT_CONTENT_TYPE "text/plain; charset=utf-8"
 #define METRICS_TOP_TENANTS 10    /* tenants with their own label; the others are "other" */
@@ -154,8 +161,9 @@ struct colld_metrics {
     char error[320];       /* why the last colld_metrics_start failed */
     http_conn_t *conns;    /* every connection not yet freed */
     unsigned nconns;       /* of them, those that count against the cap */
+    uint64_t accepted;     /* connections accepted so far (their order) */
     bool accept_pending;   /* a connection could not be accepted for lack of memory */
-    bool cap_warned;       /* the connection cap was hit (logged once until it clears) */
+    uint64_t evicted;      /* connections closed to make room for a new one */
 };
 
 /* Create the counters. */
@@ -572,6 +580,37 @@ static void render_op_table(textbuf_t *b, const char *name, uint64_t (*t)[NDTYPE
                               dtype_labels[y], status_label(s), (unsigned long long)t[k][y][s]);
 }
 
+/* Connections and what the daemon refused to protect itself: the control socket's connections,
+ * the streaming queues, connections refused for lack of descriptors, scrapers evicted (loop
+ * thread, daemon->lock held). */
+static void render_connections(colld_daemon_t *d, textbuf_t *b)
+{
+    unsigned admitted, refused_held;
+    uint64_t refused_total, queued = 0, full = 0;
+    colld_ctl_stats(d, &admitted, &refused_held, &refused_total);
+    if (d->rpc)
+        colld_rpc_server_queue_stats(d->rpc, &queued, &full);
+    tb_family(b, "colld_rpc_connections", "gauge", "Connections to the control socket served now.");
+    tb_printf(b, "colld_rpc_connections %u\n", admitted);
+    tb_family(b, "colld_rpc_connections_refused_total", "counter",
+              "Connections to the control socket refused at a limit (max-rpc-conns, max-rpc-conns-per-tenant).");
+    tb_printf(b, "colld_rpc_connections_refused_total %llu\n", (unsigned long long)refused_total);
+    tb_family(b, "colld_rpc_stream_queued_bytes", "gauge",
+              "Bytes of streamed messages (events) waiting for clients to take them.");
+    tb_printf(b, "colld_rpc_stream_queued_bytes %llu\n", (unsigned long long)queued);
+    tb_family(b, "colld_rpc_stream_sends_refused_total", "counter",
+              "Streamed messages held back because a client's queue was full (the client reads too slowly).");
+    tb_printf(b, "colld_rpc_stream_sends_refused_total %llu\n", (unsigned long long)full);
+    tb_family(b, "colld_connections_shed_total", "counter",
+              "Connections refused because the daemon was out of file descriptors, by socket.");
+    tb_printf(b, "colld_connections_shed_total{socket=\"session\"} %llu\n", (unsigned long long)d->sessions_l.shed);
+    tb_printf(b, "colld_connections_shed_total{socket=\"control\"} %llu\n",
+              (unsigned long long)colld_ctl_shed(d));
+    tb_family(b, "colld_metrics_connections_evicted_total", "counter",
+              "Metrics connections closed without a request to make room for a new one.");
+    tb_printf(b, "colld_metrics_connections_evicted_total %llu\n", (unsigned long long)d->metrics->evicted);
+}
+
 /* Render every metric (daemon->lock held by the caller). */
 static void render(colld_daemon_t *d, const process_info_t *p, const peer_snapshot_t *ps, textbuf_t *b)
 {
@@ -657,6 +696,8 @@ static void render(colld_daemon_t *d, const process_info_t *p, const peer_snapsh
     render_tenants(d, b);
     render_peers(b, ps);
 
+    render_connections(d, b);
+
     if (p->cpu_seconds >= 0) {
         tb_family(b, "process_cpu_seconds_total", "counter", "User and system CPU time of the daemon in seconds.");
         tb_printf(b, "process_cpu_seconds_total %.6f\n", p->cpu_seconds);
@@ -698,6 +739,8 @@ struct http_conn {
     colld_metrics_t *m;
     conn_phase_t phase;
     bool counted;         /* counts against HTTP_MAX_CONNECTIONS */
+    struct sockaddr_storage peer; /* its address (family 0: unknown) */
+    uint64_t seq;         /* accept order */
     int open_handles;     /* handles not yet closed; freed at 0 */
     uv_write_t write_req;
     uv_shutdown_t shutdown_req;
@@ -721,8 +764,6 @@ static void conn_on_close(uv_handle_t *h)
         m->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
-    if (c->counted && --m->nconns < HTTP_MAX_CONNECTIONS / 2)
-        m->cap_warned = false;
     free(c->body);
     free(c);
     if (m->accept_pending && m->server_open) {
@@ -733,11 +774,15 @@ static void conn_on_close(uv_handle_t *h)
     }
 }
 
-/* Close a connection (idempotent); it is freed once both handles are closed. */
+/* Close a connection (idempotent); it is freed once both handles are closed, and its place is
+ * free at once. */
 static void conn_close(http_conn_t *c)
 {
     if (c->phase == CONN_CLOSING)
         return;
+    if (c->counted)
+        c->m->nconns--;
+    c->counted = false;
     c->phase = CONN_CLOSING;
     uv_close((uv_handle_t *)&c->tcp, conn_on_close);
     uv_close((uv_handle_t *)&c->timer, conn_on_close);
@@ -746,8 +791,9 @@ static void conn_close(http_conn_t *c)
 static void conn_on_deadline(uv_timer_t *t)
 {
     http_conn_t *c = t->data;
-    LOG_DEBUG(ADMIN, "metrics: closing a connection after %d ms (%s)", HTTP_DEADLINE_MS,
-              c->phase == CONN_READING ? "no complete request" : "response not taken");
+    LOG_DEBUG(ADMIN, "metrics: closing a connection: %s within %d ms",
+              c->phase == CONN_READING ? "no complete request" : "response not taken",
+              c->phase == CONN_READING ? HTTP_REQUEST_DEADLINE_MS : HTTP_RESPONSE_DEADLINE_MS);
     conn_close(c);
 }
 
@@ -825,6 +871,7 @@ static void conn_respond_as(http_conn_t *c, int code, char *body, size_t body_le
 {
     uv_read_stop((uv_stream_t *)&c->tcp);
     c->phase = CONN_WRITING;
+    uv_timer_start(&c->timer, conn_on_deadline, HTTP_RESPONSE_DEADLINE_MS, 0);
     if (!body) {
         char line[96];
         int n = snprintf(line, sizeof(line), "%d %s\n", code, reason_phrase(code));
@@ -1025,6 +1072,40 @@ static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         conn_respond(c, 431, NULL, 0, false);
 }
 
+/* Whether two addresses are the same host (the port is not compared). */
+static bool same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+    if (a->ss_family != b->ss_family || !a->ss_family)
+        return false;
+    if (a->ss_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    if (a->ss_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+                      sizeof(struct in6_addr)) == 0;
+    return false;
+}
+
+/* The connection to close for a new one when all places are taken: of those still waiting for
+ * their request, the oldest one of the address that holds the most of them. NULL when every
+ * connection is being answered. */
+static http_conn_t *eviction_victim(colld_metrics_t *m)
+{
+    http_conn_t *victim = NULL;
+    unsigned victim_count = 0;
+    for (http_conn_t *c = m->conns; c; c = c->next) {
+        if (!c->counted || c->phase != CONN_READING)
+            continue;
+        unsigned same = 0;
+        for (http_conn_t *o = m->conns; o; o = o->next)
+            same += o->counted && o->phase == CONN_READING && (o == c || same_host(&o->peer, &c->peer));
+        if (!victim || same > victim_count || (same == victim_count && c->seq < victim->seq)) {
+            victim = c;
+            victim_count = same;
+        }
+    }
+    return victim;
+}
+
 /* Accept one connection from the listener; returns -1 when there is no memory for it (the
  * connection then stays in libuv's hands until the next try). */
 static int accept_one(colld_metrics_t *m)
@@ -1049,17 +1130,28 @@ static int accept_one(colld_metrics_t *m)
         conn_close(c);
         return 0;
     }
+    int plen = (int)sizeof(c->peer);
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->peer, &plen) < 0)
+        c->peer.ss_family = 0;
+    c->seq = ++m->accepted;
     if (m->nconns >= HTTP_MAX_CONNECTIONS) {
-        if (!m->cap_warned)
-            LOG_WARN(ADMIN, "metrics: %d connections open; refusing more until they end", HTTP_MAX_CONNECTIONS);
-        m->cap_warned = true;
-        conn_close(c);
-        return 0;
+        http_conn_t *victim = eviction_victim(m);
+        if (!victim) {
+            LOG_WARN_RL(ADMIN, "metrics: %d connections are all being answered; closing a new one",
+                        HTTP_MAX_CONNECTIONS);
+            conn_close(c);
+            return 0;
+        }
+        m->evicted++;
+        LOG_INFO_RL(ADMIN, "metrics: %d connections open; closed the oldest one still without a request (%llu so "
+                           "far) to serve a new one",
+                    HTTP_MAX_CONNECTIONS, (unsigned long long)m->evicted);
+        conn_close(victim);
     }
     c->counted = true;
     m->nconns++;
     uv_tcp_nodelay(&c->tcp, 1);
-    if (uv_timer_start(&c->timer, conn_on_deadline, HTTP_DEADLINE_MS, 0) < 0 ||
+    if (uv_timer_start(&c->timer, conn_on_deadline, HTTP_REQUEST_DEADLINE_MS, 0) < 0 ||
         uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read) < 0)
         conn_close(c);
     return 0;
