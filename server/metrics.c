@@ -1026,7 +1026,7 @@ static void conn_handle_request(http_conn_t *c, size_t end)
     pthread_mutex_unlock(&d->lock);
     free(ps.peers);
     if (b.failed) {
-        LOG_WARN(ADMIN, "metrics: out of memory rendering %zu bytes", b.cap);
+        LOG_WARN_RL(ADMIN, "metrics: out of memory rendering %zu bytes", b.cap);
         free(b.data);
         conn_respond(c, 500, NULL, 0, false);
         return;
@@ -1161,11 +1161,11 @@ static void on_connection(uv_stream_t *server, int status)
 {
     colld_metrics_t *m = server->data;
     if (status < 0) {
-        LOG_WARN(ADMIN, "metrics: listener: %s", uv_strerror(status));
+        LOG_WARN_RL(ADMIN, "metrics: listener: %s", uv_strerror(status));
         return;
     }
     if (accept_one(m) < 0) {
-        LOG_WARN(ADMIN, "metrics: out of memory accepting a connection; will retry");
+        LOG_WARN_RL(ADMIN, "metrics: out of memory accepting a connection; will retry");
         m->accept_pending = true;
     }
 }

@@ -127,8 +127,8 @@ static int session_send(colld_session_t *s, colld_wire_msg_t *m, const int *fds,
         n = sendmsg(s->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     } while (n < 0 && errno == EINTR);
     if (n != (ssize_t)sizeof(*m)) {
-        LOG_WARN(SESSION, "session %llu (pid %d): cannot send reply: %s", (unsigned long long)s->id,
-                 (int)s->pid, n < 0 ? strerror(errno) : "short write");
+        LOG_WARN_RL(SESSION, "session %llu (pid %d): cannot send reply: %s", (unsigned long long)s->id,
+                    (int)s->pid, n < 0 ? strerror(errno) : "short write");
         return -1;
     }
     return 0;
@@ -185,7 +185,8 @@ int colld_session_make_rings(colld_session_t *s)
         goto fail;
     return 0;
 fail:
-    LOG_ERROR(SESSION, "session %llu: cannot create rings: %s", (unsigned long long)s->id, strerror(errno));
+    LOG_ERROR_RL(SESSION, "session %llu: cannot create rings: %s", (unsigned long long)s->id,
+                 strerror(errno));
     return -1;
 }
 
@@ -334,7 +335,7 @@ static int session_on_reg(colld_session_t *s, const colld_wire_msg_t *m)
 reply:
     if (fd >= 0)
         close(fd);
-    LOG_INFO(MEM, "session %llu: registration refused: %s", (unsigned long long)s->id, detail);
+    LOG_INFO_RL(MEM, "session %llu: registration refused: %s", (unsigned long long)s->id, detail);
     return session_send_error(s, COLLD_MSG_REG_REPLY, st, detail);
 }
 
@@ -398,7 +399,7 @@ static int session_on_reg_cuda(colld_session_t *s, const colld_wire_msg_t *m)
     if (fd >= 0)
         close(fd);
     if (st != COLLD_OK) {
-        LOG_INFO(MEM, "session %llu: GPU registration refused: %s", (unsigned long long)s->id, detail);
+        LOG_INFO_RL(MEM, "session %llu: GPU registration refused: %s", (unsigned long long)s->id, detail);
         return session_send_error(s, COLLD_MSG_REG_REPLY, st, detail);
     }
     colld_wire_msg_t ok;
@@ -455,11 +456,13 @@ static int session_on_fast_area(colld_session_t *s, const colld_wire_msg_t *m)
 static int session_dispatch(colld_session_t *s, const colld_wire_msg_t *m)
 {
     if (m->magic != COLLD_WIRE_MAGIC) {
-        LOG_WARN(SESSION, "session %llu (pid %d): bad message magic", (unsigned long long)s->id, (int)s->pid);
+        LOG_WARN_RL(SESSION, "session %llu (pid %d): bad message magic", (unsigned long long)s->id,
+                    (int)s->pid);
         return -1;
     }
     if (m->type != COLLD_MSG_HELLO && !s->shm) {
-        LOG_WARN(SESSION, "session %llu (pid %d): message before HELLO", (unsigned long long)s->id, (int)s->pid);
+        LOG_WARN_RL(SESSION, "session %llu (pid %d): message before HELLO", (unsigned long long)s->id,
+                    (int)s->pid);
         return -1;
     }
     if (m->type != COLLD_MSG_REG && m->type != COLLD_MSG_REG_CUDA && s->pending_fd >= 0) {
@@ -480,8 +483,8 @@ static int session_dispatch(colld_session_t *s, const colld_wire_msg_t *m)
     case COLLD_MSG_GPU_FLAGS:
         return session_on_gpu_flags(s);
     default:
-        LOG_WARN(SESSION, "session %llu (pid %d): unknown message type %u", (unsigned long long)s->id,
-                 (int)s->pid, m->type);
+        LOG_WARN_RL(SESSION, "session %llu (pid %d): unknown message type %u", (unsigned long long)s->id,
+                    (int)s->pid, m->type);
         return -1;
     }
 }
@@ -533,8 +536,8 @@ static int session_read(colld_session_t *s)
             }
         }
         if ((mh.msg_flags & MSG_CTRUNC) || bad_fds) {
-            LOG_WARN(SESSION, "session %llu (pid %d): too many file descriptors in one message",
-                     (unsigned long long)s->id, (int)s->pid);
+            LOG_WARN_RL(SESSION, "session %llu (pid %d): too many file descriptors in one message",
+                        (unsigned long long)s->id, (int)s->pid);
             return -1;
         }
         if (n == 0)

@@ -444,8 +444,8 @@ static void on_request(colld_rpc_call_t *c, bool ok)
         goto unlock;
     }
     if (server_arm_locked(srv, c->slot) != 0)
-        LOG_ERROR(RPC, "cannot re-arm RPC method %s: it is no longer served",
-                  c->method != NULL ? c->method->path : "(generic)");
+        LOG_ERROR_RL(RPC, "cannot re-arm RPC method %s: it is no longer served",
+                     c->method != NULL ? c->method->path : "(generic)");
     if (c->method == NULL)
         c->deadline = c->details.deadline;
     if (fd >= 0 && (size_t)fd < srv->nconn_slots && srv->conns[fd] != NULL) {
