@@ -811,6 +811,13 @@ static const colld_rpc_method_t methods[] = {
       .handler = on_peer_disconnect },
 };
 
+/* The method table (the fuzzers run its handlers through colld_rpc_server_inject). */
+const colld_rpc_method_t *colld_control_methods(size_t *n)
+{
+    *n = COLLD_ARRAY_SIZE(methods);
+    return methods;
+}
+
 /* Start the gRPC server on <socket>.rpc. Returns 0 or -1. */
 int colld_control_start(colld_daemon_t *d)
 {

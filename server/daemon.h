@@ -607,6 +607,8 @@ const char *colld_event_type_of(colld_status_t st);
 /* ---- control.c: gRPC handlers ---- */
 int colld_control_start(colld_daemon_t *d);
 void colld_control_stop(colld_daemon_t *d);
+/* The control-plane methods (for colld_rpc_server_inject). */
+const colld_rpc_method_t *colld_control_methods(size_t *n);
 
 /* ---- backend_host.c: the host backend ---- */
 typedef struct {

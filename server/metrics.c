@@ -48,7 +48,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define HTTP_REQUEST_MAX 8192     /* bytes of request line + headers we read at most */
+#define HTTP_REQUEST_MAX COLLD_METRICS_HTTP_REQUEST_MAX
 #define HTTP_REQUEST_DEADLINE_MS 2000  /* the whole request must arrive this soon after the accept */
 #define HTTP_RESPONSE_DEADLINE_MS 5000 /* the answer must be taken this soon after the request */
 #define HTTP_MAX_CONNECTIONS 64   /* open at once; a new one closes an older one still reading */
@@ -942,72 +942,74 @@ static bool is_tchar(char ch)
            (ch && strchr("!#$%&'*+-.^_`|~", ch));
 }
 
-/* Answer a complete request (c->req holds it through the blank line at `end`). The parser reads
- * only the request line "METHOD SP request-target SP HTTP/1.x"; headers are skipped. */
-static void conn_handle_request(http_conn_t *c, size_t end)
+/* Parse a complete request (req holds it through the blank line at `end`): only the request line
+ * "METHOD SP request-target SP HTTP/1.x" is read; headers are skipped. Returns 200 for GET or
+ * HEAD (*head) of /metrics, /healthz or /readyz (*route), else the error status to answer. Pure:
+ * the fuzzers call it (fuzz_metrics_http). */
+int colld_metrics_http_request(const char *req, size_t end, colld_http_route_t *route, bool *head)
 {
-    const char *p = c->req, *lim = c->req + end;
+    const char *p = req, *lim = req + end;
+    *head = false;
+    *route = COLLD_HTTP_METRICS;
     while (p < lim && (*p == '\r' || *p == '\n')) /* RFC 9112: ignore empty lines before it */
         p++;
     const char *eol = memchr(p, '\n', (size_t)(lim - p));
-    if (!eol) {
-        conn_respond(c, 400, NULL, 0, false);
-        return;
-    }
+    if (!eol)
+        return 400;
     size_t len = (size_t)(eol - p);
     if (len && p[len - 1] == '\r')
         len--;
     for (size_t i = 0; i < len; i++)
-        if ((unsigned char)p[i] < 0x20 || (unsigned char)p[i] > 0x7e) {
-            conn_respond(c, 400, NULL, 0, false);
-            return;
-        }
+        if ((unsigned char)p[i] < 0x20 || (unsigned char)p[i] > 0x7e)
+            return 400;
     const char *sp1 = memchr(p, ' ', len);
     const char *sp2 = sp1 ? memchr(sp1 + 1, ' ', len - (size_t)(sp1 + 1 - p)) : NULL;
-    if (!sp1 || !sp2 || sp1 == p || sp2 == sp1 + 1 || memchr(sp2 + 1, ' ', len - (size_t)(sp2 + 1 - p))) {
-        conn_respond(c, 400, NULL, 0, false);
-        return;
-    }
+    if (!sp1 || !sp2 || sp1 == p || sp2 == sp1 + 1 || memchr(sp2 + 1, ' ', len - (size_t)(sp2 + 1 - p)))
+        return 400;
     size_t mlen = (size_t)(sp1 - p), tlen = (size_t)(sp2 - sp1 - 1), vlen = len - (size_t)(sp2 + 1 - p);
     for (size_t i = 0; i < mlen; i++)
-        if (!is_tchar(p[i])) {
-            conn_respond(c, 400, NULL, 0, false);
-            return;
-        }
+        if (!is_tchar(p[i]))
+            return 400;
     const char *target = sp1 + 1, *version = sp2 + 1;
     if (vlen != 8 || memcmp(version, "HTTP/", 5) != 0 || version[6] != '.' || version[5] < '0' ||
-        version[5] > '9' || version[7] < '0' || version[7] > '9') {
-        conn_respond(c, 400, NULL, 0, false);
-        return;
-    }
-    if (version[5] != '1') {
-        conn_respond(c, 505, NULL, 0, false);
-        return;
-    }
-    if (target[0] != '/') {
-        conn_respond(c, 400, NULL, 0, false);
-        return;
-    }
+        version[5] > '9' || version[7] < '0' || version[7] > '9')
+        return 400;
+    if (version[5] != '1')
+        return 505;
+    if (target[0] != '/')
+        return 400;
     const char *q = memchr(target, '?', tlen);
     size_t plen = q ? (size_t)(q - target) : tlen;
-    bool metrics = plen == 8 && memcmp(target, "/metrics", 8) == 0;
-    bool healthz = plen == 8 && memcmp(target, "/healthz", 8) == 0;
-    bool readyz = plen == 7 && memcmp(target, "/readyz", 7) == 0;
-    if (!metrics && !healthz && !readyz) {
-        conn_respond(c, 404, NULL, 0, false);
+    if (plen == 8 && memcmp(target, "/metrics", 8) == 0)
+        *route = COLLD_HTTP_METRICS;
+    else if (plen == 8 && memcmp(target, "/healthz", 8) == 0)
+        *route = COLLD_HTTP_HEALTHZ;
+    else if (plen == 7 && memcmp(target, "/readyz", 7) == 0)
+        *route = COLLD_HTTP_READYZ;
+    else
+        return 404;
+    *head = mlen == 4 && memcmp(p, "HEAD", 4) == 0;
+    if (!*head && !(mlen == 3 && memcmp(p, "GET", 3) == 0))
+        return 405;
+    return 200;
+}
+
+/* Answer a complete request (c->req holds it through the blank line at `end`). */
+static void conn_handle_request(http_conn_t *c, size_t end)
+{
+    bool head;
+    colld_http_route_t route;
+    int code = colld_metrics_http_request(c->req, end, &route, &head);
+    if (code != 200) {
+        conn_respond(c, code, NULL, 0, false);
         return;
     }
-    bool head = mlen == 4 && memcmp(p, "HEAD", 4) == 0;
-    if (!head && !(mlen == 3 && memcmp(p, "GET", 3) == 0)) {
-        conn_respond(c, 405, NULL, 0, false);
-        return;
-    }
-    if (healthz) { /* the process answers: that is all it claims */
+    if (route == COLLD_HTTP_HEALTHZ) { /* the process answers: that is all it claims */
         char *ok = strdup("ok\n");
         conn_respond_as(c, 200, ok, ok ? 3 : 0, head, true);
         return;
     }
-    if (readyz) {
+    if (route == COLLD_HTTP_READYZ) {
         conn_respond_ready(c, head);
         return;
     }
@@ -1036,7 +1038,7 @@ static void conn_handle_request(http_conn_t *c, size_t end)
 
 /* Find the end of the request headers: the byte after "\r\n\r\n" (or a bare "\n\n"), 0 if not
  * there yet. */
-static size_t find_header_end(const char *buf, size_t len)
+size_t colld_metrics_http_header_end(const char *buf, size_t len)
 {
     for (size_t i = 0; i + 1 < len; i++) {
         if (buf[i] != '\n')
@@ -1063,7 +1065,7 @@ static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     size_t from = c->len > 3 ? c->len - 3 : 0; /* a terminator may straddle two reads */
     c->len += (size_t)nread;
-    size_t end = find_header_end(c->req + from, c->len - from);
+    size_t end = colld_metrics_http_header_end(c->req + from, c->len - from);
     if (end) {
         conn_handle_request(c, from + end);
         return;

@@ -10,6 +10,8 @@
 #define COLLD_SERVER_METRICS_H
 
 #include <colld/colld.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct colld_daemon colld_daemon_t;
@@ -44,5 +46,16 @@ void colld_metrics_stop(colld_daemon_t *d);
 const char *colld_metrics_url(const colld_daemon_t *d);
 /* Why the last colld_metrics_start failed, for the start-up message on stderr. */
 const char *colld_metrics_error(const colld_daemon_t *d);
+
+/* Bytes of request line and headers the endpoint reads at most (more: 431). */
+#define COLLD_METRICS_HTTP_REQUEST_MAX 8192
+/* The endpoint's HTTP request parser (pure; the fuzzers call it). The end of the request headers
+ * in buf: the byte after the blank line, 0 when it has not arrived yet. */
+size_t colld_metrics_http_header_end(const char *buf, size_t len);
+/* What a request asks for. */
+typedef enum { COLLD_HTTP_METRICS = 0, COLLD_HTTP_HEALTHZ = 1, COLLD_HTTP_READYZ = 2 } colld_http_route_t;
+/* A complete request (through `end`): 200 for GET or HEAD (*head) of /metrics, /healthz or
+ * /readyz (*route), else the error status to answer (400, 404, 405, 505). */
+int colld_metrics_http_request(const char *req, size_t end, colld_http_route_t *route, bool *head);
 
 #endif /* COLLD_SERVER_METRICS_H */

@@ -108,6 +108,10 @@ struct colld_rpc_call {
     colld_rpc_writable_fn writable;
     void *writable_arg;
     rpc_conn_t *conn;          /* the connection it came on, NULL when unknown */
+    bool injected;             /* colld_rpc_server_inject: no gRPC call behind it */
+    bool inject_answered;
+    grpc_status_code inject_code;
+    grpc_byte_buffer *inject_resp;
     bool finish_pending;       /* finish asked for while sends were still queued */
     grpc_status_code finish_code;
     char *finish_message;
@@ -196,6 +200,8 @@ static void call_free_locked(colld_rpc_call_t *c)
         grpc_byte_buffer_destroy(c->sending);
     if (c->final_msg != NULL)
         grpc_byte_buffer_destroy(c->final_msg);
+    if (c->inject_resp != NULL)
+        grpc_byte_buffer_destroy(c->inject_resp);
     if (c->final_started)
         grpc_slice_unref(c->final_details);
     c->writable = NULL;
@@ -240,7 +246,7 @@ static void conn_detach_locked(colld_rpc_server_t *srv, int fd)
  * being shut down (a batch started then would never be reported). Returns 0 or -1. */
 static int call_start_batch_locked(colld_rpc_call_t *c, const grpc_op *ops, size_t nops, rpc_tag_t *tag)
 {
-    if (c->srv->cq_closing)
+    if (c->srv->cq_closing || c->injected)
         return -1;
     if (grpc_call_start_batch(c->call, ops, nops, tag, NULL) != GRPC_CALL_OK)
         return -1;
@@ -256,6 +262,12 @@ static void call_send_final_locked(colld_rpc_call_t *c, grpc_status_code code, c
     grpc_op ops[3];
     size_t n = 0;
 
+    if (c->injected) { /* keep the answer for colld_rpc_server_inject */
+        c->inject_answered = true;
+        c->inject_code = code;
+        c->inject_resp = bb;
+        return;
+    }
     memset(ops, 0, sizeof(ops));
     if (!c->initial_md_sent)
         ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
@@ -833,6 +845,98 @@ int colld_rpc_call_peer(const colld_rpc_call_t *call, uid_t *uid, pid_t *pid)
     }
     pthread_mutex_unlock(&srv->mu);
     return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* In-process calls                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A call object as on_request makes one, but with no gRPC call behind it: its batches are never
+ * started, its answer is kept for the injector, its streamed messages go nowhere. */
+int colld_rpc_server_inject(colld_rpc_server_t *srv, const char *path, const uint8_t *bytes, size_t len,
+                            grpc_status_code *code, uint8_t **resp, size_t *resp_len)
+{
+    const colld_rpc_method_t *m = NULL;
+    ProtobufCMessage *req = NULL;
+    colld_rpc_call_t *c;
+    grpc_byte_buffer *bb;
+    grpc_slice slice;
+    size_t i;
+    int rc;
+
+    *code = GRPC_STATUS_UNKNOWN;
+    *resp = NULL;
+    *resp_len = 0;
+    for (i = 0; i < srv->nmethods && m == NULL; i++)
+        if (strcmp(srv->methods[i].path, path) == 0)
+            m = &srv->methods[i];
+    c = m != NULL ? calloc(1, sizeof(*c)) : NULL;
+    if (c == NULL)
+        return -1;
+    c->srv = srv;
+    c->method = m;
+    c->slot = (size_t)(m - srv->methods);
+    c->injected = true;
+    c->deadline = gpr_inf_future(GPR_CLOCK_REALTIME);
+    atomic_init(&c->cancelled, false);
+    grpc_metadata_array_init(&c->request_md);
+    grpc_call_details_init(&c->details);
+    c->refs = 2; /* the user's (dropped by the answer) and ours */
+    c->owed = true;
+    pthread_mutex_lock(&srv->mu);
+    c->next = srv->calls;
+    if (srv->calls != NULL)
+        srv->calls->prev = c;
+    srv->calls = c;
+    pthread_mutex_unlock(&srv->mu);
+
+    slice = grpc_slice_from_copied_buffer((const char *)bytes, len);
+    bb = grpc_raw_byte_buffer_create(&slice, 1);
+    grpc_slice_unref(slice);
+    req = colld_rpc_unpack(bb, m->request); /* the decoder on_request uses */
+    grpc_byte_buffer_destroy(bb);
+    if (req == NULL) {
+        pthread_mutex_lock(&srv->mu);
+        call_answer_locked(c, GRPC_STATUS_INVALID_ARGUMENT, "cannot parse the request message", NULL);
+        pthread_mutex_unlock(&srv->mu);
+    } else {
+        m->handler(c, req, srv->ctx);
+        protobuf_c_message_free_unpacked(req, NULL);
+    }
+
+    pthread_mutex_lock(&srv->mu);
+    if (m->server_streaming)
+        atomic_store(&c->cancelled, true); /* nobody reads it: its sender ends it */
+    rc = c->inject_answered ? 0 : 1;
+    if (c->inject_answered) {
+        grpc_byte_buffer_reader reader;
+        *code = c->inject_code;
+        if (c->inject_resp != NULL && grpc_byte_buffer_reader_init(&reader, c->inject_resp)) {
+            grpc_slice all = grpc_byte_buffer_reader_readall(&reader);
+            *resp_len = GRPC_SLICE_LENGTH(all);
+            *resp = malloc(*resp_len + 1);
+            if (*resp != NULL)
+                memcpy(*resp, GRPC_SLICE_START_PTR(all), *resp_len);
+            else
+                *resp_len = 0;
+            grpc_slice_unref(all);
+            grpc_byte_buffer_reader_destroy(&reader);
+        }
+    }
+    call_unref_locked(c);
+    pthread_mutex_unlock(&srv->mu);
+    return rc;
+}
+
+bool colld_rpc_server_idle(colld_rpc_server_t *srv)
+{
+    bool idle = true;
+
+    pthread_mutex_lock(&srv->mu);
+    for (colld_rpc_call_t *c = srv->calls; c != NULL && idle; c = c->next)
+        idle = !c->injected;
+    pthread_mutex_unlock(&srv->mu);
+    return idle;
 }
 
 /* ------------------------------------------------------------------------------------------ */

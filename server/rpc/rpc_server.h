@@ -84,6 +84,18 @@ void colld_rpc_server_queue_stats(colld_rpc_server_t *srv, uint64_t *queued_byte
  * call completed with OK, else -1 with the reason in why. Blocks at most timeout_ms. */
 int colld_rpc_probe(const char *target, const char *path, int timeout_ms, char *why, size_t why_len);
 
+/* Run the handler of method `path` on request bytes as if a call had arrived with them: unpacked
+ * and validated as on_request does, then dispatched, on the caller's thread. No gRPC call is
+ * behind it: an answer given at once comes back here (*code, and the packed response in *resp,
+ * malloc'd, NULL when none); streamed messages go nowhere, and a stream is cancelled once its
+ * handler returned, so its sender ends it. A call the handler keeps (a CommInit waiting for its
+ * peers) stays owed until its owner answers it. For fuzzers and in-process tests; the server need
+ * not be started. Returns 0 (answered), 1 (kept) or -1 (unknown method, no memory). */
+int colld_rpc_server_inject(colld_rpc_server_t *srv, const char *path, const uint8_t *bytes, size_t len,
+                            grpc_status_code *code, uint8_t **resp, size_t *resp_len);
+/* No injected call is alive (all answered and gone). */
+bool colld_rpc_server_idle(colld_rpc_server_t *srv);
+
 /* The credentials of the connection a call came on (colld_rpc_server_add_conn). Returns 0, or -1
  * when not known. Thread-safe. */
 int colld_rpc_call_peer(const colld_rpc_call_t *call, uid_t *uid, pid_t *pid);
