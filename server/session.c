@@ -225,7 +225,9 @@ static int session_on_hello(colld_session_t *s, const colld_wire_msg_t *m)
         rc = colld_engine_add_session(d, s);
     pthread_mutex_unlock(&d->lock);
     if (rc < 0) {
-        session_send_error(s, COLLD_MSG_WELCOME, COLLD_ERR_SYSTEM, "daemon cannot create the session rings");
+        char detail[COLLD_WIRE_DETAIL_BYTES];
+        snprintf(detail, sizeof(detail), "daemon cannot create the session rings: %s", strerror(errno));
+        session_send_error(s, COLLD_MSG_WELCOME, COLLD_ERR_SYSTEM, detail);
         return -1;
     }
     colld_wire_msg_t w;

@@ -705,12 +705,15 @@ static void test_descriptor_exhaustion(void **state)
     print_message("colld_connect while out of descriptors: %s after %.0f ms: %s\n", colld_status_name(st), took,
                   colld_last_error(NULL));
     assert_int_equal(st, COLLD_ERR_SYSTEM);
-    assert_non_null(strstr(colld_last_error(NULL), "colld is out of file descriptors (EMFILE)"));
+    /* Refused by the listener (no descriptor for the connection), or accepted with the last free
+     * one and then refused for lack of descriptors for its rings: both say so. */
+    assert_true(strstr(colld_last_error(NULL), "colld is out of file descriptors (EMFILE)") ||
+                strstr(colld_last_error(NULL), "cannot create the session rings: Too many open files"));
     assert_true(took < 5000);
 
     long bytes0, bytes1;
     long shed0 = log_count(h, "out of file descriptors", &bytes0);
-    long long cpu0 = cpu_ticks(h->pid);
+    double t1 = harness_now_ms();
     for (int i = 0; i < 2000; i++) {
         colld_status_t rst = COLLD_OK;
         char detail[128];
@@ -722,14 +725,20 @@ static void test_descriptor_exhaustion(void **state)
     /* A connection left waiting in the backlog must not make the loop spin. */
     int pending = unix_connect(h->socket);
     assert_true(pending >= 0);
+    long long cpu0 = cpu_ticks(h->pid);
     usleep(1000000);
     long long cpu1 = cpu_ticks(h->pid);
+    double secs = (harness_now_ms() - t1) / 1000.0;
     long shed1 = log_count(h, "out of file descriptors", &bytes1);
     long hz = sysconf(_SC_CLK_TCK);
-    print_message("2,000 refused clients: %ld new log lines about it, log +%ld bytes, daemon CPU %.2f s\n",
-                  shed1 - shed0, bytes1 - bytes0, (double)(cpu1 - cpu0) / (double)hz);
-    assert_true(shed1 - shed0 <= 4);
-    assert_true(bytes1 - bytes0 < 16384);
+    /* At most a line per rate-limit interval (5 s) per call site (the two listeners). */
+    long bound = 2 * (2 + (long)(secs / 5));
+    print_message("2,000 refused clients in %.1f s: %ld new log lines about it (bound %ld), log +%ld bytes; daemon CPU "
+                  "%.2f s in the 1 s after\n",
+                  secs, shed1 - shed0, bound, bytes1 - bytes0, (double)(cpu1 - cpu0) / (double)hz);
+    assert_true(shed1 - shed0 <= bound);
+    assert_true(bytes1 - bytes0 <= bound * 1024);
+    assert_true(cpu1 - cpu0 < hz / 2);
     close(pending);
 
     for (int i = 0; i < N; i++)
