@@ -7,8 +7,9 @@
  * lasts. Modes:
  *   sessions SOCKET N    open up to N raw sessions (HELLO, WELCOME held): "admitted K", then
  *                        "refused STATUS DETAIL" for the first refusal (or "refused none")
- *   rpcconns PATH N      open N raw connections to the control socket PATH that never speak:
- *                        "opened N", then "closed I MS" when the daemon closes connection I
+ *   rpcconns PATH N [garbage]  open N raw connections to the control socket PATH that never
+ *                        speak (or send garbage instead of HTTP/2): "opened N", then "closed I MS"
+ *                        when the daemon closes connection I
  *   connect SOCKET       colld_connect: "status NAME", "detail TEXT" (colld_last_error(NULL))
  *   allreduce SOCKET     a 2-rank communicator of this tenant (two sessions, two threads) runs
  *                        exact all-reduces of 1, 1000 and 100000 floats: "ok" or a failure
@@ -137,13 +138,19 @@ static int mode_sessions(const char *socket_path, int n)
     return 0;
 }
 
-static int mode_rpcconns(const char *path, int n)
+static int mode_rpcconns(const char *path, int n, bool garbage)
 {
     int *fds = calloc((size_t)n, sizeof(int));
     int opened = 0;
     double t0 = now_ms();
-    while (fds && opened < n && (fds[opened] = unix_connect(path)) >= 0)
+    while (fds && opened < n && (fds[opened] = unix_connect(path)) >= 0) {
+        if (garbage) {
+            static const char junk[] = "GARBAGE, NOT HTTP/2\r\n\r\n";
+            ssize_t w = send(fds[opened], junk, sizeof(junk) - 1, MSG_NOSIGNAL);
+            (void)w;
+        }
         opened++;
+    }
     printf("opened %d\n", opened);
     fflush(stdout);
     hold(fds, opened, t0);
@@ -318,7 +325,7 @@ int main(int argc, char **argv)
     if (argc >= 4 && strcmp(argv[1], "sessions") == 0)
         return mode_sessions(argv[2], atoi(argv[3]));
     if (argc >= 4 && strcmp(argv[1], "rpcconns") == 0)
-        return mode_rpcconns(argv[2], atoi(argv[3]));
+        return mode_rpcconns(argv[2], atoi(argv[3]), argc >= 5 && strcmp(argv[4], "garbage") == 0);
     if (argc >= 3 && strcmp(argv[1], "connect") == 0)
         return mode_connect(argv[2]);
     if (argc >= 3 && strcmp(argv[1], "allreduce") == 0)

@@ -679,6 +679,41 @@ static void test_rpc_conns_per_tenant(void **state)
     stop(h);
 }
 
+/* #5: the daemon learns when gRPC is done with a connection. gRPC owns the descriptor and closes
+ * connections it cannot use (here: garbage instead of HTTP/2); it shuts the socket down first, so
+ * the client sees the end at once although the daemon holds a duplicate, and the daemon gives the
+ * tenant's unit back. Three rounds of 2 such connections under a limit of 2: a unit kept would
+ * refuse the next round (the handshake deadline, 10 min here, cannot be what ends them). */
+static void test_rpc_conn_end_seen(void **state)
+{
+    (void)state;
+    harness_t *h = &live_h;
+    const char *extra[] = { "--max-rpc-conns-per-tenant", "2", "--rpc-handshake-ms", "600000", NULL };
+    start(h, extra);
+    char rpc[sizeof(((harness_t *)0)->socket) + 8], line[256], st[64], detail[512];
+    snprintf(rpc, sizeof(rpc), "%.299s.rpc", h->socket);
+    for (int round = 0; round < 3; round++) {
+        child_t att;
+        const char *argv[] = { ADV_IO_BIN, "rpcconns", rpc, "2", "garbage", NULL };
+        spawn_as(&att, ATTACKER, argv);
+        assert_true(child_line(&att, line, sizeof(line), 10000));
+        assert_string_equal(line, "opened 2");
+        for (int i = 0; i < 2; i++) {
+            int idx;
+            double ms;
+            assert_true(child_line(&att, line, sizeof(line), 20000));
+            assert_int_equal(sscanf(line, "closed %d %lf", &idx, &ms), 2);
+        }
+        assert_int_equal(child_end(&att, 10000), 0);
+    }
+    double end = harness_now_ms() + 20000; /* the daemon sees the hang-ups on its loop */
+    do
+        connect_as(h, ATTACKER, st, sizeof(st), detail, sizeof(detail));
+    while (strcmp(st, "COLLD_OK") != 0 && harness_now_ms() < end);
+    assert_string_equal(st, "COLLD_OK");
+    stop(h);
+}
+
 /* #5 and #6: descriptor exhaustion. With a 200-descriptor limit, 300 idle control connections
  * run the daemon out of descriptors. Then: a new client is refused at once with a message (not
  * left hanging in the backlog), 2,000 more attempts add at most a few log lines (rate-limited),
@@ -947,6 +982,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_sessions_per_tenant, teardown),
         cmocka_unit_test_teardown(test_sessions_reserved_for_operators, teardown),
         cmocka_unit_test_teardown(test_rpc_conns_per_tenant, teardown),
+        cmocka_unit_test_teardown(test_rpc_conn_end_seen, teardown),
         cmocka_unit_test_teardown(test_descriptor_exhaustion, teardown),
         cmocka_unit_test_teardown(test_events_follower_without_window, teardown),
         cmocka_unit_test_teardown(test_event_followers_per_tenant, teardown),
