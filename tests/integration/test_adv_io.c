@@ -261,17 +261,21 @@ static long long cpu_ticks(pid_t pid)
     return utime + stime;
 }
 
-/* Lines of the daemon's log that contain `needle`, and the log's size. */
-static long log_count(const harness_t *h, const char *needle, long *bytes)
+/* Lines of the daemon's log that contain `needle`, and the bytes of its warnings and errors (what
+ * is logged at the default level: the flood of #6 was warnings). */
+static long log_count(const harness_t *h, const char *needle, long *warn_bytes)
 {
     FILE *f = fopen(h->log, "r");
-    long n = 0;
+    long n = 0, bytes = 0;
     char line[2048];
     assert_non_null(f);
-    while (fgets(line, sizeof(line), f))
+    while (fgets(line, sizeof(line), f)) {
         n += strstr(line, needle) != NULL;
-    if (bytes)
-        *bytes = ftell(f);
+        if (strstr(line, " WARN ") || strstr(line, " ERROR "))
+            bytes += (long)strlen(line);
+    }
+    if (warn_bytes)
+        *warn_bytes = bytes;
     fclose(f);
     return n;
 }
@@ -380,7 +384,8 @@ static void h2_frame(h2_t *h, uint8_t type, uint8_t flags, uint32_t stream, cons
     f[6] = (uint8_t)(stream >> 16);
     f[7] = (uint8_t)(stream >> 8);
     f[8] = (uint8_t)stream;
-    memcpy(f + 9, payload, len);
+    if (len)
+        memcpy(f + 9, payload, len);
     assert_int_equal(send(h->fd, f, 9 + len, MSG_NOSIGNAL), (ssize_t)(9 + len));
 }
 
@@ -768,8 +773,8 @@ static void test_descriptor_exhaustion(void **state)
     long hz = sysconf(_SC_CLK_TCK);
     /* At most a line per rate-limit interval (5 s) per call site (the two listeners). */
     long bound = 2 * (2 + (long)(secs / 5));
-    print_message("2,000 refused clients in %.1f s: %ld new log lines about it (bound %ld), log +%ld bytes; daemon CPU "
-                  "%.2f s in the 1 s after\n",
+    print_message("2,000 refused clients in %.1f s: %ld new log lines about it (bound %ld), warnings +%ld bytes; "
+                  "daemon CPU %.2f s in the 1 s after\n",
                   secs, shed1 - shed0, bound, bytes1 - bytes0, (double)(cpu1 - cpu0) / (double)hz);
     assert_true(shed1 - shed0 <= bound);
     assert_true(bytes1 - bytes0 <= bound * 1024);
@@ -832,7 +837,10 @@ static void test_events_follower_without_window(void **state)
                   2 * SESSIONS, rss0, rss1, queued, refused);
     assert_true(queued > 0 && queued <= 1048576);
     assert_true(refused >= 1);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+    /* (Under the sanitizers freed memory stays in their quarantine: RSS says nothing there.) */
     assert_true(rss1 - rss0 < 16 * 1024);
+#endif
 
     h2_resume(&h2);
     size_t pos = 0;
