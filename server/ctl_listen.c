@@ -159,8 +159,9 @@ static const char *ctl_admit(colld_ctl_t *ctl, uid_t uid, bool *charged, char *b
     unsigned max = (unsigned)d->cfg.max_rpc_conns, reserve = colld_admin_reserve(d->cfg.max_rpc_conns);
     *charged = false;
     if (ctl->admitted >= max || (!admin && ctl->admitted + reserve >= max)) {
-        snprintf(buf, len, "colld serves its limit of %u control connections (max-rpc-conns); try again later",
-                 max);
+        snprintf(buf, len,
+                 "the daemon is at its limit max-rpc-conns = %u (the last %u kept for operators); try again later",
+                 max, reserve);
         return buf;
     }
     if (admin)

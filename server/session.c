@@ -665,28 +665,22 @@ static void session_refuse(int fd, colld_status_t st, const char *why)
 
 /* Admit a connection (lock held): the global backstop (max-sessions, of which the last few are
  * kept for operators) and the tenant's max-sessions-per-tenant, which operators are not held to.
- * Returns COLLD_OK (with *charged when a tenant unit was taken), or a status with the reason for
- * the client in why (it must fit a wire detail) and the full one in log. */
-static colld_status_t session_admit(colld_daemon_t *d, uid_t uid, bool *charged, char *why, size_t why_len,
-                                    char *log, size_t log_len)
+ * Returns COLLD_OK (with *charged when a tenant unit was taken), or a status with the reason in
+ * why, in tenant.c's wording (the client sees its first COLLD_WIRE_DETAIL_BYTES - 1 bytes). */
+static colld_status_t session_admit(colld_daemon_t *d, uid_t uid, bool *charged, char *why, size_t why_len)
 {
     bool admin = colld_uid_is_admin(uid);
     unsigned max = (unsigned)d->cfg.max_sessions, reserve = colld_admin_reserve(d->cfg.max_sessions);
     *charged = false;
     if (d->nsessions >= max || (!admin && d->nsessions + reserve >= max)) {
-        snprintf(why, why_len, "colld serves its limit of %u sessions (max-sessions); try again later", max);
-        snprintf(log, log_len, "%u sessions, the limit is max-sessions = %u (%u of them kept for operators)",
-                 d->nsessions, max, reserve);
+        snprintf(why, why_len,
+                 "the daemon is at its limit max-sessions = %u (the last %u kept for operators); try again later",
+                 max, reserve);
         return COLLD_ERR_QUOTA_EXCEEDED;
     }
     if (admin)
         return COLLD_OK;
-    colld_status_t st = colld_tenant_charge(d, uid, COLLD_LIMIT_SESSIONS, 1, log, log_len);
-    if (st == COLLD_ERR_QUOTA_EXCEEDED)
-        snprintf(why, why_len, "uid %u has max-sessions-per-tenant = %llu sessions open", (unsigned)uid,
-                 (unsigned long long)colld_tenant_limit(d, uid, COLLD_LIMIT_SESSIONS));
-    else if (st != COLLD_OK)
-        snprintf(why, why_len, "colld is out of memory");
+    colld_status_t st = colld_tenant_charge(d, uid, COLLD_LIMIT_SESSIONS, 1, why, why_len);
     *charged = st == COLLD_OK;
     return st;
 }
@@ -696,13 +690,13 @@ static colld_status_t session_admit(colld_daemon_t *d, uid_t uid, bool *charged,
 static void session_on_accept(colld_listener_t *l, int fd, uid_t uid, gid_t gid, pid_t pid)
 {
     colld_daemon_t *d = l->d;
-    char why[COLLD_WIRE_DETAIL_BYTES], log[COLLD_DETAIL_LEN];
+    char why[COLLD_DETAIL_LEN];
     bool charged;
     pthread_mutex_lock(&d->lock);
-    colld_status_t st = session_admit(d, uid, &charged, why, sizeof(why), log, sizeof(log));
+    colld_status_t st = session_admit(d, uid, &charged, why, sizeof(why));
     pthread_mutex_unlock(&d->lock);
     if (st != COLLD_OK) {
-        LOG_WARN_RL(SESSION, "refusing pid %d uid %u: %s", (int)pid, (unsigned)uid, log);
+        LOG_WARN_RL(SESSION, "refusing pid %d uid %u: %s", (int)pid, (unsigned)uid, why);
         session_refuse(fd, st, why);
         close(fd);
         return;

@@ -145,8 +145,8 @@ colld_status_t colld_disconnect(colld_client_t *c);
  * colld_mem_alloc(...): ...". Empty if none failed.
  * Valid until the next such call on c or colld_disconnect. With c NULL: why the calling thread's
  * last colld_connect failed ("COLLD_ERR_QUOTA_EXCEEDED: colld at ... refused the session: uid 1000
- * has max-sessions-per-tenant = 1024 sessions open"), empty after one that succeeded; valid until
- * the thread's next colld_connect. */
+ * is at its limit max-sessions-per-tenant = 1024 (...)"), empty after one that succeeded; valid
+ * until the thread's next colld_connect. */
 const char *colld_last_error(colld_client_t *c);
 
 colld_status_t colld_get_unique_id(colld_client_t *c, colld_unique_id_t *id);
