@@ -24,8 +24,8 @@
 
 /* Look up the session of a request (lock held). Answers the call with an error and returns NULL
  * when the reference is missing or unknown. */
-static colld_session_t *session_of(colld_daemon_t *d, const Colld__V1__SessionRef *ref, int32_t *status,
-                                   const char **detail)
+static colld_session_t *session_of(colld_daemon_t *d, const colld_rpc_call_t *call, const Colld__V1__SessionRef *ref,
+                                   int32_t *status, const char **detail)
 {
     colld_session_t *s = NULL;
     if (ref && ref->token.len == COLLD_WIRE_TOKEN_BYTES)
@@ -33,6 +33,16 @@ static colld_session_t *session_of(colld_daemon_t *d, const Colld__V1__SessionRe
     if (!s) {
         *status = COLLD_ERR_PERMISSION_DENIED;
         *detail = "unknown or ended session: connect the session socket first (colld_connect)";
+        return NULL;
+    }
+    /* The token proves the session; the connection's own credentials must agree, so a token that
+     * leaked to another user is worth nothing to it. */
+    uid_t uid;
+    pid_t pid;
+    if (colld_rpc_call_peer(call, &uid, &pid) == 0 && uid != s->uid) {
+        *status = COLLD_ERR_PERMISSION_DENIED;
+        *detail = "this session belongs to another user than the one calling: use your own session";
+        return NULL;
     }
     return s;
 }
@@ -77,7 +87,7 @@ static void on_attach(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
     Colld__V1__AttachResponse resp = COLLD__V1__ATTACH_RESPONSE__INIT;
     const char *detail = "";
     pthread_mutex_lock(&d->lock);
-    colld_session_t *s = session_of(d, req->session, &resp.status, &detail);
+    colld_session_t *s = session_of(d, call, req->session, &resp.status, &detail);
     if (s) {
         if (req->api_version != COLLD_API_VERSION) {
             resp.status = COLLD_ERR_PROTOCOL;
@@ -101,7 +111,7 @@ static void on_get_unique_id(colld_rpc_call_t *call, const ProtobufCMessage *msg
     uint8_t uid[COLLD_WIRE_UNIQUE_ID_BYTES];
     const char *detail = "";
     pthread_mutex_lock(&d->lock);
-    colld_session_t *s = session_of(d, req->session, &resp.status, &detail);
+    colld_session_t *s = session_of(d, call, req->session, &resp.status, &detail);
     if (s) {
         resp.status = colld_comm_issue_uid(d, s, uid);
         if (resp.status == COLLD_OK) {
@@ -125,7 +135,7 @@ static void on_comm_init(colld_rpc_call_t *call, const ProtobufCMessage *msg, vo
     int32_t status = COLLD_OK;
     const char *detail = "";
     pthread_mutex_lock(&d->lock);
-    colld_session_t *s = session_of(d, req->session, &status, &detail);
+    colld_session_t *s = session_of(d, call, req->session, &status, &detail);
     if (s && req->unique_id.len != COLLD_WIRE_UNIQUE_ID_BYTES) {
         status = COLLD_ERR_INVALID_ARGUMENT;
         detail = "malformed unique id";
@@ -154,7 +164,7 @@ static void on_comm_destroy(colld_rpc_call_t *call, const ProtobufCMessage *msg,
     char detail[COLLD_DETAIL_LEN] = "";
     const char *sdetail = NULL;
     pthread_mutex_lock(&d->lock);
-    colld_session_t *s = session_of(d, req->session, &resp.status, &sdetail);
+    colld_session_t *s = session_of(d, call, req->session, &resp.status, &sdetail);
     if (s)
         resp.status = colld_comm_leave(d, s, req->handle, detail, sizeof(detail), &replies);
     pthread_mutex_unlock(&d->lock);
@@ -172,7 +182,7 @@ static void on_comm_error(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
     char comm_detail[COLLD_DETAIL_LEN] = "";
     const char *detail = "";
     pthread_mutex_lock(&d->lock);
-    colld_session_t *s = session_of(d, req->session, &resp.status, &detail);
+    colld_session_t *s = session_of(d, call, req->session, &resp.status, &detail);
     if (s) {
         colld_member_t *m = colld_comm_member(s, req->handle);
         if (!m) {
@@ -203,7 +213,7 @@ static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
     size_t ns = 0, nc = 0, nm = 0;
 
     pthread_mutex_lock(&d->lock);
-    colld_session_t *me = session_of(d, req->session, &resp.status, &detail);
+    colld_session_t *me = session_of(d, call, req->session, &resp.status, &detail);
     if (!me)
         goto unlock;
     bool admin = is_admin(me);
@@ -336,13 +346,10 @@ static void on_comm_abort(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
     colld_reply_t *replies = NULL;
     char detail[COLLD_DETAIL_LEN] = "";
     const char *sdetail = NULL;
-    char reason[128];
-    colld_strlcpy(reason, req->reason ? req->reason : "", sizeof(reason));
-    for (char *p = reason; *p; p++)
-        if ((unsigned char)*p < 0x20)
-            *p = '?';
+    char reason[128]; /* the caller's words go into every rank's error detail and the events */
+    colld_str_sanitize(reason, sizeof(reason), req->reason ? req->reason : "", SIZE_MAX);
     pthread_mutex_lock(&d->lock);
-    colld_session_t *s = session_of(d, req->session, &resp.status, &sdetail);
+    colld_session_t *s = session_of(d, call, req->session, &resp.status, &sdetail);
     if (s) {
         char who[COLLD_DETAIL_LEN / 2];
         colld_dcomm_t *c = NULL;
@@ -386,7 +393,7 @@ static void on_set_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
     char detail[COLLD_DETAIL_LEN] = "";
     const char *sdetail = NULL;
     pthread_mutex_lock(&d->lock);
-    colld_session_t *s = session_of(d, req->session, &resp.status, &sdetail);
+    colld_session_t *s = session_of(d, call, req->session, &resp.status, &sdetail);
     if (!s)
         goto out;
     if (!is_admin(s)) {
@@ -515,7 +522,7 @@ static void on_get_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
     uid_t *uids = NULL;
     const char *detail = "";
     pthread_mutex_lock(&d->lock);
-    colld_session_t *s = session_of(d, req->session, &resp.status, &detail);
+    colld_session_t *s = session_of(d, call, req->session, &resp.status, &detail);
     if (!s)
         goto out;
     size_t max = colld_tenant_uids(d, NULL, 0) + 1;
@@ -633,7 +640,7 @@ static void on_trace(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *
     size_t nent = 0;
 
     pthread_mutex_lock(&d->lock);
-    colld_session_t *s = session_of(d, req->session, &resp.status, &sdetail);
+    colld_session_t *s = session_of(d, call, req->session, &resp.status, &sdetail);
     if (!s)
         goto unlock;
     colld_dcomm_t *c = comm_by_id(d, s, req->comm_id);
@@ -746,7 +753,7 @@ static void on_events(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
     int32_t status = COLLD_OK;
     const char *detail = "";
     pthread_mutex_lock(&d->lock);
-    colld_session_t *s = session_of(d, req->session, &status, &detail);
+    colld_session_t *s = session_of(d, call, req->session, &status, &detail);
     bool admin = s && is_admin(s);
     uid_t uid = s ? s->uid : 0;
     pthread_mutex_unlock(&d->lock);
@@ -766,7 +773,7 @@ static void on_peer_disconnect(colld_rpc_call_t *call, const ProtobufCMessage *m
     char detail[COLLD_DETAIL_LEN] = "";
     const char *sdetail = NULL;
     pthread_mutex_lock(&d->lock);
-    colld_session_t *s = session_of(d, req->session, &resp.status, &sdetail);
+    colld_session_t *s = session_of(d, call, req->session, &resp.status, &sdetail);
     bool admin = s && is_admin(s);
     uid_t uid = s ? s->uid : 0;
     pthread_mutex_unlock(&d->lock);

@@ -15,6 +15,8 @@
  *                        exact all-reduces of 1, 1000 and 100000 floats: "ok" or a failure
  *   events SOCKET K MS   open K followed event streams with an MS deadline and report how each
  *                        ended: "stream I CODE DETAIL"
+ *   stolen SOCKET ID TOKENHEX  connect as this tenant, then call Status naming another session
+ *                        (a leaked id and token): "status NAME DETAIL"
  */
 #include "client/client_internal.h"
 #include "colld.pb-c.h"
@@ -319,6 +321,35 @@ static int mode_events(const char *socket_path, int k, int ms)
     return 0;
 }
 
+static int mode_stolen(const char *socket_path, const char *id, const char *token_hex)
+{
+    colld_client_t *c = NULL;
+    colld_status_t st = colld_connect(socket_path, &c);
+    if (st != COLLD_OK) {
+        printf("connect: %s: %s\n", colld_status_name(st), colld_last_error(NULL));
+        return 1;
+    }
+    uint8_t token[COLLD_WIRE_TOKEN_BYTES];
+    for (size_t i = 0; i < sizeof(token); i++)
+        if (sscanf(token_hex + 2 * i, "%2hhx", &token[i]) != 1)
+            return 2;
+    Colld__V1__StatusRequest req = COLLD__V1__STATUS_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    ref.id = strtoull(id, NULL, 10);
+    ref.token.data = token;
+    ref.token.len = sizeof(token);
+    req.session = &ref;
+    Colld__V1__StatusResponse *resp = NULL;
+    char detail[512] = "";
+    st = colld__client_rpc(c, "/colld.v1.Colld/Status", &req.base, &colld__v1__status_response__descriptor, 10000,
+                           (ProtobufCMessage **)&resp, detail, sizeof(detail));
+    printf("status %s %s\n", colld_status_name(st), detail);
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    colld_disconnect(c);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -330,6 +361,8 @@ int main(int argc, char **argv)
         return mode_connect(argv[2]);
     if (argc >= 3 && strcmp(argv[1], "allreduce") == 0)
         return mode_allreduce(argv[2]);
+    if (argc >= 5 && strcmp(argv[1], "stolen") == 0)
+        return mode_stolen(argv[2], argv[3], argv[4]);
     if (argc >= 5 && strcmp(argv[1], "events") == 0)
         return mode_events(argv[2], atoi(argv[3]), atoi(argv[4]));
     fprintf(stderr, "usage: colld-test-adv-io sessions|rpcconns|connect|allreduce|events ...\n");

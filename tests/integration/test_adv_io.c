@@ -909,6 +909,28 @@ static void test_event_followers_per_tenant(void **state)
     stop(h);
 }
 
+/* A session's id and token leaked to another user: the control socket's own credentials (the
+ * daemon accepts it itself) must agree with the session's, so the other user learns nothing with
+ * them, while the owner's calls keep working. */
+static void test_stolen_session_token(void **state)
+{
+    (void)state;
+    harness_t *h = &live_h;
+    start(h, NULL);
+    char id[32], hex[2 * COLLD_WIRE_TOKEN_BYTES + 1];
+    snprintf(id, sizeof(id), "%llu", (unsigned long long)h->client->session_id);
+    for (int i = 0; i < COLLD_WIRE_TOKEN_BYTES; i++)
+        snprintf(hex + 2 * i, 3, "%02x", h->client->token[i]);
+    const char *argv[] = { ADV_IO_BIN, "stolen", h->socket, id, hex, NULL };
+    char out[1024];
+    assert_int_equal(run_as(ATTACKER, argv, out, sizeof(out), 30000), 0);
+    print_message("%s", out);
+    assert_non_null(strstr(out, "status COLLD_ERR_PERMISSION_DENIED this session belongs to another user"));
+    colld_unique_id_t uid;
+    assert_int_equal(colld_get_unique_id(h->client, &uid), COLLD_OK); /* the owner's calls work */
+    stop(h);
+}
+
 /* #5: the self-probe. A daemon whose control socket is gone (unlinked from under it) cannot be
  * reached by any new client while looking alive; it probes its control plane, and after 3 failed
  * probes logs why and exits with status 3 so that its supervisor restarts it. While the socket is
@@ -997,6 +1019,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_descriptor_exhaustion, teardown),
         cmocka_unit_test_teardown(test_events_follower_without_window, teardown),
         cmocka_unit_test_teardown(test_event_followers_per_tenant, teardown),
+        cmocka_unit_test_teardown(test_stolen_session_token, teardown),
         cmocka_unit_test_teardown(test_self_probe, teardown),
         cmocka_unit_test_teardown(test_metrics_slowloris, teardown),
     };
