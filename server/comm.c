@@ -300,8 +300,10 @@ void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, in
         if (c->x)
             colld_cluster_comm_failed(d, c, st, rank, detail); /* the other nodes' ranks learn it too */
         if (!closing) {
-            LOG_WARN(COLL, "communicator %llu (%s) broken: %s: %s", (unsigned long long)c->id, c->name,
-                     colld_status_name(st), detail);
+            /* At most a line a second: a tenant can break communicators as fast as it makes them
+             * (every fault is still in the events, the flight recorder and the metrics). */
+            COLLD_LOG_RL(COLLD_LOG_WARN, COLLD_SUB_COLL, 1000, "communicator %llu (%s) broken: %s: %s",
+                         (unsigned long long)c->id, c->name, colld_status_name(st), detail);
             colld_metrics_comm_error(d, st);
             colld_event(d, colld_event_type_of(st), c, rank, rank >= 0 ? c->ranks[rank].pid : 0,
                         rank >= 0 && c->ranks[rank].session ? c->ranks[rank].session->id : 0, c->tenant, st, "%s",
@@ -658,7 +660,7 @@ fail:
     free(fresh);
     if (charged)
         colld_tenant_uncharge(d, s->uid, COLLD_LIMIT_COMMS, 1);
-    LOG_INFO(COLL, "pid %d: join refused: %s", (int)s->pid, detail);
+    LOG_INFO_RL(COLL, "pid %d: join refused: %s", (int)s->pid, detail);
     colld_reply_add(replies, call, st, detail);
 }
 

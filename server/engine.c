@@ -64,7 +64,7 @@ static void session_kill(colld_session_t *s, const char *why)
 {
     if (s->kill_requested)
         return;
-    LOG_WARN(ENGINE, "session %llu (pid %d): %s; dropping it", (unsigned long long)s->id, (int)s->pid, why);
+    LOG_WARN_RL(ENGINE, "session %llu (pid %d): %s; dropping it", (unsigned long long)s->id, (int)s->pid, why);
     s->kill_requested = true;
     uv_async_send(&s->daemon->async);
 }
@@ -350,7 +350,7 @@ static void admit(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t 
     char detail[COLLD_DETAIL_LEN / 2] = ""; /* leaves room for the rank prefix in `why` */
     colld_member_t *m = colld_comm_member(s, sqe->comm);
     if (!m) {
-        LOG_INFO(ENGINE, "session %llu: descriptor for unknown communicator handle %u", (unsigned long long)s->id,
+        LOG_INFO_RL(ENGINE, "session %llu: descriptor for unknown communicator handle %u", (unsigned long long)s->id,
                  sqe->comm);
         complete_sqe(d, s, sqe, COLLD_ERR_INVALID_ARGUMENT);
         return;
@@ -387,7 +387,7 @@ static void admit(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t 
         char why[COLLD_DETAIL_LEN];
         snprintf(why, sizeof(why), "rank %d (pid %d), collective #%llu: %s", m->rank, (int)s->pid,
                  (unsigned long long)sqe->seq, detail);
-        LOG_INFO(ENGINE, "invalid descriptor: %s", why);
+        LOG_INFO_RL(ENGINE, "invalid descriptor: %s", why);
         c->ops_failed++;
         colld_engine_fail_op(op, st);
         colld_comm_break(d, c, st, m->rank, why, replies);
