@@ -21,6 +21,7 @@
  * interrupted (or --count times), reconnecting when the daemon restarts.
  */
 #include "client/client_internal.h"
+#include "common/util.h"
 #include "colld.pb-c.h"
 
 #include <errno.h>
@@ -256,6 +257,35 @@ static void print_text(const Colld__V1__StatusResponse *r)
  * Calls
  * ========================================================================================== */
 
+/* Make every string of a message (and of the messages inside it) safe to print on a terminal and
+ * to put into JSON: the daemon validates what tenants and peers send it, and collctl does not
+ * rely on that; a control character, a bidirectional override or invalid UTF-8 becomes '?'. */
+static void clean_message(ProtobufCMessage *m)
+{
+    const ProtobufCMessageDescriptor *desc = m->descriptor;
+    for (unsigned i = 0; i < desc->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &desc->fields[i];
+        char *base = (char *)m + f->offset;
+        size_t n = 1;
+        void *items = base;
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            n = *(size_t *)((char *)m + f->quantifier_offset);
+            items = *(void **)base;
+        }
+        for (size_t k = 0; k < n && items; k++) {
+            if (f->type == PROTOBUF_C_TYPE_STRING) {
+                char *str = ((char **)items)[k];
+                if (str && *str) /* an unset string is protobuf-c's read-only "" */
+                    colld_str_sanitize(str, strlen(str) + 1, str, SIZE_MAX);
+            } else if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+                ProtobufCMessage *sub = ((ProtobufCMessage **)items)[k];
+                if (sub)
+                    clean_message(sub);
+            }
+        }
+    }
+}
+
 /* One unary call of the admin session; prints the failure. Returns 0 or 1. */
 static int call(colld_client_t *c, const char *what, const char *method, ProtobufCMessage *req,
                 const ProtobufCMessageDescriptor *desc, ProtobufCMessage **resp)
@@ -264,9 +294,11 @@ static int call(colld_client_t *c, const char *what, const char *method, Protobu
     colld_status_t st = colld__client_rpc(c, method, req, desc, COLLD_CLIENT_RPC_TIMEOUT_MS, resp, detail,
                                           sizeof(detail));
     if (st != COLLD_OK) {
+        colld_str_sanitize(detail, sizeof(detail), detail, SIZE_MAX);
         fprintf(stderr, "collctl: %s failed: %s: %s\n", what, colld_status_name(st), *detail ? detail : colld_status_string(st));
         return 1;
     }
+    clean_message(*resp);
     return 0;
 }
 
@@ -571,6 +603,7 @@ static int cmd_events(colld_client_t *c, int follow, uint32_t backlog, int only_
         char details[256] = "";
         int r = colld_rpc_stream_next(st, &m, &final, details, sizeof(details));
         if (r == 0) {
+            clean_message(m);
             event_print((const Colld__V1__Event *)m, json);
             protobuf_c_message_free_unpacked(m, NULL);
             continue;
