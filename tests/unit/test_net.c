@@ -1,14 +1,18 @@
 /*
  * test_net.c - the TCP transport (transport/tcp/tcp.h) over real sockets on 127.0.0.1: CTRL
  * both ways in order, DATA striped over several connections into caller and transport buffers,
- * a wrong secret refused on both sides, strangers (garbage, a bad frame, silence) refused without
- * disturbing an established peer, loss on stop, on heartbeat silence and on an operator's
- * disconnect, argument checks, and stop with messages still queued.
+ * a wrong secret refused on both sides, strangers (garbage, a bad frame, silence, a HELLO with an
+ * address nobody could dial) refused without disturbing an established peer, a flood of silent
+ * strangers from one address evicting itself (and logged once), lost peer records freed when the
+ * owner no longer uses them, a peer that reads nothing dropped before its queue grows without
+ * bound, loss on stop, on heartbeat silence and on an operator's disconnect, address and argument
+ * checks, and stop with messages still queued.
  *
  * Every wait has a deadline; work that must run on the network thread is handed to its tick().
  */
 #include "transport/tcp/tcp.h"
 
+#include "common/log.h"
 #include "common/util.h"
 
 #include <arpa/inet.h>
@@ -65,6 +69,8 @@ struct node {
     bool job_done;
     bool pause, paused; /* tick() blocks while pause is set */
     int errors;         /* failed checks on the network thread (cmocka asserts only on ours) */
+    bool may_free;      /* peer_unused() answers this */
+    int unused_asked;   /* peer_unused() calls */
 };
 
 /* Count a failed check made on the network thread. */
@@ -222,6 +228,17 @@ static void cb_tick(void *arg)
     pthread_mutex_unlock(&nd->mu);
 }
 
+static bool cb_peer_unused(void *arg, colld_net_peer_t *p)
+{
+    node_t *nd = arg;
+    (void)p;
+    node_lock(nd);
+    nd->unused_asked++;
+    bool ok = nd->may_free;
+    node_signal_unlock(nd);
+    return ok;
+}
+
 static void cb_done(void *cookie, bool ok)
 {
     node_t *nd = cookie;
@@ -239,7 +256,8 @@ static void cb_done(void *cookie, bool ok)
 
 typedef struct {
     const uint8_t *secret;
-    int conns, heartbeat_ms, misses, handshake_ms;
+    int conns, heartbeat_ms, misses, handshake_ms, stranger_ms, linger_ms;
+    bool unused_cb; /* install peer_unused (cb_peer_unused) */
 } node_opts_t;
 
 static node_t *node_start(const char *name, node_opts_t o)
@@ -262,12 +280,15 @@ static node_t *node_start(const char *name, node_opts_t o)
         .heartbeat_misses = o.misses ? o.misses : 5,
         .chunk_bytes = CHUNK,
         .handshake_ms = o.handshake_ms,
+        .stranger_ms = o.stranger_ms,
+        .peer_linger_ms = o.linger_ms,
         .cb = { .peer_up = cb_peer_up,
                 .peer_lost = cb_peer_lost,
                 .data_dest = cb_data_dest,
                 .data = cb_data,
                 .ctrl = cb_ctrl,
                 .tick = cb_tick,
+                .peer_unused = o.unused_cb ? cb_peer_unused : NULL,
                 .arg = nd },
     };
     char err[256] = "";
@@ -621,17 +642,188 @@ static void test_strangers_refused(void **state)
     node_free(b);
 }
 
-/* A connection that never says anything is dropped after the handshake timeout. */
+/* A connection that never says anything is dropped after the strangers' handshake timeout. */
 static void test_silent_stranger_dropped(void **state)
 {
     (void)state;
-    node_t *b = node_start("beta", (node_opts_t){ .handshake_ms = 200 });
+    node_t *b = node_start("beta", (node_opts_t){ .stranger_ms = 200 });
     uint64_t t0 = colld_now_ms();
     int fd = raw_connect(b->addr);
     assert_true(raw_wait_closed(fd));
     assert_true(colld_now_ms() - t0 >= 150);
     close(fd);
     assert_true(wait_refused(b, 1));
+    node_free(b);
+}
+
+/* Lines of a file that contain text. */
+static int lines_with(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    int n = 0;
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, text) != NULL;
+    fclose(f);
+    return n;
+}
+
+/* 40 silent connections from one address: only TCP_STRANGERS_PER_ADDR are kept, the oldest
+ * evicted first and counted as refused, one log line for all of them; a real peer from the same
+ * address still gets in, and a HELLO (a connection that speaks) outlives the silent ones. */
+static void test_stranger_flood_evicts_itself(void **state)
+{
+    (void)state;
+    char log[64], err[128];
+    snprintf(log, sizeof(log), "/tmp/colld-test-net-%d.log", (int)getpid());
+    unlink(log);
+    assert_int_equal(colld_log_init("test_net", "warn", "NET", log, err, sizeof(err)), 0);
+    node_t *a = node_start("alpha", (node_opts_t){ 0 });
+    node_t *b = node_start("beta", (node_opts_t){ 0 });
+    enum { N = 40 };
+    int fds[N];
+    /* one connection that says HELLO (a stranger's: it cannot finish without the secret) */
+    uint8_t hello[40 + 12 + 64 + 16] = { 0x43, 0x4c, 0x44, 0x31, 1 };
+    const char *hname = "x", *haddr = "127.0.0.1:9";
+    size_t plen = 12 + 64 + strlen(hname) + strlen(haddr);
+    hello[12] = (uint8_t)plen;
+    uint8_t *pl = hello + 40;
+    pl[0] = 1; /* version */
+    pl[2] = (uint8_t)strlen(hname);
+    pl[3] = (uint8_t)strlen(haddr);
+    memcpy(pl + 76, hname, strlen(hname));
+    memcpy(pl + 76 + strlen(hname), haddr, strlen(haddr));
+    int talker = raw_connect(b->addr);
+    assert_int_equal(write(talker, hello, 40 + plen), (ssize_t)(40 + plen));
+    for (int i = 0; i < N; i++)
+        fds[i] = raw_connect(b->addr);
+    assert_true(wait_refused(b, N + 1 - TCP_STRANGERS_PER_ADDR));
+    assert_true(raw_wait_closed(fds[0]));
+    ctrl_roundtrip(a, b, "through the flood"); /* a's connections come from the same address */
+    /* the talker is still there: it answered our HELLO (bytes to read) and was not closed */
+    struct pollfd pfd = { .fd = talker, .events = POLLIN };
+    assert_int_equal(poll(&pfd, 1, WAIT_MS), 1);
+    char buf[256];
+    assert_true(read(talker, buf, sizeof(buf)) > 40);
+    assert_int_equal(lines_with(log, "refused connection from"), 1);
+    assert_int_equal(lines_with(log, "evicted"), 1);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    close(talker);
+    node_free(a);
+    node_free(b);
+    colld_log_init("test_net", "warn", NULL, NULL, err, sizeof(err));
+    unlink(log);
+}
+
+/* A HELLO whose listen address this daemon could not dial (it would key a peer record) is
+ * refused before any answer. */
+static void test_hello_bad_address(void **state)
+{
+    (void)state;
+    node_t *b = node_start("beta", (node_opts_t){ 0 });
+    static const char *const bad[] = { "has space:1", "127.0.0.1:0", "no-port", "h:99999", "[zz]:1" };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        uint8_t f[40 + 76 + 64] = { 0x43, 0x4c, 0x44, 0x31, 1 };
+        size_t al = strlen(bad[i]), plen = 76 + 1 + al;
+        f[12] = (uint8_t)plen;
+        f[40] = 1;
+        f[42] = 1;
+        f[43] = (uint8_t)al;
+        f[40 + 76] = 'x';
+        memcpy(f + 40 + 77, bad[i], al);
+        int fd = raw_connect(b->addr);
+        assert_int_equal(write(fd, f, 40 + plen), (ssize_t)(40 + plen));
+        char buf[64];
+        struct pollfd pfd = { .fd = fd, .events = POLLIN };
+        assert_int_equal(poll(&pfd, 1, WAIT_MS), 1);
+        assert_int_equal(read(fd, buf, sizeof(buf)), 0); /* closed, no HELLO back */
+        close(fd);
+        assert_true(wait_refused(b, i + 1));
+    }
+    node_free(b);
+}
+
+/* What colld_net_check_addr accepts and refuses. */
+static void test_check_addr(void **state)
+{
+    (void)state;
+    char err[256], longest[COLLD_NET_ADDR_LEN + 8];
+    static const char *const good[] = { "10.0.0.5:7077", "[::1]:80", "node-1.example.org:1", "h_x:65535" };
+    static const char *const bad[] = { "",     "a:0",  "a b:1", "a:99999", "a:1x",  "[zz]:1",
+                                       "port", ":80",  "a:",    "\x1b:1",  "a\n:1", "[::1]80" };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+        if (colld_net_check_addr(good[i], err, sizeof(err)) != 0)
+            fail_msg("refused %s: %s", good[i], err);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        err[0] = '\0';
+        if (colld_net_check_addr(bad[i], err, sizeof(err)) == 0)
+            fail_msg("accepted bad address %zu", i);
+        assert_true(err[0] != '\0');
+    }
+    memset(longest, 'a', sizeof(longest) - 1);
+    longest[sizeof(longest) - 1] = '\0';
+    memcpy(longest + sizeof(longest) - 4, ":80", 4);
+    assert_int_equal(colld_net_check_addr(longest, err, sizeof(err)), -1);
+    assert_int_equal(colld_net_check_addr(NULL, NULL, 0), -1);
+}
+
+/* Peers that came and went are freed once lost for the linger time, but only when the owner
+ * says no pointer to them is kept. */
+static void test_lost_peers_freed(void **state)
+{
+    (void)state;
+    bool ok;
+    node_t *b = node_start("beta", (node_opts_t){ .unused_cb = true, .linger_ms = 50 });
+    enum { N = 4 };
+    for (int i = 0; i < N; i++) {
+        node_t *x = node_start("visitor", (node_opts_t){ 0 });
+        ctrl_roundtrip(x, b, "hi");
+        node_free(x);
+    }
+    WAIT_FOR(ok, b, b->lost == N && b->unused_asked >= N);
+    assert_true(ok);
+    colld_net_peer_info_t info[8];
+    assert_int_equal(colld_net_peers(b->net, info, 8), N); /* still used: kept */
+    node_lock(b);
+    b->may_free = true;
+    pthread_mutex_unlock(&b->mu);
+    uint64_t dl = colld_now_ms() + WAIT_MS;
+    while (colld_net_peers(b->net, info, 8) > 0 && colld_now_ms() < dl)
+        usleep(10000);
+    assert_int_equal(colld_net_peers(b->net, info, 8), 0);
+    node_free(b);
+}
+
+/* A peer that reads nothing (its thread is stuck, its heartbeats still counted as fresh) while
+ * CTRL messages pile up: the sender drops it once TCP_MAX_QUEUED_CTRL bytes wait. */
+static void test_unread_queue_bounded(void **state)
+{
+    (void)state;
+    bool ok;
+    node_t *a = node_start("alpha", (node_opts_t){ .heartbeat_ms = 1000, .misses = 100 });
+    node_t *b = node_start("beta", (node_opts_t){ .heartbeat_ms = 1000, .misses = 100 });
+    ctrl_roundtrip(a, b, "hi");
+    node_lock(b);
+    b->pause = true;
+    pthread_mutex_unlock(&b->mu);
+    colld_net_wake(b->net);
+    WAIT_FOR(ok, b, b->paused);
+    assert_true(ok);
+    uint8_t *big = calloc(1, COLLD_NET_CTRL_MAX);
+    assert_non_null(big);
+    for (unsigned i = 0; i < (TCP_MAX_QUEUED_CTRL / COLLD_NET_CTRL_MAX) + 16; i++)
+        assert_int_equal(colld_net_post_ctrl(a->net, b->addr, big, COLLD_NET_CTRL_MAX), 0);
+    free(big);
+    WAIT_FOR(ok, a, a->lost == 1);
+    assert_true(ok);
+    assert_non_null(strstr(a->lost_why, "bytes of messages to it are not read"));
+    node_lock(b);
+    b->pause = false;
+    node_signal_unlock(b);
+    node_free(a);
     node_free(b);
 }
 
@@ -872,7 +1064,9 @@ int main(void)
         cmocka_unit_test(test_silent_stranger_dropped), cmocka_unit_test(test_stop_loses_peer),
         cmocka_unit_test(test_heartbeat_silence),   cmocka_unit_test(test_disconnect),
         cmocka_unit_test(test_connect_refused),     cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_stop_with_queued),
+        cmocka_unit_test(test_stop_with_queued),   cmocka_unit_test(test_stranger_flood_evicts_itself),
+        cmocka_unit_test(test_hello_bad_address),  cmocka_unit_test(test_check_addr),
+        cmocka_unit_test(test_lost_peers_freed),   cmocka_unit_test(test_unread_queue_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

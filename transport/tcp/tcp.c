@@ -7,8 +7,10 @@
  * Structure. One thread runs an epoll loop over the listening socket, an eventfd (wakes and
  * requests from other threads) and every connection. A connection is either a stranger (accepted,
  * not authenticated yet: no peer) or belongs to a peer (the initiator's connections from the
- * moment they are opened, the acceptor's once the initiator proved the secret). Peers are never
- * freed before colld_net_stop, so callers may keep pointers to them.
+ * moment they are opened, the acceptor's once the initiator proved the secret). A peer is freed
+ * only on the network thread, once it is lost, has nothing queued and the owner's peer_unused
+ * callback says no pointer to it is kept (reap_peers), so callers may keep pointers to the peers
+ * they use.
  *
  * Re-entrancy. Callbacks may call the (net thread) functions. Those only queue: a message goes
  * on a connection's send queue and the connection is marked dirty; the loop writes dirty
@@ -42,9 +44,11 @@
 #include <unistd.h>
 
 #define HANDSHAKE_MS_DEFAULT 5000
+#define STRANGER_MS_DEFAULT 2000
+#define PEER_LINGER_MS_DEFAULT 30000
 #define TICK_MS 50         /* tick() runs at least this often */
-#define MAX_HANDSHAKES 256 /* strangers in their handshake at once */
 #define EPOLL_BATCH 64
+#define FULL_LOG_MS 10000  /* a full peer table: one log line per this interval at most */
 
 static const char *const peer_state_names[] = { "connecting", "up", "lost" };
 
@@ -147,9 +151,47 @@ static void format_sockaddr(const struct sockaddr_storage *ss, char *buf, size_t
     }
 }
 
+int colld_net_check_addr(const char *addr, char *err, size_t err_len)
+{
+    char host[COLLD_NET_ADDR_LEN], port[8];
+    if (!addr || strnlen(addr, COLLD_NET_ADDR_LEN) >= COLLD_NET_ADDR_LEN) {
+        colld_set_err(err, err_len, "address missing or longer than %d bytes", COLLD_NET_ADDR_LEN - 1);
+        return -1;
+    }
+    for (const char *c = addr; *c; c++)
+        if ((unsigned char)*c <= 0x20 || (unsigned char)*c >= 0x7f) {
+            colld_set_err(err, err_len, "address is not printable ASCII");
+            return -1;
+        }
+    if (split_addr(addr, host, sizeof(host), port, sizeof(port), err, err_len) < 0)
+        return -1;
+    const char *allowed = addr[0] == '[' ? "0123456789abcdefABCDEF:.%" /* IPv6, zone */
+                                         : "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_";
+    if (strspn(host, allowed) != strlen(host)) {
+        colld_set_err(err, err_len, "'%s': the host has characters a host name or address cannot have", addr);
+        return -1;
+    }
+    if (atoi(port) == 0) {
+        colld_set_err(err, err_len, "'%s': port 0 cannot be dialed", addr);
+        return -1;
+    }
+    return 0;
+}
+
 /* ============================================================================================
  * Peers: loss, coming up, connecting
  * ========================================================================================== */
+
+/* Set p's state (lock held), keeping count of the lost records. */
+static void peer_set_state(colld_net_peer_t *p, peer_state_t st)
+{
+    colld_net_t *n = p->net;
+    if (p->state == PEER_LOST && st != PEER_LOST)
+        n->nlost--;
+    else if (p->state != PEER_LOST && st == PEER_LOST)
+        n->nlost++;
+    p->state = st;
+}
 
 /* Remember a round of incoming connections closed by p's loss: its connections still in their
  * handshake must not bring p back (tcp_internal.h, "session"). */
@@ -182,7 +224,8 @@ void colld__tcp_peer_lose(colld_net_peer_t *p, const char *why_in)
     p->loss_pending = false;
     memset(p->conns, 0, sizeof(p->conns));
     pthread_mutex_lock(&n->lock);
-    p->state = PEER_LOST;
+    peer_set_state(p, PEER_LOST);
+    p->lost_ms = colld_now_ms();
     p->nconns = 0;
     colld_strlcpy(p->last_error, why, sizeof(p->last_error));
     pthread_mutex_unlock(&n->lock);
@@ -242,7 +285,7 @@ void colld__tcp_conn_attach(conn_t *c, colld_net_peer_t *p, const char *name)
     pthread_mutex_lock(&n->lock);
     colld_strlcpy(p->name, name, sizeof(p->name));
     p->conns[p->nconns++] = c;
-    p->state = PEER_UP;
+    peer_set_state(p, PEER_UP);
     pthread_mutex_unlock(&n->lock);
     if (!was_up)
         peer_became_up(p);
@@ -257,12 +300,25 @@ colld_net_peer_t *colld__tcp_peer_find(colld_net_t *n, const char *addr)
     return NULL;
 }
 
-/* A new peer at addr, in state connecting, linked into the table. NULL if out of memory. */
+/* A new peer at addr, in state connecting, linked into the table. NULL if out of memory or the
+ * table is full (TCP_MAX_PEERS records; logged, rate-limited). */
 colld_net_peer_t *colld__tcp_peer_new(colld_net_t *n, const char *addr)
 {
+    if (n->npeers >= TCP_MAX_PEERS) {
+        uint64_t now = colld_now_ms();
+        n->full_quiet++;
+        if (n->full_log_ms == 0 || now >= n->full_log_ms + FULL_LOG_MS) {
+            LOG_WARN(NET, "peer table full (%d peers): no record for %s (%llu refused in the last %d s)",
+                     TCP_MAX_PEERS, addr, (unsigned long long)n->full_quiet, FULL_LOG_MS / 1000);
+            n->full_log_ms = now;
+            n->full_quiet = 0;
+        }
+        return NULL;
+    }
     colld_net_peer_t *p = calloc(1, sizeof(*p));
     if (!p)
         return NULL;
+    n->npeers++;
     p->net = n;
     colld_strlcpy(p->addr, addr, sizeof(p->addr));
     p->state = PEER_CONNECTING;
@@ -286,7 +342,7 @@ static void peer_connect(colld_net_peer_t *p)
     struct sockaddr_storage ss;
     socklen_t sl = 0;
     pthread_mutex_lock(&n->lock);
-    p->state = PEER_CONNECTING;
+    peer_set_state(p, PEER_CONNECTING);
     pthread_mutex_unlock(&n->lock);
     colld_set_err(what, sizeof(what), "connect to %s", p->addr);
     if (strlen(p->addr) >= COLLD_NET_ADDR_LEN - 1) {
@@ -321,8 +377,64 @@ fail:
  * The loop
  * ========================================================================================== */
 
-/* Accept what the listener has; each new connection is a stranger until it authenticates. On
- * running out of descriptors, stop listening for 100 ms rather than spin. */
+/* Whether stranger c came from the address in ss. */
+static bool same_source(const conn_t *c, const struct sockaddr_storage *ss)
+{
+    if (c->src_family != ss->ss_family)
+        return false;
+    if (ss->ss_family == AF_INET6)
+        return memcmp(c->src_ip, &((const struct sockaddr_in6 *)ss)->sin6_addr, 16) == 0;
+    return memcmp(c->src_ip, &((const struct sockaddr_in *)ss)->sin_addr, 4) == 0;
+}
+
+/* Whether stranger a should be evicted before stranger b: one that has sent nothing yet before
+ * one that has (a real peer says HELLO at once), then the older. */
+static bool evict_before(const conn_t *a, const conn_t *b)
+{
+    bool sa = a->state == CONN_ACCEPTED && a->hdr_got == 0 && !a->in_body;
+    bool sb = b->state == CONN_ACCEPTED && b->hdr_got == 0 && !b->in_body;
+    if (sa != sb)
+        return sa;
+    return a->born_ms <= b->born_ms; /* the list is newest first: "<=" keeps the older on a tie */
+}
+
+/* Make room for a new stranger from ss (tcp.h): when its address has TCP_STRANGERS_PER_ADDR
+ * strangers in their handshake, or all strangers are TCP_MAX_STRANGERS, one of them (of that
+ * address, or of all) is closed and counted as refused: a silent one before one that said HELLO,
+ * the oldest first. A real peer says HELLO at once and authenticates within a round trip, so it
+ * is never the first to go; a silent flood only evicts itself. */
+static void make_room(colld_net_t *n, const struct sockaddr_storage *ss)
+{
+    unsigned same = 0;
+    conn_t *oldest = NULL, *oldest_same = NULL;
+    char why[TCP_WHY_LEN];
+    for (conn_t *c = n->conns; c; c = c->next) {
+        if (c->closed || !c->in_handshake_count)
+            continue;
+        if (!oldest || evict_before(c, oldest))
+            oldest = c;
+        if (same_source(c, ss)) {
+            same++;
+            if (!oldest_same || evict_before(c, oldest_same))
+                oldest_same = c;
+        }
+    }
+    if (same >= TCP_STRANGERS_PER_ADDR) {
+        colld_set_err(why, sizeof(why), "evicted unauthenticated after %llu ms: %d connections from its address "
+                      "were in their handshake",
+                      (unsigned long long)(colld_now_ms() - oldest_same->born_ms), TCP_STRANGERS_PER_ADDR);
+        colld__tcp_refuse(oldest_same, why);
+    } else if (n->handshakes >= TCP_MAX_STRANGERS && oldest) {
+        colld_set_err(why, sizeof(why), "evicted unauthenticated after %llu ms: %d connections were in their "
+                      "handshake",
+                      (unsigned long long)(colld_now_ms() - oldest->born_ms), TCP_MAX_STRANGERS);
+        colld__tcp_refuse(oldest, why);
+    }
+}
+
+/* Accept what the listener has; each new connection is a stranger until it authenticates (room
+ * is made for it: make_room). On running out of descriptors, stop listening for 100 ms rather
+ * than spin. */
 static void accept_all(colld_net_t *n)
 {
     for (int i = 0; i < EPOLL_BATCH; i++) {
@@ -344,19 +456,14 @@ static void accept_all(colld_net_t *n)
             return;
         }
         format_sockaddr(&ss, remote, sizeof(remote));
-        if (n->handshakes >= MAX_HANDSHAKES) {
-            close(fd);
-            pthread_mutex_lock(&n->lock);
-            n->refused++;
-            pthread_mutex_unlock(&n->lock);
-            LOG_WARN(NET, "refused connection from %s: %d connections already in their handshake", remote,
-                     MAX_HANDSHAKES);
-            continue;
-        }
-        if (!colld__tcp_conn_new(n, fd, NULL, CONN_ACCEPTED, remote)) {
+        make_room(n, &ss);
+        conn_t *c = colld__tcp_conn_new(n, fd, NULL, CONN_ACCEPTED, remote);
+        if (!c) {
             close(fd);
             LOG_WARN(NET, "dropped connection from %s: out of memory", remote);
+            continue;
         }
+        colld__tcp_conn_set_source(c, &ss);
     }
 }
 
@@ -375,7 +482,7 @@ static void process_inbox(colld_net_t *n)
             if (p) {
                 peer_queue(p, r->msg);
             } else {
-                LOG_WARN(NET, "dropped a CTRL message to %s: out of memory", r->target);
+                LOG_WARN(NET, "dropped a CTRL message to %s: out of memory or the peer table is full", r->target);
                 free(r->msg);
             }
         } else {
@@ -402,7 +509,7 @@ static void timers(colld_net_t *n, uint64_t now)
             if (now >= c->deadline_ms) {
                 colld_set_err(why, sizeof(why), "%s within %d ms",
                               c->state == CONN_CONNECTING ? "no TCP connection" : "did not authenticate",
-                              cfg->handshake_ms);
+                              c->peer ? cfg->handshake_ms : cfg->stranger_ms);
                 colld__tcp_conn_failed(c, why);
             }
             continue;
@@ -435,6 +542,7 @@ static void timers(colld_net_t *n, uint64_t now)
         p->rate_t0_ms = now;
     }
     pthread_mutex_unlock(&n->lock);
+    colld__tcp_refuse_log_flush(n, now);
     if (n->listen_paused && now >= n->listen_resume_ms) {
         struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &n->lfd };
         if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, n->lfd, &ev) == 0)
@@ -444,7 +552,55 @@ static void timers(colld_net_t *n, uint64_t now)
     }
 }
 
-/* Free the connections closed during this iteration. */
+/* Whether lost peer p may be freed now (tcp.h): nothing queued, no connection of it left, lost
+ * for the linger time or one of too many lost records, and unused by the owner (asked at most
+ * once a second per peer). */
+static bool peer_reapable(colld_net_t *n, colld_net_peer_t *p, uint64_t now)
+{
+    if (p->state != PEER_LOST || p->loss_pending || p->pending.head || !n->cfg.cb.peer_unused)
+        return false;
+    if (now < p->lost_ms + (uint64_t)n->cfg.peer_linger_ms && n->nlost <= TCP_MAX_LOST_PEERS)
+        return false;
+    if (p->unused_check_ms && now < p->unused_check_ms + 1000)
+        return false;
+    p->unused_check_ms = now;
+    for (conn_t *c = n->conns; c; c = c->next)
+        if (c->peer == p)
+            return false;
+    return n->cfg.cb.peer_unused(n->cfg.cb.arg, p);
+}
+
+/* Free the lost peers nobody uses any more (after reap() freed their closed connections). */
+static void reap_peers(colld_net_t *n)
+{
+    if (n->nlost == 0)
+        return;
+    uint64_t now = colld_now_ms();
+    colld_net_peer_t *prev = NULL, *p = n->peers;
+    while (p) {
+        colld_net_peer_t *next = p->next;
+        if (!peer_reapable(n, p, now)) {
+            prev = p;
+            p = next;
+            continue;
+        }
+        pthread_mutex_lock(&n->lock);
+        if (prev)
+            prev->next = next;
+        else
+            n->peers = next;
+        if (n->peers_tail == p)
+            n->peers_tail = prev;
+        n->nlost--;
+        n->npeers--;
+        pthread_mutex_unlock(&n->lock);
+        LOG_DEBUG(NET, "forgot lost peer %s", p->addr);
+        free(p);
+        p = next;
+    }
+}
+
+/* Free the connections closed during this iteration, then the peers nobody uses any more. */
 static void reap(colld_net_t *n)
 {
     conn_t **pp = &n->conns;
@@ -457,6 +613,7 @@ static void reap(colld_net_t *n)
             pp = &c->next;
         }
     }
+    reap_peers(n);
 }
 
 /* How long epoll may sleep: until the next tick or timer, not at all with work pending. */
@@ -584,8 +741,10 @@ static int check_config(const colld_net_config_t *cfg, char *err, size_t err_len
                       cfg->conns_per_peer);
         return -1;
     }
-    if (cfg->heartbeat_ms < 1 || cfg->heartbeat_misses < 1 || cfg->handshake_ms < 0) {
-        colld_set_err(err, err_len, "heartbeat interval and misses must be at least 1, the handshake timeout >= 0");
+    if (cfg->heartbeat_ms < 1 || cfg->heartbeat_misses < 1 || cfg->handshake_ms < 0 || cfg->stranger_ms < 0 ||
+        cfg->peer_linger_ms < 0) {
+        colld_set_err(err, err_len, "heartbeat interval and misses must be at least 1, the handshake timeouts and "
+                                    "the peer linger >= 0");
         return -1;
     }
     if (cfg->chunk_bytes < 1 || cfg->chunk_bytes > UINT32_MAX) {
@@ -649,6 +808,10 @@ int colld_net_start(const colld_net_config_t *cfg, colld_net_t **out, char *err,
     n->cfg.node_name = n->name;
     if (cfg->handshake_ms == 0)
         n->cfg.handshake_ms = HANDSHAKE_MS_DEFAULT;
+    if (cfg->stranger_ms == 0)
+        n->cfg.stranger_ms = STRANGER_MS_DEFAULT;
+    if (cfg->peer_linger_ms == 0)
+        n->cfg.peer_linger_ms = PEER_LINGER_MS_DEFAULT;
     n->timer_period_ms = (uint64_t)COLLD_MIN(TICK_MS, COLLD_MAX(1, cfg->heartbeat_ms / 4));
     n->secret = malloc(cfg->secret_len);
     if (!n->secret) {
@@ -802,6 +965,17 @@ uint64_t colld_net_refused(colld_net_t *n)
  * Public calls from the network thread
  * ========================================================================================== */
 
+colld_net_peer_t *colld_net_peer_find(colld_net_t *n, const char *addr)
+{
+    return addr ? colld__tcp_peer_find(n, addr) : NULL;
+}
+
+void colld_net_peer_drop(colld_net_peer_t *p, const char *why)
+{
+    if (p)
+        schedule_loss(p, why);
+}
+
 colld_net_peer_t *colld_net_peer_get(colld_net_t *n, const char *addr)
 {
     colld_net_peer_t *p = colld__tcp_peer_find(n, addr);
@@ -866,6 +1040,11 @@ const char *colld_net_peer_name(const colld_net_peer_t *p)
 bool colld_net_peer_is_up(const colld_net_peer_t *p)
 {
     return p->state == PEER_UP;
+}
+
+bool colld_net_peer_is_lost(const colld_net_peer_t *p)
+{
+    return p->state == PEER_LOST;
 }
 
 void colld_net_peer_set_user(colld_net_peer_t *p, void *user)

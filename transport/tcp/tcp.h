@@ -8,11 +8,26 @@
  *
  * Authentication (before any message is accepted): both sides prove knowledge of the cluster
  * secret with an HMAC-SHA256 challenge/response over fresh nonces (OpenSSL). A connection that
- * fails it, sends anything else first, or does not finish within 5 s is closed and logged; it
- * never reaches the daemon's callbacks. Messages after that are not encrypted.
+ * fails it, sends anything else first, or does not finish in time is closed; it never reaches the
+ * daemon's callbacks. Messages after that are not encrypted.
+ *
+ * Strangers (accepted connections before they authenticate) cannot crowd out peers: each must
+ * finish its handshake within stranger_ms (2 s by default), at most TCP_STRANGERS_PER_ADDR of them
+ * from one source address and TCP_MAX_STRANGERS in all are kept, and a new connection over
+ * either bound evicts the oldest stranger (of its address, or of all) instead of being refused,
+ * so a silent flood cannot keep a real peer's connection, which authenticates within one round
+ * trip, from getting in. Connections this daemon opens and authenticated ones are never counted
+ * or evicted. Every stranger closed is counted (colld_net_refused) and logged rate-limited: the
+ * first at once, then one line per 10 s with how many more.
+ *
+ * Peers are bounded: at most TCP_MAX_PEERS records. A record that is lost, has nothing queued and
+ * that the owner says it no longer uses (the peer_unused callback) is freed once it has been lost
+ * for peer_linger_ms (or at once when more than TCP_MAX_LOST_PEERS such records exist), so that
+ * connections claiming ever new addresses cannot grow the table.
  *
  * Messages: CTRL (opaque payload up to COLLD_NET_CTRL_MAX bytes, copied, always on the peer's
- * first connection so CTRL messages to one peer keep their order) and DATA (header fields for the
+ * first connection so CTRL messages to one peer keep their order; a peer that lets more than
+ * TCP_MAX_QUEUED_CTRL bytes of them wait, reading nothing, is lost) and DATA (header fields for the
  * collective engine plus a payload of at most chunk_bytes, sent zero-copy from the caller's
  * memory and striped over the connections by a hint). Heartbeats keep silent links alive and
  * detect dead ones: a connection that receives nothing for heartbeat_ms * heartbeat_misses ms
@@ -31,6 +46,11 @@
 #define COLLD_NET_NAME_LEN 64
 #define COLLD_NET_ADDR_LEN 128
 #define COLLD_NET_CTRL_MAX (1u << 20)
+#define TCP_MAX_PEERS 1024         /* peer records at most (live and lost) */
+#define TCP_MAX_LOST_PEERS 64      /* lost, unused records kept for operators before the linger ends */
+#define TCP_MAX_STRANGERS 256      /* accepted connections in their handshake at once */
+#define TCP_STRANGERS_PER_ADDR 32  /* of them from one source address (>= 2 rounds of 16 connections) */
+#define TCP_MAX_QUEUED_CTRL (64u << 20) /* CTRL bytes waiting on a connection before its peer is dropped */
 
 typedef struct colld_net colld_net_t;
 typedef struct colld_net_peer colld_net_peer_t;
@@ -53,8 +73,9 @@ typedef struct {
     /* A peer was lost: one of its connections closed or failed, failed the handshake, could not
      * be opened, or heard nothing for too long; or colld_net_disconnect was called. All its
      * connections are closed first, and every DATA message still queued to it has had its done
-     * callback run with ok = false. The peer object stays valid (state lost) for the life of the
-     * colld_net_t; sending to it again starts a new connection attempt. */
+     * callback run with ok = false. The peer object stays valid (state lost) until peer_unused
+     * says it may go (never without that callback); sending to it again starts a new connection
+     * attempt. */
     void (*peer_lost)(void *arg, colld_net_peer_t *p, const char *why);
     /* A DATA header arrived: return where its h->len payload bytes must be written (memory the
      * caller keeps valid until data() runs), or NULL to receive them into the connection's own
@@ -67,6 +88,9 @@ typedef struct {
     void (*ctrl)(void *arg, colld_net_peer_t *p, const void *payload, size_t len);
     /* Runs on the network thread after colld_net_wake and at least every 50 ms. */
     void (*tick)(void *arg);
+    /* May the lost peer p be freed (no pointer to it is kept)? NULL: peers are never freed
+     * before colld_net_stop. */
+    bool (*peer_unused)(void *arg, colld_net_peer_t *p);
     void *arg;
 } colld_net_callbacks_t;
 
@@ -79,7 +103,9 @@ typedef struct {
     int heartbeat_ms;        /* a heartbeat goes out on a connection silent this long */
     int heartbeat_misses;    /* a connection that hears nothing for heartbeat_ms * this is dead */
     size_t chunk_bytes;      /* largest DATA payload, and each connection's receive buffer */
-    int handshake_ms;        /* a connection must authenticate within this; 0: 5000 */
+    int handshake_ms;        /* a connection this side opens must authenticate within this; 0: 5000 */
+    int stranger_ms;         /* an accepted connection must authenticate within this; 0: 2000 */
+    int peer_linger_ms;      /* a lost, unused peer record is kept this long; 0: 30000 */
     colld_net_callbacks_t cb;
 } colld_net_config_t;
 
@@ -121,8 +147,18 @@ size_t colld_net_peers(colld_net_t *n, colld_net_peer_info_t *out, size_t max);
 uint64_t colld_net_refused(colld_net_t *n);
 
 /* The peer listening at addr, created (and connected to) if it is new or was lost (net thread).
- * NULL only when out of memory. */
+ * NULL when out of memory or the peer table is full (TCP_MAX_PEERS). */
 colld_net_peer_t *colld_net_peer_get(colld_net_t *n, const char *addr);
+/* The peer listening at addr if there is a record of it, NULL if not; never connects (net
+ * thread). */
+colld_net_peer_t *colld_net_peer_find(colld_net_t *n, const char *addr);
+/* Lose p from the loop, as a broken link (peer_lost(why) runs there, not in this call): for a
+ * peer that stopped taking data (net thread). A no-op when p is lost already. */
+void colld_net_peer_drop(colld_net_peer_t *p, const char *why);
+/* Check that addr is a peer address this transport can dial: "HOST:PORT" or "[V6]:PORT", a host
+ * of letters, digits, '.', '-', '_' (or an IPv6 address in brackets), a port from 1 to 65535, at
+ * most COLLD_NET_ADDR_LEN - 1 bytes. Returns 0, or -1 with the reason in err (any thread). */
+int colld_net_check_addr(const char *addr, char *err, size_t err_len);
 /* Queue a CTRL message (copied) (net thread). Returns 0 or -1 (out of memory, too long). */
 int colld_net_send_ctrl(colld_net_peer_t *p, const void *payload, size_t len);
 /* Queue a DATA message (net thread). The payload (h->len bytes) is not copied: it must stay
@@ -132,10 +168,12 @@ int colld_net_send_ctrl(colld_net_peer_t *p, const void *payload, size_t len);
  * which case done is not called. */
 int colld_net_send_data(colld_net_peer_t *p, const colld_net_hdr_t *h, const void *payload, unsigned conn_hint,
                         void (*done)(void *cookie, bool ok), void *cookie);
-/* A peer's address and name ("" before its handshake); valid for the life of the colld_net_t. */
+/* A peer's address and name ("" before its handshake); valid as long as the peer is. */
 const char *colld_net_peer_addr(const colld_net_peer_t *p);
 const char *colld_net_peer_name(const colld_net_peer_t *p);
 bool colld_net_peer_is_up(const colld_net_peer_t *p);
+/* Lost (not connecting, not up) (net thread). */
+bool colld_net_peer_is_lost(const colld_net_peer_t *p);
 /* A caller-owned pointer kept with the peer (net thread). */
 void colld_net_peer_set_user(colld_net_peer_t *p, void *user);
 void *colld_net_peer_user(const colld_net_peer_t *p);

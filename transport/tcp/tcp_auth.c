@@ -276,6 +276,12 @@ void colld__tcp_on_initiator_hello(conn_t *c)
         colld__tcp_refuse(c, err);
         return;
     }
+    char why[TCP_WHY_LEN];
+    if (colld_net_check_addr(h.addr, why, sizeof(why)) < 0) { /* it keys the peer this connection joins */
+        colld_set_err(err, sizeof(err), "HELLO gives a listen address this daemon could not dial: %s", why);
+        colld__tcp_refuse(c, err);
+        return;
+    }
     colld_strlcpy(c->other_name, h.name, sizeof(c->other_name));
     colld_strlcpy(c->other_addr, h.addr, sizeof(c->other_addr));
     c->session = h.session;
@@ -338,7 +344,7 @@ void colld__tcp_on_auth(conn_t *c)
     }
     colld_net_peer_t *p = colld__tcp_peer_find(n, c->other_addr);
     if (!p && !(p = colld__tcp_peer_new(n, c->other_addr))) {
-        colld__tcp_refuse(c, "out of memory");
+        colld__tcp_refuse(c, "out of memory, or the peer table is full");
         return;
     }
     if (p->nconns >= TCP_MAX_INCOMING) {

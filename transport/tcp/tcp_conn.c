@@ -85,7 +85,8 @@ conn_t *colld__tcp_conn_new(colld_net_t *n, int fd, colld_net_peer_t *p, conn_st
     c->state = state;
     colld_strlcpy(c->remote, remote, sizeof(c->remote));
     uint64_t now = colld_now_ms();
-    c->deadline_ms = now + (uint64_t)n->cfg.handshake_ms;
+    c->born_ms = now;
+    c->deadline_ms = now + (uint64_t)(p ? n->cfg.handshake_ms : n->cfg.stranger_ms);
     c->last_send_ms = c->last_recv_ms = now;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -108,6 +109,18 @@ fail:
     return NULL;
 }
 
+/* Remember a stranger's source address (a struct sockaddr_storage from accept), by which the
+ * strangers of one address are counted. */
+void colld__tcp_conn_set_source(conn_t *c, const void *sockaddr)
+{
+    const struct sockaddr_storage *ss = sockaddr;
+    c->src_family = (uint8_t)ss->ss_family;
+    if (ss->ss_family == AF_INET6)
+        memcpy(c->src_ip, &((const struct sockaddr_in6 *)ss)->sin6_addr, 16);
+    else if (ss->ss_family == AF_INET)
+        memcpy(c->src_ip, &((const struct sockaddr_in *)ss)->sin_addr, 4);
+}
+
 /* Close c's socket and move its queued messages to failed. Its memory goes in reap(). */
 void colld__tcp_conn_close(conn_t *c, msgq_t *failed)
 {
@@ -122,6 +135,7 @@ void colld__tcp_conn_close(conn_t *c, msgq_t *failed)
         c->in_handshake_count = false;
     }
     c->head_off = 0;
+    c->sq_copied = 0;
     colld__tcp_q_concat(failed, &c->sq);
 }
 
@@ -138,12 +152,22 @@ void colld__tcp_conn_free(conn_t *c)
     free(c);
 }
 
-/* Queue m on c; the loop writes it after the current events. */
+/* Queue m on c; the loop writes it after the current events. A peer that lets more than
+ * TCP_MAX_QUEUED_CTRL bytes of copied messages pile up on a connection (it reads nothing, while
+ * it may still be sending) is dropped rather than let the queue grow without bound. */
 void colld__tcp_conn_send(conn_t *c, msg_t *m)
 {
     colld__tcp_q_push(&c->sq, m);
     c->dirty = true;
     c->net->flush_needed = true;
+    if (m->data)
+        return;
+    c->sq_copied += TCP_HDR_LEN + m->len;
+    if (c->sq_copied > TCP_MAX_QUEUED_CTRL && c->peer) {
+        char why[TCP_WHY_LEN];
+        colld_set_err(why, sizeof(why), "%zu bytes of messages to it are not read", c->sq_copied);
+        colld_net_peer_drop(c->peer, why);
+    }
 }
 
 /* Count bytes written to or read from the socket in the peer's statistics. */
@@ -158,14 +182,38 @@ static void account(conn_t *c, size_t sent, size_t received)
     pthread_mutex_unlock(&c->net->lock);
 }
 
-/* Close a stranger's connection: counted, logged with its address. */
+#define REFUSE_LOG_MS 10000 /* refused strangers: one log line per this interval at most */
+
+/* Log the refusals not logged yet, as one line, once REFUSE_LOG_MS has passed since the last. */
+void colld__tcp_refuse_log_flush(colld_net_t *n, uint64_t now)
+{
+    if (n->refuse_quiet == 0 || now < n->refuse_log_ms + REFUSE_LOG_MS)
+        return;
+    LOG_WARN(NET, "refused %llu more connection(s) from strangers in the last %llu s, the last from %s",
+             (unsigned long long)n->refuse_quiet, (unsigned long long)((now - n->refuse_log_ms + 999) / 1000),
+             n->refuse_last);
+    n->refuse_quiet = 0;
+    n->refuse_log_ms = now;
+}
+
+/* Close a stranger's connection: counted, and logged with its address unless another refusal
+ * was logged less than REFUSE_LOG_MS ago (then it is counted into the next summary line), so a
+ * flood of strangers cannot flood the log. */
 void colld__tcp_refuse(conn_t *c, const char *why)
 {
     colld_net_t *n = c->net;
+    uint64_t now = colld_now_ms();
     pthread_mutex_lock(&n->lock);
     n->refused++;
     pthread_mutex_unlock(&n->lock);
-    LOG_WARN(NET, "refused connection from %s: %s", c->remote, why);
+    if (n->refuse_quiet == 0 && (n->refuse_log_ms == 0 || now >= n->refuse_log_ms + REFUSE_LOG_MS)) {
+        LOG_WARN(NET, "refused connection from %s: %s", c->remote, why);
+        n->refuse_log_ms = now;
+    } else {
+        n->refuse_quiet++;
+        colld_set_err(n->refuse_last, sizeof(n->refuse_last), "%s: %s", c->remote, why);
+        colld__tcp_refuse_log_flush(n, now);
+    }
     msgq_t failed = { 0 };
     colld__tcp_conn_close(c, &failed);
     colld__tcp_q_release(&failed, false, false);
@@ -416,6 +464,8 @@ static void conn_flush(conn_t *c)
         size_t left = c->head_off + (size_t)w;
         while (c->sq.head && left >= TCP_HDR_LEN + c->sq.head->len) {
             left -= TCP_HDR_LEN + c->sq.head->len;
+            if (!c->sq.head->data)
+                c->sq_copied -= TCP_HDR_LEN + c->sq.head->len;
             colld__tcp_q_push(&sent, colld__tcp_q_pop(&c->sq));
         }
         c->head_off = left;

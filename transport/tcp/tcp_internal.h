@@ -113,6 +113,8 @@ struct colld_net_peer {
     unsigned ndead;
     bool loss_pending;
     char loss_why[TCP_WHY_LEN];
+    uint64_t lost_ms;          /* when it was last lost */
+    uint64_t unused_check_ms;  /* when peer_unused was last asked (once a second at most) */
     void *user;
 };
 
@@ -135,6 +137,9 @@ struct tcp_conn {
     uint64_t session; /* the initiator's round of connections */
     uint32_t events; /* registered with epoll */
     char remote[COLLD_NET_ADDR_LEN];
+    uint8_t src_ip[16]; /* a stranger's source address (family, then 4 or 16 bytes) */
+    uint8_t src_family;
+    uint64_t born_ms;   /* accepted or opened */
     uint64_t deadline_ms, last_send_ms, last_recv_ms;
     uint8_t nonce_i[TCP_NONCE_LEN], nonce_a[TCP_NONCE_LEN];
     char other_name[COLLD_NET_NAME_LEN], other_addr[COLLD_NET_ADDR_LEN]; /* from its HELLO */
@@ -153,6 +158,7 @@ struct tcp_conn {
     /* Sending. */
     msgq_t sq;
     size_t head_off; /* bytes of sq.head already written */
+    size_t sq_copied; /* bytes of copied messages (all but DATA) in sq: bounded by TCP_MAX_QUEUED_CTRL */
 };
 
 /* A request from another thread. */
@@ -181,6 +187,11 @@ struct colld_net {
     /* Net thread only. */
     conn_t *conns;
     unsigned handshakes; /* strangers in their handshake */
+    unsigned npeers, nlost;   /* records in the table; of them lost */
+    uint64_t refuse_log_ms;   /* when the last refusal line was logged */
+    uint64_t refuse_quiet;    /* refusals since, not logged yet */
+    char refuse_last[TCP_WHY_LEN]; /* the last of them: "ADDR: why" */
+    uint64_t full_log_ms, full_quiet; /* the same for a full peer table */
     uint64_t last_session;
     bool flush_needed, loss_pending, listen_paused;
     uint64_t last_tick_ms, next_timer_ms, listen_resume_ms;
@@ -251,6 +262,7 @@ void colld__tcp_conn_attach(conn_t *c, colld_net_peer_t *p, const char *name);
 void colld__tcp_sys_msg(char *buf, size_t len, const char *what, int err);
 msg_t *colld__tcp_msg_new(unsigned type, const colld_net_hdr_t *h, const void *payload, size_t len, bool copy);
 conn_t *colld__tcp_conn_new(colld_net_t *n, int fd, colld_net_peer_t *p, conn_state_t state, const char *remote);
+void colld__tcp_conn_set_source(conn_t *c, const void *sockaddr);
 void colld__tcp_conn_update_events(conn_t *c);
 void colld__tcp_conn_send(conn_t *c, msg_t *m);
 void colld__tcp_conn_event(conn_t *c, uint32_t events);
@@ -258,6 +270,7 @@ void colld__tcp_conn_read(conn_t *c);
 void colld__tcp_flush_dirty(colld_net_t *n);
 void colld__tcp_conn_failed(conn_t *c, const char *detail);
 void colld__tcp_refuse(conn_t *c, const char *why);
+void colld__tcp_refuse_log_flush(colld_net_t *n, uint64_t now);
 void colld__tcp_conn_close(conn_t *c, msgq_t *failed);
 void colld__tcp_conn_free(conn_t *c);
 
