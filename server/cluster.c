@@ -16,6 +16,25 @@
  * daemon (connection closed, heartbeats missing, an operator's disconnect) breaks every
  * communicator spanning it with COLLD_ERR_NODE_LOST naming the node.
  *
+ * Who may say what (every peer message is checked against its authenticated sender, the peer's
+ * listen address that its handshake proved; "self" for this daemon's own messages):
+ *   - Join: only for the sender's own node (node_addr = the sender), with a valid node name.
+ *   - Formed: only from the communicator's root, the daemon whose address the tenant's unique id
+ *     carries, and only for a communicator this daemon's ranks joined.
+ *   - Fail: by xid only from a member node of that communicator; by unique id only from a node
+ *     that joined it (at the root) or from its root (at a member).
+ *   - Ready and DATA: only from member nodes (xcoll.c checks the DATA's node, phase and step).
+ * A refused message is counted (bad_msgs) and logged at most once per 10 s.
+ *
+ * Who is dialed. This daemon opens connections only to (a) the root named in a unique id its own
+ * tenant's rank joined with, and (b) the member nodes listed in a Formed that came from that
+ * root for a communicator its ranks joined (the root vouches for them: each one authenticated to
+ * it with that address and joined from it); a member's Fail goes to the same nodes. The root
+ * never dials an address it learned from a Join: its Formed and Fail go to the joined nodes only
+ * over the links they opened (nodial), so no peer can make a daemon connect anywhere or create
+ * peer records for addresses of its choosing. Addresses are checked (colld_net_check_addr) and
+ * strings from peers are validated or sanitized (printable, valid UTF-8, bounded) at entry.
+ *
  * Everything here that touches the transport runs on its network thread; the daemon's other
  * threads hand work over through the inbox (cluster.h).
  */
@@ -27,6 +46,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,8 +107,11 @@ static void inbox_push(colld_daemon_t *d, cjob_t *j)
     colld_net_wake(cl->net);
 }
 
-void colld_cluster_post(colld_daemon_t *d, const char *addr, const void *msg_buf, size_t len)
+/* Encode and queue a message to the daemon at addr (lock held); with nodial, it goes only over a
+ * link that exists ("Who is dialed"). */
+static void post_msg_how(colld_daemon_t *d, const char *addr, const Colld__Net__V1__Msg *m, bool nodial)
 {
+    size_t len = colld__net__v1__msg__get_packed_size(m);
     cjob_t *j = calloc(1, sizeof(*j));
     uint8_t *b = malloc(len ? len : 1);
     if (!j || !b) {
@@ -97,25 +120,52 @@ void colld_cluster_post(colld_daemon_t *d, const char *addr, const void *msg_buf
         LOG_ERROR(NET, "out of memory: a message to %s is dropped", addr);
         return;
     }
-    memcpy(b, msg_buf, len);
+    colld__net__v1__msg__pack(m, b);
     colld_strlcpy(j->addr, addr, sizeof(j->addr));
+    j->nodial = nodial;
     j->buf = b;
     j->len = len;
     inbox_push(d, j);
 }
 
-/* Encode and queue a message (lock held). */
+/* To a daemon this one may dial: a root, or a member node vouched for by one. */
 static void post_msg(colld_daemon_t *d, const char *addr, const Colld__Net__V1__Msg *m)
 {
-    size_t len = colld__net__v1__msg__get_packed_size(m);
-    uint8_t *buf = malloc(len ? len : 1);
-    if (!buf) {
-        LOG_ERROR(NET, "out of memory: a message to %s is dropped", addr);
+    post_msg_how(d, addr, m, false);
+}
+
+/* To a node known from a Join: over the link it opened, never a new one. */
+static void post_msg_nodial(colld_daemon_t *d, const char *addr, const Colld__Net__V1__Msg *m)
+{
+    post_msg_how(d, addr, m, true);
+}
+
+void colld_cluster_log_bad(colld_cluster_t *cl, const char *fmt, ...)
+{
+    char text[COLLD_DETAIL_LEN];
+    uint64_t now = colld_now_ms();
+    atomic_fetch_add(&cl->bad_msgs, 1);
+    if (cl->bad_log.last_ms && now < cl->bad_log.last_ms + 10000) {
+        cl->bad_log.quiet++;
         return;
     }
-    colld__net__v1__msg__pack(m, buf);
-    colld_cluster_post(d, addr, buf, len);
-    free(buf);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    if (cl->bad_log.quiet)
+        LOG_WARN(NET, "refused a peer message: %s (and %llu more in the last %llu s)", text,
+                 (unsigned long long)cl->bad_log.quiet, (unsigned long long)((now - cl->bad_log.last_ms) / 1000));
+    else
+        LOG_WARN(NET, "refused a peer message: %s", text);
+    cl->bad_log.last_ms = now;
+    cl->bad_log.quiet = 0;
+}
+
+/* The authenticated address of a message's sender: the peer's, or this daemon's for its own. */
+static const char *sender_addr(const colld_daemon_t *d, colld_net_peer_t *p)
+{
+    return p ? colld_net_peer_addr(p) : d->cluster->self_addr;
 }
 
 void colld_cluster_submit(colld_daemon_t *d, colld_coll_t *k)
@@ -137,8 +187,16 @@ void colld_cluster_submit(colld_daemon_t *d, colld_coll_t *k)
 
 int colld_cluster_comm_init(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t *st, char *detail, size_t len)
 {
-    char root[COLLD_NET_ADDR_LEN];
-    colld_uid_root_addr(c->unique_id, root, sizeof(root));
+    char root[COLLD_NET_ADDR_LEN], shown[COLLD_NET_ADDR_LEN], bad[COLLD_DETAIL_LEN / 2];
+    if (!colld_uid_root_addr(c->unique_id, root, sizeof(root)))
+        root[0] = '\0';
+    colld_str_sanitize(shown, sizeof(shown), root, SIZE_MAX); /* the id is the tenant's bytes */
+    if (colld_net_check_addr(root, bad, sizeof(bad)) < 0) {
+        *st = COLLD_ERR_INVALID_ARGUMENT;
+        snprintf(detail, len, "the unique id names a root daemon at '%s', which is not an address to dial (%s); "
+                 "pass the id colld_get_unique_id made unchanged", shown, bad);
+        return -1;
+    }
     if (!d->cluster) {
         *st = COLLD_ERR_NOT_SUPPORTED;
         snprintf(detail, len,
@@ -198,9 +256,10 @@ void colld_cluster_joined(colld_daemon_t *d, colld_dcomm_t *c, colld_member_t *m
     post_msg(d, c->x->root_addr, &msg);
 }
 
-/* Send Fail for a communicator (by xid when formed, else by unique id) to `addr`. */
+/* Send Fail for a communicator (by xid when formed, else by unique id) to `addr` (nodial: over an
+ * existing link only). */
 static void post_fail(colld_daemon_t *d, const char *addr, const uint8_t *uid, uid_t tenant, uint64_t xid,
-                      colld_status_t st, int rank, const char *detail)
+                      colld_status_t st, int rank, const char *detail, bool nodial)
 {
     Colld__Net__V1__Fail f = COLLD__NET__V1__FAIL__INIT;
     f.unique_id.data = (uint8_t *)uid;
@@ -214,22 +273,54 @@ static void post_fail(colld_daemon_t *d, const char *addr, const uint8_t *uid, u
     Colld__Net__V1__Msg msg = COLLD__NET__V1__MSG__INIT;
     msg.m_case = COLLD__NET__V1__MSG__M_FAIL;
     msg.fail = &f;
-    post_msg(d, addr, &msg);
+    post_msg_how(d, addr, &msg, nodial);
 }
 
 void colld_cluster_comm_failed(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, int rank, const char *detail)
 {
     colld_xcomm_t *x = c->x;
-    if (!d->cluster || c->fault_from_peer)
+    if (!d->cluster)
+        return;
+    if (!x->formed) { /* its Formed may still come: its nodes must hear of it then (handle_formed) */
+        cleft_t *l = &d->cluster->left[d->cluster->nleft++ % COLLD_CLUSTER_LEFT_MAX];
+        memcpy(l->uid, c->unique_id, sizeof(l->uid));
+        l->tenant = c->tenant;
+        l->used = true;
+    }
+    if (c->fault_from_peer)
         return;
     if (!x->formed) {
-        post_fail(d, x->root_addr, c->unique_id, c->tenant, 0, st, rank, detail);
+        post_fail(d, x->root_addr, c->unique_id, c->tenant, 0, st, rank, detail, false);
         return;
     }
     const char *lost = d->cluster->lost_addr; /* under daemon->lock, like this call */
     for (int i = 0; i < x->nnodes; i++)
         if (i != x->self && !(lost && strcmp(lost, x->node_addr[i]) == 0))
-            post_fail(d, x->node_addr[i], c->unique_id, c->tenant, x->xid, st, rank, detail);
+            post_fail(d, x->node_addr[i], c->unique_id, c->tenant, x->xid, st, rank, detail, false);
+}
+
+bool colld_cluster_trace_pending(const colld_dcomm_t *c, colld_trace_rec_t *t, uint64_t *arrivals)
+{
+    const colld_coll_t *k = c->x ? c->x->net_coll : NULL;
+    if (!k)
+        return false;
+    const colld_op_t *lead = colld_coll_lead(k);
+    memset(t, 0, sizeof(*t));
+    t->seq = lead->d.seq;
+    t->count = lead->d.count;
+    t->kind = (uint8_t)lead->d.kind;
+    t->dtype = (uint8_t)lead->d.dtype;
+    t->redop = (uint8_t)lead->d.redop;
+    t->root = lead->d.root;
+    t->status = COLLD_INPROGRESS;
+    t->first_ns = UINT64_MAX;
+    t->start_ns = k->start_ns;
+    for (int r = 0; r < c->nranks; r++) {
+        arrivals[r] = k->ops[r] ? k->ops[r]->arrival_ns : 0; /* remote ranks: not known here */
+        if (k->ops[r])
+            t->first_ns = COLLD_MIN(t->first_ns, k->ops[r]->arrival_ns);
+    }
+    return true;
 }
 
 colld_dcomm_t *colld_cluster_pin(colld_daemon_t *d, uint64_t xid)
@@ -300,29 +391,51 @@ static void xjoin_dissolve(colld_daemon_t *d, xjoin_t *j, colld_status_t st, int
 {
     LOG_WARN(NET, "multi-node communicator not formed: %s: %s", colld_status_name(st), detail);
     for (int n = 0; n < j->nnodes; n++)
-        post_fail(d, j->addr[n], j->uid, j->tenant, 0, st, rank, detail);
+        post_fail(d, j->addr[n], j->uid, j->tenant, 0, st, rank, detail, true);
     xjoin_unlink(d->cluster, j);
     xjoin_free(j);
 }
 
-/* A Join that cannot be accepted: the sending daemon's communicator fails, and so does the rest. */
-static void join_refuse(colld_daemon_t *d, xjoin_t *j, const Colld__Net__V1__Join *m, colld_status_t st,
-                        const char *detail)
+/* A Join that cannot be accepted: the sending daemon's communicator fails (told over its own
+ * link), and so does the rest. */
+static void join_refuse(colld_daemon_t *d, const char *sender, xjoin_t *j, const Colld__Net__V1__Join *m,
+                        colld_status_t st, const char *detail)
 {
-    post_fail(d, m->node_addr, m->unique_id.data, m->tenant, 0, st, m->rank, detail);
+    post_fail(d, sender, m->unique_id.data, m->tenant, 0, st, m->rank, detail, true);
     if (j)
         xjoin_dissolve(d, j, st, m->rank, detail);
 }
 
 static void node_order_formed(colld_daemon_t *d, xjoin_t *j);
 
-/* A rank joined somewhere (lock held). */
-static void handle_join(colld_daemon_t *d, const Colld__Net__V1__Join *m)
+/* A rank joined on the sending node (lock held). The Join must be for the sender's own node, with
+ * a printable node name ("Who may say what"). */
+static void handle_join(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net__V1__Join *m)
 {
     colld_cluster_t *cl = d->cluster;
+    const char *sender = sender_addr(d, p);
     char why[COLLD_DETAIL_LEN];
-    if (m->unique_id.len != COLLD_WIRE_UNIQUE_ID_BYTES || !m->node_addr || !*m->node_addr)
+    if (m->unique_id.len != COLLD_WIRE_UNIQUE_ID_BYTES) {
+        colld_cluster_log_bad(cl, "Join from %s with a unique id of %zu bytes", sender, m->unique_id.len);
         return;
+    }
+    if (!m->node_addr || strcmp(m->node_addr, sender) != 0) {
+        char shown[COLLD_NET_ADDR_LEN];
+        colld_str_sanitize(shown, sizeof(shown), m->node_addr, SIZE_MAX);
+        colld_cluster_log_bad(cl, "Join from %s names node address '%s': a daemon joins only for itself", sender,
+                              shown);
+        snprintf(why, sizeof(why), "the root daemon refused a Join from %s naming another node's address", sender);
+        join_refuse(d, sender, NULL, m, COLLD_ERR_INVALID_ARGUMENT, why);
+        return;
+    }
+    if (!m->node_name || !m->node_name[0] || !colld_str_valid(m->node_name, COLLD_NET_NAME_LEN - 1)) {
+        colld_cluster_log_bad(cl, "Join from %s with a node name that is not 1 to %d bytes of printable UTF-8",
+                              sender, COLLD_NET_NAME_LEN - 1);
+        snprintf(why, sizeof(why), "node %s: its node name is not 1 to %d bytes of printable UTF-8", sender,
+                 COLLD_NET_NAME_LEN - 1);
+        join_refuse(d, sender, NULL, m, COLLD_ERR_INVALID_ARGUMENT, why);
+        return;
+    }
     xjoin_t *j = NULL;
     for (xjoin_t *x = cl->xjoins; x; x = x->next)
         if (x->tenant == m->tenant && memcmp(x->uid, m->unique_id.data, sizeof(x->uid)) == 0)
@@ -330,11 +443,11 @@ static void handle_join(colld_daemon_t *d, const Colld__Net__V1__Join *m)
     if (!j) {
         if (m->nranks < 1 || m->nranks > COLLD_MAX_RANKS) {
             snprintf(why, sizeof(why), "nranks %d is out of range (1..%d)", m->nranks, COLLD_MAX_RANKS);
-            join_refuse(d, NULL, m, COLLD_ERR_INVALID_ARGUMENT, why);
+            join_refuse(d, sender, NULL, m, COLLD_ERR_INVALID_ARGUMENT, why);
             return;
         }
         if (!colld_comm_take_uid(d, m->unique_id.data, (uid_t)m->tenant)) {
-            join_refuse(d, NULL, m, COLLD_ERR_INVALID_ARGUMENT,
+            join_refuse(d, sender, NULL, m, COLLD_ERR_INVALID_ARGUMENT,
                         "unknown unique id: not issued by its root daemon to this user, or already used");
             return;
         }
@@ -347,7 +460,7 @@ static void handle_join(colld_daemon_t *d, const Colld__Net__V1__Join *m)
         if (!j || !j->rank_node || !j->name || !j->addr) {
             if (j)
                 xjoin_free(j);
-            join_refuse(d, NULL, m, COLLD_ERR_NO_MEMORY, "root daemon out of memory");
+            join_refuse(d, sender, NULL, m, COLLD_ERR_NO_MEMORY, "root daemon out of memory");
             return;
         }
         memcpy(j->uid, m->unique_id.data, sizeof(j->uid));
@@ -355,7 +468,7 @@ static void handle_join(colld_daemon_t *d, const Colld__Net__V1__Join *m)
         j->nranks = m->nranks;
         for (int r = 0; r < j->nranks; r++)
             j->rank_node[r] = -1;
-        int timeout = m->timeout_ms > 0 ? m->timeout_ms : (int)d->cfg.timeout_ms;
+        int timeout = m->timeout_ms > 0 ? (int)COLLD_MIN(m->timeout_ms, d->cfg.max_timeout_ms) : (int)d->cfg.timeout_ms;
         j->deadline_ns = colld_now_ns() + (uint64_t)timeout * 1000000ull;
         j->next = cl->xjoins;
         cl->xjoins = j;
@@ -363,13 +476,13 @@ static void handle_join(colld_daemon_t *d, const Colld__Net__V1__Join *m)
     if (m->nranks != j->nranks) {
         snprintf(why, sizeof(why), "rank %d on node %s gave nranks %d where the others gave %d", m->rank,
                  m->node_name, m->nranks, j->nranks);
-        join_refuse(d, j, m, COLLD_ERR_INVALID_ARGUMENT, why);
+        join_refuse(d, sender, j, m, COLLD_ERR_INVALID_ARGUMENT, why);
         return;
     }
     if (m->rank < 0 || m->rank >= j->nranks) {
         snprintf(why, sizeof(why), "rank %d on node %s is out of range for nranks %d", m->rank, m->node_name,
                  j->nranks);
-        join_refuse(d, j, m, COLLD_ERR_INVALID_ARGUMENT, why);
+        join_refuse(d, sender, j, m, COLLD_ERR_INVALID_ARGUMENT, why);
         return;
     }
     int node = -1;
@@ -379,12 +492,12 @@ static void handle_join(colld_daemon_t *d, const Colld__Net__V1__Join *m)
     if (j->rank_node[m->rank] >= 0) {
         snprintf(why, sizeof(why), "rank %d joined twice: on node %s and on node %s", m->rank,
                  j->name[j->rank_node[m->rank]], m->node_name);
-        join_refuse(d, j, m, COLLD_ERR_INVALID_USAGE, why);
+        join_refuse(d, sender, j, m, COLLD_ERR_INVALID_USAGE, why);
         return;
     }
     if (node < 0) {
         node = j->nnodes++;
-        colld_strlcpy(j->name[node], m->node_name ? m->node_name : "", sizeof(j->name[node]));
+        colld_strlcpy(j->name[node], m->node_name, sizeof(j->name[node]));
         colld_strlcpy(j->addr[node], m->node_addr, sizeof(j->addr[node]));
     }
     j->rank_node[m->rank] = node;
@@ -451,7 +564,7 @@ static void node_order_formed(colld_daemon_t *d, xjoin_t *j)
     LOG_INFO(NET, "multi-node communicator formed: %d ranks on %d nodes, xid %016llx", j->nranks, j->nnodes,
              (unsigned long long)xid);
     for (int i = 0; i < j->nnodes; i++)
-        post_msg(d, j->addr[i], &msg);
+        post_msg_nodial(d, j->addr[i], &msg);
     free(rank_node);
     free(nodes);
     free(nodep);
@@ -475,9 +588,25 @@ static int apply_formed(colld_daemon_t *d, colld_dcomm_t *c, const Colld__Net__V
         return -1;
     }
     x->self = -1;
-    for (int i = 0; i < k; i++)
-        if (f->nodes[i]->addr && strcmp(f->nodes[i]->addr, d->cluster->self_addr) == 0)
+    for (int i = 0; i < k; i++) {
+        const char *a = f->nodes[i]->addr, *nm = f->nodes[i]->name;
+        char bad[COLLD_NET_ADDR_LEN + 64];
+        if (colld_net_check_addr(a, bad, sizeof(bad)) < 0 || !nm || !nm[0] ||
+            !colld_str_valid(nm, COLLD_NET_NAME_LEN - 1)) {
+            snprintf(why, len, "malformed Formed message from the root daemon: node %d has %s", i,
+                     nm && nm[0] && colld_str_valid(nm, COLLD_NET_NAME_LEN - 1)
+                         ? "an address this daemon cannot dial"
+                         : "a node name that is not 1 to 63 bytes of printable UTF-8");
+            return -1;
+        }
+        for (int o = 0; o < i; o++)
+            if (strcmp(f->nodes[o]->addr, a) == 0) {
+                snprintf(why, len, "malformed Formed message from the root daemon: node address %s twice", a);
+                return -1;
+            }
+        if (strcmp(a, d->cluster->self_addr) == 0)
             x->self = i;
+    }
     x->node_name = calloc((size_t)k, sizeof(*x->node_name));
     x->node_addr = calloc((size_t)k, sizeof(*x->node_addr));
     x->rank_node = calloc((size_t)c->nranks, sizeof(int));
@@ -493,8 +622,8 @@ static int apply_formed(colld_daemon_t *d, colld_dcomm_t *c, const Colld__Net__V
         return -1;
     }
     for (int i = 0; i < k; i++) {
-        colld_strlcpy(x->node_name[i], f->nodes[i]->name ? f->nodes[i]->name : "", sizeof(x->node_name[i]));
-        colld_strlcpy(x->node_addr[i], f->nodes[i]->addr ? f->nodes[i]->addr : "", sizeof(x->node_addr[i]));
+        colld_strlcpy(x->node_name[i], f->nodes[i]->name, sizeof(x->node_name[i]));
+        colld_strlcpy(x->node_addr[i], f->nodes[i]->addr, sizeof(x->node_addr[i]));
     }
     for (int r = 0; r < c->nranks; r++) {
         int n = f->rank_node[r];
@@ -513,6 +642,15 @@ static int apply_formed(colld_daemon_t *d, colld_dcomm_t *c, const Colld__Net__V
         c->ranks[r].remote = !local;
         c->ranks[r].node = n;
     }
+    for (colld_dcomm_t *o = d->comms; o; o = o->next)
+        if (o != c && o->x && o->x->formed && o->x->xid == f->xid) { /* its DATA and Ready would mix */
+            snprintf(why, len, "the root daemon gave this communicator an id another one here has");
+            return -1;
+        }
+    if (f->xid == 0) {
+        snprintf(why, len, "malformed Formed message from the root daemon: id 0");
+        return -1;
+    }
     x->nnodes = k;
     x->xid = f->xid;
     x->algo = f->algo <= COLLD_NET_ALGO_RD ? (int)f->algo : COLLD_NET_ALGO_AUTO;
@@ -522,23 +660,49 @@ static int apply_formed(colld_daemon_t *d, colld_dcomm_t *c, const Colld__Net__V
     return 0;
 }
 
-/* Formed arrived (network thread). */
-static void handle_formed(colld_daemon_t *d, const Colld__Net__V1__Formed *f)
+/* A communicator of this tenant and unique id that this daemon's ranks left while it formed
+ * (lock held); forgotten once found. */
+static bool left_while_forming(colld_cluster_t *cl, const uint8_t *uid, uid_t tenant)
 {
+    for (unsigned i = 0; i < COLLD_CLUSTER_LEFT_MAX; i++) {
+        cleft_t *l = &cl->left[i];
+        if (l->used && l->tenant == tenant && memcmp(l->uid, uid, sizeof(l->uid)) == 0) {
+            l->used = false;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Formed arrived (network thread): only the root named in the unique id may send it. */
+static void handle_formed(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net__V1__Formed *f)
+{
+    colld_cluster_t *cl = d->cluster;
     colld_reply_t *replies = NULL;
     colld_xcomm_t *x = NULL;
-    char why[COLLD_DETAIL_LEN];
-    if (f->unique_id.len != COLLD_WIRE_UNIQUE_ID_BYTES)
+    char why[COLLD_DETAIL_LEN], root[COLLD_NET_ADDR_LEN];
+    const char *sender = sender_addr(d, p);
+    if (f->unique_id.len != COLLD_WIRE_UNIQUE_ID_BYTES) {
+        colld_cluster_log_bad(cl, "Formed from %s with a unique id of %zu bytes", sender, f->unique_id.len);
         return;
+    }
+    if (!colld_uid_root_addr(f->unique_id.data, root, sizeof(root)) || strcmp(root, sender) != 0) {
+        colld_cluster_log_bad(cl, "Formed from %s, which is not the communicator's root daemon", sender);
+        return;
+    }
     pthread_mutex_lock(&d->lock);
     colld_dcomm_t *c = joining_comm(d, f->unique_id.data, (uid_t)f->tenant);
-    if (!c) {
+    if (!c && left_while_forming(cl, f->unique_id.data, (uid_t)f->tenant)) {
         /* Its ranks here are gone already: the other nodes must not wait for them. */
         snprintf(why, sizeof(why), "node %s no longer has ranks of this communicator (they left while it formed)",
-                 d->cluster->node_name);
-        for (size_t i = 0; i < f->n_nodes; i++)
-            if (f->nodes[i]->addr && strcmp(f->nodes[i]->addr, d->cluster->self_addr) != 0)
-                post_fail(d, f->nodes[i]->addr, f->unique_id.data, f->tenant, f->xid, COLLD_ERR_PEER_LOST, -1, why);
+                 cl->node_name);
+        for (size_t i = 0; i < f->n_nodes && i < COLLD_MAX_RANKS; i++)
+            if (colld_net_check_addr(f->nodes[i]->addr, NULL, 0) == 0 &&
+                strcmp(f->nodes[i]->addr, cl->self_addr) != 0)
+                post_fail(d, f->nodes[i]->addr, f->unique_id.data, f->tenant, f->xid, COLLD_ERR_PEER_LOST, -1, why,
+                          false);
+    } else if (!c) {
+        colld_cluster_log_bad(cl, "Formed from %s for a communicator no rank here joined", sender);
     } else if (apply_formed(d, c, f, why, sizeof(why)) < 0) {
         LOG_WARN(NET, "communicator %llu: %s", (unsigned long long)c->id, why);
         colld_comm_break(d, c, COLLD_ERR_INTERNAL, -1, why, &replies);
@@ -550,40 +714,75 @@ static void handle_formed(colld_daemon_t *d, const Colld__Net__V1__Formed *f)
     pthread_mutex_unlock(&d->lock);
     colld_replies_send(replies);
     if (x) {
-        /* Connect to every member daemon now (a full mesh: each sees every other's loss). */
+        /* Connect to every member daemon now (a full mesh: each sees every other's loss). A peer
+         * that cannot have a record (table full) stays NULL: sending to it fails the collective. */
         for (int i = 0; i < x->nnodes; i++)
             if (i != x->self)
-                x->peers[i] = colld_net_peer_get(d->cluster->net, x->node_addr[i]);
+                x->peers[i] = colld_net_peer_get(cl->net, x->node_addr[i]);
         colld_cluster_unpin(d, c);
     }
 }
 
-/* Fail arrived (network thread, lock held). */
-static void handle_fail(colld_daemon_t *d, const Colld__Net__V1__Fail *f, colld_reply_t **replies)
+/* Whether a formed communicator has a member node at addr other than this one. */
+static bool is_member_node(const colld_xcomm_t *x, const char *addr)
 {
+    for (int i = 0; i < x->nnodes; i++)
+        if (i != x->self && strcmp(x->node_addr[i], addr) == 0)
+            return true;
+    return false;
+}
+
+/* Fail arrived (network thread, lock held): only from a node entitled to fail the communicator
+ * ("Who may say what"). Its node name and detail are sanitized before they reach any log, error
+ * detail or other node. */
+static void handle_fail(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net__V1__Fail *f,
+                        colld_reply_t **replies)
+{
+    colld_cluster_t *cl = d->cluster;
+    const char *sender = sender_addr(d, p);
     colld_status_t st = f->status < 0 && f->status >= COLLD_ERR_INTERNAL ? (colld_status_t)f->status
                                                                            : COLLD_ERR_INTERNAL;
-    char why[COLLD_DETAIL_LEN];
+    char why[COLLD_DETAIL_LEN], node[COLLD_NET_NAME_LEN], detail[COLLD_DETAIL_LEN - COLLD_NET_NAME_LEN - 16];
+    colld_str_sanitize(node, sizeof(node), f->node_name ? f->node_name : "?", SIZE_MAX);
+    colld_str_sanitize(detail, sizeof(detail), f->detail ? f->detail : "", SIZE_MAX);
     /* say which node saw it: with a cut link, each end reports the other one lost */
-    snprintf(why, sizeof(why), "on node %s: %s", f->node_name ? f->node_name : "?", f->detail ? f->detail : "");
+    snprintf(why, sizeof(why), "on node %s: %s", node, detail);
     if (f->xid) {
         for (colld_dcomm_t *c = d->comms; c; c = c->next)
             if (c->x && c->x->formed && c->x->xid == f->xid) {
+                if (p && !is_member_node(c->x, sender)) {
+                    colld_cluster_log_bad(cl, "Fail from %s for a communicator it is not a member of", sender);
+                    return;
+                }
                 break_from_peer(d, c, st, f->rank >= 0 && f->rank < c->nranks ? f->rank : -1, why, replies);
                 break;
             }
         return;
     }
-    if (f->unique_id.len != COLLD_WIRE_UNIQUE_ID_BYTES)
+    if (f->unique_id.len != COLLD_WIRE_UNIQUE_ID_BYTES) {
+        colld_cluster_log_bad(cl, "Fail from %s with a unique id of %zu bytes", sender, f->unique_id.len);
         return;
-    for (xjoin_t *j = d->cluster->xjoins; j; j = j->next)
+    }
+    for (xjoin_t *j = cl->xjoins; j; j = j->next)
         if (j->tenant == f->tenant && memcmp(j->uid, f->unique_id.data, sizeof(j->uid)) == 0) {
+            bool joined = !p;
+            for (int n = 0; n < j->nnodes && !joined; n++)
+                joined = strcmp(j->addr[n], sender) == 0;
+            if (!joined) {
+                colld_cluster_log_bad(cl, "Fail from %s for a forming communicator it did not join", sender);
+                return;
+            }
             xjoin_dissolve(d, j, st, f->rank, why); /* tells every node, this one included */
             return;
         }
     colld_dcomm_t *c = joining_comm(d, f->unique_id.data, (uid_t)f->tenant);
-    if (c)
-        break_from_peer(d, c, st, f->rank >= 0 && f->rank < c->nranks ? f->rank : -1, why, replies);
+    if (!c)
+        return;
+    if (strcmp(c->x->root_addr, sender) != 0) {
+        colld_cluster_log_bad(cl, "Fail from %s for a forming communicator whose root is %s", sender, c->x->root_addr);
+        return;
+    }
+    break_from_peer(d, c, st, f->rank >= 0 && f->rank < c->nranks ? f->rank : -1, why, replies);
 }
 
 /* Ready arrived (network thread). */
@@ -610,22 +809,22 @@ static void handle_ctrl(colld_daemon_t *d, colld_net_peer_t *p, const void *buf,
 {
     Colld__Net__V1__Msg *m = colld__net__v1__msg__unpack(NULL, len, buf);
     if (!m) {
-        LOG_WARN(NET, "undecodable message from %s dropped", p ? colld_net_peer_addr(p) : "this daemon");
+        colld_cluster_log_bad(d->cluster, "undecodable message from %s", sender_addr(d, p));
         return;
     }
     colld_reply_t *replies = NULL;
     switch (m->m_case) {
     case COLLD__NET__V1__MSG__M_JOIN:
         pthread_mutex_lock(&d->lock);
-        handle_join(d, m->join);
+        handle_join(d, p, m->join);
         pthread_mutex_unlock(&d->lock);
         break;
     case COLLD__NET__V1__MSG__M_FORMED:
-        handle_formed(d, m->formed);
+        handle_formed(d, p, m->formed);
         break;
     case COLLD__NET__V1__MSG__M_FAIL:
         pthread_mutex_lock(&d->lock);
-        handle_fail(d, m->fail, &replies);
+        handle_fail(d, p, m->fail, &replies);
         pthread_mutex_unlock(&d->lock);
         break;
     case COLLD__NET__V1__MSG__M_READY:
@@ -703,6 +902,21 @@ static void *on_data_dest(void *arg, colld_net_peer_t *p, const colld_net_hdr_t 
     return NULL; /* into the connection's buffer: a failed collective's memory is never written */
 }
 
+/* May the transport free lost peer p? Only when no communicator keeps a pointer to it (its
+ * x->peers are set and read on this thread, so none can appear after the answer). */
+static bool on_peer_unused(void *arg, colld_net_peer_t *p)
+{
+    colld_daemon_t *d = arg;
+    bool used = false;
+    pthread_mutex_lock(&d->lock);
+    for (colld_dcomm_t *c = d->comms; c && !used; c = c->next)
+        if (c->x && c->x->formed && c->x->peers)
+            for (int i = 0; i < c->x->nnodes && !used; i++)
+                used = c->x->peers[i] == p;
+    pthread_mutex_unlock(&d->lock);
+    return !used;
+}
+
 static void on_data(void *arg, colld_net_peer_t *p, const colld_net_hdr_t *h, void *payload)
 {
     colld_xcoll_data(arg, p, h, payload);
@@ -749,6 +963,14 @@ static void on_tick(void *arg)
             colld_xcoll_add(d, j->coll);
         } else if (strcmp(j->addr, cl->self_addr) == 0) {
             handle_ctrl(d, NULL, j->buf, j->len);
+        } else if (j->nodial) { /* a node known from its Join: over the link it opened, if still there */
+            colld_net_peer_t *p = colld_net_peer_find(cl->net, j->addr);
+            if (!p || colld_net_peer_is_lost(p) || colld_net_send_ctrl(p, j->buf, j->len) < 0)
+                LOG_INFO(NET, "a message to %s is dropped: no link to it (this daemon does not dial nodes it "
+                              "knows only from their Join)",
+                         j->addr);
+        } else if (colld_net_check_addr(j->addr, NULL, 0) < 0) {
+            LOG_WARN(NET, "a message is dropped: its address is not one this daemon can dial");
         } else {
             colld_net_peer_t *p = colld_net_peer_get(cl->net, j->addr);
             if (!p || colld_net_send_ctrl(p, j->buf, j->len) < 0)
@@ -821,12 +1043,14 @@ int colld_cluster_start(colld_daemon_t *d)
         .heartbeat_ms = (int)d->cfg.heartbeat_ms,
         .heartbeat_misses = (int)d->cfg.heartbeat_misses,
         .chunk_bytes = COLLD_NET_MAX_CHUNK,
+        .stranger_ms = (int)d->cfg.peer_handshake_ms,
         .cb = { .peer_up = on_peer_up,
                 .peer_lost = on_peer_lost,
                 .data_dest = on_data_dest,
                 .data = on_data,
                 .ctrl = on_ctrl,
                 .tick = on_tick,
+                .peer_unused = on_peer_unused,
                 .arg = d },
     };
     char err[256];

@@ -54,6 +54,7 @@ struct colld_xcomm {
     xcoll_t *qhead, *qtail;   /* (net) collectives handed over, the head one running */
     void *scratch;            /* (net) the collective's buffer, kept for the next one */
     size_t scratch_size;
+    colld_coll_t *net_coll;   /* (daemon->lock) the collective running among the nodes, for collctl trace */
 };
 
 /* A message for the network thread: a CTRL message to a daemon (this one included), or a matched
@@ -61,10 +62,25 @@ struct colld_xcomm {
 typedef struct cjob {
     colld_coll_t *coll;
     char addr[COLLD_NET_ADDR_LEN];
+    bool nodial;  /* send only over a link that exists: never connect to addr for it */
     uint8_t *buf;
     size_t len;
     struct cjob *next;
 } cjob_t;
+
+/* A communicator this daemon's ranks left while it was forming, whose Formed may still come:
+ * its nodes are then told (cluster.c, "Who is dialed"). */
+#define COLLD_CLUSTER_LEFT_MAX 16
+typedef struct {
+    uint8_t uid[COLLD_WIRE_UNIQUE_ID_BYTES];
+    uid_t tenant;
+    bool used;
+} cleft_t;
+
+/* One log line per interval at most for a kind of bad message from peers (cluster.c). */
+typedef struct {
+    uint64_t last_ms, quiet;
+} cratelimit_t;
 
 typedef struct xjoin xjoin_t;
 
@@ -77,12 +93,16 @@ struct colld_cluster {
     xjoin_t *xjoins;            /* (net, and daemon->lock) communicators this daemon is forming */
     xcoll_t *running;           /* (net) every xcoll handed over and not finished */
     const char *lost_addr;      /* (daemon->lock) the peer being reported lost: no message goes to it */
+    cleft_t left[COLLD_CLUSTER_LEFT_MAX]; /* (daemon->lock) ring, next at nleft % MAX */
+    unsigned nleft;
+    cratelimit_t bad_log;       /* (net) refused peer messages */
     atomic_uint_fast64_t payload_sent, payload_received;
+    atomic_uint_fast64_t bad_msgs; /* peer messages refused (invalid, from a node not entitled to send them) */
 };
 
 /* ---- cluster.c ---- */
-/* Queue a CTRL message (an encoded colld.net.v1.Msg) to the daemon at addr (lock held). */
-void colld_cluster_post(colld_daemon_t *d, const char *addr, const void *msg_buf, size_t len);
+/* Log a refused peer message, at most one line per 10 s with the count of the others (net). */
+void colld_cluster_log_bad(colld_cluster_t *cl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Pin / unpin the communicator with this xid (takes the lock). NULL if unknown. */
 colld_dcomm_t *colld_cluster_pin(colld_daemon_t *d, uint64_t xid);
 void colld_cluster_unpin(colld_daemon_t *d, colld_dcomm_t *c);

@@ -118,6 +118,10 @@ const colld_config_entry_t colld_daemon_config_table[] = {
     { "heartbeat-misses", "COLLD_HEARTBEAT_MISSES", COLLD_CFG_INT, "3",
       "a peer daemon silent for this many heartbeat intervals is lost (COLLD_ERR_NODE_LOST)", OPT(heartbeat_misses),
       2, 100 },
+    { "peer-handshake-ms", "COLLD_PEER_HANDSHAKE_MS", COLLD_CFG_INT, "2000",
+      "a connection to --listen must prove the cluster secret within this (ms); strangers in their handshake are "
+      "also bounded per source address and in all, the oldest evicted first",
+      OPT(peer_handshake_ms), 100, 60000 },
     { "net-small-bytes", "COLLD_NET_SMALL_BYTES", COLLD_CFG_SIZE, "64K",
       "multi-node all-reduces up to this size use recursive doubling, larger ones the ring", OPT(net_small_bytes), 0,
       0 },

@@ -701,6 +701,7 @@ static void on_trace(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *
             pending_rec.root = op->d.root;
         }
     }
+    colld_cluster_trace_pending(c, &pending_rec, pending_arr); /* a multi-node one in the network comes first */
     if (pending_rec.first_ns) {
         pending_rec.status = COLLD_INPROGRESS;
         if (trace_entry(&ent[resp.n_entries], &pending_rec, pending_arr, c->nranks, mono_to_unix_us) < 0)
@@ -708,6 +709,8 @@ static void on_trace(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *
         eptr[resp.n_entries] = &ent[resp.n_entries];
         resp.n_entries++;
     }
+    for (size_t i = 0; c->x && i < resp.n_entries; i++)
+        ent[i].path = (char *)"net"; /* multi-node: run across the daemons */
     for (int r = 0; r < c->nranks; r++) {
         colld__v1__rank_stats__init(&rs[r]);
         rs[r].rank = r;

@@ -109,6 +109,7 @@ typedef struct {
     uint64_t net_chunk;     /* bytes per network message of a collective */
     int64_t heartbeat_ms;
     int64_t heartbeat_misses;
+    int64_t peer_handshake_ms; /* an accepted peer connection must authenticate within this */
     uint64_t net_small_bytes; /* all-reduces up to this size use recursive doubling */
     char *net_algo_text;    /* auto, ring or rd */
     int net_algo;           /* COLLD_NET_ALGO_* parsed from net_algo_text */
@@ -517,6 +518,10 @@ const char *colld_cluster_node_name(const colld_daemon_t *d);
 const char *colld_cluster_listen_addr(const colld_daemon_t *d);
 /* The node name of a rank's daemon for display ("" when local or unknown) (lock held). */
 const char *colld_cluster_rank_node(const colld_dcomm_t *c, int rank);
+/* The collective a multi-node communicator is running among the nodes, as collctl trace shows
+ * the one being waited for (status COLLD_INPROGRESS, arrivals[nranks] of the local ranks).
+ * False when there is none (lock held). */
+bool colld_cluster_trace_pending(const colld_dcomm_t *c, colld_trace_rec_t *t, uint64_t *arrivals);
 
 /* ---- gpu.c: the CUDA backend ---- */
 /* Load the driver and take every visible GPU (none is fine: gpu_none says why). */

@@ -33,6 +33,18 @@
  * the communicator's error) once none of its sends is still being written. Nothing ever writes
  * into a collective's memory after it ended: received payloads land in the transport's buffers
  * and are copied from there.
+ *
+ * Deadlines (the communicator's timeout T): every node must send Ready within T of the first
+ * local rank's arrival; after that the collective must make progress (a DATA message accepted, a
+ * send written, a slice of the local stages) at least every T, or it fails with
+ * COLLD_ERR_TIMEOUT naming the node, the phase and the step it waits for (describe_wait). A
+ * failed collective whose sends to a node have not moved for min(T, DRAIN_MS) drops that node's
+ * link (COLLD_ERR_NODE_LOST for what spans it): a daemon that stopped reading its sockets is lost.
+ *
+ * DATA from the network is hostile until checked (data_valid): it must come from the node the
+ * algorithm expects for its phase and step, cover exactly one chunk of the block due (whole
+ * buffer for recursive doubling), inside the buffer, at most once. Anything else fails the
+ * collective with a protocol error naming the node, before a byte is used.
  */
 #include "server/cluster.h"
 
@@ -48,7 +60,18 @@
 typedef struct {
     uint64_t off, len;
     int block;
+    uint32_t chunk0; /* index of its first chunk among all chunks of the layout */
 } xrange_t;
+
+/* What a collective has to do with one other node; the transport's done callback of a send to
+ * it gets a pointer to this. */
+typedef struct {
+    struct xcoll *xc;
+    int node;
+    bool ready;        /* Ready(seq) seen with the same signature */
+    unsigned inflight; /* DATA sends to it not written yet */
+    uint64_t moved_ns; /* the last of them written, or the first queued when none was yet */
+} xnode_t;
 
 /* A send waiting for its destination's Ready. */
 typedef struct pend {
@@ -77,12 +100,16 @@ struct xcoll {
     uint64_t xbytes;
     xrange_t *ranges;    /* ring layout */
     int nranges;
-    bool *ready;         /* [nnodes]: Ready(seq) seen with the same signature */
+    uint32_t nchunks;    /* chunks of the ring layout */
+    uint8_t *got;        /* [2][nchunks]: ring chunks received in reduce-scatter, all-gather */
+    xnode_t *nodes;      /* [nnodes] */
     int nready;          /* other nodes ready */
     uint64_t recv_left;
     unsigned inflight;   /* DATA sends not written yet */
     pend_t *pend, *pend_tail;
-    uint64_t deadline_ns;
+    uint64_t deadline_ns; /* every node's Ready by then */
+    uint64_t progress_ns; /* the last progress, once every node is ready (deadlines above) */
+    uint64_t fail_ns;     /* when it failed */
     /* recursive doubling */
     int rd_p, rd_nsteps, rd_step;
     bool rd_pre_wait, rd_finished;
@@ -98,6 +125,9 @@ static void xcoll_maybe_end(xcoll_t *xc);
 /* The local stages run in slices of this many bytes of X, one slice per pass of the network
  * thread, so that a large collective never keeps it from its sockets and heartbeats. */
 #define SLICE_BYTES (4u << 20)
+/* A failed collective waits at most this long (or its timeout, if shorter) for sends to a node
+ * that no longer takes any before that node's link is dropped. */
+#define DRAIN_MS 5000
 
 enum { STAGE_IN = 0, STAGE_NET = 1, STAGE_OUT = 2 };
 
@@ -145,14 +175,47 @@ static uint64_t block_bytes(const xcoll_t *xc, int b)
     return n;
 }
 
-/* The block of [off, off+len), -1 when it is not inside one range. */
-static int block_of(const xcoll_t *xc, uint64_t off, uint64_t len)
+/* The ring chunk [off, off+len) is: its index among the layout's chunks, -1 when it is not
+ * exactly one chunk of a range as send_block cuts them (chunk_bytes from the range's start, the
+ * last one shorter). *block gets its range's block. */
+static int64_t chunk_of(const xcoll_t *xc, uint64_t off, uint64_t len, int *block)
 {
+    uint64_t chunk = xc->x->chunk_bytes;
     for (int i = 0; i < xc->nranges; i++) {
         const xrange_t *r = &xc->ranges[i];
-        if (off >= r->off && off - r->off < r->len && len <= r->len - (off - r->off))
-            return r->block;
+        if (off < r->off || off - r->off >= r->len)
+            continue;
+        uint64_t in = off - r->off;
+        if (in % chunk != 0 || len != COLLD_MIN(chunk, r->len - in))
+            return -1;
+        *block = r->block;
+        return (int64_t)r->chunk0 + (int64_t)(in / chunk);
     }
+    return -1;
+}
+
+/* Whether every chunk of block b arrived in phase ph (0: reduce-scatter, 1: all-gather). */
+static bool block_received(const xcoll_t *xc, int ph, int b)
+{
+    uint64_t chunk = xc->x->chunk_bytes;
+    for (int i = 0; i < xc->nranges; i++) {
+        const xrange_t *r = &xc->ranges[i];
+        if (r->block != b)
+            continue;
+        for (uint64_t c = 0; c * chunk < r->len; c++)
+            if (!xc->got[(size_t)ph * xc->nchunks + r->chunk0 + c])
+                return false;
+    }
+    return true;
+}
+
+/* The other node whose peer is p, -1 when p is not a member node. */
+static int node_of_peer(const colld_xcomm_t *x, colld_net_peer_t *p)
+{
+    const char *addr = colld_net_peer_addr(p);
+    for (int i = 0; i < x->nnodes; i++)
+        if (i != x->self && strcmp(x->node_addr[i], addr) == 0)
+            return i;
     return -1;
 }
 
@@ -177,6 +240,7 @@ static void xcoll_fail(xcoll_t *xc, colld_status_t st, const char *detail, bool 
         return;
     xc->failed = true;
     xc->status = st;
+    xc->fail_ns = colld_now_ns();
     pend_free(xc);
     LOG_INFO(NET, "communicator %llu collective #%llu failed: %s: %s", (unsigned long long)xc->c->id,
              (unsigned long long)xc->sig.seq, colld_status_name(st), detail);
@@ -240,13 +304,16 @@ static void xcoll_end(xcoll_t *xc)
             break;
         }
     pthread_mutex_lock(&d->lock);
+    if (x->net_coll == xc->k)
+        x->net_coll = NULL;
     xc->k->status = xc->failed ? xc->status : COLLD_OK;
     xc->k->end_ns = colld_now_ns();
     colld_engine_finish(d, xc->k);
     pthread_mutex_unlock(&d->lock);
     pend_free(xc);
     free(xc->ranges);
-    free(xc->ready);
+    free(xc->got);
+    free(xc->nodes);
     free(xc->rd_buf);
     free(xc->rd_left);
     free(xc->rd_sent);
@@ -289,9 +356,14 @@ static void xcoll_maybe_end(xcoll_t *xc)
 
 static void send_done(void *cookie, bool ok)
 {
-    xcoll_t *xc = cookie;
+    xnode_t *n = cookie;
+    xcoll_t *xc = n->xc;
     xc->inflight--;
-    if (!ok)
+    n->inflight--;
+    n->moved_ns = colld_now_ns();
+    if (ok)
+        xc->progress_ns = n->moved_ns;
+    else
         xcoll_fail(xc, COLLD_ERR_NODE_LOST, "a peer daemon was lost while data was sent to it", false);
     xcoll_maybe_end(xc);
 }
@@ -300,9 +372,14 @@ static void send_done(void *cookie, bool ok)
 static void send_now(xcoll_t *xc, int node, const colld_net_hdr_t *h, const uint8_t *src)
 {
     colld_net_peer_t *p = xc->x->peers[node];
+    xnode_t *n = &xc->nodes[node];
+    if (n->inflight == 0)
+        n->moved_ns = colld_now_ns(); /* its clock starts with the first send in flight */
     xc->inflight++;
-    if (!p || colld_net_send_data(p, h, src, (unsigned)(h->offset / xc->x->chunk_bytes), send_done, xc) < 0) {
+    n->inflight++;
+    if (!p || colld_net_send_data(p, h, src, (unsigned)(h->offset / xc->x->chunk_bytes), send_done, n) < 0) {
         xc->inflight--;
+        n->inflight--;
         char why[COLLD_DETAIL_LEN];
         snprintf(why, sizeof(why), "node %s (%s) is not reachable", xc->x->node_name[node], xc->x->node_addr[node]);
         xcoll_fail(xc, COLLD_ERR_NODE_LOST, why, true);
@@ -322,7 +399,7 @@ static void xsend(xcoll_t *xc, int node, int phase, int step, uint64_t off, uint
                           .xid = xc->x->xid,
                           .seq = xc->sig.seq,
                           .offset = off };
-    if (xc->ready[node]) {
+    if (xc->nodes[node].ready) {
         send_now(xc, node, &h, src);
         return;
     }
@@ -438,8 +515,23 @@ static void rd_advance(xcoll_t *xc)
  * Starting a collective
  * ========================================================================================== */
 
+/* Number the chunks of the ring layout and allocate their reception marks. Returns 0 or -1. */
+static int number_chunks(xcoll_t *xc)
+{
+    uint64_t chunk = xc->x->chunk_bytes, total = 0;
+    for (int i = 0; i < xc->nranges; i++) {
+        xc->ranges[i].chunk0 = (uint32_t)total;
+        total += (xc->ranges[i].len + chunk - 1) / chunk;
+        if (total > UINT32_MAX / 2)
+            return -1;
+    }
+    xc->nchunks = (uint32_t)total;
+    xc->got = calloc(2 * (size_t)total + 1, 1);
+    return xc->got ? 0 : -1;
+}
+
 /* The ring layout: which byte ranges of X make up each node's block. */
-static int make_layout(xcoll_t *xc)
+static int layout_ranges(xcoll_t *xc)
 {
     colld_xcomm_t *x = xc->x;
     int k = x->nnodes, n = xc->c->nranks;
@@ -453,7 +545,7 @@ static int make_layout(xcoll_t *xc)
         uint64_t count = xc->sig.count;
         for (int b = 0; b < k; b++) {
             uint64_t first = count * (uint64_t)b / (uint64_t)k, last = count * (uint64_t)(b + 1) / (uint64_t)k;
-            xc->ranges[b] = (xrange_t){ first * xc->es, (last - first) * xc->es, b };
+            xc->ranges[b] = (xrange_t){ .off = first * xc->es, .len = (last - first) * xc->es, .block = b };
         }
         xc->nranges = k;
         return 0;
@@ -462,7 +554,7 @@ static int make_layout(xcoll_t *xc)
         xc->ranges = calloc(1, sizeof(*xc->ranges));
         if (!xc->ranges)
             return -1;
-        xc->ranges[0] = (xrange_t){ 0, xc->xbytes, x->rank_node[xc->sig.root] };
+        xc->ranges[0] = (xrange_t){ .off = 0, .len = xc->xbytes, .block = x->rank_node[xc->sig.root] };
         xc->nranges = 1;
         return 0;
     default: /* all-gather, reduce-scatter: rank r's slot belongs to its node */
@@ -470,10 +562,16 @@ static int make_layout(xcoll_t *xc)
         if (!xc->ranges)
             return -1;
         for (int r = 0; r < n; r++)
-            xc->ranges[r] = (xrange_t){ (uint64_t)r * slot, slot, x->rank_node[r] };
+            xc->ranges[r] = (xrange_t){ .off = (uint64_t)r * slot, .len = slot, .block = x->rank_node[r] };
         xc->nranges = n;
         return 0;
     }
+}
+
+/* The ring layout and its chunks. Returns 0 or -1 (out of memory). */
+static int make_layout(xcoll_t *xc)
+{
+    return layout_ranges(xc) < 0 || number_chunks(xc) < 0 ? -1 : 0;
 }
 
 /* Step 1 for bytes [a, b) of X: the local ranks' contribution. */
@@ -530,7 +628,7 @@ static void send_ready(xcoll_t *xc)
 /* A node announced this collective: check its signature, release the sends held for it. */
 static void apply_ready(xcoll_t *xc, int node, const xsig_t *sig)
 {
-    if (xc->ready[node] || xc->failed)
+    if (xc->nodes[node].ready || xc->failed)
         return;
     if (!sig_equal(sig, &xc->sig)) {
         char why[COLLD_DETAIL_LEN], a[160], b[160];
@@ -541,8 +639,9 @@ static void apply_ready(xcoll_t *xc, int node, const xsig_t *sig)
         xcoll_fail(xc, COLLD_ERR_MISMATCH, why, true);
         return;
     }
-    xc->ready[node] = true;
+    xc->nodes[node].ready = true;
     xc->nready++;
+    xc->progress_ns = colld_now_ns();
     flush_pending(xc, node);
 }
 
@@ -557,11 +656,13 @@ static void xcoll_start(xcoll_t *xc)
     xc->busy++;
     xc->active = true;
     xc->stage = STAGE_IN;
+    xc->progress_ns = colld_now_ns();
     pthread_mutex_lock(&d->lock);
     bool ok = xc->c->state == COLLD_COMM_READY;
     colld_status_t err = xc->c->error;
+    xc->k->start_ns = xc->progress_ns;
+    x->net_coll = xc->k; /* collctl trace shows it while it runs */
     pthread_mutex_unlock(&d->lock);
-    xc->k->start_ns = colld_now_ns();
     if (!ok) {
         xcoll_fail(xc, err ? err : COLLD_ERR_ABORTED, "communicator already failed", false);
         goto out;
@@ -583,11 +684,13 @@ static void xcoll_start(xcoll_t *xc)
     xc->X = x->scratch;
     if (xc->sig.kind == COLLD_KIND_BROADCAST && xc->k->ops[xc->sig.root])
         xc->X = xc->k->ops[xc->sig.root]->send_ptr; /* sent straight from the root's buffer */
-    xc->ready = calloc((size_t)x->nnodes, sizeof(bool));
+    xc->nodes = calloc((size_t)x->nnodes, sizeof(*xc->nodes));
+    for (int i = 0; xc->nodes && i < x->nnodes; i++)
+        xc->nodes[i] = (xnode_t){ .xc = xc, .node = i };
     bool small = bytes <= x->chunk_bytes && (x->algo == COLLD_NET_ALGO_RD ||
                                              (x->algo == COLLD_NET_ALGO_AUTO && bytes <= x->small_bytes));
     xc->rd = (xc->sig.kind == COLLD_KIND_ALLREDUCE || xc->sig.kind == COLLD_KIND_REDUCE) && small;
-    if (!xc->ready || make_layout(xc) < 0) {
+    if (!xc->nodes || make_layout(xc) < 0) {
         xcoll_fail(xc, COLLD_ERR_NO_MEMORY, "daemon out of memory", true);
         goto out;
     }
@@ -610,6 +713,7 @@ static void xcoll_pump(xcoll_t *xc)
     if (xc->stage == STAGE_OUT && b > a)
         phase_out(xc, a, b);
     xc->cursor = b;
+    xc->progress_ns = colld_now_ns();
     bool stage_done = b >= xc->xbytes;
     xc->busy--;
     if (xc->failed) {
@@ -761,39 +865,107 @@ static xcoll_t *find_xcoll(colld_cluster_t *cl, uint64_t xid, uint64_t seq)
     return NULL;
 }
 
-/* Check a DATA message against what this node expects; returns its sender node or -1. */
-static bool data_valid(xcoll_t *xc, const colld_net_hdr_t *h, char *why, size_t len)
+static const char *phase_name(unsigned phase)
 {
-    int k = xc->x->nnodes, j = xc->x->self;
-    if (h->offset > xc->xbytes || h->len > xc->xbytes - h->offset || h->offset % xc->es || h->len % xc->es ||
-        h->len > xc->recv_left) {
-        snprintf(why, len, "bytes %llu..%llu are outside the collective's %llu-byte buffer or already received",
-                 (unsigned long long)h->offset, (unsigned long long)(h->offset + h->len),
-                 (unsigned long long)xc->xbytes);
-        return false;
-    }
-    int want = -1;
-    switch (h->phase) {
+    switch (phase) {
     case XPHASE_RS:
-        want = !xc->rd && kind_reduces(xc->sig.kind) && h->step < k - 1 ? mod(j - h->step - 2, k) : -2;
-        break;
+        return "ring reduce-scatter";
     case XPHASE_AG:
-        want = !xc->rd && has_ag(xc->sig.kind) && h->step < k - 1 ? mod(j - h->step - 1, k) : -2;
-        break;
+        return "ring all-gather";
     case XPHASE_RD_PRE:
-        return xc->rd && j < k - xc->rd_p && xc->rd_left[0] >= h->len;
+        return "recursive doubling hand-in";
     case XPHASE_RD:
-        return xc->rd && j < xc->rd_p && h->step < xc->rd_nsteps && xc->rd_left[1 + h->step] >= h->len;
+        return "recursive doubling";
     case XPHASE_RD_POST:
-        return xc->rd && j >= xc->rd_p;
-    default:
-        break;
+        return "recursive doubling result";
     }
-    if (want < 0 || block_of(xc, h->offset, h->len) != want) {
-        snprintf(why, len, "phase %u step %u bytes at %llu do not belong to the block due", h->phase, h->step,
-                 (unsigned long long)h->offset);
+    return "unknown phase";
+}
+
+/* A recursive doubling message: the whole buffer, once, from the node due. */
+static bool rd_valid(const xcoll_t *xc, const colld_net_hdr_t *h, bool phase_ok, int from, int want,
+                     uint64_t left, char *why, size_t len)
+{
+    if (!phase_ok) {
+        snprintf(why, len, "%s step %u is not a phase of this collective on this node", phase_name(h->phase),
+                 h->step);
         return false;
     }
+    if (from != want) {
+        snprintf(why, len, "%s step %u came from the wrong node (node %d, not node %d)", phase_name(h->phase), h->step,
+                 from, want);
+        return false;
+    }
+    if (h->offset != 0 || h->len != xc->xbytes || left != xc->xbytes) {
+        snprintf(why, len, "%s step %u: bytes %llu..%llu, where the whole %llu-byte buffer is due once",
+                 phase_name(h->phase), h->step, (unsigned long long)h->offset,
+                 (unsigned long long)(h->offset + h->len), (unsigned long long)xc->xbytes);
+        return false;
+    }
+    return true;
+}
+
+/* Check a DATA message from node `from` against what this node expects of it (see the top of
+ * the file). Returns true, or false with the reason always written into why. On success, *chunk
+ * is the ring chunk it fills (-1 for recursive doubling). */
+static bool data_valid(xcoll_t *xc, int from, const colld_net_hdr_t *h, int64_t *chunk, char *why, size_t len)
+{
+    int k = xc->x->nnodes, j = xc->x->self, p = xc->rd_p;
+    *chunk = -1;
+    if (xc->stage != STAGE_NET) {
+        snprintf(why, len, "%s step %u arrived before this node announced it was ready", phase_name(h->phase),
+                 h->step);
+        return false;
+    }
+    if (h->len == 0 || h->offset > xc->xbytes || h->len > xc->xbytes - h->offset || h->offset % xc->es ||
+        h->len % xc->es || h->len > xc->recv_left) {
+        snprintf(why, len, "%s step %u: bytes %llu..%llu are empty, outside the collective's %llu-byte buffer, "
+                           "not whole elements or more than is still due",
+                 phase_name(h->phase), h->step, (unsigned long long)h->offset,
+                 (unsigned long long)(h->offset + h->len), (unsigned long long)xc->xbytes);
+        return false;
+    }
+    switch (h->phase) {
+    case XPHASE_RD_PRE:
+        return rd_valid(xc, h, xc->rd && j < k - p && h->step == 0, from, j + p, xc->rd ? xc->rd_left[0] : 0, why,
+                        len);
+    case XPHASE_RD:
+        return rd_valid(xc, h, xc->rd && j < p && h->step < xc->rd_nsteps, from,
+                        xc->rd && h->step < xc->rd_nsteps ? j ^ (1 << h->step) : -1,
+                        xc->rd && h->step < xc->rd_nsteps ? xc->rd_left[1 + h->step] : 0, why, len);
+    case XPHASE_RD_POST:
+        return rd_valid(xc, h, xc->rd && j >= p && h->step == 0, from, j - p, xc->recv_left, why, len);
+    case XPHASE_RS:
+    case XPHASE_AG:
+        break;
+    default:
+        snprintf(why, len, "unknown phase %u", h->phase);
+        return false;
+    }
+    bool rs = h->phase == XPHASE_RS;
+    bool phase_ok = !xc->rd && h->step < k - 1 && (rs ? kind_reduces(xc->sig.kind) : has_ag(xc->sig.kind));
+    if (!phase_ok) {
+        snprintf(why, len, "%s step %u is not a phase of this collective", phase_name(h->phase), h->step);
+        return false;
+    }
+    if (from != mod(j - 1, k)) {
+        snprintf(why, len, "%s step %u came from node %d, not from the previous node of the ring (%d)",
+                 phase_name(h->phase), h->step, from, mod(j - 1, k));
+        return false;
+    }
+    int block = -1, want = rs ? mod(j - h->step - 2, k) : mod(j - h->step - 1, k);
+    int64_t c = chunk_of(xc, h->offset, h->len, &block);
+    if (c < 0 || block != want) {
+        snprintf(why, len, "%s step %u: bytes %llu..%llu are not a chunk of block %d, the block due", phase_name(h->phase),
+                 h->step, (unsigned long long)h->offset, (unsigned long long)(h->offset + h->len), want);
+        return false;
+    }
+    if (xc->got[(size_t)(rs ? 0 : 1) * xc->nchunks + (size_t)c]) {
+        snprintf(why, len, "%s step %u: bytes %llu..%llu arrived twice", phase_name(h->phase), h->step,
+                 (unsigned long long)h->offset, (unsigned long long)(h->offset + h->len));
+        return false;
+    }
+    *chunk = c;
     return true;
 }
 
@@ -804,16 +976,26 @@ void colld_xcoll_data(colld_daemon_t *d, colld_net_peer_t *p, const colld_net_hd
     xcoll_t *xc = find_xcoll(cl, h->xid, h->seq);
     if (!xc || xc->failed)
         return; /* a collective that failed here: what still arrives is dropped */
+    int from = node_of_peer(xc->x, p);
+    if (from < 0) { /* not a member: it must not be able to fail the communicator */
+        colld_cluster_log_bad(cl, "DATA from %s for a communicator it is not a member of", colld_net_peer_addr(p));
+        return;
+    }
     xc->busy++;
     char why[COLLD_DETAIL_LEN / 2];
     int k = xc->x->nnodes, j = xc->x->self;
     uint64_t off = h->offset, len = h->len;
-    if (!data_valid(xc, h, why, sizeof(why))) {
+    int64_t chunk;
+    if (!data_valid(xc, from, h, &chunk, why, sizeof(why))) {
         char detail[COLLD_DETAIL_LEN];
-        snprintf(detail, sizeof(detail), "protocol error from node %s: %s", colld_net_peer_name(p), why);
+        snprintf(detail, sizeof(detail), "protocol error from node %s (%s): %s", xc->x->node_name[from],
+                 xc->x->node_addr[from], why);
         xcoll_fail(xc, COLLD_ERR_INTERNAL, detail, true);
         goto out;
     }
+    xc->progress_ns = colld_now_ns();
+    if (chunk >= 0)
+        xc->got[(size_t)(h->phase == XPHASE_RS ? 0 : 1) * xc->nchunks + (size_t)chunk] = 1;
     int next = mod(j + 1, k);
     switch (h->phase) {
     case XPHASE_RS: {
@@ -861,6 +1043,116 @@ out:
     xcoll_maybe_end(xc);
 }
 
+/* " rank(s) 2 3" of node n into buf at *off. */
+static void append_ranks(const xcoll_t *xc, int n, char *buf, size_t len, int *off)
+{
+    *off += snprintf(buf + *off, len - (size_t)*off, " (rank(s)");
+    for (int r = 0; r < xc->c->nranks && *off < (int)len - 16; r++)
+        if (xc->x->rank_node[r] == n)
+            *off += snprintf(buf + *off, len - (size_t)*off, " %d", r);
+    *off += snprintf(buf + *off, len - (size_t)*off, ")");
+}
+
+/* What the collective is waiting for, once every node is ready: the first node that stopped
+ * taking its data, else the node, phase and step that has not delivered (into buf at *off). */
+static void describe_wait(const xcoll_t *xc, uint64_t now, char *buf, size_t len, int *off)
+{
+    const colld_xcomm_t *x = xc->x;
+    int k = x->nnodes, j = x->self, from = -1, step = 0;
+    unsigned phase = 0;
+    for (int n = 0; n < k; n++)
+        if (n != j && xc->nodes[n].inflight > 0 &&
+            now - xc->nodes[n].moved_ns >= (uint64_t)xc->c->timeout_ms * 1000000ull) {
+            *off += snprintf(buf + *off, len - (size_t)*off, " node %s (%s) took none of this node's data for %llu ms",
+                             x->node_name[n], x->node_addr[n],
+                             (unsigned long long)((now - xc->nodes[n].moved_ns) / 1000000ull));
+            append_ranks(xc, n, buf, len, off);
+            return;
+        }
+    if (xc->stage != STAGE_NET) {
+        *off += snprintf(buf + *off, len - (size_t)*off, " the local %s stage on node %s did not advance",
+                         xc->stage == STAGE_IN ? "input" : "copy-out", x->node_name[j]);
+        return;
+    }
+    if (xc->rd) {
+        int p = xc->rd_p;
+        if (j < k - p && xc->rd_left[0] > 0) {
+            phase = XPHASE_RD_PRE;
+            from = j + p;
+        } else if (j >= p) {
+            phase = XPHASE_RD_POST;
+            from = j - p;
+        } else if (xc->rd_step < xc->rd_nsteps) {
+            phase = XPHASE_RD;
+            step = xc->rd_step;
+            from = j ^ (1 << step);
+        }
+    } else {
+        for (int t = 0; t < k - 1 && from < 0; t++) {
+            if (kind_reduces(xc->sig.kind) && !block_received(xc, 0, mod(j - t - 2, k))) {
+                phase = XPHASE_RS;
+                step = t;
+                from = mod(j - 1, k);
+            }
+        }
+        for (int t = 0; t < k - 1 && from < 0 && has_ag(xc->sig.kind); t++) {
+            if (!block_received(xc, 1, mod(j - t - 1, k))) {
+                phase = XPHASE_AG;
+                step = t;
+                from = mod(j - 1, k);
+            }
+        }
+    }
+    if (from < 0 || from == j) {
+        *off += snprintf(buf + *off, len - (size_t)*off, " the sends of node %s did not finish",
+                         x->node_name[j]);
+        return;
+    }
+    *off += snprintf(buf + *off, len - (size_t)*off, " node %s (%s) did not send its %s step %d data",
+                     x->node_name[from], x->node_addr[from], phase_name(phase), step);
+    append_ranks(xc, from, buf, len, off);
+}
+
+/* The collective's deadlines (top of the file), on a tick. */
+static void check_deadlines(xcoll_t *xc, uint64_t now)
+{
+    uint64_t t_ns = (uint64_t)xc->c->timeout_ms * 1000000ull;
+    char why[COLLD_DETAIL_LEN], sig[160];
+    int off;
+    if (!xc->failed && xc->nready < xc->x->nnodes - 1 && now >= xc->deadline_ns) {
+        off = snprintf(why, sizeof(why), "collective #%llu timed out after %d ms waiting for other nodes:",
+                       (unsigned long long)xc->sig.seq, xc->c->timeout_ms);
+        for (int node = 0; node < xc->x->nnodes && off < (int)sizeof(why) - 64; node++) {
+            if (node == xc->x->self || xc->nodes[node].ready)
+                continue;
+            off += snprintf(why + off, sizeof(why) - (size_t)off, " node %s", xc->x->node_name[node]);
+            append_ranks(xc, node, why, sizeof(why), &off);
+            off += snprintf(why + off, sizeof(why) - (size_t)off, " not ready;");
+        }
+        xcoll_fail(xc, COLLD_ERR_TIMEOUT, why, true);
+    } else if (!xc->failed && xc->nready == xc->x->nnodes - 1 && now >= xc->progress_ns + t_ns) {
+        describe_sig(sig, sizeof(sig), &xc->sig);
+        off = snprintf(why, sizeof(why), "collective #%llu %s made no progress for %d ms:",
+                       (unsigned long long)xc->sig.seq, sig, xc->c->timeout_ms);
+        describe_wait(xc, now, why, sizeof(why), &off);
+        xcoll_fail(xc, COLLD_ERR_TIMEOUT, why, true);
+    }
+    if (!xc->failed || xc->inflight == 0 || !xc->nodes)
+        return;
+    uint64_t drain_ns = COLLD_MIN(t_ns, (uint64_t)DRAIN_MS * 1000000ull);
+    for (int n = 0; n < xc->x->nnodes; n++) {
+        xnode_t *xn = &xc->nodes[n];
+        if (n == xc->x->self || xn->inflight == 0 || now < COLLD_MAX(xn->moved_ns, xc->fail_ns) + drain_ns ||
+            !xc->x->peers[n])
+            continue;
+        snprintf(why, sizeof(why), "node %s took none of this node's collective data for %llu ms", xc->x->node_name[n],
+                 (unsigned long long)((now - xn->moved_ns) / 1000000ull));
+        LOG_WARN(NET, "communicator %llu: %s: dropping its link", (unsigned long long)xc->c->id, why);
+        colld_net_peer_drop(xc->x->peers[n], why); /* its sends end with done(ok = false) */
+        xn->moved_ns = now; /* once per drain period */
+    }
+}
+
 void colld_xcoll_tick(colld_daemon_t *d)
 {
     colld_cluster_t *cl = d->cluster;
@@ -888,23 +1180,9 @@ void colld_xcoll_tick(colld_daemon_t *d)
             xcoll_pump(xc); /* the next slice of a local stage */
             continue;
         }
-        if (!xc->failed && st != COLLD_COMM_READY) {
+        if (!xc->failed && st != COLLD_COMM_READY)
             xcoll_fail(xc, err ? err : COLLD_ERR_ABORTED, "the communicator failed", false);
-        } else if (!xc->failed && xc->nready < xc->x->nnodes - 1 && now >= xc->deadline_ns) {
-            char why[COLLD_DETAIL_LEN];
-            int off = snprintf(why, sizeof(why), "collective #%llu timed out after %d ms waiting for other nodes:",
-                               (unsigned long long)xc->sig.seq, xc->c->timeout_ms);
-            for (int node = 0; node < xc->x->nnodes && off < (int)sizeof(why) - 64; node++) {
-                if (node == xc->x->self || xc->ready[node])
-                    continue;
-                off += snprintf(why + off, sizeof(why) - (size_t)off, " node %s (rank(s)", xc->x->node_name[node]);
-                for (int r = 0; r < xc->c->nranks && off < (int)sizeof(why) - 16; r++)
-                    if (xc->x->rank_node[r] == node)
-                        off += snprintf(why + off, sizeof(why) - (size_t)off, " %d", r);
-                off += snprintf(why + off, sizeof(why) - (size_t)off, ") not ready;");
-            }
-            xcoll_fail(xc, COLLD_ERR_TIMEOUT, why, true);
-        }
+        check_deadlines(xc, now);
         xc->busy--;
         xcoll_maybe_end(xc);
     }
