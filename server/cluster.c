@@ -408,8 +408,8 @@ static void join_refuse(colld_daemon_t *d, const char *sender, xjoin_t *j, const
 
 static void node_order_formed(colld_daemon_t *d, xjoin_t *j);
 
-/* A rank joined on the sending node (lock held). The Join must be for the sender's own node, with
- * a printable node name ("Who may say what"). */
+/* A rank joined on the sending node (lock held). The Join must be for the sender's own node and
+ * name, those its handshake proved ("Who may say what"). */
 static void handle_join(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net__V1__Join *m)
 {
     colld_cluster_t *cl = d->cluster;
@@ -428,11 +428,10 @@ static void handle_join(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net
         join_refuse(d, sender, NULL, m, COLLD_ERR_INVALID_ARGUMENT, why);
         return;
     }
-    if (!m->node_name || !m->node_name[0] || !colld_str_valid(m->node_name, COLLD_NET_NAME_LEN - 1)) {
-        colld_cluster_log_bad(cl, "Join from %s with a node name that is not 1 to %d bytes of printable UTF-8",
-                              sender, COLLD_NET_NAME_LEN - 1);
-        snprintf(why, sizeof(why), "node %s: its node name is not 1 to %d bytes of printable UTF-8", sender,
-                 COLLD_NET_NAME_LEN - 1);
+    if (!m->node_name || !m->node_name[0] || !colld_str_valid(m->node_name, COLLD_NET_NAME_LEN - 1) ||
+        strcmp(m->node_name, p ? colld_net_peer_name(p) : cl->node_name) != 0) {
+        colld_cluster_log_bad(cl, "Join from %s with a node name that is not its own", sender);
+        snprintf(why, sizeof(why), "node %s: the Join's node name is not the one it authenticated with", sender);
         join_refuse(d, sender, NULL, m, COLLD_ERR_INVALID_ARGUMENT, why);
         return;
     }
@@ -733,8 +732,9 @@ static bool is_member_node(const colld_xcomm_t *x, const char *addr)
 }
 
 /* Fail arrived (network thread, lock held): only from a node entitled to fail the communicator
- * ("Who may say what"). Its node name and detail are sanitized before they reach any log, error
- * detail or other node. */
+ * ("Who may say what"). The node named is the sender as it authenticated (the message's own
+ * node_name is not trusted); the detail is sanitized before it reaches any log, error detail or
+ * other node. */
 static void handle_fail(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net__V1__Fail *f,
                         colld_reply_t **replies)
 {
@@ -742,8 +742,8 @@ static void handle_fail(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net
     const char *sender = sender_addr(d, p);
     colld_status_t st = f->status < 0 && f->status >= COLLD_ERR_INTERNAL ? (colld_status_t)f->status
                                                                            : COLLD_ERR_INTERNAL;
-    char why[COLLD_DETAIL_LEN], node[COLLD_NET_NAME_LEN], detail[COLLD_DETAIL_LEN - COLLD_NET_NAME_LEN - 16];
-    colld_str_sanitize(node, sizeof(node), f->node_name ? f->node_name : "?", SIZE_MAX);
+    char why[COLLD_DETAIL_LEN], detail[COLLD_DETAIL_LEN - COLLD_NET_NAME_LEN - 16];
+    const char *node = p ? colld_net_peer_name(p) : cl->node_name;
     colld_str_sanitize(detail, sizeof(detail), f->detail ? f->detail : "", SIZE_MAX);
     /* say which node saw it: with a cut link, each end reports the other one lost */
     snprintf(why, sizeof(why), "on node %s: %s", node, detail);
