@@ -41,6 +41,7 @@
 #include "server/cluster.h"
 
 #include "colld_net.pb-c.h"
+#include "transport/tcp/tcp_internal.h" /* colld__tcp_net_detached */
 #include "common/log.h"
 #include "common/util.h"
 
@@ -1009,6 +1010,28 @@ static ssize_t read_secret(const char *path, uint8_t *buf, size_t cap)
     return n;
 }
 
+/* The transport's configuration for this daemon (secret and names filled by the caller). */
+static colld_net_config_t net_config(colld_daemon_t *d, colld_cluster_t *cl)
+{
+    return (colld_net_config_t){
+        .node_name = cl->node_name,
+        .listen_addr = d->cfg.listen,
+        .conns_per_peer = (int)d->cfg.net_conns,
+        .heartbeat_ms = (int)d->cfg.heartbeat_ms,
+        .heartbeat_misses = (int)d->cfg.heartbeat_misses,
+        .chunk_bytes = COLLD_NET_MAX_CHUNK,
+        .stranger_ms = (int)d->cfg.peer_handshake_ms,
+        .cb = { .peer_up = on_peer_up,
+                .peer_lost = on_peer_lost,
+                .data_dest = on_data_dest,
+                .data = on_data,
+                .ctrl = on_ctrl,
+                .tick = on_tick,
+                .peer_unused = on_peer_unused,
+                .arg = d },
+    };
+}
+
 int colld_cluster_start(colld_daemon_t *d)
 {
     if (!d->cfg.listen || !*d->cfg.listen)
@@ -1034,25 +1057,9 @@ int colld_cluster_start(colld_daemon_t *d)
         colld_strlcpy(cl->node_name, d->cfg.node_name, sizeof(cl->node_name));
     else if (gethostname(cl->node_name, sizeof(cl->node_name) - 1) < 0)
         colld_strlcpy(cl->node_name, "node", sizeof(cl->node_name));
-    colld_net_config_t nc = {
-        .node_name = cl->node_name,
-        .listen_addr = d->cfg.listen,
-        .secret = secret,
-        .secret_len = (size_t)slen,
-        .conns_per_peer = (int)d->cfg.net_conns,
-        .heartbeat_ms = (int)d->cfg.heartbeat_ms,
-        .heartbeat_misses = (int)d->cfg.heartbeat_misses,
-        .chunk_bytes = COLLD_NET_MAX_CHUNK,
-        .stranger_ms = (int)d->cfg.peer_handshake_ms,
-        .cb = { .peer_up = on_peer_up,
-                .peer_lost = on_peer_lost,
-                .data_dest = on_data_dest,
-                .data = on_data,
-                .ctrl = on_ctrl,
-                .tick = on_tick,
-                .peer_unused = on_peer_unused,
-                .arg = d },
-    };
+    colld_net_config_t nc = net_config(d, cl);
+    nc.secret = secret;
+    nc.secret_len = (size_t)slen;
     char err[256];
     d->cluster = cl; /* the thread's callbacks find it there */
     if (colld_net_start(&nc, &cl->net, err, sizeof(err)) < 0) {
@@ -1065,6 +1072,29 @@ int colld_cluster_start(colld_daemon_t *d)
     memset(secret, 0, sizeof(secret));
     colld_strlcpy(cl->self_addr, colld_net_listen_addr(cl->net), sizeof(cl->self_addr));
     LOG_INFO(NET, "node %s listening for peer daemons on %s", cl->node_name, cl->self_addr);
+    return 0;
+}
+
+int colld__cluster_start_detached(colld_daemon_t *d, const char *self_addr, const char *node_name)
+{
+    static const uint8_t secret[] = "detached-cluster-secret-01234567";
+    colld_cluster_t *cl = calloc(1, sizeof(*cl));
+    if (!cl)
+        return -1;
+    cl->d = d;
+    colld_strlcpy(cl->node_name, node_name, sizeof(cl->node_name));
+    colld_net_config_t nc = net_config(d, cl);
+    nc.listen_addr = self_addr;
+    nc.secret = secret;
+    nc.secret_len = sizeof(secret) - 1;
+    char err[256];
+    d->cluster = cl;
+    if (colld__tcp_net_detached(&nc, &cl->net, err, sizeof(err)) < 0) {
+        d->cluster = NULL;
+        free(cl);
+        return -1;
+    }
+    colld_strlcpy(cl->self_addr, colld_net_listen_addr(cl->net), sizeof(cl->self_addr));
     return 0;
 }
 

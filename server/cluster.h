@@ -101,6 +101,11 @@ struct colld_cluster {
 };
 
 /* ---- cluster.c ---- */
+/* The cluster on a detached transport (no listening socket, no thread; see
+ * colld__tcp_net_detached), for fuzzers and in-process tests: its caller runs the network
+ * thread's passes (colld__tcp_net_step) and hands it peer messages through the transport's
+ * callbacks. colld_cluster_stop ends it. Returns 0 or -1. */
+int colld__cluster_start_detached(colld_daemon_t *d, const char *self_addr, const char *node_name);
 /* Log a refused peer message, at most one line per 10 s with the count of the others (net). */
 void colld_cluster_log_bad(colld_cluster_t *cl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Pin / unpin the communicator with this xid (takes the lock). NULL if unknown. */

@@ -788,7 +788,9 @@ static int open_listener(colld_net_t *n, char *err, size_t err_len)
     return 0;
 }
 
-int colld_net_start(const colld_net_config_t *cfg, colld_net_t **out, char *err, size_t err_len)
+/* Build a colld_net_t: checked configuration, copies, epoll and eventfd; with `listen`, the
+ * listening socket (else the listen address is taken as given: a detached net). No thread. */
+static int net_create(const colld_net_config_t *cfg, bool listen, colld_net_t **out, char *err, size_t err_len)
 {
     colld_net_t *n = NULL;
     *out = NULL;
@@ -820,14 +822,16 @@ int colld_net_start(const colld_net_config_t *cfg, colld_net_t **out, char *err,
     }
     memcpy(n->secret, cfg->secret, cfg->secret_len);
     n->cfg.secret = n->secret;
-    if (open_listener(n, err, err_len) < 0)
+    if (listen && open_listener(n, err, err_len) < 0)
         goto fail;
+    if (!listen)
+        colld_strlcpy(n->addr, cfg->listen_addr, sizeof(n->addr));
     n->cfg.listen_addr = n->addr;
     n->epfd = epoll_create1(EPOLL_CLOEXEC);
     n->wfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     struct epoll_event lev = { .events = EPOLLIN, .data.ptr = &n->lfd };
     struct epoll_event wev = { .events = EPOLLIN, .data.ptr = &n->wfd };
-    if (n->epfd < 0 || n->wfd < 0 || epoll_ctl(n->epfd, EPOLL_CTL_ADD, n->lfd, &lev) < 0 ||
+    if (n->epfd < 0 || n->wfd < 0 || (listen && epoll_ctl(n->epfd, EPOLL_CTL_ADD, n->lfd, &lev) < 0) ||
         epoll_ctl(n->epfd, EPOLL_CTL_ADD, n->wfd, &wev) < 0) {
         colld__tcp_sys_msg(err, err_len, "cannot set up the network thread's epoll", errno);
         goto fail;
@@ -835,13 +839,6 @@ int colld_net_start(const colld_net_config_t *cfg, colld_net_t **out, char *err,
     n->last_tick_ms = n->next_timer_ms = colld_now_ms();
     if (colld_random_bytes(&n->last_session, sizeof(n->last_session)) < 0)
         n->last_session = colld_now_ns(); /* sessions only need to differ from a restart's */
-    int rc = pthread_create(&n->thread, NULL, net_thread, n);
-    if (rc != 0) {
-        colld__tcp_sys_msg(err, err_len, "cannot start the network thread", rc);
-        goto fail;
-    }
-    pthread_setname_np(n->thread, "colld-net");
-    LOG_INFO(NET, "listening for peers on %s as %s", n->addr, n->name);
     *out = n;
     return 0;
 fail:
@@ -849,13 +846,52 @@ fail:
     return -1;
 }
 
+int colld_net_start(const colld_net_config_t *cfg, colld_net_t **out, char *err, size_t err_len)
+{
+    colld_net_t *n;
+    *out = NULL;
+    if (net_create(cfg, true, &n, err, err_len) < 0)
+        return -1;
+    int rc = pthread_create(&n->thread, NULL, net_thread, n);
+    if (rc != 0) {
+        colld__tcp_sys_msg(err, err_len, "cannot start the network thread", rc);
+        net_free(n);
+        return -1;
+    }
+    n->thread_started = true;
+    pthread_setname_np(n->thread, "colld-net");
+    LOG_INFO(NET, "listening for peers on %s as %s", n->addr, n->name);
+    *out = n;
+    return 0;
+}
+
+int colld__tcp_net_detached(const colld_net_config_t *cfg, colld_net_t **out, char *err, size_t err_len)
+{
+    return net_create(cfg, false, out, err, err_len);
+}
+
+void colld__tcp_net_step(colld_net_t *n)
+{
+    uint64_t v;
+    if (read(n->wfd, &v, sizeof(v)) > 0)
+        process_inbox(n);
+    run_pending_losses(n);
+    if (n->cfg.cb.tick)
+        n->cfg.cb.tick(n->cfg.cb.arg);
+    run_pending_losses(n);
+    colld__tcp_flush_dirty(n);
+    reap(n);
+}
+
 void colld_net_stop(colld_net_t *n)
 {
     if (!n)
         return;
-    atomic_store(&n->stopping, true);
-    colld_net_wake(n);
-    pthread_join(n->thread, NULL);
+    if (n->thread_started) {
+        atomic_store(&n->stopping, true);
+        colld_net_wake(n);
+        pthread_join(n->thread, NULL);
+    }
     net_free(n);
 }
 

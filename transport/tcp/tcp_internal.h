@@ -176,6 +176,7 @@ struct colld_net {
     uint8_t *secret;
     int lfd, epfd, wfd;
     pthread_t thread;
+    bool thread_started; /* false for a detached net (colld__tcp_net_detached) */
     uint64_t timer_period_ms;
     atomic_bool stopping;
 
@@ -250,6 +251,14 @@ static inline void colld__tcp_q_release(msgq_t *q, bool run_done, bool ok)
 /* ============================================================================================
  * Shared functions (net thread)
  * ========================================================================================== */
+
+/* tcp.c: a net without a listening socket or a thread, driven a pass at a time by its caller
+ * (fuzzers and in-process tests: see tests/fuzz). colld_net_stop frees it. Its listen address is
+ * cfg->listen_addr as given. */
+int colld__tcp_net_detached(const colld_net_config_t *cfg, colld_net_t **out, char *err, size_t err_len);
+/* One pass of the network thread's loop without waiting for events: requests from other threads,
+ * deferred losses, tick(), the writes queued, closed connections and unused peers freed. */
+void colld__tcp_net_step(colld_net_t *n);
 
 /* tcp.c: peers. */
 const char *colld__tcp_peer_label(const colld_net_peer_t *p, char *buf, size_t len);
