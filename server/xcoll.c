@@ -582,11 +582,8 @@ static int phase_in(xcoll_t *xc, uint64_t a, uint64_t b)
     uint64_t slot = xc->sig.count * xc->es;
     const void *in[COLLD_MAX_RANKS];
     int nin = 0;
-    for (int r = 0; r < n; r++)
-        if (k->ops[r])
-            in[nin++] = (const uint8_t *)k->ops[r]->send_ptr + a;
     if (xc->sig.kind == COLLD_KIND_BROADCAST)
-        return 0; /* the root's node sends from the root's buffer */
+        return 0; /* the root's node sends from the root's buffer (the others may have none) */
     if (xc->sig.kind == COLLD_KIND_ALLGATHER) {
         for (int r = 0; r < n; r++) {
             uint64_t lo = COLLD_MAX(a, (uint64_t)r * slot), hi = COLLD_MIN(b, (uint64_t)(r + 1) * slot);
@@ -595,6 +592,9 @@ static int phase_in(xcoll_t *xc, uint64_t a, uint64_t b)
         }
         return 0;
     }
+    for (int r = 0; r < n; r++)
+        if (k->ops[r])
+            in[nin++] = (const uint8_t *)k->ops[r]->send_ptr + a;
     void *out[1] = { xc->X + a };
     return colld_cpu_reduce(xc->dt, xc->pop, in, nin, out, 1, (b - a) / xc->es) == COLLD_OK ? 0 : -1;
 }
