@@ -53,6 +53,7 @@
 #include "common/util.h"
 #include "kernels/cpu/reduce.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1043,14 +1044,34 @@ out:
     xcoll_maybe_end(xc);
 }
 
+/* Append to the detail being built in buf (len bytes) at *off; never past its end, whatever was
+ * appended before (*off stays below len). */
+__attribute__((format(printf, 4, 5))) static void appendf(char *buf, size_t len, int *off, const char *fmt, ...)
+{
+    if (*off < 0 || (size_t)*off >= len - 1)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *off, len - (size_t)*off, fmt, ap);
+    va_end(ap);
+    *off = n < 0 ? (int)(len - 1) : (int)COLLD_MIN((size_t)*off + (size_t)n, len - 1);
+}
+
+/* A detail cut at the end of its buffer may end inside a node name's character: repaired in place
+ * (a partial character becomes '?'), so that what reaches clients and other nodes is valid UTF-8. */
+static void detail_repair(char *buf, size_t len)
+{
+    colld_str_sanitize(buf, len, buf, SIZE_MAX);
+}
+
 /* " rank(s) 2 3" of node n into buf at *off. */
 static void append_ranks(const xcoll_t *xc, int n, char *buf, size_t len, int *off)
 {
-    *off += snprintf(buf + *off, len - (size_t)*off, " (rank(s)");
+    appendf(buf, len, off, " (rank(s)");
     for (int r = 0; r < xc->c->nranks && *off < (int)len - 16; r++)
         if (xc->x->rank_node[r] == n)
-            *off += snprintf(buf + *off, len - (size_t)*off, " %d", r);
-    *off += snprintf(buf + *off, len - (size_t)*off, ")");
+            appendf(buf, len, off, " %d", r);
+    appendf(buf, len, off, ")");
 }
 
 /* What the collective is waiting for, once every node is ready: the first node that stopped
@@ -1063,14 +1084,14 @@ static void describe_wait(const xcoll_t *xc, uint64_t now, char *buf, size_t len
     for (int n = 0; n < k; n++)
         if (n != j && xc->nodes[n].inflight > 0 &&
             now - xc->nodes[n].moved_ns >= (uint64_t)xc->c->timeout_ms * 1000000ull) {
-            *off += snprintf(buf + *off, len - (size_t)*off, " node %s (%s) took none of this node's data for %llu ms",
+            appendf(buf, len, off, " node %s (%s) took none of this node's data for %llu ms",
                              x->node_name[n], x->node_addr[n],
                              (unsigned long long)((now - xc->nodes[n].moved_ns) / 1000000ull));
             append_ranks(xc, n, buf, len, off);
             return;
         }
     if (xc->stage != STAGE_NET) {
-        *off += snprintf(buf + *off, len - (size_t)*off, " the local %s stage on node %s did not advance",
+        appendf(buf, len, off, " the local %s stage on node %s did not advance",
                          xc->stage == STAGE_IN ? "input" : "copy-out", x->node_name[j]);
         return;
     }
@@ -1104,11 +1125,11 @@ static void describe_wait(const xcoll_t *xc, uint64_t now, char *buf, size_t len
         }
     }
     if (from < 0 || from == j) {
-        *off += snprintf(buf + *off, len - (size_t)*off, " the sends of node %s did not finish",
+        appendf(buf, len, off, " the sends of node %s did not finish",
                          x->node_name[j]);
         return;
     }
-    *off += snprintf(buf + *off, len - (size_t)*off, " node %s (%s) did not send its %s step %d data",
+    appendf(buf, len, off, " node %s (%s) did not send its %s step %d data",
                      x->node_name[from], x->node_addr[from], phase_name(phase), step);
     append_ranks(xc, from, buf, len, off);
 }
@@ -1125,16 +1146,18 @@ static void check_deadlines(xcoll_t *xc, uint64_t now)
         for (int node = 0; node < xc->x->nnodes && off < (int)sizeof(why) - 64; node++) {
             if (node == xc->x->self || xc->nodes[node].ready)
                 continue;
-            off += snprintf(why + off, sizeof(why) - (size_t)off, " node %s", xc->x->node_name[node]);
+            appendf(why, sizeof(why), &off, " node %s", xc->x->node_name[node]);
             append_ranks(xc, node, why, sizeof(why), &off);
-            off += snprintf(why + off, sizeof(why) - (size_t)off, " not ready;");
+            appendf(why, sizeof(why), &off, " not ready;");
         }
+        detail_repair(why, sizeof(why));
         xcoll_fail(xc, COLLD_ERR_TIMEOUT, why, true);
     } else if (!xc->failed && xc->nready == xc->x->nnodes - 1 && now >= xc->progress_ns + t_ns) {
         describe_sig(sig, sizeof(sig), &xc->sig);
         off = snprintf(why, sizeof(why), "collective #%llu %s made no progress for %d ms:",
                        (unsigned long long)xc->sig.seq, sig, xc->c->timeout_ms);
         describe_wait(xc, now, why, sizeof(why), &off);
+        detail_repair(why, sizeof(why));
         xcoll_fail(xc, COLLD_ERR_TIMEOUT, why, true);
     }
     if (!xc->failed || xc->inflight == 0 || !xc->nodes)

@@ -597,6 +597,45 @@ static void test_member_sends_bad_data(void **state)
     assert_cluster_serves(cl);
 }
 
+/* Seven members with long node names never answer Ready: the time-out names them all in a
+ * detail that does not fit its buffer. It is cut cleanly. Before, each name was appended after a
+ * guard that left room for 64 bytes only: with five 48-byte names before it, the sixth 63-byte
+ * one ended 4 bytes past the 512-byte buffer and the rank list after it was written with a size
+ * that had wrapped around (an overflow of the daemon's stack, caught by ASan). */
+static void test_many_silent_members(void **state)
+{
+    cluster_t *cl = *state;
+    enum { K = 7 };
+    char hex[HARNESS_UID_HEX_LEN], text[2048], names[K][64];
+    colld_unique_id_t id;
+    evil_t *e[K];
+    waiter_t w;
+    new_uid(cl, hex, &id);
+    snprintf(w.out, sizeof(w.out), "%s/out", cl->tmp);
+    snprintf(w.ready, sizeof(w.ready), "%s/ready", cl->tmp);
+    snprintf(w.done, sizeof(w.done), "%s/done", cl->tmp);
+    snprintf(w.stop, sizeof(w.stop), "%s/stop", cl->tmp);
+    unlink(w.done);
+    unlink(w.stop);
+    const char *x[] = { RANK_BIN, "--socket", cl->h[0].socket, "--uid", hex, "--nranks", "8", "--rank", "0",
+                        "--mode", "hang", "--expect", "COLLD_ERR_TIMEOUT", "--out", w.out, "--timeout-ms", "2000",
+                        "--done-file", w.done, "--stop-file", w.stop, NULL };
+    assert_true((w.pid = harness_spawn(x)) > 0);
+    for (int i = 0; i < K; i++) {
+        size_t len = i < 5 ? 48 : 63;
+        memset(names[i], 'a' + i, len);
+        names[i][len] = '\0';
+        e[i] = evil_start(names[i], SECRET);
+        evil_join(e[i], cl->addr[0], &id, K + 1, i + 1, names[i], e[i]->addr);
+    }
+    finish_waiter(&w, text, sizeof(text), 30000);
+    assert_non_null(strstr(text, "timed out after 2000 ms waiting for other nodes: node aaaa"));
+    release_waiter(&w);
+    for (int i = 0; i < K; i++)
+        evil_stop(e[i]);
+    assert_cluster_serves(cl);
+}
+
 /* ============================================================================================
  * #9: a member that stops reading
  * ========================================================================================== */
@@ -958,6 +997,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_member_sends_no_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_member_sends_bad_data, setup, teardown),
         cmocka_unit_test_setup_teardown(test_member_stops_reading, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_many_silent_members, setup, teardown),
         cmocka_unit_test_setup_teardown(test_join_names_other_address, setup, teardown),
         cmocka_unit_test_setup_teardown(test_formed_not_from_root, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_strings, setup, teardown),
