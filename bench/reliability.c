@@ -14,6 +14,11 @@
  *   colld-reliability --socket S soak SECONDS [PAIRS] PAIRS two-rank communicators (processes)
  *                                                   run exact all-reduces of 8 B .. 1 MiB until
  *                                                   the time is up; prints collectives and errors
+ *   colld-reliability --socket S teardown N         a process joins N one-rank communicators and
+ *                                                   exits; another client times unique-id calls
+ *                                                   meanwhile: the longest one is the stall every
+ *                                                   tenant sees while the daemon tears the session
+ *                                                   down (the daemon needs limits above N)
  *
  * Exit status 0 when every operation behaved exactly as described, 1 otherwise.
  */
@@ -326,6 +331,62 @@ static int soak(double seconds, int pairs)
     return failed ? 1 : 0;
 }
 
+/* ---- teardown stall --------------------------------------------------------------------- */
+
+static int teardown(long n)
+{
+    int *flag = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (flag == MAP_FAILED)
+        return 1;
+    pid_t pid = fork();
+    if (pid == 0) { /* the process with N communicators: it joins them, then exits without a word */
+        colld_client_t *c;
+        if (colld_connect(sock, &c) != COLLD_OK)
+            _exit(1);
+        for (long i = 0; i < n; i++) {
+            colld_unique_id_t id;
+            colld_comm_t *comm;
+            colld_status_t st = colld_get_unique_id(c, &id);
+            if (st == COLLD_OK)
+                st = colld_comm_init_rank(c, &comm, 1, id, 0, NULL);
+            if (st != COLLD_OK) {
+                fprintf(stderr, "teardown: communicator %ld: %s: %s\n", i, colld_status_name(st), colld_last_error(c));
+                _exit(1);
+            }
+        }
+        __atomic_store_n(flag, 1, __ATOMIC_RELEASE);
+        while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) != 2)
+            usleep(1000);
+        _exit(0);
+    }
+    while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) == 0) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return 1;
+        usleep(1000);
+    }
+    colld_client_t *c; /* connected only now: nothing of gRPC crossed the fork */
+    if (colld_connect(sock, &c) != COLLD_OK)
+        return 1;
+    double worst = 0, t_exit = now_ms(), end = t_exit + 3000;
+    __atomic_store_n(flag, 2, __ATOMIC_RELEASE);
+    long calls = 0;
+    while (now_ms() < end) {
+        colld_unique_id_t id;
+        double t0 = now_ms();
+        if (colld_get_unique_id(c, &id) != COLLD_OK)
+            return 1;
+        double dt = now_ms() - t0;
+        worst = dt > worst ? dt : worst;
+        calls++;
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    printf("teardown communicators=%ld calls=%ld longest_call_ms=%.1f\n", n, calls, worst);
+    colld_disconnect(c);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 5 && strcmp(argv[1], "--socket") == 0) {
@@ -341,8 +402,10 @@ int main(int argc, char **argv)
             return kill_trials(n, k > 1 && k <= 64 ? k : 4);
         if (strcmp(mode, "soak") == 0)
             return soak((double)n, k > 0 ? k : 4);
+        if (strcmp(mode, "teardown") == 0)
+            return teardown(n);
     }
     fprintf(stderr, "usage: colld-reliability --socket PATH churn-connect N | churn-comm N | kill N [RANKS] | "
-                    "soak SECONDS [PAIRS]\n");
+                    "soak SECONDS [PAIRS] | teardown N\n");
     return 2;
 }

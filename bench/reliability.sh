@@ -12,6 +12,9 @@
 #      max; target < 100 ms);
 #   4. soak (default 600 s): 12 processes (6 two-rank communicators) running exact all-reduces of
 #      8 B .. 1 MiB;
+#   5. teardown (on a second daemon with the communicator limits raised and no fast areas): a
+#      process with 8,000 one-rank communicators exits; the longest unique-id call another client
+#      makes meanwhile is the stall every tenant sees (issue 13 #14: 0.86 s before the fix);
 # sampling the daemon's RSS (kB), open descriptors and memory mappings before, after each phase
 # and at the end, and its CPU time. "Flat" means the values after each phase are within a small
 # margin of the baseline taken after a short warm-up of every phase (allocator caches may keep a
@@ -33,9 +36,9 @@ while [ $# -gt 0 ]; do
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
-connects=10000 comms=2000
+connects=10000 comms=2000 teardown=8000
 if [ "$quick" = 1 ]; then
-  connects=1000 comms=200 trials=$((trials / 10)) soak_s=$((soak_s / 10))
+  connects=1000 comms=200 trials=$((trials / 10)) soak_s=$((soak_s / 10)) teardown=800
 fi
 
 [ -f "$build/build.ninja" ] || cmake -S "$root" -B "$build" -G Ninja >/dev/null
@@ -89,4 +92,12 @@ sleep 1; sample after-kill-trials; flat kill-trials
 "$tool" --socket "$sock" soak "$soak_s" 6 || status=1
 sleep 1; sample after-soak; flat soak
 "$build/tools/collctl" --socket "$sock" status | head -3
+
+sock2="$dir/teardown.sock"
+"$build/server/colld" --socket "$sock2" --log-level warn --log-file "$dir/teardown.log" --fast-path-bytes 0 \
+  --max-comms-per-session 100000 --max-comms-per-tenant 100000 &
+daemon2=$!
+for _ in $(seq 100); do [ -S "$sock2" ] && break; sleep 0.1; done
+"$tool" --socket "$sock2" teardown "$teardown" || status=1
+kill $daemon2; wait $daemon2 || true
 exit $status
