@@ -13,8 +13,8 @@
 #   4. soak (default 600 s): 12 processes (6 two-rank communicators) running exact all-reduces of
 #      8 B .. 1 MiB;
 #   5. teardown (on a second daemon with the communicator limits raised and no fast areas): a
-#      process with 8,000 one-rank communicators exits; the longest unique-id call another client
-#      makes meanwhile is the stall every tenant sees (issue 13 #14: 0.86 s before the fix);
+#      process with 8,000 one-rank communicators exits; the longest attach (colld_connect) of
+#      another process meanwhile is the stall every tenant sees (issue 13 #14: 0.86 s before);
 # sampling the daemon's RSS (kB), open descriptors and memory mappings before, after each phase
 # and at the end, and its CPU time. "Flat" means the values after each phase are within a small
 # margin of the baseline taken after a short warm-up of every phase (allocator caches may keep a
