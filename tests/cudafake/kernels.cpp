@@ -1,0 +1,193 @@
+/*
+ * kernels.cpp - host builds of colld's CUDA kernels for the CUDA driver test double (see
+ * hkernel.h).
+ *
+ * The kernel bodies are not copied: they are kernels/cuda/cuda_core.cuh's __host__ __device__
+ * templates, compiled here for the CPU (as tests/gpu/test_cuda_emulated.cu does). What is written
+ * here is the thin __global__ wrapper of kernels/cuda/reduce.cu and copy.cu, declared with the very
+ * name and signature of the device kernel, so that its mangled name is the one nvcc gives the
+ * device kernel in the fatbin; that name is read back with dladdr (the wrappers are exported from
+ * the double for that reason, libcuda.map). A kernel added to kernels/cuda needs its wrapper
+ * here: the double's own test (test_cudafake) enumerates the kernels of colld's real fatbin and
+ * fails for any that has no host build.
+ *
+ * A launch runs the grid's threads one after another on the stream's worker thread, each with its
+ * own (tid, nthreads), exactly the indexing of the device grid-stride loops.
+ */
+#include "tests/cudafake/hkernel.h"
+
+/* The kernels' types (the dtype traits, the parameter blocks, uint4...) take part in the wrappers'
+ * names; a type of hidden visibility would hide the instantiations from the dynamic symbol table
+ * (-fvisibility=hidden), so the kernel sources are seen with default visibility. */
+#pragma GCC visibility push(default)
+#include "kernels/cuda/cuda_core.cuh"
+#pragma GCC visibility pop
+
+#include <cstdint>
+#include <cstring>
+#include <dlfcn.h>
+#include <pthread.h>
+
+namespace {
+
+/* The emulated grid of the launch this thread is running (a stream worker runs one at a time). */
+thread_local size_t fk_grid_threads;
+
+} // namespace
+
+#define FK_KERNEL_EXPORT __attribute__((visibility("default")))
+
+/* ---------------------------------------------------------------------------------------------
+ * The wrappers: the names and signatures of kernels/cuda/reduce.cu and copy.cu.
+ * ------------------------------------------------------------------------------------------- */
+
+template <typename D, int OP>
+FK_KERNEL_EXPORT void colld__cuda_reduce_kernel(const colld__cuda_reduce_params_t p)
+{
+    const size_t n = fk_grid_threads;
+    for (size_t tid = 0; tid < n; tid++)
+        colld__cuda_reduce_body<D, OP>(p, tid, n);
+}
+
+template <typename Unit> FK_KERNEL_EXPORT void colld__cuda_copy_kernel(const colld__cuda_copy_params_t p)
+{
+    const size_t n = fk_grid_threads;
+    for (size_t tid = 0; tid < n; tid++)
+        colld__cuda_copy_body<Unit>(p, tid, n);
+}
+
+namespace {
+
+/* ---------------------------------------------------------------------------------------------
+ * Running and checking one kernel.
+ * ------------------------------------------------------------------------------------------- */
+
+template <typename D, int OP> void run_reduce(const void *params, size_t nthreads)
+{
+    colld__cuda_reduce_params_t p;
+    memcpy(&p, params, sizeof p);
+    fk_grid_threads = nthreads;
+    colld__cuda_reduce_kernel<D, OP>(p);
+}
+
+template <typename Unit> void run_copy(const void *params, size_t nthreads)
+{
+    colld__cuda_copy_params_t p;
+    memcpy(&p, params, sizeof p);
+    fk_grid_threads = nthreads;
+    colld__cuda_copy_kernel<Unit>(p);
+}
+
+/* Is [p, p + bytes) aligned as the kernel's accesses need? Element accesses need the element's
+ * alignment; the vector body (when there is one) starts 16-byte aligned at `head`. */
+bool aligned(const void *p, size_t elem, size_t head_bytes, bool body, size_t unit)
+{
+    uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    return a % elem == 0 && (!body || (a + head_bytes) % unit == 0);
+}
+
+/* A reduce launch: the plan's invariants (a GPU would read out of bounds without them), every input
+ * readable and every output writable over count elements, and the alignment of every access. */
+template <typename D> CUresult check_reduce(const void *params, fk_access_fn access, void *cookie)
+{
+    typedef typename D::T T;
+    const size_t V = COLLD__CUDA_VEC_BYTES / sizeof(T);
+    colld__cuda_reduce_params_t p;
+    memcpy(&p, params, sizeof p);
+    if (p.n_in < 1 || p.n_in > COLLD_CUDA_MAX_RANKS || p.n_out < 0 || p.n_out > COLLD_CUDA_MAX_RANKS ||
+        p.count > SIZE_MAX / sizeof(T) || p.head > p.count || p.nvec > (p.count - p.head) / V)
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    const size_t bytes = p.count * sizeof(T);
+    if (bytes == 0)
+        return CUDA_SUCCESS;
+    for (int i = 0; i < p.n_in + p.n_out; i++) {
+        bool out = i >= p.n_in;
+        const void *b = out ? p.out[i - p.n_in] : p.in[i];
+        CUresult r = access(cookie, b, bytes, out);
+        if (r != CUDA_SUCCESS)
+            return r;
+        if (!aligned(b, sizeof(T), p.head * sizeof(T), p.nvec > 0, COLLD__CUDA_VEC_BYTES))
+            return CUDA_ERROR_MISALIGNED_ADDRESS;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* A copy launch: the same for the source and the outputs, at the plan's unit. */
+template <typename Unit> CUresult check_copy(const void *params, fk_access_fn access, void *cookie)
+{
+    colld__cuda_copy_params_t p;
+    memcpy(&p, params, sizeof p);
+    if (p.n_out < 1 || p.n_out > COLLD_CUDA_MAX_RANKS || p.unit != (int)sizeof(Unit) || p.head > p.bytes ||
+        p.nunits > (p.bytes - p.head) / sizeof(Unit))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    if (p.bytes == 0)
+        return CUDA_SUCCESS;
+    for (int i = 0; i <= p.n_out; i++) {
+        const void *b = i == 0 ? p.src : p.out[i - 1];
+        CUresult r = access(cookie, b, p.bytes, i > 0);
+        if (r != CUDA_SUCCESS)
+            return r;
+        if (!aligned(b, 1, p.head, p.nunits > 0, sizeof(Unit)))
+            return CUDA_ERROR_MISALIGNED_ADDRESS;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The table: one entry per kernel of kernels/cuda, from the same dtype x op lists.
+ * ------------------------------------------------------------------------------------------- */
+
+struct entry {
+    fk_hkernel_t k;
+    void *sym; /* the wrapper, whose exported name is the kernel's */
+};
+
+template <typename F> void *sym_of(F *f)
+{
+    return reinterpret_cast<void *>(f);
+}
+
+#define FK_REDUCE_ENTRY(name, E_OP, opname)                                                                  \
+    {{nullptr, sizeof(colld__cuda_reduce_params_t), run_reduce<colld__cuda_t_##name, E_OP>,                  \
+      check_reduce<colld__cuda_t_##name>},                                                                   \
+     sym_of(&colld__cuda_reduce_kernel<colld__cuda_t_##name, E_OP>)},
+#define FK_REDUCE_DTYPE(E, name, T, A, U, W, K) COLLD_REDUCE_OPS(FK_REDUCE_ENTRY, name)
+#define FK_COPY_ENTRY(Unit)                                                                                  \
+    {{nullptr, sizeof(colld__cuda_copy_params_t), run_copy<Unit>, check_copy<Unit>},                         \
+     sym_of(&colld__cuda_copy_kernel<Unit>)},
+
+entry table[] = {COLLD_REDUCE_DTYPES(FK_REDUCE_DTYPE) FK_COPY_ENTRY(uint4) FK_COPY_ENTRY(uint2)
+                     FK_COPY_ENTRY(unsigned int) FK_COPY_ENTRY(unsigned short) FK_COPY_ENTRY(unsigned char)};
+const size_t table_len = sizeof(table) / sizeof(table[0]);
+fk_hkernel_t list[sizeof(table) / sizeof(table[0])];
+
+pthread_once_t named = PTHREAD_ONCE_INIT;
+
+/* Find each wrapper's exported (mangled) name. */
+void name_all()
+{
+    for (size_t i = 0; i < table_len; i++) {
+        Dl_info info;
+        if (dladdr(table[i].sym, &info) && info.dli_sname && info.dli_saddr == table[i].sym)
+            table[i].k.name = info.dli_sname;
+        list[i] = table[i].k;
+    }
+}
+
+} // namespace
+
+extern "C" const fk_hkernel_t *fk_hkernel_find(const char *name)
+{
+    pthread_once(&named, name_all);
+    for (size_t i = 0; i < table_len; i++)
+        if (table[i].k.name && strcmp(table[i].k.name, name) == 0)
+            return &table[i].k;
+    return nullptr;
+}
+
+extern "C" const fk_hkernel_t *fk_hkernel_list(size_t *n)
+{
+    pthread_once(&named, name_all);
+    *n = table_len;
+    return list;
+}
