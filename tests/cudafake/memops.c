@@ -9,7 +9,7 @@
  *   AND  (*addr & value) != 0
  *   NOR  ~(*addr | value) != 0           (CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR)
  * with CU_STREAM_WAIT_VALUE_FLUSH only where CAN_FLUSH_REMOTE_WRITES; a write stores the value
- * after every earlier write of the stream is visible (a release store after a full fence), or
+ * after every earlier write of the stream is visible (a sequentially consistent store), or
  * with CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER a relaxed store. The V1 entry points work only
  * where the device has the V1 API enabled (CAN_USE_STREAM_MEM_OPS_V1, off by default as in the
  * driver); 64-bit operations need CAN_USE_64_BIT_STREAM_MEM_OPS; a device with memops=0 has none
@@ -117,13 +117,13 @@ CUresult fk_memop_run(fk_stream_t *s, const fk_memop_t *ms, int n)
         case CU_STREAM_MEM_OP_WRITE_VALUE_64: {
             if ((r = check(s, m, true)) != CUDA_SUCCESS)
                 return r;
+            /* With the barrier: a sequentially consistent store, after everything the stream wrote
+             * (all of it by this thread); without: relaxed. */
             bool barrier = !(m->flags & CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
-            if (barrier)
-                __atomic_thread_fence(__ATOMIC_SEQ_CST);
             if (m->type == CU_STREAM_MEM_OP_WRITE_VALUE_64)
-                __atomic_store_n((uint64_t *)m->addr, m->value, barrier ? __ATOMIC_RELEASE : __ATOMIC_RELAXED);
+                __atomic_store_n((uint64_t *)m->addr, m->value, barrier ? __ATOMIC_SEQ_CST : __ATOMIC_RELAXED);
             else
-                __atomic_store_n((uint32_t *)m->addr, (uint32_t)m->value, barrier ? __ATOMIC_RELEASE : __ATOMIC_RELAXED);
+                __atomic_store_n((uint32_t *)m->addr, (uint32_t)m->value, barrier ? __ATOMIC_SEQ_CST : __ATOMIC_RELAXED);
             break;
         }
         case CU_STREAM_MEM_OP_WAIT_VALUE_32:
@@ -143,8 +143,7 @@ CUresult fk_memop_run(fk_stream_t *s, const fk_memop_t *ms, int n)
             }
             break;
         }
-        case CU_STREAM_MEM_OP_BARRIER: __atomic_thread_fence(__ATOMIC_SEQ_CST); break;
-        default: break; /* FLUSH_REMOTE_WRITES: nothing to flush in one address space */
+        default: break; /* a barrier, a flush: one thread runs the stream, in order; nothing to do */
         }
     }
     return CUDA_SUCCESS;
