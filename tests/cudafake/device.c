@@ -6,9 +6,9 @@
  * primary context is created by the retain that takes its count from 0 to 1 and destroyed by
  * the release that brings it back to 0, or by cuDevicePrimaryCtxReset: then its streams stop
  * (queued work is dropped), its events become invalid handles, its cuMemAlloc memory is freed and
- * its IPC mappings closed, peer access to and from it is disabled, and a sticky error is cleared.
- * VMM allocations and mappings, host registrations and loaded libraries are not tied to a
- * context and survive (README.md).
+ * its IPC mappings closed and its host registrations dropped, peer access to and from it is
+ * disabled, and a sticky error is cleared. VMM allocations and mappings and loaded libraries are
+ * not tied to a context and survive (README.md).
  */
 #include "tests/cudafake/fake.h"
 

@@ -16,7 +16,8 @@
  * Registered host memory is device-accessible at its own address (as on every 64-bit Linux
  * system with unified addressing: CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM = 1), only with
  * CU_MEMHOSTREGISTER_DEVICEMAP, and only while it stays registered; other host memory is not
- * (a device without pageable memory access).
+ * (a device without pageable memory access). A registration belongs to the context it was made
+ * in (current at cuMemHostRegister): it ends when that context is destroyed.
  */
 #include "tests/cudafake/fake.h"
 
@@ -308,12 +309,22 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
     return r;
 }
 
+/* A context's cuMemAlloc memory and its host registrations go with it. */
 void fk_mem_ctx_destroyed(fk_ctx_t *ctx)
 {
     for (fk_region_t *r = mem.regions, *next; r; r = next) {
         next = r->next;
         if (r->kind == FK_R_ALLOC && r->ctx == ctx)
             alloc_free(r);
+    }
+    for (hostreg_t **pp = &mem.hostregs; *pp;) {
+        hostreg_t *h = *pp;
+        if (h->ctx != ctx) {
+            pp = &h->next;
+            continue;
+        }
+        *pp = h->next;
+        free(h);
     }
 }
 

@@ -1,0 +1,741 @@
+/*
+ * test_gpu_cudafake.c - first contact of libcolld's and the daemon's GPU paths with a CUDA driver:
+ * a real daemon and this client process, both with the CUDA driver test double (tests/cudafake)
+ * as libcuda.so.1 (ctest runs it through colld_test_with_cudafake; it skips, 77, when no driver
+ * loads). Two ranks are two threads of this process with a client each, rank r on fake GPU r. The
+ * application side (buffers, streams, gates) uses the driver API through colld's own loader.
+ *
+ * Groups (argv[1]):
+ *   vmm, legacy   devices with VMM and POSIX fds (colld_mem_alloc makes cuMemCreate memory,
+ *                 registered as an fd), or without VMM (cuMemAlloc memory, a legacy IPC handle):
+ *     mem_alloc       colld_mem_alloc(COLLD_MEM_CUDA) / colld_mem_free
+ *     flag_protocol   count-0 stream-ordered all-reduces: the flag area registered in both
+ *                     processes, `ready` written by the client's stream, `done` by the daemon's
+ *                     stream (cuStreamWriteValue32), completion by its event: end to end
+ *     allreduce       on the application's device memory: registration works; the daemon launches
+ *                     its kernels through the CUDA runtime (issue 15 defect A1), which the double
+ *                     cannot serve: COLLD_ERR_DEVICE, and the rank's stream is released, not hung
+ *   driver        an 11.8 driver: the daemon and the client refuse GPU work with the loader's reason
+ *   defects       the review's defects that the double shows today (issue 15): each case asserts
+ *                 the present, wrong behaviour and says what the fix must turn it into. A fix makes
+ *                 its case fail: then the case is rewritten to assert the right behaviour.
+ */
+#include "common/cudadrv.h"
+#include "tests/integration/harness.h"
+
+#include <cudaTypedefs.h>
+#include <dlfcn.h>
+
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#define COUNT 4096 /* floats per rank buffer */
+
+static const colld_cu_t *cu;
+
+/* The name of a CUresult. */
+static const char *rname(CUresult r)
+{
+    const char *n = NULL;
+    cu->cuGetErrorName(r, &n);
+    return n ? n : "?";
+}
+
+#define CU_CHECK(call)                                                                                       \
+    do {                                                                                                     \
+        CUresult r_ = (call);                                                                                \
+        if (r_ != CUDA_SUCCESS)                                                                              \
+            fail_msg("%s: %s", #call, rname(r_));                                                            \
+    } while (0)
+
+/* ============================================================================================
+ * Two ranks, one thread each
+ * ========================================================================================== */
+
+typedef struct rank rank_t;
+typedef void (*scenario_fn)(rank_t *r);
+
+struct rank {
+    harness_t *h;
+    colld_unique_id_t id;
+    int rank;
+    int timeout_ms;              /* the communicator's (0: the daemon's default) */
+    scenario_fn fn;
+    pthread_barrier_t *barrier;  /* shared by both ranks */
+    colld_client_t *c;
+    colld_comm_t *comm;
+    CUstream s;
+    colld_status_t st[4];        /* what the scenario saw */
+    CUresult cr[4];
+    long v[4];
+    char detail[512];
+    char failure[256];
+};
+
+static void rank_fail(rank_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void rank_fail(rank_t *r, const char *fmt, ...)
+{
+    if (r->failure[0])
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->failure, sizeof(r->failure), fmt, ap);
+    va_end(ap);
+}
+
+/* The communicator's async error once it has one (at most 20 s), or COLLD_OK. */
+static colld_status_t async_error(colld_comm_t *comm)
+{
+    colld_status_t e = COLLD_OK;
+    for (int i = 0; i < 4000 && e == COLLD_OK; i++) {
+        colld_comm_get_async_error(comm, &e);
+        if (e == COLLD_OK)
+            harness_wait_file("/nonexistent", 5);
+    }
+    return e;
+}
+
+static void *rank_thread(void *arg)
+{
+    rank_t *r = arg;
+    CUcontext ctx;
+    CUresult cr;
+    r->c = r->h->client;
+    if ((cr = cu->cuDevicePrimaryCtxRetain(&ctx, r->rank)) != CUDA_SUCCESS || (cr = cu->cuCtxSetCurrent(ctx)) != CUDA_SUCCESS) {
+        rank_fail(r, "context of device %d: %s", r->rank, rname(cr));
+        return NULL;
+    }
+    colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
+    cfg.timeout_ms = r->timeout_ms;
+    colld_status_t st;
+    if (r->rank == 1 && colld_connect(r->h->socket, &r->c) != COLLD_OK)
+        rank_fail(r, "colld_connect failed");
+    else if ((st = colld_comm_init_rank(r->c, &r->comm, 2, r->id, r->rank, &cfg)) != COLLD_OK)
+        rank_fail(r, "colld_comm_init_rank: %s", colld_status_name(st));
+    else if ((cr = cu->cuStreamCreate(&r->s, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
+        rank_fail(r, "cuStreamCreate: %s", rname(cr));
+    else
+        r->fn(r);
+    if (r->comm)
+        snprintf(r->detail, sizeof(r->detail), "%s", colld_comm_last_error(r->comm));
+    if (r->comm)
+        colld_comm_destroy(r->comm);
+    if (r->s)
+        cu->cuStreamDestroy(r->s);
+    if (r->rank == 1 && r->c && r->c != r->h->client)
+        colld_disconnect(r->c);
+    cu->cuCtxSetCurrent(NULL);
+    cu->cuDevicePrimaryCtxRelease(r->rank);
+    return NULL;
+}
+
+/* Run fn on both ranks of a new communicator; fails the test if a rank's set-up failed. */
+static void run_ranks(harness_t *h, scenario_fn fn, int timeout_ms, rank_t ranks[2])
+{
+    pthread_t t[2];
+    pthread_barrier_t barrier;
+    colld_unique_id_t id;
+    pthread_barrier_init(&barrier, NULL, 2);
+    assert_int_equal(colld_get_unique_id(h->client, &id), COLLD_OK);
+    for (int i = 0; i < 2; i++) {
+        memset(&ranks[i], 0, sizeof(ranks[i]));
+        ranks[i] = (rank_t){ .h = h, .id = id, .rank = i, .timeout_ms = timeout_ms, .fn = fn, .barrier = &barrier };
+        assert_int_equal(pthread_create(&t[i], NULL, rank_thread, &ranks[i]), 0);
+    }
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&barrier);
+    for (int i = 0; i < 2; i++) {
+        print_message("rank %d: st %s %s %s, cuda %s %s, v %ld %ld: %s\n", i, colld_status_name(ranks[i].st[0]),
+                      colld_status_name(ranks[i].st[1]), colld_status_name(ranks[i].st[2]), rname(ranks[i].cr[0]),
+                      rname(ranks[i].cr[1]), ranks[i].v[0], ranks[i].v[1], ranks[i].detail);
+        if (ranks[i].failure[0])
+            fail_msg("rank %d: %s", i, ranks[i].failure);
+    }
+}
+
+/* A page of host memory registered with CUDA as a gate the application opens from the host. */
+static uint32_t *gate_new(CUdeviceptr *d)
+{
+    uint32_t *g = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (g == MAP_FAILED)
+        return NULL;
+    if (cu->cuMemHostRegister(g, 4096, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE) != CUDA_SUCCESS ||
+        cu->cuMemHostGetDevicePointer(d, g, 0) != CUDA_SUCCESS) {
+        munmap(g, 4096);
+        return NULL;
+    }
+    return g;
+}
+
+static void gate_free(uint32_t *g)
+{
+    cu->cuMemHostUnregister(g);
+    munmap(g, 4096);
+}
+
+/* ============================================================================================
+ * What works
+ * ========================================================================================== */
+
+static void test_mem_alloc_cuda(void **state)
+{
+    harness_t *h = *state;
+    CUcontext ctx;
+    CU_CHECK(cu->cuDevicePrimaryCtxRetain(&ctx, 1));
+    CU_CHECK(cu->cuCtxSetCurrent(ctx));
+    void *p = NULL;
+    colld_status_t st = colld_mem_alloc(h->client, &p, 1 << 20, COLLD_MEM_CUDA);
+    if (st != COLLD_OK)
+        fail_msg("colld_mem_alloc(COLLD_MEM_CUDA): %s: %s", colld_status_name(st), colld_last_error(h->client));
+    unsigned int mt = 0;
+    int ordinal = -1;
+    CUpointer_attribute at[2] = { CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL };
+    void *data[2] = { &mt, &ordinal };
+    CU_CHECK(cu->cuPointerGetAttributes(2, at, data, (CUdeviceptr)(uintptr_t)p));
+    assert_int_equal(mt, CU_MEMORYTYPE_DEVICE);
+    assert_int_equal(ordinal, 1); /* the current context's device */
+    float in[256], out[256];
+    for (int i = 0; i < 256; i++)
+        in[i] = (float)i;
+    CU_CHECK(cu->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)p, in, sizeof(in)));
+    CU_CHECK(cu->cuMemcpyDtoH(out, (CUdeviceptr)(uintptr_t)p, sizeof(out)));
+    assert_memory_equal(in, out, sizeof(in));
+    assert_int_equal(colld_mem_free(h->client, p), COLLD_OK);
+    mt = 9;
+    CU_CHECK(cu->cuPointerGetAttributes(1, at, data, (CUdeviceptr)(uintptr_t)p));
+    assert_int_equal(mt, 0); /* freed */
+    assert_int_equal(colld_mem_free(h->client, p), COLLD_ERR_INVALID_ARGUMENT);
+    CU_CHECK(cu->cuCtxSetCurrent(NULL));
+    CU_CHECK(cu->cuDevicePrimaryCtxRelease(1));
+    assert_int_equal(harness_wait_clean(h, 5000), 0);
+}
+
+/* Three count-0 collectives: nothing to move, only the flags, both ways, through both processes. */
+static void sc_flag_protocol(rank_t *r)
+{
+    for (int i = 0; i < 3; i++) {
+        r->st[0] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+        if (r->st[0] != COLLD_OK)
+            return;
+        r->cr[0] = cu->cuStreamSynchronize(r->s); /* waits for `done` written by the daemon's stream */
+        r->st[1] = colld_comm_synchronize(r->comm);
+        if (r->cr[0] != CUDA_SUCCESS || r->st[1] != COLLD_OK)
+            return;
+        r->v[0]++;
+    }
+}
+
+static void test_flag_protocol(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_flag_protocol, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[0], COLLD_OK);
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS);
+        assert_int_equal(ranks[i].st[1], COLLD_OK);
+        assert_int_equal(ranks[i].v[0], 3);
+    }
+    assert_int_equal(harness_wait_clean(*state, 10000), 0);
+}
+
+/* An in-place all-reduce on the application's own device memory (cuMemAlloc: a legacy IPC
+ * registration) and stream. */
+static void sc_allreduce(rank_t *r)
+{
+    float host[COUNT];
+    CUdeviceptr buf = 0;
+    for (int i = 0; i < COUNT; i++)
+        host[i] = (float)((r->rank + 1) * (i % 7));
+    if ((r->cr[1] = cu->cuMemAlloc(&buf, sizeof(host))) != CUDA_SUCCESS ||
+        (r->cr[1] = cu->cuMemcpyHtoD(buf, host, sizeof(host))) != CUDA_SUCCESS) {
+        rank_fail(r, "device buffer: %s", rname(r->cr[1]));
+        return;
+    }
+    r->st[0] = colld_allreduce((void *)buf, (void *)buf, COUNT, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    r->cr[0] = cu->cuStreamSynchronize(r->s); /* must end: done, or released with an error */
+    r->st[1] = async_error(r->comm);
+    cu->cuMemFree(buf);
+}
+
+static void test_allreduce_stream(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_allreduce, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[0], COLLD_OK);      /* prepared, registered, enqueued, posted */
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS);  /* the stream was released */
+        assert_int_equal(ranks[i].st[1], COLLD_ERR_DEVICE);
+        /* A1: the daemon's kernels go through the CUDA runtime (kernels/cuda/launch.cu), which
+         * cannot initialise on this driver. The fix (driver-API launches) turns this into exact
+         * results. */
+        assert_non_null(strstr(ranks[i].detail, "the GPU kernel could not be launched: colld_cuda_reduce: cudaGetDevice failed"));
+    }
+    assert_int_equal(harness_wait_clean(*state, 10000), 0);
+}
+
+/* ============================================================================================
+ * An old driver
+ * ========================================================================================== */
+
+static void test_old_driver(void **state)
+{
+    harness_t *h = *state;
+    void *p = (void *)1;
+    assert_int_equal(colld_mem_alloc(h->client, &p, 4096, COLLD_MEM_CUDA), COLLD_ERR_NOT_SUPPORTED);
+    const char *e = colld_last_error(h->client);
+    print_message("%s\n", e);
+    assert_non_null(strstr(e, "the NVIDIA driver lacks cuInit at the CUDA 12.0 ABI"));
+    char log[8192];
+    harness_read_file(h->log, log, sizeof(log));
+    assert_non_null(strstr(log, "no CUDA backend: the NVIDIA driver lacks cuInit at the CUDA 12.0 ABI"));
+}
+
+/* ============================================================================================
+ * The review's defects, as the double shows them today (group "defects")
+ *
+ * Each case asserts today's wrong behaviour, names the defect of issue 15 and where it lives,
+ * and says what the fix must turn it into.
+ * ========================================================================================== */
+
+/* What the application calls beyond colld's own table (colld_cu_t): capture, graphs, reset. */
+static struct {
+    PFN_cuStreamBeginCapture_v10010 begin;
+    PFN_cuStreamEndCapture_v10000 end;
+    PFN_cuGraphInstantiateWithFlags_v11040 instantiate;
+    PFN_cuGraphLaunch_v10000 launch;
+    PFN_cuGraphGetNodes_v10000 nodes;
+    PFN_cuGraphDestroy_v10000 destroy;
+    PFN_cuGraphExecDestroy_v10000 exec_destroy;
+    PFN_cuDevicePrimaryCtxReset_v11000 reset;
+} app;
+
+static char control_path[64]; /* the sticky-error case's fault file for the daemon's double */
+
+/* Those entry points, from the driver colld loaded. */
+static bool app_load(void)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    PFN_cuGetProcAddress_v12000 get = lib ? (PFN_cuGetProcAddress_v12000)dlsym(lib, "cuGetProcAddress_v2") : NULL;
+    void *f[8] = { NULL };
+    const char *names[8] = { "cuStreamBeginCapture", "cuStreamEndCapture", "cuGraphInstantiateWithFlags",
+                             "cuGraphLaunch",        "cuGraphGetNodes",    "cuGraphDestroy",
+                             "cuGraphExecDestroy",   "cuDevicePrimaryCtxReset" };
+    const int versions[8] = { 10010, 10000, 11040, 10000, 10000, 10000, 10000, 11000 };
+    for (int i = 0; get && i < 8; i++)
+        if (get(names[i], &f[i], versions[i], 0, NULL) != CUDA_SUCCESS || !f[i])
+            return false;
+    app.begin = (PFN_cuStreamBeginCapture_v10010)f[0];
+    app.end = (PFN_cuStreamEndCapture_v10000)f[1];
+    app.instantiate = (PFN_cuGraphInstantiateWithFlags_v11040)f[2];
+    app.launch = (PFN_cuGraphLaunch_v10000)f[3];
+    app.nodes = (PFN_cuGraphGetNodes_v10000)f[4];
+    app.destroy = (PFN_cuGraphDestroy_v10000)f[5];
+    app.exec_destroy = (PFN_cuGraphExecDestroy_v10000)f[6];
+    app.reset = (PFN_cuDevicePrimaryCtxReset_v11000)f[7];
+    if (lib)
+        dlclose(lib);
+    return get != NULL;
+}
+
+/* 3.3, first half: the first stream-ordered collective of a client inside a capture registers the
+ * flag area with cuMemHostRegister (client/cuda.c flags_setup), a call a capture does not permit:
+ * the collective fails and the application's capture is invalidated. Fix: the flag area (and
+ * buffer registration) capture-safe, set up outside the capture or before it. */
+static void sc_capture_first(rank_t *r)
+{
+    r->cr[0] = app.begin(r->s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    r->st[0] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    snprintf(r->detail, sizeof(r->detail), "%s", colld_comm_last_error(r->comm));
+    CUgraph g = NULL;
+    r->cr[1] = app.end(r->s, &g);
+    if (g)
+        app.destroy(g);
+}
+
+static void test_defect_capture_registration(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_capture_first, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS);
+        assert_int_equal(ranks[i].st[0], COLLD_ERR_DEVICE);
+        assert_non_null(strstr(ranks[i].detail, "(cuMemHostRegister): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"));
+        assert_int_equal(ranks[i].cr[1], CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    }
+}
+
+/* 3.3, second half: with the flag area set up, a captured collective is not detected
+ * (client/cuda.c colld__gpu_post): its descriptor goes to the daemon at capture time, the daemon
+ * waits for a `ready` no stream writes until a replay and times the collective out, releasing
+ * `done` far ahead; every replay then writes `ready`, finds `done` passed and goes on: the
+ * collective never runs. Fix: detect capture (cuStreamIsCapturing) and make the captured
+ * collective a persistent plan replayed once per graph launch, or refuse it with
+ * COLLD_ERR_NOT_SUPPORTED. */
+static void sc_capture_replay(rank_t *r)
+{
+    r->st[0] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    if (r->st[0] != COLLD_OK || cu->cuStreamSynchronize(r->s) != CUDA_SUCCESS || colld_comm_synchronize(r->comm))
+        return rank_fail(r, "the collective before the capture failed");
+    CUgraph g = NULL;
+    CUgraphExec x = NULL;
+    if (app.begin(r->s, CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS)
+        return rank_fail(r, "cuStreamBeginCapture failed");
+    r->st[1] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    r->cr[0] = app.end(r->s, &g);
+    size_t n = 0;
+    if (g && app.nodes(g, NULL, &n) == CUDA_SUCCESS)
+        r->v[0] = (long)n;
+    r->st[2] = async_error(r->comm); /* the daemon's verdict on the captured collective */
+    if (g && app.instantiate(&x, g, 0) == CUDA_SUCCESS) {
+        for (int i = 0; i < 3 && r->cr[1] == CUDA_SUCCESS; i++) {
+            r->cr[1] = app.launch(x, r->s);
+            if (r->cr[1] == CUDA_SUCCESS)
+                r->cr[1] = cu->cuStreamSynchronize(r->s); /* every replay passes at once */
+            r->v[1] += r->cr[1] == CUDA_SUCCESS;
+        }
+        app.exec_destroy(x);
+    }
+    if (g)
+        app.destroy(g);
+}
+
+static void test_defect_capture_replay(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_capture_replay, 1500, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[1], COLLD_OK);        /* accepted inside the capture */
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS);    /* the capture ended fine */
+        assert_int_equal(ranks[i].v[0], 2);                /* ready write + done wait, nothing else */
+        assert_int_equal(ranks[i].st[2], COLLD_ERR_TIMEOUT); /* timed out at capture time */
+        assert_non_null(strstr(ranks[i].detail, "never reached it"));
+        assert_int_equal(ranks[i].v[1], 3);                /* three replays that ran nothing */
+    }
+}
+
+/* C1/D4: an implicitly registered buffer stays mapped in the daemon after the application freed it
+ * (server/gpu.c colld_gpu_release_reg runs only at deregistration or session end; the client
+ * never learns of the free): a legacy IPC mapping of freed memory (undefined behaviour with the
+ * driver), a VMM mapping that keeps the GPU memory. Fix: explicit registration
+ * (colld_mem_register / deregister) and the documented rule for implicit ones. */
+static int defect_vmm; /* sc_freed: register VMM memory instead of cuMemAlloc memory */
+
+static void sc_freed(rank_t *r)
+{
+    CUdeviceptr buf = 0, va = 0;
+    CUmemGenericAllocationHandle h = 0;
+    size_t gran = 0, bytes = COUNT * sizeof(float);
+    if (defect_vmm) {
+        CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                     .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                     .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = r->rank } };
+        CUmemAccessDesc acc = { .location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        if (cu->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ||
+            cu->cuMemCreate(&h, gran, &prop, 0) || cu->cuMemAddressReserve(&va, gran, 0, 0, 0) ||
+            cu->cuMemMap(va, gran, 0, h, 0) || cu->cuMemSetAccess(va, gran, &acc, 1))
+            return rank_fail(r, "VMM buffer");
+        buf = va;
+    } else if (cu->cuMemAlloc(&buf, bytes) != CUDA_SUCCESS) {
+        return rank_fail(r, "cuMemAlloc");
+    }
+    r->st[0] = colld_allreduce((void *)buf, (void *)buf, COUNT, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    r->cr[0] = cu->cuStreamSynchronize(r->s);
+    r->st[1] = async_error(r->comm); /* A1: the launch fails; the registration was made */
+    CUpointer_attribute at = CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID;
+    unsigned long long block = 0;
+    void *data = &block;
+    cu->cuPointerGetAttributes(1, &at, &data, buf);
+    r->v[0] = (long)block;
+    if (defect_vmm) {
+        r->cr[1] = cu->cuMemUnmap(va, gran);
+        cu->cuMemAddressFree(va, gran);
+        cu->cuMemRelease(h); /* the application has let go of every reference */
+    } else {
+        r->cr[1] = cu->cuMemFree(buf);
+    }
+}
+
+/* Does the daemon (pid) map a memfd named `name`? */
+static bool daemon_maps(pid_t pid, const char *name)
+{
+    char path[64], line[512];
+    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+    FILE *f = fopen(path, "r");
+    bool found = false;
+    while (f && !found && fgets(line, sizeof(line), f))
+        found = strstr(line, name) != NULL;
+    if (f)
+        fclose(f);
+    return found;
+}
+
+static void test_defect_freed_registration(void **state)
+{
+    harness_t *h = *state;
+    for (defect_vmm = 0; defect_vmm <= 1; defect_vmm++) {
+        rank_t ranks[2];
+        run_ranks(h, sc_freed, 0, ranks);
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(ranks[i].st[0], COLLD_OK);
+            assert_int_equal(ranks[i].st[1], COLLD_ERR_DEVICE);
+            assert_int_equal(ranks[i].cr[1], CUDA_SUCCESS);
+        }
+        /* Rank 0's client is still connected: its freed buffer is still mapped in the daemon. Rank 1
+         * disconnected: its session's registrations went with it. */
+        char name[128];
+        if (defect_vmm) {
+            CUuuid u0, u1;
+            CU_CHECK(cu->cuDeviceGetUuid(&u0, 0));
+            CU_CHECK(cu->cuDeviceGetUuid(&u1, 1));
+            char hex0[33], hex1[33];
+            for (int b = 0; b < 16; b++) {
+                snprintf(hex0 + 2 * b, 3, "%02x", (unsigned char)u0.bytes[b]);
+                snprintf(hex1 + 2 * b, 3, "%02x", (unsigned char)u1.bytes[b]);
+            }
+            snprintf(name, sizeof(name), "cudafake-vmm:%s", hex0);
+            assert_true(daemon_maps(h->pid, name));
+            snprintf(name, sizeof(name), "cudafake-vmm:%s", hex1);
+            assert_false(daemon_maps(h->pid, name));
+        } else {
+            snprintf(name, sizeof(name), "cudafake-alloc:%d:%ld ", (int)getpid(), ranks[0].v[0]);
+            assert_true(daemon_maps(h->pid, name));
+            snprintf(name, sizeof(name), "cudafake-alloc:%d:%ld ", (int)getpid(), ranks[1].v[0]);
+            assert_false(daemon_maps(h->pid, name));
+        }
+    }
+}
+
+/* D2: a buffer across two VMM allocations mapped back to back in one reservation (PyTorch's
+ * expandable segments) is refused: the client registers the mapping that holds the pointer
+ * (client/cuda.c resolve, cuMemGetAddressRange) and the buffer runs past it. Fix: register every
+ * mapping the buffer covers. */
+static void sc_multisegment(rank_t *r)
+{
+    CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                 .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                 .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = r->rank } };
+    CUmemAccessDesc acc = { .location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+    size_t g = 0;
+    CUmemGenericAllocationHandle h[2];
+    CUdeviceptr va = 0;
+    if (cu->cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) || cu->cuMemCreate(&h[0], g, &prop, 0) ||
+        cu->cuMemCreate(&h[1], g, &prop, 0) || cu->cuMemAddressReserve(&va, 2 * g, 0, 0, 0) ||
+        cu->cuMemMap(va, g, 0, h[0], 0) || cu->cuMemMap(va + g, g, 0, h[1], 0) || cu->cuMemSetAccess(va, 2 * g, &acc, 1))
+        return rank_fail(r, "two VMM allocations in one reservation");
+    void *buf = (void *)(va + g - 4096);
+    r->st[0] = colld_allreduce(buf, buf, 2048, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s); /* 8 KiB over the seam */
+    snprintf(r->detail, sizeof(r->detail), "%s", colld_comm_last_error(r->comm));
+    cu->cuMemUnmap(va, 2 * g);
+    cu->cuMemAddressFree(va, 2 * g);
+    cu->cuMemRelease(h[0]);
+    cu->cuMemRelease(h[1]);
+}
+
+static void test_defect_multisegment(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_multisegment, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[0], COLLD_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(ranks[i].detail, "bytes run past the end of its"));
+    }
+}
+
+/* E1: one `ready` word per communicator. Collective #2 goes on stream A behind a gate the
+ * application has not opened, #3 on stream B: B's `ready` = v3 >= v2 satisfies #2 as well
+ * (server/gpu.c all_ready), and the daemon completes #2 although rank's stream A never reached it
+ * (its inputs were never produced: a silently wrong result). Fix: per-collective (or per-stream)
+ * readiness. The loop is bounded: once fixed, #2 stays in progress and the case fails. */
+static void sc_ready_word(rank_t *r)
+{
+    CUstream b = NULL;
+    CUdeviceptr gd = 0;
+    uint32_t *gate = gate_new(&gd);
+    if (!gate || cu->cuStreamCreate(&b, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+        return rank_fail(r, "gate or stream B");
+    r->st[0] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, b); /* #1: sets up the flags */
+    if (r->st[0] != COLLD_OK || cu->cuStreamSynchronize(b) || colld_comm_synchronize(r->comm))
+        return rank_fail(r, "the first collective failed");
+    r->cr[0] = cu->cuStreamWaitValue32(r->s, gd, 1, CU_STREAM_WAIT_VALUE_EQ);
+    r->st[1] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s); /* #2, behind the gate */
+    r->st[2] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, b);    /* #3 */
+    colld_status_t q = COLLD_INPROGRESS;
+    for (int i = 0; i < 1000 && q == COLLD_INPROGRESS; i++) {
+        q = colld_comm_query(r->comm);
+        if (q == COLLD_INPROGRESS)
+            harness_wait_file("/nonexistent", 5);
+    }
+    r->st[3] = q;
+    r->cr[1] = cu->cuStreamQuery(r->s); /* A is still at the gate */
+    pthread_barrier_wait(r->barrier);
+    __atomic_store_n(gate, 1, __ATOMIC_RELEASE);
+    cu->cuStreamSynchronize(r->s);
+    cu->cuStreamSynchronize(b);
+    cu->cuStreamDestroy(b);
+    gate_free(gate);
+}
+
+static void test_defect_ready_word(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_ready_word, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[1], COLLD_OK);
+        assert_int_equal(ranks[i].st[2], COLLD_OK);
+        assert_int_equal(ranks[i].st[3], COLLD_OK); /* #2 and #3 both complete ... */
+        assert_int_equal(ranks[i].cr[1], CUDA_ERROR_NOT_READY); /* ... while stream A never got to #2 */
+    }
+}
+
+/* F3: a sticky error in the daemon's context of a GPU fails every later communicator on that GPU
+ * (server/gpu.c has no recovery: the primary context is never reset). The daemon's double gets
+ * a sticky fault at its first cuEventCreate (its launch of the first collective). Fix: mark the
+ * GPU, fail its work with COLLD_ERR_DEVICE, reset the primary context, bring it back. */
+static void sc_count0(rank_t *r)
+{
+    r->st[0] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    r->cr[0] = cu->cuStreamSynchronize(r->s);
+    if (r->st[0] == COLLD_OK)
+        r->st[1] = async_error(r->comm);
+}
+
+/* One count-0 collective that is expected to work: completion instead of an error to wait for. */
+static void sc_count0_ok(rank_t *r)
+{
+    r->st[0] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    r->cr[0] = cu->cuStreamSynchronize(r->s);
+    r->st[1] = colld_comm_synchronize(r->comm);
+}
+
+static void test_defect_sticky(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_count0, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[0], COLLD_OK);
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS); /* released */
+        assert_int_equal(ranks[i].st[1], COLLD_ERR_DEVICE);
+        assert_non_null(strstr(ranks[i].detail, "CUDA refused the launch: CUDA_ERROR_ILLEGAL_ADDRESS"));
+    }
+    /* A new communicator on that GPU: rank 1's new client cannot even get its flag area (the daemon
+     * registers it in the poisoned context); rank 0's stream is released as its peer gives up. */
+    run_ranks(*state, sc_count0, 0, ranks);
+    assert_int_equal(ranks[1].st[0], COLLD_ERR_DEVICE);
+    assert_non_null(strstr(ranks[1].detail, "cannot register the GPU flag area with CUDA: CUDA_ERROR_ILLEGAL_ADDRESS"));
+    assert_int_equal(ranks[0].st[0], COLLD_OK);
+    assert_int_equal(ranks[0].cr[0], CUDA_SUCCESS);
+    assert_int_not_equal(ranks[0].st[1], COLLD_OK);
+}
+
+/* New (first contact): the client registers its flag area with cuMemHostRegister once, in the
+ * context current at its first stream-ordered collective (client/cuda.c flags_setup), and keeps
+ * it for the life of the client. The registration belongs to that context: once the context is
+ * reset (cuDevicePrimaryCtxReset, as after a sticky error) or destroyed, it is gone, and the next
+ * collective's `ready` write (cuStreamWriteValue32, client/cuda.c colld__gpu_post) faults on the
+ * GPU: CUDA_ERROR_ILLEGAL_ADDRESS, sticky, in the application. Fix: register the area again when
+ * its context went away (or per context), and unregister it in that context. */
+static void test_defect_flags_context(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_count0_ok, 0, ranks); /* sets up both clients' flag areas, works */
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(ranks[i].st[1], COLLD_OK);
+    CU_CHECK(app.reset(0)); /* rank 0's device; its client stays connected */
+    run_ranks(*state, sc_count0, 1500, ranks);
+    assert_int_equal(ranks[0].st[0], COLLD_OK);
+    assert_int_equal(ranks[0].cr[0], CUDA_ERROR_ILLEGAL_ADDRESS); /* the ready write faulted */
+    assert_int_equal(ranks[1].st[1], COLLD_ERR_TIMEOUT);          /* rank 0 never arrived */
+    CU_CHECK(app.reset(0));
+}
+
+/* A daemon whose double reads the fault file (this process's double has booted without it). */
+static int setup_sticky(void **state)
+{
+    FILE *f = fopen(control_path, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "sticky:cuEventCreate:+1:CUDA_ERROR_ILLEGAL_ADDRESS\n");
+    fclose(f);
+    setenv("COLLD_CUDAFAKE_CONTROL", control_path, 1);
+    int rc = harness_test_setup(state);
+    unsetenv("COLLD_CUDAFAKE_CONTROL");
+    return rc;
+}
+
+static int run_defects(void)
+{
+    if (!app_load()) {
+        printf("the driver has no graph entry points\n");
+        return 1;
+    }
+    snprintf(control_path, sizeof(control_path), "/tmp/colld-cudafake-XXXXXX");
+    int fd = mkstemp(control_path);
+    if (fd < 0)
+        return 1;
+    close(fd);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_defect_capture_registration, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_defect_capture_replay, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_defect_freed_registration, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_defect_multisegment, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_defect_ready_word, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_defect_flags_context, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_defect_sticky, setup_sticky, harness_test_teardown),
+    };
+    int rc = cmocka_run_group_tests_name("gpu_cudafake_defects", tests, NULL, NULL);
+    unlink(control_path);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const char *group = argc > 1 ? argv[1] : "vmm";
+    char err[256];
+    cu = colld_cu_load(err, sizeof(err));
+    if (strcmp(group, "driver") == 0) {
+        if (cu) {
+            printf("the driver loaded; this group expects the test double configured as an old driver\n");
+            return 1;
+        }
+        const struct CMUnitTest old[] = {
+            cmocka_unit_test_setup_teardown(test_old_driver, harness_test_setup, harness_test_teardown),
+        };
+        return cmocka_run_group_tests_name("gpu_cudafake_driver", old, NULL, NULL);
+    }
+    if (!cu) {
+        printf("no CUDA driver (%s): this test runs against the CUDA driver test double, through ctest; skipping\n",
+               err);
+        return 77;
+    }
+    int n = 0;
+    if (cu->cuDeviceGetCount(&n) != CUDA_SUCCESS || n < 2) {
+        printf("needs two (fake) GPUs, has %d; skipping\n", n);
+        return 77;
+    }
+    /* As the CUDA runtime does: the process keeps its primary contexts until it exits (the rank
+     * threads' retains and releases then never destroy them). */
+    CUcontext keep[2];
+    for (int i = 0; i < 2; i++)
+        if (cu->cuDevicePrimaryCtxRetain(&keep[i], i) != CUDA_SUCCESS)
+            return 1;
+    if (strcmp(group, "defects") == 0)
+        return run_defects();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_mem_alloc_cuda, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_flag_protocol, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_allreduce_stream, harness_test_setup, harness_test_teardown),
+    };
+    return cmocka_run_group_tests_name(group, tests, NULL, NULL);
+}
