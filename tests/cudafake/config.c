@@ -85,6 +85,7 @@ static bool parse_size(const char *s, size_t *out)
     return true;
 }
 
+/* A whole decimal (or 0x) int of moderate size; false when malformed. */
 static bool parse_int(const char *s, int *out)
 {
     char *end;
@@ -273,6 +274,7 @@ static void apply_visible(fk_config_t *cfg, const char *env)
     free(all);
 }
 
+/* Read every variable of the double's environment into cfg (errors in cfg->error). */
 void fk_config_load(fk_config_t *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));

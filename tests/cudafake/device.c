@@ -27,6 +27,7 @@ const fk_device_spec_t *fk_dev(int dev)
     return dev >= 0 && dev < fk.cfg.ndev ? &fk.cfg.dev[dev] : NULL;
 }
 
+/* The ordinal of the device with this UUID, -1 if it is not visible here. */
 int fk_dev_by_uuid(const unsigned char *uuid)
 {
     for (int i = 0; i < fk.cfg.ndev; i++)
@@ -35,6 +36,7 @@ int fk_dev_by_uuid(const unsigned char *uuid)
     return -1;
 }
 
+/* Can device a reach device b's memory (distinct devices of one peer group)? */
 bool fk_dev_peer_capable(int a, int b)
 {
     const fk_device_spec_t *da = fk_dev(a), *db = fk_dev(b);
@@ -217,11 +219,13 @@ static fk_ctx_t *ctx_of(CUcontext h)
     return c;
 }
 
+/* The top of this thread's context stack. */
 fk_ctx_t *fk_ctx_current(void)
 {
     return tls_depth ? tls_stack[tls_depth - 1] : NULL;
 }
 
+/* Can ctx be used? Its sticky error, or CUDA_ERROR_CONTEXT_IS_DESTROYED (lock held). */
 CUresult fk_ctx_check(fk_ctx_t *ctx)
 {
     if (!ctx->active)
@@ -229,6 +233,7 @@ CUresult fk_ctx_check(fk_ctx_t *ctx)
     return ctx->sticky;
 }
 
+/* The current context, checked (CUDA_ERROR_INVALID_CONTEXT when there is none). */
 CUresult fk_ctx_get(fk_ctx_t **out)
 {
     fk_ctx_t *c = fk_ctx_current();
@@ -236,6 +241,7 @@ CUresult fk_ctx_get(fk_ctx_t **out)
     return c ? fk_ctx_check(c) : CUDA_ERROR_INVALID_CONTEXT;
 }
 
+/* Make r the context's sticky error (the first one stays), and say so. */
 void fk_ctx_set_sticky(fk_ctx_t *ctx, CUresult r, const char *why)
 {
     if (ctx->sticky != CUDA_SUCCESS || !ctx->active)

@@ -178,6 +178,7 @@ static const char *const entry_names[FK_E_COUNT] = { FK_ENTRIES(FK_ENTRY_NAME) }
 static const unsigned entry_flags[FK_E_COUNT] = { FK_ENTRIES(FK_ENTRY_FLAGS) };
 #undef FK_ENTRY_FLAGS
 
+/* The base name of an entry point (fault specifications, messages). */
 const char *fk_entry_name(fk_entry_t e)
 {
     return (unsigned)e < FK_E_COUNT ? entry_names[e] : "?";
@@ -211,6 +212,7 @@ void fk_log(const char *fmt, ...)
 
 static __thread CUresult tls_async_fault;
 
+/* Read the configuration and the fault specifications; the condition variable waits on CLOCK_MONOTONIC. */
 static void boot_once(void)
 {
     pthread_condattr_t ca;
@@ -227,11 +229,13 @@ static void boot_once(void)
         fk.ctx[i].dev = i;
 }
 
+/* Boot the double once, whichever entry point comes first. */
 void fk_boot(void)
 {
     pthread_once(&fk.once, boot_once);
 }
 
+/* The injected fault of this thread's current call, for the work it enqueues (once). */
 CUresult fk_take_async_fault(void)
 {
     CUresult r = tls_async_fault;
@@ -239,6 +243,8 @@ CUresult fk_take_async_fault(void)
     return r;
 }
 
+/* The prologue of every entry point (FK_BEGIN): count the call, apply the fault
+ * specifications, refuse calls before cuInit. */
 CUresult fk_enter(fk_entry_t e)
 {
     fk_boot();
@@ -405,6 +411,7 @@ static const struct {
     { CUDA_ERROR_UNKNOWN, "unknown error" },
 };
 
+/* The driver's name of a CUresult, NULL for a code cuda.h does not have. */
 const char *fk_result_name(CUresult r)
 {
     for (size_t i = 0; i < sizeof(result_names) / sizeof(result_names[0]); i++)
@@ -449,6 +456,7 @@ typedef struct {
 static slot_t *slots;
 static size_t nslots, nused;
 
+/* Mix a pointer's bits (handles are aligned heap addresses). */
 static size_t slot_hash(const void *h)
 {
     uint64_t x = (uint64_t)(uintptr_t)h;
@@ -485,6 +493,7 @@ static void slots_grow(void)
     nused = live;
 }
 
+/* Register a live handle of a kind. */
 void fk_handle_add(const void *h, fk_kind_t kind)
 {
     if ((nused + 1) * 2 > nslots)
@@ -497,6 +506,7 @@ void fk_handle_add(const void *h, fk_kind_t kind)
     slots[j] = (slot_t){ .h = h, .kind = (int)kind };
 }
 
+/* The slot of a live handle, or NULL. */
 static slot_t *slot_find(const void *h)
 {
     if (!nslots || !h)
@@ -510,6 +520,7 @@ static slot_t *slot_find(const void *h)
     return NULL;
 }
 
+/* Forget a handle: later uses are CUDA_ERROR_INVALID_HANDLE. */
 void fk_handle_del(const void *h)
 {
     slot_t *s = slot_find(h);
@@ -517,6 +528,7 @@ void fk_handle_del(const void *h)
         s->kind = -1; /* a tombstone: still counted in nused until the table grows */
 }
 
+/* Is h a live handle of this kind? (never dereferences h) */
 bool fk_handle_ok(const void *h, fk_kind_t kind)
 {
     const slot_t *s = slot_find(h);

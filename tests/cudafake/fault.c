@@ -88,6 +88,7 @@ static bool parse_result(const char *s, CUresult *out)
     return false;
 }
 
+/* The entry point named s (a base name). */
 static bool parse_entry(const char *s, fk_entry_t *out)
 {
     for (int e = 0; e < FK_E_COUNT; e++)
@@ -224,6 +225,7 @@ static bool apply_all(const char *text, const char *origin)
     return ok;
 }
 
+/* Apply COLLD_CUDAFAKE_FAULTS and note the control file; false when a specification is malformed. */
 bool fk_fault_init(const char *specs, const char *control_path)
 {
     pthread_mutex_lock(&ft.mu);
@@ -275,6 +277,8 @@ void fk_fault_poll(void)
     pthread_mutex_unlock(&ft.mu);
 }
 
+/* Count a call of e and return the fault it must fail with (CUDA_SUCCESS: none); *sticky says
+ * whether the fault is a sticky one. */
 CUresult fk_fault_call(fk_entry_t e, bool *sticky)
 {
     uint64_t n = atomic_fetch_add(&ft.calls[e], 1) + 1;
@@ -298,6 +302,7 @@ CUresult fk_fault_call(fk_entry_t e, bool *sticky)
     return r;
 }
 
+/* Must stream s stop before its next operation? (fk.mu held: s is read) */
 bool fk_fault_stalled(const fk_stream_t *s)
 {
     bool stalled = false;
@@ -312,6 +317,7 @@ bool fk_fault_stalled(const fk_stream_t *s)
     return stalled;
 }
 
+/* The calls of e so far. */
 uint64_t fk_fault_count(fk_entry_t e)
 {
     return atomic_load(&ft.calls[e]);

@@ -125,6 +125,7 @@ static void *service(void *arg)
     return NULL;
 }
 
+/* Drop n references; at the last one the destructor goes to the service thread (lock held). */
 static void uobj_release(uobj_t *o, unsigned n)
 {
     o->refs -= n < o->refs ? n : o->refs;
@@ -156,6 +157,7 @@ static void uobj_release(uobj_t *o, unsigned n)
     pthread_cond_broadcast(&fk.cv);
 }
 
+/* Release the references a graph or an executable graph holds (lock held). */
 static void refs_release(uref_t *refs, int n)
 {
     for (int i = 0; i < n; i++)
@@ -212,6 +214,7 @@ CUresult CUDAAPI cuUserObjectRelease(CUuserObject object, unsigned int count)
     return r;
 }
 
+/* The entry of o among a graph's references, or NULL. */
 static uref_t *ref_in(uref_t *refs, int n, const uobj_t *o)
 {
     for (int i = 0; i < n; i++)
@@ -281,6 +284,7 @@ static fk_capture_t *capture_by_id(uint64_t id)
     return NULL;
 }
 
+/* Stream s's part in capture c, or NULL. */
 static part_t *part_of(fk_capture_t *c, const fk_stream_t *s)
 {
     for (int i = 0; i < c->nparts; i++)
@@ -289,6 +293,7 @@ static part_t *part_of(fk_capture_t *c, const fk_stream_t *s)
     return NULL;
 }
 
+/* The part of the stream with this creation number, or NULL. */
 static part_t *part_by_id(fk_capture_t *c, uint64_t stream_id)
 {
     for (int i = 0; i < c->nparts; i++)
@@ -297,6 +302,7 @@ static part_t *part_by_id(fk_capture_t *c, uint64_t stream_id)
     return NULL;
 }
 
+/* Make s capture into c (the origin, or a stream that forked from it). */
 static part_t *join(fk_capture_t *c, fk_stream_t *s)
 {
     if (c->nparts == MAX_PARTS)
@@ -309,6 +315,7 @@ static part_t *join(fk_capture_t *c, fk_stream_t *s)
     return p;
 }
 
+/* A call not permitted on a capturing stream: invalidate its capture, say why. */
 CUresult fk_capture_invalidate(fk_stream_t *s, const char *what)
 {
     if (s->capture && !s->capture->invalid) {
@@ -318,6 +325,8 @@ CUresult fk_capture_invalidate(fk_stream_t *s, const char *what)
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
+/* May a potentially unsafe call run now? Not while this thread captures (unless relaxed) or any
+ * thread captures in global mode: those captures are invalidated. */
 CUresult fk_capture_unsafe(const char *what)
 {
     pthread_t self = pthread_self();
@@ -335,6 +344,8 @@ CUresult fk_capture_unsafe(const char *what)
     return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
 
+/* Would work on ctx's legacy stream depend on a capturing blocking stream? Those captures are
+ * invalidated. */
 bool fk_capture_legacy_conflict(fk_ctx_t *ctx)
 {
     bool conflict = false;
@@ -349,6 +360,7 @@ bool fk_capture_legacy_conflict(fk_ctx_t *ctx)
     return conflict;
 }
 
+/* Add op to s's capture as a node (takes op). */
 CUresult fk_capture_add(fk_stream_t *s, fk_op_t *op)
 {
     fk_capture_t *c = s->capture;
@@ -386,6 +398,7 @@ CUresult fk_capture_add(fk_stream_t *s, fk_op_t *op)
     return CUDA_SUCCESS;
 }
 
+/* A plain event record inside a capture: a point to fork from or join at. */
 void fk_capture_record(fk_stream_t *s, fk_event_t *e)
 {
     part_t *p = part_of(s->capture, s);
@@ -394,6 +407,8 @@ void fk_capture_record(fk_stream_t *s, fk_event_t *e)
     e->cap_nodes = p ? p->nodes : 0;
 }
 
+/* cuStreamWaitEvent where a capture is involved (forks, joins, merges, external waits);
+ * *handled is false when it is an ordinary wait. */
 CUresult fk_capture_wait_event(fk_stream_t *s, fk_event_t *e, unsigned flags, bool *handled)
 {
     *handled = false;
@@ -555,6 +570,7 @@ CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *ca
     return r;
 }
 
+/* cuStreamGetCaptureInfo: status, id, graph and the stream's last node (edge data all zero). */
 static CUresult capture_info(CUstream hStream, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
                              const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps)
 {
@@ -648,6 +664,7 @@ CUresult CUDAAPI cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *num
     return r;
 }
 
+/* Free an executable graph and release its references (lock held). */
 static void exec_free(fk_exec_t *x)
 {
     for (int i = 0; i < x->n; i++)
@@ -659,6 +676,7 @@ static void exec_free(fk_exec_t *x)
     free(x);
 }
 
+/* An executable graph: copies of the graph's nodes and references of its own on its user objects. */
 static CUresult instantiate(CUgraphExec *out, CUgraph hGraph)
 {
     if (!out)
@@ -792,12 +810,14 @@ CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec)
     return r;
 }
 
+/* A launch of x has finished (or was dropped): free x if it was destroyed meanwhile (lock held). */
 void fk_exec_launched(fk_exec_t *x)
 {
     if (--x->pending == 0 && !x->handle_live)
         exec_free(x);
 }
 
+/* Run an executable graph's nodes in order on s's worker, as launch seq (lock not held). */
 CUresult fk_exec_run(fk_stream_t *s, fk_exec_t *x, uint64_t seq)
 {
     for (int i = 0; i < x->n && !atomic_load(&s->abort); i++) {

@@ -203,6 +203,7 @@ static CUresult lib_load(const void *code, bool module, fk_ctx_t *ctx, lib_t **o
     return r;
 }
 
+/* The kernel of library l with this name, or NULL. */
 static kern_t *kern_by_name(lib_t *l, const char *name)
 {
     for (int i = 0; i < l->n; i++)
@@ -476,6 +477,7 @@ typedef struct {
     const char *name;
 } cookie_t;
 
+/* The access check a host kernel's `check` calls for each of its buffers. */
 static CUresult access_cb(void *cookie, const void *p, size_t len, bool write)
 {
     cookie_t *c = cookie;
@@ -485,6 +487,7 @@ static CUresult access_cb(void *cookie, const void *p, size_t len, bool write)
     return r;
 }
 
+/* Run a launch on s's worker: check its buffers, then run its grid (lock not held). */
 CUresult fk_kernel_run(fk_stream_t *s, fk_op_t *op)
 {
     const fk_hkernel_t *hk = op->u.kernel.k;

@@ -24,6 +24,7 @@
 
 #include <time.h>
 
+/* Check one operation against the device's support and the driver's rules, at the call. */
 CUresult fk_memop_validate(const fk_device_spec_t *d, const CUstreamBatchMemOpParams *p, bool v1, fk_memop_t *out)
 {
     if (!d->memops || (v1 && !d->memops_v1))
@@ -90,6 +91,7 @@ static bool wait_done(const fk_memop_t *m, uint64_t v)
     }
 }
 
+/* The current value at a wait's address (an acquire load). */
 static uint64_t load(const fk_memop_t *m)
 {
     if (m->type == CU_STREAM_MEM_OP_WAIT_VALUE_64)
@@ -107,6 +109,7 @@ static CUresult check(fk_stream_t *s, const fk_memop_t *m, bool write)
     return r;
 }
 
+/* Run n operations in order on s's worker (lock not held). */
 CUresult fk_memop_run(fk_stream_t *s, const fk_memop_t *ms, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -176,6 +179,7 @@ static CUresult enqueue(CUstream stream, const CUstreamBatchMemOpParams *ps, uns
     return r;
 }
 
+/* One write or wait, as a batch of one. */
 static CUresult one(CUstream stream, CUstreamBatchMemOpType type, CUdeviceptr addr, uint64_t value, unsigned flags,
                     bool v1)
 {

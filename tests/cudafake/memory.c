@@ -88,6 +88,7 @@ void fk_arena_give(uintptr_t base, size_t size)
                strerror(errno));
 }
 
+/* A memfd of `size` bytes named `name` (the name identifies it to other processes); -1 on failure. */
 int fk_memfd(const char *name, size_t size)
 {
     int fd = memfd_create(name, MFD_CLOEXEC);
@@ -98,11 +99,13 @@ int fk_memfd(const char *name, size_t size)
     return fd;
 }
 
+/* Every region, sorted by address. */
 fk_region_t *fk_regions(void)
 {
     return mem.regions;
 }
 
+/* The region whose address range holds p, or NULL. */
 fk_region_t *fk_region_find(uintptr_t p)
 {
     for (fk_region_t *r = mem.regions; r && r->base <= p; r = r->next)
@@ -111,6 +114,7 @@ fk_region_t *fk_region_find(uintptr_t p)
     return NULL;
 }
 
+/* Take `size` bytes (page-rounded) of the arena for a new region; NULL when the arena is full. */
 fk_region_t *fk_region_new(fk_rkind_t kind, size_t size, size_t align)
 {
     size = ALIGN_UP(size, PAGE);
@@ -127,6 +131,7 @@ fk_region_t *fk_region_new(fk_rkind_t kind, size_t size, size_t align)
     return r;
 }
 
+/* Give a region's range back (inaccessible again) and close its memfd. */
 void fk_region_free(fk_region_t *r)
 {
     for (fk_region_t **pp = &mem.regions; *pp; pp = &(*pp)->next)
@@ -140,6 +145,7 @@ void fk_region_free(fk_region_t *r)
     free(r);
 }
 
+/* The VMM mapping of reservation r that holds p, or NULL. */
 fk_map_t *fk_map_find(const fk_region_t *r, uintptr_t p)
 {
     for (fk_map_t *m = r ? r->maps : NULL; m; m = m->next)
@@ -148,6 +154,7 @@ fk_map_t *fk_map_find(const fk_region_t *r, uintptr_t p)
     return NULL;
 }
 
+/* Account `bytes` of device dev's memory; false when it does not have them. */
 bool fk_dev_mem_take(int dev, size_t bytes)
 {
     const fk_device_spec_t *d = fk_dev(dev);
@@ -157,6 +164,7 @@ bool fk_dev_mem_take(int dev, size_t bytes)
     return true;
 }
 
+/* Give back what fk_dev_mem_take took. */
 void fk_dev_mem_give(int dev, size_t bytes)
 {
     fk.dev_used[dev] -= bytes;
@@ -218,6 +226,8 @@ static const char *inaccessible(fk_ctx_t *ctx, uintptr_t p, size_t len, bool wri
     return NULL;
 }
 
+/* May ctx's device access [p, p + len)? CUDA_ERROR_ILLEGAL_ADDRESS (and a message naming `what`
+ * and why) when not. */
 CUresult fk_mem_access(fk_ctx_t *ctx, uintptr_t p, size_t len, bool write, const char *what)
 {
     if (len == 0)

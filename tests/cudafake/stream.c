@@ -42,6 +42,7 @@ fk_op_t *fk_op_new(fk_opkind_t kind)
     return op;
 }
 
+/* Free an operation and drop what it holds: dependencies, events, a graph launch (lock held). */
 void fk_op_free(fk_op_t *op)
 {
     if (!op)
@@ -63,6 +64,7 @@ void fk_op_free(fk_op_t *op)
     free(op);
 }
 
+/* A deep copy of a graph node, for an executable graph (lock held); NULL when out of memory. */
 fk_op_t *fk_op_clone(const fk_op_t *op)
 {
     fk_op_t *c = fk_op_new(op->kind);
@@ -101,6 +103,7 @@ fk_op_t *fk_op_clone(const fk_op_t *op)
     return c;
 }
 
+/* What an operation is, in words (messages). */
 static const char *op_name(const fk_op_t *op)
 {
     switch (op->kind) {
@@ -195,6 +198,7 @@ void fk_stream_unref(fk_stream_t *s)
     free(s);
 }
 
+/* Have the operations op depends on finished (or been dropped)? (lock held) */
 static bool deps_met(const fk_op_t *op)
 {
     for (int i = 0; i < op->ndeps; i++)
@@ -306,6 +310,8 @@ static fk_stream_t *stream_new(fk_ctx_t *ctx, unsigned flags, int priority, bool
     return s;
 }
 
+/* The stream a handle names (NULL and CU_STREAM_LEGACY: the current context's legacy stream),
+ * checked; with need_current it must belong to the current context (lock held). */
 CUresult fk_stream_resolve(CUstream h, fk_stream_t **out, bool need_current)
 {
     fk_stream_t *s;
@@ -347,6 +353,8 @@ static bool add_dep(fk_op_t *op, fk_stream_t *d)
     return true;
 }
 
+/* Queue op on s with its legacy-stream dependencies, or add it to s's capture; starts the
+ * worker (lock held; takes op, freed on failure). */
 CUresult fk_enqueue(fk_stream_t *s, fk_op_t *op)
 {
     if (op->fault == CUDA_SUCCESS)
@@ -397,6 +405,7 @@ CUresult fk_enqueue(fk_stream_t *s, fk_op_t *op)
     return CUDA_SUCCESS;
 }
 
+/* Wait until s has finished operation seq, saying so every 10 s (lock held, dropped while waiting). */
 CUresult fk_stream_wait(fk_stream_t *s, uint64_t seq)
 {
     uint64_t warn = fk_now_ns() + 10000000000ull;
@@ -437,18 +446,22 @@ static void sync_streams(fk_ctx_t *only)
     }
 }
 
+/* cuCtxSynchronize: every stream of ctx, then its sticky error (lock held). */
 CUresult fk_ctx_synchronize(fk_ctx_t *ctx)
 {
     sync_streams(ctx);
     return fk_ctx_check(ctx);
 }
 
+/* The implicit synchronization of cuMemFree and friends: every stream of every context (lock held). */
 void fk_sync_all(const char *what)
 {
     (void)what;
     sync_streams(NULL);
 }
 
+/* A context goes away: its streams drop their queued work and end, their handles and its
+ * events' become invalid (lock held, dropped while the running operations end). */
 void fk_streams_ctx_destroyed(fk_ctx_t *ctx)
 {
     fk_stream_t *all[FK_MAX_STREAMS];
@@ -547,6 +560,7 @@ CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream)
     return r;
 }
 
+/* The context of a stream (the current one for the legacy stream). */
 static CUresult stream_ctx(CUstream hStream, CUcontext *pctx)
 {
     if (!pctx)
@@ -720,6 +734,8 @@ CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags)
     return r;
 }
 
+/* cuEventRecord(WithFlags): an operation on the stream, or inside a capture a join point or
+ * (CU_EVENT_RECORD_EXTERNAL) a node. */
 static CUresult event_record(CUevent hEvent, CUstream hStream, unsigned flags)
 {
     if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)

@@ -223,6 +223,7 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
     return r;
 }
 
+/* Close the IPC mappings opened in a context that is going away (lock held). */
 void fk_ipc_ctx_destroyed(fk_ctx_t *ctx)
 {
     for (fk_region_t *r = fk_regions(), *next; r; r = next) {
