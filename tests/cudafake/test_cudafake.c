@@ -1028,6 +1028,15 @@ static int setup(void **state)
     return 0;
 }
 
+/* After each case, pass or fail: release every stalled stream and drop the faults not yet fired,
+ * so that a case that failed between its stall and its release cannot hang the next cases (a
+ * cuMemFree synchronizes every stream) until ctest's timeout. */
+static int faults_reset(void **state)
+{
+    (void)state;
+    return cu.control && (cu.control("release:*") != 0 || cu.control("clear") != 0) ? -1 : 0;
+}
+
 /* Retain every device's primary context (after test_proc_address's cuInit). */
 static void test_retain(void **state)
 {
@@ -1053,25 +1062,25 @@ int main(void)
     unsetenv("COLLD_CUDAFAKE_DRIVER_VERSION");
     unsetenv("CUDA_VISIBLE_DEVICES");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_proc_address),
-        cmocka_unit_test(test_retain),
-        cmocka_unit_test(test_colld_loader),
-        cmocka_unit_test(test_devices),
-        cmocka_unit_test(test_contexts),
-        cmocka_unit_test(test_memory),
-        cmocka_unit_test(test_host_register),
-        cmocka_unit_test(test_memops),
-        cmocka_unit_test(test_legacy_stream),
-        cmocka_unit_test(test_events),
-        cmocka_unit_test(test_launch),
-        cmocka_unit_test(test_ipc),
-        cmocka_unit_test(test_vmm),
-        cmocka_unit_test(test_faults),
-        cmocka_unit_test(test_capture_replay),
-        cmocka_unit_test(test_capture_refusals),
-        cmocka_unit_test(test_capture_fork_join),
-        cmocka_unit_test(test_graph_user_objects),
-        cmocka_unit_test(test_graph_launch_order),
+        cmocka_unit_test_teardown(test_proc_address, faults_reset),
+        cmocka_unit_test_teardown(test_retain, faults_reset),
+        cmocka_unit_test_teardown(test_colld_loader, faults_reset),
+        cmocka_unit_test_teardown(test_devices, faults_reset),
+        cmocka_unit_test_teardown(test_contexts, faults_reset),
+        cmocka_unit_test_teardown(test_memory, faults_reset),
+        cmocka_unit_test_teardown(test_host_register, faults_reset),
+        cmocka_unit_test_teardown(test_memops, faults_reset),
+        cmocka_unit_test_teardown(test_legacy_stream, faults_reset),
+        cmocka_unit_test_teardown(test_events, faults_reset),
+        cmocka_unit_test_teardown(test_launch, faults_reset),
+        cmocka_unit_test_teardown(test_ipc, faults_reset),
+        cmocka_unit_test_teardown(test_vmm, faults_reset),
+        cmocka_unit_test_teardown(test_faults, faults_reset),
+        cmocka_unit_test_teardown(test_capture_replay, faults_reset),
+        cmocka_unit_test_teardown(test_capture_refusals, faults_reset),
+        cmocka_unit_test_teardown(test_capture_fork_join, faults_reset),
+        cmocka_unit_test_teardown(test_graph_user_objects, faults_reset),
+        cmocka_unit_test_teardown(test_graph_launch_order, faults_reset),
     };
     int rc = cmocka_run_group_tests(tests, setup, NULL);
     unlink(control_path);
