@@ -18,6 +18,8 @@
  */
 #include "common/cudadrv.h"
 
+#include <dlfcn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,10 +142,25 @@ static int mode_vmm(int fd, size_t size, int pattern)
     return 0;
 }
 
+/* Is the libcuda.so.1 found here the test double (it alone exports colld_cudafake_control)?
+ * Asked before colld's loader calls cuInit, so that a real driver is never driven by this test. */
+static bool on_double(void)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    bool yes = lib && dlsym(lib, "colld_cudafake_control");
+    if (lib)
+        dlclose(lib);
+    return yes || !lib;
+}
+
 int main(int argc, char **argv)
 {
     char err[256];
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (!on_double()) {
+        printf("fail libcuda.so.1 is not the CUDA driver test double\n");
+        return 0;
+    }
     cu = colld_cu_load(err, sizeof(err));
     if (argc >= 2 && strcmp(argv[1], "loader") == 0) {
         if (cu)

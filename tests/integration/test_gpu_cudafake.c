@@ -16,9 +16,16 @@
  *                     its kernels through the CUDA runtime (issue 15 defect A1), which the double
  *                     cannot serve: COLLD_ERR_DEVICE, and the rank's stream is released, not hung
  *   driver        an 11.8 driver: the daemon and the client refuse GPU work with the loader's reason
- *   defects       the review's defects that the double shows today (issue 15): each case asserts
- *                 the present, wrong behaviour and says what the fix must turn it into. A fix makes
- *                 its case fail: then the case is rewritten to assert the right behaviour.
+ *   open_defects  the review's defects that the double shows today (issue 15), STILL OPEN: each
+ *                 case (test_open_defect_<id>_...) asserts the present, wrong behaviour, prints
+ *                 "OPEN DEFECT <id>" with what the fix must turn it into, and passes while the
+ *                 defect is there. A fix makes its case fail: then the case is rewritten to assert
+ *                 the right behaviour (and loses "open_defect" from its name). A pass here is never
+ *                 a feature. (test_allreduce_open_defect_A1_... in vmm and legacy is one too.)
+ *
+ * Every group first checks that the libcuda.so.1 it finds is the test double (it alone exports
+ * colld_cudafake_control), before any CUDA call, and that the daemon maps no other libcuda and no
+ * NCCL: a real driver is never initialised by this test.
  */
 #include "common/cudadrv.h"
 #include "tests/integration/harness.h"
@@ -40,6 +47,13 @@
 #include <cmocka.h>
 
 #define COUNT 4096 /* floats per rank buffer */
+/* The communicators' timeout where a case does not pick one: a collective that is never released
+ * (a regression) fails with COLLD_ERR_TIMEOUT and releases the ranks' streams well within the
+ * test's ctest TIMEOUT, instead of after the daemon's default of 300 s. */
+#define COMM_TIMEOUT_MS 30000
+/* The timeout of a case that waits for a collective to time out: long enough for two ranks of
+ * one process to join and run a collective on a loaded machine under TSan. */
+#define SHORT_TIMEOUT_MS 5000
 
 static const colld_cu_t *cu;
 
@@ -59,6 +73,88 @@ static const char *rname(CUresult r)
     } while (0)
 
 /* ============================================================================================
+ * Only ever the test double
+ * ========================================================================================== */
+
+static char double_path[4096]; /* the libcuda.so.1 this process loaded: the test double's */
+
+/* Is the libcuda.so.1 that dlopen finds here the CUDA driver test double (it alone exports
+ * colld_cudafake_control)? Checked before any CUDA call, so that a real driver (LD_LIBRARY_PATH
+ * lost, the double not built) is never initialised, let alone driven, by this test. Sets
+ * double_path. Returns 1 (the double), 0 (no libcuda.so.1 at all), -1 (another libcuda.so.1). */
+static int driver_is_double(void)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+        return 0;
+    void *ctl = dlsym(lib, "colld_cudafake_control");
+    Dl_info info = { 0 };
+    if (ctl && dladdr(ctl, &info) && info.dli_fname && !realpath(info.dli_fname, double_path))
+        snprintf(double_path, sizeof(double_path), "%s", info.dli_fname);
+    if (!ctl) {
+        void *any = dlsym(lib, "cuGetProcAddress");
+        printf("libcuda.so.1 here is not the CUDA driver test double (%s): refusing to run GPU tests on it\n",
+               any && dladdr(any, &info) && info.dli_fname ? info.dli_fname : "unknown path");
+    }
+    dlclose(lib);
+    return ctl ? 1 : -1;
+}
+
+/* Does the daemon (pid) map no libcuda but the test double, and no NCCL; and, with must_map, the
+ * double itself (an old driver's daemon may have let it go)? Says why not. */
+static bool daemon_on_double(pid_t pid, bool must_map)
+{
+    char path[64], line[4608];
+    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+    FILE *f = fopen(path, "r");
+    bool on_double = false, other = false;
+    while (f && fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\n")] = '\0';
+        const char *file = strchr(line, '/');
+        if (!file || (!strstr(file, "libcuda.so") && !strstr(file, "libnccl")))
+            continue;
+        if (strcmp(file, double_path) == 0) {
+            on_double = true;
+        } else if (!other) {
+            other = true;
+            print_error("the daemon (pid %d) maps %s, not only the CUDA driver test double %s\n", (int)pid, file,
+                        double_path);
+        }
+    }
+    if (f)
+        fclose(f);
+    if (must_map && !on_double && !other)
+        print_error("the daemon (pid %d) has not loaded the CUDA driver test double %s\n", (int)pid, double_path);
+    return (on_double || !must_map) && !other;
+}
+
+/* harness_test_setup, then the daemon must be on the test double (and on nothing else). */
+static int setup_on_double(void **state)
+{
+    if (harness_test_setup(state) != 0)
+        return -1;
+    return daemon_on_double(((harness_t *)*state)->pid, true) ? 0 : -1;
+}
+
+/* The same for the old driver's daemon, which may have unloaded the double it refused. */
+static int setup_old_driver(void **state)
+{
+    if (harness_test_setup(state) != 0)
+        return -1;
+    return daemon_on_double(((harness_t *)*state)->pid, false) ? 0 : -1;
+}
+
+/* A case that pins an OPEN defect of issue 15: say so before it runs, so that nobody reads its pass
+ * as a feature. It passes while the defect is there; when the fix lands it fails, and is then
+ * rewritten to assert the right behaviour (`fixed`). */
+static void open_defect(const char *id, const char *today, const char *fixed)
+{
+    print_message("OPEN DEFECT %s (issue 15), still present: this case asserts today's WRONG behaviour: %s. "
+                  "When it fails, the fix has landed: rewrite it to assert that %s.\n",
+                  id, today, fixed);
+}
+
+/* ============================================================================================
  * Two ranks, one thread each
  * ========================================================================================== */
 
@@ -69,7 +165,7 @@ struct rank {
     harness_t *h;
     colld_unique_id_t id;
     int rank;
-    int timeout_ms;              /* the communicator's (0: the daemon's default) */
+    int timeout_ms;              /* the communicator's (0: COMM_TIMEOUT_MS) */
     scenario_fn fn;
     pthread_barrier_t *barrier;  /* shared by both ranks */
     colld_client_t *c;
@@ -116,7 +212,7 @@ static void *rank_thread(void *arg)
         return NULL;
     }
     colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
-    cfg.timeout_ms = r->timeout_ms;
+    cfg.timeout_ms = r->timeout_ms ? r->timeout_ms : COMM_TIMEOUT_MS;
     colld_status_t st;
     if (r->rank == 1 && colld_connect(r->h->socket, &r->c) != COLLD_OK)
         rank_fail(r, "colld_connect failed");
@@ -268,8 +364,11 @@ static void sc_allreduce(rank_t *r)
     cu->cuMemFree(buf);
 }
 
-static void test_allreduce_stream(void **state)
+static void test_allreduce_open_defect_A1_runtime_launch_fails(void **state)
 {
+    open_defect("A1",
+                "the daemon launches its kernels through the CUDA runtime, which cannot initialise on this driver: an all-reduce that moves data fails with COLLD_ERR_DEVICE (its streams are released)",
+                "the all-reduce completes with exact sums (kernels launched through the driver API)");
     rank_t ranks[2];
     run_ranks(*state, sc_allreduce, 0, ranks);
     for (int i = 0; i < 2; i++) {
@@ -302,7 +401,7 @@ static void test_old_driver(void **state)
 }
 
 /* ============================================================================================
- * The review's defects, as the double shows them today (group "defects")
+ * The review's defects, as the double shows them today: OPEN defects (group "open_defects")
  *
  * Each case asserts today's wrong behaviour, names the defect of issue 15 and where it lives,
  * and says what the fix must turn it into.
@@ -363,8 +462,11 @@ static void sc_capture_first(rank_t *r)
         app.destroy(g);
 }
 
-static void test_defect_capture_registration(void **state)
+static void test_open_defect_3_3_capture_registration_invalidates_capture(void **state)
 {
+    open_defect("3.3 (capture, registration)",
+                "a client's first stream-ordered collective inside a capture fails (cuMemHostRegister: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and invalidates the application's capture",
+                "the collective is captured, or refused with COLLD_ERR_NOT_SUPPORTED, and the capture stays valid");
     rank_t ranks[2];
     run_ranks(*state, sc_capture_first, 0, ranks);
     for (int i = 0; i < 2; i++) {
@@ -410,10 +512,13 @@ static void sc_capture_replay(rank_t *r)
         app.destroy(g);
 }
 
-static void test_defect_capture_replay(void **state)
+static void test_open_defect_3_3_captured_collective_never_runs(void **state)
 {
+    open_defect("3.3 (capture, replay)",
+                "a captured collective is not detected: it times out in the daemon at capture time and every graph replay passes without running it",
+                "every replay runs the collective exactly once (or the capture is refused with COLLD_ERR_NOT_SUPPORTED)");
     rank_t ranks[2];
-    run_ranks(*state, sc_capture_replay, 1500, ranks);
+    run_ranks(*state, sc_capture_replay, SHORT_TIMEOUT_MS, ranks);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(ranks[i].st[1], COLLD_OK);        /* accepted inside the capture */
         assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS);    /* the capture ended fine */
@@ -480,8 +585,11 @@ static bool daemon_maps(pid_t pid, const char *name)
     return found;
 }
 
-static void test_defect_freed_registration(void **state)
+static void test_open_defect_C1_D4_freed_buffer_stays_mapped(void **state)
 {
+    open_defect("C1/D4",
+                "a buffer the application freed (cuMemFree; VMM unmap and release) stays mapped in the daemon while its client is connected",
+                "the daemon's mapping goes with the buffer (explicit deregistration, or the documented rule for implicit registrations)");
     harness_t *h = *state;
     for (defect_vmm = 0; defect_vmm <= 1; defect_vmm++) {
         rank_t ranks[2];
@@ -542,8 +650,11 @@ static void sc_multisegment(rank_t *r)
     cu->cuMemRelease(h[1]);
 }
 
-static void test_defect_multisegment(void **state)
+static void test_open_defect_D2_multisegment_vmm_refused(void **state)
 {
+    open_defect("D2",
+                "a buffer across two VMM allocations of one reservation is refused with COLLD_ERR_INVALID_ARGUMENT",
+                "every mapping the buffer covers is registered and the collective runs");
     rank_t ranks[2];
     run_ranks(*state, sc_multisegment, 0, ranks);
     for (int i = 0; i < 2; i++) {
@@ -571,7 +682,7 @@ static void sc_ready_word(rank_t *r)
     r->st[1] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s); /* #2, behind the gate */
     r->st[2] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, b);    /* #3 */
     colld_status_t q = COLLD_INPROGRESS;
-    for (int i = 0; i < 1000 && q == COLLD_INPROGRESS; i++) {
+    for (int i = 0; i < 4000 && q == COLLD_INPROGRESS; i++) { /* at most 20 s */
         q = colld_comm_query(r->comm);
         if (q == COLLD_INPROGRESS)
             harness_wait_file("/nonexistent", 5);
@@ -586,8 +697,11 @@ static void sc_ready_word(rank_t *r)
     gate_free(gate);
 }
 
-static void test_defect_ready_word(void **state)
+static void test_open_defect_E1_shared_ready_word_completes_early(void **state)
 {
+    open_defect("E1",
+                "a later collective's `ready` on another stream satisfies an earlier one: the daemon completes a collective whose stream never reached it",
+                "the earlier collective stays in progress until its own stream reaches it");
     rank_t ranks[2];
     run_ranks(*state, sc_ready_word, 0, ranks);
     for (int i = 0; i < 2; i++) {
@@ -618,8 +732,11 @@ static void sc_count0_ok(rank_t *r)
     r->st[1] = colld_comm_synchronize(r->comm);
 }
 
-static void test_defect_sticky(void **state)
+static void test_open_defect_F3_sticky_error_poisons_gpu(void **state)
 {
+    open_defect("F3",
+                "after a sticky error in the daemon's context every later communicator on that GPU fails, even the registration of a new client's flag area",
+                "the daemon resets the context, fails only the work in flight with COLLD_ERR_DEVICE, and a new communicator on that GPU works");
     rank_t ranks[2];
     run_ranks(*state, sc_count0, 0, ranks);
     for (int i = 0; i < 2; i++) {
@@ -645,14 +762,17 @@ static void test_defect_sticky(void **state)
  * collective's `ready` write (cuStreamWriteValue32, client/cuda.c colld__gpu_post) faults on the
  * GPU: CUDA_ERROR_ILLEGAL_ADDRESS, sticky, in the application. Fix: register the area again when
  * its context went away (or per context), and unregister it in that context. */
-static void test_defect_flags_context(void **state)
+static void test_open_defect_new_flag_area_dies_with_context(void **state)
 {
+    open_defect("new (flag area context)",
+                "after the application resets its primary context the client's flag area registration is gone, and the next collective's `ready` write faults (CUDA_ERROR_ILLEGAL_ADDRESS, sticky, in the application)",
+                "the client registers its flag area again in the new context and the collective completes");
     rank_t ranks[2];
     run_ranks(*state, sc_count0_ok, 0, ranks); /* sets up both clients' flag areas, works */
     for (int i = 0; i < 2; i++)
         assert_int_equal(ranks[i].st[1], COLLD_OK);
     CU_CHECK(app.reset(0)); /* rank 0's device; its client stays connected */
-    run_ranks(*state, sc_count0, 1500, ranks);
+    run_ranks(*state, sc_count0, SHORT_TIMEOUT_MS, ranks);
     assert_int_equal(ranks[0].st[0], COLLD_OK);
     assert_int_equal(ranks[0].cr[0], CUDA_ERROR_ILLEGAL_ADDRESS); /* the ready write faulted */
     assert_int_equal(ranks[1].st[1], COLLD_ERR_TIMEOUT);          /* rank 0 never arrived */
@@ -668,7 +788,7 @@ static int setup_sticky(void **state)
     fprintf(f, "sticky:cuEventCreate:+1:CUDA_ERROR_ILLEGAL_ADDRESS\n");
     fclose(f);
     setenv("COLLD_CUDAFAKE_CONTROL", control_path, 1);
-    int rc = harness_test_setup(state);
+    int rc = setup_on_double(state);
     unsetenv("COLLD_CUDAFAKE_CONTROL");
     return rc;
 }
@@ -685,15 +805,15 @@ static int run_defects(void)
         return 1;
     close(fd);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_defect_capture_registration, harness_test_setup, harness_test_teardown),
-        cmocka_unit_test_setup_teardown(test_defect_capture_replay, harness_test_setup, harness_test_teardown),
-        cmocka_unit_test_setup_teardown(test_defect_freed_registration, harness_test_setup, harness_test_teardown),
-        cmocka_unit_test_setup_teardown(test_defect_multisegment, harness_test_setup, harness_test_teardown),
-        cmocka_unit_test_setup_teardown(test_defect_ready_word, harness_test_setup, harness_test_teardown),
-        cmocka_unit_test_setup_teardown(test_defect_flags_context, harness_test_setup, harness_test_teardown),
-        cmocka_unit_test_setup_teardown(test_defect_sticky, setup_sticky, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_open_defect_3_3_capture_registration_invalidates_capture, setup_on_double, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_open_defect_3_3_captured_collective_never_runs, setup_on_double, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_open_defect_C1_D4_freed_buffer_stays_mapped, setup_on_double, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_open_defect_D2_multisegment_vmm_refused, setup_on_double, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_open_defect_E1_shared_ready_word_completes_early, setup_on_double, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_open_defect_new_flag_area_dies_with_context, setup_on_double, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_open_defect_F3_sticky_error_poisons_gpu, setup_sticky, harness_test_teardown),
     };
-    int rc = cmocka_run_group_tests_name("gpu_cudafake_defects", tests, NULL, NULL);
+    int rc = cmocka_run_group_tests_name("gpu_cudafake_open_defects", tests, NULL, NULL);
     unlink(control_path);
     return rc;
 }
@@ -703,14 +823,19 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     const char *group = argc > 1 ? argv[1] : "vmm";
     char err[256];
-    cu = colld_cu_load(err, sizeof(err));
+    int on_double = driver_is_double(); /* before colld's loader initialises whatever it finds */
+    if (on_double < 0)
+        return 1;
+    cu = on_double ? colld_cu_load(err, sizeof(err)) : NULL;
+    if (!on_double)
+        snprintf(err, sizeof(err), "libcuda.so.1 not found");
     if (strcmp(group, "driver") == 0) {
         if (cu) {
             printf("the driver loaded; this group expects the test double configured as an old driver\n");
             return 1;
         }
         const struct CMUnitTest old[] = {
-            cmocka_unit_test_setup_teardown(test_old_driver, harness_test_setup, harness_test_teardown),
+            cmocka_unit_test_setup_teardown(test_old_driver, setup_old_driver, harness_test_teardown),
         };
         return cmocka_run_group_tests_name("gpu_cudafake_driver", old, NULL, NULL);
     }
@@ -730,12 +855,12 @@ int main(int argc, char **argv)
     for (int i = 0; i < 2; i++)
         if (cu->cuDevicePrimaryCtxRetain(&keep[i], i) != CUDA_SUCCESS)
             return 1;
-    if (strcmp(group, "defects") == 0)
+    if (strcmp(group, "open_defects") == 0)
         return run_defects();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_mem_alloc_cuda, harness_test_setup, harness_test_teardown),
-        cmocka_unit_test_setup_teardown(test_flag_protocol, harness_test_setup, harness_test_teardown),
-        cmocka_unit_test_setup_teardown(test_allreduce_stream, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_mem_alloc_cuda, setup_on_double, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_flag_protocol, setup_on_double, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_allreduce_open_defect_A1_runtime_launch_fails, setup_on_double, harness_test_teardown),
     };
     return cmocka_run_group_tests_name(group, tests, NULL, NULL);
 }
