@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -64,6 +65,27 @@ int harness_wait(pid_t pid, int timeout_ms)
     }
 }
 
+/* Start the daemon as a child that the kernel kills when this test process dies (PDEATHSIG):
+ * a test killed by a sanitizer (halt_on_error, abort_on_error), a crash or ctest's timeout
+ * otherwise leaves its daemon running, holding ctest's output pipe open, and ctest then waits
+ * for it without end. Called from the main thread (PDEATHSIG follows the forking thread). */
+static pid_t spawn_daemon(const char *const *argv)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "harness: cannot fork for %s: %s\n", argv[0], strerror(errno));
+        return -1;
+    }
+    if (pid == 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            _exit(127);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
 static void print_log(const harness_t *h)
 {
     FILE *f = fopen(h->log, "r");
@@ -90,7 +112,7 @@ int harness_daemon_start(harness_t *h, const char *const *extra)
     for (int i = 0; extra && extra[i] && n < 31; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
-    h->pid = harness_spawn(argv);
+    h->pid = spawn_daemon(argv);
     if (h->pid < 0)
         return -1;
     double end = harness_now_ms() + 10000;
