@@ -8,7 +8,7 @@
 #include "colld.pb-c.h"
 #include "common/config.h"
 #include "common/log.h"
-#include "common/ring.h"
+#include "transport/shm/ring.h"
 #include "common/util.h"
 
 #include <errno.h>

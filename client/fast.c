@@ -20,7 +20,7 @@
 #include "client/client_internal.h"
 
 #include "common/log.h"
-#include "common/ring.h"
+#include "transport/shm/ring.h"
 #include "common/util.h"
 #include "kernels/cpu/reduce.h"
 

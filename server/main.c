@@ -9,9 +9,9 @@
  * none is left or the timeout passes, then the daemon stops as above; a second SIGTERM stops it
  * at once.
  */
-#include "server/daemon.h"
-#include "server/notify.h"
-#include "server/tenant.h"
+#include "server/core/daemon.h"
+#include "server/observability/notify.h"
+#include "server/core/tenant.h"
 
 #include "common/log.h"
 #include "common/util.h"

@@ -68,7 +68,7 @@
  * Exit status: 0 success (and no wrong element), 1 a failure or a wrong result, 2 bad options.
  */
 #include "colld_perf.h"
-#include "kernels/cpu/pattern.h"
+#include "tools/testdata/pattern.h"
 #include "kernels/cpu/reduce.h"
 
 #include <colld/colld.h>

@@ -4,9 +4,9 @@
 #include "tests/fuzz/core_fixture.h"
 
 #include "common/log.h"
-#include "common/ring.h"
+#include "transport/shm/ring.h"
 #include "common/util.h"
-#include "server/tenant.h"
+#include "server/core/tenant.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -10,7 +10,7 @@
 #ifndef COLLD_TESTS_CORE_FIXTURE_H
 #define COLLD_TESTS_CORE_FIXTURE_H
 
-#include "server/daemon.h"
+#include "server/core/daemon.h"
 
 #define FIX_MAX_SESSIONS 8
 #define FIX_REGS 2            /* registrations per session, ids 1 and 2 */

@@ -13,7 +13,7 @@
  */
 #include "tests/fuzz/core_fixture.h"
 
-#include "common/ring.h"
+#include "transport/shm/ring.h"
 
 #include <stdint.h>
 #include <stdlib.h>

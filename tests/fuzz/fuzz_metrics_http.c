@@ -9,7 +9,7 @@
  * parser answers only 200, 400, 404, 405 or 505, and 200 only for GET or HEAD of the path it
  * names (/metrics, /healthz, /readyz).
  */
-#include "server/metrics.h"
+#include "server/observability/metrics.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -18,7 +18,7 @@
 #include "colld_net.pb-c.h"
 #include "common/log.h"
 #include "common/util.h"
-#include "server/cluster.h"
+#include "server/net/cluster.h"
 #include "transport/tcp/tcp_internal.h"
 
 #include <stdint.h>

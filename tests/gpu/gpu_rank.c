@@ -47,7 +47,7 @@
  * Exit code: 0 everything exact (or the expected failure came); 1 a mismatch, an unexpected status,
  * a CUDA error or a stream that was not released; 2 bad arguments; 77 no GPU visible.
  */
-#include "kernels/cpu/pattern.h"
+#include "tools/testdata/pattern.h"
 #include "tests/gpu/gpu_rank_kernels.h"
 #include "tests/integration/coll_data.h"
 #include "tests/integration/harness.h"

@@ -13,7 +13,7 @@
  */
 #include "tests/gpu/kernel_check.h"
 
-#include "kernels/cpu/pattern.h"
+#include "tools/testdata/pattern.h"
 #include "kernels/cpu/reduce.h"
 
 #include <stdarg.h>

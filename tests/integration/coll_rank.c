@@ -38,7 +38,7 @@
  * Exit code: 0 everything matched (or the expected status came); 1 a mismatch or an unexpected
  * status (the first mismatches are printed on stderr with full context); 2 bad arguments.
  */
-#include "kernels/cpu/pattern.h"
+#include "tools/testdata/pattern.h"
 #include "tests/integration/coll_data.h"
 #include "tests/integration/harness.h"
 

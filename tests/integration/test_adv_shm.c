@@ -10,7 +10,7 @@
  * must suit its element type (#16).
  */
 #include "client/client_internal.h"
-#include "common/ring.h"
+#include "transport/shm/ring.h"
 #include "common/util.h"
 #include "tests/integration/harness.h"
 

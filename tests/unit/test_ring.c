@@ -2,7 +2,7 @@
  * test_ring.c - the shared-memory ring counters and the futex doorbell (common/ring.h): normal
  * use across wrap-around, corrupt counters detected, and a sleeper woken by the doorbell.
  */
-#include "common/ring.h"
+#include "transport/shm/ring.h"
 
 #include <pthread.h>
 #include <setjmp.h>

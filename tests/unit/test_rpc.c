@@ -5,7 +5,7 @@
  * Every wait is bounded: a hang fails the test instead of blocking until the CTest timeout.
  */
 #include "client/rpc/rpc_client.h"
-#include "server/rpc/rpc_server.h"
+#include "server/control/rpc/rpc_server.h"
 #include "rpc_test.pb-c.h"
 
 #include <errno.h>

@@ -32,11 +32,11 @@
  * stream waits forever; this is deferred while a kernel of the communicator is still running
  * (its stream write of `done` would otherwise move the flag backwards).
  */
-#include "server/daemon.h"
+#include "server/core/daemon.h"
 
 #include "common/cudadrv.h"
 #include "common/log.h"
-#include "common/ring.h"
+#include "transport/shm/ring.h"
 #include "common/util.h"
 
 #include <errno.h>

@@ -24,7 +24,7 @@
  * record carries an id, because the number is reused once gRPC closed the descriptor.
  */
 #include "common/rpc_codec.h"
-#include "server/rpc/rpc_server.h"
+#include "server/control/rpc/rpc_server.h"
 
 #include "common/log.h"
 #include "common/util.h"

@@ -17,8 +17,8 @@
  * wrapper's wake-up (sub_writable) runs under the wrapper's lock and takes events->mu, so the pump
  * never calls the wrapper with events->mu held.
  */
-#include "server/daemon.h"
-#include "server/tenant.h"
+#include "server/core/daemon.h"
+#include "server/core/tenant.h"
 
 #include "colld.pb-c.h"
 #include "common/log.h"

@@ -8,10 +8,10 @@
  * wake eventfd), with a timeout at the next collective/join deadline. An idle daemon therefore
  * uses no CPU, and a client posting to an awake daemon makes no system call.
  */
-#include "server/daemon.h"
+#include "server/core/daemon.h"
 
 #include "common/log.h"
-#include "common/ring.h"
+#include "transport/shm/ring.h"
 #include "common/util.h"
 
 #include <errno.h>

@@ -13,8 +13,8 @@
  * ranks that joined; its member array and flight recorder are made when the last rank joins.
  * Teardown is linear in what a session held: communicators unlink in O(1).
  */
-#include "server/daemon.h"
-#include "server/tenant.h"
+#include "server/core/daemon.h"
+#include "server/core/tenant.h"
 
 #include "common/log.h"
 #include "common/util.h"

@@ -9,7 +9,7 @@
 #ifndef COLLD_SERVER_CLUSTER_H
 #define COLLD_SERVER_CLUSTER_H
 
-#include "server/daemon.h"
+#include "server/core/daemon.h"
 #include "transport/tcp/tcp.h"
 
 #include <stdatomic.h>

@@ -8,7 +8,7 @@
  * Straggler statistics (per rank: mean and max lateness behind the first rank) are kept on the
  * members over the executed collectives. All functions run with daemon->lock held.
  */
-#include "server/daemon.h"
+#include "server/core/daemon.h"
 
 #include "common/log.h"
 #include "common/util.h"

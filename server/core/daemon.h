@@ -18,8 +18,8 @@
 
 #include "common/config.h"
 #include "proto/wire.h"
-#include "server/metrics.h"
-#include "server/rpc/rpc_server.h"
+#include "server/observability/metrics.h"
+#include "server/control/rpc/rpc_server.h"
 
 #include <colld/colld.h>
 #include <pthread.h>

@@ -6,8 +6,8 @@
  * the process die when the socket closes. Messages are fixed-size colld_wire_msg_t; file
  * descriptors ride along as SCM_RIGHTS. The socket is served by the daemon's libuv loop.
  */
-#include "server/daemon.h"
-#include "server/tenant.h"
+#include "server/core/daemon.h"
+#include "server/core/tenant.h"
 
 #include "common/log.h"
 #include "common/util.h"

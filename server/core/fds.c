@@ -13,8 +13,8 @@
  * When even that fails (another thread took the freed slot, or accept fails otherwise) the
  * listener pauses for LISTEN_PAUSE_MS and tries again. Every message about it is rate-limited.
  */
-#include "server/daemon.h"
-#include "server/tenant.h"
+#include "server/core/daemon.h"
+#include "server/core/tenant.h"
 
 #include "common/log.h"
 #include "common/util.h"

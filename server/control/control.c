@@ -7,8 +7,8 @@
  * socket, so the caller's identity is the SO_PEERCRED identity of that socket. Handlers run on
  * the gRPC thread and take daemon->lock; CommInit is answered later, when all ranks have joined.
  */
-#include "server/daemon.h"
-#include "server/tenant.h"
+#include "server/core/daemon.h"
+#include "server/core/tenant.h"
 #include "transport/tcp/tcp.h"
 
 #include "colld.pb-c.h"

@@ -6,9 +6,9 @@
  * whose counters are all zero and that has no override is freed, so the list holds only tenants
  * that are present.
  */
-#include "server/tenant.h"
+#include "server/core/tenant.h"
 
-#include "server/daemon.h"
+#include "server/core/daemon.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -46,7 +46,7 @@
  * buffer for recursive doubling), inside the buffer, at most once. Anything else fails the
  * collective with a protocol error naming the node, before a byte is used.
  */
-#include "server/cluster.h"
+#include "server/net/cluster.h"
 
 #include "colld_net.pb-c.h"
 #include "common/log.h"

@@ -3,7 +3,7 @@
  * every rank can generate any rank's input, so each can compute the exact expected result with
  * the scalar oracle.
  */
-#include "kernels/cpu/pattern.h"
+#include "tools/testdata/pattern.h"
 
 #include "kernels/cpu/reduce.h"
 

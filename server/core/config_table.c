@@ -2,7 +2,7 @@
  * config_table.c - every option of the daemon: flag, environment name, default and doc, in one
  * table (colld --help prints it).
  */
-#include "server/daemon.h"
+#include "server/core/daemon.h"
 
 #include <stddef.h>
 

@@ -27,8 +27,8 @@
  *
  * Everything but the probe runs on the loop thread.
  */
-#include "server/daemon.h"
-#include "server/tenant.h"
+#include "server/core/daemon.h"
+#include "server/core/tenant.h"
 
 #include "common/log.h"
 #include "common/util.h"

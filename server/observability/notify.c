@@ -5,7 +5,7 @@
  * stops (and systemd restarts the daemon after WatchdogSec) when the loop or the lock is stuck,
  * the two things every session and every control call needs.
  */
-#include "server/notify.h"
+#include "server/observability/notify.h"
 
 #include "common/config.h"
 #include "common/log.h"

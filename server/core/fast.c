@@ -8,10 +8,10 @@
  * each such collective (sequence numbers, signatures, time-outs, the flight recorder), and when
  * the communicator breaks it writes the error into the area and wakes every waiting rank.
  */
-#include "server/daemon.h"
+#include "server/core/daemon.h"
 
 #include "common/log.h"
-#include "common/ring.h"
+#include "transport/shm/ring.h"
 #include "common/util.h"
 
 #include <errno.h>

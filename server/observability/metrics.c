@@ -27,13 +27,13 @@
  * connections. So a client holding connections open loses its own, a scraper from elsewhere loses
  * none, and even one from the same address gets in (the held connections are older).
  */
-#include "server/metrics.h"
+#include "server/observability/metrics.h"
 
 #include "common/log.h"
 #include "common/util.h"
-#include "server/daemon.h"
+#include "server/core/daemon.h"
 #include "transport/tcp/tcp.h"
-#include "server/tenant.h"
+#include "server/core/tenant.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -14,7 +14,7 @@
  * do not depend on the number of workers. Small jobs run on the calling (engine) thread alone,
  * since waking workers costs more than the work.
  */
-#include "server/daemon.h"
+#include "server/core/daemon.h"
 
 #include "common/log.h"
 #include "common/util.h"

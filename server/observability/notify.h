@@ -8,7 +8,7 @@
 #ifndef COLLD_SERVER_NOTIFY_H
 #define COLLD_SERVER_NOTIFY_H
 
-#include "server/daemon.h"
+#include "server/core/daemon.h"
 
 /* Initialise d->watchdog on d->loop (call once after uv_loop_init; close with
  * colld_notify_close). */

@@ -38,7 +38,7 @@
  * Everything here that touches the transport runs on its network thread; the daemon's other
  * threads hand work over through the inbox (cluster.h).
  */
-#include "server/cluster.h"
+#include "server/net/cluster.h"
 
 #include "colld_net.pb-c.h"
 #include "transport/tcp/tcp_internal.h" /* colld__tcp_net_detached */
