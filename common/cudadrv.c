@@ -3,6 +3,8 @@
  */
 #include "common/cudadrv.h"
 
+#include "common/log.h"
+
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -51,6 +53,20 @@ const char *colld_cu_describe(const colld_cu_t *cu, CUresult r, char *buf, size_
     if (!name)
         snprintf(buf, len, "CUDA error %d", (int)r);
     return buf;
+}
+
+CUresult colld_cu_checked(const colld_cu_t *cu, CUresult r, CUresult expected, const char *call, const char *file,
+                          int line)
+{
+    static colld_log_rl_t rl;
+    if (r == CUDA_SUCCESS || r == expected)
+        return r;
+    if (COLLD_LOG_WARN <= colld__log_level && (COLLD_SUB_GPU & colld__log_subsys)) {
+        char buf[160];
+        colld__log_rl(COLLD_LOG_WARN, COLLD_SUB_GPU, file, line, &rl, COLLD_LOG_RL_DEFAULT_MS, "%s failed: %s", call,
+                      colld_cu_describe(cu, r, buf, sizeof(buf)));
+    }
+    return r;
 }
 
 static void load_once(void)

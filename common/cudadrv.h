@@ -49,6 +49,18 @@ typedef struct {
 
 /* "CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected)" into buf; returns buf. */
 const char *colld_cu_describe(const colld_cu_t *cu, CUresult r, char *buf, size_t len);
+
+/* The boundary with the driver: every call goes through CU_CHECK (or CU_CHECK_EXPECT), which
+ * returns the call's result unchanged for the caller to act on, and logs a result other than
+ * CUDA_SUCCESS (and than `expected`, a result the caller treats as normal, such as
+ * CUDA_ERROR_NOT_READY of a query) with the call's name and source location: a warning, at most a
+ * line per 5 s with the count of the others, so that even a cleanup whose failure changes nothing
+ * leaves a trace of where the driver refused. */
+CUresult colld_cu_checked(const colld_cu_t *cu, CUresult r, CUresult expected, const char *call, const char *file,
+                          int line);
+#define CU_CHECK(cu, fn, ...) colld_cu_checked((cu), (cu)->fn(__VA_ARGS__), CUDA_SUCCESS, #fn, __FILE__, __LINE__)
+#define CU_CHECK_EXPECT(cu, expected, fn, ...)                                                     \
+    colld_cu_checked((cu), (cu)->fn(__VA_ARGS__), (expected), #fn, __FILE__, __LINE__)
 #else
 typedef struct colld_cu colld_cu_t;
 #endif

@@ -1,17 +1,22 @@
 /*
  * main.c - the colld daemon: configuration, the lock file, start-up and graceful shutdown.
  *
- * Start-up order: engine, gRPC control plane, and last the session socket, so that a client that
- * can connect to the session socket finds everything else ready; then READY=1 to systemd.
+ * The daemon is the core composed with the registry's backends and modules (server/registry.c.in).
+ * Start-up order: backends, engine, gRPC control plane, and last the session socket, so that a
+ * client that can connect to the session socket finds everything else ready; then READY=1.
  * SIGINT, and SIGTERM with --drain-timeout-ms 0, end every session (clients report
  * COLLD_ERR_DAEMON_LOST), stop the control plane and the engine, and exit 0. SIGTERM with a drain
  * timeout first drains: new communicators are refused (control.c), the running ones go on until
  * none is left or the timeout passes, then the daemon stops as above; a second SIGTERM stops it
  * at once.
  */
+#include "server/control/control.h"
+#include "server/core/counters.h"
 #include "server/core/daemon.h"
-#include "server/observability/notify.h"
 #include "server/core/tenant.h"
+#include "server/net/net.h"
+#include "server/observability/metrics.h"
+#include "server/observability/notify.h"
 
 #include "common/log.h"
 #include "common/util.h"
@@ -159,8 +164,8 @@ static void stop_now(colld_daemon_t *d)
     colld_sessions_close_all(d);
     colld_ctl_stop(d);
     colld_control_stop(d);
-    colld_cluster_stop(d);
     colld_engine_stop(d);
+    colld_backends_stop(d);
     colld_notify_close(d);
     uv_timer_stop(&d->drain_timer);
     uv_close((uv_handle_t *)&d->drain_timer, NULL);
@@ -233,6 +238,25 @@ static void on_signal(uv_signal_t *h, int signum)
     }
     LOG_INFO(INIT, "signal %d: shutting down", signum);
     stop_now(d);
+}
+
+/* The start-up banner's backend lines: the one serving device memory first (or why there is none),
+ * then the others that have something to say. */
+static void print_backends(colld_daemon_t *d)
+{
+    char line[320];
+    colld_backend_t *dev = colld_backend_device(d);
+    if (!dev)
+        fprintf(stderr, "colld: no CUDA backend: %s\n", d->device_none);
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < d->nbackends; i++) {
+            colld_backend_t *b = &d->backends[i];
+            if ((b == dev) != (pass == 0) || !b->ops->describe)
+                continue;
+            b->ops->describe(b, line, sizeof(line));
+            if (line[0])
+                fprintf(stderr, "colld: %s\n", line);
+        }
 }
 
 /* The engine asks the loop to drop sessions that broke the ring protocol. */
@@ -328,20 +352,22 @@ int main(int argc, char **argv)
     uv_signal_start(&d.sigterm, on_signal, SIGTERM);
     uv_signal_start(&d.sigint, on_signal, SIGINT);
 
-    if (colld_gpu_start(&d) < 0) {
+    if (colld_daemon_compose(&d, &colld_registry) < 0 || colld_counters_create(&d) < 0 ||
+        colld_metrics_create(&d) < 0) {
         fprintf(stderr, "colld: out of memory\n");
         goto out_stop;
     }
-    if (colld_metrics_create(&d) < 0) {
-        fprintf(stderr, "colld: out of memory\n");
+    colld_backend_t *failed = colld_backends_start(&d);
+    if (failed) {
+        if (failed->ops == &colld_net_backend)
+            fprintf(stderr, "colld: cannot serve peer daemons on --listen %s (see the log above)\n", d.cfg.listen);
+        else
+            fprintf(stderr, "colld: cannot start the %s backend; run with --log-level info for details\n",
+                    failed->ops->name);
         goto out_stop;
     }
     if (colld_engine_start(&d) < 0 || colld_control_start(&d) < 0) {
         fprintf(stderr, "colld: start-up failed; run with --log-level info for details\n");
-        goto out_stop;
-    }
-    if (colld_cluster_start(&d) < 0) {
-        fprintf(stderr, "colld: cannot serve peer daemons on --listen %s (see the log above)\n", d.cfg.listen);
         goto out_stop;
     }
     if (colld_ctl_start(&d) < 0) {
@@ -361,13 +387,7 @@ int main(int argc, char **argv)
     fprintf(stderr, "colld %s: serving %s (control %s), host backend with %lld workers, %s kernels%s%s\n",
             COLLD_VERSION_STRING, d.cfg.socket, d.rpc_path, (long long)d.cfg.workers,
             colld_cpu_reduce_impl(), metrics_url ? ", metrics on " : "", metrics_url ? metrics_url : "");
-    if (colld_gpu_count(&d) > 0)
-        fprintf(stderr, "colld: CUDA backend on %d GPU(s)\n", colld_gpu_count(&d));
-    else
-        fprintf(stderr, "colld: no CUDA backend: %s\n", d.gpu_none);
-    if (d.cluster)
-        fprintf(stderr, "colld: node %s listening for peer daemons on %s\n", colld_cluster_node_name(&d),
-                colld_cluster_listen_addr(&d));
+    print_backends(&d);
     char ready[160];
     snprintf(ready, sizeof(ready), "serving %s", d.cfg.socket);
     colld_notify_ready(&d, ready);
@@ -382,8 +402,8 @@ out_stop:
 out_loop:
     uv_loop_close(&d.loop);
     colld_ctl_free(&d);
-    colld_gpu_stop(&d);
     colld_metrics_destroy(&d);
+    colld_counters_destroy(&d);
     colld_tenants_free(&d);
     if (d.lock_fd >= 0)
         close(d.lock_fd);

@@ -7,8 +7,13 @@
  * socket, so the caller's identity is the SO_PEERCRED identity of that socket. Handlers run on
  * the gRPC thread and take daemon->lock; CommInit is answered later, when all ranks have joined.
  */
+#include "server/control/control.h"
+
 #include "server/core/daemon.h"
 #include "server/core/tenant.h"
+#include "server/net/net.h"
+#include "server/observability/events.h"
+#include "server/observability/recorder.h"
 #include "transport/tcp/tcp.h"
 
 #include "colld.pb-c.h"
@@ -63,23 +68,6 @@ static colld_dcomm_t *comm_by_id(colld_daemon_t *d, const colld_session_t *s, ui
     return NULL;
 }
 
-/* Send the CommInit answers collected under the lock. */
-void colld_replies_send(colld_reply_t *list)
-{
-    while (list) {
-        colld_reply_t *r = list;
-        list = r->next;
-        Colld__V1__CommInitResponse resp = COLLD__V1__COMM_INIT_RESPONSE__INIT;
-        resp.status = r->status;
-        resp.detail = r->detail;
-        resp.handle = r->handle;
-        resp.comm_id = r->comm_id;
-        resp.timeout_ms = r->timeout_ms;
-        colld_rpc_reply(r->call, &resp.base);
-        free(r);
-    }
-}
-
 static void on_attach(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *ctx)
 {
     colld_daemon_t *d = ctx;
@@ -131,7 +119,6 @@ static void on_comm_init(colld_rpc_call_t *call, const ProtobufCMessage *msg, vo
 {
     colld_daemon_t *d = ctx;
     const Colld__V1__CommInitRequest *req = (const Colld__V1__CommInitRequest *)msg;
-    colld_reply_t *replies = NULL;
     int32_t status = COLLD_OK;
     const char *detail = "";
     pthread_mutex_lock(&d->lock);
@@ -146,12 +133,10 @@ static void on_comm_init(colld_rpc_call_t *call, const ProtobufCMessage *msg, vo
                  "daemon is back";
     }
     if (status == COLLD_OK)
-        colld_comm_join(d, s, req->unique_id.data, req->nranks, req->rank, req->timeout_ms, req->name, call,
-                        &replies);
+        colld_comm_join(d, s, req->unique_id.data, req->nranks, req->rank, req->timeout_ms, req->name, call);
     else
-        colld_reply_add(&replies, call, status, detail);
-    pthread_mutex_unlock(&d->lock);
-    colld_replies_send(replies);
+        colld_reply_add(d, call, status, detail);
+    colld_daemon_unlock(d);
     colld_engine_wake(d); /* a join deadline may be new */
 }
 
@@ -160,17 +145,15 @@ static void on_comm_destroy(colld_rpc_call_t *call, const ProtobufCMessage *msg,
     colld_daemon_t *d = ctx;
     const Colld__V1__CommDestroyRequest *req = (const Colld__V1__CommDestroyRequest *)msg;
     Colld__V1__CommDestroyResponse resp = COLLD__V1__COMM_DESTROY_RESPONSE__INIT;
-    colld_reply_t *replies = NULL;
-    char detail[COLLD_DETAIL_LEN] = "";
+    colld_err_t err = COLLD_ERR_INIT;
     const char *sdetail = NULL;
     pthread_mutex_lock(&d->lock);
     colld_session_t *s = session_of(d, call, req->session, &resp.status, &sdetail);
     if (s)
-        resp.status = colld_comm_leave(d, s, req->handle, detail, sizeof(detail), &replies);
-    pthread_mutex_unlock(&d->lock);
-    colld_replies_send(replies);
+        resp.status = colld_comm_leave(d, s, req->handle, &err);
+    colld_daemon_unlock(d);
     colld_engine_wake(d);
-    resp.detail = sdetail ? (char *)sdetail : detail;
+    resp.detail = sdetail ? (char *)sdetail : err.msg;
     colld_rpc_reply(call, &resp.base);
 }
 
@@ -299,7 +282,7 @@ unlock:
     /* peer daemons: the transport's own snapshot, taken without daemon->lock */
     colld_net_peer_info_t peers[64];
     Colld__V1__PeerInfo pinfo[64], *pptr[64];
-    if (me && d->cluster) {
+    if (me && colld_cluster_running(d)) {
         size_t np = colld_cluster_peers(d, peers, 64, &resp.net_payload_sent, &resp.net_payload_received,
                                         &resp.net_refused);
         resp.node_name = (char *)colld_cluster_node_name(d);
@@ -343,7 +326,6 @@ static void on_comm_abort(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
     colld_daemon_t *d = ctx;
     const Colld__V1__CommAbortRequest *req = (const Colld__V1__CommAbortRequest *)msg;
     Colld__V1__CommAbortResponse resp = COLLD__V1__COMM_ABORT_RESPONSE__INIT;
-    colld_reply_t *replies = NULL;
     char detail[COLLD_DETAIL_LEN] = "";
     const char *sdetail = NULL;
     char reason[128]; /* the caller's words go into every rank's error detail and the events */
@@ -372,12 +354,11 @@ static void on_comm_abort(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
                          (unsigned)s->uid);
         }
         if (c)
-            colld_dcomm_abort(d, c, rank, who, &replies);
+            colld_dcomm_abort(d, c, rank, who);
         else
             resp.status = COLLD_ERR_INVALID_ARGUMENT;
     }
-    pthread_mutex_unlock(&d->lock);
-    colld_replies_send(replies);
+    colld_daemon_unlock(d);
     colld_engine_wake(d);
     resp.detail = sdetail ? (char *)sdetail : detail;
     colld_rpc_reply(call, &resp.base);
@@ -709,7 +690,7 @@ static void on_trace(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *
         eptr[resp.n_entries] = &ent[resp.n_entries];
         resp.n_entries++;
     }
-    for (size_t i = 0; c->x && i < resp.n_entries; i++)
+    for (size_t i = 0; colld_comm_multi_node(c) && i < resp.n_entries; i++)
         ent[i].path = (char *)"net"; /* multi-node: run across the daemons */
     for (int r = 0; r < c->nranks; r++) {
         colld__v1__rank_stats__init(&rs[r]);
@@ -784,7 +765,7 @@ static void on_peer_disconnect(colld_rpc_call_t *call, const ProtobufCMessage *m
         resp.status = COLLD_ERR_PERMISSION_DENIED;
         snprintf(detail, sizeof(detail), "only root or the daemon's user may disconnect peers (caller uid %u)",
                  (unsigned)uid);
-    } else if (s && !d->cluster) {
+    } else if (s && !colld_cluster_running(d)) {
         resp.status = COLLD_ERR_INVALID_USAGE;
         snprintf(detail, sizeof(detail), "this daemon has no peers (it was started without --listen)");
     } else if (s && colld_cluster_disconnect(d, req->peer ? req->peer : "") < 0) {
@@ -832,8 +813,9 @@ const colld_rpc_method_t *colld_control_methods(size_t *n)
 int colld_control_start(colld_daemon_t *d)
 {
     char err[256] = "";
-    if (d->cfg.tenant_caps_text && colld_policy_parse(d, d->cfg.tenant_caps_text, err, sizeof(err)) < 0) {
-        LOG_ERROR(INIT, "%s", err);
+    colld_err_t perr = COLLD_ERR_INIT;
+    if (d->cfg.tenant_caps_text && colld_policy_parse(d, d->cfg.tenant_caps_text, &perr) < 0) {
+        LOG_ERROR(INIT, "%s", perr.msg);
         return -1;
     }
     if (colld_events_start(d) < 0) {

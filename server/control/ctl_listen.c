@@ -27,6 +27,8 @@
  *
  * Everything but the probe runs on the loop thread.
  */
+#include "server/control/control.h"
+
 #include "server/core/daemon.h"
 #include "server/core/tenant.h"
 
@@ -166,8 +168,11 @@ static const char *ctl_admit(colld_ctl_t *ctl, uid_t uid, bool *charged, char *b
     }
     if (admin)
         return NULL;
-    if (colld_tenant_charge(d, uid, COLLD_LIMIT_RPC_CONNS, 1, buf, len) != COLLD_OK)
+    colld_err_t err = COLLD_ERR_INIT;
+    if (colld_tenant_charge(d, uid, COLLD_LIMIT_RPC_CONNS, 1, &err) != COLLD_OK) {
+        colld_strlcpy(buf, err.msg, len);
         return buf;
+    }
     *charged = true;
     return NULL;
 }

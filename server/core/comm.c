@@ -4,8 +4,16 @@
  * A unique id is issued to a tenant (uid) and names one communicator. The first rank to join
  * creates the communicator; CommInit answers are held back until every rank has joined (or the
  * join times out, or a joined rank's process dies), then all ranks are answered together. All
- * functions here run with daemon->lock held; RPC answers are collected in a reply list and sent
- * after the lock is released.
+ * functions here run with daemon->lock held; RPC answers are queued on the daemon
+ * (colld_reply_add) and sent when the lock is released.
+ *
+ * The state machine: JOINING (ranks arrive) -> READY (every rank joined: colld_comm_formed) ->
+ * BROKEN (a fault: every queued and later operation fails with the first error) or CLOSING (a rank
+ * destroyed its handle: later operations fail with INVALID_USAGE; a fault afterwards still becomes
+ * the reported error). A JOINING communicator that fails is dissolved: every waiting join is
+ * answered with the error. Whatever else must happen at each step (the fast area, the flight
+ * recorder, the events, the metrics, the backends' state) is done by the hooks of the modules and
+ * backends the daemon is composed of (backend.h): this file names none of them.
  *
  * What a tenant can make the daemon hold is charged to it (tenant.c): one membership per joined
  * rank (max-comms-per-tenant) and, while a communicator forms, its nranks
@@ -26,48 +34,6 @@
 
 #define MAX_UIDS_PER_SESSION 1024
 
-/* Queue an answer to a CommInit call (or drop it if there is no call). */
-void colld_reply_add(colld_reply_t **list, colld_rpc_call_t *call, colld_status_t st, const char *detail)
-{
-    if (!call)
-        return;
-    colld_reply_t *r = calloc(1, sizeof(*r));
-    if (!r) {
-        /* Without memory the answer cannot be queued; fail the call directly (gRPC is safe to call
-         * here: nothing of the wrapper's is locked by us). */
-        colld_rpc_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "colld daemon out of memory");
-        return;
-    }
-    r->call = call;
-    r->status = st;
-    colld_strlcpy(r->detail, detail ? detail : "", sizeof(r->detail));
-    r->next = *list;
-    *list = r;
-}
-
-const char *colld_comm_state_name(colld_comm_state_t s)
-{
-    switch (s) {
-    case COLLD_COMM_JOINING:
-        return "joining";
-    case COLLD_COMM_READY:
-        return "ready";
-    case COLLD_COMM_BROKEN:
-        return "broken";
-    case COLLD_COMM_CLOSING:
-        return "closing";
-    }
-    return "unknown";
-}
-
-/* The member behind a session-local handle, or NULL. */
-colld_member_t *colld_comm_member(colld_session_t *s, uint32_t handle)
-{
-    if (handle == 0 || handle >= s->nhandles)
-        return NULL;
-    return s->handles[handle];
-}
-
 /* Issue a new unique id for the session's tenant. */
 colld_status_t colld_comm_issue_uid(colld_daemon_t *d, colld_session_t *s, uint8_t *out)
 {
@@ -80,7 +46,9 @@ colld_status_t colld_comm_issue_uid(colld_daemon_t *d, colld_session_t *s, uint8
         free(u);
         return COLLD_ERR_SYSTEM;
     }
-    colld_cluster_stamp_uid(d, u->bytes); /* a multi-node id when this daemon listens for peers */
+    colld_backend_t *f = colld_backend_former(d); /* a multi-node id when this daemon listens for peers */
+    if (f && f->ops->stamp_uid)
+        f->ops->stamp_uid(f, u->bytes);
     u->tenant = s->uid;
     u->owner = s;
     u->next = d->uids;
@@ -103,6 +71,7 @@ static colld_issued_uid_t *uid_take(colld_daemon_t *d, const uint8_t *uid, uid_t
     return NULL;
 }
 
+/* Take an issued unique id for the communicator it names (see daemon.h). */
 bool colld_comm_take_uid(colld_daemon_t *d, const uint8_t *uid, uid_t tenant)
 {
     colld_issued_uid_t *u = uid_take(d, uid, tenant);
@@ -135,35 +104,12 @@ static uint32_t handle_free_slot(colld_session_t *s)
     return h;
 }
 
-int colld_comm_nslots(const colld_dcomm_t *c)
-{
-    return c->ranks ? c->nranks : c->njoiners;
-}
-
-colld_member_t *colld_comm_slot(const colld_dcomm_t *c, int i)
-{
-    return c->ranks ? &c->ranks[i] : c->joiners[i];
-}
-
 /* Whether rank r has joined here (it may have left since). */
 static bool rank_joined(const colld_dcomm_t *c, int r)
 {
     if (c->ranks)
         return c->ranks[r].session || c->ranks[r].left;
     return (c->joined_mask[r / 64] >> (r % 64)) & 1u;
-}
-
-/* The pid of rank r for an event, 0 when it is not here. */
-static pid_t rank_pid(const colld_dcomm_t *c, int r)
-{
-    if (r < 0 || r >= c->nranks)
-        return 0;
-    for (int i = 0; i < colld_comm_nslots(c); i++) {
-        const colld_member_t *m = colld_comm_slot(c, i);
-        if (m->rank == r)
-            return m->pid;
-    }
-    return 0;
 }
 
 /* Give back the joining ranks charged when the communicator was created: it formed or is gone. */
@@ -225,14 +171,7 @@ void colld_comm_unref(colld_daemon_t *d, colld_dcomm_t *c)
         c->next->prev = c->prev;
     joining_settle(d, c);
     LOG_INFO(COLL, "communicator %llu (%s) freed", (unsigned long long)c->id, c->name);
-    colld_event(d, "comm_destroyed", c, -1, 0, 0, c->tenant, c->error,
-                "%s after %llu collectives completed, %llu failed", colld_comm_state_name(c->state),
-                (unsigned long long)c->ops_completed, (unsigned long long)c->ops_failed);
-    colld_recorder_free(c);
-    colld_fast_free(d, c);
-    colld_gpu_comm_free(d, c);
-    if (c->x)
-        colld_xcomm_free(c->x);
+    colld_hooks_freed(d, c);
     comm_free_members(c);
     free(c);
 }
@@ -253,41 +192,35 @@ static void member_fail_queue(colld_dcomm_t *c, colld_member_t *m, colld_status_
         colld_op_t *op = m->head;
         m->head = op->next;
         c->ops_failed++;
-        colld_engine_fail_op(op, st);
+        colld_op_retire(op, st);
     }
     m->tail = NULL;
 }
 
 /* A communicator that has not formed cannot be repaired: answer every waiting join with the
  * error and dissolve it. */
-static void comm_dissolve(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, int rank, const char *detail,
-                          colld_reply_t **replies)
+static void comm_dissolve(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, int rank, const char *detail)
 {
     c->error = st;
     colld_strlcpy(c->error_detail, detail, sizeof(c->error_detail));
-    colld_metrics_comm_error(d, st);
-    colld_event(d, colld_event_type_of(st), c, rank, rank_pid(c, rank), 0, c->tenant, st, "while forming: %s",
-                detail);
+    colld_hooks_faulted(d, c, COLLD_FAULT_DISSOLVED, rank, detail);
     for (int i = 0; i < colld_comm_nslots(c); i++) {
         colld_member_t *m = colld_comm_slot(c, i);
-        colld_reply_add(replies, m->join_call, st, detail);
+        colld_reply_add(d, m->join_call, st, detail);
         m->join_call = NULL;
         member_detach(m);
     }
     joining_settle(d, c);
     LOG_INFO(COLL, "communicator %llu (%s) dissolved before forming: %s", (unsigned long long)c->id, c->name,
              detail);
-    if (c->x)
-        colld_cluster_comm_failed(d, c, st, rank, detail);
     comm_maybe_free(d, c);
 }
 
 /* Break a communicator: record the first error, fail queued operations; later ones fail fast. */
-void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, int rank, const char *detail,
-                      colld_reply_t **replies)
+void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, int rank, const char *detail)
 {
     if (c->state == COLLD_COMM_JOINING) {
-        comm_dissolve(d, c, st, rank, detail, replies);
+        comm_dissolve(d, c, st, rank, detail);
         return;
     }
     /* The first fault wins; a normal leave (INVALID_USAGE) only closes, and a fault after it
@@ -297,17 +230,13 @@ void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, in
         c->error = st;
         colld_strlcpy(c->error_detail, detail, sizeof(c->error_detail));
         c->state = closing ? COLLD_COMM_CLOSING : COLLD_COMM_BROKEN;
-        if (c->x)
-            colld_cluster_comm_failed(d, c, st, rank, detail); /* the other nodes' ranks learn it too */
+        /* The events, the metrics and (spanning nodes) the other nodes' ranks learn it. */
+        colld_hooks_faulted(d, c, closing ? COLLD_FAULT_CLOSED : COLLD_FAULT_BROKEN, rank, detail);
         if (!closing) {
             /* At most a line a second: a tenant can break communicators as fast as it makes them
              * (every fault is still in the events, the flight recorder and the metrics). */
             COLLD_LOG_RL(COLLD_LOG_WARN, COLLD_SUB_COLL, 1000, "communicator %llu (%s) broken: %s: %s",
                          (unsigned long long)c->id, c->name, colld_status_name(st), detail);
-            colld_metrics_comm_error(d, st);
-            colld_event(d, colld_event_type_of(st), c, rank, rank >= 0 ? c->ranks[rank].pid : 0,
-                        rank >= 0 && c->ranks[rank].session ? c->ranks[rank].session->id : 0, c->tenant, st, "%s",
-                        detail);
             /* Ranks with nothing in flight learn of it too (their async-error query). */
             for (int r = 0; r < c->nranks; r++)
                 if (c->ranks[r].session && !c->ranks[r].notify) {
@@ -316,121 +245,46 @@ void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, in
                 }
         }
     }
-    colld_recorder_failed(c, c->error, colld_now_ns());
+    colld_hooks_failing(d, c, c->error); /* the flight recorder notes who was waiting */
     for (int r = 0; r < c->nranks; r++)
         member_fail_queue(c, &c->ranks[r], c->error);
-    colld_engine_post_notices(c);
-    colld_fast_break(c); /* ranks waiting on the fast area wake with the error */
-    colld_gpu_comm_broken(d, c); /* and no GPU stream of theirs waits forever */
+    colld_complete_notices(c);
+    colld_hooks_broken(d, c); /* ranks waiting beside the engine (fast area, GPU streams) are released */
 }
 
 /* Abort: every rank's pending and later operations fail with ABORTED. The handles stay valid
  * until each rank destroys its own. */
-void colld_dcomm_abort(colld_daemon_t *d, colld_dcomm_t *c, int rank, const char *who, colld_reply_t **replies)
+void colld_dcomm_abort(colld_daemon_t *d, colld_dcomm_t *c, int rank, const char *who)
 {
     char why[COLLD_DETAIL_LEN];
     snprintf(why, sizeof(why), "communicator %llu aborted by %s", (unsigned long long)c->id, who);
     LOG_INFO(COLL, "%s", why);
-    colld_comm_break(d, c, COLLD_ERR_ABORTED, rank, why, replies);
-}
-
-/* ---- per-tenant policy ---- */
-
-int colld_policy_cap(const colld_daemon_t *d, uid_t uid)
-{
-    for (const colld_policy_t *p = d->policies; p; p = p->next)
-        if (p->uid == uid)
-            return p->max_timeout_ms;
-    return 0;
-}
-
-void colld_policy_free(colld_daemon_t *d)
-{
-    while (d->policies) {
-        colld_policy_t *p = d->policies;
-        d->policies = p->next;
-        free(p);
-    }
-}
-
-/* Parse "uid:ms,uid:ms" (whitespace allowed around items). */
-int colld_policy_parse(colld_daemon_t *d, const char *text, char *err, size_t err_len)
-{
-    const char *p = text;
-    while (p && *p) {
-        while (*p == ' ' || *p == '\t' || *p == ',')
-            p++;
-        if (!*p)
-            break;
-        char *end;
-        errno = 0;
-        unsigned long long uid = strtoull(p, &end, 10);
-        if (end == p || *end != ':' || errno || uid > UINT32_MAX - 1) {
-            snprintf(err, err_len, "tenant-timeout-caps: expected uid:ms at '%s'", p);
-            return -1;
-        }
-        p = end + 1;
-        long long ms = strtoll(p, &end, 10);
-        if (end == p || errno || ms < 1 || ms > 86400000 || (*end && *end != ',' && *end != ' ')) {
-            snprintf(err, err_len, "tenant-timeout-caps: timeout of uid %llu must be 1..86400000 ms at '%s'", uid, p);
-            return -1;
-        }
-        p = end;
-        if (colld_policy_set(d, (uid_t)uid, (int)ms) < 0) {
-            snprintf(err, err_len, "out of memory");
-            return -1;
-        }
-    }
-    return 0;
-}
-
-int colld_policy_set(colld_daemon_t *d, uid_t uid, int max_timeout_ms)
-{
-    colld_policy_t *pol = NULL;
-    for (colld_policy_t *x = d->policies; x; x = x->next)
-        if (x->uid == uid)
-            pol = x;
-    if (!pol) {
-        pol = calloc(1, sizeof(*pol));
-        if (!pol)
-            return -1;
-        pol->uid = uid;
-        pol->net_algo = -1;
-        pol->next = d->policies;
-        d->policies = pol;
-    }
-    pol->max_timeout_ms = max_timeout_ms;
-    return 0;
-}
-
-void colld_policy_clear(colld_daemon_t *d, uid_t uid)
-{
-    for (colld_policy_t **pp = &d->policies; *pp; pp = &(*pp)->next)
-        if ((*pp)->uid == uid) {
-            colld_policy_t *p = *pp;
-            *pp = p->next;
-            free(p);
-            return;
-        }
+    colld_comm_break(d, c, COLLD_ERR_ABORTED, rank, why);
 }
 
 /* Create a communicator for the first local join (lock held): charged to the tenant's joining
- * ranks until it forms; a single-node one holds room for a few joiners, not nranks members.
- * Returns it (linked into daemon->comms), or NULL with *st and a detail. */
+ * ranks until it forms; a single-node one holds room for a few joiners, not nranks members, and
+ * one whose unique id names another daemon as root is formed by the backend that forms
+ * communicators spanning nodes. Returns it (linked into daemon->comms), or NULL with err. */
 static colld_dcomm_t *comm_create(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, bool multi_node,
-                                  int nranks, int timeout_ms, const char *name, colld_status_t *st, char *detail,
-                                  size_t len)
+                                  int nranks, int timeout_ms, const char *name, colld_err_t *err)
 {
-    *st = colld_tenant_charge(d, s->uid, COLLD_LIMIT_JOINING_RANKS, (uint64_t)nranks, detail, len);
-    if (*st != COLLD_OK)
+    colld_backend_t *former = multi_node ? colld_backend_former(d) : NULL;
+    if (colld_tenant_charge(d, s->uid, COLLD_LIMIT_JOINING_RANKS, (uint64_t)nranks, err) != COLLD_OK)
         return NULL;
+    if (multi_node && !former) {
+        colld_err_set(err, COLLD_ERR_NOT_SUPPORTED,
+                      "the unique id was made for a multi-node communicator; this daemon serves single-node "
+                      "communicators only");
+        goto fail;
+    }
     /* A multi-node id is checked by its root daemon (it may be this one) when the join reaches
      * it; a local one must have been issued here. */
     colld_issued_uid_t *u = multi_node ? NULL : uid_take(d, uid, s->uid);
     if (!u && !multi_node) {
-        *st = COLLD_ERR_INVALID_ARGUMENT;
-        snprintf(detail, len, "unknown unique id: not issued by this daemon to this user (get it with "
-                              "colld_get_unique_id on the same host)");
+        colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                      "unknown unique id: not issued by this daemon to this user (get it with "
+                      "colld_get_unique_id on the same host)");
         goto fail;
     }
     if (u && u->owner)
@@ -470,10 +324,13 @@ static colld_dcomm_t *comm_create(colld_daemon_t *d, colld_session_t *s, const u
         colld_strlcpy(c->name, name, sizeof(c->name));
     else
         snprintf(c->name, sizeof(c->name), "comm-%llu", (unsigned long long)c->id);
-    if (multi_node && colld_cluster_comm_init(d, c, st, detail, len) < 0) {
-        comm_free_members(c);
-        free(c);
-        goto fail;
+    if (former) {
+        c->former = former;
+        if (former->ops->comm_form(former, c, err) < 0) {
+            comm_free_members(c);
+            free(c);
+            goto fail;
+        }
     }
     c->next = d->comms;
     if (d->comms)
@@ -483,8 +340,7 @@ static colld_dcomm_t *comm_create(colld_daemon_t *d, colld_session_t *s, const u
              nranks, timeout_ms);
     return c;
 nomem:
-    *st = COLLD_ERR_NO_MEMORY;
-    snprintf(detail, len, "daemon out of memory");
+    colld_err_set(err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
 fail:
     colld_tenant_uncharge(d, s->uid, COLLD_LIMIT_JOINING_RANKS, (uint64_t)nranks);
     return NULL;
@@ -545,94 +401,122 @@ static int comm_densify(colld_dcomm_t *c)
     return 0;
 }
 
-/* Join rank `rank` of the communicator named by `uid`. Answers now on error; otherwise the answer
- * comes when the last rank joins. The name is the tenant's: it must be printable UTF-8 of at most
- * COLLD_NAME_LEN - 1 bytes (it is shown to operators, logged, and sent in every Status and event),
- * else the join is refused with INVALID_ARGUMENT saying what is wrong. */
-void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, int nranks, int rank,
-                     int timeout_ms, const char *name, colld_rpc_call_t *call, colld_reply_t **replies)
+/* Join, step 1: the arguments alone (nranks, rank, timeout, name). COLLD_OK or the error. */
+static colld_status_t join_check_args(int nranks, int rank, int timeout_ms, const char *name, colld_err_t *err)
 {
-    char detail[COLLD_DETAIL_LEN], why[96];
-    colld_status_t st = COLLD_ERR_INVALID_ARGUMENT;
-    colld_dcomm_t *c = NULL;
-    colld_member_t *fresh = NULL;
-    bool charged = false;
+    char why[96];
+    if (nranks < 1 || nranks > COLLD_MAX_RANKS)
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "nranks %d is out of range (1..%d)", nranks,
+                             COLLD_MAX_RANKS);
+    if (rank < 0 || rank >= nranks)
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "rank %d is out of range for nranks %d (0..%d)", rank,
+                             nranks, nranks - 1);
+    if (timeout_ms < 0)
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "timeout_ms %d is negative", timeout_ms);
+    if (name && !colld_str_check(name, COLLD_NAME_LEN - 1, why, sizeof(why)))
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                             "communicator name refused: %s (a name is at most %d bytes of printable UTF-8, no "
+                             "control or formatting characters)",
+                             why, COLLD_NAME_LEN - 1);
+    return COLLD_OK;
+}
 
-    if (nranks < 1 || nranks > COLLD_MAX_RANKS) {
-        snprintf(detail, sizeof(detail), "nranks %d is out of range (1..%d)", nranks, COLLD_MAX_RANKS);
-        goto fail;
-    }
-    if (rank < 0 || rank >= nranks) {
-        snprintf(detail, sizeof(detail), "rank %d is out of range for nranks %d (0..%d)", rank, nranks, nranks - 1);
-        goto fail;
-    }
-    if (timeout_ms < 0) {
-        snprintf(detail, sizeof(detail), "timeout_ms %d is negative", timeout_ms);
-        goto fail;
-    }
-    if (name && !colld_str_check(name, COLLD_NAME_LEN - 1, why, sizeof(why))) {
-        snprintf(detail, sizeof(detail),
-                 "communicator name refused: %s (a name is at most %d bytes of printable UTF-8, no control or "
-                 "formatting characters)",
-                 why, COLLD_NAME_LEN - 1);
-        goto fail;
-    }
+/* Join, step 2: the timeout a communicator gets: the one asked for (0: --timeout-ms), capped by
+ * --max-timeout-ms and the tenant's policy. */
+static int join_timeout(const colld_daemon_t *d, uid_t uid, int timeout_ms)
+{
     if (timeout_ms == 0)
         timeout_ms = (int)d->cfg.timeout_ms;
     if (timeout_ms > d->cfg.max_timeout_ms)
         timeout_ms = (int)d->cfg.max_timeout_ms; /* the operator's cap */
-    int tenant_cap = colld_policy_cap(d, s->uid);
+    int tenant_cap = colld_policy_cap(d, uid);
     if (tenant_cap > 0 && timeout_ms > tenant_cap)
         timeout_ms = tenant_cap; /* the tenant's policy */
-    if (s->ncomms >= (unsigned)d->cfg.max_comms_per_session) {
-        st = COLLD_ERR_QUOTA_EXCEEDED;
-        snprintf(detail, sizeof(detail), "this process is at its limit max-comms-per-session = %lld (holds %u)",
-                 (long long)d->cfg.max_comms_per_session, s->ncomms);
-        goto fail;
-    }
+    return timeout_ms;
+}
+
+/* Join, step 3: the communicator of this tenant and unique id that earlier ranks made (NULL: none
+ * yet), checked against this join: still forming, the same nranks, the rank not taken. */
+static colld_status_t join_find(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, int nranks, int rank,
+                                colld_dcomm_t **out, colld_err_t *err)
+{
+    colld_dcomm_t *c = NULL;
+    *out = NULL;
+    if (s->ncomms >= (unsigned)d->cfg.max_comms_per_session)
+        return colld_err_set(err, COLLD_ERR_QUOTA_EXCEEDED,
+                             "this process is at its limit max-comms-per-session = %lld (holds %u)",
+                             (long long)d->cfg.max_comms_per_session, s->ncomms);
     for (colld_dcomm_t *x = d->comms; x; x = x->next)
         if (x->tenant == s->uid && memcmp(x->unique_id, uid, sizeof(x->unique_id)) == 0) {
             c = x;
             break;
         }
-    if (c && c->state != COLLD_COMM_JOINING) {
-        st = COLLD_ERR_INVALID_USAGE;
-        snprintf(detail, sizeof(detail), "unique id already used by communicator %llu, which has formed",
-                 (unsigned long long)c->id);
-        goto fail;
+    if (c && c->state != COLLD_COMM_JOINING)
+        return colld_err_set(err, COLLD_ERR_INVALID_USAGE,
+                             "unique id already used by communicator %llu, which has formed",
+                             (unsigned long long)c->id);
+    if (c && c->nranks != nranks)
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                             "nranks %d differs from %d given by the ranks that joined first", nranks, c->nranks);
+    if (c && rank_joined(c, rank))
+        return colld_err_set(err, COLLD_ERR_INVALID_USAGE, "rank %d of communicator %llu already joined (pid %d)",
+                             rank, (unsigned long long)c->id, (int)colld_comm_rank_pid(c, rank));
+    *out = c;
+    return COLLD_OK;
+}
+
+/* Join, step 5: the rank is a member now; the communicator forms when the last one came (spanning
+ * nodes: when the root daemon says so). */
+static void join_complete(colld_daemon_t *d, colld_dcomm_t *c, colld_member_t *m)
+{
+    if (c->former) {
+        c->former->ops->rank_joined(c->former, c, m); /* formed when the root daemon has every rank */
+        return;
     }
-    if (c && c->nranks != nranks) {
-        snprintf(detail, sizeof(detail), "nranks %d differs from %d given by the ranks that joined first", nranks,
-                 c->nranks);
-        goto fail;
+    if (c->joined < c->nranks)
+        return;
+    if (comm_densify(c) < 0) {
+        comm_dissolve(d, c, COLLD_ERR_NO_MEMORY, -1, "daemon out of memory while the communicator formed");
+        return;
     }
-    if (c && rank_joined(c, rank)) {
-        st = COLLD_ERR_INVALID_USAGE;
-        snprintf(detail, sizeof(detail), "rank %d of communicator %llu already joined (pid %d)", rank,
-                 (unsigned long long)c->id, (int)rank_pid(c, rank));
+    colld_comm_formed(d, c);
+}
+
+/* Join rank `rank` of the communicator named by `uid`. Answers now on error; otherwise the answer
+ * comes when the last rank joins. The name is the tenant's: it must be printable UTF-8 of at most
+ * COLLD_NAME_LEN - 1 bytes (it is shown to operators, logged, and sent in every Status and event),
+ * else the join is refused with INVALID_ARGUMENT saying what is wrong. */
+void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, int nranks, int rank,
+                     int timeout_ms, const char *name, colld_rpc_call_t *call)
+{
+    colld_err_t err = COLLD_ERR_INIT;
+    colld_dcomm_t *c = NULL;
+    colld_member_t *fresh = NULL;
+    bool charged = false;
+
+    if (join_check_args(nranks, rank, timeout_ms, name, &err) != COLLD_OK)
         goto fail;
-    }
+    timeout_ms = join_timeout(d, s->uid, timeout_ms);
+    if (join_find(d, s, uid, nranks, rank, &c, &err) != COLLD_OK)
+        goto fail;
     char root_addr[COLLD_WIRE_UNIQUE_ID_BYTES];
-    bool multi_node = c ? c->x != NULL : colld_uid_root_addr(uid, root_addr, sizeof(root_addr)) != NULL;
-    /* Everything that can fail for want of memory comes before anything changes. */
+    bool multi_node = c ? colld_comm_multi_node(c) : colld_uid_root_addr(uid, root_addr, sizeof(root_addr)) != NULL;
+    /* Step 4: everything that can fail for want of memory or quota comes before anything changes. */
     uint32_t h = handle_free_slot(s);
     if (!multi_node)
         fresh = calloc(1, sizeof(*fresh));
     if (!h || (!multi_node && !fresh)) {
-        st = COLLD_ERR_NO_MEMORY;
-        snprintf(detail, sizeof(detail), "daemon out of memory");
+        colld_err_set(&err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
         goto fail;
     }
-    st = colld_tenant_charge(d, s->uid, COLLD_LIMIT_COMMS, 1, detail, sizeof(detail));
-    if (st != COLLD_OK)
+    if (colld_tenant_charge(d, s->uid, COLLD_LIMIT_COMMS, 1, &err) != COLLD_OK)
         goto fail;
     charged = true;
-    if (!c && !(c = comm_create(d, s, uid, multi_node, nranks, timeout_ms, name, &st, detail, sizeof(detail))))
+    if (!c && !(c = comm_create(d, s, uid, multi_node, nranks, timeout_ms, name, &err)))
         goto fail;
     colld_member_t *m = member_take(c, rank, &fresh);
     if (!m) {
-        st = COLLD_ERR_NO_MEMORY;
-        snprintf(detail, sizeof(detail), "daemon out of memory");
+        colld_err_set(&err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
         goto fail;
     }
     s->handles[h] = m;
@@ -644,83 +528,73 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
     s->ncomms++;
     c->joined++;
     c->present++;
-    if (c->x) {
-        colld_cluster_joined(d, c, m); /* formed when the root daemon has every rank */
-        return;
-    }
-    if (c->joined < c->nranks)
-        return;
-    if (comm_densify(c) < 0) {
-        comm_dissolve(d, c, COLLD_ERR_NO_MEMORY, -1, "daemon out of memory while the communicator formed", replies);
-        return;
-    }
-    colld_comm_formed(d, c, replies);
+    join_complete(d, c, m);
     return;
 fail:
     free(fresh);
     if (charged)
         colld_tenant_uncharge(d, s->uid, COLLD_LIMIT_COMMS, 1);
-    LOG_INFO_RL(COLL, "pid %d: join refused: %s", (int)s->pid, detail);
-    colld_reply_add(replies, call, st, detail);
+    LOG_INFO_RL(COLL, "pid %d: join refused: %s", (int)s->pid, err.msg);
+    colld_reply_add(d, call, err.status, err.msg);
 }
 
-/* Every rank has joined: the communicator is ready; answer the joins (lock held). Its flight
- * recorder is made now (without memory for it, it runs without one). */
-void colld_comm_formed(colld_daemon_t *d, colld_dcomm_t *c, colld_reply_t **replies)
+/* Every rank has joined: the communicator is ready; answer the joins (lock held). What else it
+ * needs (its flight recorder, its fast area, ...) the modules make in their `formed` hooks. */
+void colld_comm_formed(colld_daemon_t *d, colld_dcomm_t *c)
 {
     c->state = COLLD_COMM_READY;
     joining_settle(d, c);
-    if (colld_recorder_init(d, c) < 0)
-        LOG_WARN(COLL, "communicator %llu (%s): no memory for its flight recorder; it runs without one",
-                 (unsigned long long)c->id, c->name);
-    colld_fast_create(d, c);
+    colld_hooks_formed(d, c);
     LOG_INFO(COLL, "communicator %llu (%s) formed with %d ranks", (unsigned long long)c->id, c->name, c->nranks);
-    colld_metrics_comm_formed(d);
-    colld_event(d, "comm_created", c, -1, 0, 0, c->tenant, COLLD_OK, "%d ranks, timeout %d ms", c->nranks,
-                c->timeout_ms);
     for (int r = 0; r < c->nranks; r++) {
         colld_member_t *x = &c->ranks[r];
-        colld_reply_add(replies, x->join_call, COLLD_OK, "");
-        if (*replies && (*replies)->call == x->join_call) {
-            (*replies)->handle = x->handle;
-            (*replies)->comm_id = c->id;
-            (*replies)->timeout_ms = c->timeout_ms;
+        colld_reply_t *reply = colld_reply_add(d, x->join_call, COLLD_OK, "");
+        if (reply) {
+            reply->handle = x->handle;
+            reply->comm_id = c->id;
+            reply->timeout_ms = c->timeout_ms;
         }
         x->join_call = NULL;
     }
 }
 
+/* A rank of a formed communicator leaves (a destroyed handle, or its process gone): what the ranks
+ * finished beside the engine is settled, its queued operations fail with st, and the
+ * communicator breaks (or closes) with `why` for the others (lock held). */
+static void member_leave(colld_daemon_t *d, colld_member_t *m, colld_status_t st, const char *why)
+{
+    colld_dcomm_t *c = m->comm;
+    colld_hooks_settle(d, c);
+    if (c->state == COLLD_COMM_READY)
+        colld_hooks_failing(d, c, st);
+    member_fail_queue(c, m, st);
+    member_detach(m);
+    colld_comm_break(d, c, st, m->rank, why);
+    comm_maybe_free(d, c);
+}
+
 /* CommDestroy: the rank leaves. Peers that post later collectives get INVALID_USAGE at once
  * instead of waiting for a rank that will never come. */
-colld_status_t colld_comm_leave(colld_daemon_t *d, colld_session_t *s, uint32_t handle, char *detail,
-                                size_t detail_len, colld_reply_t **replies)
+colld_status_t colld_comm_leave(colld_daemon_t *d, colld_session_t *s, uint32_t handle, colld_err_t *err)
 {
     colld_member_t *m = colld_comm_member(s, handle);
-    if (!m) {
-        snprintf(detail, detail_len, "unknown communicator handle %u", handle);
-        return COLLD_ERR_INVALID_ARGUMENT;
-    }
+    if (!m)
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "unknown communicator handle %u", handle);
     colld_dcomm_t *c = m->comm;
     char why[COLLD_DETAIL_LEN];
     if (c->state == COLLD_COMM_JOINING) {
         snprintf(why, sizeof(why), "rank %d (pid %d) left before all ranks joined", m->rank, (int)s->pid);
-        comm_dissolve(d, c, COLLD_ERR_ABORTED, m->rank, why, replies);
+        comm_dissolve(d, c, COLLD_ERR_ABORTED, m->rank, why);
         return COLLD_OK;
     }
-    colld_engine_settle_fast(d, c, replies);
     snprintf(why, sizeof(why), "rank %d (pid %d) has destroyed its handle of communicator %llu", m->rank,
              (int)s->pid, (unsigned long long)c->id);
-    if (c->state == COLLD_COMM_READY)
-        colld_recorder_failed(c, COLLD_ERR_INVALID_USAGE, colld_now_ns());
-    member_fail_queue(c, m, COLLD_ERR_INVALID_USAGE);
-    member_detach(m);
-    colld_comm_break(d, c, COLLD_ERR_INVALID_USAGE, m->rank, why, replies);
-    comm_maybe_free(d, c);
+    member_leave(d, m, COLLD_ERR_INVALID_USAGE, why);
     return COLLD_OK;
 }
 
 /* A session ended: each of its ranks is lost to its communicators. */
-void colld_comm_session_gone(colld_daemon_t *d, colld_session_t *s, colld_reply_t **replies)
+void colld_comm_session_gone(colld_daemon_t *d, colld_session_t *s)
 {
     for (uint32_t h = 1; h < s->nhandles; h++) {
         colld_member_t *m = s->handles[h];
@@ -730,23 +604,17 @@ void colld_comm_session_gone(colld_daemon_t *d, colld_session_t *s, colld_reply_
         char why[COLLD_DETAIL_LEN];
         if (c->state == COLLD_COMM_JOINING) {
             snprintf(why, sizeof(why), "rank %d (pid %d) disconnected before all ranks joined", m->rank, (int)s->pid);
-            comm_dissolve(d, c, COLLD_ERR_PEER_LOST, m->rank, why, replies);
+            comm_dissolve(d, c, COLLD_ERR_PEER_LOST, m->rank, why);
             continue;
         }
-        colld_engine_settle_fast(d, c, replies);
         snprintf(why, sizeof(why), "rank %d (pid %d) disconnected: its process exited or was killed", m->rank,
                  (int)s->pid);
-        if (c->state == COLLD_COMM_READY)
-            colld_recorder_failed(c, COLLD_ERR_PEER_LOST, colld_now_ns());
-        member_fail_queue(c, m, COLLD_ERR_PEER_LOST);
-        member_detach(m);
-        colld_comm_break(d, c, COLLD_ERR_PEER_LOST, m->rank, why, replies);
-        comm_maybe_free(d, c);
+        member_leave(d, m, COLLD_ERR_PEER_LOST, why);
     }
 }
 
 /* Dissolve communicators whose ranks did not all join in time. Returns the next deadline. */
-uint64_t colld_comm_check_join_timeouts(colld_daemon_t *d, uint64_t now, colld_reply_t **replies)
+uint64_t colld_comm_check_join_timeouts(colld_daemon_t *d, uint64_t now)
 {
     uint64_t next = UINT64_MAX;
     colld_dcomm_t *c = d->comms;
@@ -754,8 +622,8 @@ uint64_t colld_comm_check_join_timeouts(colld_daemon_t *d, uint64_t now, colld_r
         colld_dcomm_t *following = c->next;
         if (c->state == COLLD_COMM_JOINING) {
             /* A multi-node communicator's root daemon times the join out and names the missing
-             * ranks; this daemon's own deadline is a second later, for a lost root. */
-            uint64_t grace = c->x ? 1000000000ull : 0;
+             * ranks; this daemon's own deadline comes its former's grace later, for a lost root. */
+            uint64_t grace = c->former ? c->former->ops->join_grace_ns : 0;
             uint64_t deadline = c->created_ns + (uint64_t)c->timeout_ms * 1000000ull + grace;
             if (now >= deadline) {
                 char why[COLLD_DETAIL_LEN];
@@ -764,11 +632,29 @@ uint64_t colld_comm_check_join_timeouts(colld_daemon_t *d, uint64_t now, colld_r
                 for (int r = 0; r < c->nranks && off < (int)sizeof(why) - 8; r++)
                     if (!rank_joined(c, r))
                         off += snprintf(why + off, sizeof(why) - (size_t)off, " %d", r);
-                comm_dissolve(d, c, COLLD_ERR_TIMEOUT, -1, why, replies);
+                comm_dissolve(d, c, COLLD_ERR_TIMEOUT, -1, why);
             } else if (deadline < next)
                 next = deadline;
         }
         c = following;
     }
     return next;
+}
+
+/* ============================================================================================
+ * Unique ids that name a root daemon (communicators spanning nodes; proto/wire.h)
+ * ========================================================================================== */
+
+/* The root daemon's address in a multi-node unique id (see daemon.h). */
+const char *colld_uid_root_addr(const uint8_t *uid, char *buf, size_t len)
+{
+    if (memcmp(uid + COLLD_WIRE_UID_RANDOM_BYTES, COLLD_WIRE_UID_NET_MAGIC, 4) != 0)
+        return NULL;
+    const char *a = (const char *)uid + COLLD_WIRE_UID_ADDR_OFFSET;
+    size_t n = strnlen(a, COLLD_WIRE_UNIQUE_ID_BYTES - COLLD_WIRE_UID_ADDR_OFFSET);
+    if (n == 0 || n >= COLLD_WIRE_UNIQUE_ID_BYTES - COLLD_WIRE_UID_ADDR_OFFSET || n >= len)
+        return NULL;
+    memcpy(buf, a, n);
+    buf[n] = '\0';
+    return buf;
 }

@@ -6,11 +6,14 @@
  * the process die when the socket closes. Messages are fixed-size colld_wire_msg_t; file
  * descriptors ride along as SCM_RIGHTS. The socket is served by the daemon's libuv loop.
  */
+#include "server/core/counters.h"
 #include "server/core/daemon.h"
 #include "server/core/tenant.h"
+#include "server/observability/events.h"
 
 #include "common/log.h"
 #include "common/util.h"
+#include "transport/shm/shm.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -39,8 +42,8 @@ void colld_session_release_reg(colld_reg_t *r)
         return;
     if (r->charged)
         colld_tenant_uncharge_reg(r->daemon, r->tenant, r->charged);
-    if (r->cuda)
-        colld_gpu_release_reg(r);
+    if (r->device)
+        r->backend->ops->mem_release(r->backend, r);
     else
         munmap(r->base, r->size);
     free(r);
@@ -69,7 +72,7 @@ void colld_session_unref(colld_session_t *s)
         s->regs = r->next;
         colld_session_release_reg(r);
     }
-    colld_gpu_session_free(s);
+    colld_backends_session_free(s->daemon, s);
     if (s->shm)
         munmap(s->shm, s->shm_size);
     if (s->shm_fd >= 0)
@@ -102,7 +105,7 @@ colld_session_t *colld_session_find(colld_daemon_t *d, uint64_t id, const uint8_
 
 /* Send one message with up to two fds. Never blocks: a client that does not read its socket
  * loses its session. Returns 0 or -1. */
-static int session_send(colld_session_t *s, colld_wire_msg_t *m, const int *fds, int nfds)
+int colld_session_send(colld_session_t *s, colld_wire_msg_t *m, const int *fds, int nfds)
 {
     m->magic = COLLD_WIRE_MAGIC;
     m->version = COLLD_WIRE_VERSION;
@@ -142,7 +145,13 @@ static int session_send_error(colld_session_t *s, uint16_t type, colld_status_t 
     m.type = type;
     m.status = st;
     colld_strlcpy(m.u.detail, detail, sizeof(m.u.detail));
-    return session_send(s, &m, NULL, 0);
+    return colld_session_send(s, &m, NULL, 0);
+}
+
+/* Send an error reply with err's status and message (its first COLLD_WIRE_DETAIL_BYTES - 1). */
+int colld_session_send_error(colld_session_t *s, uint16_t type, const colld_err_t *err)
+{
+    return session_send_error(s, type, err->status, err->msg);
 }
 
 /* ============================================================================================
@@ -159,16 +168,11 @@ int colld_session_make_rings(colld_session_t *s)
     size_t cq = (size_t)entries * sizeof(colld_wire_cqe_t);
     size_t total = (hdr + sq + cq + 4095) & ~(size_t)4095;
     char name[64];
+    void *p;
     snprintf(name, sizeof(name), "colld-session-%llu", (unsigned long long)s->id);
-    s->shm_fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (s->shm_fd < 0 || ftruncate(s->shm_fd, (off_t)total) < 0 ||
-        fcntl(s->shm_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+    if (colld_shm_create(name, total, &s->shm_fd, &p) < 0)
         goto fail;
-    s->shm = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, s->shm_fd, 0);
-    if (s->shm == MAP_FAILED) {
-        s->shm = NULL;
-        goto fail;
-    }
+    s->shm = p;
     s->shm_size = total;
     s->entries = entries;
     s->shm->magic = COLLD_WIRE_MAGIC;
@@ -240,13 +244,13 @@ static int session_on_hello(colld_session_t *s, const colld_wire_msg_t *m)
     w.u.welcome.sq_entries = s->entries;
     w.u.welcome.cq_entries = s->entries;
     int fds[2] = { s->shm_fd, s->efd };
-    if (session_send(s, &w, fds, 2) < 0)
+    if (colld_session_send(s, &w, fds, 2) < 0)
         return -1;
     LOG_INFO(SESSION, "session %llu attached: pid %d uid %u gid %u (%s)%s", (unsigned long long)s->id,
              (int)s->pid, (unsigned)s->uid, (unsigned)s->gid, s->name,
              s->role == COLLD_ROLE_ADMIN ? " [admin]" : "");
     pthread_mutex_lock(&d->lock);
-    colld_metrics_session_opened(d);
+    colld_count_session_opened(d);
     if (s->role == COLLD_ROLE_CLIENT) /* collctl's own sessions are not news */
         colld_event(d, "session_attached", NULL, -1, s->pid, s->id, s->uid, COLLD_OK, "%s, uid %u gid %u", s->name,
                     (unsigned)s->uid, (unsigned)s->gid);
@@ -260,51 +264,49 @@ static int session_on_reg(colld_session_t *s, const colld_wire_msg_t *m)
     colld_daemon_t *d = s->daemon;
     int fd = s->pending_fd;
     s->pending_fd = -1;
-    colld_status_t st = COLLD_ERR_INVALID_ARGUMENT;
-    char detail[COLLD_WIRE_DETAIL_BYTES] = "";
+    colld_err_t err = COLLD_ERR_INIT;
     void *base = MAP_FAILED;
     uint64_t bytes = m->u.reg.bytes, charged = 0;
     struct stat sb;
     int seals;
 
     if (fd < 0) {
-        snprintf(detail, sizeof(detail), "registration without a file descriptor");
+        colld_err_set(&err, COLLD_ERR_INVALID_ARGUMENT, "registration without a file descriptor");
         goto reply;
     }
     if (bytes == 0) {
-        snprintf(detail, sizeof(detail), "registration of 0 bytes");
+        colld_err_set(&err, COLLD_ERR_INVALID_ARGUMENT, "registration of 0 bytes");
         goto reply;
     }
     if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size < bytes) {
-        snprintf(detail, sizeof(detail), "registration fd is not a memfd of at least %llu bytes",
-                 (unsigned long long)bytes);
+        colld_err_set(&err, COLLD_ERR_INVALID_ARGUMENT, "registration fd is not a memfd of at least %llu bytes",
+                      (unsigned long long)bytes);
         goto reply;
     }
     seals = fcntl(fd, F_GET_SEALS);
     if (seals < 0 || (seals & SEALS_REQUIRED) != SEALS_REQUIRED) {
-        snprintf(detail, sizeof(detail), "registration memfd must be sealed against shrinking (F_SEAL_SHRINK)");
+        colld_err_set(&err, COLLD_ERR_INVALID_ARGUMENT,
+                      "registration memfd must be sealed against shrinking (F_SEAL_SHRINK)");
         goto reply;
     }
     /* The session's bytes, then the tenant's count and bytes and the daemon-wide backstop, all
      * charged before the mapping exists (given back if it cannot be made). */
     pthread_mutex_lock(&d->lock);
     uint64_t max = d->cfg.max_registered_bytes;
-    if (s->registered_bytes > max || bytes > max - s->registered_bytes) {
-        st = COLLD_ERR_QUOTA_EXCEEDED;
-        snprintf(detail, sizeof(detail), "this process is at its limit max-registered-bytes = %llu (holds %llu, asked "
-                                         "for %llu more)",
-                 (unsigned long long)max, (unsigned long long)s->registered_bytes, (unsigned long long)bytes);
-    } else
-        st = colld_tenant_charge_reg(d, s->uid, bytes, &charged, detail, sizeof(detail));
+    if (s->registered_bytes > max || bytes > max - s->registered_bytes)
+        colld_err_set(&err, COLLD_ERR_QUOTA_EXCEEDED,
+                      "this process is at its limit max-registered-bytes = %llu (holds %llu, asked for %llu more)",
+                      (unsigned long long)max, (unsigned long long)s->registered_bytes, (unsigned long long)bytes);
+    else
+        colld_tenant_charge_reg(d, s->uid, bytes, &charged, &err);
     pthread_mutex_unlock(&d->lock);
-    if (st != COLLD_OK)
+    if (err.status != COLLD_OK)
         goto reply;
     base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     colld_reg_t *r = base == MAP_FAILED ? NULL : calloc(1, sizeof(*r));
     if (!r) {
-        st = base == MAP_FAILED && errno != ENOMEM ? COLLD_ERR_SYSTEM : COLLD_ERR_NO_MEMORY;
-        snprintf(detail, sizeof(detail), "daemon cannot map the buffer: %s",
-                 base == MAP_FAILED ? strerror(errno) : "out of memory");
+        colld_err_set(&err, base == MAP_FAILED && errno != ENOMEM ? COLLD_ERR_SYSTEM : COLLD_ERR_NO_MEMORY,
+                      "daemon cannot map the buffer: %s", base == MAP_FAILED ? strerror(errno) : "out of memory");
         if (base != MAP_FAILED)
             munmap(base, bytes);
         pthread_mutex_lock(&d->lock);
@@ -324,7 +326,6 @@ static int session_on_reg(colld_session_t *s, const colld_wire_msg_t *m)
     s->regs = r;
     s->registered_bytes += bytes;
     pthread_mutex_unlock(&d->lock);
-    st = COLLD_OK;
     colld_wire_msg_t ok;
     memset(&ok, 0, sizeof(ok));
     ok.type = COLLD_MSG_REG_REPLY;
@@ -333,12 +334,12 @@ static int session_on_reg(colld_session_t *s, const colld_wire_msg_t *m)
     LOG_DEBUG(MEM, "session %llu: registered %llu bytes as %u", (unsigned long long)s->id,
               (unsigned long long)bytes, r->id);
     close(fd);
-    return session_send(s, &ok, NULL, 0);
+    return colld_session_send(s, &ok, NULL, 0);
 reply:
     if (fd >= 0)
         close(fd);
-    LOG_INFO_RL(MEM, "session %llu: registration refused: %s", (unsigned long long)s->id, detail);
-    return session_send_error(s, COLLD_MSG_REG_REPLY, st, detail);
+    LOG_INFO_RL(MEM, "session %llu: registration refused: %s", (unsigned long long)s->id, err.msg);
+    return colld_session_send_error(s, COLLD_MSG_REG_REPLY, &err);
 }
 
 /* DEREG: forget a registration; the mapping stays until operations using it have finished. */
@@ -352,10 +353,10 @@ static int session_on_dereg(colld_session_t *s, const colld_wire_msg_t *m)
         if (r->id != m->u.dereg.reg_id)
             continue;
         st = COLLD_OK;
-        if (r->cuda && --r->users > 0)
-            break; /* the same IPC allocation is still registered */
+        if (r->device && --r->users > 0)
+            break; /* the same device allocation is still registered */
         *pp = r->next;
-        if (!r->cuda)
+        if (!r->device)
             s->registered_bytes -= r->size;
         colld_session_release_reg(r);
         break;
@@ -366,31 +367,36 @@ static int session_on_dereg(colld_session_t *s, const colld_wire_msg_t *m)
     colld_wire_msg_t ok;
     memset(&ok, 0, sizeof(ok));
     ok.type = COLLD_MSG_DEREG_REPLY;
-    return session_send(s, &ok, NULL, 0);
+    return colld_session_send(s, &ok, NULL, 0);
 }
 
-/* REG_CUDA: open a GPU allocation (an IPC handle, or a VMM fd) for this session. It is charged
- * to the tenant as any registration (on a daemon with GPUs; without, it is refused anyway); the
- * same IPC allocation registered again is the same registration and is charged once. */
+/* REG_CUDA: open a GPU allocation (an IPC handle, or a VMM fd) for this session, through the
+ * backend that serves device memory. It is charged to the tenant as any registration (when that
+ * backend is present; without, it is refused anyway); the same allocation registered again is the
+ * same registration and is charged once. */
 static int session_on_reg_cuda(colld_session_t *s, const colld_wire_msg_t *m)
 {
     colld_daemon_t *d = s->daemon;
+    colld_backend_t *dev = colld_backend_device(d);
     int fd = s->pending_fd;
     s->pending_fd = -1;
-    char detail[COLLD_WIRE_DETAIL_BYTES] = "";
+    colld_err_t err = COLLD_ERR_INIT;
     uint32_t id = 0;
     uint64_t charged = 0;
-    colld_status_t st = COLLD_OK;
-    if (d->gpus) {
+    if (dev && dev->present) {
         pthread_mutex_lock(&d->lock);
-        st = colld_tenant_charge_reg(d, s->uid, m->u.reg_cuda.bytes, &charged, detail, sizeof(detail));
+        colld_tenant_charge_reg(d, s->uid, m->u.reg_cuda.bytes, &charged, &err);
         pthread_mutex_unlock(&d->lock);
     }
-    if (st == COLLD_OK)
-        st = colld_gpu_register(s, m, fd, &id, detail, sizeof(detail));
+    if (err.status == COLLD_OK) {
+        if (dev)
+            dev->ops->mem_register(dev, s, m, fd, &id, &err);
+        else
+            colld_err_set(&err, COLLD_ERR_NOT_SUPPORTED, "%s", d->device_none);
+    }
     if (charged) {
         pthread_mutex_lock(&d->lock);
-        colld_reg_t *r = st == COLLD_OK ? colld_session_find_reg(s, id) : NULL;
+        colld_reg_t *r = err.status == COLLD_OK ? colld_session_find_reg(s, id) : NULL;
         if (r && !r->charged) {
             r->tenant = s->uid;
             r->charged = charged;
@@ -400,56 +406,38 @@ static int session_on_reg_cuda(colld_session_t *s, const colld_wire_msg_t *m)
     }
     if (fd >= 0)
         close(fd);
-    if (st != COLLD_OK) {
-        LOG_INFO_RL(MEM, "session %llu: GPU registration refused: %s", (unsigned long long)s->id, detail);
-        return session_send_error(s, COLLD_MSG_REG_REPLY, st, detail);
+    if (err.status != COLLD_OK) {
+        LOG_INFO_RL(MEM, "session %llu: GPU registration refused: %s", (unsigned long long)s->id, err.msg);
+        return colld_session_send_error(s, COLLD_MSG_REG_REPLY, &err);
     }
     colld_wire_msg_t ok;
     memset(&ok, 0, sizeof(ok));
     ok.type = COLLD_MSG_REG_REPLY;
     ok.u.reg_reply.reg_id = id;
     ok.u.reg_reply.cookie = m->u.reg_cuda.cookie;
-    return session_send(s, &ok, NULL, 0);
+    return colld_session_send(s, &ok, NULL, 0);
 }
 
-/* GPU_FLAGS: hand the session its GPU stream flag area. */
+/* GPU_FLAGS: hand the session its GPU stream flag area (the device backend's). */
 static int session_on_gpu_flags(colld_session_t *s)
 {
-    char detail[COLLD_WIRE_DETAIL_BYTES] = "";
-    colld_status_t st = COLLD_OK;
+    colld_backend_t *dev = colld_backend_device(s->daemon);
+    colld_err_t err = COLLD_ERR_INIT;
     uint64_t size = 0;
     uint32_t lines = 0;
-    int fd = colld_gpu_flags_dup(s, &size, &lines, &st, detail, sizeof(detail));
+    int fd = -1;
+    if (dev && dev->ops->sync_area)
+        fd = dev->ops->sync_area(dev, s, &size, &lines, &err);
+    else
+        colld_err_set(&err, COLLD_ERR_NOT_SUPPORTED, "%s", s->daemon->device_none);
     if (fd < 0)
-        return session_send_error(s, COLLD_MSG_GPU_FLAGS_REPLY, st, detail);
+        return colld_session_send_error(s, COLLD_MSG_GPU_FLAGS_REPLY, &err);
     colld_wire_msg_t ok;
     memset(&ok, 0, sizeof(ok));
     ok.type = COLLD_MSG_GPU_FLAGS_REPLY;
     ok.u.gpu_flags.size = size;
     ok.u.gpu_flags.lines = lines;
-    int rc = session_send(s, &ok, &fd, 1);
-    close(fd);
-    return rc;
-}
-
-/* FAST_AREA: hand a member its communicator's fast area. */
-static int session_on_fast_area(colld_session_t *s, const colld_wire_msg_t *m)
-{
-    colld_daemon_t *d = s->daemon;
-    char detail[COLLD_WIRE_DETAIL_BYTES];
-    colld_status_t st = COLLD_OK;
-    uint64_t size = 0;
-    pthread_mutex_lock(&d->lock);
-    int fd = colld_fast_dup(s, m->u.fast.handle, &size, &st, detail, sizeof(detail));
-    pthread_mutex_unlock(&d->lock);
-    if (fd < 0)
-        return session_send_error(s, COLLD_MSG_FAST_AREA_REPLY, st, detail);
-    colld_wire_msg_t ok;
-    memset(&ok, 0, sizeof(ok));
-    ok.type = COLLD_MSG_FAST_AREA_REPLY;
-    ok.u.fast.handle = m->u.fast.handle;
-    ok.u.fast.size = size;
-    int rc = session_send(s, &ok, &fd, 1);
+    int rc = colld_session_send(s, &ok, &fd, 1);
     close(fd);
     return rc;
 }
@@ -478,16 +466,18 @@ static int session_dispatch(colld_session_t *s, const colld_wire_msg_t *m)
         return session_on_reg(s, m);
     case COLLD_MSG_DEREG:
         return session_on_dereg(s, m);
-    case COLLD_MSG_FAST_AREA:
-        return session_on_fast_area(s, m);
     case COLLD_MSG_REG_CUDA:
         return session_on_reg_cuda(s, m);
     case COLLD_MSG_GPU_FLAGS:
         return session_on_gpu_flags(s);
-    default:
+    default: {
+        int rc = colld_hooks_session_msg(s, m); /* COLLD_MSG_FAST_AREA: the fast area's */
+        if (rc != -2)
+            return rc;
         LOG_WARN_RL(SESSION, "session %llu (pid %d): unknown message type %u", (unsigned long long)s->id,
                     (int)s->pid, m->type);
         return -1;
+    }
     }
 }
 
@@ -559,6 +549,16 @@ static int session_read(colld_session_t *s)
  * The loop side
  * ========================================================================================== */
 
+/* Ask the loop thread to drop a session that broke the ring protocol (lock held). */
+void colld_session_kill(colld_session_t *s, const char *why)
+{
+    if (s->kill_requested)
+        return;
+    LOG_WARN_RL(ENGINE, "session %llu (pid %d): %s; dropping it", (unsigned long long)s->id, (int)s->pid, why);
+    s->kill_requested = true;
+    uv_async_send(&s->daemon->async);
+}
+
 /* Final close of a session's poll handle: close the socket and drop the list's reference. */
 static void session_on_close(uv_handle_t *h)
 {
@@ -574,14 +574,14 @@ static void session_on_close(uv_handle_t *h)
 /* The daemon's side of a session ending (lock held): its ranks leave their communicators (peers
  * get PEER_LOST), its unused unique ids go, the engine forgets it and it leaves the session list.
  * The list's reference is the caller's to drop. */
-void colld_session_forget(colld_session_t *s, const char *why, colld_reply_t **replies)
+void colld_session_forget(colld_session_t *s, const char *why)
 {
     colld_daemon_t *d = s->daemon;
     s->dead = true;
     LOG_INFO(SESSION, "session %llu (pid %d) ended: %s", (unsigned long long)s->id, (int)s->pid, why);
     if (s->shm && s->role == COLLD_ROLE_CLIENT)
         colld_event(d, "session_detached", NULL, -1, s->pid, s->id, s->uid, COLLD_OK, "%s: %s", s->name, why);
-    colld_comm_session_gone(d, s, replies);
+    colld_comm_session_gone(d, s);
     for (colld_issued_uid_t **pp = &d->uids; *pp && s->nuids > 0;) { /* its unused unique ids, if any */
         colld_issued_uid_t *u = *pp;
         if (u->owner == s) {
@@ -609,16 +609,14 @@ void colld_session_forget(colld_session_t *s, const char *why, colld_reply_t **r
 static void session_drop(colld_session_t *s, const char *why)
 {
     colld_daemon_t *d = s->daemon;
-    colld_reply_t *replies = NULL;
     pthread_mutex_lock(&d->lock);
     if (!s->poll_active) {
         pthread_mutex_unlock(&d->lock);
         return;
     }
-    colld_session_forget(s, why, &replies);
+    colld_session_forget(s, why);
     s->poll_active = false;
-    pthread_mutex_unlock(&d->lock);
-    colld_replies_send(replies);
+    colld_daemon_unlock(d);
     colld_engine_wake(d);
     uv_poll_stop(&s->poll);
     uv_close((uv_handle_t *)&s->poll, session_on_close);
@@ -667,22 +665,36 @@ static void session_refuse(int fd, colld_status_t st, const char *why)
  * kept for operators) and the tenant's max-sessions-per-tenant, which operators are not held to.
  * Returns COLLD_OK (with *charged when a tenant unit was taken), or a status with the reason in
  * why, in tenant.c's wording (the client sees its first COLLD_WIRE_DETAIL_BYTES - 1 bytes). */
-static colld_status_t session_admit(colld_daemon_t *d, uid_t uid, bool *charged, char *why, size_t why_len)
+static colld_status_t session_admit(colld_daemon_t *d, uid_t uid, bool *charged, colld_err_t *err)
 {
     bool admin = colld_uid_is_admin(uid);
     unsigned max = (unsigned)d->cfg.max_sessions, reserve = colld_admin_reserve(d->cfg.max_sessions);
     *charged = false;
-    if (d->nsessions >= max || (!admin && d->nsessions + reserve >= max)) {
-        snprintf(why, why_len,
-                 "the daemon is at its limit max-sessions = %u (the last %u kept for operators); try again later",
-                 max, reserve);
-        return COLLD_ERR_QUOTA_EXCEEDED;
-    }
+    if (d->nsessions >= max || (!admin && d->nsessions + reserve >= max))
+        return colld_err_set(err, COLLD_ERR_QUOTA_EXCEEDED,
+                             "the daemon is at its limit max-sessions = %u (the last %u kept for operators); try "
+                             "again later",
+                             max, reserve);
     if (admin)
         return COLLD_OK;
-    colld_status_t st = colld_tenant_charge(d, uid, COLLD_LIMIT_SESSIONS, 1, why, why_len);
+    colld_status_t st = colld_tenant_charge(d, uid, COLLD_LIMIT_SESSIONS, 1, err);
     *charged = st == COLLD_OK;
     return st;
+}
+
+colld_session_t *colld_session_new(colld_daemon_t *d, pid_t pid, uid_t uid, gid_t gid)
+{
+    colld_session_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->daemon = d;
+    s->pid = pid;
+    s->uid = uid;
+    s->gid = gid;
+    s->fd = s->shm_fd = s->efd = s->pending_fd = -1;
+    s->attached_ms = colld_wall_ms();
+    s->refs = 1;
+    return s;
 }
 
 /* A new connection on the session socket (listener in fds.c): admit it against the limits, then
@@ -690,29 +702,22 @@ static colld_status_t session_admit(colld_daemon_t *d, uid_t uid, bool *charged,
 static void session_on_accept(colld_listener_t *l, int fd, uid_t uid, gid_t gid, pid_t pid)
 {
     colld_daemon_t *d = l->d;
-    char why[COLLD_DETAIL_LEN];
+    colld_err_t err = COLLD_ERR_INIT;
     bool charged;
     pthread_mutex_lock(&d->lock);
-    colld_status_t st = session_admit(d, uid, &charged, why, sizeof(why));
+    colld_status_t st = session_admit(d, uid, &charged, &err);
     pthread_mutex_unlock(&d->lock);
     if (st != COLLD_OK) {
-        LOG_WARN_RL(SESSION, "refusing pid %d uid %u: %s", (int)pid, (unsigned)uid, why);
-        session_refuse(fd, st, why);
+        LOG_WARN_RL(SESSION, "refusing pid %d uid %u: %s", (int)pid, (unsigned)uid, err.msg);
+        session_refuse(fd, st, err.msg);
         close(fd);
         return;
     }
-    colld_session_t *s = calloc(1, sizeof(*s));
+    colld_session_t *s = colld_session_new(d, pid, uid, gid);
     if (!s)
         goto fail;
-    s->daemon = d;
     s->fd = fd;
-    s->pid = pid;
-    s->uid = uid;
-    s->gid = gid;
     s->charged = charged;
-    s->shm_fd = s->efd = s->pending_fd = s->gpu_flags_fd = -1;
-    s->attached_ms = colld_wall_ms();
-    s->refs = 1;
     s->poll.data = s;
     if (uv_poll_init(&d->loop, &s->poll, fd) < 0)
         goto fail;
@@ -773,14 +778,12 @@ void colld_sessions_close_all(colld_daemon_t *d)
     }
     /* Every communicator fails with DAEMON_LOST before any session goes, so no rank mistakes the
      * shutdown for a peer's death. */
-    colld_reply_t *replies = NULL;
     pthread_mutex_lock(&d->lock);
     for (colld_dcomm_t *c = d->comms, *following; c; c = following) {
         following = c->next; /* a forming communicator is dissolved and freed */
-        colld_comm_break(d, c, COLLD_ERR_DAEMON_LOST, -1, "the colld daemon is shutting down", &replies);
+        colld_comm_break(d, c, COLLD_ERR_DAEMON_LOST, -1, "the colld daemon is shutting down");
     }
-    pthread_mutex_unlock(&d->lock);
-    colld_replies_send(replies);
+    colld_daemon_unlock(d);
     for (;;) {
         pthread_mutex_lock(&d->lock);
         colld_session_t *s = d->sessions;

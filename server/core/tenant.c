@@ -134,23 +134,20 @@ uint64_t colld_tenant_used(const colld_daemon_t *d, uid_t uid, colld_limit_t wha
     return t ? t->used[what] : 0;
 }
 
-colld_status_t colld_tenant_charge(colld_daemon_t *d, uid_t uid, colld_limit_t what, uint64_t n, char *detail,
-                                   size_t len)
+colld_status_t colld_tenant_charge(colld_daemon_t *d, uid_t uid, colld_limit_t what, uint64_t n, colld_err_t *err)
 {
     colld_tenant_t *t = get(d, uid);
-    if (!t) {
-        snprintf(detail, len, "daemon out of memory");
-        return COLLD_ERR_NO_MEMORY;
-    }
+    if (!t)
+        return colld_err_set(err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
     uint64_t limit = t->limit[what] != UINT64_MAX ? t->limit[what] : colld_limit_default(d, what);
     if (t->used[what] > limit || n > limit - t->used[what]) {
         d->tenants->refusals[what]++;
         /* The limit's name early: the session socket carries only the first 111 bytes. */
-        snprintf(detail, len,
-                 "uid %u is at its limit %s = %llu (holds %llu, asked for %llu more); an operator can raise it: "
-                 "collctl policy set %u --%s N",
-                 (unsigned)uid, colld_limit_name(what), (unsigned long long)limit, (unsigned long long)t->used[what],
-                 (unsigned long long)n, (unsigned)uid, colld_limit_name(what));
+        colld_err_set(err, COLLD_ERR_QUOTA_EXCEEDED,
+                      "uid %u is at its limit %s = %llu (holds %llu, asked for %llu more); an operator can raise "
+                      "it: collctl policy set %u --%s N",
+                      (unsigned)uid, colld_limit_name(what), (unsigned long long)limit,
+                      (unsigned long long)t->used[what], (unsigned long long)n, (unsigned)uid, colld_limit_name(what));
         maybe_free(d, t);
         return COLLD_ERR_QUOTA_EXCEEDED;
     }
@@ -275,27 +272,25 @@ static uint64_t reg_charge_bytes(uint64_t bytes)
 }
 
 colld_status_t colld_tenant_charge_reg(colld_daemon_t *d, uid_t uid, uint64_t bytes, uint64_t *charged,
-                                       char *detail, size_t len)
+                                       colld_err_t *err)
 {
     uint64_t backstop = colld_regs_backstop(d);
-    if (!d->tenants) {
-        snprintf(detail, len, "daemon out of memory");
-        return COLLD_ERR_NO_MEMORY;
-    }
+    if (!d->tenants)
+        return colld_err_set(err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
     colld_tenants_t *ts = d->tenants;
     if (ts->regs_held >= backstop) {
         ts->regs_refused++;
-        snprintf(detail, len,
-                 "the daemon is at its limit max-registrations = %llu (registrations of all users, one mapping "
-                 "each; vm.max_map_count is %llu); free some memory, or an operator raises vm.max_map_count",
-                 (unsigned long long)backstop, (unsigned long long)ts->map_count);
-        return COLLD_ERR_QUOTA_EXCEEDED;
+        return colld_err_set(err, COLLD_ERR_QUOTA_EXCEEDED,
+                             "the daemon is at its limit max-registrations = %llu (registrations of all users, one "
+                             "mapping each; vm.max_map_count is %llu); free some memory, or an operator raises "
+                             "vm.max_map_count",
+                             (unsigned long long)backstop, (unsigned long long)ts->map_count);
     }
     uint64_t b = reg_charge_bytes(bytes);
-    colld_status_t st = colld_tenant_charge(d, uid, COLLD_LIMIT_REGS, 1, detail, len);
+    colld_status_t st = colld_tenant_charge(d, uid, COLLD_LIMIT_REGS, 1, err);
     if (st != COLLD_OK)
         return st;
-    st = colld_tenant_charge(d, uid, COLLD_LIMIT_REG_BYTES, b, detail, len);
+    st = colld_tenant_charge(d, uid, COLLD_LIMIT_REG_BYTES, b, err);
     if (st != COLLD_OK) {
         colld_tenant_uncharge(d, uid, COLLD_LIMIT_REGS, 1);
         return st;

@@ -13,6 +13,8 @@
 #ifndef COLLD_SERVER_TENANT_H
 #define COLLD_SERVER_TENANT_H
 
+#include "common/err.h"
+
 #include <colld/colld.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -46,9 +48,8 @@ uint64_t colld_limit_default(const colld_daemon_t *d, colld_limit_t what);
 uint64_t colld_tenant_used(const colld_daemon_t *d, uid_t uid, colld_limit_t what);
 
 /* Charge `n` units to `uid`. Returns COLLD_OK, or COLLD_ERR_QUOTA_EXCEEDED (nothing charged) with
- * a detail naming the limit, or COLLD_ERR_NO_MEMORY. */
-colld_status_t colld_tenant_charge(colld_daemon_t *d, uid_t uid, colld_limit_t what, uint64_t n, char *detail,
-                                   size_t len);
+ * err naming the limit, or COLLD_ERR_NO_MEMORY. */
+colld_status_t colld_tenant_charge(colld_daemon_t *d, uid_t uid, colld_limit_t what, uint64_t n, colld_err_t *err);
 
 /* Give back `n` units charged earlier. */
 void colld_tenant_uncharge(colld_daemon_t *d, uid_t uid, colld_limit_t what, uint64_t n);
@@ -88,7 +89,7 @@ bool colld_uid_is_admin(uid_t uid);
  * at least one), and the backstop. Returns COLLD_OK with *charged (the bytes to give back), or
  * COLLD_ERR_QUOTA_EXCEEDED (nothing charged) with a detail naming the limit. */
 colld_status_t colld_tenant_charge_reg(colld_daemon_t *d, uid_t uid, uint64_t bytes, uint64_t *charged,
-                                       char *detail, size_t len);
+                                       colld_err_t *err);
 /* Give back a registration charged with colld_tenant_charge_reg. */
 void colld_tenant_uncharge_reg(colld_daemon_t *d, uid_t uid, uint64_t charged);
 

@@ -68,29 +68,31 @@ struct xjoin {
 };
 
 /* ============================================================================================
- * Unique ids
+ * The daemon's cluster and a communicator's multi-node state
  * ========================================================================================== */
 
-void colld_cluster_stamp_uid(const colld_daemon_t *d, uint8_t *uid)
+colld_cluster_t *colld_cluster_of(const colld_daemon_t *d)
 {
-    if (!d->cluster)
-        return;
-    memcpy(uid + COLLD_WIRE_UID_RANDOM_BYTES, COLLD_WIRE_UID_NET_MAGIC, 4);
-    colld_strlcpy((char *)uid + COLLD_WIRE_UID_ADDR_OFFSET, d->cluster->self_addr,
-                  COLLD_WIRE_UNIQUE_ID_BYTES - COLLD_WIRE_UID_ADDR_OFFSET);
+    for (int i = 0; i < d->nbackends; i++)
+        if (d->backends[i].ops == &colld_net_backend)
+            return d->backends[i].state;
+    return NULL;
 }
 
-const char *colld_uid_root_addr(const uint8_t *uid, char *buf, size_t len)
+bool colld_cluster_running(const colld_daemon_t *d)
 {
-    if (memcmp(uid + COLLD_WIRE_UID_RANDOM_BYTES, COLLD_WIRE_UID_NET_MAGIC, 4) != 0)
-        return NULL;
-    const char *a = (const char *)uid + COLLD_WIRE_UID_ADDR_OFFSET;
-    size_t n = strnlen(a, COLLD_WIRE_UNIQUE_ID_BYTES - COLLD_WIRE_UID_ADDR_OFFSET);
-    if (n == 0 || n >= COLLD_WIRE_UNIQUE_ID_BYTES - COLLD_WIRE_UID_ADDR_OFFSET || n >= len)
-        return NULL;
-    memcpy(buf, a, n);
-    buf[n] = '\0';
-    return buf;
+    return colld_cluster_of(d) != NULL;
+}
+
+/* Stamp an issued unique id with this daemon's address when it listens (a multi-node id). */
+static void net_stamp_uid(const colld_backend_t *b, uint8_t *uid)
+{
+    const colld_cluster_t *cl = b->state;
+    if (!cl)
+        return;
+    memcpy(uid + COLLD_WIRE_UID_RANDOM_BYTES, COLLD_WIRE_UID_NET_MAGIC, 4);
+    colld_strlcpy((char *)uid + COLLD_WIRE_UID_ADDR_OFFSET, cl->self_addr,
+                  COLLD_WIRE_UNIQUE_ID_BYTES - COLLD_WIRE_UID_ADDR_OFFSET);
 }
 
 /* ============================================================================================
@@ -99,7 +101,7 @@ const char *colld_uid_root_addr(const uint8_t *uid, char *buf, size_t len)
 
 static void inbox_push(colld_daemon_t *d, cjob_t *j)
 {
-    colld_cluster_t *cl = d->cluster;
+    colld_cluster_t *cl = colld_cluster_of(d);
     if (cl->inbox_tail)
         cl->inbox_tail->next = j;
     else
@@ -166,14 +168,16 @@ void colld_cluster_log_bad(colld_cluster_t *cl, const char *fmt, ...)
 /* The authenticated address of a message's sender: the peer's, or this daemon's for its own. */
 static const char *sender_addr(const colld_daemon_t *d, colld_net_peer_t *p)
 {
-    return p ? colld_net_peer_addr(p) : d->cluster->self_addr;
+    return p ? colld_net_peer_addr(p) : colld_cluster_of(d)->self_addr;
 }
 
-void colld_cluster_submit(colld_daemon_t *d, colld_coll_t *k)
+/* Hand a matched collective of a multi-node communicator to the network thread (lock held). */
+static void net_submit(colld_backend_t *b, colld_coll_t *k)
 {
+    colld_daemon_t *d = b->d;
     cjob_t *j = calloc(1, sizeof(*j));
     if (!j) {
-        colld_comm_break(d, k->comm, COLLD_ERR_NO_MEMORY, -1, "daemon out of memory", NULL);
+        colld_comm_break(d, k->comm, COLLD_ERR_NO_MEMORY, -1, "daemon out of memory");
         k->status = COLLD_ERR_NO_MEMORY;
         colld_engine_finish(d, k);
         return;
@@ -186,39 +190,41 @@ void colld_cluster_submit(colld_daemon_t *d, colld_coll_t *k)
  * Communicator state
  * ========================================================================================== */
 
-int colld_cluster_comm_init(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t *st, char *detail, size_t len)
+/* The first local join of a multi-node communicator: attach its multi-node state. Returns 0, or
+ * -1 with err (lock held). */
+static int net_comm_form(colld_backend_t *b, colld_dcomm_t *c, colld_err_t *err)
 {
     char root[COLLD_NET_ADDR_LEN], shown[COLLD_NET_ADDR_LEN], bad[COLLD_DETAIL_LEN / 2];
     if (!colld_uid_root_addr(c->unique_id, root, sizeof(root)))
         root[0] = '\0';
     colld_str_sanitize(shown, sizeof(shown), root, SIZE_MAX); /* the id is the tenant's bytes */
     if (colld_net_check_addr(root, bad, sizeof(bad)) < 0) {
-        *st = COLLD_ERR_INVALID_ARGUMENT;
-        snprintf(detail, len, "the unique id names a root daemon at '%s', which is not an address to dial (%s); "
-                 "pass the id colld_get_unique_id made unchanged", shown, bad);
+        colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                      "the unique id names a root daemon at '%s', which is not an address to dial (%s); pass the id "
+                      "colld_get_unique_id made unchanged",
+                      shown, bad);
         return -1;
     }
-    if (!d->cluster) {
-        *st = COLLD_ERR_NOT_SUPPORTED;
-        snprintf(detail, len,
-                 "the unique id was made by the daemon at %s for a multi-node communicator; start this "
-                 "daemon with --listen and --cluster-secret-file to join it",
-                 root);
+    if (!b->state) {
+        colld_err_set(err, COLLD_ERR_NOT_SUPPORTED,
+                      "the unique id was made by the daemon at %s for a multi-node communicator; start this daemon "
+                      "with --listen and --cluster-secret-file to join it",
+                      root);
         return -1;
     }
     colld_xcomm_t *x = calloc(1, sizeof(*x));
     if (!x) {
-        *st = COLLD_ERR_NO_MEMORY;
-        snprintf(detail, len, "daemon out of memory");
+        colld_err_set(err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
         return -1;
     }
     memcpy(x->uid, c->unique_id, sizeof(x->uid));
     colld_strlcpy(x->root_addr, root, sizeof(x->root_addr));
-    c->x = x;
+    c->bslot[b->slot] = x;
     return 0;
 }
 
-void colld_xcomm_free(colld_xcomm_t *x)
+/* Free a communicator's multi-node state (lock held, no collective in flight). */
+static void xcomm_free(colld_xcomm_t *x)
 {
     free(x->node_name);
     free(x->node_addr);
@@ -230,16 +236,20 @@ void colld_xcomm_free(colld_xcomm_t *x)
     free(x);
 }
 
+/* The node name of a rank's daemon for display (see net.h). */
 const char *colld_cluster_rank_node(const colld_dcomm_t *c, int rank)
 {
-    if (!c->x || !c->x->formed || rank < 0 || rank >= c->nranks || !c->ranks[rank].remote)
+    const colld_xcomm_t *x = colld_xcomm(c);
+    if (!x || !x->formed || rank < 0 || rank >= c->nranks || !c->ranks[rank].remote)
         return "";
-    return c->x->node_name[c->x->rank_node[rank]];
+    return x->node_name[x->rank_node[rank]];
 }
 
-void colld_cluster_joined(colld_daemon_t *d, colld_dcomm_t *c, colld_member_t *m)
+/* A local rank joined a multi-node communicator: tell the root daemon (lock held). */
+static void net_rank_joined(colld_backend_t *b, colld_dcomm_t *c, colld_member_t *m)
 {
-    colld_cluster_t *cl = d->cluster;
+    colld_daemon_t *d = b->d;
+    colld_cluster_t *cl = b->state;
     Colld__Net__V1__Join j = COLLD__NET__V1__JOIN__INIT;
     j.unique_id.data = c->unique_id;
     j.unique_id.len = sizeof(c->unique_id);
@@ -254,7 +264,7 @@ void colld_cluster_joined(colld_daemon_t *d, colld_dcomm_t *c, colld_member_t *m
     Colld__Net__V1__Msg msg = COLLD__NET__V1__MSG__INIT;
     msg.m_case = COLLD__NET__V1__MSG__M_JOIN;
     msg.join = &j;
-    post_msg(d, c->x->root_addr, &msg);
+    post_msg(d, colld_xcomm(c)->root_addr, &msg);
 }
 
 /* Send Fail for a communicator (by xid when formed, else by unique id) to `addr` (nodial: over an
@@ -270,39 +280,43 @@ static void post_fail(colld_daemon_t *d, const char *addr, const uint8_t *uid, u
     f.status = st;
     f.rank = rank;
     f.detail = (char *)detail;
-    f.node_name = d->cluster->node_name;
+    f.node_name = colld_cluster_of(d)->node_name;
     Colld__Net__V1__Msg msg = COLLD__NET__V1__MSG__INIT;
     msg.m_case = COLLD__NET__V1__MSG__M_FAIL;
     msg.fail = &f;
     post_msg_how(d, addr, &msg, nodial);
 }
 
-void colld_cluster_comm_failed(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, int rank, const char *detail)
+/* A multi-node communicator failed here (lock held): tell the other daemons, unless the fault
+ * came from one of them. */
+static void cluster_comm_failed(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, int rank, const char *detail)
 {
-    colld_xcomm_t *x = c->x;
-    if (!d->cluster)
+    colld_xcomm_t *x = colld_xcomm(c);
+    if (!colld_cluster_of(d))
         return;
     if (!x->formed) { /* its Formed may still come: its nodes must hear of it then (handle_formed) */
-        cleft_t *l = &d->cluster->left[d->cluster->nleft++ % COLLD_CLUSTER_LEFT_MAX];
+        cleft_t *l = &colld_cluster_of(d)->left[colld_cluster_of(d)->nleft++ % COLLD_CLUSTER_LEFT_MAX];
         memcpy(l->uid, c->unique_id, sizeof(l->uid));
         l->tenant = c->tenant;
         l->used = true;
     }
-    if (c->fault_from_peer)
+    if (x->fault_from_peer)
         return;
     if (!x->formed) {
         post_fail(d, x->root_addr, c->unique_id, c->tenant, 0, st, rank, detail, false);
         return;
     }
-    const char *lost = d->cluster->lost_addr; /* under daemon->lock, like this call */
+    const char *lost = colld_cluster_of(d)->lost_addr; /* under daemon->lock, like this call */
     for (int i = 0; i < x->nnodes; i++)
         if (i != x->self && !(lost && strcmp(lost, x->node_addr[i]) == 0))
             post_fail(d, x->node_addr[i], c->unique_id, c->tenant, x->xid, st, rank, detail, false);
 }
 
+/* The collective a multi-node communicator runs among the nodes (see net.h). */
 bool colld_cluster_trace_pending(const colld_dcomm_t *c, colld_trace_rec_t *t, uint64_t *arrivals)
 {
-    const colld_coll_t *k = c->x ? c->x->net_coll : NULL;
+    const colld_xcomm_t *x = colld_xcomm(c);
+    const colld_coll_t *k = x ? x->net_coll : NULL;
     if (!k)
         return false;
     const colld_op_t *lead = colld_coll_lead(k);
@@ -328,12 +342,14 @@ colld_dcomm_t *colld_cluster_pin(colld_daemon_t *d, uint64_t xid)
 {
     colld_dcomm_t *found = NULL;
     pthread_mutex_lock(&d->lock);
-    for (colld_dcomm_t *c = d->comms; c; c = c->next)
-        if (c->x && c->x->formed && c->x->xid == xid && c->joined > 0) {
+    for (colld_dcomm_t *c = d->comms; c; c = c->next) {
+        const colld_xcomm_t *x = colld_xcomm(c);
+        if (x && x->formed && x->xid == xid && c->joined > 0) {
             c->refs++;
             found = c;
             break;
         }
+    }
     pthread_mutex_unlock(&d->lock);
     return found;
 }
@@ -349,20 +365,20 @@ void colld_cluster_unpin(colld_daemon_t *d, colld_dcomm_t *c)
 static colld_dcomm_t *joining_comm(colld_daemon_t *d, const uint8_t *uid, uid_t tenant)
 {
     for (colld_dcomm_t *c = d->comms; c; c = c->next)
-        if (c->x && c->state == COLLD_COMM_JOINING && c->tenant == tenant && c->joined > 0 &&
+        if (colld_xcomm(c) && c->state == COLLD_COMM_JOINING && c->tenant == tenant && c->joined > 0 &&
             memcmp(c->unique_id, uid, sizeof(c->unique_id)) == 0)
             return c;
     return NULL;
 }
 
 /* Break (or dissolve) a communicator with a fault another daemon reported (lock held). */
-static void break_from_peer(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, int rank, const char *detail,
-                            colld_reply_t **replies)
+static void break_from_peer(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, int rank, const char *detail)
 {
+    colld_xcomm_t *x = colld_xcomm(c);
     c->refs++; /* a communicator that had not formed is freed by the break */
-    c->fault_from_peer = true;
-    colld_comm_break(d, c, st, rank, detail, replies);
-    c->fault_from_peer = false;
+    x->fault_from_peer = true;
+    colld_comm_break(d, c, st, rank, detail);
+    x->fault_from_peer = false;
     colld_comm_unref(d, c);
 }
 
@@ -393,7 +409,7 @@ static void xjoin_dissolve(colld_daemon_t *d, xjoin_t *j, colld_status_t st, int
     LOG_WARN(NET, "multi-node communicator not formed: %s: %s", colld_status_name(st), detail);
     for (int n = 0; n < j->nnodes; n++)
         post_fail(d, j->addr[n], j->uid, j->tenant, 0, st, rank, detail, true);
-    xjoin_unlink(d->cluster, j);
+    xjoin_unlink(colld_cluster_of(d), j);
     xjoin_free(j);
 }
 
@@ -413,7 +429,7 @@ static void node_order_formed(colld_daemon_t *d, xjoin_t *j);
  * name, those its handshake proved ("Who may say what"). */
 static void handle_join(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net__V1__Join *m)
 {
-    colld_cluster_t *cl = d->cluster;
+    colld_cluster_t *cl = colld_cluster_of(d);
     const char *sender = sender_addr(d, p);
     char why[COLLD_DETAIL_LEN];
     if (m->unique_id.len != COLLD_WIRE_UNIQUE_ID_BYTES) {
@@ -541,10 +557,7 @@ static void node_order_formed(colld_daemon_t *d, xjoin_t *j)
         nodes[i].addr = j->addr[order[i]];
         nodep[i] = &nodes[i];
     }
-    int algo = d->cfg.net_algo;
-    for (colld_policy_t *p = d->policies; p; p = p->next)
-        if (p->uid == j->tenant && p->net_algo >= 0)
-            algo = p->net_algo;
+    int algo = colld_policy_net_algo(d, j->tenant);
     Colld__Net__V1__Formed f = COLLD__NET__V1__FORMED__INIT;
     f.unique_id.data = j->uid;
     f.unique_id.len = sizeof(j->uid);
@@ -568,7 +581,7 @@ static void node_order_formed(colld_daemon_t *d, xjoin_t *j)
     free(rank_node);
     free(nodes);
     free(nodep);
-    xjoin_unlink(d->cluster, j);
+    xjoin_unlink(colld_cluster_of(d), j);
     xjoin_free(j);
 }
 
@@ -580,7 +593,7 @@ static void node_order_formed(colld_daemon_t *d, xjoin_t *j)
 static int apply_formed(colld_daemon_t *d, colld_dcomm_t *c, const Colld__Net__V1__Formed *f, char *why,
                         size_t len)
 {
-    colld_xcomm_t *x = c->x;
+    colld_xcomm_t *x = colld_xcomm(c);
     int k = (int)f->n_nodes;
     if (f->nranks != c->nranks || f->n_rank_node != (size_t)c->nranks || k < 1 || k > c->nranks ||
         f->chunk_bytes < 4096 || f->chunk_bytes > COLLD_NET_MAX_CHUNK || f->chunk_bytes % 64) {
@@ -604,7 +617,7 @@ static int apply_formed(colld_daemon_t *d, colld_dcomm_t *c, const Colld__Net__V
                 snprintf(why, len, "malformed Formed message from the root daemon: node address %s twice", a);
                 return -1;
             }
-        if (strcmp(a, d->cluster->self_addr) == 0)
+        if (strcmp(a, colld_cluster_of(d)->self_addr) == 0)
             x->self = i;
     }
     x->node_name = calloc((size_t)k, sizeof(*x->node_name));
@@ -618,7 +631,7 @@ static int apply_formed(colld_daemon_t *d, colld_dcomm_t *c, const Colld__Net__V
         return -1;
     }
     if (x->self < 0) {
-        snprintf(why, len, "the root daemon did not list this node (%s) among the members", d->cluster->self_addr);
+        snprintf(why, len, "the root daemon did not list this node (%s) among the members", colld_cluster_of(d)->self_addr);
         return -1;
     }
     for (int i = 0; i < k; i++) {
@@ -640,13 +653,14 @@ static int apply_formed(colld_daemon_t *d, colld_dcomm_t *c, const Colld__Net__V
         x->rank_node[r] = n;
         x->node_nranks[n]++;
         c->ranks[r].remote = !local;
-        c->ranks[r].node = n;
     }
-    for (colld_dcomm_t *o = d->comms; o; o = o->next)
-        if (o != c && o->x && o->x->formed && o->x->xid == f->xid) { /* its DATA and Ready would mix */
+    for (colld_dcomm_t *o = d->comms; o; o = o->next) {
+        const colld_xcomm_t *ox = colld_xcomm(o);
+        if (o != c && ox && ox->formed && ox->xid == f->xid) { /* its DATA and Ready would mix */
             snprintf(why, len, "the root daemon gave this communicator an id another one here has");
             return -1;
         }
+    }
     if (f->xid == 0) {
         snprintf(why, len, "malformed Formed message from the root daemon: id 0");
         return -1;
@@ -677,8 +691,7 @@ static bool left_while_forming(colld_cluster_t *cl, const uint8_t *uid, uid_t te
 /* Formed arrived (network thread): only the root named in the unique id may send it. */
 static void handle_formed(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net__V1__Formed *f)
 {
-    colld_cluster_t *cl = d->cluster;
-    colld_reply_t *replies = NULL;
+    colld_cluster_t *cl = colld_cluster_of(d);
     colld_xcomm_t *x = NULL;
     char why[COLLD_DETAIL_LEN], root[COLLD_NET_ADDR_LEN];
     const char *sender = sender_addr(d, p);
@@ -705,14 +718,13 @@ static void handle_formed(colld_daemon_t *d, colld_net_peer_t *p, const Colld__N
         colld_cluster_log_bad(cl, "Formed from %s for a communicator no rank here joined", sender);
     } else if (apply_formed(d, c, f, why, sizeof(why)) < 0) {
         LOG_WARN(NET, "communicator %llu: %s", (unsigned long long)c->id, why);
-        colld_comm_break(d, c, COLLD_ERR_INTERNAL, -1, why, &replies);
+        colld_comm_break(d, c, COLLD_ERR_INTERNAL, -1, why);
     } else {
-        colld_comm_formed(d, c, &replies);
-        x = c->x;
+        colld_comm_formed(d, c);
+        x = colld_xcomm(c);
         c->refs++; /* pinned while the peers are looked up below */
     }
-    pthread_mutex_unlock(&d->lock);
-    colld_replies_send(replies);
+    colld_daemon_unlock(d);
     if (x) {
         /* Connect to every member daemon now (a full mesh: each sees every other's loss). A peer
          * that cannot have a record (table full) stays NULL: sending to it fails the collective. */
@@ -736,10 +748,9 @@ static bool is_member_node(const colld_xcomm_t *x, const char *addr)
  * ("Who may say what"). The node named is the sender as it authenticated (the message's own
  * node_name is not trusted); the detail is sanitized before it reaches any log, error detail or
  * other node. */
-static void handle_fail(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net__V1__Fail *f,
-                        colld_reply_t **replies)
+static void handle_fail(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net__V1__Fail *f)
 {
-    colld_cluster_t *cl = d->cluster;
+    colld_cluster_t *cl = colld_cluster_of(d);
     const char *sender = sender_addr(d, p);
     colld_status_t st = f->status < 0 && f->status >= COLLD_ERR_INTERNAL ? (colld_status_t)f->status
                                                                            : COLLD_ERR_INTERNAL;
@@ -749,15 +760,17 @@ static void handle_fail(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net
     /* say which node saw it: with a cut link, each end reports the other one lost */
     snprintf(why, sizeof(why), "on node %s: %s", node, detail);
     if (f->xid) {
-        for (colld_dcomm_t *c = d->comms; c; c = c->next)
-            if (c->x && c->x->formed && c->x->xid == f->xid) {
-                if (p && !is_member_node(c->x, sender)) {
+        for (colld_dcomm_t *c = d->comms; c; c = c->next) {
+            const colld_xcomm_t *x = colld_xcomm(c);
+            if (x && x->formed && x->xid == f->xid) {
+                if (p && !is_member_node(x, sender)) {
                     colld_cluster_log_bad(cl, "Fail from %s for a communicator it is not a member of", sender);
                     return;
                 }
-                break_from_peer(d, c, st, f->rank >= 0 && f->rank < c->nranks ? f->rank : -1, why, replies);
+                break_from_peer(d, c, st, f->rank >= 0 && f->rank < c->nranks ? f->rank : -1, why);
                 break;
             }
+        }
         return;
     }
     if (f->unique_id.len != COLLD_WIRE_UNIQUE_ID_BYTES) {
@@ -777,13 +790,14 @@ static void handle_fail(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net
             return;
         }
     colld_dcomm_t *c = joining_comm(d, f->unique_id.data, (uid_t)f->tenant);
-    if (!c)
+    colld_xcomm_t *x = c ? colld_xcomm(c) : NULL;
+    if (!x)
         return;
-    if (strcmp(c->x->root_addr, sender) != 0) {
-        colld_cluster_log_bad(cl, "Fail from %s for a forming communicator whose root is %s", sender, c->x->root_addr);
+    if (strcmp(x->root_addr, sender) != 0) {
+        colld_cluster_log_bad(cl, "Fail from %s for a forming communicator whose root is %s", sender, x->root_addr);
         return;
     }
-    break_from_peer(d, c, st, f->rank >= 0 && f->rank < c->nranks ? f->rank : -1, why, replies);
+    break_from_peer(d, c, st, f->rank >= 0 && f->rank < c->nranks ? f->rank : -1, why);
 }
 
 /* Ready arrived (network thread). */
@@ -792,7 +806,7 @@ static void handle_ready(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Ne
     colld_dcomm_t *c = colld_cluster_pin(d, m->xid);
     if (!c)
         return;
-    colld_xcomm_t *x = c->x;
+    colld_xcomm_t *x = colld_xcomm(c);
     int node = -1;
     for (int i = 0; i < x->nnodes; i++)
         if (i != x->self && strcmp(x->node_addr[i], colld_net_peer_addr(p)) == 0)
@@ -810,10 +824,9 @@ static void handle_ctrl(colld_daemon_t *d, colld_net_peer_t *p, const void *buf,
 {
     Colld__Net__V1__Msg *m = colld__net__v1__msg__unpack(NULL, len, buf);
     if (!m) {
-        colld_cluster_log_bad(d->cluster, "undecodable message from %s", sender_addr(d, p));
+        colld_cluster_log_bad(colld_cluster_of(d), "undecodable message from %s", sender_addr(d, p));
         return;
     }
-    colld_reply_t *replies = NULL;
     switch (m->m_case) {
     case COLLD__NET__V1__MSG__M_JOIN:
         pthread_mutex_lock(&d->lock);
@@ -825,8 +838,8 @@ static void handle_ctrl(colld_daemon_t *d, colld_net_peer_t *p, const void *buf,
         break;
     case COLLD__NET__V1__MSG__M_FAIL:
         pthread_mutex_lock(&d->lock);
-        handle_fail(d, p, m->fail, &replies);
-        pthread_mutex_unlock(&d->lock);
+        handle_fail(d, p, m->fail);
+        colld_daemon_unlock(d);
         break;
     case COLLD__NET__V1__MSG__M_READY:
         if (p)
@@ -835,7 +848,6 @@ static void handle_ctrl(colld_daemon_t *d, colld_net_peer_t *p, const void *buf,
     default:
         break;
     }
-    colld_replies_send(replies);
     colld__net__v1__msg__free_unpacked(m, NULL);
 }
 
@@ -852,9 +864,8 @@ static void on_peer_up(void *arg, colld_net_peer_t *p)
 static void on_peer_lost(void *arg, colld_net_peer_t *p, const char *why)
 {
     colld_daemon_t *d = arg;
-    colld_cluster_t *cl = d->cluster;
+    colld_cluster_t *cl = colld_cluster_of(d);
     const char *addr = colld_net_peer_addr(p);
-    colld_reply_t *replies = NULL;
     char detail[COLLD_DETAIL_LEN];
     LOG_WARN(NET, "peer %s (%s) lost: %s", colld_net_peer_name(p), addr, why);
     pthread_mutex_lock(&d->lock);
@@ -862,18 +873,18 @@ static void on_peer_lost(void *arg, colld_net_peer_t *p, const char *why)
     colld_dcomm_t *c = d->comms;
     while (c) {
         colld_dcomm_t *following = c->next; /* a dissolved communicator may be freed */
-        colld_xcomm_t *x = c->x;
+        colld_xcomm_t *x = colld_xcomm(c);
         if (x && x->formed && (c->state == COLLD_COMM_READY || c->state == COLLD_COMM_CLOSING)) {
             for (int i = 0; i < x->nnodes; i++)
                 if (i != x->self && strcmp(x->node_addr[i], addr) == 0) {
                     snprintf(detail, sizeof(detail), "node %s (%s) lost: %s", x->node_name[i], addr, why);
-                    colld_comm_break(d, c, COLLD_ERR_NODE_LOST, -1, detail, &replies);
+                    colld_comm_break(d, c, COLLD_ERR_NODE_LOST, -1, detail);
                     break;
                 }
         } else if (x && !x->formed && c->state == COLLD_COMM_JOINING && strcmp(x->root_addr, addr) == 0) {
             snprintf(detail, sizeof(detail), "the root daemon of this communicator (%s) is unreachable: %s", addr,
                      why);
-            break_from_peer(d, c, COLLD_ERR_NODE_LOST, -1, detail, &replies);
+            break_from_peer(d, c, COLLD_ERR_NODE_LOST, -1, detail);
         }
         c = following;
     }
@@ -890,8 +901,7 @@ static void on_peer_lost(void *arg, colld_net_peer_t *p, const char *why)
         j = following;
     }
     cl->lost_addr = NULL;
-    pthread_mutex_unlock(&d->lock);
-    colld_replies_send(replies);
+    colld_daemon_unlock(d);
     colld_xcoll_tick(d);
 }
 
@@ -910,10 +920,12 @@ static bool on_peer_unused(void *arg, colld_net_peer_t *p)
     colld_daemon_t *d = arg;
     bool used = false;
     pthread_mutex_lock(&d->lock);
-    for (colld_dcomm_t *c = d->comms; c && !used; c = c->next)
-        if (c->x && c->x->formed && c->x->peers)
-            for (int i = 0; i < c->x->nnodes && !used; i++)
-                used = c->x->peers[i] == p;
+    for (colld_dcomm_t *c = d->comms; c && !used; c = c->next) {
+        const colld_xcomm_t *x = colld_xcomm(c);
+        if (x && x->formed && x->peers)
+            for (int i = 0; i < x->nnodes && !used; i++)
+                used = x->peers[i] == p;
+    }
     pthread_mutex_unlock(&d->lock);
     return !used;
 }
@@ -932,7 +944,7 @@ static void on_ctrl(void *arg, colld_net_peer_t *p, const void *payload, size_t 
 static void check_xjoins(colld_daemon_t *d)
 {
     uint64_t now = colld_now_ns();
-    xjoin_t *j = d->cluster->xjoins;
+    xjoin_t *j = colld_cluster_of(d)->xjoins;
     while (j) {
         xjoin_t *following = j->next;
         if (now >= j->deadline_ns) {
@@ -951,7 +963,7 @@ static void check_xjoins(colld_daemon_t *d)
 static void on_tick(void *arg)
 {
     colld_daemon_t *d = arg;
-    colld_cluster_t *cl = d->cluster;
+    colld_cluster_t *cl = colld_cluster_of(d);
     pthread_mutex_lock(&d->lock);
     cjob_t *jobs = cl->inbox;
     cl->inbox = cl->inbox_tail = NULL;
@@ -1032,8 +1044,11 @@ static colld_net_config_t net_config(colld_daemon_t *d, colld_cluster_t *cl)
     };
 }
 
-int colld_cluster_start(colld_daemon_t *d)
+/* The net backend's start: the peer transport when --listen is set (absent otherwise). Returns 0,
+ * or -1 when the daemon cannot serve peers as configured. */
+static int net_start(colld_backend_t *b)
 {
+    colld_daemon_t *d = b->d;
     if (!d->cfg.listen || !*d->cfg.listen)
         return 0;
     if (!d->cfg.secret_file || !*d->cfg.secret_file) {
@@ -1061,10 +1076,12 @@ int colld_cluster_start(colld_daemon_t *d)
     nc.secret = secret;
     nc.secret_len = (size_t)slen;
     char err[256];
-    d->cluster = cl; /* the thread's callbacks find it there */
+    b->state = cl; /* the thread's callbacks find it there */
+    b->present = true;
     if (colld_net_start(&nc, &cl->net, err, sizeof(err)) < 0) {
         LOG_ERROR(NET, "cannot listen for peer daemons on %s: %s", d->cfg.listen, err);
-        d->cluster = NULL;
+        b->state = NULL;
+        b->present = false;
         free(cl);
         memset(secret, 0, sizeof(secret));
         return -1;
@@ -1078,6 +1095,9 @@ int colld_cluster_start(colld_daemon_t *d)
 int colld__cluster_start_detached(colld_daemon_t *d, const char *self_addr, const char *node_name)
 {
     static const uint8_t secret[] = "detached-cluster-secret-01234567";
+    colld_backend_t *b = colld_backend_find(d, &colld_net_backend);
+    if (!b || b->state)
+        return -1;
     colld_cluster_t *cl = calloc(1, sizeof(*cl));
     if (!cl)
         return -1;
@@ -1088,9 +1108,11 @@ int colld__cluster_start_detached(colld_daemon_t *d, const char *self_addr, cons
     nc.secret = secret;
     nc.secret_len = sizeof(secret) - 1;
     char err[256];
-    d->cluster = cl;
+    b->state = cl;
+    b->present = true;
     if (colld__tcp_net_detached(&nc, &cl->net, err, sizeof(err)) < 0) {
-        d->cluster = NULL;
+        b->state = NULL;
+        b->present = false;
         free(cl);
         return -1;
     }
@@ -1100,7 +1122,8 @@ int colld__cluster_start_detached(colld_daemon_t *d, const char *self_addr, cons
 
 void colld_cluster_stop(colld_daemon_t *d)
 {
-    colld_cluster_t *cl = d->cluster;
+    colld_backend_t *b = colld_backend_find(d, &colld_net_backend);
+    colld_cluster_t *cl = b ? b->state : NULL;
     if (!cl)
         return;
     colld_net_stop(cl->net); /* no callback runs after this */
@@ -1121,15 +1144,22 @@ void colld_cluster_stop(colld_daemon_t *d)
         cl->xjoins = j->next;
         xjoin_free(j);
     }
-    d->cluster = NULL;
+    b->state = NULL;
+    b->present = false;
     pthread_mutex_unlock(&d->lock);
     free(cl);
 }
 
+static void net_stop(colld_backend_t *b)
+{
+    colld_cluster_stop(b->d);
+}
+
+/* Peers and counters for collctl status and the metrics (see net.h). */
 size_t colld_cluster_peers(colld_daemon_t *d, colld_net_peer_info_t *out, size_t max, uint64_t *sent,
                            uint64_t *received, uint64_t *refused)
 {
-    colld_cluster_t *cl = d->cluster;
+    colld_cluster_t *cl = colld_cluster_of(d);
     *sent = *received = *refused = 0;
     if (!cl)
         return 0;
@@ -1139,42 +1169,81 @@ size_t colld_cluster_peers(colld_daemon_t *d, colld_net_peer_info_t *out, size_t
     return colld_net_peers(cl->net, out, max);
 }
 
+/* Close the connections to a peer (operator, tests). Returns 0 or -1 (no such peer up). */
 int colld_cluster_disconnect(colld_daemon_t *d, const char *peer)
 {
-    if (!d->cluster)
+    if (!colld_cluster_of(d))
         return -1;
-    return colld_net_disconnect(d->cluster->net, peer);
+    return colld_net_disconnect(colld_cluster_of(d)->net, peer);
 }
 
-int colld_net_algo_parse(const char *text)
+/* This daemon's node name ("" without --listen). */
+const char *colld_cluster_node_name(const colld_daemon_t *d)
 {
-    if (!text || !*text || strcmp(text, "auto") == 0)
-        return COLLD_NET_ALGO_AUTO;
-    if (strcmp(text, "ring") == 0)
-        return COLLD_NET_ALGO_RING;
-    if (strcmp(text, "rd") == 0)
-        return COLLD_NET_ALGO_RD;
-    return -1;
+    return colld_cluster_of(d) ? colld_cluster_of(d)->node_name : "";
 }
 
-const char *colld_net_algo_name(int algo)
+/* The address peers reach this daemon at ("" without --listen). */
+const char *colld_cluster_listen_addr(const colld_daemon_t *d)
 {
-    switch (algo) {
-    case COLLD_NET_ALGO_RING:
-        return "ring";
-    case COLLD_NET_ALGO_RD:
-        return "rd";
-    default:
-        return "auto";
+    return colld_cluster_of(d) ? colld_cluster_of(d)->self_addr : "";
+}
+
+/* ============================================================================================
+ * The backend
+ * ========================================================================================== */
+
+/* It runs every collective of the communicators it forms (those spanning nodes). */
+static bool net_claims(const colld_backend_t *b, const colld_dcomm_t *c, const colld_wire_sqe_t *sqe)
+{
+    (void)sqe;
+    return c->former == b;
+}
+
+/* The startup banner says where peers reach this daemon. */
+static void net_describe(const colld_backend_t *b, char *buf, size_t len)
+{
+    const colld_cluster_t *cl = b->state;
+    if (cl)
+        snprintf(buf, len, "node %s listening for peer daemons on %s", cl->node_name, cl->self_addr);
+    else if (len)
+        buf[0] = '\0';
+}
+
+/* A communicator it forms failed here (dissolved, closed or broken): the other nodes hear of it. */
+static void net_on_faulted(colld_daemon_t *d, colld_dcomm_t *c, colld_fault_t how, int rank, const char *detail)
+{
+    (void)how;
+    if (colld_xcomm(c))
+        cluster_comm_failed(d, c, c->error, rank, detail);
+}
+
+static void net_on_freed(colld_daemon_t *d, colld_dcomm_t *c)
+{
+    (void)d;
+    colld_xcomm_t *x = colld_xcomm(c);
+    if (x) {
+        xcomm_free(x);
+        c->bslot[c->former->slot] = NULL;
     }
 }
 
-const char *colld_cluster_node_name(const colld_daemon_t *d)
-{
-    return d->cluster ? d->cluster->node_name : "";
-}
+static const colld_comm_hooks_t net_hooks = {
+    .name = "net",
+    .faulted = net_on_faulted,
+    .freed = net_on_freed,
+};
 
-const char *colld_cluster_listen_addr(const colld_daemon_t *d)
-{
-    return d->cluster ? d->cluster->self_addr : "";
-}
+const colld_backend_ops_t colld_net_backend = {
+    .name = "net",
+    .start = net_start,
+    .stop = net_stop,
+    .describe = net_describe,
+    .claims = net_claims,
+    .submit = net_submit,
+    .comm_form = net_comm_form,
+    .rank_joined = net_rank_joined,
+    .join_grace_ns = 1000000000ull, /* the root daemon times the join out first and names the missing ranks */
+    .stamp_uid = net_stamp_uid,
+    .hooks = &net_hooks,
+};

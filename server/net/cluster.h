@@ -9,7 +9,7 @@
 #ifndef COLLD_SERVER_CLUSTER_H
 #define COLLD_SERVER_CLUSTER_H
 
-#include "server/core/daemon.h"
+#include "server/net/net.h"
 #include "transport/tcp/tcp.h"
 
 #include <stdatomic.h>
@@ -26,6 +26,8 @@ enum {
 };
 
 typedef struct xcoll xcoll_t;
+typedef struct colld_xcomm colld_xcomm_t;
+typedef struct colld_cluster colld_cluster_t;
 
 /* What one node announced for a sequence number (Ready). */
 typedef struct {
@@ -55,7 +57,14 @@ struct colld_xcomm {
     void *scratch;            /* (net) the collective's buffer, kept for the next one */
     size_t scratch_size;
     colld_coll_t *net_coll;   /* (daemon->lock) the collective running among the nodes, for collctl trace */
+    bool fault_from_peer;     /* (daemon->lock) the fault being recorded came from another node: do not echo it */
 };
+
+/* The multi-node state of a communicator the net backend forms, NULL for any other. */
+static inline colld_xcomm_t *colld_xcomm(const colld_dcomm_t *c)
+{
+    return c->former && c->former->ops == &colld_net_backend ? (colld_xcomm_t *)c->bslot[c->former->slot] : NULL;
+}
 
 /* A message for the network thread: a CTRL message to a daemon (this one included), or a matched
  * collective. */
@@ -101,6 +110,10 @@ struct colld_cluster {
 };
 
 /* ---- cluster.c ---- */
+/* The daemon's cluster (the net backend's state), NULL without --listen. */
+colld_cluster_t *colld_cluster_of(const colld_daemon_t *d);
+/* Stop the transport and end what runs on it (the backend's stop; also for in-process tests). */
+void colld_cluster_stop(colld_daemon_t *d);
 /* The cluster on a detached transport (no listening socket, no thread; see
  * colld__tcp_net_detached), for fuzzers and in-process tests: its caller runs the network
  * thread's passes (colld__tcp_net_step) and hands it peer messages through the transport's

@@ -246,11 +246,9 @@ static void xcoll_fail(xcoll_t *xc, colld_status_t st, const char *detail, bool 
     LOG_INFO(NET, "communicator %llu collective #%llu failed: %s: %s", (unsigned long long)xc->c->id,
              (unsigned long long)xc->sig.seq, colld_status_name(st), detail);
     if (break_comm) {
-        colld_reply_t *replies = NULL;
         pthread_mutex_lock(&xc->d->lock);
-        colld_comm_break(xc->d, xc->c, st, -1, detail, &replies);
-        pthread_mutex_unlock(&xc->d->lock);
-        colld_replies_send(replies);
+        colld_comm_break(xc->d, xc->c, st, -1, detail);
+        colld_daemon_unlock(xc->d);
     }
 }
 
@@ -293,7 +291,7 @@ static void xcoll_start(xcoll_t *xc);
 static void xcoll_end(xcoll_t *xc)
 {
     colld_daemon_t *d = xc->d;
-    colld_cluster_t *cl = d->cluster;
+    colld_cluster_t *cl = colld_cluster_of(d);
     colld_xcomm_t *x = xc->x;
     x->qhead = xc->next;
     if (!x->qhead)
@@ -386,7 +384,7 @@ static void send_now(xcoll_t *xc, int node, const colld_net_hdr_t *h, const uint
         xcoll_fail(xc, COLLD_ERR_NODE_LOST, why, true);
         return;
     }
-    atomic_fetch_add(&xc->d->cluster->payload_sent, h->len);
+    atomic_fetch_add(&colld_cluster_of(xc->d)->payload_sent, h->len);
 }
 
 /* Send [off, off+len) of src to node (one chunk), or hold it until the node is ready. */
@@ -722,7 +720,7 @@ static void xcoll_pump(xcoll_t *xc)
         return;
     }
     if (!stage_done) {
-        colld_net_wake(xc->d->cluster->net); /* the next slice after the sockets had a turn */
+        colld_net_wake(colld_cluster_of(xc->d)->net); /* the next slice after the sockets had a turn */
         return;
     }
     if (xc->stage == STAGE_IN) {
@@ -801,7 +799,7 @@ out:
 
 void colld_xcoll_add(colld_daemon_t *d, colld_coll_t *k)
 {
-    colld_cluster_t *cl = d->cluster;
+    colld_cluster_t *cl = colld_cluster_of(d);
     colld_dcomm_t *c = k->comm;
     xcoll_t *xc = calloc(1, sizeof(*xc));
     if (!xc) {
@@ -815,7 +813,7 @@ void colld_xcoll_add(colld_daemon_t *d, colld_coll_t *k)
     xc->d = d;
     xc->k = k;
     xc->c = c;
-    xc->x = c->x;
+    xc->x = colld_xcomm(c);
     xc->sig = (xsig_t){ .seq = lead->d.seq,
                         .kind = lead->d.kind,
                         .dtype = lead->d.dtype,
@@ -833,7 +831,7 @@ void colld_xcoll_add(colld_daemon_t *d, colld_coll_t *k)
     xc->deadline_ns = first + (uint64_t)c->timeout_ms * 1000000ull;
     xc->rnext = cl->running;
     cl->running = xc;
-    colld_xcomm_t *x = c->x;
+    colld_xcomm_t *x = colld_xcomm(c);
     if (x->qtail)
         x->qtail->next = xc;
     else
@@ -846,7 +844,7 @@ void colld_xcoll_add(colld_daemon_t *d, colld_coll_t *k)
 void colld_xcoll_ready(colld_daemon_t *d, colld_dcomm_t *c, int node, const xsig_t *sig)
 {
     (void)d;
-    colld_xcomm_t *x = c->x;
+    colld_xcomm_t *x = colld_xcomm(c);
     x->ready[node][sig->seq & 1] = *sig;
     xcoll_t *xc = x->qhead;
     if (!xc || !xc->active || xc->sig.seq != sig->seq)
@@ -972,7 +970,7 @@ static bool data_valid(xcoll_t *xc, int from, const colld_net_hdr_t *h, int64_t 
 
 void colld_xcoll_data(colld_daemon_t *d, colld_net_peer_t *p, const colld_net_hdr_t *h, const void *payload)
 {
-    colld_cluster_t *cl = d->cluster;
+    colld_cluster_t *cl = colld_cluster_of(d);
     atomic_fetch_add(&cl->payload_received, h->len);
     xcoll_t *xc = find_xcoll(cl, h->xid, h->seq);
     if (!xc || xc->failed)
@@ -1178,7 +1176,7 @@ static void check_deadlines(xcoll_t *xc, uint64_t now)
 
 void colld_xcoll_tick(colld_daemon_t *d)
 {
-    colld_cluster_t *cl = d->cluster;
+    colld_cluster_t *cl = colld_cluster_of(d);
     uint64_t now = colld_now_ns();
     /* Collect first: ending a collective changes the list. */
     int n = 0;
@@ -1214,7 +1212,7 @@ void colld_xcoll_tick(colld_daemon_t *d)
 
 void colld_xcoll_abort_all(colld_daemon_t *d)
 {
-    colld_cluster_t *cl = d->cluster;
+    colld_cluster_t *cl = colld_cluster_of(d);
     while (cl->running) {
         xcoll_t *xc = cl->running;
         xc->failed = true;

@@ -17,6 +17,8 @@
  * wrapper's wake-up (sub_writable) runs under the wrapper's lock and takes events->mu, so the pump
  * never calls the wrapper with events->mu held.
  */
+#include "server/observability/events.h"
+
 #include "server/core/daemon.h"
 #include "server/core/tenant.h"
 
@@ -72,6 +74,7 @@ struct colld_events {
     pthread_t thread;
 };
 
+/* "timeout", "peer_lost", "mismatch", "abort", else "op_failed". */
 const char *colld_event_type_of(colld_status_t st)
 {
     switch (st) {
@@ -88,6 +91,7 @@ const char *colld_event_type_of(colld_status_t st)
     }
 }
 
+/* Record an event (see events.h): the oldest record is overwritten when the ring is full. */
 void colld_event(colld_daemon_t *d, const char *type, const colld_dcomm_t *c, int rank, pid_t pid,
                  uint64_t session_id, uid_t uid, colld_status_t st, const char *fmt, ...)
 {
@@ -293,6 +297,7 @@ static void *pump_main(void *arg)
     return NULL;
 }
 
+/* Make the backlog and start the pump thread. Returns 0 or -1 (no memory, no thread). */
 int colld_events_start(colld_daemon_t *d)
 {
     colld_events_t *ev = calloc(1, sizeof(*ev));
@@ -320,6 +325,7 @@ int colld_events_start(colld_daemon_t *d)
     return 0;
 }
 
+/* End every stream and the pump, free the backlog. */
 void colld_events_stop(colld_daemon_t *d)
 {
     pthread_mutex_lock(&d->lock);
@@ -343,10 +349,12 @@ void colld_events_stop(colld_daemon_t *d)
     free(ev);
 }
 
+/* A new Events stream: charged to its tenant (operators are not held to the limit), placed in the
+ * backlog as asked, served by the pump. */
 void colld_events_subscribe(colld_daemon_t *d, colld_rpc_call_t *call, bool follow, uint32_t backlog,
                             bool only_new, bool admin, uid_t uid)
 {
-    char detail[COLLD_DETAIL_LEN];
+    colld_err_t err = COLLD_ERR_INIT;
     pthread_mutex_lock(&d->lock);
     colld_events_t *ev = d->events;
     sub_t *s = ev ? calloc(1, sizeof(*s)) : NULL;
@@ -356,11 +364,11 @@ void colld_events_subscribe(colld_daemon_t *d, colld_rpc_call_t *call, bool foll
                          ev ? "colld daemon out of memory" : "the colld daemon is shutting down");
         return;
     }
-    if (!admin && colld_tenant_charge(d, uid, COLLD_LIMIT_FOLLOWERS, 1, detail, sizeof(detail)) != COLLD_OK) {
+    if (!admin && colld_tenant_charge(d, uid, COLLD_LIMIT_FOLLOWERS, 1, &err) != COLLD_OK) {
         pthread_mutex_unlock(&d->lock);
         free(s);
-        LOG_WARN_RL(RPC, "refusing an event stream: %s", detail);
-        colld_rpc_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, detail);
+        LOG_WARN_RL(RPC, "refusing an event stream: %s", err.msg);
+        colld_rpc_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, err.msg);
         return;
     }
     s->charged = !admin;
@@ -383,3 +391,42 @@ void colld_events_subscribe(colld_daemon_t *d, colld_rpc_call_t *call, bool foll
     pthread_mutex_unlock(&ev->mu);
     pthread_mutex_unlock(&d->lock);
 }
+
+/* ============================================================================================
+ * The module's hooks: what happens to communicators
+ * ========================================================================================== */
+
+static void events_formed(colld_daemon_t *d, colld_dcomm_t *c)
+{
+    colld_event(d, "comm_created", c, -1, 0, 0, c->tenant, COLLD_OK, "%d ranks, timeout %d ms", c->nranks,
+                c->timeout_ms);
+}
+
+/* A fault (a rank closing its handle is not one): the rank at fault and its process, if known. */
+static void events_faulted(colld_daemon_t *d, colld_dcomm_t *c, colld_fault_t how, int rank, const char *detail)
+{
+    colld_status_t st = c->error;
+    if (how == COLLD_FAULT_DISSOLVED) {
+        colld_event(d, colld_event_type_of(st), c, rank, colld_comm_rank_pid(c, rank), 0, c->tenant, st,
+                    "while forming: %s", detail);
+        return;
+    }
+    if (how == COLLD_FAULT_BROKEN)
+        colld_event(d, colld_event_type_of(st), c, rank, rank >= 0 ? c->ranks[rank].pid : 0,
+                    rank >= 0 && c->ranks[rank].session ? c->ranks[rank].session->id : 0, c->tenant, st, "%s",
+                    detail);
+}
+
+static void events_freed(colld_daemon_t *d, colld_dcomm_t *c)
+{
+    colld_event(d, "comm_destroyed", c, -1, 0, 0, c->tenant, c->error,
+                "%s after %llu collectives completed, %llu failed", colld_comm_state_name(c->state),
+                (unsigned long long)c->ops_completed, (unsigned long long)c->ops_failed);
+}
+
+const colld_comm_hooks_t colld_events_hooks = {
+    .name = "events",
+    .formed = events_formed,
+    .faulted = events_faulted,
+    .freed = events_freed,
+};

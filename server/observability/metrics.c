@@ -29,6 +29,11 @@
  */
 #include "server/observability/metrics.h"
 
+#include "server/control/control.h"
+#include "server/core/counters.h"
+#include "server/net/net.h"
+#include "server/observability/recorder.h"
+
 #include "common/log.h"
 #include "common/util.h"
 #include "server/core/daemon.h"
@@ -58,101 +63,13 @@
 #define METRICS_MAX_PEERS 1024    /* peer daemons listed one by one */
 
 /* ============================================================================================
- * Label spaces
- * ========================================================================================== */
-
-/* Collective kinds: colld_kind_t is 1..5; everything else is "unknown" (the last index). */
-static const char *const kind_labels[] = { "allreduce", "broadcast", "reduce", "allgather", "reducescatter",
-                                           "unknown" };
-#define NKIND ((unsigned)COLLD_ARRAY_SIZE(kind_labels))
-
-/* Data types: colld_dtype_t is 0..9; everything else is "unknown" (the last index). */
-static const char *const dtype_labels[] = { "int8",    "uint8",    "int32",   "uint32",  "int64", "uint64",
-                                            "float16", "bfloat16", "float32", "float64", "unknown" };
-#define NDTYPE ((unsigned)COLLD_ARRAY_SIZE(dtype_labels))
-
-/* Statuses: a dense index per entry of COLLD_STATUS_LIST, plus one for values not in the list. */
-enum {
-#define STATUS_INDEX_(name, value, text) STATUS_IDX_##name,
-    COLLD_STATUS_LIST(STATUS_INDEX_)
-#undef STATUS_INDEX_
-        NSTATUS_KNOWN
-};
-#define NSTATUS (NSTATUS_KNOWN + 1)
-
-static const colld_status_t status_values[NSTATUS_KNOWN] = {
-#define STATUS_VALUE_(name, value, text) COLLD_##name,
-    COLLD_STATUS_LIST(STATUS_VALUE_)
-#undef STATUS_VALUE_
-};
-
-static unsigned status_index(colld_status_t st)
-{
-    switch (st) {
-#define STATUS_CASE_(name, value, text)                                                            \
-    case COLLD_##name:                                                                             \
-        return STATUS_IDX_##name;
-        COLLD_STATUS_LIST(STATUS_CASE_)
-#undef STATUS_CASE_
-    }
-    return NSTATUS_KNOWN;
-}
-
-static const char *status_label(unsigned idx)
-{
-    return idx < NSTATUS_KNOWN ? colld_status_name(status_values[idx]) : "COLLD_ERR_UNKNOWN";
-}
-
-static unsigned kind_index(unsigned kind)
-{
-    return kind >= COLLD_KIND_ALLREDUCE && kind <= COLLD_KIND_REDUCESCATTER ? kind - COLLD_KIND_ALLREDUCE
-                                                                              : NKIND - 1;
-}
-
-static unsigned dtype_index(unsigned dtype)
-{
-    return dtype < COLLD_DTYPE_COUNT ? dtype : NDTYPE - 1;
-}
-
-/* Latency buckets (upper bounds, inclusive): 1-2.5-5 per decade from 1 us to 10 s. */
-static const struct {
-    uint64_t ns;
-    const char *le;
-} buckets[] = {
-    { 1000ull, "1e-06" },       { 2500ull, "2.5e-06" },      { 5000ull, "5e-06" },
-    { 10000ull, "1e-05" },      { 25000ull, "2.5e-05" },     { 50000ull, "5e-05" },
-    { 100000ull, "0.0001" },    { 250000ull, "0.00025" },    { 500000ull, "0.0005" },
-    { 1000000ull, "0.001" },    { 2500000ull, "0.0025" },    { 5000000ull, "0.005" },
-    { 10000000ull, "0.01" },    { 25000000ull, "0.025" },    { 50000000ull, "0.05" },
-    { 100000000ull, "0.1" },    { 250000000ull, "0.25" },    { 500000000ull, "0.5" },
-    { 1000000000ull, "1" },     { 2500000000ull, "2.5" },    { 5000000000ull, "5" },
-    { 10000000000ull, "10" },
-};
-#define NBUCKET ((unsigned)COLLD_ARRAY_SIZE(buckets))
-
-/* ============================================================================================
  * The object
  * ========================================================================================== */
 
 typedef struct http_conn http_conn_t;
 static int accept_one(colld_metrics_t *m);
 
-typedef struct {
-    uint64_t bucket[NBUCKET + 1]; /* per bucket, not cumulative; the last one is > 10 s */
-    uint64_t sum_ns;
-    uint64_t count;
-} latency_hist_t;
-
 struct colld_metrics {
-    /* Counters: daemon->lock. */
-    uint64_t ops[NKIND][NDTYPE][NSTATUS];
-    uint64_t bytes[NKIND][NDTYPE][NSTATUS];
-    latency_hist_t latency[NKIND];
-    uint64_t comm_errors[NSTATUS];
-    uint64_t sessions_opened;
-    uint64_t comms_formed;
-    uint64_t created_ns; /* for colld_uptime_seconds */
-
     /* The HTTP endpoint: loop thread only. */
     colld_daemon_t *daemon;
     uv_tcp_t server;
@@ -166,19 +83,18 @@ struct colld_metrics {
     uint64_t evicted;      /* connections closed to make room for a new one */
 };
 
-/* Create the counters. */
+/* Create the endpoint's object (not serving yet). */
 int colld_metrics_create(colld_daemon_t *d)
 {
     colld_metrics_t *m = calloc(1, sizeof(*m));
     if (!m)
         return -1;
     m->daemon = d;
-    m->created_ns = colld_now_ns();
     d->metrics = m;
     return 0;
 }
 
-/* Free the counters; the endpoint must be stopped and the loop run since (its handles closed). */
+/* Free it; the endpoint must be stopped and the loop run since (its handles closed). */
 void colld_metrics_destroy(colld_daemon_t *d)
 {
     free(d->metrics);
@@ -193,62 +109,6 @@ const char *colld_metrics_url(const colld_daemon_t *d)
 const char *colld_metrics_error(const colld_daemon_t *d)
 {
     return d->metrics && d->metrics->error[0] ? d->metrics->error : "unknown reason";
-}
-
-/* ============================================================================================
- * Counter updates (daemon->lock held)
- * ========================================================================================== */
-
-void colld_metrics_op(colld_daemon_t *d, unsigned kind, unsigned dtype, uint64_t bytes, colld_status_t st)
-{
-    colld_metrics_t *m = d->metrics;
-    if (!m)
-        return;
-    unsigned k = kind_index(kind), t = dtype_index(dtype), s = status_index(st);
-    m->ops[k][t][s]++;
-    m->bytes[k][t][s] += bytes;
-}
-
-void colld_metrics_ops_add(colld_daemon_t *d, unsigned kind, unsigned dtype, uint64_t n, uint64_t bytes)
-{
-    colld_metrics_t *m = d->metrics;
-    if (!m)
-        return;
-    unsigned k = kind_index(kind), t = dtype_index(dtype), s = status_index(COLLD_OK);
-    m->ops[k][t][s] += n;
-    m->bytes[k][t][s] += bytes;
-}
-
-void colld_metrics_latency(colld_daemon_t *d, unsigned kind, uint64_t ns)
-{
-    colld_metrics_t *m = d->metrics;
-    if (!m)
-        return;
-    latency_hist_t *h = &m->latency[kind_index(kind)];
-    unsigned b = 0;
-    while (b < NBUCKET && ns > buckets[b].ns)
-        b++;
-    h->bucket[b]++;
-    h->sum_ns += ns;
-    h->count++;
-}
-
-void colld_metrics_comm_error(colld_daemon_t *d, colld_status_t st)
-{
-    if (d->metrics)
-        d->metrics->comm_errors[status_index(st)]++;
-}
-
-void colld_metrics_session_opened(colld_daemon_t *d)
-{
-    if (d->metrics)
-        d->metrics->sessions_opened++;
-}
-
-void colld_metrics_comm_formed(colld_daemon_t *d)
-{
-    if (d->metrics)
-        d->metrics->comms_formed++;
 }
 
 /* ============================================================================================
@@ -384,7 +244,7 @@ typedef struct {
 static void read_peers(colld_daemon_t *d, peer_snapshot_t *ps)
 {
     memset(ps, 0, sizeof(*ps));
-    if (!d->cluster)
+    if (!colld_cluster_running(d))
         return;
     ps->peers = calloc(METRICS_MAX_PEERS, sizeof(*ps->peers));
     if (!ps->peers)
@@ -570,14 +430,15 @@ static void render_stragglers(colld_daemon_t *d, textbuf_t *b)
 
 /* Write "<name>{kind=..,dtype=..,status=..} v" for every nonzero cell of a kind x dtype x status
  * table. */
-static void render_op_table(textbuf_t *b, const char *name, uint64_t (*t)[NDTYPE][NSTATUS])
+static void render_op_table(textbuf_t *b, const char *name, uint64_t (*t)[COLLD_COUNT_NDTYPE][COLLD_COUNT_NSTATUS])
 {
-    for (unsigned k = 0; k < NKIND; k++)
-        for (unsigned y = 0; y < NDTYPE; y++)
-            for (unsigned s = 0; s < NSTATUS; s++)
+    for (unsigned k = 0; k < COLLD_COUNT_NKIND; k++)
+        for (unsigned y = 0; y < COLLD_COUNT_NDTYPE; y++)
+            for (unsigned s = 0; s < COLLD_COUNT_NSTATUS; s++)
                 if (t[k][y][s])
-                    tb_printf(b, "%s{kind=\"%s\",dtype=\"%s\",status=\"%s\"} %llu\n", name, kind_labels[k],
-                              dtype_labels[y], status_label(s), (unsigned long long)t[k][y][s]);
+                    tb_printf(b, "%s{kind=\"%s\",dtype=\"%s\",status=\"%s\"} %llu\n", name,
+                              colld_count_kind_label(k), colld_count_dtype_label(y), colld_count_status_label(s),
+                              (unsigned long long)t[k][y][s]);
 }
 
 /* Connections and what the daemon refused to protect itself: the control socket's connections,
@@ -614,7 +475,7 @@ static void render_connections(colld_daemon_t *d, textbuf_t *b)
 /* Render every metric (daemon->lock held by the caller). */
 static void render(colld_daemon_t *d, const process_info_t *p, const peer_snapshot_t *ps, textbuf_t *b)
 {
-    colld_metrics_t *m = d->metrics;
+    colld_counters_t *m = d->counters;
     state_gauges_t g;
     walk_state(d, &g);
 
@@ -639,9 +500,9 @@ static void render(colld_daemon_t *d, const process_info_t *p, const peer_snapsh
     tb_printf(b, "colld_comms_formed_total %llu\n", (unsigned long long)m->comms_formed);
     tb_family(b, "colld_comm_errors_total", "counter",
               "Communicators broken since the daemon started, by the status of their first fault.");
-    for (unsigned s = 0; s < NSTATUS; s++)
-        if ((s < NSTATUS_KNOWN && status_values[s] < 0) || m->comm_errors[s])
-            tb_printf(b, "colld_comm_errors_total{status=\"%s\"} %llu\n", status_label(s),
+    for (unsigned s = 0; s < COLLD_COUNT_NSTATUS; s++)
+        if (colld_count_status_is_error(s) || m->comm_errors[s])
+            tb_printf(b, "colld_comm_errors_total{status=\"%s\"} %llu\n", colld_count_status_label(s),
                       (unsigned long long)m->comm_errors[s]);
 
     tb_family(b, "colld_operations_total", "counter",
@@ -654,21 +515,22 @@ static void render(colld_daemon_t *d, const process_info_t *p, const peer_snapsh
 
     tb_family(b, "colld_collective_latency_seconds", "histogram",
               "Executed collectives: time from the first rank's arrival to completion, by kind.");
-    for (unsigned k = 0; k < NKIND; k++) {
-        const latency_hist_t *h = &m->latency[k];
+    for (unsigned k = 0; k < COLLD_COUNT_NKIND; k++) {
+        const colld_latency_hist_t *h = &m->latency[k];
+        const char *kind = colld_count_kind_label(k);
         if (!h->count)
             continue;
         uint64_t cum = 0;
-        for (unsigned i = 0; i < NBUCKET; i++) {
+        for (unsigned i = 0; i < COLLD_COUNT_NBUCKET; i++) {
             cum += h->bucket[i];
-            tb_printf(b, "colld_collective_latency_seconds_bucket{kind=\"%s\",le=\"%s\"} %llu\n", kind_labels[k],
-                      buckets[i].le, (unsigned long long)cum);
+            tb_printf(b, "colld_collective_latency_seconds_bucket{kind=\"%s\",le=\"%s\"} %llu\n", kind,
+                      colld_count_bucket_le(i), (unsigned long long)cum);
         }
-        tb_printf(b, "colld_collective_latency_seconds_bucket{kind=\"%s\",le=\"+Inf\"} %llu\n", kind_labels[k],
+        tb_printf(b, "colld_collective_latency_seconds_bucket{kind=\"%s\",le=\"+Inf\"} %llu\n", kind,
                   (unsigned long long)h->count);
-        tb_printf(b, "colld_collective_latency_seconds_sum{kind=\"%s\"} %llu.%09llu\n", kind_labels[k],
+        tb_printf(b, "colld_collective_latency_seconds_sum{kind=\"%s\"} %llu.%09llu\n", kind,
                   (unsigned long long)(h->sum_ns / 1000000000ull), (unsigned long long)(h->sum_ns % 1000000000ull));
-        tb_printf(b, "colld_collective_latency_seconds_count{kind=\"%s\"} %llu\n", kind_labels[k],
+        tb_printf(b, "colld_collective_latency_seconds_count{kind=\"%s\"} %llu\n", kind,
                   (unsigned long long)h->count);
     }
 
@@ -919,7 +781,7 @@ static void conn_respond_ready(http_conn_t *c, bool head)
         { !d->sessions_l.open, "the session socket is not listening" },
         { !d->rpc, "the control plane is not serving" },
         { !d->engine_running, "the engine is not running" },
-        { d->cfg.listen && *d->cfg.listen && !d->cluster, "the peer listener (--listen) is not up" },
+        { d->cfg.listen && *d->cfg.listen && !colld_cluster_running(d), "the peer listener (--listen) is not up" },
     };
     for (size_t i = 0; i < COLLD_ARRAY_SIZE(checks); i++)
         if (checks[i].bad)
@@ -1298,3 +1160,27 @@ void colld_metrics_stop(colld_daemon_t *d)
     for (http_conn_t *c = m->conns; c; c = c->next)
         conn_close(c);
 }
+
+/* ============================================================================================
+ * The module's hooks: communicators formed and broken, counted
+ * ========================================================================================== */
+
+static void metrics_formed(colld_daemon_t *d, colld_dcomm_t *c)
+{
+    (void)c;
+    colld_count_comm_formed(d);
+}
+
+/* Counted once per communicator, by the status of its first fault (a rank closing is not one). */
+static void metrics_faulted(colld_daemon_t *d, colld_dcomm_t *c, colld_fault_t how, int rank, const char *detail)
+{
+    (void)rank, (void)detail;
+    if (how != COLLD_FAULT_CLOSED)
+        colld_count_comm_error(d, c->error);
+}
+
+const colld_comm_hooks_t colld_metrics_hooks = {
+    .name = "metrics",
+    .formed = metrics_formed,
+    .faulted = metrics_faulted,
+};

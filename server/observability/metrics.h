@@ -1,10 +1,7 @@
 /*
- * metrics.h - the daemon's Prometheus metrics: counters kept under daemon->lock by the engine
- * and the communicator registry, and an HTTP endpoint (GET /metrics, text exposition format
- * 0.0.4) served by the daemon's libuv loop when --metrics HOST:PORT is given.
- *
- * The counters exist whether or not the endpoint is enabled (they cost a few adds per operation).
- * Every colld_metrics_* update function is called with daemon->lock held.
+ * metrics.h - the daemon's Prometheus metrics: an HTTP endpoint (GET /metrics, text exposition
+ * format 0.0.4) served by the daemon's libuv loop when --metrics HOST:PORT is given, showing the
+ * core's counters (server/core/counters.h) and gauges walked from the daemon's state.
  */
 #ifndef COLLD_SERVER_METRICS_H
 #define COLLD_SERVER_METRICS_H
@@ -17,24 +14,13 @@
 typedef struct colld_daemon colld_daemon_t;
 typedef struct colld_metrics colld_metrics_t;
 
-/* Allocate the counters (d->metrics). Returns 0 or -1 (no memory). */
+/* Create the endpoint's object (d->metrics), not serving yet. Returns 0 or -1 (no memory). */
 int colld_metrics_create(colld_daemon_t *d);
-/* Free the counters. NULL-safe. */
+/* Free it. NULL-safe. */
 void colld_metrics_destroy(colld_daemon_t *d);
 
-/* One rank's operation finished (executed or failed), counted per posted descriptor.
- * kind/dtype may be out of range for garbage descriptors: they are counted under "unknown".
- * bytes: the operation's payload per rank (count x dtype size), 0 when unknown. */
-void colld_metrics_op(colld_daemon_t *d, unsigned kind, unsigned dtype, uint64_t bytes, colld_status_t st);
-/* n successful operations moving `bytes` in all (collectives the ranks ran on a fast area). */
-void colld_metrics_ops_add(colld_daemon_t *d, unsigned kind, unsigned dtype, uint64_t n, uint64_t bytes);
-/* One collective executed: latency from its first rank's arrival to its completion. */
-void colld_metrics_latency(colld_daemon_t *d, unsigned kind, uint64_t ns);
-/* A communicator broke with this error (counted once per communicator, the first fault). */
-void colld_metrics_comm_error(colld_daemon_t *d, colld_status_t st);
-/* Sessions attached since start, communicators formed since start. */
-void colld_metrics_session_opened(colld_daemon_t *d);
-void colld_metrics_comm_formed(colld_daemon_t *d);
+/* The module: what the metrics count of every communicator's life (formed, faulted). */
+extern const struct colld_comm_hooks colld_metrics_hooks;
 
 /* Start serving on d->cfg.metrics_addr if set (loop thread, before uv_run). Returns 0, or -1 with
  * a logged reason (bad address, port in use). */

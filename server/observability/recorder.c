@@ -6,8 +6,11 @@
  * waiting (timeout, peer lost, mismatch, abort) is recorded too, with the ranks that never
  * posted it left at 0: after a hang, `collctl trace` shows at a glance who was late or absent.
  * Straggler statistics (per rank: mean and max lateness behind the first rank) are kept on the
- * members over the executed collectives. All functions run with daemon->lock held.
+ * members over the executed collectives. The recorder is a module told of every communicator's
+ * life (colld_recorder_hooks, backend.h). All functions run with daemon->lock held.
  */
+#include "server/observability/recorder.h"
+
 #include "server/core/daemon.h"
 
 #include "common/log.h"
@@ -16,41 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *colld_kind_name(unsigned kind)
-{
-    switch (kind) {
-    case COLLD_KIND_ALLREDUCE:
-        return "allreduce";
-    case COLLD_KIND_BROADCAST:
-        return "broadcast";
-    case COLLD_KIND_REDUCE:
-        return "reduce";
-    case COLLD_KIND_ALLGATHER:
-        return "allgather";
-    case COLLD_KIND_REDUCESCATTER:
-        return "reducescatter";
-    }
-    return "unknown";
-}
-
-const char *colld_dtype_name(unsigned dtype)
-{
-    static const char *const names[] = { "int8",    "uint8",    "int32",   "uint32",  "int64",
-                                         "uint64", "float16", "bfloat16", "float32", "float64" };
-    _Static_assert(sizeof(names) / sizeof(names[0]) == COLLD_DTYPE_COUNT, "one name per dtype");
-    return dtype < COLLD_DTYPE_COUNT ? names[dtype] : "unknown";
-}
-
-const char *colld_redop_name(unsigned redop)
-{
-    static const char *const names[] = { "sum", "prod", "min", "max", "avg" };
-    _Static_assert(sizeof(names) / sizeof(names[0]) == COLLD_REDOP_COUNT, "one name per op");
-    return redop < COLLD_REDOP_COUNT ? names[redop] : "unknown";
-}
-
 /* Allocate the recorder of a communicator that has formed (trace-entries records of nranks
  * arrival times each; 0 disables it): not before, so a communicator that never forms costs none. */
-int colld_recorder_init(colld_daemon_t *d, colld_dcomm_t *c)
+static void recorder_free(colld_dcomm_t *c);
+
+static int recorder_init(colld_daemon_t *d, colld_dcomm_t *c)
 {
     unsigned cap = (unsigned)d->cfg.trace_entries;
     if (cap == 0)
@@ -58,14 +31,15 @@ int colld_recorder_init(colld_daemon_t *d, colld_dcomm_t *c)
     c->trace = calloc(cap, sizeof(*c->trace));
     c->trace_arrivals = calloc((size_t)cap * (size_t)c->nranks, sizeof(*c->trace_arrivals));
     if (!c->trace || !c->trace_arrivals) {
-        colld_recorder_free(c);
+        recorder_free(c);
         return -1;
     }
     c->trace_cap = cap;
     return 0;
 }
 
-void colld_recorder_free(colld_dcomm_t *c)
+/* Free the recorder of a communicator. */
+static void recorder_free(colld_dcomm_t *c)
 {
     free(c->trace);
     free(c->trace_arrivals);
@@ -97,17 +71,15 @@ static void fill_call(colld_trace_rec_t *t, const colld_wire_sqe_t *d)
     t->root = d->root;
 }
 
-uint64_t colld_recorder_executed(colld_dcomm_t *c, colld_op_t *const *ops, uint64_t start_ns, uint64_t end_ns,
-                                 colld_status_t st)
+/* A collective ended: ops[nranks] by rank (NULL for remote ranks), its execution window and
+ * status, the first rank's arrival: the stragglers' lateness, and a record. */
+static void recorder_finished(colld_daemon_t *d, colld_dcomm_t *c, colld_op_t *const *ops, uint64_t first,
+                              uint64_t start_ns, uint64_t end_ns, colld_status_t st)
 {
-    uint64_t first = UINT64_MAX;
+    (void)d;
     const colld_op_t *lead = NULL; /* remote ranks (multi-node) have no op here */
-    for (int r = 0; r < c->nranks; r++)
-        if (ops[r]) {
-            first = COLLD_MIN(first, ops[r]->arrival_ns);
-            if (!lead)
-                lead = ops[r];
-        }
+    for (int r = 0; r < c->nranks && !lead; r++)
+        lead = ops[r];
     for (int r = 0; r < c->nranks; r++) {
         colld_member_t *m = &c->ranks[r];
         if (!ops[r])
@@ -118,7 +90,7 @@ uint64_t colld_recorder_executed(colld_dcomm_t *c, colld_op_t *const *ops, uint6
         m->late_samples++;
     }
     if (!c->trace_cap)
-        return first;
+        return;
     uint64_t *arrivals;
     colld_trace_rec_t *t = next_rec(c, &arrivals);
     fill_call(t, &lead->d);
@@ -128,11 +100,14 @@ uint64_t colld_recorder_executed(colld_dcomm_t *c, colld_op_t *const *ops, uint6
     t->end_ns = end_ns;
     for (int r = 0; r < c->nranks; r++)
         arrivals[r] = ops[r] ? ops[r]->arrival_ns : 0;
-    return first;
 }
 
-void colld_recorder_failed(colld_dcomm_t *c, colld_status_t st, uint64_t now)
+/* The communicator fails while waiting for collective exec_seq (a break, a rank leaving): record
+ * the ranks that had posted it, once per collective. */
+static void recorder_failing(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st)
 {
+    (void)d;
+    uint64_t now = colld_now_ns();
     if (!c->trace_cap || c->trace_failed_seq == c->exec_seq)
         return;
     const colld_op_t *first = NULL;
@@ -157,6 +132,7 @@ void colld_recorder_failed(colld_dcomm_t *c, colld_status_t st, uint64_t now)
     }
 }
 
+/* The rank with the largest mean lateness (see recorder.h). */
 int colld_recorder_slowest(const colld_dcomm_t *c)
 {
     int slowest = -1;
@@ -175,3 +151,25 @@ int colld_recorder_slowest(const colld_dcomm_t *c)
     }
     return slowest;
 }
+
+/* The communicator formed: its recorder is made now (without memory for it, it runs without). */
+static void recorder_formed(colld_daemon_t *d, colld_dcomm_t *c)
+{
+    if (recorder_init(d, c) < 0)
+        LOG_WARN(COLL, "communicator %llu (%s): no memory for its flight recorder; it runs without one",
+                 (unsigned long long)c->id, c->name);
+}
+
+static void recorder_freed(colld_daemon_t *d, colld_dcomm_t *c)
+{
+    (void)d;
+    recorder_free(c);
+}
+
+const colld_comm_hooks_t colld_recorder_hooks = {
+    .name = "flight recorder",
+    .formed = recorder_formed,
+    .failing = recorder_failing,
+    .finished = recorder_finished,
+    .freed = recorder_freed,
+};

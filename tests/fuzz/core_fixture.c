@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "transport/shm/ring.h"
 #include "common/util.h"
+#include "server/core/counters.h"
 #include "server/core/tenant.h"
 
 #include <stdlib.h>
@@ -31,7 +32,7 @@ int fix_start(fix_t *f, uint64_t fast_path_bytes)
     d->cfg.ring_entries = 16; /* small rings: full rings are reached quickly */
     if (uv_loop_init(&d->loop) != 0 || uv_async_init(&d->loop, &d->async, NULL) != 0)
         return -1;
-    if (colld_metrics_create(d) < 0 || colld_host_pool_create(1, d->cfg.parallel_min_bytes, &d->pool) < 0)
+    if (colld_daemon_compose(d, &colld_registry) < 0 || colld_counters_create(d) < 0 || colld_backends_start(d))
         return -1;
     d->engine_running = true;
     return 0;
@@ -46,7 +47,7 @@ colld_session_t *fix_session(fix_t *f, uid_t uid, uint8_t fill)
     if (!s)
         return NULL;
     s->daemon = d;
-    s->fd = s->shm_fd = s->efd = s->pending_fd = s->gpu_flags_fd = -1;
+    s->fd = s->shm_fd = s->efd = s->pending_fd = -1;
     s->pid = 1000 + f->nsessions;
     s->uid = uid;
     s->refs = 2; /* the session list's and the fixture's (f->s[] stays valid until fix_stop) */
@@ -87,20 +88,18 @@ colld_dcomm_t *fix_comm(fix_t *f, int nranks, int timeout_ms)
 {
     colld_daemon_t *d = &f->d;
     uint8_t uid[COLLD_WIRE_UNIQUE_ID_BYTES];
-    colld_reply_t *replies = NULL;
     colld_dcomm_t *c = NULL;
     if (nranks > f->nsessions)
         return NULL;
     pthread_mutex_lock(&d->lock);
     if (colld_comm_issue_uid(d, f->s[0], uid) == COLLD_OK) {
         for (int r = 0; r < nranks; r++)
-            colld_comm_join(d, f->s[r], uid, nranks, r, timeout_ms, "fuzz", NULL, &replies);
+            colld_comm_join(d, f->s[r], uid, nranks, r, timeout_ms, "fuzz", NULL);
         for (colld_dcomm_t *x = d->comms; x; x = x->next)
             if (memcmp(x->unique_id, uid, sizeof(uid)) == 0 && x->state == COLLD_COMM_READY)
                 c = x;
     }
-    pthread_mutex_unlock(&d->lock);
-    colld_replies_send(replies);
+    colld_daemon_unlock(d);
     return c;
 }
 
@@ -131,16 +130,14 @@ int fix_reap(fix_t *f, colld_session_t *s)
 void fix_session_end(fix_t *f, colld_session_t *s)
 {
     colld_daemon_t *d = &f->d;
-    colld_reply_t *replies = NULL;
     pthread_mutex_lock(&d->lock);
     if (s->dead) {
         pthread_mutex_unlock(&d->lock);
         return;
     }
-    colld_session_forget(s, "the fixture ended it", &replies);
+    colld_session_forget(s, "the fixture ended it");
     colld_session_unref(s);
-    pthread_mutex_unlock(&d->lock);
-    colld_replies_send(replies);
+    colld_daemon_unlock(d);
 }
 
 void fix_stop(fix_t *f)
@@ -156,18 +153,14 @@ void fix_stop(fix_t *f)
         colld_session_unref(f->s[i]);
     pthread_mutex_unlock(&d->lock);
     d->engine_running = false;
-    colld_host_pool_destroy(d->pool);
-    while (d->op_free) {
-        colld_op_t *op = d->op_free;
-        d->op_free = op->next;
-        free(op);
-    }
+    colld_backends_stop(d);
+    colld_op_free_all(d);
     while (d->uids) {
         colld_issued_uid_t *u = d->uids;
         d->uids = u->next;
         free(u);
     }
-    colld_metrics_destroy(d);
+    colld_counters_destroy(d);
     colld_tenants_free(d);
     colld_policy_free(d);
     uv_close((uv_handle_t *)&d->async, NULL);

@@ -1,7 +1,9 @@
 /*
  * core_fixture.h - the daemon core in-process, for fuzzers and in-process tests: a colld_daemon_t
- * with its configuration defaults, metrics, a one-thread host pool and an engine that runs a round
- * at a time on the caller's thread (colld_engine_run_once); sessions with their rings in memory
+ * with its configuration defaults, composed of the daemon's own backends and modules
+ * (colld_registry: a one-thread host backend, the net backend without --listen, the CUDA backend
+ * where built, finding no GPU), its counters, and an engine that runs a round at a time on the
+ * caller's thread (colld_engine_run_once); sessions with their rings in memory
  * (the memory a client would map: tests write descriptors into it as a client, or garbage as a
  * hostile one); registrations of anonymous shared memory; communicators formed through the real
  * registry (colld_comm_issue_uid / colld_comm_join). No sockets, no threads but the caller's, no
@@ -10,7 +12,9 @@
 #ifndef COLLD_TESTS_CORE_FIXTURE_H
 #define COLLD_TESTS_CORE_FIXTURE_H
 
+#include "server/control/control.h"
 #include "server/core/daemon.h"
+#include "server/observability/events.h"
 
 #define FIX_MAX_SESSIONS 8
 #define FIX_REGS 2            /* registrations per session, ids 1 and 2 */

@@ -54,7 +54,7 @@ static colld_session_t *bare_session(fix_t *f, uid_t uid)
     if (!s)
         return NULL;
     s->daemon = d;
-    s->fd = s->shm_fd = s->efd = s->pending_fd = s->gpu_flags_fd = -1;
+    s->fd = s->shm_fd = s->efd = s->pending_fd = -1;
     s->pid = 2000 + f->nsessions;
     s->uid = uid;
     s->refs = 2; /* the session list's and the fixture's */

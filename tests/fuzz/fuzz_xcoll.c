@@ -169,7 +169,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     input_t in = { data, size };
     fix_t *f = calloc(1, sizeof(*f));
     world_t w = { 0 };
-    colld_reply_t *replies = NULL;
     if (!f)
         return 0;
     uint8_t cfg = take8(&in);
@@ -182,7 +181,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     d->cfg.net_chunk = 4096u * (1u + ((cfg >> 6) & 3));
     if (colld__cluster_start_detached(d, "127.0.0.1:7000", "self") < 0)
         abort();
-    w.net = d->cluster->net;
+    w.net = colld_cluster_of(d)->net;
     colld_session_t *s = fix_session(f, 1000, 1);
     if (!s)
         abort();
@@ -198,18 +197,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* The communicator forms: the local rank joins, then the peers' ranks (this daemon is root). */
     pthread_mutex_lock(&d->lock);
     if (colld_comm_issue_uid(d, s, w.uid) == COLLD_OK)
-        colld_comm_join(d, s, w.uid, nranks, local, (cfg & 0x20) ? 1 : 60000, "fuzz", NULL, &replies);
-    pthread_mutex_unlock(&d->lock);
-    colld_replies_send(replies);
+        colld_comm_join(d, s, w.uid, nranks, local, (cfg & 0x20) ? 1 : 60000, "fuzz", NULL);
+    colld_daemon_unlock(d);
     colld__tcp_net_step(w.net);
     for (int r = 0; r < nranks; r++)
         if (r != local)
             peer_join(&w, r, nranks);
     colld__tcp_net_step(w.net);
     colld_dcomm_t *c = d->comms;
-    if (!c || !c->x || !c->x->formed)
+    if (!c || !colld_xcomm(c) || !colld_xcomm(c)->formed)
         abort(); /* the exchange itself must work */
-    uint64_t xid = c->x->xid;
+    uint64_t xid = colld_xcomm(c)->xid;
     uint32_t handle = c->ranks[local].handle;
 
     for (int ops = 0; in.n && ops < 256; ops++) {

@@ -1,6 +1,8 @@
 /*
- * backend_host.c - the host backend: a pool of worker threads that run collectives directly on
- * the ranks' mapped buffers (zero copy).
+ * host.c - the host backend: a pool of worker threads that run collectives directly on the ranks'
+ * mapped buffers (zero copy). It claims every collective no other backend claims (registered last,
+ * server/registry.c): the engine hands it matched collectives under the lock (submit), and runs them
+ * outside the lock on its own thread (run_unlocked), the caller taking part in the work.
  *
  * Every collective is a set of segments, each split into chunks that the workers take:
  *   allreduce      1 segment:  all n inputs -> all n outputs (reduced once, written n times)
@@ -14,6 +16,8 @@
  * do not depend on the number of workers. Small jobs run on the calling (engine) thread alone,
  * since waking workers costs more than the work.
  */
+#include "server/backends/host/host.h"
+
 #include "server/core/daemon.h"
 
 #include "common/log.h"
@@ -25,6 +29,20 @@
 #include <string.h>
 
 #define CHUNK_BYTES (256u * 1024u)     /* per task, per rank */
+
+/* One collective over mapped buffers, as the pool runs it. */
+typedef struct {
+    colld_kind_t kind;
+    colld_dtype_t dtype;
+    colld_redop_t op;
+    int root;
+    uint64_t count;
+    int n;                /* ranks */
+    const void **in;      /* [n] */
+    void **out;           /* [n] */
+} colld_host_job_t;
+
+typedef struct colld_host_pool colld_host_pool_t;
 
 struct colld_host_pool {
     int nthreads;
@@ -140,8 +158,10 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+static void colld_host_pool_destroy(colld_host_pool_t *p);
+
 /* Create a pool of nthreads-1 workers (the caller of colld_host_pool_run is the last one). */
-int colld_host_pool_create(int nthreads, uint64_t parallel_min_bytes, colld_host_pool_t **out)
+static int colld_host_pool_create(int nthreads, uint64_t parallel_min_bytes, colld_host_pool_t **out)
 {
     colld_host_pool_t *p = calloc(1, sizeof(*p));
     if (!p)
@@ -169,7 +189,7 @@ fail:
 }
 
 /* Stop and join the workers, free the pool. NULL is a no-op. */
-void colld_host_pool_destroy(colld_host_pool_t *p)
+static void colld_host_pool_destroy(colld_host_pool_t *p)
 {
     if (!p)
         return;
@@ -187,7 +207,7 @@ void colld_host_pool_destroy(colld_host_pool_t *p)
 }
 
 /* Run a collective; returns when every element is done. Called by the engine thread only. */
-colld_status_t colld_host_pool_run(colld_host_pool_t *p, const colld_host_job_t *job)
+static colld_status_t colld_host_pool_run(colld_host_pool_t *p, const colld_host_job_t *job)
 {
     if (job->count == 0)
         return COLLD_OK;
@@ -228,3 +248,113 @@ colld_status_t colld_host_pool_run(colld_host_pool_t *p, const colld_host_job_t 
     int failed = atomic_load(&p->failed);
     return failed ? (colld_status_t)failed : COLLD_OK;
 }
+
+/* ============================================================================================
+ * The backend
+ * ========================================================================================== */
+
+/* The backend's state: the pool and the matched collectives waiting to run (engine thread). */
+typedef struct {
+    colld_host_pool_t *pool;
+    colld_coll_t *batch;
+} host_t;
+
+/* Start the pool: --workers threads, the engine's own included. */
+static int host_start(colld_backend_t *b)
+{
+    colld_daemon_t *d = b->d;
+    host_t *h = calloc(1, sizeof(*h));
+    if (!h || colld_host_pool_create((int)d->cfg.workers, d->cfg.parallel_min_bytes, &h->pool) < 0) {
+        LOG_ERROR(ENGINE, "cannot start %lld host workers", (long long)d->cfg.workers);
+        free(h);
+        return -1;
+    }
+    b->state = h;
+    b->present = true;
+    return 0;
+}
+
+/* Stop the pool (the engine has stopped: nothing is submitted any more). */
+static void host_stop(colld_backend_t *b)
+{
+    host_t *h = b->state;
+    if (!h)
+        return;
+    colld_host_pool_destroy(h->pool);
+    free(h);
+    b->state = NULL;
+}
+
+/* It runs whatever no backend before it claimed. */
+static bool host_claims(const colld_backend_t *b, const colld_dcomm_t *c, const colld_wire_sqe_t *sqe)
+{
+    (void)b, (void)c, (void)sqe;
+    return true;
+}
+
+/* A matched collective waits in the batch until the engine releases the lock (lock held). */
+static void host_submit(colld_backend_t *b, colld_coll_t *k)
+{
+    host_t *h = b->state;
+    k->next = h->batch;
+    h->batch = k;
+}
+
+/* Run one matched collective on the pool (lock not held). */
+static colld_status_t execute(host_t *h, colld_coll_t *k)
+{
+    int n = k->comm->nranks;
+    const void *in[COLLD_MAX_RANKS];
+    void *out[COLLD_MAX_RANKS];
+    for (int r = 0; r < n; r++) {
+        in[r] = k->ops[r]->send_ptr;
+        out[r] = k->ops[r]->recv_ptr;
+    }
+    const colld_wire_sqe_t *a = &k->ops[0]->d;
+    colld_host_job_t job = {
+        .kind = (colld_kind_t)a->kind,
+        .dtype = (colld_dtype_t)a->dtype,
+        .op = (colld_redop_t)a->redop,
+        .root = a->root,
+        .count = a->count,
+        .n = n,
+        .in = in,
+        .out = out,
+    };
+    return colld_host_pool_run(h->pool, &job);
+}
+
+/* Run the batch (engine thread, lock not held); each collective keeps its status and times. */
+static bool host_run_unlocked(colld_backend_t *b)
+{
+    host_t *h = b->state;
+    if (!h->batch)
+        return false;
+    for (colld_coll_t *k = h->batch; k; k = k->next) {
+        k->start_ns = colld_now_ns();
+        k->status = execute(h, k);
+        k->end_ns = colld_now_ns();
+    }
+    return true;
+}
+
+/* Post the batch's results (lock held). */
+static void host_after_run(colld_backend_t *b)
+{
+    host_t *h = b->state;
+    while (h->batch) {
+        colld_coll_t *k = h->batch;
+        h->batch = k->next;
+        colld_engine_finish(b->d, k);
+    }
+}
+
+const colld_backend_ops_t colld_host_backend = {
+    .name = "host",
+    .start = host_start,
+    .stop = host_stop,
+    .claims = host_claims,
+    .submit = host_submit,
+    .run_unlocked = host_run_unlocked,
+    .after_run = host_after_run,
+};

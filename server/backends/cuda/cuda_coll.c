@@ -1,0 +1,413 @@
+/*
+ * cuda_coll.c - the CUDA backend's stream-ordered collectives, under daemon->lock: admission of a
+ * descriptor (its flag line and base), matched collectives waiting until every rank's stream
+ * reached them (and their time-out), the completion of launched ones when their event fired, and
+ * the release of every rank's stream when a collective fails or its communicator breaks (see
+ * cuda.c for the whole protocol).
+ */
+#include "server/backends/cuda/cuda.h"
+
+#include "common/log.h"
+#include "common/util.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The CUDA backend of the daemon c belongs to (hooks are given the daemon, not the backend). */
+static colld_backend_t *cuda_of(colld_daemon_t *d)
+{
+    return colld_backend_find(d, &colld_cuda_backend);
+}
+
+/* Release one flag line: status, then `done` moved forward (never back) to `value` (lock held). */
+static void flag_release(colld_backend_t *b, colld_session_t *s, uint32_t handle, uint32_t value, colld_status_t st)
+{
+    gpu_session_t *gs = s ? gpu_session_of(b, s) : NULL;
+    if (!gs || handle == 0 || handle >= gs->lines)
+        return;
+    colld_wire_gpu_flag_t *f = &gs->flags[handle];
+    if (st != COLLD_OK)
+        __atomic_store_n(&f->status, (int32_t)st, __ATOMIC_RELAXED);
+    uint32_t cur = __atomic_load_n(&f->done, __ATOMIC_RELAXED);
+    if ((int32_t)(value - cur) > 0)
+        __atomic_store_n(&f->done, value, __ATOMIC_RELEASE);
+}
+
+/* A communicator's GPU state, made on first use. NULL without memory. */
+static gpu_comm_t *gpu_comm(colld_backend_t *b, colld_dcomm_t *c)
+{
+    gpu_comm_t *gc = gpu_comm_of(b, c);
+    if (gc)
+        return gc;
+    size_t n = (size_t)c->nranks;
+    gc = calloc(1, sizeof(*gc));
+    if (!gc)
+        return NULL;
+    gc->stream = calloc((size_t)gpus_of(b)->n, sizeof(*gc->stream));
+    gc->owe = calloc(n, sizeof(*gc->owe));
+    gc->owed = calloc(n, sizeof(*gc->owed));
+    gc->base_set = calloc(n, sizeof(*gc->base_set));
+    gc->base = calloc(n, sizeof(*gc->base));
+    gc->last = calloc(n, sizeof(*gc->last));
+    if (!gc->stream || !gc->owe || !gc->owed || !gc->base_set || !gc->base || !gc->last) {
+        free(gc->stream), free(gc->owe), free(gc->owed), free(gc->base_set), free(gc->base), free(gc->last);
+        free(gc);
+        return NULL;
+    }
+    c->bslot[b->slot] = gc;
+    return gc;
+}
+
+/* ============================================================================================
+ * Admission
+ * ========================================================================================== */
+
+/* A stream-ordered descriptor: a GPU here, a single-node communicator, the session's flag line
+ * for its handle, and the communicator's flag base (the same for every collective of the rank). */
+colld_status_t cuda_admit(colld_backend_t *b, colld_op_t *op, colld_err_t *err)
+{
+    colld_session_t *s = op->session;
+    const colld_wire_sqe_t *d = &op->d;
+    colld_member_t *m = op->member;
+    if (!gpus_of(b))
+        return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "GPU collective, but no GPU here: %.160s",
+                             b->d->device_none);
+    if (colld_comm_multi_node(m->comm))
+        return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED,
+                             "GPU collectives on a multi-node communicator are not supported yet");
+    gpu_session_t *gs = gpu_session_of(b, s);
+    if (!gs || d->comm >= gs->lines)
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                             "GPU collective without a GPU flag line for communicator handle %u", d->comm);
+    gpu_comm_t *gc = gpu_comm(b, m->comm);
+    if (!gc)
+        return colld_err_set(err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
+    int r = m->rank;
+    if (gc->base_set[r] && d->reserved != gc->base[r])
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                             "GPU collective with flag base %u where the communicator uses %u", d->reserved,
+                             gc->base[r]);
+    gc->base_set[r] = true;
+    gc->base[r] = d->reserved;
+    gc->last[r] = d->reserved + (uint32_t)d->seq;
+    return COLLD_OK;
+}
+
+/* ============================================================================================
+ * Releases
+ * ========================================================================================== */
+
+/* Write the releases a communicator owes, when none of its kernels runs any more (lock held). */
+static void pay_releases(colld_backend_t *b, colld_dcomm_t *c)
+{
+    gpu_comm_t *gc = gpu_comm_of(b, c);
+    if (!gc || gc->running)
+        return;
+    for (int r = 0; r < c->nranks; r++)
+        if (gc->owe[r]) {
+            gc->owe[r] = false;
+            flag_release(b, c->ranks[r].session, c->ranks[r].handle, gc->owed[r], gc->owed_status);
+        }
+}
+
+/* A stream-ordered collective of `rank` with flag value `value` failed: release the rank's stream
+ * past it, once no kernel of the communicator runs (lock held). */
+static void owe_release(colld_backend_t *b, colld_dcomm_t *c, int rank, uint32_t value, colld_status_t st)
+{
+    uint32_t v = value + COLLD_WIRE_GPU_RELEASE;
+    gpu_comm_t *gc = gpu_comm_of(b, c);
+    if (rank < 0 || rank >= c->nranks)
+        return;
+    if (!gc || !gc->running) {
+        const colld_member_t *m = c->ranks ? &c->ranks[rank] : NULL;
+        for (int i = 0; !m && i < colld_comm_nslots(c); i++) /* forming: the rank's joiner record */
+            if (colld_comm_slot(c, i)->rank == rank)
+                m = colld_comm_slot(c, i);
+        if (m)
+            flag_release(b, m->session, m->handle, v, st);
+        return;
+    }
+    if (!gc->owe[rank] || (int32_t)(v - gc->owed[rank]) > 0)
+        gc->owed[rank] = v;
+    gc->owe[rank] = true;
+    gc->owed_status = st;
+}
+
+void cuda_stream_failed(colld_backend_t *b, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st)
+{
+    colld_member_t *m = colld_comm_member(s, sqe->comm);
+    if (m)
+        owe_release(b, m->comm, m->rank, sqe->reserved + (uint32_t)sqe->seq, st);
+}
+
+/* ============================================================================================
+ * Collectives
+ * ========================================================================================== */
+
+/* Post a GPU collective's completions (k->status) and account for it (lock held). */
+static void gpu_finish(colld_backend_t *b, colld_coll_t *k, bool was_running)
+{
+    colld_gpus_t *g = gpus_of(b);
+    colld_dcomm_t *c = k->comm;
+    gpu_comm_t *gc = gpu_comm_of(b, c);
+    g->outstanding--;
+    gc->busy--;
+    if (was_running)
+        gc->running--;
+    if (k->bpriv) {
+        CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[k->bint].ctx);
+        CU_CHECK(g->cu, cuEventDestroy, (CUevent)k->bpriv);
+        k->bpriv = NULL;
+    }
+    k->end_ns = colld_now_ns();
+    pay_releases(b, c);
+    /* Posts the completions; a failed op of a rank owes (or, nothing running, writes) its
+     * release. May free the communicator. */
+    colld_engine_finish(b->d, k);
+}
+
+void cuda_submit(colld_backend_t *b, colld_coll_t *k)
+{
+    colld_gpus_t *g = gpus_of(b);
+    colld_dcomm_t *c = k->comm;
+    gpu_comm_t *gc = g ? gpu_comm(b, c) : NULL;
+    if (!gc) {
+        k->status = g ? COLLD_ERR_NO_MEMORY : COLLD_ERR_NOT_SUPPORTED;
+        k->start_ns = k->end_ns = colld_now_ns();
+        colld_engine_finish(b->d, k);
+        return;
+    }
+    gc->busy++;
+    g->outstanding++;
+    k->bpriv = NULL;
+    k->next = NULL;
+    if (g->pending_tail)
+        g->pending_tail->next = k;
+    else
+        g->pending = k;
+    g->pending_tail = k;
+}
+
+/* Take k (after prev, NULL when k is first) off the pending list (lock held). */
+static void pending_unlink(colld_gpus_t *g, colld_coll_t *prev, colld_coll_t *k)
+{
+    if (prev)
+        prev->next = k->next;
+    else
+        g->pending = k->next;
+    if (g->pending_tail == k)
+        g->pending_tail = prev;
+    k->next = NULL;
+}
+
+/* Has every rank's stream reached this collective? (lock held) */
+static bool all_ready(colld_backend_t *b, const colld_coll_t *k, int *missing, int nmissing_max, int *nmissing)
+{
+    *nmissing = 0;
+    for (int r = 0; r < k->comm->nranks; r++) {
+        const colld_op_t *op = k->ops[r];
+        const gpu_session_t *gs = gpu_session_of(b, op->session);
+        uint32_t h = op->d.comm, want = op->d.reserved + (uint32_t)op->d.seq;
+        uint32_t ready = gs && h < gs->lines ? __atomic_load_n(&gs->flags[h].ready, __ATOMIC_ACQUIRE) : want - 1;
+        if ((int32_t)(ready - want) < 0) {
+            if (*nmissing < nmissing_max)
+                missing[*nmissing] = r;
+            (*nmissing)++;
+        }
+    }
+    return *nmissing == 0;
+}
+
+/* Progress, step 1: launched collectives whose event has fired are finished (in launch order per
+ * communicator); a failed event breaks the communicator with COLLD_ERR_DEVICE. */
+static int finish_fired(colld_backend_t *b)
+{
+    colld_gpus_t *g = gpus_of(b);
+    int work = 0;
+    for (colld_coll_t **pp = &g->running; *pp;) {
+        colld_coll_t *k = *pp;
+        /* Completions go out in sequence order per communicator: an earlier one still runs. */
+        bool earlier = false;
+        for (colld_coll_t *e = g->running; e != k; e = e->next)
+            earlier |= e->comm == k->comm;
+        CUresult r = CUDA_ERROR_NOT_READY;
+        if (!earlier) {
+            CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[k->bint].ctx);
+            r = CU_CHECK_EXPECT(g->cu, CUDA_ERROR_NOT_READY, cuEventQuery, (CUevent)k->bpriv);
+        }
+        if (r == CUDA_ERROR_NOT_READY) {
+            pp = &k->next;
+            continue;
+        }
+        *pp = k->next;
+        k->next = NULL;
+        work++;
+        if (r != CUDA_SUCCESS) {
+            char why[COLLD_DETAIL_LEN], buf[160];
+            k->status = COLLD_ERR_DEVICE;
+            snprintf(why, sizeof(why), "collective #%llu failed on the GPU: %s",
+                     (unsigned long long)colld_coll_lead(k)->d.seq, colld_cu_describe(g->cu, r, buf, sizeof(buf)));
+            colld_comm_break(b->d, k->comm, COLLD_ERR_DEVICE, -1, why);
+        }
+        gpu_finish(b, k, true);
+    }
+    return work;
+}
+
+/* A matched collective whose ranks' streams never got there within the timeout fails, naming
+ * them. Returns true when it did (the break took it, and maybe others, off the pending list). */
+static bool time_out_pending(colld_backend_t *b, colld_coll_t *k, const int *missing, int nmissing, uint64_t now,
+                             uint64_t *deadline)
+{
+    colld_dcomm_t *c = k->comm;
+    uint64_t first = UINT64_MAX;
+    for (int r = 0; r < c->nranks; r++)
+        first = COLLD_MIN(first, k->ops[r]->arrival_ns);
+    uint64_t due = first + (uint64_t)c->timeout_ms * 1000000ull;
+    if (now < due) {
+        if (due < *deadline)
+            *deadline = due;
+        return false;
+    }
+    char why[COLLD_DETAIL_LEN];
+    int off = snprintf(why, sizeof(why), "collective #%llu timed out after %d ms: the GPU stream of rank(s)",
+                       (unsigned long long)colld_coll_lead(k)->d.seq, c->timeout_ms);
+    for (int i = 0; i < nmissing && i < 8 && off < (int)sizeof(why) - 16; i++)
+        off += snprintf(why + off, sizeof(why) - (size_t)off, " %d", missing[i]);
+    snprintf(why + off, sizeof(why) - (size_t)off, "%s never reached it (its inputs were never ready)",
+             nmissing > 8 ? " ..." : "");
+    colld_comm_break(b->d, c, COLLD_ERR_TIMEOUT, nmissing == 1 ? missing[0] : -1, why);
+    return true;
+}
+
+/* Poll the GPU collectives (lock held): finish those whose kernels are done, move those every
+ * rank's stream has reached to the launch list (in order per communicator), time out the others.
+ * Returns the work done. */
+int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
+{
+    colld_gpus_t *g = gpus_of(b);
+    if (!g || !g->outstanding)
+        return 0;
+    int work = finish_fired(b);
+    colld_coll_t **launch_tail = &g->launch;
+    while (*launch_tail)
+        launch_tail = &(*launch_tail)->next;
+    colld_coll_t *prev = NULL;
+    for (colld_coll_t *k = g->pending; k;) {
+        colld_coll_t *next = k->next;
+        int missing[8], nmissing;
+        bool earlier = false; /* an earlier collective of the same communicator still waits */
+        for (colld_coll_t *e = g->pending; e != k; e = e->next)
+            earlier |= e->comm == k->comm;
+        if (!earlier && all_ready(b, k, missing, 8, &nmissing)) {
+            pending_unlink(g, prev, k);
+            *launch_tail = k;
+            launch_tail = &k->next;
+            work++;
+            k = next;
+            continue;
+        }
+        if (!earlier && time_out_pending(b, k, missing, nmissing, now, deadline))
+            return work + 1;
+        prev = k;
+        k = next;
+    }
+    /* Poll again soon while GPU work is outstanding. */
+    uint64_t soon = now + 1000000ull;
+    if (g->outstanding && soon < *deadline)
+        *deadline = soon;
+    return work;
+}
+
+bool cuda_outstanding(const colld_backend_t *b)
+{
+    const colld_gpus_t *g = gpus_of(b);
+    return g && g->outstanding > 0;
+}
+
+/* The launched list comes back (lock held): those that run wait for their event; those whose
+ * launch failed fail, and their communicator with them (the ranks' later collectives depend on
+ * them). */
+void cuda_launched(colld_backend_t *b)
+{
+    colld_gpus_t *g = gpus_of(b);
+    colld_coll_t *list = g->launch;
+    g->launch = NULL;
+    while (list) {
+        colld_coll_t *k = list;
+        list = k->next;
+        k->next = NULL;
+        if (k->status == COLLD_OK) {
+            gpu_comm_of(b, k->comm)->running++;
+            colld_coll_t **tail = &g->running; /* FIFO: launch order */
+            while (*tail)
+                tail = &(*tail)->next;
+            *tail = k;
+            continue;
+        }
+        LOG_WARN(GPU, "communicator %llu: %s", (unsigned long long)k->comm->id, k->why);
+        colld_comm_break(b->d, k->comm, k->status, -1, k->why);
+        gpu_finish(b, k, false);
+    }
+}
+
+bool cuda_comm_busy(const colld_backend_t *b, const colld_dcomm_t *c)
+{
+    const gpu_comm_t *gc = gpu_comm_of(b, c);
+    return gc && gc->busy > 0;
+}
+
+/* The communicator broke: fail its matched GPU collectives that were not launched, and release
+ * every rank's stream past what it posted (deferred while a kernel runs). */
+void cuda_comm_broken(colld_daemon_t *d, colld_dcomm_t *c)
+{
+    colld_backend_t *b = cuda_of(d);
+    if (!b || !gpu_comm_of(b, c))
+        return; /* it never had a stream-ordered collective */
+    colld_gpus_t *g = gpus_of(b);
+    c->refs++; /* the collectives failed below may hold the last references */
+    if (g) {
+        colld_coll_t *prev = NULL;
+        for (colld_coll_t *k = g->pending; k;) {
+            colld_coll_t *next = k->next;
+            if (k->comm != c) {
+                prev = k;
+                k = next;
+                continue;
+            }
+            pending_unlink(g, prev, k);
+            k->status = c->error;
+            k->start_ns = 0;
+            gpu_finish(b, k, false);
+            k = next;
+        }
+    }
+    gpu_comm_t *gc = gpu_comm_of(b, c);
+    for (int r = 0; r < c->nranks; r++) {
+        colld_member_t *m = &c->ranks[r];
+        if (m->session && gpu_session_of(b, m->session) && gc->base_set[r])
+            owe_release(b, c, r, gc->last[r], c->error);
+    }
+    colld_comm_unref(d, c);
+}
+
+/* The communicator is freed: no collective of it is in flight any more (each held a reference). */
+void cuda_comm_freed(colld_daemon_t *d, colld_dcomm_t *c)
+{
+    colld_backend_t *b = cuda_of(d);
+    gpu_comm_t *gc = b ? gpu_comm_of(b, c) : NULL;
+    if (!gc)
+        return;
+    colld_gpus_t *g = gpus_of(b);
+    for (int i = 0; g && i < g->n; i++)
+        if (gc->stream[i]) {
+            CU_CHECK(g->cu, cuCtxPushCurrent, g->gpu[i].ctx);
+            CU_CHECK(g->cu, cuStreamDestroy, gc->stream[i]);
+            CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
+        }
+    free(gc->stream), free(gc->owe), free(gc->owed), free(gc->base_set), free(gc->base), free(gc->last);
+    free(gc);
+    c->bslot[b->slot] = NULL;
+}

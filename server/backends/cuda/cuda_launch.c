@@ -1,0 +1,270 @@
+/*
+ * cuda_launch.c - launching a stream-ordered collective (engine thread, daemon->lock NOT held: the
+ * collective's ops and registrations stay put while it is on the backend's launch list).
+ *
+ * A launch, in steps: the plan (which GPUs hold the ranks' buffers, the lead GPU), the check that
+ * those GPUs reach each other's memory, the communicator's stream on each, the kernels (kernels/
+ * cuda: one per GPU over its slice for all-reduce, reduce and broadcast; one per rank's piece for
+ * reduce-scatter and all-gather), then the lead GPU's stream waits for the others, writes every
+ * rank's `done` flag and records the event the engine polls.
+ */
+#include "server/backends/cuda/cuda.h"
+
+#include "common/util.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+#include <stddef.h>
+#include <stdio.h>
+
+#define MAX_GPUS 64
+
+/* Which GPUs a collective uses. */
+typedef struct {
+    int gpu_of[COLLD_CUDA_MAX_RANKS]; /* the GPU of each rank's (receive, else send) buffer, -1: none */
+    bool used[MAX_GPUS];
+    int nused;
+    int lead;                         /* the GPU whose stream writes the done flags */
+    CUstream stream[MAX_GPUS];        /* the communicator's stream on each used GPU */
+} launch_plan_t;
+
+/* The GPU of a registration (its backend part), -1 for none. */
+static int reg_gpu(const colld_reg_t *r)
+{
+    const gpu_reg_t *gr = r ? r->bpriv : NULL;
+    return gr ? gr->gpu : -1;
+}
+
+/* Launch, step 1: the GPUs involved are those holding the ranks' buffers; the lead is the first of
+ * them (GPU 0 when nothing moves, count 0: only the flags are written). */
+static void plan_gpus(const colld_coll_t *k, launch_plan_t *p)
+{
+    int n = k->comm->nranks;
+    p->lead = -1;
+    p->nused = 0;
+    for (int i = 0; i < MAX_GPUS; i++)
+        p->used[i] = false;
+    for (int r = 0; r < n; r++) {
+        const colld_op_t *op = k->ops[r];
+        p->gpu_of[r] = reg_gpu(op->recv_reg ? op->recv_reg : op->send_reg);
+        for (int j = 0; j < 2; j++) {
+            int x = reg_gpu(j ? op->recv_reg : op->send_reg);
+            if (x >= 0 && x < MAX_GPUS && !p->used[x]) {
+                p->used[x] = true;
+                p->nused++;
+                if (p->lead < 0)
+                    p->lead = x;
+            }
+        }
+    }
+    if (p->lead < 0) {
+        p->lead = 0;
+        p->used[0] = true;
+        p->nused = 1;
+    }
+}
+
+/* Launch, step 2: every pair of GPUs involved must reach each other's memory (peer access). */
+static colld_status_t check_peers(const colld_gpus_t *g, const launch_plan_t *p, colld_err_t *err)
+{
+    for (int i = 0; i < g->n && i < MAX_GPUS; i++)
+        for (int j = 0; j < g->n && j < MAX_GPUS; j++)
+            if (p->used[i] && p->used[j] && !g->peer[i * g->n + j])
+                return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED,
+                                     "the ranks' buffers are on GPUs %d and %d, which cannot access each other's "
+                                     "memory (no peer access)",
+                                     i, j);
+    return COLLD_OK;
+}
+
+/* Launch, step 3: the communicator's stream on each GPU involved, created on first use. Returns
+ * CUDA_SUCCESS or the driver's error. */
+static CUresult get_streams(colld_backend_t *b, colld_dcomm_t *c, launch_plan_t *p)
+{
+    colld_gpus_t *g = gpus_of(b);
+    gpu_comm_t *gc = gpu_comm_of(b, c);
+    for (int i = 0; i < g->n && i < MAX_GPUS; i++) {
+        p->stream[i] = NULL;
+        if (!p->used[i])
+            continue;
+        CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[i].ctx);
+        if (!gc->stream[i]) {
+            CUresult r = CU_CHECK(g->cu, cuStreamCreate, &gc->stream[i], CU_STREAM_NON_BLOCKING);
+            if (r != CUDA_SUCCESS)
+                return r;
+        }
+        p->stream[i] = gc->stream[i];
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Launch, step 4a: all-reduce, reduce and broadcast: one kernel per GPU involved over its slice of
+ * the elements (16-byte aligned slices), reading every rank's buffer and writing every output. */
+static colld_status_t launch_sliced(const colld_gpus_t *g, const colld_coll_t *k, const launch_plan_t *p)
+{
+    const colld_wire_sqe_t *a = &colld_coll_lead(k)->d;
+    int n = k->comm->nranks;
+    size_t es = colld_dtype_size((colld_dtype_t)a->dtype);
+    const void *in[COLLD_CUDA_MAX_RANKS];
+    void *out[COLLD_CUDA_MAX_RANKS];
+    uint64_t count = a->count;
+    uint64_t per = (count + (uint64_t)p->nused - 1) / (uint64_t)p->nused;
+    uint64_t align = es < 16 ? 16 / es : 1;
+    per = (per + align - 1) / align * align;
+    uint64_t lo = 0;
+    colld_status_t st = COLLD_OK;
+    for (int i = 0; i < g->n && i < MAX_GPUS && st == COLLD_OK; i++) {
+        if (!p->used[i] || lo >= count)
+            continue;
+        uint64_t hi = COLLD_MIN(count, lo + per);
+        size_t off = (size_t)lo * es;
+        CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[i].ctx);
+        int nout = 0;
+        for (int r = 0; r < n; r++) {
+            in[r] = (const char *)k->ops[r]->send_ptr + off;
+            if (a->kind != COLLD_KIND_REDUCE || r == a->root)
+                out[nout++] = (char *)k->ops[r]->recv_ptr + off;
+        }
+        if (a->kind == COLLD_KIND_BROADCAST)
+            st = colld_cuda_copy((const char *)k->ops[a->root]->send_ptr + off, out, nout, (size_t)(hi - lo) * es,
+                                 p->stream[i]);
+        else
+            st = colld_cuda_reduce((colld_dtype_t)a->dtype, (colld_redop_t)a->redop, in, n, out, nout,
+                                   (size_t)(hi - lo), p->stream[i]);
+        lo = hi;
+    }
+    return st;
+}
+
+/* Launch, step 4b: reduce-scatter and all-gather: one kernel per rank's piece, on the GPU that
+ * holds the piece's destination (reduce-scatter) or source (all-gather). */
+static colld_status_t launch_pieces(const colld_gpus_t *g, const colld_coll_t *k, const launch_plan_t *p)
+{
+    const colld_wire_sqe_t *a = &colld_coll_lead(k)->d;
+    int n = k->comm->nranks;
+    size_t es = colld_dtype_size((colld_dtype_t)a->dtype);
+    const void *in[COLLD_CUDA_MAX_RANKS];
+    void *out[COLLD_CUDA_MAX_RANKS];
+    uint64_t count = a->count;
+    colld_status_t st = COLLD_OK;
+    for (int q = 0; q < n && st == COLLD_OK; q++) {
+        int gi = p->gpu_of[q] >= 0 ? p->gpu_of[q] : p->lead;
+        size_t off = (size_t)q * (size_t)count * es;
+        CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[gi].ctx);
+        if (a->kind == COLLD_KIND_REDUCESCATTER) {
+            for (int r = 0; r < n; r++)
+                in[r] = (const char *)k->ops[r]->send_ptr + off;
+            out[0] = k->ops[q]->recv_ptr;
+            st = colld_cuda_reduce((colld_dtype_t)a->dtype, (colld_redop_t)a->redop, in, n, out, 1, (size_t)count,
+                                   p->stream[gi]);
+        } else {
+            for (int r = 0; r < n; r++)
+                out[r] = (char *)k->ops[r]->recv_ptr + off;
+            st = colld_cuda_copy(k->ops[q]->send_ptr, out, n, (size_t)count * es, p->stream[gi]);
+        }
+    }
+    return st;
+}
+
+/* Launch, step 5: the lead GPU's stream waits for the others (an event on each), writes every
+ * rank's done flag, and records the event the engine polls (k->bpriv). Returns CUDA_SUCCESS or the
+ * driver's error. */
+static CUresult signal_done(colld_backend_t *b, colld_coll_t *k, const launch_plan_t *p)
+{
+    colld_gpus_t *g = gpus_of(b);
+    const colld_cu_t *cu = g->cu;
+    int lead = p->lead;
+    CUresult cr;
+    CU_CHECK(cu, cuCtxSetCurrent, g->gpu[lead].ctx);
+    for (int i = 0; i < g->n && i < MAX_GPUS; i++) {
+        if (!p->used[i] || i == lead)
+            continue;
+        CUevent e;
+        CU_CHECK(cu, cuCtxSetCurrent, g->gpu[i].ctx);
+        if ((cr = CU_CHECK(cu, cuEventCreate, &e, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
+            return cr;
+        cr = CU_CHECK(cu, cuEventRecord, e, p->stream[i]);
+        CU_CHECK(cu, cuCtxSetCurrent, g->gpu[lead].ctx);
+        if (cr == CUDA_SUCCESS)
+            cr = CU_CHECK(cu, cuStreamWaitEvent, p->stream[lead], e, 0);
+        CU_CHECK(cu, cuEventDestroy, e); /* released once it has fired */
+        if (cr != CUDA_SUCCESS)
+            return cr;
+    }
+    for (int r = 0; r < k->comm->nranks; r++) {
+        const colld_op_t *op = k->ops[r];
+        const gpu_session_t *gs = gpu_session_of(b, op->session);
+        CUdeviceptr f = (CUdeviceptr)(gs->dptr + (uint64_t)op->d.comm * sizeof(colld_wire_gpu_flag_t) +
+                                      offsetof(colld_wire_gpu_flag_t, done));
+        cuuint32_t value = op->d.reserved + (uint32_t)op->d.seq;
+        if ((cr = CU_CHECK(cu, cuStreamWriteValue32, p->stream[lead], f, value, CU_STREAM_WRITE_VALUE_DEFAULT)) !=
+            CUDA_SUCCESS)
+            return cr;
+    }
+    CUevent done;
+    if ((cr = CU_CHECK(cu, cuEventCreate, &done, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
+        return cr;
+    if ((cr = CU_CHECK(cu, cuEventRecord, done, p->stream[lead])) != CUDA_SUCCESS) {
+        CU_CHECK(cu, cuEventDestroy, done);
+        return cr;
+    }
+    k->bpriv = done;
+    return CUDA_SUCCESS;
+}
+
+/* Launch one collective. Returns COLLD_OK or an error with what went wrong in err. */
+static colld_status_t launch_one(colld_backend_t *b, colld_coll_t *k, colld_err_t *err)
+{
+    colld_gpus_t *g = gpus_of(b);
+    const colld_wire_sqe_t *a = &colld_coll_lead(k)->d;
+    char buf[160];
+    if (k->comm->nranks > COLLD_CUDA_MAX_RANKS)
+        return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "GPU collectives support at most %d ranks per node",
+                             COLLD_CUDA_MAX_RANKS);
+    launch_plan_t p;
+    plan_gpus(k, &p);
+    k->bint = p.lead;
+    colld_status_t st = check_peers(g, &p, err);
+    if (st != COLLD_OK)
+        return st;
+    CUresult cr = get_streams(b, k->comm, &p);
+    if (cr != CUDA_SUCCESS)
+        goto cuda_failed;
+    switch (a->kind) {
+    case COLLD_KIND_ALLREDUCE:
+    case COLLD_KIND_REDUCE:
+    case COLLD_KIND_BROADCAST:
+        st = launch_sliced(g, k, &p);
+        break;
+    case COLLD_KIND_REDUCESCATTER:
+    case COLLD_KIND_ALLGATHER:
+        st = launch_pieces(g, k, &p);
+        break;
+    default:
+        st = COLLD_ERR_INVALID_ARGUMENT;
+    }
+    if (st != COLLD_OK)
+        return colld_err_set(err, st, "collective #%llu: the GPU kernel could not be launched: %s",
+                             (unsigned long long)a->seq, colld_cuda_last_error());
+    if ((cr = signal_done(b, k, &p)) == CUDA_SUCCESS)
+        return COLLD_OK;
+cuda_failed:
+    return colld_err_set(err, COLLD_ERR_DEVICE, "collective #%llu: CUDA refused the launch: %s",
+                         (unsigned long long)a->seq, colld_cu_describe(g->cu, cr, buf, sizeof(buf)));
+}
+
+bool cuda_launch(colld_backend_t *b)
+{
+    colld_gpus_t *g = gpus_of(b);
+    if (!g || !g->launch)
+        return false;
+    for (colld_coll_t *k = g->launch; k; k = k->next) {
+        colld_err_t err = COLLD_ERR_INIT;
+        k->start_ns = colld_now_ns();
+        k->why[0] = '\0';
+        k->status = launch_one(b, k, &err);
+        if (k->status != COLLD_OK)
+            colld_strlcpy(k->why, err.msg, sizeof(k->why));
+    }
+    CU_CHECK(g->cu, cuCtxSetCurrent, NULL);
+    return true;
+}

@@ -1,0 +1,265 @@
+/*
+ * cuda_mem.c - the CUDA backend's memory: GPU registrations (COLLD_MSG_REG_CUDA), opened through
+ * transport/cuda_ipc and bounded by what the driver really mapped, and each session's GPU stream
+ * flag area (COLLD_MSG_GPU_FLAGS), a sealed memfd registered with CUDA by both sides.
+ */
+#include "server/backends/cuda/cuda.h"
+
+#include "common/log.h"
+#include "common/util.h"
+#include "transport/cuda_ipc/cuda_ipc.h"
+#include "transport/shm/shm.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* ============================================================================================
+ * Registrations
+ * ========================================================================================== */
+
+static int gpu_by_uuid(const colld_gpus_t *g, const uint8_t *uuid)
+{
+    for (int i = 0; i < g->n; i++)
+        if (memcmp(g->gpu[i].uuid.bytes, uuid, sizeof(g->gpu[i].uuid.bytes)) == 0)
+            return i;
+    return -1;
+}
+
+/* Registration, step 1: the message's own fields and the GPU it names. Returns the GPU's index,
+ * or -1 with err. */
+static int check_request(const colld_gpus_t *g, const colld_wire_msg_t *m, int fd, colld_err_t *err)
+{
+    unsigned how = m->u.reg_cuda.how;
+    if (how != COLLD_CUDA_EXPORT_IPC && how != COLLD_CUDA_EXPORT_FD) {
+        colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "unknown GPU export kind %u", how);
+        return -1;
+    }
+    if (m->u.reg_cuda.bytes == 0) {
+        colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "GPU registration of 0 bytes");
+        return -1;
+    }
+    if ((how == COLLD_CUDA_EXPORT_FD) != (fd >= 0)) {
+        colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, how == COLLD_CUDA_EXPORT_FD
+                                                           ? "VMM registration without a file descriptor"
+                                                           : "IPC registration with a file descriptor");
+        return -1;
+    }
+    int gi = gpu_by_uuid(g, m->u.reg_cuda.uuid);
+    if (gi < 0)
+        colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                      "the buffer's GPU is not visible to the daemon (is CUDA_VISIBLE_DEVICES narrower for colld?)");
+    return gi;
+}
+
+/* Registration, step 2: the same IPC allocation registered again by this session is the same
+ * registration (one more user). True when it was. */
+static bool reuse_ipc(colld_session_t *s, const colld_wire_msg_t *m, uint32_t *reg_id)
+{
+    colld_daemon_t *d = s->daemon;
+    bool found = false;
+    pthread_mutex_lock(&d->lock);
+    for (colld_reg_t *r = s->regs; r && !found; r = r->next) {
+        const gpu_reg_t *gr = r->bpriv;
+        if (r->device && gr && gr->how == COLLD_CUDA_EXPORT_IPC &&
+            memcmp(gr->ipc, m->u.reg_cuda.ipc, COLLD_WIRE_CUDA_IPC_BYTES) == 0) {
+            r->users++;
+            *reg_id = r->id;
+            found = true;
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    return found;
+}
+
+/* Close an allocation opened on GPU gi. */
+static void close_on(const colld_gpus_t *g, int gi, int how, CUdeviceptr p, size_t size)
+{
+    CU_CHECK(g->cu, cuCtxPushCurrent, g->gpu[gi].ctx);
+    colld_cuda_ipc_close(g->cu, how, p, size);
+    CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
+}
+
+/* Registration, step 3: open the allocation on its GPU, accessible to every GPU with peer access
+ * to it. Returns COLLD_OK with its address, or the error. */
+static colld_status_t open_alloc(const colld_gpus_t *g, int gi, const colld_wire_msg_t *m, int fd, CUdeviceptr *p,
+                                 colld_err_t *err)
+{
+    const colld_cu_t *cu = g->cu;
+    unsigned how = m->u.reg_cuda.how;
+    uint64_t bytes = m->u.reg_cuda.bytes;
+    CUdevice access[64];
+    int naccess = 0;
+    for (int j = 0; j < g->n && naccess < 64; j++)
+        if (g->peer[j * g->n + gi])
+            access[naccess++] = g->gpu[j].dev;
+    size_t mapped = 0;
+    CU_CHECK(cu, cuCtxPushCurrent, g->gpu[gi].ctx);
+    CUresult r = colld_cuda_ipc_open(cu, (int)how, m->u.reg_cuda.ipc, fd, bytes, access, naccess, p, &mapped);
+    if (r == CUDA_SUCCESS && how == COLLD_CUDA_EXPORT_IPC && mapped < bytes) {
+        colld_cuda_ipc_close(cu, (int)how, *p, mapped);
+        CU_CHECK(cu, cuCtxPopCurrent, NULL);
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                             "GPU registration of %llu bytes, but the allocation behind the handle has %llu",
+                             (unsigned long long)bytes, (unsigned long long)mapped);
+    }
+    CU_CHECK(cu, cuCtxPopCurrent, NULL);
+    if (r != CUDA_SUCCESS) {
+        char buf[160];
+        return colld_err_set(err, r == CUDA_ERROR_OUT_OF_MEMORY ? COLLD_ERR_NO_MEMORY : COLLD_ERR_INVALID_ARGUMENT,
+                             "the daemon cannot open the GPU buffer (%s): %s",
+                             how == COLLD_CUDA_EXPORT_IPC ? "CUDA IPC handle" : "VMM POSIX fd",
+                             colld_cu_describe(cu, r, buf, sizeof(buf)));
+    }
+    return COLLD_OK;
+}
+
+colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const colld_wire_msg_t *m, int fd,
+                                 uint32_t *reg_id, colld_err_t *err)
+{
+    colld_daemon_t *d = s->daemon;
+    colld_gpus_t *g = gpus_of(b);
+    if (!g)
+        return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "no GPU here: %s", d->device_none);
+    int gi = check_request(g, m, fd, err);
+    if (gi < 0)
+        return err->status;
+    unsigned how = m->u.reg_cuda.how;
+    uint64_t bytes = m->u.reg_cuda.bytes;
+    if (how == COLLD_CUDA_EXPORT_IPC && reuse_ipc(s, m, reg_id))
+        return COLLD_OK;
+    CUdeviceptr p = 0;
+    colld_status_t st = open_alloc(g, gi, m, fd, &p, err);
+    if (st != COLLD_OK)
+        return st;
+    colld_reg_t *reg = calloc(1, sizeof(*reg));
+    gpu_reg_t *gr = calloc(1, sizeof(*gr));
+    if (!reg || !gr) {
+        close_on(g, gi, (int)how, p, bytes);
+        free(reg);
+        free(gr);
+        return colld_err_set(err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
+    }
+    gr->gpu = gi;
+    gr->how = (int)how;
+    if (how == COLLD_CUDA_EXPORT_IPC)
+        memcpy(gr->ipc, m->u.reg_cuda.ipc, sizeof(gr->ipc));
+    reg->device = true;
+    reg->backend = b;
+    reg->bpriv = gr;
+    reg->daemon = d;
+    reg->base = (void *)(uintptr_t)p;
+    reg->size = bytes; /* references are checked against what the client registered (<= mapped) */
+    reg->refs = 1;
+    reg->users = 1;
+    pthread_mutex_lock(&d->lock);
+    reg->id = ++s->next_reg_id;
+    reg->next = s->regs;
+    s->regs = reg;
+    pthread_mutex_unlock(&d->lock);
+    *reg_id = reg->id;
+    LOG_DEBUG(GPU, "session %llu: registered %llu bytes of GPU %d memory as %u (%s)", (unsigned long long)s->id,
+              (unsigned long long)bytes, gi, reg->id, how == COLLD_CUDA_EXPORT_IPC ? "IPC" : "VMM fd");
+    return COLLD_OK;
+}
+
+/* A registration's last reference went: close its mapping (lock held). */
+void cuda_mem_release(colld_backend_t *b, colld_reg_t *r)
+{
+    colld_gpus_t *g = gpus_of(b);
+    gpu_reg_t *gr = r->bpriv;
+    if (g && gr)
+        close_on(g, gr->gpu, gr->how, (CUdeviceptr)(uintptr_t)r->base, r->size);
+    free(gr);
+    r->bpriv = NULL;
+}
+
+/* ============================================================================================
+ * The session's flag area
+ * ========================================================================================== */
+
+/* Make the session's flag area: a sealed memfd of one line per communicator handle, registered
+ * with CUDA as portable and device-mapped so that every GPU's stream can write `done` into it
+ * (lock held). Returns it, or NULL with err. */
+static gpu_session_t *flags_create(colld_gpus_t *g, colld_session_t *s, colld_err_t *err)
+{
+    colld_daemon_t *d = s->daemon;
+    const colld_cu_t *cu = g->cu;
+    uint64_t bytes = COLLD_WIRE_GPU_FLAGS_BYTES(d->cfg.max_comms_per_session);
+    gpu_session_t *gs = calloc(1, sizeof(*gs));
+    int fd = -1;
+    void *p;
+    if (!gs || colld_shm_create("colld-gpu-flags", bytes, &fd, &p) < 0) {
+        colld_err_set(err, COLLD_ERR_SYSTEM, "cannot create the GPU flag area: %s", gs ? strerror(errno) : "out of memory");
+        free(gs);
+        return NULL;
+    }
+    CUdeviceptr dp = 0;
+    CU_CHECK(cu, cuCtxPushCurrent, g->gpu[0].ctx);
+    CUresult r =
+        CU_CHECK(cu, cuMemHostRegister, p, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    if (r == CUDA_SUCCESS && (r = CU_CHECK(cu, cuMemHostGetDevicePointer, &dp, p, 0)) != CUDA_SUCCESS)
+        CU_CHECK(cu, cuMemHostUnregister, p);
+    CU_CHECK(cu, cuCtxPopCurrent, NULL);
+    if (r != CUDA_SUCCESS) {
+        char buf[160];
+        colld_err_set(err, COLLD_ERR_DEVICE, "cannot register the GPU flag area with CUDA: %s",
+                      colld_cu_describe(cu, r, buf, sizeof(buf)));
+        munmap(p, bytes);
+        close(fd);
+        free(gs);
+        return NULL;
+    }
+    gs->flags = p;
+    gs->size = bytes;
+    gs->fd = fd;
+    gs->dptr = (uint64_t)dp;
+    gs->lines = (uint32_t)COLLD_WIRE_GPU_LINES(d->cfg.max_comms_per_session);
+    return gs;
+}
+
+int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint32_t *lines, colld_err_t *err)
+{
+    colld_daemon_t *d = s->daemon;
+    colld_gpus_t *g = gpus_of(b);
+    if (!g) {
+        colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "no GPU here: %s", d->device_none);
+        return -1;
+    }
+    pthread_mutex_lock(&d->lock);
+    gpu_session_t *gs = gpu_session_of(b, s);
+    if (!gs && !(gs = flags_create(g, s, err))) {
+        pthread_mutex_unlock(&d->lock);
+        return -1;
+    }
+    s->bslot[b->slot] = gs;
+    int fd = dup(gs->fd);
+    *size = gs->size;
+    *lines = gs->lines;
+    pthread_mutex_unlock(&d->lock);
+    if (fd < 0)
+        colld_err_set(err, COLLD_ERR_SYSTEM, "dup: %s", strerror(errno));
+    return fd;
+}
+
+/* The session's last reference went: unregister and free its flag area. */
+void cuda_session_free(colld_backend_t *b, colld_session_t *s)
+{
+    colld_gpus_t *g = gpus_of(b);
+    gpu_session_t *gs = gpu_session_of(b, s);
+    if (!gs)
+        return;
+    if (g) {
+        CU_CHECK(g->cu, cuCtxPushCurrent, g->gpu[0].ctx);
+        CU_CHECK(g->cu, cuMemHostUnregister, gs->flags);
+        CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
+    }
+    munmap(gs->flags, gs->size);
+    close(gs->fd);
+    free(gs);
+    s->bslot[b->slot] = NULL;
+}

@@ -1,0 +1,103 @@
+/*
+ * match.c - matching: a collective is identified by (communicator, sequence number). When every
+ * local rank has posted its next one, their signatures (kind, dtype, op, count, root, stream
+ * ordering) are compared: the same, and the ranks' operations leave their queues together as one
+ * collective for a backend; different, and every rank fails with COLLD_ERR_MISMATCH naming each
+ * rank's call, no buffer touched. A collective whose first rank arrived more than the
+ * communicator's timeout ago fails for everyone with COLLD_ERR_TIMEOUT naming the ranks that never
+ * arrived and how long the others waited. All functions run with daemon->lock held.
+ */
+#include "server/core/daemon.h"
+
+#include "common/util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* The mismatch report of collective `seq`: each local rank's call (lock held). */
+static void report_mismatch(colld_daemon_t *d, colld_dcomm_t *c, uint64_t seq)
+{
+    char why[COLLD_DETAIL_LEN];
+    int off = snprintf(why, sizeof(why), "collective #%llu differs between ranks: ", (unsigned long long)seq);
+    for (int r = 0; r < c->nranks && off < (int)sizeof(why) - 1; r++)
+        if (!c->ranks[r].remote)
+            off += colld_describe_call(why + off, sizeof(why) - (size_t)off, r, &c->ranks[r].head->d);
+    colld_comm_break(d, c, COLLD_ERR_MISMATCH, -1, why);
+}
+
+colld_coll_t *colld_match(colld_daemon_t *d, colld_dcomm_t *c)
+{
+    const colld_wire_sqe_t *a = NULL;
+    for (int r = 0; r < c->nranks; r++) {
+        if (c->ranks[r].remote)
+            continue; /* another node matches its own ranks */
+        if (!c->ranks[r].head)
+            return NULL;
+        if (!a)
+            a = &c->ranks[r].head->d;
+    }
+    if (!a)
+        return NULL;
+    bool same = true;
+    for (int r = 0; r < c->nranks && same; r++) {
+        if (c->ranks[r].remote)
+            continue;
+        same = colld_same_call(a, &c->ranks[r].head->d);
+    }
+    if (!same) {
+        report_mismatch(d, c, a->seq);
+        return NULL;
+    }
+    colld_coll_t *k = malloc(sizeof(*k) + (size_t)c->nranks * sizeof(k->ops[0]));
+    if (!k) {
+        colld_comm_break(d, c, COLLD_ERR_NO_MEMORY, -1, "daemon out of memory");
+        return NULL;
+    }
+    for (int r = 0; r < c->nranks; r++) {
+        colld_member_t *m = &c->ranks[r];
+        k->ops[r] = m->head;
+        if (m->remote)
+            continue;
+        m->head = m->head->next;
+        if (!m->head)
+            m->tail = NULL;
+        k->ops[r]->next = NULL;
+    }
+    k->comm = c;
+    k->status = COLLD_OK;
+    k->start_ns = k->end_ns = 0;
+    k->next = NULL;
+    k->backend = NULL;
+    k->bpriv = NULL;
+    k->bint = 0;
+    k->why[0] = '\0';
+    c->refs++;
+    c->exec_seq = a->seq + 1;
+    return k;
+}
+
+uint64_t colld_match_timeouts(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now)
+{
+    uint64_t first = UINT64_MAX;
+    for (int r = 0; r < c->nranks; r++)
+        if (!c->ranks[r].remote && c->ranks[r].head && c->ranks[r].head->arrival_ns < first)
+            first = c->ranks[r].head->arrival_ns;
+    if (first == UINT64_MAX)
+        return UINT64_MAX;
+    uint64_t deadline = first + (uint64_t)c->timeout_ms * 1000000ull;
+    if (now < deadline)
+        return deadline;
+    char why[COLLD_DETAIL_LEN];
+    int off = snprintf(why, sizeof(why), "collective #%llu timed out after %d ms: rank(s)",
+                       (unsigned long long)c->exec_seq, c->timeout_ms);
+    for (int r = 0; r < c->nranks && off < (int)sizeof(why) - 64; r++)
+        if (!c->ranks[r].head && !c->ranks[r].remote)
+            off += snprintf(why + off, sizeof(why) - (size_t)off, " %d", r);
+    off += snprintf(why + off, sizeof(why) - (size_t)off, " never arrived; waiting:");
+    for (int r = 0; r < c->nranks && off < (int)sizeof(why) - 40; r++)
+        if (c->ranks[r].head)
+            off += snprintf(why + off, sizeof(why) - (size_t)off, " rank %d %llu ms", r,
+                            (unsigned long long)((now - c->ranks[r].head->arrival_ns) / 1000000ull));
+    colld_comm_break(d, c, COLLD_ERR_TIMEOUT, -1, why);
+    return UINT64_MAX;
+}

@@ -1,0 +1,56 @@
+/*
+ * names.c - the names of collective kinds, data types, reduction ops and communicator states, as
+ * the daemon's messages, collctl and the events write them.
+ */
+#include "server/core/daemon.h"
+
+/* "allreduce", ..., "unknown" for a value outside colld_kind_t. */
+const char *colld_kind_name(unsigned kind)
+{
+    switch (kind) {
+    case COLLD_KIND_ALLREDUCE:
+        return "allreduce";
+    case COLLD_KIND_BROADCAST:
+        return "broadcast";
+    case COLLD_KIND_REDUCE:
+        return "reduce";
+    case COLLD_KIND_ALLGATHER:
+        return "allgather";
+    case COLLD_KIND_REDUCESCATTER:
+        return "reducescatter";
+    }
+    return "unknown";
+}
+
+/* "int8", ..., "unknown" for a value outside colld_dtype_t. */
+const char *colld_dtype_name(unsigned dtype)
+{
+    static const char *const names[] = { "int8",    "uint8",    "int32",   "uint32",  "int64",
+                                         "uint64", "float16", "bfloat16", "float32", "float64" };
+    _Static_assert(sizeof(names) / sizeof(names[0]) == COLLD_DTYPE_COUNT, "one name per dtype");
+    return dtype < COLLD_DTYPE_COUNT ? names[dtype] : "unknown";
+}
+
+/* "sum", ..., "unknown" for a value outside colld_redop_t. */
+const char *colld_redop_name(unsigned redop)
+{
+    static const char *const names[] = { "sum", "prod", "min", "max", "avg" };
+    _Static_assert(sizeof(names) / sizeof(names[0]) == COLLD_REDOP_COUNT, "one name per op");
+    return redop < COLLD_REDOP_COUNT ? names[redop] : "unknown";
+}
+
+/* The name of a state, as collctl and the events show it. */
+const char *colld_comm_state_name(colld_comm_state_t s)
+{
+    switch (s) {
+    case COLLD_COMM_JOINING:
+        return "joining";
+    case COLLD_COMM_READY:
+        return "ready";
+    case COLLD_COMM_BROKEN:
+        return "broken";
+    case COLLD_COMM_CLOSING:
+        return "closing";
+    }
+    return "unknown";
+}
