@@ -1,5 +1,7 @@
 /*
  * xcoll.c - collectives across daemons (hierarchical): local step, inter-node step, local step.
+ * This file is the driver (the stages, Ready, DATA checks and dispatch, deadlines, the end); the
+ * inter-node algorithms are ring.c and rd.c (xcoll.h).
  *
  * When every local rank of a multi-node communicator has posted collective `seq`, the engine
  * hands it here (network thread). Each daemon is the single participant for its local ranks:
@@ -46,7 +48,7 @@
  * buffer for recursive doubling), inside the buffer, at most once. Anything else fails the
  * collective with a protocol error naming the node, before a byte is used.
  */
-#include "server/net/cluster.h"
+#include "server/net/xcoll.h"
 
 #include "colld_net.pb-c.h"
 #include "common/log.h"
@@ -58,69 +60,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    uint64_t off, len;
-    int block;
-    uint32_t chunk0; /* index of its first chunk among all chunks of the layout */
-} xrange_t;
-
-/* What a collective has to do with one other node; the transport's done callback of a send to
- * it gets a pointer to this. */
-typedef struct {
-    struct xcoll *xc;
-    int node;
-    bool ready;        /* Ready(seq) seen with the same signature */
-    unsigned inflight; /* DATA sends to it not written yet */
-    uint64_t moved_ns; /* the last of them written, or the first queued when none was yet */
-} xnode_t;
-
-/* A send waiting for its destination's Ready. */
-typedef struct pend {
-    int node;
-    colld_net_hdr_t h;
-    const uint8_t *src;
-    struct pend *next;
-} pend_t;
-
-struct xcoll {
-    colld_daemon_t *d;
-    colld_coll_t *k;
-    colld_dcomm_t *c;
-    colld_xcomm_t *x;
-    xsig_t sig;
-    colld_dtype_t dt;
-    colld_redop_t op;    /* the collective's op */
-    colld_redop_t pop;   /* the op that combines partials (avg: sum) */
-    size_t es;
-    bool active, failed, rd;
-    int stage;           /* STAGE_IN, STAGE_NET, STAGE_OUT */
-    uint64_t cursor;     /* bytes of X the local stage has done */
-    int busy;            /* > 0 while a handler runs: finishing waits for it */
-    colld_status_t status;
-    uint8_t *X;
-    uint64_t xbytes;
-    xrange_t *ranges;    /* ring layout */
-    int nranges;
-    uint32_t nchunks;    /* chunks of the ring layout */
-    uint8_t *got;        /* [2][nchunks]: ring chunks received in reduce-scatter, all-gather */
-    xnode_t *nodes;      /* [nnodes] */
-    int nready;          /* other nodes ready */
-    uint64_t recv_left;
-    unsigned inflight;   /* DATA sends not written yet */
-    pend_t *pend, *pend_tail;
-    uint64_t deadline_ns; /* every node's Ready by then */
-    uint64_t progress_ns; /* the last progress, once every node is ready (deadlines above) */
-    uint64_t fail_ns;     /* when it failed */
-    /* recursive doubling */
-    int rd_p, rd_nsteps, rd_step;
-    bool rd_pre_wait, rd_finished;
-    uint8_t *rd_buf;     /* [pre | steps recv | steps send], each xbytes */
-    uint64_t *rd_left;   /* [1 + nsteps]: bytes still to receive (0: pre) */
-    bool *rd_sent;       /* [nsteps]: this node's data of the step went out */
-    xcoll_t *next;       /* in x's queue */
-    xcoll_t *rnext;      /* in the cluster's running list */
-};
-
 static void xcoll_maybe_end(xcoll_t *xc);
 
 /* The local stages run in slices of this many bytes of X, one slice per pass of the network
@@ -130,84 +69,21 @@ static void xcoll_maybe_end(xcoll_t *xc);
  * that no longer takes any before that node's link is dropped. */
 #define DRAIN_MS 5000
 
-enum { STAGE_IN = 0, STAGE_NET = 1, STAGE_OUT = 2 };
-
 /* ============================================================================================
  * Helpers
  * ========================================================================================== */
 
-static int mod(int a, int k)
-{
-    return ((a % k) + k) % k;
-}
-
-static bool kind_reduces(unsigned kind)
-{
-    return kind == COLLD_KIND_ALLREDUCE || kind == COLLD_KIND_REDUCE || kind == COLLD_KIND_REDUCESCATTER;
-}
-
-/* Ring phases of a kind: the reducing ones have a reduce-scatter; all but reduce-scatter an
- * all-gather. */
-static bool has_ag(unsigned kind)
-{
-    return kind != COLLD_KIND_REDUCESCATTER;
-}
-
 static int describe_sig(char *buf, size_t len, const xsig_t *s)
 {
     return snprintf(buf, len, "%s(%s, %s, count %llu, root %d)", colld_kind_name(s->kind), colld_dtype_name(s->dtype),
-                    kind_reduces(s->kind) ? colld_redop_name(s->redop) : "-", (unsigned long long)s->count, s->root);
+                    xkind_reduces(s->kind) ? colld_redop_name(s->redop) : "-", (unsigned long long)s->count, s->root);
 }
 
 static bool sig_equal(const xsig_t *a, const xsig_t *b)
 {
     bool root = a->kind == COLLD_KIND_BROADCAST || a->kind == COLLD_KIND_REDUCE;
     return a->kind == b->kind && a->dtype == b->dtype && a->count == b->count &&
-           (!kind_reduces(a->kind) || a->redop == b->redop) && (!root || a->root == b->root);
-}
-
-/* Bytes of the block b of the ring layout. */
-static uint64_t block_bytes(const xcoll_t *xc, int b)
-{
-    uint64_t n = 0;
-    for (int i = 0; i < xc->nranges; i++)
-        if (xc->ranges[i].block == b)
-            n += xc->ranges[i].len;
-    return n;
-}
-
-/* The ring chunk [off, off+len) is: its index among the layout's chunks, -1 when it is not
- * exactly one chunk of a range as send_block cuts them (chunk_bytes from the range's start, the
- * last one shorter). *block gets its range's block. */
-static int64_t chunk_of(const xcoll_t *xc, uint64_t off, uint64_t len, int *block)
-{
-    uint64_t chunk = xc->x->chunk_bytes;
-    for (int i = 0; i < xc->nranges; i++) {
-        const xrange_t *r = &xc->ranges[i];
-        if (off < r->off || off - r->off >= r->len)
-            continue;
-        uint64_t in = off - r->off;
-        if (in % chunk != 0 || len != COLLD_MIN(chunk, r->len - in))
-            return -1;
-        *block = r->block;
-        return (int64_t)r->chunk0 + (int64_t)(in / chunk);
-    }
-    return -1;
-}
-
-/* Whether every chunk of block b arrived in phase ph (0: reduce-scatter, 1: all-gather). */
-static bool block_received(const xcoll_t *xc, int ph, int b)
-{
-    uint64_t chunk = xc->x->chunk_bytes;
-    for (int i = 0; i < xc->nranges; i++) {
-        const xrange_t *r = &xc->ranges[i];
-        if (r->block != b)
-            continue;
-        for (uint64_t c = 0; c * chunk < r->len; c++)
-            if (!xc->got[(size_t)ph * xc->nchunks + r->chunk0 + c])
-                return false;
-    }
-    return true;
+           (!xkind_reduces(a->kind) || a->redop == b->redop) && (!root || a->root == b->root);
 }
 
 /* The other node whose peer is p, -1 when p is not a member node. */
@@ -313,9 +189,7 @@ static void xcoll_end(xcoll_t *xc)
     free(xc->ranges);
     free(xc->got);
     free(xc->nodes);
-    free(xc->rd_buf);
-    free(xc->rd_left);
-    free(xc->rd_sent);
+    colld_xrd_free(xc);
     free(xc);
     if (next)
         xcoll_start(next);
@@ -417,19 +291,6 @@ static void xsend(xcoll_t *xc, int node, int phase, int step, uint64_t off, uint
     xc->pend_tail = p;
 }
 
-/* Send every chunk of block b of X. */
-static void send_block(xcoll_t *xc, int node, int phase, int step, int b)
-{
-    uint64_t chunk = xc->x->chunk_bytes;
-    for (int i = 0; i < xc->nranges && !xc->failed; i++) {
-        const xrange_t *r = &xc->ranges[i];
-        if (r->block != b)
-            continue;
-        for (uint64_t o = 0; o < r->len; o += chunk)
-            xsend(xc, node, phase, step, r->off + o, COLLD_MIN(chunk, r->len - o), xc->X + r->off + o);
-    }
-}
-
 /* The sends held for a node that just became ready, in order. */
 static void flush_pending(xcoll_t *xc, int node)
 {
@@ -449,129 +310,8 @@ static void flush_pending(xcoll_t *xc, int node)
 }
 
 /* ============================================================================================
- * Recursive doubling (small all-reduces)
- * ========================================================================================== */
-
-static uint8_t *rd_recv_area(xcoll_t *xc, int idx) /* 0: pre, 1 + s: step s */
-{
-    return xc->rd_buf + (uint64_t)idx * xc->xbytes;
-}
-
-static uint8_t *rd_send_area(xcoll_t *xc, int s)
-{
-    return xc->rd_buf + (uint64_t)(1 + xc->rd_nsteps + s) * xc->xbytes;
-}
-
-/* X = combine of two partials, the lower node's first. */
-static void rd_combine(xcoll_t *xc, const uint8_t *lower, const uint8_t *upper)
-{
-    const void *in[2] = { lower, upper };
-    void *out[1] = { xc->X };
-    if (xc->xbytes == 0)
-        return;
-    colld_cpu_reduce(xc->dt, xc->pop, in, 2, out, 1, xc->xbytes / xc->es);
-}
-
-/* Advance as far as the received data allows. */
-static void rd_advance(xcoll_t *xc)
-{
-    int j = xc->x->self, k = xc->x->nnodes, p = xc->rd_p;
-    if (xc->failed || xc->rd_finished || j >= p)
-        return; /* a node beyond p waits for its result (recv_left) */
-    if (xc->rd_pre_wait) {
-        if (xc->rd_left[0] > 0)
-            return;
-        rd_combine(xc, xc->X, rd_recv_area(xc, 0)); /* node j before node j + p */
-        xc->rd_pre_wait = false;
-    }
-    while (xc->rd_step < xc->rd_nsteps && !xc->failed) {
-        int s = xc->rd_step, partner = j ^ (1 << s);
-        if (!xc->rd_sent[s]) { /* a copy: X changes while the copy is still being sent */
-            xc->rd_sent[s] = true;
-            if (xc->xbytes) {
-                memcpy(rd_send_area(xc, s), xc->X, xc->xbytes);
-                xsend(xc, partner, XPHASE_RD, s, 0, xc->xbytes, rd_send_area(xc, s));
-            }
-        }
-        if (xc->rd_left[1 + s] > 0)
-            return;
-        if (j < partner)
-            rd_combine(xc, xc->X, rd_recv_area(xc, 1 + s));
-        else
-            rd_combine(xc, rd_recv_area(xc, 1 + s), xc->X);
-        xc->rd_step++;
-    }
-    if (xc->failed)
-        return;
-    if (xc->op == COLLD_AVG)
-        colld_cpu_avg_finish(xc->dt, xc->X, xc->xbytes / xc->es, xc->c->nranks);
-    if (j < k - p && xc->xbytes)
-        xsend(xc, j + p, XPHASE_RD_POST, 0, 0, xc->xbytes, xc->X);
-    xc->rd_finished = true;
-}
-
-/* ============================================================================================
  * Starting a collective
  * ========================================================================================== */
-
-/* Number the chunks of the ring layout and allocate their reception marks. Returns 0 or -1. */
-static int number_chunks(xcoll_t *xc)
-{
-    uint64_t chunk = xc->x->chunk_bytes, total = 0;
-    for (int i = 0; i < xc->nranges; i++) {
-        xc->ranges[i].chunk0 = (uint32_t)total;
-        total += (xc->ranges[i].len + chunk - 1) / chunk;
-        if (total > UINT32_MAX / 2)
-            return -1;
-    }
-    xc->nchunks = (uint32_t)total;
-    xc->got = calloc(2 * (size_t)total + 1, 1);
-    return xc->got ? 0 : -1;
-}
-
-/* The ring layout: which byte ranges of X make up each node's block. */
-static int layout_ranges(xcoll_t *xc)
-{
-    colld_xcomm_t *x = xc->x;
-    int k = x->nnodes, n = xc->c->nranks;
-    uint64_t slot = xc->sig.count * xc->es;
-    switch (xc->sig.kind) {
-    case COLLD_KIND_ALLREDUCE:
-    case COLLD_KIND_REDUCE: {
-        xc->ranges = calloc((size_t)k, sizeof(*xc->ranges));
-        if (!xc->ranges)
-            return -1;
-        uint64_t count = xc->sig.count;
-        for (int b = 0; b < k; b++) {
-            uint64_t first = count * (uint64_t)b / (uint64_t)k, last = count * (uint64_t)(b + 1) / (uint64_t)k;
-            xc->ranges[b] = (xrange_t){ .off = first * xc->es, .len = (last - first) * xc->es, .block = b };
-        }
-        xc->nranges = k;
-        return 0;
-    }
-    case COLLD_KIND_BROADCAST:
-        xc->ranges = calloc(1, sizeof(*xc->ranges));
-        if (!xc->ranges)
-            return -1;
-        xc->ranges[0] = (xrange_t){ .off = 0, .len = xc->xbytes, .block = x->rank_node[xc->sig.root] };
-        xc->nranges = 1;
-        return 0;
-    default: /* all-gather, reduce-scatter: rank r's slot belongs to its node */
-        xc->ranges = calloc((size_t)n, sizeof(*xc->ranges));
-        if (!xc->ranges)
-            return -1;
-        for (int r = 0; r < n; r++)
-            xc->ranges[r] = (xrange_t){ .off = (uint64_t)r * slot, .len = slot, .block = x->rank_node[r] };
-        xc->nranges = n;
-        return 0;
-    }
-}
-
-/* The ring layout and its chunks. Returns 0 or -1 (out of memory). */
-static int make_layout(xcoll_t *xc)
-{
-    return layout_ranges(xc) < 0 || number_chunks(xc) < 0 ? -1 : 0;
-}
 
 /* Step 1 for bytes [a, b) of X: the local ranks' contribution. */
 static int phase_in(xcoll_t *xc, uint64_t a, uint64_t b)
@@ -689,7 +429,7 @@ static void xcoll_start(xcoll_t *xc)
     bool small = bytes <= x->chunk_bytes && (x->algo == COLLD_NET_ALGO_RD ||
                                              (x->algo == COLLD_NET_ALGO_AUTO && bytes <= x->small_bytes));
     xc->rd = (xc->sig.kind == COLLD_KIND_ALLREDUCE || xc->sig.kind == COLLD_KIND_REDUCE) && small;
-    if (!xc->nodes || make_layout(xc) < 0) {
+    if (!xc->nodes || colld_xring_layout(xc) < 0) {
         xcoll_fail(xc, COLLD_ERR_NO_MEMORY, "daemon out of memory", true);
         goto out;
     }
@@ -736,7 +476,6 @@ static void xcoll_run(xcoll_t *xc)
 {
     colld_xcomm_t *x = xc->x;
     int k = x->nnodes, j = x->self;
-    uint64_t bytes = xc->xbytes;
     xc->busy++;
     send_ready(xc);
     if (xc->failed)
@@ -744,50 +483,10 @@ static void xcoll_run(xcoll_t *xc)
     for (int i = 0; i < k; i++) /* Ready messages that came before this collective started */
         if (i != j && x->ready[i][xc->sig.seq & 1].seq == xc->sig.seq)
             apply_ready(xc, i, &x->ready[i][xc->sig.seq & 1]);
-    if (xc->rd) {
-        int p = 1;
-        while (p * 2 <= k)
-            p *= 2;
-        xc->rd_p = p;
-        while ((1 << xc->rd_nsteps) < p)
-            xc->rd_nsteps++;
-        xc->rd_buf = malloc((size_t)(2 * xc->rd_nsteps + 1) * bytes + 1);
-        xc->rd_left = malloc((size_t)(1 + xc->rd_nsteps) * sizeof(uint64_t));
-        xc->rd_sent = calloc((size_t)xc->rd_nsteps + 1, sizeof(bool));
-        if (!xc->rd_buf || !xc->rd_left || !xc->rd_sent) {
-            xcoll_fail(xc, COLLD_ERR_NO_MEMORY, "daemon out of memory", true);
-            goto out;
-        }
-        xc->rd_left[0] = j < k - p ? bytes : 0;
-        for (int s = 0; s < xc->rd_nsteps; s++)
-            xc->rd_left[1 + s] = j < p ? bytes : 0;
-        xc->rd_pre_wait = j < k - p;
-        if (j >= p) { /* beyond the power of two: hand the data in, wait for the result */
-            xc->recv_left = bytes;
-            xc->rd_finished = true;
-            if (bytes)
-                xsend(xc, j - p, XPHASE_RD_PRE, 0, 0, bytes, xc->X);
-        } else {
-            xc->recv_left = xc->rd_left[0] + (uint64_t)xc->rd_nsteps * bytes;
-            rd_advance(xc);
-        }
-        goto out;
-    }
-    /* ring */
-    int next = mod(j + 1, k);
-    if (kind_reduces(xc->sig.kind)) {
-        xc->recv_left = bytes - block_bytes(xc, mod(j - 1, k));
-        if (has_ag(xc->sig.kind))
-            xc->recv_left += bytes - block_bytes(xc, j);
-        if (k == 1 && xc->op == COLLD_AVG && bytes)
-            colld_cpu_avg_finish(xc->dt, xc->X, bytes / xc->es, xc->c->nranks);
-        if (k > 1)
-            send_block(xc, next, XPHASE_RS, 0, mod(j - 1, k));
-    } else {
-        xc->recv_left = bytes - block_bytes(xc, j);
-        if (k > 1)
-            send_block(xc, next, XPHASE_AG, 0, j);
-    }
+    if (xc->rd)
+        colld_xrd_start(xc);
+    else
+        colld_xring_start(xc);
 out:
     xc->busy--;
     xcoll_maybe_end(xc);
@@ -814,6 +513,8 @@ void colld_xcoll_add(colld_daemon_t *d, colld_coll_t *k)
     xc->k = k;
     xc->c = c;
     xc->x = colld_xcomm(c);
+    xc->send = xsend;
+    xc->fail = xcoll_fail;
     xc->sig = (xsig_t){ .seq = lead->d.seq,
                         .kind = lead->d.kind,
                         .dtype = lead->d.dtype,
@@ -864,55 +565,14 @@ static xcoll_t *find_xcoll(colld_cluster_t *cl, uint64_t xid, uint64_t seq)
     return NULL;
 }
 
-static const char *phase_name(unsigned phase)
-{
-    switch (phase) {
-    case XPHASE_RS:
-        return "ring reduce-scatter";
-    case XPHASE_AG:
-        return "ring all-gather";
-    case XPHASE_RD_PRE:
-        return "recursive doubling hand-in";
-    case XPHASE_RD:
-        return "recursive doubling";
-    case XPHASE_RD_POST:
-        return "recursive doubling result";
-    }
-    return "unknown phase";
-}
-
-/* A recursive doubling message: the whole buffer, once, from the node due. */
-static bool rd_valid(const xcoll_t *xc, const colld_net_hdr_t *h, bool phase_ok, int from, int want,
-                     uint64_t left, char *why, size_t len)
-{
-    if (!phase_ok) {
-        snprintf(why, len, "%s step %u is not a phase of this collective on this node", phase_name(h->phase),
-                 h->step);
-        return false;
-    }
-    if (from != want) {
-        snprintf(why, len, "%s step %u came from the wrong node (node %d, not node %d)", phase_name(h->phase), h->step,
-                 from, want);
-        return false;
-    }
-    if (h->offset != 0 || h->len != xc->xbytes || left != xc->xbytes) {
-        snprintf(why, len, "%s step %u: bytes %llu..%llu, where the whole %llu-byte buffer is due once",
-                 phase_name(h->phase), h->step, (unsigned long long)h->offset,
-                 (unsigned long long)(h->offset + h->len), (unsigned long long)xc->xbytes);
-        return false;
-    }
-    return true;
-}
-
 /* Check a DATA message from node `from` against what this node expects of it (see the top of
  * the file). Returns true, or false with the reason always written into why. On success, *chunk
  * is the ring chunk it fills (-1 for recursive doubling). */
 static bool data_valid(xcoll_t *xc, int from, const colld_net_hdr_t *h, int64_t *chunk, char *why, size_t len)
 {
-    int k = xc->x->nnodes, j = xc->x->self, p = xc->rd_p;
     *chunk = -1;
     if (xc->stage != STAGE_NET) {
-        snprintf(why, len, "%s step %u arrived before this node announced it was ready", phase_name(h->phase),
+        snprintf(why, len, "%s step %u arrived before this node announced it was ready", xphase_name(h->phase),
                  h->step);
         return false;
     }
@@ -920,52 +580,22 @@ static bool data_valid(xcoll_t *xc, int from, const colld_net_hdr_t *h, int64_t 
         h->len % xc->es || h->len > xc->recv_left) {
         snprintf(why, len, "%s step %u: bytes %llu..%llu are empty, outside the collective's %llu-byte buffer, "
                            "not whole elements or more than is still due",
-                 phase_name(h->phase), h->step, (unsigned long long)h->offset,
+                 xphase_name(h->phase), h->step, (unsigned long long)h->offset,
                  (unsigned long long)(h->offset + h->len), (unsigned long long)xc->xbytes);
         return false;
     }
     switch (h->phase) {
     case XPHASE_RD_PRE:
-        return rd_valid(xc, h, xc->rd && j < k - p && h->step == 0, from, j + p, xc->rd ? xc->rd_left[0] : 0, why,
-                        len);
     case XPHASE_RD:
-        return rd_valid(xc, h, xc->rd && j < p && h->step < xc->rd_nsteps, from,
-                        xc->rd && h->step < xc->rd_nsteps ? j ^ (1 << h->step) : -1,
-                        xc->rd && h->step < xc->rd_nsteps ? xc->rd_left[1 + h->step] : 0, why, len);
     case XPHASE_RD_POST:
-        return rd_valid(xc, h, xc->rd && j >= p && h->step == 0, from, j - p, xc->recv_left, why, len);
+        return colld_xrd_valid(xc, from, h, why, len);
     case XPHASE_RS:
     case XPHASE_AG:
-        break;
+        return colld_xring_valid(xc, from, h, chunk, why, len);
     default:
         snprintf(why, len, "unknown phase %u", h->phase);
         return false;
     }
-    bool rs = h->phase == XPHASE_RS;
-    bool phase_ok = !xc->rd && h->step < k - 1 && (rs ? kind_reduces(xc->sig.kind) : has_ag(xc->sig.kind));
-    if (!phase_ok) {
-        snprintf(why, len, "%s step %u is not a phase of this collective", phase_name(h->phase), h->step);
-        return false;
-    }
-    if (from != mod(j - 1, k)) {
-        snprintf(why, len, "%s step %u came from node %d, not from the previous node of the ring (%d)",
-                 phase_name(h->phase), h->step, from, mod(j - 1, k));
-        return false;
-    }
-    int block = -1, want = rs ? mod(j - h->step - 2, k) : mod(j - h->step - 1, k);
-    int64_t c = chunk_of(xc, h->offset, h->len, &block);
-    if (c < 0 || block != want) {
-        snprintf(why, len, "%s step %u: bytes %llu..%llu are not a chunk of block %d, the block due", phase_name(h->phase),
-                 h->step, (unsigned long long)h->offset, (unsigned long long)(h->offset + h->len), want);
-        return false;
-    }
-    if (xc->got[(size_t)(rs ? 0 : 1) * xc->nchunks + (size_t)c]) {
-        snprintf(why, len, "%s step %u: bytes %llu..%llu arrived twice", phase_name(h->phase), h->step,
-                 (unsigned long long)h->offset, (unsigned long long)(h->offset + h->len));
-        return false;
-    }
-    *chunk = c;
-    return true;
 }
 
 void colld_xcoll_data(colld_daemon_t *d, colld_net_peer_t *p, const colld_net_hdr_t *h, const void *payload)
@@ -982,8 +612,6 @@ void colld_xcoll_data(colld_daemon_t *d, colld_net_peer_t *p, const colld_net_hd
     }
     xc->busy++;
     char why[COLLD_DETAIL_LEN / 2];
-    int k = xc->x->nnodes, j = xc->x->self;
-    uint64_t off = h->offset, len = h->len;
     int64_t chunk;
     if (!data_valid(xc, from, h, &chunk, why, sizeof(why))) {
         char detail[COLLD_DETAIL_LEN];
@@ -993,50 +621,10 @@ void colld_xcoll_data(colld_daemon_t *d, colld_net_peer_t *p, const colld_net_hd
         goto out;
     }
     xc->progress_ns = colld_now_ns();
-    if (chunk >= 0)
-        xc->got[(size_t)(h->phase == XPHASE_RS ? 0 : 1) * xc->nchunks + (size_t)chunk] = 1;
-    int next = mod(j + 1, k);
-    switch (h->phase) {
-    case XPHASE_RS: {
-        const void *in[2] = { payload, xc->X + off };
-        void *out[1] = { xc->X + off };
-        colld_cpu_reduce(xc->dt, xc->pop, in, 2, out, 1, len / xc->es);
-        xc->recv_left -= len;
-        if (h->step + 1 < k - 1) {
-            xsend(xc, next, XPHASE_RS, h->step + 1, off, len, xc->X + off);
-        } else { /* this node's own block is complete here */
-            if (xc->op == COLLD_AVG)
-                colld_cpu_avg_finish(xc->dt, xc->X + off, len / xc->es, xc->c->nranks);
-            if (has_ag(xc->sig.kind))
-                xsend(xc, next, XPHASE_AG, 0, off, len, xc->X + off);
-        }
-        break;
-    }
-    case XPHASE_AG:
-        memcpy(xc->X + off, payload, len);
-        xc->recv_left -= len;
-        if (h->step + 1 < k - 1)
-            xsend(xc, next, XPHASE_AG, h->step + 1, off, len, xc->X + off);
-        break;
-    case XPHASE_RD_PRE:
-        memcpy(rd_recv_area(xc, 0) + off, payload, len);
-        xc->rd_left[0] -= len;
-        xc->recv_left -= len;
-        rd_advance(xc);
-        break;
-    case XPHASE_RD: /* may come before this node's own send of the step */
-        memcpy(rd_recv_area(xc, 1 + h->step) + off, payload, len);
-        xc->rd_left[1 + h->step] -= len;
-        xc->recv_left -= len;
-        rd_advance(xc);
-        break;
-    case XPHASE_RD_POST:
-        memcpy(xc->X + off, payload, len);
-        xc->recv_left -= len;
-        break;
-    default:
-        break;
-    }
+    if (h->phase == XPHASE_RS || h->phase == XPHASE_AG)
+        colld_xring_data(xc, h, chunk, payload);
+    else
+        colld_xrd_data(xc, h, payload);
 out:
     xc->busy--;
     xcoll_maybe_end(xc);
@@ -1093,42 +681,17 @@ static void describe_wait(const xcoll_t *xc, uint64_t now, char *buf, size_t len
                          xc->stage == STAGE_IN ? "input" : "copy-out", x->node_name[j]);
         return;
     }
-    if (xc->rd) {
-        int p = xc->rd_p;
-        if (j < k - p && xc->rd_left[0] > 0) {
-            phase = XPHASE_RD_PRE;
-            from = j + p;
-        } else if (j >= p) {
-            phase = XPHASE_RD_POST;
-            from = j - p;
-        } else if (xc->rd_step < xc->rd_nsteps) {
-            phase = XPHASE_RD;
-            step = xc->rd_step;
-            from = j ^ (1 << step);
-        }
-    } else {
-        for (int t = 0; t < k - 1 && from < 0; t++) {
-            if (kind_reduces(xc->sig.kind) && !block_received(xc, 0, mod(j - t - 2, k))) {
-                phase = XPHASE_RS;
-                step = t;
-                from = mod(j - 1, k);
-            }
-        }
-        for (int t = 0; t < k - 1 && from < 0 && has_ag(xc->sig.kind); t++) {
-            if (!block_received(xc, 1, mod(j - t - 1, k))) {
-                phase = XPHASE_AG;
-                step = t;
-                from = mod(j - 1, k);
-            }
-        }
-    }
+    if (xc->rd)
+        colld_xrd_waiting(xc, &phase, &step, &from);
+    else
+        colld_xring_waiting(xc, &phase, &step, &from);
     if (from < 0 || from == j) {
         appendf(buf, len, off, " the sends of node %s did not finish",
                          x->node_name[j]);
         return;
     }
     appendf(buf, len, off, " node %s (%s) did not send its %s step %d data",
-                     x->node_name[from], x->node_addr[from], phase_name(phase), step);
+                     x->node_name[from], x->node_addr[from], xphase_name(phase), step);
     append_ranks(xc, from, buf, len, off);
 }
 
