@@ -133,7 +133,7 @@ static void on_comm_init(colld_rpc_call_t *call, const ProtobufCMessage *msg, vo
                  "daemon is back";
     }
     if (status == COLLD_OK)
-        colld_comm_join(d, s, req->unique_id.data, req->nranks, req->rank, req->timeout_ms, req->name, call);
+        colld_comm_join(d, s, req->unique_id.data, req->nranks, req->rank, req->timeout_ms, req->name, call, NULL);
     else
         colld_reply_add(d, call, status, detail);
     colld_daemon_unlock(d);

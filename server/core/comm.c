@@ -486,18 +486,19 @@ static void join_complete(colld_daemon_t *d, colld_dcomm_t *c, colld_member_t *m
  * comes when the last rank joins. The name is the tenant's: it must be printable UTF-8 of at most
  * COLLD_NAME_LEN - 1 bytes (it is shown to operators, logged, and sent in every Status and event),
  * else the join is refused with INVALID_ARGUMENT saying what is wrong. */
-void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, int nranks, int rank,
-                     int timeout_ms, const char *name, colld_rpc_call_t *call)
+colld_status_t colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, int nranks, int rank,
+                               int timeout_ms, const char *name, colld_rpc_call_t *call, colld_err_t *refusal)
 {
-    colld_err_t err = COLLD_ERR_INIT;
+    colld_err_t local = COLLD_ERR_INIT, *err = refusal ? refusal : &local;
     colld_dcomm_t *c = NULL;
     colld_member_t *fresh = NULL;
     bool charged = false;
 
-    if (join_check_args(nranks, rank, timeout_ms, name, &err) != COLLD_OK)
+    colld_err_clear(err);
+    if (join_check_args(nranks, rank, timeout_ms, name, err) != COLLD_OK)
         goto fail;
     timeout_ms = join_timeout(d, s->uid, timeout_ms);
-    if (join_find(d, s, uid, nranks, rank, &c, &err) != COLLD_OK)
+    if (join_find(d, s, uid, nranks, rank, &c, err) != COLLD_OK)
         goto fail;
     char root_addr[COLLD_WIRE_UNIQUE_ID_BYTES];
     bool multi_node = c ? colld_comm_multi_node(c) : colld_uid_root_addr(uid, root_addr, sizeof(root_addr)) != NULL;
@@ -506,17 +507,17 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
     if (!multi_node)
         fresh = calloc(1, sizeof(*fresh));
     if (!h || (!multi_node && !fresh)) {
-        colld_err_set(&err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
+        colld_err_set(err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
         goto fail;
     }
-    if (colld_tenant_charge(d, s->uid, COLLD_LIMIT_COMMS, 1, &err) != COLLD_OK)
+    if (colld_tenant_charge(d, s->uid, COLLD_LIMIT_COMMS, 1, err) != COLLD_OK)
         goto fail;
     charged = true;
-    if (!c && !(c = comm_create(d, s, uid, multi_node, nranks, timeout_ms, name, &err)))
+    if (!c && !(c = comm_create(d, s, uid, multi_node, nranks, timeout_ms, name, err)))
         goto fail;
     colld_member_t *m = member_take(c, rank, &fresh);
     if (!m) {
-        colld_err_set(&err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
+        colld_err_set(err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
         goto fail;
     }
     s->handles[h] = m;
@@ -529,13 +530,14 @@ void colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, 
     c->joined++;
     c->present++;
     join_complete(d, c, m);
-    return;
+    return COLLD_OK;
 fail:
     free(fresh);
     if (charged)
         colld_tenant_uncharge(d, s->uid, COLLD_LIMIT_COMMS, 1);
-    LOG_INFO_RL(COLL, "pid %d: join refused: %s", (int)s->pid, err.msg);
-    colld_reply_add(d, call, err.status, err.msg);
+    LOG_INFO_RL(COLL, "pid %d: join refused: %s", (int)s->pid, err->msg);
+    colld_reply_add(d, call, err->status, err->msg);
+    return err->status;
 }
 
 /* Every rank has joined: the communicator is ready; answer the joins (lock held). What else it

@@ -12,7 +12,36 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
+
+/* The spy module: the last fault of any communicator, into the fixture. */
+static void spy_faulted(colld_daemon_t *d, colld_dcomm_t *c, colld_fault_t how, int rank, const char *detail)
+{
+    fix_t *f = (fix_t *)d;
+    f->faults++;
+    f->fault_how = how;
+    f->fault_status = c->error;
+    f->fault_rank = rank;
+    colld_strlcpy(f->fault_detail, detail, sizeof(f->fault_detail));
+}
+
+static const colld_comm_hooks_t spy_hooks = {
+    .name = "fixture spy",
+    .faulted = spy_faulted,
+};
+
+/* The daemon's own registry, with the spy after its modules. */
+static void compose_registry(fix_t *f)
+{
+    int n = 0;
+    for (const colld_comm_hooks_t *const *m = colld_registry.modules; m && *m && n < 14; m++)
+        f->modules[n++] = *m;
+    f->modules[n++] = &spy_hooks;
+    f->modules[n] = NULL;
+    f->reg = colld_registry;
+    f->reg.modules = f->modules;
+}
 
 int fix_start(fix_t *f, uint64_t fast_path_bytes)
 {
@@ -32,7 +61,8 @@ int fix_start(fix_t *f, uint64_t fast_path_bytes)
     d->cfg.ring_entries = 16; /* small rings: full rings are reached quickly */
     if (uv_loop_init(&d->loop) != 0 || uv_async_init(&d->loop, &d->async, NULL) != 0)
         return -1;
-    if (colld_daemon_compose(d, &colld_registry) < 0 || colld_counters_create(d) < 0 || colld_backends_start(d))
+    compose_registry(f);
+    if (colld_daemon_compose(d, &f->reg) < 0 || colld_counters_create(d) < 0 || colld_backends_start(d))
         return -1;
     d->engine_running = true;
     return 0;
@@ -94,7 +124,7 @@ colld_dcomm_t *fix_comm(fix_t *f, int nranks, int timeout_ms)
     pthread_mutex_lock(&d->lock);
     if (colld_comm_issue_uid(d, f->s[0], uid) == COLLD_OK) {
         for (int r = 0; r < nranks; r++)
-            colld_comm_join(d, f->s[r], uid, nranks, r, timeout_ms, "fuzz", NULL);
+            colld_comm_join(d, f->s[r], uid, nranks, r, timeout_ms, "fuzz", NULL, NULL);
         for (colld_dcomm_t *x = d->comms; x; x = x->next)
             if (memcmp(x->unique_id, uid, sizeof(uid)) == 0 && x->state == COLLD_COMM_READY)
                 c = x;
@@ -168,4 +198,70 @@ void fix_stop(fix_t *f)
     uv_loop_close(&d->loop);
     colld_config_free(colld_daemon_config_table, colld_daemon_config_table_len, &d->cfg);
     pthread_mutex_destroy(&d->lock);
+}
+
+colld_wire_sqe_t fix_sqe(const colld_dcomm_t *c, int rank, uint64_t seq, colld_kind_t kind, colld_dtype_t dtype,
+                         colld_redop_t op, uint64_t count, int root)
+{
+    colld_wire_sqe_t sqe = { .seq = seq,
+                             .count = count,
+                             .comm = c->ranks[rank].handle,
+                             .kind = (uint8_t)kind,
+                             .dtype = (uint8_t)dtype,
+                             .redop = (uint8_t)op,
+                             .root = root,
+                             .send = { .reg_id = 1, .offset = 0 },
+                             .recv = { .reg_id = 2, .offset = 0 } };
+    return sqe;
+}
+
+int fix_reap_cqes(fix_t *f, colld_session_t *s, colld_wire_cqe_t *out, int max)
+{
+    (void)f;
+    uint64_t tail = COLLD_LOAD_RLX(&s->shm->cq.tail);
+    int64_t avail = colld_ring_avail(&s->shm->cq, tail, s->entries);
+    int n = 0;
+    for (; n < avail && n < max; n++)
+        out[n] = s->cqes[(tail + (uint64_t)n) & (s->entries - 1)];
+    COLLD_STORE_SC(&s->shm->cq.tail, tail + (uint64_t)n);
+    return n;
+}
+
+void *fix_reg(colld_session_t *s, uint32_t id)
+{
+    for (colld_reg_t *r = s->regs; r; r = r->next)
+        if (r->id == id)
+            return r->base;
+    return NULL;
+}
+
+bool fix_run_until(fix_t *f, bool (*pred)(void *arg), void *arg, int ms)
+{
+    uint64_t end = colld_now_ns() + (uint64_t)ms * 1000000ull;
+    for (;;) {
+        colld_engine_run_once(&f->d);
+        if (pred(arg))
+            return true;
+        if (colld_now_ns() >= end)
+            return false;
+        struct timespec ts = { 0, 100000 };
+        nanosleep(&ts, NULL);
+    }
+}
+
+void fix_fast_publish(colld_dcomm_t *c, int rank, const colld_wire_sqe_t *call, uint64_t arrival_ns)
+{
+    colld_wire_fast_slot_t *slot =
+        (colld_wire_fast_slot_t *)((char *)c->fast + COLLD_WIRE_FAST_SLOTS_OFFSET(c->nranks) +
+                                   ((size_t)rank * COLLD_WIRE_FAST_DEPTH + call->seq % COLLD_WIRE_FAST_DEPTH) *
+                                       c->fast_stride);
+    __atomic_store_n(&slot->seq, 0, __ATOMIC_RELEASE);
+    slot->count = call->count;
+    slot->kind = call->kind;
+    slot->dtype = call->dtype;
+    slot->redop = call->redop;
+    slot->flags = 0;
+    slot->root = call->root;
+    slot->arrival_ns = arrival_ns;
+    __atomic_store_n(&slot->seq, call->seq, __ATOMIC_RELEASE);
 }

@@ -21,9 +21,18 @@
 #define FIX_REG_BYTES 65536   /* bytes each */
 
 typedef struct {
-    colld_daemon_t d;
+    colld_daemon_t d; /* first: the spy module finds the fixture from its daemon */
     colld_session_t *s[FIX_MAX_SESSIONS];
     int nsessions;
+    /* The daemon's registry with one more module, a spy told of every communicator's faults (what
+     * a dissolved communicator said, after it is gone): */
+    colld_registry_t reg;
+    const colld_comm_hooks_t *modules[16];
+    int faults;               /* faults seen */
+    colld_fault_t fault_how;  /* the last one's */
+    colld_status_t fault_status;
+    int fault_rank;
+    char fault_detail[COLLD_DETAIL_LEN];
 } fix_t;
 
 /* Start a core. `fast_path_bytes` sets --fast-path-bytes (0: no fast areas). Returns 0 or -1. */
@@ -43,5 +52,21 @@ int fix_reap(fix_t *f, colld_session_t *s);
 void fix_session_end(fix_t *f, colld_session_t *s);
 /* End every session, run the engine until nothing is left, free everything. */
 void fix_stop(fix_t *f);
+
+/* ---- for in-process unit tests (tests/unit/test_core_*.c) ---- */
+/* A descriptor of rank `rank` of c (its session's handle) for collective `seq`: send buffer
+ * registration 1 at offset 0, receive buffer registration 2 at offset 0. */
+colld_wire_sqe_t fix_sqe(const colld_dcomm_t *c, int rank, uint64_t seq, colld_kind_t kind, colld_dtype_t dtype,
+                         colld_redop_t op, uint64_t count, int root);
+/* Consume a session's completions as a client does, into out[max]; returns how many. */
+int fix_reap_cqes(fix_t *f, colld_session_t *s, colld_wire_cqe_t *out, int max);
+/* The memory of registration `id` of a session (NULL when it has none). */
+void *fix_reg(colld_session_t *s, uint32_t id);
+/* Run engine rounds until pred(arg) holds (lock not held when it is asked), at most `ms`
+ * milliseconds (a 0.1 ms pause between rounds). Returns pred's last answer. */
+bool fix_run_until(fix_t *f, bool (*pred)(void *arg), void *arg, int ms);
+/* Publish collective call->seq in rank `rank`'s fast-area slot, as the rank does (its call and
+ * arrival time; the payload is not written). */
+void fix_fast_publish(colld_dcomm_t *c, int rank, const colld_wire_sqe_t *call, uint64_t arrival_ns);
 
 #endif /* COLLD_TESTS_CORE_FIXTURE_H */
