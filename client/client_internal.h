@@ -1,5 +1,19 @@
 /*
- * client_internal.h - the objects of libcolld.
+ * client_internal.h - the objects of libcolld, and what its files ask of each other. The files,
+ * lowest first (none calls a file above it):
+ *
+ *   conn.c         the connection's primitives: session socket, control calls, the communicator
+ *                  table, registrations, the client's last error
+ *   staging.c      staging regions for memory not from colld_mem_alloc
+ *   rings.c        posting descriptors, reaping completions, waiting for the engine's
+ *   fast.c         the fast path (and its poster, colld__fast_post)
+ *   cuda.c         the GPU stream path (and its poster, colld__gpu_post), GPU memory
+ *   engine_path.c  the engine path's poster
+ *   group.c        group calls: queued collectives, posted at the outermost end
+ *   comm.c         communicators: join, destroy, abort, errors, waiting for what is in flight
+ *   coll.c         the collectives: the router, which checks a call and picks its path
+ *   mem.c          colld_mem_alloc / colld_mem_free
+ *   client.c       the connection's life: connect, the monitor thread, disconnect
  *
  *   colld_client_t  one session with the local daemon: the session socket (identity, fds,
  *                   liveness), the shared-memory rings, the gRPC channel, the registrations.
@@ -140,17 +154,13 @@ typedef struct {
 
 /* client.c */
 colld_status_t colld__connect_role(const char *socket_path, int role, colld_client_t **out);
+
+/* conn.c */
 colld_status_t colld__client_rpc(colld_client_t *c, const char *method, const ProtobufCMessage *req,
                                  const ProtobufCMessageDescriptor *resp_desc, int timeout_ms,
                                  ProtobufCMessage **resp, char *detail, size_t detail_len);
 /* Fill a SessionRef of a request (points into c; valid while c lives). */
 void colld__client_session_ref(colld_client_t *c, void *ref);
-/* Post descriptors in order (waits for ring space; one wake-up per batch that fits). */
-colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *sqes, size_t n);
-/* Wait until every collective issued on comm has completed. */
-colld_status_t colld__client_wait(colld_client_t *c, colld_comm_t *comm);
-/* Reap completions without waiting. */
-void colld__client_poll(colld_client_t *c);
 /* One request/reply exchange on the session socket, receiving up to nfds_out fds. */
 colld_status_t colld__sock_request(colld_client_t *c, colld_wire_msg_t *m, int fd, uint16_t reply_type,
                                    colld_wire_msg_t *reply, int *fds_out, int nfds_out);
@@ -173,6 +183,31 @@ colld_status_t colld__client_error(colld_client_t *c, colld_status_t st, const c
  * colld__client_lookup (0 also for an unused buffer, 0 bytes), *wsend / *wrecv filled when found. */
 void colld__client_lookup2(colld_client_t *c, const void *send, size_t send_bytes, const void *recv,
                            size_t recv_bytes, colld_wire_buf_t *wsend, colld_wire_buf_t *wrecv, int *ls, int *lr);
+
+/* rings.c */
+/* Post descriptors in order (waits for ring space; one wake-up per batch that fits). */
+colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *sqes, size_t n);
+/* Reap completions without waiting. */
+void colld__client_poll(colld_client_t *c);
+/* Wait until every collective comm posted to the engine has completed. */
+colld_status_t colld__ring_wait(colld_client_t *c, colld_comm_t *comm);
+
+/* comm.c */
+/* Record a client-side error on a communicator (its detail, the group's first error); returns st. */
+colld_status_t colld__comm_error(colld_comm_t *comm, colld_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Wait for everything this rank has in flight on comm (fast area, then engine). */
+colld_status_t colld__comm_wait(colld_comm_t *comm);
+
+/* engine_path.c: the engine path's poster */
+/* Number a collective with the communicator's next sequence number, attach its pending record
+ * (NULL: nothing staged) and post it. On error `why` says what went wrong; nothing is posted. */
+colld_status_t colld__engine_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending,
+                                  char *why, size_t why_len);
+/* Number a collective of a batch (colld_group_end posts the batch) and attach its pending record. */
+void colld__engine_number(colld_comm_t *comm, colld_wire_sqe_t *sqe, colld_pending_t *pending);
+/* Release the pending record of a collective that was not posted (NULL: nothing). */
+void colld__engine_discard(colld_comm_t *comm, colld_pending_t *pending);
 
 /* staging.c */
 /* Resolve a collective's buffers, given what colld__client_lookup2 found (ls, lr: 0 registered or
@@ -197,10 +232,10 @@ void colld__fast_attach(colld_comm_t *comm);
 void colld__fast_detach(colld_comm_t *comm);
 /* True when this collective runs on the fast area (the same answer on every rank). */
 bool colld__fast_eligible(const colld_comm_t *comm, colld_kind_t kind, size_t count, colld_dtype_t dtype);
-/* Start one (nothing else of this communicator may be in flight): publish this rank's input,
- * post the record. The caller has checked the buffers (not NULL where used, not running past the
- * end of a registration). On error `why` says what is wrong. */
-colld_status_t colld__fast_start(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes,
+/* The fast path's poster (nothing else of this communicator may be in flight): publish this rank's
+ * input for its next sequence number. The caller has checked the buffers (not NULL where used,
+ * not running past the end of a registration). On error `why` says what is wrong. */
+colld_status_t colld__fast_post(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes,
                                  void *recv, size_t recv_bytes, size_t count, colld_dtype_t dtype, colld_redop_t op,
                                  int root, char *why, size_t why_len);
 /* Finish the one in flight, if any: COLLD_OK, COLLD_INPROGRESS (only when !block) or the error
@@ -211,12 +246,11 @@ colld_status_t colld__fast_finish(colld_comm_t *comm, bool block);
 bool colld__group_active(void);
 /* Record the first error of the current group (no-op outside a group). */
 void colld__group_fail(colld_status_t st);
-/* Post a descriptor now (numbering it), or queue it until the outermost colld_group_end. Takes
- * ownership of `pending` (NULL if nothing was staged). `gpu` (NULL for host buffers): a
- * stream-ordered collective, prepared by colld__gpu_prepare, posted with colld__gpu_post. On
- * error `why` says what is wrong. */
-colld_status_t colld__enqueue(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending,
-                              const colld_gpu_op_t *gpu, char *why, size_t why_len);
+/* Queue an engine or stream-ordered collective until the outermost colld_group_end (inside a group
+ * only). Takes ownership of `pending` (NULL if nothing was staged). `gpu` (NULL for host buffers):
+ * a stream-ordered collective, prepared by colld__gpu_prepare. On error `why` says what is wrong. */
+colld_status_t colld__group_queue(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending,
+                                  const colld_gpu_op_t *gpu, char *why, size_t why_len);
 /* Queue a fast-path collective until the outermost colld_group_end (inside a group only). */
 colld_status_t colld__group_queue_fast(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes,
                                        void *recv, size_t recv_bytes, size_t count, colld_dtype_t dtype,

@@ -180,9 +180,10 @@ bool colld__fast_eligible(const colld_comm_t *comm, colld_kind_t kind, size_t co
  * Starting
  * ========================================================================================== */
 
-/* The buffers were checked by the caller (comm.c's post, when the call was made): not NULL where
- * used, not running past the end of a registration, not device memory. */
-colld_status_t colld__fast_start(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes,
+/* The fast path's poster: publish this rank's input for its next sequence number. The buffers
+ * were checked by the router (coll.c, when the call was made): not NULL where used, not running
+ * past the end of a registration, not device memory. */
+colld_status_t colld__fast_post(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes,
                                  void *recv, size_t recv_bytes, size_t count, colld_dtype_t dtype, colld_redop_t op,
                                  int root, char *why, size_t why_len)
 {

@@ -1,8 +1,9 @@
 /*
  * group.c - group calls (colld_group_start / colld_group_end), as NCCL's.
  *
- * Between start and end, collectives are validated at once but not posted: they wait in a
- * per-thread list and colld_group_end starts them all, in call order per communicator. Engine
+ * Between start and end, collectives are validated and routed at once (coll.c) but not posted:
+ * they wait in a per-thread list and colld_group_end starts them all with their paths' posters
+ * (engine_path.c, fast.c, cuda.c), in call order per communicator. Engine
  * collectives of one client are posted in one batch with one wake-up of the daemon; fast-path
  * collectives (fast.c) are started as soon as their communicator has nothing else in flight, so
  * one thread can drive several ranks (one communicator handle each) in one group without waiting
@@ -56,28 +57,6 @@ void colld__group_fail(colld_status_t st)
         group.error = st;
 }
 
-/* Post now, or queue until the outermost colld_group_end. */
-/* Attach a staged op's pending record before its descriptor can complete (numbered `seq`). */
-static void attach(colld_comm_t *comm, colld_pending_t *p, uint64_t seq)
-{
-    if (!p)
-        return;
-    pthread_mutex_lock(&comm->client->mu);
-    colld__pending_attach(comm, p, seq);
-    pthread_mutex_unlock(&comm->client->mu);
-}
-
-/* Release a pending record of an op that was not posted. */
-static void discard(colld_comm_t *comm, colld_pending_t *p)
-{
-    if (!p)
-        return;
-    pthread_mutex_lock(&comm->client->mu);
-    colld__pending_detach(comm, p);
-    colld__pending_release(comm->client, p);
-    pthread_mutex_unlock(&comm->client->mu);
-}
-
 /* Room for one more queued op; false (group poisoned) when memory is out. */
 static bool group_grow(void)
 {
@@ -94,27 +73,11 @@ static bool group_grow(void)
     return true;
 }
 
-colld_status_t colld__enqueue(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending,
-                              const colld_gpu_op_t *gpu, char *why, size_t why_len)
+colld_status_t colld__group_queue(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending,
+                                  const colld_gpu_op_t *gpu, char *why, size_t why_len)
 {
-    if (group.depth == 0 && gpu)
-        return colld__gpu_post(comm, sqe, gpu, why, why_len);
-    if (group.depth == 0) {
-        colld_wire_sqe_t one = *sqe;
-        one.seq = comm->seq + 1;
-        attach(comm, pending, one.seq);
-        colld_status_t st = colld__client_submit(comm->client, &one, 1);
-        if (st == COLLD_OK) {
-            comm->seq++;
-            comm->issued++;
-        } else {
-            discard(comm, pending);
-            snprintf(why, why_len, "cannot post the collective: %s", colld_status_string(st));
-        }
-        return st;
-    }
     if (!group_grow()) {
-        discard(comm, pending);
+        colld__engine_discard(comm, pending);
         snprintf(why, why_len, "cannot queue the collective: out of memory");
         return COLLD_ERR_NO_MEMORY;
     }
@@ -145,7 +108,7 @@ colld_status_t colld__group_queue_fast(colld_comm_t *comm, colld_kind_t kind, co
 static void group_reset(bool posted)
 {
     for (size_t i = 0; i < group.n && !posted; i++)
-        discard(group.ops[i].comm, group.ops[i].pending);
+        colld__engine_discard(group.ops[i].comm, group.ops[i].pending);
     free(group.ops);
     memset(&group, 0, sizeof(group));
 }
@@ -179,13 +142,13 @@ static colld_status_t try_start(size_t i, colld_wire_sqe_t *batch, size_t *k, co
     if (st == COLLD_OK && atomic_load(&comm->client->lost))
         st = COLLD_ERR_DAEMON_LOST;
     if (st != COLLD_OK) {
-        discard(comm, q->pending); /* the communicator broke meanwhile: its error is reported */
+        colld__engine_discard(comm, q->pending); /* the communicator broke meanwhile: its error is reported */
         return st;
     }
     st = colld__fast_finish(comm, false);
     if (st != COLLD_OK) {
         if (st != COLLD_INPROGRESS)
-            discard(comm, q->pending);
+            colld__engine_discard(comm, q->pending);
         return st;
     }
     if (q->gpu) {
@@ -206,9 +169,7 @@ static colld_status_t try_start(size_t i, colld_wire_sqe_t *batch, size_t *k, co
             flush(*batch_client, batch, k, first);
         *batch_client = comm->client;
         batch[*k] = q->sqe;
-        batch[(*k)++].seq = ++comm->seq;
-        comm->issued++;
-        attach(comm, q->pending, comm->seq);
+        colld__engine_number(comm, &batch[(*k)++], q->pending);
         return COLLD_OK;
     }
     colld__client_poll(comm->client);
@@ -217,7 +178,7 @@ static colld_status_t try_start(size_t i, colld_wire_sqe_t *batch, size_t *k, co
         return COLLD_INPROGRESS;
     }
     char why[256];
-    st = colld__fast_start(comm, (colld_kind_t)q->sqe.kind, q->send, q->send_bytes, q->recv, q->recv_bytes,
+    st = colld__fast_post(comm, (colld_kind_t)q->sqe.kind, q->send, q->send_bytes, q->recv, q->recv_bytes,
                            q->sqe.count, (colld_dtype_t)q->sqe.dtype, (colld_redop_t)q->sqe.redop, q->sqe.root, why,
                            sizeof(why));
     if (st != COLLD_OK) {
@@ -281,7 +242,7 @@ colld_status_t colld_group_end(void)
     /* Ops never started (the daemon was lost) release what they staged. */
     for (size_t i = 0; i < group.n; i++)
         if (!group.ops[i].done)
-            discard(group.ops[i].comm, group.ops[i].pending);
+            colld__engine_discard(group.ops[i].comm, group.ops[i].pending);
     free(batch);
     group_reset(true);
     return st != COLLD_OK ? st : late;

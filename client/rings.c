@@ -1,0 +1,138 @@
+/*
+ * rings.c - the client's side of the shared-memory rings: posting descriptors on the submission
+ * ring (one head store and at most one wake-up of the daemon per batch), reaping the completion
+ * ring into the communicators (staged outputs copied out first), and waiting for what was posted
+ * to the engine: spin briefly, then sleep on the completion doorbell.
+ */
+#include "client/client_internal.h"
+
+#include "common/log.h"
+#include "transport/shm/ring.h"
+
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SPIN_ITERS 2000        /* polls before a waiter sleeps on the futex */
+#define WAIT_SLICE_NS 50000000 /* a sleeping waiter re-checks at least this often */
+
+/* Reap completions into their communicators (mu held). */
+static void reap(colld_client_t *c)
+{
+    int64_t avail = colld_ring_avail(&c->shm->cq, c->cq_tail, c->entries);
+    if (avail < 0) {
+        if (!atomic_exchange(&c->lost, true))
+            LOG_ERROR(CLIENT, "corrupt completion ring; treating the daemon as lost");
+        return;
+    }
+    for (int64_t i = 0; i < avail; i++) {
+        colld_wire_cqe_t e = c->cqes[c->cq_tail & (c->entries - 1)];
+        c->cq_tail++;
+        colld_comm_t *comm = e.comm < c->ncomms_slots ? c->comms[e.comm] : NULL;
+        if (!comm)
+            continue;
+        if (e.seq == 0) { /* a notice: the communicator broke, nothing completed */
+            if (e.status != COLLD_OK && __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED) == COLLD_OK)
+                __atomic_store_n(&comm->async_error, (colld_status_t)e.status, __ATOMIC_RELAXED);
+            continue;
+        }
+        if (comm->pending)
+            colld__pending_complete(c, comm, e.seq, (colld_status_t)e.status);
+        if (e.status != COLLD_OK && __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED) == COLLD_OK)
+            __atomic_store_n(&comm->async_error, (colld_status_t)e.status, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&comm->completed, 1, __ATOMIC_RELEASE);
+    }
+    if (!avail)
+        return;
+    COLLD_STORE_SC(&c->shm->cq.tail, c->cq_tail);
+    /* The daemon holds descriptors back until completion space frees up: tell it. */
+    if (COLLD_LOAD_SC(&c->shm->cq.need_wakeup)) {
+        uint64_t one = 1;
+        ssize_t rc = write(c->efd, &one, sizeof(one));
+        (void)rc; /* EAGAIN: the counter is saturated, the daemon is being woken anyway */
+    }
+}
+
+/* Reap completions without waiting. */
+void colld__client_poll(colld_client_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    reap(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Sleep on the completion doorbell unless something is already there (no lost wake-up: the
+ * value is read before the ring is re-checked). */
+static void sleep_on_doorbell(colld_client_t *c)
+{
+    uint32_t v = COLLD_LOAD_SC(&c->shm->cq.doorbell);
+    __atomic_add_fetch(&c->shm->cq.waiters, 1, __ATOMIC_SEQ_CST);
+    if (colld_ring_avail(&c->shm->cq, c->cq_tail, c->entries) == 0 && !atomic_load(&c->lost))
+        colld_futex_wait(&c->shm->cq.doorbell, v, WAIT_SLICE_NS);
+    __atomic_sub_fetch(&c->shm->cq.waiters, 1, __ATOMIC_SEQ_CST);
+}
+
+/* Post descriptors in order; a full ring is drained by the daemon as completions are consumed. */
+colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *sqes, size_t n)
+{
+    size_t done = 0;
+    for (unsigned spins = 0; done < n; spins++) {
+        if (atomic_load(&c->lost))
+            return COLLD_ERR_DAEMON_LOST;
+        pthread_mutex_lock(&c->mu);
+        int64_t space = colld_ring_space(&c->shm->sq, c->sq_head, c->entries);
+        if (space < 0) {
+            pthread_mutex_unlock(&c->mu);
+            atomic_store(&c->lost, true);
+            return COLLD_ERR_PROTOCOL;
+        }
+        if (space > 0) {
+            /* Publish as many as fit, then one head store and at most one wake-up. */
+            for (; space > 0 && done < n; space--, done++) {
+                c->sqes[c->sq_head & (c->entries - 1)] = sqes[done];
+                c->sq_head++;
+            }
+            COLLD_STORE_SC(&c->shm->sq.head, c->sq_head);
+            if (COLLD_LOAD_SC(&c->shm->sq.need_wakeup)) {
+                uint64_t one = 1;
+                ssize_t rc = write(c->efd, &one, sizeof(one));
+                (void)rc; /* EAGAIN: the counter is saturated, the daemon is being woken anyway */
+            }
+            pthread_mutex_unlock(&c->mu);
+            spins = 0;
+            continue;
+        }
+        /* Ring full: the daemon drains it as completions are consumed, so reap and retry. */
+        reap(c);
+        pthread_mutex_unlock(&c->mu);
+        if (spins < SPIN_ITERS)
+            sched_yield();
+        else {
+            struct timespec ts = { 0, 20000 };
+            nanosleep(&ts, NULL);
+        }
+    }
+    return COLLD_OK;
+}
+
+/* Wait until every collective posted to the engine on comm has completed; returns the
+ * communicator's error (its first), or DAEMON_LOST. */
+colld_status_t colld__ring_wait(colld_client_t *c, colld_comm_t *comm)
+{
+    for (unsigned spins = 0;; spins++) {
+        pthread_mutex_lock(&c->mu);
+        reap(c);
+        bool done = comm->completed >= comm->issued;
+        colld_status_t err = comm->async_error;
+        pthread_mutex_unlock(&c->mu);
+        if (done)
+            return err;
+        if (atomic_load(&c->lost))
+            return COLLD_ERR_DAEMON_LOST;
+        if (spins < SPIN_ITERS) {
+            sched_yield();
+            continue;
+        }
+        sleep_on_doorbell(c);
+    }
+}
