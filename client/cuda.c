@@ -271,7 +271,7 @@ static colld_status_t ensure_ctx(colld_gpu_t *g, const colld_cu_t *cu, int ordin
                                  size_t len)
 {
     CUcontext ctx = NULL;
-    CUresult r = cu->cuCtxGetCurrent(&ctx);
+    CUresult r = CU_CHECK(cu, cuCtxGetCurrent, &ctx);
     if (r == CUDA_SUCCESS && ctx) {
         *out = ctx;
         return COLLD_OK;
@@ -280,16 +280,16 @@ static colld_status_t ensure_ctx(colld_gpu_t *g, const colld_cu_t *cu, int ordin
         return say(why, len, COLLD_ERR_INVALID_ARGUMENT, "no CUDA context is current and device %d is out of range",
                    ordinal);
     CUdevice dev;
-    if ((r = cu->cuDeviceGet(&dev, ordinal)) != CUDA_SUCCESS)
+    if ((r = CU_CHECK(cu, cuDeviceGet, &dev, ordinal)) != CUDA_SUCCESS)
         return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "cuDeviceGet(%d)", ordinal);
-    if ((r = cu->cuDevicePrimaryCtxRetain(&ctx, dev)) != CUDA_SUCCESS)
+    if ((r = CU_CHECK(cu, cuDevicePrimaryCtxRetain, &ctx, dev)) != CUDA_SUCCESS)
         return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "cuDevicePrimaryCtxRetain(device %d)", ordinal);
-    if ((r = cu->cuCtxSetCurrent(ctx)) != CUDA_SUCCESS) {
-        cu->cuDevicePrimaryCtxRelease(dev);
+    if ((r = CU_CHECK(cu, cuCtxSetCurrent, ctx)) != CUDA_SUCCESS) {
+        CU_CHECK(cu, cuDevicePrimaryCtxRelease, dev);
         return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "cuCtxSetCurrent(primary context of device %d)", ordinal);
     }
     if (g->primary[ordinal])
-        cu->cuDevicePrimaryCtxRelease(dev); /* one retain per client is enough */
+        CU_CHECK(cu, cuDevicePrimaryCtxRelease, dev); /* one retain per client is enough */
     g->primary[ordinal] = true;
     *out = ctx;
     return COLLD_OK;
@@ -300,9 +300,9 @@ static CUresult ctx_enter(const colld_cu_t *cu, CUcontext ctx, bool *pushed)
 {
     CUcontext cur = NULL;
     *pushed = false;
-    if (!ctx || (cu->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == ctx))
+    if (!ctx || (CU_CHECK(cu, cuCtxGetCurrent, &cur) == CUDA_SUCCESS && cur == ctx))
         return CUDA_SUCCESS;
-    CUresult r = cu->cuCtxPushCurrent(ctx);
+    CUresult r = CU_CHECK(cu, cuCtxPushCurrent, ctx);
     *pushed = r == CUDA_SUCCESS;
     return r;
 }
@@ -311,7 +311,7 @@ static void ctx_leave(const colld_cu_t *cu, bool pushed)
 {
     CUcontext popped;
     if (pushed)
-        cu->cuCtxPopCurrent(&popped);
+        CU_CHECK(cu, cuCtxPopCurrent, &popped);
 }
 
 /* A device attribute, cached per device (cache: 0 unknown, 1 false, 2 true). g->mu held. */
@@ -320,7 +320,7 @@ static bool dev_flag(const colld_cu_t *cu, int8_t *cache, CUdevice dev, CUdevice
     if (dev >= 0 && dev < MAX_DEVICES && cache[dev])
         return cache[dev] == 2;
     int v = 0;
-    if (cu->cuDeviceGetAttribute(&v, attr, dev) != CUDA_SUCCESS)
+    if (CU_CHECK(cu, cuDeviceGetAttribute, &v, attr, dev) != CUDA_SUCCESS)
         v = 0;
     if (dev >= 0 && dev < MAX_DEVICES)
         cache[dev] = v ? 2 : 1;
@@ -359,7 +359,7 @@ static CUresult ptr_query(const colld_cu_t *cu, const void *p, ptr_info_t *pi)
     for (int i = 0; i < N; i++)
         data[i] = &slot[i];
     memset(pi, 0, sizeof(*pi));
-    CUresult r = cu->cuPointerGetAttributes(N, attrs, data, (CUdeviceptr)(uintptr_t)p);
+    CUresult r = CU_CHECK(cu, cuPointerGetAttributes, N, attrs, data, (CUdeviceptr)(uintptr_t)p);
     if (r != CUDA_SUCCESS)
         return r;
     pi->memtype = slot[MEMTYPE].u32;
@@ -408,9 +408,9 @@ static colld_status_t register_alloc(colld_client_t *c, const colld_cu_t *cu, co
     m.u.reg_cuda.cookie = base;
     CUdevice dev;
     CUuuid uuid;
-    CUresult r = cu->cuDeviceGet(&dev, pi->ordinal);
+    CUresult r = CU_CHECK(cu, cuDeviceGet, &dev, pi->ordinal);
     if (r == CUDA_SUCCESS)
-        r = cu->cuDeviceGetUuid(&uuid, dev);
+        r = CU_CHECK(cu, cuDeviceGetUuid, &uuid, dev);
     if (r != CUDA_SUCCESS)
         return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "the UUID of device %d", pi->ordinal);
     memcpy(m.u.reg_cuda.uuid, uuid.bytes, sizeof(m.u.reg_cuda.uuid));
@@ -420,7 +420,7 @@ static colld_status_t register_alloc(colld_client_t *c, const colld_cu_t *cu, co
         bool pushed;
         r = ctx_enter(cu, pi->ctx, &pushed);
         if (r == CUDA_SUCCESS)
-            r = cu->cuIpcGetMemHandle(&h, base);
+            r = CU_CHECK(cu, cuIpcGetMemHandle, &h, base);
         ctx_leave(cu, pushed);
         if (r != CUDA_SUCCESS)
             return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "cuIpcGetMemHandle(0x%llx)", (unsigned long long)base);
@@ -428,7 +428,7 @@ static colld_status_t register_alloc(colld_client_t *c, const colld_cu_t *cu, co
         memcpy(m.u.reg_cuda.ipc, h.reserved, sizeof(m.u.reg_cuda.ipc));
     } else {
         CUmemGenericAllocationHandle h;
-        r = cu->cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)base);
+        r = CU_CHECK(cu, cuMemRetainAllocationHandle, &h, (void *)(uintptr_t)base);
         if (r != CUDA_SUCCESS)
             return cu_say(cu, why, len, COLLD_ERR_NOT_SUPPORTED, r,
                           "device memory at 0x%llx is neither a cudaMalloc/cuMemAlloc allocation nor a cuMem (VMM) "
@@ -436,11 +436,11 @@ static colld_status_t register_alloc(colld_client_t *c, const colld_cu_t *cu, co
                           (unsigned long long)base);
         CUmemAllocationProp prop;
         memset(&prop, 0, sizeof(prop));
-        bool exportable = cu->cuMemGetAllocationPropertiesFromHandle(&prop, h) != CUDA_SUCCESS ||
+        bool exportable = CU_CHECK(cu, cuMemGetAllocationPropertiesFromHandle, &prop, h) != CUDA_SUCCESS ||
                           (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-        r = exportable ? cu->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
+        r = exportable ? CU_CHECK(cu, cuMemExportToShareableHandle, &fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
                        : CUDA_ERROR_NOT_SUPPORTED;
-        cu->cuMemRelease(h);
+        CU_CHECK(cu, cuMemRelease, h);
         if (r != CUDA_SUCCESS || fd < 0)
             return cu_say(cu, why, len, COLLD_ERR_NOT_SUPPORTED, r,
                           "the cuMem (VMM) allocation at 0x%llx cannot be exported as a POSIX file descriptor: create "
@@ -468,12 +468,12 @@ static colld_status_t register_alloc(colld_client_t *c, const colld_cu_t *cu, co
 static void free_owned(const colld_cu_t *cu, const gpu_reg_t *e)
 {
     if (e->own == OWN_VMM) {
-        cu->cuMemUnmap(e->base, e->own_size);
-        cu->cuMemAddressFree(e->base, e->own_size);
+        CU_CHECK(cu, cuMemUnmap, e->base, e->own_size);
+        CU_CHECK(cu, cuMemAddressFree, e->base, e->own_size);
     } else if (e->own == OWN_MEMALLOC) {
         bool pushed;
         if (ctx_enter(cu, e->own_ctx, &pushed) == CUDA_SUCCESS)
-            cu->cuMemFree(e->base);
+            CU_CHECK(cu, cuMemFree, e->base);
         ctx_leave(cu, pushed);
     }
 }
@@ -512,7 +512,7 @@ static colld_status_t resolve(colld_client_t *c, colld_gpu_t *g, const colld_cu_
     }
     /* VMM: the mapped range (the range attributes give the whole reservation); and the fallback. */
     if (!pi->ipc || !base || !size) {
-        CUresult r = cu->cuMemGetAddressRange(&base, &size, a);
+        CUresult r = CU_CHECK(cu, cuMemGetAddressRange, &base, &size, a);
         if (r != CUDA_SUCCESS)
             return cu_say(cu, why, len, COLLD_ERR_INVALID_ARGUMENT, r, "%s (%p): cuMemGetAddressRange", which, p);
     }
@@ -597,9 +597,9 @@ static colld_status_t flags_setup(colld_client_t *c, colld_gpu_t *g, const colld
         return say(why, len, COLLD_ERR_NO_MEMORY, "out of memory");
     }
     CUdeviceptr dptr = 0;
-    CUresult r = cu->cuMemHostRegister(p, size, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
-    if (r == CUDA_SUCCESS && (r = cu->cuMemHostGetDevicePointer(&dptr, p, 0)) != CUDA_SUCCESS)
-        cu->cuMemHostUnregister(p);
+    CUresult r = CU_CHECK(cu, cuMemHostRegister, p, size, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
+    if (r == CUDA_SUCCESS && (r = CU_CHECK(cu, cuMemHostGetDevicePointer, &dptr, p, 0)) != CUDA_SUCCESS)
+        CU_CHECK(cu, cuMemHostUnregister, p);
     if (r != CUDA_SUCCESS) {
         free(f);
         free(posted);
@@ -611,7 +611,7 @@ static colld_status_t flags_setup(colld_client_t *c, colld_gpu_t *g, const colld
     f->nlines = nlines;
     f->dptr = dptr;
     f->posted = posted;
-    cu->cuCtxGetCurrent(&f->ctx);
+    CU_CHECK(cu, cuCtxGetCurrent, &f->ctx);
     atomic_store(&g->flags, f);
     LOG_DEBUG(GPU, "GPU flag area: %u lines, %llu bytes, device address 0x%llx", nlines, (unsigned long long)size,
               (unsigned long long)dptr);
@@ -673,14 +673,14 @@ static colld_status_t prepare_locked(colld_comm_t *comm, const colld_cu_t *cu, v
     if (st != COLLD_OK)
         return st;
     CUstream s = stream ? (CUstream)stream : CU_STREAM_LEGACY;
-    if ((r = cu->cuStreamGetCtx(s, &sctx)) != CUDA_SUCCESS)
+    if ((r = CU_CHECK(cu, cuStreamGetCtx, s, &sctx)) != CUDA_SUCCESS)
         return cu_say(cu, why, len, COLLD_ERR_INVALID_ARGUMENT, r,
                       "stream %p: cuStreamGetCtx (is it a live cudaStream_t?)", stream);
     bool pushed;
     if ((r = ctx_enter(cu, sctx, &pushed)) != CUDA_SUCCESS)
         return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "making the stream's context current");
     CUdevice dev;
-    if ((r = cu->cuCtxGetDevice(&dev)) != CUDA_SUCCESS) {
+    if ((r = CU_CHECK(cu, cuCtxGetDevice, &dev)) != CUDA_SUCCESS) {
         st = cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "the device of stream %p", stream);
         goto out;
     }
@@ -764,14 +764,15 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
     const char *call = "making the stream's context current";
     if (r == CUDA_SUCCESS) {
         call = "cuStreamWriteValue32";
-        r = cu->cuStreamWriteValue32((CUstream)op->stream, (CUdeviceptr)op->ready, v, CU_STREAM_WRITE_VALUE_DEFAULT);
+        r = CU_CHECK(cu, cuStreamWriteValue32, (CUstream)op->stream, (CUdeviceptr)op->ready, v,
+                     CU_STREAM_WRITE_VALUE_DEFAULT);
     }
     if (r == CUDA_SUCCESS) {
         written = true;
         /* A release by the monitor (daemon lost) must cover the wait about to be enqueued. */
         prev = atomic_exchange(&f->posted[comm->handle], POSTED_USED | v);
         call = "cuStreamWaitValue32";
-        r = cu->cuStreamWaitValue32((CUstream)op->stream, (CUdeviceptr)op->done, v, op->wait_flags);
+        r = CU_CHECK(cu, cuStreamWaitValue32, (CUstream)op->stream, (CUdeviceptr)op->done, v, op->wait_flags);
         if (r != CUDA_SUCCESS)
             atomic_store(&f->posted[comm->handle], prev); /* no wait of v was enqueued */
     }
@@ -821,12 +822,12 @@ static colld_status_t alloc_locked(colld_client_t *c, colld_gpu_t *g, const coll
     if (st != COLLD_OK)
         return st;
     CUdevice dev;
-    CUresult r = cu->cuCtxGetDevice(&dev);
+    CUresult r = CU_CHECK(cu, cuCtxGetDevice, &dev);
     if (r != CUDA_SUCCESS)
         return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "cuCtxGetDevice");
     int vmm = 0, fdok = 0;
-    cu->cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
-    cu->cuDeviceGetAttribute(&fdok, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev);
+    CU_CHECK(cu, cuDeviceGetAttribute, &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
+    CU_CHECK(cu, cuDeviceGetAttribute, &fdok, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev);
     CUdeviceptr p = 0;
     size_t size = bytes;
     int own;
@@ -843,21 +844,21 @@ static colld_status_t alloc_locked(colld_client_t *c, colld_gpu_t *g, const coll
         CUmemGenericAllocationHandle h = 0;
         bool created = false, reserved = false;
         call = "cuMemGetAllocationGranularity";
-        if ((r = cu->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)) ==
+        if ((r = CU_CHECK(cu, cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)) ==
             CUDA_SUCCESS) {
             if (gran == 0 || bytes > SIZE_MAX - gran)
                 return say(why, len, COLLD_ERR_INVALID_ARGUMENT, "%zu bytes of GPU memory: too large", bytes);
             size = (bytes + gran - 1) / gran * gran;
             call = "cuMemCreate";
-            created = (r = cu->cuMemCreate(&h, size, &prop, 0)) == CUDA_SUCCESS;
+            created = (r = CU_CHECK(cu, cuMemCreate, &h, size, &prop, 0)) == CUDA_SUCCESS;
         }
         if (r == CUDA_SUCCESS) {
             call = "cuMemAddressReserve";
-            reserved = (r = cu->cuMemAddressReserve(&p, size, gran, 0, 0)) == CUDA_SUCCESS;
+            reserved = (r = CU_CHECK(cu, cuMemAddressReserve, &p, size, gran, 0, 0)) == CUDA_SUCCESS;
         }
         if (r == CUDA_SUCCESS) {
             call = "cuMemMap";
-            r = cu->cuMemMap(p, size, 0, h, 0);
+            r = CU_CHECK(cu, cuMemMap, p, size, 0, h, 0);
             if (r == CUDA_SUCCESS) {
                 CUmemAccessDesc acc;
                 memset(&acc, 0, sizeof(acc));
@@ -865,18 +866,18 @@ static colld_status_t alloc_locked(colld_client_t *c, colld_gpu_t *g, const coll
                 acc.location.id = (int)dev;
                 acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
                 call = "cuMemSetAccess";
-                if ((r = cu->cuMemSetAccess(p, size, &acc, 1)) != CUDA_SUCCESS)
-                    cu->cuMemUnmap(p, size);
+                if ((r = CU_CHECK(cu, cuMemSetAccess, p, size, &acc, 1)) != CUDA_SUCCESS)
+                    CU_CHECK(cu, cuMemUnmap, p, size);
             }
         }
         if (created)
-            cu->cuMemRelease(h); /* the mapping holds the memory */
+            CU_CHECK(cu, cuMemRelease, h); /* the mapping holds the memory */
         if (r != CUDA_SUCCESS && reserved)
-            cu->cuMemAddressFree(p, size);
+            CU_CHECK(cu, cuMemAddressFree, p, size);
     } else {
         own = OWN_MEMALLOC;
         call = "cuMemAlloc";
-        r = cu->cuMemAlloc(&p, bytes);
+        r = CU_CHECK(cu, cuMemAlloc, &p, bytes);
     }
     if (r != CUDA_SUCCESS)
         return cu_say(cu, why, len, r == CUDA_ERROR_OUT_OF_MEMORY ? COLLD_ERR_NO_MEMORY : COLLD_ERR_DEVICE, r,
@@ -980,7 +981,7 @@ void colld__gpu_client_free(colld_client_t *c)
         } else {
             bool pushed;
             if (ctx_enter(cu, f->ctx, &pushed) == CUDA_SUCCESS)
-                cu->cuMemHostUnregister(f->lines);
+                CU_CHECK(cu, cuMemHostUnregister, f->lines);
             ctx_leave(cu, pushed);
             munmap(f->lines, f->size);
             free((void *)f->posted);
@@ -989,8 +990,8 @@ void colld__gpu_client_free(colld_client_t *c)
     }
     for (int d = 0; d < MAX_DEVICES; d++) {
         CUdevice dev;
-        if (g->primary[d] && cu->cuDeviceGet(&dev, d) == CUDA_SUCCESS)
-            cu->cuDevicePrimaryCtxRelease(dev);
+        if (g->primary[d] && CU_CHECK(cu, cuDeviceGet, &dev, d) == CUDA_SUCCESS)
+            CU_CHECK(cu, cuDevicePrimaryCtxRelease, dev);
     }
     pthread_mutex_destroy(&g->mu);
     free(g);
