@@ -81,7 +81,8 @@ static colld_status_t check_args(colld_comm_t *comm, call_t *k, size_t send_elem
         return colld__comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "root %d is out of range for %d ranks", k->root,
                                  comm->nranks);
     size_t es = colld_dtype_size(k->dtype);
-    if (__builtin_mul_overflow(send_elems, es, &k->send_bytes) || __builtin_mul_overflow(recv_elems, es, &k->recv_bytes))
+    if (__builtin_mul_overflow(send_elems, es, &k->send_bytes) ||
+        __builtin_mul_overflow(recv_elems, es, &k->recv_bytes))
         return colld__comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "count %zu overflows", k->count);
     return COLLD_OK;
 }
@@ -160,8 +161,8 @@ static colld_status_t go_fast(colld_comm_t *comm, call_t *k)
     colld_status_t st;
     char why[256];
     if (colld__group_active()) {
-        st = colld__group_queue_fast(comm, k->kind, k->send, k->send_bytes, k->recv, k->recv_bytes, k->count,
-                                     k->dtype, k->op, k->root);
+        st = colld__group_queue_fast(comm, k->kind, k->send, k->send_bytes, k->recv, k->recv_bytes, k->count, k->dtype,
+                                     k->op, k->root);
         return st == COLLD_OK ? st
                               : colld__comm_error(comm, st, "cannot queue the collective: %s", colld_status_string(st));
     }
@@ -199,8 +200,14 @@ static colld_status_t route(colld_comm_t *comm, colld_kind_t kind, const void *s
                             void *recvbuf, size_t recv_elems, size_t count, colld_dtype_t dtype, colld_redop_t op,
                             int root, void *stream)
 {
-    call_t k = { .kind = kind, .send = sendbuf, .recv = recvbuf, .count = count, .dtype = dtype, .op = op,
-                 .root = root, .stream = stream };
+    call_t k = { .kind = kind,
+                 .send = sendbuf,
+                 .recv = recvbuf,
+                 .count = count,
+                 .dtype = dtype,
+                 .op = op,
+                 .root = root,
+                 .stream = stream };
     colld_status_t st = check_args(comm, &k, send_elems, recv_elems);
     if (st != COLLD_OK)
         return st;
@@ -225,8 +232,8 @@ static size_t times(size_t count, int n)
     return __builtin_mul_overflow(count, (size_t)n, &r) ? SIZE_MAX : r;
 }
 
-colld_status_t colld_allreduce(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype,
-                               colld_redop_t op, colld_comm_t *comm, void *stream)
+colld_status_t colld_allreduce(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype, colld_redop_t op,
+                               colld_comm_t *comm, void *stream)
 {
     if (!comm)
         return COLLD_ERR_INVALID_ARGUMENT;
@@ -242,8 +249,8 @@ colld_status_t colld_broadcast(const void *sendbuf, void *recvbuf, size_t count,
                  COLLD_SUM, root, stream);
 }
 
-colld_status_t colld_reduce(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype,
-                            colld_redop_t op, int root, colld_comm_t *comm, void *stream)
+colld_status_t colld_reduce(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype, colld_redop_t op,
+                            int root, colld_comm_t *comm, void *stream)
 {
     if (!comm)
         return COLLD_ERR_INVALID_ARGUMENT;
@@ -265,8 +272,8 @@ colld_status_t colld_reducescatter(const void *sendbuf, void *recvbuf, size_t re
 {
     if (!comm)
         return COLLD_ERR_INVALID_ARGUMENT;
-    return route(comm, COLLD_KIND_REDUCESCATTER, sendbuf, times(recvcount, comm->nranks), recvbuf, recvcount,
-                 recvcount, dtype, op, 0, stream);
+    return route(comm, COLLD_KIND_REDUCESCATTER, sendbuf, times(recvcount, comm->nranks), recvbuf, recvcount, recvcount,
+                 dtype, op, 0, stream);
 }
 
 colld_status_t colld_comm_synchronize(colld_comm_t *comm)

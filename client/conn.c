@@ -63,7 +63,9 @@ colld_status_t colld__sock_request(colld_client_t *c, colld_wire_msg_t *m, int f
     while (got < sizeof(*reply)) {
         struct iovec riov = { .iov_base = (char *)reply + got, .iov_len = sizeof(*reply) - got };
         memset(&cm, 0, sizeof(cm));
-        struct msghdr rh = { .msg_iov = &riov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof(cm.buf) };
+        struct msghdr rh = {
+            .msg_iov = &riov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof(cm.buf)
+        };
         n = recvmsg(c->sock, &rh, MSG_CMSG_CLOEXEC);
         if (n < 0 && errno == EINTR)
             continue;
@@ -111,8 +113,8 @@ void colld__client_session_ref(colld_client_t *c, void *ref)
 /* One unary call; maps transport failures to colld statuses and the response's own status
  * field (every response starts with status and detail) to the return value. */
 colld_status_t colld__client_rpc(colld_client_t *c, const char *method, const ProtobufCMessage *req,
-                                 const ProtobufCMessageDescriptor *resp_desc, int timeout_ms,
-                                 ProtobufCMessage **resp, char *detail, size_t detail_len)
+                                 const ProtobufCMessageDescriptor *resp_desc, int timeout_ms, ProtobufCMessage **resp,
+                                 char *detail, size_t detail_len)
 {
     *resp = NULL;
     if (atomic_load(&c->lost)) {
@@ -209,8 +211,8 @@ int colld__client_lookup(colld_client_t *c, const void *p, size_t bytes, colld_w
 }
 
 /* Both buffers of a collective under one lock (see client_internal.h). */
-void colld__client_lookup2(colld_client_t *c, const void *send, size_t send_bytes, const void *recv,
-                           size_t recv_bytes, colld_wire_buf_t *wsend, colld_wire_buf_t *wrecv, int *ls, int *lr)
+void colld__client_lookup2(colld_client_t *c, const void *send, size_t send_bytes, const void *recv, size_t recv_bytes,
+                           colld_wire_buf_t *wsend, colld_wire_buf_t *wrecv, int *ls, int *lr)
 {
     memset(wsend, 0, sizeof(*wsend));
     memset(wrecv, 0, sizeof(*wrecv));
@@ -223,8 +225,8 @@ void colld__client_lookup2(colld_client_t *c, const void *send, size_t send_byte
 /* Create a sealed memfd of at least `bytes`, map it and register it with the daemon. On success
  * *base, *size and *reg_id describe the mapping; nothing else records it. A refusal is not retried:
  * the daemon's status and detail go to the caller (why). */
-colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, size_t *size, uint32_t *reg_id,
-                               char *why, size_t why_len)
+colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, size_t *size, uint32_t *reg_id, char *why,
+                               size_t why_len)
 {
     colld_set_err(why, why_len, "%s", "");
     if (atomic_load(&c->lost)) {

@@ -29,8 +29,8 @@ void colld__engine_discard(colld_comm_t *comm, colld_pending_t *p)
     pthread_mutex_unlock(&comm->client->mu);
 }
 
-colld_status_t colld__engine_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending,
-                                  char *why, size_t why_len)
+colld_status_t colld__engine_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending, char *why,
+                                  size_t why_len)
 {
     colld_wire_sqe_t one = *sqe;
     one.seq = comm->seq + 1;

@@ -20,7 +20,9 @@ colld_status_t colld_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, coll
     char why[360];
     if (type == COLLD_MEM_CUDA) {
         colld_status_t st = colld__gpu_mem_alloc(c, ptr, bytes, why, sizeof(why));
-        return st == COLLD_OK ? st : colld__client_error(c, st, "colld_mem_alloc(%zu bytes, COLLD_MEM_CUDA): %s", bytes, why);
+        return st == COLLD_OK
+                   ? st
+                   : colld__client_error(c, st, "colld_mem_alloc(%zu bytes, COLLD_MEM_CUDA): %s", bytes, why);
     }
     if (type != COLLD_MEM_HOST)
         return colld__client_error(c, COLLD_ERR_INVALID_ARGUMENT, "colld_mem_alloc: unknown memory type %d", (int)type);

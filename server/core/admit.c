@@ -31,8 +31,8 @@ bool colld_kind_has_op(unsigned kind)
 
 /* Resolve a buffer reference of `bytes` bytes to a pointer in a registration of the session.
  * Returns 0, or -1 with err. */
-static int resolve_buf(colld_session_t *s, const colld_wire_buf_t *b, uint64_t bytes, size_t align,
-                       const char *which, colld_reg_t **reg, void **ptr, colld_err_t *err)
+static int resolve_buf(colld_session_t *s, const colld_wire_buf_t *b, uint64_t bytes, size_t align, const char *which,
+                       colld_reg_t **reg, void **ptr, colld_err_t *err)
 {
     *reg = NULL;
     *ptr = NULL;
@@ -45,15 +45,17 @@ static int resolve_buf(colld_session_t *s, const colld_wire_buf_t *b, uint64_t b
         return -1;
     }
     if (b->offset > r->size || bytes > r->size - b->offset) {
-        colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%s buffer: %llu bytes at offset %llu overrun its %llu-byte registration",
-                      which, (unsigned long long)bytes, (unsigned long long)b->offset, (unsigned long long)r->size);
+        colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                      "%s buffer: %llu bytes at offset %llu overrun its %llu-byte registration", which,
+                      (unsigned long long)bytes, (unsigned long long)b->offset, (unsigned long long)r->size);
         return -1;
     }
     /* Registrations start on a page, so an aligned offset is an aligned address: the kernels
      * load whole elements. */
     if (b->offset % align) {
-        colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%s buffer: offset %llu is not a multiple of the element size (%zu bytes)",
-                      which, (unsigned long long)b->offset, align);
+        colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                      "%s buffer: offset %llu is not a multiple of the element size (%zu bytes)", which,
+                      (unsigned long long)b->offset, align);
         return -1;
     }
     r->refs++;
@@ -66,8 +68,8 @@ static int resolve_buf(colld_session_t *s, const colld_wire_buf_t *b, uint64_t b
  * for all-gather the send buffer is the rank's slice of the receive buffer, for reduce-scatter the
  * receive buffer is the rank's slice of the send buffer). Anything else would have the host
  * backend copy between overlapping ranges. */
-static bool in_place_or_apart(const colld_wire_sqe_t *d, const colld_op_t *op, uint64_t send_bytes,
-                              uint64_t recv_bytes, uint64_t bytes, int rank)
+static bool in_place_or_apart(const colld_wire_sqe_t *d, const colld_op_t *op, uint64_t send_bytes, uint64_t recv_bytes,
+                              uint64_t bytes, int rank)
 {
     if (!op->send_reg || op->send_reg != op->recv_reg)
         return true;
@@ -97,8 +99,7 @@ static colld_status_t check_fields(const colld_wire_sqe_t *d, int nranks, uint64
     if (colld_kind_has_op(d->kind) && d->redop >= COLLD_REDOP_COUNT)
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "unknown reduction op %u", d->redop);
     if (colld_kind_has_root(d->kind) && (d->root < 0 || d->root >= nranks))
-        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "root %d is out of range for %d ranks", d->root,
-                             nranks);
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "root %d is out of range for %d ranks", d->root, nranks);
     if (!colld_mul_ok(d->count, colld_dtype_size((colld_dtype_t)d->dtype), bytes) ||
         !colld_mul_ok(*bytes, (uint64_t)nranks, all))
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "count %llu overflows", (unsigned long long)d->count);
@@ -180,7 +181,8 @@ static colld_status_t validate(colld_session_t *s, colld_op_t *op, colld_err_t *
     if (d->flags & COLLD_SQE_FAST) {
         /* A record: the ranks ran it beside the engine, no buffer of theirs is touched here. */
         if (!op->member->comm->side_path)
-            return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "fast-path record on a communicator without a fast area");
+            return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                                 "fast-path record on a communicator without a fast area");
         return COLLD_OK;
     }
     buffer_sizes(d, rank, bytes, all, &send_bytes, &recv_bytes);

@@ -64,8 +64,8 @@ typedef struct colld_comm_hooks {
     void (*broken)(colld_daemon_t *d, colld_dcomm_t *c);
     /* A collective ended (executed or failed): ops[nranks] by rank (NULL for remote ranks), its
      * execution window (start_ns 0: it never ran) and the first rank's arrival. */
-    void (*finished)(colld_daemon_t *d, colld_dcomm_t *c, colld_op_t *const *ops, uint64_t first_ns,
-                     uint64_t start_ns, uint64_t end_ns, colld_status_t st);
+    void (*finished)(colld_daemon_t *d, colld_dcomm_t *c, colld_op_t *const *ops, uint64_t first_ns, uint64_t start_ns,
+                     uint64_t end_ns, colld_status_t st);
     /* Before the engine matches a ready communicator's next collective: false keeps it from
      * matching this pass; *deadline may be brought forward (when to look again). */
     bool (*judge)(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint64_t *deadline);
@@ -146,9 +146,9 @@ typedef struct colld_backend_ops {
 struct colld_backend {
     const colld_backend_ops_t *ops;
     colld_daemon_t *d;
-    int slot;      /* its index: colld_dcomm_t.bslot[slot], colld_session_t.bslot[slot] */
-    bool present;  /* started and has something to drive */
-    void *state;   /* the backend's own */
+    int slot;     /* its index: colld_dcomm_t.bslot[slot], colld_session_t.bslot[slot] */
+    bool present; /* started and has something to drive */
+    void *state;  /* the backend's own */
 };
 
 /* What a daemon is composed of: the backends in the order they claim collectives and the modules

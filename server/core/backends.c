@@ -10,7 +10,6 @@
 
 #include "common/util.h"
 
-
 int colld_daemon_compose(colld_daemon_t *d, const colld_registry_t *reg)
 {
     int n = 0;
@@ -91,18 +90,18 @@ colld_backend_t *colld_backend_claim(colld_daemon_t *d, const colld_dcomm_t *c, 
  * ========================================================================================== */
 
 /* Call `hook` (a member of colld_comm_hooks_t) of every module and backend that has it. */
-#define EACH_HOOK(d, h, hook, call)                                                                \
-    do {                                                                                           \
-        for (const colld_comm_hooks_t *const *m_ = (d)->modules; m_ && *m_; m_++) {                \
-            const colld_comm_hooks_t *h = *m_;                                                     \
-            if (h->hook)                                                                           \
-                call;                                                                              \
-        }                                                                                          \
-        for (int i_ = 0; i_ < (d)->nbackends; i_++) {                                              \
-            const colld_comm_hooks_t *h = (d)->backends[i_].ops->hooks;                            \
-            if (h && h->hook)                                                                      \
-                call;                                                                              \
-        }                                                                                          \
+#define EACH_HOOK(d, h, hook, call)                                                                                    \
+    do {                                                                                                               \
+        for (const colld_comm_hooks_t *const *m_ = (d)->modules; m_ && *m_; m_++) {                                    \
+            const colld_comm_hooks_t *h = *m_;                                                                         \
+            if (h->hook)                                                                                               \
+                call;                                                                                                  \
+        }                                                                                                              \
+        for (int i_ = 0; i_ < (d)->nbackends; i_++) {                                                                  \
+            const colld_comm_hooks_t *h = (d)->backends[i_].ops->hooks;                                                \
+            if (h && h->hook)                                                                                          \
+                call;                                                                                                  \
+        }                                                                                                              \
     } while (0)
 
 void colld_hooks_formed(colld_daemon_t *d, colld_dcomm_t *c)
@@ -160,8 +159,7 @@ int colld_hooks_session_msg(colld_session_t *s, const colld_wire_msg_t *m)
  * Backends' parts of sessions and descriptors
  * ========================================================================================== */
 
-void colld_backends_stream_failed(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe,
-                                  colld_status_t st)
+void colld_backends_stream_failed(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st)
 {
     for (int i = 0; i < d->nbackends; i++) {
         colld_backend_t *b = &d->backends[i];

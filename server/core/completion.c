@@ -89,7 +89,7 @@ void colld_complete_notices(colld_dcomm_t *c)
         if (!s->dead && !s->kill_requested) {
             int64_t space = colld_ring_space(&s->shm->cq, s->cq_head, s->entries);
             if (space <= (int64_t)s->in_flight)
-                continue; /* no unreserved slot yet */
+                continue;   /* no unreserved slot yet */
             s->in_flight++; /* colld_complete_post counts it back */
             colld_complete_post(s, m->handle, 0, c->error);
         }

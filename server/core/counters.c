@@ -10,9 +10,9 @@
 
 static const char *const kind_labels[COLLD_COUNT_NKIND] = { "allreduce", "broadcast",     "reduce",
                                                             "allgather", "reducescatter", "unknown" };
-static const char *const dtype_labels[COLLD_COUNT_NDTYPE] = { "int8",    "uint8",    "int32",   "uint32",
-                                                              "int64",   "uint64",   "float16", "bfloat16",
-                                                              "float32", "float64",  "unknown" };
+static const char *const dtype_labels[COLLD_COUNT_NDTYPE] = { "int8",    "uint8",   "int32",   "uint32",
+                                                              "int64",   "uint64",  "float16", "bfloat16",
+                                                              "float32", "float64", "unknown" };
 
 static const colld_status_t status_values[COLLD_COUNT_NSTATUS_KNOWN] = {
 #define STATUS_VALUE_(name, value, text) COLLD_##name,
@@ -25,22 +25,20 @@ static const struct {
     uint64_t ns;
     const char *le;
 } buckets[COLLD_COUNT_NBUCKET] = {
-    { 1000ull, "1e-06" },       { 2500ull, "2.5e-06" },      { 5000ull, "5e-06" },
-    { 10000ull, "1e-05" },      { 25000ull, "2.5e-05" },     { 50000ull, "5e-05" },
-    { 100000ull, "0.0001" },    { 250000ull, "0.00025" },    { 500000ull, "0.0005" },
-    { 1000000ull, "0.001" },    { 2500000ull, "0.0025" },    { 5000000ull, "0.005" },
-    { 10000000ull, "0.01" },    { 25000000ull, "0.025" },    { 50000000ull, "0.05" },
-    { 100000000ull, "0.1" },    { 250000000ull, "0.25" },    { 500000000ull, "0.5" },
-    { 1000000000ull, "1" },     { 2500000000ull, "2.5" },    { 5000000000ull, "5" },
-    { 10000000000ull, "10" },
+    { 1000ull, "1e-06" },     { 2500ull, "2.5e-06" },   { 5000ull, "5e-06" },     { 10000ull, "1e-05" },
+    { 25000ull, "2.5e-05" },  { 50000ull, "5e-05" },    { 100000ull, "0.0001" },  { 250000ull, "0.00025" },
+    { 500000ull, "0.0005" },  { 1000000ull, "0.001" },  { 2500000ull, "0.0025" }, { 5000000ull, "0.005" },
+    { 10000000ull, "0.01" },  { 25000000ull, "0.025" }, { 50000000ull, "0.05" },  { 100000000ull, "0.1" },
+    { 250000000ull, "0.25" }, { 500000000ull, "0.5" },  { 1000000000ull, "1" },   { 2500000000ull, "2.5" },
+    { 5000000000ull, "5" },   { 10000000000ull, "10" },
 };
 
 /* The index of a status in the label space. */
 static unsigned status_index(colld_status_t st)
 {
     switch (st) {
-#define STATUS_CASE_(name, value, text)                                                            \
-    case COLLD_##name:                                                                             \
+#define STATUS_CASE_(name, value, text)                                                                                \
+    case COLLD_##name:                                                                                                 \
         return COLLD_COUNT_STATUS_##name;
         COLLD_STATUS_LIST(STATUS_CASE_)
 #undef STATUS_CASE_
@@ -51,7 +49,7 @@ static unsigned status_index(colld_status_t st)
 static unsigned kind_index(unsigned kind)
 {
     return kind >= COLLD_KIND_ALLREDUCE && kind <= COLLD_KIND_REDUCESCATTER ? kind - COLLD_KIND_ALLREDUCE
-                                                                              : COLLD_COUNT_NKIND - 1;
+                                                                            : COLLD_COUNT_NKIND - 1;
 }
 
 static unsigned dtype_index(unsigned dtype)

@@ -120,9 +120,9 @@ static int fast_dup(colld_session_t *s, uint32_t handle, uint64_t *size, colld_e
     }
     colld_dcomm_t *c = m->comm;
     if (!c->fast) {
-        colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "communicator %llu has no fast area (%s)", (unsigned long long)c->id,
-                      colld_comm_multi_node(c) ? "it spans several nodes"
-                                               : "fast-path-bytes is 0 or the area could not be made");
+        colld_err_set(
+            err, COLLD_ERR_NOT_SUPPORTED, "communicator %llu has no fast area (%s)", (unsigned long long)c->id,
+            colld_comm_multi_node(c) ? "it spans several nodes" : "fast-path-bytes is 0 or the area could not be made");
         return -1;
     }
     int fd = fcntl(c->fast_fd, F_DUPFD_CLOEXEC, 0);
@@ -140,10 +140,10 @@ static int fast_dup(colld_session_t *s, uint32_t handle, uint64_t *size, colld_e
  * member can write. */
 static colld_wire_fast_slot_t slot_copy(const colld_dcomm_t *c, int rank, uint64_t seq)
 {
-    colld_wire_fast_slot_t *s =
-        (colld_wire_fast_slot_t *)((char *)c->fast + COLLD_WIRE_FAST_SLOTS_OFFSET(c->nranks) +
-                                         ((size_t)rank * COLLD_WIRE_FAST_DEPTH + seq % COLLD_WIRE_FAST_DEPTH) *
-                                             c->fast_stride);
+    colld_wire_fast_slot_t *s = (colld_wire_fast_slot_t *)((char *)c->fast + COLLD_WIRE_FAST_SLOTS_OFFSET(c->nranks) +
+                                                           ((size_t)rank * COLLD_WIRE_FAST_DEPTH +
+                                                            seq % COLLD_WIRE_FAST_DEPTH) *
+                                                               c->fast_stride);
     colld_wire_fast_slot_t out;
     out.seq = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
     memcpy((char *)&out + sizeof(out.seq), (const char *)s + sizeof(s->seq), sizeof(out) - sizeof(out.seq));
@@ -158,8 +158,7 @@ static colld_wire_fast_slot_t slot_copy(const colld_dcomm_t *c, int rank, uint64
 /* Where rank `rank` is in collective `seq` by its slots: it published it (its call and arrival
  * time in *call and *arrival_ns), it has gone past it, or neither yet. */
 typedef enum { FAST_ABSENT = 0, FAST_PUBLISHED = 1, FAST_PASSED = 2 } fast_seen_t;
-static fast_seen_t rank_at(const colld_dcomm_t *c, int rank, uint64_t seq, colld_wire_sqe_t *call,
-                           uint64_t *arrival_ns)
+static fast_seen_t rank_at(const colld_dcomm_t *c, int rank, uint64_t seq, colld_wire_sqe_t *call, uint64_t *arrival_ns)
 {
     colld_wire_fast_slot_t a = slot_copy(c, rank, seq), b = slot_copy(c, rank, seq + 1);
     if (a.seq == seq) {
@@ -182,8 +181,8 @@ void colld_fast_harvest(colld_daemon_t *d, colld_dcomm_t *c)
 {
     if (!c->fast)
         return;
-    const colld_wire_fast_stats_t *st =
-        (const colld_wire_fast_stats_t *)((const char *)c->fast + COLLD_WIRE_FAST_STATS_OFFSET);
+    const colld_wire_fast_stats_t *st = (const colld_wire_fast_stats_t *)((const char *)c->fast +
+                                                                          COLLD_WIRE_FAST_STATS_OFFSET);
     for (int r = 0; r < c->nranks; r++)
         for (unsigned k = 0; k < COLLD_WIRE_FAST_KINDS; k++)
             for (unsigned t = 0; t < COLLD_WIRE_FAST_DTYPES; t++) {
@@ -212,15 +211,15 @@ enum { AT_ABSENT = 0, AT_ENGINE, AT_RECORD, AT_SLOT, AT_PASSED };
 typedef struct {
     uint64_t seq;
     int n;
-    int engine, fast, absent;  /* ranks that posted it to the engine, ran it beside it, or neither */
-    int slot_only;             /* ranks seen on the fast area that have not posted their record yet */
-    bool slot_differs;         /* ... one of them with another call: its record is coming */
-    bool differ;               /* two records name different calls */
+    int engine, fast, absent;    /* ranks that posted it to the engine, ran it beside it, or neither */
+    int slot_only;               /* ranks seen on the fast area that have not posted their record yet */
+    bool slot_differs;           /* ... one of them with another call: its record is coming */
+    bool differ;                 /* two records name different calls */
     const colld_wire_sqe_t *ref; /* the first record's call */
-    uint64_t first;            /* the first arrival */
-    colld_wire_sqe_t *calls;   /* [n] each rank's call, where known */
-    uint64_t *arrivals;        /* [n] */
-    signed char *where;        /* [n] AT_* */
+    uint64_t first;              /* the first arrival */
+    colld_wire_sqe_t *calls;     /* [n] each rank's call, where known */
+    uint64_t *arrivals;          /* [n] */
+    signed char *where;          /* [n] AT_* */
 } fast_view_t;
 
 /* The verdict on a view. */

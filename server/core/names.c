@@ -25,7 +25,7 @@ const char *colld_kind_name(unsigned kind)
 /* "int8", ..., "unknown" for a value outside colld_dtype_t. */
 const char *colld_dtype_name(unsigned dtype)
 {
-    static const char *const names[] = { "int8",    "uint8",    "int32",   "uint32",  "int64",
+    static const char *const names[] = { "int8",   "uint8",   "int32",    "uint32",  "int64",
                                          "uint64", "float16", "bfloat16", "float32", "float64" };
     _Static_assert(sizeof(names) / sizeof(names[0]) == COLLD_DTYPE_COUNT, "one name per dtype");
     return dtype < COLLD_DTYPE_COUNT ? names[dtype] : "unknown";

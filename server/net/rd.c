@@ -112,13 +112,12 @@ static bool rd_check(const xcoll_t *xc, const colld_net_hdr_t *h, bool phase_ok,
                      char *why, size_t len)
 {
     if (!phase_ok) {
-        snprintf(why, len, "%s step %u is not a phase of this collective on this node", xphase_name(h->phase),
-                 h->step);
+        snprintf(why, len, "%s step %u is not a phase of this collective on this node", xphase_name(h->phase), h->step);
         return false;
     }
     if (from != want) {
-        snprintf(why, len, "%s step %u came from the wrong node (node %d, not node %d)", xphase_name(h->phase),
-                 h->step, from, want);
+        snprintf(why, len, "%s step %u came from the wrong node (node %d, not node %d)", xphase_name(h->phase), h->step,
+                 from, want);
         return false;
     }
     if (h->offset != 0 || h->len != xc->xbytes || left != xc->xbytes) {
@@ -135,8 +134,7 @@ bool colld_xrd_valid(const xcoll_t *xc, int from, const colld_net_hdr_t *h, char
     int k = xc->x->nnodes, j = xc->x->self, p = xc->rd_p;
     switch (h->phase) {
     case XPHASE_RD_PRE:
-        return rd_check(xc, h, xc->rd && j < k - p && h->step == 0, from, j + p, xc->rd ? xc->rd_left[0] : 0, why,
-                        len);
+        return rd_check(xc, h, xc->rd && j < k - p && h->step == 0, from, j + p, xc->rd ? xc->rd_left[0] : 0, why, len);
     case XPHASE_RD:
         return rd_check(xc, h, xc->rd && j < p && h->step < xc->rd_nsteps, from,
                         xc->rd && h->step < xc->rd_nsteps ? j ^ (1 << h->step) : -1,

@@ -51,24 +51,24 @@ struct xcoll {
     colld_xcomm_t *x;
     xsig_t sig;
     colld_dtype_t dt;
-    colld_redop_t op;    /* the collective's op */
-    colld_redop_t pop;   /* the op that combines partials (avg: sum) */
+    colld_redop_t op;  /* the collective's op */
+    colld_redop_t pop; /* the op that combines partials (avg: sum) */
     size_t es;
     bool active, failed, rd;
-    int stage;           /* STAGE_IN, STAGE_NET, STAGE_OUT */
-    uint64_t cursor;     /* bytes of X the local stage has done */
-    int busy;            /* > 0 while a handler runs: finishing waits for it */
+    int stage;       /* STAGE_IN, STAGE_NET, STAGE_OUT */
+    uint64_t cursor; /* bytes of X the local stage has done */
+    int busy;        /* > 0 while a handler runs: finishing waits for it */
     colld_status_t status;
     uint8_t *X;
     uint64_t xbytes;
-    xrange_t *ranges;    /* ring layout */
+    xrange_t *ranges; /* ring layout */
     int nranges;
-    uint32_t nchunks;    /* chunks of the ring layout */
-    uint8_t *got;        /* [2][nchunks]: ring chunks received in reduce-scatter, all-gather */
-    xnode_t *nodes;      /* [nnodes] */
-    int nready;          /* other nodes ready */
+    uint32_t nchunks; /* chunks of the ring layout */
+    uint8_t *got;     /* [2][nchunks]: ring chunks received in reduce-scatter, all-gather */
+    xnode_t *nodes;   /* [nnodes] */
+    int nready;       /* other nodes ready */
     uint64_t recv_left;
-    unsigned inflight;   /* DATA sends not written yet */
+    unsigned inflight; /* DATA sends not written yet */
     pend_t *pend, *pend_tail;
     uint64_t deadline_ns; /* every node's Ready by then */
     uint64_t progress_ns; /* the last progress, once every node is ready (deadlines above) */
@@ -76,11 +76,11 @@ struct xcoll {
     /* recursive doubling */
     int rd_p, rd_nsteps, rd_step;
     bool rd_pre_wait, rd_finished;
-    uint8_t *rd_buf;     /* [pre | steps recv | steps send], each xbytes */
-    uint64_t *rd_left;   /* [1 + nsteps]: bytes still to receive (0: pre) */
-    bool *rd_sent;       /* [nsteps]: this node's data of the step went out */
-    xcoll_t *next;       /* in x's queue */
-    xcoll_t *rnext;      /* in the cluster's running list */
+    uint8_t *rd_buf;   /* [pre | steps recv | steps send], each xbytes */
+    uint64_t *rd_left; /* [1 + nsteps]: bytes still to receive (0: pre) */
+    bool *rd_sent;     /* [nsteps]: this node's data of the step went out */
+    xcoll_t *next;     /* in x's queue */
+    xcoll_t *rnext;    /* in the cluster's running list */
     /* what the driver (xcoll.c) does for the algorithms: send one chunk to a node (or hold it
      * until the node is ready), fail the collective (with break_comm, the communicator too) */
     void (*send)(xcoll_t *xc, int node, int phase, int step, uint64_t off, uint64_t len, const uint8_t *src);

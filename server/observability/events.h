@@ -22,12 +22,11 @@ int colld_events_start(colld_daemon_t *d);
 void colld_events_stop(colld_daemon_t *d);
 /* Record an event (daemon->lock held; never blocks on a subscriber). `c` may be NULL; with a
  * communicator, the event belongs to its tenant, else to `uid`. */
-void colld_event(colld_daemon_t *d, const char *type, const colld_dcomm_t *c, int rank, pid_t pid,
-                 uint64_t session_id, uid_t uid, colld_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 9, 10)));
+void colld_event(colld_daemon_t *d, const char *type, const colld_dcomm_t *c, int rank, pid_t pid, uint64_t session_id,
+                 uid_t uid, colld_status_t st, const char *fmt, ...) __attribute__((format(printf, 9, 10)));
 /* Serve an Events call: backlog, then live events if follow. Takes the call. */
-void colld_events_subscribe(colld_daemon_t *d, colld_rpc_call_t *call, bool follow, uint32_t backlog,
-                            bool only_new, bool admin, uid_t uid);
+void colld_events_subscribe(colld_daemon_t *d, colld_rpc_call_t *call, bool follow, uint32_t backlog, bool only_new,
+                            bool admin, uid_t uid);
 /* The event type of a communicator fault. */
 const char *colld_event_type_of(colld_status_t st);
 

@@ -117,7 +117,8 @@ static void test_root(void **state)
 {
     world_t *w = *state;
     colld_wire_sqe_t q = fix_sqe(w->c, 0, 1, COLLD_KIND_REDUCE, COLLD_FLOAT32, COLLD_SUM, 4, 2);
-    expect_refused(w, 0, &q, COLLD_ERR_INVALID_ARGUMENT, "rank 0 (pid 1000), collective #1: root 2 is out of range for 2 ranks");
+    expect_refused(w, 0, &q, COLLD_ERR_INVALID_ARGUMENT,
+                   "rank 0 (pid 1000), collective #1: root 2 is out of range for 2 ranks");
     colld_wire_sqe_t n = fix_sqe(w->c, 1, 1, COLLD_KIND_BROADCAST, COLLD_FLOAT32, COLLD_SUM, 4, -1);
     assert_int_equal(admit_one(w, 1, &n), COLLD_ERR_INVALID_ARGUMENT); /* broken: fails at once */
 }
@@ -176,8 +177,9 @@ static void test_unknown_registration(void **state)
     world_t *w = *state;
     colld_wire_sqe_t q = fix_sqe(w->c, 0, 1, COLLD_KIND_ALLREDUCE, COLLD_FLOAT32, COLLD_SUM, 4, 0);
     q.send.reg_id = 7;
-    expect_refused(w, 0, &q, COLLD_ERR_INVALID_ARGUMENT,
-                   "rank 0 (pid 1000), collective #1: send buffer: registration 7 is not one of this process's buffers");
+    expect_refused(
+        w, 0, &q, COLLD_ERR_INVALID_ARGUMENT,
+        "rank 0 (pid 1000), collective #1: send buffer: registration 7 is not one of this process's buffers");
 }
 
 static void test_overrun(void **state)
@@ -215,7 +217,8 @@ static void test_misaligned(void **state)
 static void test_sizes_by_kind(void **state)
 {
     world_t *w = *state;
-    colld_wire_sqe_t q = fix_sqe(w->c, 0, 1, COLLD_KIND_ALLGATHER, COLLD_INT32, COLLD_SUM, FIX_REG_BYTES / 4 / 2 + 1, 0);
+    colld_wire_sqe_t q = fix_sqe(w->c, 0, 1, COLLD_KIND_ALLGATHER, COLLD_INT32, COLLD_SUM, FIX_REG_BYTES / 4 / 2 + 1,
+                                 0);
     expect_refused(w, 0, &q, COLLD_ERR_INVALID_ARGUMENT,
                    "rank 0 (pid 1000), collective #1: recv buffer: 65544 bytes at offset 0 overrun its 65536-byte "
                    "registration");
@@ -224,8 +227,8 @@ static void test_sizes_by_kind(void **state)
 static void test_sizes_reducescatter(void **state)
 {
     world_t *w = *state;
-    colld_wire_sqe_t q =
-        fix_sqe(w->c, 1, 1, COLLD_KIND_REDUCESCATTER, COLLD_INT32, COLLD_SUM, FIX_REG_BYTES / 4 / 2 + 1, 0);
+    colld_wire_sqe_t q = fix_sqe(w->c, 1, 1, COLLD_KIND_REDUCESCATTER, COLLD_INT32, COLLD_SUM,
+                                 FIX_REG_BYTES / 4 / 2 + 1, 0);
     expect_refused(w, 1, &q, COLLD_ERR_INVALID_ARGUMENT,
                    "rank 1 (pid 1001), collective #1: send buffer: 65544 bytes at offset 0 overrun its 65536-byte "
                    "registration");

@@ -59,8 +59,8 @@ static colld_status_t join(fix_t *f, int i, const uint8_t *uid, int nranks, int 
 }
 
 /* The refusal of a join: its status and exact detail. */
-static void expect_refused(fix_t *f, int i, const uint8_t *uid, int nranks, int rank, int timeout_ms,
-                           const char *name, colld_status_t st, const char *detail)
+static void expect_refused(fix_t *f, int i, const uint8_t *uid, int nranks, int rank, int timeout_ms, const char *name,
+                           colld_status_t st, const char *detail)
 {
     colld_err_t err = COLLD_ERR_INIT;
     assert_int_equal(join(f, i, uid, nranks, rank, timeout_ms, name, &err), st);
@@ -84,7 +84,8 @@ static void test_join_arguments(void **state)
     expect_refused(f, 0, uid, 0, 0, 0, NULL, COLLD_ERR_INVALID_ARGUMENT, "nranks 0 is out of range (1..1024)");
     expect_refused(f, 0, uid, 1025, 0, 0, NULL, COLLD_ERR_INVALID_ARGUMENT, "nranks 1025 is out of range (1..1024)");
     expect_refused(f, 0, uid, 2, 2, 0, NULL, COLLD_ERR_INVALID_ARGUMENT, "rank 2 is out of range for nranks 2 (0..1)");
-    expect_refused(f, 0, uid, 2, -1, 0, NULL, COLLD_ERR_INVALID_ARGUMENT, "rank -1 is out of range for nranks 2 (0..1)");
+    expect_refused(f, 0, uid, 2, -1, 0, NULL, COLLD_ERR_INVALID_ARGUMENT,
+                   "rank -1 is out of range for nranks 2 (0..1)");
     expect_refused(f, 0, uid, 2, 0, -5, NULL, COLLD_ERR_INVALID_ARGUMENT, "timeout_ms -5 is negative");
     expect_refused(f, 0, uid, 2, 0, 0, "ab\033[2J", COLLD_ERR_INVALID_ARGUMENT,
                    "communicator name refused: byte 2: control or formatting character U+001B (a name is at most 63 "

@@ -68,7 +68,9 @@ static world_t *make(int nnodes, int self, uint64_t chunk, colld_kind_t kind, ui
     xcoll_t *xc = &w.xc;
     xc->x = &w.x;
     xc->c = &w.c;
-    xc->sig = (xsig_t){ .seq = 1, .kind = kind, .dtype = COLLD_INT32, .redop = COLLD_SUM, .root = root, .count = count };
+    xc->sig = (xsig_t){
+        .seq = 1, .kind = kind, .dtype = COLLD_INT32, .redop = COLLD_SUM, .root = root, .count = count
+    };
     xc->dt = COLLD_INT32;
     xc->op = xc->pop = COLLD_SUM;
     xc->es = 4;
@@ -167,8 +169,9 @@ static void test_ring_start(void **state)
 
 static colld_net_hdr_t hdr(int phase, int step, uint64_t off, uint32_t len)
 {
-    return (colld_net_hdr_t){ .phase = (uint8_t)phase, .step = (uint16_t)step, .len = len, .xid = 1, .seq = 1,
-                              .offset = off };
+    return (colld_net_hdr_t){
+        .phase = (uint8_t)phase, .step = (uint16_t)step, .len = len, .xid = 1, .seq = 1, .offset = off
+    };
 }
 
 /* What a node takes: from the previous node only, exactly one chunk of the block due at that step,

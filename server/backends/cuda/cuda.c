@@ -124,7 +124,8 @@ static int cuda_start(colld_backend_t *b)
     for (int i = 0; i < n; i++) {
         if ((r = take_gpu(cu, i, &gpu[i])) != CUDA_SUCCESS) {
             char buf[160];
-            snprintf(d->device_none, sizeof(d->device_none), "GPU %d: %s", i, colld_cu_describe(cu, r, buf, sizeof(buf)));
+            snprintf(d->device_none, sizeof(d->device_none), "GPU %d: %s", i,
+                     colld_cu_describe(cu, r, buf, sizeof(buf)));
             LOG_ERROR(GPU, "no CUDA backend: %s", d->device_none);
             for (int j = 0; j < i; j++)
                 CU_CHECK(cu, cuDevicePrimaryCtxRelease, gpu[j].dev);

@@ -33,24 +33,24 @@ typedef struct colld_gpus {
     const colld_cu_t *cu;
     int n;
     gpu_t *gpu;
-    bool *peer;              /* [n][n]: i can access j's memory */
+    bool *peer;                           /* [n][n]: i can access j's memory */
     colld_coll_t *pending, *pending_tail; /* matched, waiting for the ranks' ready flags */
-    colld_coll_t *launch;    /* every rank's stream got there: to launch (engine thread) */
-    colld_coll_t *running;   /* launched, waiting for their event */
-    unsigned outstanding;    /* pending + launching + running */
+    colld_coll_t *launch;                 /* every rank's stream got there: to launch (engine thread) */
+    colld_coll_t *running;                /* launched, waiting for their event */
+    unsigned outstanding;                 /* pending + launching + running */
 } colld_gpus_t;
 
 /* A communicator's GPU state (colld_dcomm_t.bslot), made by its first stream-ordered descriptor. */
 typedef struct {
-    CUstream *stream;        /* [n GPUs], created on first use (engine thread) */
-    unsigned busy;           /* pending + launching + running collectives */
-    unsigned running;        /* launched, kernels may still run */
-    bool *owe;               /* [nranks]: a release is owed once nothing runs */
-    uint32_t *owed;          /* [nranks]: the done value owed */
+    CUstream *stream; /* [n GPUs], created on first use (engine thread) */
+    unsigned busy;    /* pending + launching + running collectives */
+    unsigned running; /* launched, kernels may still run */
+    bool *owe;        /* [nranks]: a release is owed once nothing runs */
+    uint32_t *owed;   /* [nranks]: the done value owed */
     colld_status_t owed_status;
-    bool *base_set;          /* [nranks]: the rank posted a stream-ordered collective: base[] is its flag base */
-    uint32_t *base;          /* [nranks] */
-    uint32_t *last;          /* [nranks]: flag value of its last stream-ordered collective */
+    bool *base_set; /* [nranks]: the rank posted a stream-ordered collective: base[] is its flag base */
+    uint32_t *base; /* [nranks] */
+    uint32_t *last; /* [nranks]: flag value of its last stream-ordered collective */
 } gpu_comm_t;
 
 /* A session's GPU stream flag area (colld_session_t.bslot): made on the first COLLD_MSG_GPU_FLAGS. */
@@ -58,14 +58,14 @@ typedef struct {
     colld_wire_gpu_flag_t *flags;
     size_t size;
     int fd;
-    uint64_t dptr;           /* the same memory as the GPUs address it */
+    uint64_t dptr; /* the same memory as the GPUs address it */
     uint32_t lines;
 } gpu_session_t;
 
 /* A GPU registration's part (colld_reg_t.bpriv). */
 typedef struct {
-    int gpu;                 /* index of the daemon's GPU that holds it */
-    int how;                 /* colld_cuda_export_t */
+    int gpu; /* index of the daemon's GPU that holds it */
+    int how; /* colld_cuda_export_t */
     uint8_t ipc[COLLD_WIRE_CUDA_IPC_BYTES];
 } gpu_reg_t;
 

@@ -23,8 +23,8 @@ typedef struct {
     int gpu_of[COLLD_CUDA_MAX_RANKS]; /* the GPU of each rank's (receive, else send) buffer, -1: none */
     bool used[MAX_GPUS];
     int nused;
-    int lead;                         /* the GPU whose stream writes the done flags */
-    CUstream stream[MAX_GPUS];        /* the communicator's stream on each used GPU */
+    int lead;                  /* the GPU whose stream writes the done flags */
+    CUstream stream[MAX_GPUS]; /* the communicator's stream on each used GPU */
 } launch_plan_t;
 
 /* The GPU of a registration (its backend part), -1 for none. */

@@ -44,9 +44,9 @@ static int check_request(const colld_gpus_t *g, const colld_wire_msg_t *m, int f
         return -1;
     }
     if ((how == COLLD_CUDA_EXPORT_FD) != (fd >= 0)) {
-        colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, how == COLLD_CUDA_EXPORT_FD
-                                                           ? "VMM registration without a file descriptor"
-                                                           : "IPC registration with a file descriptor");
+        colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                      how == COLLD_CUDA_EXPORT_FD ? "VMM registration without a file descriptor"
+                                                  : "IPC registration with a file descriptor");
         return -1;
     }
     int gi = gpu_by_uuid(g, m->u.reg_cuda.uuid);
@@ -194,14 +194,14 @@ static gpu_session_t *flags_create(colld_gpus_t *g, colld_session_t *s, colld_er
     int fd = -1;
     void *p;
     if (!gs || colld_shm_create("colld-gpu-flags", bytes, &fd, &p) < 0) {
-        colld_err_set(err, COLLD_ERR_SYSTEM, "cannot create the GPU flag area: %s", gs ? strerror(errno) : "out of memory");
+        colld_err_set(err, COLLD_ERR_SYSTEM, "cannot create the GPU flag area: %s",
+                      gs ? strerror(errno) : "out of memory");
         free(gs);
         return NULL;
     }
     CUdeviceptr dp = 0;
     CU_CHECK(cu, cuCtxPushCurrent, g->gpu[0].ctx);
-    CUresult r =
-        CU_CHECK(cu, cuMemHostRegister, p, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    CUresult r = CU_CHECK(cu, cuMemHostRegister, p, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
     if (r == CUDA_SUCCESS && (r = CU_CHECK(cu, cuMemHostGetDevicePointer, &dp, p, 0)) != CUDA_SUCCESS)
         CU_CHECK(cu, cuMemHostUnregister, p);
     CU_CHECK(cu, cuCtxPopCurrent, NULL);
