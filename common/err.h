@@ -30,10 +30,9 @@ typedef struct {
 } colld_err_t;
 
 /* An empty context (status COLLD_OK, no message). */
-#define COLLD_ERR_INIT                                                                                                 \
-    {                                                                                                                  \
-        .status = COLLD_OK, .msg = ""                                                                                  \
-    }
+/* clang-format off */
+#define COLLD_ERR_INIT { .status = COLLD_OK, .msg = "" }
+/* clang-format on */
 
 /* Record status `st` and a formatted message in err (NULL: nothing is recorded). Returns st, so
  * that `return colld_err_set(err, st, ...)` fails with it. */
