@@ -1,6 +1,6 @@
 /*
  * rpc_codec.h - protobuf-c messages in and out of gRPC byte buffers; shared by the daemon's and
- * the client's gRPC wrappers (server/rpc, client/rpc), the only other users of the gRPC API.
+ * the client's gRPC wrappers (server/control/rpc, client/rpc), the only other users of the gRPC API.
  */
 #ifndef COLLD_COMMON_RPC_CODEC_H
 #define COLLD_COMMON_RPC_CODEC_H

@@ -2,7 +2,7 @@
  * backends.c - what a daemon is composed of (backend.h): its backends and modules, and the calls
  * that tell them of a communicator's life.
  *
- * The lists come from the caller (main.c, or an in-process test, from server/registry.c): the
+ * The lists come from the caller (main.c, or an in-process test, from server/registry.c.in): the
  * core links no backend and no module, it only calls through their tables. A hook of the modules
  * runs before the same hook of the backends, each list in its order.
  */

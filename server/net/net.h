@@ -8,7 +8,7 @@
 
 #include "server/core/daemon.h"
 
-/* The backend (registered in server/registry.c). */
+/* The backend (registered in the registry, server/registry.c.in). */
 extern const colld_backend_ops_t colld_net_backend;
 
 /* Whether this daemon serves peers (started with --listen). */

@@ -1,7 +1,7 @@
 /*
  * fuzz_control_rpc.c - libFuzzer harness: control-plane requests as a hostile client can send them,
  * through the daemon's own decoder and handlers (colld_rpc_server_inject: the protobuf-c unpacking
- * of the gRPC wrapper, then the handler of server/control.c with its validation, the communicator
+ * of the gRPC wrapper, then the handler of server/control/control.c with its validation, the communicator
  * registry, policy, the flight recorder and the event stream) on a daemon core in-process
  * (core_fixture.h).
  *

@@ -1,6 +1,6 @@
 /*
  * fuzz_metrics_http.c - libFuzzer harness: the metrics endpoint's HTTP request parser
- * (server/metrics.c: colld_metrics_http_header_end, colld_metrics_http_request), fed as the
+ * (server/observability/metrics.c: colld_metrics_http_header_end, colld_metrics_http_request), fed as the
  * endpoint feeds it: the request arrives in reads of varying size into a buffer of
  * COLLD_METRICS_HTTP_REQUEST_MAX bytes, the end of the headers is looked for from a little before
  * each read (a terminator may straddle two), and a complete request is parsed.

@@ -1,5 +1,5 @@
 /*
- * fuzz_session.c - libFuzzer harness: the session socket's messages (server/session.c) as a hostile
+ * fuzz_session.c - libFuzzer harness: the session socket's messages (server/core/session.c) as a hostile
  * client sends them, through colld_session_dispatch, the entry point the loop's read path uses,
  * into a real daemon core (tests/fuzz/core_fixture.h) with low per-tenant limits.
  *

@@ -1,9 +1,9 @@
 /*
  * fuzz_xcoll.c - libFuzzer harness: what a peer daemon holding the cluster secret can send into a
  * multi-node communicator of a real daemon core: Ready, Fail and arbitrary CTRL messages
- * (server/cluster.c) and DATA frames with any header and payload, accepted or refused by
- * server/xcoll.c (data_valid and the reduction, forwarding and copies that follow), while a local
- * rank posts collectives.
+ * (server/net/cluster.c) and DATA frames with any header and payload, accepted or refused by
+ * server/net/xcoll.c (data_valid, with the checks of ring.c and rd.c, and the reduction,
+ * forwarding and copies that follow), while a local rank posts collectives.
  *
  * The core is tests/fuzz/core_fixture.h with the cluster on a detached transport
  * (colld__cluster_start_detached: no socket, no thread): one session is the local rank, every

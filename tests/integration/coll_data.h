@@ -27,7 +27,7 @@ extern const char *const op_names[COLLD_REDOP_COUNT];
 #define SMALL_COUNTS 3       /* counts 0, 1, 1001; the 4th is the big one */
 #define MAX_RANKS 64         /* most ranks the programs handle */
 
-/* The input generator: colld_cpu_pattern or colld_cpu_pattern_small (kernels/cpu/pattern.h). */
+/* The input generator: colld_cpu_pattern or colld_cpu_pattern_small (tools/testdata/pattern.h). */
 typedef void (*coll_pattern_fn)(colld_dtype_t dt, int rank, unsigned salt, size_t first, size_t n, void *out);
 
 /* One collective call: what it is, where its buffers are, and its inputs and expected output. */

@@ -38,8 +38,8 @@
 
 #define SECRET "this-is-the-test-cluster-secret"
 #define FLOOD 400       /* silent connections: 100 from 127.0.0.2, 15 from each of 127.0.0.3..22 */
-#define CHUNK (1u << 20) /* the daemon's DATA receive buffer (COLLD_NET_MAX_CHUNK, server/cluster.h) */
-enum { XPHASE_RD = 4, XPHASE_RD_POST = 5 }; /* DATA phases (server/cluster.h) */
+#define CHUNK (1u << 20) /* the daemon's DATA receive buffer (COLLD_NET_MAX_CHUNK, server/net/cluster.h) */
+enum { XPHASE_RD = 4, XPHASE_RD_POST = 5 }; /* DATA phases (server/net/cluster.h) */
 
 typedef struct {
     harness_t h[2]; /* node-a (the root of every communicator here), node-b */

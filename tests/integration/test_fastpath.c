@@ -1,5 +1,5 @@
 /*
- * test_fastpath.c - the fast path (client/fast.c, server/fast.c): small collectives of a
+ * test_fastpath.c - the fast path (client/fast.c, server/core/fast.c): small collectives of a
  * single-node communicator that the ranks run themselves on the shared area the daemon made.
  *
  * The collective matrix (test_collectives) and the fault tests (test_faults: a rank killed while

@@ -1,5 +1,5 @@
 /*
- * test_ring.c - the shared-memory ring counters and the futex doorbell (common/ring.h): normal
+ * test_ring.c - the shared-memory ring counters and the futex doorbell (transport/shm/ring.h): normal
  * use across wrap-around, corrupt counters detected, and a sleeper woken by the doorbell.
  */
 #include "transport/shm/ring.h"

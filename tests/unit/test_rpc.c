@@ -1,5 +1,5 @@
 /*
- * test_rpc.c - unit tests of the gRPC wrappers: a real server (server/rpc) and a real client
+ * test_rpc.c - unit tests of the gRPC wrappers: a real server (server/control/rpc) and a real client
  * (client/rpc) in one process, over a unix socket in a fresh temporary directory.
  *
  * Every wait is bounded: a hang fails the test instead of blocking until the CTest timeout.

@@ -2,7 +2,7 @@
  * cuda.c - the CUDA backend of the daemon: the GPUs, and the operations table that puts GPU
  * registrations, stream flags and stream-ordered collectives behind the backend interface
  * (server/core/backend.h). Built only with the CUDA toolkit; a daemon built without it simply
- * does not have this backend (server/registry.c), and answers GPU requests with the reason.
+ * does not have this backend (server/registry.c.in), and answers GPU requests with the reason.
  *
  * GPUs: at start the driver is loaded at run time (common/cudadrv); every visible GPU's primary
  * context is retained and peer access is enabled between every pair the driver says can reach

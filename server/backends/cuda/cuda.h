@@ -16,7 +16,7 @@
 #include "common/cudadrv.h"
 #include "server/core/daemon.h"
 
-/* The backend (registered in server/registry.c). */
+/* The backend (registered in the registry, server/registry.c.in). */
 extern const colld_backend_ops_t colld_cuda_backend;
 
 typedef struct {

@@ -1,7 +1,7 @@
 /*
  * host.c - the host backend: a pool of worker threads that run collectives directly on the ranks'
  * mapped buffers (zero copy). It claims every collective no other backend claims (registered last,
- * server/registry.c): the engine hands it matched collectives under the lock (submit), and runs them
+ * server/registry.c.in): the engine hands it matched collectives under the lock (submit), and runs them
  * outside the lock on its own thread (run_unlocked), the caller taking part in the work.
  *
  * Every collective is a set of segments, each split into chunks that the workers take:

@@ -7,7 +7,7 @@
 
 #include "server/core/backend.h"
 
-/* The backend (registered in server/registry.c, last: it claims everything the others do not). */
+/* The backend (registered in the registry, server/registry.c.in, last: it claims everything the others do not). */
 extern const colld_backend_ops_t colld_host_backend;
 
 #endif /* COLLD_SERVER_BACKENDS_HOST_HOST_H */
