@@ -1,7 +1,7 @@
 /*
  * control.c - the control-plane RPCs of proto/colld.proto (attach, unique ids, communicator
  * join/destroy/abort/error, status, policy, flight-recorder trace, event stream), served through
- * the gRPC wrapper in server/rpc/.
+ * the gRPC wrapper in server/control/rpc/.
  *
  * Every request names its session by id and token; the token was handed out on the session
  * socket, so the caller's identity is the SO_PEERCRED identity of that socket. Handlers run on
