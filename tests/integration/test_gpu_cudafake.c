@@ -530,7 +530,7 @@ static void test_open_defect_3_3_captured_collective_never_runs(void **state)
 }
 
 /* C1/D4: an implicitly registered buffer stays mapped in the daemon after the application freed it
- * (server/gpu.c colld_gpu_release_reg runs only at deregistration or session end; the client
+ * (server/backends/cuda/cuda_mem.c cuda_mem_release runs only at deregistration or session end; the client
  * never learns of the free): a legacy IPC mapping of freed memory (undefined behaviour with the
  * driver), a VMM mapping that keeps the GPU memory. Fix: explicit registration
  * (colld_mem_register / deregister) and the documented rule for implicit ones. */
@@ -665,7 +665,7 @@ static void test_open_defect_D2_multisegment_vmm_refused(void **state)
 
 /* E1: one `ready` word per communicator. Collective #2 goes on stream A behind a gate the
  * application has not opened, #3 on stream B: B's `ready` = v3 >= v2 satisfies #2 as well
- * (server/gpu.c all_ready), and the daemon completes #2 although rank's stream A never reached it
+ * (server/backends/cuda/cuda_coll.c all_ready), and the daemon completes #2 although rank's stream A never reached it
  * (its inputs were never produced: a silently wrong result). Fix: per-collective (or per-stream)
  * readiness. The loop is bounded: once fixed, #2 stays in progress and the case fails. */
 static void sc_ready_word(rank_t *r)
@@ -713,7 +713,7 @@ static void test_open_defect_E1_shared_ready_word_completes_early(void **state)
 }
 
 /* F3: a sticky error in the daemon's context of a GPU fails every later communicator on that GPU
- * (server/gpu.c has no recovery: the primary context is never reset). The daemon's double gets
+ * (server/backends/cuda/cuda.c has no recovery: the primary context is never reset). The daemon's double gets
  * a sticky fault at its first cuEventCreate (its launch of the first collective). Fix: mark the
  * GPU, fail its work with COLLD_ERR_DEVICE, reset the primary context, bring it back. */
 static void sc_count0(rank_t *r)
