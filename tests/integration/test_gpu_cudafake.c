@@ -65,7 +65,9 @@ static const char *rname(CUresult r)
     return n ? n : "?";
 }
 
-#define CU_CHECK(call)                                                                                       \
+/* A driver call the test itself makes must succeed (not CU_CHECK: common/cudadrv.h defines that one,
+ * for colld's own driver calls). */
+#define CU_MUST(call)                                                                                        \
     do {                                                                                                     \
         CUresult r_ = (call);                                                                                \
         if (r_ != CUDA_SUCCESS)                                                                              \
@@ -288,8 +290,8 @@ static void test_mem_alloc_cuda(void **state)
 {
     harness_t *h = *state;
     CUcontext ctx;
-    CU_CHECK(cu->cuDevicePrimaryCtxRetain(&ctx, 1));
-    CU_CHECK(cu->cuCtxSetCurrent(ctx));
+    CU_MUST(cu->cuDevicePrimaryCtxRetain(&ctx, 1));
+    CU_MUST(cu->cuCtxSetCurrent(ctx));
     void *p = NULL;
     colld_status_t st = colld_mem_alloc(h->client, &p, 1 << 20, COLLD_MEM_CUDA);
     if (st != COLLD_OK)
@@ -298,22 +300,22 @@ static void test_mem_alloc_cuda(void **state)
     int ordinal = -1;
     CUpointer_attribute at[2] = { CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL };
     void *data[2] = { &mt, &ordinal };
-    CU_CHECK(cu->cuPointerGetAttributes(2, at, data, (CUdeviceptr)(uintptr_t)p));
+    CU_MUST(cu->cuPointerGetAttributes(2, at, data, (CUdeviceptr)(uintptr_t)p));
     assert_int_equal(mt, CU_MEMORYTYPE_DEVICE);
     assert_int_equal(ordinal, 1); /* the current context's device */
     float in[256], out[256];
     for (int i = 0; i < 256; i++)
         in[i] = (float)i;
-    CU_CHECK(cu->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)p, in, sizeof(in)));
-    CU_CHECK(cu->cuMemcpyDtoH(out, (CUdeviceptr)(uintptr_t)p, sizeof(out)));
+    CU_MUST(cu->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)p, in, sizeof(in)));
+    CU_MUST(cu->cuMemcpyDtoH(out, (CUdeviceptr)(uintptr_t)p, sizeof(out)));
     assert_memory_equal(in, out, sizeof(in));
     assert_int_equal(colld_mem_free(h->client, p), COLLD_OK);
     mt = 9;
-    CU_CHECK(cu->cuPointerGetAttributes(1, at, data, (CUdeviceptr)(uintptr_t)p));
+    CU_MUST(cu->cuPointerGetAttributes(1, at, data, (CUdeviceptr)(uintptr_t)p));
     assert_int_equal(mt, 0); /* freed */
     assert_int_equal(colld_mem_free(h->client, p), COLLD_ERR_INVALID_ARGUMENT);
-    CU_CHECK(cu->cuCtxSetCurrent(NULL));
-    CU_CHECK(cu->cuDevicePrimaryCtxRelease(1));
+    CU_MUST(cu->cuCtxSetCurrent(NULL));
+    CU_MUST(cu->cuDevicePrimaryCtxRelease(1));
     assert_int_equal(harness_wait_clean(h, 5000), 0);
 }
 
@@ -604,8 +606,8 @@ static void test_open_defect_C1_D4_freed_buffer_stays_mapped(void **state)
         char name[128];
         if (defect_vmm) {
             CUuuid u0, u1;
-            CU_CHECK(cu->cuDeviceGetUuid(&u0, 0));
-            CU_CHECK(cu->cuDeviceGetUuid(&u1, 1));
+            CU_MUST(cu->cuDeviceGetUuid(&u0, 0));
+            CU_MUST(cu->cuDeviceGetUuid(&u1, 1));
             char hex0[33], hex1[33];
             for (int b = 0; b < 16; b++) {
                 snprintf(hex0 + 2 * b, 3, "%02x", (unsigned char)u0.bytes[b]);
@@ -771,7 +773,7 @@ static void test_open_defect_new_flag_area_dies_with_context(void **state)
     run_ranks(*state, sc_count0_ok, 0, ranks); /* sets up both clients' flag areas, works */
     for (int i = 0; i < 2; i++)
         assert_int_equal(ranks[i].st[1], COLLD_OK);
-    CU_CHECK(app.reset(0)); /* rank 0's device; its client stays connected */
+    CU_MUST(app.reset(0)); /* rank 0's device; its client stays connected */
     run_ranks(*state, sc_count0, SHORT_TIMEOUT_MS, ranks);
     /* The ready write faults on rank 0's stream: sticky, in the application. When the stream runs
      * it before colld_allreduce enqueues the `done` wait (a slow machine, TSan), that enqueue fails
@@ -785,7 +787,7 @@ static void test_open_defect_new_flag_area_dies_with_context(void **state)
         assert_non_null(strstr(ranks[0].detail, "CUDA_ERROR_ILLEGAL_ADDRESS"));
         assert_int_not_equal(ranks[1].st[1], COLLD_OK);
     }
-    CU_CHECK(app.reset(0));
+    CU_MUST(app.reset(0));
 }
 
 /* harness_test_teardown, then reset any of this process's device contexts that a case left with a
