@@ -173,10 +173,10 @@ static void test_tenant_timeout_cap(void **state)
     harness_t *h = *state;
     char uid[16], out[4096];
     snprintf(uid, sizeof(uid), "%u", (unsigned)getuid());
-    assert_int_equal(collctl(h, out, sizeof(out), "policy", "set", uid, "--max-timeout-ms", "400", NULL), 0);
+    assert_int_equal(collctl(h, out, sizeof(out), "policy", "set", uid, "--max-timeout-ms", "3000", NULL), 0);
     assert_int_equal(collctl(h, out, sizeof(out), "--json", "policy", NULL), 0);
     char want[96];
-    snprintf(want, sizeof(want), "{\"uid\":%s,\"max_timeout_ms\":400,\"net_algo\":\"\",", uid);
+    snprintf(want, sizeof(want), "{\"uid\":%s,\"max_timeout_ms\":3000,\"net_algo\":\"\",", uid);
     assert_non_null(strstr(out, want));
     /* Bad policy requests are refused with a clear message. */
     assert_int_equal(collctl(h, out, sizeof(out), "policy", "set", uid, NULL), 2);
@@ -186,7 +186,8 @@ static void test_tenant_timeout_cap(void **state)
     scene_t s;
     assert_int_equal(harness_bg_start(h, &bg), 0);
     scene_init(h, &s);
-    /* The ranks ask for a minute; the policy gives them 400 ms. */
+    /* The ranks ask for a minute; the policy gives them 3 s (the cap also bounds their join: it must
+     * leave room for a slow start under a sanitizer on a loaded machine). */
     const char *waiter[] = { "--mode", "hang", "--timeout-ms", "60000", "--expect", "COLLD_ERR_TIMEOUT", NULL };
     const char *silent[] = { "--mode", "hang", "--timeout-ms", "60000", "--no-post", NULL };
     pid_t pids[2] = { scene_rank(h, &s, 2, 0, waiter), scene_rank(h, &s, 2, 1, silent) };
@@ -194,12 +195,12 @@ static void test_tenant_timeout_cap(void **state)
     char text[2048];
     harness_read_file(s.out[0], text, sizeof(text));
     print_message("%s", text);
-    assert_non_null(strstr(text, "timed out after 400 ms"));
+    assert_non_null(strstr(text, "timed out after 3000 ms"));
     assert_non_null(strstr(text, "rank(s) 1 never arrived"));
     const char *p = strstr(text, "failed after ");
     assert_non_null(p);
     double waited = atof(p + strlen("failed after "));
-    assert_true(waited >= 350 && waited < 5000); /* the cap, not the minute asked for */
+    assert_true(waited >= 2900 && waited < 30000); /* the cap, not the minute asked for */
     harness_read_file(s.out[1], text, sizeof(text));
     print_message("%s", text);
     assert_non_null(strstr(text, "async error COLLD_ERR_TIMEOUT"));
