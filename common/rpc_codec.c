@@ -3,6 +3,8 @@
  */
 #include "common/rpc_codec.h"
 
+#include "common/log.h"
+
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/slice.h>
 
@@ -36,4 +38,16 @@ ProtobufCMessage *colld_rpc_unpack(grpc_byte_buffer *bb, const ProtobufCMessageD
     grpc_byte_buffer_reader_destroy(&reader);
 out:
     return msg;
+}
+
+/* Log a gRPC call's refusal with where it happened (see GRPC_CHECK); returns e. */
+grpc_call_error colld_grpc_checked(grpc_call_error e, const char *call, const char *file, int line)
+{
+    static colld_log_rl_t rl;
+    if (e == GRPC_CALL_OK)
+        return e;
+    if (COLLD_LOG_WARN <= colld__log_level && (COLLD_SUB_RPC & colld__log_subsys))
+        colld__log_rl(COLLD_LOG_WARN, COLLD_SUB_RPC, file, line, &rl, COLLD_LOG_RL_DEFAULT_MS, "%s refused: %s (%d)",
+                      call, grpc_call_error_to_string(e), (int)e);
+    return e;
 }

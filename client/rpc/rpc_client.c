@@ -190,7 +190,7 @@ grpc_status_code colld_rpc_unary(colld_rpc_channel_t *ch, const char *path, cons
     ops[5].data.recv_status_on_client.trailing_metadata = &trailing_md;
     ops[5].data.recv_status_on_client.status = &code;
     ops[5].data.recv_status_on_client.status_details = &status_details;
-    if (grpc_call_start_batch(call, ops, 6, tag, NULL) != GRPC_CALL_OK) {
+    if (GRPC_CHECK(grpc_call_start_batch, call, ops, 6, tag, NULL) != GRPC_CALL_OK) {
         code = GRPC_STATUS_INTERNAL;
         set_details(details, details_len, "cannot start the call");
         goto out;
@@ -279,7 +279,7 @@ grpc_status_code colld_rpc_stream_open(colld_rpc_channel_t *ch, const char *path
     ops[0].data.recv_status_on_client.trailing_metadata = &s->trailing_md;
     ops[0].data.recv_status_on_client.status = &s->status;
     ops[0].data.recv_status_on_client.status_details = &s->status_details;
-    if (grpc_call_start_batch(s->call, ops, 1, (void *)(intptr_t)STREAM_TAG_STATUS, NULL) != GRPC_CALL_OK)
+    if (GRPC_CHECK(grpc_call_start_batch, s->call, ops, 1, (void *)(intptr_t)STREAM_TAG_STATUS, NULL) != GRPC_CALL_OK)
         goto out;
     status_armed = true;
 
@@ -288,8 +288,8 @@ grpc_status_code colld_rpc_stream_open(colld_rpc_channel_t *ch, const char *path
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = send_bb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    if (grpc_call_start_batch(s->call, ops, 3, (void *)(intptr_t)STREAM_TAG_START, NULL) != GRPC_CALL_OK) {
-        grpc_call_cancel(s->call, NULL);
+    if (GRPC_CHECK(grpc_call_start_batch, s->call, ops, 3, (void *)(intptr_t)STREAM_TAG_START, NULL) != GRPC_CALL_OK) {
+        (void)GRPC_CHECK(grpc_call_cancel, s->call, NULL);
         goto out;
     }
     if (!pluck(s->cq, (void *)(intptr_t)STREAM_TAG_START)) {
@@ -331,7 +331,7 @@ int colld_rpc_stream_next(colld_rpc_stream_t *s, ProtobufCMessage **msg, grpc_st
     }
     ops[n].op = GRPC_OP_RECV_MESSAGE;
     ops[n++].data.recv_message.recv_message = &bb;
-    if (grpc_call_start_batch(s->call, ops, n, (void *)(intptr_t)STREAM_TAG_RECV, NULL) != GRPC_CALL_OK)
+    if (GRPC_CHECK(grpc_call_start_batch, s->call, ops, n, (void *)(intptr_t)STREAM_TAG_RECV, NULL) != GRPC_CALL_OK)
         goto fail;
     s->initial_md_received = true;
     (void)pluck(s->cq, (void *)(intptr_t)STREAM_TAG_RECV);
@@ -339,7 +339,7 @@ int colld_rpc_stream_next(colld_rpc_stream_t *s, ProtobufCMessage **msg, grpc_st
         goto end; /* end of stream, or the call failed: the status says which */
     *msg = colld_rpc_unpack(bb, s->desc);
     if (*msg == NULL) {
-        grpc_call_cancel(s->call, NULL);
+        (void)GRPC_CHECK(grpc_call_cancel, s->call, NULL);
         stream_wait_status(s);
         goto fail;
     }
@@ -368,7 +368,7 @@ void colld_rpc_stream_close(colld_rpc_stream_t *s)
     if (s == NULL)
         return;
     if (!s->status_received)
-        grpc_call_cancel(s->call, NULL);
+        (void)GRPC_CHECK(grpc_call_cancel, s->call, NULL);
     stream_wait_status(s);
     stream_free(s);
 }

@@ -5,10 +5,14 @@
  * Every wait is bounded: a hang fails the test instead of blocking until the CTest timeout.
  */
 #include "client/rpc/rpc_client.h"
+#include "common/log.h"
+#include "common/rpc_codec.h"
 #include "server/control/rpc/rpc_server.h"
 #include "rpc_test.pb-c.h"
 
 #include <errno.h>
+#include <grpc/grpc_security.h>
+#include <limits.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -875,6 +879,56 @@ static void test_lifetimes(void **state)
     rmdir(dir);
 }
 
+/* GRPC_CHECK at the gRPC boundary: a batch gRPC refuses (two ops of one kind) comes back with
+ * gRPC's own result, and the log names the call, gRPC's error and this file's line; an accepted
+ * call logs nothing. */
+static void test_grpc_check(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/colld-rpc-test-XXXXXX", path[PATH_MAX], err[256] = "";
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/rpc.log", dir);
+    assert_int_equal(colld_log_init("test_rpc", "warn", NULL, path, err, sizeof(err)), 0);
+
+    grpc_init();
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_channel *ch = grpc_channel_create("unix:/nonexistent/colld-rpc-test.sock", creds, NULL);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_slice method = grpc_slice_from_static_string(PATH_ECHO);
+    grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
+                                               gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    assert_non_null(call);
+    grpc_op ops[2];
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_INITIAL_METADATA;
+    int line = __LINE__ + 1;
+    grpc_call_error e = GRPC_CHECK(grpc_call_start_batch, call, ops, 2, NULL, NULL);
+    assert_int_equal(e, GRPC_CALL_ERROR_TOO_MANY_OPERATIONS);
+    assert_int_equal(GRPC_CHECK(grpc_call_cancel, call, NULL), GRPC_CALL_OK);
+    grpc_call_unref(call);
+    grpc_completion_queue_shutdown(cq);
+    grpc_completion_queue_destroy(cq);
+    grpc_channel_destroy(ch);
+    grpc_channel_credentials_release(creds);
+    grpc_shutdown();
+    colld_log_fini();
+
+    char text[4096] = "", want[160];
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    snprintf(want, sizeof(want),
+             " WARN RPC test_rpc.c:%d grpc_call_start_batch refused: GRPC_CALL_ERROR_TOO_MANY_OPERATIONS (%d)\n", line,
+             (int)GRPC_CALL_ERROR_TOO_MANY_OPERATIONS);
+    assert_non_null(strstr(text, want));
+    assert_null(strstr(text, "grpc_call_cancel"));
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -887,6 +941,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_shutdown_in_flight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent, setup, teardown),
         cmocka_unit_test(test_lifetimes),
+        cmocka_unit_test(test_grpc_check),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

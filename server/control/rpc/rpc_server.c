@@ -248,7 +248,7 @@ static int call_start_batch_locked(colld_rpc_call_t *c, const grpc_op *ops, size
 {
     if (c->srv->cq_closing || c->injected)
         return -1;
-    if (grpc_call_start_batch(c->call, ops, nops, tag, NULL) != GRPC_CALL_OK)
+    if (GRPC_CHECK(grpc_call_start_batch, c->call, ops, nops, tag, NULL) != GRPC_CALL_OK)
         return -1;
     c->refs++;
     return 0;
@@ -406,11 +406,11 @@ static int server_arm_locked(colld_rpc_server_t *srv, size_t slot)
         srv->calls->prev = c;
     srv->calls = c;
     if (c->method == NULL)
-        err = grpc_server_request_call(srv->server, &c->call, &c->details, &c->request_md, srv->cq, srv->cq,
-                                       &c->tag_request);
+        err = GRPC_CHECK(grpc_server_request_call, srv->server, &c->call, &c->details, &c->request_md, srv->cq,
+                         srv->cq, &c->tag_request);
     else
-        err = grpc_server_request_registered_call(srv->server, srv->handles[slot], &c->call, &c->deadline,
-                                                  &c->request_md, &c->payload, srv->cq, srv->cq, &c->tag_request);
+        err = GRPC_CHECK(grpc_server_request_registered_call, srv->server, srv->handles[slot], &c->call,
+                         &c->deadline, &c->request_md, &c->payload, srv->cq, srv->cq, &c->tag_request);
     if (err != GRPC_CALL_OK) {
         call_unref_locked(c);
         goto out;
@@ -990,7 +990,7 @@ int colld_rpc_probe(const char *target, const char *path, int timeout_ms, char *
     ops[5].data.recv_status_on_client.trailing_metadata = &trailing_md;
     ops[5].data.recv_status_on_client.status = &code;
     ops[5].data.recv_status_on_client.status_details = &details;
-    if (grpc_call_start_batch(call, ops, 6, ops, NULL) != GRPC_CALL_OK) {
+    if (GRPC_CHECK(grpc_call_start_batch, call, ops, 6, ops, NULL) != GRPC_CALL_OK) {
         snprintf(why, why_len, "cannot start a call to %s", target);
         goto out;
     }
