@@ -109,38 +109,40 @@ void colld_xrd_start(xcoll_t *xc)
 
 /* A recursive doubling message: the whole buffer, once, from the node due. */
 static bool rd_check(const xcoll_t *xc, const colld_net_hdr_t *h, bool phase_ok, int from, int want, uint64_t left,
-                     char *why, size_t len)
+                     colld_err_t *err)
 {
     if (!phase_ok) {
-        snprintf(why, len, "%s step %u is not a phase of this collective on this node", xphase_name(h->phase), h->step);
+        (void)colld_err_set(err, COLLD_ERR_INTERNAL, "%s step %u is not a phase of this collective on this node",
+                            xphase_name(h->phase), h->step);
         return false;
     }
     if (from != want) {
-        snprintf(why, len, "%s step %u came from the wrong node (node %d, not node %d)", xphase_name(h->phase), h->step,
-                 from, want);
+        (void)colld_err_set(err, COLLD_ERR_INTERNAL, "%s step %u came from the wrong node (node %d, not node %d)",
+                            xphase_name(h->phase), h->step, from, want);
         return false;
     }
     if (h->offset != 0 || h->len != xc->xbytes || left != xc->xbytes) {
-        snprintf(why, len, "%s step %u: bytes %llu..%llu, where the whole %llu-byte buffer is due once",
-                 xphase_name(h->phase), h->step, (unsigned long long)h->offset,
-                 (unsigned long long)(h->offset + h->len), (unsigned long long)xc->xbytes);
+        (void)colld_err_set(err, COLLD_ERR_INTERNAL,
+                            "%s step %u: bytes %llu..%llu, where the whole %llu-byte buffer is due once",
+                            xphase_name(h->phase), h->step, (unsigned long long)h->offset,
+                            (unsigned long long)(h->offset + h->len), (unsigned long long)xc->xbytes);
         return false;
     }
     return true;
 }
 
-bool colld_xrd_valid(const xcoll_t *xc, int from, const colld_net_hdr_t *h, char *why, size_t len)
+bool colld_xrd_valid(const xcoll_t *xc, int from, const colld_net_hdr_t *h, colld_err_t *err)
 {
     int k = xc->x->nnodes, j = xc->x->self, p = xc->rd_p;
     switch (h->phase) {
     case XPHASE_RD_PRE:
-        return rd_check(xc, h, xc->rd && j < k - p && h->step == 0, from, j + p, xc->rd ? xc->rd_left[0] : 0, why, len);
+        return rd_check(xc, h, xc->rd && j < k - p && h->step == 0, from, j + p, xc->rd ? xc->rd_left[0] : 0, err);
     case XPHASE_RD:
         return rd_check(xc, h, xc->rd && j < p && h->step < xc->rd_nsteps, from,
                         xc->rd && h->step < xc->rd_nsteps ? j ^ (1 << h->step) : -1,
-                        xc->rd && h->step < xc->rd_nsteps ? xc->rd_left[1 + h->step] : 0, why, len);
+                        xc->rd && h->step < xc->rd_nsteps ? xc->rd_left[1 + h->step] : 0, err);
     default: /* XPHASE_RD_POST */
-        return rd_check(xc, h, xc->rd && j >= p && h->step == 0, from, j - p, xc->recv_left, why, len);
+        return rd_check(xc, h, xc->rd && j >= p && h->step == 0, from, j - p, xc->recv_left, err);
     }
 }
 

@@ -156,31 +156,35 @@ void colld_xring_start(xcoll_t *xc)
     }
 }
 
-bool colld_xring_valid(const xcoll_t *xc, int from, const colld_net_hdr_t *h, int64_t *chunk, char *why, size_t len)
+bool colld_xring_valid(const xcoll_t *xc, int from, const colld_net_hdr_t *h, int64_t *chunk, colld_err_t *err)
 {
     int k = xc->x->nnodes, j = xc->x->self;
     bool rs = h->phase == XPHASE_RS;
     bool phase_ok = !xc->rd && h->step < k - 1 && (rs ? xkind_reduces(xc->sig.kind) : xkind_has_ag(xc->sig.kind));
     if (!phase_ok) {
-        snprintf(why, len, "%s step %u is not a phase of this collective", xphase_name(h->phase), h->step);
+        (void)colld_err_set(err, COLLD_ERR_INTERNAL, "%s step %u is not a phase of this collective",
+                            xphase_name(h->phase), h->step);
         return false;
     }
     if (from != xmod(j - 1, k)) {
-        snprintf(why, len, "%s step %u came from node %d, not from the previous node of the ring (%d)",
-                 xphase_name(h->phase), h->step, from, xmod(j - 1, k));
+        (void)colld_err_set(err, COLLD_ERR_INTERNAL,
+                            "%s step %u came from node %d, not from the previous node of the ring (%d)",
+                            xphase_name(h->phase), h->step, from, xmod(j - 1, k));
         return false;
     }
     int block = -1, want = rs ? xmod(j - h->step - 2, k) : xmod(j - h->step - 1, k);
     int64_t c = chunk_of(xc, h->offset, h->len, &block);
     if (c < 0 || block != want) {
-        snprintf(why, len, "%s step %u: bytes %llu..%llu are not a chunk of block %d, the block due",
-                 xphase_name(h->phase), h->step, (unsigned long long)h->offset,
-                 (unsigned long long)(h->offset + h->len), want);
+        (void)colld_err_set(err, COLLD_ERR_INTERNAL,
+                            "%s step %u: bytes %llu..%llu are not a chunk of block %d, the block due",
+                            xphase_name(h->phase), h->step, (unsigned long long)h->offset,
+                            (unsigned long long)(h->offset + h->len), want);
         return false;
     }
     if (xc->got[(size_t)(rs ? 0 : 1) * xc->nchunks + (size_t)c]) {
-        snprintf(why, len, "%s step %u: bytes %llu..%llu arrived twice", xphase_name(h->phase), h->step,
-                 (unsigned long long)h->offset, (unsigned long long)(h->offset + h->len));
+        (void)colld_err_set(err, COLLD_ERR_INTERNAL, "%s step %u: bytes %llu..%llu arrived twice",
+                            xphase_name(h->phase), h->step, (unsigned long long)h->offset,
+                            (unsigned long long)(h->offset + h->len));
         return false;
     }
     *chunk = c;

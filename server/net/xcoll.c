@@ -566,34 +566,35 @@ static xcoll_t *find_xcoll(colld_cluster_t *cl, uint64_t xid, uint64_t seq)
 }
 
 /* Check a DATA message from node `from` against what this node expects of it (see the top of
- * the file). Returns true, or false with the reason always written into why. On success, *chunk
+ * the file). Returns true, or false with the reason always recorded in err. On success, *chunk
  * is the ring chunk it fills (-1 for recursive doubling). */
-static bool data_valid(xcoll_t *xc, int from, const colld_net_hdr_t *h, int64_t *chunk, char *why, size_t len)
+static bool data_valid(xcoll_t *xc, int from, const colld_net_hdr_t *h, int64_t *chunk, colld_err_t *err)
 {
     *chunk = -1;
     if (xc->stage != STAGE_NET) {
-        snprintf(why, len, "%s step %u arrived before this node announced it was ready", xphase_name(h->phase),
-                 h->step);
+        (void)colld_err_set(err, COLLD_ERR_INTERNAL, "%s step %u arrived before this node announced it was ready",
+                            xphase_name(h->phase), h->step);
         return false;
     }
     if (h->len == 0 || h->offset > xc->xbytes || h->len > xc->xbytes - h->offset || h->offset % xc->es ||
         h->len % xc->es || h->len > xc->recv_left) {
-        snprintf(why, len, "%s step %u: bytes %llu..%llu are empty, outside the collective's %llu-byte buffer, "
-                           "not whole elements or more than is still due",
-                 xphase_name(h->phase), h->step, (unsigned long long)h->offset,
-                 (unsigned long long)(h->offset + h->len), (unsigned long long)xc->xbytes);
+        (void)colld_err_set(err, COLLD_ERR_INTERNAL,
+                            "%s step %u: bytes %llu..%llu are empty, outside the collective's %llu-byte buffer, "
+                            "not whole elements or more than is still due",
+                            xphase_name(h->phase), h->step, (unsigned long long)h->offset,
+                            (unsigned long long)(h->offset + h->len), (unsigned long long)xc->xbytes);
         return false;
     }
     switch (h->phase) {
     case XPHASE_RD_PRE:
     case XPHASE_RD:
     case XPHASE_RD_POST:
-        return colld_xrd_valid(xc, from, h, why, len);
+        return colld_xrd_valid(xc, from, h, err);
     case XPHASE_RS:
     case XPHASE_AG:
-        return colld_xring_valid(xc, from, h, chunk, why, len);
+        return colld_xring_valid(xc, from, h, chunk, err);
     default:
-        snprintf(why, len, "unknown phase %u", h->phase);
+        (void)colld_err_set(err, COLLD_ERR_INTERNAL, "unknown phase %u", h->phase);
         return false;
     }
 }
@@ -611,12 +612,12 @@ void colld_xcoll_data(colld_daemon_t *d, colld_net_peer_t *p, const colld_net_hd
         return;
     }
     xc->busy++;
-    char why[COLLD_DETAIL_LEN / 2];
+    colld_err_t err = COLLD_ERR_INIT;
     int64_t chunk;
-    if (!data_valid(xc, from, h, &chunk, why, sizeof(why))) {
+    if (!data_valid(xc, from, h, &chunk, &err)) {
         char detail[COLLD_DETAIL_LEN];
-        snprintf(detail, sizeof(detail), "protocol error from node %s (%s): %s", xc->x->node_name[from],
-                 xc->x->node_addr[from], why);
+        snprintf(detail, sizeof(detail), "protocol error from node %s (%s): %.*s", xc->x->node_name[from],
+                 xc->x->node_addr[from], (int)(COLLD_DETAIL_LEN / 2), err.msg);
         xcoll_fail(xc, COLLD_ERR_INTERNAL, detail, true);
         goto out;
     }

@@ -132,7 +132,7 @@ int colld_xring_layout(xcoll_t *xc);
 void colld_xring_start(xcoll_t *xc);
 /* Check a DATA message of phase RS or AG from node `from`; on success *chunk is the ring chunk it
  * fills. False with the reason in why. */
-bool colld_xring_valid(const xcoll_t *xc, int from, const colld_net_hdr_t *h, int64_t *chunk, char *why, size_t len);
+bool colld_xring_valid(const xcoll_t *xc, int from, const colld_net_hdr_t *h, int64_t *chunk, colld_err_t *err);
 /* Take a checked DATA message of phase RS or AG (reduce or copy it into X, forward it). */
 void colld_xring_data(xcoll_t *xc, const colld_net_hdr_t *h, int64_t chunk, const void *payload);
 /* The phase, step and node the ring waits for; *from -1 when it waits for nothing. */
@@ -142,7 +142,7 @@ void colld_xring_waiting(const xcoll_t *xc, unsigned *phase, int *step, int *fro
 /* Start: the buffers, the hand-in or the first exchange. */
 void colld_xrd_start(xcoll_t *xc);
 /* Check a DATA message of a recursive doubling phase from node `from`. */
-bool colld_xrd_valid(const xcoll_t *xc, int from, const colld_net_hdr_t *h, char *why, size_t len);
+bool colld_xrd_valid(const xcoll_t *xc, int from, const colld_net_hdr_t *h, colld_err_t *err);
 /* Take a checked DATA message of a recursive doubling phase. */
 void colld_xrd_data(xcoll_t *xc, const colld_net_hdr_t *h, const void *payload);
 /* The phase, step and node it waits for; *from -1 when it waits for nothing. */

@@ -181,25 +181,26 @@ static void test_ring_valid(void **state)
     (void)state;
     world_t *w = make(3, 1, 8, COLLD_KIND_ALLREDUCE, 10, 3, ONE_PER_NODE, 0);
     colld_xring_start(&w->xc);
-    char why[256];
+    colld_err_t err = COLLD_ERR_INIT;
     int64_t chunk = -1;
     colld_net_hdr_t h = hdr(XPHASE_RS, 0, 24, 8); /* step 0 at node 1: block (1-0-2) mod 3 = 2 */
-    assert_false(colld_xring_valid(&w->xc, 2, &h, &chunk, why, sizeof(why)));
-    assert_string_equal(why, "ring reduce-scatter step 0 came from node 2, not from the previous node of the ring (0)");
+    assert_false(colld_xring_valid(&w->xc, 2, &h, &chunk, &err));
+    assert_string_equal(err.msg,
+                        "ring reduce-scatter step 0 came from node 2, not from the previous node of the ring (0)");
     colld_net_hdr_t wrong_block = hdr(XPHASE_RS, 0, 0, 8);
-    assert_false(colld_xring_valid(&w->xc, 0, &wrong_block, &chunk, why, sizeof(why)));
-    assert_string_equal(why, "ring reduce-scatter step 0: bytes 0..8 are not a chunk of block 2, the block due");
+    assert_false(colld_xring_valid(&w->xc, 0, &wrong_block, &chunk, &err));
+    assert_string_equal(err.msg, "ring reduce-scatter step 0: bytes 0..8 are not a chunk of block 2, the block due");
     colld_net_hdr_t half = hdr(XPHASE_RS, 0, 28, 4);
-    assert_false(colld_xring_valid(&w->xc, 0, &half, &chunk, why, sizeof(why)));
-    assert_string_equal(why, "ring reduce-scatter step 0: bytes 28..32 are not a chunk of block 2, the block due");
+    assert_false(colld_xring_valid(&w->xc, 0, &half, &chunk, &err));
+    assert_string_equal(err.msg, "ring reduce-scatter step 0: bytes 28..32 are not a chunk of block 2, the block due");
     colld_net_hdr_t late = hdr(XPHASE_AG, 2, 0, 8);
-    assert_false(colld_xring_valid(&w->xc, 0, &late, &chunk, why, sizeof(why)));
-    assert_string_equal(why, "ring all-gather step 2 is not a phase of this collective");
-    assert_true(colld_xring_valid(&w->xc, 0, &h, &chunk, why, sizeof(why)));
+    assert_false(colld_xring_valid(&w->xc, 0, &late, &chunk, &err));
+    assert_string_equal(err.msg, "ring all-gather step 2 is not a phase of this collective");
+    assert_true(colld_xring_valid(&w->xc, 0, &h, &chunk, &err));
     assert_int_equal(chunk, 4);
     colld_xring_data(&w->xc, &h, chunk, w->X + 1024);
-    assert_false(colld_xring_valid(&w->xc, 0, &h, &chunk, why, sizeof(why)));
-    assert_string_equal(why, "ring reduce-scatter step 0: bytes 24..32 arrived twice");
+    assert_false(colld_xring_valid(&w->xc, 0, &h, &chunk, &err));
+    assert_string_equal(err.msg, "ring reduce-scatter step 0: bytes 24..32 arrived twice");
     unmake(w);
 }
 
@@ -208,16 +209,16 @@ static void test_ring_phases_of_kinds(void **state)
 {
     (void)state;
     world_t *w = make(2, 0, 64, COLLD_KIND_ALLGATHER, 4, 2, ONE_PER_NODE, 0);
-    char why[256];
+    colld_err_t err = COLLD_ERR_INIT;
     int64_t chunk;
     colld_net_hdr_t h = hdr(XPHASE_RS, 0, 16, 16);
-    assert_false(colld_xring_valid(&w->xc, 1, &h, &chunk, why, sizeof(why)));
-    assert_string_equal(why, "ring reduce-scatter step 0 is not a phase of this collective");
+    assert_false(colld_xring_valid(&w->xc, 1, &h, &chunk, &err));
+    assert_string_equal(err.msg, "ring reduce-scatter step 0 is not a phase of this collective");
     unmake(w);
     w = make(2, 0, 64, COLLD_KIND_REDUCESCATTER, 4, 2, ONE_PER_NODE, 0);
     colld_net_hdr_t g = hdr(XPHASE_AG, 0, 16, 16);
-    assert_false(colld_xring_valid(&w->xc, 1, &g, &chunk, why, sizeof(why)));
-    assert_string_equal(why, "ring all-gather step 0 is not a phase of this collective");
+    assert_false(colld_xring_valid(&w->xc, 1, &g, &chunk, &err));
+    assert_string_equal(err.msg, "ring all-gather step 0 is not a phase of this collective");
     unmake(w);
 }
 
@@ -234,9 +235,9 @@ static void test_ring_data(void **state)
     assert_int_equal(w->nsent, 1);
     int32_t in[2] = { 5, 7 };
     colld_net_hdr_t h = hdr(XPHASE_RS, 0, 8, 8); /* block 1 from node 0 */
-    char why[256];
+    colld_err_t err = COLLD_ERR_INIT;
     int64_t chunk;
-    assert_true(colld_xring_valid(&w->xc, 0, &h, &chunk, why, sizeof(why)));
+    assert_true(colld_xring_valid(&w->xc, 0, &h, &chunk, &err));
     colld_xring_data(&w->xc, &h, chunk, in);
     assert_int_equal(X[2], 107);
     assert_int_equal(X[3], 110);
@@ -271,18 +272,18 @@ static void test_rd(void **state)
     w->xc.rd = true;
     colld_xrd_start(&w->xc);
     assert_int_equal(w->nsent, 0); /* it waits for node 2's hand-in first */
-    char why[256];
+    colld_err_t err = COLLD_ERR_INIT;
     colld_net_hdr_t pre = hdr(XPHASE_RD_PRE, 0, 0, 16);
-    assert_false(colld_xrd_valid(&w->xc, 1, &pre, why, sizeof(why)));
-    assert_string_equal(why, "recursive doubling hand-in step 0 came from the wrong node (node 1, not node 2)");
+    assert_false(colld_xrd_valid(&w->xc, 1, &pre, &err));
+    assert_string_equal(err.msg, "recursive doubling hand-in step 0 came from the wrong node (node 1, not node 2)");
     colld_net_hdr_t part = hdr(XPHASE_RD_PRE, 0, 0, 8);
-    assert_false(colld_xrd_valid(&w->xc, 2, &part, why, sizeof(why)));
-    assert_string_equal(why,
+    assert_false(colld_xrd_valid(&w->xc, 2, &part, &err));
+    assert_string_equal(err.msg,
                         "recursive doubling hand-in step 0: bytes 0..8, where the whole 16-byte buffer is due once");
     colld_net_hdr_t post = hdr(XPHASE_RD_POST, 0, 0, 16);
-    assert_false(colld_xrd_valid(&w->xc, 2, &post, why, sizeof(why)));
-    assert_string_equal(why, "recursive doubling result step 0 is not a phase of this collective on this node");
-    assert_true(colld_xrd_valid(&w->xc, 2, &pre, why, sizeof(why)));
+    assert_false(colld_xrd_valid(&w->xc, 2, &post, &err));
+    assert_string_equal(err.msg, "recursive doubling result step 0 is not a phase of this collective on this node");
+    assert_true(colld_xrd_valid(&w->xc, 2, &pre, &err));
     int32_t in[4] = { 1, 2, 3, 4 };
     colld_xrd_data(&w->xc, &pre, in);
     /* the hand-in combined, node 0 exchanges with its partner 0 ^ 1 = 1 */
