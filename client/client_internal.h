@@ -29,6 +29,7 @@
 #ifndef COLLD_CLIENT_INTERNAL_H
 #define COLLD_CLIENT_INTERNAL_H
 
+#include "common/err.h"
 #include "client/rpc/rpc_client.h"
 #include "proto/wire.h"
 
@@ -170,10 +171,10 @@ int colld__client_lookup(colld_client_t *c, const void *p, size_t bytes, colld_w
 int colld__client_add_comm(colld_client_t *c, colld_comm_t *comm);
 void colld__client_remove_comm(colld_client_t *c, colld_comm_t *comm);
 
-/* Register `bytes` of new shared memory with the daemon. On error `why` says what went wrong,
+/* Register `bytes` of new shared memory with the daemon. On error `err` says what went wrong,
  * with the daemon's own detail when it refused (a quota names its limit). */
 colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, size_t *size, uint32_t *reg_id,
-                               char *why, size_t why_len);
+                               colld_err_t *err);
 colld_status_t colld__deregister(colld_client_t *c, uint32_t reg_id);
 /* Record a client-level error (colld_last_error) and return st. */
 colld_status_t colld__client_error(colld_client_t *c, colld_status_t st, const char *fmt, ...)
@@ -201,9 +202,9 @@ colld_status_t colld__comm_wait(colld_comm_t *comm);
 
 /* engine_path.c: the engine path's poster */
 /* Number a collective with the communicator's next sequence number, attach its pending record
- * (NULL: nothing staged) and post it. On error `why` says what went wrong; nothing is posted. */
+ * (NULL: nothing staged) and post it. On error `err` says what went wrong; nothing is posted. */
 colld_status_t colld__engine_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending,
-                                  char *why, size_t why_len);
+                                  colld_err_t *err);
 /* Number a collective of a batch (colld_group_end posts the batch) and attach its pending record. */
 void colld__engine_number(colld_comm_t *comm, colld_wire_sqe_t *sqe, colld_pending_t *pending);
 /* Release the pending record of a collective that was not posted (NULL: nothing). */
@@ -213,10 +214,10 @@ void colld__engine_discard(colld_comm_t *comm, colld_pending_t *pending);
 /* Resolve a collective's buffers, given what colld__client_lookup2 found (ls, lr: 0 registered or
  * unused, -1 not registered; never -2): registered ranges as they are (zero copy, *wsend / *wrecv
  * already filled), other memory through staging regions; *pending (or NULL) must be attached when
- * the op is numbered, or released. On error `why` says what is wrong. */
+ * the op is numbered, or released. On error `err` says what is wrong. */
 colld_status_t colld__stage(colld_comm_t *comm, const void *send, size_t send_bytes, void *recv, size_t recv_bytes,
-                            int ls, int lr, colld_wire_buf_t *wsend, colld_wire_buf_t *wrecv,
-                            colld_pending_t **pending, char *why, size_t why_len);
+                            int ls, int lr, colld_wire_buf_t *wsend, colld_wire_buf_t *wrecv, colld_pending_t **pending,
+                            colld_err_t *err);
 void colld__pending_attach(colld_comm_t *comm, colld_pending_t *p, uint64_t seq); /* mu held */
 void colld__pending_detach(colld_comm_t *comm, colld_pending_t *p);               /* mu held */
 void colld__pending_release(colld_client_t *c, colld_pending_t *p);               /* mu held */
@@ -234,10 +235,10 @@ void colld__fast_detach(colld_comm_t *comm);
 bool colld__fast_eligible(const colld_comm_t *comm, colld_kind_t kind, size_t count, colld_dtype_t dtype);
 /* The fast path's poster (nothing else of this communicator may be in flight): publish this rank's
  * input for its next sequence number. The caller has checked the buffers (not NULL where used,
- * not running past the end of a registration). On error `why` says what is wrong. */
-colld_status_t colld__fast_post(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes,
-                                 void *recv, size_t recv_bytes, size_t count, colld_dtype_t dtype, colld_redop_t op,
-                                 int root, char *why, size_t why_len);
+ * not running past the end of a registration). On error `err` says what is wrong. */
+colld_status_t colld__fast_post(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes, void *recv,
+                                size_t recv_bytes, size_t count, colld_dtype_t dtype, colld_redop_t op, int root,
+                                colld_err_t *err);
 /* Finish the one in flight, if any: COLLD_OK, COLLD_INPROGRESS (only when !block) or the error
  * (also recorded as the communicator's). */
 colld_status_t colld__fast_finish(colld_comm_t *comm, bool block);
@@ -248,16 +249,16 @@ bool colld__group_active(void);
 void colld__group_fail(colld_status_t st);
 /* Queue an engine or stream-ordered collective until the outermost colld_group_end (inside a group
  * only). Takes ownership of `pending` (NULL if nothing was staged). `gpu` (NULL for host buffers):
- * a stream-ordered collective, prepared by colld__gpu_prepare. On error `why` says what is wrong. */
+ * a stream-ordered collective, prepared by colld__gpu_prepare. On error `err` says what is wrong. */
 colld_status_t colld__group_queue(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending,
-                                  const colld_gpu_op_t *gpu, char *why, size_t why_len);
+                                  const colld_gpu_op_t *gpu, colld_err_t *err);
 /* Queue a fast-path collective until the outermost colld_group_end (inside a group only). */
 colld_status_t colld__group_queue_fast(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes,
                                        void *recv, size_t recv_bytes, size_t count, colld_dtype_t dtype,
                                        colld_redop_t op, int root);
 
 /* cuda.c: GPU buffers and stream-ordered collectives. Without CUDA support in the build, or
- * without a driver, every entry point answers COLLD_ERR_NOT_SUPPORTED with the reason in `why`. */
+ * without a driver, every entry point answers COLLD_ERR_NOT_SUPPORTED with the reason in `err`. */
 /* Create the (empty) GPU state of a client at connect; nothing of CUDA is loaded. */
 colld_status_t colld__gpu_client_init(colld_client_t *c);
 /* At disconnect (monitor stopped, session socket still open): deregister every GPU
@@ -276,15 +277,15 @@ bool colld__gpu_is_device(colld_client_t *c, const void *p);
  * up the flag area, check the stream's device. Nothing is enqueued on the stream yet. */
 colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *send, size_t send_bytes,
                                   const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe, colld_gpu_op_t *op,
-                                  char *why, size_t why_len);
+                                  colld_err_t *err);
 /* Number a prepared collective, enqueue `ready = value` and the wait for `done >= value` on its
  * stream (value = flag base + seq), and post the descriptor; if the posting fails, the stream is
  * released from here. */
 colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op,
-                               char *why, size_t why_len);
+                               colld_err_t *err);
 /* colld_mem_alloc(COLLD_MEM_CUDA) and its colld_mem_free (COLLD_ERR_INVALID_ARGUMENT when ptr is
  * not such an allocation). */
-colld_status_t colld__gpu_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, char *why, size_t why_len);
-colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, char *why, size_t why_len);
+colld_status_t colld__gpu_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, colld_err_t *err);
+colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, colld_err_t *err);
 
 #endif /* COLLD_CLIENT_INTERNAL_H */

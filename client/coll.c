@@ -143,23 +143,22 @@ static colld_status_t go_gpu(colld_comm_t *comm, call_t *k)
     if (!colld__group_active() && (st = colld__fast_finish(comm, true)) != COLLD_OK)
         return st;
     colld_gpu_op_t gop;
-    char why[400];
+    colld_err_t err = COLLD_ERR_INIT;
     memset(&k->sqe, 0, sizeof(k->sqe));
-    st = colld__gpu_prepare(comm, k->stream, k->send, k->send_bytes, k->recv, k->recv_bytes, &k->sqe, &gop, why,
-                            sizeof(why));
+    st = colld__gpu_prepare(comm, k->stream, k->send, k->send_bytes, k->recv, k->recv_bytes, &k->sqe, &gop, &err);
     if (st != COLLD_OK)
-        return colld__comm_error(comm, st, "%s", why);
+        return colld__comm_error(comm, st, "%s", err.msg);
     describe(k, comm);
-    st = colld__group_active() ? colld__group_queue(comm, &k->sqe, NULL, &gop, why, sizeof(why))
-                               : colld__gpu_post(comm, &k->sqe, &gop, why, sizeof(why));
-    return st == COLLD_OK ? st : colld__comm_error(comm, st, "%s", why);
+    st = colld__group_active() ? colld__group_queue(comm, &k->sqe, NULL, &gop, &err)
+                               : colld__gpu_post(comm, &k->sqe, &gop, &err);
+    return st == COLLD_OK ? st : colld__comm_error(comm, st, "%s", err.msg);
 }
 
 /* The fast path. */
 static colld_status_t go_fast(colld_comm_t *comm, call_t *k)
 {
     colld_status_t st;
-    char why[256];
+    colld_err_t err = COLLD_ERR_INIT;
     if (colld__group_active()) {
         st = colld__group_queue_fast(comm, k->kind, k->send, k->send_bytes, k->recv, k->recv_bytes, k->count, k->dtype,
                                      k->op, k->root);
@@ -171,27 +170,27 @@ static colld_status_t go_fast(colld_comm_t *comm, call_t *k)
     if ((st = colld__comm_wait(comm)) != COLLD_OK)
         return st;
     st = colld__fast_post(comm, k->kind, k->send, k->send_bytes, k->recv, k->recv_bytes, k->count, k->dtype, k->op,
-                          k->root, why, sizeof(why));
-    return st == COLLD_OK ? st : colld__comm_error(comm, st, "%s", why);
+                          k->root, &err);
+    return st == COLLD_OK ? st : colld__comm_error(comm, st, "%s", err.msg);
 }
 
 /* The engine path: memory not from colld_mem_alloc is staged. */
 static colld_status_t go_engine(colld_comm_t *comm, call_t *k)
 {
     colld_status_t st;
-    char why[256];
+    colld_err_t err = COLLD_ERR_INIT;
     /* A fast-path collective still in flight finishes first (its output may be this input). */
     if (!colld__group_active() && (st = colld__fast_finish(comm, true)) != COLLD_OK)
         return st;
     colld_pending_t *pending;
     st = colld__stage(comm, k->send, k->send_bytes, k->recv, k->recv_bytes, k->ls, k->lr, &k->sqe.send, &k->sqe.recv,
-                      &pending, why, sizeof(why));
+                      &pending, &err);
     if (st != COLLD_OK)
-        return colld__comm_error(comm, st, "%s", why);
+        return colld__comm_error(comm, st, "%s", err.msg);
     describe(k, comm);
-    st = colld__group_active() ? colld__group_queue(comm, &k->sqe, pending, NULL, why, sizeof(why))
-                               : colld__engine_post(comm, &k->sqe, pending, why, sizeof(why));
-    return st == COLLD_OK ? st : colld__comm_error(comm, st, "%s", why);
+    st = colld__group_active() ? colld__group_queue(comm, &k->sqe, pending, NULL, &err)
+                               : colld__engine_post(comm, &k->sqe, pending, &err);
+    return st == COLLD_OK ? st : colld__comm_error(comm, st, "%s", err.msg);
 }
 
 /* Check one collective and route it to its path. send_elems/recv_elems are the elements each

@@ -224,34 +224,32 @@ void colld__client_lookup2(colld_client_t *c, const void *send, size_t send_byte
 
 /* Create a sealed memfd of at least `bytes`, map it and register it with the daemon. On success
  * *base, *size and *reg_id describe the mapping; nothing else records it. A refusal is not retried:
- * the daemon's status and detail go to the caller (why). */
-colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, size_t *size, uint32_t *reg_id, char *why,
-                               size_t why_len)
+ * the daemon's status and detail go to the caller (err). */
+colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, size_t *size, uint32_t *reg_id,
+                               colld_err_t *err)
 {
-    colld_set_err(why, why_len, "%s", "");
+    colld_err_clear(err);
     if (atomic_load(&c->lost)) {
-        colld_set_err(why, why_len, "the connection to the colld daemon was lost");
-        return COLLD_ERR_DAEMON_LOST;
+        return colld_err_set(err, COLLD_ERR_DAEMON_LOST, "the connection to the colld daemon was lost");
     }
     colld_status_t st = COLLD_ERR_SYSTEM;
     void *p = MAP_FAILED;
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     if (bytes == 0 || bytes > SIZE_MAX - page) {
-        colld_set_err(why, why_len, "cannot share %zu bytes", bytes);
-        return COLLD_ERR_INVALID_ARGUMENT;
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "cannot share %zu bytes", bytes);
     }
     size_t sz = (bytes + page - 1) & ~(page - 1);
     int fd = memfd_create("colld-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0 || ftruncate(fd, (off_t)sz) < 0 ||
         fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
         st = errno == ENOMEM || errno == ENOSPC ? COLLD_ERR_NO_MEMORY : COLLD_ERR_SYSTEM;
-        colld_set_err(why, why_len, "cannot create shared memory: %s", strerror(errno));
+        (void)colld_err_set(err, st, "cannot create shared memory: %s", strerror(errno));
         goto out;
     }
     p = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         st = COLLD_ERR_NO_MEMORY;
-        colld_set_err(why, why_len, "cannot map shared memory: %s", strerror(errno));
+        (void)colld_err_set(err, st, "cannot map shared memory: %s", strerror(errno));
         goto out;
     }
     colld_wire_msg_t m, r;
@@ -266,10 +264,10 @@ colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, siz
         char detail[sizeof(r.u.detail)];
         colld_str_sanitize(detail, sizeof(detail), r.u.detail, sizeof(r.u.detail));
         st = r.status < 0 ? (colld_status_t)r.status : COLLD_ERR_PROTOCOL;
-        colld_set_err(why, why_len, "the daemon refused to register %zu bytes: %s", bytes, detail);
+        (void)colld_err_set(err, st, "the daemon refused to register %zu bytes: %s", bytes, detail);
         LOG_WARN(CLIENT, "registering %zu bytes with colld: %s: %s", bytes, colld_status_name(st), detail);
     } else if (st != COLLD_OK)
-        colld_set_err(why, why_len, "registering %zu bytes: %s", bytes, colld_status_string(st));
+        (void)colld_err_set(err, st, "registering %zu bytes: %s", bytes, colld_status_string(st));
     if (st != COLLD_OK)
         goto out;
     *base = p;

@@ -57,18 +57,6 @@
 
 #define NO_CUDA_BUILD "this build of libcolld has no CUDA support (built without the CUDA toolkit)"
 
-/* Format `why` and return st. */
-static colld_status_t say(char *why, size_t len, colld_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static colld_status_t say(char *why, size_t len, colld_status_t st, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, len, fmt, ap);
-    va_end(ap);
-    return st;
-}
-
 #ifndef COLLD_HAVE_CUDA
 
 /* ============================================================================================
@@ -111,29 +99,29 @@ bool colld__gpu_is_device(colld_client_t *c, const void *p)
 
 colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *send, size_t send_bytes,
                                   const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe, colld_gpu_op_t *op,
-                                  char *why, size_t why_len)
+                                  colld_err_t *err)
 {
     (void)comm, (void)stream, (void)send, (void)send_bytes, (void)recv, (void)recv_bytes, (void)sqe, (void)op;
-    return say(why, why_len, COLLD_ERR_NOT_SUPPORTED, "stream-ordered (GPU) collectives: %s", NO_CUDA_BUILD);
+    return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "stream-ordered (GPU) collectives: %s", NO_CUDA_BUILD);
 }
 
 colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op,
-                               char *why, size_t why_len)
+                               colld_err_t *err)
 {
     (void)comm, (void)sqe, (void)op;
-    return say(why, why_len, COLLD_ERR_NOT_SUPPORTED, "stream-ordered (GPU) collectives: %s", NO_CUDA_BUILD);
+    return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "stream-ordered (GPU) collectives: %s", NO_CUDA_BUILD);
 }
 
-colld_status_t colld__gpu_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, char *why, size_t why_len)
+colld_status_t colld__gpu_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, colld_err_t *err)
 {
     (void)c, (void)ptr, (void)bytes;
-    return say(why, why_len, COLLD_ERR_NOT_SUPPORTED, "COLLD_MEM_CUDA: %s", NO_CUDA_BUILD);
+    return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "COLLD_MEM_CUDA: %s", NO_CUDA_BUILD);
 }
 
-colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, char *why, size_t why_len)
+colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, colld_err_t *err)
 {
     (void)c;
-    return say(why, why_len, COLLD_ERR_INVALID_ARGUMENT, "%p is not memory from colld_mem_alloc", ptr);
+    return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%p is not memory from colld_mem_alloc", ptr);
 }
 
 #else /* COLLD_HAVE_CUDA */
@@ -230,19 +218,18 @@ typedef struct {
 _Static_assert(sizeof(CUipcMemHandle) == COLLD_WIRE_CUDA_IPC_BYTES, "IPC handle size");
 _Static_assert(sizeof(CUuuid) == 16, "device uuid size");
 
-/* "cuIpcGetMemHandle: CUDA_ERROR_... (text)" into why; returns st. */
-static colld_status_t cu_say(const colld_cu_t *cu, char *why, size_t len, colld_status_t st, CUresult r,
-                             const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-static colld_status_t cu_say(const colld_cu_t *cu, char *why, size_t len, colld_status_t st, CUresult r,
-                             const char *fmt, ...)
+/* Record st with "cuIpcGetMemHandle: CUDA_ERROR_... (text)" in err; returns st. */
+static colld_status_t cu_say(const colld_cu_t *cu, colld_err_t *err, colld_status_t st, CUresult r, const char *fmt,
+                             ...) __attribute__((format(printf, 5, 6)));
+static colld_status_t cu_say(const colld_cu_t *cu, colld_err_t *err, colld_status_t st, CUresult r, const char *fmt,
+                             ...)
 {
     char what[192], desc[160];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
-    snprintf(why, len, "%s: %s", what, colld_cu_describe(cu, r, desc, sizeof(desc)));
-    return st;
+    return colld_err_set(err, st, "%s: %s", what, colld_cu_describe(cu, r, desc, sizeof(desc)));
 }
 
 colld_status_t colld__gpu_client_init(colld_client_t *c)
@@ -267,8 +254,7 @@ bool colld__gpu_maybe_device(colld_client_t *c)
 /* Make sure a context is current on this thread: the current one, else the primary context of
  * device `ordinal` (retained once per client, released at disconnect), as the CUDA runtime does
  * on first use. g->mu held. */
-static colld_status_t ensure_ctx(colld_gpu_t *g, const colld_cu_t *cu, int ordinal, CUcontext *out, char *why,
-                                 size_t len)
+static colld_status_t ensure_ctx(colld_gpu_t *g, const colld_cu_t *cu, int ordinal, CUcontext *out, colld_err_t *err)
 {
     CUcontext ctx = NULL;
     CUresult r = CU_CHECK(cu, cuCtxGetCurrent, &ctx);
@@ -277,16 +263,16 @@ static colld_status_t ensure_ctx(colld_gpu_t *g, const colld_cu_t *cu, int ordin
         return COLLD_OK;
     }
     if (ordinal < 0 || ordinal >= MAX_DEVICES)
-        return say(why, len, COLLD_ERR_INVALID_ARGUMENT, "no CUDA context is current and device %d is out of range",
-                   ordinal);
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                             "no CUDA context is current and device %d is out of range", ordinal);
     CUdevice dev;
     if ((r = CU_CHECK(cu, cuDeviceGet, &dev, ordinal)) != CUDA_SUCCESS)
-        return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "cuDeviceGet(%d)", ordinal);
+        return cu_say(cu, err, COLLD_ERR_DEVICE, r, "cuDeviceGet(%d)", ordinal);
     if ((r = CU_CHECK(cu, cuDevicePrimaryCtxRetain, &ctx, dev)) != CUDA_SUCCESS)
-        return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "cuDevicePrimaryCtxRetain(device %d)", ordinal);
+        return cu_say(cu, err, COLLD_ERR_DEVICE, r, "cuDevicePrimaryCtxRetain(device %d)", ordinal);
     if ((r = CU_CHECK(cu, cuCtxSetCurrent, ctx)) != CUDA_SUCCESS) {
         CU_CHECK(cu, cuDevicePrimaryCtxRelease, dev);
-        return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "cuCtxSetCurrent(primary context of device %d)", ordinal);
+        return cu_say(cu, err, COLLD_ERR_DEVICE, r, "cuCtxSetCurrent(primary context of device %d)", ordinal);
     }
     if (g->primary[ordinal])
         CU_CHECK(cu, cuDevicePrimaryCtxRelease, dev); /* one retain per client is enough */
@@ -383,22 +369,25 @@ bool colld__gpu_is_device(colld_client_t *c, const void *p)
 }
 
 /* Check that a buffer a stream-ordered collective uses is device memory. */
-static colld_status_t need_device(const ptr_info_t *pi, const void *p, const char *which, char *why, size_t len)
+static colld_status_t need_device(const ptr_info_t *pi, const void *p, const char *which, colld_err_t *err)
 {
     if (pi->memtype != CU_MEMORYTYPE_DEVICE)
-        return say(why, len, COLLD_ERR_INVALID_ARGUMENT,
-                   "%s (%p) is host memory: a collective on a CUDA stream needs device memory for both buffers "
-                   "(pass stream = NULL for host buffers)", which, p);
+        return colld_err_set(
+            err, COLLD_ERR_INVALID_ARGUMENT,
+            "%s (%p) is host memory: a collective on a CUDA stream needs device memory for both buffers "
+            "(pass stream = NULL for host buffers)",
+            which, p);
     if (pi->managed)
-        return say(why, len, COLLD_ERR_NOT_SUPPORTED,
-                   "%s (%p) is CUDA managed memory, which cannot be shared with the daemon: use cudaMalloc, "
-                   "cuMemCreate or colld_mem_alloc(COLLD_MEM_CUDA)", which, p);
+        return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED,
+                             "%s (%p) is CUDA managed memory, which cannot be shared with the daemon: use cudaMalloc, "
+                             "cuMemCreate or colld_mem_alloc(COLLD_MEM_CUDA)",
+                             which, p);
     return COLLD_OK;
 }
 
 /* Export an allocation and register it with the daemon. g->mu held. */
 static colld_status_t register_alloc(colld_client_t *c, const colld_cu_t *cu, const ptr_info_t *pi, CUdeviceptr base,
-                                     size_t size, uint32_t *reg_id, char *why, size_t len)
+                                     size_t size, uint32_t *reg_id, colld_err_t *err)
 {
     colld_wire_msg_t m, rep;
     memset(&m, 0, sizeof(m));
@@ -412,7 +401,7 @@ static colld_status_t register_alloc(colld_client_t *c, const colld_cu_t *cu, co
     if (r == CUDA_SUCCESS)
         r = CU_CHECK(cu, cuDeviceGetUuid, &uuid, dev);
     if (r != CUDA_SUCCESS)
-        return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "the UUID of device %d", pi->ordinal);
+        return cu_say(cu, err, COLLD_ERR_DEVICE, r, "the UUID of device %d", pi->ordinal);
     memcpy(m.u.reg_cuda.uuid, uuid.bytes, sizeof(m.u.reg_cuda.uuid));
     int fd = -1;
     if (pi->ipc) {
@@ -423,14 +412,14 @@ static colld_status_t register_alloc(colld_client_t *c, const colld_cu_t *cu, co
             r = CU_CHECK(cu, cuIpcGetMemHandle, &h, base);
         ctx_leave(cu, pushed);
         if (r != CUDA_SUCCESS)
-            return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "cuIpcGetMemHandle(0x%llx)", (unsigned long long)base);
+            return cu_say(cu, err, COLLD_ERR_DEVICE, r, "cuIpcGetMemHandle(0x%llx)", (unsigned long long)base);
         m.u.reg_cuda.how = COLLD_CUDA_EXPORT_IPC;
         memcpy(m.u.reg_cuda.ipc, h.reserved, sizeof(m.u.reg_cuda.ipc));
     } else {
         CUmemGenericAllocationHandle h;
         r = CU_CHECK(cu, cuMemRetainAllocationHandle, &h, (void *)(uintptr_t)base);
         if (r != CUDA_SUCCESS)
-            return cu_say(cu, why, len, COLLD_ERR_NOT_SUPPORTED, r,
+            return cu_say(cu, err, COLLD_ERR_NOT_SUPPORTED, r,
                           "device memory at 0x%llx is neither a cudaMalloc/cuMemAlloc allocation nor a cuMem (VMM) "
                           "mapping (cudaMallocAsync pool memory is not supported); cuMemRetainAllocationHandle",
                           (unsigned long long)base);
@@ -442,7 +431,7 @@ static colld_status_t register_alloc(colld_client_t *c, const colld_cu_t *cu, co
                        : CUDA_ERROR_NOT_SUPPORTED;
         CU_CHECK(cu, cuMemRelease, h);
         if (r != CUDA_SUCCESS || fd < 0)
-            return cu_say(cu, why, len, COLLD_ERR_NOT_SUPPORTED, r,
+            return cu_say(cu, err, COLLD_ERR_NOT_SUPPORTED, r,
                           "the cuMem (VMM) allocation at 0x%llx cannot be exported as a POSIX file descriptor: create "
                           "it with CUmemAllocationProp.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR",
                           (unsigned long long)base);
@@ -452,14 +441,15 @@ static colld_status_t register_alloc(colld_client_t *c, const colld_cu_t *cu, co
     if (fd >= 0)
         close(fd);
     if (st != COLLD_OK)
-        return say(why, len, st, "registering %zu bytes of GPU memory with colld: %s", size, colld_status_string(st));
+        return colld_err_set(err, st, "registering %zu bytes of GPU memory with colld: %s", size,
+                             colld_status_string(st));
     if (rep.status != COLLD_OK) {
         rep.u.detail[sizeof(rep.u.detail) - 1] = '\0';
-        return say(why, len, rep.status, "colld refused the GPU buffer at 0x%llx (%zu bytes): %s",
-                   (unsigned long long)base, size, rep.u.detail);
+        return colld_err_set(err, rep.status, "colld refused the GPU buffer at 0x%llx (%zu bytes): %s",
+                             (unsigned long long)base, size, rep.u.detail);
     }
     if (rep.u.reg_reply.cookie != base)
-        return say(why, len, COLLD_ERR_PROTOCOL, "colld answered a GPU registration with another cookie");
+        return colld_err_set(err, COLLD_ERR_PROTOCOL, "colld answered a GPU registration with another cookie");
     *reg_id = rep.u.reg_reply.reg_id;
     return COLLD_OK;
 }
@@ -501,7 +491,7 @@ static void drop_stale(colld_client_t *c, colld_gpu_t *g, CUdeviceptr base, size
  * its allocation the first time. g->mu held, a context current. */
 static colld_status_t resolve(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu, const void *p, size_t bytes,
                               const ptr_info_t *pi, const char *which, colld_wire_buf_t *out, gpu_reg_t **entry,
-                              char *why, size_t len)
+                              colld_err_t *err)
 {
     CUdeviceptr a = (CUdeviceptr)(uintptr_t)p, base = 0;
     size_t size = 0;
@@ -514,11 +504,12 @@ static colld_status_t resolve(colld_client_t *c, colld_gpu_t *g, const colld_cu_
     if (!pi->ipc || !base || !size) {
         CUresult r = CU_CHECK(cu, cuMemGetAddressRange, &base, &size, a);
         if (r != CUDA_SUCCESS)
-            return cu_say(cu, why, len, COLLD_ERR_INVALID_ARGUMENT, r, "%s (%p): cuMemGetAddressRange", which, p);
+            return cu_say(cu, err, COLLD_ERR_INVALID_ARGUMENT, r, "%s (%p): cuMemGetAddressRange", which, p);
     }
     if (a < base || a - base >= size)
-        return say(why, len, COLLD_ERR_DEVICE, "%s (%p): the driver places it outside its allocation (0x%llx, %zu bytes)",
-                   which, p, (unsigned long long)base, size);
+        return colld_err_set(err, COLLD_ERR_DEVICE,
+                             "%s (%p): the driver places it outside its allocation (0x%llx, %zu bytes)", which, p,
+                             (unsigned long long)base, size);
     gpu_reg_t *e = NULL;
     for (size_t i = 0; i < g->nregs && !e; i++)
         if (g->regs[i].base == base && g->regs[i].buffer_id == pi->buffer_id)
@@ -529,12 +520,12 @@ static colld_status_t resolve(colld_client_t *c, colld_gpu_t *g, const colld_cu_
             size_t n = g->cap ? g->cap * 2 : 16;
             gpu_reg_t *t = realloc(g->regs, n * sizeof(*t));
             if (!t)
-                return say(why, len, COLLD_ERR_NO_MEMORY, "out of memory");
+                return colld_err_set(err, COLLD_ERR_NO_MEMORY, "out of memory");
             g->regs = t;
             g->cap = n;
         }
         uint32_t reg_id;
-        colld_status_t st = register_alloc(c, cu, pi, base, size, &reg_id, why, len);
+        colld_status_t st = register_alloc(c, cu, pi, base, size, &reg_id, err);
         if (st != COLLD_OK)
             return st;
         e = &g->regs[g->nregs++];
@@ -543,8 +534,9 @@ static colld_status_t resolve(colld_client_t *c, colld_gpu_t *g, const colld_cu_
                   size, pi->ipc ? "IPC" : "VMM fd", reg_id);
     }
     if (bytes > e->limit - (a - base))
-        return say(why, len, COLLD_ERR_INVALID_ARGUMENT, "%s (%p): %zu bytes run past the end of its %zu-byte GPU buffer",
-                   which, p, bytes, e->limit);
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                             "%s (%p): %zu bytes run past the end of its %zu-byte GPU buffer", which, p, bytes,
+                             e->limit);
     out->reg_id = e->reg_id;
     out->offset = a - base;
     if (entry)
@@ -557,7 +549,7 @@ static colld_status_t resolve(colld_client_t *c, colld_gpu_t *g, const colld_cu_
  * ========================================================================================== */
 
 /* Map the session's flag area and register it with CUDA, once. g->mu held, a context current. */
-static colld_status_t flags_setup(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu, char *why, size_t len)
+static colld_status_t flags_setup(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu, colld_err_t *err)
 {
     if (atomic_load(&g->flags))
         return COLLD_OK;
@@ -568,12 +560,12 @@ static colld_status_t flags_setup(colld_client_t *c, colld_gpu_t *g, const colld
     int fd = -1;
     colld_status_t st = colld__sock_request(c, &m, -1, COLLD_MSG_GPU_FLAGS_REPLY, &rep, &fd, 1);
     if (st != COLLD_OK)
-        return say(why, len, st, "cannot get the GPU flag area from colld: %s", colld_status_string(st));
+        return colld_err_set(err, st, "cannot get the GPU flag area from colld: %s", colld_status_string(st));
     if (rep.status != COLLD_OK) {
         if (fd >= 0)
             close(fd);
         rep.u.detail[sizeof(rep.u.detail) - 1] = '\0';
-        return say(why, len, rep.status, "colld has no GPU flag area for this client: %s", rep.u.detail);
+        return colld_err_set(err, rep.status, "colld has no GPU flag area for this client: %s", rep.u.detail);
     }
     uint64_t size = rep.u.gpu_flags.size;
     uint32_t nlines = rep.u.gpu_flags.lines;
@@ -581,20 +573,20 @@ static colld_status_t flags_setup(colld_client_t *c, colld_gpu_t *g, const colld
         size % 4096) {
         if (fd >= 0)
             close(fd);
-        return say(why, len, COLLD_ERR_PROTOCOL, "colld sent a malformed GPU flag area (%llu bytes, %u lines)",
-                   (unsigned long long)size, nlines);
+        return colld_err_set(err, COLLD_ERR_PROTOCOL, "colld sent a malformed GPU flag area (%llu bytes, %u lines)",
+                             (unsigned long long)size, nlines);
     }
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED)
-        return say(why, len, COLLD_ERR_SYSTEM, "cannot map the GPU flag area: %m");
+        return colld_err_set(err, COLLD_ERR_SYSTEM, "cannot map the GPU flag area: %m");
     gpu_flags_t *f = calloc(1, sizeof(*f));
     _Atomic uint64_t *posted = calloc(nlines, sizeof(*posted));
     if (!f || !posted) {
         free(f);
         free(posted);
         munmap(p, size);
-        return say(why, len, COLLD_ERR_NO_MEMORY, "out of memory");
+        return colld_err_set(err, COLLD_ERR_NO_MEMORY, "out of memory");
     }
     CUdeviceptr dptr = 0;
     CUresult r = CU_CHECK(cu, cuMemHostRegister, p, size, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
@@ -604,7 +596,7 @@ static colld_status_t flags_setup(colld_client_t *c, colld_gpu_t *g, const colld
         free(f);
         free(posted);
         munmap(p, size);
-        return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "registering the GPU flag area with CUDA (cuMemHostRegister)");
+        return cu_say(cu, err, COLLD_ERR_DEVICE, r, "registering the GPU flag area with CUDA (cuMemHostRegister)");
     }
     f->lines = p;
     f->size = size;
@@ -653,7 +645,7 @@ void colld__gpu_daemon_lost(colld_client_t *c)
 /* colld__gpu_prepare with g->mu held. */
 static colld_status_t prepare_locked(colld_comm_t *comm, const colld_cu_t *cu, void *stream, const void *send,
                                      size_t send_bytes, const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe,
-                                     colld_gpu_op_t *op, char *why, size_t len)
+                                     colld_gpu_op_t *op, colld_err_t *err)
 {
     colld_client_t *c = comm->client;
     colld_gpu_t *g = c->gpu;
@@ -662,26 +654,26 @@ static colld_status_t prepare_locked(colld_comm_t *comm, const colld_cu_t *cu, v
     colld_status_t st;
     /* (a) Both buffers: device memory, in bounds, registered. */
     if (send_bytes && (r = ptr_query(cu, send, &ps)) != CUDA_SUCCESS)
-        return cu_say(cu, why, len, COLLD_ERR_INVALID_ARGUMENT, r, "sendbuf (%p): cuPointerGetAttributes", send);
+        return cu_say(cu, err, COLLD_ERR_INVALID_ARGUMENT, r, "sendbuf (%p): cuPointerGetAttributes", send);
     if (recv_bytes && (r = ptr_query(cu, recv, &pr)) != CUDA_SUCCESS)
-        return cu_say(cu, why, len, COLLD_ERR_INVALID_ARGUMENT, r, "recvbuf (%p): cuPointerGetAttributes", recv);
-    if ((send_bytes && (st = need_device(&ps, send, "sendbuf", why, len)) != COLLD_OK) ||
-        (recv_bytes && (st = need_device(&pr, recv, "recvbuf", why, len)) != COLLD_OK))
+        return cu_say(cu, err, COLLD_ERR_INVALID_ARGUMENT, r, "recvbuf (%p): cuPointerGetAttributes", recv);
+    if ((send_bytes && (st = need_device(&ps, send, "sendbuf", err)) != COLLD_OK) ||
+        (recv_bytes && (st = need_device(&pr, recv, "recvbuf", err)) != COLLD_OK))
         return st;
     CUcontext cur, sctx = NULL;
-    st = ensure_ctx(g, cu, send_bytes ? ps.ordinal : recv_bytes ? pr.ordinal : 0, &cur, why, len);
+    st = ensure_ctx(g, cu, send_bytes ? ps.ordinal : recv_bytes ? pr.ordinal : 0, &cur, err);
     if (st != COLLD_OK)
         return st;
     CUstream s = stream ? (CUstream)stream : CU_STREAM_LEGACY;
     if ((r = CU_CHECK(cu, cuStreamGetCtx, s, &sctx)) != CUDA_SUCCESS)
-        return cu_say(cu, why, len, COLLD_ERR_INVALID_ARGUMENT, r,
-                      "stream %p: cuStreamGetCtx (is it a live cudaStream_t?)", stream);
+        return cu_say(cu, err, COLLD_ERR_INVALID_ARGUMENT, r, "stream %p: cuStreamGetCtx (is it a live cudaStream_t?)",
+                      stream);
     bool pushed;
     if ((r = ctx_enter(cu, sctx, &pushed)) != CUDA_SUCCESS)
-        return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "making the stream's context current");
+        return cu_say(cu, err, COLLD_ERR_DEVICE, r, "making the stream's context current");
     CUdevice dev;
     if ((r = CU_CHECK(cu, cuCtxGetDevice, &dev)) != CUDA_SUCCESS) {
-        st = cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "the device of stream %p", stream);
+        st = cu_say(cu, err, COLLD_ERR_DEVICE, r, "the device of stream %p", stream);
         goto out;
     }
     /* Stream memory operations: the entry points are the V2 ones (CUDA 12.0 ABI, see
@@ -692,16 +684,16 @@ static colld_status_t prepare_locked(colld_comm_t *comm, const colld_cu_t *cu, v
      * colld__gpu_post reports as COLLD_ERR_NOT_SUPPORTED. (The CUDA IPC event fallback for such
      * devices is not built yet.) */
     bool flush = dev_flag(cu, g->flush, dev, CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES);
-    if ((send_bytes && (st = resolve(c, g, cu, send, send_bytes, &ps, "sendbuf", &sqe->send, NULL, why, len))) ||
-        (recv_bytes && (st = resolve(c, g, cu, recv, recv_bytes, &pr, "recvbuf", &sqe->recv, NULL, why, len))))
+    if ((send_bytes && (st = resolve(c, g, cu, send, send_bytes, &ps, "sendbuf", &sqe->send, NULL, err))) ||
+        (recv_bytes && (st = resolve(c, g, cu, recv, recv_bytes, &pr, "recvbuf", &sqe->recv, NULL, err))))
         goto out;
-    if ((st = flags_setup(c, g, cu, why, len)) != COLLD_OK)
+    if ((st = flags_setup(c, g, cu, err)) != COLLD_OK)
         goto out;
     gpu_flags_t *f = atomic_load(&g->flags);
     uint32_t h = comm->handle;
     if (h == 0 || h >= f->nlines) {
-        st = say(why, len, COLLD_ERR_PROTOCOL, "communicator handle %u has no GPU flag line (colld gave %u lines)", h,
-                 f->nlines);
+        st = colld_err_set(err, COLLD_ERR_PROTOCOL, "communicator handle %u has no GPU flag line (colld gave %u lines)",
+                           h, f->nlines);
         goto out;
     }
     /* The first stream-ordered collective of the communicator takes its flag base: values above
@@ -724,32 +716,33 @@ out:
 
 colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *send, size_t send_bytes,
                                   const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe, colld_gpu_op_t *op,
-                                  char *why, size_t why_len)
+                                  colld_err_t *err)
 {
-    char err[256];
+    char load_err[256];
     /* The stream is not looked at before the driver is known to be there. */
-    const colld_cu_t *cu = colld_cu_load(err, sizeof(err));
+    const colld_cu_t *cu = colld_cu_load(load_err, sizeof(load_err));
     if (!cu)
-        return say(why, why_len, COLLD_ERR_NOT_SUPPORTED, "stream-ordered (GPU) collectives need the CUDA driver: %s",
-                   err);
+        return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "stream-ordered (GPU) collectives need the CUDA driver: %s",
+                             load_err);
     if ((send_bytes && !send) || (recv_bytes && !recv))
-        return say(why, why_len, COLLD_ERR_INVALID_ARGUMENT, "%s is NULL", send_bytes && !send ? "sendbuf" : "recvbuf");
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%s is NULL",
+                             send_bytes && !send ? "sendbuf" : "recvbuf");
     colld_gpu_t *g = comm->client->gpu;
     pthread_mutex_lock(&g->mu);
     g->cu = cu;
-    colld_status_t st = prepare_locked(comm, cu, stream, send, send_bytes, recv, recv_bytes, sqe, op, why, why_len);
+    colld_status_t st = prepare_locked(comm, cu, stream, send, send_bytes, recv, recv_bytes, sqe, op, err);
     pthread_mutex_unlock(&g->mu);
     return st;
 }
 
-colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op, char *why,
-                               size_t why_len)
+colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op,
+                               colld_err_t *err)
 {
     colld_client_t *c = comm->client;
     const colld_cu_t *cu = colld_cu_load(NULL, 0);
     gpu_flags_t *f = atomic_load(&c->gpu->flags);
     if (!cu || !f) /* prepare succeeded, so neither can be missing */
-        return say(why, why_len, COLLD_ERR_INTERNAL, "stream-ordered collective posted without preparation");
+        return colld_err_set(err, COLLD_ERR_INTERNAL, "stream-ordered collective posted without preparation");
     /* (b) The next sequence number of the communicator (host collectives share the counter), and
      * its flag value. */
     colld_wire_sqe_t d = *sqe;
@@ -781,10 +774,11 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
         /* Nothing was enqueued or posted, the sequence number is not used: a later call may try
          * again. */
         if (r == CUDA_ERROR_NOT_SUPPORTED)
-            return cu_say(cu, why, why_len, COLLD_ERR_NOT_SUPPORTED, r,
+            return cu_say(cu, err, COLLD_ERR_NOT_SUPPORTED, r,
                           "%s on stream %p: this device has no CUDA stream memory operations, which stream-ordered "
-                          "collectives need (the CUDA IPC event fallback is not built yet)", call, op->stream);
-        return cu_say(cu, why, why_len, COLLD_ERR_DEVICE, r, "%s on stream %p", call, op->stream);
+                          "collectives need (the CUDA IPC event fallback is not built yet)",
+                          call, op->stream);
+        return cu_say(cu, err, COLLD_ERR_DEVICE, r, "%s on stream %p", call, op->stream);
     }
     if (r != CUDA_SUCCESS) {
         /* `ready` = v is on the stream without its wait: the next collective (the same v) would
@@ -793,7 +787,7 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
         colld_status_t ok = COLLD_OK;
         __atomic_compare_exchange_n(&comm->async_error, &ok, COLLD_ERR_DEVICE, false, __ATOMIC_RELAXED,
                                     __ATOMIC_RELAXED);
-        return cu_say(cu, why, why_len, COLLD_ERR_DEVICE, r,
+        return cu_say(cu, err, COLLD_ERR_DEVICE, r,
                       "%s on stream %p after its ready flag was enqueued; the communicator cannot be used any more",
                       call, op->stream);
     }
@@ -801,8 +795,8 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
     colld_status_t st = colld__client_submit(c, &d, 1);
     if (st != COLLD_OK) {
         release_line(&f->lines[comm->handle], v, st);
-        return say(why, why_len, st, "cannot post the collective (%s); its stream was released with that error",
-                   colld_status_string(st));
+        return colld_err_set(err, st, "cannot post the collective (%s); its stream was released with that error",
+                             colld_status_string(st));
     }
     comm->seq = d.seq;
     comm->issued++;
@@ -815,16 +809,16 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
 
 /* Allocate `bytes` of device memory on the device of the current context. */
 static colld_status_t alloc_locked(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu, void **ptr, size_t bytes,
-                                   char *why, size_t len)
+                                   colld_err_t *err)
 {
     CUcontext ctx;
-    colld_status_t st = ensure_ctx(g, cu, 0, &ctx, why, len);
+    colld_status_t st = ensure_ctx(g, cu, 0, &ctx, err);
     if (st != COLLD_OK)
         return st;
     CUdevice dev;
     CUresult r = CU_CHECK(cu, cuCtxGetDevice, &dev);
     if (r != CUDA_SUCCESS)
-        return cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "cuCtxGetDevice");
+        return cu_say(cu, err, COLLD_ERR_DEVICE, r, "cuCtxGetDevice");
     int vmm = 0, fdok = 0;
     CU_CHECK(cu, cuDeviceGetAttribute, &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
     CU_CHECK(cu, cuDeviceGetAttribute, &fdok, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev);
@@ -847,7 +841,7 @@ static colld_status_t alloc_locked(colld_client_t *c, colld_gpu_t *g, const coll
         if ((r = CU_CHECK(cu, cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)) ==
             CUDA_SUCCESS) {
             if (gran == 0 || bytes > SIZE_MAX - gran)
-                return say(why, len, COLLD_ERR_INVALID_ARGUMENT, "%zu bytes of GPU memory: too large", bytes);
+                return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%zu bytes of GPU memory: too large", bytes);
             size = (bytes + gran - 1) / gran * gran;
             call = "cuMemCreate";
             created = (r = CU_CHECK(cu, cuMemCreate, &h, size, &prop, 0)) == CUDA_SUCCESS;
@@ -880,7 +874,7 @@ static colld_status_t alloc_locked(colld_client_t *c, colld_gpu_t *g, const coll
         r = CU_CHECK(cu, cuMemAlloc, &p, bytes);
     }
     if (r != CUDA_SUCCESS)
-        return cu_say(cu, why, len, r == CUDA_ERROR_OUT_OF_MEMORY ? COLLD_ERR_NO_MEMORY : COLLD_ERR_DEVICE, r,
+        return cu_say(cu, err, r == CUDA_ERROR_OUT_OF_MEMORY ? COLLD_ERR_NO_MEMORY : COLLD_ERR_DEVICE, r,
                       "%s (%zu bytes on device %d)", call, size, (int)dev);
     /* Register it now, so that collectives on it never pay for it. */
     gpu_reg_t tmp = { .base = p, .own = own, .own_size = size, .own_ctx = ctx };
@@ -888,12 +882,12 @@ static colld_status_t alloc_locked(colld_client_t *c, colld_gpu_t *g, const coll
     colld_wire_buf_t wb;
     gpu_reg_t *e = NULL;
     if ((r = ptr_query(cu, (void *)(uintptr_t)p, &pi)) != CUDA_SUCCESS)
-        st = cu_say(cu, why, len, COLLD_ERR_DEVICE, r, "cuPointerGetAttributes of a new allocation");
+        st = cu_say(cu, err, COLLD_ERR_DEVICE, r, "cuPointerGetAttributes of a new allocation");
     else
-        st = resolve(c, g, cu, (void *)(uintptr_t)p, bytes, &pi, "the new allocation", &wb, &e, why, len);
+        st = resolve(c, g, cu, (void *)(uintptr_t)p, bytes, &pi, "the new allocation", &wb, &e, err);
     if (st == COLLD_OK && (e->base != p || wb.offset != 0)) {
-        st = say(why, len, COLLD_ERR_DEVICE, "the driver does not see the new allocation 0x%llx as its own range",
-                 (unsigned long long)p);
+        st = colld_err_set(err, COLLD_ERR_DEVICE, "the driver does not see the new allocation 0x%llx as its own range",
+                           (unsigned long long)p);
         colld__deregister(c, e->reg_id);
         *e = g->regs[--g->nregs];
     }
@@ -911,23 +905,23 @@ static colld_status_t alloc_locked(colld_client_t *c, colld_gpu_t *g, const coll
     return COLLD_OK;
 }
 
-colld_status_t colld__gpu_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, char *why, size_t why_len)
+colld_status_t colld__gpu_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, colld_err_t *err)
 {
-    char err[256];
-    const colld_cu_t *cu = colld_cu_load(err, sizeof(err));
+    char load_err[256];
+    const colld_cu_t *cu = colld_cu_load(load_err, sizeof(load_err));
     if (!cu)
-        return say(why, why_len, COLLD_ERR_NOT_SUPPORTED, "COLLD_MEM_CUDA needs the CUDA driver: %s", err);
+        return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "COLLD_MEM_CUDA needs the CUDA driver: %s", load_err);
     if (atomic_load(&c->lost))
-        return say(why, why_len, COLLD_ERR_DAEMON_LOST, "the connection to the colld daemon was lost");
+        return colld_err_set(err, COLLD_ERR_DAEMON_LOST, "the connection to the colld daemon was lost");
     colld_gpu_t *g = c->gpu;
     pthread_mutex_lock(&g->mu);
     g->cu = cu;
-    colld_status_t st = alloc_locked(c, g, cu, ptr, bytes, why, why_len);
+    colld_status_t st = alloc_locked(c, g, cu, ptr, bytes, err);
     pthread_mutex_unlock(&g->mu);
     return st;
 }
 
-colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, char *why, size_t why_len)
+colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, colld_err_t *err)
 {
     colld_gpu_t *g = c->gpu;
     pthread_mutex_lock(&g->mu);
@@ -936,7 +930,7 @@ colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, char *why, size
         i++;
     if (i == g->nregs) {
         pthread_mutex_unlock(&g->mu);
-        return say(why, why_len, COLLD_ERR_INVALID_ARGUMENT, "%p is not memory from colld_mem_alloc", ptr);
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%p is not memory from colld_mem_alloc", ptr);
     }
     gpu_reg_t e = g->regs[i];
     g->regs[i] = g->regs[--g->nregs];
@@ -944,7 +938,7 @@ colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, char *why, size
     free_owned(g->cu, &e);
     pthread_mutex_unlock(&g->mu);
     if (st != COLLD_OK)
-        say(why, why_len, st, "colld did not release the GPU registration of %p: %s", ptr, colld_status_string(st));
+        colld_err_set(err, st, "colld did not release the GPU registration of %p: %s", ptr, colld_status_string(st));
     return st;
 }
 

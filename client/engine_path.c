@@ -29,8 +29,8 @@ void colld__engine_discard(colld_comm_t *comm, colld_pending_t *p)
     pthread_mutex_unlock(&comm->client->mu);
 }
 
-colld_status_t colld__engine_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending, char *why,
-                                  size_t why_len)
+colld_status_t colld__engine_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending,
+                                  colld_err_t *err)
 {
     colld_wire_sqe_t one = *sqe;
     one.seq = comm->seq + 1;
@@ -41,7 +41,7 @@ colld_status_t colld__engine_post(colld_comm_t *comm, const colld_wire_sqe_t *sq
         comm->issued++;
     } else {
         colld__engine_discard(comm, pending);
-        snprintf(why, why_len, "cannot post the collective: %s", colld_status_string(st));
+        (void)colld_err_set(err, st, "cannot post the collective: %s", colld_status_string(st));
     }
     return st;
 }

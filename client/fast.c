@@ -183,11 +183,11 @@ bool colld__fast_eligible(const colld_comm_t *comm, colld_kind_t kind, size_t co
 /* The fast path's poster: publish this rank's input for its next sequence number. The buffers
  * were checked by the router (coll.c, when the call was made): not NULL where used, not running
  * past the end of a registration, not device memory. */
-colld_status_t colld__fast_post(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes,
-                                 void *recv, size_t recv_bytes, size_t count, colld_dtype_t dtype, colld_redop_t op,
-                                 int root, char *why, size_t why_len)
+colld_status_t colld__fast_post(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes, void *recv,
+                                size_t recv_bytes, size_t count, colld_dtype_t dtype, colld_redop_t op, int root,
+                                colld_err_t *err)
 {
-    (void)recv_bytes, (void)why, (void)why_len;
+    (void)recv_bytes, (void)err;
     uint64_t seq = ++comm->seq;
     uint8_t redop = has_op(kind) ? (uint8_t)op : 0;
     uint64_t now = colld_now_ns();
@@ -313,8 +313,9 @@ static colld_status_t fail(colld_comm_t *comm, colld_status_t st, const char *de
 static colld_status_t local_timeout(colld_comm_t *comm)
 {
     char why[COLLD_CLIENT_DETAIL_LEN];
-    int off = snprintf(why, sizeof(why), "collective #%llu: no verdict from the daemon %d ms after the %d ms "
-                                         "time-out; ranks not seen on the fast area:",
+    int off = snprintf(why, sizeof(why),
+                       "collective #%llu: no verdict from the daemon %d ms after the %d ms "
+                       "time-out; ranks not seen on the fast area:",
                        (unsigned long long)comm->fop.seq, LOCAL_GRACE_MS, comm->timeout_ms);
     for (int j = 0; j < comm->nranks && off < (int)sizeof(why) - 12; j++)
         if (__atomic_load_n(&slot_of(comm, j, comm->fop.seq)->seq, __ATOMIC_ACQUIRE) != comm->fop.seq)

@@ -74,12 +74,11 @@ static bool group_grow(void)
 }
 
 colld_status_t colld__group_queue(colld_comm_t *comm, const colld_wire_sqe_t *sqe, colld_pending_t *pending,
-                                  const colld_gpu_op_t *gpu, char *why, size_t why_len)
+                                  const colld_gpu_op_t *gpu, colld_err_t *err)
 {
     if (!group_grow()) {
         colld__engine_discard(comm, pending);
-        snprintf(why, why_len, "cannot queue the collective: out of memory");
-        return COLLD_ERR_NO_MEMORY;
+        return colld_err_set(err, COLLD_ERR_NO_MEMORY, "cannot queue the collective: out of memory");
     }
     group.ops[group.n++] = (queued_t){ .comm = comm, .sqe = *sqe, .pending = pending, .gpu = gpu != NULL };
     if (gpu)
@@ -154,10 +153,10 @@ static colld_status_t try_start(size_t i, colld_wire_sqe_t *batch, size_t *k, co
     if (q->gpu) {
         /* On its own, after the batch: its stream operations carry its sequence number. */
         flush(*batch_client, batch, k, first);
-        char why[400];
-        st = colld__gpu_post(comm, &q->sqe, &q->gop, why, sizeof(why));
+        colld_err_t err = COLLD_ERR_INIT;
+        st = colld__gpu_post(comm, &q->sqe, &q->gop, &err);
         if (st != COLLD_OK) {
-            snprintf(comm->last_error, sizeof(comm->last_error), "%s: %s", colld_status_name(st), why);
+            snprintf(comm->last_error, sizeof(comm->last_error), "%s: %s", colld_status_name(st), err.msg);
             comm->detail_fetched = true;
             if (*late == COLLD_OK)
                 *late = st;
@@ -177,12 +176,11 @@ static colld_status_t try_start(size_t i, colld_wire_sqe_t *batch, size_t *k, co
         flush(*batch_client, batch, k, first); /* it may be waiting for ops still in the batch */
         return COLLD_INPROGRESS;
     }
-    char why[256];
-    st = colld__fast_post(comm, (colld_kind_t)q->sqe.kind, q->send, q->send_bytes, q->recv, q->recv_bytes,
-                           q->sqe.count, (colld_dtype_t)q->sqe.dtype, (colld_redop_t)q->sqe.redop, q->sqe.root, why,
-                           sizeof(why));
+    colld_err_t err = COLLD_ERR_INIT;
+    st = colld__fast_post(comm, (colld_kind_t)q->sqe.kind, q->send, q->send_bytes, q->recv, q->recv_bytes, q->sqe.count,
+                          (colld_dtype_t)q->sqe.dtype, (colld_redop_t)q->sqe.redop, q->sqe.root, &err);
     if (st != COLLD_OK) {
-        snprintf(comm->last_error, sizeof(comm->last_error), "%s: %s", colld_status_name(st), why);
+        snprintf(comm->last_error, sizeof(comm->last_error), "%s: %s", colld_status_name(st), err.msg);
         comm->detail_fetched = true;
     }
     return st;

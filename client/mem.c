@@ -17,21 +17,21 @@ colld_status_t colld_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, coll
         return colld__client_error(c, COLLD_ERR_INVALID_ARGUMENT, "colld_mem_alloc: %s",
                                    !ptr ? "ptr is NULL" : "0 bytes");
     *ptr = NULL;
-    char why[360];
+    colld_err_t err = COLLD_ERR_INIT;
     if (type == COLLD_MEM_CUDA) {
-        colld_status_t st = colld__gpu_mem_alloc(c, ptr, bytes, why, sizeof(why));
+        colld_status_t st = colld__gpu_mem_alloc(c, ptr, bytes, &err);
         return st == COLLD_OK
                    ? st
-                   : colld__client_error(c, st, "colld_mem_alloc(%zu bytes, COLLD_MEM_CUDA): %s", bytes, why);
+                   : colld__client_error(c, st, "colld_mem_alloc(%zu bytes, COLLD_MEM_CUDA): %s", bytes, err.msg);
     }
     if (type != COLLD_MEM_HOST)
         return colld__client_error(c, COLLD_ERR_INVALID_ARGUMENT, "colld_mem_alloc: unknown memory type %d", (int)type);
     void *base;
     size_t size;
     uint32_t reg_id;
-    colld_status_t st = colld__register(c, bytes, &base, &size, &reg_id, why, sizeof(why));
+    colld_status_t st = colld__register(c, bytes, &base, &size, &reg_id, &err);
     if (st != COLLD_OK)
-        return colld__client_error(c, st, "colld_mem_alloc(%zu bytes, COLLD_MEM_HOST): %s", bytes, why);
+        return colld__client_error(c, st, "colld_mem_alloc(%zu bytes, COLLD_MEM_HOST): %s", bytes, err.msg);
     pthread_mutex_lock(&c->mu);
     if (c->nregs == c->cap_regs) {
         size_t n = c->cap_regs ? c->cap_regs * 2 : 16;
@@ -62,9 +62,9 @@ colld_status_t colld_mem_free(colld_client_t *c, void *ptr)
         i++;
     if (i == c->nregs) {
         pthread_mutex_unlock(&c->mu);
-        char why[360];
-        colld_status_t st = colld__gpu_mem_free(c, ptr, why, sizeof(why)); /* GPU memory, or not ours */
-        return st == COLLD_OK ? st : colld__client_error(c, st, "colld_mem_free: %s", why);
+        colld_err_t err = COLLD_ERR_INIT;
+        colld_status_t st = colld__gpu_mem_free(c, ptr, &err); /* GPU memory, or not ours */
+        return st == COLLD_OK ? st : colld__client_error(c, st, "colld_mem_free: %s", err.msg);
     }
     colld_client_reg_t reg = c->regs[i];
     c->regs[i] = c->regs[--c->nregs];

@@ -36,7 +36,7 @@ struct colld_stage {
 
 /* A region of at least `bytes`: a cached one no more than 4x too big (counting a page as the
  * smallest size), else a new registration. */
-static colld_status_t stage_get(colld_client_t *c, size_t bytes, colld_stage_t **out, char *why, size_t why_len)
+static colld_status_t stage_get(colld_client_t *c, size_t bytes, colld_stage_t **out, colld_err_t *err)
 {
     size_t floor_bytes = bytes < STAGE_MIN_BYTES ? STAGE_MIN_BYTES : bytes;
     pthread_mutex_lock(&c->mu);
@@ -53,10 +53,9 @@ static colld_status_t stage_get(colld_client_t *c, size_t bytes, colld_stage_t *
     pthread_mutex_unlock(&c->mu);
     colld_stage_t *s = calloc(1, sizeof(*s));
     if (!s) {
-        snprintf(why, why_len, "out of memory");
-        return COLLD_ERR_NO_MEMORY;
+        return colld_err_set(err, COLLD_ERR_NO_MEMORY, "out of memory");
     }
-    colld_status_t st = colld__register(c, bytes, &s->base, &s->size, &s->reg_id, why, why_len);
+    colld_status_t st = colld__register(c, bytes, &s->base, &s->size, &s->reg_id, err);
     if (st != COLLD_OK) {
         free(s);
         return st;
@@ -184,13 +183,13 @@ void colld__pending_drop_all(colld_client_t *c, colld_comm_t *comm)
  * ========================================================================================== */
 
 colld_status_t colld__stage(colld_comm_t *comm, const void *send, size_t send_bytes, void *recv, size_t recv_bytes,
-                            int ls, int lr, colld_wire_buf_t *wsend, colld_wire_buf_t *wrecv,
-                            colld_pending_t **pending, char *why, size_t why_len)
+                            int ls, int lr, colld_wire_buf_t *wsend, colld_wire_buf_t *wrecv, colld_pending_t **pending,
+                            colld_err_t *err)
 {
     colld_client_t *c = comm->client;
     colld_status_t st = COLLD_OK;
     colld_pending_t *p = NULL;
-    char reg_why[COLLD_CLIENT_DETAIL_LEN / 2] = "";
+    colld_err_t reg_err = COLLD_ERR_INIT;
     *pending = NULL;
     if (ls == 0 && lr == 0)
         return COLLD_OK; /* zero copy */
@@ -203,7 +202,7 @@ colld_status_t colld__stage(colld_comm_t *comm, const void *send, size_t send_by
     if (overlap) {
         /* One region covering both ranges keeps the collective in place for the daemon. */
         uintptr_t u0 = s0 < r0 ? s0 : r0, u1 = s1 > r1 ? s1 : r1;
-        if ((st = stage_get(c, u1 - u0, &p->stage[0], reg_why, sizeof(reg_why))) != COLLD_OK)
+        if ((st = stage_get(c, u1 - u0, &p->stage[0], &reg_err)) != COLLD_OK)
             goto fail;
         memcpy(p->stage[0]->base, (const void *)u0, u1 - u0);
         *wsend = (colld_wire_buf_t){ .reg_id = p->stage[0]->reg_id, .offset = s0 - u0 };
@@ -211,13 +210,13 @@ colld_status_t colld__stage(colld_comm_t *comm, const void *send, size_t send_by
         p->from = (char *)p->stage[0]->base + (r0 - u0);
     } else {
         if (ls == -1) {
-            if ((st = stage_get(c, send_bytes, &p->stage[0], reg_why, sizeof(reg_why))) != COLLD_OK)
+            if ((st = stage_get(c, send_bytes, &p->stage[0], &reg_err)) != COLLD_OK)
                 goto fail;
             memcpy(p->stage[0]->base, send, send_bytes);
             *wsend = (colld_wire_buf_t){ .reg_id = p->stage[0]->reg_id, .offset = 0 };
         }
         if (lr == -1) {
-            if ((st = stage_get(c, recv_bytes, &p->stage[1], reg_why, sizeof(reg_why))) != COLLD_OK)
+            if ((st = stage_get(c, recv_bytes, &p->stage[1], &reg_err)) != COLLD_OK)
                 goto fail;
             *wrecv = (colld_wire_buf_t){ .reg_id = p->stage[1]->reg_id, .offset = 0 };
             p->from = p->stage[1]->base;
@@ -230,8 +229,8 @@ colld_status_t colld__stage(colld_comm_t *comm, const void *send, size_t send_by
     *pending = p;
     return COLLD_OK;
 fail:
-    snprintf(why, why_len, "cannot stage a buffer that is not from colld_mem_alloc: %s",
-             *reg_why ? reg_why : colld_status_string(st));
+    (void)colld_err_set(err, st, "cannot stage a buffer that is not from colld_mem_alloc: %.*s",
+                        (int)(COLLD_CLIENT_DETAIL_LEN / 2), reg_err.msg[0] ? reg_err.msg : colld_status_string(st));
     pthread_mutex_lock(&c->mu);
     colld__pending_release(c, p);
     pthread_mutex_unlock(&c->mu);
