@@ -18,6 +18,8 @@
 #ifndef COLLD_COMMON_ERR_H
 #define COLLD_COMMON_ERR_H
 
+#include "common/log.h"
+
 #include <colld/colld.h>
 #include <stddef.h>
 
@@ -41,5 +43,17 @@ colld_status_t colld_err_set(colld_err_t *err, colld_status_t st, const char *fm
 
 /* Forget what was recorded. */
 void colld_err_clear(colld_err_t *err);
+
+/* The boundary with the kernel: a system call whose failure the caller cannot act on (a cleanup's
+ * munmap, an epoll_ctl removal, the unlink of its own socket) still goes through SYS_CHECK, which
+ * returns the call's result unchanged and, when it is -1 with an errno other than `expected` (0:
+ * none), logs the call as written, strerror(errno) and the source location: a warning in
+ * subsystem `sub` (INIT, SESSION, ...), at most a line per 5 s with the count of the others.
+ * errno is kept. (CUDA driver calls have CU_CHECK, common/cudadrv.h; gRPC calls GRPC_CHECK,
+ * common/rpc_codec.h.) */
+long colld_sys_checked(long rc, int expected, unsigned subsys, const char *call, const char *file, int line);
+#define SYS_CHECK(sub, call) colld_sys_checked((long)(call), 0, COLLD_SUB_##sub, #call, __FILE__, __LINE__)
+#define SYS_CHECK_EXPECT(sub, expected, call)                                                                          \
+    colld_sys_checked((long)(call), (expected), COLLD_SUB_##sub, #call, __FILE__, __LINE__)
 
 #endif /* COLLD_COMMON_ERR_H */

@@ -149,7 +149,7 @@ static void conn_on_timer(uv_timer_t *t)
     if (!c->refused)
         LOG_INFO_RL(RPC, "closing a control connection of pid %d uid %u: no call within %lld ms (rpc-handshake-ms)",
                     (int)c->pid, (unsigned)c->uid, (long long)d->cfg.rpc_handshake_ms);
-    shutdown(c->dupfd, SHUT_RDWR);
+    (void)SYS_CHECK_EXPECT(RPC, ENOTCONN, shutdown(c->dupfd, SHUT_RDWR));
 }
 
 /* Admit a connection (lock held): the global cap (the last few kept for operators) and the
@@ -337,7 +337,7 @@ void colld_ctl_stop(colld_daemon_t *d)
         return;
     if (ctl->l.open) {
         colld_listener_close(&ctl->l);
-        unlink(d->rpc_path);
+        (void)SYS_CHECK_EXPECT(RPC, ENOENT, unlink(d->rpc_path));
     }
     while (ctl->conns) /* gRPC closes the connections themselves when its server is destroyed */
         conn_end(ctl->conns, "daemon stopping");

@@ -60,7 +60,7 @@ int colld_engine_add_session(colld_daemon_t *d, colld_session_t *s)
 void colld_engine_remove_session(colld_daemon_t *d, colld_session_t *s)
 {
     if (s->efd >= 0)
-        epoll_ctl(d->epfd, EPOLL_CTL_DEL, s->efd, NULL);
+        (void)SYS_CHECK(ENGINE, epoll_ctl(d->epfd, EPOLL_CTL_DEL, s->efd, NULL));
 }
 
 void colld_engine_sleep(colld_daemon_t *d, int timeout_ms)

@@ -70,7 +70,7 @@ static int fast_create(colld_daemon_t *d, colld_dcomm_t *c)
     f->total_size = total;
     c->fast_seen = calloc((size_t)c->nranks, sizeof(*c->fast_seen));
     if (!c->fast_seen) {
-        munmap(p, total);
+        (void)SYS_CHECK(MEM, munmap(p, total));
         goto fail;
     }
     c->fast = f;
@@ -94,7 +94,7 @@ static void fast_free(colld_daemon_t *d, colld_dcomm_t *c)
     colld_fast_harvest(d, c);
     free(c->fast_seen);
     c->fast_seen = NULL;
-    munmap(c->fast, c->fast_size);
+    (void)SYS_CHECK(MEM, munmap(c->fast, c->fast_size));
     close(c->fast_fd);
     c->fast = NULL;
     c->fast_fd = -1;

@@ -234,7 +234,7 @@ int colld_listener_open(colld_daemon_t *d, colld_listener_t *l, const char *what
         return -1;
     }
     strcpy(sa.sun_path, path);
-    unlink(path);
+    (void)SYS_CHECK_EXPECT(INIT, ENOENT, unlink(path)); /* a stale socket of an earlier run */
     l->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (l->fd < 0 || bind(l->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
         chmod(path, (mode_t)d->cfg.socket_mode) < 0 || listen(l->fd, LISTEN_BACKLOG) < 0)

@@ -45,7 +45,7 @@ void colld_session_release_reg(colld_reg_t *r)
     if (r->device)
         r->backend->ops->mem_release(r->backend, r);
     else
-        munmap(r->base, r->size);
+        (void)SYS_CHECK(MEM, munmap(r->base, r->size));
     free(r);
 }
 
@@ -74,7 +74,7 @@ void colld_session_unref(colld_session_t *s)
     }
     colld_backends_session_free(s->daemon, s);
     if (s->shm)
-        munmap(s->shm, s->shm_size);
+        (void)SYS_CHECK(SESSION, munmap(s->shm, s->shm_size));
     if (s->shm_fd >= 0)
         close(s->shm_fd);
     if (s->efd >= 0)
@@ -308,7 +308,7 @@ static int session_on_reg(colld_session_t *s, const colld_wire_msg_t *m)
         colld_err_set(&err, base == MAP_FAILED && errno != ENOMEM ? COLLD_ERR_SYSTEM : COLLD_ERR_NO_MEMORY,
                       "daemon cannot map the buffer: %s", base == MAP_FAILED ? strerror(errno) : "out of memory");
         if (base != MAP_FAILED)
-            munmap(base, bytes);
+            (void)SYS_CHECK(MEM, munmap(base, bytes));
         pthread_mutex_lock(&d->lock);
         colld_tenant_uncharge_reg(d, s->uid, charged);
         pthread_mutex_unlock(&d->lock);
@@ -658,7 +658,7 @@ static void session_refuse(int fd, colld_status_t st, const char *why)
     (void)n;
     n = recv(fd, sink, sizeof(sink), MSG_DONTWAIT); /* passed descriptors are discarded by the kernel */
     (void)n;
-    shutdown(fd, SHUT_WR);
+    (void)SYS_CHECK_EXPECT(SESSION, ENOTCONN, shutdown(fd, SHUT_WR));
 }
 
 /* Admit a connection (lock held): the global backstop (max-sessions, of which the last few are
@@ -774,7 +774,7 @@ void colld_sessions_close_all(colld_daemon_t *d)
 {
     if (d->sessions_l.open) {
         colld_listener_close(&d->sessions_l);
-        unlink(d->cfg.socket);
+        (void)SYS_CHECK_EXPECT(SESSION, ENOENT, unlink(d->cfg.socket));
     }
     /* Every communicator fails with DAEMON_LOST before any session goes, so no rank mistakes the
      * shutdown for a peer's death. */

@@ -3,6 +3,7 @@
  * whole lines under concurrent writers, and rate-limited call sites.
  */
 #include "common/log.h"
+#include "common/err.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -378,14 +380,39 @@ static void test_rate_limit_lines(void **state)
     free(text);
 }
 
+/* SYS_CHECK at the kernel boundary: a failing call returns its result with errno kept and is
+ * logged as written, with strerror and this file's line; an errno the caller expects, and a call
+ * that succeeds, log nothing. */
+static void test_sys_check(void **state)
+{
+    (void)state;
+    char path[PATH_MAX];
+    log_to("sys.log", "warn", NULL, path, sizeof(path));
+    errno = 0;
+    int line = __LINE__ + 1;
+    long rc = SYS_CHECK(MEM, munmap((void *)1, 4096));
+    assert_int_equal(rc, -1);
+    assert_int_equal(errno, EINVAL);
+    assert_int_equal(SYS_CHECK_EXPECT(INIT, ENOENT, unlink("/nonexistent-dir/colld.sock")), -1);
+    assert_int_equal(errno, ENOENT);
+    assert_int_equal(SYS_CHECK(INIT, getpid()), (long)getpid());
+    char *text = slurp(path);
+    char want[160];
+    snprintf(want, sizeof(want), " WARN MEM test_log.c:%d munmap((void *)1, 4096) failed: %s\n", line,
+             strerror(EINVAL));
+    assert_non_null(strstr(text, want));
+    assert_int_equal(count_lines(text), 1);
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults),     cmocka_unit_test(test_level_filter),
-        cmocka_unit_test(test_line_format),  cmocka_unit_test(test_subsys_filter),
-        cmocka_unit_test(test_file_pattern), cmocka_unit_test(test_invalid),
-        cmocka_unit_test(test_threads),      cmocka_unit_test(test_rate_limit_decision),
-        cmocka_unit_test(test_rate_limit_lines),
+        cmocka_unit_test(test_defaults),         cmocka_unit_test(test_level_filter),
+        cmocka_unit_test(test_line_format),      cmocka_unit_test(test_subsys_filter),
+        cmocka_unit_test(test_file_pattern),     cmocka_unit_test(test_invalid),
+        cmocka_unit_test(test_threads),          cmocka_unit_test(test_rate_limit_decision),
+        cmocka_unit_test(test_rate_limit_lines), cmocka_unit_test(test_sys_check),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -209,7 +209,7 @@ static gpu_session_t *flags_create(colld_gpus_t *g, colld_session_t *s, colld_er
         char buf[160];
         colld_err_set(err, COLLD_ERR_DEVICE, "cannot register the GPU flag area with CUDA: %s",
                       colld_cu_describe(cu, r, buf, sizeof(buf)));
-        munmap(p, bytes);
+        (void)SYS_CHECK(GPU, munmap(p, bytes));
         close(fd);
         free(gs);
         return NULL;
@@ -258,7 +258,7 @@ void cuda_session_free(colld_backend_t *b, colld_session_t *s)
         CU_CHECK(g->cu, cuMemHostUnregister, gs->flags);
         CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
     }
-    munmap(gs->flags, gs->size);
+    (void)SYS_CHECK(GPU, munmap(gs->flags, gs->size));
     close(gs->fd);
     free(gs);
     s->bslot[b->slot] = NULL;
