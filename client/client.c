@@ -78,6 +78,93 @@ static void *monitor_main(void *arg)
 }
 
 /* ============================================================================================
+ * Fork
+ *
+ * A forked child (a DataLoader worker, a subprocess started without exec) inherits the
+ * session socket: were it kept open there, the daemon would not see the parent die until the
+ * child exits, and the parent's peers would wait for the time-out instead of getting PEER_LOST at
+ * once. So the child closes its copies of the session's descriptors at fork (pthread_atfork) and
+ * its clients are lost: every call fails with COLLD_ERR_DAEMON_LOST saying the process is a fork,
+ * and colld_disconnect there forgets the client without touching the parent's daemon state or
+ * gRPC (whose threads did not survive the fork). The child may colld_connect anew.
+ * ========================================================================================== */
+
+static pthread_mutex_t fork_mu = PTHREAD_MUTEX_INITIALIZER;
+static colld_client_t *live_clients; /* this process's connected clients (fork_mu) */
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+/* Before fork: no client is being added or removed while the child's copy is made. */
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&fork_mu);
+}
+
+static void fork_parent(void)
+{
+    pthread_mutex_unlock(&fork_mu);
+}
+
+/* In the child (one thread, the forking one, which holds fork_mu): drop the session's descriptors
+ * and mark every client lost. Only close() and stores: nothing that could wait for a lock another
+ * thread of the parent held at the fork. */
+static void fork_child(void)
+{
+    for (colld_client_t *c = live_clients; c; c = c->fork_next) {
+        c->forked_from = c->pid;
+        atomic_store(&c->lost, true);
+        int *fds[] = { &c->sock, &c->efd, &c->wake_pipe[0], &c->wake_pipe[1] };
+        for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++) {
+            if (*fds[i] >= 0)
+                close(*fds[i]);
+            *fds[i] = -1;
+        }
+        c->monitor_started = false; /* the monitor thread is not in this process */
+    }
+    pthread_mutex_unlock(&fork_mu);
+}
+
+static void fork_install(void)
+{
+    if (pthread_atfork(fork_prepare, fork_parent, fork_child) != 0)
+        LOG_WARN(CLIENT, "pthread_atfork failed: a forked child would keep this process's colld session open");
+}
+
+/* Add c to this process's clients (at the end of a successful connect). */
+static void fork_track(colld_client_t *c)
+{
+    pthread_once(&fork_once, fork_install);
+    c->pid = getpid();
+    pthread_mutex_lock(&fork_mu);
+    c->fork_next = live_clients;
+    live_clients = c;
+    pthread_mutex_unlock(&fork_mu);
+}
+
+/* Remove c from this process's clients (no-op when it was never added). */
+static void fork_untrack(colld_client_t *c)
+{
+    pthread_mutex_lock(&fork_mu);
+    for (colld_client_t **pp = &live_clients; *pp; pp = &(*pp)->fork_next)
+        if (*pp == c) {
+            *pp = c->fork_next;
+            break;
+        }
+    pthread_mutex_unlock(&fork_mu);
+}
+
+const char *colld__lost_detail(const colld_client_t *c)
+{
+    static __thread char buf[160];
+    if (!c->forked_from)
+        return "the connection to the colld daemon was lost";
+    snprintf(buf, sizeof(buf),
+             "this process (pid %d) is a fork of pid %d, which connected to colld: a forked child cannot use its "
+             "parent's connection (colld_connect in the child)",
+             (int)getpid(), (int)c->forked_from);
+    return buf;
+}
+
+/* ============================================================================================
  * Connect / disconnect
  * ========================================================================================== */
 
@@ -277,6 +364,7 @@ colld_status_t colld__connect_role(const char *socket_path, int role, colld_clie
         goto fail;
     }
     c->monitor_started = true;
+    fork_track(c);
     *out = c;
     return COLLD_OK;
 fail:
@@ -291,6 +379,9 @@ colld_status_t colld_disconnect(colld_client_t *c)
 {
     if (!c)
         return COLLD_ERR_INVALID_ARGUMENT;
+    fork_untrack(c);
+    if (c->forked_from)
+        return COLLD_OK; /* a fork's copy: the parent's state is not this process's to release */
     for (uint32_t h = 0; h < c->ncomms_slots; h++)
         if (c->comms[h])
             LOG_WARN(CLIENT, "disconnect with communicator %llu still alive: its peers will see this rank as lost",
@@ -298,20 +389,6 @@ colld_status_t colld_disconnect(colld_client_t *c)
     client_free(c);
     return COLLD_OK;
 }
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 /* The detail of the last error of a client, or of this thread's last failed connect (c NULL). */
 const char *colld_last_error(colld_client_t *c)

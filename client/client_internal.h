@@ -38,6 +38,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define COLLD_CLIENT_DETAIL_LEN 512
 #define COLLD_CLIENT_RPC_TIMEOUT_MS 10000
@@ -100,6 +101,12 @@ struct colld_client {
 
     colld_gpu_t *gpu; /* created at connect, never NULL afterwards */
     char last_error[COLLD_CLIENT_DETAIL_LEN]; /* colld_last_error (mu) */
+
+    /* Fork safety (client.c): the process that connected, and the list of this process's
+     * clients (fork_mu). In a forked child, forked_from is that pid and the client is lost. */
+    pid_t pid;
+    pid_t forked_from;
+    struct colld_client *fork_next;
 };
 
 /* A collective this rank started on the fast area and has not finished (fast.c). */
@@ -170,6 +177,10 @@ colld_status_t colld__sock_request(colld_client_t *c, colld_wire_msg_t *m, int f
 int colld__client_lookup(colld_client_t *c, const void *p, size_t bytes, colld_wire_buf_t *out);
 int colld__client_add_comm(colld_client_t *c, colld_comm_t *comm);
 void colld__client_remove_comm(colld_client_t *c, colld_comm_t *comm);
+
+/* Why c is lost: the daemon went away, or this process is a fork of the one that connected
+ * (client.c). A thread-local string. */
+const char *colld__lost_detail(const colld_client_t *c);
 
 /* Register `bytes` of new shared memory with the daemon. On error `err` says what went wrong,
  * with the daemon's own detail when it refused (a quota names its limit). */

@@ -46,7 +46,7 @@ typedef enum { PATH_GPU, PATH_FAST, PATH_ENGINE } path_t;
 static colld_status_t check_common(colld_comm_t *comm, colld_dtype_t dtype)
 {
     if (atomic_load(&comm->client->lost))
-        return colld__comm_error(comm, COLLD_ERR_DAEMON_LOST, "the connection to the colld daemon was lost");
+        return colld__comm_error(comm, COLLD_ERR_DAEMON_LOST, "%s", colld__lost_detail(comm->client));
     colld_status_t err = __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED);
     if (err != COLLD_OK) {
         colld__group_fail(err);

@@ -234,8 +234,11 @@ const char *colld_comm_last_error(colld_comm_t *comm)
                      colld_status_name(comm->async_error), colld_status_name(st));
         comm->detail_fetched = true;
     }
-    if (atomic_load(&c->lost) && comm->async_error == COLLD_OK && !comm->last_error[0])
-        return "COLLD_ERR_DAEMON_LOST: the connection to the colld daemon was lost";
+    if (atomic_load(&c->lost) && comm->async_error == COLLD_OK && !comm->last_error[0]) {
+        static __thread char lost[COLLD_CLIENT_DETAIL_LEN];
+        snprintf(lost, sizeof(lost), "COLLD_ERR_DAEMON_LOST: %s", colld__lost_detail(c));
+        return lost;
+    }
     return comm->last_error;
 }
 

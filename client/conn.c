@@ -118,7 +118,7 @@ colld_status_t colld__client_rpc(colld_client_t *c, const char *method, const Pr
 {
     *resp = NULL;
     if (atomic_load(&c->lost)) {
-        colld_strlcpy(detail, "the connection to the colld daemon was lost", detail_len);
+        colld_strlcpy(detail, colld__lost_detail(c), detail_len);
         return COLLD_ERR_DAEMON_LOST;
     }
     grpc_status_code code = colld_rpc_unary(c->rpc, method, req, resp_desc, timeout_ms, resp, detail, detail_len);
@@ -230,7 +230,7 @@ colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, siz
 {
     colld_err_clear(err);
     if (atomic_load(&c->lost)) {
-        return colld_err_set(err, COLLD_ERR_DAEMON_LOST, "the connection to the colld daemon was lost");
+        return colld_err_set(err, COLLD_ERR_DAEMON_LOST, "%s", colld__lost_detail(c));
     }
     colld_status_t st = COLLD_ERR_SYSTEM;
     void *p = MAP_FAILED;

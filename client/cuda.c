@@ -912,7 +912,7 @@ colld_status_t colld__gpu_mem_alloc(colld_client_t *c, void **ptr, size_t bytes,
     if (!cu)
         return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "COLLD_MEM_CUDA needs the CUDA driver: %s", load_err);
     if (atomic_load(&c->lost))
-        return colld_err_set(err, COLLD_ERR_DAEMON_LOST, "the connection to the colld daemon was lost");
+        return colld_err_set(err, COLLD_ERR_DAEMON_LOST, "%s", colld__lost_detail(c));
     colld_gpu_t *g = c->gpu;
     pthread_mutex_lock(&g->mu);
     g->cu = cu;

@@ -367,7 +367,7 @@ colld_status_t colld__fast_finish(colld_comm_t *comm, bool block)
         if (err != COLLD_OK) /* aborted here, or a notice of a fault */
             return fail(comm, err, NULL);
         if (atomic_load(&c->lost))
-            return fail(comm, COLLD_ERR_DAEMON_LOST, "the connection to the colld daemon was lost");
+            return fail(comm, COLLD_ERR_DAEMON_LOST, colld__lost_detail(c));
         if (!block)
             return COLLD_INPROGRESS;
         if ((iter & 31) == 0) {

@@ -156,7 +156,7 @@ static colld_status_t try_start(size_t i, colld_wire_sqe_t *batch, size_t *k, co
         colld_err_t err = COLLD_ERR_INIT;
         st = colld__gpu_post(comm, &q->sqe, &q->gop, &err);
         if (st != COLLD_OK) {
-            snprintf(comm->last_error, sizeof(comm->last_error), "%s: %s", colld_status_name(st), err.msg);
+            snprintf(comm->last_error, sizeof(comm->last_error), "%s: %.400s", colld_status_name(st), err.msg);
             comm->detail_fetched = true;
             if (*late == COLLD_OK)
                 *late = st;
@@ -180,7 +180,7 @@ static colld_status_t try_start(size_t i, colld_wire_sqe_t *batch, size_t *k, co
     st = colld__fast_post(comm, (colld_kind_t)q->sqe.kind, q->send, q->send_bytes, q->recv, q->recv_bytes, q->sqe.count,
                           (colld_dtype_t)q->sqe.dtype, (colld_redop_t)q->sqe.redop, q->sqe.root, &err);
     if (st != COLLD_OK) {
-        snprintf(comm->last_error, sizeof(comm->last_error), "%s: %s", colld_status_name(st), err.msg);
+        snprintf(comm->last_error, sizeof(comm->last_error), "%s: %.400s", colld_status_name(st), err.msg);
         comm->detail_fetched = true;
     }
     return st;

@@ -16,7 +16,8 @@
  * loop; --done-file when its work is done; --stop-file makes it wait for that file before it
  * destroys its communicator (and, with --iters 0, run all-reduces until the file appears);
  * --progress-file receives the number of finished iterations; --straggle-ms delays every
- * all-reduce of this rank (a straggler).
+ * all-reduce of this rank (a straggler); --fork-child FILE (hang) forks a child that tries the
+ * parent's connection and reports to FILE (see fork_child).
  */
 #include "tests/integration/harness.h"
 
@@ -30,7 +31,7 @@
 
 typedef struct {
     const char *socket, *uid_hex, *mode, *expect, *ready_file, *counts;
-    const char *name, *done_file, *stop_file, *progress_file;
+    const char *name, *done_file, *stop_file, *progress_file, *fork_file;
     int nranks, rank, iters, timeout_ms, skip_post, use_malloc;
     int inplace, outofplace, straggle_ms, warmup, abort_after_ms;
 } args_t;
@@ -243,6 +244,30 @@ static int abort_later(colld_client_t *c, colld_comm_t *comm, const args_t *a)
     return check_fails_fast(c, comm, COLLD_ERR_ABORTED);
 }
 
+/* --fork-child FILE: fork a child that keeps the inherited descriptors (it never execs), tries
+ * the parent's communicator, client and memory, writes "<pid> <status> <detail>" of its collective
+ * to FILE, then sleeps until killed (at most 60 s). A child must neither use the parent's session
+ * nor keep it alive for the daemon. */
+static void fork_child(colld_client_t *c, colld_comm_t *comm, float *buf, const char *file)
+{
+    pid_t pid = fork();
+    if (pid != 0)
+        return;
+    colld_status_t st = colld_allreduce(buf, buf, 1024, COLLD_FLOAT32, COLLD_SUM, comm, NULL);
+    char line[1024];
+    snprintf(line, sizeof(line), "%d %s %s\n", (int)getpid(), colld_status_name(st), colld_comm_last_error(comm));
+    void *more = NULL;
+    colld_status_t st2 = colld_mem_alloc(c, &more, 4096, COLLD_MEM_HOST);
+    colld_status_t st3 = colld_disconnect(c); /* forgets the copy; the parent's session stays */
+    size_t n = strlen(line);
+    snprintf(line + n, sizeof(line) - n, "mem_alloc %s disconnect %s\n", colld_status_name(st2),
+             colld_status_name(st3));
+    touch(file, line);
+    for (int i = 0; i < 600; i++)
+        usleep(100000);
+    _exit(0);
+}
+
 /* Post one all-reduce (unless --no-post) and wait: for the expected failure, or, as a silent
  * member, until the communicator or the daemon is gone. */
 static int mode_hang(colld_client_t *c, colld_comm_t *comm, const args_t *a)
@@ -256,6 +281,8 @@ static int mode_hang(colld_client_t *c, colld_comm_t *comm, const args_t *a)
         return fail("mem_alloc", st, comm);
     if (!a->skip_post && (st = colld_allreduce(buf, buf, 1024, COLLD_FLOAT32, COLLD_SUM, comm, NULL)) != COLLD_OK)
         return fail("allreduce", st, comm);
+    if (a->fork_file)
+        fork_child(c, comm, buf, a->fork_file);
     signal_ready(a);
     if (a->skip_post)
         return a->abort_after_ms ? abort_later(c, comm, a) : watchdog(comm, a);
@@ -316,6 +343,8 @@ int main(int argc, char **argv)
             a.abort_after_ms = atoi(v);
         else if (ARG("--only"))
             a.inplace = strcmp(v, "inplace") == 0, a.outofplace = !a.inplace;
+        else if (ARG("--fork-child"))
+            a.fork_file = v;
         else if (strcmp(argv[i], "--no-post") == 0)
             a.skip_post = 1;
         else if (strcmp(argv[i], "--malloc") == 0)

@@ -306,7 +306,8 @@ static void test_join_mismatch_and_timeout(void **state)
 
 /* Start rank 0 (posts, waits, expects `expect`, prints the detail to a file) and rank 1 (joins,
  * never posts). Returns once rank 0 waits in its collective. */
-static void start_pair(harness_t *h, const char *expect, const char *timeout_ms, pid_t *pids, char *out)
+static void start_pair_fork(harness_t *h, const char *expect, const char *timeout_ms, pid_t *pids, char *out,
+                            const char *fork_file)
 {
     char hex[HARNESS_UID_HEX_LEN];
     static char ready[300];
@@ -317,11 +318,17 @@ static void start_pair(harness_t *h, const char *expect, const char *timeout_ms,
                          "hang", "--expect", expect, "--ready-file", ready, "--out", out, "--timeout-ms", timeout_ms,
                          NULL };
     const char *r1[] = { RANK_BIN, "--socket", h->socket, "--uid", hex, "--nranks", "2", "--rank", "1", "--mode",
-                         "hang", "--no-post", "--timeout-ms", timeout_ms, NULL };
+                         "hang", "--no-post", "--timeout-ms", timeout_ms, fork_file ? "--fork-child" : NULL,
+                         fork_file, NULL };
     assert_true((pids[0] = harness_spawn(r0)) > 0);
     assert_true((pids[1] = harness_spawn(r1)) > 0);
     assert_int_equal(harness_wait_file(ready, 20000), 0);
     usleep(50000);
+}
+
+static void start_pair(harness_t *h, const char *expect, const char *timeout_ms, pid_t *pids, char *out)
+{
+    start_pair_fork(h, expect, timeout_ms, pids, out, NULL);
 }
 
 /* A rank killed with SIGKILL while its peer waits: the peer gets PEER_LOST naming rank and pid;
@@ -351,6 +358,50 @@ static void test_peer_killed_mid_collective(void **state)
     usleep(50000);
     assert_true(harness_bg_wait_progress(&bg, before, 5000) > before);
     assert_int_equal(harness_bg_stop(&bg), 0);
+    assert_daemon_serves(h);
+    assert_int_equal(harness_wait_clean(h, 5000), 0);
+}
+
+/* A rank that forked a child (which keeps the inherited descriptors, as a DataLoader worker does)
+ * is killed: its peer still gets PEER_LOST at once, not at the communicator's 60 s time-out (issue
+ * 15 H1: the child kept the session socket open, so the daemon saw nothing). In the child, the
+ * parent's communicator, memory and client fail with DAEMON_LOST saying it is a fork. */
+static void test_peer_killed_with_forked_child(void **state)
+{
+    harness_t *h = *state;
+    pid_t pids[2];
+    char out[300], text[1024], child_text[1024], forkfile[320];
+    snprintf(forkfile, sizeof(forkfile), "%s/forked-child", h->dir);
+    start_pair_fork(h, "COLLD_ERR_PEER_LOST", "60000", pids, out, forkfile);
+    int waited = harness_wait_file(forkfile, 20000);
+    harness_read_file(forkfile, child_text, sizeof(child_text));
+    pid_t child = (pid_t)atoi(child_text);
+
+    /* Kill the parent while its child lives; the child is killed before any assertion. */
+    double t0 = harness_now_ms();
+    kill(pids[1], SIGKILL);
+    int rc0 = harness_wait(pids[0], 20000);
+    double took = harness_now_ms() - t0;
+    harness_wait(pids[1], 5000);
+    if (child > 0)
+        kill(child, SIGKILL);
+
+    assert_int_equal(waited, 0);
+    print_message("child: %s", child_text);
+    assert_true(child > 0);
+    char want[160];
+    snprintf(want, sizeof(want),
+             " COLLD_ERR_DAEMON_LOST COLLD_ERR_DAEMON_LOST: this process (pid %d) is a fork of pid %d", (int)child,
+             (int)pids[1]);
+    assert_non_null(strstr(child_text, want));
+    assert_non_null(strstr(child_text, "mem_alloc COLLD_ERR_DAEMON_LOST disconnect COLLD_OK"));
+    assert_int_equal(rc0, 0);
+    harness_read_file(out, text, sizeof(text));
+    print_message("peer lost after %.1f ms with a forked child alive: %s", took, text);
+    assert_non_null(strstr(text, "COLLD_ERR_PEER_LOST"));
+    char pidtext[32];
+    snprintf(pidtext, sizeof(pidtext), "pid %d", (int)pids[1]);
+    assert_non_null(strstr(text, pidtext));
     assert_daemon_serves(h);
     assert_int_equal(harness_wait_clean(h, 5000), 0);
 }
@@ -458,6 +509,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_corrupt_ring_drops_only_that_session, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_join_mismatch_and_timeout, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_peer_killed_mid_collective, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_peer_killed_with_forked_child, harness_test_setup,
+                                        harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_missing_rank_times_out, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_shuts_down_cleanly, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_second_daemon_refused, harness_test_setup, harness_test_teardown),
