@@ -20,7 +20,9 @@
 #ifdef COLLD_HAVE_CUDA
 #include <cuda.h>
 
-/* X(name): every driver function colld calls. */
+/* X(name): every driver function colld calls (the daemon's kernels too: kernels/cuda/launch.c
+ * loads its embedded fatbin with cuLibraryLoadData and launches with cuLaunchKernel; the library
+ * management calls exist from CUDA 12.0 on). */
 #define COLLD_CU_FUNCS(X)                                                                                    \
     X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                                    \
     X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetUuid) X(cuDeviceGetAttribute)         \
@@ -38,7 +40,8 @@
     X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuMemExportToShareableHandle)                      \
     X(cuMemImportFromShareableHandle) X(cuMemRetainAllocationHandle)                                         \
     X(cuMemGetAllocationPropertiesFromHandle)                                                                \
-    X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemHostGetDevicePointer)
+    X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemHostGetDevicePointer)                               \
+    X(cuLibraryLoadData) X(cuLibraryUnload) X(cuLibraryGetKernel) X(cuKernelGetFunction) X(cuLaunchKernel)
 
 #define COLLD_CU_MEMBER(name) __typeof__(&name) name;
 typedef struct {

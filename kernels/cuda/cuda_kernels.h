@@ -1,12 +1,19 @@
 /*
  * cuda_kernels.h - the CUDA kernels of the daemon, behind plain C launchers.
  *
- * Includers need no CUDA header: a stream is passed as `void *` (a cudaStream_t; NULL is the legacy
- * default stream). Every launcher is asynchronous: it checks its arguments, launches one kernel on
- * the stream of the current device (cudaSetDevice) and returns; completion is observed on the
- * stream. The memory behind the pointers may be on the current GPU, on another GPU reachable by
- * peer access (P2P/NVLink), IPC- or VMM-mapped, or pinned/mapped host memory: anything the current
- * device can load from and store to. Each pointer must stay valid until the kernel completes.
+ * The kernels are compiled to a fatbin at build time (sm_80 and sm_90 code plus compute_90 PTX that
+ * newer GPUs JIT-compile), embedded in the daemon, and loaded at run time through the CUDA driver
+ * API that common/cudadrv.c loads (cuLibraryLoadData, context-independent): nothing here links the
+ * CUDA runtime or the driver. colld_cuda_kernels_load() loads them once per process and checks every
+ * GPU; a driver or a GPU that cannot run them is refused there, with the reason, never at a launch.
+ *
+ * Includers need no CUDA runtime header: a stream is passed as `void *` (a CUstream; NULL is the
+ * legacy default stream). Every launcher is asynchronous: it checks its arguments, launches one
+ * kernel on the stream in the CUDA context current on the calling thread (the stream must belong
+ * to it) and returns; completion is observed on the stream. The memory behind the pointers may be
+ * on the context's GPU, on another GPU reachable by peer access (P2P/NVLink), IPC- or VMM-mapped,
+ * or pinned/mapped host memory: anything the current device can load from and store to. Each
+ * pointer must stay valid until the kernel completes.
  *
  * Semantics of colld_cuda_reduce are those of the CPU kernels (kernels/cpu/reduce.h), bitwise:
  * element i of every input is read in rank order 0..n_in-1 and combined, the result is written to
@@ -22,9 +29,9 @@
  * Errors: COLLD_ERR_INVALID_ARGUMENT for a bad dtype/op, a rank count out of range, a NULL
  * pointer, a pointer not aligned to its element size, a size that overflows, or an output that
  * overlaps an input or another output without being the very same buffer; COLLD_ERR_DEVICE when
- * CUDA refuses the launch (no device, no kernel image for this GPU, a sticky error from an earlier
- * fault in the context, ...). Nothing is launched when a call fails. colld_cuda_last_error() then
- * says why in words.
+ * the kernels are not loaded or the driver refuses the launch (no current context, a stream of
+ * another context, a sticky error from an earlier fault in the context, ...). Nothing is launched
+ * when a call fails. colld_cuda_last_error() then says why in words, naming the driver call.
  *
  * How the collectives of one node map onto launches (one per GPU g of N ranks, no batching needed):
  *   all-reduce      reduce(in = every rank's sendbuf + slice_g, out = every rank's recvbuf + slice_g)
@@ -37,6 +44,10 @@
 #ifndef COLLD_KERNELS_CUDA_CUDA_KERNELS_H
 #define COLLD_KERNELS_CUDA_CUDA_KERNELS_H
 
+#ifndef __cplusplus
+#include "common/cudadrv.h" /* C only: the kernels' C++ sources never see the driver table */
+#endif
+
 #include <colld/colld.h>
 #include <stddef.h>
 
@@ -48,29 +59,50 @@ extern "C" {
  * kernel's parameters). */
 #define COLLD_CUDA_MAX_RANKS 64
 
+/* The loaded kernels: the library, every kernel's handle, and the multiprocessor count of every GPU. */
+typedef struct colld_cuda_kernels colld_cuda_kernels_t;
+
+#if defined(COLLD_HAVE_CUDA) && !defined(__cplusplus)
+/* Load the embedded fatbin through the driver table `cu` (cuLibraryLoadData; the library belongs
+ * to no context), find every kernel (cuLibraryGetKernel) and get it into the context of each of
+ * the n GPUs (ctx[i] on dev[i]: cuKernelGetFunction, so that an image the GPU cannot run fails
+ * here). Refused, with the reason in err: a driver older than the CUDA version the fatbin was
+ * built with needs (its major version for the GPUs it has code for, the exact version where the
+ * PTX must be JIT-compiled), a GPU of a compute capability the fatbin has neither code nor PTX for,
+ * or any failing driver call (named). Returns COLLD_OK with *out (colld_cuda_kernels_unload() it),
+ * or COLLD_ERR_NOT_SUPPORTED / COLLD_ERR_DEVICE / COLLD_ERR_NO_MEMORY with nothing to unload. The
+ * calling thread's current context is unchanged. */
+colld_status_t colld_cuda_kernels_load(const colld_cu_t *cu, const CUcontext *ctx, const CUdevice *dev, int n,
+                                       colld_cuda_kernels_t **out, char *err, size_t len);
+#endif
+
+/* Unload what colld_cuda_kernels_load() loaded (no launch of it may still be pending: synchronize
+ * the contexts first). NULL is a no-op. */
+void colld_cuda_kernels_unload(colld_cuda_kernels_t *k);
+
 /* Reduce n_in inputs into n_out outputs over `count` elements of dtype with op, in one kernel
- * launched on `stream`. 1 <= n_in <= COLLD_CUDA_MAX_RANKS, 0 <= n_out <= COLLD_CUDA_MAX_RANKS.
+ * launched on `stream` of the current context. 1 <= n_in <= COLLD_CUDA_MAX_RANKS,
+ * 0 <= n_out <= COLLD_CUDA_MAX_RANKS.
  * An output may be the very same buffer as an input (in-place: every element is read from every
  * input before the same thread writes it), and two outputs may be the same buffer; no other overlap
  * is allowed. With count == 0 or n_out == 0 nothing is launched (and the pointers are not checked).
+ * The arguments are checked before `k` is used (k NULL: COLLD_ERR_DEVICE for a launch).
  *
  * Used for all-reduce (every rank's buffer in, every rank's buffer out, per GPU over a slice by
  * offsetting the pointers), reduce (n_out = 1) and each rank's step of reduce-scatter. Fast path:
  * when every pointer has the same address modulo 16, all but at most 15 bytes at each end are moved
  * in 16-byte vectors; otherwise one element at a time (still coalesced, but slower). */
-colld_status_t colld_cuda_reduce(colld_dtype_t dtype, colld_redop_t op, const void *const *in, int n_in,
-                                 void *const *out, int n_out, size_t count, void *stream);
+colld_status_t colld_cuda_reduce(const colld_cuda_kernels_t *k, colld_dtype_t dtype, colld_redop_t op,
+                                 const void *const *in, int n_in, void *const *out, int n_out, size_t count,
+                                 void *stream);
 
-/* Copy `bytes` bytes from src to each of n_out outputs, in one kernel launched on `stream`.
- * 0 <= n_out <= COLLD_CUDA_MAX_RANKS. An output equal to src is skipped (nothing to do); outputs may
- * repeat; no other overlap is allowed. With bytes == 0 or n_out == 0 nothing is launched. Used for
- * broadcast and all-gather pieces. Moves 16, 8, 4, 2 or 1 bytes at a time: the widest unit for which
- * every pointer has the same address modulo the unit. */
-colld_status_t colld_cuda_copy(const void *src, void *const *out, int n_out, size_t bytes, void *stream);
-
-/* The number of CUDA devices this process can use; 0 (not an error) when there is no GPU or no
- * usable driver, and colld_cuda_last_error() then says why. */
-int colld_cuda_device_count(void);
+/* Copy `bytes` bytes from src to each of n_out outputs, in one kernel launched on `stream` of the
+ * current context. 0 <= n_out <= COLLD_CUDA_MAX_RANKS. An output equal to src is skipped (nothing
+ * to do); outputs may repeat; no other overlap is allowed. With bytes == 0 or n_out == 0 nothing is
+ * launched. Used for broadcast and all-gather pieces. Moves 16, 8, 4, 2 or 1 bytes at a time: the
+ * widest unit for which every pointer has the same address modulo the unit. */
+colld_status_t colld_cuda_copy(const colld_cuda_kernels_t *k, const void *src, void *const *out, int n_out,
+                               size_t bytes, void *stream);
 
 /* What the last failing call of this module on this thread went wrong with, in words (which
  * argument, or the CUDA error name and message with what to do next); "" when none failed yet.

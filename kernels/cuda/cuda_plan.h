@@ -4,7 +4,7 @@
  * host emulation test in tests/gpu).
  *
  * A launcher first asks plan.c to check its arguments and fill a parameter block; the kernel gets the
- * block by value. The plan splits the elements into a head done one element at a time (up to the
+ * block by value (launch.c passes it to cuLaunchKernel). The plan splits the elements into a head done one element at a time (up to the
  * first 16-byte boundary), a body of whole 16-byte vectors, and a tail done one element at a time:
  *
  *   element:  0 .. head-1 | head .. head + nvec*V - 1 | head + nvec*V .. count-1
@@ -69,12 +69,22 @@ colld_status_t colld__cuda_reduce_plan(colld_dtype_t dtype, colld_redop_t op, co
 colld_status_t colld__cuda_copy_plan(const void *src, void *const *out, int n_out, size_t bytes,
                                      colld__cuda_copy_params_t *p, size_t *work);
 
-/* Launch `kernel` (a __global__ function taking one parameter block) with *params on `stream` of the
- * current device, with enough blocks for `work` work items (one per thread, at most
- * COLLD__CUDA_BLOCKS_PER_SM blocks per multiprocessor). Returns COLLD_OK or COLLD_ERR_DEVICE with
- * the CUDA error in colld_cuda_last_error(); `what` names the caller there. Implemented in launch.cu. */
-colld_status_t colld__cuda_launch(const void *kernel, void *params, size_t work, void *stream,
-                                  const char *what);
+/* The kernels' names: extern "C" entry points (stable names, no C++ mangling), one per dtype x op
+ * (from the dtype and op lists of kernels/cpu/reduce_internal.h) and one per copy unit. reduce.cu
+ * and copy.cu define them under these names, launch.c looks them up in the fatbin by these names
+ * (cuLibraryGetKernel), and the CUDA driver test double's host builds carry the same names. */
+#define COLLD__CUDA_REDUCE_KERNEL(name, opname) colld__cuda_reduce_##name##_##opname
+#define COLLD__CUDA_COPY_KERNEL(bytes) colld__cuda_copy_##bytes
+/* X(Unit, bytes): the copy units, widest first (Unit is a CUDA vector or integer type). */
+#define COLLD__CUDA_COPY_UNITS(X)                                                                  \
+    X(uint4, 16) X(uint2, 8) X(unsigned int, 4) X(unsigned short, 2) X(unsigned char, 1)
+#define COLLD__CUDA_STR_(x) #x
+#define COLLD__CUDA_STR(x) COLLD__CUDA_STR_(x)
+
+/* The fatbin of every kernel (sm_80 and sm_90 code, compute_90 PTX), embedded at build time
+ * (fatbin.c, generated from the nvcc output by kernels/cuda/embed.cmake). */
+extern const unsigned char colld__cuda_fatbin[];
+extern const size_t colld__cuda_fatbin_size;
 
 /* Set this thread's colld_cuda_last_error() text. */
 void colld__cuda_set_error(const char *fmt, ...)

@@ -4,12 +4,13 @@
  *
  * The kernel bodies are not copied: they are kernels/cuda/cuda_core.cuh's __host__ __device__
  * templates, compiled here for the CPU (as tests/gpu/test_cuda_emulated.cu does). What is written
- * here is the thin __global__ wrapper of kernels/cuda/reduce.cu and copy.cu, declared with the very
- * name and signature of the device kernel, so that its mangled name is the one nvcc gives the
- * device kernel in the fatbin; that name is read back with dladdr (the wrappers are exported from
- * the double for that reason, libcuda.map). A kernel added to kernels/cuda needs its wrapper
- * here: the double's own test (test_cudafake) enumerates the kernels of colld's real fatbin and
- * fails for any that has no host build.
+ * here is the thin wrapper of each kernel of kernels/cuda/reduce.cu and copy.cu, an extern "C"
+ * function generated from the same lists under the very name of the device kernel
+ * (COLLD__CUDA_REDUCE_KERNEL / COLLD__CUDA_COPY_KERNEL of cuda_plan.h), the name the fatbin's cubins
+ * carry; that name is read back with dladdr (the wrappers are exported from the double for that
+ * reason, libcuda.map). A kernel added to kernels/cuda needs its wrapper here: the double's own
+ * test (test_cudafake) enumerates the kernels of colld's real fatbin and fails for any that has no
+ * host build.
  *
  * A launch runs the grid's threads one after another on the stream's worker thread, each with its
  * own (tid, nthreads), exactly the indexing of the device grid-stride loops.
@@ -41,20 +42,24 @@ thread_local size_t fk_grid_threads;
  * The wrappers: the names and signatures of kernels/cuda/reduce.cu and copy.cu.
  * ------------------------------------------------------------------------------------------- */
 
-template <typename D, int OP>
-FK_KERNEL_EXPORT void colld__cuda_reduce_kernel(const colld__cuda_reduce_params_t p)
-{
-    const size_t n = fk_grid_threads;
-    for (size_t tid = 0; tid < n; tid++)
-        colld__cuda_reduce_body<D, OP>(p, tid, n);
-}
+#define FK_REDUCE_WRAPPER(name, E_OP, opname)                                                                \
+    extern "C" FK_KERNEL_EXPORT void COLLD__CUDA_REDUCE_KERNEL(name, opname)(const colld__cuda_reduce_params_t p) \
+    {                                                                                                        \
+        const size_t n = fk_grid_threads;                                                                    \
+        for (size_t tid = 0; tid < n; tid++)                                                                 \
+            colld__cuda_reduce_body<colld__cuda_t_##name, E_OP>(p, tid, n);                                  \
+    }
+#define FK_REDUCE_WRAPPERS(E, name, T, A, U, W, K) COLLD_REDUCE_OPS(FK_REDUCE_WRAPPER, name)
+COLLD_REDUCE_DTYPES(FK_REDUCE_WRAPPERS)
 
-template <typename Unit> FK_KERNEL_EXPORT void colld__cuda_copy_kernel(const colld__cuda_copy_params_t p)
-{
-    const size_t n = fk_grid_threads;
-    for (size_t tid = 0; tid < n; tid++)
-        colld__cuda_copy_body<Unit>(p, tid, n);
-}
+#define FK_COPY_WRAPPER(Unit, bytes)                                                                         \
+    extern "C" FK_KERNEL_EXPORT void COLLD__CUDA_COPY_KERNEL(bytes)(const colld__cuda_copy_params_t p)        \
+    {                                                                                                        \
+        const size_t n = fk_grid_threads;                                                                    \
+        for (size_t tid = 0; tid < n; tid++)                                                                 \
+            colld__cuda_copy_body<Unit>(p, tid, n);                                                          \
+    }
+COLLD__CUDA_COPY_UNITS(FK_COPY_WRAPPER)
 
 namespace {
 
@@ -62,20 +67,13 @@ namespace {
  * Running and checking one kernel.
  * ------------------------------------------------------------------------------------------- */
 
-template <typename D, int OP> void run_reduce(const void *params, size_t nthreads)
+/* Run a wrapper over a launch's grid of nthreads threads, with a copy of its parameter block. */
+template <typename P, void (*F)(const P)> void run(const void *params, size_t nthreads)
 {
-    colld__cuda_reduce_params_t p;
+    P p;
     memcpy(&p, params, sizeof p);
     fk_grid_threads = nthreads;
-    colld__cuda_reduce_kernel<D, OP>(p);
-}
-
-template <typename Unit> void run_copy(const void *params, size_t nthreads)
-{
-    colld__cuda_copy_params_t p;
-    memcpy(&p, params, sizeof p);
-    fk_grid_threads = nthreads;
-    colld__cuda_copy_kernel<Unit>(p);
+    F(p);
 }
 
 /* Is [p, p + bytes) aligned as the kernel's accesses need? Element accesses need the element's
@@ -148,16 +146,17 @@ template <typename F> void *sym_of(F *f)
 }
 
 #define FK_REDUCE_ENTRY(name, E_OP, opname)                                                                  \
-    {{nullptr, sizeof(colld__cuda_reduce_params_t), run_reduce<colld__cuda_t_##name, E_OP>,                  \
+    {{nullptr, sizeof(colld__cuda_reduce_params_t),                                                          \
+      run<colld__cuda_reduce_params_t, COLLD__CUDA_REDUCE_KERNEL(name, opname)>,                             \
       check_reduce<colld__cuda_t_##name>},                                                                   \
-     sym_of(&colld__cuda_reduce_kernel<colld__cuda_t_##name, E_OP>)},
+     sym_of(&COLLD__CUDA_REDUCE_KERNEL(name, opname))},
 #define FK_REDUCE_DTYPE(E, name, T, A, U, W, K) COLLD_REDUCE_OPS(FK_REDUCE_ENTRY, name)
-#define FK_COPY_ENTRY(Unit)                                                                                  \
-    {{nullptr, sizeof(colld__cuda_copy_params_t), run_copy<Unit>, check_copy<Unit>},                         \
-     sym_of(&colld__cuda_copy_kernel<Unit>)},
+#define FK_COPY_ENTRY(Unit, bytes)                                                                           \
+    {{nullptr, sizeof(colld__cuda_copy_params_t), run<colld__cuda_copy_params_t, COLLD__CUDA_COPY_KERNEL(bytes)>, \
+      check_copy<Unit>},                                                                                     \
+     sym_of(&COLLD__CUDA_COPY_KERNEL(bytes))},
 
-entry table[] = {COLLD_REDUCE_DTYPES(FK_REDUCE_DTYPE) FK_COPY_ENTRY(uint4) FK_COPY_ENTRY(uint2)
-                     FK_COPY_ENTRY(unsigned int) FK_COPY_ENTRY(unsigned short) FK_COPY_ENTRY(unsigned char)};
+entry table[] = {COLLD_REDUCE_DTYPES(FK_REDUCE_DTYPE) COLLD__CUDA_COPY_UNITS(FK_COPY_ENTRY)};
 const size_t table_len = sizeof(table) / sizeof(table[0]);
 fk_hkernel_t list[sizeof(table) / sizeof(table[0])];
 

@@ -643,8 +643,8 @@ static void test_events(void **state)
  * Kernel launches: colld's real fatbin, run on the host builds
  * ========================================================================================== */
 
-#define REDUCE_F32_SUM "_Z25colld__cuda_reduce_kernelI17colld__cuda_dtypeIffffLi1EELi0EEv27colld__cuda_reduce_params_t"
-#define COPY_UINT4 "_Z23colld__cuda_copy_kernelI5uint4Ev25colld__cuda_copy_params_t"
+#define REDUCE_F32_SUM COLLD__CUDA_STR(COLLD__CUDA_REDUCE_KERNEL(float32, sum))
+#define COPY_UINT4 COLLD__CUDA_STR(COLLD__CUDA_COPY_KERNEL(16))
 
 static void *read_file(const char *path)
 {
@@ -688,7 +688,7 @@ static void test_launch(void **state)
             p.r.n_in = 1;
         } else {
             p.c.n_out = 1;
-            p.c.unit = strstr(name, "uint4") ? 16 : strstr(name, "uint2") ? 8 : strstr(name, "Ij") ? 4 : strstr(name, "It") ? 2 : 1;
+            p.c.unit = atoi(name + strlen("colld__cuda_copy_")); /* colld__cuda_copy_<bytes> */
         }
         void *args[] = { &p };
         CUresult r = cu.cuLaunchKernel((CUfunction)ks[i], 1, 1, 1, 32, 1, 1, 0, s, args, NULL);

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define COPY_BYTE "_Z23colld__cuda_copy_kernelIhEv25colld__cuda_copy_params_t"
+#define COPY_BYTE COLLD__CUDA_STR(COLLD__CUDA_COPY_KERNEL(1))
 
 static atomic_int host_calls;
 

@@ -3,8 +3,11 @@
  * matrix of kernel_check.c run through colld_cuda_reduce / colld_cuda_copy on device 0, every result
  * compared bitwise with the scalar CPU oracle. Exits 77 (skipped) when no GPU is visible.
  *
- * Buffers are cudaMalloc'd on device 0; kernels run on a created (blocking) stream, which the test
- * synchronises after each launch so that a kernel fault is reported against its case.
+ * Buffers are cudaMalloc'd on device 0 (the test uses the CUDA runtime for its own memory); the
+ * kernels are loaded as the daemon loads them (the embedded fatbin through the driver API:
+ * colld_cuda_kernels_load) in device 0's primary context, the runtime's, and run on a created
+ * (blocking) stream, which the test synchronises after each launch so that a kernel fault is
+ * reported against its case.
  */
 #include "kernels/cuda/cuda_kernels.h"
 #include "tests/gpu/kernel_check.h"
@@ -15,6 +18,7 @@
 #include <time.h>
 
 static cudaStream_t stream;
+static colld_cuda_kernels_t *kernels;
 
 /* Report a CUDA error of a test step; returns nonzero when there was one. */
 static int cuda_failed(const char *what, cudaError_t e)
@@ -74,12 +78,12 @@ static colld_status_t finish(const char *what, colld_status_t st)
 static colld_status_t gpu_reduce(colld_dtype_t dtype, colld_redop_t op, const void *const *in, int n_in,
                                  void *const *out, int n_out, size_t count)
 {
-    return finish("colld_cuda_reduce", colld_cuda_reduce(dtype, op, in, n_in, out, n_out, count, stream));
+    return finish("colld_cuda_reduce", colld_cuda_reduce(kernels, dtype, op, in, n_in, out, n_out, count, stream));
 }
 
 static colld_status_t gpu_copy(const void *src, void *const *out, int n_out, size_t bytes)
 {
-    return finish("colld_cuda_copy", colld_cuda_copy(src, out, n_out, bytes, stream));
+    return finish("colld_cuda_copy", colld_cuda_copy(kernels, src, out, n_out, bytes, stream));
 }
 
 /* Seconds of a monotonic clock. */
@@ -107,7 +111,7 @@ static void report_bandwidth(void)
     if (ok) {
         t0 = now();
         for (int i = 0; i < iters && ok; i++)
-            ok = colld_cuda_reduce(COLLD_FLOAT32, COLLD_SUM, (const void *const *)buf, N_BUF, buf, N_BUF, count,
+            ok = colld_cuda_reduce(kernels, COLLD_FLOAT32, COLLD_SUM, (const void *const *)buf, N_BUF, buf, N_BUF, count,
                                    stream) == COLLD_OK;
         ok = ok && !cuda_failed("cudaStreamSynchronize", cudaStreamSynchronize(stream));
         t1 = now();
@@ -136,17 +140,31 @@ int main(void)
         .copy = gpu_copy,
     };
     struct cudaDeviceProp prop;
-    int failures;
+    int failures, ndev = 0;
+    char err[512];
+    const colld_cu_t *cu;
+    CUcontext ctx;
+    CUdevice dev;
+    cudaError_t e;
 
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (colld_cuda_device_count() == 0) {
-        printf("SKIP: no CUDA GPU visible (%s)\n", colld_cuda_last_error());
+    if ((e = cudaGetDeviceCount(&ndev)) != cudaSuccess || ndev == 0) {
+        printf("SKIP: no CUDA GPU visible (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "none");
         return 77;
     }
-    if (cuda_failed("cudaSetDevice", cudaSetDevice(0)) ||
+    if (cuda_failed("cudaSetDevice", cudaSetDevice(0)) || cuda_failed("cudaFree(NULL)", cudaFree(NULL)) ||
         cuda_failed("cudaGetDeviceProperties", cudaGetDeviceProperties(&prop, 0)) ||
         cuda_failed("cudaStreamCreate", cudaStreamCreate(&stream)))
         return 1;
+    if (!(cu = colld_cu_load(err, sizeof(err))) || cu->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
+        cu->cuCtxGetDevice(&dev) != CUDA_SUCCESS) {
+        printf("the CUDA driver API: %s\n", cu ? "no current context" : err);
+        return 1;
+    }
+    if (colld_cuda_kernels_load(cu, &ctx, &dev, 1, &kernels, err, sizeof(err)) != COLLD_OK) {
+        printf("colld_cuda_kernels_load: %s\n", err);
+        return 1;
+    }
     printf("device 0: %s, compute capability %d.%d, %d multiprocessors\n", prop.name, prop.major, prop.minor,
            prop.multiProcessorCount);
 
@@ -154,5 +172,7 @@ int main(void)
     if (failures == 0)
         report_bandwidth();
     (void)cuda_failed("cudaStreamDestroy", cudaStreamDestroy(stream));
+    (void)cuda_failed("cudaDeviceSynchronize", cudaDeviceSynchronize());
+    colld_cuda_kernels_unload(kernels);
     return failures == 0 ? 0 : 1;
 }

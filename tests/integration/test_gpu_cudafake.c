@@ -12,16 +12,20 @@
  *     flag_protocol   count-0 stream-ordered all-reduces: the flag area registered in both
  *                     processes, `ready` written by the client's stream, `done` by the daemon's
  *                     stream (cuStreamWriteValue32), completion by its event: end to end
- *     allreduce       on the application's device memory: registration works; the daemon launches
- *                     its kernels through the CUDA runtime (issue 15 defect A1), which the double
- *                     cannot serve: COLLD_ERR_DEVICE, and the rank's stream is released, not hung
+ *     collectives     all-reduce (out of place, in place), broadcast, reduce, all-gather and
+ *                     reduce-scatter on the application's device memory, results exact: the daemon
+ *                     launches its kernels through the driver API (issue 15 A1, fixed), each launch
+ *                     running the host build of the same kernel source on the double
  *   driver        an 11.8 driver: the daemon and the client refuse GPU work with the loader's reason
+ *   kernel_driver a 12.8 driver (enough for libcolld), older than the daemon's fatbin needs, and
+ *   old_gpu       GPUs of compute capability 7.5, which the fatbin has no code for: the daemon
+ *                 refuses its CUDA backend at start with the reason, and every GPU request with it
  *   open_defects  the review's defects that the double shows today (issue 15), STILL OPEN: each
  *                 case (test_open_defect_<id>_...) asserts the present, wrong behaviour, prints
  *                 "OPEN DEFECT <id>" with what the fix must turn it into, and passes while the
  *                 defect is there. A fix makes its case fail: then the case is rewritten to assert
  *                 the right behaviour (and loses "open_defect" from its name). A pass here is never
- *                 a feature. (test_allreduce_open_defect_A1_... in vmm and legacy is one too.)
+ *                 a feature.
  *
  * Every group first checks that the libcuda.so.1 it finds is the test double (it alone exports
  * colld_cudafake_control), before any CUDA call, and that the daemon maps no other libcuda and no
@@ -33,6 +37,7 @@
 #include <cudaTypedefs.h>
 #include <dlfcn.h>
 
+#include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -347,41 +352,164 @@ static void test_flag_protocol(void **state)
     assert_int_equal(harness_wait_clean(*state, 10000), 0);
 }
 
-/* An in-place all-reduce on the application's own device memory (cuMemAlloc: a legacy IPC
- * registration) and stream. */
-static void sc_allreduce(rank_t *r)
+/* The collectives the daemon runs on the GPU, on the application's device memory
+ * (colld_mem_alloc(COLLD_MEM_CUDA): VMM memory registered as an fd where the devices have VMM,
+ * cuMemAlloc memory registered by legacy IPC where not) and stream, through a real daemon that
+ * launches its kernels through the driver API (issue 15 A1): all-reduce out of place and in place
+ * (an odd count: each GPU's slice has a head, a 16-byte body and a tail), broadcast, reduce,
+ * all-gather and reduce-scatter, each result compared exactly. Rank r's input element i is
+ * (r + 1) * (i % 13) + r, so the sum of both ranks is 3 * (i % 13) + 1. */
+#define N_AR (COUNT + 3) /* elements of the all-reduce, broadcast and reduce */
+#define N_G 1027         /* elements per rank of the all-gather and the reduce-scatter */
+
+static float input(int rank, size_t i)
 {
-    float host[COUNT];
-    CUdeviceptr buf = 0;
-    for (int i = 0; i < COUNT; i++)
-        host[i] = (float)((r->rank + 1) * (i % 7));
-    if ((r->cr[1] = cu->cuMemAlloc(&buf, sizeof(host))) != CUDA_SUCCESS ||
-        (r->cr[1] = cu->cuMemcpyHtoD(buf, host, sizeof(host))) != CUDA_SUCCESS) {
-        rank_fail(r, "device buffer: %s", rname(r->cr[1]));
-        return;
-    }
-    r->st[0] = colld_allreduce((void *)buf, (void *)buf, COUNT, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
-    r->cr[0] = cu->cuStreamSynchronize(r->s); /* must end: done, or released with an error */
-    r->st[1] = async_error(r->comm);
-    cu->cuMemFree(buf);
+    return (float)((rank + 1) * (int)(i % 13) + rank);
 }
 
-static void test_allreduce_open_defect_A1_runtime_launch_fails(void **state)
+static float input_sum(size_t i)
 {
-    open_defect("A1",
-                "the daemon launches its kernels through the CUDA runtime, which cannot initialise on this driver: an all-reduce that moves data fails with COLLD_ERR_DEVICE (its streams are released)",
-                "the all-reduce completes with exact sums (kernels launched through the driver API)");
-    rank_t ranks[2];
-    run_ranks(*state, sc_allreduce, 0, ranks);
-    for (int i = 0; i < 2; i++) {
-        assert_int_equal(ranks[i].st[0], COLLD_OK);      /* prepared, registered, enqueued, posted */
-        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS);  /* the stream was released */
-        assert_int_equal(ranks[i].st[1], COLLD_ERR_DEVICE);
-        /* A1: the daemon's kernels go through the CUDA runtime (kernels/cuda/launch.cu), which
-         * cannot initialise on this driver. The fix (driver-API launches) turns this into exact
-         * results. */
-        assert_non_null(strstr(ranks[i].detail, "the GPU kernel could not be launched: colld_cuda_reduce: cudaGetDevice failed"));
+    return input(0, i) + input(1, i);
+}
+
+/* Put this rank's inputs into send (n elements) and 0xff bytes (a NaN pattern) into recv. The copy
+ * and the memset go to the legacy default stream, with which the rank's non-blocking stream is not
+ * ordered: wait for them before the collective is posted. */
+static bool fill(rank_t *r, CUdeviceptr send, CUdeviceptr recv, size_t n, size_t nrecv, float *host)
+{
+    for (size_t i = 0; i < n; i++)
+        host[i] = input(r->rank, i);
+    CUresult cr = cu->cuMemcpyHtoD(send, host, n * sizeof(float));
+    if (cr == CUDA_SUCCESS)
+        cr = cu->cuMemsetD8(recv, 0xff, nrecv * sizeof(float));
+    if (cr == CUDA_SUCCESS)
+        cr = cu->cuCtxSynchronize();
+    if (cr != CUDA_SUCCESS)
+        rank_fail(r, "filling the buffers: %s", rname(cr));
+    return cr == CUDA_SUCCESS;
+}
+
+/* Wait for a posted collective: the rank's stream (released by the daemon's `done` write), then the
+ * communicator. */
+static bool finished(rank_t *r, const char *what, colld_status_t st)
+{
+    CUresult cr = CUDA_SUCCESS;
+    if (st == COLLD_OK && (cr = cu->cuStreamSynchronize(r->s)) == CUDA_SUCCESS)
+        st = colld_comm_synchronize(r->comm);
+    if (st != COLLD_OK || cr != CUDA_SUCCESS)
+        rank_fail(r, "%s: %s, stream %s: %s", what, colld_status_name(st), rname(cr), colld_comm_last_error(r->comm));
+    return st == COLLD_OK && cr == CUDA_SUCCESS;
+}
+
+/* Compare n elements of buf with want(i) exactly; a NaN want means "untouched (0xff bytes)". */
+static bool expect_values(rank_t *r, const char *what, CUdeviceptr buf, size_t n, float *host,
+                          float (*want)(rank_t *, size_t))
+{
+    CUresult cr = cu->cuMemcpyDtoH(host, buf, n * sizeof(float));
+    if (cr != CUDA_SUCCESS) {
+        rank_fail(r, "%s: reading the result: %s", what, rname(cr));
+        return false;
     }
+    for (size_t i = 0; i < n; i++) {
+        float w = want(r, i);
+        uint32_t bits;
+        memcpy(&bits, &host[i], sizeof(bits));
+        if (w != w ? bits != 0xffffffffu : host[i] != w) {
+            rank_fail(r, "%s: element %zu is %g, not %g", what, i, (double)host[i], (double)w);
+            return false;
+        }
+    }
+    r->v[0]++;
+    return true;
+}
+
+static float want_sum(rank_t *r, size_t i)
+{
+    (void)r;
+    return input_sum(i);
+}
+
+static float want_root1(rank_t *r, size_t i)
+{
+    (void)r;
+    return input(1, i);
+}
+
+static float want_reduce_root0(rank_t *r, size_t i)
+{
+    return r->rank == 0 ? input_sum(i) : (float)NAN;
+}
+
+static float want_gathered(rank_t *r, size_t i)
+{
+    (void)r;
+    return input((int)(i / N_G), i % N_G);
+}
+
+static float want_scattered(rank_t *r, size_t i)
+{
+    return input_sum((size_t)r->rank * N_G + i);
+}
+
+static void sc_collectives(rank_t *r)
+{
+    static float host[2][N_AR];
+    float *h = host[r->rank];
+    void *sp = NULL, *rp = NULL;
+    CUdeviceptr send = 0, recv = 0;
+    colld_status_t st;
+    if ((st = colld_mem_alloc(r->c, &sp, N_AR * sizeof(float), COLLD_MEM_CUDA)) != COLLD_OK ||
+        (st = colld_mem_alloc(r->c, &rp, N_AR * sizeof(float), COLLD_MEM_CUDA)) != COLLD_OK) {
+        rank_fail(r, "colld_mem_alloc(COLLD_MEM_CUDA): %s: %s", colld_status_name(st), colld_last_error(r->c));
+        goto out;
+    }
+    send = (CUdeviceptr)(uintptr_t)sp;
+    recv = (CUdeviceptr)(uintptr_t)rp;
+    if (!fill(r, send, recv, N_AR, N_AR, h) ||
+        !finished(r, "all-reduce", colld_allreduce(sp, rp, N_AR, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s)) ||
+        !expect_values(r, "all-reduce", recv, N_AR, h, want_sum))
+        goto out;
+    if (!fill(r, send, recv, N_AR, N_AR, h) ||
+        !finished(r, "in-place all-reduce", colld_allreduce(sp, sp, N_AR, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s)) ||
+        !expect_values(r, "in-place all-reduce", send, N_AR, h, want_sum))
+        goto out;
+    if (!fill(r, send, recv, N_AR, N_AR, h) ||
+        !finished(r, "broadcast", colld_broadcast(sp, rp, N_AR, COLLD_FLOAT32, 1, r->comm, r->s)) ||
+        !expect_values(r, "broadcast", recv, N_AR, h, want_root1))
+        goto out;
+    if (!fill(r, send, recv, N_AR, N_AR, h) ||
+        !finished(r, "reduce", colld_reduce(sp, rp, N_AR, COLLD_FLOAT32, COLLD_SUM, 0, r->comm, r->s)) ||
+        !expect_values(r, "reduce", recv, N_AR, h, want_reduce_root0))
+        goto out;
+    if (!fill(r, send, recv, N_G, 2 * N_G, h) ||
+        !finished(r, "all-gather", colld_allgather(sp, rp, N_G, COLLD_FLOAT32, r->comm, r->s)) ||
+        !expect_values(r, "all-gather", recv, 2 * N_G, h, want_gathered))
+        goto out;
+    if (!fill(r, send, recv, 2 * N_G, N_G, h) ||
+        !finished(r, "reduce-scatter", colld_reducescatter(sp, rp, N_G, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s)) ||
+        !expect_values(r, "reduce-scatter", recv, N_G, h, want_scattered))
+        goto out;
+out:
+    /* Both ranks are done with every collective before either frees (the other's daemon-side kernels
+     * read this rank's buffers). */
+    pthread_barrier_wait(r->barrier);
+    if (rp)
+        colld_mem_free(r->c, rp);
+    if (sp)
+        colld_mem_free(r->c, sp);
+}
+
+/* Issue 15 A1, fixed: the daemon launches its kernels through the CUDA driver API (the embedded
+ * fatbin loaded with cuLibraryLoadData; on the test double each launch runs the host build of the
+ * same kernel source). Before the fix every collective that moved data failed with
+ * COLLD_ERR_DEVICE ("colld_cuda_reduce: cudaGetDevice failed": the CUDA runtime cannot initialise
+ * on the double). */
+static void test_collectives_driver_launch(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_collectives, 0, ranks);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(ranks[i].v[0], 6); /* six collectives, every result exact */
     assert_int_equal(harness_wait_clean(*state, 10000), 0);
 }
 
@@ -400,6 +528,58 @@ static void test_old_driver(void **state)
     char log[8192];
     harness_read_file(h->log, log, sizeof(log));
     assert_non_null(strstr(log, "no CUDA backend: the NVIDIA driver lacks cuInit at the CUDA 12.0 ABI"));
+}
+
+/* ============================================================================================
+ * A driver or a GPU that cannot run the daemon's kernels: refused at backend init
+ * ========================================================================================== */
+
+static char refusal[256]; /* what the daemon must say (set by main for the group) */
+
+/* An all-reduce on the application's device memory (cuMemAlloc), which the daemon must refuse. */
+static void sc_refused(rank_t *r)
+{
+    CUdeviceptr buf = 0;
+    if ((r->cr[1] = cu->cuMemAlloc(&buf, COUNT * sizeof(float))) != CUDA_SUCCESS)
+        return rank_fail(r, "cuMemAlloc: %s", rname(r->cr[1]));
+    r->st[0] = colld_allreduce((void *)buf, (void *)buf, COUNT, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    snprintf(r->detail, sizeof(r->detail), "%s", colld_comm_last_error(r->comm));
+    r->cr[0] = cu->cuStreamSynchronize(r->s); /* nothing of it may be left waiting */
+    cu->cuMemFree(buf);
+}
+
+/* Issue 15 A1's gate: a driver older than what the embedded fatbin needs (group kernel_driver: a
+ * CUDA 12.8 driver, enough for libcolld's 12.0 ABI), or GPUs the fatbin has no code for (group
+ * old_gpu: compute capability 7.5), are refused when the daemon starts, with the reason in its log
+ * and in every GPU request's answer; the daemon keeps serving host collectives. Before the fix
+ * the backend started, and every launch failed (COLLD_ERR_DEVICE, "cudaGetDevice failed"). */
+static void test_kernels_refused(void **state)
+{
+    harness_t *h = *state;
+    char log[8192], want[320];
+    harness_read_file(h->log, log, sizeof(log));
+    snprintf(want, sizeof(want), "no CUDA backend: %s", refusal);
+    if (!strstr(log, want))
+        fail_msg("the daemon's log does not say \"%s\":\n%s", want, log);
+    /* The answer to a GPU request carries the reason (its first words: the detail is bounded). */
+    snprintf(want, sizeof(want), "no GPU here: %.48s", refusal);
+    rank_t ranks[2];
+    run_ranks(h, sc_refused, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[0], COLLD_ERR_NOT_SUPPORTED);
+        assert_non_null(strstr(ranks[i].detail, want));
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS);
+    }
+    /* Host collectives still work. */
+    float x[4] = { 1, 2, 3, 4 };
+    colld_comm_t *comm = NULL;
+    colld_unique_id_t id;
+    assert_int_equal(colld_get_unique_id(h->client, &id), COLLD_OK);
+    assert_int_equal(colld_comm_init_rank(h->client, &comm, 1, id, 0, NULL), COLLD_OK);
+    assert_int_equal(colld_allreduce(x, x, 4, COLLD_FLOAT32, COLLD_SUM, comm, NULL), COLLD_OK);
+    assert_true(x[3] == 4.0f);
+    colld_comm_destroy(comm);
+    assert_int_equal(harness_wait_clean(h, 10000), 0);
 }
 
 /* ============================================================================================
@@ -558,7 +738,7 @@ static void sc_freed(rank_t *r)
     }
     r->st[0] = colld_allreduce((void *)buf, (void *)buf, COUNT, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
     r->cr[0] = cu->cuStreamSynchronize(r->s);
-    r->st[1] = async_error(r->comm); /* A1: the launch fails; the registration was made */
+    r->st[1] = colld_comm_synchronize(r->comm); /* ran: the daemon has the buffer registered */
     CUpointer_attribute at = CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID;
     unsigned long long block = 0;
     void *data = &block;
@@ -598,7 +778,8 @@ static void test_open_defect_C1_D4_freed_buffer_stays_mapped(void **state)
         run_ranks(h, sc_freed, 0, ranks);
         for (int i = 0; i < 2; i++) {
             assert_int_equal(ranks[i].st[0], COLLD_OK);
-            assert_int_equal(ranks[i].st[1], COLLD_ERR_DEVICE);
+            assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS);
+            assert_int_equal(ranks[i].st[1], COLLD_OK);
             assert_int_equal(ranks[i].cr[1], CUDA_SUCCESS);
         }
         /* Rank 0's client is still connected: its freed buffer is still mapped in the daemon. Rank 1
@@ -894,10 +1075,25 @@ int main(int argc, char **argv)
             return 1;
     if (strcmp(group, "open_defects") == 0)
         return run_defects();
+    if (strcmp(group, "kernel_driver") == 0 || strcmp(group, "old_gpu") == 0) {
+        if (strcmp(group, "kernel_driver") == 0)
+            snprintf(refusal, sizeof(refusal),
+                     "the NVIDIA driver supports CUDA 12.8; colld's GPU kernels were built with CUDA %d.%d and "
+                     "need a driver for %d.0 or newer: update the driver",
+                     CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10, CUDA_VERSION / 1000);
+        else
+            snprintf(refusal, sizeof(refusal),
+                     "GPU 0 (CUDA driver test double device 0) has compute capability 7.5; colld's GPU kernels "
+                     "are built for 8.0 and newer");
+        const struct CMUnitTest refused[] = {
+            cmocka_unit_test_setup_teardown(test_kernels_refused, setup_on_double, harness_test_teardown),
+        };
+        return cmocka_run_group_tests_name(group, refused, NULL, NULL);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_mem_alloc_cuda, setup_on_double, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_flag_protocol, setup_on_double, harness_test_teardown),
-        cmocka_unit_test_setup_teardown(test_allreduce_open_defect_A1_runtime_launch_fails, setup_on_double, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_collectives_driver_launch, setup_on_double, harness_test_teardown),
     };
     return cmocka_run_group_tests_name(group, tests, NULL, NULL);
 }

@@ -6,7 +6,9 @@
  *
  * GPUs: at start the driver is loaded at run time (common/cudadrv); every visible GPU's primary
  * context is retained and peer access is enabled between every pair the driver says can reach
- * each other. A daemon without a driver or a GPU serves host collectives only: the backend is then
+ * each other; the kernels (kernels/cuda: an embedded fatbin launched through the driver API) are
+ * loaded and checked against the driver and every GPU. A daemon without a driver, a GPU, or a
+ * driver and GPUs that can run its kernels serves host collectives only: the backend is then
  * absent, and GPU requests get COLLD_ERR_NOT_SUPPORTED with the reason (d->device_none).
  *
  * Registrations (cuda_mem.c): an IPC handle is opened once per session, a VMM allocation arrives
@@ -135,6 +137,27 @@ static int cuda_start(colld_backend_t *b)
         g->n = i + 1;
     }
     enable_peers(g);
+    /* The kernels, checked against the driver and every GPU now, not at the first collective. */
+    CUcontext *ctx = calloc((size_t)n, sizeof(*ctx));
+    CUdevice *dev = calloc((size_t)n, sizeof(*dev));
+    char why[sizeof(d->device_none)];
+    colld_status_t st = COLLD_ERR_NO_MEMORY;
+    snprintf(why, sizeof(why), "out of memory");
+    for (int i = 0; ctx && dev && i < n; i++) {
+        ctx[i] = gpu[i].ctx;
+        dev[i] = gpu[i].dev;
+    }
+    if (ctx && dev)
+        st = colld_cuda_kernels_load(cu, ctx, dev, n, &g->kernels, why, sizeof(why));
+    free(ctx), free(dev);
+    if (st != COLLD_OK) {
+        colld_strlcpy(d->device_none, why, sizeof(d->device_none));
+        LOG_ERROR(GPU, "no CUDA backend: %s", d->device_none);
+        for (int i = 0; i < n; i++)
+            CU_CHECK(cu, cuDevicePrimaryCtxRelease, gpu[i].dev);
+        free(g), free(gpu), free(peer);
+        return 0;
+    }
     b->state = g;
     b->present = true;
     LOG_INFO(GPU, "CUDA backend: %d GPU(s), driver %d.%d, first: %s", n, cu->driver_version / 1000,
@@ -153,6 +176,7 @@ static void cuda_stop(colld_backend_t *b)
         CU_CHECK(g->cu, cuCtxSynchronize);
     }
     CU_CHECK(g->cu, cuCtxSetCurrent, NULL);
+    colld_cuda_kernels_unload(g->kernels);
     for (int i = 0; i < g->n; i++)
         CU_CHECK(g->cu, cuDevicePrimaryCtxRelease, g->gpu[i].dev);
     free(g->gpu);

@@ -14,6 +14,7 @@
 #define COLLD_SERVER_BACKENDS_CUDA_CUDA_H
 
 #include "common/cudadrv.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "server/core/daemon.h"
 
 /* The backend (registered in the registry, server/registry.c.in). */
@@ -31,6 +32,7 @@ typedef struct {
 typedef struct colld_gpus {
     colld_backend_t *b;
     const colld_cu_t *cu;
+    colld_cuda_kernels_t *kernels; /* the embedded fatbin, loaded through the driver (kernels/cuda) */
     int n;
     gpu_t *gpu;
     bool *peer;                           /* [n][n]: i can access j's memory */

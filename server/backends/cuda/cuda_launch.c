@@ -125,10 +125,10 @@ static colld_status_t launch_sliced(const colld_gpus_t *g, const colld_coll_t *k
                 out[nout++] = (char *)k->ops[r]->recv_ptr + off;
         }
         if (a->kind == COLLD_KIND_BROADCAST)
-            st = colld_cuda_copy((const char *)k->ops[a->root]->send_ptr + off, out, nout, (size_t)(hi - lo) * es,
+            st = colld_cuda_copy(g->kernels, (const char *)k->ops[a->root]->send_ptr + off, out, nout, (size_t)(hi - lo) * es,
                                  p->stream[i]);
         else
-            st = colld_cuda_reduce((colld_dtype_t)a->dtype, (colld_redop_t)a->redop, in, n, out, nout,
+            st = colld_cuda_reduce(g->kernels, (colld_dtype_t)a->dtype, (colld_redop_t)a->redop, in, n, out, nout,
                                    (size_t)(hi - lo), p->stream[i]);
         lo = hi;
     }
@@ -154,12 +154,13 @@ static colld_status_t launch_pieces(const colld_gpus_t *g, const colld_coll_t *k
             for (int r = 0; r < n; r++)
                 in[r] = (const char *)k->ops[r]->send_ptr + off;
             out[0] = k->ops[q]->recv_ptr;
-            st = colld_cuda_reduce((colld_dtype_t)a->dtype, (colld_redop_t)a->redop, in, n, out, 1, (size_t)count,
+            st = colld_cuda_reduce(g->kernels, (colld_dtype_t)a->dtype, (colld_redop_t)a->redop, in, n, out, 1,
+                                   (size_t)count,
                                    p->stream[gi]);
         } else {
             for (int r = 0; r < n; r++)
                 out[r] = (char *)k->ops[r]->recv_ptr + off;
-            st = colld_cuda_copy(k->ops[q]->send_ptr, out, n, (size_t)count * es, p->stream[gi]);
+            st = colld_cuda_copy(g->kernels, k->ops[q]->send_ptr, out, n, (size_t)count * es, p->stream[gi]);
         }
     }
     return st;
