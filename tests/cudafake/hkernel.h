@@ -2,9 +2,10 @@
  * hkernel.h - the host builds of colld's CUDA kernels inside the CUDA driver test double
  * (kernels.cpp, C++), as the C side of the double sees them.
  *
- * A library loaded from a fatbin names its kernels by their mangled names; the double maps each
- * name to a host build of the very same kernel source (kernels/cuda/cuda_core.cuh), compiled for
- * the CPU, and runs it thread by thread on the stream's worker. Before it runs, `check` hands
+ * A library loaded from a fatbin names its kernels by their symbol names (colld's are extern "C");
+ * the double maps each name to a host build of the very same kernel source
+ * (kernels/cuda/cuda_core.cuh), compiled for the CPU, and runs it thread by thread on the stream's
+ * worker. Before it runs, `check` hands
  * every buffer the parameters name to the double's access check, so that a kernel that would
  * fault on a GPU (memory of another device without peer access, unmapped, freed) fails with
  * CUDA_ERROR_ILLEGAL_ADDRESS instead of touching it.
@@ -25,7 +26,7 @@ extern "C" {
 typedef CUresult (*fk_access_fn)(void *cookie, const void *p, size_t len, bool write);
 
 typedef struct fk_hkernel {
-    const char *name;  /* the mangled name, as in the fatbin (found with dladdr at first use) */
+    const char *name;  /* the symbol name, as in the fatbin (found with dladdr at first use) */
     size_t param_size; /* bytes of its one parameter block */
     /* Run the emulated threads 0 .. nthreads-1 of the launch's grid, one after another. */
     void (*run)(const void *params, size_t nthreads);
@@ -33,7 +34,7 @@ typedef struct fk_hkernel {
     CUresult (*check)(const void *params, fk_access_fn access, void *cookie);
 } fk_hkernel_t;
 
-/* The host build of the kernel with this mangled name, or NULL. */
+/* The host build of the kernel with this symbol name, or NULL. */
 const fk_hkernel_t *fk_hkernel_find(const char *name);
 
 /* Every host build (for the double's own test). */

@@ -8,7 +8,7 @@
  * sections of its ELF images (nvcc leaves cubins uncompressed by default; a fatbin built with
  * compression and no cubin has no readable names: build it with --no-compress) and the
  * ".entry <name>" lines of PTX. A launch of a kernel runs the host build of the same kernel source
- * with that mangled name (kernels.cpp); a kernel with no host build fails to launch with
+ * with that symbol name (kernels.cpp); a kernel with no host build fails to launch with
  * CUDA_ERROR_NOT_SUPPORTED and a message saying so. The parameters are copied at the launch, as
  * the driver does; the grid's threads then run one after another on the stream's worker, after
  * every buffer they name passed the access check (a fault is CUDA_ERROR_ILLEGAL_ADDRESS or
