@@ -58,12 +58,18 @@ static const char *const copy_names[N_COPY] = { COLLD__CUDA_COPY_UNITS(NAME_COPY
 static int copy_index(int unit)
 {
     switch (unit) {
-    case 16: return 0;
-    case 8: return 1;
-    case 4: return 2;
-    case 2: return 3;
-    case 1: return 4;
-    default: return -1;
+    case 16:
+        return 0;
+    case 8:
+        return 1;
+    case 4:
+        return 2;
+    case 2:
+        return 3;
+    case 1:
+        return 4;
+    default:
+        return -1;
     }
 }
 
@@ -81,15 +87,15 @@ static const char *cuda_version(int v, char *buf, size_t len)
 /* A driver call of table `cu` through CU_CHECK (common/cudadrv.h: logged with its name and place
  * when it fails); on failure say which call failed, and why, in err and go to out with
  * st = COLLD_ERR_DEVICE. */
-#define LOAD_CU(call, ...)                                                                         \
-    do {                                                                                           \
-        CUresult r_ = CU_CHECK(cu, call, __VA_ARGS__);                                             \
-        if (r_ != CUDA_SUCCESS) {                                                                  \
-            char b_[160];                                                                          \
-            snprintf(err, len, "%s%s failed: %s", where, #call, colld_cu_describe(cu, r_, b_, sizeof(b_))); \
-            st = COLLD_ERR_DEVICE;                                                                 \
-            goto out;                                                                              \
-        }                                                                                          \
+#define LOAD_CU(call, ...)                                                                                             \
+    do {                                                                                                               \
+        CUresult r_ = CU_CHECK(cu, call, __VA_ARGS__);                                                                 \
+        if (r_ != CUDA_SUCCESS) {                                                                                      \
+            char b_[160];                                                                                              \
+            snprintf(err, len, "%s%s failed: %s", where, #call, colld_cu_describe(cu, r_, b_, sizeof(b_)));            \
+            st = COLLD_ERR_DEVICE;                                                                                     \
+            goto out;                                                                                                  \
+        }                                                                                                              \
     } while (0)
 
 /* Can GPU dev (compute capability major.minor) run the fatbin with this driver? Says why not in err.
@@ -235,11 +241,11 @@ static colld_status_t device_error(const colld_cuda_kernels_t *k, const char *wh
 
 /* A driver call of a launch through CU_CHECK; on failure record it for colld_cuda_last_error() and
  * return COLLD_ERR_DEVICE. */
-#define LAUNCH_CU(call, ...)                                                                       \
-    do {                                                                                           \
-        CUresult r_ = CU_CHECK(k->cu, call, __VA_ARGS__);                                          \
-        if (r_ != CUDA_SUCCESS)                                                                    \
-            return device_error(k, what, #call, r_);                                               \
+#define LAUNCH_CU(call, ...)                                                                                           \
+    do {                                                                                                               \
+        CUresult r_ = CU_CHECK(k->cu, call, __VA_ARGS__);                                                              \
+        if (r_ != CUDA_SUCCESS)                                                                                        \
+            return device_error(k, what, #call, r_);                                                                   \
     } while (0)
 
 /* Launch `kernel` with *params (its one parameter block) on `stream` in the current context, with
