@@ -136,6 +136,12 @@ typedef struct {
 /* Connect to the local daemon. socket_path NULL: $COLLD_SOCKET, else /run/colld/colld.sock for
  * root and $XDG_RUNTIME_DIR/colld.sock otherwise. */
 colld_status_t colld_connect(const char *socket_path, colld_client_t **out);
+/* A client belongs to the process that connected. In a child forked from it (without exec), the
+ * client and its communicators are lost: every call fails with COLLD_ERR_DAEMON_LOST saying the
+ * process is a fork, colld_disconnect only forgets the copy, and the child's copies of the
+ * session's descriptors are closed at the fork, so the parent's death is seen at once. A child
+ * that needs colld calls colld_connect itself. */
+
 /* Disconnect. Communicators of this client must be destroyed first; memory from colld_mem_alloc
  * (host and GPU) is released, and so are the daemon's registrations of other GPU memory the
  * client used. Streams that still carry collectives of this client must have completed them. */
