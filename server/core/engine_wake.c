@@ -59,8 +59,8 @@ int colld_engine_add_session(colld_daemon_t *d, colld_session_t *s)
 /* Stop watching a session's eventfd (lock held). */
 void colld_engine_remove_session(colld_daemon_t *d, colld_session_t *s)
 {
-    if (s->efd >= 0)
-        (void)SYS_CHECK(ENGINE, epoll_ctl(d->epfd, EPOLL_CTL_DEL, s->efd, NULL));
+    if (s->efd >= 0 && d->epfd >= 0) /* ENOENT: it was never added (its session failed to start) */
+        (void)SYS_CHECK_EXPECT(ENGINE, ENOENT, epoll_ctl(d->epfd, EPOLL_CTL_DEL, s->efd, NULL));
 }
 
 void colld_engine_sleep(colld_daemon_t *d, int timeout_ms)
