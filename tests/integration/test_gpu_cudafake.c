@@ -514,6 +514,190 @@ static void test_collectives_driver_launch(void **state)
 }
 
 /* ============================================================================================
+ * A launch that fails part-way, a communicator that breaks while it is launched (issue 15 F1, F2)
+ *
+ * The daemon's double reads launch_control (setup_launch_fault): the daemon's first stream (the
+ * communicator's stream on GPU 0, made by its first launch) stalls before its first operation,
+ * and the daemon's 2nd cuStreamWriteValue32 fails. The first collective (count 0: only the flags)
+ * then enqueues rank 0's `done` write on the stalled stream and fails at rank 1's: a launch that
+ * failed part-way, whose enqueued write runs only when the case lets the stream go on.
+ * ========================================================================================== */
+
+#define LAUNCH_FAULT "cuStreamWriteValue32 failed: CUDA_ERROR_INVALID_VALUE" /* the daemon's log, CU_CHECK */
+#define WAIT_MS 20000 /* the bound of every wait of these cases */
+
+static char launch_control[64]; /* the fault file of the daemon's double */
+
+/* Append one fault specification to the daemon's fault file. */
+static bool control_append(const char *line)
+{
+    FILE *f = fopen(launch_control, "a");
+    if (!f)
+        return false;
+    fprintf(f, "%s\n", line);
+    return fclose(f) == 0;
+}
+
+/* Has the daemon's log said `what` within ms milliseconds? */
+static bool log_says(harness_t *h, const char *what, int ms)
+{
+    static char log[65536];
+    for (int i = 0; i < ms / 5; i++) {
+        harness_read_file(h->log, log, sizeof(log));
+        if (strstr(log, what))
+            return true;
+        harness_wait_file("/nonexistent", 5);
+    }
+    return false;
+}
+
+/* The communicator's async error, waiting at most ms milliseconds (COLLD_OK: none by then). */
+static colld_status_t async_error_within(colld_comm_t *comm, int ms)
+{
+    colld_status_t e = COLLD_OK;
+    for (int i = 0; i < ms / 5 && e == COLLD_OK; i++) {
+        colld_comm_get_async_error(comm, &e);
+        if (e == COLLD_OK)
+            harness_wait_file("/nonexistent", 5);
+    }
+    return e;
+}
+
+/* Wait, at most WAIT_MS, until the rank's stream has run everything (its waits for the daemon's
+ * `done` writes released). A stream left waiting is a failure, and is leaked: destroying it
+ * could wait forever. */
+static CUresult stream_released(rank_t *r)
+{
+    CUresult cr = CUDA_ERROR_NOT_READY;
+    for (int i = 0; i < WAIT_MS / 5 && cr == CUDA_ERROR_NOT_READY; i++)
+        if ((cr = cu->cuStreamQuery(r->s)) == CUDA_ERROR_NOT_READY)
+            harness_wait_file("/nonexistent", 5);
+    if (cr == CUDA_ERROR_NOT_READY) {
+        rank_fail(r, "the stream of rank %d still waits for the daemon after %d ms", r->rank, WAIT_MS);
+        r->s = NULL;
+    }
+    return cr;
+}
+
+/* Both ranks post two count-0 collectives, A and B; rank 0's stream reaches A only after both are
+ * posted (a gate), so that B's wait (done >= B) is on rank 0's stream when A's launch fails and
+ * the release (B + COLLD_WIRE_GPU_RELEASE) must cover it. Then, on rank 0: the launch failed
+ * part-way (the fault in the daemon's log); with `abort_peer`, rank 1 aborts the communicator
+ * meanwhile (while the daemon is still in A's launch, waiting for the stalled stream) and rank 0
+ * waits for that break; without, rank 0 gives a release written too early (the defect) a moment
+ * to land. Then the stalled stream goes on: its `done` write of A must not take the flag back
+ * below the release, and both ranks' streams must be released, with the collective's error. */
+static void launch_fault_scenario(rank_t *r, bool abort_peer)
+{
+    CUdeviceptr dgate = 0;
+    uint32_t *gate = r->rank == 0 ? gate_new(&dgate) : NULL;
+    if (r->rank == 0 && (!gate || cu->cuStreamWaitValue32(r->s, dgate, 1, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)) {
+        rank_fail(r, "the gate of rank 0's stream");
+        pthread_barrier_wait(r->barrier);
+        pthread_barrier_wait(r->barrier);
+        return;
+    }
+    r->st[0] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    r->st[1] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    pthread_barrier_wait(r->barrier); /* both posted A and B */
+    if (gate)
+        __atomic_store_n(gate, 1, __ATOMIC_RELEASE);
+    bool fired = log_says(r->h, LAUNCH_FAULT, WAIT_MS);
+    if (!fired)
+        rank_fail(r, "the daemon's log never said \"%s\"", LAUNCH_FAULT);
+    if (abort_peer && r->rank == 1 && fired)
+        r->st[2] = colld_comm_abort(r->comm);
+    if (r->rank == 0) {
+        if (fired && abort_peer)
+            r->st[2] = async_error_within(r->comm, WAIT_MS); /* the break arrived during the launch */
+        else if (fired)
+            async_error_within(r->comm, 1000); /* the defect's early release: arrives within ms */
+        if (!control_append("release:1")) /* always: a failed case must not leave the daemon stuck */
+            rank_fail(r, "cannot write the daemon's fault file");
+    }
+    pthread_barrier_wait(r->barrier); /* rank 1's abort is done before rank 0 looks */
+    r->cr[0] = stream_released(r);
+    r->st[3] = colld_comm_synchronize(r->comm);
+    if (gate)
+        gate_free(gate);
+}
+
+static void sc_partial_launch(rank_t *r)
+{
+    launch_fault_scenario(r, false);
+}
+
+static void sc_break_during_launch(rank_t *r)
+{
+    launch_fault_scenario(r, true);
+}
+
+/* Issue 15 F2, fixed: a launch that fails part-way (rank 0's `done` write enqueued, rank 1's
+ * refused) waits for what it enqueued before the collective fails, so the failure release of
+ * both ranks (past B) is written after rank 0's `done` write of A. Before the fix the release was
+ * written at once, the stalled write then took rank 0's `done` back to A, and rank 0's stream
+ * waited for B forever. */
+static void test_partial_launch_failure_releases_streams(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_partial_launch, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[0], COLLD_OK);
+        assert_int_equal(ranks[i].st[1], COLLD_OK);
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS); /* released */
+        assert_int_equal(ranks[i].st[3], COLLD_ERR_DEVICE);
+        assert_non_null(strstr(ranks[i].detail, "CUDA refused the launch: CUDA_ERROR_INVALID_VALUE"));
+    }
+    assert_int_equal(harness_wait_clean(*state, 10000), 0);
+}
+
+/* Issue 15 F1, fixed: a communicator that breaks (rank 1 aborts) while its collective is being
+ * launched (the daemon's lock dropped; here the launch waits for its stalled stream) owes its
+ * releases until that launch is over: a collective counts as running from the moment it leaves
+ * pending. Before the fix the break wrote the releases at once (nothing counted as running), the
+ * launch's own `done` write of A then took rank 0's flag back, and rank 0's stream waited for B
+ * forever. */
+static void test_break_during_launch_releases_streams(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_break_during_launch, 0, ranks);
+    assert_int_equal(ranks[1].st[2], COLLD_OK);          /* colld_comm_abort */
+    assert_int_equal(ranks[0].st[2], COLLD_ERR_ABORTED); /* seen by rank 0 during the launch */
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[0], COLLD_OK);
+        assert_int_equal(ranks[i].st[1], COLLD_OK);
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS); /* released */
+        assert_int_equal(ranks[i].st[3], COLLD_ERR_ABORTED);
+        assert_non_null(strstr(ranks[i].detail, "aborted by rank 1"));
+    }
+    assert_int_equal(harness_wait_clean(*state, 10000), 0);
+}
+
+/* A daemon whose double stalls its first stream and fails its 2nd cuStreamWriteValue32, and
+ * reads launch_control for the case's later instructions. */
+static int setup_launch_fault(void **state)
+{
+    snprintf(launch_control, sizeof(launch_control), "/tmp/colld-cudafake-XXXXXX");
+    int fd = mkstemp(launch_control);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    if (!control_append("stall:1") || !control_append("fail:cuStreamWriteValue32:2:CUDA_ERROR_INVALID_VALUE"))
+        return -1;
+    setenv("COLLD_CUDAFAKE_CONTROL", launch_control, 1);
+    int rc = setup_on_double(state);
+    unsetenv("COLLD_CUDAFAKE_CONTROL");
+    return rc;
+}
+
+static int teardown_launch_fault(void **state)
+{
+    int rc = harness_test_teardown(state);
+    unlink(launch_control);
+    return rc;
+}
+
+/* ============================================================================================
  * An old driver
  * ========================================================================================== */
 
@@ -1094,6 +1278,10 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_mem_alloc_cuda, setup_on_double, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_flag_protocol, setup_on_double, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_collectives_driver_launch, setup_on_double, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_partial_launch_failure_releases_streams, setup_launch_fault,
+                                        teardown_launch_fault),
+        cmocka_unit_test_setup_teardown(test_break_during_launch_releases_streams, setup_launch_fault,
+                                        teardown_launch_fault),
     };
     return cmocka_run_group_tests_name(group, tests, NULL, NULL);
 }

@@ -46,7 +46,7 @@ typedef struct colld_gpus {
 typedef struct {
     CUstream *stream; /* [n GPUs], created on first use (engine thread) */
     unsigned busy;    /* pending + launching + running collectives */
-    unsigned running; /* launched, kernels may still run */
+    unsigned running; /* left pending (launching or launched): its kernels may run */
     bool *owe;        /* [nranks]: a release is owed once nothing runs */
     uint32_t *owed;   /* [nranks]: the done value owed */
     colld_status_t owed_status;

@@ -303,6 +303,9 @@ int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
             earlier |= e->comm == k->comm;
         if (!earlier && all_ready(b, k, missing, 8, &nmissing)) {
             pending_unlink(g, prev, k);
+            /* Running from now on (issue 15 F1): a break while it is being launched (the lock
+             * dropped) owes its releases until the launch's own `done` writes are over. */
+            gpu_comm_of(b, k->comm)->running++;
             *launch_tail = k;
             launch_tail = &k->next;
             work++;
@@ -329,7 +332,8 @@ bool cuda_outstanding(const colld_backend_t *b)
 
 /* The launched list comes back (lock held): those that run wait for their event; those whose
  * launch failed fail, and their communicator with them (the ranks' later collectives depend on
- * them). */
+ * them). Each counted as running since it left pending (cuda_progress): the releases its
+ * communicator owes are written once it is finished, after its own `done` writes. */
 void cuda_launched(colld_backend_t *b)
 {
     colld_gpus_t *g = gpus_of(b);
@@ -340,7 +344,6 @@ void cuda_launched(colld_backend_t *b)
         list = k->next;
         k->next = NULL;
         if (k->status == COLLD_OK) {
-            gpu_comm_of(b, k->comm)->running++;
             colld_coll_t **tail = &g->running; /* FIFO: launch order */
             while (*tail)
                 tail = &(*tail)->next;
@@ -349,7 +352,7 @@ void cuda_launched(colld_backend_t *b)
         }
         LOG_WARN(GPU, "communicator %llu: %s", (unsigned long long)k->comm->id, k->why);
         colld_comm_break(b->d, k->comm, k->status, -1, k->why);
-        gpu_finish(b, k, false);
+        gpu_finish(b, k, true); /* nothing it enqueued runs any more (cuda_launch.c drain_streams) */
     }
 }
 

@@ -41,8 +41,10 @@ static void plan_gpus(const colld_coll_t *k, launch_plan_t *p)
     int n = k->comm->nranks;
     p->lead = -1;
     p->nused = 0;
-    for (int i = 0; i < MAX_GPUS; i++)
+    for (int i = 0; i < MAX_GPUS; i++) {
         p->used[i] = false;
+        p->stream[i] = NULL;
+    }
     for (int r = 0; r < n; r++) {
         const colld_op_t *op = k->ops[r];
         p->gpu_of[r] = reg_gpu(op->recv_reg ? op->recv_reg : op->send_reg);
@@ -212,7 +214,23 @@ static CUresult signal_done(colld_backend_t *b, colld_coll_t *k, const launch_pl
     return CUDA_SUCCESS;
 }
 
-/* Launch one collective. Returns COLLD_OK or an error with what went wrong in err. */
+/* A launch failed part-way (issue 15 F2): what it did enqueue (a kernel on one GPU, the `done`
+ * writes of some ranks) still runs. Wait for every stream it used before the collective fails, so
+ * that its release of the ranks' streams is written after those `done` writes (never moved
+ * backwards by one) and its registrations are let go only once no kernel reads them. A failed
+ * wait (a sticky error) means the context runs nothing more. */
+static void drain_streams(const colld_gpus_t *g, const launch_plan_t *p)
+{
+    for (int i = 0; i < g->n && i < MAX_GPUS; i++) {
+        if (!p->used[i] || !p->stream[i])
+            continue;
+        CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[i].ctx);
+        CU_CHECK(g->cu, cuStreamSynchronize, p->stream[i]);
+    }
+}
+
+/* Launch one collective. Returns COLLD_OK or an error with what went wrong in err; on an error,
+ * nothing it enqueued runs any more (drain_streams). */
 static colld_status_t launch_one(colld_backend_t *b, colld_coll_t *k, colld_err_t *err)
 {
     colld_gpus_t *g = gpus_of(b);
@@ -243,14 +261,19 @@ static colld_status_t launch_one(colld_backend_t *b, colld_coll_t *k, colld_err_
     default:
         st = COLLD_ERR_INVALID_ARGUMENT;
     }
-    if (st != COLLD_OK)
-        return colld_err_set(err, st, "collective #%llu: the GPU kernel could not be launched: %s",
-                             (unsigned long long)a->seq, colld_cuda_last_error());
+    if (st != COLLD_OK) {
+        colld_err_set(err, st, "collective #%llu: the GPU kernel could not be launched: %s",
+                      (unsigned long long)a->seq, colld_cuda_last_error());
+        drain_streams(g, &p);
+        return st;
+    }
     if ((cr = signal_done(b, k, &p)) == CUDA_SUCCESS)
         return COLLD_OK;
 cuda_failed:
-    return colld_err_set(err, COLLD_ERR_DEVICE, "collective #%llu: CUDA refused the launch: %s",
-                         (unsigned long long)a->seq, colld_cu_describe(g->cu, cr, buf, sizeof(buf)));
+    colld_err_set(err, COLLD_ERR_DEVICE, "collective #%llu: CUDA refused the launch: %s", (unsigned long long)a->seq,
+                  colld_cu_describe(g->cu, cr, buf, sizeof(buf)));
+    drain_streams(g, &p);
+    return COLLD_ERR_DEVICE;
 }
 
 bool cuda_launch(colld_backend_t *b)
