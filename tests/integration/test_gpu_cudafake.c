@@ -579,31 +579,46 @@ static CUresult stream_released(rank_t *r)
     return cr;
 }
 
-/* Both ranks post two count-0 collectives, A and B; rank 0's stream reaches A only after both are
- * posted (a gate), so that B's wait (done >= B) is on rank 0's stream when A's launch fails and
- * the release (B + COLLD_WIRE_GPU_RELEASE) must cover it. Then, on rank 0: the launch failed
- * part-way (the fault in the daemon's log); with `abort_peer`, rank 1 aborts the communicator
- * meanwhile (while the daemon is still in A's launch, waiting for the stalled stream) and rank 0
- * waits for that break; without, rank 0 gives a release written too early (the defect) a moment
- * to land. Then the stalled stream goes on: its `done` write of A must not take the flag back
- * below the release, and both ranks' streams must be released, with the collective's error. */
+/* Rank 0's stream waits for a gate (host memory this thread opens) when it gets there. */
+static bool gate_wait(rank_t *r, uint32_t *gate, CUdeviceptr dgate)
+{
+    if (gate && cu->cuStreamWaitValue32(r->s, dgate, 1, CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS)
+        return true;
+    rank_fail(r, "the gate of rank 0's stream");
+    return false;
+}
+
+/* Both ranks post two count-0 collectives, A and B. Rank 0's stream reaches A only after both
+ * are posted (gate 0), so that the failure release covers B (B + COLLD_WIRE_GPU_RELEASE), and
+ * reaches B only once the daemon is over with A (gate 1), so that its wait for B sees where the
+ * daemon left its `done` flag. On rank 0: A's launch failed part-way (the daemon's log says so);
+ * with `abort_peer`, rank 1 aborts the communicator meanwhile, while the daemon is still in A's
+ * launch (waiting for its stalled stream), and rank 0 waits for that break; without, rank 0
+ * gives a release written too early (the defects) a second to arrive. Then the stalled stream
+ * goes on (its `done` write of A); once the daemon has failed A and B (colld_comm_synchronize),
+ * rank 0 gives that write half a second to land before its stream goes on to B (the graces only
+ * let the defects show: the fixed daemon orders the writes itself). Both ranks' streams must be
+ * released, and the collectives fail with the cause. */
 static void launch_fault_scenario(rank_t *r, bool abort_peer)
 {
-    CUdeviceptr dgate = 0;
-    uint32_t *gate = r->rank == 0 ? gate_new(&dgate) : NULL;
-    if (r->rank == 0 && (!gate || cu->cuStreamWaitValue32(r->s, dgate, 1, CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS)) {
-        rank_fail(r, "the gate of rank 0's stream");
-        pthread_barrier_wait(r->barrier);
-        pthread_barrier_wait(r->barrier);
-        return;
-    }
-    r->st[0] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
-    r->st[1] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    CUdeviceptr dgate[2] = { 0, 0 };
+    uint32_t *gate[2] = { NULL, NULL };
+    bool gated = true;
+    for (int i = 0; r->rank == 0 && i < 2; i++)
+        gate[i] = gate_new(&dgate[i]);
+    if (r->rank == 0)
+        gated = gate_wait(r, gate[0], dgate[0]);
+    if (gated)
+        r->st[0] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    if (r->rank == 0 && gated)
+        gated = gate_wait(r, gate[1], dgate[1]);
+    if (gated)
+        r->st[1] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
     pthread_barrier_wait(r->barrier); /* both posted A and B */
-    if (gate)
-        __atomic_store_n(gate, 1, __ATOMIC_RELEASE);
-    bool fired = log_says(r->h, LAUNCH_FAULT, WAIT_MS);
-    if (!fired)
+    if (gate[0])
+        __atomic_store_n(gate[0], 1, __ATOMIC_RELEASE);
+    bool fired = gated && log_says(r->h, LAUNCH_FAULT, WAIT_MS);
+    if (gated && !fired)
         rank_fail(r, "the daemon's log never said \"%s\"", LAUNCH_FAULT);
     if (abort_peer && r->rank == 1 && fired)
         r->st[2] = colld_comm_abort(r->comm);
@@ -611,15 +626,21 @@ static void launch_fault_scenario(rank_t *r, bool abort_peer)
         if (fired && abort_peer)
             r->st[2] = async_error_within(r->comm, WAIT_MS); /* the break arrived during the launch */
         else if (fired)
-            async_error_within(r->comm, 1000); /* the defect's early release: arrives within ms */
+            async_error_within(r->comm, 1000);
         if (!control_append("release:1")) /* always: a failed case must not leave the daemon stuck */
             rank_fail(r, "cannot write the daemon's fault file");
+        r->st[3] = colld_comm_synchronize(r->comm);
+        harness_wait_file("/nonexistent", 500);
+        if (gate[1])
+            __atomic_store_n(gate[1], 1, __ATOMIC_RELEASE);
     }
-    pthread_barrier_wait(r->barrier); /* rank 1's abort is done before rank 0 looks */
+    pthread_barrier_wait(r->barrier);
     r->cr[0] = stream_released(r);
-    r->st[3] = colld_comm_synchronize(r->comm);
-    if (gate)
-        gate_free(gate);
+    if (r->rank == 1)
+        r->st[3] = colld_comm_synchronize(r->comm);
+    for (int i = 0; i < 2; i++)
+        if (gate[i] && r->s)
+            gate_free(gate[i]); /* not under a stream left waiting on it */
 }
 
 static void sc_partial_launch(rank_t *r)
