@@ -17,7 +17,12 @@
  *                               one) until released; STREAM is N (the N-th stream created in the
  *                               process, 1-based) or L<dev> (the legacy default stream of device dev)
  *   release:STREAM | release:*  lets a stalled stream (every stalled stream) go on
- *   clear                       drops every fail and sticky specification not yet fired
+ *   hold:ENTRY:WHICH            the WHICH-th call of ENTRY waits, before it does anything, until
+ *                               release:hold; when it starts waiting, "# held: ENTRY call #N" is
+ *                               appended to the control file (a comment: a test driving another
+ *                               process sees that the call is being made, and when)
+ *   release:hold                lets every held call go on
+ *   clear                       drops every fail, sticky and hold specification not yet fired
  *   poll                        (colld_cudafake_control only) reads the control file now
  *
  * ENTRY is a base name as cuGetProcAddress takes it (cuMemAlloc, cuStreamWaitValue32), RESULT a
@@ -41,7 +46,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-typedef enum { F_FAIL = 1, F_STICKY, F_STALL } spec_kind_t;
+typedef enum { F_FAIL = 1, F_STICKY, F_STALL, F_HOLD } spec_kind_t;
 
 typedef struct {
     spec_kind_t kind;
@@ -67,6 +72,7 @@ static struct {
     char partial[1024];      /* an incomplete last line */
     size_t npartial;
     _Atomic uint64_t next_poll_ns;
+    _Atomic uint64_t hold_releases; /* release:hold lines applied */
 } ft = { .mu = PTHREAD_MUTEX_INITIALIZER };
 
 /* The CUresult named by s (a name or a number). */
@@ -163,6 +169,12 @@ static bool apply_one(char *line, const char *origin)
         sp.kind = f[0][0] == 'f' ? F_FAIL : F_STICKY;
         ok = parse_entry(f[1], &sp.entry) && parse_which(f[2], sp.entry, &sp) && parse_result(f[3], &sp.result) &&
              sp.result != CUDA_SUCCESS;
+    } else if (nf == 3 && strcmp(f[0], "hold") == 0) {
+        sp.kind = F_HOLD;
+        ok = parse_entry(f[1], &sp.entry) && parse_which(f[2], sp.entry, &sp);
+    } else if (nf == 2 && strcmp(f[0], "release") == 0 && strcmp(f[1], "hold") == 0) {
+        atomic_fetch_add(&ft.hold_releases, 1);
+        return true;
     } else if ((nf == 2 || nf == 3) && strcmp(f[0], "stall") == 0) {
         sp.kind = F_STALL;
         ok = parse_stream(f[1], &sp);
@@ -277,6 +289,25 @@ void fk_fault_poll(void)
     pthread_mutex_unlock(&ft.mu);
 }
 
+/* Hold call n of e until a release:hold is applied after `releases` of them; say so in the
+ * control file (a comment line) and on stderr first. */
+static void hold_call(fk_entry_t e, uint64_t n, uint64_t releases)
+{
+    fk_log("held: %s call #%llu, until release:hold", fk_entry_name(e), (unsigned long long)n);
+    int fd = ft.path[0] ? open(ft.path, O_WRONLY | O_APPEND | O_CLOEXEC) : -1;
+    if (fd >= 0) {
+        char line[128];
+        int len = snprintf(line, sizeof(line), "# held: %s call #%llu\n", fk_entry_name(e), (unsigned long long)n);
+        if (write(fd, line, (size_t)len) != len)
+            fk_log("cannot announce the held call in %s", ft.path);
+        close(fd);
+    }
+    while (atomic_load(&ft.hold_releases) == releases) {
+        usleep(1000);
+        fk_fault_poll();
+    }
+}
+
 /* Count a call of e and return the fault it must fail with (CUDA_SUCCESS: none); *sticky says
  * whether the fault is a sticky one. */
 CUresult fk_fault_call(fk_entry_t e, bool *sticky)
@@ -284,18 +315,25 @@ CUresult fk_fault_call(fk_entry_t e, bool *sticky)
     uint64_t n = atomic_fetch_add(&ft.calls[e], 1) + 1;
     fk_fault_poll();
     CUresult r = CUDA_SUCCESS;
+    bool hold = false;
     pthread_mutex_lock(&ft.mu);
+    uint64_t releases = atomic_load(&ft.hold_releases);
     for (int i = 0; i < ft.n && r == CUDA_SUCCESS; i++) {
         spec_t *s = &ft.specs[i];
-        if ((s->kind != F_FAIL && s->kind != F_STICKY) || s->entry != e || s->done)
+        if (s->kind == F_STALL || s->entry != e || s->done)
             continue;
-        if (n == s->first || (s->every && n > s->first)) {
+        if (s->kind == F_HOLD && (n == s->first || (s->every && n > s->first))) {
+            hold = true;
+            s->done = !s->every;
+        } else if (s->kind != F_HOLD && (n == s->first || (s->every && n > s->first))) {
             r = s->result;
             *sticky = s->kind == F_STICKY;
             s->done = !s->every;
         }
     }
     pthread_mutex_unlock(&ft.mu);
+    if (hold)
+        hold_call(e, n, releases);
     if (r != CUDA_SUCCESS)
         fk_log("injected fault: %s call #%llu -> %s%s", fk_entry_name(e), (unsigned long long)n, fk_result_name(r),
                *sticky ? " (sticky)" : "");

@@ -524,6 +524,7 @@ static void test_collectives_driver_launch(void **state)
  * ========================================================================================== */
 
 #define LAUNCH_FAULT "cuStreamWriteValue32 failed: CUDA_ERROR_INVALID_VALUE" /* the daemon's log, CU_CHECK */
+#define LAUNCH_HELD "# held: cuEventRecord call #1" /* the daemon's fault file, hold_call */
 #define WAIT_MS 20000 /* the bound of every wait of these cases */
 
 static char launch_control[64]; /* the fault file of the daemon's double */
@@ -538,12 +539,12 @@ static bool control_append(const char *line)
     return fclose(f) == 0;
 }
 
-/* Has the daemon's log said `what` within ms milliseconds? */
-static bool log_says(harness_t *h, const char *what, int ms)
+/* Has the file (the daemon's log, its fault file) said `what` within ms milliseconds? */
+static bool log_says(const char *path, const char *what, int ms)
 {
-    static char log[65536];
+    static _Thread_local char log[65536];
     for (int i = 0; i < ms / 5; i++) {
-        harness_read_file(h->log, log, sizeof(log));
+        harness_read_file(path, log, sizeof(log));
         if (strstr(log, what))
             return true;
         harness_wait_file("/nonexistent", 5);
@@ -591,15 +592,17 @@ static bool gate_wait(rank_t *r, uint32_t *gate, CUdeviceptr dgate)
 /* Both ranks post two count-0 collectives, A and B. Rank 0's stream reaches A only after both
  * are posted (gate 0), so that the failure release covers B (B + COLLD_WIRE_GPU_RELEASE), and
  * reaches B only once the daemon is over with A (gate 1), so that its wait for B sees where the
- * daemon left its `done` flag. On rank 0: A's launch failed part-way (the daemon's log says so);
- * with `abort_peer`, rank 1 aborts the communicator meanwhile, while the daemon is still in A's
- * launch (waiting for its stalled stream), and rank 0 waits for that break; without, rank 0
- * gives a release written too early (the defects) a second to arrive. Then the stalled stream
- * goes on (its `done` write of A); once the daemon has failed A and B (colld_comm_synchronize),
- * rank 0 gives that write half a second to land before its stream goes on to B (the graces only
- * let the defects show: the fixed daemon orders the writes itself). Both ranks' streams must be
- * released, and the collectives fail with the cause. */
-static void launch_fault_scenario(rank_t *r, bool abort_peer)
+ * daemon left its `done` flag. On rank 0, A's launch is in the daemon: with `fault`, it failed
+ * part-way (the daemon's log says `fault`) and waits for its stalled stream; without, it is held
+ * at its cuEventRecord (the fault file says so), every `done` write enqueued. With `abort_peer`,
+ * rank 1 aborts the communicator meanwhile, while the daemon is still in A's launch, and rank 0
+ * waits for that break; without, rank 0 gives a release written too early (the defect) a second
+ * to arrive. Then the held call and the stalled stream go on (A's `done` write of rank 0); once
+ * the daemon has failed A and B (colld_comm_synchronize), rank 0 gives that write half a second
+ * to land before its stream goes on to B (the graces only let the defects show: the fixed daemon
+ * orders the writes itself). Both ranks' streams must be released, and the collectives fail with
+ * the cause. */
+static void launch_scenario(rank_t *r, bool abort_peer, const char *fault)
 {
     CUdeviceptr dgate[2] = { 0, 0 };
     uint32_t *gate[2] = { NULL, NULL };
@@ -617,9 +620,9 @@ static void launch_fault_scenario(rank_t *r, bool abort_peer)
     pthread_barrier_wait(r->barrier); /* both posted A and B */
     if (gate[0])
         __atomic_store_n(gate[0], 1, __ATOMIC_RELEASE);
-    bool fired = gated && log_says(r->h, LAUNCH_FAULT, WAIT_MS);
+    bool fired = gated && (fault ? log_says(r->h->log, fault, WAIT_MS) : log_says(launch_control, LAUNCH_HELD, WAIT_MS));
     if (gated && !fired)
-        rank_fail(r, "the daemon's log never said \"%s\"", LAUNCH_FAULT);
+        rank_fail(r, "never saw \"%s\"", fault ? fault : LAUNCH_HELD);
     if (abort_peer && r->rank == 1 && fired)
         r->st[2] = colld_comm_abort(r->comm);
     if (r->rank == 0) {
@@ -627,6 +630,8 @@ static void launch_fault_scenario(rank_t *r, bool abort_peer)
             r->st[2] = async_error_within(r->comm, WAIT_MS); /* the break arrived during the launch */
         else if (fired)
             async_error_within(r->comm, 1000);
+        if (!fault && !control_append("release:hold"))
+            rank_fail(r, "cannot write the daemon's fault file");
         if (!control_append("release:1")) /* always: a failed case must not leave the daemon stuck */
             rank_fail(r, "cannot write the daemon's fault file");
         r->st[3] = colld_comm_synchronize(r->comm);
@@ -636,6 +641,9 @@ static void launch_fault_scenario(rank_t *r, bool abort_peer)
     }
     pthread_barrier_wait(r->barrier);
     r->cr[0] = stream_released(r);
+    /* Neither rank leaves before both streams were looked at: a rank that leaves has the daemon
+     * release the communicator's streams once more, which would hide a `done` moved back. */
+    pthread_barrier_wait(r->barrier);
     if (r->rank == 1)
         r->st[3] = colld_comm_synchronize(r->comm);
     for (int i = 0; i < 2; i++)
@@ -645,12 +653,17 @@ static void launch_fault_scenario(rank_t *r, bool abort_peer)
 
 static void sc_partial_launch(rank_t *r)
 {
-    launch_fault_scenario(r, false);
+    launch_scenario(r, false, LAUNCH_FAULT);
 }
 
 static void sc_break_during_launch(rank_t *r)
 {
-    launch_fault_scenario(r, true);
+    launch_scenario(r, true, LAUNCH_FAULT);
+}
+
+static void sc_break_during_held_launch(rank_t *r)
+{
+    launch_scenario(r, true, NULL);
 }
 
 /* Issue 15 F2, fixed: a launch that fails part-way (rank 0's `done` write enqueued, rank 1's
@@ -672,13 +685,9 @@ static void test_partial_launch_failure_releases_streams(void **state)
     assert_int_equal(harness_wait_clean(*state, 10000), 0);
 }
 
-/* Issue 15 F1, fixed: a communicator that breaks (rank 1 aborts) while its collective is being
- * launched (the daemon's lock dropped; here the launch waits for its stalled stream) owes its
- * releases until that launch is over: a collective counts as running from the moment it leaves
- * pending. Before the fix the break wrote the releases at once (nothing counted as running), the
- * launch's own `done` write of A then took rank 0's flag back, and rank 0's stream waited for B
- * forever. */
-static void test_break_during_launch_releases_streams(void **state)
+/* A communicator that breaks (rank 1 aborts) while its collective A's launch, which fails
+ * part-way, waits for its stalled stream: the release follows the launch's `done` writes. */
+static void test_break_during_failed_launch_releases_streams(void **state)
 {
     rank_t ranks[2];
     run_ranks(*state, sc_break_during_launch, 0, ranks);
@@ -692,6 +701,45 @@ static void test_break_during_launch_releases_streams(void **state)
         assert_non_null(strstr(ranks[i].detail, "aborted by rank 1"));
     }
     assert_int_equal(harness_wait_clean(*state, 10000), 0);
+}
+
+/* Issue 15 F1, fixed: a communicator that breaks (rank 1 aborts) while its collective A is being
+ * launched (the daemon's lock dropped: the double holds the launch's cuEventRecord, after both
+ * `done` writes were enqueued on the stalled stream) owes its releases until A has run: a
+ * collective counts as running from the moment it leaves pending. Before the fix the break wrote
+ * the releases at once (A did not count as running), A's own `done` write then took rank 0's flag
+ * back, A completed, and rank 0's stream waited for B forever (here: failed after 20 s). */
+static void test_break_during_launch_releases_streams(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_break_during_held_launch, 0, ranks);
+    assert_int_equal(ranks[1].st[2], COLLD_OK);          /* colld_comm_abort */
+    assert_int_equal(ranks[0].st[2], COLLD_ERR_ABORTED); /* seen by rank 0 during the launch */
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[0], COLLD_OK);
+        assert_int_equal(ranks[i].st[1], COLLD_OK);
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS); /* released */
+        assert_int_equal(ranks[i].st[3], COLLD_ERR_ABORTED);
+        assert_non_null(strstr(ranks[i].detail, "aborted by rank 1"));
+    }
+    assert_int_equal(harness_wait_clean(*state, 10000), 0);
+}
+
+/* A daemon whose double stalls its first stream and holds its first cuEventRecord (the end of
+ * the first launch), and reads launch_control for the case's later instructions. */
+static int setup_launch_hold(void **state)
+{
+    snprintf(launch_control, sizeof(launch_control), "/tmp/colld-cudafake-XXXXXX");
+    int fd = mkstemp(launch_control);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    if (!control_append("stall:1") || !control_append("hold:cuEventRecord:1"))
+        return -1;
+    setenv("COLLD_CUDAFAKE_CONTROL", launch_control, 1);
+    int rc = setup_on_double(state);
+    unsetenv("COLLD_CUDAFAKE_CONTROL");
+    return rc;
 }
 
 /* A daemon whose double stalls its first stream and fails its 2nd cuStreamWriteValue32, and
@@ -1301,7 +1349,9 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_collectives_driver_launch, setup_on_double, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_partial_launch_failure_releases_streams, setup_launch_fault,
                                         teardown_launch_fault),
-        cmocka_unit_test_setup_teardown(test_break_during_launch_releases_streams, setup_launch_fault,
+        cmocka_unit_test_setup_teardown(test_break_during_failed_launch_releases_streams, setup_launch_fault,
+                                        teardown_launch_fault),
+        cmocka_unit_test_setup_teardown(test_break_during_launch_releases_streams, setup_launch_hold,
                                         teardown_launch_fault),
     };
     return cmocka_run_group_tests_name(group, tests, NULL, NULL);

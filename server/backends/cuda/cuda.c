@@ -32,8 +32,10 @@
  *
  * Failure release: a collective that fails, and every rank of a communicator that breaks, gets
  * its `done` flag set to (last sequence number + COLLD_WIRE_GPU_RELEASE) so that no application
- * stream waits forever; this is deferred while a kernel of the communicator is still running
- * (its stream write of `done` would otherwise move the flag backwards).
+ * stream waits forever; this is deferred while a collective of the communicator is being launched
+ * or runs (its stream write of `done` would otherwise move the flag backwards): a collective counts
+ * as running from the moment it leaves `pending`. A launch that fails part-way waits for what it
+ * enqueued before the collective fails (cuda_launch.c drain_streams).
  */
 #include "server/backends/cuda/cuda.h"
 
