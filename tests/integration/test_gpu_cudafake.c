@@ -16,6 +16,9 @@
  *                     reduce-scatter on the application's device memory, results exact: the daemon
  *                     launches its kernels through the driver API (issue 15 A1, fixed), each launch
  *                     running the host build of the same kernel source on the double
+ *     launch faults   the daemon's double stalls its stream and fails (or holds) a call of a
+ *                     launch: a launch that fails part-way, a communicator that breaks during a
+ *                     launch; both ranks' streams are released (issue 15 F1, F2, fixed)
  *   driver        an 11.8 driver: the daemon and the client refuse GPU work with the loader's reason
  *   kernel_driver a 12.8 driver (enough for libcolld), older than the daemon's fatbin needs, and
  *   old_gpu       GPUs of compute capability 7.5, which the fatbin has no code for: the daemon
