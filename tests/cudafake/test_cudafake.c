@@ -18,6 +18,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -995,6 +996,49 @@ static void test_faults(void **state)
     cf_flags_free(f);
 }
 
+/* A call held by the fault file (hold:ENTRY:WHICH) from another thread. */
+static void *held_event_create(void *arg)
+{
+    CUevent e = NULL;
+    CUresult r = cu.cuCtxSetCurrent(cf_ctx[DEV_A]);
+    if (r == CUDA_SUCCESS)
+        r = cu.cuEventCreate(&e, 0);
+    if (r == CUDA_SUCCESS)
+        cu.cuEventDestroy(e);
+    __atomic_store_n((CUresult *)arg, r, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* hold: the call waits, before it does anything, until release:hold; it says so in the control
+ * file first ("# held: ..."), so that a test driving another process knows when. */
+static void test_fault_hold(void **state)
+{
+    (void)state;
+    assert_int_equal(cu.control("hold:cuEventCreate:+1"), 0);
+    CUresult r = (CUresult)-1;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, held_event_create, &r), 0);
+    char buf[8192] = "";
+    for (int i = 0; i < 20000 && !strstr(buf, "# held: cuEventCreate call #"); i++) {
+        FILE *f = fopen(control_path, "r");
+        size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+        buf[n] = '\0';
+        if (f)
+            fclose(f);
+        if (!strstr(buf, "# held: cuEventCreate call #"))
+            usleep(1000);
+    }
+    assert_non_null(strstr(buf, "# held: cuEventCreate call #"));
+    cf_pause();
+    assert_int_equal(__atomic_load_n(&r, __ATOMIC_ACQUIRE), (CUresult)-1); /* still held */
+    FILE *cf = fopen(control_path, "a");
+    assert_non_null(cf);
+    fprintf(cf, "release:hold\n");
+    fclose(cf);
+    pthread_join(t, NULL);
+    CU_OK(r);
+}
+
 /* ============================================================================================
  * main
  * ========================================================================================== */
@@ -1034,7 +1078,10 @@ static int setup(void **state)
 static int faults_reset(void **state)
 {
     (void)state;
-    return cu.control && (cu.control("release:*") != 0 || cu.control("clear") != 0) ? -1 : 0;
+    return cu.control && (cu.control("release:*") != 0 || cu.control("release:hold") != 0 ||
+                          cu.control("clear") != 0)
+               ? -1
+               : 0;
 }
 
 /* Retain every device's primary context (after test_proc_address's cuInit). */
@@ -1076,6 +1123,7 @@ int main(void)
         cmocka_unit_test_teardown(test_ipc, faults_reset),
         cmocka_unit_test_teardown(test_vmm, faults_reset),
         cmocka_unit_test_teardown(test_faults, faults_reset),
+        cmocka_unit_test_teardown(test_fault_hold, faults_reset),
         cmocka_unit_test_teardown(test_capture_replay, faults_reset),
         cmocka_unit_test_teardown(test_capture_refusals, faults_reset),
         cmocka_unit_test_teardown(test_capture_fork_join, faults_reset),
