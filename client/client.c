@@ -154,7 +154,7 @@ static void fork_untrack(colld_client_t *c)
 
 const char *colld__lost_detail(const colld_client_t *c)
 {
-    static __thread char buf[160];
+    static __thread char buf[256];
     if (!c->forked_from)
         return "the connection to the colld daemon was lost";
     snprintf(buf, sizeof(buf),
