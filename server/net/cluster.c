@@ -26,6 +26,12 @@
  *   - Ready and DATA: only from member nodes (xcoll.c checks the DATA's node, phase and step).
  * A refused message is counted (bad_msgs) and logged at most once per 10 s.
  *
+ * Early messages. The root's Formed and the members' messages travel on different links, so a
+ * member that formed first can send its Ready for collective #1, or a Fail, before this daemon has
+ * the Formed that gives the xid meaning. Such messages are kept (cl->early, bounded per sender and
+ * in all, the oldest replaced) and applied once the Formed arrives, checked then like any other
+ * (the sender must be a member node); one that never finds its Formed is simply replaced.
+ *
  * Who is dialed. This daemon opens connections only to (a) the root named in a unique id its own
  * tenant's rank joined with, and (b) the member nodes listed in a Formed that came from that
  * root for a communicator its ranks joined (the root vouches for them: each one authenticated to
@@ -688,6 +694,88 @@ static bool left_while_forming(colld_cluster_t *cl, const uint8_t *uid, uid_t te
     return false;
 }
 
+/* ============================================================================================
+ * Early messages (see the top of this file)
+ * ========================================================================================== */
+
+/* The slot for a message by xid from `from` that came before its Formed: a free one, unless that
+ * sender already holds COLLD_CLUSTER_EARLY_PER_PEER (then its oldest), else the oldest of all. */
+static cearly_t *early_slot(colld_cluster_t *cl, const char *from)
+{
+    cearly_t *free_slot = NULL, *oldest = NULL, *oldest_mine = NULL;
+    int mine = 0;
+    for (int i = 0; i < COLLD_CLUSTER_EARLY_MAX; i++) {
+        cearly_t *e = &cl->early[i];
+        if (!e->used) {
+            free_slot = free_slot ? free_slot : e;
+            continue;
+        }
+        if (!oldest || e->stamp < oldest->stamp)
+            oldest = e;
+        if (strcmp(e->from, from) == 0) {
+            mine++;
+            if (!oldest_mine || e->stamp < oldest_mine->stamp)
+                oldest_mine = e;
+        }
+    }
+    cearly_t *e = mine >= COLLD_CLUSTER_EARLY_PER_PEER ? oldest_mine : free_slot ? free_slot : oldest;
+    memset(e, 0, sizeof(*e));
+    e->used = true;
+    e->stamp = ++cl->early_stamp;
+    colld_strlcpy(e->from, from, sizeof(e->from));
+    return e;
+}
+
+/* Keep a Ready for collective #1 of a communicator not formed here yet (net). Later collectives
+ * cannot come early: a node starts #2 only after every node's Ready for #1. */
+static void early_keep_ready(colld_cluster_t *cl, const char *from, uint64_t xid, const xsig_t *sig)
+{
+    if (sig->seq != 1)
+        return;
+    cearly_t *e = early_slot(cl, from);
+    e->xid = xid;
+    e->sig = *sig;
+}
+
+/* Keep a Fail by xid for a communicator not formed here yet (net). */
+static void early_keep_fail(colld_cluster_t *cl, const char *from, uint64_t xid, colld_status_t st, int rank,
+                            const char *why)
+{
+    cearly_t *e = early_slot(cl, from);
+    e->fail = true;
+    e->xid = xid;
+    e->status = st;
+    e->rank = rank;
+    colld_strlcpy(e->why, why, sizeof(e->why));
+}
+
+/* c just formed here: apply what its member nodes sent before (net, lock held). The Ready
+ * messages go first: a Fail breaks the communicator. */
+static void early_apply(colld_daemon_t *d, colld_dcomm_t *c)
+{
+    colld_cluster_t *cl = colld_cluster_of(d);
+    colld_xcomm_t *x = colld_xcomm(c);
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < COLLD_CLUSTER_EARLY_MAX; i++) {
+            cearly_t *e = &cl->early[i];
+            if (!e->used || e->xid != x->xid || e->fail != (pass == 1))
+                continue;
+            e->used = false;
+            int node = -1;
+            for (int n = 0; n < x->nnodes; n++)
+                if (n != x->self && strcmp(x->node_addr[n], e->from) == 0)
+                    node = n;
+            if (node < 0) {
+                colld_cluster_log_bad(cl, "%s from %s for a communicator it is not a member of",
+                                      e->fail ? "Fail" : "Ready", e->from);
+            } else if (!e->fail) {
+                x->ready[node][1] = e->sig;
+            } else if (c->state == COLLD_COMM_READY) {
+                break_from_peer(d, c, e->status, e->rank >= 0 && e->rank < c->nranks ? e->rank : -1, e->why);
+            }
+        }
+}
+
 /* Formed arrived (network thread): only the root named in the unique id may send it. */
 static void handle_formed(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net__V1__Formed *f)
 {
@@ -721,6 +809,7 @@ static void handle_formed(colld_daemon_t *d, colld_net_peer_t *p, const Colld__N
         colld_comm_break(d, c, COLLD_ERR_INTERNAL, -1, why);
     } else {
         colld_comm_formed(d, c);
+        early_apply(d, c);
         x = colld_xcomm(c);
         c->refs++; /* pinned while the peers are looked up below */
     }
@@ -768,9 +857,11 @@ static void handle_fail(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net
                     return;
                 }
                 break_from_peer(d, c, st, f->rank >= 0 && f->rank < c->nranks ? f->rank : -1, why);
-                break;
+                return;
             }
         }
+        if (p)
+            early_keep_fail(cl, sender, f->xid, st, f->rank, why); /* before its Formed */
         return;
     }
     if (f->unique_id.len != COLLD_WIRE_UNIQUE_ID_BYTES) {
@@ -803,19 +894,21 @@ static void handle_fail(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net
 /* Ready arrived (network thread). */
 static void handle_ready(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net__V1__Ready *m)
 {
+    xsig_t sig = {
+        .seq = m->seq, .kind = m->kind, .dtype = m->dtype, .redop = m->redop, .root = m->root, .count = m->count
+    };
     colld_dcomm_t *c = colld_cluster_pin(d, m->xid);
-    if (!c)
+    if (!c) {
+        early_keep_ready(colld_cluster_of(d), colld_net_peer_addr(p), m->xid, &sig); /* before its Formed */
         return;
+    }
     colld_xcomm_t *x = colld_xcomm(c);
     int node = -1;
     for (int i = 0; i < x->nnodes; i++)
         if (i != x->self && strcmp(x->node_addr[i], colld_net_peer_addr(p)) == 0)
             node = i;
-    if (node >= 0 && m->seq > 0) {
-        xsig_t sig = { .seq = m->seq, .kind = m->kind, .dtype = m->dtype, .redop = m->redop, .root = m->root,
-                       .count = m->count };
+    if (node >= 0 && m->seq > 0)
         colld_xcoll_ready(d, c, node, &sig);
-    }
     colld_cluster_unpin(d, c);
 }
 

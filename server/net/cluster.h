@@ -86,6 +86,21 @@ typedef struct {
     bool used;
 } cleft_t;
 
+/* A member's message by xid that came before this daemon had the communicator's Formed: the
+ * root's Formed and the members' messages travel on different links, in either order. Kept until
+ * that Formed (cluster.c, "Early messages"): a Ready for collective #1 or a Fail. */
+#define COLLD_CLUSTER_EARLY_MAX 32     /* kept at most; the oldest is replaced */
+#define COLLD_CLUSTER_EARLY_PER_PEER 4 /* from one sender at most; its oldest is replaced */
+typedef struct {
+    bool used, fail;
+    char from[COLLD_NET_ADDR_LEN]; /* the sender as it authenticated */
+    uint64_t xid, stamp;           /* stamp: arrival order */
+    xsig_t sig;                    /* Ready */
+    colld_status_t status;         /* Fail: status, rank, detail (sanitized, naming the sender) */
+    int rank;
+    char why[COLLD_DETAIL_LEN];
+} cearly_t;
+
 /* One log line per interval at most for a kind of bad message from peers (cluster.c). */
 typedef struct {
     uint64_t last_ms, quiet;
@@ -105,6 +120,8 @@ struct colld_cluster {
     cleft_t left[COLLD_CLUSTER_LEFT_MAX]; /* (daemon->lock) ring, next at nleft % MAX */
     unsigned nleft;
     cratelimit_t bad_log;       /* (net) refused peer messages */
+    cearly_t early[COLLD_CLUSTER_EARLY_MAX]; /* (net) messages that came before their Formed */
+    uint64_t early_stamp;                    /* (net) */
     atomic_uint_fast64_t payload_sent, payload_received;
     atomic_uint_fast64_t bad_msgs; /* peer messages refused (invalid, from a node not entitled to send them) */
 };

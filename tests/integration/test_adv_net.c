@@ -26,6 +26,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,11 +61,13 @@ typedef struct {
     colld_net_t *net;
     char addr[COLLD_NET_ADDR_LEN];
     int mode;
-    int nformed, nready, nfail, nup;
+    int nformed, nready, nfail, nup, njoin;
     uint64_t xid;
+    char join_addr[4][COLLD_NET_ADDR_LEN]; /* as a root: the node each rank < 4 joined on */
     int fail_status;
     char fail_detail[1024];
     uint8_t data[8192]; /* DATA payloads (stay valid until the transport wrote them) */
+    uint8_t uid[COLLD_WIRE_UNIQUE_ID_BYTES]; /* as a root: the communicator's unique id */
 } evil_t;
 
 static void evil_signal(evil_t *e)
@@ -114,6 +117,11 @@ static void evil_ctrl(void *arg, colld_net_peer_t *p, const void *payload, size_
     case COLLD__NET__V1__MSG__M_READY:
         e->nready++;
         evil_on_ready(e, p, m->ready);
+        break;
+    case COLLD__NET__V1__MSG__M_JOIN:
+        if (m->join->rank >= 0 && m->join->rank < 4 && m->join->node_addr)
+            colld_strlcpy(e->join_addr[m->join->rank], m->join->node_addr, sizeof(e->join_addr[0]));
+        e->njoin++;
         break;
     case COLLD__NET__V1__MSG__M_FAIL:
         e->nfail++;
@@ -947,6 +955,135 @@ static void test_formed_not_from_root(void **state)
 }
 
 /* ============================================================================================
+ * Messages that overtake the root's Formed
+ * ========================================================================================== */
+
+/* A 3-rank communicator whose root daemon is the evil node (rank 2 there), with rank 0 on node-a
+ * and rank 1 on node-b: rank r is spawned with extra[r]; both Joins have reached the root when
+ * this returns. The unique id is node-a's with the root address replaced by evil's. */
+static evil_t *start_evil_root(cluster_t *cl, const char *const *const extra[2], pid_t p[2])
+{
+    char hex[HARNESS_UID_HEX_LEN];
+    colld_unique_id_t id;
+    new_uid(cl, hex, &id);
+    evil_t *e = evil_start("evil", SECRET);
+    e->mode = EV_ANSWER; /* its rank takes part: it answers each Ready (count 0: no DATA) */
+    char *a = (char *)id.internal + COLLD_WIRE_UID_ADDR_OFFSET;
+    memset(a, 0, COLLD_WIRE_UNIQUE_ID_BYTES - COLLD_WIRE_UID_ADDR_OFFSET);
+    colld_strlcpy(a, e->addr, COLLD_WIRE_UNIQUE_ID_BYTES - COLLD_WIRE_UID_ADDR_OFFSET);
+    harness_uid_to_hex(&id, hex);
+    const char *argv[2][32];
+    for (int r = 0; r < 2; r++) {
+        char rk[2] = { (char)('0' + r), 0 };
+        const char *head[] = { COLL_BIN, "--socket", cl->h[r].socket, "--uid", hex, "--nranks", "3", "--rank", rk };
+        int n = 0;
+        for (; n < 9; n++)
+            argv[r][n] = head[n];
+        for (int i = 0; extra[r][i] && n < 31; i++)
+            argv[r][n++] = extra[r][i];
+        argv[r][n] = NULL;
+        assert_true((p[r] = harness_spawn(argv[r])) > 0);
+    }
+    assert_int_equal(evil_wait(e, &e->njoin, 2, 20000), 2);
+    assert_string_equal(e->join_addr[0], cl->addr[0]);
+    assert_string_equal(e->join_addr[1], cl->addr[1]);
+    memcpy(e->uid, id.internal, sizeof(e->uid));
+    return e;
+}
+
+/* The evil root's Formed for the communicator of start_evil_root to node `node` (0 node-a, 1
+ * node-b): ring order node-a, node-b, evil; the ring algorithm. */
+static void evil_formed(evil_t *e, cluster_t *cl, int node, uint64_t xid)
+{
+    Colld__Net__V1__Node n[3] = { COLLD__NET__V1__NODE__INIT, COLLD__NET__V1__NODE__INIT, COLLD__NET__V1__NODE__INIT };
+    n[0].name = (char *)"node-a";
+    n[0].addr = cl->addr[0];
+    n[1].name = (char *)"node-b";
+    n[1].addr = cl->addr[1];
+    n[2].name = (char *)"evil";
+    n[2].addr = e->addr;
+    Colld__Net__V1__Node *nodes[3] = { &n[0], &n[1], &n[2] };
+    int32_t rank_node[3] = { 0, 1, 2 };
+    Colld__Net__V1__Formed f = COLLD__NET__V1__FORMED__INIT;
+    f.unique_id.data = e->uid;
+    f.unique_id.len = COLLD_WIRE_UNIQUE_ID_BYTES;
+    f.tenant = (uint32_t)getuid();
+    f.xid = xid;
+    f.nranks = 3;
+    f.n_nodes = 3;
+    f.nodes = nodes;
+    f.n_rank_node = 3;
+    f.rank_node = rank_node;
+    f.algo = 1; /* ring */
+    f.chunk_bytes = 65536;
+    Colld__Net__V1__Msg m = COLLD__NET__V1__MSG__INIT;
+    m.m_case = COLLD__NET__V1__MSG__M_FORMED;
+    m.formed = &f;
+    evil_post(e, cl->addr[node], &m);
+}
+
+/* The root's Formed and the members' messages travel on different links, so a member's Ready
+ * can reach a daemon before that daemon has the Formed (what made test_multinode's rootless
+ * ring case hang once in CI). Here the root holds node-a's Formed back until node-b has formed,
+ * posted collective #1 (count 0) and announced it: node-a must still count node-b's
+ * Ready, and every rank completes the collective. */
+static void test_ready_before_formed(void **state)
+{
+    cluster_t *cl = *state;
+    pid_t p[2];
+    const char *extra[] = { "--mode", "call", "--call", "allreduce:int8:sum:0:0", "--timeout-ms", "8000", NULL };
+    evil_t *e = start_evil_root(cl, (const char *const *const[2]){ extra, extra }, p);
+    uint64_t xid = 0x5eed0000000001ull;
+    evil_formed(e, cl, 1, xid);
+    assert_int_equal(evil_wait(e, &e->nready, 1, 20000), 1); /* node-b's Ready (its Ready to node-a went first) */
+    usleep(300 * 1000);                                      /* let it reach node-a, which has no Formed yet */
+    evil_formed(e, cl, 0, xid);
+    double t0 = harness_now_ms();
+    int rc = harness_wait_all(p, 2, 30000);
+    print_message("both ranks ended %.0f ms after node-a's Formed\n", harness_now_ms() - t0);
+    assert_int_equal(rc, 0);
+    assert_int_equal(evil_wait(e, &e->nready, 2, 0), 2); /* node-a's and node-b's */
+    evil_stop(e);
+    assert_cluster_serves(cl);
+}
+
+/* The same order for a Fail: node-b formed, its rank 1 posted collective #1 and was killed, and
+ * node-b's Fail (naming rank 1) reached node-a before node-a's Formed. Rank 0 must get that
+ * fault at its first collective, not a time-out blaming node-b for never being ready. */
+static void test_fail_before_formed(void **state)
+{
+    cluster_t *cl = *state;
+    pid_t p[2];
+    char out[300], text[2048];
+    snprintf(out, sizeof(out), "%s/out", cl->tmp);
+    unlink(out);
+    const char *x0[] = { "--mode",       "call", "--call",   "allreduce:int8:sum:0:0",
+                         "--timeout-ms", "8000", "--expect", "COLLD_ERR_PEER_LOST",
+                         "--out",        out,    NULL };
+    const char *x1[] = { "--mode", "call", "--call", "allreduce:int8:sum:0:0", "--timeout-ms", "8000", NULL };
+    evil_t *e = start_evil_root(cl, (const char *const *const[2]){ x0, x1 }, p);
+    uint64_t xid = 0x5eed0000000003ull;
+    evil_formed(e, cl, 1, xid);
+    assert_int_equal(evil_wait(e, &e->nready, 1, 20000), 1); /* rank 1 posted */
+    char pid[16];
+    snprintf(pid, sizeof(pid), "%d", (int)p[1]);
+    kill(p[1], SIGKILL);
+    harness_wait(p[1], 10000);
+    assert_int_equal(evil_wait(e, &e->nfail, 1, 20000), 1); /* node-b's Fail (to node-a first) */
+    usleep(300 * 1000);                                     /* let it reach node-a, which has no Formed yet */
+    evil_formed(e, cl, 0, xid);
+    double t0 = harness_now_ms();
+    int rc = harness_wait(p[0], 30000);
+    harness_read_file(out, text, sizeof(text));
+    print_message("rank 0 after %.0f ms (exit %d): %s", harness_now_ms() - t0, rc, text);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(text, "on node node-b"));
+    assert_non_null(strstr(text, pid));
+    evil_stop(e);
+    assert_cluster_serves(cl);
+}
+
+/* ============================================================================================
  * #12: strings from peers
  * ========================================================================================== */
 
@@ -990,8 +1127,11 @@ static void test_peer_strings(void **state)
     assert_cluster_serves(cl);
 }
 
-int main(void)
+/* An argument runs only the tests whose names match it (cmocka's filter, * as a wildcard). */
+int main(int argc, char **argv)
 {
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_handshake_flood, setup, teardown),
         cmocka_unit_test_setup_teardown(test_member_sends_no_data, setup, teardown),
@@ -1001,6 +1141,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_join_names_other_address, setup, teardown),
         cmocka_unit_test_setup_teardown(test_formed_not_from_root, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_strings, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ready_before_formed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fail_before_formed, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
