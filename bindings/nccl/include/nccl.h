@@ -1,0 +1,176 @@
+/*
+ * nccl.h - the NCCL 2.19 C API, as colld's libnccl.so.2 implements it (bindings/nccl/nccl.c).
+ *
+ * A program written against NCCL builds against this header and runs through colld by loading
+ * colld's libnccl.so.2 instead of NVIDIA's (LD_LIBRARY_PATH=<prefix>/lib/colld, docs/nccl.md).
+ * Names, types and values are NCCL's, so a program built against NVIDIA's nccl.h of 2.19 or later
+ * also runs unchanged (ncclConfig_t is read only as far as its `size` says).
+ *
+ * What differs from NVIDIA's library (docs/nccl.md):
+ *   - Host memory is accepted (a colld extension): a collective whose buffers are both host memory
+ *     runs on the daemon's host backend and has completed when the call returns (inside
+ *     ncclGroupStart/End: when ncclGroupEnd returns); its stream argument is ignored. Device
+ *     buffers are stream-ordered, as with NCCL.
+ *   - Not yet implemented, failing with ncclInvalidUsage and a message from ncclGetLastError:
+ *     ncclSend, ncclRecv, ncclCommSplit, ncclRedOpCreatePreMulSum (ncclRedOpDestroy likewise),
+ *     non-blocking communicators (config->blocking = 0). ncclCommRegister records nothing: colld
+ *     registers each buffer's allocation at its first use.
+ */
+#ifndef COLLD_NCCL_H
+#define COLLD_NCCL_H
+
+#include <limits.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NCCL_MAJOR 2
+#define NCCL_MINOR 19
+#define NCCL_PATCH 3
+#define NCCL_SUFFIX "colld"
+#define NCCL_VERSION(X, Y, Z) (((X) <= 2 && (Y) <= 8) ? (X)*1000 + (Y)*100 + (Z) : (X)*10000 + (Y)*100 + (Z))
+#define NCCL_VERSION_CODE NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)
+
+/* So that this header does not need the CUDA runtime's: a cudaStream_t is this pointer. */
+#ifndef NCCL_STREAM_T_DEFINED
+#define NCCL_STREAM_T_DEFINED
+typedef struct CUstream_st *cudaStream_t;
+#endif
+
+typedef struct ncclComm *ncclComm_t;
+#define NCCL_COMM_NULL NULL
+
+#define NCCL_UNIQUE_ID_BYTES 128
+typedef struct {
+    char internal[NCCL_UNIQUE_ID_BYTES];
+} ncclUniqueId;
+
+typedef enum {
+    ncclSuccess = 0,
+    ncclUnhandledCudaError = 1,
+    ncclSystemError = 2,
+    ncclInternalError = 3,
+    ncclInvalidArgument = 4,
+    ncclInvalidUsage = 5,
+    ncclRemoteError = 6,
+    ncclInProgress = 7,
+    ncclNumResults = 8
+} ncclResult_t;
+
+#define NCCL_CONFIG_UNDEF_INT INT_MIN
+#define NCCL_CONFIG_UNDEF_PTR NULL
+#define NCCL_SPLIT_NOCOLOR -1
+
+/* Communicator configuration (NCCL 2.19's fields). Start from NCCL_CONFIG_INITIALIZER. */
+typedef struct ncclConfig_v21700 {
+    size_t size;
+    unsigned int magic;
+    unsigned int version;
+    int blocking;
+    int cgaClusterSize;
+    int minCTAs;
+    int maxCTAs;
+    const char *netName;
+    int splitShare;
+} ncclConfig_t;
+
+#define NCCL_CONFIG_INITIALIZER                                                                                        \
+    {                                                                                                                  \
+        sizeof(ncclConfig_t), 0xcafebeef, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), NCCL_CONFIG_UNDEF_INT,     \
+            NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR,                \
+            NCCL_CONFIG_UNDEF_INT                                                                                      \
+    }
+
+typedef enum {
+    ncclSum = 0,
+    ncclProd = 1,
+    ncclMax = 2,
+    ncclMin = 3,
+    ncclAvg = 4,
+    ncclNumOps = 5,
+    ncclMaxRedOp = 0x7fffffff
+} ncclRedOp_t;
+
+typedef enum {
+    ncclInt8 = 0,
+    ncclChar = 0,
+    ncclUint8 = 1,
+    ncclInt32 = 2,
+    ncclInt = 2,
+    ncclUint32 = 3,
+    ncclInt64 = 4,
+    ncclUint64 = 5,
+    ncclFloat16 = 6,
+    ncclHalf = 6,
+    ncclFloat32 = 7,
+    ncclFloat = 7,
+    ncclFloat64 = 8,
+    ncclDouble = 8,
+    ncclBfloat16 = 9,
+    ncclNumTypes = 10
+} ncclDataType_t;
+
+typedef enum { ncclScalarDevice = 0, ncclScalarHostImmediate = 1 } ncclScalarResidence_t;
+
+/* Version, errors */
+ncclResult_t ncclGetVersion(int *version);
+const char *ncclGetErrorString(ncclResult_t result);
+/* What the last failed call said: of `comm`, or with comm NULL of this thread's last call. */
+const char *ncclGetLastError(ncclComm_t comm);
+
+/* Communicators */
+ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId);
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank);
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t *config);
+ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist);
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config);
+ncclResult_t ncclCommFinalize(ncclComm_t comm);
+ncclResult_t ncclCommDestroy(ncclComm_t comm);
+ncclResult_t ncclCommAbort(ncclComm_t comm);
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError);
+ncclResult_t ncclCommCount(const ncclComm_t comm, int *count);
+ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device);
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank);
+ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle);
+ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle);
+
+/* Memory */
+ncclResult_t ncclMemAlloc(void **ptr, size_t size);
+ncclResult_t ncclMemFree(void *ptr);
+
+/* Reduction operators */
+ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
+                                      ncclScalarResidence_t residence, ncclComm_t comm);
+ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
+
+/* Collectives */
+ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                        int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+                       cudaStream_t stream);
+ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
+                           ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
+                           ncclComm_t comm, cudaStream_t stream);
+
+/* Point to point */
+ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream);
+ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream);
+
+/* Groups */
+ncclResult_t ncclGroupStart(void);
+ncclResult_t ncclGroupEnd(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* COLLD_NCCL_H */

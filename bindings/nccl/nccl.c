@@ -1,0 +1,687 @@
+/*
+ * nccl.c - libnccl.so.2: the NCCL API over libcolld, so that a program written for NCCL reaches
+ * colld without a rewrite (include/nccl.h says what differs; docs/nccl.md how to load it).
+ *
+ * One colld client per process, connected at the first call that needs the daemon
+ * ($COLLD_SOCKET, else the default socket: colld_connect). An ncclComm_t wraps one
+ * colld_comm_t. NCCL's calls map one to one onto colld's, with two things added here:
+ *
+ *   - Host memory. colld runs a collective whose buffers are host memory on its host backend, with
+ *     no stream; NCCL's caller has no other way to learn it completed, so such a call waits for it
+ *     (colld_comm_synchronize) before it returns, or, inside a group, at ncclGroupEnd.
+ *   - Groups. ncclGroupStart/End wrap colld_group_start/end (collectives of several communicators
+ *     from one thread). ncclCommInitRank inside a group is NCCL's way for one thread to create
+ *     several ranks: it is recorded and run at ncclGroupEnd, each init on a thread of its own
+ *     (colld_comm_init_rank waits for every rank), so that they can all join.
+ *
+ * Errors: a colld status becomes the nearest ncclResult_t (to_nccl) and its detail is kept for
+ * ncclGetLastError (per thread; for a broken communicator, colld's detail of that communicator).
+ */
+#include "client/client_internal.h" /* colld__gpu_maybe_device, colld__gpu_is_device */
+#include "bindings/nccl/include/nccl.h"
+
+#include <colld/colld.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* What this library is, for a program (or a test) that must know which libnccl.so.2 it loaded. */
+EXPORT const char colld_nccl_implementation[] = "colld libnccl.so.2 (NCCL 2.19.3 API)";
+
+#define GROUP_MAX_INITS 1024 /* ncclCommInitRank calls one group may hold */
+#define GROUP_MAX_HOST 1024  /* communicators with host collectives one group may hold */
+
+struct ncclComm {
+    colld_comm_t *c;        /* NULL while its init waits for ncclGroupEnd */
+    colld_client_t *client; /* the process's client, set at init */
+    int nranks, rank, device;
+};
+
+/* A deferred ncclCommInitRank (inside a group). */
+typedef struct {
+    ncclComm_t comm;
+    colld_unique_id_t id;
+    colld_status_t status;
+    char detail[512];
+    pthread_t thread;
+    bool started;
+} pending_init_t;
+
+/* This thread's group. */
+typedef struct {
+    int depth;
+    ncclResult_t error; /* first error of a call inside the group */
+    pending_init_t *inits;
+    int ninits;
+    ncclComm_t host[GROUP_MAX_HOST]; /* communicators with host collectives to wait for */
+    int nhost;
+} group_t;
+
+static _Thread_local group_t group;
+static _Thread_local char last_error[1024];
+
+static pthread_mutex_t client_mu = PTHREAD_MUTEX_INITIALIZER;
+static colld_client_t *client;
+
+/* ============================================================================================
+ * Errors
+ * ========================================================================================== */
+
+/* Remember why the call fails, for ncclGetLastError. Returns res. */
+__attribute__((format(printf, 2, 3))) static ncclResult_t fail(ncclResult_t res, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
+    if (group.depth > 0 && group.error == ncclSuccess)
+        group.error = res;
+    return res;
+}
+
+/* The ncclResult_t nearest to a colld status. */
+static ncclResult_t to_nccl(colld_status_t st)
+{
+    switch (st) {
+    case COLLD_OK:
+        return ncclSuccess;
+    case COLLD_INPROGRESS:
+        return ncclInProgress;
+    case COLLD_ERR_INVALID_ARGUMENT:
+        return ncclInvalidArgument;
+    case COLLD_ERR_INVALID_USAGE:
+    case COLLD_ERR_NOT_SUPPORTED:
+    case COLLD_ERR_PERMISSION_DENIED:
+        return ncclInvalidUsage;
+    case COLLD_ERR_PEER_LOST:
+    case COLLD_ERR_NODE_LOST:
+    case COLLD_ERR_TIMEOUT:
+    case COLLD_ERR_MISMATCH:
+    case COLLD_ERR_ABORTED:
+        return ncclRemoteError;
+    case COLLD_ERR_DEVICE:
+        return ncclUnhandledCudaError;
+    case COLLD_ERR_INTERNAL:
+    case COLLD_ERR_PROTOCOL:
+        return ncclInternalError;
+    default: /* no memory, system, daemon unavailable or lost, quota */
+        return ncclSystemError;
+    }
+}
+
+/* A failed colld call on a communicator: its status and colld's detail. */
+static ncclResult_t fail_comm(const char *what, colld_status_t st, ncclComm_t comm)
+{
+    const char *detail = comm && comm->c ? colld_comm_last_error(comm->c) : "";
+    if (detail && strncmp(detail, "COLLD_", 6) == 0) /* colld's detail names its status first */
+        return fail(to_nccl(st), "%s: %s", what, detail);
+    return fail(to_nccl(st), "%s: %s: %s", what, colld_status_name(st),
+                detail && detail[0] ? detail : colld_status_string(st));
+}
+
+EXPORT const char *ncclGetErrorString(ncclResult_t result)
+{
+    switch (result) {
+    case ncclSuccess:
+        return "no error";
+    case ncclUnhandledCudaError:
+        return "unhandled cuda error (run with COLLD_LOG_LEVEL=INFO for details)";
+    case ncclSystemError:
+        return "unhandled system error (the colld daemon is unreachable, out of memory or at a limit)";
+    case ncclInternalError:
+        return "internal error - please report this issue to the colld developers";
+    case ncclInvalidArgument:
+        return "invalid argument (run with COLLD_LOG_LEVEL=INFO for details)";
+    case ncclInvalidUsage:
+        return "invalid usage (run with COLLD_LOG_LEVEL=INFO for details)";
+    case ncclRemoteError:
+        return "remote process exited or there was a network error";
+    case ncclInProgress:
+        return "NCCL operation in progress";
+    default:
+        return "unknown result code";
+    }
+}
+
+EXPORT const char *ncclGetLastError(ncclComm_t comm)
+{
+    (void)comm; /* as NCCL's: the calling thread's last error */
+    return last_error;
+}
+
+EXPORT ncclResult_t ncclGetVersion(int *version)
+{
+    if (!version)
+        return fail(ncclInvalidArgument, "ncclGetVersion: version is NULL");
+    *version = NCCL_VERSION_CODE;
+    return ncclSuccess;
+}
+
+/* ============================================================================================
+ * The client, communicators
+ * ========================================================================================== */
+
+/* The process's colld client, connected on first use; NULL (with the reason) when it cannot be. */
+static colld_client_t *get_client(const char *what)
+{
+    pthread_mutex_lock(&client_mu);
+    if (!client) {
+        colld_status_t st = colld_connect(NULL, &client);
+        if (st != COLLD_OK) {
+            client = NULL;
+            fail(to_nccl(st), "%s: cannot reach the colld daemon: %s", what, colld_last_error(NULL));
+        }
+    }
+    colld_client_t *c = client;
+    pthread_mutex_unlock(&client_mu);
+    return c;
+}
+
+static ncclResult_t check_comm(const char *what, const ncclComm_t comm)
+{
+    if (!comm)
+        return fail(ncclInvalidArgument, "%s: comm is NULL", what);
+    if (!comm->c)
+        return fail(ncclInvalidUsage,
+                    "%s: the communicator is not initialised yet (its ncclCommInitRank waits for "
+                    "ncclGroupEnd)",
+                    what);
+    return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId)
+{
+    if (!uniqueId)
+        return fail(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
+    colld_client_t *c = get_client("ncclGetUniqueId");
+    if (!c)
+        return ncclSystemError;
+    colld_unique_id_t id;
+    colld_status_t st = colld_get_unique_id(c, &id);
+    if (st != COLLD_OK)
+        return fail(to_nccl(st), "ncclGetUniqueId: %s: %s", colld_status_name(st), colld_last_error(c));
+    _Static_assert(sizeof(id.internal) == sizeof(uniqueId->internal), "unique ids of one size");
+    memcpy(uniqueId->internal, id.internal, sizeof(id.internal));
+    return ncclSuccess;
+}
+
+/* Copy a string into buf of len bytes, cut if it must be. */
+static void copy_str(char *buf, size_t len, const char *s)
+{
+    size_t n = strnlen(s, len - 1);
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+}
+
+/* Join: colld_comm_init_rank for comm (blocks until every rank joined). */
+static colld_status_t join(ncclComm_t comm, const colld_unique_id_t *id, char *detail, size_t len)
+{
+    colld_client_t *c = get_client("ncclCommInitRank");
+    if (!c) {
+        copy_str(detail, len, last_error);
+        return COLLD_ERR_DAEMON_UNAVAILABLE;
+    }
+    comm->client = c;
+    colld_status_t st = colld_comm_init_rank(c, &comm->c, comm->nranks, *id, comm->rank, NULL);
+    if (st != COLLD_OK) {
+        comm->c = NULL;
+        copy_str(detail, len, colld_last_error(c));
+    }
+    return st;
+}
+
+static void *join_thread(void *arg)
+{
+    pending_init_t *p = arg;
+    p->status = join(p->comm, &p->id, p->detail, sizeof(p->detail));
+    return NULL;
+}
+
+static ncclResult_t init_rank(ncclComm_t *out, int nranks, ncclUniqueId commId, int rank, int device)
+{
+    if (!out)
+        return fail(ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
+    *out = NULL;
+    if (nranks < 1 || rank < 0 || rank >= nranks)
+        return fail(ncclInvalidArgument, "ncclCommInitRank: rank %d of %d ranks is out of range", rank, nranks);
+    ncclComm_t comm = calloc(1, sizeof(*comm));
+    if (!comm)
+        return fail(ncclSystemError, "ncclCommInitRank: out of memory");
+    *comm = (struct ncclComm){ .nranks = nranks, .rank = rank, .device = device };
+    colld_unique_id_t id;
+    memcpy(id.internal, commId.internal, sizeof(id.internal));
+    if (group.depth > 0) { /* at ncclGroupEnd, with the group's other inits */
+        if (group.ninits >= GROUP_MAX_INITS) {
+            free(comm);
+            return fail(ncclInvalidUsage, "ncclCommInitRank: more than %d in one group", GROUP_MAX_INITS);
+        }
+        if (!group.inits && !(group.inits = calloc(GROUP_MAX_INITS, sizeof(*group.inits)))) {
+            free(comm);
+            return fail(ncclSystemError, "ncclCommInitRank: out of memory");
+        }
+        group.inits[group.ninits++] = (pending_init_t){ .comm = comm, .id = id };
+        *out = comm;
+        return ncclSuccess;
+    }
+    char detail[512];
+    colld_status_t st = join(comm, &id, detail, sizeof(detail));
+    if (st != COLLD_OK) {
+        free(comm);
+        return fail(to_nccl(st), "ncclCommInitRank: rank %d of %d: %s: %s", rank, nranks, colld_status_name(st),
+                    detail);
+    }
+    *out = comm;
+    return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
+{
+    return init_rank(comm, nranks, commId, rank, 0);
+}
+
+EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
+                                           ncclConfig_t *config)
+{
+    if (config) {
+        if (config->size < offsetof(ncclConfig_t, blocking) + sizeof(int) || config->magic != 0xcafebeef)
+            return fail(ncclInvalidArgument,
+                        "ncclCommInitRankConfig: config is not initialised with "
+                        "NCCL_CONFIG_INITIALIZER (size %zu, magic %#x)",
+                        config->size, config->magic);
+        if (config->blocking == 0)
+            return fail(ncclInvalidUsage, "ncclCommInitRankConfig: non-blocking communicators (config->blocking = "
+                                          "0) are not supported by colld yet");
+    }
+    return init_rank(comm, nranks, commId, rank, 0);
+}
+
+EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
+{
+    if (!comms || ndev < 1)
+        return fail(ncclInvalidArgument, "ncclCommInitAll: comms is NULL or ndev (%d) < 1", ndev);
+    ncclUniqueId id;
+    ncclResult_t res = ncclGetUniqueId(&id);
+    if (res != ncclSuccess)
+        return res;
+    ncclGroupStart();
+    for (int i = 0; i < ndev; i++)
+        init_rank(&comms[i], ndev, id, i, devlist ? devlist[i] : i);
+    return ncclGroupEnd();
+}
+
+EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config)
+{
+    (void)comm, (void)color, (void)key, (void)config;
+    if (newcomm)
+        *newcomm = NULL;
+    return fail(ncclInvalidUsage, "ncclCommSplit is not supported by colld yet");
+}
+
+EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm)
+{
+    ncclResult_t res = check_comm("ncclCommFinalize", comm);
+    if (res != ncclSuccess)
+        return res;
+    colld_status_t st = colld_comm_synchronize(comm->c);
+    return st == COLLD_OK ? ncclSuccess : fail_comm("ncclCommFinalize", st, comm);
+}
+
+EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm)
+{
+    if (!comm)
+        return ncclSuccess;
+    colld_status_t st = comm->c ? colld_comm_destroy(comm->c) : COLLD_OK;
+    comm->c = NULL;
+    free(comm);
+    return st == COLLD_OK ? ncclSuccess : fail(to_nccl(st), "ncclCommDestroy: %s", colld_status_name(st));
+}
+
+EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm)
+{
+    if (!comm)
+        return ncclSuccess;
+    if (comm->c) {
+        colld_comm_abort(comm->c);
+        colld_comm_destroy(comm->c);
+    }
+    free(comm);
+    return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
+{
+    if (!asyncError)
+        return fail(ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
+    ncclResult_t res = check_comm("ncclCommGetAsyncError", comm);
+    if (res != ncclSuccess)
+        return res;
+    colld_status_t err = COLLD_OK, st = colld_comm_get_async_error(comm->c, &err);
+    if (st != COLLD_OK)
+        return fail_comm("ncclCommGetAsyncError", st, comm);
+    *asyncError = err == COLLD_INPROGRESS ? ncclSuccess : to_nccl(err);
+    if (*asyncError != ncclSuccess)
+        fail_comm("the communicator failed", err, comm); /* for ncclGetLastError */
+    return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclCommCount(const ncclComm_t comm, int *count)
+{
+    if (!comm || !count)
+        return fail(ncclInvalidArgument, "ncclCommCount: comm or count is NULL");
+    *count = comm->nranks;
+    return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device)
+{
+    if (!comm || !device)
+        return fail(ncclInvalidArgument, "ncclCommCuDevice: comm or device is NULL");
+    *device = comm->device;
+    return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
+{
+    if (!comm || !rank)
+        return fail(ncclInvalidArgument, "ncclCommUserRank: comm or rank is NULL");
+    *rank = comm->rank;
+    return ncclSuccess;
+}
+
+/* colld registers each buffer's allocation at its first use: there is nothing to record. */
+EXPORT ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle)
+{
+    (void)size;
+    if (!comm || !buff || !handle)
+        return fail(ncclInvalidArgument, "ncclCommRegister: comm, buff or handle is NULL");
+    *handle = buff;
+    return ncclSuccess;
+}
+
+EXPORT ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle)
+{
+    if (!comm || !handle)
+        return fail(ncclInvalidArgument, "ncclCommDeregister: comm or handle is NULL");
+    return ncclSuccess;
+}
+
+/* ============================================================================================
+ * Memory, reduction operators
+ * ========================================================================================== */
+
+EXPORT ncclResult_t ncclMemAlloc(void **ptr, size_t size)
+{
+    if (!ptr)
+        return fail(ncclInvalidArgument, "ncclMemAlloc: ptr is NULL");
+    colld_client_t *c = get_client("ncclMemAlloc");
+    if (!c)
+        return ncclSystemError;
+    colld_status_t st = colld_mem_alloc(c, ptr, size, COLLD_MEM_CUDA);
+    return st == COLLD_OK
+               ? ncclSuccess
+               : fail(to_nccl(st), "ncclMemAlloc(%zu): %s: %s", size, colld_status_name(st), colld_last_error(c));
+}
+
+EXPORT ncclResult_t ncclMemFree(void *ptr)
+{
+    colld_client_t *c = get_client("ncclMemFree");
+    if (!c)
+        return ncclSystemError;
+    colld_status_t st = colld_mem_free(c, ptr);
+    return st == COLLD_OK ? ncclSuccess
+                          : fail(to_nccl(st), "ncclMemFree: %s: %s", colld_status_name(st), colld_last_error(c));
+}
+
+EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
+                                             ncclScalarResidence_t residence, ncclComm_t comm)
+{
+    (void)op, (void)scalar, (void)datatype, (void)residence, (void)comm;
+    return fail(ncclInvalidUsage, "ncclRedOpCreatePreMulSum is not supported by colld yet");
+}
+
+EXPORT ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm)
+{
+    (void)comm;
+    return fail(ncclInvalidUsage,
+                "ncclRedOpDestroy: operator %d was not made by ncclRedOpCreatePreMulSum "
+                "(which colld does not support yet)",
+                (int)op);
+}
+
+/* ============================================================================================
+ * Collectives
+ * ========================================================================================== */
+
+/* NCCL's data type as colld's; -1 for none. */
+static int dtype_of(ncclDataType_t t)
+{
+    static const colld_dtype_t map[ncclNumTypes] = {
+        [ncclInt8] = COLLD_INT8,         [ncclUint8] = COLLD_UINT8,     [ncclInt32] = COLLD_INT32,
+        [ncclUint32] = COLLD_UINT32,     [ncclInt64] = COLLD_INT64,     [ncclUint64] = COLLD_UINT64,
+        [ncclFloat16] = COLLD_FLOAT16,   [ncclFloat32] = COLLD_FLOAT32, [ncclFloat64] = COLLD_FLOAT64,
+        [ncclBfloat16] = COLLD_BFLOAT16,
+    };
+    return (unsigned)t < ncclNumTypes ? (int)map[t] : -1;
+}
+
+/* NCCL's reduction operator as colld's; -1 for none (a PreMulSum operator included). */
+static int op_of(ncclRedOp_t op)
+{
+    static const colld_redop_t map[ncclNumOps] = {
+        [ncclSum] = COLLD_SUM, [ncclProd] = COLLD_PROD, [ncclMax] = COLLD_MAX,
+        [ncclMin] = COLLD_MIN, [ncclAvg] = COLLD_AVG,
+    };
+    return (unsigned)op < ncclNumOps ? (int)map[op] : -1;
+}
+
+/* Whether p is device memory (a CUDA driver loaded in the process and p one of its pointers). */
+static bool on_device(colld_client_t *c, const void *p)
+{
+    return p && colld__gpu_maybe_device(c) && colld__gpu_is_device(c, p);
+}
+
+/* Whether a collective's buffers are host memory (colld then takes no stream). */
+static bool host_buffers(const ncclComm_t comm, const void *send, const void *recv)
+{
+    colld_client_t *c = comm->client;
+    return !on_device(c, send) && !on_device(c, recv);
+}
+
+/* The arguments common to every collective, checked; *dt (and *op when op_in >= 0) set. */
+static ncclResult_t check_args(const char *what, ncclComm_t comm, ncclDataType_t datatype, int *dt, ncclRedOp_t op_in,
+                               int *op)
+{
+    ncclResult_t res = check_comm(what, comm);
+    if (res != ncclSuccess)
+        return res;
+    if ((*dt = dtype_of(datatype)) < 0)
+        return fail(ncclInvalidArgument, "%s: unknown data type %d", what, (int)datatype);
+    if (op && (*op = op_of(op_in)) < 0)
+        return fail(ncclInvalidArgument, "%s: unknown reduction operator %d", what, (int)op_in);
+    return ncclSuccess;
+}
+
+/* After a collective was issued: for host buffers (stream ignored), wait for it, here or at the
+ * end of the group. */
+static ncclResult_t issued(const char *what, colld_status_t st, ncclComm_t comm, bool host)
+{
+    if (st != COLLD_OK)
+        return fail_comm(what, st, comm);
+    if (!host)
+        return ncclSuccess;
+    if (group.depth > 0) {
+        for (int i = 0; i < group.nhost; i++)
+            if (group.host[i] == comm)
+                return ncclSuccess;
+        if (group.nhost >= GROUP_MAX_HOST)
+            return fail(ncclInvalidUsage, "%s: host collectives of more than %d communicators in one group", what,
+                        GROUP_MAX_HOST);
+        group.host[group.nhost++] = comm;
+        return ncclSuccess;
+    }
+    st = colld_comm_synchronize(comm->c);
+    return st == COLLD_OK ? ncclSuccess : fail_comm(what, st, comm);
+}
+
+/* The stream colld gets: none for host buffers. */
+static void *stream_for(bool host, cudaStream_t stream)
+{
+    return host ? NULL : (void *)stream;
+}
+
+EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                                  ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
+{
+    int dt, cop;
+    ncclResult_t res = check_args("ncclAllReduce", comm, datatype, &dt, op, &cop);
+    if (res != ncclSuccess)
+        return res;
+    bool host = host_buffers(comm, sendbuff, recvbuff);
+    colld_status_t st = colld_allreduce(sendbuff, recvbuff, count, (colld_dtype_t)dt, (colld_redop_t)cop, comm->c,
+                                        stream_for(host, stream));
+    return issued("ncclAllReduce", st, comm, host);
+}
+
+EXPORT ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
+                                  ncclComm_t comm, cudaStream_t stream)
+{
+    int dt;
+    ncclResult_t res = check_args("ncclBroadcast", comm, datatype, &dt, ncclSum, NULL);
+    if (res != ncclSuccess)
+        return res;
+    bool host = host_buffers(comm, sendbuff, recvbuff);
+    colld_status_t st = colld_broadcast(sendbuff, recvbuff, count, (colld_dtype_t)dt, root, comm->c,
+                                        stream_for(host, stream));
+    return issued("ncclBroadcast", st, comm, host);
+}
+
+EXPORT ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+                              cudaStream_t stream)
+{
+    return ncclBroadcast(buff, buff, count, datatype, root, comm, stream);
+}
+
+EXPORT ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                               ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)
+{
+    int dt, cop;
+    ncclResult_t res = check_args("ncclReduce", comm, datatype, &dt, op, &cop);
+    if (res != ncclSuccess)
+        return res;
+    bool host = host_buffers(comm, sendbuff, recvbuff);
+    colld_status_t st = colld_reduce(sendbuff, recvbuff, count, (colld_dtype_t)dt, (colld_redop_t)cop, root, comm->c,
+                                     stream_for(host, stream));
+    return issued("ncclReduce", st, comm, host);
+}
+
+EXPORT ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
+                                  ncclComm_t comm, cudaStream_t stream)
+{
+    int dt;
+    ncclResult_t res = check_args("ncclAllGather", comm, datatype, &dt, ncclSum, NULL);
+    if (res != ncclSuccess)
+        return res;
+    bool host = host_buffers(comm, sendbuff, recvbuff);
+    colld_status_t st = colld_allgather(sendbuff, recvbuff, sendcount, (colld_dtype_t)dt, comm->c,
+                                        stream_for(host, stream));
+    return issued("ncclAllGather", st, comm, host);
+}
+
+EXPORT ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
+                                      ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
+{
+    int dt, cop;
+    ncclResult_t res = check_args("ncclReduceScatter", comm, datatype, &dt, op, &cop);
+    if (res != ncclSuccess)
+        return res;
+    bool host = host_buffers(comm, sendbuff, recvbuff);
+    colld_status_t st = colld_reducescatter(sendbuff, recvbuff, recvcount, (colld_dtype_t)dt, (colld_redop_t)cop,
+                                            comm->c, stream_for(host, stream));
+    return issued("ncclReduceScatter", st, comm, host);
+}
+
+EXPORT ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                             cudaStream_t stream)
+{
+    (void)sendbuff, (void)count, (void)datatype, (void)comm, (void)stream;
+    return fail(ncclInvalidUsage, "ncclSend (to rank %d): point-to-point operations are not supported by colld yet",
+                peer);
+}
+
+EXPORT ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                             cudaStream_t stream)
+{
+    (void)recvbuff, (void)count, (void)datatype, (void)comm, (void)stream;
+    return fail(ncclInvalidUsage, "ncclRecv (from rank %d): point-to-point operations are not supported by colld yet",
+                peer);
+}
+
+/* ============================================================================================
+ * Groups
+ * ========================================================================================== */
+
+EXPORT ncclResult_t ncclGroupStart(void)
+{
+    if (group.depth++ == 0)
+        group.error = ncclSuccess;
+    colld_status_t st = colld_group_start();
+    return st == COLLD_OK ? ncclSuccess : fail(to_nccl(st), "ncclGroupStart: %s", colld_status_name(st));
+}
+
+/* The group's deferred inits, each on a thread of its own; the first failure. The handle of an
+ * init that failed stays valid and uninitialised (every call on it but ncclCommDestroy and
+ * ncclCommAbort, which release it, is ncclInvalidUsage). */
+static ncclResult_t run_inits(void)
+{
+    ncclResult_t res = ncclSuccess;
+    for (int i = 0; i < group.ninits; i++) {
+        pending_init_t *p = &group.inits[i];
+        p->started = pthread_create(&p->thread, NULL, join_thread, p) == 0;
+        if (!p->started) {
+            p->status = COLLD_ERR_SYSTEM;
+            snprintf(p->detail, sizeof(p->detail), "cannot start a thread for it");
+        }
+    }
+    for (int i = 0; i < group.ninits; i++) {
+        pending_init_t *p = &group.inits[i];
+        if (p->started)
+            pthread_join(p->thread, NULL);
+        if (p->status != COLLD_OK && res == ncclSuccess)
+            res = fail(to_nccl(p->status), "ncclCommInitRank (in a group): rank %d of %d: %s: %s", p->comm->rank,
+                       p->comm->nranks, colld_status_name(p->status), p->detail);
+    }
+    free(group.inits);
+    group.inits = NULL;
+    group.ninits = 0;
+    return res;
+}
+
+EXPORT ncclResult_t ncclGroupEnd(void)
+{
+    if (group.depth == 0)
+        return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+    colld_status_t st = colld_group_end();
+    if (--group.depth > 0)
+        return st == COLLD_OK ? ncclSuccess : fail(to_nccl(st), "ncclGroupEnd: %s", colld_status_name(st));
+    ncclResult_t res = group.error;
+    if (group.ninits > 0) {
+        ncclResult_t r = run_inits();
+        res = res != ncclSuccess ? res : r;
+    }
+    if (st != COLLD_OK && res == ncclSuccess)
+        res = fail(to_nccl(st), "ncclGroupEnd: %s: a collective of the group could not be started",
+                   colld_status_name(st));
+    for (int i = 0; i < group.nhost; i++) { /* the group's host collectives have completed */
+        colld_status_t s = colld_comm_synchronize(group.host[i]->c);
+        if (s != COLLD_OK && res == ncclSuccess)
+            res = fail_comm("ncclGroupEnd", s, group.host[i]);
+    }
+    group.nhost = 0;
+    group.error = ncclSuccess;
+    return res;
+}

@@ -1,0 +1,551 @@
+/*
+ * nccl_rank.c - colld-test-nccl-rank: one rank of the NCCL API tests (test_nccl.c), a program
+ * written against nccl.h alone (and libc), as any NCCL program is, linked with -lnccl. It must run
+ * on colld's libnccl.so.2: it first checks that the ncclAllReduce it calls is colld's (exit 3,
+ * naming the library, when it is another NCCL) and prints the library's path.
+ *
+ * Modes (--mode):
+ *   matrix   rank 0 makes the unique id (ncclGetUniqueId) and hands it over in --id-file; every
+ *            rank joins (ncclCommInitRank) and runs, on host memory, every collective x NCCL data
+ *            type x reduction operator x count {0, 1, 1001, 70001} (all-reduce in and out of
+ *            place), then the same all-reduces as one group, checking every element exactly.
+ *            Inputs are small integers, so every result is exact in every type and any order.
+ *   initall  one process, --nranks ranks: ncclCommInitAll, then one group with an all-reduce on
+ *            each communicator (one thread drives every rank), checked exactly.
+ *   errors   what a caller gets for bad input and what colld does not support yet: the result
+ *            code and ncclGetLastError's text (one rank, its own communicator).
+ *   victim   as matrix's start, then rank --victim exits at once after joining; the other ranks'
+ *            all-reduce must fail with ncclRemoteError and ncclGetLastError naming the victim.
+ *
+ * Exit status: 0 everything as expected; 1 a wrong result or status (printed); 2 bad arguments;
+ * 3 the NCCL loaded is not colld's.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "nccl.h"
+
+#include <dlfcn.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAXN 8
+
+static int nranks = 2, rank = 0, victim = -1;
+static const char *id_file, *mode = "matrix";
+static long wrong, checked;
+
+#define CHECK(call)                                                                                                    \
+    do {                                                                                                               \
+        ncclResult_t r_ = (call);                                                                                      \
+        if (r_ != ncclSuccess) {                                                                                       \
+            fprintf(stderr, "rank %d: %s: %s (%d): %s\n", rank, #call, ncclGetErrorString(r_), (int)r_,                \
+                    ncclGetLastError(NULL));                                                                           \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
+
+/* ============================================================================================
+ * Values: small integers in every data type
+ * ========================================================================================== */
+
+static const char *const type_names[ncclNumTypes] = { "int8",   "uint8",   "int32",   "uint32",  "int64",
+                                                      "uint64", "float16", "float32", "float64", "bfloat16" };
+static const char *const op_names[ncclNumOps] = { "sum", "prod", "max", "min", "avg" };
+
+static size_t type_size(ncclDataType_t t)
+{
+    static const size_t s[ncclNumTypes] = { 1, 1, 4, 4, 8, 8, 2, 4, 8, 2 };
+    return s[t];
+}
+
+/* An integer |v| <= 2048 as IEEE half (exact). */
+static uint16_t to_half(int v)
+{
+    if (v == 0)
+        return 0;
+    uint16_t sign = v < 0 ? 0x8000 : 0;
+    unsigned a = (unsigned)(v < 0 ? -v : v);
+    int e = 31 - __builtin_clz(a); /* a = 1.m * 2^e */
+    uint16_t mant = (uint16_t)(((a << 10) >> e) & 0x3ff);
+    return (uint16_t)(sign | (uint16_t)((e + 15) << 10) | mant);
+}
+
+static double from_half(uint16_t h)
+{
+    int e = (h >> 10) & 0x1f;
+    double m = (double)(h & 0x3ff);
+    double v = e == 0 ? m / 1024.0 / 16384.0
+                      : (1.0 + m / 1024.0) * ((e >= 15) ? (double)(1u << (e - 15)) : 1.0 / (double)(1u << (15 - e)));
+    return (h & 0x8000) ? -v : v;
+}
+
+static void put(ncclDataType_t t, void *buf, size_t i, int v)
+{
+    switch (t) {
+    case ncclInt8:
+        ((int8_t *)buf)[i] = (int8_t)v;
+        break;
+    case ncclUint8:
+        ((uint8_t *)buf)[i] = (uint8_t)v;
+        break;
+    case ncclInt32:
+        ((int32_t *)buf)[i] = v;
+        break;
+    case ncclUint32:
+        ((uint32_t *)buf)[i] = (uint32_t)v;
+        break;
+    case ncclInt64:
+        ((int64_t *)buf)[i] = v;
+        break;
+    case ncclUint64:
+        ((uint64_t *)buf)[i] = (uint64_t)v;
+        break;
+    case ncclFloat16:
+        ((uint16_t *)buf)[i] = to_half(v);
+        break;
+    case ncclFloat32:
+        ((float *)buf)[i] = (float)v;
+        break;
+    case ncclFloat64:
+        ((double *)buf)[i] = v;
+        break;
+    case ncclBfloat16: {
+        float f = (float)v;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        ((uint16_t *)buf)[i] = (uint16_t)(u >> 16); /* exact: small integers need no rounding */
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+static double get(ncclDataType_t t, const void *buf, size_t i)
+{
+    switch (t) {
+    case ncclInt8:
+        return ((const int8_t *)buf)[i];
+    case ncclUint8:
+        return ((const uint8_t *)buf)[i];
+    case ncclInt32:
+        return ((const int32_t *)buf)[i];
+    case ncclUint32:
+        return ((const uint32_t *)buf)[i];
+    case ncclInt64:
+        return (double)((const int64_t *)buf)[i];
+    case ncclUint64:
+        return (double)((const uint64_t *)buf)[i];
+    case ncclFloat16:
+        return from_half(((const uint16_t *)buf)[i]);
+    case ncclFloat32:
+        return ((const float *)buf)[i];
+    case ncclFloat64:
+        return ((const double *)buf)[i];
+    case ncclBfloat16: {
+        uint32_t u = (uint32_t)((const uint16_t *)buf)[i] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    default:
+        return 0;
+    }
+}
+
+/* Rank r's input element i for op (salt varies it per call): every result stays a small integer.
+ * prod: 1 or 2; avg: base(i) + 2r - (n - 1), which sums to n * base(i); else 0..4. */
+static int input(ncclRedOp_t op, int r, size_t i, unsigned salt)
+{
+    size_t k = i + salt;
+    if (op == ncclProd)
+        return 1 + (int)((k + (size_t)r) % 2);
+    if (op == ncclAvg)
+        return nranks + (int)(k % 5) + 2 * r - (nranks - 1);
+    return (int)((k * 7 + (size_t)r * 3) % 5);
+}
+
+/* The reduction of element i over every rank. */
+static double expect(ncclRedOp_t op, size_t i, unsigned salt)
+{
+    double acc = input(op, 0, i, salt);
+    for (int r = 1; r < nranks; r++) {
+        double v = input(op, r, i, salt);
+        acc = op == ncclProd  ? acc * v
+              : op == ncclMax ? (v > acc ? v : acc)
+              : op == ncclMin ? (v < acc ? v : acc)
+                              : acc + v;
+    }
+    return op == ncclAvg ? acc / nranks : acc;
+}
+
+static void fill(ncclDataType_t t, ncclRedOp_t op, void *buf, size_t count, int r, unsigned salt)
+{
+    for (size_t i = 0; i < count; i++)
+        put(t, buf, i, input(op, r, i, salt));
+}
+
+/* Compare count elements of got with want(i); print the first few differences. */
+static void compare(const char *what, ncclDataType_t t, const void *got, size_t count, double (*want)(size_t, void *),
+                    void *ctx)
+{
+    int shown = 0;
+    for (size_t i = 0; i < count; i++) {
+        double w = want(i, ctx), g = get(t, got, i);
+        checked++;
+        if (g != w) {
+            wrong++;
+            if (shown++ < 3)
+                fprintf(stderr, "rank %d: %s %s: element %zu is %g, want %g\n", rank, what, type_names[t], i, g, w);
+        }
+    }
+}
+
+/* ============================================================================================
+ * The collectives
+ * ========================================================================================== */
+
+typedef struct {
+    ncclRedOp_t op;
+    unsigned salt;
+    int root, block_rank; /* broadcast: the root; all-gather: which rank's block */
+    size_t count;
+} want_t;
+
+static double want_reduced(size_t i, void *ctx)
+{
+    const want_t *w = ctx;
+    return expect(w->op, i, w->salt);
+}
+
+static double want_root_input(size_t i, void *ctx)
+{
+    const want_t *w = ctx;
+    return input(ncclSum, w->root, i, w->salt);
+}
+
+static double want_gathered(size_t i, void *ctx)
+{
+    const want_t *w = ctx;
+    return input(ncclSum, (int)(i / w->count), i % w->count, w->salt);
+}
+
+static double want_scattered(size_t i, void *ctx)
+{
+    const want_t *w = ctx;
+    return expect(w->op, (size_t)rank * w->count + i, w->salt);
+}
+
+static unsigned salt_next(void)
+{
+    static unsigned s;
+    return ++s * 13;
+}
+
+static void run_matrix(ncclComm_t comm)
+{
+    static const size_t counts[] = { 0, 1, 1001, 70001 };
+    size_t maxc = 70001 * MAXN;
+    char *send = malloc(maxc * 8), *recv = malloc(maxc * 8);
+    if (!send || !recv)
+        exit(1);
+    for (int t = 0; t < ncclNumTypes; t++)
+        for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
+            size_t n = counts[ci];
+            char what[128];
+            for (int op = 0; op < ncclNumOps; op++) {
+                for (int inplace = 0; inplace < 2; inplace++) { /* all-reduce */
+                    want_t w = { .op = (ncclRedOp_t)op, .salt = salt_next() };
+                    fill((ncclDataType_t)t, w.op, send, n, rank, w.salt);
+                    CHECK(ncclAllReduce(send, inplace ? send : recv, n, (ncclDataType_t)t, w.op, comm, NULL));
+                    snprintf(what, sizeof(what), "allreduce %s count %zu%s", op_names[op], n,
+                             inplace ? " in place" : "");
+                    compare(what, (ncclDataType_t)t, inplace ? send : recv, n, want_reduced, &w);
+                }
+                want_t w = { .op = (ncclRedOp_t)op, .salt = salt_next(), .root = (int)(n % (size_t)nranks) };
+                fill((ncclDataType_t)t, w.op, send, n, rank, w.salt); /* reduce */
+                memset(recv, 0x5a, n * type_size((ncclDataType_t)t));
+                CHECK(ncclReduce(send, recv, n, (ncclDataType_t)t, w.op, w.root, comm, NULL));
+                if (rank == w.root) {
+                    snprintf(what, sizeof(what), "reduce %s count %zu root %d", op_names[op], n, w.root);
+                    compare(what, (ncclDataType_t)t, recv, n, want_reduced, &w);
+                }
+                w.count = n; /* reduce-scatter: n per rank */
+                fill((ncclDataType_t)t, w.op, send, n * (size_t)nranks, rank, w.salt);
+                CHECK(ncclReduceScatter(send, recv, n, (ncclDataType_t)t, w.op, comm, NULL));
+                snprintf(what, sizeof(what), "reducescatter %s count %zu", op_names[op], n);
+                compare(what, (ncclDataType_t)t, recv, n, want_scattered, &w);
+            }
+            want_t w = { .salt = salt_next(), .root = (int)((n + 1) % (size_t)nranks), .count = n };
+            fill((ncclDataType_t)t, ncclSum, send, n, rank == w.root ? w.root : rank + 100, w.salt); /* broadcast */
+            CHECK(ncclBcast(send, n, (ncclDataType_t)t, w.root, comm, NULL));
+            snprintf(what, sizeof(what), "broadcast count %zu root %d", n, w.root);
+            compare(what, (ncclDataType_t)t, send, n, want_root_input, &w);
+            fill((ncclDataType_t)t, ncclSum, send, n, rank, w.salt); /* all-gather */
+            CHECK(ncclAllGather(send, recv, n, (ncclDataType_t)t, comm, NULL));
+            snprintf(what, sizeof(what), "allgather count %zu", n);
+            compare(what, (ncclDataType_t)t, recv, n * (size_t)nranks, want_gathered, &w);
+        }
+
+    /* One group: an all-reduce of every data type, all complete at ncclGroupEnd. */
+    char *bufs[ncclNumTypes];
+    want_t ws[ncclNumTypes];
+    CHECK(ncclGroupStart());
+    for (int t = 0; t < ncclNumTypes; t++) {
+        ws[t] = (want_t){ .op = (ncclRedOp_t)(t % ncclNumOps), .salt = salt_next() };
+        if (!(bufs[t] = malloc(1001 * 8)))
+            exit(1);
+        fill((ncclDataType_t)t, ws[t].op, bufs[t], 1001, rank, ws[t].salt);
+        CHECK(ncclAllReduce(bufs[t], bufs[t], 1001, (ncclDataType_t)t, ws[t].op, comm, NULL));
+    }
+    CHECK(ncclGroupEnd());
+    for (int t = 0; t < ncclNumTypes; t++) {
+        compare("grouped allreduce", (ncclDataType_t)t, bufs[t], 1001, want_reduced, &ws[t]);
+        free(bufs[t]);
+    }
+    free(send);
+    free(recv);
+}
+
+/* ============================================================================================
+ * Modes
+ * ========================================================================================== */
+
+/* Rank 0: a new unique id into id_file (whole, by rename); the others: wait for it (60 s). */
+static void share_id(ncclUniqueId *id)
+{
+    char tmp[512];
+    if (rank == 0) {
+        CHECK(ncclGetUniqueId(id));
+        snprintf(tmp, sizeof(tmp), "%s.tmp", id_file);
+        FILE *f = fopen(tmp, "wb");
+        if (!f || fwrite(id, sizeof(*id), 1, f) != 1 || fclose(f) != 0 || rename(tmp, id_file) != 0) {
+            perror(id_file);
+            exit(1);
+        }
+        return;
+    }
+    for (int i = 0; i < 6000; i++) {
+        FILE *f = fopen(id_file, "rb");
+        if (f) {
+            size_t got = fread(id, sizeof(*id), 1, f);
+            fclose(f);
+            if (got == 1)
+                return;
+        }
+        nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
+    }
+    fprintf(stderr, "rank %d: no unique id in %s within 60 s\n", rank, id_file);
+    exit(1);
+}
+
+static ncclComm_t join(void)
+{
+    ncclUniqueId id;
+    ncclComm_t comm;
+    share_id(&id);
+    CHECK(ncclCommInitRank(&comm, nranks, id, rank));
+    int n = 0, r = -1;
+    CHECK(ncclCommCount(comm, &n));
+    CHECK(ncclCommUserRank(comm, &r));
+    if (n != nranks || r != rank) {
+        fprintf(stderr, "rank %d: ncclCommCount %d, ncclCommUserRank %d\n", rank, n, r);
+        exit(1);
+    }
+    return comm;
+}
+
+static int mode_matrix(void)
+{
+    ncclComm_t comm = join();
+    run_matrix(comm);
+    ncclResult_t async = ncclInternalError;
+    CHECK(ncclCommGetAsyncError(comm, &async));
+    CHECK(ncclCommFinalize(comm));
+    CHECK(ncclCommDestroy(comm));
+    printf("rank %d: %ld elements checked, %ld wrong (async error %s)\n", rank, checked, wrong,
+           ncclGetErrorString(async));
+    return wrong == 0 && async == ncclSuccess ? 0 : 1;
+}
+
+static int mode_initall(void)
+{
+    ncclComm_t comms[MAXN];
+    char *bufs[MAXN];
+    CHECK(ncclCommInitAll(comms, nranks, NULL));
+    want_t w = { .op = ncclSum, .salt = salt_next() };
+    CHECK(ncclGroupStart());
+    for (int r = 0; r < nranks; r++) {
+        if (!(bufs[r] = malloc(70001 * 4)))
+            return 1;
+        fill(ncclFloat32, ncclSum, bufs[r], 70001, r, w.salt);
+        CHECK(ncclAllReduce(bufs[r], bufs[r], 70001, ncclFloat32, ncclSum, comms[r], NULL));
+    }
+    CHECK(ncclGroupEnd());
+    for (int r = 0; r < nranks; r++) {
+        compare("initall allreduce", ncclFloat32, bufs[r], 70001, want_reduced, &w);
+        CHECK(ncclCommDestroy(comms[r]));
+        free(bufs[r]);
+    }
+    printf("one process, %d ranks: %ld elements checked, %ld wrong\n", nranks, checked, wrong);
+    return wrong == 0 ? 0 : 1;
+}
+
+/* A call must give `want` and ncclGetLastError must contain `text`. */
+static int expect_error(const char *what, ncclResult_t got, ncclResult_t want, const char *text)
+{
+    const char *last = ncclGetLastError(NULL);
+    printf("%s: %s: %s\n", what, ncclGetErrorString(got), last);
+    if (got == want && strstr(last, text))
+        return 0;
+    fprintf(stderr, "%s: got %d (%s), want %d with \"%s\"\n", what, (int)got, last, (int)want, text);
+    return 1;
+}
+
+static int mode_errors(void)
+{
+    int bad = 0, version = 0;
+    CHECK(ncclGetVersion(&version));
+    if (version != NCCL_VERSION_CODE) {
+        fprintf(stderr, "ncclGetVersion: %d, the header says %d\n", version, NCCL_VERSION_CODE);
+        bad++;
+    }
+    ncclComm_t comm = join();
+    float x[4] = { 1, 2, 3, 4 };
+    bad += expect_error("unknown data type", ncclAllReduce(x, x, 4, (ncclDataType_t)77, ncclSum, comm, NULL),
+                        ncclInvalidArgument, "unknown data type 77");
+    bad += expect_error("unknown operator", ncclAllReduce(x, x, 4, ncclFloat32, (ncclRedOp_t)9, comm, NULL),
+                        ncclInvalidArgument, "unknown reduction operator 9");
+    bad += expect_error("broadcast root out of range", ncclBcast(x, 4, ncclFloat32, 5, comm, NULL), ncclInvalidArgument,
+                        "root");
+    bad += expect_error("NULL communicator", ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, NULL, NULL),
+                        ncclInvalidArgument, "comm is NULL");
+    bad += expect_error("send", ncclSend(x, 4, ncclFloat32, 0, comm, NULL), ncclInvalidUsage,
+                        "point-to-point operations are not supported by colld yet");
+    ncclComm_t sub = NULL;
+    bad += expect_error("split", ncclCommSplit(comm, 0, 0, &sub, NULL), ncclInvalidUsage, "ncclCommSplit");
+    ncclRedOp_t pm;
+    float scalar = 0.5f;
+    bad += expect_error("premulsum", ncclRedOpCreatePreMulSum(&pm, &scalar, ncclFloat32, ncclScalarHostImmediate, comm),
+                        ncclInvalidUsage, "ncclRedOpCreatePreMulSum");
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclUniqueId id;
+    CHECK(ncclGetUniqueId(&id));
+    bad += expect_error("non-blocking", ncclCommInitRankConfig(&sub, 1, id, 0, &cfg), ncclInvalidUsage,
+                        "non-blocking communicators");
+    bad += expect_error("group end alone", ncclGroupEnd(), ncclInvalidUsage, "without ncclGroupStart");
+    /* still usable */
+    CHECK(ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, comm, NULL));
+    for (int i = 0; i < 4; i++)
+        if (x[i] != (float)((i + 1) * nranks)) {
+            fprintf(stderr, "all-reduce after the errors: x[%d] = %g\n", i, (double)x[i]);
+            bad++;
+        }
+    CHECK(ncclCommDestroy(comm));
+    return bad ? 1 : 0;
+}
+
+static int mode_victim(void)
+{
+    ncclComm_t comm = join();
+    float x[1024];
+    fill(ncclFloat32, ncclSum, x, 1024, rank, 1);
+    CHECK(ncclAllReduce(x, x, 1024, ncclFloat32, ncclSum, comm, NULL)); /* everyone is in */
+    char mark[600];
+    if (rank != victim) { /* the victim leaves only once every other rank has seen this one end */
+        snprintf(mark, sizeof(mark), "%s.done-%d", id_file, rank);
+        FILE *f = fopen(mark, "w");
+        if (!f || fclose(f) != 0)
+            return 1;
+    }
+    if (rank == victim) {
+        for (int r = 0; r < nranks; r++) {
+            snprintf(mark, sizeof(mark), "%s.done-%d", id_file, r);
+            for (int i = 0; r != victim && access(mark, F_OK) != 0; i++) {
+                if (i == 6000) {
+                    fprintf(stderr, "rank %d: no %s within 60 s\n", rank, mark);
+                    return 1;
+                }
+                nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
+            }
+        }
+        printf("rank %d (pid %d): exiting without a word\n", rank, (int)getpid());
+        fflush(stdout);
+        _exit(0);
+    }
+    ncclResult_t r = ncclAllReduce(x, x, 1024, ncclFloat32, ncclSum, comm, NULL);
+    char want[64];
+    snprintf(want, sizeof(want), "rank %d (pid", victim);
+    int bad = expect_error("all-reduce with a rank gone", r, ncclRemoteError, want);
+    ncclResult_t async = ncclSuccess;
+    CHECK(ncclCommGetAsyncError(comm, &async));
+    if (async != ncclRemoteError) {
+        fprintf(stderr, "ncclCommGetAsyncError: %d, want ncclRemoteError\n", (int)async);
+        bad++;
+    }
+    CHECK(ncclCommAbort(comm));
+    return bad;
+}
+
+/* The ncclAllReduce this program calls must be colld's. */
+static void check_library(void)
+{
+    Dl_info info;
+    if (!dladdr((void *)ncclAllReduce, &info) || !info.dli_fname) {
+        fprintf(stderr, "cannot tell which library ncclAllReduce is in\n");
+        exit(3);
+    }
+    const char *impl = dlsym(RTLD_DEFAULT, "colld_nccl_implementation");
+    printf("libnccl: %s (%s)\n", info.dli_fname, impl ? impl : "not colld's");
+    fflush(stdout);
+    if (!impl) {
+        fprintf(stderr, "the NCCL loaded (%s) is not colld's: set LD_LIBRARY_PATH to colld's lib/colld\n",
+                info.dli_fname);
+        exit(3);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--nranks") == 0)
+            nranks = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--rank") == 0)
+            rank = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--id-file") == 0)
+            id_file = argv[i + 1];
+        else if (strcmp(argv[i], "--mode") == 0)
+            mode = argv[i + 1];
+        else if (strcmp(argv[i], "--victim") == 0)
+            victim = atoi(argv[i + 1]);
+        else {
+            fprintf(stderr, "unknown argument %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (nranks < 1 || nranks > MAXN || rank < 0 || rank >= nranks || (!id_file && strcmp(mode, "initall") != 0)) {
+        fprintf(stderr,
+                "usage: %s --nranks N (1..%d) --rank R --id-file PATH [--mode matrix|initall|errors|victim "
+                "--victim R]\n",
+                argv[0], MAXN);
+        return 2;
+    }
+    check_library();
+    if (strcmp(mode, "matrix") == 0)
+        return mode_matrix();
+    if (strcmp(mode, "initall") == 0)
+        return mode_initall();
+    if (strcmp(mode, "errors") == 0)
+        return mode_errors();
+    if (strcmp(mode, "victim") == 0)
+        return mode_victim();
+    fprintf(stderr, "unknown mode %s\n", mode);
+    return 2;
+}
