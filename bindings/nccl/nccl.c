@@ -316,10 +316,35 @@ EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devl
 
 EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config)
 {
-    (void)comm, (void)color, (void)key, (void)config;
-    if (newcomm)
-        *newcomm = NULL;
-    return fail(ncclInvalidUsage, "ncclCommSplit is not supported by colld yet");
+    if (!newcomm)
+        return fail(ncclInvalidArgument, "ncclCommSplit: newcomm is NULL");
+    *newcomm = NULL;
+    ncclResult_t res = check_comm("ncclCommSplit", comm);
+    if (res != ncclSuccess)
+        return res;
+    if (config && config->size >= offsetof(ncclConfig_t, blocking) + sizeof(int) && config->blocking == 0)
+        return fail(ncclInvalidUsage, "ncclCommSplit: non-blocking communicators (config->blocking = 0) are not "
+                                      "supported by colld yet");
+    if (group.depth > 0)
+        return fail(ncclInvalidUsage, "ncclCommSplit inside ncclGroupStart/End is not supported by colld yet");
+    ncclComm_t sub = calloc(1, sizeof(*sub));
+    if (!sub)
+        return fail(ncclSystemError, "ncclCommSplit: out of memory");
+    colld_status_t st = colld_comm_split(comm->c, color, key, &sub->c, NULL);
+    if (st != COLLD_OK) {
+        free(sub);
+        return fail_comm("ncclCommSplit", st, comm);
+    }
+    if (!sub->c) { /* NCCL_SPLIT_NOCOLOR */
+        free(sub);
+        return ncclSuccess;
+    }
+    sub->client = comm->client;
+    sub->device = comm->device;
+    colld_comm_count(sub->c, &sub->nranks);
+    colld_comm_user_rank(sub->c, &sub->rank);
+    *newcomm = sub;
+    return ncclSuccess;
 }
 
 EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm)

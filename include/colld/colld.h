@@ -33,6 +33,7 @@
  *       Changed: colld_last_error(NULL) says why the calling thread's last colld_connect failed
  *       (it returned "invalid client (NULL)"); a daemon at one of its limits refuses colld_connect
  *       with COLLD_ERR_QUOTA_EXCEEDED (it closed the connection: COLLD_ERR_DAEMON_LOST).
+ *       New: colld_comm_split (issue 16).
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -168,6 +169,14 @@ colld_status_t colld_comm_destroy(colld_comm_t *comm);
  * returns within about 2 s even if the daemon is stuck. The handle stays valid: release it with
  * colld_comm_destroy, which then returns promptly. */
 colld_status_t colld_comm_abort(colld_comm_t *comm);
+/* Split (as ncclCommSplit): every rank of comm calls it; the ranks that pass the same color >= 0
+ * form a new communicator (*newcomm), ordered by key, ties by their rank in comm. A rank passing
+ * COLLD_SPLIT_NOCOLOR takes part and gets *newcomm = NULL. Blocks until the new communicators have
+ * formed; it waits for comm's issued work first. cfg as in colld_comm_init_rank (NULL: defaults).
+ * Works for communicators spanning nodes as well. Not inside colld_group_start/end. */
+#define COLLD_SPLIT_NOCOLOR (-1)
+colld_status_t colld_comm_split(colld_comm_t *comm, int color, int key, colld_comm_t **newcomm,
+                                const colld_comm_config_t *cfg);
 colld_status_t colld_comm_get_async_error(colld_comm_t *comm, colld_status_t *err);
 const char *colld_comm_last_error(colld_comm_t *comm); /* detail of this comm's last error */
 colld_status_t colld_comm_count(const colld_comm_t *comm, int *nranks);

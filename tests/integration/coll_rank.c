@@ -34,6 +34,11 @@
  *            2 ranks, K = 3000 sends the reduce-scatter (24000 B per rank) through the engine and
  *            the all-gather (12000 B) through the fast area, so the ordering between the two paths
  *            is checked. Rank 0 then stops at checkpoint --iters if asked.
+ *   split    colld_comm_split: color rank % 2 (with 3 ranks or more the last rank passes
+ *            COLLD_SPLIT_NOCOLOR and must get NULL), key nranks - rank (so each group is in reverse
+ *            order); each rank checks its new rank and size, runs the matrix (as selected) on its
+ *            group's communicator, then an exact all-reduce on the parent; then a split with one
+ *            color for everyone (same order) and an all-reduce on it.
  *
  * Exit code: 0 everything matched (or the expected status came); 1 a mismatch or an unexpected
  * status (the first mismatches are printed on stderr with full context); 2 bad arguments.
@@ -460,6 +465,69 @@ static int mode_call(run_t *R)
     return 0;
 }
 
+/* One split of R's communicator; the new communicator's rank and size must be want_rank,
+ * want_n (NULL expected for want_n 0). Returns the new one, or NULL (with *rc 1 on an error). */
+static colld_comm_t *split_checked(run_t *R, int color, int key, int want_rank, int want_n, int *rc)
+{
+    colld_comm_t *sub = NULL;
+    colld_status_t st = colld_comm_split(R->comm, color, key, &sub, NULL);
+    int n = -1, r = -1;
+    if (st != COLLD_OK) {
+        fprintf(stderr, "FAILED rank %d: colld_comm_split(color %d, key %d): %s: %s\n", R->rank, color, key,
+                colld_status_name(st), colld_comm_last_error(R->comm));
+        *rc = 1;
+        return NULL;
+    }
+    if (sub) {
+        colld_comm_count(sub, &n);
+        colld_comm_user_rank(sub, &r);
+    }
+    if ((want_n == 0) != (sub == NULL) || (sub && (n != want_n || r != want_rank))) {
+        fprintf(stderr,
+                "FAILED rank %d: colld_comm_split(color %d, key %d): got %s rank %d of %d, want rank %d of %d\n",
+                R->rank, color, key, sub ? "a communicator" : "none", r, n, want_rank, want_n);
+        *rc = 1;
+    }
+    return sub;
+}
+
+static int mode_split(run_t *R)
+{
+    int rc = 0, n = R->n, me = R->rank;
+    bool nocolor = n >= 3 && me == n - 1;
+    int color = nocolor ? COLLD_SPLIT_NOCOLOR : me % 2, want_n = 0, want_rank = 0;
+    for (int r = 0; r < n && !nocolor; r++)
+        if (!(n >= 3 && r == n - 1) && r % 2 == color) {
+            want_n++;
+            want_rank += r > me; /* key n - r: the higher ranks come first */
+        }
+    colld_comm_t *sub = split_checked(R, color, n - me, want_rank, want_n, &rc);
+    if (sub && rc == 0) {
+        run_t G = *R;
+        G.comm = sub;
+        G.n = want_n;
+        G.rank = want_rank;
+        rc = mode_matrix(&G, 0);
+        R->collectives = G.collectives; /* G started from R's counts */
+        R->bad = G.bad;
+    }
+    if (sub)
+        colld_comm_destroy(sub);
+    call_t k = { .kind = K_ALLREDUCE, .dt = COLLD_INT32, .op = COLLD_SUM, .count = 1001, .salt = R->a->salt + 3 };
+    if (rc == 0 && run_call(R, &k) != 0) /* the parent still works */
+        rc = 1;
+    if (rc == 0 && (sub = split_checked(R, 0, 0, me, n, &rc)) != NULL) {
+        run_t G = *R;
+        G.comm = sub;
+        k.salt++;
+        if (run_call(&G, &k) != 0)
+            rc = 1;
+        R->collectives = G.collectives;
+        colld_comm_destroy(sub);
+    }
+    return rc;
+}
+
 /* Input of rank r, element i of the chain: -2..2, so every sum stays exact in float32. */
 static float chain_value(int r, size_t i)
 {
@@ -668,6 +736,8 @@ int main(int argc, char **argv)
         rc = mode_call(&R);
     else if (strcmp(a.mode, "chain") == 0)
         rc = mode_chain(&R);
+    else if (strcmp(a.mode, "split") == 0)
+        rc = mode_split(&R);
     else {
         fprintf(stderr, "coll_rank: unknown mode %s\n", a.mode);
         rc = 2;

@@ -289,10 +289,23 @@ static void test_mismatch_new_collectives(void **state)
     run_coll(h, 2, extra);
 }
 
+/* colld_comm_split (coll_rank.c mode split): 5 ranks into colors 0 (ranks 0, 2) and 1
+ * (1, 3) in reverse order, rank 4 with no color; each group runs exact collectives of every kind,
+ * then the parent and a split with one color run exact all-reduces. 2 ranks: two groups of one. */
+static void test_split(void **state)
+{
+    harness_t *h = *state;
+    const char *extra[] = { "--mode", "split", "--no-big", "--dtypes", "float32,int64,bfloat16", NULL };
+    run_coll(h, 5, extra);
+    run_coll(h, 2, extra);
+}
+
 /* Every test gets its own daemon (harness_test_setup/teardown). */
-int main(void)
+int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
+    if (argc > 1) /* only the tests whose names match (cmocka's filter, * as a wildcard) */
+        cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_matrix_1_rank, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_matrix_2_ranks, harness_test_setup, harness_test_teardown),
@@ -306,6 +319,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_group_with_invalid_call, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_bad_arguments_multi_rank, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_mismatch_new_collectives, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_split, harness_test_setup, harness_test_teardown),
     };
     return cmocka_run_group_tests_name("collectives", tests, NULL, NULL);
 }

@@ -142,6 +142,18 @@ static void test_matrix_uneven(void **state)
     run_matrix(cl, 1, place, 6, extra);
 }
 
+/* colld_comm_split across hosts (coll_rank.c mode split): 6 ranks on 3 hosts (3 + 1 + 2,
+ * interleaved) into colors 0 (ranks 0, 2, 4) and 1 (1, 3), rank 5 with no color; each group's
+ * unique id comes from its first rank's daemon, so the groups span hosts and are rooted on
+ * different daemons; every collective exact. */
+static void test_split_across_hosts(void **state)
+{
+    cluster_t *cl = *state;
+    const int place[] = { 0, 1, 2, 0, 2, 0 };
+    const char *extra[] = { "--mode", "split", "--exact-values", "--no-big", "--dtypes", "float32,int32", NULL };
+    run_matrix(cl, 1, place, 6, extra);
+}
+
 /* The same for the reducing collectives with the ring forced by the root's policy, 2 hosts with
  * 2 ranks each, and a root daemon with no rank of the communicator; then a large all-gather and
  * reduce-scatter (several chunks per block). */
@@ -500,11 +512,14 @@ static void test_single_node_daemon_refuses(void **state)
     assert_non_null(strstr(text, "--listen"));
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc > 1) /* only the tests whose names match (cmocka's filter, * as a wildcard) */
+        cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_matrix_uneven, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_ring_policy_rootless, setup3, teardown),
+        cmocka_unit_test_setup_teardown(test_split_across_hosts, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_traffic_per_host, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_killed, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_silent, setup3, teardown),

@@ -361,10 +361,47 @@ static ncclComm_t join(void)
     return comm;
 }
 
+/* ncclCommSplit: colors rank % 2 (with 3 ranks or more the last rank passes NCCL_SPLIT_NOCOLOR),
+ * key -rank (each group in reverse order); an exact all-reduce of the parent ranks in each group. */
+static void run_split(ncclComm_t comm)
+{
+    bool nocolor = nranks >= 3 && rank == nranks - 1;
+    ncclComm_t sub = NULL;
+    CHECK(ncclCommSplit(comm, nocolor ? NCCL_SPLIT_NOCOLOR : rank % 2, -rank, &sub, NULL));
+    int want_n = 0, want_rank = 0, want_sum = 0;
+    for (int r = 0; r < nranks && !nocolor; r++)
+        if (!(nranks >= 3 && r == nranks - 1) && r % 2 == rank % 2) {
+            want_n++;
+            want_rank += r > rank;
+            want_sum += r;
+        }
+    int n = 0, me = -1;
+    if (sub) {
+        CHECK(ncclCommCount(sub, &n));
+        CHECK(ncclCommUserRank(sub, &me));
+    }
+    checked++;
+    if ((sub == NULL) != (want_n == 0) || (sub && (n != want_n || me != want_rank))) {
+        fprintf(stderr, "rank %d: ncclCommSplit gave rank %d of %d, want %d of %d\n", rank, me, n, want_rank, want_n);
+        wrong++;
+    }
+    if (!sub)
+        return;
+    int32_t x = rank;
+    CHECK(ncclAllReduce(&x, &x, 1, ncclInt32, ncclSum, sub, NULL));
+    checked++;
+    if (x != want_sum) {
+        fprintf(stderr, "rank %d: all-reduce on the split communicator: %d, want %d\n", rank, (int)x, want_sum);
+        wrong++;
+    }
+    CHECK(ncclCommDestroy(sub));
+}
+
 static int mode_matrix(void)
 {
     ncclComm_t comm = join();
     run_matrix(comm);
+    run_split(comm);
     ncclResult_t async = ncclInternalError;
     CHECK(ncclCommGetAsyncError(comm, &async));
     CHECK(ncclCommFinalize(comm));
@@ -429,7 +466,10 @@ static int mode_errors(void)
     bad += expect_error("send", ncclSend(x, 4, ncclFloat32, 0, comm, NULL), ncclInvalidUsage,
                         "point-to-point operations are not supported by colld yet");
     ncclComm_t sub = NULL;
-    bad += expect_error("split", ncclCommSplit(comm, 0, 0, &sub, NULL), ncclInvalidUsage, "ncclCommSplit");
+    CHECK(ncclGroupStart());
+    bad += expect_error("split in a group", ncclCommSplit(comm, 0, 0, &sub, NULL), ncclInvalidUsage,
+                        "ncclCommSplit inside ncclGroupStart/End");
+    ncclGroupEnd();
     ncclRedOp_t pm;
     float scalar = 0.5f;
     bad += expect_error("premulsum", ncclRedOpCreatePreMulSum(&pm, &scalar, ncclFloat32, ncclScalarHostImmediate, comm),

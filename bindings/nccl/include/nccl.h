@@ -12,8 +12,8 @@
  *     ncclGroupStart/End: when ncclGroupEnd returns); its stream argument is ignored. Device
  *     buffers are stream-ordered, as with NCCL.
  *   - Not yet implemented, failing with ncclInvalidUsage and a message from ncclGetLastError:
- *     ncclSend, ncclRecv, ncclCommSplit, ncclRedOpCreatePreMulSum (ncclRedOpDestroy likewise),
- *     non-blocking communicators (config->blocking = 0). ncclCommRegister records nothing: colld
+ *     ncclSend, ncclRecv, ncclRedOpCreatePreMulSum (ncclRedOpDestroy likewise), non-blocking
+ *     communicators (config->blocking = 0), ncclCommSplit inside a group. ncclCommRegister records nothing: colld
  *     registers each buffer's allocation at its first use.
  */
 #ifndef COLLD_NCCL_H
