@@ -77,7 +77,9 @@ static colld_status_t check_args(colld_comm_t *comm, call_t *k, size_t send_elem
     k->reduces = k->kind == COLLD_KIND_ALLREDUCE || k->kind == COLLD_KIND_REDUCE || k->kind == COLLD_KIND_REDUCESCATTER;
     if (k->reduces && (unsigned)k->op >= COLLD_REDOP_COUNT)
         return colld__comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "unknown reduction op %d", (int)k->op);
-    if ((k->kind == COLLD_KIND_BROADCAST || k->kind == COLLD_KIND_REDUCE) && (k->root < 0 || k->root >= comm->nranks))
+    bool rooted = k->kind == COLLD_KIND_BROADCAST || k->kind == COLLD_KIND_REDUCE || k->kind == COLLD_KIND_GATHER ||
+                  k->kind == COLLD_KIND_SCATTER;
+    if (rooted && (k->root < 0 || k->root >= comm->nranks))
         return colld__comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "root %d is out of range for %d ranks", k->root,
                                  comm->nranks);
     size_t es = colld_dtype_size(k->dtype);
@@ -213,6 +215,19 @@ static colld_status_t route(colld_comm_t *comm, colld_kind_t kind, const void *s
     path_t path = PATH_GPU;
     if (!stream && (st = resolve_host(comm, &k, &path)) != COLLD_OK)
         return st;
+    if (kind >= COLLD_KIND_GATHER && path == PATH_GPU) /* the daemon's host backend only, so far */
+        return colld__comm_error(comm, COLLD_ERR_NOT_SUPPORTED,
+                                 "%s on GPU buffers or a CUDA stream is not supported yet: use host buffers and "
+                                 "stream NULL",
+                                 kind == COLLD_KIND_GATHER    ? "colld_gather"
+                                 : kind == COLLD_KIND_SCATTER ? "colld_scatter"
+                                                              : "colld_alltoall");
+    if (kind == COLLD_KIND_ALLTOALL && k.send_bytes && (const char *)sendbuf < (const char *)recvbuf + k.recv_bytes &&
+        (const char *)recvbuf < (const char *)sendbuf + k.send_bytes)
+        return colld__comm_error(comm, COLLD_ERR_INVALID_ARGUMENT,
+                                 "colld_alltoall: sendbuf (%p) and recvbuf (%p) overlap: all-to-all has no in-place "
+                                 "form",
+                                 sendbuf, (const void *)recvbuf);
     switch (path) {
     case PATH_GPU:
         return go_gpu(comm, &k);
@@ -273,6 +288,45 @@ colld_status_t colld_reducescatter(const void *sendbuf, void *recvbuf, size_t re
         return COLLD_ERR_INVALID_ARGUMENT;
     return route(comm, COLLD_KIND_REDUCESCATTER, sendbuf, times(recvcount, comm->nranks), recvbuf, recvcount, recvcount,
                  dtype, op, 0, stream);
+}
+
+colld_status_t colld_gather(const void *sendbuf, void *recvbuf, size_t sendcount, colld_dtype_t dtype, int root,
+                            colld_comm_t *comm, void *stream)
+{
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    return route(comm, COLLD_KIND_GATHER, sendbuf, sendcount, recvbuf,
+                 comm->rank == root ? times(sendcount, comm->nranks) : 0, sendcount, dtype, COLLD_SUM, root, stream);
+}
+
+colld_status_t colld_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, colld_dtype_t dtype, int root,
+                             colld_comm_t *comm, void *stream)
+{
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    return route(comm, COLLD_KIND_SCATTER, sendbuf, comm->rank == root ? times(recvcount, comm->nranks) : 0, recvbuf,
+                 recvcount, recvcount, dtype, COLLD_SUM, root, stream);
+}
+
+colld_status_t colld_alltoall(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype, colld_comm_t *comm,
+                              void *stream)
+{
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    return route(comm, COLLD_KIND_ALLTOALL, sendbuf, times(count, comm->nranks), recvbuf, times(count, comm->nranks),
+                 count, dtype, COLLD_SUM, 0, stream);
+}
+
+colld_status_t colld_barrier(colld_comm_t *comm)
+{
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    if (colld__group_active())
+        return colld__comm_error(comm, COLLD_ERR_INVALID_USAGE,
+                                 "colld_barrier inside a group: call colld_group_end first");
+    /* An all-reduce of nothing completes only once every rank has posted it. */
+    colld_status_t st = colld_allreduce(NULL, NULL, 0, COLLD_INT8, COLLD_SUM, comm, NULL);
+    return st == COLLD_OK ? colld__comm_wait(comm) : st;
 }
 
 colld_status_t colld_comm_synchronize(colld_comm_t *comm)

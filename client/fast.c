@@ -173,7 +173,8 @@ static bool input_bytes(const colld_comm_t *comm, colld_kind_t kind, size_t coun
 bool colld__fast_eligible(const colld_comm_t *comm, colld_kind_t kind, size_t count, colld_dtype_t dtype)
 {
     uint64_t b;
-    return comm->fast && input_bytes(comm, kind, count, dtype, &b) && b <= comm->fast_slot_bytes;
+    return comm->fast && kind <= COLLD_KIND_REDUCESCATTER && input_bytes(comm, kind, count, dtype, &b) &&
+           b <= comm->fast_slot_bytes;
 }
 
 /* ============================================================================================
@@ -291,6 +292,10 @@ static void compute(colld_comm_t *comm)
             memcpy(f->recv, comm->fast_scratch, bytes);
         return;
     }
+    case COLLD_KIND_GATHER:
+    case COLLD_KIND_SCATTER:
+    case COLLD_KIND_ALLTOALL:
+        return; /* never on the fast area (colld__fast_eligible) */
     }
 }
 

@@ -48,7 +48,13 @@ typedef enum {
     COLLD_KIND_REDUCE = 3,
     COLLD_KIND_ALLGATHER = 4,
     COLLD_KIND_REDUCESCATTER = 5,
+    /* The host backend only, so far (single-node communicators, host buffers, never the fast
+     * area): gather to a root, scatter from a root, all-to-all of equal blocks. */
+    COLLD_KIND_GATHER = 6,
+    COLLD_KIND_SCATTER = 7,
+    COLLD_KIND_ALLTOALL = 8,
 } colld_kind_t;
+#define COLLD_KIND_MAX COLLD_KIND_ALLTOALL
 
 /* A buffer reference: a registration of the submitting session plus a byte offset into it. */
 typedef struct {

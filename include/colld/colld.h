@@ -33,7 +33,8 @@
  *       Changed: colld_last_error(NULL) says why the calling thread's last colld_connect failed
  *       (it returned "invalid client (NULL)"); a daemon at one of its limits refuses colld_connect
  *       with COLLD_ERR_QUOTA_EXCEEDED (it closed the connection: COLLD_ERR_DAEMON_LOST).
- *       New: colld_comm_split (issue 16).
+ *       New: colld_comm_split, colld_gather, colld_scatter, colld_alltoall, colld_barrier
+ *       (issue 16).
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -222,6 +223,23 @@ colld_status_t colld_allgather(const void *sendbuf, void *recvbuf, size_t sendco
 colld_status_t colld_reducescatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                                    colld_dtype_t dtype, colld_redop_t op, colld_comm_t *comm,
                                    void *stream);
+/* Gather (to root: recvbuf holds nranks x sendcount, rank r's input at block r; recvbuf is not used
+ * on other ranks), scatter (from root: sendbuf holds nranks x recvcount, block r goes to rank r;
+ * sendbuf is not used on other ranks) and all-to-all (every rank sends block q of its nranks x
+ * count sendbuf to rank q, which receives it at block r of its recvbuf; no in-place form: the two
+ * buffers must not overlap). In place for gather: the root's sendbuf at its own block of recvbuf;
+ * for scatter: the root's recvbuf at its own block of sendbuf. Host buffers only, on communicators
+ * within one node, so far: GPU buffers (or a stream) give COLLD_ERR_NOT_SUPPORTED, and so does a
+ * communicator spanning nodes (from the daemon, which breaks the communicator). */
+colld_status_t colld_gather(const void *sendbuf, void *recvbuf, size_t sendcount, colld_dtype_t dtype, int root,
+                            colld_comm_t *comm, void *stream);
+colld_status_t colld_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, colld_dtype_t dtype, int root,
+                             colld_comm_t *comm, void *stream);
+colld_status_t colld_alltoall(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype, colld_comm_t *comm,
+                              void *stream);
+/* Barrier: returns once every rank has called it (and this rank's issued work has completed).
+ * Not inside a group. */
+colld_status_t colld_barrier(colld_comm_t *comm);
 colld_status_t colld_group_start(void);
 colld_status_t colld_group_end(void);
 /* Waits for all issued work: host collectives, and the daemon's completion of stream-ordered ones

@@ -21,7 +21,8 @@
 
 bool colld_kind_has_root(unsigned kind)
 {
-    return kind == COLLD_KIND_BROADCAST || kind == COLLD_KIND_REDUCE;
+    return kind == COLLD_KIND_BROADCAST || kind == COLLD_KIND_REDUCE || kind == COLLD_KIND_GATHER ||
+           kind == COLLD_KIND_SCATTER;
 }
 
 bool colld_kind_has_op(unsigned kind)
@@ -79,9 +80,13 @@ static bool in_place_or_apart(const colld_wire_sqe_t *d, const colld_op_t *op, u
     uint64_t slice = (uint64_t)rank * bytes;
     switch (d->kind) {
     case COLLD_KIND_ALLGATHER:
+    case COLLD_KIND_GATHER: /* at the root: its block of recvbuf */
         return so == ro + slice;
     case COLLD_KIND_REDUCESCATTER:
+    case COLLD_KIND_SCATTER: /* at the root: its block of sendbuf */
         return ro == so + slice;
+    case COLLD_KIND_ALLTOALL: /* no in place: every block goes elsewhere */
+        return false;
     default:
         return so == ro;
     }
@@ -92,7 +97,7 @@ static bool in_place_or_apart(const colld_wire_sqe_t *d, const colld_op_t *op, u
 static colld_status_t check_fields(const colld_wire_sqe_t *d, int nranks, uint64_t *bytes, uint64_t *all,
                                    colld_err_t *err)
 {
-    if (d->kind < COLLD_KIND_ALLREDUCE || d->kind > COLLD_KIND_REDUCESCATTER)
+    if (d->kind < COLLD_KIND_ALLREDUCE || d->kind > COLLD_KIND_MAX)
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "unknown collective kind %u", d->kind);
     if (d->dtype >= COLLD_DTYPE_COUNT)
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "unknown dtype %u", d->dtype);
@@ -108,7 +113,9 @@ static colld_status_t check_fields(const colld_wire_sqe_t *d, int nranks, uint64
 
 /* Validation, step 2: the bytes each of the rank's buffers must hold, by NCCL's rules: a non-root's
  * broadcast send buffer and reduce receive buffer are not used; all-gather receives and
- * reduce-scatter sends nranks x count. */
+ * reduce-scatter sends nranks x count; gather's root receives and scatter's root sends nranks x
+ * count (the others' buffers on that side are not used); all-to-all sends and receives nranks x
+ * count. */
 static void buffer_sizes(const colld_wire_sqe_t *d, int rank, uint64_t bytes, uint64_t all, uint64_t *send_bytes,
                          uint64_t *recv_bytes)
 {
@@ -127,9 +134,38 @@ static void buffer_sizes(const colld_wire_sqe_t *d, int rank, uint64_t bytes, ui
     case COLLD_KIND_REDUCESCATTER:
         *send_bytes = all;
         break;
+    case COLLD_KIND_GATHER:
+        *recv_bytes = rank == d->root ? all : 0;
+        break;
+    case COLLD_KIND_SCATTER:
+        *send_bytes = rank == d->root ? all : 0;
+        break;
+    case COLLD_KIND_ALLTOALL:
+        *send_bytes = all;
+        *recv_bytes = all;
+        break;
     default:
         break;
     }
+}
+
+/* Gather, scatter and all-to-all run on the host backend only so far: not on GPU buffers, not on
+ * the fast area, not across nodes. */
+static colld_status_t check_host_only(const colld_op_t *op, colld_err_t *err)
+{
+    const colld_wire_sqe_t *d = &op->d;
+    if (d->kind < COLLD_KIND_GATHER)
+        return COLLD_OK;
+    if (d->flags & COLLD_SQE_STREAM)
+        return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "%s of GPU buffers is not supported yet",
+                             colld_kind_name(d->kind));
+    if (d->flags & COLLD_SQE_FAST)
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%s never runs on the fast area",
+                             colld_kind_name(d->kind));
+    if (colld_comm_multi_node(op->member->comm))
+        return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "%s on a communicator spanning nodes is not supported yet",
+                             colld_kind_name(d->kind));
+    return COLLD_OK;
 }
 
 /* Validation, step 3: a stream-ordered descriptor is checked by the backend that runs stream-
@@ -162,9 +198,12 @@ static colld_status_t check_memory(const colld_op_t *op, uint64_t send_bytes, ui
                              "being in place (in place: the same buffer%s)",
                              (unsigned long long)d->send.offset, (unsigned long long)send_bytes,
                              (unsigned long long)d->recv.offset, (unsigned long long)recv_bytes,
-                             d->kind == COLLD_KIND_ALLGATHER       ? ", or sendbuf at the rank's slice of recvbuf"
-                             : d->kind == COLLD_KIND_REDUCESCATTER ? ", or recvbuf at the rank's slice of sendbuf"
-                                                                   : "");
+                             d->kind == COLLD_KIND_ALLGATHER || d->kind == COLLD_KIND_GATHER
+                                 ? ", or sendbuf at the rank's slice of recvbuf"
+                             : d->kind == COLLD_KIND_REDUCESCATTER || d->kind == COLLD_KIND_SCATTER
+                                 ? ", or recvbuf at the rank's slice of sendbuf"
+                             : d->kind == COLLD_KIND_ALLTOALL ? "; all-to-all has no in-place form"
+                                                              : "");
     return COLLD_OK;
 }
 
@@ -176,6 +215,8 @@ static colld_status_t validate(colld_session_t *s, colld_op_t *op, colld_err_t *
     int rank = op->member->rank, nranks = op->member->comm->nranks;
     uint64_t bytes = 0, all = 0, send_bytes, recv_bytes;
     colld_status_t st = check_fields(d, nranks, &bytes, &all, err);
+    if (st == COLLD_OK)
+        st = check_host_only(op, err);
     if (st != COLLD_OK)
         return st;
     if (d->flags & COLLD_SQE_FAST) {

@@ -9,7 +9,8 @@
 #include <stdlib.h>
 
 static const char *const kind_labels[COLLD_COUNT_NKIND] = { "allreduce", "broadcast",     "reduce",
-                                                            "allgather", "reducescatter", "unknown" };
+                                                            "allgather", "reducescatter", "gather",
+                                                            "scatter",   "alltoall",      "unknown" };
 static const char *const dtype_labels[COLLD_COUNT_NDTYPE] = { "int8",    "uint8",   "int32",   "uint32",
                                                               "int64",   "uint64",  "float16", "bfloat16",
                                                               "float32", "float64", "unknown" };
@@ -46,10 +47,11 @@ static unsigned status_index(colld_status_t st)
     return COLLD_COUNT_NSTATUS_KNOWN;
 }
 
+_Static_assert(COLLD_COUNT_NKIND == COLLD_KIND_MAX + 1, "one label per kind and one for unknown ones");
+
 static unsigned kind_index(unsigned kind)
 {
-    return kind >= COLLD_KIND_ALLREDUCE && kind <= COLLD_KIND_REDUCESCATTER ? kind - COLLD_KIND_ALLREDUCE
-                                                                            : COLLD_COUNT_NKIND - 1;
+    return kind >= COLLD_KIND_ALLREDUCE && kind <= COLLD_KIND_MAX ? kind - COLLD_KIND_ALLREDUCE : COLLD_COUNT_NKIND - 1;
 }
 
 static unsigned dtype_index(unsigned dtype)

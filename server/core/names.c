@@ -18,6 +18,12 @@ const char *colld_kind_name(unsigned kind)
         return "allgather";
     case COLLD_KIND_REDUCESCATTER:
         return "reducescatter";
+    case COLLD_KIND_GATHER:
+        return "gather";
+    case COLLD_KIND_SCATTER:
+        return "scatter";
+    case COLLD_KIND_ALLTOALL:
+        return "alltoall";
     }
     return "unknown";
 }

@@ -49,7 +49,7 @@ static void structured_sqe(input_t *in, colld_session_t *s, uint32_t handle, col
     uint64_t next = m ? m->next_seq : 1;
     sqe->seq = (dseq >= -2 && dseq <= 2) ? next + (uint64_t)(int64_t)dseq : take(in, 8);
     sqe->comm = handle;
-    sqe->kind = (uint8_t)(take8(in) % 7);
+    sqe->kind = (uint8_t)(take8(in) % (COLLD_KIND_MAX + 2)); /* every kind and an unknown one */
     sqe->dtype = (uint8_t)(take8(in) % 12);
     sqe->redop = (uint8_t)(take8(in) % 7);
     sqe->flags = (uint8_t)(take8(in) & 0x03);

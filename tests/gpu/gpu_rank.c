@@ -776,9 +776,17 @@ static int parse_args(int argc, char **argv, args_t *a)
 /* Join the communicator, put the buffers on GPU 0, run the mode, leave. */
 int main(int argc, char **argv)
 {
-    args_t a = { .mode = "matrix", .alloc = "cudamalloc", .timeout_ms = 120000, .iters = 1, .max_report = 40,
-                 .victim = -1, .spin_ms = 200, .kinds = (1u << K_COUNT) - 1,
-                 .dtypes = (1u << COLLD_DTYPE_COUNT) - 1, .ops = (1u << COLLD_REDOP_COUNT) - 1, .big = true };
+    args_t a = { .mode = "matrix",
+                 .alloc = "cudamalloc",
+                 .timeout_ms = 120000,
+                 .iters = 1,
+                 .max_report = 40,
+                 .victim = -1,
+                 .spin_ms = 200,
+                 .kinds = K_EVERYWHERE_MASK,
+                 .dtypes = (1u << COLLD_DTYPE_COUNT) - 1,
+                 .ops = (1u << COLLD_REDOP_COUNT) - 1,
+                 .big = true };
     int rc = parse_args(argc, argv, &a);
     if (rc != 0)
         return rc;

@@ -13,7 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *const kind_names[K_COUNT] = { "allreduce", "broadcast", "reduce", "allgather", "reducescatter" };
+const char *const kind_names[K_COUNT] = { "allreduce",     "broadcast", "reduce",  "allgather",
+                                          "reducescatter", "gather",    "scatter", "alltoall" };
 const char *const dtype_names[COLLD_DTYPE_COUNT] = { "int8",   "uint8",   "int32",    "uint32",  "int64",
                                                      "uint64", "float16", "bfloat16", "float32", "float64" };
 const char *const op_names[COLLD_REDOP_COUNT] = { "sum", "prod", "min", "max", "avg" };
@@ -31,8 +32,10 @@ bool coll_reduces(int kind)
 
 void coll_call_sizes(const call_t *k, int n, size_t *send_elems, size_t *recv_elems)
 {
-    *send_elems = k->kind == K_REDUCESCATTER ? (size_t)n * k->count : k->count;
-    *recv_elems = k->kind == K_ALLGATHER ? (size_t)n * k->count : k->count;
+    bool all_send = k->kind == K_REDUCESCATTER || k->kind == K_SCATTER || k->kind == K_ALLTOALL;
+    bool all_recv = k->kind == K_ALLGATHER || k->kind == K_GATHER || k->kind == K_ALLTOALL;
+    *send_elems = all_send ? (size_t)n * k->count : k->count;
+    *recv_elems = all_recv ? (size_t)n * k->count : k->count;
 }
 
 size_t coll_inplace_bytes(const call_t *k, int n)
@@ -44,7 +47,7 @@ size_t coll_inplace_bytes(const call_t *k, int n)
 
 bool coll_receives(const call_t *k, int rank)
 {
-    return k->kind != K_REDUCE || rank == k->root;
+    return (k->kind != K_REDUCE && k->kind != K_GATHER) || rank == k->root;
 }
 
 int coll_prepare_data(call_t *k, int n, int rank, coll_pattern_fn pattern)
@@ -78,8 +81,16 @@ int coll_prepare_data(call_t *k, int n, int rank, coll_pattern_fn pattern)
         pattern(k->dt, k->root, k->salt, 0, k->count, k->expect);
         break;
     case K_ALLGATHER:
+    case K_GATHER:
         for (int r = 0; r < n; r++)
             pattern(k->dt, r, k->salt, 0, k->count, k->expect + (size_t)r * k->count * es);
+        break;
+    case K_SCATTER: /* block `rank` of the root's input */
+        pattern(k->dt, k->root, k->salt, (size_t)rank * k->count, k->count, k->expect);
+        break;
+    case K_ALLTOALL: /* block r: block `rank` of rank r's input */
+        for (int r = 0; r < n; r++)
+            pattern(k->dt, r, k->salt, (size_t)rank * k->count, k->count, k->expect + (size_t)r * k->count * es);
         break;
     }
     return 0;
@@ -109,19 +120,27 @@ void coll_prepare_buffers(call_t *k, int n, int rank)
         memset(k->rreg, SENTINEL, re * es + 2 * GUARD);
         k->sendp = sbuf;
         k->recvp = rbuf;
-        if (k->null_unused && !is_root && k->kind == K_BROADCAST)
+        if (k->null_unused && !is_root && (k->kind == K_BROADCAST || k->kind == K_SCATTER))
             k->sendp = NULL;
-        if (k->null_unused && !is_root && k->kind == K_REDUCE)
+        if (k->null_unused && !is_root && (k->kind == K_REDUCE || k->kind == K_GATHER))
             k->recvp = NULL;
         return;
     }
     memset(k->rreg, SENTINEL, coll_inplace_bytes(k, n) + 2 * GUARD);
     switch (k->kind) {
+    case K_GATHER: /* the root's send is its slice of its receive buffer */
+        if (!is_root)
+            goto whole;
+        /* fall through */
     case K_ALLGATHER: /* send is this rank's slice of the receive buffer */
         memcpy(rbuf + (size_t)rank * k->count * es, k->mine, se * es);
         k->sendp = rbuf + (size_t)rank * k->count * es;
         k->recvp = rbuf;
         break;
+    case K_SCATTER: /* the root's receive is its slice of its send buffer */
+        if (!is_root)
+            goto whole;
+        /* fall through */
     case K_REDUCESCATTER: /* receive is this rank's slice of the send buffer */
         memcpy(rbuf, k->mine, se * es);
         k->sendp = rbuf;
@@ -133,6 +152,7 @@ void coll_prepare_buffers(call_t *k, int n, int rank)
         k->sendp = k->recvp = rbuf;
         break;
     default:
+    whole:
         memcpy(rbuf, k->mine, se * es);
         k->sendp = k->recvp = rbuf;
         break;
@@ -266,7 +286,7 @@ int coll_check_call(const coll_check_t *c, const call_t *k)
     }
     if (coll_receives(k, rank)) {
         const unsigned char *res = rbuf;
-        if (k->inplace && k->kind == K_REDUCESCATTER)
+        if (k->inplace && (k->kind == K_REDUCESCATTER || (k->kind == K_SCATTER && rank == k->root)))
             res = rbuf + (size_t)rank * k->count * es;
         bad += compare(c, k, "result", res, k->expect, re);
     } else if (k->inplace) {
@@ -322,6 +342,8 @@ int coll_run_matrix(const coll_matrix_t *m, int iter, long *cases, int (*run)(vo
                     for (int mode = 0; mode < 2; mode++) {
                         bool inplace = mode == 1;
                         if ((inplace && !m->inplace) || (!inplace && !m->outofplace))
+                            continue;
+                        if (inplace && kind == K_ALLTOALL) /* it has no in-place form */
                             continue;
                         call_t k = { .kind = kind,
                                      .dt = (colld_dtype_t)d,

@@ -34,6 +34,9 @@
  *            2 ranks, K = 3000 sends the reduce-scatter (24000 B per rank) through the engine and
  *            the all-gather (12000 B) through the fast area, so the ordering between the two paths
  *            is checked. Rank 0 then stops at checkpoint --iters if asked.
+ *   barrier  three colld_barrier rounds; in round i rank (i % n) arrives 200 ms late. Before each
+ *            barrier a rank creates <--sync-dir>/arrived-I-R; after it, every rank's file of that
+ *            round must exist (no rank left a barrier before the last one entered it).
  *   split    colld_comm_split: color rank % 2 (with 3 ranks or more the last rank passes
  *            COLLD_SPLIT_NOCOLOR and must get NULL), key nranks - rank (so each group is in reverse
  *            order); each rank checks its new rank and size, runs the matrix (as selected) on its
@@ -115,7 +118,14 @@ static colld_status_t post_call(run_t *R, const call_t *k)
     case K_BROADCAST: return colld_broadcast(k->sendp, k->recvp, k->count, k->dt, k->root, R->comm, NULL);
     case K_REDUCE: return colld_reduce(k->sendp, k->recvp, k->count, k->dt, k->op, k->root, R->comm, NULL);
     case K_ALLGATHER: return colld_allgather(k->sendp, k->recvp, k->count, k->dt, R->comm, NULL);
-    default: return colld_reducescatter(k->sendp, k->recvp, k->count, k->dt, k->op, R->comm, NULL);
+    case K_REDUCESCATTER:
+        return colld_reducescatter(k->sendp, k->recvp, k->count, k->dt, k->op, R->comm, NULL);
+    case K_GATHER:
+        return colld_gather(k->sendp, k->recvp, k->count, k->dt, k->root, R->comm, NULL);
+    case K_SCATTER:
+        return colld_scatter(k->sendp, k->recvp, k->count, k->dt, k->root, R->comm, NULL);
+    default:
+        return colld_alltoall(k->sendp, k->recvp, k->count, k->dt, R->comm, NULL);
     }
 }
 
@@ -232,7 +242,7 @@ static call_t group_call(const run_t *R, int j, unsigned salt)
                  .op = (colld_redop_t)((j / K_COUNT) % COLLD_REDOP_COUNT),
                  .count = j == 7 ? 0 : 1 + (size_t)(j * 37) % GROUP_MAX_COUNT,
                  .root = j % R->n,
-                 .inplace = (j / 2) % 2 == 1,
+                 .inplace = (j / 2) % 2 == 1 && j % K_COUNT != K_ALLTOALL, /* no in-place all-to-all */
                  .null_unused = j % 3 == 0,
                  .salt = salt + (unsigned)j };
     return k;
@@ -528,6 +538,36 @@ static int mode_split(run_t *R)
     return rc;
 }
 
+static int mode_barrier(run_t *R)
+{
+    const char *dir = R->a->sync_dir;
+    if (!dir) {
+        fprintf(stderr, "rank %d: mode barrier needs --sync-dir\n", R->rank);
+        return 2;
+    }
+    char path[512];
+    for (int i = 0; i < 3; i++) {
+        if (R->rank == i % R->n)
+            usleep(200 * 1000);
+        snprintf(path, sizeof(path), "%s/arrived-%d-%d", dir, i, R->rank);
+        FILE *f = fopen(path, "w");
+        if (!f || fclose(f) != 0)
+            return 1;
+        colld_status_t st = colld_barrier(R->comm);
+        if (st != COLLD_OK)
+            return status_fail(R, NULL, "colld_barrier", st) ? 1 : 0;
+        for (int r = 0; r < R->n; r++) {
+            snprintf(path, sizeof(path), "%s/arrived-%d-%d", dir, i, r);
+            if (access(path, F_OK) != 0) {
+                fprintf(stderr, "FAILED rank %d: left barrier %d before rank %d entered it\n", R->rank, i, r);
+                return 1;
+            }
+        }
+        R->collectives++;
+    }
+    return 0;
+}
+
 /* Input of rank r, element i of the chain: -2..2, so every sum stays exact in float32. */
 static float chain_value(int r, size_t i)
 {
@@ -738,6 +778,8 @@ int main(int argc, char **argv)
         rc = mode_chain(&R);
     else if (strcmp(a.mode, "split") == 0)
         rc = mode_split(&R);
+    else if (strcmp(a.mode, "barrier") == 0)
+        rc = mode_barrier(&R);
     else {
         fprintf(stderr, "coll_rank: unknown mode %s\n", a.mode);
         rc = 2;

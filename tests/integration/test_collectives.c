@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -300,6 +301,18 @@ static void test_split(void **state)
     run_coll(h, 2, extra);
 }
 
+/* colld_barrier (coll_rank.c mode barrier): 4 ranks, three rounds, a different rank late in
+ * each; no rank leaves a barrier before the late one entered it. */
+static void test_barrier(void **state)
+{
+    harness_t *h = *state;
+    char dir[400];
+    snprintf(dir, sizeof(dir), "%s/barrier", h->dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    const char *extra[] = { "--mode", "barrier", "--sync-dir", dir, NULL };
+    run_coll(h, 4, extra);
+}
+
 /* Every test gets its own daemon (harness_test_setup/teardown). */
 int main(int argc, char **argv)
 {
@@ -320,6 +333,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_bad_arguments_multi_rank, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_mismatch_new_collectives, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_split, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_barrier, harness_test_setup, harness_test_teardown),
     };
     return cmocka_run_group_tests_name("collectives", tests, NULL, NULL);
 }

@@ -127,6 +127,9 @@ static void run_matrix(cluster_t *cl, int root, const int *place, int nranks, co
     assert_int_equal(harness_wait_all(pids, nranks, 600000), 0);
 }
 
+/* The kinds that run across nodes (gather, scatter and all-to-all do not, yet). */
+#define EVERYWHERE_KINDS "allreduce,broadcast,reduce,allgather,reducescatter"
+
 /* ---------------------------------------------------------------------------------------------
  * Correctness
  * ------------------------------------------------------------------------------------------- */
@@ -138,8 +141,36 @@ static void test_matrix_uneven(void **state)
 {
     cluster_t *cl = *state;
     const int place[] = { 0, 1, 2, 0, 2, 0 };
-    const char *extra[] = { "--exact-values", "--no-big", NULL };
+    const char *extra[] = { "--exact-values", "--no-big", "--kinds", EVERYWHERE_KINDS, NULL };
     run_matrix(cl, 1, place, 6, extra);
+}
+
+/* Gather, scatter and all-to-all do not run across nodes yet: the daemon refuses them with
+ * COLLD_ERR_NOT_SUPPORTED saying so, on every rank. */
+static void test_host_only_kinds_refused(void **state)
+{
+    cluster_t *cl = *state;
+    static const char *const calls[] = { "gather:float32:sum:100:1", "scatter:int32:sum:10:0",
+                                         "alltoall:float64:sum:7:0" };
+    static const char *const names[] = { "gather", "scatter", "alltoall" };
+    for (int c = 0; c < 3; c++) {
+        char hex[HARNESS_UID_HEX_LEN], out[2][300], text[1024], want[160];
+        assert_int_equal(harness_new_uid_hex(&cl->h[0], hex), 0);
+        pid_t p[2];
+        for (int r = 0; r < 2; r++) {
+            snprintf(out[r], sizeof(out[r]), "%s/ho-%d", cl->tmp, r);
+            const char *x[] = { "--mode", "call", "--call", calls[c], "--expect", "COLLD_ERR_NOT_SUPPORTED",
+                                "--out",  out[r], NULL };
+            assert_true((p[r] = spawn_rank(cl, COLL_BIN, r, hex, 2, r, x)) > 0);
+        }
+        snprintf(want, sizeof(want), "%s on a communicator spanning nodes is not supported yet", names[c]);
+        for (int r = 0; r < 2; r++) {
+            assert_int_equal(harness_wait(p[r], 20000), 0);
+            harness_read_file(out[r], text, sizeof(text));
+            print_message("rank %d: %s", r, text);
+            assert_non_null(strstr(text, want));
+        }
+    }
 }
 
 /* colld_comm_split across hosts (coll_rank.c mode split): 6 ranks on 3 hosts (3 + 1 + 2,
@@ -150,7 +181,8 @@ static void test_split_across_hosts(void **state)
 {
     cluster_t *cl = *state;
     const int place[] = { 0, 1, 2, 0, 2, 0 };
-    const char *extra[] = { "--mode", "split", "--exact-values", "--no-big", "--dtypes", "float32,int32", NULL };
+    const char *extra[] = { "--mode",        "split",   "--exact-values", "--no-big", "--dtypes",
+                            "float32,int32", "--kinds", EVERYWHERE_KINDS, NULL };
     run_matrix(cl, 1, place, 6, extra);
 }
 
@@ -520,6 +552,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_matrix_uneven, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_ring_policy_rootless, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_split_across_hosts, setup3, teardown),
+        cmocka_unit_test_setup_teardown(test_host_only_kinds_refused, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_traffic_per_host, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_killed, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_silent, setup3, teardown),

@@ -10,6 +10,10 @@
  *   reducescatter  n segments: segment q reduces slice q of every input into rank q's output
  *   broadcast      1 segment:  the root's input copied to every output
  *   allgather      n segments: segment r copies rank r's input into slice r of every output
+ *   gather         n segments: segment r copies rank r's input into slice r of the root's output
+ *   scatter        n segments: segment r copies slice r of the root's input into rank r's output
+ *   alltoall       n*n segments: segment r*n+q copies slice q of rank r's input into slice r of
+ *                  rank q's output
  * A reduction chunk reads element i of every input in rank order and writes the result to every
  * output in one pass (kernels/cpu), so the memory traffic is the minimum possible and in-place
  * buffers are safe. Every element is produced by exactly one thread in a fixed order, so results
@@ -104,6 +108,20 @@ static colld_status_t run_range(const colld_host_job_t *job, uint64_t seg, uint6
         copy_to_all((const char *)job->in[seg] + first * es, (char *const *)job->out, n, (seg * job->count + first) * es,
                     len * es);
         return COLLD_OK;
+    case COLLD_KIND_GATHER:
+        copy_to_all((const char *)job->in[seg] + first * es, (char *const *)&job->out[job->root], 1,
+                    (seg * job->count + first) * es, len * es);
+        return COLLD_OK;
+    case COLLD_KIND_SCATTER:
+        copy_to_all((const char *)job->in[job->root] + (seg * job->count + first) * es, (char *const *)&job->out[seg],
+                    1, first * es, len * es);
+        return COLLD_OK;
+    case COLLD_KIND_ALLTOALL: {
+        uint64_t r = seg / (uint64_t)n, q = seg % (uint64_t)n;
+        copy_to_all((const char *)job->in[r] + (q * job->count + first) * es, (char *const *)&job->out[q], 1,
+                    (r * job->count + first) * es, len * es);
+        return COLLD_OK;
+    }
     }
     return COLLD_ERR_INVALID_ARGUMENT;
 }
@@ -214,7 +232,11 @@ static colld_status_t colld_host_pool_run(colld_host_pool_t *p, const colld_host
     size_t es = colld_dtype_size(job->dtype);
     if (es == 0)
         return COLLD_ERR_INVALID_ARGUMENT;
-    uint64_t nseg = job->kind == COLLD_KIND_ALLGATHER || job->kind == COLLD_KIND_REDUCESCATTER ? (uint64_t)job->n : 1;
+    uint64_t nseg = job->kind == COLLD_KIND_ALLTOALL ? (uint64_t)job->n * (uint64_t)job->n
+                    : job->kind == COLLD_KIND_ALLGATHER || job->kind == COLLD_KIND_REDUCESCATTER ||
+                            job->kind == COLLD_KIND_GATHER || job->kind == COLLD_KIND_SCATTER
+                        ? (uint64_t)job->n
+                        : 1;
     if (p->nthreads == 0 || job->count * es * nseg < p->parallel_min_bytes) {
         colld_status_t st = COLLD_OK;
         for (uint64_t seg = 0; seg < nseg && st == COLLD_OK; seg++)
