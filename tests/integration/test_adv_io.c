@@ -320,8 +320,10 @@ static char *scrape(int port)
 {
     static const char req[] = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
     int fd = tcp_connect(port);
-    if (fd < 0)
+    if (fd < 0) {
+        fprintf(stderr, "scrape: cannot connect to port %d: %s\n", port, strerror(errno));
         return NULL;
+    }
     struct timeval tv = { .tv_sec = 10 };
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     ssize_t w = send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL);
@@ -337,9 +339,11 @@ static char *scrape(int port)
             break;
         len += (size_t)r;
     }
+    int rerr = errno;
     close(fd);
     buf[len] = '\0';
-    if (strncmp(buf, "HTTP/1.1 200 ", 13) != 0) {
+    if (strncmp(buf, "HTTP/1.1 200 ", 13) != 0) { /* say why, for a failure under load */
+        fprintf(stderr, "scrape: %zu bytes (%.40s) before %s\n", len, buf, len ? "the end" : strerror(rerr));
         free(buf);
         return NULL;
     }

@@ -416,9 +416,11 @@ static void test_events_follow(void **state)
     /* A timeout. */
     scene_t t;
     scene_init(h, &t);
-    const char *waiter[] = { "--mode", "hang", "--name", "ev-timeout", "--timeout-ms", "300", "--expect",
+    /* The timeout also bounds the join: long enough for the second rank process to start under
+     * TSan on a loaded machine (300 ms was not, once). */
+    const char *waiter[] = { "--mode", "hang", "--name", "ev-timeout", "--timeout-ms", "2000", "--expect",
                              "COLLD_ERR_TIMEOUT", NULL };
-    const char *silent[] = { "--mode", "hang", "--name", "ev-timeout", "--timeout-ms", "300", "--no-post", NULL };
+    const char *silent[] = { "--mode", "hang", "--name", "ev-timeout", "--timeout-ms", "2000", "--no-post", NULL };
     pid_t tp[2] = { scene_rank(h, &t, 2, 0, waiter), scene_rank(h, &t, 2, 1, silent) };
     assert_int_equal(harness_wait_all(tp, 2, 20000), 0);
 
