@@ -130,6 +130,16 @@ struct colld_comm {
     uint64_t seq;       /* the last sequence number given (engine and fast-path collectives) */
     uint64_t issued;    /* collectives posted to the engine */
     uint64_t completed; /* their completions received */
+    /* Per-operation completion (colld_op_query): every collective with a sequence number up to
+     * done_upto has completed (the daemon completes a communicator's collectives in sequence
+     * order, and a fast-path one starts only after those before it); failed_seq is the lowest that
+     * failed (0: none), and every later one failed too. Every collective is resolved one way or
+     * the other: the daemon completes each descriptor it is sent (with the communicator's error
+     * once it broke), and a fast-path one completes from its slots or fails. Atomic
+     * (colld__seq_raise, colld__seq_lower): the thread that reaps the completion ring may be
+     * another communicator's. */
+    uint64_t done_upto;
+    uint64_t failed_seq;
     colld_status_t async_error;  /* first error of this communicator; sticky */
     bool detail_fetched;
     char last_error[COLLD_CLIENT_DETAIL_LEN];
@@ -201,6 +211,24 @@ void colld__client_lookup2(colld_client_t *c, const void *send, size_t send_byte
 colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *sqes, size_t n);
 /* Reap completions without waiting. */
 void colld__client_poll(colld_client_t *c);
+/* *p = max(*p, v), atomically. */
+static inline void colld__seq_raise(uint64_t *p, uint64_t v)
+{
+    uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (cur < v && !__atomic_compare_exchange_n(p, &cur, v, true, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+        ;
+}
+/* *p = v if *p is 0 or above v, atomically. */
+static inline void colld__seq_lower(uint64_t *p, uint64_t v)
+{
+    uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while ((cur == 0 || cur > v) && !__atomic_compare_exchange_n(p, &cur, v, true, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+        ;
+}
+/* Collective `seq` of comm: COLLD_OK once it completed, the communicator's error once it failed,
+ * else (without `block`) COLLD_INPROGRESS; with `block` it waits for one of the first two
+ * (rings.c). */
+colld_status_t colld__ring_wait_op(colld_client_t *c, colld_comm_t *comm, uint64_t seq, bool block);
 /* Wait until every collective comm posted to the engine has completed. */
 colld_status_t colld__ring_wait(colld_client_t *c, colld_comm_t *comm);
 

@@ -324,9 +324,50 @@ colld_status_t colld_barrier(colld_comm_t *comm)
     if (colld__group_active())
         return colld__comm_error(comm, COLLD_ERR_INVALID_USAGE,
                                  "colld_barrier inside a group: call colld_group_end first");
-    /* An all-reduce of nothing completes only once every rank has posted it. */
+    /* An all-reduce of nothing completes only once every rank has posted it; waiting for it (not
+     * for the communicator) keeps a fault that comes after it out of its result. */
     colld_status_t st = colld_allreduce(NULL, NULL, 0, COLLD_INT8, COLLD_SUM, comm, NULL);
-    return st == COLLD_OK ? colld__comm_wait(comm) : st;
+    return st == COLLD_OK ? colld__ring_wait_op(comm->client, comm, comm->seq, true) : st;
+}
+
+colld_status_t colld_comm_last_op(colld_comm_t *comm, uint64_t *op)
+{
+    if (!comm || !op)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    if (colld__group_active())
+        return colld__comm_error(comm, COLLD_ERR_INVALID_USAGE,
+                                 "colld_comm_last_op inside a group: the group's collectives get their ids at "
+                                 "colld_group_end");
+    *op = comm->seq;
+    return COLLD_OK;
+}
+
+/* The checks of colld_op_query and colld_op_wait. */
+static colld_status_t check_op(colld_comm_t *comm, uint64_t op, const char *what)
+{
+    if (op == 0 || op > comm->seq)
+        return colld__comm_error(comm, COLLD_ERR_INVALID_ARGUMENT,
+                                 "%s: operation %llu was not issued on this communicator (the last is %llu)", what,
+                                 (unsigned long long)op, (unsigned long long)comm->seq);
+    if (colld__group_active())
+        return colld__comm_error(comm, COLLD_ERR_INVALID_USAGE, "%s inside a group: call colld_group_end first", what);
+    return COLLD_OK;
+}
+
+colld_status_t colld_op_query(colld_comm_t *comm, uint64_t op)
+{
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    colld_status_t st = check_op(comm, op, "colld_op_query");
+    return st != COLLD_OK ? st : colld__ring_wait_op(comm->client, comm, op, false);
+}
+
+colld_status_t colld_op_wait(colld_comm_t *comm, uint64_t op)
+{
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    colld_status_t st = check_op(comm, op, "colld_op_wait");
+    return st != COLLD_OK ? st : colld__ring_wait_op(comm->client, comm, op, true);
 }
 
 colld_status_t colld_comm_synchronize(colld_comm_t *comm)

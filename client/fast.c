@@ -303,6 +303,8 @@ static void compute(colld_comm_t *comm)
  * daemon, or was written here). */
 static colld_status_t fail(colld_comm_t *comm, colld_status_t st, const char *detail)
 {
+    if (comm->fop.active)
+        colld__seq_lower(&comm->failed_seq, comm->fop.seq);
     comm->fop.active = false;
     colld_status_t ok = COLLD_OK;
     if (__atomic_compare_exchange_n(&comm->async_error, &ok, st, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED) &&
@@ -351,6 +353,7 @@ colld_status_t colld__fast_finish(colld_comm_t *comm, bool block)
         if (ready == 1) {
             compute(comm);
             comm->fop.active = false;
+            colld__seq_raise(&comm->done_upto, comm->fop.seq); /* those before it had completed when it started */
             colld_wire_fast_stats_t *st = my_stats(comm);
             unsigned k = comm->fop.kind - 1u, t = comm->fop.dtype;
             if (k < COLLD_WIRE_FAST_KINDS && t < COLLD_WIRE_FAST_DTYPES) {

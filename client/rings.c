@@ -34,12 +34,15 @@ static void reap(colld_client_t *c)
         if (e.seq == 0) { /* a notice: the communicator broke, nothing completed */
             if (e.status != COLLD_OK && __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED) == COLLD_OK)
                 __atomic_store_n(&comm->async_error, (colld_status_t)e.status, __ATOMIC_RELAXED);
-            continue;
+            continue; /* what is in flight still gets its own completion */
         }
         if (comm->pending)
             colld__pending_complete(c, comm, e.seq, (colld_status_t)e.status);
         if (e.status != COLLD_OK && __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED) == COLLD_OK)
             __atomic_store_n(&comm->async_error, (colld_status_t)e.status, __ATOMIC_RELAXED);
+        if (e.status != COLLD_OK)
+            colld__seq_lower(&comm->failed_seq, e.seq);
+        colld__seq_raise(&comm->done_upto, e.seq);
         __atomic_add_fetch(&comm->completed, 1, __ATOMIC_RELEASE);
     }
     if (!avail)
@@ -113,6 +116,48 @@ colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *s
         }
     }
     return COLLD_OK;
+}
+
+/* Whether collective `seq` of comm has completed (mu held): it is not the fast-path one in flight,
+ * and no engine collective up to it is outstanding. */
+static bool op_done(const colld_comm_t *comm, uint64_t seq)
+{
+    if (comm->fop.active && comm->fop.seq <= seq)
+        return false;
+    return seq <= __atomic_load_n(&comm->done_upto, __ATOMIC_ACQUIRE) ||
+           __atomic_load_n(&comm->completed, __ATOMIC_ACQUIRE) >= comm->issued;
+}
+
+colld_status_t colld__ring_wait_op(colld_client_t *c, colld_comm_t *comm, uint64_t seq, bool block)
+{
+    for (unsigned spins = 0;; spins++) {
+        pthread_mutex_lock(&c->mu);
+        reap(c);
+        colld_status_t err = comm->async_error;
+        uint64_t first_failed = __atomic_load_n(&comm->failed_seq, __ATOMIC_ACQUIRE);
+        bool failed = first_failed && seq >= first_failed;
+        bool done = op_done(comm, seq);
+        pthread_mutex_unlock(&c->mu);
+        if (failed)
+            return err;
+        if (done)
+            return COLLD_OK;
+        if (atomic_load(&c->lost))
+            return COLLD_ERR_DAEMON_LOST;
+        if (comm->fop.active && comm->fop.seq <= seq) {
+            /* its failure is the communicator's, seen on the next turn */
+            if (colld__fast_finish(comm, block) == COLLD_INPROGRESS)
+                return COLLD_INPROGRESS;
+            continue;
+        }
+        if (!block)
+            return COLLD_INPROGRESS;
+        if (spins < SPIN_ITERS) {
+            sched_yield();
+            continue;
+        }
+        sleep_on_doorbell(c);
+    }
 }
 
 /* Wait until every collective posted to the engine on comm has completed; returns the

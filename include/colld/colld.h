@@ -33,8 +33,8 @@
  *       Changed: colld_last_error(NULL) says why the calling thread's last colld_connect failed
  *       (it returned "invalid client (NULL)"); a daemon at one of its limits refuses colld_connect
  *       with COLLD_ERR_QUOTA_EXCEEDED (it closed the connection: COLLD_ERR_DAEMON_LOST).
- *       New: colld_comm_split, colld_gather, colld_scatter, colld_alltoall, colld_barrier
- *       (issue 16).
+ *       New: colld_comm_split, colld_gather, colld_scatter, colld_alltoall, colld_barrier,
+ *       per-operation completion (colld_comm_last_op, colld_op_query, colld_op_wait) (issue 16).
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -246,6 +246,19 @@ colld_status_t colld_group_end(void);
  * (it does not synchronize the streams themselves). */
 colld_status_t colld_comm_synchronize(colld_comm_t *comm);
 colld_status_t colld_comm_query(colld_comm_t *comm);       /* COLLD_OK, COLLD_INPROGRESS or error */
+
+/* Per-operation completion (a framework's Work object): every collective gets an id, increasing
+ * per communicator handle. colld_comm_last_op gives the id of the last collective issued on comm
+ * (0: none yet; not inside a group: after colld_group_end, that of the group's last); then
+ * colld_op_query says COLLD_OK once that collective completed, COLLD_INPROGRESS while it runs, or
+ * the communicator's error if it failed (or the communicator broke before it completed), and
+ * colld_op_wait waits for one of those. A collective that completed before a later fault stays
+ * COLLD_OK. Completing an operation implies the completion of every earlier one of comm. An id
+ * that was never issued on comm is COLLD_ERR_INVALID_ARGUMENT. For stream-ordered collectives
+ * these report the daemon's completion, as colld_comm_synchronize does. */
+colld_status_t colld_comm_last_op(colld_comm_t *comm, uint64_t *op);
+colld_status_t colld_op_query(colld_comm_t *comm, uint64_t op);
+colld_status_t colld_op_wait(colld_comm_t *comm, uint64_t op);
 
 const char *colld_status_name(colld_status_t s);   /* "COLLD_ERR_TIMEOUT" */
 const char *colld_status_string(colld_status_t s); /* what it means and what to do next */

@@ -37,6 +37,12 @@
  *   barrier  three colld_barrier rounds; in round i rank (i % n) arrives 200 ms late. Before each
  *            barrier a rank creates <--sync-dir>/arrived-I-R; after it, every rank's file of that
  *            round must exist (no rank left a barrier before the last one entered it).
+ *   ops      per-operation completion: four float32 all-reduces in flight at once (engine and fast
+ *            path sizes alternating, ordinary memory), each one's id from colld_comm_last_op
+ *            (consecutive); colld_op_wait on the second, its result exact; colld_op_wait on the
+ *            last, every result exact; an id never issued is COLLD_ERR_INVALID_ARGUMENT. Then the
+ *            last rank aborts the communicator: the others' next all-reduce fails with
+ *            COLLD_ERR_ABORTED through colld_op_wait, and the ids that completed stay COLLD_OK.
  *   split    colld_comm_split: color rank % 2 (with 3 ranks or more the last rank passes
  *            COLLD_SPLIT_NOCOLOR and must get NULL), key nranks - rank (so each group is in reverse
  *            order); each rank checks its new rank and size, runs the matrix (as selected) on its
@@ -538,6 +544,97 @@ static int mode_split(run_t *R)
     return rc;
 }
 
+/* Element i of rank r's input in mode ops: sums stay exact in float32. */
+static float ops_value(int r, size_t i)
+{
+    return (float)(r + (int)(i % 7));
+}
+
+/* Check an all-reduce of mode ops. Returns 0 when exact. */
+static int ops_check(const run_t *R, const float *y, size_t count, int which)
+{
+    for (size_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int r = 0; r < R->n; r++)
+            want += ops_value(r, i);
+        if (y[i] != want) {
+            fprintf(stderr, "FAILED rank %d: all-reduce %d of mode ops: element %zu is %g, want %g\n", R->rank, which,
+                    i, (double)y[i], (double)want);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int mode_ops(run_t *R)
+{
+    enum { NOPS = 4 };
+    static const size_t counts[NOPS] = { 100003, 1001, 200003, 7 }; /* engine, fast, engine, fast */
+    float *x[NOPS], *y[NOPS];
+    uint64_t id[NOPS + 1];
+    int rc = 0;
+    for (int k = 0; k < NOPS; k++) {
+        x[k] = malloc(counts[k] * sizeof(float));
+        y[k] = calloc(counts[k], sizeof(float));
+        if (!x[k] || !y[k])
+            return 1;
+        for (size_t i = 0; i < counts[k]; i++)
+            x[k][i] = ops_value(R->rank, i);
+    }
+    for (int k = 0; k < NOPS && rc == 0; k++) {
+        colld_status_t st = colld_allreduce(x[k], y[k], counts[k], COLLD_FLOAT32, COLLD_SUM, R->comm, NULL);
+        if (st == COLLD_OK)
+            st = colld_comm_last_op(R->comm, &id[k]);
+        if (st != COLLD_OK)
+            rc = status_fail(R, NULL, "colld_allreduce / colld_comm_last_op", st) ? 1 : 0;
+        else if (k > 0 && id[k] != id[k - 1] + 1) {
+            fprintf(stderr, "FAILED rank %d: ids %llu then %llu\n", R->rank, (unsigned long long)id[k - 1],
+                    (unsigned long long)id[k]);
+            rc = 1;
+        }
+    }
+    colld_status_t st;
+    if (rc == 0 && (st = colld_op_wait(R->comm, id[1])) != COLLD_OK)
+        rc = status_fail(R, NULL, "colld_op_wait of the second", st) ? 1 : 0;
+    if (rc == 0)
+        rc = ops_check(R, y[1], counts[1], 1) || ops_check(R, y[0], counts[0], 0);
+    if (rc == 0 && (st = colld_op_wait(R->comm, id[NOPS - 1])) != COLLD_OK)
+        rc = status_fail(R, NULL, "colld_op_wait of the last", st) ? 1 : 0;
+    for (int k = 0; k < NOPS && rc == 0; k++)
+        rc = ops_check(R, y[k], counts[k], k);
+    if (rc == 0 && (st = colld_op_query(R->comm, id[NOPS - 1] + 100)) != COLLD_ERR_INVALID_ARGUMENT) {
+        fprintf(stderr, "FAILED rank %d: colld_op_query of an id never issued: %s\n", R->rank, colld_status_name(st));
+        rc = 1;
+    }
+    /* A fault after them: the last rank aborts once everyone has completed them. */
+    if (rc == 0 && (st = colld_barrier(R->comm)) != COLLD_OK)
+        rc = status_fail(R, NULL, "colld_barrier", st) ? 1 : 0;
+    if (rc == 0 && R->rank == R->n - 1) {
+        colld_comm_abort(R->comm);
+    } else if (rc == 0) {
+        st = colld_allreduce(x[0], y[0], counts[0], COLLD_FLOAT32, COLLD_SUM, R->comm, NULL);
+        if (st == COLLD_OK && (st = colld_comm_last_op(R->comm, &id[NOPS])) == COLLD_OK)
+            st = colld_op_wait(R->comm, id[NOPS]);
+        if (st != COLLD_ERR_ABORTED) {
+            fprintf(stderr, "FAILED rank %d: the all-reduce after the abort: %s, want COLLD_ERR_ABORTED\n", R->rank,
+                    colld_status_name(st));
+            rc = 1;
+        }
+    }
+    for (int k = 0; k < NOPS && rc == 0; k++)
+        if ((st = colld_op_query(R->comm, id[k])) != COLLD_OK) {
+            fprintf(stderr, "FAILED rank %d: all-reduce %d completed before the abort, now %s\n", R->rank, k,
+                    colld_status_name(st));
+            rc = 1;
+        }
+    for (int k = 0; k < NOPS; k++) {
+        free(x[k]);
+        free(y[k]);
+    }
+    R->collectives += NOPS;
+    return rc;
+}
+
 static int mode_barrier(run_t *R)
 {
     const char *dir = R->a->sync_dir;
@@ -780,6 +877,8 @@ int main(int argc, char **argv)
         rc = mode_split(&R);
     else if (strcmp(a.mode, "barrier") == 0)
         rc = mode_barrier(&R);
+    else if (strcmp(a.mode, "ops") == 0)
+        rc = mode_ops(&R);
     else {
         fprintf(stderr, "coll_rank: unknown mode %s\n", a.mode);
         rc = 2;

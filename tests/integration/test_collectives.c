@@ -313,6 +313,13 @@ static void test_barrier(void **state)
     run_coll(h, 4, extra);
 }
 
+/* Per-operation completion (coll_rank.c mode ops), 3 ranks. */
+static void test_per_op_completion(void **state)
+{
+    const char *extra[] = { "--mode", "ops", NULL };
+    run_coll(*state, 3, extra);
+}
+
 /* Every test gets its own daemon (harness_test_setup/teardown). */
 int main(int argc, char **argv)
 {
@@ -334,6 +341,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_mismatch_new_collectives, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_split, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_barrier, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_per_op_completion, harness_test_setup, harness_test_teardown),
     };
     return cmocka_run_group_tests_name("collectives", tests, NULL, NULL);
 }
