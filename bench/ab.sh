@@ -2,8 +2,10 @@
 # Two builds of colld against each other, alternating, on this machine (issue 14: the daemon's
 # restructuring may not cost latency or bandwidth).
 #
-#   bench/ab.sh [--rounds R] [--nranks N] BUILD_A BUILD_B
+#   bench/ab.sh [--rounds R] [--nranks N] [--b-daemon-arg ARG]... BUILD_A BUILD_B
 #
+# With --b-daemon-arg (repeatable), B's daemons get that option too: one build against itself with
+# an option on and off (e.g. --b-daemon-arg --nan-check build build; issue 18).
 # BUILD_A and BUILD_B are CMake build directories of the same configuration (server/colld and
 # tools/colld-perf built in each; e.g. main's in /tmp/build-main and this branch's in build/).
 # Each round runs both builds, in alternating order (A B, then B A, ...), so that drift of a
@@ -22,10 +24,12 @@ set -euo pipefail
 
 rounds=15
 nranks=2
+b_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
     --nranks) nranks=$2; shift 2 ;;
+    --b-daemon-arg) b_args+=("$2"); shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "ab.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) break ;;
@@ -67,13 +71,14 @@ print(sys.argv[1], r["time_us"], r["busbw_gbs"])' "$case" <<<"$out" >>"$run/$tag
 }
 
 one() {
-  local b=$1 tag=$2
-  start_daemon "$b"
+  local b=$1 tag=$2 extra=()
+  [ "$tag" = A ] || extra=("${b_args[@]}")
+  start_daemon "$b" "${extra[@]}"
   perf "$b" "$tag" small 8 2000 200
   perf "$b" "$tag" mid 64K 500 50
   perf "$b" "$tag" large 64M 10 3
   stop_daemon
-  start_daemon "$b" --fast-path-bytes 0
+  start_daemon "$b" --fast-path-bytes 0 "${extra[@]}"
   perf "$b" "$tag" engine 8 2000 200
   stop_daemon
 }

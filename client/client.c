@@ -314,7 +314,7 @@ colld_status_t colld__connect_role(const char *socket_path, int role, colld_clie
                        SIZE_MAX); /* cut between characters */
     st = colld__sock_request(c, &hello, -1, COLLD_MSG_WELCOME, &welcome, fds, 2);
     if (st == COLLD_OK && welcome.status != COLLD_OK) {
-        st = welcome.status >= COLLD_ERR_INTERNAL && welcome.status < COLLD_OK ? welcome.status : COLLD_ERR_PROTOCOL;
+        st = welcome.status >= COLLD_ERR_LAST && welcome.status < COLLD_OK ? welcome.status : COLLD_ERR_PROTOCOL;
         welcome.u.detail[sizeof(welcome.u.detail) - 1] = '\0';
         for (char *p = welcome.u.detail; *p; p++) /* the daemon's words, printed: no control characters */
             if ((unsigned char)*p < 0x20 || (unsigned char)*p == 0x7f)

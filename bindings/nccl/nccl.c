@@ -93,6 +93,7 @@ static ncclResult_t to_nccl(colld_status_t st)
     case COLLD_INPROGRESS:
         return ncclInProgress;
     case COLLD_ERR_INVALID_ARGUMENT:
+    case COLLD_ERR_NUMERIC: /* a NaN or infinity in some rank's input (colld's --nan-check) */
         return ncclInvalidArgument;
     case COLLD_ERR_INVALID_USAGE:
     case COLLD_ERR_NOT_SUPPORTED:

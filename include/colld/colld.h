@@ -35,6 +35,8 @@
  *       with COLLD_ERR_QUOTA_EXCEEDED (it closed the connection: COLLD_ERR_DAEMON_LOST).
  *       New: colld_comm_split, colld_gather, colld_scatter, colld_alltoall, colld_barrier,
  *       per-operation completion (colld_comm_last_op, colld_op_query, colld_op_wait) (issue 16).
+ *       New status COLLD_ERR_NUMERIC: a NaN or infinity in a reduction's input under the
+ *       daemon's --nan-check (issue 18).
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -54,40 +56,52 @@ extern "C" {
  * Status codes: one list generates the enum, colld_status_name and colld_status_string, so they
  * cannot drift. X(NAME, value, "what it means and what to do next").
  */
-#define COLLD_STATUS_LIST(X)                                                                        \
-    X(OK, 0, "success")                                                                            \
-    X(INPROGRESS, 1, "the operation has been issued and has not completed yet")                    \
-    X(ERR_INVALID_ARGUMENT, -1, "an argument is invalid (NULL pointer, out-of-range value, "       \
-      "unknown id or buffer out of bounds); see colld_comm_last_error for which one")              \
-    X(ERR_INVALID_USAGE, -2, "the call is not allowed in the current state (e.g. a rank joined "   \
-      "twice or a communicator used after destroy); fix the calling code")                         \
-    X(ERR_NO_MEMORY, -3, "out of memory in the client or the daemon")                              \
-    X(ERR_SYSTEM, -4, "a system call failed; run with COLLD_LOG_LEVEL=INFO for details")           \
-    X(ERR_DAEMON_UNAVAILABLE, -5, "no colld daemon answers on the socket; start colld or set "     \
-      "COLLD_SOCKET to its socket path")                                                           \
-    X(ERR_DAEMON_LOST, -6, "the connection to the colld daemon was lost (it died or was "          \
-      "restarted); destroy communicators and reconnect")                                           \
-    X(ERR_PEER_LOST, -7, "a peer rank's process died or disconnected; the communicator is "        \
-      "broken, destroy it")                                                                        \
-    X(ERR_NODE_LOST, -8, "a peer node's daemon was lost; the communicator is broken")              \
-    X(ERR_TIMEOUT, -9, "the operation timed out waiting for other ranks; "                         \
-      "colld_comm_last_error names the missing ranks")                                             \
-    X(ERR_MISMATCH, -10, "ranks called different collectives for the same sequence number; "       \
-      "colld_comm_last_error lists each rank's call")                                              \
-    X(ERR_ABORTED, -11, "the communicator was aborted")                                            \
-    X(ERR_PERMISSION_DENIED, -12, "the caller is not allowed to do this")                          \
-    X(ERR_QUOTA_EXCEEDED, -13, "a per-session or per-tenant limit of the daemon was reached")      \
-    X(ERR_DEVICE, -14, "a GPU or device error occurred")                                           \
-    X(ERR_NOT_SUPPORTED, -15, "this feature is not supported by this build or daemon")             \
-    X(ERR_PROTOCOL, -16, "client and daemon disagree on the protocol (version mismatch or a "      \
-      "corrupt message); use matching versions of libcolld and colld")                             \
-    X(ERR_INTERNAL, -17, "internal error in colld; please report it with the daemon log")
+#define COLLD_STATUS_LIST(X)                                                                                           \
+    X(OK, 0, "success")                                                                                                \
+    X(INPROGRESS, 1, "the operation has been issued and has not completed yet")                                        \
+    X(ERR_INVALID_ARGUMENT, -1,                                                                                        \
+      "an argument is invalid (NULL pointer, out-of-range value, "                                                     \
+      "unknown id or buffer out of bounds); see colld_comm_last_error for which one")                                  \
+    X(ERR_INVALID_USAGE, -2,                                                                                           \
+      "the call is not allowed in the current state (e.g. a rank joined "                                              \
+      "twice or a communicator used after destroy); fix the calling code")                                             \
+    X(ERR_NO_MEMORY, -3, "out of memory in the client or the daemon")                                                  \
+    X(ERR_SYSTEM, -4, "a system call failed; run with COLLD_LOG_LEVEL=INFO for details")                               \
+    X(ERR_DAEMON_UNAVAILABLE, -5,                                                                                      \
+      "no colld daemon answers on the socket; start colld or set "                                                     \
+      "COLLD_SOCKET to its socket path")                                                                               \
+    X(ERR_DAEMON_LOST, -6,                                                                                             \
+      "the connection to the colld daemon was lost (it died or was "                                                   \
+      "restarted); destroy communicators and reconnect")                                                               \
+    X(ERR_PEER_LOST, -7,                                                                                               \
+      "a peer rank's process died or disconnected; the communicator is "                                               \
+      "broken, destroy it")                                                                                            \
+    X(ERR_NODE_LOST, -8, "a peer node's daemon was lost; the communicator is broken")                                  \
+    X(ERR_TIMEOUT, -9,                                                                                                 \
+      "the operation timed out waiting for other ranks; "                                                              \
+      "colld_comm_last_error names the missing ranks")                                                                 \
+    X(ERR_MISMATCH, -10,                                                                                               \
+      "ranks called different collectives for the same sequence number; "                                              \
+      "colld_comm_last_error lists each rank's call")                                                                  \
+    X(ERR_ABORTED, -11, "the communicator was aborted")                                                                \
+    X(ERR_PERMISSION_DENIED, -12, "the caller is not allowed to do this")                                              \
+    X(ERR_QUOTA_EXCEEDED, -13, "a per-session or per-tenant limit of the daemon was reached")                          \
+    X(ERR_DEVICE, -14, "a GPU or device error occurred")                                                               \
+    X(ERR_NOT_SUPPORTED, -15, "this feature is not supported by this build or daemon")                                 \
+    X(ERR_PROTOCOL, -16,                                                                                               \
+      "client and daemon disagree on the protocol (version mismatch or a "                                             \
+      "corrupt message); use matching versions of libcolld and colld")                                                 \
+    X(ERR_INTERNAL, -17, "internal error in colld; please report it with the daemon log")                              \
+    X(ERR_NUMERIC, -18,                                                                                                \
+      "a rank contributed NaN or an infinity to a floating-point reduction (the "                                      \
+      "daemon's --nan-check); colld_comm_last_error names the rank and the element")
 
 typedef enum {
 #define COLLD_STATUS_ENUM_(name, value, text) COLLD_##name = (value),
     COLLD_STATUS_LIST(COLLD_STATUS_ENUM_)
 #undef COLLD_STATUS_ENUM_
 } colld_status_t;
+#define COLLD_ERR_LAST COLLD_ERR_NUMERIC /* the lowest status value */
 
 typedef enum {
     COLLD_INT8 = 0,

@@ -43,6 +43,12 @@ colld_status_t colld_cpu_avg_finish(colld_dtype_t dtype, void *buf, size_t count
 const char *colld_cpu_reduce_impl(void);
 
 /* Conversions used by the kernels and by tests (round to nearest even; NaN stays NaN). */
+/* The index of the first NaN or infinity among count elements of a floating-point dtype; count
+ * when there is none (always for integer dtypes). */
+size_t colld_cpu_first_nonfinite(colld_dtype_t dtype, const void *buf, size_t count);
+/* "NaN", "+Inf" or "-Inf" for a non-finite element of dtype. */
+const char *colld_cpu_nonfinite_name(colld_dtype_t dtype, const void *elem);
+
 float colld_half_to_float(uint16_t h);
 uint16_t colld_float_to_half(float f);
 float colld_bf16_to_float(uint16_t b);

@@ -116,6 +116,7 @@ typedef struct {
     char *net_algo_text;    /* auto, ring or rd */
     int net_algo;           /* COLLD_NET_ALGO_* parsed from net_algo_text */
     uint64_t fast_path_bytes; /* per-rank inputs up to this run on the fast area (0: off) */
+    bool nan_check;           /* --nan-check: reductions refuse NaN and infinite inputs */
     int64_t drain_timeout_ms; /* SIGTERM drains this long before stopping (0: stop at once) */
 } colld_daemon_config_t;
 

@@ -841,8 +841,7 @@ static void handle_fail(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net
 {
     colld_cluster_t *cl = colld_cluster_of(d);
     const char *sender = sender_addr(d, p);
-    colld_status_t st = f->status < 0 && f->status >= COLLD_ERR_INTERNAL ? (colld_status_t)f->status
-                                                                           : COLLD_ERR_INTERNAL;
+    colld_status_t st = f->status < 0 && f->status >= COLLD_ERR_LAST ? (colld_status_t)f->status : COLLD_ERR_INTERNAL;
     char why[COLLD_DETAIL_LEN], detail[COLLD_DETAIL_LEN - COLLD_NET_NAME_LEN - 16];
     const char *node = p ? colld_net_peer_name(p) : cl->node_name;
     colld_str_sanitize(detail, sizeof(detail), f->detail ? f->detail : "", SIZE_MAX);

@@ -313,6 +313,32 @@ static void flush_pending(xcoll_t *xc, int node)
  * Starting a collective
  * ========================================================================================== */
 
+/* --nan-check on bytes [a, b) of the local ranks' inputs of a floating-point reduction: the first
+ * NaN or infinity fails the collective and breaks the communicator with COLLD_ERR_NUMERIC naming
+ * the rank and the element (every node hears it). Returns 0, or -1 when one was found. */
+static int check_finite(xcoll_t *xc, uint64_t a, uint64_t b)
+{
+    colld_dtype_t dt = xc->dt;
+    if (dt != COLLD_FLOAT16 && dt != COLLD_BFLOAT16 && dt != COLLD_FLOAT32 && dt != COLLD_FLOAT64)
+        return 0;
+    for (int r = 0; r < xc->c->nranks; r++) {
+        const colld_op_t *op = xc->k->ops[r];
+        if (!op)
+            continue;
+        const uint8_t *p = (const uint8_t *)op->send_ptr + a;
+        size_t i = colld_cpu_first_nonfinite(dt, p, (size_t)((b - a) / xc->es));
+        if (i == (b - a) / xc->es)
+            continue;
+        char why[COLLD_DETAIL_LEN];
+        snprintf(why, sizeof(why), "rank %d contributed %s at element %llu (%s %s, --nan-check)", r,
+                 colld_cpu_nonfinite_name(dt, p + i * xc->es), (unsigned long long)(a / xc->es + i),
+                 colld_kind_name(xc->sig.kind), colld_dtype_name(dt));
+        xcoll_fail(xc, COLLD_ERR_NUMERIC, why, true);
+        return -1;
+    }
+    return 0;
+}
+
 /* Step 1 for bytes [a, b) of X: the local ranks' contribution. */
 static int phase_in(xcoll_t *xc, uint64_t a, uint64_t b)
 {
@@ -334,6 +360,8 @@ static int phase_in(xcoll_t *xc, uint64_t a, uint64_t b)
     for (int r = 0; r < n; r++)
         if (k->ops[r])
             in[nin++] = (const uint8_t *)k->ops[r]->send_ptr + a;
+    if (xc->d->cfg.nan_check && check_finite(xc, a, b) < 0)
+        return 0; /* failed with the verdict */
     void *out[1] = { xc->X + a };
     return colld_cpu_reduce(xc->dt, xc->pop, in, nin, out, 1, (b - a) / xc->es) == COLLD_OK ? 0 : -1;
 }

@@ -43,6 +43,10 @@
  *            last, every result exact; an id never issued is COLLD_ERR_INVALID_ARGUMENT. Then the
  *            last rank aborts the communicator: the others' next all-reduce fails with
  *            COLLD_ERR_ABORTED through colld_op_wait, and the ids that completed stay COLLD_OK.
+ *   nan      --nan-check: a float32 all-reduce (--call's COUNT, default 1000; in place) whose inputs
+ *            are finite but for --poison R:I:nan|inf|-inf,... (element I of rank R's input); with
+ *            --expect NAME the status must be NAME and the detail goes to stdout, else it must
+ *            succeed. Then an int32 all-reduce (never checked) shows the communicator's state.
  *   split    colld_comm_split: color rank % 2 (with 3 ranks or more the last rank passes
  *            COLLD_SPLIT_NOCOLOR and must get NULL), key nranks - rank (so each group is in reverse
  *            order); each rank checks its new rank and size, runs the matrix (as selected) on its
@@ -59,6 +63,7 @@
 #include <colld/colld.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,7 +77,7 @@
 static coll_pattern_fn pattern = colld_cpu_pattern;
 
 typedef struct {
-    const char *socket, *uid_hex, *mode, *expect, *sync_dir, *call, *checkpoints;
+    const char *socket, *uid_hex, *mode, *expect, *sync_dir, *call, *checkpoints, *poison;
     int nranks, rank, timeout_ms, iters, rotate, group_size, max_report;
     size_t chain_count;
     unsigned salt;
@@ -635,6 +640,63 @@ static int mode_ops(run_t *R)
     return rc;
 }
 
+static int mode_nan(run_t *R)
+{
+    const args_t *a = R->a;
+    size_t count = 1000;
+    if (a->call) {
+        const char *p = a->call;
+        for (int i = 0; i < 3 && p; i++)
+            p = strchr(p, ':') ? strchr(p, ':') + 1 : NULL;
+        if (p)
+            count = strtoull(p, NULL, 10);
+    }
+    float *x = malloc(count * sizeof(float));
+    if (!x)
+        return 1;
+    for (size_t i = 0; i < count; i++)
+        x[i] = (float)(R->rank + (int)(i % 5));
+    char spec[256];
+    snprintf(spec, sizeof(spec), "%s", a->poison ? a->poison : "");
+    char *save = NULL;
+    for (char *t = strtok_r(spec, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int r = -1;
+        unsigned long long at = 0;
+        char what[8] = "";
+        if (sscanf(t, "%d:%llu:%7s", &r, &at, what) != 3 || at >= count) {
+            fprintf(stderr, "rank %d: bad --poison %s\n", R->rank, t);
+            free(x);
+            return 2;
+        }
+        if (r == R->rank)
+            x[at] = strcmp(what, "nan") == 0 ? NAN : strcmp(what, "-inf") == 0 ? -INFINITY : INFINITY;
+    }
+    colld_status_t st = colld_allreduce(x, x, count, COLLD_FLOAT32, COLLD_SUM, R->comm, NULL);
+    if (st == COLLD_OK)
+        st = colld_comm_synchronize(R->comm);
+    free(x);
+    R->collectives++;
+    const char *want = a->expect ? a->expect : "COLLD_OK";
+    if (strcmp(colld_status_name(st), want) != 0) {
+        fprintf(stderr, "FAILED rank %d: the all-reduce returned %s (want %s): %s\n", R->rank, colld_status_name(st),
+                want, colld_comm_last_error(R->comm));
+        return 1;
+    }
+    if (a->expect) {
+        printf("rank %d: %s\n", R->rank, colld_comm_last_error(R->comm));
+        fflush(stdout);
+    }
+    int32_t y[4] = { 1, 2, 3, 4 };
+    st = colld_allreduce(y, y, 4, COLLD_INT32, COLLD_SUM, R->comm, NULL);
+    if (st == COLLD_OK)
+        st = colld_comm_synchronize(R->comm);
+    if ((st == COLLD_OK) != (a->expect == NULL) || (st == COLLD_OK && y[3] != 4 * R->n)) {
+        fprintf(stderr, "FAILED rank %d: the int32 all-reduce after it: %s\n", R->rank, colld_status_name(st));
+        return 1;
+    }
+    return 0;
+}
+
 static int mode_barrier(run_t *R)
 {
     const char *dir = R->a->sync_dir;
@@ -783,6 +845,8 @@ static int parse_args(int argc, char **argv, args_t *a)
             a->checkpoints = v;
         else if (ARG("--call"))
             a->call = v;
+        else if (ARG("--poison"))
+            a->poison = v;
         else if (ARG("--chain-count"))
             a->chain_count = strtoull(v, NULL, 10);
         else if (ARG("--expect"))
@@ -879,6 +943,8 @@ int main(int argc, char **argv)
         rc = mode_barrier(&R);
     else if (strcmp(a.mode, "ops") == 0)
         rc = mode_ops(&R);
+    else if (strcmp(a.mode, "nan") == 0)
+        rc = mode_nan(&R);
     else {
         fprintf(stderr, "coll_rank: unknown mode %s\n", a.mode);
         rc = 2;

@@ -320,6 +320,73 @@ static void test_per_op_completion(void **state)
     run_coll(*state, 3, extra);
 }
 
+/* Run mode nan on 3 ranks with the poison given, expecting COLLD_ERR_NUMERIC with `detail` on every
+ * rank. */
+static void expect_numeric(harness_t *h, const char *call, const char *poison, const char *detail)
+{
+    char out[3][400], text[1024], nr[4] = "3", rk[4], hex[HARNESS_UID_HEX_LEN];
+    pid_t p[3];
+    assert_int_equal(harness_new_uid_hex(h, hex), 0);
+    for (int r = 0; r < 3; r++) {
+        snprintf(rk, sizeof(rk), "%d", r);
+        snprintf(out[r], sizeof(out[r]), "%s/nan-%d", h->dir, r);
+        const char *argv[] = { COLL_BIN,
+                               "--socket",
+                               h->socket,
+                               "--uid",
+                               hex,
+                               "--nranks",
+                               nr,
+                               "--rank",
+                               rk,
+                               "--mode",
+                               "nan",
+                               "--call",
+                               call,
+                               "--poison",
+                               poison,
+                               "--expect",
+                               "COLLD_ERR_NUMERIC",
+                               "--out",
+                               out[r],
+                               NULL };
+        assert_true((p[r] = harness_spawn(argv)) > 0);
+    }
+    assert_int_equal(harness_wait_all(p, 3, RUN_LIMIT_MS), 0);
+    for (int r = 0; r < 3; r++) {
+        harness_read_file(out[r], text, sizeof(text));
+        print_message("%s", text);
+        assert_non_null(strstr(text, detail));
+    }
+}
+
+/* --nan-check (issue 18): a float32 all-reduce with a NaN and a -Inf on two ranks fails on every
+ * rank with COLLD_ERR_NUMERIC naming both, small (no fast area under --nan-check) and large (the
+ * first bad element found across parallel chunks); clean inputs and integers run. */
+static void test_nan_check(void **state)
+{
+    harness_t *h = *state;
+    expect_numeric(h, "allreduce:float32:sum:1000:0", "1:7:nan,2:3:-inf",
+                   "rank 1 contributed NaN at element 7; rank 2 contributed -Inf at element 3 (allreduce float32");
+    expect_numeric(h, "allreduce:float32:sum:3000001:0", "0:2999999:inf,1:1500000:nan,1:2000000:nan",
+                   "rank 0 contributed +Inf at element 2999999; rank 1 contributed NaN at element 1500000");
+    const char *clean[] = { "--mode", "nan", "--call", "allreduce:float32:sum:3000001:0", NULL };
+    run_coll(h, 3, clean);
+}
+
+/* Without --nan-check a NaN is just data: the same poisoned all-reduce completes. */
+static void test_nan_without_check(void **state)
+{
+    const char *extra[] = { "--mode", "nan", "--poison", "1:7:nan,2:3:-inf", NULL };
+    run_coll(*state, 3, extra);
+}
+
+static int setup_nan_check(void **state)
+{
+    static const char *const extra[] = { "--nan-check", NULL };
+    return harness_test_setup_args(state, extra);
+}
+
 /* Every test gets its own daemon (harness_test_setup/teardown). */
 int main(int argc, char **argv)
 {
@@ -342,6 +409,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_split, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_barrier, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_per_op_completion, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_nan_check, setup_nan_check, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_nan_without_check, harness_test_setup, harness_test_teardown),
     };
     return cmocka_run_group_tests_name("collectives", tests, NULL, NULL);
 }

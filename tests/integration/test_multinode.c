@@ -51,12 +51,23 @@ static int write_file(const char *path, const char *text)
     return chmod(path, 0600);
 }
 
+/* Daemons started with --nan-check (setup3_nan). */
+static bool nan_check;
+
 /* Start daemon i of the cluster with a secret file. */
 static int start_node(cluster_t *cl, int i, const char *secret)
 {
     /* heartbeats: a silent peer is lost after 1.2 s (the target is 2 s) */
-    const char *extra[] = { "--listen", "127.0.0.1:0", "--node-name", node_names[i], "--cluster-secret-file", secret,
-                            "--heartbeat-ms", "400", NULL };
+    const char *extra[] = { "--listen",
+                            "127.0.0.1:0",
+                            "--node-name",
+                            node_names[i],
+                            "--cluster-secret-file",
+                            secret,
+                            "--heartbeat-ms",
+                            "400",
+                            nan_check ? "--nan-check" : NULL,
+                            NULL };
     return harness_daemon_start(&cl->h[i], extra);
 }
 
@@ -81,6 +92,13 @@ static int setup_n(void **state, int n)
 
 static int setup3(void **state)
 {
+    nan_check = false;
+    return setup_n(state, 3);
+}
+
+static int setup3_nan(void **state)
+{
+    nan_check = true;
     return setup_n(state, 3);
 }
 
@@ -143,6 +161,36 @@ static void test_matrix_uneven(void **state)
     const int place[] = { 0, 1, 2, 0, 2, 0 };
     const char *extra[] = { "--exact-values", "--no-big", "--kinds", EVERYWHERE_KINDS, NULL };
     run_matrix(cl, 1, place, 6, extra);
+}
+
+/* --nan-check across hosts: 4 ranks on node-a (0, 3) and node-b (1, 2), a large float32 all-reduce
+ * (several 4 MiB slices of the local stage) where rank 2 holds a NaN far in: every rank fails with
+ * COLLD_ERR_NUMERIC naming rank 2 and the element (the others through node-b's Fail); the same
+ * all-reduce without it, and an int32 one, run on a fresh communicator. */
+static void test_nan_across_hosts(void **state)
+{
+    cluster_t *cl = *state;
+    char hex[HARNESS_UID_HEX_LEN], out[4][300], text[1024];
+    const int place[] = { 0, 1, 1, 0 };
+    assert_int_equal(harness_new_uid_hex(&cl->h[2], hex), 0);
+    pid_t p[4];
+    for (int r = 0; r < 4; r++) {
+        snprintf(out[r], sizeof(out[r]), "%s/nan-%d", cl->tmp, r);
+        const char *x[] = { "--mode",   "nan",           "--call",   "allreduce:float32:sum:3000001:0",
+                            "--poison", "2:2999999:nan", "--expect", "COLLD_ERR_NUMERIC",
+                            "--out",    out[r],          NULL };
+        assert_true((p[r] = spawn_rank(cl, COLL_BIN, place[r], hex, 4, r, x)) > 0);
+    }
+    for (int r = 0; r < 4; r++) {
+        assert_int_equal(harness_wait(p[r], 60000), 0);
+        harness_read_file(out[r], text, sizeof(text));
+        print_message("%s", text);
+        assert_non_null(strstr(text, "rank 2 contributed NaN at element 2999999 (allreduce float32, --nan-check)"));
+        if (place[r] == 0)
+            assert_non_null(strstr(text, "on node node-b"));
+    }
+    const char *clean[] = { "--mode", "nan", "--call", "allreduce:float32:sum:3000001:0", NULL };
+    run_matrix(cl, 2, place, 4, clean);
 }
 
 /* Gather, scatter and all-to-all do not run across nodes yet: the daemon refuses them with
@@ -553,6 +601,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_ring_policy_rootless, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_split_across_hosts, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_host_only_kinds_refused, setup3, teardown),
+        cmocka_unit_test_setup_teardown(test_nan_across_hosts, setup3_nan, teardown),
         cmocka_unit_test_setup_teardown(test_traffic_per_host, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_killed, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_silent, setup3, teardown),

@@ -22,8 +22,8 @@
 #define ALIGN_CASES 3
 #define GUARD 128 /* bytes of slack around every buffer for the offsets */
 
-static const int n_in_cases[] = {1, 2, 3, 4, 8};
-static const size_t count_cases[] = {0, 1, 7, 33, 1000, 4099};
+static const int n_in_cases[] = { 1, 2, 3, 4, 8 };
+static const size_t count_cases[] = { 0, 1, 7, 33, 1000, 4099 };
 
 /* ---------------------------------------------------------------------------------------------
  * Small helpers
@@ -167,8 +167,8 @@ static void test_half_known(void **state)
 
     assert_int_equal(colld_float_to_half(1.0f), 0x3c00);
     assert_int_equal(colld_float_to_half(-0.0f), 0x8000);
-    assert_int_equal(colld_float_to_half(1.0f + 0x1p-11f), 0x3c00);       /* tie, to even */
-    assert_int_equal(colld_float_to_half(1.0f + 3 * 0x1p-11f), 0x3c02);   /* tie, to even */
+    assert_int_equal(colld_float_to_half(1.0f + 0x1p-11f), 0x3c00);     /* tie, to even */
+    assert_int_equal(colld_float_to_half(1.0f + 3 * 0x1p-11f), 0x3c02); /* tie, to even */
     assert_int_equal(colld_float_to_half(1.0f + 0x1p-11f + 0x1p-20f), 0x3c01);
     assert_int_equal(colld_float_to_half(65504.0f), 0x7bff);
     assert_int_equal(colld_float_to_half(65519.996f), 0x7bff);
@@ -176,12 +176,12 @@ static void test_half_known(void **state)
     assert_int_equal(colld_float_to_half(1e10f), 0x7c00);
     assert_int_equal(colld_float_to_half(-INFINITY), 0xfc00);
     assert_int_equal(colld_float_to_half(0x1p-24f), 0x0001);
-    assert_int_equal(colld_float_to_half(0x1p-25f), 0x0000);               /* tie, to even 0 */
+    assert_int_equal(colld_float_to_half(0x1p-25f), 0x0000); /* tie, to even 0 */
     assert_int_equal(colld_float_to_half(0x1p-25f + 0x1p-40f), 0x0001);
-    assert_int_equal(colld_float_to_half(3 * 0x1p-25f), 0x0002);           /* tie, to even */
-    assert_int_equal(colld_float_to_half(-5 * 0x1p-25f), 0x8002);          /* tie, to even */
-    assert_int_equal(colld_float_to_half(0x1p-14f - 0x1p-26f), 0x0400);    /* rounds up to normal */
-    assert_int_equal(colld_float_to_half(0x1p-130f), 0x0000);              /* float subnormal */
+    assert_int_equal(colld_float_to_half(3 * 0x1p-25f), 0x0002);              /* tie, to even */
+    assert_int_equal(colld_float_to_half(-5 * 0x1p-25f), 0x8002);             /* tie, to even */
+    assert_int_equal(colld_float_to_half(0x1p-14f - 0x1p-26f), 0x0400);       /* rounds up to normal */
+    assert_int_equal(colld_float_to_half(0x1p-130f), 0x0000);                 /* float subnormal */
     assert_int_equal(colld_float_to_half(f32(0x7f800001u)) & 0x7e00, 0x7e00); /* NaN, not inf */
     assert_int_equal(colld_float_to_half(f32(0xffc00000u)), 0xfe00);
 }
@@ -214,8 +214,7 @@ static double small_float_value(uint16_t h, int mant_bits, int bias)
     int exp_max = (1 << (15 - mant_bits)) - 1;
     int exp = (h >> mant_bits) & exp_max;
     unsigned mant = h & ((1u << mant_bits) - 1);
-    double v = exp == 0 ? ldexp(mant, 1 - bias - mant_bits)
-                        : ldexp((1u << mant_bits) + mant, exp - bias - mant_bits);
+    double v = exp == 0 ? ldexp(mant, 1 - bias - mant_bits) : ldexp((1u << mant_bits) + mant, exp - bias - mant_bits);
     return (h & 0x8000) ? -v : v;
 }
 
@@ -250,8 +249,7 @@ static void test_half_exhaustive(void **state)
                  * the largest finite value, the next magnitude is where it would be without
                  * the exponent limit (the midpoint then rounds to infinity). */
                 uint16_t up = (uint16_t)(h + 1);
-                double next = (up & 0x7fff) == inf ? 2 * (double)f - (double)to_f((uint16_t)(h - 1))
-                                                    : (double)to_f(up);
+                double next = (up & 0x7fff) == inf ? 2 * (double)f - (double)to_f((uint16_t)(h - 1)) : (double)to_f(up);
                 float mid = (float)(((double)f + next) / 2);
                 assert_true((double)mid == ((double)f + next) / 2);
                 uint16_t even = (h & 1) ? up : h;
@@ -300,13 +298,13 @@ static void test_half_blocks_per_isa(void **state)
         impls[i]->half_to_float_block(hf, h, n_h);
         for (size_t j = 0; j < n_h; j++)
             if (bits32(hf[j]) != bits32(colld_half_to_float(h[j])))
-                fail_msg("%s half_to_float(0x%04x) = 0x%08x, scalar 0x%08x", impls[i]->name, h[j],
-                         bits32(hf[j]), bits32(colld_half_to_float(h[j])));
+                fail_msg("%s half_to_float(0x%04x) = 0x%08x, scalar 0x%08x", impls[i]->name, h[j], bits32(hf[j]),
+                         bits32(colld_half_to_float(h[j])));
         impls[i]->float_to_half_block(fh, f, n_f);
         for (size_t j = 0; j < n_f; j++)
             if (fh[j] != colld_float_to_half(f[j]))
-                fail_msg("%s float_to_half(0x%08x) = 0x%04x, scalar 0x%04x", impls[i]->name,
-                         bits32(f[j]), fh[j], colld_float_to_half(f[j]));
+                fail_msg("%s float_to_half(0x%08x) = 0x%04x, scalar 0x%04x", impls[i]->name, bits32(f[j]), fh[j],
+                         colld_float_to_half(f[j]));
     }
     free(h);
     free(hf);
@@ -321,12 +319,12 @@ static void test_half_blocks_per_isa(void **state)
  * ------------------------------------------------------------------------------------------- */
 
 /* min/max of the reference for floating accumulators: first NaN wins, ties take the later input. */
-#define REF_MINMAX(acc, x, op)                                                                     \
-    do {                                                                                           \
-        if (isnan(acc))                                                                            \
-            break;                                                                                 \
-        if (isnan(x) || ((op) == COLLD_MIN ? (x) <= (acc) : (x) >= (acc)))                         \
-            (acc) = (x);                                                                           \
+#define REF_MINMAX(acc, x, op)                                                                                         \
+    do {                                                                                                               \
+        if (isnan(acc))                                                                                                \
+            break;                                                                                                     \
+        if (isnan(x) || ((op) == COLLD_MIN ? (x) <= (acc) : (x) >= (acc)))                                             \
+            (acc) = (x);                                                                                               \
     } while (0)
 
 /* One float accumulator step of the reference. */
@@ -392,7 +390,7 @@ static uint64_t ref_elem(colld_dtype_t dt, colld_redop_t op, void *const *in, in
     float acc = 0;
     for (int r = 0; r < n_in; r++) {
         uint16_t b16 = (uint16_t)get_bits(dt, in[r], i);
-        float x = dt == COLLD_FLOAT32     ? f32((uint32_t)get_bits(dt, in[r], i))
+        float x = dt == COLLD_FLOAT32   ? f32((uint32_t)get_bits(dt, in[r], i))
                   : dt == COLLD_FLOAT16 ? colld_half_to_float(b16)
                                         : colld_bf16_to_float(b16);
         acc = r == 0 ? x : ref_step_f(acc, x, op);
@@ -493,12 +491,11 @@ static size_t buf_offset(colld_dtype_t dt, int align_case, int idx)
 }
 
 /* The failure report for a mismatch between two outputs. */
-static void report(const char *what, colld_dtype_t dt, colld_redop_t op, int n_in, size_t count,
-                   int align_case, size_t i, uint64_t got, uint64_t want)
+static void report(const char *what, colld_dtype_t dt, colld_redop_t op, int n_in, size_t count, int align_case,
+                   size_t i, uint64_t got, uint64_t want)
 {
-    fail_msg("%s: dtype %d op %d n_in %d count %zu align %d: element %zu is 0x%llx, expected 0x%llx",
-             what, (int)dt, (int)op, n_in, count, align_case, i, (unsigned long long)got,
-             (unsigned long long)want);
+    fail_msg("%s: dtype %d op %d n_in %d count %zu align %d: element %zu is 0x%llx, expected 0x%llx", what, (int)dt,
+             (int)op, n_in, count, align_case, i, (unsigned long long)got, (unsigned long long)want);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -543,8 +540,7 @@ static void test_reduce_matrix(void **state)
                         /* The scalar build against the reference. */
                         for (int o = 0; o < 2; o++)
                             memset(outb[o], 0xa5, max_bytes + 2 * GUARD);
-                        assert_int_equal(colld_cpu_reduce_scalar(dt, op, (const void *const *)in,
-                                                                 n_in, out, 2, count),
+                        assert_int_equal(colld_cpu_reduce_scalar(dt, op, (const void *const *)in, n_in, out, 2, count),
                                          COLLD_OK);
                         for (size_t i = 0; i < count; i++) {
                             uint64_t got = get_bits(dt, out[0], i);
@@ -569,19 +565,17 @@ static void test_reduce_matrix(void **state)
                         for (size_t k = 0; k <= n_impls; k++) {
                             for (int o = 0; o < 2; o++)
                                 memset(out[o], 0x5a, count * esize(dt));
-                            colld_status_t st =
-                                k < n_impls ? colld__reduce_with(impls[k], dt, op,
-                                                                 (const void *const *)in, n_in,
-                                                                 out, 2, count)
-                                            : colld_cpu_reduce(dt, op, (const void *const *)in,
-                                                               n_in, out, 2, count);
+                            colld_status_t st = k < n_impls
+                                                    ? colld__reduce_with(impls[k], dt, op, (const void *const *)in,
+                                                                         n_in, out, 2, count)
+                                                    : colld_cpu_reduce(dt, op, (const void *const *)in, n_in, out, 2,
+                                                                       count);
                             assert_int_equal(st, COLLD_OK);
                             for (int o = 0; o < 2; o++)
                                 for (size_t i = 0; i < count; i++)
                                     if (get_bits(dt, out[o], i) != get_bits(dt, refb, i))
-                                        report(k < n_impls ? impls[k]->name : "dispatched", dt, op,
-                                               n_in, count, ac, i, get_bits(dt, out[o], i),
-                                               get_bits(dt, refb, i));
+                                        report(k < n_impls ? impls[k]->name : "dispatched", dt, op, n_in, count, ac, i,
+                                               get_bits(dt, out[o], i), get_bits(dt, refb, i));
                         }
                     }
                 }
@@ -620,21 +614,18 @@ static void test_reduce_in_place(void **state)
                 for (int r = 0; r < n_in; r++)
                     for (size_t i = 0; i < count; i++)
                         fill_elem(dt, op, orig[r], i);
-                assert_int_equal(colld__reduce_with(impls[k], dt, op, (const void *const *)orig,
-                                                    n_in, &want, 1, count),
+                assert_int_equal(colld__reduce_with(impls[k], dt, op, (const void *const *)orig, n_in, &want, 1, count),
                                  COLLD_OK);
 
                 for (int r = 0; r < n_in; r++)
                     memcpy(buf[r], orig[r], bytes);
-                assert_int_equal(colld__reduce_with(impls[k], dt, op, (const void *const *)buf,
-                                                    n_in, buf, 1, count),
+                assert_int_equal(colld__reduce_with(impls[k], dt, op, (const void *const *)buf, n_in, buf, 1, count),
                                  COLLD_OK);
                 assert_memory_equal(buf[0], want, bytes);
 
                 for (int r = 0; r < n_in; r++)
                     memcpy(buf[r], orig[r], bytes);
-                assert_int_equal(colld__reduce_with(impls[k], dt, op, (const void *const *)buf,
-                                                    n_in, buf, n_in, count),
+                assert_int_equal(colld__reduce_with(impls[k], dt, op, (const void *const *)buf, n_in, buf, n_in, count),
                                  COLLD_OK);
                 for (int r = 0; r < n_in; r++)
                     assert_memory_equal(buf[r], want, bytes);
@@ -647,14 +638,13 @@ static void test_reduce_in_place(void **state)
 }
 
 /* Run one reduction of n_in single-element inputs with every build; all must give `want`. */
-static void check_one(colld_dtype_t dt, colld_redop_t op, const uint64_t *vals, int n_in,
-                      uint64_t want)
+static void check_one(colld_dtype_t dt, colld_redop_t op, const uint64_t *vals, int n_in, uint64_t want)
 {
     const colld__reduce_impl_t *impls[MAX_IMPLS];
     size_t n_impls = get_impls(impls);
     uint64_t store[MAX_IN], res = 0;
     const void *in[MAX_IN];
-    void *out[1] = {&res};
+    void *out[1] = { &res };
     for (int r = 0; r < n_in; r++) {
         store[r] = 0;
         put_bits(dt, &store[r], 0, vals[r]);
@@ -664,8 +654,8 @@ static void check_one(colld_dtype_t dt, colld_redop_t op, const uint64_t *vals, 
         res = 0;
         assert_int_equal(colld__reduce_with(impls[k], dt, op, in, n_in, out, 1, 1), COLLD_OK);
         if (res != (want & emask(dt)))
-            fail_msg("%s: dtype %d op %d: got 0x%llx, expected 0x%llx", impls[k]->name, (int)dt,
-                     (int)op, (unsigned long long)res, (unsigned long long)(want & emask(dt)));
+            fail_msg("%s: dtype %d op %d: got 0x%llx, expected 0x%llx", impls[k]->name, (int)dt, (int)op,
+                     (unsigned long long)res, (unsigned long long)(want & emask(dt)));
     }
 }
 
@@ -673,43 +663,38 @@ static void check_one(colld_dtype_t dt, colld_redop_t op, const uint64_t *vals, 
 static void test_int_wrap(void **state)
 {
     (void)state;
-    check_one(COLLD_INT8, COLLD_SUM, (const uint64_t[]){100, 100}, 2, (uint64_t)-56);
-    check_one(COLLD_UINT8, COLLD_SUM, (const uint64_t[]){200, 100}, 2, 44);
-    check_one(COLLD_INT8, COLLD_PROD, (const uint64_t[]){16, 16}, 2, 0);
-    check_one(COLLD_UINT8, COLLD_PROD, (const uint64_t[]){255, 255}, 2, 1);
-    check_one(COLLD_INT32, COLLD_SUM, (const uint64_t[]){0x7fffffff, 1}, 2, 0x80000000u);
-    check_one(COLLD_UINT32, COLLD_SUM, (const uint64_t[]){0xffffffffu, 2}, 2, 1);
-    check_one(COLLD_INT32, COLLD_PROD, (const uint64_t[]){0x10000, 0x10000}, 2, 0);
-    check_one(COLLD_INT64, COLLD_SUM, (const uint64_t[]){INT64_MAX, 1}, 2, (uint64_t)INT64_MIN);
-    check_one(COLLD_UINT64, COLLD_SUM, (const uint64_t[]){UINT64_MAX, 1, 5}, 3, 5);
-    check_one(COLLD_INT64, COLLD_PROD, (const uint64_t[]){1ull << 32, 1ull << 32}, 2, 0);
-    check_one(COLLD_INT8, COLLD_MIN, (const uint64_t[]){5, (uint64_t)-128, 127}, 3, 0x80);
-    check_one(COLLD_UINT8, COLLD_MAX, (const uint64_t[]){5, 0x80, 127}, 3, 0x80);
-    check_one(COLLD_INT64, COLLD_MAX, (const uint64_t[]){(uint64_t)-1, (uint64_t)INT64_MIN}, 2,
-              (uint64_t)-1);
+    check_one(COLLD_INT8, COLLD_SUM, (const uint64_t[]){ 100, 100 }, 2, (uint64_t)-56);
+    check_one(COLLD_UINT8, COLLD_SUM, (const uint64_t[]){ 200, 100 }, 2, 44);
+    check_one(COLLD_INT8, COLLD_PROD, (const uint64_t[]){ 16, 16 }, 2, 0);
+    check_one(COLLD_UINT8, COLLD_PROD, (const uint64_t[]){ 255, 255 }, 2, 1);
+    check_one(COLLD_INT32, COLLD_SUM, (const uint64_t[]){ 0x7fffffff, 1 }, 2, 0x80000000u);
+    check_one(COLLD_UINT32, COLLD_SUM, (const uint64_t[]){ 0xffffffffu, 2 }, 2, 1);
+    check_one(COLLD_INT32, COLLD_PROD, (const uint64_t[]){ 0x10000, 0x10000 }, 2, 0);
+    check_one(COLLD_INT64, COLLD_SUM, (const uint64_t[]){ INT64_MAX, 1 }, 2, (uint64_t)INT64_MIN);
+    check_one(COLLD_UINT64, COLLD_SUM, (const uint64_t[]){ UINT64_MAX, 1, 5 }, 3, 5);
+    check_one(COLLD_INT64, COLLD_PROD, (const uint64_t[]){ 1ull << 32, 1ull << 32 }, 2, 0);
+    check_one(COLLD_INT8, COLLD_MIN, (const uint64_t[]){ 5, (uint64_t)-128, 127 }, 3, 0x80);
+    check_one(COLLD_UINT8, COLLD_MAX, (const uint64_t[]){ 5, 0x80, 127 }, 3, 0x80);
+    check_one(COLLD_INT64, COLLD_MAX, (const uint64_t[]){ (uint64_t)-1, (uint64_t)INT64_MIN }, 2, (uint64_t)-1);
 }
 
 /* Integer avg truncates toward zero (negative too), after a sum that wraps in the element width. */
 static void test_int_avg(void **state)
 {
     (void)state;
-    check_one(COLLD_INT32, COLLD_AVG, (const uint64_t[]){(uint64_t)-7, 0}, 2, (uint64_t)-3);
-    check_one(COLLD_INT32, COLLD_AVG, (const uint64_t[]){7, 0}, 2, 3);
-    check_one(COLLD_INT8, COLLD_AVG, (const uint64_t[]){(uint64_t)-5, (uint64_t)-2}, 2, (uint64_t)-3);
-    check_one(COLLD_INT8, COLLD_AVG, (const uint64_t[]){(uint64_t)-1, 0, 0}, 3, 0);
-    check_one(COLLD_INT64, COLLD_AVG, (const uint64_t[]){(uint64_t)-9, (uint64_t)-1, 0, 0}, 4,
-              (uint64_t)-2);
-    check_one(COLLD_INT64, COLLD_AVG, (const uint64_t[]){(uint64_t)INT64_MIN, 0}, 2,
-              (uint64_t)(INT64_MIN / 2));
-    check_one(COLLD_UINT8, COLLD_AVG, (const uint64_t[]){255, 255}, 2, 127); /* 510 wraps to 254 */
-    check_one(COLLD_INT8, COLLD_AVG, (const uint64_t[]){100, 100}, 2, (uint64_t)-28); /* -56 / 2 */
-    check_one(COLLD_UINT32, COLLD_AVG, (const uint64_t[]){0xffffffffu, 0xfffffffeu, 2}, 3,
+    check_one(COLLD_INT32, COLLD_AVG, (const uint64_t[]){ (uint64_t)-7, 0 }, 2, (uint64_t)-3);
+    check_one(COLLD_INT32, COLLD_AVG, (const uint64_t[]){ 7, 0 }, 2, 3);
+    check_one(COLLD_INT8, COLLD_AVG, (const uint64_t[]){ (uint64_t)-5, (uint64_t)-2 }, 2, (uint64_t)-3);
+    check_one(COLLD_INT8, COLLD_AVG, (const uint64_t[]){ (uint64_t)-1, 0, 0 }, 3, 0);
+    check_one(COLLD_INT64, COLLD_AVG, (const uint64_t[]){ (uint64_t)-9, (uint64_t)-1, 0, 0 }, 4, (uint64_t)-2);
+    check_one(COLLD_INT64, COLLD_AVG, (const uint64_t[]){ (uint64_t)INT64_MIN, 0 }, 2, (uint64_t)(INT64_MIN / 2));
+    check_one(COLLD_UINT8, COLLD_AVG, (const uint64_t[]){ 255, 255 }, 2, 127);          /* 510 wraps to 254 */
+    check_one(COLLD_INT8, COLLD_AVG, (const uint64_t[]){ 100, 100 }, 2, (uint64_t)-28); /* -56 / 2 */
+    check_one(COLLD_UINT32, COLLD_AVG, (const uint64_t[]){ 0xffffffffu, 0xfffffffeu, 2 }, 3,
               0x55555555u); /* wraps to 0xffffffff, / 3 */
-    check_one(COLLD_UINT64, COLLD_AVG, (const uint64_t[]){UINT64_MAX, 0, 0, 0, 0, 0, 0, 0}, 8,
-              UINT64_MAX / 8);
+    check_one(COLLD_UINT64, COLLD_AVG, (const uint64_t[]){ UINT64_MAX, 0, 0, 0, 0, 0, 0, 0 }, 8, UINT64_MAX / 8);
     /* 3 * INT32_MAX wraps to 0x7ffffffd = 2147483645; / 3 = 715827881. */
-    check_one(COLLD_INT32, COLLD_AVG, (const uint64_t[]){0x7fffffff, 0x7fffffff, 0x7fffffff}, 3,
-              715827881u);
+    check_one(COLLD_INT32, COLLD_AVG, (const uint64_t[]){ 0x7fffffff, 0x7fffffff, 0x7fffffff }, 3, 715827881u);
 }
 
 /* min/max give NaN when any input is NaN, wherever it is; the first NaN in rank order is the one
@@ -717,14 +702,14 @@ static void test_int_avg(void **state)
 static void test_nan_minmax(void **state)
 {
     (void)state;
-    const uint64_t qnan[4] = {0x7e00, 0x7fc0, 0x7fc00000u, 0x7ff8000000000000ull};
-    const uint64_t one[4] = {0x3c00, 0x3f80, 0x3f800000u, 0x3ff0000000000000ull};
-    const uint64_t two[4] = {0x4000, 0x4000, 0x40000000u, 0x4000000000000000ull};
-    const colld_dtype_t dts[4] = {COLLD_FLOAT16, COLLD_BFLOAT16, COLLD_FLOAT32, COLLD_FLOAT64};
+    const uint64_t qnan[4] = { 0x7e00, 0x7fc0, 0x7fc00000u, 0x7ff8000000000000ull };
+    const uint64_t one[4] = { 0x3c00, 0x3f80, 0x3f800000u, 0x3ff0000000000000ull };
+    const uint64_t two[4] = { 0x4000, 0x4000, 0x40000000u, 0x4000000000000000ull };
+    const colld_dtype_t dts[4] = { COLLD_FLOAT16, COLLD_BFLOAT16, COLLD_FLOAT32, COLLD_FLOAT64 };
     for (int d = 0; d < 4; d++)
         for (int op = COLLD_MIN; op <= COLLD_MAX; op++)
             for (int pos = 0; pos < 3; pos++) {
-                uint64_t v[3] = {one[d], two[d], one[d]};
+                uint64_t v[3] = { one[d], two[d], one[d] };
                 v[pos] = qnan[d];
                 check_one(dts[d], (colld_redop_t)op, v, 3, qnan[d]);
                 if (pos < 2) { /* a second, negative NaN later: the first one wins */
@@ -733,8 +718,8 @@ static void test_nan_minmax(void **state)
                 }
             }
     /* No NaN: ordinary min/max. */
-    check_one(COLLD_FLOAT32, COLLD_MIN, (const uint64_t[]){one[2], two[2]}, 2, one[2]);
-    check_one(COLLD_FLOAT16, COLLD_MAX, (const uint64_t[]){one[0], two[0]}, 2, two[0]);
+    check_one(COLLD_FLOAT32, COLLD_MIN, (const uint64_t[]){ one[2], two[2] }, 2, one[2]);
+    check_one(COLLD_FLOAT16, COLLD_MAX, (const uint64_t[]){ one[0], two[0] }, 2, two[0]);
 }
 
 /* Floating sums of small integers are exact: compared with a long double sum; half types
@@ -742,7 +727,7 @@ static void test_nan_minmax(void **state)
 static void test_float_exact(void **state)
 {
     (void)state;
-    const colld_dtype_t dts[4] = {COLLD_FLOAT16, COLLD_BFLOAT16, COLLD_FLOAT32, COLLD_FLOAT64};
+    const colld_dtype_t dts[4] = { COLLD_FLOAT16, COLLD_BFLOAT16, COLLD_FLOAT32, COLLD_FLOAT64 };
     for (int d = 0; d < 4; d++)
         for (int n_in = 1; n_in <= MAX_IN; n_in++)
             for (int t = 0; t < 50; t++) {
@@ -772,12 +757,12 @@ static void test_float_exact(void **state)
                 check_one(dts[d], COLLD_SUM, v, n_in, want);
             }
     /* bfloat16: 1 + 2^-8 + 2^-8 = 1 + 2^-7 exactly in float, 0x3f81; per-step rounding gives 1. */
-    check_one(COLLD_BFLOAT16, COLLD_SUM, (const uint64_t[]){0x3f80, 0x3b80, 0x3b80}, 3, 0x3f81);
+    check_one(COLLD_BFLOAT16, COLLD_SUM, (const uint64_t[]){ 0x3f80, 0x3b80, 0x3b80 }, 3, 0x3f81);
     /* float16: 2048 + 1 + 1 = 2050 (exact), whereas 2048 + 1 alone is a tie rounding to 2048. */
-    check_one(COLLD_FLOAT16, COLLD_SUM, (const uint64_t[]){0x6800, 0x3c00, 0x3c00}, 3, 0x6801);
-    check_one(COLLD_FLOAT16, COLLD_SUM, (const uint64_t[]){0x6800, 0x3c00}, 2, 0x6800);
+    check_one(COLLD_FLOAT16, COLLD_SUM, (const uint64_t[]){ 0x6800, 0x3c00, 0x3c00 }, 3, 0x6801);
+    check_one(COLLD_FLOAT16, COLLD_SUM, (const uint64_t[]){ 0x6800, 0x3c00 }, 2, 0x6800);
     /* float16 avg: (1 + 2) / 2 = 1.5. */
-    check_one(COLLD_FLOAT16, COLLD_AVG, (const uint64_t[]){0x3c00, 0x4000}, 2, 0x3e00);
+    check_one(COLLD_FLOAT16, COLLD_AVG, (const uint64_t[]){ 0x3c00, 0x4000 }, 2, 0x3e00);
 }
 
 /* Invalid arguments are refused without touching anything; count 0 and n_out 0 are no-ops; the
@@ -786,26 +771,19 @@ static void test_args_and_impl(void **state)
 {
     (void)state;
     float a = 1, b = 2, o = 7;
-    const void *in[2] = {&a, &b};
-    const void *in_null[2] = {&a, NULL};
-    void *out[1] = {&o};
-    void *out_null[1] = {NULL};
+    const void *in[2] = { &a, &b };
+    const void *in_null[2] = { &a, NULL };
+    void *out[1] = { &o };
+    void *out_null[1] = { NULL };
     const colld__reduce_impl_t *impls[MAX_IMPLS];
 
-    assert_int_equal(colld_cpu_reduce(COLLD_FLOAT32, COLLD_SUM, in, 0, out, 1, 1),
-                     COLLD_ERR_INVALID_ARGUMENT);
-    assert_int_equal(colld_cpu_reduce(COLLD_DTYPE_COUNT, COLLD_SUM, in, 2, out, 1, 1),
-                     COLLD_ERR_INVALID_ARGUMENT);
-    assert_int_equal(colld_cpu_reduce(COLLD_FLOAT32, COLLD_REDOP_COUNT, in, 2, out, 1, 1),
-                     COLLD_ERR_INVALID_ARGUMENT);
-    assert_int_equal(colld_cpu_reduce(COLLD_FLOAT32, COLLD_SUM, NULL, 2, out, 1, 1),
-                     COLLD_ERR_INVALID_ARGUMENT);
-    assert_int_equal(colld_cpu_reduce(COLLD_FLOAT32, COLLD_SUM, in_null, 2, out, 1, 1),
-                     COLLD_ERR_INVALID_ARGUMENT);
-    assert_int_equal(colld_cpu_reduce(COLLD_FLOAT32, COLLD_SUM, in, 2, out_null, 1, 1),
-                     COLLD_ERR_INVALID_ARGUMENT);
-    assert_int_equal(colld_cpu_reduce_scalar(COLLD_FLOAT32, COLLD_SUM, in, 2, out, -1, 1),
-                     COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_cpu_reduce(COLLD_FLOAT32, COLLD_SUM, in, 0, out, 1, 1), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_cpu_reduce(COLLD_DTYPE_COUNT, COLLD_SUM, in, 2, out, 1, 1), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_cpu_reduce(COLLD_FLOAT32, COLLD_REDOP_COUNT, in, 2, out, 1, 1), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_cpu_reduce(COLLD_FLOAT32, COLLD_SUM, NULL, 2, out, 1, 1), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_cpu_reduce(COLLD_FLOAT32, COLLD_SUM, in_null, 2, out, 1, 1), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_cpu_reduce(COLLD_FLOAT32, COLLD_SUM, in, 2, out_null, 1, 1), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_cpu_reduce_scalar(COLLD_FLOAT32, COLLD_SUM, in, 2, out, -1, 1), COLLD_ERR_INVALID_ARGUMENT);
     assert_true(o == 7);
     assert_int_equal(colld_cpu_reduce(COLLD_FLOAT32, COLLD_SUM, in, 2, out, 1, 0), COLLD_OK);
     assert_int_equal(colld_cpu_reduce(COLLD_FLOAT32, COLLD_SUM, in, 2, out, 0, 1), COLLD_OK);
@@ -814,30 +792,107 @@ static void test_args_and_impl(void **state)
     assert_true(o == 3);
 
     const char *name = colld_cpu_reduce_impl();
-    assert_true(strcmp(name, "avx512") == 0 || strcmp(name, "avx2") == 0 ||
-                strcmp(name, "scalar") == 0);
+    assert_true(strcmp(name, "avx512") == 0 || strcmp(name, "avx2") == 0 || strcmp(name, "scalar") == 0);
     size_t n = get_impls(impls);
     assert_string_equal(name, impls[0]->name);
     assert_string_equal(colld_cpu_reduce_impl(), name); /* chosen once, stable */
     for (size_t k = 0; k < n; k++)
-        print_message("reduce build usable on this CPU: %s%s\n", impls[k]->name,
-                      k == 0 ? " (dispatched)" : "");
+        print_message("reduce build usable on this CPU: %s%s\n", impls[k]->name, k == 0 ? " (dispatched)" : "");
+}
+
+/* colld_cpu_first_nonfinite (--nan-check): each float dtype finds a NaN, +Inf or -Inf at every
+ * position around the 64-element blocks, names it, and never flags the largest finite value, a
+ * subnormal or a negative zero; integers are never flagged. */
+static void test_first_nonfinite(void **state)
+{
+    (void)state;
+    static const colld_dtype_t dts[] = { COLLD_FLOAT16, COLLD_BFLOAT16, COLLD_FLOAT32, COLLD_FLOAT64 };
+    static const size_t where[] = { 0, 1, 63, 64, 65, 127, 128, 999 };
+    enum { N = 1000 };
+    unsigned char buf[N * 8];
+    for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++) {
+        colld_dtype_t dt = dts[d];
+        size_t es = dt == COLLD_FLOAT64 ? 8 : dt == COLLD_FLOAT32 ? 4 : 2;
+        /* finite edge values: max finite, smallest subnormal, -0, 1 */
+        for (size_t i = 0; i < N; i++) {
+            double v = i % 4 == 0   ? (dt == COLLD_FLOAT16    ? 65504.0
+                                       : dt == COLLD_BFLOAT16 ? 3.0e38
+                                       : dt == COLLD_FLOAT32  ? 3.4e38
+                                                              : 1.7e308)
+                       : i % 4 == 1 ? -0.0
+                       : i % 4 == 2 ? 1.0
+                                    : (dt == COLLD_FLOAT64   ? 4.9e-324
+                                       : dt == COLLD_FLOAT32 ? 1.4e-45
+                                                             : 0.0);
+            switch (dt) {
+            case COLLD_FLOAT16: {
+                uint16_t h = colld_float_to_half((float)v);
+                memcpy(buf + i * es, &h, 2);
+                break;
+            }
+            case COLLD_BFLOAT16: {
+                uint16_t b = colld_float_to_bf16((float)v);
+                memcpy(buf + i * es, &b, 2);
+                break;
+            }
+            case COLLD_FLOAT32: {
+                float f = (float)v;
+                memcpy(buf + i * es, &f, 4);
+                break;
+            }
+            default:
+                memcpy(buf + i * es, &v, 8);
+                break;
+            }
+        }
+        assert_int_equal(colld_cpu_first_nonfinite(dt, buf, N), N);
+        for (size_t w = 0; w < sizeof(where) / sizeof(where[0]); w++)
+            for (int kind = 0; kind < 3; kind++) {
+                unsigned char saved[8];
+                memcpy(saved, buf + where[w] * es, es);
+                double bad = kind == 0 ? NAN : kind == 1 ? INFINITY : -INFINITY;
+                switch (dt) {
+                case COLLD_FLOAT16: {
+                    uint16_t h = colld_float_to_half((float)bad);
+                    memcpy(buf + where[w] * es, &h, 2);
+                    break;
+                }
+                case COLLD_BFLOAT16: {
+                    uint16_t b = colld_float_to_bf16((float)bad);
+                    memcpy(buf + where[w] * es, &b, 2);
+                    break;
+                }
+                case COLLD_FLOAT32: {
+                    float f = (float)bad;
+                    memcpy(buf + where[w] * es, &f, 4);
+                    break;
+                }
+                default:
+                    memcpy(buf + where[w] * es, &bad, 8);
+                    break;
+                }
+                assert_int_equal(colld_cpu_first_nonfinite(dt, buf, N), where[w]);
+                assert_string_equal(colld_cpu_nonfinite_name(dt, buf + where[w] * es), kind == 0   ? "NaN"
+                                                                                       : kind == 1 ? "+Inf"
+                                                                                                   : "-Inf");
+                memcpy(buf + where[w] * es, saved, es);
+            }
+    }
+    memset(buf, 0xff, sizeof(buf)); /* every bit set: NaN as a float, just -1 as an integer */
+    assert_int_equal(colld_cpu_first_nonfinite(COLLD_FLOAT32, buf, N), 0);
+    assert_int_equal(colld_cpu_first_nonfinite(COLLD_INT32, buf, N), N);
+    assert_int_equal(colld_cpu_first_nonfinite(COLLD_UINT64, buf, N), N);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_half_known),
-        cmocka_unit_test(test_bf16_known),
-        cmocka_unit_test(test_half_exhaustive),
-        cmocka_unit_test(test_half_blocks_per_isa),
-        cmocka_unit_test(test_reduce_matrix),
-        cmocka_unit_test(test_reduce_in_place),
-        cmocka_unit_test(test_int_wrap),
-        cmocka_unit_test(test_int_avg),
-        cmocka_unit_test(test_nan_minmax),
-        cmocka_unit_test(test_float_exact),
-        cmocka_unit_test(test_args_and_impl),
+        cmocka_unit_test(test_half_known),      cmocka_unit_test(test_bf16_known),
+        cmocka_unit_test(test_half_exhaustive), cmocka_unit_test(test_half_blocks_per_isa),
+        cmocka_unit_test(test_reduce_matrix),   cmocka_unit_test(test_reduce_in_place),
+        cmocka_unit_test(test_int_wrap),        cmocka_unit_test(test_int_avg),
+        cmocka_unit_test(test_nan_minmax),      cmocka_unit_test(test_float_exact),
+        cmocka_unit_test(test_args_and_impl),   cmocka_unit_test(test_first_nonfinite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,6 +29,7 @@
 #include "kernels/cpu/reduce.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,6 +45,8 @@ typedef struct {
     int n;                /* ranks */
     const void **in;      /* [n] */
     void **out;           /* [n] */
+    uint64_t *first_bad;  /* --nan-check: [n] lowest index of a NaN or infinity in each rank's
+                             input (UINT64_MAX: none), atomic; NULL: no check */
 } colld_host_job_t;
 
 typedef struct colld_host_pool colld_host_pool_t;
@@ -78,6 +81,21 @@ static void copy_to_all(const char *src, char *const *dst, int n, size_t offset,
     }
 }
 
+/* --nan-check: note the first non-finite element among `len` of every rank's input from element
+ * `base` (each chunk looks at what it is about to reduce, while it is in cache). */
+static void check_finite(const colld_host_job_t *job, const void *const *in, uint64_t base, uint64_t len)
+{
+    for (int r = 0; r < job->n; r++) {
+        size_t i = colld_cpu_first_nonfinite(job->dtype, in[r], (size_t)len);
+        if (i == len)
+            continue;
+        uint64_t at = base + i, cur = __atomic_load_n(&job->first_bad[r], __ATOMIC_RELAXED);
+        while (at < cur &&
+               !__atomic_compare_exchange_n(&job->first_bad[r], &cur, at, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            ;
+    }
+}
+
 /* Run elements [first, first+len) of segment `seg` of a job. */
 static colld_status_t run_range(const colld_host_job_t *job, uint64_t seg, uint64_t first, uint64_t len)
 {
@@ -91,6 +109,8 @@ static colld_status_t run_range(const colld_host_job_t *job, uint64_t seg, uint6
             in[r] = (const char *)job->in[r] + first * es;
             out[r] = (char *)job->out[r] + first * es;
         }
+        if (job->first_bad)
+            check_finite(job, in, first, len);
         return colld_cpu_reduce(job->dtype, job->op, in, n, out, n, (size_t)len);
     case COLLD_KIND_REDUCE:
     case COLLD_KIND_REDUCESCATTER: {
@@ -99,6 +119,8 @@ static colld_status_t run_range(const colld_host_job_t *job, uint64_t seg, uint6
         for (int r = 0; r < n; r++)
             in[r] = (const char *)job->in[r] + base * es;
         out[0] = (char *)job->out[dst] + first * es;
+        if (job->first_bad)
+            check_finite(job, in, base, len);
         return colld_cpu_reduce(job->dtype, job->op, in, n, out, 1, (size_t)len);
     }
     case COLLD_KIND_BROADCAST:
@@ -279,6 +301,7 @@ static colld_status_t colld_host_pool_run(colld_host_pool_t *p, const colld_host
 typedef struct {
     colld_host_pool_t *pool;
     colld_coll_t *batch;
+    bool nan_check; /* --nan-check (the configuration, read at start) */
 } host_t;
 
 /* Start the pool: --workers threads, the engine's own included. */
@@ -291,6 +314,7 @@ static int host_start(colld_backend_t *b)
         free(h);
         return -1;
     }
+    h->nan_check = d->cfg.nan_check;
     b->state = h;
     b->present = true;
     return 0;
@@ -322,15 +346,47 @@ static void host_submit(colld_backend_t *b, colld_coll_t *k)
     h->batch = k;
 }
 
+/* Whether a collective's inputs are checked for NaN and infinities: --nan-check, a reduction, a
+ * floating-point dtype. */
+static bool checks_finite(const host_t *h, const colld_wire_sqe_t *a)
+{
+    return h->nan_check && colld_kind_has_op(a->kind) &&
+           (a->dtype == COLLD_FLOAT16 || a->dtype == COLLD_BFLOAT16 || a->dtype == COLLD_FLOAT32 ||
+            a->dtype == COLLD_FLOAT64);
+}
+
+/* The verdict of --nan-check: COLLD_ERR_NUMERIC naming every rank whose input held a NaN or an
+ * infinity (its first one, by index and kind) in k->why; COLLD_OK when none did. */
+static colld_status_t finite_verdict(colld_coll_t *k, const colld_host_job_t *job)
+{
+    int off = 0, bad = 0;
+    size_t es = colld_dtype_size(job->dtype);
+    for (int r = 0; r < job->n && off < (int)sizeof(k->why) - 80; r++) {
+        if (job->first_bad[r] == UINT64_MAX)
+            continue;
+        const char *elem = (const char *)job->in[r] + job->first_bad[r] * es;
+        off += snprintf(k->why + off, sizeof(k->why) - (size_t)off, "%srank %d contributed %s at element %llu",
+                        bad++ ? "; " : "", r, colld_cpu_nonfinite_name(job->dtype, elem),
+                        (unsigned long long)job->first_bad[r]);
+    }
+    if (!bad)
+        return COLLD_OK;
+    off += snprintf(k->why + off, sizeof(k->why) - (size_t)off, " (%s %s, --nan-check)",
+                    colld_kind_name(k->ops[0]->d.kind), colld_dtype_name(job->dtype));
+    return COLLD_ERR_NUMERIC;
+}
+
 /* Run one matched collective on the pool (lock not held). */
 static colld_status_t execute(host_t *h, colld_coll_t *k)
 {
     int n = k->comm->nranks;
     const void *in[COLLD_MAX_RANKS];
     void *out[COLLD_MAX_RANKS];
+    uint64_t first_bad[COLLD_MAX_RANKS];
     for (int r = 0; r < n; r++) {
         in[r] = k->ops[r]->send_ptr;
         out[r] = k->ops[r]->recv_ptr;
+        first_bad[r] = UINT64_MAX;
     }
     const colld_wire_sqe_t *a = &k->ops[0]->d;
     colld_host_job_t job = {
@@ -342,8 +398,10 @@ static colld_status_t execute(host_t *h, colld_coll_t *k)
         .n = n,
         .in = in,
         .out = out,
+        .first_bad = checks_finite(h, a) ? first_bad : NULL,
     };
-    return colld_host_pool_run(h->pool, &job);
+    colld_status_t st = colld_host_pool_run(h->pool, &job);
+    return st == COLLD_OK && job.first_bad ? finite_verdict(k, &job) : st;
 }
 
 /* Run the batch (engine thread, lock not held); each collective keeps its status and times. */
@@ -360,13 +418,18 @@ static bool host_run_unlocked(colld_backend_t *b)
     return true;
 }
 
-/* Post the batch's results (lock held). */
+/* Post the batch's results (lock held). A collective refused by --nan-check breaks its
+ * communicator with the verdict, so that every rank (and every later operation) learns it. */
 static void host_after_run(colld_backend_t *b)
 {
     host_t *h = b->state;
     while (h->batch) {
         colld_coll_t *k = h->batch;
         h->batch = k->next;
+        if (k->status == COLLD_ERR_NUMERIC) {
+            LOG_WARN(ENGINE, "communicator %llu: %s", (unsigned long long)k->comm->id, k->why);
+            colld_comm_break(b->d, k->comm, k->status, -1, k->why);
+        }
         colld_engine_finish(b->d, k);
     }
 }
