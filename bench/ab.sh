@@ -5,7 +5,9 @@
 #   bench/ab.sh [--rounds R] [--nranks N] [--b-daemon-arg ARG]... BUILD_A BUILD_B
 #
 # With --b-daemon-arg (repeatable), B's daemons get that option too: one build against itself with
-# an option on and off (e.g. --b-daemon-arg --nan-check build build; issue 18).
+# an option on and off (e.g. --b-daemon-arg --nan-check build build; issue 18); colld-perf then
+# runs with --finite and max instead of sum on both sides (inputs never NaN or infinite, and the
+# in-place calls, which colld-perf also times, never sum their way to an infinity).
 # BUILD_A and BUILD_B are CMake build directories of the same configuration (server/colld and
 # tools/colld-perf built in each; e.g. main's in /tmp/build-main and this branch's in build/).
 # Each round runs both builds, in alternating order (A B, then B A, ...), so that drift of a
@@ -25,6 +27,7 @@ set -euo pipefail
 rounds=15
 nranks=2
 b_args=()
+
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
@@ -37,6 +40,8 @@ while [ $# -gt 0 ]; do
 done
 [ $# = 2 ] || { echo "ab.sh: needs BUILD_A and BUILD_B (see --help)" >&2; exit 2; }
 builds=("$1" "$2")
+perf_args=(-o sum)
+[ ${#b_args[@]} = 0 ] || perf_args=(--finite -o max)
 for b in "${builds[@]}"; do
   [ -x "$b/server/colld" ] && [ -x "$b/tools/colld-perf" ] ||
     { echo "ab.sh: $b has no server/colld and tools/colld-perf" >&2; exit 2; }
@@ -63,7 +68,7 @@ start_daemon() {
 # perf BUILD CASE BYTES ITERS WARMUP: appends "CASE time_us busbw_gbs" to $run/<A|B>.txt
 perf() {
   local b=$1 tag=$2 case=$3 bytes=$4 n=$5 w=$6 out
-  out=$("$b/tools/colld-perf" --socket "$run/s.sock" -p "$nranks" -t allreduce -d float -o sum -z 1 -c 0 \
+  out=$("$b/tools/colld-perf" --socket "$run/s.sock" -p "$nranks" -t allreduce -d float -z 1 -c 0 "${perf_args[@]}" \
     -b "$bytes" -e "$bytes" -n "$n" -w "$w" --json)
   python3 -c 'import json, sys
 r = json.loads(sys.stdin.read())["rows"][0]["out_of_place"]

@@ -211,6 +211,8 @@ static void usage(FILE *f)
             "      --timeout-ms MS     communicator timeout (default %d)\n"
             "      --attach-bench REPS time connect + join of an NRANKS communicator REPS times\n"
             "      --json              print one JSON object instead of the table\n"
+            "      --finite            inputs are small integers (never NaN or infinite), for a\n"
+            "                          daemon with --nan-check\n"
             "Ranks on several daemons (hosts), one process per rank started by you:\n"
             "      --make-uid          print a new unique id (hex) of the daemon at --socket (one\n"
             "                          started with --listen) and hold it: the daemon forgets it when\n"
@@ -283,8 +285,17 @@ static unsigned parse_names(const char *opt, const char *s, const char *const *n
 }
 
 enum {
-    OPT_SOCKET = 256, OPT_JSON, OPT_COLLD, OPT_TIMEOUT, OPT_ATTACH, OPT_RANK, OPT_MAKE_UID, OPT_JOIN, OPT_JOIN_RANK,
-    OPT_VERSION
+    OPT_SOCKET = 256,
+    OPT_JSON,
+    OPT_COLLD,
+    OPT_TIMEOUT,
+    OPT_ATTACH,
+    OPT_RANK,
+    OPT_MAKE_UID,
+    OPT_JOIN,
+    OPT_JOIN_RANK,
+    OPT_VERSION,
+    OPT_FINITE
 };
 
 /* A unique id as lowercase hex, 2 digits per byte (the integration tests' format). */
@@ -318,19 +329,30 @@ static void parse_options(int argc, char **argv, opts_t *o)
                    .nranks = 2, .timeout_ms = DEFAULT_TIMEOUT_MS, .kinds = 1u << K_ALLREDUCE,
                    .dtypes = 1u << COLLD_FLOAT32, .ops = 1u << COLLD_SUM, .rank = -1 };
     static const struct option longs[] = {
-        { "collective", required_argument, NULL, 't' },   { "nranks", required_argument, NULL, 'p' },
-        { "minbytes", required_argument, NULL, 'b' },     { "maxbytes", required_argument, NULL, 'e' },
-        { "stepfactor", required_argument, NULL, 'f' },   { "iters", required_argument, NULL, 'n' },
-        { "warmup_iters", required_argument, NULL, 'w' }, { "check", required_argument, NULL, 'c' },
-        { "blocking", required_argument, NULL, 'z' },     { "datatype", required_argument, NULL, 'd' },
-        { "op", required_argument, NULL, 'o' },           { "root", required_argument, NULL, 'r' },
-        { "socket", required_argument, NULL, OPT_SOCKET }, { "json", no_argument, NULL, OPT_JSON },
-        { "colld", required_argument, NULL, OPT_COLLD },  { "timeout-ms", required_argument, NULL, OPT_TIMEOUT },
+        { "collective", required_argument, NULL, 't' },
+        { "nranks", required_argument, NULL, 'p' },
+        { "minbytes", required_argument, NULL, 'b' },
+        { "maxbytes", required_argument, NULL, 'e' },
+        { "stepfactor", required_argument, NULL, 'f' },
+        { "iters", required_argument, NULL, 'n' },
+        { "warmup_iters", required_argument, NULL, 'w' },
+        { "check", required_argument, NULL, 'c' },
+        { "blocking", required_argument, NULL, 'z' },
+        { "datatype", required_argument, NULL, 'd' },
+        { "op", required_argument, NULL, 'o' },
+        { "root", required_argument, NULL, 'r' },
+        { "socket", required_argument, NULL, OPT_SOCKET },
+        { "json", no_argument, NULL, OPT_JSON },
+        { "colld", required_argument, NULL, OPT_COLLD },
+        { "timeout-ms", required_argument, NULL, OPT_TIMEOUT },
         { "attach-bench", required_argument, NULL, OPT_ATTACH },
-        { "make-uid", no_argument, NULL, OPT_MAKE_UID },  { "join", required_argument, NULL, OPT_JOIN },
+        { "make-uid", no_argument, NULL, OPT_MAKE_UID },
+        { "join", required_argument, NULL, OPT_JOIN },
         { "rank", required_argument, NULL, OPT_JOIN_RANK },
-        { "gpu", no_argument, NULL, 'G' },                { "help", no_argument, NULL, 'h' },
+        { "gpu", no_argument, NULL, 'G' },
+        { "help", no_argument, NULL, 'h' },
         { "version", no_argument, NULL, OPT_VERSION },
+        { "finite", no_argument, NULL, OPT_FINITE },
         { "internal-rank", required_argument, NULL, OPT_RANK }, /* set by the launcher */
         { NULL, 0, NULL, 0 },
     };
@@ -371,6 +393,9 @@ static void parse_options(int argc, char **argv, opts_t *o)
         case 'G': o->gpu = true; break;
         case 'h': usage(stdout); exit(0);
         case OPT_VERSION: printf(PROG " %s\n", COLLD_VERSION_STRING); exit(0);
+        case OPT_FINITE:
+            o->finite = true;
+            break;
         case ':': die_usage("option '%s' needs a value", argv[optind - 1]);
         default: die_usage("unknown option '%s'", argv[optind - 1]);
         }
@@ -1020,7 +1045,7 @@ static int rank_main(const opts_t *o, colld_unique_id_t id)
                 colld_status_name(st));
         goto out_comm;
     }
-    if (ref_alloc(&R.ref, R.n, o->join) < 0) {
+    if (ref_alloc(&R.ref, R.n, o->join || o->finite) < 0) {
         fprintf(stderr, PROG ": rank %d: out of memory\n", R.rank);
         goto out_comm;
     }

@@ -22,6 +22,7 @@ typedef struct {
     int iters, warmup, check, blocking, root, nranks, timeout_ms, attach_reps;
     unsigned kinds, dtypes, ops; /* bit masks */
     bool json, make_uid, gpu;
+    bool finite; /* --finite: small-integer inputs (as --join's), never NaN or infinite */
     const char *socket, *colld;
     /* this process is one rank: set by the launcher (--internal-rank, id from a pipe) or by the
      * caller (--rank with --join, id from the command line) */
