@@ -97,6 +97,7 @@ static ncclResult_t to_nccl(colld_status_t st)
         return ncclInvalidArgument;
     case COLLD_ERR_INVALID_USAGE:
     case COLLD_ERR_NOT_SUPPORTED:
+    case COLLD_ERR_DEADLOCK: /* collectives of two communicators called in different orders */
     case COLLD_ERR_PERMISSION_DENIED:
         return ncclInvalidUsage;
     case COLLD_ERR_PEER_LOST:

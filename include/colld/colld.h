@@ -36,7 +36,8 @@
  *       New: colld_comm_split, colld_gather, colld_scatter, colld_alltoall, colld_barrier,
  *       per-operation completion (colld_comm_last_op, colld_op_query, colld_op_wait) (issue 16).
  *       New status COLLD_ERR_NUMERIC: a NaN or infinity in a reduction's input under the
- *       daemon's --nan-check (issue 18).
+ *       daemon's --nan-check (issue 18). New status COLLD_ERR_DEADLOCK: a cycle of ranks waiting
+ *       for each other across communicators, under the daemon's --deadlock-fail (issue 18).
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -94,14 +95,17 @@ extern "C" {
     X(ERR_INTERNAL, -17, "internal error in colld; please report it with the daemon log")                              \
     X(ERR_NUMERIC, -18,                                                                                                \
       "a rank contributed NaN or an infinity to a floating-point reduction (the "                                      \
-      "daemon's --nan-check); colld_comm_last_error names the rank and the element")
+      "daemon's --nan-check); colld_comm_last_error names the rank and the element")                                   \
+    X(ERR_DEADLOCK, -19,                                                                                               \
+      "ranks wait for each other in different communicators (they call their collectives in different "                \
+      "orders); colld_comm_last_error names the cycle")
 
 typedef enum {
 #define COLLD_STATUS_ENUM_(name, value, text) COLLD_##name = (value),
     COLLD_STATUS_LIST(COLLD_STATUS_ENUM_)
 #undef COLLD_STATUS_ENUM_
 } colld_status_t;
-#define COLLD_ERR_LAST COLLD_ERR_NUMERIC /* the lowest status value */
+#define COLLD_ERR_LAST COLLD_ERR_DEADLOCK /* the lowest status value */
 
 typedef enum {
     COLLD_INT8 = 0,

@@ -138,6 +138,14 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "on some rank, on every rank, with COLLD_ERR_NUMERIC naming the rank(s) and the first element; such "
       "communicators get no fast area (their small collectives go through the daemon)",
       OPT(nan_check), 0, 0 },
+    { "deadlock-ms", "COLLD_DEADLOCK_MS", COLLD_CFG_INT, "10000",
+      "report ranks that wait for each other across communicators (a cycle of collectives called in different "
+      "orders) once the cycle has lasted this long (ms; a log line and a deadlock event naming it); 0 = off",
+      OPT(deadlock_ms), 0, 86400000 },
+    { "deadlock-fail", "COLLD_DEADLOCK_FAIL", COLLD_CFG_BOOL, "false",
+      "and fail every communicator of such a cycle with COLLD_ERR_DEADLOCK (a process whose other thread would "
+      "still post can be taken for deadlocked: see docs/operations.md)",
+      OPT(deadlock_fail), 0, 0 },
     { "socket-mode", "COLLD_SOCKET_MODE", COLLD_CFG_STRING, "0660", "permission bits of both sockets, in octal",
       OPT(socket_mode_text), 0, 0 },
     { "drain-timeout-ms", "COLLD_DRAIN_TIMEOUT_MS", COLLD_CFG_INT, "0",

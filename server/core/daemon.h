@@ -117,6 +117,8 @@ typedef struct {
     int net_algo;           /* COLLD_NET_ALGO_* parsed from net_algo_text */
     uint64_t fast_path_bytes; /* per-rank inputs up to this run on the fast area (0: off) */
     bool nan_check;           /* --nan-check: reductions refuse NaN and infinite inputs */
+    int64_t deadlock_ms;      /* --deadlock-ms: a wait-for cycle this old is reported (0: off) */
+    bool deadlock_fail;       /* --deadlock-fail: and its communicators fail with COLLD_ERR_DEADLOCK */
     int64_t drain_timeout_ms; /* SIGTERM drains this long before stopping (0: stop at once) */
 } colld_daemon_config_t;
 
@@ -172,6 +174,7 @@ struct colld_session {
     uint64_t cq_head;     /* daemon's own copy */
     uint32_t in_flight;   /* accepted descriptors whose completion is not posted yet */
     bool cq_wait;         /* descriptors wait for completion space: cq.need_wakeup is set (engine.c) */
+    int dl_index;         /* its node in the deadlock check's graph (deadlock.c; engine thread) */
 
     colld_reg_t *regs;
     uint32_t next_reg_id;
@@ -341,6 +344,12 @@ struct colld_daemon {
     int wake_fd;              /* eventfd: control paths -> engine */
     colld_op_t *op_free;      /* recycled operation records (completion.c) */
     unsigned op_free_n;
+    /* cross-communicator deadlock detection (deadlock.c; engine thread, lock held) */
+    uint64_t dl_next_ns; /* the next look */
+    uint64_t dl_sig;     /* the cycle seen (0: none) and since when, unchanged */
+    uint64_t dl_since_ns;
+    bool dl_reported;
+    uint64_t deadlocks; /* cycles reported */
 
     /* what the daemon is composed of (backend.h) */
     colld_backend_t backends[COLLD_BACKEND_MAX];
@@ -535,6 +544,11 @@ bool colld_kind_has_op(unsigned kind);
 colld_coll_t *colld_match(colld_daemon_t *d, colld_dcomm_t *c);
 /* Fail a collective whose first rank arrived more than the timeout ago, naming the missing ranks.
  * Returns the next deadline (ns) among the waiting ones (lock held). */
+/* ---- deadlock.c ---- */
+/* Look for a cross-communicator wait-for cycle (at most every 100 ms); report it once it has lasted
+ * --deadlock-ms (and fail its communicators with --deadlock-fail). Returns when to look again (lock
+ * held). */
+uint64_t colld_deadlock_check(colld_daemon_t *d, uint64_t now);
 uint64_t colld_match_timeouts(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now);
 
 /* ---- engine.c: the progress engine ---- */

@@ -183,6 +183,9 @@ static int engine_pass(colld_daemon_t *d, uint64_t *next_deadline)
         work += drain_session(d, s);
     uint64_t now = colld_now_ns();
     uint64_t next = colld_comm_check_join_timeouts(d, now);
+    uint64_t look = colld_deadlock_check(d, now);
+    if (look < next)
+        next = look;
     for (int i = 0; i < d->nbackends; i++)
         if (d->backends[i].ops->progress)
             work += d->backends[i].ops->progress(&d->backends[i], now, &next);

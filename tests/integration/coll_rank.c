@@ -47,6 +47,9 @@
  *            are finite but for --poison R:I:nan|inf|-inf,... (element I of rank R's input); with
  *            --expect NAME the status must be NAME and the detail goes to stdout, else it must
  *            succeed. Then an int32 all-reduce (never checked) shows the communicator's state.
+ *   crossed  2 ranks, a second communicator (--uid2): rank 0 all-reduces on the first and waits,
+ *            rank 1 on the second and waits, so each waits for the other (a cross-communicator
+ *            deadlock); the status must be --expect's, whose detail goes to stdout.
  *   split    colld_comm_split: color rank % 2 (with 3 ranks or more the last rank passes
  *            COLLD_SPLIT_NOCOLOR and must get NULL), key nranks - rank (so each group is in reverse
  *            order); each rank checks its new rank and size, runs the matrix (as selected) on its
@@ -77,7 +80,7 @@
 static coll_pattern_fn pattern = colld_cpu_pattern;
 
 typedef struct {
-    const char *socket, *uid_hex, *mode, *expect, *sync_dir, *call, *checkpoints, *poison;
+    const char *socket, *uid_hex, *mode, *expect, *sync_dir, *call, *checkpoints, *poison, *uid2_hex;
     int nranks, rank, timeout_ms, iters, rotate, group_size, max_report;
     size_t chain_count;
     unsigned salt;
@@ -697,6 +700,39 @@ static int mode_nan(run_t *R)
     return 0;
 }
 
+static int mode_crossed(run_t *R)
+{
+    const args_t *a = R->a;
+    colld_unique_id_t id2;
+    colld_comm_t *second = NULL;
+    if (!a->uid2_hex || harness_uid_from_hex(a->uid2_hex, &id2) < 0 || R->n != 2 || !a->expect) {
+        fprintf(stderr, "rank %d: mode crossed needs --uid2, 2 ranks and --expect\n", R->rank);
+        return 2;
+    }
+    colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
+    cfg.timeout_ms = a->timeout_ms;
+    cfg.name = "crossed-2";
+    colld_status_t st = colld_comm_init_rank(R->c, &second, 2, id2, R->rank, &cfg);
+    if (st != COLLD_OK)
+        return status_fail(R, NULL, "joining the second communicator", st) ? 1 : 0;
+    colld_comm_t *mine = R->rank == 0 ? R->comm : second; /* rank 0 goes first in the first one */
+    float x[16] = { 0 };
+    st = colld_allreduce(x, x, 16, COLLD_FLOAT32, COLLD_SUM, mine, NULL);
+    if (st == COLLD_OK)
+        st = colld_comm_synchronize(mine);
+    int rc = 0;
+    if (strcmp(colld_status_name(st), a->expect) != 0) {
+        fprintf(stderr, "FAILED rank %d: %s, want %s: %s\n", R->rank, colld_status_name(st), a->expect,
+                colld_comm_last_error(mine));
+        rc = 1;
+    } else {
+        printf("rank %d: %s\n", R->rank, colld_comm_last_error(mine));
+        fflush(stdout);
+    }
+    colld_comm_destroy(second);
+    return rc;
+}
+
 static int mode_barrier(run_t *R)
 {
     const char *dir = R->a->sync_dir;
@@ -813,6 +849,8 @@ static int parse_args(int argc, char **argv, args_t *a)
             a->socket = v;
         else if (ARG("--uid"))
             a->uid_hex = v;
+        else if (ARG("--uid2"))
+            a->uid2_hex = v;
         else if (ARG("--nranks"))
             a->nranks = atoi(v);
         else if (ARG("--rank"))
@@ -945,6 +983,8 @@ int main(int argc, char **argv)
         rc = mode_ops(&R);
     else if (strcmp(a.mode, "nan") == 0)
         rc = mode_nan(&R);
+    else if (strcmp(a.mode, "crossed") == 0)
+        rc = mode_crossed(&R);
     else {
         fprintf(stderr, "coll_rank: unknown mode %s\n", a.mode);
         rc = 2;

@@ -381,6 +381,68 @@ static void test_nan_without_check(void **state)
     run_coll(*state, 3, extra);
 }
 
+/* Two ranks, two communicators, crossed (coll_rank.c mode crossed), under a daemon started with
+ * `extra`: each rank's status must be `expect` and its detail contain `want`. */
+static void run_crossed(harness_t *h, const char *timeout_ms, const char *expect, const char *want)
+{
+    char hex[2][HARNESS_UID_HEX_LEN], out[2][400], text[2048], rk[4];
+    pid_t p[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(harness_new_uid_hex(h, hex[i]), 0);
+    for (int r = 0; r < 2; r++) {
+        snprintf(rk, sizeof(rk), "%d", r);
+        snprintf(out[r], sizeof(out[r]), "%s/crossed-%d", h->dir, r);
+        const char *argv[] = { COLL_BIN,   "--socket", h->socket, "--uid", hex[0],   "--uid2",  hex[1],
+                               "--nranks", "2",        "--rank",  rk,      "--mode", "crossed", "--timeout-ms",
+                               timeout_ms, "--expect", expect,    "--out", out[r],   NULL };
+        assert_true((p[r] = harness_spawn(argv)) > 0);
+    }
+    double t0 = harness_now_ms();
+    assert_int_equal(harness_wait_all(p, 2, RUN_LIMIT_MS), 0);
+    print_message("both ranks got %s after %.0f ms\n", expect, harness_now_ms() - t0);
+    for (int r = 0; r < 2; r++) {
+        harness_read_file(out[r], text, sizeof(text));
+        print_message("%s", text);
+        assert_non_null(strstr(text, want));
+    }
+}
+
+/* Cross-communicator deadlock (issue 18) with --deadlock-fail: rank 0 waits in communicator A for
+ * rank 1, which waits in communicator B for rank 0; both fail with COLLD_ERR_DEADLOCK naming the
+ * cycle, long before their 120 s timeout. */
+static void test_deadlock_fails(void **state)
+{
+    harness_t *h = *state;
+    run_crossed(h, "120000", "COLLD_ERR_DEADLOCK", "deadlock across communicators: rank ");
+    char log[65536];
+    harness_read_file(h->log, log, sizeof(log));
+    assert_non_null(strstr(log, "deadlock across communicators"));
+}
+
+/* The default reports only: the cycle is logged (and an event), and the ranks get their
+ * communicators' timeout as before. */
+static void test_deadlock_reported(void **state)
+{
+    harness_t *h = *state;
+    run_crossed(h, "4000", "COLLD_ERR_TIMEOUT", "never arrived");
+    char log[65536];
+    harness_read_file(h->log, log, sizeof(log));
+    assert_non_null(strstr(log, "deadlock across communicators"));
+    assert_non_null(strstr(log, "'crossed-2'"));
+}
+
+static int setup_deadlock_fail(void **state)
+{
+    static const char *const extra[] = { "--deadlock-ms", "500", "--deadlock-fail", NULL };
+    return harness_test_setup_args(state, extra);
+}
+
+static int setup_deadlock_report(void **state)
+{
+    static const char *const extra[] = { "--deadlock-ms", "500", NULL };
+    return harness_test_setup_args(state, extra);
+}
+
 static int setup_nan_check(void **state)
 {
     static const char *const extra[] = { "--nan-check", NULL };
@@ -411,6 +473,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_per_op_completion, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_nan_check, setup_nan_check, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_nan_without_check, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_deadlock_fails, setup_deadlock_fail, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_deadlock_reported, setup_deadlock_report, harness_test_teardown),
     };
     return cmocka_run_group_tests_name("collectives", tests, NULL, NULL);
 }
