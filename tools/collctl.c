@@ -8,6 +8,7 @@
  *                                           | clear UID]
  *   collctl [--socket PATH] abort COMM [--reason TEXT]
  *   collctl [--socket PATH] peer disconnect NAME
+ *   collctl [--socket PATH] [--json] doctor [--since S] [--stuck-ms MS] [--straggler-ms MS]
  *
  * status lists sessions and communicators (with each one's slowest rank) and, on a multi-node
  * daemon (started with --listen), its node and peer daemons; trace prints a communicator's flight
@@ -20,7 +21,8 @@
  * is added. status --watch prints the status again every --interval seconds (default 2) until
  * interrupted (or --count times), reconnecting when the daemon restarts.
  */
-#include "client/client_internal.h"
+#include "tools/collctl.h"
+
 #include "common/util.h"
 #include "colld.pb-c.h"
 
@@ -33,8 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* The version of collctl's --json objects (the "schema_version" field of each). */
-#define JSON_SCHEMA_VERSION 1
+#define JSON_SCHEMA_VERSION COLLCTL_JSON_SCHEMA_VERSION
 
 static const char USAGE[] =
     "usage: collctl [--socket PATH] [--json] COMMAND [ARGS]\n"
@@ -65,6 +66,13 @@ static const char USAGE[] =
     "                             COLLD_ERR_ABORTED (admin, or the communicator's own user)\n"
     "  peer disconnect NAME       close the connections to peer daemon NAME (node name or address), as\n"
     "                             if its link broke; communicators spanning it fail (admin only)\n"
+    "  doctor [--since S] [--stuck-ms MS] [--straggler-ms MS]\n"
+    "                             what is wrong, on one screen: communicators stuck longer than MS\n"
+    "                             (default 1000) and the ranks they wait for, broken ones, peers not\n"
+    "                             up, stragglers lagging by MS (default 10), the faults of the last S\n"
+    "                             seconds (default 3600: time-outs, dead ranks, NaN contributors,\n"
+    "                             deadlock cycles), requests refused at limits; exit status 1 when a\n"
+    "                             problem was found\n"
     "\n"
     "Options:\n"
     "  --socket PATH  the daemon's socket (env COLLD_SOCKET; default /run/colld/colld.sock for root,\n"
@@ -74,7 +82,8 @@ static const char USAGE[] =
     "  --version      print the version and exit\n"
     "  -h, --help     this text\n"
     "\n"
-    "Exit status: 0 done, 1 the daemon refused or is unreachable, 2 bad command line.\n";
+    "Exit status: 0 done, 1 the daemon refused or is unreachable (doctor: or found a problem), 2 bad\n"
+    "command line.\n";
 
 /* Print a JSON string literal. */
 static void json_str(const char *s)
@@ -286,9 +295,8 @@ static void clean_message(ProtobufCMessage *m)
     }
 }
 
-/* One unary call of the admin session; prints the failure. Returns 0 or 1. */
-static int call(colld_client_t *c, const char *what, const char *method, ProtobufCMessage *req,
-                const ProtobufCMessageDescriptor *desc, ProtobufCMessage **resp)
+int collctl_call(colld_client_t *c, const char *what, const char *method, ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *desc, ProtobufCMessage **resp)
 {
     char detail[512] = "";
     colld_status_t st = colld__client_rpc(c, method, req, desc, COLLD_CLIENT_RPC_TIMEOUT_MS, resp, detail,
@@ -300,6 +308,23 @@ static int call(colld_client_t *c, const char *what, const char *method, Protobu
     }
     clean_message(*resp);
     return 0;
+}
+
+void collctl_clean_message(ProtobufCMessage *m)
+{
+    clean_message(m);
+}
+
+void collctl_json_str(const char *s)
+{
+    json_str(s);
+}
+
+/* The unary call of the commands in this file. */
+static int call(colld_client_t *c, const char *what, const char *method, ProtobufCMessage *req,
+                const ProtobufCMessageDescriptor *desc, ProtobufCMessage **resp)
+{
+    return collctl_call(c, what, method, req, desc, resp);
 }
 
 static int cmd_status(colld_client_t *c, int json)
@@ -850,7 +875,7 @@ int main(int argc, char **argv)
     limit_arg_t limits[MAX_LIMIT_ARGS];
     size_t nlimits = 0;
     int nargs = 0, json = 0, follow = 0, only_new = 0, watch = 0;
-    long long backlog = 0, max_timeout = -1, interval = 2, count = 0;
+    long long backlog = 0, max_timeout = -1, interval = 2, count = 0, since = 3600, stuck_ms = 1000, straggler_ms = 10;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--socket") == 0 && i + 1 < argc)
@@ -905,6 +930,15 @@ int main(int argc, char **argv)
                     return 2;
                 }
             limits[nlimits++] = l;
+        } else if (strcmp(a, "--since") == 0) {
+            if (parse_uint(a, i + 1 < argc ? argv[++i] : NULL, 86400LL * 365, &since) < 0)
+                return 2;
+        } else if (strcmp(a, "--stuck-ms") == 0) {
+            if (parse_uint(a, i + 1 < argc ? argv[++i] : NULL, 86400000, &stuck_ms) < 0)
+                return 2;
+        } else if (strcmp(a, "--straggler-ms") == 0) {
+            if (parse_uint(a, i + 1 < argc ? argv[++i] : NULL, 86400000, &straggler_ms) < 0)
+                return 2;
         } else if (strcmp(a, "--reason") == 0 && i + 1 < argc)
             reason = argv[++i];
         else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -928,7 +962,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "collctl: --watch goes with status only\n");
         return 2;
     }
-    if (strcmp(cmd, "status") == 0 || strcmp(cmd, "events") == 0) {
+    if (strcmp(cmd, "status") == 0 || strcmp(cmd, "events") == 0 || strcmp(cmd, "doctor") == 0) {
         if (nargs != 1)
             goto usage;
     } else if (strcmp(cmd, "trace") == 0 || strcmp(cmd, "abort") == 0) {
@@ -981,6 +1015,8 @@ int main(int argc, char **argv)
         rc = cmd_abort(c, comm, reason);
     else if (strcmp(cmd, "peer") == 0)
         rc = cmd_peer_disconnect(c, args[2]);
+    else if (strcmp(cmd, "doctor") == 0)
+        rc = collctl_doctor(c, json, since, stuck_ms, straggler_ms);
     else if (policy_mode == 0)
         rc = cmd_policy_show(c, json);
     else

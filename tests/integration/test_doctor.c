@@ -1,0 +1,201 @@
+/*
+ * test_doctor.c - `collctl doctor` (issue 18 item 4) against real faults on a real daemon: a
+ * healthy daemon (exit 0), a stuck job (a rank that never posts: named with its pid), a NaN
+ * contributor (--nan-check), a cross-communicator deadlock (the cycle from the event backlog) and
+ * a straggler; each time the doctor names the culprit and exits 1 on a problem.
+ */
+#include "tests/integration/harness.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Run collctl doctor (extra options after it); its output in out, its exit status returned. */
+static int doctor(harness_t *h, char *out, size_t len, const char *o1, const char *o2)
+{
+    const char *argv[] = { COLLCTL_BIN, "--socket", h->socket, "doctor", o1, o2, NULL };
+    return harness_capture(argv, out, len, 20000);
+}
+
+/* A rank of colld-test-rank (hang mode, a communicator named "stuck") with the given extras. */
+static pid_t hang_rank(harness_t *h, const char *hex, int rank, const char *const *extra)
+{
+    char rk[8];
+    snprintf(rk, sizeof(rk), "%d", rank);
+    const char *argv[32] = { RANK_BIN, "--socket", h->socket, "--uid",  hex,     "--nranks",     "2",    "--rank",
+                             rk,       "--mode",   "hang",    "--name", "stuck", "--timeout-ms", "60000" };
+    int n = 15;
+    for (int i = 0; extra[i] && n < 31; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    return harness_spawn(argv);
+}
+
+/* Nothing wrong: exit 0 and it says so. */
+static void test_healthy(void **state)
+{
+    harness_t *h = *state;
+    char out[8192];
+    assert_int_equal(doctor(h, out, sizeof(out), NULL, NULL), 0);
+    printf("%s", out);
+    assert_non_null(strstr(out, "no problems found"));
+}
+
+/* Rank 1 joins and never posts: the doctor names the communicator, the collective and rank 1 with
+ * its pid; after an abort, the broken communicator and the abort are what it names. */
+static void test_stuck_job(void **state)
+{
+    harness_t *h = *state;
+    char hex[HARNESS_UID_HEX_LEN], out[16384], ready[2][400], want[128];
+    assert_int_equal(harness_new_uid_hex(h, hex), 0);
+    for (int r = 0; r < 2; r++)
+        snprintf(ready[r], sizeof(ready[r]), "%s/ready-%d", h->dir, r);
+    const char *waiter[] = { "--expect", "COLLD_ERR_ABORTED", "--ready-file", ready[0], NULL };
+    const char *silent[] = { "--no-post", "--ready-file", ready[1], NULL };
+    pid_t p[2] = { hang_rank(h, hex, 0, waiter), hang_rank(h, hex, 1, silent) };
+    assert_int_equal(harness_wait_file(ready[0], 30000), 0);
+    assert_int_equal(harness_wait_file(ready[1], 30000), 0);
+    snprintf(want, sizeof(want), "rank(s) 1 (pid %d) never posted it", (int)p[1]);
+    int rc = 0;
+    for (int i = 0; i < 100; i++) { /* until rank 0 has waited 200 ms (and recorded it) */
+        rc = doctor(h, out, sizeof(out), "--stuck-ms", "200");
+        if (strstr(out, want))
+            break;
+        usleep(100000);
+    }
+    printf("%s", out);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, "PROBLEM stuck"));
+    assert_non_null(strstr(out, "'stuck' (2 ranks) has waited"));
+    assert_non_null(strstr(out, want));
+
+    const char *abort_argv[] = { COLLCTL_BIN, "--socket", h->socket, "abort", "1", "--reason", "doctor test", NULL };
+    assert_int_equal(harness_capture(abort_argv, out, sizeof(out), 10000), 0);
+    assert_int_equal(harness_wait_all(p, 2, 30000), 0);
+    assert_int_equal(doctor(h, out, sizeof(out), NULL, NULL), 1);
+    printf("%s", out);
+    assert_non_null(strstr(out, "abort: communicator 1 'stuck'"));
+    assert_non_null(strstr(out, "doctor test"));
+}
+
+/* --nan-check: rank 1's NaN makes the all-reduce fail; the doctor names rank 1 and the element. */
+static void test_nan_contributor(void **state)
+{
+    harness_t *h = *state;
+    char hex[HARNESS_UID_HEX_LEN], out[16384];
+    assert_int_equal(harness_new_uid_hex(h, hex), 0);
+    pid_t p[2];
+    for (int r = 0; r < 2; r++) {
+        const char *argv[] = { COLL_BIN,  "--socket", h->socket,           "--uid",  hex,   "--nranks",
+                               "2",       "--rank",   r ? "1" : "0",       "--mode", "nan", "--poison",
+                               "1:7:nan", "--expect", "COLLD_ERR_NUMERIC", NULL };
+        assert_true((p[r] = harness_spawn(argv)) > 0);
+    }
+    assert_int_equal(harness_wait_all(p, 2, 60000), 0);
+    assert_int_equal(doctor(h, out, sizeof(out), NULL, NULL), 1);
+    printf("%s", out);
+    assert_non_null(strstr(out, "PROBLEM nan"));
+    assert_non_null(strstr(out, "rank 1 contributed NaN at element 7"));
+}
+
+/* Two ranks call two communicators' collectives in crossed order: the daemon (report only) logs
+ * the cycle as an event; after the ranks' time-outs the doctor shows the cycle and the time-outs. */
+static void test_deadlock_cycle(void **state)
+{
+    harness_t *h = *state;
+    char hex[2][HARNESS_UID_HEX_LEN], out[16384];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(harness_new_uid_hex(h, hex[i]), 0);
+    pid_t p[2];
+    for (int r = 0; r < 2; r++) {
+        const char *argv[] = { COLL_BIN,
+                               "--socket",
+                               h->socket,
+                               "--uid",
+                               hex[0],
+                               "--uid2",
+                               hex[1],
+                               "--nranks",
+                               "2",
+                               "--rank",
+                               r ? "1" : "0",
+                               "--mode",
+                               "crossed",
+                               "--timeout-ms",
+                               "3000",
+                               "--expect",
+                               "COLLD_ERR_TIMEOUT",
+                               NULL };
+        assert_true((p[r] = harness_spawn(argv)) > 0);
+    }
+    assert_int_equal(harness_wait_all(p, 2, 60000), 0);
+    char json[16384];
+    const char *argv[] = { COLLCTL_BIN, "--socket", h->socket, "--json", "doctor", NULL };
+    assert_int_equal(harness_capture(argv, json, sizeof(json), 20000), 1);
+    assert_int_equal(doctor(h, out, sizeof(out), NULL, NULL), 1);
+    printf("%s", out);
+    assert_non_null(strstr(out, "PROBLEM deadlock"));
+    assert_non_null(strstr(out, "deadlock across communicators: rank "));
+    assert_non_null(strstr(out, "'crossed-2'"));
+    assert_non_null(strstr(out, "PROBLEM timeout"));
+    assert_non_null(strstr(json, "{\"schema_version\":1,"));
+    assert_non_null(strstr(json, "\"severity\":\"problem\",\"what\":\"deadlock\""));
+}
+
+/* Rank 1 posts every all-reduce 30 ms late: a warning naming it, and no problem (exit 0). */
+static void test_straggler(void **state)
+{
+    harness_t *h = *state;
+    char hex[HARNESS_UID_HEX_LEN], out[16384], stop[400], done[2][400], want[128];
+    assert_int_equal(harness_new_uid_hex(h, hex), 0);
+    snprintf(stop, sizeof(stop), "%s/stop", h->dir);
+    pid_t p[2];
+    for (int r = 0; r < 2; r++) {
+        snprintf(done[r], sizeof(done[r]), "%s/done-%d", h->dir, r);
+        const char *argv[] = {
+            RANK_BIN,      "--socket",      h->socket,      "--uid",       hex,  "--nranks",    "2",     "--rank",
+            r ? "1" : "0", "--name",        "slowpoke",     "--iters",     "5",  "--counts",    "1000",  "--only",
+            "inplace",     "--straggle-ms", r ? "30" : "0", "--stop-file", stop, "--done-file", done[r], NULL
+        };
+        assert_true((p[r] = harness_spawn(argv)) > 0);
+    }
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(harness_wait_file(done[r], 30000), 0);
+    assert_int_equal(doctor(h, out, sizeof(out), NULL, NULL), 0);
+    printf("%s", out);
+    snprintf(want, sizeof(want), "'slowpoke': rank 1 (pid %d) is the slowest", (int)p[1]);
+    assert_non_null(strstr(out, "warning straggler"));
+    assert_non_null(strstr(out, want));
+    FILE *f = fopen(stop, "w");
+    if (f)
+        fclose(f);
+    assert_int_equal(harness_wait_all(p, 2, 30000), 0);
+}
+
+static int setup_checks(void **state)
+{
+    static const char *const extra[] = { "--nan-check", "--deadlock-ms", "300", NULL };
+    return harness_test_setup_args(state, extra);
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    if (argc > 1) /* only the tests whose names match (cmocka's filter, * as a wildcard) */
+        cmocka_set_test_filter(argv[1]);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_healthy, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_stuck_job, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_nan_contributor, setup_checks, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_deadlock_cycle, setup_checks, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_straggler, harness_test_setup, harness_test_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

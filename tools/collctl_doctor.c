@@ -1,0 +1,295 @@
+/*
+ * collctl_doctor.c - `collctl doctor`: one screen that says what is wrong with the jobs on this
+ * host and who is guilty, from what the daemon already knows (issue 18 item 4):
+ *
+ *   - communicators stuck in a collective (waiting longer than --stuck-ms, default 1 s): the
+ *     collective, and the ranks that never posted it, with pid and node;
+ *   - broken communicators and the first fault of each;
+ *   - peer daemons that are not up;
+ *   - stragglers: the slowest rank of a communicator, if it lags by --straggler-ms;
+ *   - recent faults from the event backlog (the last --since seconds, default 3600): time-outs,
+ *     dead peers, mismatches, aborts, NaN contributors (--nan-check), deadlock cycles;
+ *   - requests refused at per-tenant limits.
+ *
+ * Each finding is a problem (something failed or hangs) or a warning (something is slow or was
+ * refused). Exit status 0 when there is no problem, 1 when there is one (or the daemon is
+ * unreachable), 2 for a bad command line. --json prints one object with every finding.
+ */
+#include "tools/collctl.h"
+
+#include "common/util.h"
+#include "colld.pb-c.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_FINDINGS 256
+#define MAX_FAULT_EVENTS 12 /* the most recent ones shown; the others counted */
+
+typedef struct {
+    bool problem; /* else a warning */
+    char what[24];
+    char text[768];
+} finding_t;
+
+typedef struct {
+    finding_t f[MAX_FINDINGS];
+    int n, problems, warnings, dropped;
+} report_t;
+
+__attribute__((format(printf, 4, 5))) static void add(report_t *r, bool problem, const char *what, const char *fmt, ...)
+{
+    if (r->n == MAX_FINDINGS) {
+        r->dropped++;
+        return;
+    }
+    finding_t *f = &r->f[r->n++];
+    f->problem = problem;
+    colld_strlcpy(f->what, what, sizeof(f->what)); /* copied: it may be an event's, freed next */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(f->text, sizeof(f->text), fmt, ap);
+    va_end(ap);
+    if (problem)
+        r->problems++;
+    else
+        r->warnings++;
+}
+
+static int64_t now_unix_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* The node a rank lives on, for a communicator spanning nodes ("" on this one). */
+static const char *node_of(const Colld__V1__CommInfo *ci, int rank)
+{
+    for (size_t m = 0; m < ci->n_members; m++)
+        if (ci->members[m]->rank == rank && ci->members[m]->node && *ci->members[m]->node)
+            return ci->members[m]->node;
+    return "";
+}
+
+/* A ready communicator: the collective it waits for, if it has waited longer than stuck_ms, with
+ * the ranks that never posted it. */
+static void check_stuck(colld_client_t *c, report_t *r, const Colld__V1__CommInfo *ci, int64_t stuck_ms)
+{
+    Colld__V1__TraceRequest req = COLLD__V1__TRACE_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    colld__client_session_ref(c, &ref);
+    req.session = &ref;
+    req.comm_id = ci->id;
+    Colld__V1__TraceResponse *t = NULL;
+    if (collctl_call(c, "trace", "/colld.v1.Colld/Trace", &req.base, &colld__v1__trace_response__descriptor,
+                     (ProtobufCMessage **)&t))
+        return;
+    const Colld__V1__TraceEntry *e = t->n_entries ? t->entries[t->n_entries - 1] : NULL;
+    int64_t waited_ms = e ? (now_unix_us() - e->first_arrival_unix_us) / 1000 : 0;
+    if (e && e->status == COLLD_INPROGRESS && waited_ms >= stuck_ms) {
+        char absent[512] = "";
+        int off = 0, missing = 0;
+        for (size_t k = 0; k < e->n_arrival_us && off < (int)sizeof(absent) - 64; k++) {
+            if (e->arrival_us[k] >= 0)
+                continue;
+            int pid = 0;
+            for (size_t s = 0; s < t->n_ranks; s++)
+                if (t->ranks[s]->rank == (int)k)
+                    pid = t->ranks[s]->pid;
+            const char *node = node_of(ci, (int)k);
+            off += snprintf(absent + off, sizeof(absent) - (size_t)off, "%s%zu (pid %d%s%s)", missing++ ? ", " : "", k,
+                            pid, *node ? ", node " : "", node);
+        }
+        add(r, true, "stuck",
+            "communicator %llu '%s' (%d ranks) has waited %lld ms in collective #%llu %s(%s, count %llu)%s%s%s",
+            (unsigned long long)ci->id, ci->name, ci->nranks, (long long)waited_ms, (unsigned long long)e->seq, e->kind,
+            e->dtype, (unsigned long long)e->count, missing ? ": rank(s) " : "", absent,
+            missing ? " never posted it" : " (every rank posted it; it has not completed)");
+    }
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+}
+
+/* Communicators, peers, stragglers (the Status RPC). */
+static int check_status(colld_client_t *c, report_t *r, int64_t stuck_ms, int64_t straggler_ms, char *head,
+                        size_t head_len)
+{
+    Colld__V1__StatusRequest req = COLLD__V1__STATUS_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    colld__client_session_ref(c, &ref);
+    req.session = &ref;
+    Colld__V1__StatusResponse *s = NULL;
+    if (collctl_call(c, "status", "/colld.v1.Colld/Status", &req.base, &colld__v1__status_response__descriptor,
+                     (ProtobufCMessage **)&s))
+        return -1;
+    snprintf(head, head_len, "colld %s, pid %d, up %lld s: %zu session(s), %zu communicator(s)%s%s%s",
+             s->daemon_version, s->pid, (long long)((now_unix_us() / 1000 - s->started_unix_ms) / 1000), s->n_sessions,
+             s->n_comms, *s->node_name ? ", node " : "", s->node_name, s->n_peers ? " with peers" : "");
+    for (size_t i = 0; i < s->n_peers; i++) {
+        const Colld__V1__PeerInfo *p = s->peers[i];
+        if (strcmp(p->state, "up") != 0)
+            add(r, true, "peer", "peer daemon %s (%s) is %s%s%s", p->name, p->addr, p->state,
+                *p->last_error ? ": " : "", p->last_error);
+    }
+    for (size_t i = 0; i < s->n_comms; i++) {
+        const Colld__V1__CommInfo *ci = s->comms[i];
+        if (strcmp(ci->state, "broken") == 0)
+            add(r, true, "broken", "communicator %llu '%s' (%d ranks) is broken: %s", (unsigned long long)ci->id,
+                ci->name, ci->nranks, *ci->last_error ? ci->last_error : "(no detail)");
+        else if (strcmp(ci->state, "joining") == 0)
+            add(r, false, "joining", "communicator %llu '%s': %d of %d ranks joined so far", (unsigned long long)ci->id,
+                ci->name, ci->joined, ci->nranks);
+        else if (strcmp(ci->state, "ready") == 0)
+            check_stuck(c, r, ci, stuck_ms);
+        for (size_t m = 0; ci->slowest_rank >= 0 && m < ci->n_members; m++) {
+            const Colld__V1__CommMemberInfo *mi = ci->members[m];
+            if (mi->rank == ci->slowest_rank && mi->mean_late_us >= (uint64_t)straggler_ms * 1000)
+                add(r, false, "straggler",
+                    "communicator %llu '%s': rank %d (pid %d%s%s) is the slowest, on average %.1f ms behind the "
+                    "first rank (worst %.1f ms, %llu collectives)",
+                    (unsigned long long)ci->id, ci->name, mi->rank, mi->pid, *mi->node ? ", node " : "", mi->node,
+                    (double)mi->mean_late_us / 1000, (double)mi->max_late_us / 1000, (unsigned long long)mi->samples);
+        }
+    }
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+    return 0;
+}
+
+/* What an event with a failed status says about the culprit. */
+static const char *fault_what(const Colld__V1__Event *e)
+{
+    if (e->status == COLLD_ERR_NUMERIC)
+        return "nan";
+    if (e->status == COLLD_ERR_DEADLOCK || strcmp(e->type, "deadlock") == 0)
+        return "deadlock";
+    return e->type;
+}
+
+/* Recent faults from the event backlog (the last since_s seconds), most recent last. */
+static void check_events(colld_client_t *c, report_t *r, int64_t since_s)
+{
+    Colld__V1__Event *kept[MAX_FAULT_EVENTS];
+    int nkept = 0, more = 0;
+    Colld__V1__EventsRequest req = COLLD__V1__EVENTS_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    colld__client_session_ref(c, &ref);
+    req.session = &ref;
+    colld_rpc_stream_t *st = NULL;
+    if (colld_rpc_stream_open(c->rpc, "/colld.v1.Colld/Events", &req.base, &colld__v1__event__descriptor,
+                              COLLD_CLIENT_RPC_TIMEOUT_MS, &st) != GRPC_STATUS_OK) {
+        add(r, false, "events", "the event backlog could not be read");
+        return;
+    }
+    int64_t from = now_unix_us() - since_s * 1000000;
+    for (;;) {
+        ProtobufCMessage *m = NULL;
+        grpc_status_code final = GRPC_STATUS_OK;
+        char details[256] = "";
+        if (colld_rpc_stream_next(st, &m, &final, details, sizeof(details)) != 0)
+            break;
+        collctl_clean_message(m);
+        Colld__V1__Event *e = (Colld__V1__Event *)m;
+        bool fault = e->status != COLLD_OK && strcmp(e->type, "comm_destroyed") != 0 &&
+                     strcmp(e->type, "session_detached") != 0 && e->unix_us >= from;
+        if (!fault) {
+            protobuf_c_message_free_unpacked(m, NULL);
+            continue;
+        }
+        if (nkept == MAX_FAULT_EVENTS) { /* keep the most recent */
+            protobuf_c_message_free_unpacked(&kept[0]->base, NULL);
+            memmove(kept, kept + 1, (MAX_FAULT_EVENTS - 1) * sizeof(kept[0]));
+            nkept--;
+            more++;
+        }
+        kept[nkept++] = e;
+    }
+    colld_rpc_stream_close(st);
+    if (more)
+        add(r, true, "faults", "%d earlier fault event(s) in the last %lld s (collctl events shows them all)", more,
+            (long long)since_s);
+    for (int i = 0; i < nkept; i++) {
+        const Colld__V1__Event *e = kept[i];
+        char when[32];
+        time_t t = (time_t)(e->unix_us / 1000000);
+        struct tm tm;
+        localtime_r(&t, &tm);
+        strftime(when, sizeof(when), "%H:%M:%S", &tm);
+        char who[64] = "";
+        if (e->rank >= 0)
+            snprintf(who, sizeof(who), ", rank %d (pid %d)", e->rank, e->pid);
+        add(r, true, fault_what(e), "%s %s: communicator %llu '%s'%s: %s: %s", when, e->type,
+            (unsigned long long)e->comm_id, e->comm_name, who, colld_status_name((colld_status_t)e->status), e->detail);
+        protobuf_c_message_free_unpacked(&kept[i]->base, NULL);
+    }
+}
+
+/* Requests refused at per-tenant limits since the daemon started. */
+static void check_limits(colld_client_t *c, report_t *r)
+{
+    Colld__V1__GetPolicyRequest req = COLLD__V1__GET_POLICY_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    colld__client_session_ref(c, &ref);
+    req.session = &ref;
+    Colld__V1__GetPolicyResponse *p = NULL;
+    if (collctl_call(c, "policy", "/colld.v1.Colld/GetPolicy", &req.base, &colld__v1__get_policy_response__descriptor,
+                     (ProtobufCMessage **)&p))
+        return;
+    for (size_t i = 0; i < p->n_defaults; i++)
+        if (p->defaults[i]->refused)
+            add(r, false, "quota",
+                "%llu request(s) refused at the per-tenant limit %s (default %llu; collctl policy "
+                "shows who holds what)",
+                (unsigned long long)p->defaults[i]->refused, p->defaults[i]->name,
+                (unsigned long long)p->defaults[i]->limit);
+    if (p->registrations_refused)
+        add(r, false, "quota", "%llu registration(s) refused at the daemon-wide backstop of %llu",
+            (unsigned long long)p->registrations_refused, (unsigned long long)p->max_registrations);
+    protobuf_c_message_free_unpacked(&p->base, NULL);
+}
+
+int collctl_doctor(colld_client_t *c, int json, int64_t since_s, int64_t stuck_ms, int64_t straggler_ms)
+{
+    report_t *r = calloc(1, sizeof(*r));
+    char head[512] = "";
+    if (!r)
+        return 1;
+    if (check_status(c, r, stuck_ms, straggler_ms, head, sizeof(head)) < 0) {
+        free(r);
+        return 1;
+    }
+    check_events(c, r, since_s);
+    check_limits(c, r);
+    if (json) {
+        printf("{\"schema_version\":%d,\"daemon\":", COLLCTL_JSON_SCHEMA_VERSION);
+        collctl_json_str(head);
+        printf(",\"problems\":%d,\"warnings\":%d,\"findings\":[", r->problems, r->warnings);
+        for (int i = 0; i < r->n; i++) {
+            printf("%s{\"severity\":\"%s\",\"what\":", i ? "," : "", r->f[i].problem ? "problem" : "warning");
+            collctl_json_str(r->f[i].what);
+            printf(",\"text\":");
+            collctl_json_str(r->f[i].text);
+            printf("}");
+        }
+        printf("]}\n");
+    } else {
+        printf("%s\n", head);
+        if (!r->n)
+            printf("no problems found\n");
+        for (int pass = 0; pass < 2; pass++) /* problems first */
+            for (int i = 0; i < r->n; i++)
+                if (r->f[i].problem == (pass == 0))
+                    printf("%-7s %-10s %s\n", r->f[i].problem ? "PROBLEM" : "warning", r->f[i].what, r->f[i].text);
+        if (r->dropped)
+            printf("(%d more findings not shown)\n", r->dropped);
+        if (r->n)
+            printf("%d problem(s), %d warning(s)\n", r->problems, r->warnings);
+    }
+    int rc = r->problems ? 1 : 0;
+    free(r);
+    return rc;
+}
