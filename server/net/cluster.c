@@ -1261,6 +1261,12 @@ size_t colld_cluster_peers(colld_daemon_t *d, colld_net_peer_info_t *out, size_t
     return colld_net_peers(cl->net, out, max);
 }
 
+uint64_t colld_cluster_bad_msgs(colld_daemon_t *d)
+{
+    colld_cluster_t *cl = colld_cluster_of(d);
+    return cl ? atomic_load(&cl->bad_msgs) : 0;
+}
+
 /* Close the connections to a peer (operator, tests). Returns 0 or -1 (no such peer up). */
 int colld_cluster_disconnect(colld_daemon_t *d, const char *peer)
 {

@@ -15,6 +15,8 @@ extern const colld_backend_ops_t colld_net_backend;
 bool colld_cluster_running(const colld_daemon_t *d);
 /* Peers and counters for collctl status (call without the lock). Returns the number of peers. */
 struct colld_net_peer_info;
+/* Peer messages refused since the start (invalid, or from a node not entitled to send them). */
+uint64_t colld_cluster_bad_msgs(colld_daemon_t *d);
 size_t colld_cluster_peers(colld_daemon_t *d, struct colld_net_peer_info *out, size_t max, uint64_t *sent,
                            uint64_t *received, uint64_t *refused);
 /* Close the connections to a peer (operator, tests). Returns 0 or -1 (no such peer up). */

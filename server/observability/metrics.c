@@ -238,7 +238,7 @@ static void walk_state(colld_daemon_t *d, state_gauges_t *g)
 typedef struct {
     colld_net_peer_info_t *peers; /* heap, NULL without --listen */
     size_t n;
-    uint64_t sent, received, refused;
+    uint64_t sent, received, refused, bad;
 } peer_snapshot_t;
 
 static void read_peers(colld_daemon_t *d, peer_snapshot_t *ps)
@@ -250,6 +250,7 @@ static void read_peers(colld_daemon_t *d, peer_snapshot_t *ps)
     if (!ps->peers)
         return;
     size_t n = colld_cluster_peers(d, ps->peers, METRICS_MAX_PEERS, &ps->sent, &ps->received, &ps->refused);
+    ps->bad = colld_cluster_bad_msgs(d);
     ps->n = n < METRICS_MAX_PEERS ? n : METRICS_MAX_PEERS;
 }
 
@@ -320,6 +321,10 @@ static void render_peers(textbuf_t *b, const peer_snapshot_t *ps)
     tb_family(b, "colld_net_refused_connections_total", "counter",
               "Connections to the peer port refused because they failed authentication.");
     tb_printf(b, "colld_net_refused_connections_total %llu\n", (unsigned long long)ps->refused);
+    tb_family(b, "colld_net_refused_messages_total", "counter",
+              "Messages from authenticated peer daemons refused: invalid, or from a node not entitled to send them "
+              "(the log names them, at most a line per 10 s).");
+    tb_printf(b, "colld_net_refused_messages_total %llu\n", (unsigned long long)ps->bad);
 }
 
 /* What one tenant (uid) holds, for the per-tenant families. */
@@ -549,6 +554,10 @@ static void render(colld_daemon_t *d, const process_info_t *p, const peer_snapsh
                   (unsigned long long)colld_tenant_refusals(d, (colld_limit_t)i));
     tb_printf(b, "colld_quota_refusals_total{limit=\"max-registrations\"} %llu\n",
               (unsigned long long)colld_regs_backstop_refusals(d));
+    tb_family(b, "colld_deadlocks_detected_total", "counter",
+              "Cycles of ranks waiting for each other across communicators that lasted --deadlock-ms (each is logged "
+              "and sent as a deadlock event; with --deadlock-fail its communicators failed).");
+    tb_printf(b, "colld_deadlocks_detected_total %llu\n", (unsigned long long)d->deadlocks);
     tb_family(b, "colld_draining", "gauge",
               "1 while the daemon drains before stopping (SIGTERM with --drain-timeout-ms): new communicators are "
               "refused.");

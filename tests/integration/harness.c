@@ -6,6 +6,7 @@
 #include "client/client_internal.h"
 #include "colld.pb-c.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -13,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -461,4 +464,50 @@ int harness_net_status(harness_t *h, harness_net_t *out)
             out->peers_up++;
     colld__v1__status_response__free_unpacked(resp, NULL);
     return 0;
+}
+
+int harness_metrics_port(const harness_t *h)
+{
+    static const char needle[] = "metrics on http://127.0.0.1:";
+    double end = harness_now_ms() + 10000;
+    do {
+        char text[16384];
+        harness_read_file(h->log, text, sizeof(text));
+        const char *p = strstr(text, needle);
+        if (p)
+            return atoi(p + sizeof(needle) - 1);
+        usleep(10000);
+    } while (harness_now_ms() < end);
+    return -1;
+}
+
+double harness_metric(int port, const char *name)
+{
+    static const char req[] = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct timeval tv = { .tv_sec = 10 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    size_t cap = 1 << 20, len = 0;
+    char *body = malloc(cap);
+    double v = -1;
+    if (body && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+        send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(req) - 1) {
+        ssize_t r;
+        while (len + 1 < cap && (r = recv(fd, body + len, cap - 1 - len, 0)) > 0)
+            len += (size_t)r;
+        body[len] = '\0';
+        size_t nlen = strlen(name);
+        for (const char *p = body; (p = strstr(p, name)) != NULL; p += nlen)
+            if ((p == body || p[-1] == '\n') && p[nlen] == ' ') {
+                v = strtod(p + nlen + 1, NULL);
+                break;
+            }
+    }
+    free(body);
+    close(fd);
+    return v;
 }

@@ -101,4 +101,11 @@ int harness_capture_all(const char *const *argv, char *out, size_t len, int time
 /* Milliseconds on the monotonic clock. */
 double harness_now_ms(void);
 
+/* The port of a daemon started with --metrics 127.0.0.1:0 (from its log, waiting up to 10 s), -1
+ * if none. */
+int harness_metrics_port(const harness_t *h);
+/* The value of an unlabelled metric in a GET /metrics of 127.0.0.1:port, -1 when absent or the
+ * scrape failed. */
+double harness_metric(int port, const char *name);
+
 #endif /* COLLD_TESTS_HARNESS_H */

@@ -250,8 +250,9 @@ static int setup(void **state)
         return -1;
     static const char *const names[2] = { "node-a", "node-b" };
     for (int i = 0; i < 2; i++) {
-        const char *extra[] = { "--listen", "127.0.0.1:0", "--node-name", names[i], "--cluster-secret-file",
-                                cl->secret, "--heartbeat-ms", "400", NULL };
+        const char *extra[] = { "--listen", "127.0.0.1:0",    "--node-name", names[i],    "--cluster-secret-file",
+                                cl->secret, "--heartbeat-ms", "400",         "--metrics", "127.0.0.1:0",
+                                NULL };
         harness_net_t net;
         if (harness_daemon_start(&cl->h[i], extra) < 0 || harness_net_status(&cl->h[i], &net) < 0)
             return -1;
@@ -946,6 +947,11 @@ static void test_formed_not_from_root(void **state)
     evil_post(e, cl->addr[1], &m);
     assert_int_equal(evil_wait(e, &e->nup, 1, 10000), 1);
     assert_false(trap_sprung(tfd, 500));
+    int port = harness_metrics_port(&cl->h[1]); /* the refusal is counted for operators */
+    double refused = -1;
+    for (int i = 0; i < 100 && refused < 1; i++, usleep(50000))
+        refused = harness_metric(port, "colld_net_refused_messages_total");
+    assert_true(refused >= 1);
 
     assert_true((p[0] = spawn_rank(cl, 0, hex, 0, extra)) > 0);
     assert_int_equal(harness_wait_all(p, 2, 60000), 0);

@@ -147,6 +147,10 @@ static void test_deadlock_cycle(void **state)
     assert_non_null(strstr(out, "PROBLEM timeout"));
     assert_non_null(strstr(json, "{\"schema_version\":1,"));
     assert_non_null(strstr(json, "\"severity\":\"problem\",\"what\":\"deadlock\""));
+    int port = harness_metrics_port(h);
+    assert_true(port > 0);
+    assert_true(harness_metric(port, "colld_deadlocks_detected_total") == 1);
+    assert_true(harness_metric(port, "colld_net_refused_messages_total") == 0); /* no --listen: none */
 }
 
 /* Rank 1 posts every all-reduce 30 ms late: a warning naming it, and no problem (exit 0). */
@@ -181,7 +185,7 @@ static void test_straggler(void **state)
 
 static int setup_checks(void **state)
 {
-    static const char *const extra[] = { "--nan-check", "--deadlock-ms", "300", NULL };
+    static const char *const extra[] = { "--nan-check", "--deadlock-ms", "300", "--metrics", "127.0.0.1:0", NULL };
     return harness_test_setup_args(state, extra);
 }
 
