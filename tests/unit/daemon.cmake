@@ -6,4 +6,5 @@ colld_unit_test(test_core_admit SOURCES test_core_admit.c LIBS colld_core_fixtur
 colld_unit_test(test_core_match SOURCES test_core_match.c LIBS colld_core_fixture TIMEOUT 60)
 colld_unit_test(test_core_fast SOURCES test_core_fast.c LIBS colld_core_fixture TIMEOUT 60)
 colld_unit_test(test_core_comm SOURCES test_core_comm.c LIBS colld_core_fixture TIMEOUT 60)
+colld_unit_test(test_core_deadlock SOURCES test_core_deadlock.c LIBS colld_core_fixture TIMEOUT 60)
 colld_unit_test(test_net_algo SOURCES test_net_algo.c LIBS colld_core TIMEOUT 30)
