@@ -32,7 +32,7 @@ const colld_cu_t *colld_cu_load(char *err, size_t len)
 #else
 
 /* The ABI the entry points are requested at. */
-#define CU_ABI_VERSION 12000
+#define CU_ABI_VERSION COLLD_CU_ABI /* 12000: the common/CMakeLists.txt value the types were chosen for */
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static colld_cu_t table;
@@ -84,19 +84,18 @@ static void load_once(void)
                  "the NVIDIA driver is too old: %s has no cuGetProcAddress (CUDA 12.0 or newer needed)", DRIVER_LIB);
         return;
     }
-#define COLLD_CU_LOOKUP(name)                                                                           \
-    {                                                                                                   \
-        void *fn = NULL;                                                                                \
-        CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SUCCESS;                                 \
-        CUresult r = get_v2 ? get_v2(#name, &fn, CU_ABI_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &q)         \
-                            : get_v1(#name, &fn, CU_ABI_VERSION, CU_GET_PROC_ADDRESS_DEFAULT);           \
-        if (r != CUDA_SUCCESS || !fn || q != CU_GET_PROC_ADDRESS_SUCCESS) {                               \
-            snprintf(load_error, sizeof(load_error),                                                    \
-                     "the NVIDIA driver lacks %s at the CUDA 12.0 ABI (error %d): update the driver", #name, \
-                     (int)r);                                                                           \
-            return;                                                                                     \
-        }                                                                                               \
-        table.name = (__typeof__(table.name))fn;                                                        \
+#define COLLD_CU_LOOKUP(name)                                                                                          \
+    {                                                                                                                  \
+        void *fn = NULL;                                                                                               \
+        CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SUCCESS;                                                \
+        CUresult r = get_v2 ? get_v2(#name, &fn, CU_ABI_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &q)                      \
+                            : get_v1(#name, &fn, CU_ABI_VERSION, CU_GET_PROC_ADDRESS_DEFAULT);                         \
+        if (r != CUDA_SUCCESS || !fn || q != CU_GET_PROC_ADDRESS_SUCCESS) {                                            \
+            snprintf(load_error, sizeof(load_error),                                                                   \
+                     "the NVIDIA driver lacks %s at the CUDA 12.0 ABI (error %d): update the driver", #name, (int)r);  \
+            return;                                                                                                    \
+        }                                                                                                              \
+        table.name = (colld_pfn_##name)fn;                                                                             \
     }
     COLLD_CU_FUNCS(COLLD_CU_LOOKUP)
 #undef COLLD_CU_LOOKUP
