@@ -34,6 +34,7 @@
  * colld_cudafake_control), before any CUDA call, and that the daemon maps no other libcuda and no
  * NCCL: a real driver is never initialised by this test.
  */
+#include "client/client_internal.h"
 #include "common/cudadrv.h"
 #include "tests/integration/harness.h"
 
@@ -770,6 +771,231 @@ static int teardown_launch_fault(void **state)
 }
 
 /* ============================================================================================
+ * Readiness per collective (issue 15 E1, E2)
+ *
+ * Each stream-ordered collective has its own `ready` slot in the client's flag line (proto/wire.h):
+ * a later collective's write, on another stream, never stands for an earlier one (E1), and a
+ * broken communicator's write still queued on a stream never lands on top of the write of the
+ * next communicator on the same handle (E2).
+ * ========================================================================================== */
+
+#define RS_N 16 /* int32 elements of the all-reduce whose inputs are made behind the gate */
+
+/* Rank r's input element i, written by its stream behind the gate; the sum of both ranks. */
+static int32_t rs_input(int rank, int i)
+{
+    return (rank + 1) * 1000 + i;
+}
+
+/* Wait, at most WAIT_MS, until the host word *w (a gate, a marker, a ready slot) holds v. */
+static bool word_is(const uint32_t *w, uint32_t v)
+{
+    for (int i = 0; i < WAIT_MS / 5; i++) {
+        if (w && __atomic_load_n(w, __ATOMIC_ACQUIRE) == v)
+            return true;
+        harness_wait_file("/nonexistent", 5);
+    }
+    return false;
+}
+
+/* E1: collective #2 goes on stream A behind a gate the application has not opened; behind the gate
+ * A also writes #2's inputs. #3 goes on stream B, after a marker. Once B has got to #3 (the
+ * marker) the daemon has 2 s to (wrongly) take #3's `ready` for #2's: the fixed daemon keeps both
+ * in progress while A waits at the gate. Then the gate opens: #2 must reduce the inputs A wrote
+ * behind it, exactly. Before the fix #2 and #3 completed at once, and #2 reduced the zeros its
+ * input buffer held before the gate. */
+static void sc_ready_slots(rank_t *r)
+{
+    CUstream b = NULL;
+    CUdeviceptr gd = 0, md = 0, in = 0, out = 0;
+    uint32_t *gate = gate_new(&gd), *mark = gate_new(&md);
+    void *pin = NULL, *pout = NULL;
+    int32_t host[RS_N];
+    colld_status_t st;
+    bool ok = gate && mark && cu->cuStreamCreate(&b, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS;
+    if (!ok)
+        rank_fail(r, "gate, marker or stream B");
+    if (ok && ((st = colld_mem_alloc(r->c, &pin, RS_N * 4, COLLD_MEM_CUDA)) != COLLD_OK ||
+               (st = colld_mem_alloc(r->c, &pout, RS_N * 4, COLLD_MEM_CUDA)) != COLLD_OK)) {
+        rank_fail(r, "colld_mem_alloc(COLLD_MEM_CUDA): %s: %s", colld_status_name(st), colld_last_error(r->c));
+        ok = false;
+    }
+    in = (CUdeviceptr)(uintptr_t)pin;
+    out = (CUdeviceptr)(uintptr_t)pout;
+    if (ok && (cu->cuMemsetD8(in, 0, RS_N * 4) != CUDA_SUCCESS || cu->cuMemsetD8(out, 0xff, RS_N * 4) != CUDA_SUCCESS ||
+               cu->cuCtxSynchronize() != CUDA_SUCCESS)) {
+        rank_fail(r, "clearing the buffers");
+        ok = false;
+    }
+    /* #1 on B: sets up the flag area. */
+    if (ok && (colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, b) != COLLD_OK ||
+               cu->cuStreamSynchronize(b) != CUDA_SUCCESS || colld_comm_synchronize(r->comm) != COLLD_OK)) {
+        rank_fail(r, "the first collective failed: %s", colld_comm_last_error(r->comm));
+        ok = false;
+    }
+    if (ok) {
+        /* #2 on A: the gate, then its inputs, then the collective. */
+        r->cr[0] = cu->cuStreamWaitValue32(r->s, gd, 1, CU_STREAM_WAIT_VALUE_EQ);
+        for (int i = 0; i < RS_N && r->cr[0] == CUDA_SUCCESS; i++)
+            r->cr[0] = cu->cuStreamWriteValue32(r->s, in + 4u * (unsigned)i, (uint32_t)rs_input(r->rank, i),
+                                                CU_STREAM_WRITE_VALUE_DEFAULT);
+        r->st[1] = colld_allreduce(pin, pout, RS_N, COLLD_INT32, COLLD_SUM, r->comm, r->s);
+        /* #3 on B, after the marker. */
+        if (cu->cuStreamWriteValue32(b, md, 1, CU_STREAM_WRITE_VALUE_DEFAULT) != CUDA_SUCCESS)
+            rank_fail(r, "the marker on stream B");
+        r->st[2] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, b);
+        if (!word_is(mark, 1))
+            rank_fail(r, "stream B never got to collective #3");
+        colld_status_t q = COLLD_INPROGRESS;
+        for (int i = 0; i < 400 && q == COLLD_INPROGRESS; i++) { /* 2 s for a wrong completion */
+            if ((q = colld_comm_query(r->comm)) == COLLD_INPROGRESS)
+                harness_wait_file("/nonexistent", 5);
+        }
+        r->st[3] = q;
+        r->cr[1] = cu->cuStreamQuery(r->s); /* A still at the gate */
+    }
+    pthread_barrier_wait(r->barrier); /* both looked before either gate opens */
+    if (gate)
+        __atomic_store_n(gate, 1, __ATOMIC_RELEASE);
+    if (ok) {
+        r->cr[2] = cu->cuStreamSynchronize(r->s);
+        cu->cuStreamSynchronize(b);
+        r->st[0] = colld_comm_synchronize(r->comm);
+        if (cu->cuMemcpyDtoH(host, out, sizeof(host)) != CUDA_SUCCESS)
+            rank_fail(r, "reading the result");
+        r->v[0] = 1;
+        for (int i = 0; i < RS_N; i++)
+            if (host[i] != rs_input(0, i) + rs_input(1, i)) {
+                if (r->v[0])
+                    print_message("rank %d: element %d of #2 is %d, not %d\n", r->rank, i, host[i],
+                                  rs_input(0, i) + rs_input(1, i));
+                r->v[0] = 0;
+            }
+    }
+    pthread_barrier_wait(r->barrier); /* the daemon's kernels read both ranks' buffers */
+    if (pout)
+        colld_mem_free(r->c, pout);
+    if (pin)
+        colld_mem_free(r->c, pin);
+    if (b)
+        cu->cuStreamDestroy(b);
+    if (gate)
+        gate_free(gate);
+    if (mark)
+        gate_free(mark);
+}
+
+static void test_ready_slot_per_collective(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_ready_slots, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS);
+        assert_int_equal(ranks[i].st[1], COLLD_OK);
+        assert_int_equal(ranks[i].st[2], COLLD_OK);
+        assert_int_equal(ranks[i].st[3], COLLD_INPROGRESS);     /* nothing completed while A waited ... */
+        assert_int_equal(ranks[i].cr[1], CUDA_ERROR_NOT_READY); /* ... at the gate */
+        assert_int_equal(ranks[i].cr[2], CUDA_SUCCESS);
+        assert_int_equal(ranks[i].st[0], COLLD_OK);
+        assert_int_equal(ranks[i].v[0], 1); /* #2 reduced the inputs made behind the gate, exactly */
+    }
+    assert_int_equal(harness_wait_clean(*state, 10000), 0);
+}
+
+/* E2: communicator X's collective #2 is posted by rank 0 only, on stream A behind a closed gate:
+ * its `ready` write stays queued. Rank 0 aborts X, both destroy it, and a new communicator Y gets
+ * the same handles (the same flag lines). Rank 0's Y #1 goes on stream B; once its `ready` write
+ * has landed the gate opens and X's queued write lands after it; only then does rank 1 post Y #1,
+ * so that the daemon looks at rank 0's line after both writes. Y #1, and Y #2 (in the slot X's late
+ * write landed in), must complete. Before the fix X's late write took the line's only `ready` word
+ * back below Y #1's value: Y #1 timed out and Y broke. */
+static colld_unique_id_t reuse_id; /* Y's, from rank 0 */
+
+static void sc_handle_reuse(rank_t *r)
+{
+    CUstream b = NULL;
+    CUdeviceptr gd = 0;
+    uint32_t *gate = r->rank == 0 ? gate_new(&gd) : NULL;
+    bool ok = (r->rank != 0 || gate) && cu->cuStreamCreate(&b, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS;
+    if (!ok)
+        rank_fail(r, "gate or stream B");
+    /* X #1 (the flag area, slot 1), then rank 0's X #2 behind the gate. */
+    if (ok && (colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s) != COLLD_OK ||
+               cu->cuStreamSynchronize(r->s) != CUDA_SUCCESS || colld_comm_synchronize(r->comm) != COLLD_OK)) {
+        rank_fail(r, "X's first collective failed: %s", colld_comm_last_error(r->comm));
+        ok = false;
+    }
+    uint32_t handle = r->comm->handle;
+    if (ok && r->rank == 0) {
+        if (cu->cuStreamWaitValue32(r->s, gd, 1, CU_STREAM_WAIT_VALUE_EQ) != CUDA_SUCCESS ||
+            colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s) != COLLD_OK) {
+            rank_fail(r, "X #2 behind the gate");
+            ok = false;
+        }
+    }
+    pthread_barrier_wait(r->barrier);
+    if (r->rank == 0 && colld_comm_abort(r->comm) != COLLD_OK)
+        rank_fail(r, "colld_comm_abort of X");
+    pthread_barrier_wait(r->barrier);
+    colld_comm_destroy(r->comm);
+    r->comm = NULL;
+    if (r->rank == 0 && colld_get_unique_id(r->c, &reuse_id) != COLLD_OK)
+        rank_fail(r, "a unique id for Y");
+    pthread_barrier_wait(r->barrier); /* X is gone on both ranks; Y's id is there */
+    colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
+    cfg.timeout_ms = SHORT_TIMEOUT_MS; /* before the fix Y #1 times out: not for 30 s */
+    colld_status_t st = colld_comm_init_rank(r->c, &r->comm, 2, reuse_id, r->rank, &cfg);
+    if (st != COLLD_OK) {
+        rank_fail(r, "colld_comm_init_rank of Y: %s", colld_status_name(st));
+        r->comm = NULL;
+        ok = false;
+    }
+    r->v[0] = r->comm && r->comm->handle == handle; /* the same flag line */
+    if (ok && r->rank == 0) {
+        r->st[1] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, b);
+        if (r->st[1] == COLLD_OK && !word_is(colld__gpu_ready_word(r->comm, 1), r->comm->gpu_base + 1))
+            rank_fail(r, "Y #1's ready write never landed");
+        __atomic_store_n(gate, 1, __ATOMIC_RELEASE); /* X #2's write lands now, after Y #1's */
+        r->cr[0] = cu->cuStreamSynchronize(r->s);     /* it has landed (its wait was released at the abort) */
+    }
+    pthread_barrier_wait(r->barrier);
+    if (ok && r->rank == 1)
+        r->st[1] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, b);
+    if (ok && r->st[1] == COLLD_OK) {
+        r->cr[1] = cu->cuStreamSynchronize(b);
+        r->st[2] = colld_comm_synchronize(r->comm);
+        /* Y #2: rank 0's slot 2 holds X #2's late write. */
+        r->st[3] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, b);
+        if (r->st[3] == COLLD_OK && (cu->cuStreamSynchronize(b) != CUDA_SUCCESS ||
+                                     (r->st[3] = colld_comm_synchronize(r->comm)) != COLLD_OK))
+            r->v[1] = -1;
+    }
+    if (gate)
+        __atomic_store_n(gate, 1, __ATOMIC_RELEASE); /* whatever happened, rank 0's stream goes on */
+    pthread_barrier_wait(r->barrier);
+    if (b && cu->cuStreamSynchronize(b) == CUDA_SUCCESS)
+        cu->cuStreamDestroy(b);
+    if (gate && cu->cuStreamSynchronize(r->s) == CUDA_SUCCESS)
+        gate_free(gate);
+}
+
+static void test_handle_reuse_late_ready_write(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_handle_reuse, 0, ranks);
+    assert_int_equal(ranks[0].cr[0], CUDA_SUCCESS); /* X #2's write landed, its wait released */
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].v[0], 1); /* Y on X's handle */
+        assert_int_equal(ranks[i].st[1], COLLD_OK);
+        assert_int_equal(ranks[i].cr[1], CUDA_SUCCESS);
+        assert_int_equal(ranks[i].st[2], COLLD_OK); /* Y #1 ran: not broken by X's late write */
+        assert_int_equal(ranks[i].st[3], COLLD_OK); /* Y #2, in the slot X's write landed in */
+        assert_int_equal(ranks[i].v[1], 0);
+    }
+    assert_int_equal(harness_wait_clean(*state, 10000), 0);
+}
+
+/* ============================================================================================
  * An old driver
  * ========================================================================================== */
 
@@ -1356,6 +1582,8 @@ int main(int argc, char **argv)
                                         teardown_launch_fault),
         cmocka_unit_test_setup_teardown(test_break_during_launch_releases_streams, setup_launch_hold,
                                         teardown_launch_fault),
+        cmocka_unit_test_setup_teardown(test_ready_slot_per_collective, setup_on_double, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_handle_reuse_late_ready_write, setup_on_double, harness_test_teardown),
     };
     return cmocka_run_group_tests_name(group, tests, NULL, NULL);
 }
