@@ -19,6 +19,11 @@
  *     launch faults   the daemon's double stalls its stream and fails (or holds) a call of a
  *                     launch: a launch that fails part-way, a communicator that breaks during a
  *                     launch; both ranks' streams are released (issue 15 F1, F2, fixed)
+ *     readiness       a ready slot per collective (issue 15 E1, E2, fixed): a later collective's
+ *                     `ready` on another stream never stands for an earlier one (whose result is
+ *                     exact), at most 32 collectives posted and not yet launched (the post waits),
+ *                     and an aborted communicator's late `ready` writes never break the next
+ *                     communicator on the same handle
  *   driver        an 11.8 driver: the daemon and the client refuse GPU work with the loader's reason
  *   kernel_driver a 12.8 driver (enough for libcolld), older than the daemon's fatbin needs, and
  *   old_gpu       GPUs of compute capability 7.5, which the fatbin has no code for: the daemon
