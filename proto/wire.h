@@ -210,7 +210,9 @@ _Static_assert(sizeof(colld_wire_fast_stats_t) % 64 == 0, "fast stats layout");
  * values keep growing across them: at its first stream-ordered collective a communicator takes
  * base = the line's current `done` + 1 and uses v = base + (uint32_t)seq for collective seq,
  * sending the base in every such descriptor (the daemon refuses a rank whose base changes). Waits
- * left over from an earlier communicator on the same line are thereby always satisfied.
+ * left over from an earlier communicator on the same line are thereby satisfied (while `done` is
+ * less than 2^31 past them: two releases of later communicators before an old stream reaches its
+ * wait would leave it waiting, a known limit).
  *
  *   ready[]  one word per collective in flight (issue 15 E1: NCCL lets every call use its own
  *            stream, so one word per communicator would let a later collective's `ready`, written
