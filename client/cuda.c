@@ -21,15 +21,22 @@
  * Stream ordering (the protocol is in proto/wire.h). The session has one GPU flag area, mapped
  * here and registered with CUDA (device-mapped, portable); line h belongs to communicator handle
  * h. A line outlives the communicators that use its handle one after another, so a communicator
- * takes a flag base (the line's `done` + 1) at its first stream-ordered collective, and
- * collective seq has the flag value v = base + (uint32_t)seq; the base goes to the daemon in every
- * such descriptor. A stream-ordered collective enqueues on the application's stream
- *   cuStreamWriteValue32(ready = v)      after the work before it: inputs are ready
- *   cuStreamWaitValue32(done >= v)       the daemon's stream writes done after its kernels
- * and then posts its descriptor (COLLD_SQE_STREAM) like any collective. The host call never waits
- * for the GPU. If the descriptor cannot be posted after the stream operations were enqueued, or
- * the daemon goes away, the line is released from here (status, then done = v + 2^30) so that
- * no application stream waits forever.
+ * takes a flag base (the line's `done` + 1) and a generation (a count of the line's
+ * communicators) at its first stream-ordered collective, and collective seq has the flag value
+ * v = base + (uint32_t)seq; the base goes to the daemon in every such descriptor. A stream-ordered
+ * collective enqueues on the application's stream
+ *   cuStreamWriteValue32(ready[seq % SLOTS] = v)  after the work before it: inputs are ready
+ *   cuStreamWaitValue32(done >= v)                 the daemon's stream writes done after its kernels
+ * and then posts its descriptor (COLLD_SQE_STREAM) like any collective. Each collective has its
+ * own ready slot (issue 15 E1: every call may use another stream). A slot is written again only
+ * when the write before it in that slot has landed and, if this communicator made it, the daemon
+ * has taken it (it writes ~v when it launches): slot_wait, the only place the host call waits
+ * for the GPU, when SLOTS collectives of the communicator are posted and not yet launched. The
+ * client remembers the last write of every slot of every line (gpu_slot_t), also across the
+ * communicators of a line, so that a broken communicator's write still queued on some stream
+ * never lands on top of a newer communicator's (issue 15 E2). If the descriptor cannot be posted
+ * after the stream operations were enqueued, or the daemon goes away, the line is released from
+ * here (status, then done = v + 2^30) so that no application stream waits forever.
  *
  * Contexts: calls run in the stream's context (pushed when another one is current). A thread with
  * no current context gets the primary context of the buffers' device (device 0 for
@@ -47,12 +54,14 @@
 #include "common/util.h"
 
 #include <link.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NO_CUDA_BUILD "this build of libcolld has no CUDA support (built without the CUDA toolkit)"
@@ -110,6 +119,12 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
 {
     (void)comm, (void)sqe, (void)op;
     return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "stream-ordered (GPU) collectives: %s", NO_CUDA_BUILD);
+}
+
+const uint32_t *colld__gpu_ready_word(colld_comm_t *comm, uint64_t seq)
+{
+    (void)comm, (void)seq;
+    return NULL;
 }
 
 colld_status_t colld__gpu_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, colld_err_t *err)
@@ -192,6 +207,14 @@ typedef struct {
     _Atomic uint64_t *posted;
 } gpu_flags_t;
 
+/* The last write enqueued to a ready slot of a line: its value, the generation of the
+ * communicator that enqueued it (0: never written) and its sequence number. */
+typedef struct {
+    uint32_t value;
+    uint32_t gen;
+    uint64_t seq;
+} gpu_slot_t;
+
 struct colld_gpu {
     gpu_probe_t probe;
     pthread_mutex_t mu;
@@ -199,6 +222,9 @@ struct colld_gpu {
     gpu_reg_t *regs;
     size_t nregs, cap;
     _Atomic(gpu_flags_t *) flags;
+    gpu_slot_t *slots;   /* [slot_lines][COLLD_WIRE_GPU_READY_SLOTS], made with the first base */
+    uint32_t *gens;      /* [slot_lines]: the last generation given on each line */
+    uint32_t slot_lines;
     bool primary[MAX_DEVICES];   /* primary context retained by us */
     int8_t flush[MAX_DEVICES];   /* CAN_FLUSH_REMOTE_WRITES: 0 unknown, 1 no, 2 yes */
 };
@@ -696,10 +722,29 @@ static colld_status_t prepare_locked(colld_comm_t *comm, const colld_cu_t *cu, v
                            h, f->nlines);
         goto out;
     }
+    if (!g->slots) {
+        g->slots = calloc((size_t)f->nlines * COLLD_WIRE_GPU_READY_SLOTS, sizeof(*g->slots));
+        g->gens = calloc(f->nlines, sizeof(*g->gens));
+        if (!g->slots || !g->gens) {
+            free(g->slots), free(g->gens);
+            g->slots = NULL, g->gens = NULL;
+            st = colld_err_set(err, COLLD_ERR_NO_MEMORY, "out of memory");
+            goto out;
+        }
+        g->slot_lines = f->nlines;
+    }
+    if (h >= g->slot_lines) {
+        st = colld_err_set(err, COLLD_ERR_PROTOCOL, "communicator handle %u has no GPU flag line", h);
+        goto out;
+    }
     /* The first stream-ordered collective of the communicator takes its flag base: values above
-     * everything an earlier communicator on this line left, whose waits then stay satisfied. */
+     * everything an earlier communicator on this line left, whose waits then stay satisfied; and
+     * its generation, which tells its slot writes from an earlier communicator's. */
     if (!comm->gpu_used) {
         comm->gpu_base = __atomic_load_n(&f->lines[h].done, __ATOMIC_ACQUIRE) + 1;
+        if (++g->gens[h] == 0)
+            g->gens[h] = 1; /* 0: a slot never written */
+        comm->gpu_gen = g->gens[h];
         comm->gpu_used = true;
     }
     op->base = comm->gpu_base;
@@ -735,6 +780,71 @@ colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *
     return st;
 }
 
+/* Wait until collective seq of comm may write its ready slot (proto/wire.h): the write before it in
+ * the slot (rec) has landed and, when this communicator made it, the daemon has taken it. A slot
+ * of an earlier communicator on the line needs only to have landed (issue 15 E2: its write must
+ * not land on top of this one's). Nothing is enqueued yet, so giving up costs nothing: the
+ * communicator's error when it broke meanwhile, COLLD_ERR_DAEMON_LOST, or COLLD_ERR_TIMEOUT after
+ * the communicator's timeout (the daemon times out a collective of its own long before; an
+ * earlier communicator's stream may never get there). Polls with a growing sleep, up to 1 ms. */
+static colld_status_t slot_wait(colld_comm_t *comm, const uint32_t *word, const gpu_slot_t *rec, uint64_t seq,
+                                colld_err_t *err)
+{
+    colld_client_t *c = comm->client;
+    bool mine = rec->gen == comm->gpu_gen;
+    uint64_t deadline = 0;
+    long nap_ns = 1000;
+    for (unsigned spins = 0; rec->gen; spins++) {
+        uint32_t cur = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+        bool taken = cur == ~rec->value;
+        if (taken || (!mine && cur == rec->value))
+            return COLLD_OK;
+        colld__client_poll(c); /* a break of the communicator arrives as a completion */
+        colld_status_t e = __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED);
+        if (e == COLLD_OK && atomic_load(&c->lost))
+            e = COLLD_ERR_DAEMON_LOST;
+        if (e != COLLD_OK)
+            return colld_err_set(err, e, "stream-ordered collective #%llu not posted: the communicator failed (%s)",
+                                 (unsigned long long)seq, colld_status_name(e));
+        uint64_t now = colld_now_ns();
+        int limit_ms = comm->timeout_ms > 0 ? comm->timeout_ms : 300000;
+        if (!deadline)
+            deadline = now + ((uint64_t)limit_ms + 1000) * 1000000ull;
+        if (now >= deadline) {
+            if (mine)
+                return colld_err_set(err, COLLD_ERR_TIMEOUT,
+                                     "stream-ordered collective #%llu not posted: collective #%llu, %u before it on "
+                                     "this communicator, was not launched by colld within %d ms (its GPU stream "
+                                     "never reached it?); at most %u stream-ordered collectives of a communicator "
+                                     "can be posted and not yet launched",
+                                     (unsigned long long)seq, (unsigned long long)rec->seq,
+                                     (unsigned)(seq - rec->seq), limit_ms, COLLD_WIRE_GPU_READY_SLOTS);
+            return colld_err_set(err, COLLD_ERR_TIMEOUT,
+                                 "stream-ordered collective #%llu not posted: its ready slot still awaits a write "
+                                 "of collective #%llu of an earlier communicator on this handle, queued on a CUDA "
+                                 "stream that has not reached it within %d ms; let the streams of destroyed or "
+                                 "aborted communicators drain (synchronize them) before reusing their handle",
+                                 (unsigned long long)seq, (unsigned long long)rec->seq, limit_ms);
+        }
+        if (spins < 64) {
+            sched_yield();
+            continue;
+        }
+        struct timespec ts = { 0, nap_ns };
+        nanosleep(&ts, NULL);
+        nap_ns = nap_ns < 1000000 ? nap_ns * 2 : 1000000;
+    }
+    return COLLD_OK;
+}
+
+const uint32_t *colld__gpu_ready_word(colld_comm_t *comm, uint64_t seq)
+{
+    gpu_flags_t *f = atomic_load(&comm->client->gpu->flags);
+    if (!f || comm->handle == 0 || comm->handle >= f->nlines)
+        return NULL;
+    return &f->lines[comm->handle].ready[(uint32_t)seq % COLLD_WIRE_GPU_READY_SLOTS];
+}
+
 colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op,
                                colld_err_t *err)
 {
@@ -750,18 +860,30 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
     d.flags |= COLLD_SQE_STREAM;
     d.reserved = op->base;
     uint32_t v = op->base + (uint32_t)d.seq;
-    /* (c) ready = v once the stream gets here, (d) then wait for done >= v. */
+    /* (c) Its ready slot, once free (slot_wait). A value an earlier communicator left there that
+     * happens to equal v (values wrap) must not stand for this collective: replaced from the host,
+     * which is safe now that every write enqueued to the slot has landed. */
+    uint32_t slot = (uint32_t)d.seq % COLLD_WIRE_GPU_READY_SLOTS;
+    gpu_slot_t *rec = &c->gpu->slots[(size_t)comm->handle * COLLD_WIRE_GPU_READY_SLOTS + slot];
+    uint32_t *word = &f->lines[comm->handle].ready[slot];
+    colld_status_t st = slot_wait(comm, word, rec, d.seq, err);
+    if (st != COLLD_OK)
+        return st;
+    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) == v)
+        __atomic_store_n(word, v ^ 0x80000000u, __ATOMIC_RELEASE);
+    /* (d) ready[slot] = v once the stream gets here, (e) then wait for done >= v. */
     bool pushed, written = false;
     uint64_t prev = 0;
     CUresult r = ctx_enter(cu, (CUcontext)op->ctx, &pushed);
     const char *call = "making the stream's context current";
     if (r == CUDA_SUCCESS) {
         call = "cuStreamWriteValue32";
-        r = CU_CHECK(cu, cuStreamWriteValue32, (CUstream)op->stream, (CUdeviceptr)op->ready, v,
+        r = CU_CHECK(cu, cuStreamWriteValue32, (CUstream)op->stream, (CUdeviceptr)(op->ready + 4ull * slot), v,
                      CU_STREAM_WRITE_VALUE_DEFAULT);
     }
     if (r == CUDA_SUCCESS) {
         written = true;
+        *rec = (gpu_slot_t){ .value = v, .gen = comm->gpu_gen, .seq = d.seq };
         /* A release by the monitor (daemon lost) must cover the wait about to be enqueued. */
         prev = atomic_exchange(&f->posted[comm->handle], POSTED_USED | v);
         call = "cuStreamWaitValue32";
@@ -781,8 +903,8 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
         return cu_say(cu, err, COLLD_ERR_DEVICE, r, "%s on stream %p", call, op->stream);
     }
     if (r != CUDA_SUCCESS) {
-        /* `ready` = v is on the stream without its wait: the next collective (the same v) would
-         * look ready before its inputs are. The communicator is unusable from this rank now (its
+        /* ready[slot] = v is on the stream without its wait: the next collective (the same seq, the
+         * same slot and v) would look ready before its inputs are. The communicator is unusable from this rank now (its
          * peers see it as missing). */
         colld_status_t ok = COLLD_OK;
         __atomic_compare_exchange_n(&comm->async_error, &ok, COLLD_ERR_DEVICE, false, __ATOMIC_RELAXED,
@@ -791,8 +913,8 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
                       "%s on stream %p after its ready flag was enqueued; the communicator cannot be used any more",
                       call, op->stream);
     }
-    /* (e) Post it like any collective. */
-    colld_status_t st = colld__client_submit(c, &d, 1);
+    /* (f) Post it like any collective. */
+    st = colld__client_submit(c, &d, 1);
     if (st != COLLD_OK) {
         release_line(&f->lines[comm->handle], v, st);
         return colld_err_set(err, st, "cannot post the collective (%s); its stream was released with that error",
@@ -988,6 +1110,8 @@ void colld__gpu_client_free(colld_client_t *c)
             CU_CHECK(cu, cuDevicePrimaryCtxRelease, dev);
     }
     pthread_mutex_destroy(&g->mu);
+    free(g->slots);
+    free(g->gens);
     free(g);
     c->gpu = NULL;
 }

@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 #define COLLD_WIRE_MAGIC 0x434f4c44u /* "COLD" */
-#define COLLD_WIRE_VERSION 1
+#define COLLD_WIRE_VERSION 2 /* 2: per-collective GPU ready slots (colld_wire_gpu_flag_t) */
 #define COLLD_WIRE_TOKEN_BYTES 16
 /* A unique id (the 128 bytes of colld_unique_id_t): 16 random bytes; an id made by a daemon that
  * listens for peers (multi-node) also carries "CLN1" at byte 16 and that daemon's address
@@ -75,10 +75,11 @@ typedef struct {
 /* GPU buffers, stream-ordered (the CUDA backend): both buffer references name CUDA registrations
  * (COLLD_MSG_REG_CUDA) of the session. `reserved` carries the rank's flag base for this
  * communicator (below); the flag value of the collective is base + (uint32_t)seq. The rank's CUDA
- * stream writes `ready` = that value into the session's GPU flag line of this communicator handle
- * (COLLD_MSG_GPU_FLAGS) once the inputs are ready, and waits for `done` to reach it. The daemon launches the kernels only when every
- * rank's `ready` has reached seq (so a kernel never runs on the buffers of a rank whose stream did
- * not get there, and such a rank is named in the time-out), then its own stream writes `done`.
+ * stream writes that value into the collective's `ready` slot of the session's GPU flag line of
+ * this communicator handle (COLLD_MSG_GPU_FLAGS) once the inputs are ready, and waits for `done`
+ * to reach it. The daemon launches the kernels only when every rank's slot holds exactly that
+ * value (so a kernel never runs on the buffers of a rank whose stream did not get there, and such
+ * a rank is named in the time-out), then its own stream writes `done`.
  * The completion is posted when the kernels have finished. */
 #define COLLD_SQE_STREAM 0x02u
 
@@ -207,16 +208,31 @@ _Static_assert(sizeof(colld_wire_fast_stats_t) % 64 == 0, "fast stats layout");
  *
  * Flag values: a line outlives the communicators that use its handle one after another, so the
  * values keep growing across them: at its first stream-ordered collective a communicator takes
- * base = the line's current `done` + 1 and uses base + (uint32_t)seq for collective seq, sending
- * the base in every such descriptor (the daemon refuses a rank whose base changes). Waits left
- * over from an earlier communicator on the same line are thereby always satisfied.
+ * base = the line's current `done` + 1 and uses v = base + (uint32_t)seq for collective seq,
+ * sending the base in every such descriptor (the daemon refuses a rank whose base changes). Waits
+ * left over from an earlier communicator on the same line are thereby satisfied (while `done` is
+ * less than 2^31 past them: two releases of later communicators before an old stream reaches its
+ * wait would leave it waiting, a known limit).
  *
- *   ready   written by the rank's stream (cuStreamWriteValue32): the flag value of the collective
- *           whose inputs are ready, after the work before it on the stream.
- *   done    written by the daemon's stream after the collective's kernels (cuStreamWriteValue32),
- *           or by the daemon's host on failure; the rank's stream waits with
- *           CU_STREAM_WAIT_VALUE_GEQ, a cyclic comparison ((int32_t)(done - value) >= 0).
- *   status  0, or the colld_status_t that broke the communicator, written before the release.
+ *   ready[]  one word per collective in flight (issue 15 E1: NCCL lets every call use its own
+ *            stream, so one word per communicator would let a later collective's `ready`, written
+ *            on another stream, stand for an earlier one). Collective seq owns slot
+ *            (uint32_t)seq % COLLD_WIRE_GPU_READY_SLOTS; the rank's stream writes v there
+ *            (cuStreamWriteValue32) after the work before it on the stream. The daemon takes the
+ *            collective's inputs as ready only when the slot holds exactly v (EQ), and when it
+ *            launches the collective it writes ~v there from the host ("taken"). ~v never equals
+ *            v + k * SLOTS (an even number of slots: 2v + 1 is odd), so a taken slot never looks
+ *            ready for a later collective. The client writes a slot again only once the write
+ *            before it in that slot has landed and, for the same communicator, was taken (or the
+ *            communicator broke): a slot is never overwritten while the daemon may still need it,
+ *            and the writes to one slot land in the order they were enqueued, also across
+ *            communicators that reuse the line (issue 15 E2: a broken communicator's queued write
+ *            can never land on top of a newer one). At most SLOTS collectives of a communicator
+ *            are thus posted and not yet launched; the client waits beyond that (client/cuda.c).
+ *   done     written by the daemon's stream after the collective's kernels (cuStreamWriteValue32),
+ *            or by the daemon's host on failure; the rank's stream waits with
+ *            CU_STREAM_WAIT_VALUE_GEQ, a cyclic comparison ((int32_t)(done - value) >= 0).
+ *   status   0, or the colld_status_t that broke the communicator, written before the release.
  *
  * Release on failure (time-out, lost rank, abort, mismatch, device error, daemon loss): once no
  * kernel of the communicator is running any more, `done` is set to the flag value of the last
@@ -226,16 +242,20 @@ _Static_assert(sizeof(colld_wire_fast_stats_t) % 64 == 0, "fast stats layout");
  * ------------------------------------------------------------------------------------------- */
 
 #define COLLD_WIRE_GPU_RELEASE (1u << 30)
+/* Ready slots per line: a power of two, even (see "taken" above); two cache lines. */
+#define COLLD_WIRE_GPU_READY_SLOTS 32u
 
 typedef struct {
-    _Alignas(COLLD_WIRE_CACHELINE) uint32_t ready;
-    uint32_t reserved_ready[15];
+    _Alignas(COLLD_WIRE_CACHELINE) uint32_t ready[COLLD_WIRE_GPU_READY_SLOTS];
     _Alignas(COLLD_WIRE_CACHELINE) uint32_t done;
     int32_t status;
     uint32_t reserved_done[14];
 } colld_wire_gpu_flag_t;
 
-_Static_assert(sizeof(colld_wire_gpu_flag_t) == 128, "gpu flag line layout");
+_Static_assert(sizeof(colld_wire_gpu_flag_t) == 192, "gpu flag line layout");
+_Static_assert((COLLD_WIRE_GPU_READY_SLOTS & (COLLD_WIRE_GPU_READY_SLOTS - 1)) == 0 &&
+                   COLLD_WIRE_GPU_READY_SLOTS % 2 == 0,
+               "ready slots: an even power of two");
 
 /* Lines in a session's flag area, and its size (whole pages). */
 #define COLLD_WIRE_GPU_LINES(max_comms) ((uint64_t)(max_comms) + 1)

@@ -20,8 +20,8 @@
  * and cuda_launch.c):
  *
  *   matched   every rank posted the descriptor; the collective waits in `pending` (FIFO)
- *   ready     every rank's `ready` flag reached its sequence number: the engine thread launches
- *             it (outside the lock) on the communicator's stream of each GPU involved, then
+ *   ready     every rank's `ready` slot of the collective holds its flag value (marked taken):
+ *             the engine thread launches it (outside the lock) on the communicator's stream of each GPU involved, then
  *             the lead GPU's stream writes every rank's `done` flag and records an event
  *   running   the engine polls the event; when it has fired the completions are posted
  *

@@ -202,22 +202,48 @@ static void pending_unlink(colld_gpus_t *g, colld_coll_t *prev, colld_coll_t *k)
     k->next = NULL;
 }
 
-/* Has every rank's stream reached this collective? (lock held) */
+/* The ready slot of a rank's collective in its session's flag area, and the value its stream
+ * writes there (proto/wire.h); NULL when the session has no line for the handle (lock held). */
+static uint32_t *ready_slot(colld_backend_t *b, const colld_op_t *op, uint32_t *want)
+{
+    gpu_session_t *gs = gpu_session_of(b, op->session);
+    uint32_t h = op->d.comm;
+    *want = op->d.reserved + (uint32_t)op->d.seq;
+    if (!gs || h == 0 || h >= gs->lines)
+        return NULL;
+    return &gs->flags[h].ready[(uint32_t)op->d.seq % COLLD_WIRE_GPU_READY_SLOTS];
+}
+
+/* Has every rank's stream reached this collective? Its own slot must hold exactly its value
+ * (issue 15 E1: a later collective's write, on another stream, never stands for it). Lock held. */
 static bool all_ready(colld_backend_t *b, const colld_coll_t *k, int *missing, int nmissing_max, int *nmissing)
 {
     *nmissing = 0;
     for (int r = 0; r < k->comm->nranks; r++) {
-        const colld_op_t *op = k->ops[r];
-        const gpu_session_t *gs = gpu_session_of(b, op->session);
-        uint32_t h = op->d.comm, want = op->d.reserved + (uint32_t)op->d.seq;
-        uint32_t ready = gs && h < gs->lines ? __atomic_load_n(&gs->flags[h].ready, __ATOMIC_ACQUIRE) : want - 1;
-        if ((int32_t)(ready - want) < 0) {
+        uint32_t want;
+        const uint32_t *slot = ready_slot(b, k->ops[r], &want);
+        if (!slot || __atomic_load_n(slot, __ATOMIC_ACQUIRE) != want) {
             if (*nmissing < nmissing_max)
                 missing[*nmissing] = r;
             (*nmissing)++;
         }
     }
     return *nmissing == 0;
+}
+
+/* Every rank's stream reached k, which is about to be launched: mark each rank's slot taken (~v),
+ * which tells the rank's client that the slot may be written again (proto/wire.h). Only a rank
+ * still attached to its handle: a handle given to a new communicator has a new owner (lock held). */
+static void mark_taken(colld_backend_t *b, const colld_coll_t *k)
+{
+    for (int r = 0; r < k->comm->nranks; r++) {
+        const colld_op_t *op = k->ops[r];
+        uint32_t want;
+        uint32_t *slot = ready_slot(b, op, &want);
+        if (slot && op->member && op->member->session == op->session &&
+            colld_comm_member(op->session, op->d.comm) == op->member)
+            __atomic_store_n(slot, ~want, __ATOMIC_RELEASE);
+    }
 }
 
 /* Progress, step 1: launched collectives whose event has fired are finished (in launch order per
@@ -303,6 +329,7 @@ int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
             earlier |= e->comm == k->comm;
         if (!earlier && all_ready(b, k, missing, 8, &nmissing)) {
             pending_unlink(g, prev, k);
+            mark_taken(b, k);
             /* Running from now on (issue 15 F1): a break while it is being launched (the lock
              * dropped) owes its releases until the launch's own `done` writes are over. */
             gpu_comm_of(b, k->comm)->running++;
