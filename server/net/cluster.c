@@ -458,6 +458,14 @@ static void handle_join(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net
         join_refuse(d, sender, NULL, m, COLLD_ERR_INVALID_ARGUMENT, why);
         return;
     }
+    if (d->draining) { /* as its own ranks' CommInit: a daemon that drains forms nothing new */
+        snprintf(why, sizeof(why),
+                 "the root daemon %s (%s) is draining before it stops (a restart or an upgrade): it forms no new "
+                 "communicators; create the communicator once it is back, or with a unique id of another daemon",
+                 cl->node_name, cl->self_addr);
+        join_refuse(d, sender, NULL, m, COLLD_ERR_DAEMON_UNAVAILABLE, why);
+        return;
+    }
     xjoin_t *j = NULL;
     for (xjoin_t *x = cl->xjoins; x; x = x->next)
         if (x->tenant == m->tenant && memcmp(x->uid, m->unique_id.data, sizeof(x->uid)) == 0)

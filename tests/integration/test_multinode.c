@@ -51,8 +51,8 @@ static int write_file(const char *path, const char *text)
     return chmod(path, 0600);
 }
 
-/* Daemons started with --nan-check (setup3_nan). */
-static bool nan_check;
+/* Daemons started with --nan-check (setup3_nan), with a drain timeout (setup3_drain). */
+static bool nan_check, drain;
 
 /* Start daemon i of the cluster with a secret file. */
 static int start_node(cluster_t *cl, int i, const char *secret)
@@ -66,6 +66,8 @@ static int start_node(cluster_t *cl, int i, const char *secret)
                             secret,
                             "--heartbeat-ms",
                             "400",
+                            "--drain-timeout-ms",
+                            drain ? "60000" : "0",
                             nan_check ? "--nan-check" : NULL,
                             NULL };
     return harness_daemon_start(&cl->h[i], extra);
@@ -92,13 +94,21 @@ static int setup_n(void **state, int n)
 
 static int setup3(void **state)
 {
-    nan_check = false;
+    nan_check = drain = false;
     return setup_n(state, 3);
 }
 
 static int setup3_nan(void **state)
 {
     nan_check = true;
+    drain = false;
+    return setup_n(state, 3);
+}
+
+static int setup3_drain(void **state)
+{
+    nan_check = false;
+    drain = true;
     return setup_n(state, 3);
 }
 
@@ -191,6 +201,41 @@ static void test_nan_across_hosts(void **state)
     }
     const char *clean[] = { "--mode", "nan", "--call", "allreduce:float32:sum:3000001:0", NULL };
     run_matrix(cl, 2, place, 4, clean);
+}
+
+/* A root daemon that drains (SIGTERM with --drain-timeout-ms, a communicator of its own still
+ * running) refuses Joins from other nodes as it refuses its own ranks' CommInit: the rank on
+ * node-b gets COLLD_ERR_DAEMON_UNAVAILABLE saying so, at once; node-a then stops when its last
+ * communicator ends. */
+static void test_draining_root_refuses_joins(void **state)
+{
+    cluster_t *cl = *state;
+    char hex[HARNESS_UID_HEX_LEN], log[65536];
+    colld_unique_id_t id;
+    assert_int_equal(harness_new_uid_hex(&cl->h[0], hex), 0);
+    assert_int_equal(harness_uid_from_hex(hex, &id), 0);
+    harness_bg_t bg;
+    assert_int_equal(harness_bg_start(&cl->h[0], &bg), 0); /* holds node-a's drain */
+    assert_int_equal(kill(cl->h[0].pid, SIGTERM), 0);
+    for (int i = 0; i < 500; i++) {
+        harness_read_file(cl->h[0].log, log, sizeof(log));
+        if (strstr(log, "SIGTERM: draining"))
+            break;
+        usleep(10000);
+    }
+    assert_non_null(strstr(log, "SIGTERM: draining"));
+    colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
+    cfg.timeout_ms = 20000;
+    colld_comm_t *comm = NULL;
+    double t0 = harness_now_ms();
+    colld_status_t st = colld_comm_init_rank(cl->h[1].client, &comm, 2, id, 1, &cfg);
+    const char *why = colld_last_error(cl->h[1].client);
+    print_message("rank 1 on node-b after %.0f ms: %s: %s\n", harness_now_ms() - t0, colld_status_name(st), why);
+    assert_int_equal(st, COLLD_ERR_DAEMON_UNAVAILABLE);
+    assert_non_null(strstr(why, "the root daemon node-a"));
+    assert_non_null(strstr(why, "is draining"));
+    assert_true(harness_now_ms() - t0 < 10000); /* the refusal, not the join timeout */
+    assert_int_equal(harness_bg_stop(&bg), 0);
 }
 
 /* Gather, scatter and all-to-all do not run across nodes yet: the daemon refuses them with
@@ -602,6 +647,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_split_across_hosts, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_host_only_kinds_refused, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_nan_across_hosts, setup3_nan, teardown),
+        cmocka_unit_test_setup_teardown(test_draining_root_refuses_joins, setup3_drain, teardown),
         cmocka_unit_test_setup_teardown(test_traffic_per_host, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_killed, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_silent, setup3, teardown),
