@@ -19,7 +19,8 @@
  * Managed memory and cudaMallocAsync pool memory are not supported.
  *
  * Stream ordering (the protocol is in proto/wire.h). The session has one GPU flag area, mapped
- * here and registered with CUDA (device-mapped, portable); line h belongs to communicator handle
+ * here and registered with CUDA (device-mapped, portable; registered again when the context it
+ * was registered in is reset or destroyed: flags_check); line h belongs to communicator handle
  * h. A line outlives the communicators that use its handle one after another, so a communicator
  * takes a flag base (the line's `done` + 1) and a generation (a count of the line's
  * communicators) at its first stream-ordered collective, and collective seq has the flag value

@@ -28,6 +28,11 @@
  *   kernel_driver a 12.8 driver (enough for libcolld), older than the daemon's fatbin needs, and
  *   old_gpu       GPUs of compute capability 7.5, which the fatbin has no code for: the daemon
  *                 refuses its CUDA backend at start with the reason, and every GPU request with it
+ *   recovery,     (with and without VMM) a sticky error in the daemon's context of GPU 0: the
+ *   recovery_legacy collective fails with COLLD_ERR_DEVICE naming the GPU, host work goes on while
+ *                 the daemon resets the GPU, then a new communicator on it runs exact collectives;
+ *                 and the client's flag area registered again after the application resets its
+ *                 context (issue 15 F3 and the flag area's context, fixed)
  *   open_defects  the review's defects that the double shows today (issue 15), STILL OPEN: each
  *                 case (test_open_defect_<id>_...) asserts the present, wrong behaviour, prints
  *                 "OPEN DEFECT <id>" with what the fix must turn it into, and passes while the
