@@ -222,14 +222,19 @@ static colld_status_t async_error(colld_comm_t *comm)
     return e;
 }
 
+/* The device of each rank's thread (its primary context is current there): rank r on device r,
+ * unless a case puts both on one device. */
+static int rank_device[2] = { 0, 1 };
+
 static void *rank_thread(void *arg)
 {
     rank_t *r = arg;
     CUcontext ctx;
     CUresult cr;
     r->c = r->h->client;
-    if ((cr = cu->cuDevicePrimaryCtxRetain(&ctx, r->rank)) != CUDA_SUCCESS || (cr = cu->cuCtxSetCurrent(ctx)) != CUDA_SUCCESS) {
-        rank_fail(r, "context of device %d: %s", r->rank, rname(cr));
+    if ((cr = cu->cuDevicePrimaryCtxRetain(&ctx, rank_device[r->rank])) != CUDA_SUCCESS ||
+        (cr = cu->cuCtxSetCurrent(ctx)) != CUDA_SUCCESS) {
+        rank_fail(r, "context of device %d: %s", rank_device[r->rank], rname(cr));
         return NULL;
     }
     colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
@@ -252,7 +257,7 @@ static void *rank_thread(void *arg)
     if (r->rank == 1 && r->c && r->c != r->h->client)
         colld_disconnect(r->c);
     cu->cuCtxSetCurrent(NULL);
-    cu->cuDevicePrimaryCtxRelease(r->rank);
+    cu->cuDevicePrimaryCtxRelease(rank_device[r->rank]);
     return NULL;
 }
 
@@ -388,7 +393,9 @@ static float input_sum(size_t i)
 
 /* Put this rank's inputs into send (n elements) and 0xff bytes (a NaN pattern) into recv. The copy
  * and the memset go to the legacy default stream, with which the rank's non-blocking stream is not
- * ordered: wait for them before the collective is posted. */
+ * ordered: wait for them before the collective is posted (for the legacy stream only: both ranks
+ * may share a context, and the other rank's stream may wait for a collective this one has not
+ * posted yet). */
 static bool fill(rank_t *r, CUdeviceptr send, CUdeviceptr recv, size_t n, size_t nrecv, float *host)
 {
     for (size_t i = 0; i < n; i++)
@@ -397,7 +404,7 @@ static bool fill(rank_t *r, CUdeviceptr send, CUdeviceptr recv, size_t n, size_t
     if (cr == CUDA_SUCCESS)
         cr = cu->cuMemsetD8(recv, 0xff, nrecv * sizeof(float));
     if (cr == CUDA_SUCCESS)
-        cr = cu->cuCtxSynchronize();
+        cr = cu->cuStreamSynchronize(CU_STREAM_LEGACY);
     if (cr != CUDA_SUCCESS)
         rank_fail(r, "filling the buffers: %s", rname(cr));
     return cr == CUDA_SUCCESS;
@@ -1508,7 +1515,6 @@ static int teardown_contexts(void **state)
  * ========================================================================================== */
 
 #define RESET_HELD "# held: cuDevicePrimaryCtxReset call #1" /* the daemon's fault file, hold_call */
-#define RECOVERED "GPU 0 (" /* the daemon log's line, then RECOVERED_TAIL */
 #define RECOVERED_TAIL ") recovered: its context was reset after CUDA_ERROR_ILLEGAL_ADDRESS"
 
 /* One count-0 collective that fails: its stream released, then the communicator's error. */
@@ -1548,13 +1554,15 @@ static void sc_host(rank_t *r)
         }
 }
 
-/* The daemon log's line that GPU 0 came back: "GPU 0 (NAME) recovered: ...". */
-static bool gpu0_recovered(const char *log_path, int ms)
+/* The daemon log's line that GPU gi came back: "GPU gi (NAME) recovered: ...". */
+static bool gpu_recovered(const char *log_path, int gi, int ms)
 {
     static char log[65536];
+    char head[16];
+    snprintf(head, sizeof(head), "GPU %d (", gi);
     for (int i = 0; i < ms / 5; i++) {
         harness_read_file(log_path, log, sizeof(log));
-        for (const char *p = strstr(log, RECOVERED); p; p = strstr(p + 1, RECOVERED)) {
+        for (const char *p = strstr(log, head); p; p = strstr(p + 1, head)) {
             const char *eol = strchr(p, '\n');
             const char *t = strstr(p, RECOVERED_TAIL);
             if (t && (!eol || t < eol))
@@ -1601,10 +1609,67 @@ static void test_sticky_error_gpu_recovers(void **state)
     assert_non_null(strstr(colld_last_error(h->client), "is being reset after CUDA_ERROR_ILLEGAL_ADDRESS"));
     CU_MUST(cu->cuCtxSetCurrent(NULL));
     assert_true(control_append("release:hold"));
-    assert_true(gpu0_recovered(h->log, WAIT_MS));
+    assert_true(gpu_recovered(h->log, 0, WAIT_MS));
     run_ranks(h, sc_collectives, 0, ranks);
     for (int i = 0; i < 2; i++)
         assert_int_equal(ranks[i].v[0], 6); /* every collective's result exact */
+    assert_int_equal(harness_wait_clean(h, 10000), 0);
+}
+
+/* An all-reduce of device memory (rank r's buffers on its device) that fails: its stream
+ * released, then the communicator's error. */
+static void sc_data_fails(rank_t *r)
+{
+    static float host[2][COUNT];
+    void *sp = NULL, *rp = NULL;
+    colld_status_t st;
+    if ((st = colld_mem_alloc(r->c, &sp, COUNT * sizeof(float), COLLD_MEM_CUDA)) != COLLD_OK ||
+        (st = colld_mem_alloc(r->c, &rp, COUNT * sizeof(float), COLLD_MEM_CUDA)) != COLLD_OK) {
+        rank_fail(r, "colld_mem_alloc(COLLD_MEM_CUDA): %s: %s", colld_status_name(st), colld_last_error(r->c));
+        goto out;
+    }
+    if (!fill(r, (CUdeviceptr)(uintptr_t)sp, (CUdeviceptr)(uintptr_t)rp, COUNT, COUNT, host[r->rank]))
+        goto out;
+    r->st[0] = colld_allreduce(sp, rp, COUNT, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    r->cr[0] = stream_released(r);
+    if (r->st[0] == COLLD_OK)
+        r->st[1] = async_error(r->comm);
+out:
+    pthread_barrier_wait(r->barrier);
+    if (rp)
+        colld_mem_free(r->c, rp);
+    if (sp)
+        colld_mem_free(r->c, sp);
+}
+
+/* The same fault on GPU 1, which does not hold the flag areas: an all-reduce across GPUs 0 and 1
+ * faults at its first cuEventCreate, made in GPU 1's context (the event GPU 0's stream waits
+ * for). The collective fails naming GPU 1. While GPU 1's reset is held, a communicator whose
+ * ranks both use GPU 0 runs every collective exactly (GPU 0 is neither held nor touched); once
+ * GPU 1 recovered, a communicator across both GPUs does again. */
+static void test_sticky_error_other_gpu_goes_on(void **state)
+{
+    harness_t *h = *state;
+    rank_t ranks[2];
+    run_ranks(h, sc_data_fails, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[0], COLLD_OK);
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS); /* released */
+        assert_int_equal(ranks[i].st[1], COLLD_ERR_DEVICE);
+        assert_non_null(strstr(ranks[i].detail, "CUDA refused the launch: CUDA_ERROR_ILLEGAL_ADDRESS"));
+        assert_non_null(strstr(ranks[i].detail, "on GPU 1 ("));
+    }
+    assert_true(log_says(launch_control, RESET_HELD, WAIT_MS));
+    rank_device[1] = 0; /* both ranks on GPU 0 */
+    run_ranks(h, sc_collectives, 0, ranks);
+    rank_device[1] = 1;
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(ranks[i].v[0], 6); /* every collective's result exact during GPU 1's reset */
+    assert_true(control_append("release:hold"));
+    assert_true(gpu_recovered(h->log, 1, WAIT_MS));
+    run_ranks(h, sc_collectives, 0, ranks);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(ranks[i].v[0], 6);
     assert_int_equal(harness_wait_clean(h, 10000), 0);
 }
 
@@ -1630,6 +1695,7 @@ static int setup_sticky(void **state)
 /* Let the daemon's held reset go (a case that failed before it did), then stop the daemon. */
 static int teardown_sticky(void **state)
 {
+    rank_device[1] = 1;
     control_append("release:hold");
     return teardown_launch_fault(state);
 }
@@ -1668,6 +1734,7 @@ static int run_recovery(void)
         cmocka_unit_test_setup_teardown(test_flag_area_registered_again_after_reset, setup_on_double,
                                         teardown_contexts),
         cmocka_unit_test_setup_teardown(test_sticky_error_gpu_recovers, setup_sticky, teardown_sticky),
+        cmocka_unit_test_setup_teardown(test_sticky_error_other_gpu_goes_on, setup_sticky, teardown_sticky),
     };
     return cmocka_run_group_tests_name("gpu_cudafake_recovery", tests, NULL, NULL);
 }
