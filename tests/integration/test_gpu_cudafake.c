@@ -1673,6 +1673,54 @@ static void test_sticky_error_other_gpu_goes_on(void **state)
     assert_int_equal(harness_wait_clean(h, 10000), 0);
 }
 
+/* The bound: GPU 0 of the daemon faults at every launch (every cuEventCreate, sticky). Each of the
+ * first three faults is followed by a reset; the fourth, again within a minute of the last
+ * reset, gives GPU 0 up, and a collective on it then fails at once with COLLD_ERR_DEVICE saying
+ * so (the flag areas moved to GPU 1, so the ranks' streams are still released). No reset loop. */
+static void test_sticky_error_gpu_given_up(void **state)
+{
+    harness_t *h = *state;
+    rank_t ranks[2];
+    for (int round = 1; round <= 4; round++) {
+        run_ranks(h, sc_count0, 0, ranks);
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS); /* released */
+            assert_int_equal(ranks[i].st[1], COLLD_ERR_DEVICE);
+            assert_non_null(strstr(ranks[i].detail, "CUDA refused the launch: CUDA_ERROR_ILLEGAL_ADDRESS"));
+        }
+        char want[64];
+        snprintf(want, sizeof(want), "(reset %d since start)", round);
+        assert_true(log_says(h->log, round < 4 ? want : ") given up: CUDA_ERROR_ILLEGAL_ADDRESS", WAIT_MS));
+    }
+    static char log[65536];
+    harness_read_file(h->log, log, sizeof(log));
+    assert_null(strstr(log, "(reset 4 since start)")); /* three resets, no more */
+    run_ranks(h, sc_count0, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS); /* released */
+        assert_int_equal(ranks[i].st[1], COLLD_ERR_DEVICE);
+        assert_non_null(strstr(ranks[i].detail, "GPU 0 ("));
+        assert_non_null(strstr(ranks[i].detail, ") was given up by colld: CUDA_ERROR_ILLEGAL_ADDRESS"));
+    }
+    assert_int_equal(harness_wait_clean(h, 10000), 0);
+}
+
+/* A daemon whose double faults every cuEventCreate (sticky, CUDA_ERROR_ILLEGAL_ADDRESS). */
+static int setup_sticky_always(void **state)
+{
+    snprintf(launch_control, sizeof(launch_control), "/tmp/colld-cudafake-XXXXXX");
+    int fd = mkstemp(launch_control);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    if (!control_append("sticky:cuEventCreate:1-:CUDA_ERROR_ILLEGAL_ADDRESS"))
+        return -1;
+    setenv("COLLD_CUDAFAKE_CONTROL", launch_control, 1);
+    int rc = setup_on_double(state);
+    unsetenv("COLLD_CUDAFAKE_CONTROL");
+    return rc;
+}
+
 /* A daemon whose double faults its first cuEventCreate (sticky, CUDA_ERROR_ILLEGAL_ADDRESS) and
  * holds its first cuDevicePrimaryCtxReset, reading launch_control for the case's later
  * instructions. */
@@ -1735,6 +1783,7 @@ static int run_recovery(void)
                                         teardown_contexts),
         cmocka_unit_test_setup_teardown(test_sticky_error_gpu_recovers, setup_sticky, teardown_sticky),
         cmocka_unit_test_setup_teardown(test_sticky_error_other_gpu_goes_on, setup_sticky, teardown_sticky),
+        cmocka_unit_test_setup_teardown(test_sticky_error_gpu_given_up, setup_sticky_always, teardown_sticky),
     };
     return cmocka_run_group_tests_name("gpu_cudafake_recovery", tests, NULL, NULL);
 }

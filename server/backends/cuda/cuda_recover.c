@@ -28,8 +28,9 @@
  *
  * Bounded: a fault within GPU_RESET_WINDOW_NS of the GPU's last reset is a strike, as is a reset
  * or probe that fails (retried after a back-off of a second per strike); after GPU_MAX_STRIKES
- * strikes in a row the GPU is given up (GPU_FAILED): every request for it fails with
- * COLLD_ERR_DEVICE saying to restart colld once the GPU is healthy. NVIDIA documents several
+ * strikes in a row the GPU is given up (GPU_FAILED; a fault gets a last reset first, which frees
+ * what its context held): every request for it fails with COLLD_ERR_DEVICE saying to restart
+ * colld once the GPU is healthy; the flag areas move to another GPU if it held them. NVIDIA documents several
  * sticky errors as needing a new process; where a reset does not clear one, this is how it ends.
  * The quiesce waits at most GPU_QUIESCE_NS (a kernel that never ends), then resets anyway.
  *
@@ -353,11 +354,13 @@ static void give_up(colld_gpus_t *g, int gi, const char *what)
                    "colld is restarted (check the GPU first: nvidia-smi, the kernel log for Xid errors)",
               gi, gpu->name, gpu->why);
     if (gi == g->home) {
+        /* The flag areas' registrations went with its reset (or, when the reset failed, stay in its
+         * context: registering them again then fails, and is logged). */
         for (int j = 0; j < g->n; j++)
             if (g->gpu[j].state == GPU_OK) {
                 g->home = j;
                 for (gpu_session_t *gs = g->sessions; gs; gs = gs->next)
-                    gs->registered = false; /* gone with the old home's context */
+                    gs->registered = false;
                 flags_register_all(g);
                 LOG_WARN(GPU, "the GPU flag areas are registered on GPU %d now", j);
                 break;
@@ -380,14 +383,9 @@ static void recover_gpu(colld_gpus_t *g, int gi)
         snprintf(gpu->why, sizeof(gpu->why), "%s", colld_cu_describe(g->cu, fault, buf, sizeof(buf)));
         gpu->state = GPU_FAULTED;
         LOG_ERROR(GPU, "GPU %d (%s): %s in the daemon's context: failing its collectives with COLLD_ERR_DEVICE and "
-                       "resetting it (fault %u in a row, at most %d)",
-                  gi, gpu->name, gpu->why, gpu->strikes, GPU_MAX_STRIKES);
-        if (gpu->strikes > GPU_MAX_STRIKES) {
-            snprintf(why, sizeof(why), "%.*s again within %llu s of its reset", (int)sizeof(why) - 48, gpu->why,
-                     (unsigned long long)(GPU_RESET_WINDOW_NS / 1000000000ull));
-            give_up(g, gi, why);
-            return;
-        }
+                       "resetting it (fault %u in a row, at most %d%s)",
+                  gi, gpu->name, gpu->why, gpu->strikes, GPU_MAX_STRIKES,
+                  gpu->strikes > GPU_MAX_STRIKES ? ": a last reset frees what it holds, then it is given up" : "");
     }
     /* Fail its matched work (the engine does, cuda_coll.c) and stop launches where the reset
      * drops the flag areas' registration. */
@@ -419,6 +417,14 @@ static void recover_gpu(colld_gpus_t *g, int gi)
         __atomic_store_n(&gpu->ctx, ctx, __ATOMIC_RELAXED); /* cuda_gpu_fault reads it without the lock */
     gpu->resets++;
     gpu->reset_ns = colld_now_ns();
+    if (r == CUDA_SUCCESS && gpu->strikes > GPU_MAX_STRIKES) {
+        /* Too many faults in a row: its context is clean now (nothing of it holds the flag areas
+         * or the registrations any more), and it takes no more work. */
+        snprintf(why, sizeof(why), "%.*s again within %llu s of its reset", (int)sizeof(why) - 48, gpu->why,
+                 (unsigned long long)(GPU_RESET_WINDOW_NS / 1000000000ull));
+        give_up(g, gi, why);
+        return;
+    }
     if (r == CUDA_SUCCESS) {
         __atomic_store_n(&gpu->fault, 0, __ATOMIC_RELEASE);
         if (gi == g->home)
