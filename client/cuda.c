@@ -19,7 +19,8 @@
  * Managed memory and cudaMallocAsync pool memory are not supported.
  *
  * Stream ordering (the protocol is in proto/wire.h). The session has one GPU flag area, mapped
- * here and registered with CUDA (device-mapped, portable); line h belongs to communicator handle
+ * here and registered with CUDA (device-mapped, portable; registered again when the context it
+ * was registered in is reset or destroyed: flags_check); line h belongs to communicator handle
  * h. A line outlives the communicators that use its handle one after another, so a communicator
  * takes a flag base (the line's `done` + 1) and a generation (a count of the line's
  * communicators) at its first stream-ordered collective, and collective seq has the flag value
@@ -203,7 +204,7 @@ typedef struct {
     size_t size;
     uint32_t nlines;
     CUdeviceptr dptr;
-    CUcontext ctx; /* current when it was registered (for cuMemHostUnregister) */
+    CUcontext ctx; /* current when it was (last) registered (for cuMemHostUnregister; flags_check) */
     _Atomic uint64_t *posted;
 } gpu_flags_t;
 
@@ -636,6 +637,42 @@ static colld_status_t flags_setup(colld_client_t *c, colld_gpu_t *g, const colld
     return COLLD_OK;
 }
 
+/* The flag area's CUDA registration belongs to the context it was made in (f->ctx) and dies with
+ * it: a cuDevicePrimaryCtxReset after a sticky error in the application, or the context's last
+ * release. A stream memory operation on the area would then fault (CUDA_ERROR_ILLEGAL_ADDRESS,
+ * sticky, in the application). So before every stream-ordered collective the registration is
+ * looked up from the stream's context (portable: seen from every context while it lives) and,
+ * when it is gone, made again in that context. An error other than "not registered" (the
+ * application's context has a sticky error itself) fails the collective with COLLD_ERR_DEVICE.
+ * g->mu held, the stream's context current, the area set up. */
+static colld_status_t flags_check(colld_gpu_t *g, const colld_cu_t *cu, colld_err_t *err)
+{
+    gpu_flags_t *f = atomic_load(&g->flags);
+    CUdeviceptr dptr = 0;
+    CUresult r = CU_CHECK_EXPECT(cu, CUDA_ERROR_INVALID_VALUE, cuMemHostGetDevicePointer, &dptr, f->lines, 0);
+    if (r == CUDA_SUCCESS) {
+        f->dptr = dptr;
+        return COLLD_OK;
+    }
+    if (r != CUDA_ERROR_INVALID_VALUE)
+        return cu_say(cu, err, COLLD_ERR_DEVICE, r,
+                      "the GPU flag area's CUDA registration cannot be checked in the stream's context "
+                      "(cuMemHostGetDevicePointer)");
+    r = CU_CHECK(cu, cuMemHostRegister, f->lines, f->size, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
+    if (r == CUDA_SUCCESS && (r = CU_CHECK(cu, cuMemHostGetDevicePointer, &dptr, f->lines, 0)) != CUDA_SUCCESS)
+        CU_CHECK(cu, cuMemHostUnregister, f->lines);
+    if (r != CUDA_SUCCESS)
+        return cu_say(cu, err, COLLD_ERR_DEVICE, r,
+                      "registering the GPU flag area with CUDA again, after the context it was registered in was "
+                      "reset or destroyed (cuMemHostRegister)");
+    f->dptr = dptr;
+    CU_CHECK(cu, cuCtxGetCurrent, &f->ctx);
+    LOG_INFO(GPU, "the GPU flag area's CUDA registration went with its context (reset or destroyed): registered "
+                  "again in the stream's context, device address 0x%llx",
+             (unsigned long long)dptr);
+    return COLLD_OK;
+}
+
 /* Release a line from the host: its error, then `done` far enough ahead that every wait enqueued
  * up to flag value `value` (and the next 2^30) passes. Never moves `done` back. */
 static void release_line(colld_wire_gpu_flag_t *l, uint32_t value, colld_status_t st)
@@ -713,7 +750,7 @@ static colld_status_t prepare_locked(colld_comm_t *comm, const colld_cu_t *cu, v
     if ((send_bytes && (st = resolve(c, g, cu, send, send_bytes, &ps, "sendbuf", &sqe->send, NULL, err))) ||
         (recv_bytes && (st = resolve(c, g, cu, recv, recv_bytes, &pr, "recvbuf", &sqe->recv, NULL, err))))
         goto out;
-    if ((st = flags_setup(c, g, cu, err)) != COLLD_OK)
+    if ((st = flags_setup(c, g, cu, err)) != COLLD_OK || (st = flags_check(g, cu, err)) != COLLD_OK)
         goto out;
     gpu_flags_t *f = atomic_load(&g->flags);
     uint32_t h = comm->handle;

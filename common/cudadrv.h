@@ -31,7 +31,7 @@
 #define COLLD_CU_FUNCS(X)                                                                                    \
     X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                                    \
     X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetUuid) X(cuDeviceGetAttribute)         \
-    X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)                        \
+    X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxReset) \
     X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxPushCurrent) X(cuCtxPopCurrent)           \
     X(cuCtxEnablePeerAccess) X(cuCtxSynchronize)                                                             \
     X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamGetCtx) X(cuStreamWaitEvent) X(cuStreamSynchronize)        \

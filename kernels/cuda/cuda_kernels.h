@@ -74,6 +74,11 @@ typedef struct colld_cuda_kernels colld_cuda_kernels_t;
  * calling thread's current context is unchanged. */
 colld_status_t colld_cuda_kernels_load(const colld_cu_t *cu, const CUcontext *ctx, const CUdevice *dev, int n,
                                        colld_cuda_kernels_t **out, char *err, size_t len);
+/* Get every kernel into ctx, the context of the load's GPU i (cuKernelGetFunction): at load, and
+ * again after that GPU's primary context was reset (the library survives a reset, the kernels'
+ * modules in the context do not). COLLD_OK, or COLLD_ERR_DEVICE with the failing call in err. The
+ * calling thread's current context is unchanged. */
+colld_status_t colld_cuda_kernels_attach(const colld_cuda_kernels_t *k, CUcontext ctx, int i, char *err, size_t len);
 #endif
 
 /* Unload what colld_cuda_kernels_load() loaded (no launch of it may still be pending: synchronize

@@ -135,7 +135,6 @@ colld_status_t colld_cuda_kernels_load(const colld_cu_t *cu, const CUcontext *ct
 {
     colld_status_t st = COLLD_OK;
     char where[160] = "", b1[32], b2[32];
-    bool pushed = false;
     colld_cuda_kernels_t *k = calloc(1, sizeof(*k));
     if (!k || !(k->dev = calloc((size_t)(n > 0 ? n : 1), sizeof(*k->dev))) ||
         !(k->sms = calloc((size_t)(n > 0 ? n : 1), sizeof(*k->sms)))) {
@@ -183,35 +182,50 @@ colld_status_t colld_cuda_kernels_load(const colld_cu_t *cu, const CUcontext *ct
             k->sms[i] = 1;
         if ((st = arch_gate(cu->driver_version, i, name, major, minor, err, len)) != COLLD_OK)
             goto out;
-        LOAD_CU(cuCtxPushCurrent, ctx[i]);
-        pushed = true;
-        for (int d = 0; d < COLLD_DTYPE_COUNT; d++)
-            for (int o = 0; o < COLLD_REDOP_COUNT; o++) {
-                CUfunction f;
-                snprintf(where, sizeof(where), "GPU %d (%s), kernel %s: ", i, name, reduce_names[d][o]);
-                LOAD_CU(cuKernelGetFunction, &f, k->reduce[d][o]);
-            }
-        for (int c = 0; c < N_COPY; c++) {
-            CUfunction f;
-            snprintf(where, sizeof(where), "GPU %d (%s), kernel %s: ", i, name, copy_names[c]);
-            LOAD_CU(cuKernelGetFunction, &f, k->copy[c]);
-        }
-        CUcontext popped;
-        pushed = false;
-        snprintf(where, sizeof(where), "GPU %d: ", i);
-        LOAD_CU(cuCtxPopCurrent, &popped);
+        if ((st = colld_cuda_kernels_attach(k, ctx[i], i, err, len)) != COLLD_OK)
+            goto out;
     }
 out:
-    if (pushed) {
-        CUcontext popped;
-        CU_CHECK(cu, cuCtxPopCurrent, &popped);
-    }
     if (st != COLLD_OK) {
         colld_cuda_kernels_unload(k);
         return st;
     }
     *out = k;
     return COLLD_OK;
+}
+
+colld_status_t colld_cuda_kernels_attach(const colld_cuda_kernels_t *k, CUcontext ctx, int i, char *err, size_t len)
+{
+    const colld_cu_t *cu = k->cu;
+    colld_status_t st = COLLD_OK;
+    char where[192], name[96] = "";
+    bool pushed = false;
+    if (i < 0 || i >= k->n) {
+        snprintf(err, len, "GPU %d: not one the kernels were loaded for", i);
+        return COLLD_ERR_INTERNAL;
+    }
+    if (CU_CHECK(cu, cuDeviceGetName, name, (int)sizeof(name), k->dev[i]) != CUDA_SUCCESS)
+        snprintf(name, sizeof(name), "GPU %d", i);
+    snprintf(where, sizeof(where), "GPU %d (%s): ", i, name);
+    LOAD_CU(cuCtxPushCurrent, ctx);
+    pushed = true;
+    for (int d = 0; d < COLLD_DTYPE_COUNT; d++)
+        for (int o = 0; o < COLLD_REDOP_COUNT; o++) {
+            CUfunction f;
+            snprintf(where, sizeof(where), "GPU %d (%s), kernel %s: ", i, name, reduce_names[d][o]);
+            LOAD_CU(cuKernelGetFunction, &f, k->reduce[d][o]);
+        }
+    for (int c = 0; c < N_COPY; c++) {
+        CUfunction f;
+        snprintf(where, sizeof(where), "GPU %d (%s), kernel %s: ", i, name, copy_names[c]);
+        LOAD_CU(cuKernelGetFunction, &f, k->copy[c]);
+    }
+out:
+    if (pushed) {
+        CUcontext popped;
+        CU_CHECK(cu, cuCtxPopCurrent, &popped);
+    }
+    return st;
 }
 
 void colld_cuda_kernels_unload(colld_cuda_kernels_t *k)

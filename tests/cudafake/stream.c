@@ -472,6 +472,9 @@ void fk_streams_ctx_destroyed(fk_ctx_t *ctx)
     for (fk_stream_t *s = ctx->streams; s && n < FK_MAX_STREAMS; s = s->next)
         all[n++] = s;
     for (int i = 0; i < n; i++) {
+        /* Held while its worker ends below: a stream whose handle was destroyed is still listed
+         * until its worker is done, and that worker drops what would be the last reference. */
+        all[i]->refs++;
         atomic_store(&all[i]->abort, true);
         owned[i] = all[i]->handle_live;
         if (all[i]->handle_live && !all[i]->legacy)
@@ -487,9 +490,11 @@ void fk_streams_ctx_destroyed(fk_ctx_t *ctx)
             cv_wait(0);
     ctx->legacy = NULL;
     ctx->streams = NULL;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (owned[i])
-            fk_stream_unref(all[i]); /* the handle's (or the context's) reference */
+            all[i]->refs--;      /* the handle's (or the context's) reference: ours remains */
+        fk_stream_unref(all[i]); /* this function's own, maybe the last */
+    }
     for (fk_event_t **pp = &events; *pp;) {
         fk_event_t *e = *pp;
         if (e->ctx != ctx || !e->handle_live) {

@@ -449,6 +449,22 @@ static void test_host_register(void **state)
     CU_OK(cu.cuDevicePrimaryCtxReset(DEV_B));
     CU_OK(cu.cuStreamCreate(&s, 0));
     CU_OK(cu.cuStreamDestroy(s));
+    /* A registration belongs to the context it was made in, portable or not: a reset of that
+     * context drops it (seen from another context too), and the memory can be registered again
+     * from another one (libcolld's flags_check, the daemon's recovery rely on this). */
+    h = NULL;
+    d = cf_flags(&h); /* in B */
+    cf_use(DEV_A);
+    CU_OK(cu.cuMemHostGetDevicePointer(&d2, h, 0)); /* portable: seen from A */
+    assert_int_equal(d2, d);
+    CU_OK(cu.cuDevicePrimaryCtxReset(DEV_B));
+    CU_IS(cu.cuMemHostGetDevicePointer(&d2, h, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cu.cuMemHostRegister(h, 4096, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE));
+    CU_OK(cu.cuMemHostGetDevicePointer(&d2, h, 0));
+    CU_OK(cu.cuStreamWriteValue32(CU_STREAM_LEGACY, d2 + 4, 9, 0));
+    CU_OK(cu.cuCtxSynchronize());
+    assert_int_equal(h[1], 9);
+    cf_flags_free(h);
 }
 
 /* ============================================================================================

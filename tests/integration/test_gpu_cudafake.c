@@ -28,6 +28,11 @@
  *   kernel_driver a 12.8 driver (enough for libcolld), older than the daemon's fatbin needs, and
  *   old_gpu       GPUs of compute capability 7.5, which the fatbin has no code for: the daemon
  *                 refuses its CUDA backend at start with the reason, and every GPU request with it
+ *   recovery,     (with and without VMM) a sticky error in the daemon's context of GPU 0: the
+ *   recovery_legacy collective fails with COLLD_ERR_DEVICE naming the GPU, host work goes on while
+ *                 the daemon resets the GPU, then a new communicator on it runs exact collectives;
+ *                 and the client's flag area registered again after the application resets its
+ *                 context (issue 15 F3 and the flag area's context, fixed)
  *   open_defects  the review's defects that the double shows today (issue 15), STILL OPEN: each
  *                 case (test_open_defect_<id>_...) asserts the present, wrong behaviour, prints
  *                 "OPEN DEFECT <id>" with what the fix must turn it into, and passes while the
@@ -217,14 +222,19 @@ static colld_status_t async_error(colld_comm_t *comm)
     return e;
 }
 
+/* The device of each rank's thread (its primary context is current there): rank r on device r,
+ * unless a case puts both on one device. */
+static int rank_device[2] = { 0, 1 };
+
 static void *rank_thread(void *arg)
 {
     rank_t *r = arg;
     CUcontext ctx;
     CUresult cr;
     r->c = r->h->client;
-    if ((cr = cu->cuDevicePrimaryCtxRetain(&ctx, r->rank)) != CUDA_SUCCESS || (cr = cu->cuCtxSetCurrent(ctx)) != CUDA_SUCCESS) {
-        rank_fail(r, "context of device %d: %s", r->rank, rname(cr));
+    if ((cr = cu->cuDevicePrimaryCtxRetain(&ctx, rank_device[r->rank])) != CUDA_SUCCESS ||
+        (cr = cu->cuCtxSetCurrent(ctx)) != CUDA_SUCCESS) {
+        rank_fail(r, "context of device %d: %s", rank_device[r->rank], rname(cr));
         return NULL;
     }
     colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
@@ -247,7 +257,7 @@ static void *rank_thread(void *arg)
     if (r->rank == 1 && r->c && r->c != r->h->client)
         colld_disconnect(r->c);
     cu->cuCtxSetCurrent(NULL);
-    cu->cuDevicePrimaryCtxRelease(r->rank);
+    cu->cuDevicePrimaryCtxRelease(rank_device[r->rank]);
     return NULL;
 }
 
@@ -383,7 +393,9 @@ static float input_sum(size_t i)
 
 /* Put this rank's inputs into send (n elements) and 0xff bytes (a NaN pattern) into recv. The copy
  * and the memset go to the legacy default stream, with which the rank's non-blocking stream is not
- * ordered: wait for them before the collective is posted. */
+ * ordered: wait for them before the collective is posted (for the legacy stream only: both ranks
+ * may share a context, and the other rank's stream may wait for a collective this one has not
+ * posted yet). */
 static bool fill(rank_t *r, CUdeviceptr send, CUdeviceptr recv, size_t n, size_t nrecv, float *host)
 {
     for (size_t i = 0; i < n; i++)
@@ -392,7 +404,7 @@ static bool fill(rank_t *r, CUdeviceptr send, CUdeviceptr recv, size_t n, size_t
     if (cr == CUDA_SUCCESS)
         cr = cu->cuMemsetD8(recv, 0xff, nrecv * sizeof(float));
     if (cr == CUDA_SUCCESS)
-        cr = cu->cuCtxSynchronize();
+        cr = cu->cuStreamSynchronize(CU_STREAM_LEGACY);
     if (cr != CUDA_SUCCESS)
         rank_fail(r, "filling the buffers: %s", rname(cr));
     return cr == CUDA_SUCCESS;
@@ -1227,7 +1239,6 @@ static struct {
     PFN_cuDevicePrimaryCtxReset_v11000 reset;
 } app;
 
-static char control_path[64]; /* the sticky-error case's fault file for the daemon's double */
 
 /* Those entry points, from the driver colld loaded. */
 static bool app_load(void)
@@ -1472,82 +1483,6 @@ static void test_open_defect_D2_multisegment_vmm_refused(void **state)
     }
 }
 
-/* F3: a sticky error in the daemon's context of a GPU fails every later communicator on that GPU
- * (server/backends/cuda/cuda.c has no recovery: the primary context is never reset). The daemon's double gets
- * a sticky fault at its first cuEventCreate (its launch of the first collective). Fix: mark the
- * GPU, fail its work with COLLD_ERR_DEVICE, reset the primary context, bring it back. */
-static void sc_count0(rank_t *r)
-{
-    r->st[0] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
-    r->cr[0] = cu->cuStreamSynchronize(r->s);
-    if (r->st[0] == COLLD_OK)
-        r->st[1] = async_error(r->comm);
-}
-
-/* One count-0 collective that is expected to work: completion instead of an error to wait for. */
-static void sc_count0_ok(rank_t *r)
-{
-    r->st[0] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
-    r->cr[0] = cu->cuStreamSynchronize(r->s);
-    r->st[1] = colld_comm_synchronize(r->comm);
-}
-
-static void test_open_defect_F3_sticky_error_poisons_gpu(void **state)
-{
-    open_defect("F3",
-                "after a sticky error in the daemon's context every later communicator on that GPU fails, even the registration of a new client's flag area",
-                "the daemon resets the context, fails only the work in flight with COLLD_ERR_DEVICE, and a new communicator on that GPU works");
-    rank_t ranks[2];
-    run_ranks(*state, sc_count0, 0, ranks);
-    for (int i = 0; i < 2; i++) {
-        assert_int_equal(ranks[i].st[0], COLLD_OK);
-        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS); /* released */
-        assert_int_equal(ranks[i].st[1], COLLD_ERR_DEVICE);
-        assert_non_null(strstr(ranks[i].detail, "CUDA refused the launch: CUDA_ERROR_ILLEGAL_ADDRESS"));
-    }
-    /* A new communicator on that GPU: rank 1's new client cannot even get its flag area (the daemon
-     * registers it in the poisoned context); rank 0's stream is released as its peer gives up. */
-    run_ranks(*state, sc_count0, 0, ranks);
-    assert_int_equal(ranks[1].st[0], COLLD_ERR_DEVICE);
-    assert_non_null(strstr(ranks[1].detail, "cannot register the GPU flag area with CUDA: CUDA_ERROR_ILLEGAL_ADDRESS"));
-    assert_int_equal(ranks[0].st[0], COLLD_OK);
-    assert_int_equal(ranks[0].cr[0], CUDA_SUCCESS);
-    assert_int_not_equal(ranks[0].st[1], COLLD_OK);
-}
-
-/* New (first contact): the client registers its flag area with cuMemHostRegister once, in the
- * context current at its first stream-ordered collective (client/cuda.c flags_setup), and keeps
- * it for the life of the client. The registration belongs to that context: once the context is
- * reset (cuDevicePrimaryCtxReset, as after a sticky error) or destroyed, it is gone, and the next
- * collective's `ready` write (cuStreamWriteValue32, client/cuda.c colld__gpu_post) faults on the
- * GPU: CUDA_ERROR_ILLEGAL_ADDRESS, sticky, in the application. Fix: register the area again when
- * its context went away (or per context), and unregister it in that context. */
-static void test_open_defect_new_flag_area_dies_with_context(void **state)
-{
-    open_defect("new (flag area context)",
-                "after the application resets its primary context the client's flag area registration is gone, and the next collective's `ready` write faults (CUDA_ERROR_ILLEGAL_ADDRESS, sticky, in the application)",
-                "the client registers its flag area again in the new context and the collective completes");
-    rank_t ranks[2];
-    run_ranks(*state, sc_count0_ok, 0, ranks); /* sets up both clients' flag areas, works */
-    for (int i = 0; i < 2; i++)
-        assert_int_equal(ranks[i].st[1], COLLD_OK);
-    CU_MUST(app.reset(0)); /* rank 0's device; its client stays connected */
-    run_ranks(*state, sc_count0, SHORT_TIMEOUT_MS, ranks);
-    /* The ready write faults on rank 0's stream: sticky, in the application. When the stream runs
-     * it before colld_allreduce enqueues the `done` wait (a slow machine, TSan), that enqueue fails
-     * and the collective with it (COLLD_ERR_DEVICE, rank 1 then sees rank 0 leave); else the
-     * collective is posted and the fault shows at the synchronization (rank 1 times out). */
-    assert_int_equal(ranks[0].cr[0], CUDA_ERROR_ILLEGAL_ADDRESS);
-    if (ranks[0].st[0] == COLLD_OK) {
-        assert_int_equal(ranks[1].st[1], COLLD_ERR_TIMEOUT); /* rank 0 never arrived */
-    } else {
-        assert_int_equal(ranks[0].st[0], COLLD_ERR_DEVICE);
-        assert_non_null(strstr(ranks[0].detail, "CUDA_ERROR_ILLEGAL_ADDRESS"));
-        assert_int_not_equal(ranks[1].st[1], COLLD_OK);
-    }
-    CU_MUST(app.reset(0));
-}
-
 /* harness_test_teardown, then reset any of this process's device contexts that a case left with a
  * sticky error (a case that failed before its own reset), so that the next case starts clean. The
  * probe creates a stream (any synchronization could wait forever on a stream a failed case left
@@ -1574,18 +1509,283 @@ static int teardown_contexts(void **state)
     return rc;
 }
 
-/* A daemon whose double reads the fault file (this process's double has booted without it). */
-static int setup_sticky(void **state)
+/* ============================================================================================
+ * Recovery from a sticky error (groups "recovery", "recovery_legacy"; issue 15 F3 and the flag
+ * area's context, fixed)
+ * ========================================================================================== */
+
+#define RESET_HELD "# held: cuDevicePrimaryCtxReset call #1" /* the daemon's fault file, hold_call */
+#define RECOVERED_TAIL ") recovered: its context was reset after CUDA_ERROR_ILLEGAL_ADDRESS"
+
+/* One count-0 collective that fails: its stream released, then the communicator's error. */
+static void sc_count0(rank_t *r)
 {
-    FILE *f = fopen(control_path, "w");
-    if (!f)
+    r->st[0] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    r->cr[0] = stream_released(r);
+    if (r->st[0] == COLLD_OK)
+        r->st[1] = async_error(r->comm);
+}
+
+/* One count-0 collective that works: completion instead of an error to wait for. */
+static void sc_count0_ok(rank_t *r)
+{
+    r->st[0] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    r->cr[0] = stream_released(r);
+    r->st[1] = colld_comm_synchronize(r->comm);
+}
+
+/* A host-only communicator: an all-reduce of host memory (no stream), the result exact. */
+static void sc_host(rank_t *r)
+{
+    static float buf[2][2][COUNT];
+    float *send = buf[r->rank][0], *recv = buf[r->rank][1];
+    for (size_t i = 0; i < COUNT; i++) {
+        send[i] = input(r->rank, i);
+        recv[i] = -1.0f;
+    }
+    r->st[0] = colld_allreduce(send, recv, COUNT, COLLD_FLOAT32, COLLD_SUM, r->comm, NULL);
+    if (r->st[0] == COLLD_OK)
+        r->st[1] = colld_comm_synchronize(r->comm);
+    for (size_t i = 0; i < COUNT; i++)
+        if (recv[i] != input_sum(i)) {
+            rank_fail(r, "host all-reduce during the GPU's reset: element %zu is %g, not %g", i, (double)recv[i],
+                      (double)input_sum(i));
+            break;
+        }
+}
+
+/* The daemon log's line that GPU gi came back: "GPU gi (NAME) recovered: ...". */
+static bool gpu_recovered(const char *log_path, int gi, int ms)
+{
+    static char log[65536];
+    char head[16];
+    snprintf(head, sizeof(head), "GPU %d (", gi);
+    for (int i = 0; i < ms / 5; i++) {
+        harness_read_file(log_path, log, sizeof(log));
+        for (const char *p = strstr(log, head); p; p = strstr(p + 1, head)) {
+            const char *eol = strchr(p, '\n');
+            const char *t = strstr(p, RECOVERED_TAIL);
+            if (t && (!eol || t < eol))
+                return true;
+        }
+        harness_wait_file("/nonexistent", 5);
+    }
+    return false;
+}
+
+/* Issue 15 F3, fixed: a sticky error in the daemon's context of GPU 0 (its double faults the first
+ * cuEventCreate: the end of the first launch) fails the collective in flight with COLLD_ERR_DEVICE
+ * naming the GPU and the CUDA error, and releases both ranks' streams; the daemon then resets the
+ * GPU's primary context (its double holds that reset until the test lets it go). Meanwhile a
+ * host-only communicator runs exactly and a GPU registration on GPU 0 is refused with the reason.
+ * Once the daemon logs that GPU 0 recovered, a new communicator on it (rank 0's client is the same
+ * one, whose flag area the daemon registered again in the reset context) runs every collective
+ * exactly. Before the fix the detail named no GPU, no reset ever came, and every later
+ * communicator on GPU 0 failed (a new client could not even get its flag area registered). */
+static void test_sticky_error_gpu_recovers(void **state)
+{
+    harness_t *h = *state;
+    rank_t ranks[2];
+    run_ranks(h, sc_count0, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[0], COLLD_OK);
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS); /* released */
+        assert_int_equal(ranks[i].st[1], COLLD_ERR_DEVICE);
+        assert_non_null(strstr(ranks[i].detail, "CUDA refused the launch: CUDA_ERROR_ILLEGAL_ADDRESS"));
+        assert_non_null(strstr(ranks[i].detail, "on GPU 0 ("));
+        assert_non_null(strstr(ranks[i].detail, "colld resets the GPU: create a new communicator"));
+    }
+    /* The reset is under way (held by the daemon's double). */
+    assert_true(log_says(launch_control, RESET_HELD, WAIT_MS));
+    run_ranks(h, sc_host, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[0], COLLD_OK);
+        assert_int_equal(ranks[i].st[1], COLLD_OK);
+    }
+    void *p = NULL;
+    assert_int_equal(colld_mem_alloc(h->client, &p, 4096, COLLD_MEM_CUDA), COLLD_ERR_DEVICE);
+    print_message("GPU registration during the reset: %s\n", colld_last_error(h->client));
+    assert_non_null(strstr(colld_last_error(h->client), "GPU 0 ("));
+    assert_non_null(strstr(colld_last_error(h->client), "is being reset after CUDA_ERROR_ILLEGAL_ADDRESS"));
+    CU_MUST(cu->cuCtxSetCurrent(NULL));
+    assert_true(control_append("release:hold"));
+    assert_true(gpu_recovered(h->log, 0, WAIT_MS));
+    run_ranks(h, sc_collectives, 0, ranks);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(ranks[i].v[0], 6); /* every collective's result exact */
+    assert_int_equal(harness_wait_clean(h, 10000), 0);
+}
+
+/* An all-reduce of device memory (rank r's buffers on its device) that fails: its stream
+ * released, then the communicator's error. */
+static void sc_data_fails(rank_t *r)
+{
+    static float host[2][COUNT];
+    void *sp = NULL, *rp = NULL;
+    colld_status_t st;
+    if ((st = colld_mem_alloc(r->c, &sp, COUNT * sizeof(float), COLLD_MEM_CUDA)) != COLLD_OK ||
+        (st = colld_mem_alloc(r->c, &rp, COUNT * sizeof(float), COLLD_MEM_CUDA)) != COLLD_OK) {
+        rank_fail(r, "colld_mem_alloc(COLLD_MEM_CUDA): %s: %s", colld_status_name(st), colld_last_error(r->c));
+        goto out;
+    }
+    if (!fill(r, (CUdeviceptr)(uintptr_t)sp, (CUdeviceptr)(uintptr_t)rp, COUNT, COUNT, host[r->rank]))
+        goto out;
+    r->st[0] = colld_allreduce(sp, rp, COUNT, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    r->cr[0] = stream_released(r);
+    if (r->st[0] == COLLD_OK)
+        r->st[1] = async_error(r->comm);
+out:
+    pthread_barrier_wait(r->barrier);
+    if (rp)
+        colld_mem_free(r->c, rp);
+    if (sp)
+        colld_mem_free(r->c, sp);
+}
+
+/* The same fault on GPU 1, which does not hold the flag areas: an all-reduce across GPUs 0 and 1
+ * faults at its first cuEventCreate, made in GPU 1's context (the event GPU 0's stream waits
+ * for). The collective fails naming GPU 1. While GPU 1's reset is held, a communicator whose
+ * ranks both use GPU 0 runs every collective exactly (GPU 0 is neither held nor touched); once
+ * GPU 1 recovered, a communicator across both GPUs does again. */
+static void test_sticky_error_other_gpu_goes_on(void **state)
+{
+    harness_t *h = *state;
+    rank_t ranks[2];
+    run_ranks(h, sc_data_fails, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[0], COLLD_OK);
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS); /* released */
+        assert_int_equal(ranks[i].st[1], COLLD_ERR_DEVICE);
+        assert_non_null(strstr(ranks[i].detail, "CUDA refused the launch: CUDA_ERROR_ILLEGAL_ADDRESS"));
+        assert_non_null(strstr(ranks[i].detail, "on GPU 1 ("));
+    }
+    assert_true(log_says(launch_control, RESET_HELD, WAIT_MS));
+    rank_device[1] = 0; /* both ranks on GPU 0 */
+    run_ranks(h, sc_collectives, 0, ranks);
+    rank_device[1] = 1;
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(ranks[i].v[0], 6); /* every collective's result exact during GPU 1's reset */
+    assert_true(control_append("release:hold"));
+    assert_true(gpu_recovered(h->log, 1, WAIT_MS));
+    run_ranks(h, sc_collectives, 0, ranks);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(ranks[i].v[0], 6);
+    assert_int_equal(harness_wait_clean(h, 10000), 0);
+}
+
+/* The bound: GPU 0 of the daemon faults at every launch (every cuEventCreate, sticky). Each of the
+ * first three faults is followed by a reset; the fourth, again within a minute of the last
+ * reset, gives GPU 0 up, and a collective on it then fails at once with COLLD_ERR_DEVICE saying
+ * so (the flag areas moved to GPU 1, so the ranks' streams are still released). No reset loop. */
+static void test_sticky_error_gpu_given_up(void **state)
+{
+    harness_t *h = *state;
+    rank_t ranks[2];
+    for (int round = 1; round <= 4; round++) {
+        run_ranks(h, sc_count0, 0, ranks);
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS); /* released */
+            assert_int_equal(ranks[i].st[1], COLLD_ERR_DEVICE);
+            assert_non_null(strstr(ranks[i].detail, "CUDA refused the launch: CUDA_ERROR_ILLEGAL_ADDRESS"));
+        }
+        char want[64];
+        snprintf(want, sizeof(want), "(reset %d since start)", round);
+        assert_true(log_says(h->log, round < 4 ? want : ") given up: CUDA_ERROR_ILLEGAL_ADDRESS", WAIT_MS));
+    }
+    static char log[65536];
+    harness_read_file(h->log, log, sizeof(log));
+    assert_null(strstr(log, "(reset 4 since start)")); /* three resets, no more */
+    run_ranks(h, sc_count0, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS); /* released */
+        assert_int_equal(ranks[i].st[1], COLLD_ERR_DEVICE);
+        assert_non_null(strstr(ranks[i].detail, "GPU 0 ("));
+        assert_non_null(strstr(ranks[i].detail, ") was given up by colld: CUDA_ERROR_ILLEGAL_ADDRESS"));
+    }
+    assert_int_equal(harness_wait_clean(h, 10000), 0);
+}
+
+/* A daemon whose double faults every cuEventCreate (sticky, CUDA_ERROR_ILLEGAL_ADDRESS). */
+static int setup_sticky_always(void **state)
+{
+    snprintf(launch_control, sizeof(launch_control), "/tmp/colld-cudafake-XXXXXX");
+    int fd = mkstemp(launch_control);
+    if (fd < 0)
         return -1;
-    fprintf(f, "sticky:cuEventCreate:+1:CUDA_ERROR_ILLEGAL_ADDRESS\n");
-    fclose(f);
-    setenv("COLLD_CUDAFAKE_CONTROL", control_path, 1);
+    close(fd);
+    if (!control_append("sticky:cuEventCreate:1-:CUDA_ERROR_ILLEGAL_ADDRESS"))
+        return -1;
+    setenv("COLLD_CUDAFAKE_CONTROL", launch_control, 1);
     int rc = setup_on_double(state);
     unsetenv("COLLD_CUDAFAKE_CONTROL");
     return rc;
+}
+
+/* A daemon whose double faults its first cuEventCreate (sticky, CUDA_ERROR_ILLEGAL_ADDRESS) and
+ * holds its first cuDevicePrimaryCtxReset, reading launch_control for the case's later
+ * instructions. */
+static int setup_sticky(void **state)
+{
+    snprintf(launch_control, sizeof(launch_control), "/tmp/colld-cudafake-XXXXXX");
+    int fd = mkstemp(launch_control);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    if (!control_append("sticky:cuEventCreate:+1:CUDA_ERROR_ILLEGAL_ADDRESS") ||
+        !control_append("hold:cuDevicePrimaryCtxReset:1"))
+        return -1;
+    setenv("COLLD_CUDAFAKE_CONTROL", launch_control, 1);
+    int rc = setup_on_double(state);
+    unsetenv("COLLD_CUDAFAKE_CONTROL");
+    return rc;
+}
+
+/* Let the daemon's held reset go (a case that failed before it did), then stop the daemon. */
+static int teardown_sticky(void **state)
+{
+    rank_device[1] = 1;
+    control_append("release:hold");
+    return teardown_launch_fault(state);
+}
+
+/* The flag area's context, fixed: the client registers its flag area in the context current at
+ * its first stream-ordered collective; the application resets that primary context (as after a
+ * sticky error of its own), which drops the registration. The client sees it gone at the next
+ * collective and registers the area again: the collective completes. Before the fix the next
+ * collective's `ready` write faulted on rank 0's stream (CUDA_ERROR_ILLEGAL_ADDRESS, sticky, in
+ * the application). */
+static void test_flag_area_registered_again_after_reset(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_count0_ok, 0, ranks); /* sets up both clients' flag areas, works */
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS);
+        assert_int_equal(ranks[i].st[1], COLLD_OK);
+    }
+    CU_MUST(app.reset(0)); /* rank 0's device; its client (the harness's) stays connected */
+    run_ranks(*state, sc_count0_ok, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[0], COLLD_OK);
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS); /* no fault on the stream */
+        assert_int_equal(ranks[i].st[1], COLLD_OK);
+    }
+    assert_int_equal(harness_wait_clean(*state, 10000), 0);
+}
+
+static int run_recovery(void)
+{
+    if (!app_load()) {
+        printf("the driver has no cuDevicePrimaryCtxReset\n");
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_flag_area_registered_again_after_reset, setup_on_double,
+                                        teardown_contexts),
+        cmocka_unit_test_setup_teardown(test_sticky_error_gpu_recovers, setup_sticky, teardown_sticky),
+        cmocka_unit_test_setup_teardown(test_sticky_error_other_gpu_goes_on, setup_sticky, teardown_sticky),
+        cmocka_unit_test_setup_teardown(test_sticky_error_gpu_given_up, setup_sticky_always, teardown_sticky),
+    };
+    return cmocka_run_group_tests_name("gpu_cudafake_recovery", tests, NULL, NULL);
 }
 
 static int run_defects(void)
@@ -1594,22 +1794,13 @@ static int run_defects(void)
         printf("the driver has no graph entry points\n");
         return 1;
     }
-    snprintf(control_path, sizeof(control_path), "/tmp/colld-cudafake-XXXXXX");
-    int fd = mkstemp(control_path);
-    if (fd < 0)
-        return 1;
-    close(fd);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_open_defect_3_3_capture_registration_invalidates_capture, setup_on_double, teardown_contexts),
         cmocka_unit_test_setup_teardown(test_open_defect_3_3_captured_collective_never_runs, setup_on_double, teardown_contexts),
         cmocka_unit_test_setup_teardown(test_open_defect_C1_D4_freed_buffer_stays_mapped, setup_on_double, teardown_contexts),
         cmocka_unit_test_setup_teardown(test_open_defect_D2_multisegment_vmm_refused, setup_on_double, teardown_contexts),
-        cmocka_unit_test_setup_teardown(test_open_defect_new_flag_area_dies_with_context, setup_on_double, teardown_contexts),
-        cmocka_unit_test_setup_teardown(test_open_defect_F3_sticky_error_poisons_gpu, setup_sticky, teardown_contexts),
     };
-    int rc = cmocka_run_group_tests_name("gpu_cudafake_open_defects", tests, NULL, NULL);
-    unlink(control_path);
-    return rc;
+    return cmocka_run_group_tests_name("gpu_cudafake_open_defects", tests, NULL, NULL);
 }
 
 int main(int argc, char **argv)
@@ -1651,6 +1842,8 @@ int main(int argc, char **argv)
             return 1;
     if (strcmp(group, "open_defects") == 0)
         return run_defects();
+    if (strcmp(group, "recovery") == 0 || strcmp(group, "recovery_legacy") == 0)
+        return run_recovery();
     if (strcmp(group, "kernel_driver") == 0 || strcmp(group, "old_gpu") == 0) {
         if (strcmp(group, "kernel_driver") == 0)
             snprintf(refusal, sizeof(refusal),

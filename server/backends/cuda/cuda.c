@@ -30,6 +30,10 @@
  * cancelled, and a kernel must never run on the buffers of a rank that died or never got there.
  * It also lets the time-out name the ranks whose stream never reached the collective.
  *
+ * A sticky CUDA error in the daemon's context of a GPU (cuda_recover.c) fails that GPU's work with
+ * COLLD_ERR_DEVICE, resets its primary context and brings it back, while other GPUs and host work
+ * go on; a GPU that keeps faulting is given up.
+ *
  * Failure release: a collective that fails, and every rank of a communicator that breaks, gets
  * its `done` flag set to (last sequence number + COLLD_WIRE_GPU_RELEASE) so that no application
  * stream waits forever; this is deferred while a collective of the communicator is being launched
@@ -160,6 +164,14 @@ static int cuda_start(colld_backend_t *b)
         free(g), free(gpu), free(peer);
         return 0;
     }
+    if (cuda_recover_start(g) != 0) {
+        colld_strlcpy(d->device_none, "cannot start the GPU recovery thread", sizeof(d->device_none));
+        colld_cuda_kernels_unload(g->kernels);
+        for (int i = 0; i < n; i++)
+            CU_CHECK(cu, cuDevicePrimaryCtxRelease, gpu[i].dev);
+        free(g), free(gpu), free(peer);
+        return 0;
+    }
     b->state = g;
     b->present = true;
     LOG_INFO(GPU, "CUDA backend: %d GPU(s), driver %d.%d, first: %s", n, cu->driver_version / 1000,
@@ -173,6 +185,7 @@ static void cuda_stop(colld_backend_t *b)
     colld_gpus_t *g = gpus_of(b);
     if (!g)
         return;
+    cuda_recover_stop(g);
     for (int i = 0; i < g->n; i++) {
         CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[i].ctx);
         CU_CHECK(g->cu, cuCtxSynchronize);

@@ -6,6 +6,8 @@
  *   cuda_coll.c    stream-ordered collectives: admission, the wait for the ranks' streams,
  *                  completion, time-outs, failure release
  *   cuda_launch.c  launching a collective's kernels and flag writes (engine thread, no lock)
+ *   cuda_recover.c a GPU whose context has a sticky error: its work failed, its context reset,
+ *                  the GPU brought back (the backend's recovery thread; issue 15 F3)
  *
  * Every driver call goes through CU_CHECK (common/cudadrv.h), which logs a failure with its
  * location; what a failure means is decided where the call is made.
@@ -20,12 +22,28 @@
 /* The backend (registered in the registry, server/registry.c.in). */
 extern const colld_backend_ops_t colld_cuda_backend;
 
+/* A GPU's state in the daemon (cuda_recover.c): only GPU_OK takes new work. */
+typedef enum {
+    GPU_OK = 0,
+    GPU_FAULTED,   /* a sticky error in its context: its work fails, the reset waits for quiet */
+    GPU_RESETTING, /* its context is being reset (recovery thread, lock not held) */
+    GPU_FAILED,    /* given up: too many resets in a row, or a reset that failed */
+} gpu_state_t;
+
 typedef struct {
     CUdevice dev;
     CUcontext ctx;
     CUuuid uuid;
     char name[96];
     bool flush_remote; /* CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES */
+    /* Recovery (cuda_recover.c); under the daemon's lock but `fault`. */
+    int fault;         /* CUresult: the first sticky error seen in its context (atomic), 0: none */
+    gpu_state_t state;
+    unsigned opening;  /* registrations being opened on it with the lock dropped */
+    unsigned strikes;  /* faults in a row, each soon after the previous reset */
+    unsigned resets;   /* resets since start */
+    uint64_t reset_ns; /* the last reset */
+    char why[192];     /* why it is not GPU_OK: the CUDA error, the reset, the give-up */
 } gpu_t;
 
 /* The backend's state (colld_backend_t.state), NULL without a usable GPU. */
@@ -40,11 +58,20 @@ typedef struct colld_gpus {
     colld_coll_t *launch;                 /* every rank's stream got there: to launch (engine thread) */
     colld_coll_t *running;                /* launched, waiting for their event */
     unsigned outstanding;                 /* pending + launching + running */
+    /* Recovery (cuda_recover.c) */
+    int home;    /* the GPU in whose context the sessions' flag areas are registered */
+    bool hold;   /* no launch on any GPU: the home GPU's reset drops the flag areas' registration */
+    struct gpu_comm *comms;       /* every communicator's GPU state ... */
+    struct gpu_session *sessions; /* ... every session's flag area ... */
+    struct gpu_reg *regs;         /* ... and every GPU registration: what a reset drops */
+    pthread_t recover_thread;
+    pthread_cond_t recover_cv; /* with the daemon's lock */
+    bool recover_started, recover_stop;
 } colld_gpus_t;
 
 /* A communicator's GPU state (colld_dcomm_t.bslot), made by its first stream-ordered descriptor. */
-typedef struct {
-    CUstream *stream; /* [n GPUs], created on first use (engine thread) */
+typedef struct gpu_comm {
+    CUstream *stream; /* [n GPUs], created on first use (engine thread); dropped by a GPU's reset */
     unsigned busy;    /* pending + launching + running collectives */
     unsigned running; /* left pending (launching or launched): its kernels may run */
     bool *owe;        /* [nranks]: a release is owed once nothing runs */
@@ -53,22 +80,28 @@ typedef struct {
     bool *base_set; /* [nranks]: the rank posted a stream-ordered collective: base[] is its flag base */
     uint32_t *base; /* [nranks] */
     uint32_t *last; /* [nranks]: flag value of its last stream-ordered collective */
+    struct gpu_comm *next, *prev; /* colld_gpus_t.comms */
 } gpu_comm_t;
 
 /* A session's GPU stream flag area (colld_session_t.bslot): made on the first COLLD_MSG_GPU_FLAGS. */
-typedef struct {
+typedef struct gpu_session {
     colld_wire_gpu_flag_t *flags;
     size_t size;
     int fd;
-    uint64_t dptr; /* the same memory as the GPUs address it */
+    uint64_t dptr;   /* the same memory as the GPUs address it */
     uint32_t lines;
+    bool registered; /* with CUDA, in the home GPU's context (a reset of that GPU drops it) */
+    struct gpu_session *next, *prev; /* colld_gpus_t.sessions */
 } gpu_session_t;
 
 /* A GPU registration's part (colld_reg_t.bpriv). */
-typedef struct {
-    int gpu; /* index of the daemon's GPU that holds it */
-    int how; /* colld_cuda_export_t */
+typedef struct gpu_reg {
+    int gpu;   /* index of the daemon's GPU that holds it */
+    int how;   /* colld_cuda_export_t */
+    bool lost; /* its mapping went with its GPU's context (a reset): never used again */
     uint8_t ipc[COLLD_WIRE_CUDA_IPC_BYTES];
+    colld_reg_t *reg;
+    struct gpu_reg *next, *prev; /* colld_gpus_t.regs */
 } gpu_reg_t;
 
 /* The state of the backend b, of a communicator and of a session (NULL when none). */
@@ -106,5 +139,25 @@ void cuda_comm_freed(colld_daemon_t *d, colld_dcomm_t *c);
 /* ---- cuda_launch.c ---- */
 /* Launch what cuda_progress found ready (engine thread, lock NOT held); true when anything was. */
 bool cuda_launch(colld_backend_t *b);
+/* The GPUs a collective uses (used[0..n-1]): those of the ranks' buffers, GPU 0 when none. */
+void cuda_coll_gpus(const colld_coll_t *k, bool *used, int n);
+
+/* ---- cuda_recover.c ---- */
+/* Is r an error that leaves the context unusable (a sticky error)? */
+bool cuda_sticky(CUresult r);
+/* A call in GPU gi's context (gi < 0: the calling thread's current one) returned r: if r is
+ * sticky, the GPU is marked for recovery (any thread, any lock state). */
+void cuda_gpu_fault(colld_gpus_t *g, int gi, CUresult r);
+/* NULL when GPU gi takes new work; else why not, in buf (lock held). */
+const char *cuda_gpu_unusable(const colld_gpus_t *g, int gi, char *buf, size_t len);
+/* Start and stop the recovery thread (lock not held). */
+int cuda_recover_start(colld_gpus_t *g);
+void cuda_recover_stop(colld_gpus_t *g);
+/* List membership of what a reset must drop (lock held). */
+void cuda_track_comm(colld_gpus_t *g, gpu_comm_t *gc, bool add);
+void cuda_track_session(colld_gpus_t *g, gpu_session_t *gs, bool add);
+void cuda_track_reg(colld_gpus_t *g, gpu_reg_t *gr, bool add);
+/* Register a session's flag area in the home GPU's context (lock held). CUDA_SUCCESS or the error. */
+CUresult cuda_flags_register(colld_gpus_t *g, gpu_session_t *gs);
 
 #endif /* COLLD_SERVER_BACKENDS_CUDA_CUDA_H */

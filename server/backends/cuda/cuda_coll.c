@@ -57,6 +57,7 @@ static gpu_comm_t *gpu_comm(colld_backend_t *b, colld_dcomm_t *c)
         return NULL;
     }
     c->bslot[b->slot] = gc;
+    cuda_track_comm(gpus_of(b), gc, true);
     return gc;
 }
 
@@ -273,13 +274,58 @@ static int finish_fired(colld_backend_t *b)
         if (r != CUDA_SUCCESS) {
             char why[COLLD_DETAIL_LEN], buf[160];
             k->status = COLLD_ERR_DEVICE;
-            snprintf(why, sizeof(why), "collective #%llu failed on the GPU: %s",
-                     (unsigned long long)colld_coll_lead(k)->d.seq, colld_cu_describe(g->cu, r, buf, sizeof(buf)));
+            cuda_gpu_fault(g, k->bint, r);
+            snprintf(why, sizeof(why), "collective #%llu failed on GPU %d (%s): %s%s",
+                     (unsigned long long)colld_coll_lead(k)->d.seq, k->bint, g->gpu[k->bint].name,
+                     colld_cu_describe(g->cu, r, buf, sizeof(buf)),
+                     cuda_sticky(r) ? "; colld resets the GPU: create a new communicator" : "");
             colld_comm_break(b->d, k->comm, COLLD_ERR_DEVICE, -1, why);
         }
         gpu_finish(b, k, true);
     }
     return work;
+}
+
+/* Can the collective run: are the GPUs it uses working (not faulted, being reset or given up),
+ * its registrations still mapped and its ranks' flag areas registered (issue 15 F3)? NULL, or why
+ * not in buf (lock held). */
+static const char *coll_unusable(colld_backend_t *b, const colld_coll_t *k, char *buf, size_t len)
+{
+    colld_gpus_t *g = gpus_of(b);
+    unsigned long long seq = (unsigned long long)colld_coll_lead(k)->d.seq;
+    bool used[64] = { false };
+    int n = g->n < 64 ? g->n : 64;
+    char why[sizeof(g->gpu[0].why) + 128];
+    cuda_coll_gpus(k, used, n);
+    for (int i = 0; i < n; i++)
+        if (used[i] && cuda_gpu_unusable(g, i, why, sizeof(why))) {
+            snprintf(buf, len, "collective #%llu: %s", seq, why);
+            return buf;
+        }
+    for (int r = 0; r < k->comm->nranks; r++) {
+        const colld_op_t *op = k->ops[r];
+        for (int j = 0; j < 2; j++) {
+            const colld_reg_t *reg = j ? op->recv_reg : op->send_reg;
+            const gpu_reg_t *gr = reg ? reg->bpriv : NULL;
+            if (gr && gr->lost) {
+                snprintf(buf, len,
+                         "collective #%llu: the buffer of rank %d (GPU registration %u) was mapped in GPU %d's context, "
+                         "which colld reset after a CUDA error: register that memory again (a new buffer, or "
+                         "deregister and register it)",
+                         seq, r, reg->id, gr->gpu);
+                return buf;
+            }
+        }
+        const gpu_session_t *gs = gpu_session_of(b, op->session);
+        if (gs && !gs->registered) {
+            snprintf(buf, len,
+                     "collective #%llu: the GPU flag area of rank %d is not registered with CUDA (lost in a reset of GPU "
+                     "%d): reconnect the client",
+                     seq, r, g->home);
+            return buf;
+        }
+    }
+    return NULL;
 }
 
 /* A matched collective whose ranks' streams never got there within the timeout fails, naming
@@ -327,7 +373,15 @@ int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
         bool earlier = false; /* an earlier collective of the same communicator still waits */
         for (colld_coll_t *e = g->pending; e != k; e = e->next)
             earlier |= e->comm == k->comm;
-        if (!earlier && all_ready(b, k, missing, 8, &nmissing)) {
+        char why[COLLD_DETAIL_LEN];
+        if (!earlier && coll_unusable(b, k, why, sizeof(why))) {
+            /* Its GPU faulted (or its memory went with a reset): it fails, its communicator breaks
+             * (the break takes it, and maybe others, off the pending list). */
+            LOG_WARN(GPU, "communicator %llu: %s", (unsigned long long)k->comm->id, why);
+            colld_comm_break(b->d, k->comm, COLLD_ERR_DEVICE, -1, why);
+            return work + 1;
+        }
+        if (!earlier && !g->hold && all_ready(b, k, missing, 8, &nmissing)) {
             pending_unlink(g, prev, k);
             mark_taken(b, k);
             /* Running from now on (issue 15 F1): a break while it is being launched (the lock
@@ -339,7 +393,7 @@ int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
             k = next;
             continue;
         }
-        if (!earlier && time_out_pending(b, k, missing, nmissing, now, deadline))
+        if (!earlier && !g->hold && time_out_pending(b, k, missing, nmissing, now, deadline))
             return work + 1;
         prev = k;
         k = next;
@@ -431,6 +485,8 @@ void cuda_comm_freed(colld_daemon_t *d, colld_dcomm_t *c)
     if (!gc)
         return;
     colld_gpus_t *g = gpus_of(b);
+    if (g)
+        cuda_track_comm(g, gc, false);
     for (int i = 0; g && i < g->n; i++)
         if (gc->stream[i]) {
             CU_CHECK(g->cu, cuCtxPushCurrent, g->gpu[i].ctx);

@@ -65,6 +65,21 @@ static void plan_gpus(const colld_coll_t *k, launch_plan_t *p)
     }
 }
 
+void cuda_coll_gpus(const colld_coll_t *k, bool *used, int n)
+{
+    bool any = false;
+    for (int i = 0; i < n; i++)
+        used[i] = false;
+    for (int r = 0; r < k->comm->nranks; r++)
+        for (int j = 0; j < 2; j++) {
+            int x = reg_gpu(j ? k->ops[r]->recv_reg : k->ops[r]->send_reg);
+            if (x >= 0 && x < n)
+                used[x] = any = true;
+        }
+    if (!any && n > 0)
+        used[0] = true; /* plan_gpus: GPU 0 writes the flags when nothing moves */
+}
+
 /* Launch, step 2: every pair of GPUs involved must reach each other's memory (peer access). */
 static colld_status_t check_peers(const colld_gpus_t *g, const launch_plan_t *p, colld_err_t *err)
 {
@@ -219,13 +234,13 @@ static CUresult signal_done(colld_backend_t *b, colld_coll_t *k, const launch_pl
  * that its release of the ranks' streams is written after those `done` writes (never moved
  * backwards by one) and its registrations are let go only once no kernel reads them. A failed
  * wait (a sticky error) means the context runs nothing more. */
-static void drain_streams(const colld_gpus_t *g, const launch_plan_t *p)
+static void drain_streams(colld_gpus_t *g, const launch_plan_t *p)
 {
     for (int i = 0; i < g->n && i < MAX_GPUS; i++) {
         if (!p->used[i] || !p->stream[i])
             continue;
         CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[i].ctx);
-        CU_CHECK(g->cu, cuStreamSynchronize, p->stream[i]);
+        cuda_gpu_fault(g, i, CU_CHECK(g->cu, cuStreamSynchronize, p->stream[i])); /* sticky: recovered */
     }
 }
 
@@ -269,11 +284,22 @@ static colld_status_t launch_one(colld_backend_t *b, colld_coll_t *k, colld_err_
     }
     if ((cr = signal_done(b, k, &p)) == CUDA_SUCCESS)
         return COLLD_OK;
-cuda_failed:
-    colld_err_set(err, COLLD_ERR_DEVICE, "collective #%llu: CUDA refused the launch: %s", (unsigned long long)a->seq,
-                  colld_cu_describe(g->cu, cr, buf, sizeof(buf)));
+cuda_failed: {
+    /* The context the refused call was made in names the GPU; a sticky error there has it reset. */
+    CUcontext cur = NULL;
+    int gi = -1;
+    CU_CHECK(g->cu, cuCtxGetCurrent, &cur);
+    for (int i = 0; i < g->n && gi < 0; i++)
+        if (cur && __atomic_load_n(&g->gpu[i].ctx, __ATOMIC_RELAXED) == cur) /* a reset may store it */
+            gi = i;
+    cuda_gpu_fault(g, gi, cr);
+    colld_err_set(err, COLLD_ERR_DEVICE, "collective #%llu: CUDA refused the launch: %s on GPU %d (%s)%s",
+                  (unsigned long long)a->seq, colld_cu_describe(g->cu, cr, buf, sizeof(buf)), gi,
+                  gi >= 0 ? g->gpu[gi].name : "?",
+                  cuda_sticky(cr) ? "; colld resets the GPU: create a new communicator" : "");
     drain_streams(g, &p);
     return COLLD_ERR_DEVICE;
+}
 }
 
 bool cuda_launch(colld_backend_t *b)

@@ -86,7 +86,7 @@ static void close_on(const colld_gpus_t *g, int gi, int how, CUdeviceptr p, size
 
 /* Registration, step 3: open the allocation on its GPU, accessible to every GPU with peer access
  * to it. Returns COLLD_OK with its address, or the error. */
-static colld_status_t open_alloc(const colld_gpus_t *g, int gi, const colld_wire_msg_t *m, int fd, CUdeviceptr *p,
+static colld_status_t open_alloc(colld_gpus_t *g, int gi, const colld_wire_msg_t *m, int fd, CUdeviceptr *p,
                                  colld_err_t *err)
 {
     const colld_cu_t *cu = g->cu;
@@ -110,6 +110,12 @@ static colld_status_t open_alloc(const colld_gpus_t *g, int gi, const colld_wire
     CU_CHECK(cu, cuCtxPopCurrent, NULL);
     if (r != CUDA_SUCCESS) {
         char buf[160];
+        cuda_gpu_fault(g, gi, r);
+        if (cuda_sticky(r))
+            return colld_err_set(err, COLLD_ERR_DEVICE,
+                                 "the daemon cannot open the GPU buffer: GPU %d (%s) has a CUDA error in the daemon's "
+                                 "context (%s); it is being reset: try again",
+                                 gi, g->gpu[gi].name, colld_cu_describe(cu, r, buf, sizeof(buf)));
         return colld_err_set(err, r == CUDA_ERROR_OUT_OF_MEMORY ? COLLD_ERR_NO_MEMORY : COLLD_ERR_INVALID_ARGUMENT,
                              "the daemon cannot open the GPU buffer (%s): %s",
                              how == COLLD_CUDA_EXPORT_IPC ? "CUDA IPC handle" : "VMM POSIX fd",
@@ -132,20 +138,35 @@ colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const c
     uint64_t bytes = m->u.reg_cuda.bytes;
     if (how == COLLD_CUDA_EXPORT_IPC && reuse_ipc(s, m, reg_id))
         return COLLD_OK;
+    /* Not on a GPU being reset (or given up); a reset waits for the registrations being opened. */
+    char why[sizeof(g->gpu[0].why) + 64];
+    pthread_mutex_lock(&d->lock);
+    const char *unusable = cuda_gpu_unusable(g, gi, why, sizeof(why));
+    if (!unusable)
+        g->gpu[gi].opening++;
+    pthread_mutex_unlock(&d->lock);
+    if (unusable)
+        return colld_err_set(err, COLLD_ERR_DEVICE, "%s", unusable);
     CUdeviceptr p = 0;
     colld_status_t st = open_alloc(g, gi, m, fd, &p, err);
-    if (st != COLLD_OK)
-        return st;
-    colld_reg_t *reg = calloc(1, sizeof(*reg));
-    gpu_reg_t *gr = calloc(1, sizeof(*gr));
-    if (!reg || !gr) {
+    colld_reg_t *reg = st == COLLD_OK ? calloc(1, sizeof(*reg)) : NULL;
+    gpu_reg_t *gr = st == COLLD_OK ? calloc(1, sizeof(*gr)) : NULL;
+    if (st == COLLD_OK && (!reg || !gr)) {
         close_on(g, gi, (int)how, p, bytes);
         free(reg);
         free(gr);
-        return colld_err_set(err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
+        st = colld_err_set(err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
+    }
+    if (st != COLLD_OK) {
+        pthread_mutex_lock(&d->lock);
+        g->gpu[gi].opening--;
+        pthread_cond_broadcast(&g->recover_cv);
+        pthread_mutex_unlock(&d->lock);
+        return st;
     }
     gr->gpu = gi;
     gr->how = (int)how;
+    gr->reg = reg;
     if (how == COLLD_CUDA_EXPORT_IPC)
         memcpy(gr->ipc, m->u.reg_cuda.ipc, sizeof(gr->ipc));
     reg->device = true;
@@ -160,6 +181,9 @@ colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const c
     reg->id = ++s->next_reg_id;
     reg->next = s->regs;
     s->regs = reg;
+    cuda_track_reg(g, gr, true); /* a reset that waited for it will find it */
+    g->gpu[gi].opening--;
+    pthread_cond_broadcast(&g->recover_cv);
     pthread_mutex_unlock(&d->lock);
     *reg_id = reg->id;
     LOG_DEBUG(GPU, "session %llu: registered %llu bytes of GPU %d memory as %u (%s)", (unsigned long long)s->id,
@@ -167,13 +191,17 @@ colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const c
     return COLLD_OK;
 }
 
-/* A registration's last reference went: close its mapping (lock held). */
+/* A registration's last reference went: close its mapping, unless a reset of its GPU took it
+ * (lock held). */
 void cuda_mem_release(colld_backend_t *b, colld_reg_t *r)
 {
     colld_gpus_t *g = gpus_of(b);
     gpu_reg_t *gr = r->bpriv;
-    if (g && gr)
-        close_on(g, gr->gpu, gr->how, (CUdeviceptr)(uintptr_t)r->base, r->size);
+    if (g && gr) {
+        cuda_track_reg(g, gr, false);
+        if (!gr->lost)
+            close_on(g, gr->gpu, gr->how, (CUdeviceptr)(uintptr_t)r->base, r->size);
+    }
     free(gr);
     r->bpriv = NULL;
 }
@@ -183,8 +211,8 @@ void cuda_mem_release(colld_backend_t *b, colld_reg_t *r)
  * ========================================================================================== */
 
 /* Make the session's flag area: a sealed memfd of one line per communicator handle, registered
- * with CUDA as portable and device-mapped so that every GPU's stream can write `done` into it
- * (lock held). Returns it, or NULL with err. */
+ * with CUDA as portable and device-mapped (in the home GPU's context: cuda_flags_register) so
+ * that every GPU's stream can write `done` into it (lock held). Returns it, or NULL with err. */
 static gpu_session_t *flags_create(colld_gpus_t *g, colld_session_t *s, colld_err_t *err)
 {
     colld_daemon_t *d = s->daemon;
@@ -199,26 +227,25 @@ static gpu_session_t *flags_create(colld_gpus_t *g, colld_session_t *s, colld_er
         free(gs);
         return NULL;
     }
-    CUdeviceptr dp = 0;
-    CU_CHECK(cu, cuCtxPushCurrent, g->gpu[0].ctx);
-    CUresult r = CU_CHECK(cu, cuMemHostRegister, p, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-    if (r == CUDA_SUCCESS && (r = CU_CHECK(cu, cuMemHostGetDevicePointer, &dp, p, 0)) != CUDA_SUCCESS)
-        CU_CHECK(cu, cuMemHostUnregister, p);
-    CU_CHECK(cu, cuCtxPopCurrent, NULL);
+    gs->flags = p;
+    gs->size = bytes;
+    gs->fd = fd;
+    gs->lines = (uint32_t)COLLD_WIRE_GPU_LINES(d->cfg.max_comms_per_session);
+    char why[sizeof(g->gpu[0].why) + 64], buf[160];
+    const char *unusable = cuda_gpu_unusable(g, g->home, why, sizeof(why));
+    CUresult r = unusable ? CUDA_ERROR_NOT_READY : cuda_flags_register(g, gs);
     if (r != CUDA_SUCCESS) {
-        char buf[160];
-        colld_err_set(err, COLLD_ERR_DEVICE, "cannot register the GPU flag area with CUDA: %s",
-                      colld_cu_describe(cu, r, buf, sizeof(buf)));
+        if (unusable)
+            colld_err_set(err, COLLD_ERR_DEVICE, "cannot register the GPU flag area with CUDA: %s", unusable);
+        else
+            colld_err_set(err, COLLD_ERR_DEVICE, "cannot register the GPU flag area with CUDA on GPU %d (%s): %s",
+                          g->home, g->gpu[g->home].name, colld_cu_describe(cu, r, buf, sizeof(buf)));
         (void)SYS_CHECK(GPU, munmap(p, bytes));
         close(fd);
         free(gs);
         return NULL;
     }
-    gs->flags = p;
-    gs->size = bytes;
-    gs->fd = fd;
-    gs->dptr = (uint64_t)dp;
-    gs->lines = (uint32_t)COLLD_WIRE_GPU_LINES(d->cfg.max_comms_per_session);
+    cuda_track_session(g, gs, true);
     return gs;
 }
 
@@ -254,9 +281,12 @@ void cuda_session_free(colld_backend_t *b, colld_session_t *s)
     if (!gs)
         return;
     if (g) {
-        CU_CHECK(g->cu, cuCtxPushCurrent, g->gpu[0].ctx);
-        CU_CHECK(g->cu, cuMemHostUnregister, gs->flags);
-        CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
+        cuda_track_session(g, gs, false);
+        if (gs->registered) {
+            CU_CHECK(g->cu, cuCtxPushCurrent, g->gpu[g->home].ctx);
+            CU_CHECK(g->cu, cuMemHostUnregister, gs->flags);
+            CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
+        }
     }
     (void)SYS_CHECK(GPU, munmap(gs->flags, gs->size));
     close(gs->fd);
