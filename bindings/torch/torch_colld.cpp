@@ -15,9 +15,11 @@
  *
  * Buffers: CPU tensors only. A contiguous tensor's own memory goes to libcolld (it stages host
  * memory that is not colld's, see colld.h); a non-contiguous one is copied into a contiguous
- * tensor and the result copied back. List outputs and inputs (all_gather, reduce_scatter) are
- * staged in one contiguous tensor. CUDA tensors, point-to-point, all-to-all, gather and scatter
- * are refused with a RuntimeError saying so (docs/torch.md).
+ * tensor and the result copied back. List outputs and inputs (all_gather, reduce_scatter, gather,
+ * scatter, all_to_all) are staged in one contiguous tensor. Operations that only move bytes
+ * (broadcast, the gathers, scatter, all-to-all) take every dtype, as uint8. CUDA tensors,
+ * point-to-point and all-to-all with unequal splits are refused with a RuntimeError saying so
+ * (docs/torch.md).
  */
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -361,12 +363,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         o.issue = [src, flat](colld_comm_t *c) {
             return colld_allgather(src.data_ptr(), flat.data_ptr(), nbytes(src), COLLD_UINT8, c, nullptr);
         };
-        std::vector<at::Tensor> outs = outputs[0];
-        int64_t n = in.numel();
-        o.done = [outs, flat, n] {
-            for (size_t r = 0; r < outs.size(); r++)
-                outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
-        };
+        o.done = scatter_back(outputs[0], flat);
         return post(std::move(o));
     }
 
@@ -443,10 +440,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         check_list("reduce_scatter", inputs[0], out);
         colld_dtype_t dt = reduce_dtype("reduce_scatter", out);
         colld_redop_t op = reduce_op("reduce_scatter", opts.reduceOp);
-        std::vector<at::Tensor> flat_parts;
-        for (const at::Tensor &p : inputs[0])
-            flat_parts.push_back(p.reshape({-1}));
-        at::Tensor src = at::cat(flat_parts);
+        at::Tensor src = flatten(inputs[0]);
         at::Tensor dst = dense(out);
         Op o = make("reduce_scatter", c10d::OpType::REDUCE_SCATTER, outputs);
         o.keep = {src, dst};
@@ -478,19 +472,116 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         return post(std::move(o));
     }
 
-    /* A one-element all-reduce: it completes once every rank has called it. */
+    /* colld_barrier: it completes once every rank has called it. */
     c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions & /* opts */) override
     {
-        at::Tensor one = at::zeros({1}, at::kInt);
         Op o = make("barrier", c10d::OpType::BARRIER, {});
-        o.keep = {one};
-        o.issue = [one](colld_comm_t *c) {
-            return colld_allreduce(one.data_ptr(), one.data_ptr(), 1, COLLD_INT32, COLLD_SUM, c, nullptr);
-        };
+        o.issue = [](colld_comm_t *c) { return colld_barrier(c); };
         return post(std::move(o));
     }
 
-    /* ---- what the colld C API does not have yet ---- */
+    /* outputs[0][r] on the root gets rank r's input (no outputs elsewhere), staged in one tensor. */
+    c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
+                                          const c10d::GatherOptions &opts) override
+    {
+        const at::Tensor &in = single("gather", inputs);
+        int root = check_root("gather", opts.rootRank, 0);
+        at::Tensor src = dense(in);
+        at::Tensor flat;
+        std::vector<at::Tensor> outs;
+        if (root == rank_) {
+            TORCH_CHECK(outputs.size() == 1, "torch_colld: gather: the root expects one output list, got ", outputs.size());
+            check_list("gather", outputs[0], in);
+            outs = outputs[0];
+            flat = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
+        } else {
+            TORCH_CHECK(outputs.empty(), "torch_colld: gather: only the root (rank ", root, ") takes an output list");
+        }
+        Op o = make("gather", c10d::OpType::GATHER, outs);
+        o.keep = {src, flat};
+        o.issue = [src, flat, root](colld_comm_t *c) {
+            return colld_gather(src.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, nbytes(src), COLLD_UINT8,
+                                root, c, nullptr);
+        };
+        if (root == rank_)
+            o.done = scatter_back(outs, flat);
+        return post(std::move(o));
+    }
+
+    /* outputs[0] gets the root's inputs[0][rank] (no inputs elsewhere), staged in one tensor. */
+    c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor> &outputs, std::vector<std::vector<at::Tensor>> &inputs,
+                                           const c10d::ScatterOptions &opts) override
+    {
+        const at::Tensor &out = single("scatter", outputs);
+        int root = check_root("scatter", opts.rootRank, 0);
+        at::Tensor src;
+        if (root == rank_) {
+            TORCH_CHECK(inputs.size() == 1, "torch_colld: scatter: the root expects one input list, got ", inputs.size());
+            check_list("scatter", inputs[0], out);
+            src = flatten(inputs[0]);
+        } else {
+            TORCH_CHECK(inputs.empty(), "torch_colld: scatter: only the root (rank ", root, ") takes an input list");
+        }
+        at::Tensor dst = dense(out);
+        Op o = make("scatter", c10d::OpType::SCATTER, outputs);
+        o.keep = {src, dst};
+        o.issue = [src, dst, root](colld_comm_t *c) {
+            return colld_scatter(src.defined() ? src.data_ptr() : nullptr, dst.data_ptr(), nbytes(dst), COLLD_UINT8,
+                                 root, c, nullptr);
+        };
+        o.done = copy_back(out, dst);
+        return post(std::move(o));
+    }
+
+    /* all_to_all_single: equal splits only (colld_alltoall has one count). */
+    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &output, at::Tensor &input, std::vector<int64_t> &out_splits,
+                                                 std::vector<int64_t> &in_splits,
+                                                 const c10d::AllToAllOptions & /* opts */) override
+    {
+        check_cpu("all_to_all_single", input);
+        check_cpu("all_to_all_single", output);
+        TORCH_CHECK(input.scalar_type() == output.scalar_type() && input.numel() == output.numel(),
+                    "torch_colld: all_to_all_single: input and output must have the same dtype and size");
+        check_equal_splits(out_splits, output);
+        check_equal_splits(in_splits, input);
+        TORCH_CHECK(input.numel() % size_ == 0, "torch_colld: all_to_all_single: ", input.numel(),
+                    " elements do not split evenly between ", size_, " ranks");
+        at::Tensor src = input.contiguous();
+        at::Tensor dst = dense(output);
+        if (src.data_ptr() == dst.data_ptr())
+            src = src.clone(); /* colld_alltoall has no in-place form */
+        std::vector<at::Tensor> outs{output};
+        Op o = make("all_to_all_single", c10d::OpType::ALLTOALL_BASE, outs);
+        o.keep = {src, dst};
+        int world = size_;
+        o.issue = [src, dst, world](colld_comm_t *c) {
+            return colld_alltoall(src.data_ptr(), dst.data_ptr(), nbytes(src) / world, COLLD_UINT8, c, nullptr);
+        };
+        o.done = copy_back(output, dst);
+        return post(std::move(o));
+    }
+
+    /* all_to_all (lists): every tensor of both lists the same dtype and size, staged in one each. */
+    c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
+                                            const c10d::AllToAllOptions & /* opts */) override
+    {
+        TORCH_CHECK(!inputs.empty(), "torch_colld: all_to_all: the input list is empty");
+        check_cpu("all_to_all", inputs[0]);
+        check_list("all_to_all", inputs, inputs[0]);
+        check_list("all_to_all", outputs, inputs[0]);
+        at::Tensor src = flatten(inputs);
+        at::Tensor flat = at::empty({src.numel()}, src.options());
+        Op o = make("all_to_all", c10d::OpType::ALLTOALL, outputs);
+        o.keep = {src, flat};
+        int world = size_;
+        o.issue = [src, flat, world](colld_comm_t *c) {
+            return colld_alltoall(src.data_ptr(), flat.data_ptr(), nbytes(src) / world, COLLD_UINT8, c, nullptr);
+        };
+        o.done = scatter_back(outputs, flat);
+        return post(std::move(o));
+    }
+
+    /* ---- what the colld C API does not have yet: point-to-point ---- */
 
     c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor> &, int, int) override
     {
@@ -504,27 +595,6 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     {
         return missing("recv (any source)", "point-to-point");
     }
-    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &, at::Tensor &, std::vector<int64_t> &,
-                                                 std::vector<int64_t> &, const c10d::AllToAllOptions &) override
-    {
-        return missing("all_to_all", "all-to-all");
-    }
-    c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor> &, std::vector<at::Tensor> &,
-                                            const c10d::AllToAllOptions &) override
-    {
-        return missing("all_to_all", "all-to-all");
-    }
-    c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>> &, std::vector<at::Tensor> &,
-                                          const c10d::GatherOptions &) override
-    {
-        return missing("gather", "gather");
-    }
-    c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor> &, std::vector<std::vector<at::Tensor>> &,
-                                           const c10d::ScatterOptions &) override
-    {
-        return missing("scatter", "scatter");
-    }
-
   private:
     /* Raise for an operation colld has no call for yet. */
     [[noreturn]] c10::intrusive_ptr<c10d::Work> missing(const char *op, const char *kind)
@@ -565,6 +635,39 @@ class ProcessGroupColld : public c10d::ProcessGroup {
                     ": input and output dtypes differ (", small.scalar_type(), ", ", big.scalar_type(), ")");
         TORCH_CHECK(big.numel() == want, "torch_colld: ", op, ": the flat tensor must hold world size x ",
                     small.numel(), " = ", want, " elements, it holds ", big.numel());
+    }
+
+    /* all_to_all splits: none (equal) or all equal. */
+    void check_equal_splits(const std::vector<int64_t> &splits, const at::Tensor &t)
+    {
+        if (splits.empty())
+            return;
+        TORCH_CHECK(splits.size() == static_cast<size_t>(size_), "torch_colld: all_to_all_single: ", splits.size(),
+                    " split sizes for ", size_, " ranks");
+        for (int64_t n : splits)
+            TORCH_CHECK(n * size_ == t.size(0),
+                        "torch_colld: all_to_all_single with unequal split sizes is not supported by colld yet "
+                        "(colld_alltoall has one count for every peer; issue 16)");
+    }
+
+    /* One contiguous tensor holding a list's tensors one after the other. */
+    static at::Tensor flatten(const std::vector<at::Tensor> &list)
+    {
+        std::vector<at::Tensor> parts;
+        for (const at::Tensor &p : list)
+            parts.push_back(p.reshape({-1}));
+        return at::cat(parts);
+    }
+
+    /* Copies block r of a staged flat result into list[r] (equal sizes). */
+    static std::function<void()> scatter_back(const std::vector<at::Tensor> &list, const at::Tensor &flat)
+    {
+        return [list, flat] {
+            for (size_t r = 0; r < list.size(); r++) {
+                int64_t n = list[r].numel();
+                list[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view(list[r].sizes()));
+            }
+        };
     }
 
     /* Copies a staged result back into the caller's tensor when they differ (non-contiguous). */

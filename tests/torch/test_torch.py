@@ -5,7 +5,8 @@ The driver starts `colld` on a private socket (as tests/integration/harness.c do
 scenario as N real processes of this file (`--worker`), joined with a FileStore in the test's
 private directory, and checks their exit codes:
 
-  ops   (2 and 4 ranks): every collective x every dtype colld has, value-checked exactly; async
+  ops   (2 and 4 ranks): every collective (all_reduce, reduce, broadcast, all_gather, reduce_scatter,
+        gather, scatter, all_to_all, barrier) x every dtype colld has, value-checked exactly; async
         work with get_future; coalesced ops; subgroups; non-contiguous tensors; the clear errors
         of what is not supported.
   ddp   (2 and 4 ranks): one DistributedDataParallel training step: every rank's gradients are
@@ -135,6 +136,36 @@ def worker_ops(torch, dist, rank, world, ck):
                 ck.equal(f"reduce_scatter_tensor {op} {dtype} x{count}", out,
                          expected_reduce(torch, op, world, count, dtype, salt=20 + rank))
 
+    # gather, scatter, all_to_all (lists) and all_to_all_single (equal splits), every dtype
+    for dtype in REDUCE_DTYPES:
+        dt = getattr(torch, dtype)
+        for count in [1, 1001]:
+            root = world - 1
+            outs = [torch.zeros(count, dtype=dt) for _ in range(world)] if rank == root else None
+            dist.gather(rank_input(torch, rank, count, dtype, salt=5), outs, dst=root)
+            if rank == root:
+                for r in range(world):
+                    ck.equal(f"gather {dtype} x{count} [{r}]", outs[r], rank_input(torch, r, count, dtype, salt=5))
+            out = torch.zeros(count, dtype=dt)
+            dist.scatter(out, [rank_input(torch, 100 + q, count, dtype) for q in range(world)] if rank == 0 else None,
+                         src=0)
+            ck.equal(f"scatter {dtype} x{count}", out, rank_input(torch, 100 + rank, count, dtype))
+            # rank r sends rank_input(r * 10 + q) to rank q
+            outs = [torch.zeros(count, dtype=dt) for _ in range(world)]
+            dist.all_to_all(outs, [rank_input(torch, rank * 10 + q, count, dtype) for q in range(world)])
+            for r in range(world):
+                ck.equal(f"all_to_all {dtype} x{count} [{r}]", outs[r], rank_input(torch, r * 10 + rank, count, dtype))
+            out = torch.zeros(world * count, dtype=dt)
+            dist.all_to_all_single(out, torch.cat([rank_input(torch, rank * 10 + q, count, dtype, salt=1)
+                                                   for q in range(world)]))
+            ck.equal(f"all_to_all_single {dtype} x{count}", out,
+                     torch.cat([rank_input(torch, r * 10 + rank, count, dtype, salt=1) for r in range(world)]))
+    t = torch.zeros(2 * world)
+    dist.all_to_all_single(t, torch.arange(2 * world, dtype=torch.float32) + 100 * rank,
+                           output_split_sizes=[2] * world, input_split_sizes=[2] * world)
+    ck.equal("all_to_all_single with equal split sizes given", t,
+             torch.tensor([float(2 * rank + k + 100 * r) for r in range(world) for k in range(2)]))
+
     # Byte-moving collectives take any dtype: bool and complex through broadcast and all_gather.
     for dt in [torch.bool, torch.complex64, torch.int16]:
         src = (torch.arange(1001) % (world + 1) == rank) if dt == torch.bool else \
@@ -222,11 +253,10 @@ def worker_ops(torch, dist, rank, world, ck):
     NS = "not supported by colld yet"
     ck.raises("send", lambda: dist.send(torch.zeros(1), dst=(rank + 1) % world), NS)
     ck.raises("recv", lambda: dist.recv(torch.zeros(1), src=(rank + 1) % world), NS)
-    ck.raises("all_to_all_single", lambda: dist.all_to_all_single(torch.zeros(world), torch.zeros(world)), NS)
-    ck.raises("gather", lambda: dist.gather(torch.zeros(1), [torch.zeros(1) for _ in range(world)] if rank == 0
-                                            else None, dst=0), NS)
-    ck.raises("scatter", lambda: dist.scatter(torch.zeros(1), [torch.zeros(1) for _ in range(world)] if rank == 0
-                                              else None, src=0), NS)
+    splits = [1] * (world - 1) + [3]
+    ck.raises("all_to_all_single with unequal splits",
+              lambda: dist.all_to_all_single(torch.zeros(world + 2), torch.zeros(world + 2), output_split_sizes=splits,
+                                             input_split_sizes=splits), "unequal split sizes is not supported by colld yet")
     ck.raises("all_reduce of bool", lambda: dist.all_reduce(torch.zeros(3, dtype=torch.bool)),
               "dtype Bool is not supported by colld")
     # torch sums complex tensors as their real view (float32 here)
