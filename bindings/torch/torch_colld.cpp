@@ -35,6 +35,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -43,6 +44,11 @@
 namespace {
 
 const char *const kUidKey = "torch_colld/uid";
+
+class ProcessGroupColld;
+/* Every live process group, for shutdown_all (at interpreter exit). */
+std::mutex g_live_mu;
+std::set<ProcessGroupColld *> g_live; /* guarded by g_live_mu */
 
 /* ----------------------------------------------------------------------------------------------
  * Work: completed by the group's worker thread
@@ -240,8 +246,10 @@ class ProcessGroupColld : public c10d::ProcessGroup {
             colld_disconnect(client_);
             throw;
         }
-        worker_ = std::thread([this] { run(); });
         init();
+        worker_ = std::thread([this] { run(); });
+        std::lock_guard<std::mutex> lock(g_live_mu);
+        g_live.insert(this);
     }
 
     /* Stop the worker (operations still queued fail), then leave the communicator and the
@@ -250,18 +258,41 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     ~ProcessGroupColld() override
     {
         {
+            std::lock_guard<std::mutex> lock(g_live_mu);
+            g_live.erase(this);
+        }
+        if (Py_IsInitialized() && PyGILState_Check()) {
+            pybind11::gil_scoped_release nogil;
+            stop();
+        } else {
+            stop();
+        }
+        colld_comm_destroy(comm_);
+        colld_disconnect(client_);
+    }
+
+    /* Stop the worker: what is still queued fails, the operation it runs completes first. Called
+     * without the GIL (the worker may run a future's callbacks that take it). */
+    void stop()
+    {
+        {
             std::lock_guard<std::mutex> lock(mu_);
             stop_ = true;
         }
         cv_.notify_all();
-        if (Py_IsInitialized() && PyGILState_Check()) {
-            pybind11::gil_scoped_release nogil;
+        std::lock_guard<std::mutex> lock(join_mu_);
+        if (worker_.joinable())
             worker_.join();
-        } else {
-            worker_.join();
-        }
-        colld_comm_destroy(comm_);
-        colld_disconnect(client_);
+    }
+
+    /* Stop the workers of every live group (torch_colld registers it with atexit). Python kills a
+     * thread that takes the GIL once finalization has begun, and a worker completing a future may
+     * take it (to release a Python callback): that would end the process with std::terminate. */
+    static void stop_all()
+    {
+        std::lock_guard<std::mutex> lock(g_live_mu);
+        for (ProcessGroupColld *pg : g_live)
+            pg->stop();
     }
 
     const std::string getBackendName() const override
@@ -706,8 +737,13 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         c10::intrusive_ptr<c10d::Work> w = o.work;
         {
             std::lock_guard<std::mutex> lock(mu_);
-            queue_.push_back(std::move(o));
+            if (!stop_) {
+                queue_.push_back(std::move(o));
+                o.work.reset();
+            }
         }
+        if (o.work)
+            o.work->complete(std::string("torch_colld: ") + o.name + ": the process group was stopped (interpreter exit)");
         cv_.notify_one();
         return w;
     }
@@ -757,6 +793,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     std::condition_variable cv_;
     std::deque<Op> queue_; /* guarded by mu_ */
     bool stop_ = false;    /* guarded by mu_ */
+    std::mutex join_mu_;   /* one joiner at a time */
     std::thread worker_;
 };
 
@@ -772,5 +809,7 @@ PYBIND11_MODULE(_torch_colld, m)
         .def(pybind11::init<const c10::intrusive_ptr<c10d::Store> &, int, int, std::chrono::milliseconds>(),
              pybind11::arg("store"), pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
              pybind11::call_guard<pybind11::gil_scoped_release>());
+    m.def("_stop_all", &ProcessGroupColld::stop_all, pybind11::call_guard<pybind11::gil_scoped_release>(),
+          "Stop every process group's worker thread (at interpreter exit; later operations fail)");
     m.attr("colld_api_version") = COLLD_API_VERSION;
 }

@@ -7,9 +7,11 @@
 Every process reaches the local colld daemon at $COLLD_SOCKET (else colld's default socket).
 CPU tensors only; see docs/torch.md for what is supported.
 """
+import atexit as _atexit
+
 import torch.distributed as _dist
 
-from ._torch_colld import ProcessGroupColld, colld_api_version  # noqa: F401
+from ._torch_colld import ProcessGroupColld, _stop_all, colld_api_version  # noqa: F401
 
 __all__ = ["ProcessGroupColld", "BACKEND"]
 
@@ -25,3 +27,7 @@ def _create(store, rank, world_size, timeout):
 # Importing twice (or after another registration of the name) must not fail.
 if BACKEND.upper() not in _dist.Backend._plugins:
     _dist.Backend.register_backend(BACKEND, _create)
+
+# Process groups still alive at exit (no destroy_process_group) stop their worker threads before
+# Python finalizes: a worker that touches Python objects afterwards would abort the process.
+_atexit.register(_stop_all)
