@@ -271,28 +271,36 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         colld_disconnect(client_);
     }
 
-    /* Stop the worker: what is still queued fails, the operation it runs completes first. Called
-     * without the GIL (the worker may run a future's callbacks that take it). */
-    void stop()
+    /* Stop the worker: what is still queued fails; the operation it runs completes first, or,
+     * with `abort`, is aborted (colld_comm_abort: it and the peers' fail with COLLD_ERR_ABORTED)
+     * so that a process leaving with an operation its peers never join does not wait for the
+     * group's timeout. Called without the GIL (the worker may run a future's callbacks that take
+     * it). */
+    void stop(bool abort = false)
     {
+        bool busy;
         {
             std::lock_guard<std::mutex> lock(mu_);
             stop_ = true;
+            busy = busy_;
         }
         cv_.notify_all();
+        if (abort && busy)
+            colld_comm_abort(comm_);
         std::lock_guard<std::mutex> lock(join_mu_);
         if (worker_.joinable())
             worker_.join();
     }
 
-    /* Stop the workers of every live group (torch_colld registers it with atexit). Python kills a
-     * thread that takes the GIL once finalization has begun, and a worker completing a future may
-     * take it (to release a Python callback): that would end the process with std::terminate. */
+    /* Stop the workers of every live group, aborting what they run (torch_colld registers it with
+     * atexit). Python kills a thread that takes the GIL once finalization has begun, and a worker
+     * completing a future may take it (to release a Python callback): that would end the process
+     * with std::terminate. */
     static void stop_all()
     {
         std::lock_guard<std::mutex> lock(g_live_mu);
         for (ProcessGroupColld *pg : g_live)
-            pg->stop();
+            pg->stop(true);
     }
 
     const std::string getBackendName() const override
@@ -762,6 +770,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
                     return;
                 o = std::move(queue_.front());
                 queue_.pop_front();
+                busy_ = !stop_;
                 if (stop_) {
                     lock.unlock();
                     o.work->complete(std::string("torch_colld: ") + o.name +
@@ -783,6 +792,10 @@ class ProcessGroupColld : public c10d::ProcessGroup {
                 }
             }
             o.keep.clear();
+            {
+                std::lock_guard<std::mutex> lock(mu_);
+                busy_ = false;
+            }
             o.work->complete(error);
         }
     }
@@ -793,6 +806,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     std::condition_variable cv_;
     std::deque<Op> queue_; /* guarded by mu_ */
     bool stop_ = false;    /* guarded by mu_ */
+    bool busy_ = false;    /* guarded by mu_: the worker is running an operation */
     std::mutex join_mu_;   /* one joiner at a time */
     std::thread worker_;
 };

@@ -16,6 +16,8 @@ private directory, and checks their exit codes:
         all-reduce (wait() and its future) raises a RuntimeError naming rank 1.
 
 Usage: test_torch.py --colld BUILD/server/colld --pythonpath BUILD/bindings/torch/python [SCENARIO...]
+       test_torch.py --colld ... --pythonpath ... --upstream tests/torch/upstream_pass.txt
+         (PyTorch's own distributed_test.py, through upstream_suite.py: the listed tests must pass)
 Exit 0 when every scenario passed, 1 otherwise, 77 (skip) when torch cannot be imported.
 """
 import argparse
@@ -336,6 +338,36 @@ def worker_kill(torch, dist, rank, world, ck):
     ck.true("the work failed", work.is_completed() and not work.is_success())
 
 
+def worker_exit(torch, dist, rank, world, ck):
+    """Rank 0 leaves with an all-reduce its peer never joins (no wait, no destroy): it must exit at
+    once, not after the group's 30-minute timeout; the peer's next all-reduce then fails naming
+    what happened (the abort, or rank 0's exit)."""
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    ck.equal("all_reduce before the exit", t, torch.full((8,), float(world)))
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        store.set("rank0-pid", str(os.getpid()))
+        dist.all_reduce(torch.ones(1001), async_op=True)
+        print(f"rank {rank}: exit: 0 checks, 0 failed", flush=True)
+        sys.exit(0)  # atexit: torch_colld aborts the all-reduce in flight
+    pid = int(store.get("rank0-pid"))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until rank 0 is gone (the driver reaps it)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    ck.true("rank 0 exited within 60 s with an all-reduce in flight", time.monotonic() < deadline)
+    work = dist.all_reduce(torch.ones(1001), async_op=True)
+    ck.raises("the peer's all_reduce after rank 0 left", work.wait, "COLLD_ERR_")
+    try:
+        work.wait()
+    except RuntimeError as e:
+        print(f"rank {rank}: the error: {e}", flush=True)
+
+
 def worker_main(args):
     import torch
     import torch.distributed as dist
@@ -345,7 +377,7 @@ def worker_main(args):
     dist.init_process_group("colld", init_method=f"file://{args.store}", rank=args.rank, world_size=args.world)
     ck = Checker(args.rank)
     ck.true("get_backend", dist.get_backend() == "colld")
-    {"ops": worker_ops, "ddp": worker_ddp, "kill": worker_kill}[args.worker](torch, dist, args.rank, args.world, ck)
+    {"ops": worker_ops, "ddp": worker_ddp, "kill": worker_kill, "exit": worker_exit}[args.worker](torch, dist, args.rank, args.world, ck)
     dist.destroy_process_group()
     for f in ck.failures[:20]:
         print("FAIL", f, flush=True)
@@ -411,6 +443,8 @@ def main():
     ap.add_argument("--rank", type=int)
     ap.add_argument("--world", type=int)
     ap.add_argument("--store")
+    ap.add_argument("--upstream", help="instead of the scenarios: run upstream_suite.py for colld with "
+                    "the tests listed in this file, all of which must pass")
     ap.add_argument("scenarios", nargs="*")
     args = ap.parse_args()
     if args.worker:
@@ -420,7 +454,7 @@ def main():
     except ImportError as e:
         print(f"skip: {sys.executable} cannot import torch ({e})")
         return 77
-    plan = [("ops", 2, 120), ("ops", 4, 180), ("ddp", 2, 90), ("ddp", 4, 90), ("kill", 3, 90)]
+    plan = [("ops", 2, 120), ("ops", 4, 180), ("ddp", 2, 90), ("ddp", 4, 90), ("kill", 3, 90), ("exit", 2, 90)]
     if args.scenarios:
         plan = [p for p in plan if p[0] in args.scenarios]
     with tempfile.TemporaryDirectory(prefix="colld-torch-") as tmp:
@@ -430,7 +464,14 @@ def main():
                    OMP_NUM_THREADS="1")
         results = []
         try:
-            results += [run_scenario(args, tmp, env, *p) for p in plan]
+            if args.upstream:
+                suite = os.path.join(os.path.dirname(os.path.abspath(__file__)), "upstream_suite.py")
+                env["TEMP_DIR"] = tempfile.mkdtemp(dir=tmp)
+                rc = subprocess.run([sys.executable, suite, "--backend", "colld", "--world-size", "3",
+                                     "--tests-from", args.upstream], env=env, cwd=tmp, timeout=1500).returncode
+                results.append(rc == 0)
+            else:
+                results += [run_scenario(args, tmp, env, *p) for p in plan]
         finally:
             daemon.send_signal(signal.SIGTERM)
             try:
