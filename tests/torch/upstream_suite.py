@@ -11,7 +11,8 @@ For "colld" the driver (1) provides an `expecttest` stand-in (torch's common_uti
 Debian does not package it), (2) adds colld to the feature sets of DistTestCases that name the
 backends a generic test runs with (ddp, subgroup, plugin), and (3) lifts the gloo-only
 `require_backend({"gloo"})` gate of the tests that are generic (coalesced all-reduce,
-scatter_object_list); the monitored-barrier tests stay gloo-only (torch implements that for Gloo).
+scatter_object_list) and the MPI-only gate of all_to_all_single with equal splits; the
+monitored-barrier tests stay gloo-only (torch implements that for Gloo).
 The same driver runs gloo unchanged for the comparison. It prints one line per test (PASS, FAIL,
 SKIP with the reason) and a summary; with --out it writes them to a file.
 
@@ -77,6 +78,9 @@ if BACKEND == "colld":
     _src = _src.replace('@require_backend({"gloo"})\n        @require_backends_available({"gloo"})\n'
                         '        def test_all_reduce_coalesced',
                         '@require_backend({"gloo", "colld"})\n        def test_all_reduce_coalesced')
+    # all_to_all_single with equal splits: colld_alltoall has it (the unequal-split tests stay MPI-only)
+    _src = re.sub(r'@sandcastle_skip_if\(BACKEND != "mpi", (".*?")\)\n((?:[ ]*@.*\n)*[ ]*def test_all_to_all_single_equal_split)',
+                  r'@sandcastle_skip_if(BACKEND not in ("mpi", "colld"), \1)\n\2', _src)
     _mod = importlib.util.module_from_spec(_spec)
     sys.modules[_name] = _mod
     exec(compile(_src, _spec.origin, "exec"), _mod.__dict__)
