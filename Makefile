@@ -12,10 +12,11 @@ CMAKE_ARGS ?=
 # Type=notify unit (optional to the build). systemd, prometheus, help2man and groff-base are
 # deploy/check.sh's validators (the test deploy_check): systemd-analyze and systemd-sysusers,
 # promtool (on a host that runs systemd the prometheus package also enables a Prometheus server),
-# the man pages.
+# the man pages. python3-torch, libtorch-dev, pybind11-dev and g++: the torch.distributed backend
+# torch_colld (bindings/torch, docs/torch.md) and its test (optional to the build: skipped without).
 DEB_PACKAGES = gcc make cmake ninja-build pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
                libuv1-dev libssl-dev libcmocka-dev clang libclang-rt-14-dev libsystemd-dev \
-               systemd prometheus help2man groff-base
+               systemd prometheus help2man groff-base python3-torch libtorch-dev pybind11-dev g++
 # node and npm for the Kubernetes schemas (deploy/kubernetes/validate.js): Debian's nodejs and npm,
 # installed only when no npm is on the PATH (a node from elsewhere may carry its own npm, which
 # Debian's npm package would conflict with). The npm packages themselves go into $(NPM_CACHE).

@@ -1,0 +1,829 @@
+/*
+ * torch_colld.cpp - a torch.distributed (c10d) process group over libcolld, for torch 1.13.
+ *
+ * `import torch_colld` (torch_colld/__init__.py) registers the backend "colld" with this module's
+ * ProcessGroupColld as its creator, so `dist.init_process_group("colld", ...)` reaches the local
+ * colld daemon ($COLLD_SOCKET, else colld's default socket) through libcolld.
+ *
+ * One process group is one colld client and one colld communicator. Its unique id travels through
+ * the c10d store given to the creator (a PrefixStore per group, so subgroups get ids of their own).
+ * A colld_comm_t is used by one thread at a time, so every colld call of a group runs on the
+ * group's own worker thread: an operation is checked and staged on the caller's thread, queued,
+ * issued by the worker, completed there with colld_comm_synchronize, and its Work (and the Work's
+ * future, which DDP waits on) is marked done there. Operations of one group run in the order they
+ * were called, as c10d requires; the caller never blocks on the daemon.
+ *
+ * Buffers: CPU tensors only. A contiguous tensor's own memory goes to libcolld (it stages host
+ * memory that is not colld's, see colld.h); a non-contiguous one is copied into a contiguous
+ * tensor and the result copied back. List outputs and inputs (all_gather, reduce_scatter, gather,
+ * scatter, all_to_all) are staged in one contiguous tensor. Operations that only move bytes
+ * (broadcast, the gathers, scatter, all-to-all) take every dtype, as uint8. CUDA tensors,
+ * point-to-point and all-to-all with unequal splits are refused with a RuntimeError saying so
+ * (docs/torch.md).
+ */
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include <pybind11/chrono.h>
+
+#include <colld/colld.h>
+
+#include <climits>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+const char *const kUidKey = "torch_colld/uid";
+
+class ProcessGroupColld;
+/* Every live process group, for shutdown_all (at interpreter exit). */
+std::mutex g_live_mu;
+std::set<ProcessGroupColld *> g_live; /* guarded by g_live_mu */
+
+/* ----------------------------------------------------------------------------------------------
+ * Work: completed by the group's worker thread
+ * -------------------------------------------------------------------------------------------- */
+
+/* One operation's Work. c10d::Work keeps the completion state (wait() raises its exception);
+ * the future carries the output tensors, as ProcessGroupGloo's does, for DDP's communication
+ * hooks. */
+class WorkColld : public c10d::Work {
+  public:
+    WorkColld(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+        : c10d::Work(rank, type), outputs_(std::move(outputs)),
+          future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get())))
+    {
+    }
+
+    /* Mark the work done: with an empty `error` it succeeded, else wait() and the future raise a
+     * RuntimeError with that text. */
+    void complete(const std::string &error)
+    {
+        if (error.empty()) {
+            finish();
+            future_->markCompleted(c10::IValue(outputs_));
+            return;
+        }
+        std::exception_ptr e = std::make_exception_ptr(std::runtime_error(error));
+        finish(e);
+        future_->setError(e);
+    }
+
+    /* The future DDP and get_future() users wait on; its value is the output tensors. */
+    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override
+    {
+        return future_;
+    }
+
+    /* The output tensors (c10d's Work.result()). */
+    std::vector<at::Tensor> result() override
+    {
+        return outputs_;
+    }
+
+  private:
+    std::vector<at::Tensor> outputs_;
+    c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+/* One queued operation: `issue` posts its collective(s) on the worker thread; `done` copies
+ * staged results into the caller's tensors after they completed. `keep` holds the tensors the
+ * daemon reads or writes alive until then. */
+struct Op {
+    const char *name;
+    std::function<colld_status_t(colld_comm_t *)> issue;
+    std::function<void()> done;
+    std::vector<at::Tensor> keep;
+    c10::intrusive_ptr<WorkColld> work;
+};
+
+/* ----------------------------------------------------------------------------------------------
+ * Checks and conversions (on the caller's thread: a bad call raises at once)
+ * -------------------------------------------------------------------------------------------- */
+
+/* The colld type of a tensor's dtype for a reduction; raises for the types colld has not. */
+colld_dtype_t reduce_dtype(const char *op, const at::Tensor &t)
+{
+    switch (t.scalar_type()) {
+    case at::kChar:
+        return COLLD_INT8;
+    case at::kByte:
+        return COLLD_UINT8;
+    case at::kInt:
+        return COLLD_INT32;
+    case at::kLong:
+        return COLLD_INT64;
+    case at::kHalf:
+        return COLLD_FLOAT16;
+    case at::kBFloat16:
+        return COLLD_BFLOAT16;
+    case at::kFloat:
+        return COLLD_FLOAT32;
+    case at::kDouble:
+        return COLLD_FLOAT64;
+    default:
+        break;
+    }
+    TORCH_CHECK(false, "torch_colld: ", op, ": dtype ", t.scalar_type(),
+                " is not supported by colld (int8, uint8, int32, int64, float16, bfloat16, float32, float64 are)");
+}
+
+/* The colld operator of a c10d ReduceOp; raises for the bitwise ones and PREMUL_SUM. */
+colld_redop_t reduce_op(const char *op, const c10d::ReduceOp &r)
+{
+    switch (r.op_) {
+    case c10d::ReduceOp::SUM:
+        return COLLD_SUM;
+    case c10d::ReduceOp::PRODUCT:
+        return COLLD_PROD;
+    case c10d::ReduceOp::MIN:
+        return COLLD_MIN;
+    case c10d::ReduceOp::MAX:
+        return COLLD_MAX;
+    case c10d::ReduceOp::AVG:
+        return COLLD_AVG;
+    default:
+        break;
+    }
+    TORCH_CHECK(false, "torch_colld: ", op, ": reduce op ", static_cast<int>(r.op_),
+                " is not supported by colld (SUM, PRODUCT, MIN, MAX and AVG are; BAND, BOR, BXOR and PREMUL_SUM are not)");
+}
+
+/* A tensor colld can take: dense, on the CPU. */
+void check_cpu(const char *op, const at::Tensor &t)
+{
+    TORCH_CHECK(!t.is_cuda(), "torch_colld: ", op,
+                ": CUDA tensors are not supported yet (torch_colld runs CPU tensors only; see docs/torch.md)");
+    TORCH_CHECK(t.device().is_cpu(), "torch_colld: ", op, ": the tensor is on ", t.device(), ", only CPU tensors are supported");
+    TORCH_CHECK(t.layout() == at::kStrided, "torch_colld: ", op, ": only dense (strided) tensors are supported, not ",
+                t.layout());
+}
+
+/* The one tensor of an operation that takes a list with one tensor per device. */
+const at::Tensor &single(const char *op, const std::vector<at::Tensor> &tensors)
+{
+    TORCH_CHECK(tensors.size() == 1, "torch_colld: ", op, ": expects exactly one tensor (one per process), got ",
+                tensors.size());
+    check_cpu(op, tensors[0]);
+    return tensors[0];
+}
+
+/* A contiguous tensor holding t's values: t itself, or a copy. */
+at::Tensor dense(const at::Tensor &t)
+{
+    return t.is_contiguous() ? t : t.contiguous();
+}
+
+/* The buffer's size in bytes, for operations that move bytes (broadcast, all-gather): any dtype
+ * travels as uint8. */
+size_t nbytes(const at::Tensor &t)
+{
+    return static_cast<size_t>(t.numel()) * t.element_size();
+}
+
+/* A message for a failed colld call: the status name, then colld's detail (it names the rank
+ * that died, the call that mismatched, ...), or what the status means when there is none. */
+std::string colld_failure(const char *what, colld_status_t st, const char *detail)
+{
+    std::string m = std::string("torch_colld: ") + what + " failed: ";
+    std::string name = colld_status_name(st);
+    if (!detail || !*detail)
+        return m + name + ": " + colld_status_string(st);
+    if (std::string(detail).rfind(name, 0) == 0) /* the detail starts with the status name already */
+        return m + detail;
+    return m + name + ": " + detail;
+}
+
+/* ----------------------------------------------------------------------------------------------
+ * The process group
+ * -------------------------------------------------------------------------------------------- */
+
+class ProcessGroupColld : public c10d::ProcessGroup {
+  public:
+    /* Connect to the daemon and join the group's communicator: rank 0 makes the unique id and
+     * publishes it in the store, the others read it (the store's get waits for it). Blocks until
+     * every rank has joined or `timeout` expires. Raises with colld's detail on failure. */
+    ProcessGroupColld(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
+                      std::chrono::milliseconds timeout)
+        : c10d::ProcessGroup(rank, size)
+    {
+        colld_status_t st = colld_connect(nullptr, &client_);
+        if (st != COLLD_OK)
+            throw std::runtime_error(colld_failure("colld_connect", st, colld_last_error(nullptr)));
+        colld_unique_id_t uid{};
+        try {
+            if (rank == 0) {
+                st = colld_get_unique_id(client_, &uid);
+                if (st != COLLD_OK)
+                    throw std::runtime_error(colld_failure("colld_get_unique_id", st, colld_last_error(client_)));
+                const uint8_t *p = reinterpret_cast<const uint8_t *>(&uid);
+                store->set(kUidKey, std::vector<uint8_t>(p, p + sizeof(uid)));
+            } else {
+                std::vector<uint8_t> v = store->get(kUidKey);
+                if (v.size() != sizeof(uid))
+                    throw std::runtime_error("torch_colld: the store's " + std::string(kUidKey) + " holds " +
+                                             std::to_string(v.size()) + " bytes, not a colld unique id (" +
+                                             std::to_string(sizeof(uid)) + ")");
+                std::memcpy(&uid, v.data(), sizeof(uid));
+            }
+            colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
+            cfg.name = "torch_colld";
+            cfg.timeout_ms = timeout.count() > INT_MAX ? INT_MAX : static_cast<int>(timeout.count());
+            st = colld_comm_init_rank(client_, &comm_, size, uid, rank, &cfg);
+            if (st != COLLD_OK)
+                throw std::runtime_error(colld_failure("colld_comm_init_rank", st, colld_last_error(client_)));
+        } catch (...) {
+            colld_disconnect(client_);
+            throw;
+        }
+        init();
+        worker_ = std::thread([this] { run(); });
+        std::lock_guard<std::mutex> lock(g_live_mu);
+        g_live.insert(this);
+    }
+
+    /* Stop the worker (operations still queued fail), then leave the communicator and the
+     * daemon. The GIL is released meanwhile: the worker may be running a future's callbacks that
+     * take it. */
+    ~ProcessGroupColld() override
+    {
+        {
+            std::lock_guard<std::mutex> lock(g_live_mu);
+            g_live.erase(this);
+        }
+        if (Py_IsInitialized() && PyGILState_Check()) {
+            pybind11::gil_scoped_release nogil;
+            stop();
+        } else {
+            stop();
+        }
+        colld_comm_destroy(comm_);
+        colld_disconnect(client_);
+    }
+
+    /* Stop the worker: what is still queued fails; the operation it runs completes first, or,
+     * with `abort`, is aborted (colld_comm_abort: it and the peers' fail with COLLD_ERR_ABORTED)
+     * so that a process leaving with an operation its peers never join does not wait for the
+     * group's timeout. Called without the GIL (the worker may run a future's callbacks that take
+     * it). */
+    void stop(bool abort = false)
+    {
+        bool busy;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stop_ = true;
+            busy = busy_;
+        }
+        cv_.notify_all();
+        if (abort && busy)
+            colld_comm_abort(comm_);
+        std::lock_guard<std::mutex> lock(join_mu_);
+        if (worker_.joinable())
+            worker_.join();
+    }
+
+    /* Stop the workers of every live group, aborting what they run (torch_colld registers it with
+     * atexit). Python kills a thread that takes the GIL once finalization has begun, and a worker
+     * completing a future may take it (to release a Python callback): that would end the process
+     * with std::terminate. */
+    static void stop_all()
+    {
+        std::lock_guard<std::mutex> lock(g_live_mu);
+        for (ProcessGroupColld *pg : g_live)
+            pg->stop(true);
+    }
+
+    const std::string getBackendName() const override
+    {
+        return "colld";
+    }
+
+    /* ---- collectives ---- */
+
+    c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor> &tensors,
+                                             const c10d::AllreduceOptions &opts) override
+    {
+        const at::Tensor &t = single("allreduce", tensors);
+        colld_dtype_t dt = reduce_dtype("allreduce", t);
+        colld_redop_t op = reduce_op("allreduce", opts.reduceOp);
+        at::Tensor buf = dense(t);
+        Op o = make("allreduce", c10d::OpType::ALLREDUCE, tensors);
+        o.keep = {buf};
+        o.issue = [buf, dt, op](colld_comm_t *c) {
+            return colld_allreduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, op, c, nullptr);
+        };
+        o.done = copy_back(t, buf);
+        return post(std::move(o));
+    }
+
+    /* Several all-reduces in one colld group (one round through the daemon). */
+    c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor> &tensors,
+                                                       const c10d::AllreduceCoalescedOptions &opts) override
+    {
+        colld_redop_t op = reduce_op("allreduce_coalesced", opts.reduceOp);
+        std::vector<at::Tensor> bufs;
+        std::vector<colld_dtype_t> dts;
+        std::vector<std::function<void()>> backs;
+        for (const at::Tensor &t : tensors) {
+            check_cpu("allreduce_coalesced", t);
+            dts.push_back(reduce_dtype("allreduce_coalesced", t));
+            bufs.push_back(dense(t));
+            backs.push_back(copy_back(t, bufs.back()));
+        }
+        Op o = make("allreduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED, tensors);
+        o.keep = bufs;
+        o.issue = [bufs, dts, op](colld_comm_t *c) {
+            return grouped(bufs.size(), [&](size_t i) {
+                return colld_allreduce(bufs[i].data_ptr(), bufs[i].data_ptr(), bufs[i].numel(), dts[i], op, c, nullptr);
+            });
+        };
+        o.done = [backs] {
+            for (const auto &b : backs)
+                if (b)
+                    b();
+        };
+        return post(std::move(o));
+    }
+
+    c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor> &tensors,
+                                             const c10d::BroadcastOptions &opts) override
+    {
+        const at::Tensor &t = single("broadcast", tensors);
+        int root = check_root("broadcast", opts.rootRank, opts.rootTensor);
+        at::Tensor buf = dense(t);
+        Op o = make("broadcast", c10d::OpType::BROADCAST, tensors);
+        o.keep = {buf};
+        o.issue = [buf, root](colld_comm_t *c) {
+            return colld_broadcast(buf.data_ptr(), buf.data_ptr(), nbytes(buf), COLLD_UINT8, root, c, nullptr);
+        };
+        o.done = copy_back(t, buf);
+        return post(std::move(o));
+    }
+
+    c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor> &tensors, const c10d::ReduceOptions &opts) override
+    {
+        const at::Tensor &t = single("reduce", tensors);
+        int root = check_root("reduce", opts.rootRank, opts.rootTensor);
+        colld_dtype_t dt = reduce_dtype("reduce", t);
+        colld_redop_t op = reduce_op("reduce", opts.reduceOp);
+        at::Tensor buf = dense(t);
+        Op o = make("reduce", c10d::OpType::REDUCE, tensors);
+        o.keep = {buf};
+        o.issue = [buf, dt, op, root](colld_comm_t *c) {
+            return colld_reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, op, root, c, nullptr);
+        };
+        if (root == rank_)
+            o.done = copy_back(t, buf);
+        return post(std::move(o));
+    }
+
+    /* The list form: each rank's tensor lands in outputs[0][rank], through one staging tensor. */
+    c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>> &outputs,
+                                             std::vector<at::Tensor> &inputs,
+                                             const c10d::AllgatherOptions & /* opts */) override
+    {
+        const at::Tensor &in = single("allgather", inputs);
+        TORCH_CHECK(outputs.size() == 1, "torch_colld: allgather: expects one output list, got ", outputs.size());
+        check_list("allgather", outputs[0], in);
+        at::Tensor src = dense(in);
+        at::Tensor flat = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
+        Op o = make("allgather", c10d::OpType::ALLGATHER, outputs[0]);
+        o.keep = {src, flat};
+        o.issue = [src, flat](colld_comm_t *c) {
+            return colld_allgather(src.data_ptr(), flat.data_ptr(), nbytes(src), COLLD_UINT8, c, nullptr);
+        };
+        o.done = scatter_back(outputs[0], flat);
+        return post(std::move(o));
+    }
+
+    /* all_gather_into_tensor: one flat output of size * the input. */
+    c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor &output, at::Tensor &input,
+                                                   const c10d::AllgatherOptions & /* opts */) override
+    {
+        check_cpu("_allgather_base", input);
+        check_cpu("_allgather_base", output);
+        check_flat("_allgather_base", output, input, static_cast<int64_t>(size_) * input.numel());
+        at::Tensor src = dense(input);
+        at::Tensor dst = dense(output);
+        std::vector<at::Tensor> outs{output};
+        Op o = make("_allgather_base", c10d::OpType::_ALLGATHER_BASE, outs);
+        o.keep = {src, dst};
+        o.issue = [src, dst](colld_comm_t *c) {
+            return colld_allgather(src.data_ptr(), dst.data_ptr(), nbytes(src), COLLD_UINT8, c, nullptr);
+        };
+        o.done = copy_back(output, dst);
+        return post(std::move(o));
+    }
+
+    /* outputs[0][r][i] gets rank r's inputs[i]: one all-gather per input, in one colld group. */
+    c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>> &outputs,
+                                                       std::vector<at::Tensor> &inputs,
+                                                       const c10d::AllgatherOptions & /* opts */) override
+    {
+        TORCH_CHECK(outputs.size() == static_cast<size_t>(size_), "torch_colld: allgather_coalesced: expects ", size_,
+                    " output lists (one per rank), got ", outputs.size());
+        std::vector<at::Tensor> srcs, flats;
+        for (size_t i = 0; i < inputs.size(); i++) {
+            check_cpu("allgather_coalesced", inputs[i]);
+            srcs.push_back(dense(inputs[i]));
+            flats.push_back(at::empty({static_cast<int64_t>(size_) * inputs[i].numel()}, inputs[i].options()));
+        }
+        std::vector<at::Tensor> all;
+        for (auto &list : outputs) {
+            TORCH_CHECK(list.size() == inputs.size(), "torch_colld: allgather_coalesced: an output list holds ",
+                        list.size(), " tensors, the input list ", inputs.size());
+            for (size_t i = 0; i < list.size(); i++) {
+                check_cpu("allgather_coalesced", list[i]);
+                TORCH_CHECK(list[i].numel() == inputs[i].numel() && list[i].scalar_type() == inputs[i].scalar_type(),
+                            "torch_colld: allgather_coalesced: output ", i, " does not match input ", i,
+                            " in size or dtype");
+                all.push_back(list[i]);
+            }
+        }
+        Op o = make("allgather_coalesced", c10d::OpType::ALLGATHER_COALESCED, all);
+        o.keep = srcs;
+        o.keep.insert(o.keep.end(), flats.begin(), flats.end());
+        o.issue = [srcs, flats](colld_comm_t *c) {
+            return grouped(srcs.size(), [&](size_t i) {
+                return colld_allgather(srcs[i].data_ptr(), flats[i].data_ptr(), nbytes(srcs[i]), COLLD_UINT8, c, nullptr);
+            });
+        };
+        std::vector<std::vector<at::Tensor>> outs = outputs;
+        o.done = [outs, flats] {
+            for (size_t r = 0; r < outs.size(); r++)
+                for (size_t i = 0; i < outs[r].size(); i++) {
+                    int64_t n = outs[r][i].numel();
+                    outs[r][i].copy_(flats[i].narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r][i].sizes()));
+                }
+        };
+        return post(std::move(o));
+    }
+
+    /* The list form: inputs[0][r] is the part for rank r, staged into one contiguous tensor. */
+    c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor> &outputs,
+                                                  std::vector<std::vector<at::Tensor>> &inputs,
+                                                  const c10d::ReduceScatterOptions &opts) override
+    {
+        const at::Tensor &out = single("reduce_scatter", outputs);
+        TORCH_CHECK(inputs.size() == 1, "torch_colld: reduce_scatter: expects one input list, got ", inputs.size());
+        check_list("reduce_scatter", inputs[0], out);
+        colld_dtype_t dt = reduce_dtype("reduce_scatter", out);
+        colld_redop_t op = reduce_op("reduce_scatter", opts.reduceOp);
+        at::Tensor src = flatten(inputs[0]);
+        at::Tensor dst = dense(out);
+        Op o = make("reduce_scatter", c10d::OpType::REDUCE_SCATTER, outputs);
+        o.keep = {src, dst};
+        o.issue = [src, dst, dt, op](colld_comm_t *c) {
+            return colld_reducescatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, op, c, nullptr);
+        };
+        o.done = copy_back(out, dst);
+        return post(std::move(o));
+    }
+
+    /* reduce_scatter_tensor: one flat input of size * the output. */
+    c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor &output, at::Tensor &input,
+                                                        const c10d::ReduceScatterOptions &opts) override
+    {
+        check_cpu("_reduce_scatter_base", input);
+        check_cpu("_reduce_scatter_base", output);
+        check_flat("_reduce_scatter_base", input, output, static_cast<int64_t>(size_) * output.numel());
+        colld_dtype_t dt = reduce_dtype("_reduce_scatter_base", output);
+        colld_redop_t op = reduce_op("_reduce_scatter_base", opts.reduceOp);
+        at::Tensor src = dense(input);
+        at::Tensor dst = dense(output);
+        std::vector<at::Tensor> outs{output};
+        Op o = make("_reduce_scatter_base", c10d::OpType::_REDUCE_SCATTER_BASE, outs);
+        o.keep = {src, dst};
+        o.issue = [src, dst, dt, op](colld_comm_t *c) {
+            return colld_reducescatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, op, c, nullptr);
+        };
+        o.done = copy_back(output, dst);
+        return post(std::move(o));
+    }
+
+    /* colld_barrier: it completes once every rank has called it. */
+    c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions & /* opts */) override
+    {
+        Op o = make("barrier", c10d::OpType::BARRIER, {});
+        o.issue = [](colld_comm_t *c) { return colld_barrier(c); };
+        return post(std::move(o));
+    }
+
+    /* outputs[0][r] on the root gets rank r's input (no outputs elsewhere), staged in one tensor. */
+    c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
+                                          const c10d::GatherOptions &opts) override
+    {
+        const at::Tensor &in = single("gather", inputs);
+        int root = check_root("gather", opts.rootRank, 0);
+        at::Tensor src = dense(in);
+        at::Tensor flat;
+        std::vector<at::Tensor> outs;
+        if (root == rank_) {
+            TORCH_CHECK(outputs.size() == 1, "torch_colld: gather: the root expects one output list, got ", outputs.size());
+            check_list("gather", outputs[0], in);
+            outs = outputs[0];
+            flat = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
+        } else {
+            TORCH_CHECK(outputs.empty(), "torch_colld: gather: only the root (rank ", root, ") takes an output list");
+        }
+        Op o = make("gather", c10d::OpType::GATHER, outs);
+        o.keep = {src, flat};
+        o.issue = [src, flat, root](colld_comm_t *c) {
+            return colld_gather(src.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, nbytes(src), COLLD_UINT8,
+                                root, c, nullptr);
+        };
+        if (root == rank_)
+            o.done = scatter_back(outs, flat);
+        return post(std::move(o));
+    }
+
+    /* outputs[0] gets the root's inputs[0][rank] (no inputs elsewhere), staged in one tensor. */
+    c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor> &outputs, std::vector<std::vector<at::Tensor>> &inputs,
+                                           const c10d::ScatterOptions &opts) override
+    {
+        const at::Tensor &out = single("scatter", outputs);
+        int root = check_root("scatter", opts.rootRank, 0);
+        at::Tensor src;
+        if (root == rank_) {
+            TORCH_CHECK(inputs.size() == 1, "torch_colld: scatter: the root expects one input list, got ", inputs.size());
+            check_list("scatter", inputs[0], out);
+            src = flatten(inputs[0]);
+        } else {
+            TORCH_CHECK(inputs.empty(), "torch_colld: scatter: only the root (rank ", root, ") takes an input list");
+        }
+        at::Tensor dst = dense(out);
+        Op o = make("scatter", c10d::OpType::SCATTER, outputs);
+        o.keep = {src, dst};
+        o.issue = [src, dst, root](colld_comm_t *c) {
+            return colld_scatter(src.defined() ? src.data_ptr() : nullptr, dst.data_ptr(), nbytes(dst), COLLD_UINT8,
+                                 root, c, nullptr);
+        };
+        o.done = copy_back(out, dst);
+        return post(std::move(o));
+    }
+
+    /* all_to_all_single: equal splits only (colld_alltoall has one count). */
+    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &output, at::Tensor &input, std::vector<int64_t> &out_splits,
+                                                 std::vector<int64_t> &in_splits,
+                                                 const c10d::AllToAllOptions & /* opts */) override
+    {
+        check_cpu("all_to_all_single", input);
+        check_cpu("all_to_all_single", output);
+        TORCH_CHECK(input.scalar_type() == output.scalar_type() && input.numel() == output.numel(),
+                    "torch_colld: all_to_all_single: input and output must have the same dtype and size");
+        check_equal_splits(out_splits, output);
+        check_equal_splits(in_splits, input);
+        TORCH_CHECK(input.numel() % size_ == 0, "torch_colld: all_to_all_single: ", input.numel(),
+                    " elements do not split evenly between ", size_, " ranks");
+        at::Tensor src = input.contiguous();
+        at::Tensor dst = dense(output);
+        if (src.data_ptr() == dst.data_ptr())
+            src = src.clone(); /* colld_alltoall has no in-place form */
+        std::vector<at::Tensor> outs{output};
+        Op o = make("all_to_all_single", c10d::OpType::ALLTOALL_BASE, outs);
+        o.keep = {src, dst};
+        int world = size_;
+        o.issue = [src, dst, world](colld_comm_t *c) {
+            return colld_alltoall(src.data_ptr(), dst.data_ptr(), nbytes(src) / world, COLLD_UINT8, c, nullptr);
+        };
+        o.done = copy_back(output, dst);
+        return post(std::move(o));
+    }
+
+    /* all_to_all (lists): every tensor of both lists the same dtype and size, staged in one each. */
+    c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
+                                            const c10d::AllToAllOptions & /* opts */) override
+    {
+        TORCH_CHECK(!inputs.empty(), "torch_colld: all_to_all: the input list is empty");
+        check_cpu("all_to_all", inputs[0]);
+        check_list("all_to_all", inputs, inputs[0]);
+        check_list("all_to_all", outputs, inputs[0]);
+        at::Tensor src = flatten(inputs);
+        at::Tensor flat = at::empty({src.numel()}, src.options());
+        Op o = make("all_to_all", c10d::OpType::ALLTOALL, outputs);
+        o.keep = {src, flat};
+        int world = size_;
+        o.issue = [src, flat, world](colld_comm_t *c) {
+            return colld_alltoall(src.data_ptr(), flat.data_ptr(), nbytes(src) / world, COLLD_UINT8, c, nullptr);
+        };
+        o.done = scatter_back(outputs, flat);
+        return post(std::move(o));
+    }
+
+    /* ---- what the colld C API does not have yet: point-to-point ---- */
+
+    c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor> &, int, int) override
+    {
+        return missing("send", "point-to-point");
+    }
+    c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor> &, int, int) override
+    {
+        return missing("recv", "point-to-point");
+    }
+    c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor> &, int) override
+    {
+        return missing("recv (any source)", "point-to-point");
+    }
+  private:
+    /* Raise for an operation colld has no call for yet. */
+    [[noreturn]] c10::intrusive_ptr<c10d::Work> missing(const char *op, const char *kind)
+    {
+        TORCH_CHECK(false, "torch_colld: ", op, " is not supported by colld yet (the colld C API has no ", kind,
+                    " operation; issue 16): use the gloo backend for it, e.g. a second group from "
+                    "dist.new_group(backend=\"gloo\")");
+    }
+
+    /* A root rank in range, and tensor 0 (one tensor per process). */
+    int check_root(const char *op, int64_t root, int64_t root_tensor)
+    {
+        TORCH_CHECK(root >= 0 && root < size_, "torch_colld: ", op, ": root rank ", root, " is not in [0, ", size_, ")");
+        TORCH_CHECK(root_tensor == 0, "torch_colld: ", op, ": root tensor ", root_tensor,
+                    " out of range (one tensor per process)");
+        return static_cast<int>(root);
+    }
+
+    /* A list of one tensor per rank, each like `like` (same dtype and element count). */
+    void check_list(const char *op, const std::vector<at::Tensor> &list, const at::Tensor &like)
+    {
+        TORCH_CHECK(list.size() == static_cast<size_t>(size_), "torch_colld: ", op, ": expects ", size_,
+                    " tensors in the list (one per rank), got ", list.size());
+        for (const at::Tensor &t : list) {
+            check_cpu(op, t);
+            TORCH_CHECK(t.scalar_type() == like.scalar_type() && t.numel() == like.numel(), "torch_colld: ", op,
+                        ": every tensor in the list must have the dtype and size of the other tensor (",
+                        like.scalar_type(), ", ", like.numel(), " elements), one has ", t.scalar_type(), ", ",
+                        t.numel());
+        }
+    }
+
+    /* The flat buffer of _allgather_base / _reduce_scatter_base: `big` holds `want` elements of
+     * `small`'s dtype. */
+    static void check_flat(const char *op, const at::Tensor &big, const at::Tensor &small, int64_t want)
+    {
+        TORCH_CHECK(big.scalar_type() == small.scalar_type(), "torch_colld: ", op,
+                    ": input and output dtypes differ (", small.scalar_type(), ", ", big.scalar_type(), ")");
+        TORCH_CHECK(big.numel() == want, "torch_colld: ", op, ": the flat tensor must hold world size x ",
+                    small.numel(), " = ", want, " elements, it holds ", big.numel());
+    }
+
+    /* all_to_all splits: none (equal) or all equal. */
+    void check_equal_splits(const std::vector<int64_t> &splits, const at::Tensor &t)
+    {
+        if (splits.empty())
+            return;
+        TORCH_CHECK(splits.size() == static_cast<size_t>(size_), "torch_colld: all_to_all_single: ", splits.size(),
+                    " split sizes for ", size_, " ranks");
+        for (int64_t n : splits)
+            TORCH_CHECK(n * size_ == t.size(0),
+                        "torch_colld: all_to_all_single with unequal split sizes is not supported by colld yet "
+                        "(colld_alltoall has one count for every peer; issue 16)");
+    }
+
+    /* One contiguous tensor holding a list's tensors one after the other. */
+    static at::Tensor flatten(const std::vector<at::Tensor> &list)
+    {
+        std::vector<at::Tensor> parts;
+        for (const at::Tensor &p : list)
+            parts.push_back(p.reshape({-1}));
+        return at::cat(parts);
+    }
+
+    /* Copies block r of a staged flat result into list[r] (equal sizes). */
+    static std::function<void()> scatter_back(const std::vector<at::Tensor> &list, const at::Tensor &flat)
+    {
+        return [list, flat] {
+            for (size_t r = 0; r < list.size(); r++) {
+                int64_t n = list[r].numel();
+                list[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view(list[r].sizes()));
+            }
+        };
+    }
+
+    /* Copies a staged result back into the caller's tensor when they differ (non-contiguous). */
+    static std::function<void()> copy_back(const at::Tensor &t, const at::Tensor &buf)
+    {
+        if (t.is_same(buf))
+            return nullptr;
+        return [t, buf]() mutable { t.copy_(buf); };
+    }
+
+    /* Issues n collectives in one colld group; the first failure is returned (the group is always
+     * ended). */
+    static colld_status_t grouped(size_t n, const std::function<colld_status_t(size_t)> &one)
+    {
+        colld_status_t st = colld_group_start();
+        if (st != COLLD_OK)
+            return st;
+        for (size_t i = 0; i < n && st == COLLD_OK; i++)
+            st = one(i);
+        colld_status_t end = colld_group_end();
+        return st != COLLD_OK ? st : end;
+    }
+
+    /* A new operation with its Work. */
+    Op make(const char *name, c10d::OpType type, const std::vector<at::Tensor> &outputs)
+    {
+        Op o;
+        o.name = name;
+        o.work = c10::make_intrusive<WorkColld>(rank_, type, outputs);
+        return o;
+    }
+
+    /* Queue an operation for the worker; returns its Work. */
+    c10::intrusive_ptr<c10d::Work> post(Op &&o)
+    {
+        c10::intrusive_ptr<c10d::Work> w = o.work;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (!stop_) {
+                queue_.push_back(std::move(o));
+                o.work.reset();
+            }
+        }
+        if (o.work)
+            o.work->complete(std::string("torch_colld: ") + o.name + ": the process group was stopped (interpreter exit)");
+        cv_.notify_one();
+        return w;
+    }
+
+    /* The worker: issues each queued operation, waits for it with colld_comm_synchronize (which
+     * blocks in libcolld, never spins) and completes its Work. After stop, what is still queued
+     * fails. */
+    void run()
+    {
+        for (;;) {
+            Op o;
+            {
+                std::unique_lock<std::mutex> lock(mu_);
+                cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+                if (queue_.empty())
+                    return;
+                o = std::move(queue_.front());
+                queue_.pop_front();
+                busy_ = !stop_;
+                if (stop_) {
+                    lock.unlock();
+                    o.work->complete(std::string("torch_colld: ") + o.name +
+                                     ": the process group was destroyed before it ran");
+                    continue;
+                }
+            }
+            std::string error;
+            colld_status_t st = o.issue(comm_);
+            if (st == COLLD_OK)
+                st = colld_comm_synchronize(comm_);
+            if (st != COLLD_OK) {
+                error = colld_failure(o.name, st, colld_comm_last_error(comm_));
+            } else if (o.done) {
+                try {
+                    o.done();
+                } catch (const std::exception &e) {
+                    error = std::string("torch_colld: ") + o.name + ": copying the result back failed: " + e.what();
+                }
+            }
+            o.keep.clear();
+            {
+                std::lock_guard<std::mutex> lock(mu_);
+                busy_ = false;
+            }
+            o.work->complete(error);
+        }
+    }
+
+    colld_client_t *client_ = nullptr;
+    colld_comm_t *comm_ = nullptr;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<Op> queue_; /* guarded by mu_ */
+    bool stop_ = false;    /* guarded by mu_ */
+    bool busy_ = false;    /* guarded by mu_: the worker is running an operation */
+    std::mutex join_mu_;   /* one joiner at a time */
+    std::thread worker_;
+};
+
+} // namespace
+
+PYBIND11_MODULE(_torch_colld, m)
+{
+    m.doc() = "torch.distributed backend over libcolld (import torch_colld, then init_process_group(\"colld\"))";
+    /* torch registers c10d::ProcessGroup (with its intrusive_ptr holder) in this module. */
+    pybind11::module_::import("torch._C._distributed_c10d");
+    pybind11::class_<ProcessGroupColld, c10::intrusive_ptr<ProcessGroupColld>, c10d::ProcessGroup>(m,
+                                                                                               "ProcessGroupColld")
+        .def(pybind11::init<const c10::intrusive_ptr<c10d::Store> &, int, int, std::chrono::milliseconds>(),
+             pybind11::arg("store"), pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
+             pybind11::call_guard<pybind11::gil_scoped_release>());
+    m.def("_stop_all", &ProcessGroupColld::stop_all, pybind11::call_guard<pybind11::gil_scoped_release>(),
+          "Stop every process group's worker thread (at interpreter exit; later operations fail)");
+    m.attr("colld_api_version") = COLLD_API_VERSION;
+}

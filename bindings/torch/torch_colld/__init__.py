@@ -1,0 +1,33 @@
+"""torch_colld: a torch.distributed backend over colld, the per-node collective offload service.
+
+    import torch.distributed as dist
+    import torch_colld  # registers the backend "colld"
+    dist.init_process_group("colld", rank=rank, world_size=world_size)  # MASTER_ADDR/PORT, or init_method, or store
+
+Every process reaches the local colld daemon at $COLLD_SOCKET (else colld's default socket).
+CPU tensors only; see docs/torch.md for what is supported.
+"""
+import atexit as _atexit
+
+import torch.distributed as _dist
+
+from ._torch_colld import ProcessGroupColld, _stop_all, colld_api_version  # noqa: F401
+
+__all__ = ["ProcessGroupColld", "BACKEND"]
+
+BACKEND = "colld"
+
+
+def _create(store, rank, world_size, timeout):
+    """The creator torch.distributed calls for each group of backend "colld" (its store is the
+    group's PrefixStore, so each subgroup's colld unique id has a key of its own)."""
+    return ProcessGroupColld(store, rank, world_size, timeout)
+
+
+# Importing twice (or after another registration of the name) must not fail.
+if BACKEND.upper() not in _dist.Backend._plugins:
+    _dist.Backend.register_backend(BACKEND, _create)
+
+# Process groups still alive at exit (no destroy_process_group) stop their worker threads before
+# Python finalizes: a worker that touches Python objects afterwards would abort the process.
+_atexit.register(_stop_all)

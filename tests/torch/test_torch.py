@@ -1,0 +1,489 @@
+#!/usr/bin/python3
+"""test_torch: torch_colld (bindings/torch) through torch.distributed against a real colld daemon.
+
+The driver starts `colld` on a private socket (as tests/integration/harness.c does), then runs each
+scenario as N real processes of this file (`--worker`), joined with a FileStore in the test's
+private directory, and checks their exit codes:
+
+  ops   (2 and 4 ranks): every collective (all_reduce, reduce, broadcast, all_gather, reduce_scatter,
+        gather, scatter, all_to_all, barrier) x every dtype colld has, value-checked exactly; async
+        work with get_future; coalesced ops; subgroups; non-contiguous tensors; the clear errors
+        of what is not supported.
+  ddp   (2 and 4 ranks): one DistributedDataParallel training step: every rank's gradients are
+        bit-identical, and equal to a single-process reference's; after an optimizer step the
+        parameters are identical too.
+  kill  (3 ranks): rank 1 is killed with SIGKILL after a first all-reduce; the others' next
+        all-reduce (wait() and its future) raises a RuntimeError naming rank 1.
+
+Usage: test_torch.py --colld BUILD/server/colld --pythonpath BUILD/bindings/torch/python [SCENARIO...]
+       test_torch.py --colld ... --pythonpath ... --upstream tests/torch/upstream_pass.txt
+         (PyTorch's own distributed_test.py, through upstream_suite.py: the listed tests must pass)
+Exit 0 when every scenario passed, 1 otherwise, 77 (skip) when torch cannot be imported.
+"""
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+# ------------------------------------------------------------------------------------------------
+# The worker side (one rank)
+# ------------------------------------------------------------------------------------------------
+
+# Every dtype colld reduces, and values that keep each result exact in each of them.
+REDUCE_DTYPES = ["int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
+OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]
+COUNTS = [1, 1001, 70001]
+
+
+def rank_input(torch, rank, count, dtype, salt=0):
+    """Rank r's input: small positive integers (1..3), different on every rank and element, so
+    that a sum, product (<= 3^4), min, max and average of up to 4 ranks is exact in every type."""
+    i = torch.arange(count, dtype=torch.int64)
+    return ((i + rank * 7 + salt) % 3 + 1).to(getattr(torch, dtype))
+
+
+def expected_reduce(torch, op, world, count, dtype, salt=0):
+    """The exact result of reducing every rank's rank_input with `op`, computed in int64."""
+    xs = torch.stack([rank_input(torch, r, count, "int64", salt) for r in range(world)])
+    if op == "SUM":
+        out = xs.sum(0)
+    elif op == "PRODUCT":
+        out = xs.prod(0)
+    elif op == "MIN":
+        out = xs.min(0).values
+    elif op == "MAX":
+        out = xs.max(0).values
+    else:  # AVG: integer average truncates (as NCCL); floats divide exactly (world is 2 or 4)
+        if dtype.startswith("float") or dtype == "bfloat16":
+            return (xs.sum(0).to(torch.float64) / world).to(getattr(torch, dtype))
+        out = xs.sum(0) // world
+    return out.to(getattr(torch, dtype))
+
+
+class Checker:
+    """Counts checks and keeps the first failures, so one run reports several."""
+
+    def __init__(self, rank):
+        self.rank, self.checks, self.failures = rank, 0, []
+
+    def equal(self, what, got, want):
+        self.checks += 1
+        if got.dtype != want.dtype or got.shape != want.shape or not bool((got == want).all()):
+            self.failures.append(f"rank {self.rank}: {what}: got {got.flatten()[:8].tolist()} "
+                                 f"({got.dtype}, {tuple(got.shape)}), want {want.flatten()[:8].tolist()} "
+                                 f"({want.dtype}, {tuple(want.shape)})")
+
+    def raises(self, what, fn, text):
+        self.checks += 1
+        try:
+            fn()
+        except RuntimeError as e:
+            if text not in str(e):
+                self.failures.append(f"rank {self.rank}: {what}: RuntimeError without {text!r}: {e}")
+            return
+        self.failures.append(f"rank {self.rank}: {what}: no RuntimeError (want one saying {text!r})")
+
+    def true(self, what, cond):
+        self.checks += 1
+        if not cond:
+            self.failures.append(f"rank {self.rank}: {what}")
+
+
+def worker_ops(torch, dist, rank, world, ck):
+    """Every collective x dtype x count, exact."""
+    R = dist.ReduceOp
+    for dtype in REDUCE_DTYPES:
+        dt = getattr(torch, dtype)
+        for count in COUNTS:
+            for op in OPS:
+                if op == "PRODUCT" and dtype == "int8" and world > 4:
+                    continue
+                t = rank_input(torch, rank, count, dtype)
+                dist.all_reduce(t, op=getattr(R, op))
+                ck.equal(f"all_reduce {op} {dtype} x{count}", t, expected_reduce(torch, op, world, count, dtype))
+            # reduce to the last rank (SUM and MAX); non-roots keep their input
+            for op in ["SUM", "MAX"]:
+                t = rank_input(torch, rank, count, dtype, salt=1)
+                dist.reduce(t, dst=world - 1, op=getattr(R, op))
+                want = (expected_reduce(torch, op, world, count, dtype, salt=1) if rank == world - 1
+                        else rank_input(torch, rank, count, dtype, salt=1))
+                ck.equal(f"reduce {op} {dtype} x{count} to {world - 1}", t, want)
+            # broadcast from the last rank
+            t = rank_input(torch, rank, count, dtype, salt=2)
+            dist.broadcast(t, src=world - 1)
+            ck.equal(f"broadcast {dtype} x{count}", t, rank_input(torch, world - 1, count, dtype, salt=2))
+            # all_gather (list) and all_gather_into_tensor
+            outs = [torch.zeros(count, dtype=dt) for _ in range(world)]
+            dist.all_gather(outs, rank_input(torch, rank, count, dtype, salt=3))
+            for r in range(world):
+                ck.equal(f"all_gather {dtype} x{count} [{r}]", outs[r], rank_input(torch, r, count, dtype, salt=3))
+            flat = torch.zeros(world * count, dtype=dt)
+            dist.all_gather_into_tensor(flat, rank_input(torch, rank, count, dtype, salt=4))
+            ck.equal(f"all_gather_into_tensor {dtype} x{count}", flat,
+                     torch.cat([rank_input(torch, r, count, dtype, salt=4) for r in range(world)]))
+            # reduce_scatter (list) and reduce_scatter_tensor: rank r's part p is rank_input(r, salt=10+p)
+            for op in ["SUM", "MIN", "AVG"]:
+                out = torch.zeros(count, dtype=dt)
+                dist.reduce_scatter(out, [rank_input(torch, rank, count, dtype, salt=10 + p) for p in range(world)],
+                                    op=getattr(R, op))
+                ck.equal(f"reduce_scatter {op} {dtype} x{count}", out,
+                         expected_reduce(torch, op, world, count, dtype, salt=10 + rank))
+                out = torch.zeros(count, dtype=dt)
+                inp = torch.cat([rank_input(torch, rank, count, dtype, salt=20 + p) for p in range(world)])
+                dist.reduce_scatter_tensor(out, inp, op=getattr(R, op))
+                ck.equal(f"reduce_scatter_tensor {op} {dtype} x{count}", out,
+                         expected_reduce(torch, op, world, count, dtype, salt=20 + rank))
+
+    # gather, scatter, all_to_all (lists) and all_to_all_single (equal splits), every dtype
+    for dtype in REDUCE_DTYPES:
+        dt = getattr(torch, dtype)
+        for count in [1, 1001]:
+            root = world - 1
+            outs = [torch.zeros(count, dtype=dt) for _ in range(world)] if rank == root else None
+            dist.gather(rank_input(torch, rank, count, dtype, salt=5), outs, dst=root)
+            if rank == root:
+                for r in range(world):
+                    ck.equal(f"gather {dtype} x{count} [{r}]", outs[r], rank_input(torch, r, count, dtype, salt=5))
+            out = torch.zeros(count, dtype=dt)
+            dist.scatter(out, [rank_input(torch, 100 + q, count, dtype) for q in range(world)] if rank == 0 else None,
+                         src=0)
+            ck.equal(f"scatter {dtype} x{count}", out, rank_input(torch, 100 + rank, count, dtype))
+            # rank r sends rank_input(r * 10 + q) to rank q
+            outs = [torch.zeros(count, dtype=dt) for _ in range(world)]
+            dist.all_to_all(outs, [rank_input(torch, rank * 10 + q, count, dtype) for q in range(world)])
+            for r in range(world):
+                ck.equal(f"all_to_all {dtype} x{count} [{r}]", outs[r], rank_input(torch, r * 10 + rank, count, dtype))
+            out = torch.zeros(world * count, dtype=dt)
+            dist.all_to_all_single(out, torch.cat([rank_input(torch, rank * 10 + q, count, dtype, salt=1)
+                                                   for q in range(world)]))
+            ck.equal(f"all_to_all_single {dtype} x{count}", out,
+                     torch.cat([rank_input(torch, r * 10 + rank, count, dtype, salt=1) for r in range(world)]))
+    t = torch.zeros(2 * world)
+    dist.all_to_all_single(t, torch.arange(2 * world, dtype=torch.float32) + 100 * rank,
+                           output_split_sizes=[2] * world, input_split_sizes=[2] * world)
+    ck.equal("all_to_all_single with equal split sizes given", t,
+             torch.tensor([float(2 * rank + k + 100 * r) for r in range(world) for k in range(2)]))
+
+    # Byte-moving collectives take any dtype: bool and complex through broadcast and all_gather.
+    for dt in [torch.bool, torch.complex64, torch.int16]:
+        src = (torch.arange(1001) % (world + 1) == rank) if dt == torch.bool else \
+            (torch.arange(1001) + 100 * rank).to(dt)
+        t = src.clone()
+        dist.broadcast(t, src=0)
+        want = (torch.arange(1001) % (world + 1) == 0) if dt == torch.bool else torch.arange(1001).to(dt)
+        ck.equal(f"broadcast {dt}", t, want)
+        outs = [torch.zeros(1001, dtype=dt) for _ in range(world)]
+        dist.all_gather(outs, src)
+        for r in range(world):
+            w = (torch.arange(1001) % (world + 1) == r) if dt == torch.bool else (torch.arange(1001) + 100 * r).to(dt)
+            ck.equal(f"all_gather {dt} [{r}]", outs[r], w)
+
+    # Zero elements.
+    t = torch.zeros(0, dtype=torch.float32)
+    dist.all_reduce(t)
+    ck.equal("all_reduce of 0 elements", t, torch.zeros(0, dtype=torch.float32))
+
+    # Non-contiguous tensors: a transposed view is reduced in place through a contiguous copy.
+    base = (torch.arange(12, dtype=torch.float32).reshape(3, 4) + rank)
+    view = base.t()
+    ck.true("the transposed view is not contiguous", not view.is_contiguous())
+    dist.all_reduce(view)
+    want = sum(torch.arange(12, dtype=torch.float32).reshape(3, 4) + r for r in range(world))
+    ck.equal("all_reduce of a non-contiguous view (the base tensor)", base, want)
+    outs = [torch.zeros(4, 3).t() for _ in range(world)]
+    dist.all_gather(outs, (torch.arange(12, dtype=torch.float32).reshape(4, 3) + rank).t())
+    for r in range(world):
+        ck.equal(f"all_gather into non-contiguous outputs [{r}]", outs[r],
+                 (torch.arange(12, dtype=torch.float32).reshape(4, 3) + r).t())
+
+    # Async: many in flight, then wait; the future carries the output tensors.
+    works, ts = [], []
+    for k in range(8):
+        t = rank_input(torch, rank, 1001, "float32", salt=k)
+        ts.append(t)
+        works.append(dist.all_reduce(t, async_op=True))
+    futs = [w.get_future() for w in works]
+    for k, (w, f) in enumerate(zip(works, futs)):
+        w.wait()
+        val = f.wait()
+        ck.true(f"async all_reduce {k}: is_completed", w.is_completed() and w.is_success())
+        ck.equal(f"async all_reduce {k}", ts[k], expected_reduce(torch, "SUM", world, 1001, "float32", salt=k))
+        ck.true(f"async all_reduce {k}: the future's value is the tensor", len(val) == 1 and val[0] is not None
+                and bool((val[0] == ts[k]).all()))
+    # A future's then() runs once the work is done.
+    t = rank_input(torch, rank, 33, "int64")
+    fut = dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    ck.equal("get_future().then()", fut.wait(), expected_reduce(torch, "SUM", world, 33, "int64") * 2)
+
+    # Coalesced: several tensors in one colld group (torch wants one dtype per call).
+    shapes = [(5, "bfloat16"), (1001, "bfloat16"), (7, "bfloat16")]
+    ts = [rank_input(torch, rank, n, d, salt=k) for k, (n, d) in enumerate(shapes)]
+    dist.all_reduce_coalesced(ts, op=R.MAX)
+    for k, (t, (n, d)) in enumerate(zip(ts, shapes)):
+        ck.equal(f"all_reduce_coalesced MAX {d} x{n}", t, expected_reduce(torch, "MAX", world, n, d, salt=k))
+    ins = [rank_input(torch, rank, 3, "int32"), rank_input(torch, rank, 5, "int32", salt=1)]
+    outs = [[torch.zeros(3, dtype=torch.int32), torch.zeros(5, dtype=torch.int32)] for _ in range(world)]
+    dist.all_gather_coalesced(outs, ins)
+    for r in range(world):
+        ck.equal(f"all_gather_coalesced [{r}][0]", outs[r][0], rank_input(torch, r, 3, "int32"))
+        ck.equal(f"all_gather_coalesced [{r}][1]", outs[r][1], rank_input(torch, r, 5, "int32", salt=1))
+
+    dist.barrier()
+
+    # Subgroups: each a communicator of its own; every rank calls new_group for every group.
+    even = dist.new_group([r for r in range(world) if r % 2 == 0])
+    odd = dist.new_group([r for r in range(world) if r % 2 == 1])
+    mine, members = (even, [r for r in range(world) if r % 2 == 0]) if rank % 2 == 0 else \
+        (odd, [r for r in range(world) if r % 2 == 1])
+    t = torch.full((1001,), float(rank + 1))
+    dist.all_reduce(t, group=mine)
+    ck.equal("all_reduce in a subgroup", t, torch.full((1001,), float(sum(r + 1 for r in members))))
+    t = torch.full((3,), float(rank))
+    dist.broadcast(t, src=members[-1], group=mine)
+    ck.equal("broadcast in a subgroup from its last global rank", t, torch.full((3,), float(members[-1])))
+    # interleaved with the world group
+    t = torch.ones(17, dtype=torch.int32)
+    dist.all_reduce(t)
+    ck.equal("all_reduce in the world after subgroups", t, torch.full((17,), world, dtype=torch.int32))
+    ck.true("get_backend of a subgroup", dist.get_backend(mine) == "colld")
+
+    # What is not supported says so.
+    NS = "not supported by colld yet"
+    ck.raises("send", lambda: dist.send(torch.zeros(1), dst=(rank + 1) % world), NS)
+    ck.raises("recv", lambda: dist.recv(torch.zeros(1), src=(rank + 1) % world), NS)
+    splits = [1] * (world - 1) + [3]
+    ck.raises("all_to_all_single with unequal splits",
+              lambda: dist.all_to_all_single(torch.zeros(world + 2), torch.zeros(world + 2), output_split_sizes=splits,
+                                             input_split_sizes=splits), "unequal split sizes is not supported by colld yet")
+    ck.raises("all_reduce of bool", lambda: dist.all_reduce(torch.zeros(3, dtype=torch.bool)),
+              "dtype Bool is not supported by colld")
+    # torch sums complex tensors as their real view (float32 here)
+    t = torch.complex(torch.full((3,), float(rank)), torch.ones(3)).to(torch.complex64)
+    dist.all_reduce(t)
+    ck.equal("all_reduce SUM of complex64", t,
+             torch.complex(torch.full((3,), float(sum(range(world)))), torch.full((3,), float(world))))
+    ck.raises("all_reduce of int16", lambda: dist.all_reduce(torch.zeros(3, dtype=torch.int16)),
+              "dtype Short is not supported by colld")
+    ck.raises("all_reduce with BAND", lambda: dist.all_reduce(torch.zeros(3, dtype=torch.int32), op=R.BAND),
+              "is not supported by colld (SUM, PRODUCT, MIN, MAX and AVG are")
+    ck.raises("broadcast from a root out of range", lambda: dist.broadcast(torch.zeros(3), src=world + 5),
+              "")  # torch or colld, either refuses
+    # the group still works after the refusals
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    ck.equal("all_reduce after the refused calls", t, torch.full((4,), float(world)))
+
+
+def worker_ddp(torch, dist, rank, world, ck):
+    """One DDP step on a small float64 model: gradients identical on every rank and equal to a
+    single-process reference over every rank's batch."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def model():
+        torch.manual_seed(1234)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).double()
+
+    def batch(r):
+        g = torch.Generator().manual_seed(100 + r)
+        return torch.randn(5, 8, generator=g, dtype=torch.float64), torch.randn(5, 3, generator=g, dtype=torch.float64)
+
+    net = DDP(model(), bucket_cap_mb=0.0005)  # several buckets, so several all-reduces overlap backward
+    x, y = batch(rank)
+    loss = torch.nn.functional.mse_loss(net(x), y)
+    loss.backward()
+    grads = torch.cat([p.grad.flatten() for p in net.parameters()])
+
+    # identical on every rank (bit for bit)
+    everyone = [torch.zeros_like(grads) for _ in range(world)]
+    dist.all_gather(everyone, grads)
+    for r in range(world):
+        ck.true(f"DDP gradients of rank {r} are bit-identical to rank {rank}'s", bool((everyone[r] == grads).all()))
+
+    # equal to one process's: the mean of every rank's loss gradient
+    ref = model()
+    loss = sum(torch.nn.functional.mse_loss(ref(xr), yr) for xr, yr in (batch(r) for r in range(world))) / world
+    loss.backward()
+    want = torch.cat([p.grad.flatten() for p in ref.parameters()])
+    ck.true(f"DDP gradients equal the single-process reference (max difference "
+            f"{(grads - want).abs().max().item():.3g})", torch.allclose(grads, want, rtol=1e-12, atol=1e-15))
+
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    opt.step()
+    params = torch.cat([p.detach().flatten() for p in net.parameters()])
+    everyone = [torch.zeros_like(params) for _ in range(world)]
+    dist.all_gather(everyone, params)
+    for r in range(world):
+        ck.true(f"parameters of rank {r} after a step are bit-identical", bool((everyone[r] == params).all()))
+
+
+def worker_kill(torch, dist, rank, world, ck):
+    """Rank 1 dies with SIGKILL after a first all-reduce; the others' next one fails naming it."""
+    t = torch.ones(1001)
+    dist.all_reduce(t)
+    ck.equal("all_reduce before the kill", t, torch.full((1001,), float(world)))
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    work = dist.all_reduce(torch.ones(1001), async_op=True)
+    fut = work.get_future()
+    ck.raises("wait() after rank 1 was killed", work.wait, "rank 1")
+    ck.raises("the future after rank 1 was killed", fut.wait, "rank 1")
+    try:
+        work.wait()
+    except RuntimeError as e:
+        print(f"rank {rank}: the error: {e}", flush=True)
+    ck.true("the work failed", work.is_completed() and not work.is_success())
+
+
+def worker_exit(torch, dist, rank, world, ck):
+    """Rank 0 leaves with an all-reduce its peer never joins (no wait, no destroy): it must exit at
+    once, not after the group's 30-minute timeout; the peer's next all-reduce then fails naming
+    what happened (the abort, or rank 0's exit)."""
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    ck.equal("all_reduce before the exit", t, torch.full((8,), float(world)))
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        store.set("rank0-pid", str(os.getpid()))
+        dist.all_reduce(torch.ones(1001), async_op=True)
+        print(f"rank {rank}: exit: 0 checks, 0 failed", flush=True)
+        sys.exit(0)  # atexit: torch_colld aborts the all-reduce in flight
+    pid = int(store.get("rank0-pid"))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until rank 0 is gone (the driver reaps it)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    ck.true("rank 0 exited within 60 s with an all-reduce in flight", time.monotonic() < deadline)
+    work = dist.all_reduce(torch.ones(1001), async_op=True)
+    ck.raises("the peer's all_reduce after rank 0 left", work.wait, "COLLD_ERR_")
+    try:
+        work.wait()
+    except RuntimeError as e:
+        print(f"rank {rank}: the error: {e}", flush=True)
+
+
+def worker_main(args):
+    import torch
+    import torch.distributed as dist
+    import torch_colld  # noqa: F401  (registers "colld")
+
+    torch.set_num_threads(1)
+    dist.init_process_group("colld", init_method=f"file://{args.store}", rank=args.rank, world_size=args.world)
+    ck = Checker(args.rank)
+    ck.true("get_backend", dist.get_backend() == "colld")
+    {"ops": worker_ops, "ddp": worker_ddp, "kill": worker_kill, "exit": worker_exit}[args.worker](torch, dist, args.rank, args.world, ck)
+    dist.destroy_process_group()
+    for f in ck.failures[:20]:
+        print("FAIL", f, flush=True)
+    print(f"rank {args.rank}: {args.worker}: {ck.checks} checks, {len(ck.failures)} failed", flush=True)
+    return 1 if ck.failures else 0
+
+
+# ------------------------------------------------------------------------------------------------
+# The driver
+# ------------------------------------------------------------------------------------------------
+
+def start_daemon(colld, tmp):
+    """colld on a private socket; returns (process, socket path) once a client can connect."""
+    sock, log = os.path.join(tmp, "colld.sock"), os.path.join(tmp, "colld.log")
+    p = subprocess.Popen([colld, "--socket", sock, "--log-level", "info", "--log-file", log])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            sys.exit(f"colld exited with {p.returncode}; its log:\n" + open(log).read())
+        if os.path.exists(sock):
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(sock)
+                return p, sock
+            except OSError:
+                pass
+            finally:
+                s.close()
+        time.sleep(0.05)
+    p.kill()
+    sys.exit("colld did not listen within 60 s")
+
+
+def run_scenario(args, tmp, env, name, world, timeout):
+    """Run `world` ranks of one scenario; returns True when every rank did what it should."""
+    store = os.path.join(tmp, f"store-{name}-{world}")
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", name, "--rank", str(r),
+                               "--world", str(world), "--store", store], env=env)
+             for r in range(world)]
+    ok = True
+    for r, p in enumerate(procs):
+        try:
+            rc = p.wait(timeout=max(1, timeout - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            print(f"{name}/{world}: rank {r} did not finish in {timeout} s", flush=True)
+            return False
+        want = -signal.SIGKILL if (name == "kill" and r == 1) else 0
+        if rc != want:
+            print(f"{name}/{world}: rank {r} exited with {rc}, want {want}", flush=True)
+            ok = False
+    print(f"{name}/{world}: {'ok' if ok else 'FAILED'} ({time.monotonic() - t0:.1f} s)", flush=True)
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--colld")
+    ap.add_argument("--pythonpath")
+    ap.add_argument("--worker")
+    ap.add_argument("--rank", type=int)
+    ap.add_argument("--world", type=int)
+    ap.add_argument("--store")
+    ap.add_argument("--upstream", help="instead of the scenarios: run upstream_suite.py for colld with "
+                    "the tests listed in this file, all of which must pass")
+    ap.add_argument("scenarios", nargs="*")
+    args = ap.parse_args()
+    if args.worker:
+        return worker_main(args)
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        print(f"skip: {sys.executable} cannot import torch ({e})")
+        return 77
+    plan = [("ops", 2, 120), ("ops", 4, 180), ("ddp", 2, 90), ("ddp", 4, 90), ("kill", 3, 90), ("exit", 2, 90)]
+    if args.scenarios:
+        plan = [p for p in plan if p[0] in args.scenarios]
+    with tempfile.TemporaryDirectory(prefix="colld-torch-") as tmp:
+        daemon, sock = start_daemon(args.colld, tmp)
+        env = dict(os.environ, COLLD_SOCKET=sock,
+                   PYTHONPATH=os.pathsep.join([args.pythonpath] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+                   OMP_NUM_THREADS="1")
+        results = []
+        try:
+            if args.upstream:
+                suite = os.path.join(os.path.dirname(os.path.abspath(__file__)), "upstream_suite.py")
+                env["TEMP_DIR"] = tempfile.mkdtemp(dir=tmp)
+                rc = subprocess.run([sys.executable, suite, "--backend", "colld", "--world-size", "3",
+                                     "--tests-from", args.upstream], env=env, cwd=tmp, timeout=1500).returncode
+                results.append(rc == 0)
+            else:
+                results += [run_scenario(args, tmp, env, *p) for p in plan]
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                rc = daemon.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                rc = "killed after 30 s"
+            if rc != 0:
+                print(f"colld exited with {rc}; its log:\n" + open(os.path.join(tmp, "colld.log")).read())
+                results.append(False)
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
