@@ -102,6 +102,8 @@ fk_state_t fk = {
     X(cuMemFree, 3020, cuMemFree_v2)                                                                         \
     X(cuMemcpyHtoD, 3020, cuMemcpyHtoD_v2)                                                                   \
     X(cuMemcpyDtoH, 3020, cuMemcpyDtoH_v2)                                                                   \
+    X(cuMemcpyHtoDAsync, 3020, cuMemcpyHtoDAsync_v2)                                                        \
+    X(cuMemcpyDtoHAsync, 3020, cuMemcpyDtoHAsync_v2)                                                         \
     X(cuMemsetD8, 3020, cuMemsetD8_v2)                                                                       \
     X(cuIpcGetMemHandle, 4010, cuIpcGetMemHandle)                                                            \
     X(cuIpcOpenMemHandle, 4010, cuIpcOpenMemHandle)                                                          \

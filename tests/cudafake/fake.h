@@ -72,7 +72,7 @@
     X(cuEventQuery, 0) X(cuEventSynchronize, 0) X(cuEventDestroy, 0) X(cuEventElapsedTime, 0)                \
     X(cuPointerGetAttribute, 0) X(cuPointerGetAttributes, 0) X(cuMemGetAddressRange, 0)                      \
     X(cuMemAlloc, 0) X(cuMemFree, 0) X(cuMemcpyHtoD, FK_F_ASYNC) X(cuMemcpyDtoH, FK_F_ASYNC)                 \
-    X(cuMemsetD8, FK_F_ASYNC)                                                                                \
+    X(cuMemcpyHtoDAsync, FK_F_ASYNC) X(cuMemcpyDtoHAsync, FK_F_ASYNC) X(cuMemsetD8, FK_F_ASYNC)              \
     X(cuIpcGetMemHandle, 0) X(cuIpcOpenMemHandle, 0) X(cuIpcCloseMemHandle, 0)                               \
     X(cuMemCreate, 0) X(cuMemRelease, 0) X(cuMemAddressReserve, 0) X(cuMemAddressFree, 0) X(cuMemMap, 0)     \
     X(cuMemUnmap, 0) X(cuMemSetAccess, 0) X(cuMemGetAccess, 0) X(cuMemGetAllocationGranularity, 0)          \

@@ -22,6 +22,7 @@
  * (-fvisibility=hidden), so the kernel sources are seen with default visibility. */
 #pragma GCC visibility push(default)
 #include "kernels/cuda/cuda_core.cuh"
+#include "tests/gpu/gpu_rank_kernels.cuh"
 #pragma GCC visibility pop
 
 #include <cstdint>
@@ -60,6 +61,19 @@ COLLD_REDUCE_DTYPES(FK_REDUCE_WRAPPERS)
             colld__cuda_copy_body<Unit>(p, tid, n);                                                          \
     }
 COLLD__CUDA_COPY_UNITS(FK_COPY_WRAPPER)
+
+/* The GPU tests' application kernels (tests/gpu/gpu_rank_kernels.cuh: a slow producer, a producer,
+ * a consumer), which colld-test-gpu-rank loads from a fatbin of its own. */
+#define FK_RANK_WRAPPER(kernel, P, body)                                                                     \
+    extern "C" FK_KERNEL_EXPORT void kernel(const P p)                                                       \
+    {                                                                                                        \
+        const size_t n = fk_grid_threads;                                                                    \
+        for (size_t tid = 0; tid < n; tid++)                                                                 \
+            body(p, tid, n);                                                                                 \
+    }
+FK_RANK_WRAPPER(GPU_RANK_SPIN_KERNEL, gpu_rank_spin_params_t, gpu_rank_spin_body)
+FK_RANK_WRAPPER(GPU_RANK_PRODUCE_KERNEL, gpu_rank_produce_params_t, gpu_rank_produce_body)
+FK_RANK_WRAPPER(GPU_RANK_CONSUME_KERNEL, gpu_rank_consume_params_t, gpu_rank_consume_body)
 
 namespace {
 
@@ -131,6 +145,39 @@ template <typename Unit> CUresult check_copy(const void *params, fk_access_fn ac
     return CUDA_SUCCESS;
 }
 
+/* The GPU tests' kernels: n floats of each buffer, x written; y read, z written. */
+CUresult check_spin(const void *, fk_access_fn, void *)
+{
+    return CUDA_SUCCESS;
+}
+
+CUresult check_floats(const void *b, size_t n, bool write, fk_access_fn access, void *cookie)
+{
+    if (n > SIZE_MAX / sizeof(float))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    if (n == 0)
+        return CUDA_SUCCESS;
+    CUresult r = access(cookie, b, n * sizeof(float), write);
+    if (r == CUDA_SUCCESS && !aligned(b, sizeof(float), 0, false, 1))
+        r = CUDA_ERROR_MISALIGNED_ADDRESS;
+    return r;
+}
+
+CUresult check_produce(const void *params, fk_access_fn access, void *cookie)
+{
+    gpu_rank_produce_params_t p;
+    memcpy(&p, params, sizeof p);
+    return check_floats(p.x, p.n, true, access, cookie);
+}
+
+CUresult check_consume(const void *params, fk_access_fn access, void *cookie)
+{
+    gpu_rank_consume_params_t p;
+    memcpy(&p, params, sizeof p);
+    CUresult r = check_floats(p.y, p.n, false, access, cookie);
+    return r == CUDA_SUCCESS ? check_floats(p.z, p.n, true, access, cookie) : r;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * The table: one entry per kernel of kernels/cuda, from the same dtype x op lists.
  * ------------------------------------------------------------------------------------------- */
@@ -156,7 +203,12 @@ template <typename F> void *sym_of(F *f)
       check_copy<Unit>},                                                                                     \
      sym_of(&COLLD__CUDA_COPY_KERNEL(bytes))},
 
-entry table[] = {COLLD_REDUCE_DTYPES(FK_REDUCE_DTYPE) COLLD__CUDA_COPY_UNITS(FK_COPY_ENTRY)};
+#define FK_RANK_ENTRY(kernel, P, check) {{nullptr, sizeof(P), run<P, kernel>, check}, sym_of(&kernel)},
+
+entry table[] = {COLLD_REDUCE_DTYPES(FK_REDUCE_DTYPE) COLLD__CUDA_COPY_UNITS(FK_COPY_ENTRY)
+                 FK_RANK_ENTRY(GPU_RANK_SPIN_KERNEL, gpu_rank_spin_params_t, check_spin)
+                 FK_RANK_ENTRY(GPU_RANK_PRODUCE_KERNEL, gpu_rank_produce_params_t, check_produce)
+                 FK_RANK_ENTRY(GPU_RANK_CONSUME_KERNEL, gpu_rank_consume_params_t, check_consume)};
 const size_t table_len = sizeof(table) / sizeof(table[0]);
 fk_hkernel_t list[sizeof(table) / sizeof(table[0])];
 

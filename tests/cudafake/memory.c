@@ -497,7 +497,7 @@ CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUde
 }
 
 /* ============================================================================================
- * Synchronous copies and memset (on the legacy default stream of the current context)
+ * Copies and memset (the synchronous ones on the legacy default stream of the current context)
  * ========================================================================================== */
 
 /* Enqueue a copy or a memset on the current context's legacy stream; with `wait`, return once
@@ -551,6 +551,48 @@ CUresult CUDAAPI cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t By
     op->u.copy = (__typeof__(op->u.copy)){ .host = dstHost, .dev = (uintptr_t)srcDevice, .bytes = ByteCount,
                                            .to_device = false };
     return legacy_op(op, true, "cuMemcpyDtoH");
+}
+
+/* An asynchronous copy between host and device memory on hStream (NULL / CU_STREAM_LEGACY: the
+ * legacy default stream, with its synchronisation; a captured stream records it). Stream-ordered
+ * and asynchronous with respect to the host, for pageable host memory too: the driver then may
+ * stage or synchronise (its documentation leaves it open), the double never does, so a caller that
+ * needs a truly asynchronous copy registers its host memory, as it must with the driver. */
+static CUresult async_copy(void *host, CUdeviceptr dev, size_t bytes, bool to_device, CUstream hStream)
+{
+    if (bytes && !host)
+        return CUDA_ERROR_INVALID_VALUE;
+    fk_op_t *op = fk_op_new(FK_OP_COPY);
+    if (!op)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    op->u.copy = (__typeof__(op->u.copy)){ .host = host, .dev = (uintptr_t)dev, .bytes = bytes,
+                                           .to_device = to_device };
+    fk_ctx_t *ctx;
+    fk_stream_t *s = NULL;
+    pthread_mutex_lock(&fk.mu);
+    CUresult r = fk_ctx_get(&ctx);
+    if (r == CUDA_SUCCESS)
+        r = fk_ctx_check(ctx);
+    if (r == CUDA_SUCCESS)
+        r = fk_stream_resolve(hStream, &s, true);
+    if (r == CUDA_SUCCESS)
+        r = fk_enqueue(s, op); /* takes op */
+    else
+        fk_op_free(op);
+    pthread_mutex_unlock(&fk.mu);
+    return r;
+}
+
+CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)
+{
+    FK_BEGIN(cuMemcpyHtoDAsync);
+    return async_copy((void *)srcHost, dstDevice, ByteCount, true, hStream);
+}
+
+CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+{
+    FK_BEGIN(cuMemcpyDtoHAsync);
+    return async_copy(dstHost, srcDevice, ByteCount, false, hStream);
 }
 
 /* Asynchronous with respect to the host for device memory, as the driver documents it. */

@@ -603,6 +603,62 @@ static void test_legacy_stream(void **state)
     cf_flags_free(f);
 }
 
+/* Asynchronous copies: ordered on their stream, asynchronous to the host, with the legacy default
+ * stream's semantics for NULL. */
+static void test_async_copies(void **state)
+{
+    (void)state;
+    enum { N = 4096 };
+    cf_use(DEV_A);
+    uint32_t *f;
+    CUdeviceptr d = cf_flags(&f), buf;
+    static unsigned char src[N], dst[N], dst2[N];
+    for (int i = 0; i < N; i++)
+        src[i] = (unsigned char)(i * 7 + 3);
+    memset(dst, 0, sizeof(dst));
+    memset(dst2, 0, sizeof(dst2));
+    CU_OK(cu.cuMemAlloc(&buf, N));
+    CUstream s, blocking;
+    CU_OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CU_OK(cu.cuStreamCreate(&blocking, 0));
+    /* Behind a wait: both copies are queued, neither has run when the calls return. */
+    CU_OK(cu.cuStreamWaitValue32(s, d, 1, CU_STREAM_WAIT_VALUE_EQ));
+    CU_OK(cu.cuMemcpyHtoDAsync(buf, src, N, s));
+    CU_OK(cu.cuMemcpyDtoHAsync(dst, buf, N, s));
+    cf_pause();
+    CU_IS(cu.cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+    assert_int_equal(__atomic_load_n(&dst[N - 1], __ATOMIC_ACQUIRE), 0);
+    __atomic_store_n(&f[0], 1, __ATOMIC_RELEASE);
+    CU_OK(cu.cuStreamSynchronize(s));
+    assert_memory_equal(dst, src, N);
+    /* On the legacy stream (NULL): after the work of a blocking stream, and nothing of a
+     * non-blocking one. */
+    CU_OK(cu.cuStreamWaitValue32(blocking, d + 4, 1, CU_STREAM_WAIT_VALUE_EQ));
+    CU_OK(cu.cuStreamWaitValue32(s, d + 8, 1, CU_STREAM_WAIT_VALUE_EQ));
+    CU_OK(cu.cuMemcpyDtoHAsync(dst2, buf, N, NULL));
+    cf_pause();
+    CU_IS(cu.cuStreamQuery(CU_STREAM_LEGACY), CUDA_ERROR_NOT_READY);
+    assert_int_equal(__atomic_load_n(&dst2[N - 1], __ATOMIC_ACQUIRE), 0);
+    __atomic_store_n(&f[1], 1, __ATOMIC_RELEASE);
+    CU_OK(cu.cuStreamSynchronize(CU_STREAM_LEGACY)); /* s still waits: it is not in the way */
+    assert_memory_equal(dst2, src, N);
+    CU_IS(cu.cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+    __atomic_store_n(&f[2], 1, __ATOMIC_RELEASE);
+    CU_OK(cu.cuStreamSynchronize(s));
+    /* Refusals, as the driver's: no host buffer; a destroyed stream; no current context. */
+    CU_IS(cu.cuMemcpyHtoDAsync(buf, NULL, N, s), CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cu.cuMemcpyDtoHAsync(NULL, buf, N, s), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cu.cuMemcpyDtoHAsync(NULL, buf, 0, s));
+    CU_OK(cu.cuStreamDestroy(blocking));
+    CU_IS(cu.cuMemcpyHtoDAsync(buf, src, N, blocking), CUDA_ERROR_INVALID_HANDLE);
+    CU_OK(cu.cuCtxSetCurrent(NULL));
+    CU_IS(cu.cuMemcpyHtoDAsync(buf, src, N, NULL), CUDA_ERROR_INVALID_CONTEXT);
+    cf_use(DEV_A);
+    CU_OK(cu.cuStreamDestroy(s));
+    CU_OK(cu.cuMemFree(buf));
+    cf_flags_free(f);
+}
+
 static void test_events(void **state)
 {
     (void)state;
@@ -1134,6 +1190,7 @@ int main(void)
         cmocka_unit_test_teardown(test_host_register, faults_reset),
         cmocka_unit_test_teardown(test_memops, faults_reset),
         cmocka_unit_test_teardown(test_legacy_stream, faults_reset),
+        cmocka_unit_test_teardown(test_async_copies, faults_reset),
         cmocka_unit_test_teardown(test_events, faults_reset),
         cmocka_unit_test_teardown(test_launch, faults_reset),
         cmocka_unit_test_teardown(test_ipc, faults_reset),

@@ -42,6 +42,7 @@
     X(cuEventSynchronize, 2000) X(cuEventDestroy, 4000) X(cuEventElapsedTime, 2000)                          \
     X(cuPointerGetAttribute, 4000) X(cuPointerGetAttributes, 7000) X(cuMemGetAddressRange, 3020)             \
     X(cuMemAlloc, 3020) X(cuMemFree, 3020) X(cuMemcpyHtoD, 3020) X(cuMemcpyDtoH, 3020) X(cuMemsetD8, 3020)   \
+    X(cuMemcpyHtoDAsync, 3020) X(cuMemcpyDtoHAsync, 3020)                                                   \
     X(cuIpcGetMemHandle, 4010) X(cuIpcOpenMemHandle, 11000) X(cuIpcCloseMemHandle, 4010)                     \
     X(cuMemCreate, 10020) X(cuMemRelease, 10020) X(cuMemAddressReserve, 10020) X(cuMemAddressFree, 10020)    \
     X(cuMemMap, 10020) X(cuMemUnmap, 10020) X(cuMemSetAccess, 10020) X(cuMemGetAccess, 10020)                \

@@ -1,14 +1,18 @@
 /*
  * gpu_rank.c - colld-test-gpu-rank: one rank process of the GPU integration tests
- * (test_gpu_collectives.c), written against the public API only (colld/colld.h) and the CUDA runtime.
+ * (test_gpu_collectives.c), written against the public API only (colld/colld.h) and the CUDA driver
+ * API (gpu_cu.h: no CUDA runtime), so that it runs on a real GPU and on the CUDA driver test double
+ * (--cudafake: the libcuda.so.1 it finds must be the double, checked before any CUDA call).
  *
- * It connects to the daemon, joins a communicator at a rank, puts its buffers on GPU 0 and runs
- * stream-ordered collectives on its own cudaStream_t. Several ranks of a test share the one GPU as
- * separate processes. Inputs come from the deterministic generator of the host tests
+ * It connects to the daemon, joins a communicator at a rank, puts its buffers on GPU rank % --gpus
+ * (default 1: every rank on GPU 0) and runs stream-ordered collectives on its own CUstream. Several
+ * ranks of a test share a GPU as separate processes. Its kernels (a producer, a consumer, a slow
+ * spin: gpu_rank_kernels.h) come from a fatbin of its own, embedded, loaded with cuLibraryLoadData
+ * and launched with cuLaunchKernel. Inputs come from the deterministic generator of the host tests
  * (colld_cpu_pattern: every rank can compute every rank's input), expected results from the scalar
  * CPU oracle (colld_cpu_reduce_scalar, rank order 0..n-1), and every result is compared BITWISE.
  *
- * Buffers (--alloc): cudamalloc (default) cudaMalloc'd device memory; colld colld_mem_alloc(...,
+ * Buffers (--alloc): cumemalloc (default) cuMemAlloc'd device memory; colld colld_mem_alloc(...,
  * COLLD_MEM_CUDA); mixed: even ranks the one, odd ranks the other. Every collective reads and
  * writes a slot GUARD bytes into an allocation (so the library must find the containing allocation),
  * and the GUARD bytes around it must keep their sentinel on the device.
@@ -27,8 +31,11 @@
  *            registration by address alone reads freed memory and the results are wrong.
  *   stream   producer kernel -> colld_allreduce -> consumer kernel on the stream, with no host
  *            synchronisation in between. The first round's producer spins --spin-ms (default 200)
- *            first: the colld_allreduce host call must return within HOST_CALL_LIMIT_MS while the
- *            stream is still busy, and the stream must take at least 3/4 of the spin. Then
+ *            first: the colld_allreduce host call must return within a quarter of the spin (at least
+ *            HOST_CALL_LIMIT_MS: 50 ms behind the default spin) while the stream is still busy, and
+ *            the stream must take at least 3/4 of the spin. A call that waited for the stream would
+ *            take the whole spin; on the double (a loaded CI machine, sanitizers) the driver passes
+ *            a longer spin, so the limit keeps its meaning with a margin for the host's stalls. Then
  *            STREAM_ROUNDS-1 more rounds are queued back to back (every other one in place), one
  *            wait at the end, and every consumer output must be exact.
  *   fault    the fault test (3 ranks): a warm-up all-reduce, then the survivors post an all-reduce
@@ -36,7 +43,7 @@
  *            <sync-dir>/victim-ready and waits to be killed (-9) by the driver, without posting, or
  *            with --victim-posts after posting an all-reduce behind a long spin (so every stream
  *            waits). A survivor's stream must be released within the communicator timeout +
- *            RELEASE_GRACE_MS; cudaStreamSynchronize must then succeed and
+ *            RELEASE_GRACE_MS; cuStreamSynchronize must then succeed and
  *            colld_comm_get_async_error must give COLLD_ERR_PEER_LOST or COLLD_ERR_TIMEOUT (written
  *            with the release time to <sync-dir>/released-R). A later call on the broken
  *            communicator must not hang either. Then the survivors destroy it, join the 2-rank
@@ -45,15 +52,16 @@
  *            --progress-file: a communicator that must keep working while a test breaks another.
  *
  * Exit code: 0 everything exact (or the expected failure came); 1 a mismatch, an unexpected status,
- * a CUDA error or a stream that was not released; 2 bad arguments; 77 no GPU visible.
+ * a CUDA error or a stream that was not released; 2 bad arguments; 77 no GPU visible (never with
+ * --cudafake: there a missing double is a failure).
  */
 #include "tools/testdata/pattern.h"
+#include "tests/gpu/gpu_cu.h"
 #include "tests/gpu/gpu_rank_kernels.h"
 #include "tests/integration/coll_data.h"
 #include "tests/integration/harness.h"
 
 #include <colld/colld.h>
-#include <cuda_runtime_api.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -64,7 +72,7 @@
 
 #define WAIT_GRACE_MS 10000      /* a stream may take the communicator timeout plus this */
 #define RELEASE_GRACE_MS 5000    /* fault: a survivor's stream is released within timeout + this */
-#define HOST_CALL_LIMIT_MS 50.0  /* stream: the host call returns within this */
+#define HOST_CALL_LIMIT_MS 50.0  /* stream: the host call returns within max(this, spin / 4) */
 #define STREAM_ROUNDS 8          /* stream: producer -> all-reduce -> consumer rounds */
 #define STREAM_COUNT (((size_t)1 << 20) + 5) /* stream: elements per round (odd) */
 #define VICTIM_SPIN_MS 60000.0   /* fault --victim-posts: the victim's stream waits behind this */
@@ -72,11 +80,15 @@
 
 typedef struct {
     const char *socket, *uid_hex, *uid2_hex, *mode, *alloc, *sync_dir, *stop_file, *progress_file;
-    int nranks, rank, timeout_ms, iters, rotate, max_report, victim;
+    int nranks, rank, timeout_ms, iters, rotate, max_report, victim, gpus;
     double spin_ms;
     unsigned salt, kinds, dtypes, ops; /* bit masks */
-    bool big, big_all, host_sync, blocking_stream, victim_posts;
+    bool big, big_all, host_sync, blocking_stream, victim_posts, cudafake;
 } args_t;
+
+/* The driver, and the rank's kernels in its context. */
+static gpu_cu_t cu;
+static CUfunction spin_fn, produce_fn, consume_fn;
 
 typedef struct {
     const args_t *a;
@@ -84,7 +96,8 @@ typedef struct {
     colld_comm_t *comm;
     int n, rank;
     bool use_colld_alloc;
-    cudaStream_t stream;
+    int dev; /* the GPU of this rank's buffers and stream */
+    CUstream stream;
     unsigned char *ds, *dr; /* device buffers, reg_bytes each */
     unsigned char *hs, *hr; /* pinned host images of them */
     size_t reg_bytes;
@@ -97,12 +110,73 @@ typedef struct {
  * ------------------------------------------------------------------------------------------- */
 
 /* Report a CUDA error of a step; true when there was none. */
-static bool cuda_ok(const run_t *R, const char *what, cudaError_t e)
+static bool cuda_ok(const run_t *R, const char *what, CUresult e)
 {
-    if (e == cudaSuccess)
+    char why[256];
+    if (e == CUDA_SUCCESS)
         return true;
-    fprintf(stderr, "rank %d: %s: %s: %s\n", R->rank, what, cudaGetErrorName(e), cudaGetErrorString(e));
+    fprintf(stderr, "rank %d: %s: %s\n", R->rank, what, gpu_cu_describe(&cu, e, why, sizeof(why)));
     return false;
+}
+
+/* A device address as a pointer (the driver's CUdeviceptr is an integer) and back. */
+#define DPTR(p) ((CUdeviceptr)(uintptr_t)(p))
+#define HPTR(d) ((void *)(uintptr_t)(d))
+
+/* A grid that covers n elements with 256 threads per block, at most 1024 blocks (grid-stride). */
+static unsigned blocks_for(size_t n)
+{
+    size_t b = (n + 255) / 256;
+    return b == 0 ? 1u : b > 1024 ? 1024u : (unsigned)b;
+}
+
+/* Launch a kernel with its one parameter block on the rank's stream. */
+static CUresult launch(const run_t *R, CUfunction f, unsigned blocks, unsigned threads, void *params)
+{
+    void *args[] = { params };
+    return cu.cuLaunchKernel(f, blocks, 1, 1, threads, 1, 1, 0, R->stream, args, NULL);
+}
+
+/* A slow producer: one thread that spins for ms milliseconds. */
+static CUresult launch_spin(const run_t *R, double ms)
+{
+    gpu_rank_spin_params_t p = { .ns = (unsigned long long)(ms * 1e6) };
+    return launch(R, spin_fn, 1, 1, &p);
+}
+
+/* x[i] = GPU_RANK_VALUE(rank, iter, salt, i) for i < n. */
+static CUresult launch_produce(const run_t *R, float *x, size_t n, int iter, unsigned salt)
+{
+    gpu_rank_produce_params_t p = { .x = x, .n = n, .rank = R->rank, .iter = iter, .salt = salt };
+    return n ? launch(R, produce_fn, blocks_for(n), 256, &p) : CUDA_SUCCESS;
+}
+
+/* z[i] = GPU_RANK_CONSUME(y[i]) for i < n. */
+static CUresult launch_consume(const run_t *R, const float *y, float *z, size_t n)
+{
+    gpu_rank_consume_params_t p = { .y = y, .z = z, .n = n };
+    return n ? launch(R, consume_fn, blocks_for(n), 256, &p) : CUDA_SUCCESS;
+}
+
+/* Load the rank's kernels (the embedded fatbin) and get them into the current context. */
+static int load_kernels(const run_t *R)
+{
+    CUlibrary lib;
+    CUkernel k;
+    struct {
+        const char *name;
+        CUfunction *fn;
+    } want[] = { { "gpu_rank_spin_kernel", &spin_fn },
+                 { "gpu_rank_produce_kernel", &produce_fn },
+                 { "gpu_rank_consume_kernel", &consume_fn } };
+    if (!cuda_ok(R, "cuLibraryLoadData (the rank's kernels)",
+                 cu.cuLibraryLoadData(&lib, gpu_rank_fatbin, NULL, NULL, 0, NULL, NULL, 0)))
+        return -1;
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        if (!cuda_ok(R, want[i].name, cu.cuLibraryGetKernel(&k, lib, want[i].name)) ||
+            !cuda_ok(R, want[i].name, cu.cuKernelGetFunction(want[i].fn, k)))
+            return -1;
+    return 0; /* the library stays loaded for the process */
 }
 
 /* Device memory the configured way (--alloc); NULL (printed) on failure. */
@@ -118,7 +192,8 @@ static void *dev_alloc(run_t *R, size_t bytes)
         }
         return p;
     }
-    return cuda_ok(R, "cudaMalloc", cudaMalloc(&p, bytes)) ? p : NULL;
+    CUdeviceptr d = 0;
+    return cuda_ok(R, "cuMemAlloc", cu.cuMemAlloc(&d, bytes)) ? HPTR(d) : NULL;
 }
 
 static void dev_free(run_t *R, void *p)
@@ -130,7 +205,7 @@ static void dev_free(run_t *R, void *p)
         if (st != COLLD_OK)
             fprintf(stderr, "rank %d: colld_mem_free: %s\n", R->rank, colld_status_name(st));
     } else {
-        (void)cuda_ok(R, "cudaFree", cudaFree(p));
+        (void)cuda_ok(R, "cuMemFree", cu.cuMemFree(DPTR(p)));
     }
 }
 
@@ -141,10 +216,10 @@ static int wait_stream(run_t *R, const char *what, int limit_ms)
 {
     double start = harness_now_ms(), end = start + limit_ms;
     for (;;) {
-        cudaError_t e = cudaStreamQuery(R->stream);
-        if (e == cudaSuccess)
+        CUresult e = cu.cuStreamQuery(R->stream);
+        if (e == CUDA_SUCCESS)
             return 0;
-        if (e != cudaErrorNotReady)
+        if (e != CUDA_ERROR_NOT_READY)
             return cuda_ok(R, what, e) ? 0 : -1;
         if (harness_now_ms() > end) {
             fprintf(stderr, "rank %d: %s: the stream is still busy after %d ms: a collective never released it\n",
@@ -185,8 +260,8 @@ static void *dev(const run_t *R, const void *host)
 static void describe(const void *ctx, const call_t *k, char *buf, size_t len)
 {
     const run_t *R = ctx;
-    snprintf(buf, len, "rank %d/%d (gpu, %s): %s dtype %s op %s count %zu root %d %s%s salt %u", R->rank, R->n,
-             R->use_colld_alloc ? "colld_mem_alloc" : "cudaMalloc", kind_names[k->kind], dtype_names[k->dt],
+    snprintf(buf, len, "rank %d/%d (gpu %d, %s): %s dtype %s op %s count %zu root %d %s%s salt %u", R->rank, R->n,
+             R->dev, R->use_colld_alloc ? "colld_mem_alloc" : "cuMemAlloc", kind_names[k->kind], dtype_names[k->dt],
              coll_reduces(k->kind) ? op_names[k->op] : "-", k->count, k->root, k->inplace ? "in-place" : "out-of-place",
              k->null_unused ? " (unused buffer NULL)" : "", k->salt);
 }
@@ -249,10 +324,9 @@ static int run_call(run_t *R, call_t *k)
     size_t es = colld_dtype_size(k->dt), se, re;
     coll_call_sizes(k, R->n, &se, &re);
     size_t sspan = se * es + 2 * GUARD, rspan = (k->inplace ? coll_inplace_bytes(k, R->n) : re * es) + 2 * GUARD;
-    if ((!k->inplace && !cuda_ok(R, "cudaMemcpyAsync H2D (send)",
-                                 cudaMemcpyAsync(R->ds, R->hs, sspan, cudaMemcpyHostToDevice, R->stream))) ||
-        !cuda_ok(R, "cudaMemcpyAsync H2D (recv)",
-                 cudaMemcpyAsync(R->dr, R->hr, rspan, cudaMemcpyHostToDevice, R->stream)))
+    if ((!k->inplace && !cuda_ok(R, "cuMemcpyHtoDAsync (send)",
+                                 cu.cuMemcpyHtoDAsync(DPTR(R->ds), R->hs, sspan, R->stream))) ||
+        !cuda_ok(R, "cuMemcpyHtoDAsync (recv)", cu.cuMemcpyHtoDAsync(DPTR(R->dr), R->hr, rspan, R->stream)))
         goto out;
     if (a->host_sync && wait_stream(R, "the upload", WAIT_GRACE_MS) < 0)
         goto out;
@@ -261,10 +335,9 @@ static int run_call(run_t *R, call_t *k)
         status_fail(R, k, "the stream-ordered call", st);
         goto out;
     }
-    if (!cuda_ok(R, "cudaMemcpyAsync D2H (recv)",
-                 cudaMemcpyAsync(R->hr, R->dr, rspan, cudaMemcpyDeviceToHost, R->stream)) ||
-        (!k->inplace && !cuda_ok(R, "cudaMemcpyAsync D2H (send)",
-                                 cudaMemcpyAsync(R->hs, R->ds, sspan, cudaMemcpyDeviceToHost, R->stream))))
+    if (!cuda_ok(R, "cuMemcpyDtoHAsync (recv)", cu.cuMemcpyDtoHAsync(R->hr, DPTR(R->dr), rspan, R->stream)) ||
+        (!k->inplace && !cuda_ok(R, "cuMemcpyDtoHAsync (send)",
+                                 cu.cuMemcpyDtoHAsync(R->hs, DPTR(R->ds), sspan, R->stream))))
         goto out;
     if (wait_stream(R, kind_names[k->kind], a->timeout_ms + WAIT_GRACE_MS) < 0)
         goto out;
@@ -369,8 +442,7 @@ static float stream_expect(const run_t *R, int it, size_t i)
 static int stream_round(run_t *R, int it, float *x, float *y, float *z, double *call_ms)
 {
     bool inplace = it % 2 == 1;
-    int e = gpu_rank_produce(x, STREAM_COUNT, R->rank, it, R->a->salt, R->stream);
-    if (!cuda_ok(R, "producer launch", (cudaError_t)e))
+    if (!cuda_ok(R, "producer launch", launch_produce(R, x, STREAM_COUNT, it, R->a->salt)))
         return -1;
     double t0 = harness_now_ms();
     colld_status_t st = colld_allreduce(x, inplace ? x : y, STREAM_COUNT, COLLD_FLOAT32, COLLD_SUM, R->comm, R->stream);
@@ -380,8 +452,7 @@ static int stream_round(run_t *R, int it, float *x, float *y, float *z, double *
                 colld_comm_last_error(R->comm));
         return -1;
     }
-    e = gpu_rank_consume(inplace ? x : y, z, STREAM_COUNT, R->stream);
-    return cuda_ok(R, "consumer launch", (cudaError_t)e) ? 0 : -1;
+    return cuda_ok(R, "consumer launch", launch_consume(R, inplace ? x : y, z, STREAM_COUNT)) ? 0 : -1;
 }
 
 /* Producer kernel -> colld_allreduce -> consumer kernel on the stream without host waits. */
@@ -393,18 +464,25 @@ static int mode_stream(run_t *R)
     size_t need = STREAM_ROUNDS * round_bytes;
     int rc = 1, bad = 0;
     double call_ms = 0, first_call_ms = 0, max_call_ms = 0;
+    double call_limit_ms = a->spin_ms / 4 > HOST_CALL_LIMIT_MS ? a->spin_ms / 4 : HOST_CALL_LIMIT_MS;
+    CUdeviceptr zd = 0;
     if (need > R->reg_bytes) {
         fprintf(stderr, "rank %d: stream: buffers of %zu bytes are too small\n", R->rank, R->reg_bytes);
         return 2;
     }
-    if (!cuda_ok(R, "cudaMalloc (consumer output)", cudaMalloc((void **)&z, need)) ||
-        !cuda_ok(R, "cudaMallocHost", cudaMallocHost((void **)&host, need)))
+    char err[256];
+    if (!cuda_ok(R, "cuMemAlloc (consumer output)", cu.cuMemAlloc(&zd, need)))
         goto out;
+    z = HPTR(zd);
+    if (!(host = gpu_cu_host_alloc(&cu, need, err, sizeof(err)))) {
+        fprintf(stderr, "rank %d: %s\n", R->rank, err);
+        goto out;
+    }
 
     /* Warm-up round (the library registers the buffers here), waited for and checked. */
     if (stream_round(R, 0, x, y, z, &first_call_ms) < 0 ||
         wait_stream(R, "warm-up round", a->timeout_ms + WAIT_GRACE_MS) < 0 ||
-        !cuda_ok(R, "cudaMemcpy D2H", cudaMemcpy(host, z, round_bytes, cudaMemcpyDeviceToHost)))
+        !cuda_ok(R, "cuMemcpyDtoH", cu.cuMemcpyDtoH(host, zd, round_bytes)))
         goto out;
     for (size_t i = 0; i < STREAM_COUNT; i++)
         bad += host[i] != stream_expect(R, 0, i);
@@ -415,19 +493,19 @@ static int mode_stream(run_t *R)
 
     /* Poison the inputs and outputs (a collective that runs before the producer, or a consumer
      * that runs before the collective, sees these), and wait until that is done. */
-    if (!cuda_ok(R, "cudaMemset", cudaMemset(x, SENTINEL, need)) ||
-        !cuda_ok(R, "cudaMemset", cudaMemset(y, SENTINEL, need)) ||
-        !cuda_ok(R, "cudaMemset", cudaMemset(z, SENTINEL, need)) ||
-        !cuda_ok(R, "cudaDeviceSynchronize", cudaDeviceSynchronize()))
+    if (!cuda_ok(R, "cuMemsetD8", cu.cuMemsetD8(DPTR(x), SENTINEL, need)) ||
+        !cuda_ok(R, "cuMemsetD8", cu.cuMemsetD8(DPTR(y), SENTINEL, need)) ||
+        !cuda_ok(R, "cuMemsetD8", cu.cuMemsetD8(zd, SENTINEL, need)) ||
+        !cuda_ok(R, "cuCtxSynchronize", cu.cuCtxSynchronize()))
         goto out;
 
     /* Round 0 behind a slow producer: the host call must not wait for it. */
     double t0 = harness_now_ms();
-    if (!cuda_ok(R, "spin launch", (cudaError_t)gpu_rank_spin(a->spin_ms, R->stream)))
+    if (!cuda_ok(R, "spin launch", launch_spin(R, a->spin_ms)))
         goto out;
     if (stream_round(R, 0, x, y, z, &call_ms) < 0)
         goto out;
-    cudaError_t q = cudaStreamQuery(R->stream);
+    CUresult q = cu.cuStreamQuery(R->stream);
     double after_call = harness_now_ms() - t0;
     max_call_ms = call_ms;
     /* The other rounds queued back to back behind it. */
@@ -438,12 +516,12 @@ static int mode_stream(run_t *R)
             goto out;
         max_call_ms = ms > max_call_ms ? ms : max_call_ms;
     }
-    if (!cuda_ok(R, "cudaMemcpyAsync D2H", cudaMemcpyAsync(host, z, need, cudaMemcpyDeviceToHost, R->stream)))
+    if (!cuda_ok(R, "cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(host, zd, need, R->stream)))
         goto out;
     if (wait_stream(R, "the rounds", a->timeout_ms + WAIT_GRACE_MS + (int)a->spin_ms) < 0)
         goto out;
     double total = harness_now_ms() - t0;
-    if (!cuda_ok(R, "cudaStreamSynchronize", cudaStreamSynchronize(R->stream)))
+    if (!cuda_ok(R, "cuStreamSynchronize", cu.cuStreamSynchronize(R->stream)))
         goto out;
     colld_status_t st = async_error(R);
     if (st != COLLD_OK) {
@@ -467,17 +545,17 @@ static int mode_stream(run_t *R)
     fprintf(stderr, "rank %d: stream: first call (registration) %.2f ms; behind a %.0f ms producer the call took "
             "%.3f ms (limit %.0f), the stream was %s when it returned (%.1f ms after the spin started), all %d "
             "rounds done after %.1f ms (at least %.0f expected); slowest later call %.3f ms\n",
-            R->rank, first_call_ms, a->spin_ms, call_ms, HOST_CALL_LIMIT_MS,
-            q == cudaErrorNotReady ? "busy" : q == cudaSuccess ? "ALREADY DONE" : cudaGetErrorName(q), after_call,
+            R->rank, first_call_ms, a->spin_ms, call_ms, call_limit_ms,
+            q == CUDA_ERROR_NOT_READY ? "busy" : q == CUDA_SUCCESS ? "ALREADY DONE" : "in error", after_call,
             STREAM_ROUNDS, total, 0.75 * a->spin_ms, max_call_ms);
-    if (call_ms >= HOST_CALL_LIMIT_MS) {
+    if (call_ms >= call_limit_ms) {
         fprintf(stderr, "rank %d: FAILED: the colld_allreduce host call took %.3f ms behind a busy stream "
-                "(limit %.0f ms): it waited for the GPU\n", R->rank, call_ms, HOST_CALL_LIMIT_MS);
+                "(limit %.0f ms): it waited for the GPU\n", R->rank, call_ms, call_limit_ms);
         bad++;
     }
-    if (q != cudaErrorNotReady) {
-        fprintf(stderr, "rank %d: FAILED: the stream was not busy when colld_allreduce returned (%s)\n", R->rank,
-                cudaGetErrorName(q));
+    if (q != CUDA_ERROR_NOT_READY) {
+        fprintf(stderr, "rank %d: FAILED: the stream was not busy when colld_allreduce returned (result %d)\n",
+                R->rank, (int)q);
         bad++;
     }
     if (total < 0.75 * a->spin_ms) {
@@ -488,10 +566,9 @@ static int mode_stream(run_t *R)
     R->collectives += 1 + STREAM_ROUNDS;
     rc = bad ? 1 : 0;
 out:
-    if (z)
-        (void)cuda_ok(R, "cudaFree", cudaFree(z));
-    if (host)
-        (void)cuda_ok(R, "cudaFreeHost", cudaFreeHost(host));
+    if (zd)
+        (void)cuda_ok(R, "cuMemFree", cu.cuMemFree(zd));
+    gpu_cu_host_free(&cu, host, need);
     return rc;
 }
 
@@ -527,7 +604,7 @@ static int fault_victim(run_t *R)
     if (R->a->victim_posts) {
         /* Its stream waits behind a long spin, so it never marks its input ready: every stream of
          * the communicator waits when the driver kills it. */
-        if (!cuda_ok(R, "spin launch", (cudaError_t)gpu_rank_spin(VICTIM_SPIN_MS, R->stream)))
+        if (!cuda_ok(R, "spin launch", launch_spin(R, VICTIM_SPIN_MS)))
             return 1;
         colld_status_t st = colld_allreduce(R->ds + GUARD, R->dr + GUARD, FAULT_COUNT, COLLD_FLOAT32, COLLD_SUM,
                                             R->comm, R->stream);
@@ -563,7 +640,7 @@ static int fault_survivor(run_t *R)
         _exit(1); /* a stream that never completes would also hang the exit */
     }
     double released = harness_now_ms();
-    if (!cuda_ok(R, "cudaStreamSynchronize after the release", cudaStreamSynchronize(R->stream)))
+    if (!cuda_ok(R, "cuStreamSynchronize after the release", cu.cuStreamSynchronize(R->stream)))
         return 1;
     /* The error may be recorded a moment after the stream moved on. */
     colld_status_t err = async_error(R);
@@ -643,14 +720,12 @@ static int stop_agreed(run_t *R)
 {
     int32_t *flag = (int32_t *)R->hs;
     *flag = access(R->a->stop_file, F_OK) == 0;
-    if (!cuda_ok(R, "cudaMemcpyAsync H2D (stop flag)",
-                 cudaMemcpyAsync(R->ds, flag, sizeof(*flag), cudaMemcpyHostToDevice, R->stream)))
+    if (!cuda_ok(R, "cuMemcpyHtoDAsync (stop flag)", cu.cuMemcpyHtoDAsync(DPTR(R->ds), flag, sizeof(*flag), R->stream)))
         return -1;
     colld_status_t st = colld_allreduce(R->ds, R->ds, 1, COLLD_INT32, COLLD_MAX, R->comm, R->stream);
     if (st != COLLD_OK)
         return status_fail(R, NULL, "the stop agreement", st);
-    if (!cuda_ok(R, "cudaMemcpyAsync D2H (stop flag)",
-                 cudaMemcpyAsync(flag, R->ds, sizeof(*flag), cudaMemcpyDeviceToHost, R->stream)) ||
+    if (!cuda_ok(R, "cuMemcpyDtoHAsync (stop flag)", cu.cuMemcpyDtoHAsync(flag, DPTR(R->ds), sizeof(*flag), R->stream)) ||
         wait_stream(R, "the stop agreement", R->a->timeout_ms + WAIT_GRACE_MS) < 0)
         return -1;
     if ((st = async_error(R)) != COLLD_OK)
@@ -738,6 +813,8 @@ static int parse_args(int argc, char **argv, args_t *a)
             a->spin_ms = atof(v);
         else if (ARG("--victim"))
             a->victim = atoi(v);
+        else if (ARG("--gpus"))
+            a->gpus = atoi(v);
         else if (ARG("--sync-dir"))
             a->sync_dir = v;
         else if (ARG("--stop-file"))
@@ -754,6 +831,8 @@ static int parse_args(int argc, char **argv, args_t *a)
             a->blocking_stream = true;
         else if (strcmp(argv[i], "--victim-posts") == 0)
             a->victim_posts = true;
+        else if (strcmp(argv[i], "--cudafake") == 0)
+            a->cudafake = true;
         else {
             fprintf(stderr, "gpu_rank: unknown argument %s\n", argv[i]);
             return 2;
@@ -762,22 +841,23 @@ static int parse_args(int argc, char **argv, args_t *a)
     }
     if (a->victim < 0)
         a->victim = a->nranks - 1;
-    bool alloc_ok = !strcmp(a->alloc, "cudamalloc") || !strcmp(a->alloc, "colld") || !strcmp(a->alloc, "mixed");
+    bool alloc_ok = !strcmp(a->alloc, "cumemalloc") || !strcmp(a->alloc, "colld") || !strcmp(a->alloc, "mixed");
     if (!a->socket || !a->uid_hex || a->nranks < 1 || a->nranks > MAX_RANKS || a->rank < 0 ||
         a->rank >= a->nranks || !a->kinds || !a->dtypes || !a->ops || a->iters < 0 || !alloc_ok ||
-        a->timeout_ms <= 0 || !(a->spin_ms >= 0)) {
+        a->timeout_ms <= 0 || !(a->spin_ms >= 0) || a->gpus < 1) {
         fprintf(stderr, "gpu_rank: need --socket, --uid, --nranks 1..%d, --rank; valid subsets; --alloc "
-                "cudamalloc|colld|mixed\n", MAX_RANKS);
+                "cumemalloc|colld|mixed; --gpus 1 or more\n", MAX_RANKS);
         return 2;
     }
     return 0;
 }
 
-/* Join the communicator, put the buffers on GPU 0, run the mode, leave. */
+/* Join the communicator, put the buffers on GPU rank % --gpus, run the mode, leave. */
 int main(int argc, char **argv)
 {
     args_t a = { .mode = "matrix",
-                 .alloc = "cudamalloc",
+                 .alloc = "cumemalloc",
+                 .gpus = 1,
                  .timeout_ms = 120000,
                  .iters = 1,
                  .max_report = 40,
@@ -794,15 +874,21 @@ int main(int argc, char **argv)
     run_t R = { .a = &a, .n = a.nranks, .rank = a.rank };
     R.use_colld_alloc = !strcmp(a.alloc, "colld") || (!strcmp(a.alloc, "mixed") && a.rank % 2 == 1);
     double t0 = harness_now_ms();
-    int ndev = 0;
-    cudaError_t e = cudaGetDeviceCount(&ndev);
-    if (e != cudaSuccess || ndev == 0) {
-        fprintf(stderr, "rank %d: SKIP: no CUDA GPU visible (%s)\n", a.rank, e ? cudaGetErrorName(e) : "0 devices");
-        return 77;
+    char err[512];
+    /* Before any CUDA call: with --cudafake, the driver must be the test double. */
+    gpu_cu_result_t loaded = gpu_cu_load(&cu, a.cudafake, err, sizeof(err));
+    if (loaded != GPU_CU_OK) {
+        fprintf(stderr, "rank %d: %s%s\n", a.rank, loaded == GPU_CU_NONE ? "SKIP: " : "", err);
+        return loaded == GPU_CU_NONE ? 77 : 1;
     }
-    unsigned flags = a.blocking_stream ? cudaStreamDefault : cudaStreamNonBlocking;
-    if (!cuda_ok(&R, "cudaSetDevice(0)", cudaSetDevice(0)) ||
-        !cuda_ok(&R, "cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&R.stream, flags)))
+    if (a.gpus > cu.ndev) {
+        fprintf(stderr, "rank %d: --gpus %d, but %d GPU(s) visible\n", a.rank, a.gpus, cu.ndev);
+        return 2;
+    }
+    R.dev = a.rank % a.gpus;
+    unsigned flags = a.blocking_stream ? CU_STREAM_DEFAULT : CU_STREAM_NON_BLOCKING;
+    if (!cuda_ok(&R, "the device's primary context", gpu_cu_use_device(&cu, R.dev)) ||
+        !cuda_ok(&R, "cuStreamCreate", cu.cuStreamCreate(&R.stream, flags)) || load_kernels(&R) < 0)
         return 1;
     colld_unique_id_t id;
     if (harness_uid_from_hex(a.uid_hex, &id) < 0) {
@@ -825,8 +911,10 @@ int main(int argc, char **argv)
         goto out;
     }
     R.reg_bytes = (needed_bytes(&a) + 4095) & ~(size_t)4095;
-    if (alloc_buffers(&R) < 0 || !cuda_ok(&R, "cudaMallocHost", cudaMallocHost((void **)&R.hs, R.reg_bytes)) ||
-        !cuda_ok(&R, "cudaMallocHost", cudaMallocHost((void **)&R.hr, R.reg_bytes))) {
+    if (alloc_buffers(&R) < 0 || !(R.hs = gpu_cu_host_alloc(&cu, R.reg_bytes, err, sizeof(err))) ||
+        !(R.hr = gpu_cu_host_alloc(&cu, R.reg_bytes, err, sizeof(err)))) {
+        if (R.ds && R.dr)
+            fprintf(stderr, "rank %d: %s\n", a.rank, err);
         rc = 1;
         goto out;
     }
@@ -848,19 +936,18 @@ int main(int argc, char **argv)
     if (rc != 0 && R.reported > a.max_report)
         fprintf(stderr, "rank %d: %d more failures not shown\n", a.rank, R.reported - a.max_report);
     if (R.rank == 0)
-        fprintf(stderr, "rank 0/%d: gpu mode %s (%s, %s stream): %ld collectives, %ld wrong, %.0f ms\n", R.n, a.mode,
-                a.alloc, a.blocking_stream ? "blocking" : "non-blocking", R.collectives, R.bad, harness_now_ms() - t0);
+        fprintf(stderr, "rank 0/%d: gpu mode %s (%s, %s stream, %d GPU(s)%s): %ld collectives, %ld wrong, %.0f ms\n",
+                R.n, a.mode, a.alloc, a.blocking_stream ? "blocking" : "non-blocking", a.gpus,
+                cu.on_double ? ", the CUDA driver test double" : "", R.collectives, R.bad, harness_now_ms() - t0);
 out:
     free_buffers(&R);
-    if (R.hs)
-        cudaFreeHost(R.hs);
-    if (R.hr)
-        cudaFreeHost(R.hr);
+    gpu_cu_host_free(&cu, R.hs, R.reg_bytes);
+    gpu_cu_host_free(&cu, R.hr, R.reg_bytes);
     if (R.comm && (st = colld_comm_destroy(R.comm)) != COLLD_OK && rc == 0) {
         fprintf(stderr, "rank %d: colld_comm_destroy: %s\n", a.rank, colld_status_name(st));
         rc = 1;
     }
     colld_disconnect(R.c);
-    cudaStreamDestroy(R.stream);
+    (void)cu.cuStreamDestroy(R.stream);
     return rc;
 }

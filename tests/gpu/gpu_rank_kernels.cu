@@ -1,65 +1,25 @@
 /*
- * gpu_rank_kernels.cu - see gpu_rank_kernels.h.
+ * gpu_rank_kernels.cu - colld-test-gpu-rank's kernels (gpu_rank_kernels.h) as device code: extern
+ * "C" entry points over the bodies of gpu_rank_kernels.cuh, compiled into a fatbin of their own
+ * (tests/gpu/CMakeLists.txt), never linked into a program: the rank loads the fatbin through the
+ * driver API.
  */
-#include "tests/gpu/gpu_rank_kernels.h"
+#include "tests/gpu/gpu_rank_kernels.cuh"
 
-#include <cuda_runtime.h>
+#define GPU_RANK_TID() (blockIdx.x * (size_t)blockDim.x + threadIdx.x)
+#define GPU_RANK_NTHREADS() ((size_t)gridDim.x * blockDim.x)
 
-namespace {
-
-__device__ unsigned long long global_ns()
+extern "C" __global__ void GPU_RANK_SPIN_KERNEL(const gpu_rank_spin_params_t p)
 {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
+    gpu_rank_spin_body(p, GPU_RANK_TID(), GPU_RANK_NTHREADS());
 }
 
-__global__ void spin_kernel(unsigned long long ns)
+extern "C" __global__ void GPU_RANK_PRODUCE_KERNEL(const gpu_rank_produce_params_t p)
 {
-    unsigned long long t0 = global_ns();
-    while (global_ns() - t0 < ns) {
-    }
+    gpu_rank_produce_body(p, GPU_RANK_TID(), GPU_RANK_NTHREADS());
 }
 
-__global__ void produce_kernel(float *x, size_t n, int rank, int iter, unsigned salt)
+extern "C" __global__ void GPU_RANK_CONSUME_KERNEL(const gpu_rank_consume_params_t p)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        x[i] = GPU_RANK_VALUE(rank, iter, salt, i);
-}
-
-__global__ void consume_kernel(const float *y, float *z, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        z[i] = GPU_RANK_CONSUME(y[i]);
-}
-
-/* A grid that covers n elements with 256 threads per block, at most 1024 blocks (grid-stride). */
-unsigned blocks_for(size_t n)
-{
-    size_t b = (n + 255) / 256;
-    return b == 0 ? 1u : b > 1024 ? 1024u : (unsigned)b;
-}
-
-} // namespace
-
-extern "C" int gpu_rank_spin(double ms, void *stream)
-{
-    spin_kernel<<<1, 1, 0, (cudaStream_t)stream>>>((unsigned long long)(ms * 1e6));
-    return (int)cudaGetLastError();
-}
-
-extern "C" int gpu_rank_produce(float *x, size_t n, int rank, int iter, unsigned salt, void *stream)
-{
-    if (n == 0)
-        return 0;
-    produce_kernel<<<blocks_for(n), 256, 0, (cudaStream_t)stream>>>(x, n, rank, iter, salt);
-    return (int)cudaGetLastError();
-}
-
-extern "C" int gpu_rank_consume(const float *y, float *z, size_t n, void *stream)
-{
-    if (n == 0)
-        return 0;
-    consume_kernel<<<blocks_for(n), 256, 0, (cudaStream_t)stream>>>(y, z, n);
-    return (int)cudaGetLastError();
+    gpu_rank_consume_body(p, GPU_RANK_TID(), GPU_RANK_NTHREADS());
 }

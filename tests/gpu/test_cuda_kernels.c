@@ -1,68 +1,85 @@
 /*
- * test_cuda_kernels.c - the CUDA kernels on a real GPU (ctest gpu_kernels, label gpu): the check
- * matrix of kernel_check.c run through colld_cuda_reduce / colld_cuda_copy on device 0, every result
- * compared bitwise with the scalar CPU oracle. Exits 77 (skipped) when no GPU is visible.
+ * test_cuda_kernels.c - the CUDA kernels through the CUDA driver API: the check matrix of
+ * kernel_check.c run through colld_cuda_reduce / colld_cuda_copy on device 0, every result compared
+ * bitwise with the scalar CPU oracle. On a real GPU (ctest gpu_hw_kernels, label hardware; exits 77,
+ * skipped, when no GPU is visible) the fatbin's device code runs; on the CUDA driver test double
+ * (ctest gpu_kernels, labels gpu and cudafake, with --cudafake: the libcuda.so.1 found must be the
+ * double, checked before any CUDA call) the launches run the host builds of the same kernel source,
+ * which proves the launch path (names, parameter blocks, grids, the access checks) but not the
+ * device code.
  *
- * Buffers are cudaMalloc'd on device 0 (the test uses the CUDA runtime for its own memory); the
- * kernels are loaded as the daemon loads them (the embedded fatbin through the driver API:
- * colld_cuda_kernels_load) in device 0's primary context, the runtime's, and run on a created
- * (blocking) stream, which the test synchronises after each launch so that a kernel fault is
- * reported against its case.
+ *   test_cuda_kernels [--cudafake]
+ *
+ * Buffers are cuMemAlloc'd on device 0 (the test's own loader, gpu_cu.h; no CUDA runtime); the
+ * kernels are loaded as the daemon loads them (the embedded fatbin through colld's loader:
+ * colld_cuda_kernels_load) in device 0's primary context, and run on a created (blocking) stream,
+ * which the test synchronises after each launch so that a kernel fault is reported against its case.
  */
+#include "common/cudadrv.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "tests/gpu/gpu_cu.h"
 #include "tests/gpu/kernel_check.h"
 
-#include <cuda_runtime_api.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
-static cudaStream_t stream;
+static gpu_cu_t cu;
+static CUstream stream;
 static colld_cuda_kernels_t *kernels;
 
+#define DPTR(p) ((CUdeviceptr)(uintptr_t)(p))
+
 /* Report a CUDA error of a test step; returns nonzero when there was one. */
-static int cuda_failed(const char *what, cudaError_t e)
+static int cuda_failed(const char *what, CUresult e)
 {
-    if (e == cudaSuccess)
+    char why[256];
+    if (e == CUDA_SUCCESS)
         return 0;
-    printf("%s: %s: %s\n", what, cudaGetErrorName(e), cudaGetErrorString(e));
+    printf("%s: %s\n", what, gpu_cu_describe(&cu, e, why, sizeof(why)));
     return 1;
 }
 
 static void *gpu_alloc(size_t bytes)
 {
-    void *p = NULL;
-    return cuda_failed("cudaMalloc", cudaMalloc(&p, bytes)) ? NULL : p;
+    CUdeviceptr d = 0;
+    return cuda_failed("cuMemAlloc", cu.cuMemAlloc(&d, bytes ? bytes : 1)) ? NULL : (void *)(uintptr_t)d;
 }
 
 static void gpu_release(void *p)
 {
-    (void)cuda_failed("cudaFree", cudaFree(p));
+    (void)cuda_failed("cuMemFree", cu.cuMemFree(DPTR(p)));
 }
 
 /* The memory helpers run on the legacy default stream and wait for it, so they are ordered with the
  * kernels on `stream` (a blocking stream) both ways. */
 static int gpu_put(void *dst, const void *src, size_t bytes)
 {
-    return cuda_failed("cudaMemcpy H2D", cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice)) ||
-           cuda_failed("cudaDeviceSynchronize", cudaDeviceSynchronize());
+    return cuda_failed("cuMemcpyHtoD", cu.cuMemcpyHtoD(DPTR(dst), src, bytes)) ||
+           cuda_failed("cuCtxSynchronize", cu.cuCtxSynchronize());
 }
 
 static int gpu_get(void *dst, const void *src, size_t bytes)
 {
-    return cuda_failed("cudaMemcpy D2H", cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    return cuda_failed("cuMemcpyDtoH", cu.cuMemcpyDtoH(dst, DPTR(src), bytes));
 }
 
+/* Device to device through the host (the tests' loader serves no cuMemcpyDtoD: nothing else needs
+ * it, and the test double does not model it). */
 static int gpu_dcopy(void *dst, const void *src, size_t bytes)
 {
-    return cuda_failed("cudaMemcpy D2D", cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice)) ||
-           cuda_failed("cudaDeviceSynchronize", cudaDeviceSynchronize());
+    void *tmp = malloc(bytes ? bytes : 1);
+    int bad = !tmp || gpu_get(tmp, src, bytes) || gpu_put(dst, tmp, bytes);
+    free(tmp);
+    return bad;
 }
 
 static int gpu_fill(void *dst, int byte, size_t bytes)
 {
-    return cuda_failed("cudaMemset", cudaMemset(dst, byte, bytes)) ||
-           cuda_failed("cudaDeviceSynchronize", cudaDeviceSynchronize());
+    return cuda_failed("cuMemsetD8", cu.cuMemsetD8(DPTR(dst), (unsigned char)byte, bytes)) ||
+           cuda_failed("cuCtxSynchronize", cu.cuCtxSynchronize());
 }
 
 /* Launch, then wait for the kernel so that its errors belong to this case. */
@@ -72,7 +89,7 @@ static colld_status_t finish(const char *what, colld_status_t st)
         printf("%s: %s\n", what, colld_cuda_last_error());
         return st;
     }
-    return cuda_failed(what, cudaStreamSynchronize(stream)) ? COLLD_ERR_DEVICE : COLLD_OK;
+    return cuda_failed(what, cu.cuStreamSynchronize(stream)) ? COLLD_ERR_DEVICE : COLLD_OK;
 }
 
 static colld_status_t gpu_reduce(colld_dtype_t dtype, colld_redop_t op, const void *const *in, int n_in,
@@ -94,8 +111,9 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* For information only (not a pass/fail criterion): the bandwidth of an in-place float32 sum of
- * four 64 MiB buffers on this GPU, as bytes read + written per second. */
+/* For information only (not a pass/fail criterion; not run on the double, where it means nothing):
+ * the bandwidth of an in-place float32 sum of four 64 MiB buffers on this GPU, as bytes read +
+ * written per second. */
 static void report_bandwidth(void)
 {
     enum { N_BUF = 4 };
@@ -113,7 +131,7 @@ static void report_bandwidth(void)
         for (int i = 0; i < iters && ok; i++)
             ok = colld_cuda_reduce(kernels, COLLD_FLOAT32, COLLD_SUM, (const void *const *)buf, N_BUF, buf, N_BUF, count,
                                    stream) == COLLD_OK;
-        ok = ok && !cuda_failed("cudaStreamSynchronize", cudaStreamSynchronize(stream));
+        ok = ok && !cuda_failed("cuStreamSynchronize", cu.cuStreamSynchronize(stream));
         t1 = now();
         if (ok)
             printf("info: in-place float32 sum of %d x %zu MiB: %.1f us per call, %.0f GB/s (read + write)\n",
@@ -125,9 +143,10 @@ static void report_bandwidth(void)
             gpu_release(buf[r]);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    const kcheck_backend_t gpu = {
+    bool want_double = argc > 1 && strcmp(argv[1], "--cudafake") == 0;
+    kcheck_backend_t gpu = {
         .name = "gpu",
         .big_count = ((size_t)1 << 20) + 3,
         .alloc = gpu_alloc,
@@ -139,40 +158,51 @@ int main(void)
         .reduce = gpu_reduce,
         .copy = gpu_copy,
     };
-    struct cudaDeviceProp prop;
-    int failures, ndev = 0;
+    int failures;
     char err[512];
-    const colld_cu_t *cu;
+    const colld_cu_t *ccu;
     CUcontext ctx;
     CUdevice dev;
-    cudaError_t e;
 
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if ((e = cudaGetDeviceCount(&ndev)) != cudaSuccess || ndev == 0) {
-        printf("SKIP: no CUDA GPU visible (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "none");
-        return 77;
+    if (argc > 2 || (argc == 2 && !want_double)) {
+        printf("usage: %s [--cudafake]\n", argv[0]);
+        return 2;
     }
-    if (cuda_failed("cudaSetDevice", cudaSetDevice(0)) || cuda_failed("cudaFree(NULL)", cudaFree(NULL)) ||
-        cuda_failed("cudaGetDeviceProperties", cudaGetDeviceProperties(&prop, 0)) ||
-        cuda_failed("cudaStreamCreate", cudaStreamCreate(&stream)))
+    /* Before any CUDA call: with --cudafake, the driver must be the test double. */
+    gpu_cu_result_t loaded = gpu_cu_load(&cu, want_double, err, sizeof(err));
+    if (loaded != GPU_CU_OK) {
+        printf("%s%s\n", loaded == GPU_CU_NONE ? "SKIP: " : "", err);
+        return loaded == GPU_CU_NONE ? 77 : 1;
+    }
+    if (cu.on_double) /* a GPU's threads run one after another on the host: a smaller largest count */
+        gpu.big_count = ((size_t)1 << 16) + 3;
+    if (cuda_failed("device 0's primary context", gpu_cu_use_device(&cu, 0)) ||
+        cuda_failed("cuStreamCreate", cu.cuStreamCreate(&stream, CU_STREAM_DEFAULT)))
         return 1;
-    if (!(cu = colld_cu_load(err, sizeof(err))) || cu->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
-        cu->cuCtxGetDevice(&dev) != CUDA_SUCCESS) {
-        printf("the CUDA driver API: %s\n", cu ? "no current context" : err);
+    if (!(ccu = colld_cu_load(err, sizeof(err))) || ccu->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
+        ccu->cuCtxGetDevice(&dev) != CUDA_SUCCESS) {
+        printf("colld's driver loader: %s\n", ccu ? "no current context" : err);
         return 1;
     }
-    if (colld_cuda_kernels_load(cu, &ctx, &dev, 1, &kernels, err, sizeof(err)) != COLLD_OK) {
+    if (colld_cuda_kernels_load(ccu, &ctx, &dev, 1, &kernels, err, sizeof(err)) != COLLD_OK) {
         printf("colld_cuda_kernels_load: %s\n", err);
         return 1;
     }
-    printf("device 0: %s, compute capability %d.%d, %d multiprocessors\n", prop.name, prop.major, prop.minor,
-           prop.multiProcessorCount);
+    char name[256] = "?";
+    int major = 0, minor = 0, sms = 0;
+    ccu->cuDeviceGetName(name, (int)sizeof(name), dev);
+    ccu->cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+    ccu->cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+    ccu->cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+    printf("device 0: %s, compute capability %d.%d, %d multiprocessors%s\n", name, major, minor, sms,
+           cu.on_double ? " (the CUDA driver test double: launches run the host builds of the kernels)" : "");
 
     failures = kcheck_run(&gpu);
-    if (failures == 0)
+    if (failures == 0 && !cu.on_double)
         report_bandwidth();
-    (void)cuda_failed("cudaStreamDestroy", cudaStreamDestroy(stream));
-    (void)cuda_failed("cudaDeviceSynchronize", cudaDeviceSynchronize());
+    (void)cuda_failed("cuStreamDestroy", cu.cuStreamDestroy(stream));
+    (void)cuda_failed("cuCtxSynchronize", cu.cuCtxSynchronize());
     colld_cuda_kernels_unload(kernels);
     return failures == 0 ? 0 : 1;
 }

@@ -1,16 +1,25 @@
 /*
  * test_gpu_collectives.c - the collectives on GPU buffers, stream-ordered, through a real colld
- * daemon with real rank processes on GPU 0 (colld-test-gpu-rank, see gpu_rank.c), every result
- * compared bitwise with the scalar CPU oracle. Label gpu; exits 77 (skipped) before starting
- * anything when cudaGetDeviceCount fails or finds no GPU.
+ * daemon with real rank processes (colld-test-gpu-rank, see gpu_rank.c), every result compared
+ * bitwise with the scalar CPU oracle. The CUDA driver API only (gpu_cu.h), so the same program runs
+ * on a real GPU (ctest label hardware; exits 77, skipped, before starting anything when no driver
+ * or no GPU is found) and on the CUDA driver test double (label gpu, cudafake).
  *
- *   test_gpu_collectives [matrix|stream|fault|all]     (default all; ctest runs the three groups)
+ *   test_gpu_collectives [matrix|stream|fault|all] [--gpus N] [--cudafake]
+ *
+ *  --gpus N    rank r on GPU r % N (default 1: every rank on GPU 0); N GPUs must be visible.
+ *  --cudafake  the libcuda.so.1 found must be the CUDA driver test double (checked before any CUDA
+ *              call, here, in every rank, and the daemon must map no other libcuda), and the runs
+ *              are sized for CI: the >= 4 MiB counts only on 2 ranks (and not at all with
+ *              COLLD_TEST_NO_BIG=1, as `make test-tsan` sets), the stream test's spin 1 s (the host
+ *              call limit is a quarter of the spin, gpu_rank.c).
  *
  *  matrix  every collective x dtype x op, counts {0, 1, 1001, >= 4 MiB (odd)}, in and out of place,
- *          for 2, 4 and 8 rank processes on one GPU with cudaMalloc'd buffers (the >= 4 MiB count:
+ *          for 2, 4 and 8 rank processes with cuMemAlloc'd buffers (the >= 4 MiB count:
  *          every combination on 2 ranks, gpu_rank.c's big_selected() subset on 4 and 8); with
  *          colld_mem_alloc(COLLD_MEM_CUDA) buffers, and with both kinds mixed in one communicator;
  *          two 4-rank communicators at once; buffers freed and allocated again (same addresses).
+ *          On the double, 8 ranks run without the >= 4 MiB counts.
  *  stream  producer kernel -> colld_allreduce -> consumer kernel on each rank's stream with no host
  *          synchronisation in between; the host call returns while a 200 ms producer still runs.
  *          Non-blocking streams, blocking (legacy-synchronising) streams, 4 ranks with
@@ -22,11 +31,14 @@
  *          beside them keep working, a fresh pair of ranks afterwards is exact, and the daemon is
  *          left with nothing of the broken communicator.
  */
+#include "tests/gpu/gpu_cu.h"
 #include "tests/integration/harness.h"
 
-#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <limits.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -40,6 +52,51 @@
 #define RUN_LIMIT_MS 600000     /* per group of rank processes */
 #define FAULT_TIMEOUT_MS 3000   /* the communicator timeout of the fault test */
 #define RELEASE_LIMIT_MS (FAULT_TIMEOUT_MS + 3000) /* kill -> survivors' streams released */
+#define DOUBLE_SPIN_MS "1000"   /* the stream test's slow producer on the double */
+
+/* The run's settings (main): every rank gets common_args; see the file comment. */
+static struct {
+    char gpus[16];
+    bool cudafake, no_big;
+    const char *common_args[8];
+} cfg;
+static char double_path[4096]; /* with --cudafake: the test double's file */
+
+/* The extra arguments of a run plus cfg.common_args, into argv at n (at most 47 entries in all). */
+static int add_args(const char **argv, int n, const char *const *extra)
+{
+    for (int i = 0; extra && extra[i] && n < 47; i++)
+        argv[n++] = extra[i];
+    for (int i = 0; cfg.common_args[i] && n < 47; i++)
+        argv[n++] = cfg.common_args[i];
+    argv[n] = NULL;
+    return n;
+}
+
+/* With --cudafake: does the daemon (pid) map no libcuda but the test double, and no NCCL? */
+static bool daemon_on_double(pid_t pid)
+{
+    char path[64], line[4608];
+    bool other = false;
+    if (!cfg.cudafake)
+        return true;
+    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+    FILE *f = fopen(path, "r");
+    bool opened = f != NULL;
+    while (f && fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\n")] = '\0';
+        const char *file = strchr(line, '/');
+        if (file && (strstr(file, "libcuda.so") || strstr(file, "libnccl")) && strcmp(file, double_path) != 0 &&
+            !other) {
+            other = true;
+            print_error("the daemon (pid %d) maps %s, not only the CUDA driver test double %s\n", (int)pid, file,
+                        double_path);
+        }
+    }
+    if (f)
+        fclose(f);
+    return opened && !other;
+}
 
 /* Spawn `nranks` colld-test-gpu-rank processes joining one new communicator; extra arguments
  * (NULL-terminated) go to every rank. Pids in pids[]. Returns 0 or -1. */
@@ -51,10 +108,7 @@ static int spawn_gpu(harness_t *h, int nranks, const char *const *extra, pid_t *
     snprintf(nr, sizeof(nr), "%d", nranks);
     for (int r = 0; r < nranks; r++) {
         const char *argv[48] = { GPU_RANK_BIN, "--socket", h->socket, "--uid", hex, "--nranks", nr, "--rank", rk };
-        int n = 9;
-        for (int i = 0; extra && extra[i] && n < 47; i++)
-            argv[n++] = extra[i];
-        argv[n] = NULL;
+        add_args(argv, 9, extra);
         snprintf(rk, sizeof(rk), "%d", r); /* posix_spawn copies argv before rk is reused */
         pids[r] = harness_spawn(argv);
         if (pids[r] < 0)
@@ -71,29 +125,44 @@ static void run_gpu(harness_t *h, int nranks, const char *const *extra)
     assert_int_equal(spawn_gpu(h, nranks, extra, pids), 0);
     assert_int_equal(harness_wait_all(pids, nranks, RUN_LIMIT_MS), 0);
     print_message("%d GPU rank(s): %.0f ms\n", nranks, harness_now_ms() - t0);
+    assert_true(daemon_on_double(h->pid));
 }
 
 /* ---------------------------------------------------------------------------------------------
  * The matrix
  * ------------------------------------------------------------------------------------------- */
 
+/* Every combination at the big count on 2 ranks (none with COLLD_TEST_NO_BIG on the double). */
 static void test_matrix_2_ranks(void **state)
 {
-    const char *extra[] = { "--big-all", NULL };
+    const char *extra[] = { cfg.no_big ? "--no-big" : "--big-all", NULL };
     run_gpu(*state, 2, extra);
 }
 
-static void test_matrix_4_ranks(void **state) { run_gpu(*state, 4, NULL); }
-static void test_matrix_8_ranks(void **state) { run_gpu(*state, 8, NULL); }
+/* The big count's subset (gpu_rank.c), unless COLLD_TEST_NO_BIG on the double. */
+static void test_matrix_4_ranks(void **state)
+{
+    const char *extra[] = { cfg.no_big ? "--no-big" : NULL, NULL };
+    run_gpu(*state, 4, extra);
+}
+
+/* On the double without the big count: its subset on 8 ranks, whose daemon-side kernels run there
+ * one emulated GPU thread after another on the host, takes a minute in the plain build and several
+ * under ASan, and adds no path that 2 and 4 ranks do not take. */
+static void test_matrix_8_ranks(void **state)
+{
+    const char *extra[] = { cfg.cudafake ? "--no-big" : NULL, NULL };
+    run_gpu(*state, 8, extra);
+}
 
 /* Buffers from colld_mem_alloc(COLLD_MEM_CUDA). */
 static void test_matrix_colld_mem_alloc(void **state)
 {
-    const char *extra[] = { "--alloc", "colld", NULL };
+    const char *extra[] = { "--alloc", "colld", cfg.no_big ? "--no-big" : NULL, NULL };
     run_gpu(*state, 2, extra);
 }
 
-/* cudaMalloc'd and colld_mem_alloc'd buffers in one communicator (even / odd ranks), odd size. */
+/* cuMemAlloc'd and colld_mem_alloc'd buffers in one communicator (even / odd ranks), odd size. */
 static void test_matrix_mixed_alloc_3_ranks(void **state)
 {
     const char *extra[] = { "--alloc", "mixed", "--no-big", NULL };
@@ -113,9 +182,10 @@ static void test_two_comms_concurrently(void **state)
     int bad = harness_wait_all(pids[0], 4, RUN_LIMIT_MS) + harness_wait_all(pids[1], 4, RUN_LIMIT_MS);
     print_message("2 communicators x 4 GPU ranks: %.0f ms\n", harness_now_ms() - t0);
     assert_int_equal(bad, 0);
+    assert_true(daemon_on_double(h->pid));
 }
 
-/* cudaFree and cudaMalloc again between all-reduces: the same addresses come back. */
+/* cuMemFree and cuMemAlloc again between all-reduces: the same addresses come back. */
 static void test_realloc_same_addresses(void **state)
 {
     const char *extra[] = { "--mode", "realloc", "--iters", "6", NULL };
@@ -126,23 +196,27 @@ static void test_realloc_same_addresses(void **state)
  * Stream semantics
  * ------------------------------------------------------------------------------------------- */
 
+/* On the double the slow producer spins DOUBLE_SPIN_MS (gpu_rank.c: the host call's limit is a
+ * quarter of it), on a GPU the rank's default (200 ms, limit 50 ms). */
 static void test_stream_semantics_2_ranks(void **state)
 {
-    const char *extra[] = { "--mode", "stream", NULL };
+    const char *extra[] = { "--mode", "stream", cfg.cudafake ? "--spin-ms" : NULL, DOUBLE_SPIN_MS, NULL };
     run_gpu(*state, 2, extra);
 }
 
-/* Streams created without cudaStreamNonBlocking synchronise with the legacy default stream: the
+/* Streams created without CU_STREAM_NON_BLOCKING synchronise with the legacy default stream: the
  * library must not use that stream on the application's behalf while the application's waits. */
 static void test_stream_semantics_blocking_streams(void **state)
 {
-    const char *extra[] = { "--mode", "stream", "--blocking-stream", NULL };
+    const char *extra[] = { "--mode", "stream", "--blocking-stream", cfg.cudafake ? "--spin-ms" : NULL,
+                            DOUBLE_SPIN_MS, NULL };
     run_gpu(*state, 2, extra);
 }
 
 static void test_stream_semantics_4_ranks_colld_mem_alloc(void **state)
 {
-    const char *extra[] = { "--mode", "stream", "--alloc", "colld", NULL };
+    const char *extra[] = { "--mode", "stream", "--alloc", "colld", cfg.cudafake ? "--spin-ms" : NULL,
+                            DOUBLE_SPIN_MS, NULL };
     run_gpu(*state, 4, extra);
 }
 
@@ -189,9 +263,10 @@ static void run_fault(harness_t *h, bool victim_posts)
     assert_int_equal(harness_new_uid_hex(h, uid2), 0);
     for (int r = 0; r < 3; r++) {
         snprintf(rk[r], sizeof(rk[r]), "%d", r);
-        const char *argv[] = { GPU_RANK_BIN, "--socket", h->socket, "--uid", uid, "--nranks", nr, "--rank", rk[r],
-                               "--mode", "fault", "--uid2", uid2, "--victim", "2", "--sync-dir", h->dir,
-                               "--timeout-ms", timeout, victim_posts ? "--victim-posts" : NULL, NULL };
+        const char *argv[48] = { GPU_RANK_BIN, "--socket", h->socket, "--uid", uid, "--nranks", nr, "--rank", rk[r] };
+        const char *extra[] = { "--mode", "fault", "--uid2", uid2, "--victim", "2", "--sync-dir", h->dir,
+                                "--timeout-ms", timeout, victim_posts ? "--victim-posts" : NULL, NULL };
+        add_args(argv, 9, extra);
         assert_true((pids[r] = harness_spawn(argv)) > 0);
     }
     const char *marks[] = { "posted-0", "posted-1", "victim-ready" };
@@ -242,6 +317,7 @@ static void run_fault(harness_t *h, bool victim_posts)
     const char *extra[] = { "--no-big", "--kinds", "allreduce,allgather", "--dtypes", "float32,int32,bfloat16", NULL };
     run_gpu(h, 2, extra);
     assert_int_equal(harness_wait_clean(h, 10000), 0);
+    assert_true(daemon_on_double(h->pid));
 }
 
 static void test_fault_kill_before_post(void **state) { run_fault(*state, false); }
@@ -254,16 +330,47 @@ static void test_fault_kill_while_streams_wait(void **state) { run_fault(*state,
 /* Every test gets its own daemon (harness_test_setup/teardown). */
 int main(int argc, char **argv)
 {
-    const char *group = argc > 1 ? argv[1] : "all";
-    int ndev = 0;
+    const char *group = "all";
+    int gpus = 1, nc = 0;
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IOLBF, 0);
-    cudaError_t e = cudaGetDeviceCount(&ndev);
-    if (e != cudaSuccess || ndev == 0) {
-        printf("SKIP: no CUDA GPU visible (cudaGetDeviceCount: %s)\n",
-               e != cudaSuccess ? cudaGetErrorName(e) : "0 devices");
-        return 77;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--cudafake") == 0)
+            cfg.cudafake = true;
+        else if (strcmp(argv[i], "--gpus") == 0 && i + 1 < argc)
+            gpus = atoi(argv[++i]);
+        else if (argv[i][0] != '-')
+            group = argv[i];
+        else
+            gpus = 0; /* usage below */
     }
+    gpu_cu_t cu;
+    char err[512];
+    /* Before any CUDA call: with --cudafake, the driver must be the test double. */
+    gpu_cu_result_t loaded = gpu_cu_load(&cu, cfg.cudafake, err, sizeof(err));
+    if (loaded != GPU_CU_OK) {
+        printf("%s%s\n", loaded == GPU_CU_NONE ? "SKIP: " : "", err);
+        return loaded == GPU_CU_NONE ? 77 : 1;
+    }
+    if (cfg.cudafake) {
+        Dl_info info = { 0 };
+        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        void *ctl = lib ? dlsym(lib, "colld_cudafake_control") : NULL;
+        if (!ctl || !dladdr(ctl, &info) || !info.dli_fname || !realpath(info.dli_fname, double_path))
+            return 1;
+        dlclose(lib);
+    }
+    if (gpus > cu.ndev) {
+        printf("SKIP: --gpus %d, but %d GPU(s) visible\n", gpus, cu.ndev);
+        return cfg.cudafake ? 1 : 77;
+    }
+    /* The ranks: the same GPUs, the same driver check; the big counts off where asked (TSan). */
+    cfg.no_big = cfg.cudafake && getenv("COLLD_TEST_NO_BIG");
+    snprintf(cfg.gpus, sizeof(cfg.gpus), "%d", gpus);
+    cfg.common_args[nc++] = "--gpus";
+    cfg.common_args[nc++] = cfg.gpus;
+    if (cfg.cudafake)
+        cfg.common_args[nc++] = "--cudafake";
     const struct CMUnitTest matrix[] = {
         cmocka_unit_test_setup_teardown(test_matrix_2_ranks, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_matrix_4_ranks, harness_test_setup, harness_test_teardown),
@@ -286,11 +393,13 @@ int main(int argc, char **argv)
     };
     bool all = strcmp(group, "all") == 0;
     int failed = 0;
-    if (!all && strcmp(group, "matrix") && strcmp(group, "stream") && strcmp(group, "fault")) {
-        fprintf(stderr, "usage: %s [matrix|stream|fault|all]\n", argv[0]);
+    if ((!all && strcmp(group, "matrix") && strcmp(group, "stream") && strcmp(group, "fault")) || gpus < 1) {
+        fprintf(stderr, "usage: %s [matrix|stream|fault|all] [--gpus N] [--cudafake]\n", argv[0]);
         return 2;
     }
-    printf("GPU 0 of %d visible\n", ndev);
+    printf("%d of %d GPU(s) visible used%s\n", gpus, cu.ndev,
+           cfg.cudafake ? ": the CUDA driver test double (GPU paths run against a driver test double, never on "
+                          "hardware)" : "");
     if (all || !strcmp(group, "matrix"))
         failed += cmocka_run_group_tests_name("gpu_matrix", matrix, NULL, NULL);
     if (all || !strcmp(group, "stream"))
