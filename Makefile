@@ -25,7 +25,7 @@ NPM_CACHE ?= .cache/deploy-npm
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build demo test test-asan test-tsan test-fuzz fuzz clean image
+.PHONY: all deps build demo test test-asan test-tsan test-fuzz fuzz clean image gpu-check
 
 all: build
 
@@ -120,6 +120,18 @@ bench-deps:
 
 bench: bench-deps $(BUILD)/build.ninja
 	bench/compare.sh --build $(BUILD) --results $(BENCH_RESULTS) $(BENCH_ARGS)
+
+# The first run on a real GPU (issue 15 item 6), one command: the hardware-only GPU tests (gpu_hw_*,
+# the same programs as CI's GPU tests but on the real driver), none of which may skip, then
+# bench/gpu.sh (issue 6's targets: small-message p50, HBM traffic against D2D copies). Prints what
+# to record in docs/performance.md and docs/gpu-testing.md. Never run yet: no GPU was lent.
+gpu-check: build
+	ctest --test-dir $(BUILD) --output-on-failure -L hardware | tee $(BUILD)/gpu-check-tests.txt
+	@if grep -q "Not Run\|\*\*\*Skipped" $(BUILD)/gpu-check-tests.txt; then \
+	  echo "gpu-check: GPU tests were skipped: no GPU or driver visible (nvidia-smi?)"; exit 1; fi
+	bench/gpu.sh --build $(BUILD) $(BENCH_ARGS)
+	@echo "gpu-check: record $(BUILD)/gpu-check-tests.txt and bench/gpu.sh's targets (MET/MISSED) in"
+	@echo "           docs/gpu-testing.md (first run on hardware) and docs/performance.md"
 
 # Multi-node all-reduce across network namespaces joined by rate-limited veth links (root only).
 bench-netns: build
