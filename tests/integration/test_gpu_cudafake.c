@@ -706,12 +706,10 @@ static void test_partial_launch_failure_releases_streams(void **state)
     assert_int_equal(harness_wait_clean(*state, 10000), 0);
 }
 
-/* A communicator that breaks (rank 1 aborts) while its collective A's launch, which fails
- * part-way, waits for its stalled stream: the release follows the launch's `done` writes. */
-static void test_break_during_failed_launch_releases_streams(void **state)
+/* What both break-during-launch cases end with: rank 1's abort seen by rank 0 during the launch,
+ * both streams released, the collective failed with the abort, nothing left in the daemon. */
+static void assert_aborted_during_launch(harness_t *h, const rank_t ranks[2])
 {
-    rank_t ranks[2];
-    run_ranks(*state, sc_break_during_launch, 0, ranks);
     assert_int_equal(ranks[1].st[2], COLLD_OK);          /* colld_comm_abort */
     assert_int_equal(ranks[0].st[2], COLLD_ERR_ABORTED); /* seen by rank 0 during the launch */
     for (int i = 0; i < 2; i++) {
@@ -721,7 +719,16 @@ static void test_break_during_failed_launch_releases_streams(void **state)
         assert_int_equal(ranks[i].st[3], COLLD_ERR_ABORTED);
         assert_non_null(strstr(ranks[i].detail, "aborted by rank 1"));
     }
-    assert_int_equal(harness_wait_clean(*state, 10000), 0);
+    assert_int_equal(harness_wait_clean(h, 10000), 0);
+}
+
+/* A communicator that breaks (rank 1 aborts) while its collective A's launch, which fails
+ * part-way, waits for its stalled stream: the release follows the launch's `done` writes. */
+static void test_break_during_failed_launch_releases_streams(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_break_during_launch, 0, ranks);
+    assert_aborted_during_launch(*state, ranks);
 }
 
 /* Issue 15 F1, fixed: a communicator that breaks (rank 1 aborts) while its collective A is being
@@ -734,16 +741,7 @@ static void test_break_during_launch_releases_streams(void **state)
 {
     rank_t ranks[2];
     run_ranks(*state, sc_break_during_held_launch, 0, ranks);
-    assert_int_equal(ranks[1].st[2], COLLD_OK);          /* colld_comm_abort */
-    assert_int_equal(ranks[0].st[2], COLLD_ERR_ABORTED); /* seen by rank 0 during the launch */
-    for (int i = 0; i < 2; i++) {
-        assert_int_equal(ranks[i].st[0], COLLD_OK);
-        assert_int_equal(ranks[i].st[1], COLLD_OK);
-        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS); /* released */
-        assert_int_equal(ranks[i].st[3], COLLD_ERR_ABORTED);
-        assert_non_null(strstr(ranks[i].detail, "aborted by rank 1"));
-    }
-    assert_int_equal(harness_wait_clean(*state, 10000), 0);
+    assert_aborted_during_launch(*state, ranks);
 }
 
 /* A daemon whose double stalls its first stream and holds its first cuEventRecord (the end of
