@@ -34,6 +34,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -217,15 +218,18 @@ class ProcessGroupColld : public c10d::ProcessGroup {
                       std::chrono::milliseconds timeout)
         : c10d::ProcessGroup(rank, size)
     {
-        colld_status_t st = colld_connect(nullptr, &client_);
+        colld_client_t *client = nullptr;
+        colld_status_t st = colld_connect(nullptr, &client);
         if (st != COLLD_OK)
             throw std::runtime_error(colld_failure("colld_connect", st, colld_last_error(nullptr)));
+        /* Tensors from empty() hold the client too: it disconnects when the group and they are gone. */
+        client_ = std::shared_ptr<colld_client_t>(client, [](colld_client_t *c) { colld_disconnect(c); });
         colld_unique_id_t uid{};
         try {
             if (rank == 0) {
-                st = colld_get_unique_id(client_, &uid);
+                st = colld_get_unique_id(client, &uid);
                 if (st != COLLD_OK)
-                    throw std::runtime_error(colld_failure("colld_get_unique_id", st, colld_last_error(client_)));
+                    throw std::runtime_error(colld_failure("colld_get_unique_id", st, colld_last_error(client)));
                 const uint8_t *p = reinterpret_cast<const uint8_t *>(&uid);
                 store->set(kUidKey, std::vector<uint8_t>(p, p + sizeof(uid)));
             } else {
@@ -239,11 +243,11 @@ class ProcessGroupColld : public c10d::ProcessGroup {
             colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
             cfg.name = "torch_colld";
             cfg.timeout_ms = timeout.count() > INT_MAX ? INT_MAX : static_cast<int>(timeout.count());
-            st = colld_comm_init_rank(client_, &comm_, size, uid, rank, &cfg);
+            st = colld_comm_init_rank(client, &comm_, size, uid, rank, &cfg);
             if (st != COLLD_OK)
-                throw std::runtime_error(colld_failure("colld_comm_init_rank", st, colld_last_error(client_)));
+                throw std::runtime_error(colld_failure("colld_comm_init_rank", st, colld_last_error(client)));
         } catch (...) {
-            colld_disconnect(client_);
+            client_.reset();
             throw;
         }
         init();
@@ -268,7 +272,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
             stop();
         }
         colld_comm_destroy(comm_);
-        colld_disconnect(client_);
+        client_.reset(); /* disconnects, unless tensors from empty() are still alive */
     }
 
     /* Stop the worker: what is still queued fails; the operation it runs completes first, or,
@@ -306,6 +310,33 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     const std::string getBackendName() const override
     {
         return "colld";
+    }
+
+    /* A CPU tensor in memory shared with this group's daemon (colld_mem_alloc(COLLD_MEM_HOST)):
+     * the group's operations on it are zero copy, where any other tensor is staged by libcolld.
+     * The memory is freed when the tensor's storage is; the colld client lives until then (past
+     * the group's destruction if need be). Its contents are uninitialized, as torch.empty's. */
+    at::Tensor empty(const std::vector<int64_t> &sizes, at::ScalarType dtype)
+    {
+        at::TensorOptions options = at::TensorOptions().dtype(dtype).device(at::kCPU);
+        int64_t numel = 1;
+        for (int64_t d : sizes) {
+            TORCH_CHECK(d >= 0, "torch_colld.empty: negative dimension ", d);
+            TORCH_CHECK(d == 0 || numel <= INT64_MAX / d, "torch_colld.empty: the size overflows");
+            numel *= d;
+        }
+        size_t elem = c10::elementSize(dtype);
+        TORCH_CHECK(numel == 0 || static_cast<uint64_t>(numel) <= SIZE_MAX / elem,
+                    "torch_colld.empty: the size overflows");
+        if (numel == 0)
+            return at::empty(sizes, options);
+        void *p = nullptr;
+        std::shared_ptr<colld_client_t> client = client_;
+        colld_status_t st = colld_mem_alloc(client.get(), &p, static_cast<size_t>(numel) * elem, COLLD_MEM_HOST);
+        if (st != COLLD_OK)
+            throw std::runtime_error(colld_failure("empty (colld_mem_alloc)", st, colld_last_error(client.get())));
+        return at::from_blob(
+            p, sizes, [client](void *q) { colld_mem_free(client.get(), q); }, options);
     }
 
     /* ---- collectives ---- */
@@ -800,7 +831,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         }
     }
 
-    colld_client_t *client_ = nullptr;
+    std::shared_ptr<colld_client_t> client_; /* shared with the tensors from empty() */
     colld_comm_t *comm_ = nullptr;
     std::mutex mu_;
     std::condition_variable cv_;
@@ -823,6 +854,17 @@ PYBIND11_MODULE(_torch_colld, m)
         .def(pybind11::init<const c10::intrusive_ptr<c10d::Store> &, int, int, std::chrono::milliseconds>(),
              pybind11::arg("store"), pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
              pybind11::call_guard<pybind11::gil_scoped_release>());
+    /* The dtype travels as a tensor of it (`like`): torch 1.13's pybind casters have none for
+     * at::ScalarType. */
+    m.def(
+        "_empty",
+        [](c10d::ProcessGroup &pg, const std::vector<int64_t> &sizes, const at::Tensor &like) {
+            auto *colld = dynamic_cast<ProcessGroupColld *>(&pg);
+            TORCH_CHECK(colld, "torch_colld.empty: the group's backend is ", pg.getBackendName(), ", not colld");
+            return colld->empty(sizes, like.scalar_type());
+        },
+        pybind11::arg("group"), pybind11::arg("sizes"), pybind11::arg("like"),
+        "A CPU tensor in memory shared with the group's colld daemon (zero copy in that group's operations)");
     m.def("_stop_all", &ProcessGroupColld::stop_all, pybind11::call_guard<pybind11::gil_scoped_release>(),
           "Stop every process group's worker thread (at interpreter exit; later operations fail)");
     m.attr("colld_api_version") = COLLD_API_VERSION;

@@ -368,6 +368,61 @@ def worker_exit(torch, dist, rank, world, ck):
         print(f"rank {rank}: the error: {e}", flush=True)
 
 
+def in_colld_memory(ptr):
+    """Whether address `ptr` lies in a mapping of colld's shared memory (libcolld's memfds)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= ptr < hi:
+                return "colld-buffer" in line
+    return False
+
+
+def worker_zerocopy(torch, dist, rank, world, ck):
+    """torch_colld.empty: tensors in colld's shared memory, used by the group's operations without
+    staging; exact results, views, a subgroup's own tensors and another group's (staged), and a
+    tensor that outlives the group (returned: checked after destroy_process_group)."""
+    import torch_colld
+    ck.true("a torch.empty tensor is not in colld memory (the check can tell)",
+            not in_colld_memory(torch.empty(1 << 20).data_ptr()))
+    for dtype in ["float32", "int64", "bfloat16"]:
+        dt = getattr(torch, dtype)
+        t = torch_colld.empty(1001, dtype=dt)
+        ck.true(f"empty({dtype}) is a CPU {dtype} tensor of 1001", t.dtype == dt and t.shape == (1001,) and not t.is_cuda)
+        ck.true(f"empty({dtype}) lies in colld's shared memory", in_colld_memory(t.data_ptr()))
+        t.copy_(rank_input(torch, rank, 1001, dtype))
+        dist.all_reduce(t)
+        ck.equal(f"all_reduce SUM of {dtype} in colld memory", t, expected_reduce(torch, "SUM", world, 1001, dtype))
+    m = torch_colld.empty((4, 1001))  # a tuple as torch.empty takes it
+    m.fill_(-1.0)
+    m[2].copy_(rank_input(torch, rank, 1001, "float32"))
+    dist.all_reduce(m[2], op=dist.ReduceOp.MAX)  # a view: a slice of the colld allocation
+    ck.equal("all_reduce MAX of a row view", m[2], expected_reduce(torch, "MAX", world, 1001, "float32"))
+    ck.equal("the other rows untouched", m[0], torch.full((1001,), -1.0))
+    out = torch_colld.empty(world * 3, dtype=torch.int32)
+    dist.all_gather_into_tensor(out, torch.full((3,), rank, dtype=torch.int32))
+    ck.equal("all_gather_into_tensor into colld memory", out,
+             torch.arange(world, dtype=torch.int32).repeat_interleave(3))
+    sub = dist.new_group([r for r in range(world) if r % 2 == 0])
+    if rank % 2 == 0:
+        n = len(range(0, world, 2))
+        s = torch_colld.empty(5, group=sub)
+        s.fill_(float(rank + 1))
+        dist.all_reduce(s, group=sub)
+        ck.equal("all_reduce in a subgroup on its own colld memory", s,
+                 torch.full((5,), float(sum(r + 1 for r in range(0, world, 2)))))
+        w = torch_colld.empty(5)  # the world group's memory in the subgroup: staged, still exact
+        w.fill_(1.0)
+        dist.all_reduce(w, group=sub)
+        ck.equal("all_reduce in a subgroup on the world group's colld memory", w, torch.full((5,), float(n)))
+    ck.equal("empty(0)", torch_colld.empty(0), torch.empty(0))
+    ck.raises("empty(-1)", lambda: torch_colld.empty(-1), "negative dimension")
+    kept = torch_colld.empty(7, dtype=torch.float64)
+    kept.fill_(1.0)
+    dist.all_reduce(kept)
+    return kept, torch.full((7,), float(world), dtype=torch.float64)
+
+
 def worker_main(args):
     import torch
     import torch.distributed as dist
@@ -377,8 +432,13 @@ def worker_main(args):
     dist.init_process_group("colld", init_method=f"file://{args.store}", rank=args.rank, world_size=args.world)
     ck = Checker(args.rank)
     ck.true("get_backend", dist.get_backend() == "colld")
-    {"ops": worker_ops, "ddp": worker_ddp, "kill": worker_kill, "exit": worker_exit}[args.worker](torch, dist, args.rank, args.world, ck)
+    workers = {"ops": worker_ops, "ddp": worker_ddp, "kill": worker_kill, "exit": worker_exit,
+               "zerocopy": worker_zerocopy}
+    kept = workers[args.worker](torch, dist, args.rank, args.world, ck)
     dist.destroy_process_group()
+    if kept is not None:  # a tensor from torch_colld.empty outlives its group
+        ck.equal("a colld tensor after destroy_process_group", kept[0], kept[1])
+        del kept
     for f in ck.failures[:20]:
         print("FAIL", f, flush=True)
     print(f"rank {args.rank}: {args.worker}: {ck.checks} checks, {len(ck.failures)} failed", flush=True)
@@ -454,7 +514,8 @@ def main():
     except ImportError as e:
         print(f"skip: {sys.executable} cannot import torch ({e})")
         return 77
-    plan = [("ops", 2, 120), ("ops", 4, 180), ("ddp", 2, 90), ("ddp", 4, 90), ("kill", 3, 90), ("exit", 2, 90)]
+    plan = [("ops", 2, 120), ("ops", 4, 180), ("ddp", 2, 90), ("ddp", 4, 90), ("kill", 3, 90), ("exit", 2, 90),
+            ("zerocopy", 2, 90), ("zerocopy", 3, 90)]
     if args.scenarios:
         plan = [p for p in plan if p[0] in args.scenarios]
     with tempfile.TemporaryDirectory(prefix="colld-torch-") as tmp:

@@ -9,13 +9,26 @@ CPU tensors only; see docs/torch.md for what is supported.
 """
 import atexit as _atexit
 
+import torch as _torch
 import torch.distributed as _dist
 
-from ._torch_colld import ProcessGroupColld, _stop_all, colld_api_version  # noqa: F401
+from ._torch_colld import ProcessGroupColld, _empty, _stop_all, colld_api_version  # noqa: F401
 
-__all__ = ["ProcessGroupColld", "BACKEND"]
+__all__ = ["ProcessGroupColld", "BACKEND", "empty"]
 
 BACKEND = "colld"
+
+
+def empty(*size, dtype=None, group=None):
+    """A CPU tensor (contents uninitialized, as torch.empty) in memory shared with the colld daemon
+    of `group` (default: the default process group, which must be "colld"). That group's
+    operations on it, or on any view of it, are zero copy; other tensors are staged by libcolld.
+    Its memory is freed with its storage. empty(4, 8) and empty((4, 8)) are alike."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list, _torch.Size)):
+        size = tuple(size[0])
+    pg = group if group is not None else _dist.distributed_c10d._get_default_group()
+    like = _torch.empty(0, dtype=dtype if dtype is not None else _torch.get_default_dtype())
+    return _empty(pg, [int(s) for s in size], like)
 
 
 def _create(store, rank, world_size, timeout):
