@@ -29,6 +29,8 @@
 
 #include <colld/colld.h>
 
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <condition_variable>
 #include <cstring>
@@ -50,6 +52,18 @@ class ProcessGroupColld;
 /* Every live process group, for shutdown_all (at interpreter exit). */
 std::mutex g_live_mu;
 std::set<ProcessGroupColld *> g_live; /* guarded by g_live_mu */
+
+/* How long a thread that hands over to another (the caller waiting for its Work, the worker
+ * waiting for the next operation) looks before it blocks. */
+const std::chrono::microseconds kHandoffSpin(50);
+
+/* Look at `ready` (yielding the CPU between looks) until it holds or kHandoffSpin has passed. */
+template <typename F> void spin_until(F ready)
+{
+    auto end = std::chrono::steady_clock::now() + kHandoffSpin;
+    while (!ready() && std::chrono::steady_clock::now() < end)
+        std::this_thread::yield();
+}
 
 /* ----------------------------------------------------------------------------------------------
  * Work: completed by the group's worker thread
@@ -73,11 +87,21 @@ class WorkColld : public c10d::Work {
         if (error.empty()) {
             finish();
             future_->markCompleted(c10::IValue(outputs_));
-            return;
+        } else {
+            std::exception_ptr e = std::make_exception_ptr(std::runtime_error(error));
+            finish(e);
+            future_->setError(e);
         }
-        std::exception_ptr e = std::make_exception_ptr(std::runtime_error(error));
-        finish(e);
-        future_->setError(e);
+        done_.store(true, std::memory_order_release);
+    }
+
+    /* Wait as c10d's Work does, after looking for the completion for up to kHandoffSpin: a small
+     * operation completes within it, and a blocked thread's wake-up costs more than the
+     * operation itself. */
+    bool wait(std::chrono::milliseconds timeout) override
+    {
+        spin_until([this] { return done_.load(std::memory_order_acquire); });
+        return c10d::Work::wait(timeout);
     }
 
     /* The future DDP and get_future() users wait on; its value is the output tensors. */
@@ -95,6 +119,7 @@ class WorkColld : public c10d::Work {
   private:
     std::vector<at::Tensor> outputs_;
     c10::intrusive_ptr<c10::ivalue::Future> future_;
+    std::atomic<bool> done_{ false }; /* set after the Work and its future are completed */
 };
 
 /* One queued operation: `issue` posts its collective(s) on the worker thread; `done` copies
@@ -778,6 +803,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
             std::lock_guard<std::mutex> lock(mu_);
             if (!stop_) {
                 queue_.push_back(std::move(o));
+                queued_.store(queue_.size(), std::memory_order_release);
                 o.work.reset();
             }
         }
@@ -794,6 +820,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     {
         for (;;) {
             Op o;
+            spin_until([this] { return queued_.load(std::memory_order_acquire) != 0; });
             {
                 std::unique_lock<std::mutex> lock(mu_);
                 cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
@@ -801,6 +828,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
                     return;
                 o = std::move(queue_.front());
                 queue_.pop_front();
+                queued_.store(queue_.size(), std::memory_order_release);
                 busy_ = !stop_;
                 if (stop_) {
                     lock.unlock();
@@ -836,6 +864,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<Op> queue_; /* guarded by mu_ */
+    std::atomic<size_t> queued_{ 0 }; /* queue_.size(), for the worker's look before it blocks */
     bool stop_ = false;    /* guarded by mu_ */
     bool busy_ = false;    /* guarded by mu_: the worker is running an operation */
     std::mutex join_mu_;   /* one joiner at a time */
