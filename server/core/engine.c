@@ -326,6 +326,7 @@ int colld_engine_start(colld_daemon_t *d)
         d->engine_running = false;
         return -1;
     }
+    pthread_setname_np(d->engine_thread, "colld-engine"); /* in top -H, and for tests (/proc/PID/task) */
     return 0;
 }
 

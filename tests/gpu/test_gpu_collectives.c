@@ -34,6 +34,7 @@
 #include "tests/gpu/gpu_cu.h"
 #include "tests/integration/harness.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <limits.h>
 #include <setjmp.h>
@@ -53,6 +54,10 @@
 #define FAULT_TIMEOUT_MS 3000   /* the communicator timeout of the fault test */
 #define RELEASE_LIMIT_MS (FAULT_TIMEOUT_MS + 3000) /* kill -> survivors' streams released */
 #define DOUBLE_SPIN_MS "1000"   /* the stream test's slow producer on the double */
+/* The daemon's engine thread's context switches during test_stream_semantics_2_ranks: a few per
+ * collective (posts, readiness, completion) and one per 100 ms of its fallback look. Polling the
+ * GPUs every millisecond through the 1 s producer took it off its CPU well over 500 times. */
+#define ENGINE_SWITCH_LIMIT 400
 
 /* The run's settings (main): every rank gets common_args; see the file comment. */
 static struct {
@@ -196,12 +201,63 @@ static void test_realloc_same_addresses(void **state)
  * Stream semantics
  * ------------------------------------------------------------------------------------------- */
 
+/* The thread of process pid named `name` (pthread_setname_np), or -1. */
+static int thread_named(pid_t pid, const char *name)
+{
+    char path[320];
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    DIR *dir = opendir(path);
+    int tid = -1;
+    for (struct dirent *e; dir && tid < 0 && (e = readdir(dir));) {
+        char comm[32] = "";
+        snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", (int)pid, e->d_name);
+        harness_read_file(path, comm, sizeof(comm));
+        comm[strcspn(comm, "\n")] = '\0';
+        if (strcmp(comm, name) == 0)
+            tid = atoi(e->d_name);
+    }
+    if (dir)
+        closedir(dir);
+    return tid;
+}
+
+/* How many times the daemon's engine thread (colld-engine) went off its CPU: its voluntary and
+ * involuntary context switches (/proc). -1 when it is not found. */
+static long engine_switches(pid_t pid)
+{
+    char path[128], line[256];
+    int tid = thread_named(pid, "colld-engine");
+    if (tid < 0)
+        return -1;
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/status", (int)pid, tid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    long n = 0, v;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1 ||
+            sscanf(line, "nonvoluntary_ctxt_switches: %ld", &v) == 1)
+            n += v;
+    fclose(f);
+    return n;
+}
+
 /* On the double the slow producer spins DOUBLE_SPIN_MS (gpu_rank.c: the host call's limit is a
- * quarter of it), on a GPU the rank's default (200 ms, limit 50 ms). */
+ * quarter of it), on a GPU the rank's default (200 ms, limit 50 ms). Meanwhile the collectives
+ * wait for the ranks' streams: the daemon's engine must sleep until the GPU watcher wakes it
+ * (issue 15 F5), not poll every millisecond (which took it off its CPU 1 000 times a second). */
 static void test_stream_semantics_2_ranks(void **state)
 {
+    harness_t *h = *state;
     const char *extra[] = { "--mode", "stream", cfg.cudafake ? "--spin-ms" : NULL, DOUBLE_SPIN_MS, NULL };
-    run_gpu(*state, 2, extra);
+    long before = engine_switches(h->pid);
+    double t0 = harness_now_ms();
+    run_gpu(h, 2, extra);
+    long after = engine_switches(h->pid);
+    double ms = harness_now_ms() - t0;
+    print_message("the daemon's engine thread left its CPU %ld times in %.0f ms\n", after - before, ms);
+    assert_true(before >= 0 && after >= 0);
+    assert_true(after - before < ENGINE_SWITCH_LIMIT);
 }
 
 /* Streams created without CU_STREAM_NON_BLOCKING synchronise with the legacy default stream: the

@@ -50,7 +50,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* How long the engine busy-polls GPU flags and events before it polls them once a millisecond. */
+/* Without the watcher thread (cuda_watch.c): how long the engine busy-polls GPU flags and events
+ * before it polls them once a millisecond. */
 #define GPU_SPIN_NS 2000000ull
 
 /* ============================================================================================
@@ -172,6 +173,7 @@ static int cuda_start(colld_backend_t *b)
         free(g), free(gpu), free(peer);
         return 0;
     }
+    (void)cuda_watch_start(g); /* without it the engine polls (cuda_outstanding) */
     b->state = g;
     b->present = true;
     LOG_INFO(GPU, "CUDA backend: %d GPU(s), driver %d.%d, first: %s", n, cu->driver_version / 1000,
@@ -185,6 +187,7 @@ static void cuda_stop(colld_backend_t *b)
     colld_gpus_t *g = gpus_of(b);
     if (!g)
         return;
+    cuda_watch_stop(g);
     cuda_recover_stop(g);
     for (int i = 0; i < g->n; i++) {
         CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[i].ctx);

@@ -67,6 +67,12 @@ typedef struct colld_gpus {
     pthread_t recover_thread;
     pthread_cond_t recover_cv; /* with the daemon's lock */
     bool recover_started, recover_stop;
+    /* The watcher (cuda_watch.c; issue 15 F5): wakes the engine when a GPU collective can move. */
+    pthread_t watch_thread;
+    pthread_cond_t watch_cv; /* with the daemon's lock: GPU work became outstanding, or stop */
+    bool watching, watch_stop;
+    uint64_t rounds;      /* cuda_progress calls: the watcher wakes the engine once per round */
+    uint64_t watch_wakes; /* engine wake-ups by the watcher */
 } colld_gpus_t;
 
 /* A communicator's GPU state (colld_dcomm_t.bslot), made by its first stream-ordered descriptor. */
@@ -153,6 +159,16 @@ const char *cuda_gpu_unusable(const colld_gpus_t *g, int gi, char *buf, size_t l
 /* Start and stop the recovery thread (lock not held). */
 int cuda_recover_start(colld_gpus_t *g);
 void cuda_recover_stop(colld_gpus_t *g);
+
+/* cuda_watch.c: the thread that wakes the engine when a GPU collective can move (issue 15 F5).
+ * Start returns 0 or -1 (then the engine polls every millisecond); kick (lock held) after GPU work
+ * became outstanding. */
+int cuda_watch_start(colld_gpus_t *g);
+void cuda_watch_stop(colld_gpus_t *g);
+void cuda_watch_kick(colld_gpus_t *g);
+/* Can cuda_progress move a collective now: every rank's stream reached the first pending one of
+ * a communicator, or the first launched one's event fired (lock held)? */
+bool cuda_movable(colld_backend_t *b);
 /* List membership of what a reset must drop (lock held). */
 void cuda_track_comm(colld_gpus_t *g, gpu_comm_t *gc, bool add);
 void cuda_track_session(colld_gpus_t *g, gpu_session_t *gs, bool add);

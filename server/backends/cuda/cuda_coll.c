@@ -181,7 +181,8 @@ void cuda_submit(colld_backend_t *b, colld_coll_t *k)
         return;
     }
     gc->busy++;
-    g->outstanding++;
+    if (g->outstanding++ == 0)
+        cuda_watch_kick(g);
     k->bpriv = NULL;
     k->next = NULL;
     if (g->pending_tail)
@@ -362,6 +363,7 @@ int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
     colld_gpus_t *g = gpus_of(b);
     if (!g || !g->outstanding)
         return 0;
+    g->rounds++;
     int work = finish_fired(b);
     colld_coll_t **launch_tail = &g->launch;
     while (*launch_tail)
@@ -398,17 +400,53 @@ int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
         prev = k;
         k = next;
     }
-    /* Poll again soon while GPU work is outstanding. */
-    uint64_t soon = now + 1000000ull;
+    /* Look again soon while GPU work is outstanding: the watcher wakes the engine when something
+     * can move, this is only in case it is slow to be scheduled; without it, poll. */
+    uint64_t soon = now + (g->watching ? 100000000ull : 1000000ull);
     if (g->outstanding && soon < *deadline)
         *deadline = soon;
     return work;
 }
 
+/* Work that only polling finds done: GPU collectives outstanding while no watcher thread wakes
+ * the engine for them (cuda_watch.c). */
 bool cuda_outstanding(const colld_backend_t *b)
 {
     const colld_gpus_t *g = gpus_of(b);
-    return g && g->outstanding > 0;
+    return g && g->outstanding > 0 && !g->watching;
+}
+
+/* Is c's collective k the first of c on the list that starts at `list`? */
+static bool first_of_comm(const colld_coll_t *list, const colld_coll_t *k)
+{
+    for (const colld_coll_t *e = list; e != k; e = e->next)
+        if (e->comm == k->comm)
+            return false;
+    return true;
+}
+
+bool cuda_movable(colld_backend_t *b)
+{
+    colld_gpus_t *g = gpus_of(b);
+    if (!g)
+        return false;
+    if (g->launch)
+        return true;
+    for (colld_coll_t *k = g->running; k; k = k->next) {
+        if (!first_of_comm(g->running, k))
+            continue;
+        CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[k->bint].ctx);
+        if (CU_CHECK_EXPECT(g->cu, CUDA_ERROR_NOT_READY, cuEventQuery, (CUevent)k->bpriv) != CUDA_ERROR_NOT_READY)
+            return true;
+    }
+    if (g->hold)
+        return false;
+    for (colld_coll_t *k = g->pending; k; k = k->next) {
+        int missing[1], nmissing;
+        if (first_of_comm(g->pending, k) && all_ready(b, k, missing, 1, &nmissing))
+            return true;
+    }
+    return false;
 }
 
 /* The launched list comes back (lock held): those that run wait for their event; those whose

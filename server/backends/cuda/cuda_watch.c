@@ -1,0 +1,101 @@
+/*
+ * cuda_watch.c - the CUDA backend's watcher (issue 15 F5): while stream-ordered collectives are
+ * outstanding, a thread of its own looks every WATCH_PERIOD_NS whether one of them can move (every
+ * rank's stream wrote its `ready` slot, or a launched collective's event fired; cuda_movable) and
+ * wakes the engine when one can.
+ *
+ * Without it the engine itself polled the GPUs: it busy-waited 2 ms after its last progress, then
+ * slept 1-2 ms between looks (its sleep has millisecond granularity), so when the host ran ahead
+ * of the GPU (every training step: the collective is posted long before its inputs are produced)
+ * each collective started up to 2 ms after its streams got there. Now the engine sleeps until it
+ * is woken, and the watcher's look costs a few loads of the flag areas and one cuEventQuery per
+ * communicator with a launched collective, under the daemon's lock, 50 000 times a second at most
+ * while GPU work is outstanding; none while there is none (it waits on a condition variable).
+ *
+ * The look happens under the daemon's lock because what it reads (the flag areas, the events,
+ * the pending and running lists) lives and dies under it. The engine keeps a 100 ms look of its
+ * own (cuda_progress) in case the watcher is slow to be scheduled, and falls back to polling
+ * every millisecond if the thread cannot be started.
+ */
+#include "server/backends/cuda/cuda.h"
+
+#include "common/log.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+
+/* How often the watcher looks while GPU work is outstanding, and the timer slack it asks for (the
+ * default 50 us slack would stretch each sleep to about 70 us). */
+#define WATCH_PERIOD_NS 20000L
+#define WATCH_SLACK_NS 2000L
+
+static void *watch_main(void *arg)
+{
+    colld_gpus_t *g = arg;
+    colld_daemon_t *d = g->b->d;
+    (void)SYS_CHECK(GPU, prctl(PR_SET_TIMERSLACK, WATCH_SLACK_NS, 0, 0, 0));
+    uint64_t woke_round = 0;
+    bool woke = false;
+    pthread_mutex_lock(&d->lock);
+    while (!g->watch_stop) {
+        if (!g->outstanding) {
+            woke = false;
+            pthread_cond_wait(&g->watch_cv, &d->lock);
+            continue;
+        }
+        /* Wake the engine once per state it can act on: a collective that stays movable until
+         * the engine's next round must not make the watcher write the eventfd 50 000 times. */
+        bool wake = (!woke || g->rounds != woke_round) && cuda_movable(g->b);
+        if (wake) {
+            woke = true;
+            woke_round = g->rounds;
+            g->watch_wakes++;
+        }
+        pthread_mutex_unlock(&d->lock);
+        if (wake)
+            colld_engine_wake(d);
+        struct timespec ts = { .tv_sec = 0, .tv_nsec = WATCH_PERIOD_NS };
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&d->lock);
+    }
+    pthread_mutex_unlock(&d->lock);
+    return NULL;
+}
+
+int cuda_watch_start(colld_gpus_t *g)
+{
+    int rc = pthread_cond_init(&g->watch_cv, NULL);
+    if (rc == 0 && (rc = pthread_create(&g->watch_thread, NULL, watch_main, g)) != 0)
+        pthread_cond_destroy(&g->watch_cv);
+    if (rc != 0) {
+        LOG_WARN(GPU, "cannot start the GPU watcher thread (%s): the engine polls the GPUs every millisecond instead",
+                 strerror(rc));
+        return -1;
+    }
+    pthread_setname_np(g->watch_thread, "colld-gpuwatch");
+    g->watching = true;
+    return 0;
+}
+
+void cuda_watch_stop(colld_gpus_t *g)
+{
+    if (!g->watching)
+        return;
+    pthread_mutex_lock(&g->b->d->lock);
+    g->watch_stop = true;
+    pthread_cond_broadcast(&g->watch_cv);
+    pthread_mutex_unlock(&g->b->d->lock);
+    pthread_join(g->watch_thread, NULL);
+    pthread_cond_destroy(&g->watch_cv);
+    g->watching = false;
+}
+
+void cuda_watch_kick(colld_gpus_t *g)
+{
+    if (g->watching)
+        pthread_cond_signal(&g->watch_cv);
+}
