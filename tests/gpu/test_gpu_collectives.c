@@ -54,10 +54,10 @@
 #define FAULT_TIMEOUT_MS 3000   /* the communicator timeout of the fault test */
 #define RELEASE_LIMIT_MS (FAULT_TIMEOUT_MS + 3000) /* kill -> survivors' streams released */
 #define DOUBLE_SPIN_MS "1000"   /* the stream test's slow producer on the double */
-/* The daemon's engine thread's context switches during test_stream_semantics_2_ranks: a few per
- * collective (posts, readiness, completion) and one per 100 ms of its fallback look. Polling the
- * GPUs every millisecond through the 1 s producer took it off its CPU well over 500 times. */
-#define ENGINE_SWITCH_LIMIT 400
+/* The daemon's engine thread's voluntary context switches during test_stream_semantics_2_ranks: a
+ * few per collective (posts, readiness, completion) and one per 250 ms of its fallback look.
+ * Polling the GPUs every millisecond through the 1 s producer made it sleep 282 times (plain build; more in the slower sanitizer builds). */
+#define ENGINE_SWITCH_LIMIT 200
 
 /* The run's settings (main): every rank gets common_args; see the file comment. */
 static struct {
@@ -221,8 +221,9 @@ static int thread_named(pid_t pid, const char *name)
     return tid;
 }
 
-/* How many times the daemon's engine thread (colld-engine) went off its CPU: its voluntary and
- * involuntary context switches (/proc). -1 when it is not found. */
+/* How many times the daemon's engine thread (colld-engine) gave up its CPU: its voluntary context
+ * switches (/proc: a sleep, a wait; not a preemption, which depends on the machine's load). -1
+ * when it is not found. */
 static long engine_switches(pid_t pid)
 {
     char path[128], line[256];
@@ -235,8 +236,7 @@ static long engine_switches(pid_t pid)
         return -1;
     long n = 0, v;
     while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1 ||
-            sscanf(line, "nonvoluntary_ctxt_switches: %ld", &v) == 1)
+        if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1)
             n += v;
     fclose(f);
     return n;
@@ -255,7 +255,7 @@ static void test_stream_semantics_2_ranks(void **state)
     run_gpu(h, 2, extra);
     long after = engine_switches(h->pid);
     double ms = harness_now_ms() - t0;
-    print_message("the daemon's engine thread left its CPU %ld times in %.0f ms\n", after - before, ms);
+    print_message("the daemon's engine thread gave up its CPU %ld times in %.0f ms\n", after - before, ms);
     assert_true(before >= 0 && after >= 0);
     assert_true(after - before < ENGINE_SWITCH_LIMIT);
 }

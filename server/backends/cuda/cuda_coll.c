@@ -402,7 +402,7 @@ int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
     }
     /* Look again soon while GPU work is outstanding: the watcher wakes the engine when something
      * can move, this is only in case it is slow to be scheduled; without it, poll. */
-    uint64_t soon = now + (g->watching ? 100000000ull : 1000000ull);
+    uint64_t soon = now + (g->watching ? 250000000ull : 1000000ull);
     if (g->outstanding && soon < *deadline)
         *deadline = soon;
     return work;

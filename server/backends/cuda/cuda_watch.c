@@ -13,7 +13,7 @@
  * while GPU work is outstanding; none while there is none (it waits on a condition variable).
  *
  * The look happens under the daemon's lock because what it reads (the flag areas, the events,
- * the pending and running lists) lives and dies under it. The engine keeps a 100 ms look of its
+ * the pending and running lists) lives and dies under it. The engine keeps a 250 ms look of its
  * own (cuda_progress) in case the watcher is slow to be scheduled, and falls back to polling
  * every millisecond if the thread cannot be started.
  */
