@@ -49,15 +49,16 @@ static void *watch_main(void *arg)
         }
         /* Wake the engine once per state it can act on: a collective that stays movable until
          * the engine's next round must not make the watcher write the eventfd 50 000 times. */
-        bool wake = (!woke || g->rounds != woke_round) && cuda_movable(g->b);
-        if (wake) {
+        if ((!woke || g->rounds != woke_round) && cuda_movable(g->b)) {
             woke = true;
             woke_round = g->rounds;
             g->watch_wakes++;
+            /* Under the lock: the engine's eventfd is closed once the engine has stopped, which
+             * it says under the lock (colld_engine_stop). */
+            if (d->engine_running)
+                colld_engine_wake(d);
         }
         pthread_mutex_unlock(&d->lock);
-        if (wake)
-            colld_engine_wake(d);
         struct timespec ts = { .tv_sec = 0, .tv_nsec = WATCH_PERIOD_NS };
         nanosleep(&ts, NULL);
         pthread_mutex_lock(&d->lock);
