@@ -213,6 +213,8 @@ static void usage(FILE *f)
             "      --json              print one JSON object instead of the table\n"
             "      --finite            inputs are small integers (never NaN or infinite), for a\n"
             "                          daemon with --nan-check\n"
+            "      --overlap           with -G, after the table: all-reduce at -e beside a busy kernel\n"
+            "                          on a second stream of each rank; prints how much they overlap\n"
             "Ranks on several daemons (hosts), one process per rank started by you:\n"
             "      --make-uid          print a new unique id (hex) of the daemon at --socket (one\n"
             "                          started with --listen) and hold it: the daemon forgets it when\n"
@@ -295,7 +297,8 @@ enum {
     OPT_JOIN,
     OPT_JOIN_RANK,
     OPT_VERSION,
-    OPT_FINITE
+    OPT_FINITE,
+    OPT_OVERLAP
 };
 
 /* A unique id as lowercase hex, 2 digits per byte (the integration tests' format). */
@@ -353,6 +356,7 @@ static void parse_options(int argc, char **argv, opts_t *o)
         { "help", no_argument, NULL, 'h' },
         { "version", no_argument, NULL, OPT_VERSION },
         { "finite", no_argument, NULL, OPT_FINITE },
+        { "overlap", no_argument, NULL, OPT_OVERLAP },
         { "internal-rank", required_argument, NULL, OPT_RANK }, /* set by the launcher */
         { NULL, 0, NULL, 0 },
     };
@@ -396,6 +400,9 @@ static void parse_options(int argc, char **argv, opts_t *o)
         case OPT_FINITE:
             o->finite = true;
             break;
+        case OPT_OVERLAP:
+            o->overlap = true;
+            break;
         case ':': die_usage("option '%s' needs a value", argv[optind - 1]);
         default: die_usage("unknown option '%s'", argv[optind - 1]);
         }
@@ -414,6 +421,8 @@ static void parse_options(int argc, char **argv, opts_t *o)
         die_usage(o->join ? "--join needs --rank R (this process's rank)" : "--rank goes with --join HEX");
     if (o->join && o->attach_reps)
         die_usage("--attach-bench makes its own communicators; it does not take --join");
+    if (o->overlap && !o->gpu)
+        die_usage("--overlap measures a GPU collective beside a GPU kernel: it needs -G/--gpu");
     if (o->gpu && (o->attach_reps || o->make_uid))
         die_usage("-G/--gpu is for the collective benchmark; --attach-bench and --make-uid use no buffers");
 #ifndef COLLD_HAVE_CUDA
@@ -1010,6 +1019,88 @@ static int run_bench(rank_t *R)
     return rc;
 }
 
+/* --overlap (GPU mode): does a collective run beside the application's compute on the same GPU?
+ * At -e bytes, all-reduce of the run's first dtype and op, each rank times
+ *   alone  ITERS collectives back to back on its stream (Tc);
+ *   busy   the busy kernel alone on its second stream (Tk), calibrated to take about Tc, on
+ *          max(1, SMs / (2 x ranks)) blocks: every rank's busy kernel together leaves half the
+ *          SMs free for the daemon's collective kernels;
+ *   both   the busy kernel, then the ITERS collectives, at once (Tb).
+ * overlap = (Tk + Tc - Tb) / min(Tk, Tc): 100 % when the collectives ran entirely beside the
+ * compute, 0 % when one waited for the other (time slicing between the daemon's CUDA context and
+ * the application's, without MPS: docs/operations.md). Rank 0 prints the slowest rank's times. */
+static int run_overlap(rank_t *R)
+{
+    const opts_t *o = R->o;
+    shape_t s = make_shape(K_ALLREDUCE, (colld_dtype_t)__builtin_ctz(o->dtypes), (colld_redop_t)__builtin_ctz(o->ops),
+                           0, o->max_bytes, R->n);
+    int sms = gpu_sm_count(), blocks = sms / (2 * R->n) > 1 ? sms / (2 * R->n) : 1;
+    double t0, t[3];
+    colld_status_t st = fill_inputs(R, &s, false, 1);
+    const char *what = "overlap: inputs";
+    if (st == COLLD_OK && (st = post(R, &s, false)) == COLLD_OK) /* warm-up */
+        st = wait_issued(R);
+    /* alone */
+    if (st == COLLD_OK && (st = barrier(R)) == COLLD_OK) {
+        what = "overlap: collectives alone";
+        t0 = now_us();
+        for (int i = 0; i < o->iters && st == COLLD_OK; i++)
+            st = post(R, &s, false);
+        if (st == COLLD_OK)
+            st = wait_issued(R);
+        t[0] = now_us() - t0;
+    }
+    /* the busy kernel: calibrated on 10^7 cycles (a few ms), then alone */
+    long long cycles = 10000000;
+    if (st == COLLD_OK) {
+        what = "overlap: the busy kernel";
+        t0 = now_us();
+        if ((st = gpu_busy(R, blocks, cycles)) == COLLD_OK)
+            st = gpu_busy_wait(R);
+        double probe = now_us() - t0;
+        if (probe > 0)
+            cycles = (long long)((double)cycles * t[0] / probe);
+        if (cycles < 1000)
+            cycles = 1000;
+    }
+    if (st == COLLD_OK && (st = barrier(R)) == COLLD_OK) {
+        t0 = now_us();
+        if ((st = gpu_busy(R, blocks, cycles)) == COLLD_OK)
+            st = gpu_busy_wait(R);
+        t[1] = now_us() - t0;
+    }
+    /* both at once */
+    if (st == COLLD_OK && (st = barrier(R)) == COLLD_OK) {
+        what = "overlap: collectives beside the busy kernel";
+        t0 = now_us();
+        st = gpu_busy(R, blocks, cycles);
+        for (int i = 0; i < o->iters && st == COLLD_OK; i++)
+            st = post(R, &s, false);
+        if (st == COLLD_OK)
+            st = wait_issued(R);
+        if (st == COLLD_OK)
+            st = gpu_busy_wait(R);
+        t[2] = now_us() - t0;
+    }
+    if (st == COLLD_OK) { /* the slowest rank's times */
+        what = "overlap: gathering the times";
+        memcpy(R->small + 8, t, sizeof(t));
+        st = small_allreduce(R, 8, 3, COLLD_FLOAT64, COLLD_MAX);
+        memcpy(t, R->small + 8, sizeof(t));
+    }
+    if (st != COLLD_OK)
+        return fail(R, what, st);
+    if (R->rank == 0) {
+        double lo = t[0] < t[1] ? t[0] : t[1];
+        double ov = lo > 0 ? (t[0] + t[1] - t[2]) / lo : 0;
+        printf("# Overlap: %d x allreduce of %zu bytes (%.0f us) beside a busy kernel on %d of %d SMs per rank "
+               "(%.0f us): together %.0f us, overlap %.0f %% (100 %%: side by side; 0 %%: one after the other)\n",
+               o->iters, o->max_bytes, t[0], blocks, sms, t[1], t[2], ov * 100);
+        fflush(stdout);
+    }
+    return 0;
+}
+
 /* A rank process (launched, or --join): connect, join the communicator `id`, allocate,
  * benchmark, clean up. */
 static int rank_main(const opts_t *o, colld_unique_id_t id)
@@ -1051,6 +1142,8 @@ static int rank_main(const opts_t *o, colld_unique_id_t id)
     }
     memset(R.small, 0, SMALL_BYTES);
     rc = run_bench(&R);
+    if (!rc && o->overlap)
+        rc = run_overlap(&R);
 out_comm:
     ref_free(&R.ref);
     if (!o->gpu) {

@@ -23,6 +23,7 @@ typedef struct {
     unsigned kinds, dtypes, ops; /* bit masks */
     bool json, make_uid, gpu;
     bool finite; /* --finite: small-integer inputs (as --join's), never NaN or infinite */
+    bool overlap; /* --overlap (GPU mode): the collective beside a busy kernel (run_overlap) */
     const char *socket, *colld;
     /* this process is one rank: set by the launcher (--internal-rank, id from a pipe) or by the
      * caller (--rank with --join, id from the command line) */
@@ -55,6 +56,7 @@ typedef struct {
     unsigned char *dsbuf, *drbuf, *dsmall;
     void *stream;
     double *lat;                /* GPU mode: ITERS latency samples */
+    void *busy_stream;          /* --overlap: the rank's second stream, for the busy kernel */
 } rank_t;
 
 /* colld_perf.c: CLOCK_MONOTONIC in microseconds. */
@@ -75,6 +77,11 @@ double gpu_d2d_gbs(rank_t *R, size_t bytes);
  * gpu_teardown in any case. */
 int gpu_setup(rank_t *R);
 void gpu_teardown(rank_t *R);
+/* --overlap: launch the busy kernel (`blocks` blocks spinning `cycles` SM clock cycles) on the
+ * rank's second stream; wait for that stream; the number of SMs of GPU 0 (0 if unknown). */
+colld_status_t gpu_busy(rank_t *R, int blocks, long long cycles);
+colld_status_t gpu_busy_wait(rank_t *R);
+int gpu_sm_count(void);
 /* The device name of GPU 0 for the header. */
 void gpu_name(char *buf, size_t len);
 /* The launcher's check before anything starts: is a GPU visible? 0, or -1 (printed). */

@@ -127,7 +127,38 @@ void gpu_teardown(rank_t *R)
     cudaFreeHost(R->small);
     if (R->stream)
         cudaStreamDestroy(R->stream);
+    if (R->busy_stream) {
+        cudaStreamSynchronize(R->busy_stream);
+        cudaStreamDestroy(R->busy_stream);
+    }
     free(R->lat);
+}
+
+/* colld_perf_busy.cu */
+cudaError_t colld_perf_busy_launch(void *stream, int blocks, long long cycles);
+
+colld_status_t gpu_busy(rank_t *R, int blocks, long long cycles)
+{
+    if (!R->busy_stream) {
+        cudaStream_t st = NULL;
+        colld_status_t s = cuda_status(R, "cudaStreamCreateWithFlags (busy)",
+                                       cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        if (s != COLLD_OK)
+            return s;
+        R->busy_stream = st;
+    }
+    return cuda_status(R, "the busy kernel's launch", colld_perf_busy_launch(R->busy_stream, blocks, cycles));
+}
+
+colld_status_t gpu_busy_wait(rank_t *R)
+{
+    return cuda_status(R, "cudaStreamSynchronize (busy)", cudaStreamSynchronize(R->busy_stream));
+}
+
+int gpu_sm_count(void)
+{
+    int n = 0;
+    return cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess ? n : 0;
 }
 
 /* The device name of GPU 0 for the header. */
@@ -186,5 +217,19 @@ void gpu_name(char *buf, size_t len)
 int gpu_visible(void)
 {
     return -1;
+}
+colld_status_t gpu_busy(rank_t *R, int blocks, long long cycles)
+{
+    (void)R, (void)blocks, (void)cycles;
+    return COLLD_ERR_NOT_SUPPORTED;
+}
+colld_status_t gpu_busy_wait(rank_t *R)
+{
+    (void)R;
+    return COLLD_ERR_NOT_SUPPORTED;
+}
+int gpu_sm_count(void)
+{
+    return 0;
 }
 #endif
