@@ -299,6 +299,15 @@ unlock:
             x->send_rate = peers[k].send_rate;
             x->recv_rate = peers[k].recv_rate;
             x->last_error = peers[k].last_error;
+            x->tx_rate = peers[k].tx_rate;
+            x->rx_rate = peers[k].rx_rate;
+            x->rtt_ms = peers[k].rtt_ms;
+            x->tcp_rtt_us = peers[k].tcp_rtt_us;
+            x->tcp_lost = peers[k].tcp_lost;
+            x->retrans = peers[k].retrans;
+            x->losses = peers[k].losses;
+            x->rx_bytes = peers[k].rx_bytes;
+            x->rx_busy_us = peers[k].rx_busy_ns / 1000;
             pptr[resp.n_peers++] = x;
         }
         resp.peers = pptr;
