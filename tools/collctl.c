@@ -8,6 +8,7 @@
  *                                           | clear UID]
  *   collctl [--socket PATH] abort COMM [--reason TEXT]
  *   collctl [--socket PATH] peer disconnect NAME
+ *   collctl [--socket PATH] [--json] probe [--bytes SIZE]
  *   collctl [--socket PATH] [--json] doctor [--since S] [--stuck-ms MS] [--straggler-ms MS]
  *
  * status lists sessions and communicators (with each one's slowest rank) and, on a multi-node
@@ -66,12 +67,16 @@ static const char USAGE[] =
     "                             COLLD_ERR_ABORTED (admin, or the communicator's own user)\n"
     "  peer disconnect NAME       close the connections to peer daemon NAME (node name or address), as\n"
     "                             if its link broke; communicators spanning it fail (admin only)\n"
+    "  probe [--bytes SIZE]       measure every link of this node now: SIZE (default 2M, 256K..64M)\n"
+    "                             each way to and from each peer daemon, one after the other, and the\n"
+    "                             round trip; names a link below 1/4 of the median of the other links;\n"
+    "                             exit status 1 when a link is slow or unmeasured (admin only)\n"
     "  doctor [--since S] [--stuck-ms MS] [--straggler-ms MS]\n"
     "                             what is wrong, on one screen: communicators stuck longer than MS\n"
     "                             (default 1000) and the ranks they wait for, broken ones, peers not\n"
     "                             up, stragglers lagging by MS (default 10), the faults of the last S\n"
     "                             seconds (default 3600: time-outs, dead ranks, NaN contributors,\n"
-    "                             deadlock cycles), requests refused at limits; exit status 1 when a\n"
+    "                             deadlock cycles), slow links, requests refused at limits; exit status 1 when a\n"
     "                             problem was found\n"
     "\n"
     "Options:\n"
@@ -963,6 +968,7 @@ int main(int argc, char **argv)
     size_t nlimits = 0;
     int nargs = 0, json = 0, follow = 0, only_new = 0, watch = 0;
     long long backlog = 0, max_timeout = -1, interval = 2, count = 0, since = 3600, stuck_ms = 1000, straggler_ms = 10;
+    uint64_t probe_bytes = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--socket") == 0 && i + 1 < argc)
@@ -1026,6 +1032,17 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--straggler-ms") == 0) {
             if (parse_uint(a, i + 1 < argc ? argv[++i] : NULL, 86400000, &straggler_ms) < 0)
                 return 2;
+        } else if (strcmp(a, "--bytes") == 0) {
+            const char *v = i + 1 < argc ? argv[++i] : "";
+            char *end;
+            unsigned long long n = strtoull(v, &end, 10);
+            unsigned long long mul = *end == 'K' || *end == 'k' ? 1024ull : *end == 'M' || *end == 'm' ? 1048576ull : 1;
+            if (end == v || (mul > 1 && end[1]) || (mul == 1 && *end) || n == 0 || n > (64ull << 20) / mul ||
+                n * mul < (256ull << 10)) {
+                fprintf(stderr, "collctl: --bytes needs a size from 256K to 64M (K and M suffixes), not '%s'\n", v);
+                return 2;
+            }
+            probe_bytes = n * mul;
         } else if (strcmp(a, "--reason") == 0 && i + 1 < argc)
             reason = argv[++i];
         else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -1049,7 +1066,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "collctl: --watch goes with status only\n");
         return 2;
     }
-    if (strcmp(cmd, "status") == 0 || strcmp(cmd, "events") == 0 || strcmp(cmd, "doctor") == 0) {
+    if (strcmp(cmd, "status") == 0 || strcmp(cmd, "events") == 0 || strcmp(cmd, "doctor") == 0 ||
+        strcmp(cmd, "probe") == 0) {
         if (nargs != 1)
             goto usage;
     } else if (strcmp(cmd, "trace") == 0 || strcmp(cmd, "abort") == 0) {
@@ -1104,6 +1122,8 @@ int main(int argc, char **argv)
         rc = cmd_peer_disconnect(c, args[2]);
     else if (strcmp(cmd, "doctor") == 0)
         rc = collctl_doctor(c, json, since, stuck_ms, straggler_ms);
+    else if (strcmp(cmd, "probe") == 0)
+        rc = collctl_probe(c, json, probe_bytes);
     else if (policy_mode == 0)
         rc = cmd_policy_show(c, json);
     else

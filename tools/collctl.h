@@ -43,4 +43,8 @@ void collctl_json_str(const char *s);
 /* collctl doctor (collctl_doctor.c): returns the exit status (0 nothing wrong, 1 a problem). */
 int collctl_doctor(colld_client_t *c, int json, int64_t since_s, int64_t stuck_ms, int64_t straggler_ms);
 
+/* collctl probe (collctl_probe.c): bytes 0 for the daemon's default; returns the exit status (0 every
+ * link measured and none slow, 1 otherwise). */
+int collctl_probe(colld_client_t *c, int json, uint64_t bytes);
+
 #endif
