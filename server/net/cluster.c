@@ -1105,6 +1105,7 @@ static void on_tick(void *arg)
     }
     colld_xcoll_tick(d);
     colld_probe_tick(d);
+    colld_links_tick(d);
 }
 
 /* ============================================================================================

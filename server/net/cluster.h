@@ -124,6 +124,13 @@ typedef struct {
     cprobe_rx_t rx;
 } cprobe_t;
 
+/* A link the slow-link watch reported slow (links.c). */
+#define COLLD_LINKS_WATCH_MAX 64
+typedef struct {
+    bool used, tx;
+    char addr[COLLD_NET_ADDR_LEN];
+} cwatch_t;
+
 /* A peer's probe this daemon serves (net thread). */
 #define COLLD_PROBE_SERVE_MAX 16
 #define COLLD_PROBE_MIN_GAP_MS 1000
@@ -152,6 +159,8 @@ struct colld_cluster {
     atomic_uint_fast64_t bad_msgs; /* peer messages refused (invalid, from a node not entitled to send them) */
     cprobe_t probe;                              /* (net) */
     cprobe_serve_t serve[COLLD_PROBE_SERVE_MAX]; /* (net) */
+    cwatch_t slow[COLLD_LINKS_WATCH_MAX];        /* (net) links reported slow */
+    uint64_t links_next_ms;                      /* (net) the watch's next pass */
     pthread_mutex_t probe_lock;                  /* guards the owed answer: */
     colld_probe_done_fn probe_done;              /* non-NULL while a probe is owed */
     void *probe_arg;
@@ -181,6 +190,9 @@ void colld_probe_begin(colld_daemon_t *d, uint64_t bytes);
 void colld_probe_tick(colld_daemon_t *d);
 void colld_probe_ctrl(colld_daemon_t *d, colld_net_peer_t *p, const struct Colld__Net__V1__Msg *m);
 void colld_probe_data(colld_daemon_t *d, colld_net_peer_t *p, const colld_net_hdr_t *h);
+
+/* ---- links.c (network thread): the slow-link watch, at most once a second ---- */
+void colld_links_tick(colld_daemon_t *d);
 
 /* ---- xcoll.c (network thread) ---- */
 void colld_xcoll_add(colld_daemon_t *d, colld_coll_t *k);

@@ -177,9 +177,9 @@ void colld_probe_begin(colld_daemon_t *d, uint64_t bytes)
 {
     colld_cluster_t *cl = colld_cluster_of(d);
     cprobe_t *pr = &cl->probe;
-    colld_net_peer_info_t *info = calloc(TCP_MAX_PEERS, sizeof(*info));
-    size_t n = info ? colld_net_peers(cl->net, info, TCP_MAX_PEERS) : 0;
-    n = COLLD_MIN(n, (size_t)TCP_MAX_PEERS);
+    size_t max = colld_net_peers(cl->net, NULL, 0); /* the count; only this thread adds peers */
+    colld_net_peer_info_t *info = calloc(max + 1, sizeof(*info));
+    size_t n = info ? COLLD_MIN(colld_net_peers(cl->net, info, max), max) : 0;
     memset(pr, 0, sizeof(*pr));
     pr->links = calloc(n + 1, sizeof(*pr->links));
     pr->active = true;

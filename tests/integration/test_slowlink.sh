@@ -12,6 +12,7 @@
 # sleep), that
 #   - collctl --json status of host0 and host2 names exactly one slow link, host0 -> host2, and
 #     host1's names none;
+#   - host0 recorded one slow_link event naming it;
 #   - host0's Prometheus metrics say colld_peer_link_slow{peer="host2",direction="send"} 1 and
 #     no other link is slow;
 #   - collctl doctor on host0 exits 1 naming "host0 → host2" (text and --json), and on host1
@@ -168,6 +169,12 @@ for i in 0 1 2; do [ "$(measured "$i")" = 4 ] || fail "host$i: only $(measured "
 [ -z "$(slow_links 1)" ] || fail "host1 names slow links '$(slow_links 1)', expected none"
 echo "status: host0 and host2 name host0 -> host2, host1 nothing"
 on 0 "$collctl" --socket "$run/h0.sock" status | sed -n '/^LINKS/,/^$/p'
+
+# the slow_link event (host0), naming the link
+ev=$(on 0 "$collctl" --socket "$run/h0.sock" events)
+printf '%s\n' "$ev" | grep slow_link | grep -q "host0 → host2: " || fail "host0 recorded no slow_link event: $ev"
+[ "$(printf '%s\n' "$ev" | grep -c slow_link)" = 1 ] || fail "host0 recorded more than one slow_link event: $ev"
+echo "events: $(printf '%s\n' "$ev" | grep slow_link)"
 
 # metrics on host0
 metrics=$(on 0 python3 -c 'import urllib.request
