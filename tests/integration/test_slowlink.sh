@@ -102,7 +102,7 @@ chmod 600 "$run/secret"
 for i in 0 1 2; do
   ip netns exec "$(ns "$i")" "$colld" --socket "$run/h$i.sock" --listen "$(addr "$i"):7710" --node-name "host$i" \
     --cluster-secret-file "$run/secret" --metrics 127.0.0.1:9470 --log-level info \
-    --log-file "$run/h$i.log" >/dev/null 2>&1 &
+    --log-file "$run/h$i.log" >/dev/null 2>"$run/h$i.err" &
   pids+=($!)
 done
 for i in 0 1 2; do
@@ -233,4 +233,12 @@ for l in d["slow_links"]: print(l["from"] + ">" + l["to"])' "$run/probe$1.json"
   on 0 "$collctl" --socket "$run/h0.sock" probe --bytes 1M || true
   echo "probe: names host0 -> host2 on host0 and host2, nothing on host1"
 fi
+# the daemons stop cleanly (under ASan: no leak, no error report)
+for i in 0 1 2; do
+  kill -TERM "${pids[$i]}"
+  rc=0
+  wait "${pids[$i]}" || rc=$?
+  [ "$rc" = 0 ] || { cat "$run/h$i.err" >&2; fail "colld on host$i exited $rc"; }
+done
+pids=()
 echo "PASS in $(($(date +%s) - t0)) s"
