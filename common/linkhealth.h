@@ -15,11 +15,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define COLLD_LINK_SLOW_RATIO 4.0   /* slow: below 1/4 of the median of the other links */
-#define COLLD_LINK_MIN_SIBLINGS 2   /* ...of at least this many other measured links */
+#define COLLD_LINK_SLOW_RATIO 4.0 /* slow: below 1/4 of the median of the other links */
+#define COLLD_LINK_MIN_SIBLINGS 2 /* ...of at least this many other measured links */
 
 typedef struct {
-    double rate;         /* bytes/s; 0 or less: not measured */
+    double rate; /* bytes/s; 0 or less: not measured */
     /* set by colld_link_outliers */
     bool slow;
     double others_median; /* of the other measured links (0 when fewer than the minimum) */

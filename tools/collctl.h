@@ -19,8 +19,8 @@
 /* A directed link of this node: to a peer (tx) or from it, its measured rate and the verdict of
  * the slow-link rule (common/linkhealth.h) among all of this node's links. */
 typedef struct {
-    size_t peer;  /* index in the StatusResponse's peers */
-    bool tx;      /* this node -> the peer */
+    size_t peer;           /* index in the StatusResponse's peers */
+    bool tx;               /* this node -> the peer */
     const char *from, *to; /* node names (pointers into the response) */
     colld_link_rate_t l;
 } collctl_link_t;

@@ -36,7 +36,8 @@ int collctl_probe(colld_client_t *c, int json, uint64_t bytes)
                                           PROBE_RPC_TIMEOUT_MS, (ProtobufCMessage **)&r, detail, sizeof(detail));
     if (st != COLLD_OK) {
         colld_str_sanitize(detail, sizeof(detail), detail, SIZE_MAX);
-        fprintf(stderr, "collctl: probe failed: %s: %s\n", colld_status_name(st), *detail ? detail : colld_status_string(st));
+        fprintf(stderr, "collctl: probe failed: %s: %s\n", colld_status_name(st),
+                *detail ? detail : colld_status_string(st));
         return 1;
     }
     collctl_clean_message(&r->base);
@@ -46,7 +47,8 @@ int collctl_probe(colld_client_t *c, int json, uint64_t bytes)
     Colld__V1__StatusResponse *s = NULL;
     const char *self = "this node";
     if (collctl_call(c, "status", "/colld.v1.Colld/Status", &sreq.base, &colld__v1__status_response__descriptor,
-                     (ProtobufCMessage **)&s) == 0 && *s->node_name)
+                     (ProtobufCMessage **)&s) == 0 &&
+        *s->node_name)
         self = s->node_name;
     size_t n = COLLD_MIN(r->n_links, (size_t)COLLCTL_MAX_LINKS / 2);
     collctl_link_t links[COLLCTL_MAX_LINKS];

@@ -32,8 +32,8 @@ static void comms_over(colld_daemon_t *d, const char *addr, char *buf, size_t le
             continue;
         for (int i = 0; i < x->nnodes; i++)
             if (i != x->self && strcmp(x->node_addr[i], addr) == 0) {
-                off += snprintf(buf + off, len - (size_t)off, "%s%llu", n++ ? ", " : "; communicators over it: ",
-                                (unsigned long long)c->id);
+                off += snprintf(buf + off, len - (size_t)off, "%s%llu",
+                                n++ ? ", " : "; communicators over it: ", (unsigned long long)c->id);
                 break;
             }
     }

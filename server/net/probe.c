@@ -35,7 +35,7 @@
 #include <string.h>
 
 #define PROBE_FRAME (64u << 10)
-#define PROBE_PEER_MS 15000     /* one peer's probe ends after this, measured or not */
+#define PROBE_PEER_MS 15000      /* one peer's probe ends after this, measured or not */
 #define PROBE_SERVE_TTL_MS 60000 /* a served probe that never completes is forgotten after this */
 
 static const uint8_t probe_zeros[PROBE_FRAME]; /* the payload of every probe frame */
@@ -142,9 +142,11 @@ static void probe_peer_end(colld_cluster_t *cl, bool timed_out)
         l->rx_ns = pr->rx.t_last - pr->rx.t_first;
     }
     if (timed_out)
-        snprintf(l->error, sizeof(l->error),
-                 "not complete after %d s (%s; received %llu of %llu bytes from it)", PROBE_PEER_MS / 1000,
-                 !pr->acked ? "no answer to the probe request" : !pr->result ? "no timing from the peer" : "",
+        snprintf(l->error, sizeof(l->error), "not complete after %d s (%s; received %llu of %llu bytes from it)",
+                 PROBE_PEER_MS / 1000,
+                 !pr->acked    ? "no answer to the probe request"
+                 : !pr->result ? "no timing from the peer"
+                               : "",
                  (unsigned long long)pr->rx.got, (unsigned long long)pr->bytes);
     pr->cur++;
     pr->started = false;

@@ -61,8 +61,8 @@ static void test_too_few_measured_links_name_nothing(void **state)
 static void test_two_slow_links_among_many_are_both_named(void **state)
 {
     (void)state;
-    colld_link_rate_t l[6] = { { .rate = 100 * MB }, { .rate = 2 * MB },   { .rate = 105 * MB },
-                               { .rate = 0 },        { .rate = 3 * MB },   { .rate = 98 * MB } };
+    colld_link_rate_t l[6] = { { .rate = 100 * MB }, { .rate = 2 * MB }, { .rate = 105 * MB },
+                               { .rate = 0 },        { .rate = 3 * MB }, { .rate = 98 * MB } };
     assert_int_equal(colld_link_outliers(l, 6), 2);
     assert_true(l[1].slow);
     assert_true(l[4].slow);
@@ -77,8 +77,9 @@ static void test_two_slow_links_among_many_are_both_named(void **state)
 static void test_equal_links_are_never_slow(void **state)
 {
     (void)state;
-    colld_link_rate_t l[5] = { { .rate = 7 * MB }, { .rate = 7 * MB }, { .rate = 7 * MB }, { .rate = 7 * MB },
-                               { .rate = 7 * MB } };
+    colld_link_rate_t l[5] = {
+        { .rate = 7 * MB }, { .rate = 7 * MB }, { .rate = 7 * MB }, { .rate = 7 * MB }, { .rate = 7 * MB }
+    };
     assert_int_equal(colld_link_outliers(l, 5), 0);
     assert_true(l[2].others_median == 7 * MB);
     char text[32];
