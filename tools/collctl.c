@@ -282,7 +282,7 @@ static void print_peers(const Colld__V1__StatusResponse *r)
     size_t nlinks = collctl_links(r, links, COLLCTL_MAX_LINKS);
     printf("LINKS (measured on collective data; slow: below 1/%.0f of the median of this node's other links)\n",
            COLLD_LINK_SLOW_RATIO);
-    printf("  %-16s %12s %12s %10s %10s %8s %6s %7s\n", "PEER", "TO-PEER", "FROM-PEER", "RTT", "TCP-RTT", "RETRANS",
+    printf("  %-16s %14s %14s %10s %10s %8s %6s %7s\n", "PEER", "TO-PEER", "FROM-PEER", "RTT", "TCP-RTT", "RETRANS",
            "LOST", "ERRORS");
     for (size_t k = 0; k + 1 < nlinks; k += 2) {
         const Colld__V1__PeerInfo *p = r->peers[links[k].peer];
@@ -294,7 +294,7 @@ static void print_peers(const Colld__V1__StatusResponse *r)
         if (links[k + 1].l.slow)
             strcat(rx, " SLOW");
         snprintf(rtt, sizeof(rtt), p->rtt_ms > 0 ? "%.2f ms" : "-", p->rtt_ms);
-        printf("  %-16s %12s %12s %10s %7.2f ms %8llu %6u %7llu\n", links[k].to, tx, rx, rtt, p->tcp_rtt_us / 1000.0,
+        printf("  %-16s %14s %14s %10s %7.2f ms %8llu %6u %7llu\n", links[k].to, tx, rx, rtt, p->tcp_rtt_us / 1000.0,
                (unsigned long long)p->retrans, p->tcp_lost, (unsigned long long)p->losses);
     }
     for (size_t k = 0; k < nlinks; k++)
