@@ -273,7 +273,7 @@ void colld_probe_ctrl(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net__
     case COLLD__NET__V1__MSG__M_PROBE_RESULT: {
         const Colld__Net__V1__ProbeResult *r = m->probe_result;
         if (!current || r->id != pr->id || pr->result || r->bytes > pr->bytes || r->ns == 0 ||
-            r->ns > PROBE_PEER_MS * 1000000ull) {
+            r->ns > PROBE_PEER_MS * 1000000ull || (double)r->bytes * 1e9 / (double)r->ns > TCP_RATE_MAX) {
             colld_cluster_log_bad(cl, "probe timing from %s for no probe of it, or out of range",
                                   colld_net_peer_addr(p));
             break;
