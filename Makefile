@@ -14,9 +14,10 @@ CMAKE_ARGS ?=
 # promtool (on a host that runs systemd the prometheus package also enables a Prometheus server),
 # the man pages. python3-torch, libtorch-dev, pybind11-dev and g++: the torch.distributed backend
 # torch_colld (bindings/torch, docs/torch.md) and its test (optional to the build: skipped without).
+# iproute2: ip netns and tc for test_slowlink (hosts in network namespaces, one link shaped).
 DEB_PACKAGES = gcc make cmake ninja-build pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
                libuv1-dev libssl-dev libcmocka-dev clang libclang-rt-14-dev libsystemd-dev \
-               systemd prometheus help2man groff-base python3-torch libtorch-dev pybind11-dev g++
+               systemd prometheus help2man groff-base python3-torch libtorch-dev pybind11-dev g++ iproute2
 # node and npm for the Kubernetes schemas (deploy/kubernetes/validate.js): Debian's nodejs and npm,
 # installed only when no npm is on the PATH (a node from elsewhere may carry its own npm, which
 # Debian's npm package would conflict with). The npm packages themselves go into $(NPM_CACHE).

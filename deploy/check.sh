@@ -326,7 +326,7 @@ check_completion() {
     ' _ "$ROOT" "$COLLD" "$COLLCTL" "$PERF" 2>&1)
     local want="--drain-timeout-ms
 none error warn info debug trace
-abort doctor events peer policy status trace
+abort doctor events peer policy probe status trace
 set clear
 --watch
 --version"

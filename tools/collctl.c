@@ -8,6 +8,7 @@
  *                                           | clear UID]
  *   collctl [--socket PATH] abort COMM [--reason TEXT]
  *   collctl [--socket PATH] peer disconnect NAME
+ *   collctl [--socket PATH] [--json] probe [--bytes SIZE]
  *   collctl [--socket PATH] [--json] doctor [--since S] [--stuck-ms MS] [--straggler-ms MS]
  *
  * status lists sessions and communicators (with each one's slowest rank) and, on a multi-node
@@ -66,12 +67,16 @@ static const char USAGE[] =
     "                             COLLD_ERR_ABORTED (admin, or the communicator's own user)\n"
     "  peer disconnect NAME       close the connections to peer daemon NAME (node name or address), as\n"
     "                             if its link broke; communicators spanning it fail (admin only)\n"
+    "  probe [--bytes SIZE]       measure every link of this node now: SIZE (default 2M, 256K..64M)\n"
+    "                             each way to and from each peer daemon, one after the other, and the\n"
+    "                             round trip; names a link below 1/4 of the median of the other links;\n"
+    "                             exit status 1 when a link is slow or unmeasured (admin only)\n"
     "  doctor [--since S] [--stuck-ms MS] [--straggler-ms MS]\n"
     "                             what is wrong, on one screen: communicators stuck longer than MS\n"
     "                             (default 1000) and the ranks they wait for, broken ones, peers not\n"
     "                             up, stragglers lagging by MS (default 10), the faults of the last S\n"
     "                             seconds (default 3600: time-outs, dead ranks, NaN contributors,\n"
-    "                             deadlock cycles), requests refused at limits; exit status 1 when a\n"
+    "                             deadlock cycles), slow links, requests refused at limits; exit status 1 when a\n"
     "                             problem was found\n"
     "\n"
     "Options:\n"
@@ -100,8 +105,59 @@ static void json_str(const char *s)
     putchar('"');
 }
 
+/* This node's directed links (see collctl.h). */
+size_t collctl_links(const Colld__V1__StatusResponse *r, collctl_link_t *out, size_t max)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_peers && n + 2 <= max; i++) {
+        const Colld__V1__PeerInfo *p = r->peers[i];
+        bool up = p->state && strcmp(p->state, "up") == 0;
+        const char *peer = p->name && *p->name ? p->name : p->addr;
+        out[n] = (collctl_link_t){ .peer = i, .tx = true, .from = r->node_name, .to = peer,
+                                   .l = { .rate = up ? p->tx_rate : 0 } };
+        out[n + 1] = (collctl_link_t){ .peer = i, .tx = false, .from = peer, .to = r->node_name,
+                                       .l = { .rate = up ? p->rx_rate : 0 } };
+        n += 2;
+    }
+    colld_link_rate_t *rates = calloc(n + 1, sizeof(*rates));
+    if (!rates)
+        return n;
+    for (size_t i = 0; i < n; i++)
+        rates[i] = out[i].l;
+    colld_link_outliers(rates, n);
+    for (size_t i = 0; i < n; i++)
+        out[i].l = rates[i];
+    free(rates);
+    return n;
+}
+
+/* Print the slow links among links[n] as a JSON array of objects. */
+void collctl_links_json(const collctl_link_t *links, size_t n)
+{
+    char text[256];
+    int k = 0;
+    printf("[");
+    for (size_t i = 0; i < n; i++) {
+        const collctl_link_t *x = &links[i];
+        if (!x->l.slow)
+            continue;
+        colld_link_describe(text, sizeof(text), x->from, x->to, &x->l);
+        printf("%s{\"from\":", k++ ? "," : "");
+        json_str(x->from);
+        printf(",\"to\":");
+        json_str(x->to);
+        printf(",\"rate\":%.0f,\"others_median\":%.0f,\"others_min\":%.0f,\"others_max\":%.0f,\"text\":",
+               x->l.rate, x->l.others_median, x->l.others_min, x->l.others_max);
+        json_str(text);
+        printf("}");
+    }
+    printf("]");
+}
+
 static void print_json(const Colld__V1__StatusResponse *r)
 {
+    collctl_link_t links[COLLCTL_MAX_LINKS];
+    size_t nlinks = collctl_links(r, links, COLLCTL_MAX_LINKS);
     printf("{\"schema_version\":%d,\"daemon_version\":", JSON_SCHEMA_VERSION);
     json_str(r->daemon_version);
     printf(",\"daemon_pid\":%d,\"started_unix_ms\":%lld,\"socket\":", r->pid, (long long)r->started_unix_ms);
@@ -126,9 +182,19 @@ static void print_json(const Colld__V1__StatusResponse *r)
                p->conns, (unsigned long long)p->bytes_sent, (unsigned long long)p->bytes_received, p->send_rate,
                p->recv_rate);
         json_str(p->last_error);
-        printf("}");
+        bool tx_slow = false, rx_slow = false;
+        for (size_t k = 0; k < nlinks; k++)
+            if (links[k].peer == i && links[k].l.slow)
+                *(links[k].tx ? &tx_slow : &rx_slow) = true;
+        printf(",\"tx_rate\":%.0f,\"rx_rate\":%.0f,\"tx_slow\":%s,\"rx_slow\":%s,\"rtt_ms\":%.3f,\"tcp_rtt_us\":%u,"
+               "\"tcp_lost\":%u,\"retrans\":%llu,\"losses\":%llu,\"rx_bytes\":%llu,\"rx_busy_us\":%llu}",
+               p->tx_rate, p->rx_rate, tx_slow ? "true" : "false", rx_slow ? "true" : "false", p->rtt_ms,
+               p->tcp_rtt_us, p->tcp_lost, (unsigned long long)p->retrans, (unsigned long long)p->losses,
+               (unsigned long long)p->rx_bytes, (unsigned long long)p->rx_busy_us);
     }
-    printf("],\"sessions\":[");
+    printf("],\"slow_links\":");
+    collctl_links_json(links, nlinks);
+    printf(",\"sessions\":[");
     for (size_t i = 0; i < r->n_sessions; i++) {
         const Colld__V1__SessionInfo *s = r->sessions[i];
         printf("%s{\"id\":%llu,\"pid\":%d,\"uid\":%u,\"gid\":%u,\"attached_unix_ms\":%lld,\"process\":", i ? "," : "",
@@ -211,6 +277,32 @@ static void print_peers(const Colld__V1__StatusResponse *r)
         printf("  %-16s %-21s %-10s %5d %10s %10s %10s %10s  %s\n", p->name, p->addr, p->state, p->conns, sent,
                received, rate_s, rate_r, p->last_error && *p->last_error ? p->last_error : "-");
     }
+    printf("\n");
+    collctl_link_t links[COLLCTL_MAX_LINKS];
+    size_t nlinks = collctl_links(r, links, COLLCTL_MAX_LINKS);
+    printf("LINKS (measured on collective data; slow: below 1/%.0f of the median of this node's other links)\n",
+           COLLD_LINK_SLOW_RATIO);
+    printf("  %-16s %14s %14s %10s %10s %8s %6s %7s\n", "PEER", "TO-PEER", "FROM-PEER", "RTT", "TCP-RTT", "RETRANS",
+           "LOST", "ERRORS");
+    for (size_t k = 0; k + 1 < nlinks; k += 2) {
+        const Colld__V1__PeerInfo *p = r->peers[links[k].peer];
+        char tx[40], rx[40], rtt[24];
+        colld_link_rate_text(tx, 32, links[k].l.rate);
+        colld_link_rate_text(rx, 32, links[k + 1].l.rate);
+        if (links[k].l.slow)
+            strcat(tx, " SLOW");
+        if (links[k + 1].l.slow)
+            strcat(rx, " SLOW");
+        snprintf(rtt, sizeof(rtt), p->rtt_ms > 0 ? "%.2f ms" : "-", p->rtt_ms);
+        printf("  %-16s %14s %14s %10s %7.2f ms %8llu %6u %7llu\n", links[k].to, tx, rx, rtt, p->tcp_rtt_us / 1000.0,
+               (unsigned long long)p->retrans, p->tcp_lost, (unsigned long long)p->losses);
+    }
+    for (size_t k = 0; k < nlinks; k++)
+        if (links[k].l.slow) {
+            char text[256];
+            colld_link_describe(text, sizeof(text), links[k].from, links[k].to, &links[k].l);
+            printf("slow link: %s\n", text);
+        }
     printf("\n");
 }
 
@@ -876,6 +968,7 @@ int main(int argc, char **argv)
     size_t nlimits = 0;
     int nargs = 0, json = 0, follow = 0, only_new = 0, watch = 0;
     long long backlog = 0, max_timeout = -1, interval = 2, count = 0, since = 3600, stuck_ms = 1000, straggler_ms = 10;
+    uint64_t probe_bytes = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--socket") == 0 && i + 1 < argc)
@@ -939,6 +1032,17 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--straggler-ms") == 0) {
             if (parse_uint(a, i + 1 < argc ? argv[++i] : NULL, 86400000, &straggler_ms) < 0)
                 return 2;
+        } else if (strcmp(a, "--bytes") == 0) {
+            const char *v = i + 1 < argc ? argv[++i] : "";
+            char *end;
+            unsigned long long n = strtoull(v, &end, 10);
+            unsigned long long mul = *end == 'K' || *end == 'k' ? 1024ull : *end == 'M' || *end == 'm' ? 1048576ull : 1;
+            if (end == v || (mul > 1 && end[1]) || (mul == 1 && *end) || n == 0 || n > (64ull << 20) / mul ||
+                n * mul < (256ull << 10)) {
+                fprintf(stderr, "collctl: --bytes needs a size from 256K to 64M (K and M suffixes), not '%s'\n", v);
+                return 2;
+            }
+            probe_bytes = n * mul;
         } else if (strcmp(a, "--reason") == 0 && i + 1 < argc)
             reason = argv[++i];
         else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -962,7 +1066,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "collctl: --watch goes with status only\n");
         return 2;
     }
-    if (strcmp(cmd, "status") == 0 || strcmp(cmd, "events") == 0 || strcmp(cmd, "doctor") == 0) {
+    if (strcmp(cmd, "status") == 0 || strcmp(cmd, "events") == 0 || strcmp(cmd, "doctor") == 0 ||
+        strcmp(cmd, "probe") == 0) {
         if (nargs != 1)
             goto usage;
     } else if (strcmp(cmd, "trace") == 0 || strcmp(cmd, "abort") == 0) {
@@ -1017,6 +1122,8 @@ int main(int argc, char **argv)
         rc = cmd_peer_disconnect(c, args[2]);
     else if (strcmp(cmd, "doctor") == 0)
         rc = collctl_doctor(c, json, since, stuck_ms, straggler_ms);
+    else if (strcmp(cmd, "probe") == 0)
+        rc = collctl_probe(c, json, probe_bytes);
     else if (policy_mode == 0)
         rc = cmd_policy_show(c, json);
     else

@@ -6,6 +6,8 @@
  *     collective, and the ranks that never posted it, with pid and node;
  *   - broken communicators and the first fault of each;
  *   - peer daemons that are not up;
+ *   - slow links: a link to or from a peer daemon far slower than this node's other links (the
+ *     rule of common/linkhealth.h over the rates collctl status shows);
  *   - stragglers: the slowest rank of a communicator, if it lags by --straggler-ms;
  *   - recent faults from the event backlog (the last --since seconds, default 3600): time-outs,
  *     dead peers, mismatches, aborts, NaN contributors (--nan-check), deadlock cycles;
@@ -135,6 +137,19 @@ static int check_status(colld_client_t *c, report_t *r, int64_t stuck_ms, int64_
         if (strcmp(p->state, "up") != 0)
             add(r, true, "peer", "peer daemon %s (%s) is %s%s%s", p->name, p->addr, p->state,
                 *p->last_error ? ": " : "", p->last_error);
+    }
+    collctl_link_t links[COLLCTL_MAX_LINKS];
+    size_t nlinks = collctl_links(s, links, COLLCTL_MAX_LINKS);
+    for (size_t k = 0; k < nlinks; k++) {
+        if (!links[k].l.slow)
+            continue;
+        const Colld__V1__PeerInfo *p = s->peers[links[k].peer];
+        char text[256];
+        colld_link_describe(text, sizeof(text), links[k].from, links[k].to, &links[k].l);
+        add(r, true, "slow-link",
+            "%s (measured on collective data; TCP: rtt %.2f ms, %llu retransmits; `collctl probe` measures it "
+            "again)",
+            text, p->tcp_rtt_us / 1000.0, (unsigned long long)p->retrans);
     }
     for (size_t i = 0; i < s->n_comms; i++) {
         const Colld__V1__CommInfo *ci = s->comms[i];

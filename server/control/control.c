@@ -299,6 +299,15 @@ unlock:
             x->send_rate = peers[k].send_rate;
             x->recv_rate = peers[k].recv_rate;
             x->last_error = peers[k].last_error;
+            x->tx_rate = peers[k].tx_rate;
+            x->rx_rate = peers[k].rx_rate;
+            x->rtt_ms = peers[k].rtt_ms;
+            x->tcp_rtt_us = peers[k].tcp_rtt_us;
+            x->tcp_lost = peers[k].tcp_lost;
+            x->retrans = peers[k].retrans;
+            x->losses = peers[k].losses;
+            x->rx_bytes = peers[k].rx_bytes;
+            x->rx_busy_us = peers[k].rx_busy_ns / 1000;
             pptr[resp.n_peers++] = x;
         }
         resp.peers = pptr;
@@ -778,6 +787,74 @@ static void on_peer_disconnect(colld_rpc_call_t *call, const ProtobufCMessage *m
     colld_rpc_reply(call, &resp.base);
 }
 
+/* The answer of a probe (net.h: under the probe's lock, from the network thread): the call is
+ * answered here, exactly once. */
+static void probe_done(void *arg, const colld_probe_link_t *links, size_t n)
+{
+    colld_rpc_call_t *call = arg;
+    if (!links && n == 0) {
+        colld_rpc_fail(call, GRPC_STATUS_UNAVAILABLE, "the daemon is stopping: the probe was not finished");
+        return;
+    }
+    Colld__V1__ProbeResponse resp = COLLD__V1__PROBE_RESPONSE__INIT;
+    Colld__V1__LinkProbe *li = calloc(n + 1, sizeof(*li));
+    Colld__V1__LinkProbe **lp = calloc(n + 1, sizeof(*lp));
+    if (!li || !lp) {
+        free(li);
+        free(lp);
+        colld_rpc_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "colld daemon out of memory");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        colld__v1__link_probe__init(&li[i]);
+        li[i].name = (char *)links[i].name;
+        li[i].addr = (char *)links[i].addr;
+        li[i].tx_bytes = links[i].tx_bytes;
+        li[i].tx_ns = links[i].tx_ns;
+        li[i].rx_bytes = links[i].rx_bytes;
+        li[i].rx_ns = links[i].rx_ns;
+        li[i].rtt_ns = links[i].rtt_ns;
+        li[i].error = (char *)links[i].error;
+        lp[i] = &li[i];
+    }
+    resp.links = lp;
+    resp.n_links = n;
+    resp.detail = (char *)"";
+    colld_rpc_reply(call, &resp.base);
+    free(li);
+    free(lp);
+}
+
+/* Probe (admin): measure every link of this daemon now (server/net/probe.c); answered when done. */
+static void on_probe(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *ctx)
+{
+    colld_daemon_t *d = ctx;
+    const Colld__V1__ProbeRequest *req = (const Colld__V1__ProbeRequest *)msg;
+    Colld__V1__ProbeResponse resp = COLLD__V1__PROBE_RESPONSE__INIT;
+    char detail[COLLD_DETAIL_LEN] = "";
+    const char *sdetail = NULL;
+    pthread_mutex_lock(&d->lock);
+    colld_session_t *s = session_of(d, call, req->session, &resp.status, &sdetail);
+    bool admin = s && is_admin(s);
+    uid_t uid = s ? s->uid : 0;
+    pthread_mutex_unlock(&d->lock);
+    if (s && !admin) {
+        resp.status = COLLD_ERR_PERMISSION_DENIED;
+        snprintf(detail, sizeof(detail), "only root or the daemon's user may probe the links (caller uid %u)",
+                 (unsigned)uid);
+    } else if (s) {
+        uint64_t bytes = req->bytes ? req->bytes : COLLD_PROBE_DEFAULT_BYTES;
+        if (colld_cluster_probe(d, bytes, probe_done, call, detail, sizeof(detail)) == 0) {
+            LOG_INFO(ADMIN, "link probe of %llu bytes each way started by uid %u", (unsigned long long)bytes,
+                     (unsigned)uid);
+            return; /* answered by probe_done */
+        }
+        resp.status = COLLD_ERR_INVALID_USAGE;
+    }
+    resp.detail = sdetail ? (char *)sdetail : detail;
+    colld_rpc_reply(call, &resp.base);
+}
+
 static const colld_rpc_method_t methods[] = {
     { .path = "/colld.v1.Colld/Attach", .request = &colld__v1__attach_request__descriptor, .handler = on_attach },
     { .path = "/colld.v1.Colld/GetUniqueId",
@@ -800,6 +877,7 @@ static const colld_rpc_method_t methods[] = {
     { .path = "/colld.v1.Colld/PeerDisconnect",
       .request = &colld__v1__peer_disconnect_request__descriptor,
       .handler = on_peer_disconnect },
+    { .path = "/colld.v1.Colld/Probe", .request = &colld__v1__probe_request__descriptor, .handler = on_probe },
 };
 
 /* The method table (the fuzzers run its handlers through colld_rpc_server_inject). */
@@ -835,6 +913,7 @@ int colld_control_start(colld_daemon_t *d)
 void colld_control_stop(colld_daemon_t *d)
 {
     colld_events_stop(d); /* streams end before the server that carries them */
+    colld_cluster_probe_abandon(d); /* an owed probe is answered while its call is valid */
     colld_rpc_server_destroy(d->rpc);
     d->rpc = NULL;
     pthread_mutex_lock(&d->lock);

@@ -105,7 +105,7 @@ static void net_stamp_uid(const colld_backend_t *b, uint8_t *uid)
  * The inbox: work for the network thread
  * ========================================================================================== */
 
-static void inbox_push(colld_daemon_t *d, cjob_t *j)
+void colld_cluster_inbox_push(colld_daemon_t *d, cjob_t *j)
 {
     colld_cluster_t *cl = colld_cluster_of(d);
     if (cl->inbox_tail)
@@ -134,7 +134,7 @@ static void post_msg_how(colld_daemon_t *d, const char *addr, const Colld__Net__
     j->nodial = nodial;
     j->buf = b;
     j->len = len;
-    inbox_push(d, j);
+    colld_cluster_inbox_push(d, j);
 }
 
 /* To a daemon this one may dial: a root, or a member node vouched for by one. */
@@ -189,7 +189,7 @@ static void net_submit(colld_backend_t *b, colld_coll_t *k)
         return;
     }
     j->coll = k;
-    inbox_push(d, j);
+    colld_cluster_inbox_push(d, j);
 }
 
 /* ============================================================================================
@@ -945,6 +945,11 @@ static void handle_ctrl(colld_daemon_t *d, colld_net_peer_t *p, const void *buf,
         if (p)
             handle_ready(d, p, m->ready);
         break;
+    case COLLD__NET__V1__MSG__M_PROBE_REQ:
+    case COLLD__NET__V1__MSG__M_PROBE_ACK:
+    case COLLD__NET__V1__MSG__M_PROBE_RESULT:
+        colld_probe_ctrl(d, p, m);
+        break;
     default:
         break;
     }
@@ -1032,6 +1037,10 @@ static bool on_peer_unused(void *arg, colld_net_peer_t *p)
 
 static void on_data(void *arg, colld_net_peer_t *p, const colld_net_hdr_t *h, void *payload)
 {
+    if (h->phase == XPHASE_PROBE && h->xid == 0) {
+        colld_probe_data(arg, p, h);
+        return;
+    }
     colld_xcoll_data(arg, p, h, payload);
 }
 
@@ -1074,6 +1083,8 @@ static void on_tick(void *arg)
         jobs = j->next;
         if (j->coll) {
             colld_xcoll_add(d, j->coll);
+        } else if (j->probe_bytes) {
+            colld_probe_begin(d, j->probe_bytes);
         } else if (strcmp(j->addr, cl->self_addr) == 0) {
             handle_ctrl(d, NULL, j->buf, j->len);
         } else if (j->nodial) { /* a node known from its Join: over the link it opened, if still there */
@@ -1093,6 +1104,8 @@ static void on_tick(void *arg)
         free(j);
     }
     colld_xcoll_tick(d);
+    colld_probe_tick(d);
+    colld_links_tick(d);
 }
 
 /* ============================================================================================
@@ -1168,6 +1181,7 @@ static int net_start(colld_backend_t *b)
     if (!cl)
         return -1;
     cl->d = d;
+    pthread_mutex_init(&cl->probe_lock, NULL);
     if (d->cfg.node_name && *d->cfg.node_name)
         colld_strlcpy(cl->node_name, d->cfg.node_name, sizeof(cl->node_name));
     else if (gethostname(cl->node_name, sizeof(cl->node_name) - 1) < 0)
@@ -1202,6 +1216,7 @@ int colld__cluster_start_detached(colld_daemon_t *d, const char *self_addr, cons
     if (!cl)
         return -1;
     cl->d = d;
+    pthread_mutex_init(&cl->probe_lock, NULL);
     colld_strlcpy(cl->node_name, node_name, sizeof(cl->node_name));
     colld_net_config_t nc = net_config(d, cl);
     nc.listen_addr = self_addr;
@@ -1228,6 +1243,8 @@ void colld_cluster_stop(colld_daemon_t *d)
         return;
     colld_net_stop(cl->net); /* no callback runs after this */
     colld_xcoll_abort_all(d);
+    colld_cluster_probe_abandon(d);
+    free(cl->probe.links);
     pthread_mutex_lock(&d->lock);
     while (cl->inbox) {
         cjob_t *j = cl->inbox;
@@ -1247,6 +1264,7 @@ void colld_cluster_stop(colld_daemon_t *d)
     b->state = NULL;
     b->present = false;
     pthread_mutex_unlock(&d->lock);
+    pthread_mutex_destroy(&cl->probe_lock);
     free(cl);
 }
 

@@ -23,6 +23,7 @@ enum {
     XPHASE_RD_PRE = 3,  /* recursive doubling: a node beyond the power of two hands its data in */
     XPHASE_RD = 4,      /* recursive doubling: exchange with partner self ^ (1 << step) */
     XPHASE_RD_POST = 5, /* recursive doubling: the result back to that node */
+    XPHASE_PROBE = 64,  /* collctl probe's data (probe.c), no communicator's */
 };
 
 typedef struct xcoll xcoll_t;
@@ -70,6 +71,7 @@ static inline colld_xcomm_t *colld_xcomm(const colld_dcomm_t *c)
  * collective. */
 typedef struct cjob {
     colld_coll_t *coll;
+    uint64_t probe_bytes; /* > 0: start a probe (probe.c) */
     char addr[COLLD_NET_ADDR_LEN];
     bool nodial;  /* send only over a link that exists: never connect to addr for it */
     uint8_t *buf;
@@ -108,6 +110,37 @@ typedef struct {
 
 typedef struct xjoin xjoin_t;
 
+/* The timing of one direction of a probe (probe.c). */
+typedef struct {
+    uint64_t got, first_len, t_first, t_last;
+} cprobe_rx_t;
+
+/* The probe this daemon runs (net thread). */
+typedef struct {
+    bool active, started, acked, result;
+    uint64_t bytes, id, t_req, deadline;
+    colld_probe_link_t *links;
+    size_t n, cur;
+    cprobe_rx_t rx;
+} cprobe_t;
+
+/* A link the slow-link watch reported slow (links.c). */
+#define COLLD_LINKS_WATCH_MAX 64
+typedef struct {
+    bool used, tx;
+    char addr[COLLD_NET_ADDR_LEN];
+} cwatch_t;
+
+/* A peer's probe this daemon serves (net thread). */
+#define COLLD_PROBE_SERVE_MAX 16
+#define COLLD_PROBE_MIN_GAP_MS 1000
+typedef struct {
+    bool used, done;
+    char addr[COLLD_NET_ADDR_LEN];
+    uint64_t id, bytes, start_ms;
+    cprobe_rx_t rx;
+} cprobe_serve_t;
+
 struct colld_cluster {
     colld_daemon_t *d;
     colld_net_t *net;
@@ -124,6 +157,13 @@ struct colld_cluster {
     uint64_t early_stamp;                    /* (net) */
     atomic_uint_fast64_t payload_sent, payload_received;
     atomic_uint_fast64_t bad_msgs; /* peer messages refused (invalid, from a node not entitled to send them) */
+    cprobe_t probe;                              /* (net) */
+    cprobe_serve_t serve[COLLD_PROBE_SERVE_MAX]; /* (net) */
+    cwatch_t slow[COLLD_LINKS_WATCH_MAX];        /* (net) links reported slow */
+    uint64_t links_next_ms;                      /* (net) the watch's next pass */
+    pthread_mutex_t probe_lock;                  /* guards the owed answer: */
+    colld_probe_done_fn probe_done;              /* non-NULL while a probe is owed */
+    void *probe_arg;
 };
 
 /* ---- cluster.c ---- */
@@ -136,11 +176,23 @@ void colld_cluster_stop(colld_daemon_t *d);
  * thread's passes (colld__tcp_net_step) and hands it peer messages through the transport's
  * callbacks. colld_cluster_stop ends it. Returns 0 or -1. */
 int colld__cluster_start_detached(colld_daemon_t *d, const char *self_addr, const char *node_name);
+/* Queue a job for the network thread (lock held). */
+void colld_cluster_inbox_push(colld_daemon_t *d, cjob_t *j);
 /* Log a refused peer message, at most one line per 10 s with the count of the others (net). */
 void colld_cluster_log_bad(colld_cluster_t *cl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Pin / unpin the communicator with this xid (takes the lock). NULL if unknown. */
 colld_dcomm_t *colld_cluster_pin(colld_daemon_t *d, uint64_t xid);
 void colld_cluster_unpin(colld_daemon_t *d, colld_dcomm_t *c);
+
+/* ---- probe.c (network thread) ---- */
+struct Colld__Net__V1__Msg;
+void colld_probe_begin(colld_daemon_t *d, uint64_t bytes);
+void colld_probe_tick(colld_daemon_t *d);
+void colld_probe_ctrl(colld_daemon_t *d, colld_net_peer_t *p, const struct Colld__Net__V1__Msg *m);
+void colld_probe_data(colld_daemon_t *d, colld_net_peer_t *p, const colld_net_hdr_t *h);
+
+/* ---- links.c (network thread): the slow-link watch, at most once a second ---- */
+void colld_links_tick(colld_daemon_t *d);
 
 /* ---- xcoll.c (network thread) ---- */
 void colld_xcoll_add(colld_daemon_t *d, colld_coll_t *k);

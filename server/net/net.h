@@ -31,4 +31,27 @@ const char *colld_cluster_rank_node(const colld_dcomm_t *c, int rank);
  * False when there is none (lock held). */
 bool colld_cluster_trace_pending(const colld_dcomm_t *c, colld_trace_rec_t *t, uint64_t *arrivals);
 
+/* collctl probe (probe.c): one link's measurement. */
+#define COLLD_PROBE_MIN_BYTES (256u << 10)
+#define COLLD_PROBE_MAX_BYTES (64u << 20)
+#define COLLD_PROBE_DEFAULT_BYTES (2u << 20)
+typedef struct {
+    char name[64], addr[128];
+    uint64_t tx_bytes, tx_ns; /* to the peer, as the peer timed it */
+    uint64_t rx_bytes, rx_ns; /* from the peer, as this daemon timed it */
+    uint64_t rtt_ns;
+    char error[192];
+} colld_probe_link_t;
+/* The answer of a probe: links[n] (NULL, 0 when the daemon stops first). Runs on the network
+ * thread (or the one stopping the control plane) under the probe's own lock: it must not call
+ * back into the net backend. */
+typedef void (*colld_probe_done_fn)(void *arg, const colld_probe_link_t *links, size_t n);
+/* Probe every peer that is up with `bytes` each way (COLLD_PROBE_MIN_BYTES..MAX); done(arg, ...)
+ * runs exactly once when it is over. Returns 0, or -1 with the reason in err (no cluster, a probe
+ * running already, a bad size): then done never runs. */
+int colld_cluster_probe(colld_daemon_t *d, uint64_t bytes, colld_probe_done_fn done, void *arg, char *err,
+                        size_t err_len);
+/* Answer an owed probe now with nothing (the control plane stops before the net backend). */
+void colld_cluster_probe_abandon(colld_daemon_t *d);
+
 #endif /* COLLD_SERVER_NET_NET_H */

@@ -34,6 +34,7 @@
 #include "server/net/net.h"
 #include "server/observability/recorder.h"
 
+#include "common/linkhealth.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "server/core/daemon.h"
@@ -279,6 +280,61 @@ static void peer_line(textbuf_t *b, const char *name, const colld_net_peer_info_
     tb_printf(b, "\"} %.*f\n", decimals, v);
 }
 
+/* One directed link line: name{peer="...",direction="send|receive"} value. */
+static void link_line(textbuf_t *b, const char *name, const colld_net_peer_info_t *p, bool send, int decimals,
+                      double v)
+{
+    tb_printf(b, "%s{peer=\"", name);
+    tb_label(b, p->name[0] ? p->name : p->addr);
+    tb_printf(b, "\",direction=\"%s\"} %.*f\n", send ? "send" : "receive", decimals, v);
+}
+
+/* Link health (docs/operations.md, "Link health"): measured throughput per direction, the
+ * slow-link verdict (common/linkhealth.h) over this node's links, round-trip times and TCP_INFO. */
+static void render_links(textbuf_t *b, const peer_snapshot_t *ps)
+{
+    colld_link_rate_t *l = ps->n ? calloc(2 * ps->n, sizeof(*l)) : NULL;
+    for (size_t i = 0; l && i < ps->n; i++) {
+        bool up = ps->peers[i].state && strcmp(ps->peers[i].state, "up") == 0;
+        l[2 * i].rate = up ? ps->peers[i].tx_rate : 0;
+        l[2 * i + 1].rate = up ? ps->peers[i].rx_rate : 0;
+    }
+    if (l)
+        colld_link_outliers(l, 2 * ps->n);
+    tb_family(b, "colld_peer_link_bytes_per_second", "gauge",
+              "Measured throughput of collective data on the link to (send) or from (receive) this peer daemon: "
+              "bytes over the time spent moving them; 0 until enough was measured.");
+    for (size_t i = 0; l && i < ps->n; i++) {
+        link_line(b, "colld_peer_link_bytes_per_second", &ps->peers[i], true, 0, l[2 * i].rate);
+        link_line(b, "colld_peer_link_bytes_per_second", &ps->peers[i], false, 0, l[2 * i + 1].rate);
+    }
+    tb_family(b, "colld_peer_link_slow", "gauge",
+              "1 while the link is below 1/4 of the median of this node's other measured links (at least 2 others).");
+    for (size_t i = 0; l && i < ps->n; i++) {
+        link_line(b, "colld_peer_link_slow", &ps->peers[i], true, 0, l[2 * i].slow);
+        link_line(b, "colld_peer_link_slow", &ps->peers[i], false, 0, l[2 * i + 1].slow);
+    }
+    free(l);
+    tb_family(b, "colld_peer_rtt_seconds", "gauge", "Heartbeat round-trip time to this peer daemon, smoothed.");
+    for (size_t i = 0; i < ps->n; i++)
+        peer_line(b, "colld_peer_rtt_seconds", &ps->peers[i], 6, ps->peers[i].rtt_ms / 1000.0);
+    tb_family(b, "colld_peer_tcp_rtt_seconds", "gauge",
+              "TCP_INFO round-trip time of the connections to this peer daemon (the largest).");
+    for (size_t i = 0; i < ps->n; i++)
+        peer_line(b, "colld_peer_tcp_rtt_seconds", &ps->peers[i], 6, ps->peers[i].tcp_rtt_us / 1e6);
+    tb_family(b, "colld_peer_tcp_retransmits_total", "counter",
+              "TCP segments retransmitted to this peer daemon (TCP_INFO, every connection it had).");
+    for (size_t i = 0; i < ps->n; i++)
+        peer_line(b, "colld_peer_tcp_retransmits_total", &ps->peers[i], 0, (double)ps->peers[i].retrans);
+    tb_family(b, "colld_peer_tcp_lost_segments", "gauge", "TCP segments to this peer daemon now presumed lost.");
+    for (size_t i = 0; i < ps->n; i++)
+        peer_line(b, "colld_peer_tcp_lost_segments", &ps->peers[i], 0, (double)ps->peers[i].tcp_lost);
+    tb_family(b, "colld_peer_lost_total", "counter",
+              "Times this peer daemon was lost (a connection failed or went silent, or an operator disconnected it).");
+    for (size_t i = 0; i < ps->n; i++)
+        peer_line(b, "colld_peer_lost_total", &ps->peers[i], 0, (double)ps->peers[i].losses);
+}
+
 /* Peer daemons and the links to them. HELP/TYPE lines are always written, so the families exist
  * (empty) on a single-node daemon. */
 static void render_peers(textbuf_t *b, const peer_snapshot_t *ps)
@@ -325,6 +381,7 @@ static void render_peers(textbuf_t *b, const peer_snapshot_t *ps)
               "Messages from authenticated peer daemons refused: invalid, or from a node not entitled to send them "
               "(the log names them, at most a line per 10 s).");
     tb_printf(b, "colld_net_refused_messages_total %llu\n", (unsigned long long)ps->bad);
+    render_links(b, ps);
 }
 
 /* What one tenant (uid) holds, for the per-tenant families. */

@@ -1133,6 +1133,155 @@ static void test_peer_strings(void **state)
     assert_cluster_serves(cl);
 }
 
+/* ============================================================================================
+ * Link measurements and probes from a hostile peer (issue 18 item 1)
+ * ========================================================================================== */
+
+/* A frame with header fields (HEARTBEAT flags or a DATA header), as the transport encodes them. */
+static bool raw_send_hdr(raw_t *r, unsigned type, uint8_t phase, uint8_t flags, uint64_t xid, uint64_t seq,
+                         uint64_t offset, const void *payload, uint32_t len)
+{
+    uint8_t h[40] = { 0 };
+    put_le(h, 0x31444c43u, 4);
+    h[4] = (uint8_t)type;
+    h[5] = phase;
+    h[6] = flags;
+    put_le(h + 12, len, 4);
+    put_le(h + 16, xid, 8);
+    put_le(h + 24, seq, 8);
+    put_le(h + 32, offset, 8);
+    pthread_mutex_lock(&r->send_mu);
+    bool ok = write_all(r->fd, h, sizeof(h)) && (!len || write_all(r->fd, payload, len));
+    pthread_mutex_unlock(&r->send_mu);
+    return ok;
+}
+
+/* The next HEARTBEAT with all of `flags` set (other frames skipped): its xid and seq. */
+static void raw_wait_heartbeat(raw_t *r, uint8_t flags, uint64_t *xid, uint64_t *seq)
+{
+    static uint8_t buf[1u << 20];
+    for (;;) {
+        uint8_t h[40];
+        read_all(r->fd, h, sizeof(h));
+        uint32_t len = (uint32_t)get_le(h + 12, 4);
+        assert_true(len <= sizeof(buf));
+        read_all(r->fd, buf, len);
+        if (h[4] == 3 && (h[6] & flags) == flags) {
+            *xid = get_le(h + 16, 8);
+            *seq = get_le(h + 24, 8);
+            return;
+        }
+    }
+}
+
+/* A number field of the peer named `name` in `collctl --json status` of h (-1 if absent). */
+static double peer_json_num(harness_t *h, const char *name, const char *field)
+{
+    static char out[65536];
+    char key[96];
+    const char *argv[] = { COLLCTL_BIN, "--socket", h->socket, "--json", "status", NULL };
+    if (harness_capture(argv, out, sizeof(out), 10000) != 0)
+        return -1;
+    snprintf(key, sizeof(key), "\"name\":\"%s\"", name);
+    const char *p = strstr(out, key);
+    snprintf(key, sizeof(key), "\"%s\":", field);
+    p = p ? strstr(p, key) : NULL;
+    return p ? atof(p + strlen(key)) : -1;
+}
+
+/* Wait until the refused-message counter in h's metrics reaches want. */
+static bool refused_reaches(int port, double want)
+{
+    double dl = harness_now_ms() + 10000;
+    while (harness_metric(port, "colld_net_refused_messages_total") < want && harness_now_ms() < dl)
+        usleep(20000);
+    return harness_metric(port, "colld_net_refused_messages_total") >= want;
+}
+
+/* An authenticated peer lies in the link measurements and abuses probes: an echo reply for a
+ * request never made and a rate above the bound are ignored (the daemon's RTT and send rate stay
+ * unmeasured), only the reply to the daemon's outstanding request counts; probe data without a
+ * probe request, a request for too many bytes, a second request within the minimum gap and data
+ * beyond a served probe's size are refused and counted, a valid request is served; the daemon
+ * goes on serving. */
+static void test_link_measurements_hostile(void **state)
+{
+    cluster_t *cl = *state;
+    raw_t r = { 0 };
+    int tfd = trap_open(r.addr, sizeof(r.addr));
+    int mport = harness_metrics_port(&cl->h[0]);
+    assert_true(mport > 0);
+    double refused0 = harness_metric(mport, "colld_net_refused_messages_total");
+    raw_connect(&r, cl->addr[0], "liar");
+    assert_int_equal(pthread_create(&r.hb, NULL, raw_heartbeats, &r), 0);
+    uint64_t xid = 0, seq = 0;
+
+    /* a forged echo reply and an impossible rate, then an echo request: its answer proves that
+     * the daemon has taken the two before it */
+    assert_true(raw_send_hdr(&r, 3, 0, 0x02 | 0x04, 123456789, 0, 2000000000000ull, NULL, 0));
+    assert_true(raw_send_hdr(&r, 3, 0, 0x01, 0, 4242, 0, NULL, 0));
+    do
+        raw_wait_heartbeat(&r, 0x02, &xid, &seq);
+    while (xid != 4242);
+    assert_true(peer_json_num(&cl->h[0], "liar", "rtt_ms") == 0);
+    assert_true(peer_json_num(&cl->h[0], "liar", "tx_rate") == 0);
+
+    /* the answer to the daemon's own outstanding request, and a plausible rate, count (answered
+     * again should the daemon have sent a newer request meanwhile) */
+    double dl = harness_now_ms() + 10000;
+    do {
+        raw_wait_heartbeat(&r, 0x01, &xid, &seq);
+        assert_true(raw_send_hdr(&r, 3, 0, 0x02 | 0x04, seq, 0, 5000000, NULL, 0));
+        usleep(50000);
+    } while ((peer_json_num(&cl->h[0], "liar", "rtt_ms") <= 0 || peer_json_num(&cl->h[0], "liar", "tx_rate") != 5e6) &&
+             harness_now_ms() < dl);
+    assert_true(peer_json_num(&cl->h[0], "liar", "rtt_ms") > 0);
+    assert_true(peer_json_num(&cl->h[0], "liar", "tx_rate") == 5e6);
+
+    /* probe data nobody asked for */
+    static uint8_t zeros[65536];
+    assert_true(raw_send_hdr(&r, 5, 64, 0, 0, 99, 0, zeros, 1000));
+    assert_true(refused_reaches(mport, refused0 + 1));
+    /* a probe of 1 GiB */
+    Colld__Net__V1__ProbeReq pq = COLLD__NET__V1__PROBE_REQ__INIT;
+    pq.id = 7;
+    pq.bytes = 1ull << 30;
+    Colld__Net__V1__Msg m = COLLD__NET__V1__MSG__INIT;
+    m.m_case = COLLD__NET__V1__MSG__M_PROBE_REQ;
+    m.probe_req = &pq;
+    raw_post(&r, &m);
+    assert_true(refused_reaches(mport, refused0 + 2));
+    /* a valid one is served: acknowledged (its bytes come back too) */
+    pq.bytes = 256u << 10;
+    raw_post(&r, &m);
+    Colld__Net__V1__Msg *ack = raw_wait_msg(&r, COLLD__NET__V1__MSG__M_PROBE_ACK);
+    assert_int_equal(ack->probe_ack->id, 7);
+    colld__net__v1__msg__free_unpacked(ack, NULL);
+    /* another one at once: refused (one per second per peer) */
+    pq.id = 8;
+    raw_post(&r, &m);
+    assert_true(refused_reaches(mport, refused0 + 3));
+    /* data beyond the served probe's 256 KiB */
+    assert_true(raw_send_hdr(&r, 5, 64, 0, 0, 7, 256u << 10, zeros, 1000));
+    assert_true(refused_reaches(mport, refused0 + 4));
+    /* the served probe completes: its timing comes back, the first frame not timed */
+    for (uint64_t off = 0; off < (256u << 10); off += sizeof(zeros))
+        assert_true(raw_send_hdr(&r, 5, 64, 0, 0, 7, off, zeros, sizeof(zeros)));
+    Colld__Net__V1__Msg *res = raw_wait_msg(&r, COLLD__NET__V1__MSG__M_PROBE_RESULT);
+    assert_int_equal(res->probe_result->id, 7);
+    assert_int_equal(res->probe_result->bytes, (256u << 10) - sizeof(zeros));
+    assert_true(res->probe_result->ns > 0);
+    colld__net__v1__msg__free_unpacked(res, NULL);
+    assert_true(harness_metric(mport, "colld_net_refused_messages_total") == refused0 + 4);
+
+    atomic_store(&r.stop, 1);
+    pthread_join(r.hb, NULL);
+    close(r.fd);
+    close(tfd);
+    pthread_mutex_destroy(&r.send_mu);
+    assert_cluster_serves(cl);
+}
+
 /* An argument runs only the tests whose names match it (cmocka's filter, * as a wildcard). */
 int main(int argc, char **argv)
 {
@@ -1149,6 +1298,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_peer_strings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ready_before_formed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fail_before_formed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_link_measurements_hostile, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -564,6 +564,56 @@ static void test_data_striped(void **state)
         free(j.src[i]);
 }
 
+/* Whether a's record of b has tx_rate, an RTT and TCP_INFO's, b's of a an rx_rate (into pa, pb). */
+static bool link_measured(node_t *a, node_t *b, colld_net_peer_info_t *pa, colld_net_peer_info_t *pb)
+{
+    return peer_info(a, b->addr, pa) && peer_info(b, a->addr, pb) && pa->tx_rate > 0 && pa->rtt_samples > 0 &&
+           pa->tcp_rtt_us > 0 && pb->rx_rate > 0; /* TCP_INFO: read once a second */
+}
+
+/* The link measurements (tcp.h): the receiver times the DATA frames of 64 KiB or more it gets,
+ * its rate reaches the sender in heartbeats (the sender's tx_rate), heartbeat echoes give the RTT;
+ * TCP_INFO is read. */
+static void test_link_measured(void **state)
+{
+    (void)state;
+    node_t *a = node_start("alpha", (node_opts_t){ .conns = 2, .heartbeat_ms = 50 });
+    node_t *b = node_start("beta", (node_opts_t){ .heartbeat_ms = 50 });
+    bool ok;
+    b->dest = calloc(NDATA, CHUNK);
+    assert_non_null(b->dest);
+    ctrl_roundtrip(a, b, "hello");
+    assert_true(wait_peer_conns(a, b->addr, 2));
+    colld_net_peer_info_t pa, pb;
+    assert_true(peer_info(b, a->addr, &pb));
+    assert_true(pb.rx_rate == 0 && pb.rx_bytes == 0); /* nothing timed yet */
+
+    data_job_t j = { .addr = b->addr };
+    for (unsigned i = 0; i < NDATA; i++) {
+        j.len[i] = CHUNK; /* all timed: >= TCP_RATE_MIN_FRAME */
+        j.src[i] = calloc(1, CHUNK);
+    }
+    run_on_net(a, job_send_data, &j);
+    WAIT_FOR(ok, b, b->ndata == NDATA);
+    assert_true(ok);
+    uint64_t dl = colld_now_ms() + WAIT_MS;
+    while (!link_measured(a, b, &pa, &pb) && colld_now_ms() < dl) {
+        node_lock(a);
+        node_wait(a, 10);
+        pthread_mutex_unlock(&a->mu);
+    }
+    assert_true(link_measured(a, b, &pa, &pb));
+    assert_int_equal(pb.rx_bytes, (uint64_t)NDATA * CHUNK);
+    assert_true(pb.rx_busy_ns > 0);
+    assert_true(pa.tx_rate <= pb.rx_rate + 1 && pa.tx_rate >= pb.rx_rate - 1); /* b's own number */
+    assert_true(pa.rtt_ms > 0 && pa.rtt_ms < WAIT_MS);
+    assert_int_equal(pa.losses, 0);
+    node_free(a);
+    node_free(b);
+    for (unsigned i = 0; i < NDATA; i++)
+        free(j.src[i]);
+}
+
 /* Nodes with different secrets refuse each other, whichever side dials. */
 static void test_wrong_secret(void **state)
 {
@@ -1077,6 +1127,7 @@ int main(void)
         cmocka_unit_test(test_stop_with_queued),   cmocka_unit_test(test_stranger_flood_evicts_itself),
         cmocka_unit_test(test_hello_bad_address),  cmocka_unit_test(test_check_addr),
         cmocka_unit_test(test_lost_peers_freed),   cmocka_unit_test(test_unread_queue_bounded),
+        cmocka_unit_test(test_link_measured),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,6 +33,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -226,6 +227,7 @@ void colld__tcp_peer_lose(colld_net_peer_t *p, const char *why_in)
     pthread_mutex_lock(&n->lock);
     peer_set_state(p, PEER_LOST);
     p->lost_ms = colld_now_ms();
+    p->losses++;
     p->nconns = 0;
     colld_strlcpy(p->last_error, why, sizeof(p->last_error));
     pthread_mutex_unlock(&n->lock);
@@ -495,7 +497,37 @@ static void process_inbox(colld_net_t *n)
     }
 }
 
-/* Handshake deadlines, heartbeats, silence, transfer rates and a paused listener. */
+/* What TCP_INFO says about a peer's connections. */
+typedef struct {
+    uint32_t rtt_us, rttvar_us, lost; /* the largest RTT (and its variance), lost segments summed */
+    uint64_t retrans;                 /* retransmissions since the last sample, summed */
+} tcp_sample_t;
+
+/* Read TCP_INFO of each of p's connections (one getsockopt each, once a second: never per
+ * message). */
+static tcp_sample_t tcp_sample(colld_net_peer_t *p)
+{
+    tcp_sample_t s = { 0 };
+    for (int i = 0; i < p->nconns; i++) {
+        conn_t *c = p->conns[i];
+        struct tcp_info ti;
+        socklen_t len = sizeof(ti);
+        memset(&ti, 0, sizeof(ti));
+        if (c->closed || getsockopt(c->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
+            continue;
+        if (ti.tcpi_rtt > s.rtt_us) {
+            s.rtt_us = ti.tcpi_rtt;
+            s.rttvar_us = ti.tcpi_rttvar;
+        }
+        s.lost += ti.tcpi_lost;
+        if (ti.tcpi_total_retrans >= c->retrans_seen)
+            s.retrans += ti.tcpi_total_retrans - c->retrans_seen;
+        c->retrans_seen = ti.tcpi_total_retrans;
+    }
+    return s;
+}
+
+/* Handshake deadlines, heartbeats, silence, transfer rates, TCP_INFO and a paused listener. */
 static void timers(colld_net_t *n, uint64_t now)
 {
     const colld_net_config_t *cfg = &n->cfg;
@@ -524,24 +556,26 @@ static void timers(colld_net_t *n, uint64_t now)
             colld__tcp_peer_lose(c->peer, why);
             continue;
         }
-        if (!c->sq.head && since(now, c->last_send_ms) >= (uint64_t)cfg->heartbeat_ms) {
-            msg_t *m = colld__tcp_msg_new(TCP_HEARTBEAT, NULL, NULL, 0, true);
-            if (m)
-                colld__tcp_conn_send(c, m);
-        }
+        if (!c->sq.head && since(now, c->last_send_ms) >= (uint64_t)cfg->heartbeat_ms)
+            colld__tcp_heartbeat(c, colld_now_ns(), 0);
     }
-    pthread_mutex_lock(&n->lock);
-    for (colld_net_peer_t *p = n->peers; p; p = p->next) {
+    for (colld_net_peer_t *p = n->peers; p; p = p->next) { /* the list changes only on this thread */
         uint64_t dt = since(now, p->rate_t0_ms);
         if (dt < 1000)
             continue;
+        tcp_sample_t ts = tcp_sample(p);
+        pthread_mutex_lock(&n->lock);
+        p->tcp_rtt_us = ts.rtt_us;
+        p->tcp_rttvar_us = ts.rttvar_us;
+        p->tcp_lost = ts.lost;
+        p->retrans += ts.retrans;
         p->send_rate = (double)(p->bytes_sent - p->rate_sent0) * 1000.0 / (double)dt;
         p->recv_rate = (double)(p->bytes_received - p->rate_recv0) * 1000.0 / (double)dt;
         p->rate_sent0 = p->bytes_sent;
         p->rate_recv0 = p->bytes_received;
         p->rate_t0_ms = now;
+        pthread_mutex_unlock(&n->lock);
     }
-    pthread_mutex_unlock(&n->lock);
     colld__tcp_refuse_log_flush(n, now);
     if (n->listen_paused && now >= n->listen_resume_ms) {
         struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &n->lfd };
@@ -984,6 +1018,17 @@ size_t colld_net_peers(colld_net_t *n, colld_net_peer_info_t *out, size_t max)
         i->send_rate = p->send_rate;
         i->recv_rate = p->recv_rate;
         colld_strlcpy(i->last_error, p->last_error, sizeof(i->last_error));
+        i->tx_rate = p->tx_rate;
+        i->rx_rate = colld__tcp_rx_rate(p);
+        i->rx_bytes = p->rx_bytes;
+        i->rx_busy_ns = p->rx_busy_ns;
+        i->rtt_ms = p->rtt_ms;
+        i->rtt_samples = p->rtt_samples;
+        i->tcp_rtt_us = p->tcp_rtt_us;
+        i->tcp_rttvar_us = p->tcp_rttvar_us;
+        i->tcp_lost = p->tcp_lost;
+        i->retrans = p->retrans;
+        i->losses = p->losses;
     }
     pthread_mutex_unlock(&n->lock);
     return count;

@@ -33,6 +33,23 @@
  * detect dead ones: a connection that receives nothing for heartbeat_ms * heartbeat_misses ms
  * makes its peer lost.
  *
+ * Link measurements (for slow-link diagnosis; no system call per message beyond the clock read
+ * the receive path already made):
+ *   - receive throughput: each DATA frame of at least TCP_RATE_MIN_FRAME payload bytes is timed
+ *     from the read that completed its header to the read that completed its body; a peer is busy
+ *     while any of its connections is inside such a frame, and its rate is the bytes over that busy
+ *     time (idle time between frames, a sender waiting for its own inputs, is not counted), over
+ *     a window of about TCP_RATE_WINDOW bytes (older traffic decays by halving). A rate needs
+ *     TCP_RATE_MIN_BYTES in the window.
+ *   - send throughput: the peer's own receive measurement of this daemon's traffic, which it
+ *     reports in its heartbeats (a claim by an authenticated peer, bounded by TCP_RATE_MAX).
+ *   - round-trip time: heartbeats carry an echo request (a timestamp the other side returns in
+ *     its next heartbeat, at most one request per connection per heartbeat interval); a reply is
+ *     accepted only for the request outstanding on that connection.
+ *   - TCP_INFO of each connection (getsockopt once a second per connection): the kernel's RTT,
+ *     presumed-lost segments and retransmissions.
+ * The heartbeat fields are ignored by daemons that predate them, so the wire stays compatible.
+ *
  * Threads: every callback runs on the network thread. Functions marked (net thread) may be
  * called only from a callback; the others are safe from any thread.
  */
@@ -51,6 +68,10 @@
 #define TCP_MAX_STRANGERS 256      /* accepted connections in their handshake at once */
 #define TCP_STRANGERS_PER_ADDR 32  /* of them from one source address (>= 2 rounds of 16 connections) */
 #define TCP_MAX_QUEUED_CTRL (64u << 20) /* CTRL bytes waiting on a connection before its peer is dropped */
+#define TCP_RATE_MIN_FRAME (64u << 10)  /* DATA frames this large or larger are timed */
+#define TCP_RATE_MIN_BYTES (1u << 20)   /* a link's rate needs this many timed bytes */
+#define TCP_RATE_WINDOW (64ull << 20)   /* timed bytes kept before the window halves */
+#define TCP_RATE_MAX 1e12               /* a rate a peer reports above this (bytes/s) is ignored */
 
 typedef struct colld_net colld_net_t;
 typedef struct colld_net_peer colld_net_peer_t;
@@ -118,6 +139,18 @@ typedef struct colld_net_peer_info {
     uint64_t bytes_sent, bytes_received; /* payload and headers, since the daemon started */
     double send_rate, recv_rate;   /* bytes/s over roughly the last second */
     char last_error[160];          /* why it was last lost, "" if never */
+    /* Link health (see "Link measurements" above). */
+    double tx_rate;         /* bytes/s this peer measured receiving from this daemon, 0: no sample */
+    double rx_rate;         /* bytes/s this daemon measured receiving from the peer, 0: no sample */
+    uint64_t rx_bytes;      /* DATA payload bytes behind rx_rate (the window, decayed) */
+    uint64_t rx_busy_ns;    /* the time spent receiving them */
+    double rtt_ms;          /* heartbeat round trip, smoothed; 0: none measured yet */
+    uint64_t rtt_samples;
+    uint32_t tcp_rtt_us;    /* TCP_INFO tcpi_rtt, the largest over the open connections */
+    uint32_t tcp_rttvar_us;
+    uint32_t tcp_lost;      /* TCP_INFO tcpi_lost (segments now presumed lost), summed */
+    uint64_t retrans;       /* TCP_INFO tcpi_total_retrans, summed over every connection it ever had */
+    uint64_t losses;        /* times it was lost (connection errors, silence, operator) */
 } colld_net_peer_info_t;
 
 /* Bind the listening socket and start the network thread. Returns 0, or -1 with a message in

@@ -136,6 +136,10 @@ void colld__tcp_conn_close(conn_t *c, msgq_t *failed)
     }
     c->head_off = 0;
     c->sq_copied = 0;
+    if (c->rx_timing) {
+        c->rx_timing = false;
+        c->peer->rx_active--;
+    }
     colld__tcp_q_concat(failed, &c->sq);
 }
 
@@ -246,6 +250,89 @@ static void conn_io_error(conn_t *c, const char *what, int err)
 }
 
 /* ============================================================================================
+ * Link measurements (tcp.h, "Link measurements")
+ * ========================================================================================== */
+
+/* A timed DATA frame's body is complete: its bytes count, and the peer's busy time when no other
+ * connection of it is inside one. The window halves once it holds TCP_RATE_WINDOW bytes. */
+static void rx_timed(conn_t *c)
+{
+    colld_net_peer_t *p = c->peer;
+    c->rx_timing = false;
+    uint64_t busy = 0;
+    if (--p->rx_active == 0)
+        busy = c->read_ns > p->rx_t0_ns ? c->read_ns - p->rx_t0_ns : 0;
+    pthread_mutex_lock(&c->net->lock);
+    p->rx_bytes += c->frame.len;
+    p->rx_busy_ns += busy;
+    if (p->rx_bytes > TCP_RATE_WINDOW) {
+        p->rx_bytes /= 2;
+        p->rx_busy_ns /= 2;
+    }
+    pthread_mutex_unlock(&c->net->lock);
+}
+
+/* The receive rate from p in bytes/s, 0 without enough timed bytes (under net->lock or on the
+ * network thread). */
+double colld__tcp_rx_rate(const colld_net_peer_t *p)
+{
+    if (p->rx_bytes < TCP_RATE_MIN_BYTES || p->rx_busy_ns == 0)
+        return 0;
+    return (double)p->rx_bytes * 1e9 / (double)p->rx_busy_ns;
+}
+
+/* Queue a heartbeat on c: an answer to the echo request stamped `echo` (0: none), an echo request
+ * of its own when the last one is a heartbeat interval old, and this daemon's receive rate from
+ * the peer when it has one. */
+void colld__tcp_heartbeat(conn_t *c, uint64_t now_ns, uint64_t echo)
+{
+    colld_net_hdr_t h = { 0 };
+    uint64_t interval_ns = (uint64_t)c->net->cfg.heartbeat_ms * 1000000ull;
+    if (echo) {
+        h.flags |= TCP_HB_ECHO_REPLY;
+        h.xid = echo;
+    }
+    if (now_ns >= c->echo_last_ns + interval_ns) {
+        h.flags |= TCP_HB_ECHO_REQ;
+        h.seq = now_ns;
+        c->echo_sent_ns = c->echo_last_ns = now_ns;
+    }
+    double rate = c->peer ? colld__tcp_rx_rate(c->peer) : 0;
+    if (rate > 0) {
+        h.flags |= TCP_HB_RATE;
+        h.offset = (uint64_t)rate;
+    }
+    msg_t *m = colld__tcp_msg_new(TCP_HEARTBEAT, &h, NULL, 0, true);
+    if (m)
+        colld__tcp_conn_send(c, m);
+}
+
+/* A heartbeat arrived: its echo reply (accepted only for the request outstanding on c), the
+ * peer's report of its receive rate from this daemon (ignored above TCP_RATE_MAX), and an echo
+ * request answered at once. Unknown flags are ignored (a later version's). */
+static void heartbeat_in(conn_t *c)
+{
+    const colld_net_hdr_t *h = &c->frame.h;
+    colld_net_peer_t *p = c->peer;
+    bool rtt = (h->flags & TCP_HB_ECHO_REPLY) && c->echo_sent_ns && h->xid == c->echo_sent_ns &&
+               c->read_ns >= c->echo_sent_ns;
+    bool rate = (h->flags & TCP_HB_RATE) && (double)h->offset <= TCP_RATE_MAX;
+    if (rtt || rate) {
+        pthread_mutex_lock(&c->net->lock);
+        if (rtt) {
+            double ms = (double)(c->read_ns - c->echo_sent_ns) / 1e6;
+            p->rtt_ms = p->rtt_samples++ ? p->rtt_ms + (ms - p->rtt_ms) / 8 : ms;
+            c->echo_sent_ns = 0;
+        }
+        if (rate)
+            p->tx_rate = (double)h->offset;
+        pthread_mutex_unlock(&c->net->lock);
+    }
+    if ((h->flags & TCP_HB_ECHO_REQ) && h->seq)
+        colld__tcp_heartbeat(c, c->read_ns, h->seq);
+}
+
+/* ============================================================================================
  * Receiving
  * ========================================================================================== */
 
@@ -275,12 +362,15 @@ static void on_body(conn_t *c)
         }
         break;
     case TCP_DATA:
+        if (c->rx_timing)
+            rx_timed(c);
         if (cb->data) {
             colld_net_hdr_t h = c->frame.h;
             cb->data(cb->arg, c->peer, &h, c->body);
         }
         break;
     default: /* HEARTBEAT */
+        heartbeat_in(c);
         break;
     }
 }
@@ -338,6 +428,11 @@ static void on_header(conn_t *c)
     }
     if (f->type == TCP_DATA) {
         const colld_net_callbacks_t *cb = &n->cfg.cb;
+        if (f->len >= TCP_RATE_MIN_FRAME && c->peer && !c->rx_timing) {
+            c->rx_timing = true;
+            if (c->peer->rx_active++ == 0)
+                c->peer->rx_t0_ns = c->read_ns;
+        }
         colld_net_hdr_t h = f->h;
         c->body = cb->data_dest ? cb->data_dest(cb->arg, c->peer, &h) : NULL;
         if (!c->body) {
@@ -416,7 +511,8 @@ void colld__tcp_conn_read(conn_t *c)
             colld__tcp_conn_failed(c, c->peer ? "closed by the other side" : "closed before authenticating");
             return;
         }
-        c->last_recv_ms = colld_now_ms();
+        c->read_ns = colld_now_ns(); /* the one clock read per read(): also times DATA frames */
+        c->last_recv_ms = c->read_ns / 1000000ull;
         account(c, 0, (size_t)r);
         budget -= COLLD_MIN(budget, (size_t)r);
         if (!direct) {

@@ -52,6 +52,12 @@
 
 enum { TCP_HELLO = 1, TCP_AUTH = 2, TCP_HEARTBEAT = 3, TCP_CTRL = 4, TCP_DATA = 5 };
 
+/* HEARTBEAT header flags (the other header fields are zero in a plain heartbeat; daemons that
+ * predate these ignore them). */
+#define TCP_HB_ECHO_REQ 0x01   /* seq: the sender's timestamp, to be echoed */
+#define TCP_HB_ECHO_REPLY 0x02 /* xid: the timestamp of the request it answers */
+#define TCP_HB_RATE 0x04       /* offset: the sender's receive rate from the recipient, bytes/s */
+
 #define TCP_MAX_CONNS_CFG 16 /* conns_per_peer at most */
 #define TCP_MAX_INCOMING 64  /* authenticated connections a peer may hold when a stranger joins */
 #define TCP_MAX_PEER_CONNS (TCP_MAX_INCOMING + TCP_MAX_CONNS_CFG)
@@ -105,6 +111,12 @@ struct colld_net_peer {
     uint64_t rate_t0_ms, rate_sent0, rate_recv0;
     double send_rate, recv_rate;
     char last_error[160];
+    uint64_t rx_bytes, rx_busy_ns;   /* timed DATA: the window behind the receive rate */
+    double tx_rate;                  /* the peer's report of its receive rate from us */
+    double rtt_ms;                   /* heartbeat echo, smoothed (1/8 per sample) */
+    uint64_t rtt_samples;
+    uint32_t tcp_rtt_us, tcp_rttvar_us, tcp_lost;
+    uint64_t retrans, losses;
     /* Net thread only. */
     conn_t *conns[TCP_MAX_PEER_CONNS]; /* authenticated, in order of authentication */
     msgq_t pending;                    /* queued before the peer was up */
@@ -115,6 +127,8 @@ struct colld_net_peer {
     char loss_why[TCP_WHY_LEN];
     uint64_t lost_ms;          /* when it was last lost */
     uint64_t unused_check_ms;  /* when peer_unused was last asked (once a second at most) */
+    unsigned rx_active;        /* connections inside a timed DATA frame */
+    uint64_t rx_t0_ns;         /* when the first of them began */
     void *user;
 };
 
@@ -141,6 +155,11 @@ struct tcp_conn {
     uint8_t src_family;
     uint64_t born_ms;   /* accepted or opened */
     uint64_t deadline_ms, last_send_ms, last_recv_ms;
+    uint64_t read_ns;      /* the clock at the last read that returned bytes */
+    bool rx_timing;        /* inside a timed DATA frame (counted in peer->rx_active) */
+    uint64_t echo_sent_ns; /* the echo request outstanding (0: none) */
+    uint64_t echo_last_ns; /* when the last echo request went out */
+    uint32_t retrans_seen; /* tcpi_total_retrans at the last sample */
     uint8_t nonce_i[TCP_NONCE_LEN], nonce_a[TCP_NONCE_LEN];
     char other_name[COLLD_NET_NAME_LEN], other_addr[COLLD_NET_ADDR_LEN]; /* from its HELLO */
     /* Receiving: bytes go ibuf -> header -> body. */
@@ -282,6 +301,8 @@ void colld__tcp_refuse(conn_t *c, const char *why);
 void colld__tcp_refuse_log_flush(colld_net_t *n, uint64_t now);
 void colld__tcp_conn_close(conn_t *c, msgq_t *failed);
 void colld__tcp_conn_free(conn_t *c);
+void colld__tcp_heartbeat(conn_t *c, uint64_t now_ns, uint64_t echo);
+double colld__tcp_rx_rate(const colld_net_peer_t *p);
 
 /* tcp_auth.c: wire format and handshake. */
 const char *colld__tcp_frame_name(unsigned type, char *buf, size_t len);
