@@ -114,6 +114,11 @@ typedef struct colld_backend_ops {
     /* A stream-ordered descriptor of session s failed with st: whatever waits for it on the
      * rank's side must be released. */
     void (*stream_failed)(colld_backend_t *b, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st);
+    /* Deadlock detection (core/deadlock.c): the matched collectives this backend holds that wait
+     * for some of their ranks (a GPU collective whose ranks' streams have not all reached it),
+     * the first of each communicator: fn(arg, k, arrived), arrived[r] true for the ranks that got
+     * there (whose streams now wait in k). NULL when the backend's collectives never wait so. */
+    void (*waiting)(colld_backend_t *b, void (*fn)(void *arg, const colld_coll_t *k, const bool *arrived), void *arg);
 
     /* Communicators spanning nodes: the backend that forms them. comm_form attaches its state to
      * a new communicator whose unique id names another daemon as root (the first local rank

@@ -16,7 +16,11 @@
  * post to the second one later: a cycle that lasts --deadlock-ms because a thread computes that
  * long is a false alarm, which is why failing is a choice (report only by default) and why the
  * wait is long by default (docs/operations.md). Communicators spanning nodes take part with their
- * local ranks only. Runs on the engine thread, lock held, at most every CHECK_NS.
+ * local ranks only. Collectives a backend holds after matching take part too (backend.h
+ * `waiting`): a GPU collective whose ranks' streams have not all reached it gives an edge from
+ * each rank whose stream waits in it to each rank whose stream has not got there, so streams that
+ * run two communicators' collectives in crossed orders are a cycle as well. Runs on the engine
+ * thread, lock held, at most every CHECK_NS.
  */
 #include "server/core/daemon.h"
 
@@ -59,25 +63,17 @@ static int node_of(graph_t *g, colld_session_t *s, int cap)
     return g->nnodes++;
 }
 
-/* Add c's edges: each waiting local rank's session to each missing local rank's session. */
-static int add_comm(graph_t *g, const colld_dcomm_t *c, int cap)
+/* Add the edges of c's collective #seq: from the session of each local rank that got there
+ * (arrived[r]) to the session of each local rank that has not and is still in c. */
+static int add_waits(graph_t *g, const colld_dcomm_t *c, uint64_t seq, const bool *arrived, int cap)
 {
-    int waiting = -1;
-    uint64_t seq = 0;
-    for (int r = 0; r < c->nranks && waiting < 0; r++)
-        if (!c->ranks[r].remote && c->ranks[r].head) {
-            waiting = r;
-            seq = c->ranks[r].head->d.seq;
-        }
-    if (waiting < 0)
-        return 0;
     for (int m = 0; m < c->nranks; m++) {
         const colld_member_t *mm = &c->ranks[m];
-        if (mm->remote || mm->head || mm->left || !mm->session)
+        if (mm->remote || arrived[m] || mm->left || !mm->session)
             continue;
         for (int r = 0; r < c->nranks; r++) {
             const colld_member_t *w = &c->ranks[r];
-            if (w->remote || !w->head || !w->session || w->session == mm->session)
+            if (w->remote || !arrived[r] || !w->session || w->session == mm->session)
                 continue;
             if (g->nedges == g->cap_edges) {
                 int cap_e = g->cap_edges ? 2 * g->cap_edges : 64;
@@ -94,6 +90,52 @@ static int add_comm(graph_t *g, const colld_dcomm_t *c, int cap)
         }
     }
     return 0;
+}
+
+/* Add c's edges for the collective its local ranks post: the ranks that posted it wait for those
+ * that have not. */
+static int add_comm(graph_t *g, const colld_dcomm_t *c, int cap)
+{
+    bool *arrived = calloc((size_t)c->nranks, sizeof(*arrived));
+    uint64_t seq = 0;
+    if (!arrived)
+        return -1;
+    for (int r = 0; r < c->nranks; r++)
+        if (!c->ranks[r].remote && c->ranks[r].head) {
+            if (!seq)
+                seq = c->ranks[r].head->d.seq;
+            arrived[r] = true;
+        }
+    int rc = add_waits(g, c, seq, arrived, cap);
+    free(arrived);
+    return rc;
+}
+
+/* The backends' waiting collectives (backend.h `waiting`), into the graph or only counted. */
+typedef struct {
+    graph_t *g; /* NULL: count only */
+    int cap, rc, count;
+} held_t;
+
+static void add_held(void *arg, const colld_coll_t *k, const bool *arrived)
+{
+    held_t *h = arg;
+    const colld_dcomm_t *c = k->comm;
+    if (c->state != COLLD_COMM_READY || !c->ranks)
+        return;
+    h->count++;
+    if (h->g && h->rc == 0)
+        h->rc = add_waits(h->g, c, colld_coll_lead(k)->d.seq, arrived, h->cap);
+}
+
+/* Walk every backend's waiting collectives with h (lock held). */
+static void backends_waiting(colld_daemon_t *d, held_t *h)
+{
+    for (int i = 0; i < d->nbackends; i++) {
+        colld_backend_t *b = &d->backends[i];
+        if (b->present && b->ops->waiting)
+            b->ops->waiting(b, add_held, h);
+    }
 }
 
 static int by_from(const void *a, const void *b)
@@ -161,9 +203,14 @@ uint64_t colld_deadlock_check(colld_daemon_t *d, uint64_t now)
     if (now < d->dl_next_ns)
         return d->dl_sig ? d->dl_since_ns + (uint64_t)d->cfg.deadlock_ms * 1000000ull : d->dl_next_ns;
     d->dl_next_ns = now + CHECK_NS;
-    int waiting = 0; /* a cycle needs two communicators that wait */
+    int waiting = 0; /* a cycle needs two communicators that wait (or two collectives of backends) */
     for (const colld_dcomm_t *c = d->comms; c && waiting < 2; c = c->next)
         waiting += c->state == COLLD_COMM_READY && c->ranks && comm_waits(c);
+    held_t held = { 0 };
+    if (waiting < 2) {
+        backends_waiting(d, &held);
+        waiting += held.count;
+    }
     if (waiting < 2) {
         d->dl_sig = 0;
         d->dl_reported = false;
@@ -185,6 +232,12 @@ uint64_t colld_deadlock_check(colld_daemon_t *d, uint64_t now)
             LOG_INFO_RL(ENGINE, "deadlock check skipped: more than %d waits", MAX_EDGES);
             goto out;
         }
+    held = (held_t){ .g = &g, .cap = cap };
+    backends_waiting(d, &held);
+    if (held.rc < 0) {
+        LOG_INFO_RL(ENGINE, "deadlock check skipped: more than %d waits", MAX_EDGES);
+        goto out;
+    }
     if (g.nedges < 2)
         goto out;
     qsort(g.edges, (size_t)g.nedges, sizeof(*g.edges), by_from);

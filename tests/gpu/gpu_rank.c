@@ -50,6 +50,13 @@
  *            communicator --uid2 and run exact all-reduces on the same buffers and stream.
  *   loop     exact all-reduces until --stop-file exists, the count finished written to
  *            --progress-file: a communicator that must keep working while a test breaks another.
+ *   crossed  the cross-communicator deadlock of GPU streams (issue 18; 2 ranks): the rank also
+ *            joins --uid2 (B); rank 0 posts an all-reduce on the first communicator (A) then one on
+ *            B, rank 1 posts B then A, all on its one stream. Both host calls return at once, then
+ *            each stream waits in its first collective for the other rank's stream, which waits in
+ *            the other: nothing moves. The daemon (driven with --deadlock-ms and --deadlock-fail)
+ *            must see the cycle, fail both communicators with COLLD_ERR_DEADLOCK naming it and
+ *            release the stream, within half the communicators' timeout.
  *
  * Exit code: 0 everything exact (or the expected failure came); 1 a mismatch, an unexpected status,
  * a CUDA error or a stream that was not released; 2 bad arguments; 77 no GPU visible (never with
@@ -757,6 +764,69 @@ static int mode_loop(run_t *R)
     }
 }
 
+/* Both communicators of the crossed mode must have failed with COLLD_ERR_DEADLOCK naming the cycle;
+ * 0 or -1 (printed). */
+static int crossed_failed(run_t *R, colld_comm_t *comm, const char *name)
+{
+    colld_status_t err = COLLD_OK;
+    colld_status_t st = colld_comm_get_async_error(comm, &err);
+    const char *detail = colld_comm_last_error(comm);
+    if (st != COLLD_OK || err != COLLD_ERR_DEADLOCK || !strstr(detail, "deadlock across communicators: rank ")) {
+        fprintf(stderr, "rank %d: communicator %s: %s, want COLLD_ERR_DEADLOCK naming the cycle: %s\n", R->rank, name,
+                colld_status_name(st != COLLD_OK ? st : err), detail);
+        return -1;
+    }
+    fprintf(stderr, "rank %d: communicator %s: %s: %s\n", R->rank, name, colld_status_name(err), detail);
+    return 0;
+}
+
+static int mode_crossed(run_t *R)
+{
+    const args_t *a = R->a;
+    colld_unique_id_t id2;
+    colld_comm_t *b = NULL;
+    if (R->n != 2 || !a->uid2_hex || harness_uid_from_hex(a->uid2_hex, &id2) < 0) {
+        fprintf(stderr, "rank %d: --mode crossed needs 2 ranks and --uid2\n", R->rank);
+        return 2;
+    }
+    colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
+    cfg.timeout_ms = a->timeout_ms;
+    cfg.name = "crossed-b";
+    colld_status_t st = colld_comm_init_rank(R->c, &b, 2, id2, R->rank, &cfg);
+    if (st != COLLD_OK) {
+        fprintf(stderr, "rank %d: joining B: %s\n", R->rank, colld_status_name(st));
+        return 1;
+    }
+    size_t count = 1024;
+    colld_comm_t *order[2] = { R->comm, b };
+    if (R->rank == 1) {
+        order[0] = b;
+        order[1] = R->comm;
+    }
+    int rc = 0;
+    double t0 = harness_now_ms();
+    for (int i = 0; i < 2 && rc == 0; i++)
+        if ((st = colld_allreduce(R->ds, R->ds, count, COLLD_FLOAT32, COLLD_SUM, order[i], R->stream)) != COLLD_OK) {
+            fprintf(stderr, "rank %d: posting on %s: %s: %s\n", R->rank, order[i] == b ? "B" : "A",
+                    colld_status_name(st), colld_comm_last_error(order[i]));
+            rc = 1;
+        }
+    /* The stream is released once the daemon has failed the cycle's communicators. */
+    if (rc == 0 && wait_stream(R, "the crossed collectives", a->timeout_ms / 2) < 0)
+        rc = 1;
+    double ms = harness_now_ms() - t0;
+    if (rc == 0 && (crossed_failed(R, R->comm, "A") < 0 || crossed_failed(R, b, "B") < 0))
+        rc = 1;
+    if (rc == 0)
+        fprintf(stderr, "rank %d: the crossed streams were released after %.0f ms (timeout %d ms)\n", R->rank, ms,
+                a->timeout_ms);
+    if ((st = colld_comm_destroy(b)) != COLLD_OK && rc == 0) {
+        fprintf(stderr, "rank %d: destroying B: %s\n", R->rank, colld_status_name(st));
+        rc = 1;
+    }
+    return rc;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Set-up
  * ------------------------------------------------------------------------------------------- */
@@ -929,6 +999,8 @@ int main(int argc, char **argv)
         rc = mode_fault(&R);
     else if (strcmp(a.mode, "loop") == 0)
         rc = mode_loop(&R);
+    else if (strcmp(a.mode, "crossed") == 0)
+        rc = mode_crossed(&R);
     else {
         fprintf(stderr, "gpu_rank: unknown mode %s\n", a.mode);
         rc = 2;

@@ -5,7 +5,7 @@
  * on a real GPU (ctest label hardware; exits 77, skipped, before starting anything when no driver
  * or no GPU is found) and on the CUDA driver test double (label gpu, cudafake).
  *
- *   test_gpu_collectives [matrix|stream|fault|all] [--gpus N] [--cudafake]
+ *   test_gpu_collectives [matrix|stream|fault|deadlock|all] [--gpus N] [--cudafake]
  *
  *  --gpus N    rank r on GPU r % N (default 1: every rank on GPU 0); N GPUs must be visible.
  *  --cudafake  the libcuda.so.1 found must be the CUDA driver test double (checked before any CUDA
@@ -30,6 +30,10 @@
  *          form a new communicator that computes exactly, a GPU and a host communicator running
  *          beside them keep working, a fresh pair of ranks afterwards is exact, and the daemon is
  *          left with nothing of the broken communicator.
+ *  deadlock  2 ranks run two communicators' all-reduces on their streams in crossed orders (a
+ *          daemon with --deadlock-ms 500 --deadlock-fail): both communicators fail with
+ *          COLLD_ERR_DEADLOCK naming the cycle, every stream is released within half the 60 s
+ *          timeout, and collctl doctor names the deadlock (issue 18).
  */
 #include "tests/gpu/gpu_cu.h"
 #include "tests/integration/harness.h"
@@ -380,6 +384,47 @@ static void test_fault_kill_before_post(void **state) { run_fault(*state, false)
 static void test_fault_kill_while_streams_wait(void **state) { run_fault(*state, true); }
 
 /* ---------------------------------------------------------------------------------------------
+ * Deadlock of GPU streams (issue 18)
+ * ------------------------------------------------------------------------------------------- */
+
+/* Two ranks run two communicators' all-reduces on their streams in crossed orders (gpu_rank.c
+ * --mode crossed): the daemon must fail both with COLLD_ERR_DEADLOCK naming the cycle and release
+ * every stream long before the communicators' 60 s timeout (each rank checks that), and
+ * collctl doctor must name the deadlock. */
+static void test_deadlock_crossed_streams(void **state)
+{
+    harness_t *h = *state;
+    char a[HARNESS_UID_HEX_LEN], b[HARNESS_UID_HEX_LEN], rk[2][4], out[8192];
+    pid_t pids[2];
+    assert_int_equal(harness_new_uid_hex(h, a), 0);
+    assert_int_equal(harness_new_uid_hex(h, b), 0);
+    for (int r = 0; r < 2; r++) {
+        snprintf(rk[r], sizeof(rk[r]), "%d", r);
+        const char *argv[48] = { GPU_RANK_BIN, "--socket", h->socket, "--uid", a,        "--uid2",  b,
+                                 "--nranks",   "2",        "--rank",  rk[r],   "--mode", "crossed", "--timeout-ms",
+                                 "60000" };
+        add_args(argv, 15, NULL);
+        pids[r] = harness_spawn(argv);
+        assert_true(pids[r] > 0);
+    }
+    assert_int_equal(harness_wait_all(pids, 2, RUN_LIMIT_MS), 0);
+    const char *doctor[] = { COLLCTL_BIN, "--socket", h->socket, "doctor", NULL };
+    int rc = harness_capture(doctor, out, sizeof(out), 20000);
+    print_message("collctl doctor (exit %d):\n%s", rc, out);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, "PROBLEM deadlock"));
+    assert_non_null(strstr(out, "deadlock across communicators: rank "));
+    assert_non_null(strstr(out, "'crossed-b'"));
+    assert_true(daemon_on_double(h->pid));
+}
+
+static int setup_deadlock(void **state)
+{
+    static const char *const extra[] = { "--deadlock-ms", "500", "--deadlock-fail", NULL };
+    return harness_test_setup_args(state, extra);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Main
  * ------------------------------------------------------------------------------------------- */
 
@@ -447,10 +492,15 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_fault_kill_before_post, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_fault_kill_while_streams_wait, harness_test_setup, harness_test_teardown),
     };
+    const struct CMUnitTest deadlock[] = {
+        cmocka_unit_test_setup_teardown(test_deadlock_crossed_streams, setup_deadlock, harness_test_teardown),
+    };
     bool all = strcmp(group, "all") == 0;
     int failed = 0;
-    if ((!all && strcmp(group, "matrix") && strcmp(group, "stream") && strcmp(group, "fault")) || gpus < 1) {
-        fprintf(stderr, "usage: %s [matrix|stream|fault|all] [--gpus N] [--cudafake]\n", argv[0]);
+    if ((!all && strcmp(group, "matrix") && strcmp(group, "stream") && strcmp(group, "fault") &&
+         strcmp(group, "deadlock")) ||
+        gpus < 1) {
+        fprintf(stderr, "usage: %s [matrix|stream|fault|deadlock|all] [--gpus N] [--cudafake]\n", argv[0]);
         return 2;
     }
     printf("%d of %d GPU(s) visible used%s\n", gpus, cu.ndev,
@@ -462,5 +512,7 @@ int main(int argc, char **argv)
         failed += cmocka_run_group_tests_name("gpu_stream", stream, NULL, NULL);
     if (all || !strcmp(group, "fault"))
         failed += cmocka_run_group_tests_name("gpu_fault", fault, NULL, NULL);
+    if (all || !strcmp(group, "deadlock"))
+        failed += cmocka_run_group_tests_name("gpu_deadlock", deadlock, NULL, NULL);
     return failed ? 1 : 0;
 }

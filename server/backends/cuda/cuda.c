@@ -251,6 +251,7 @@ const colld_backend_ops_t colld_cuda_backend = {
     .after_run = cuda_after_run,
     .comm_busy = cuda_comm_busy,
     .stream_failed = cuda_stream_failed,
+    .waiting = cuda_waiting,
     .mem_register = cuda_mem_register,
     .mem_release = cuda_mem_release,
     .sync_area = cuda_sync_area,

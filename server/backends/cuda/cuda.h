@@ -169,6 +169,9 @@ void cuda_watch_kick(colld_gpus_t *g);
 /* Can cuda_progress move a collective now: every rank's stream reached the first pending one of
  * a communicator, or the first launched one's event fired (lock held)? */
 bool cuda_movable(colld_backend_t *b);
+/* backend.h `waiting`: the first pending collective of each communicator, with the ranks whose
+ * streams reached it (deadlock detection). Lock held. */
+void cuda_waiting(colld_backend_t *b, void (*fn)(void *arg, const colld_coll_t *k, const bool *arrived), void *arg);
 /* List membership of what a reset must drop (lock held). */
 void cuda_track_comm(colld_gpus_t *g, gpu_comm_t *gc, bool add);
 void cuda_track_session(colld_gpus_t *g, gpu_session_t *gs, bool add);

@@ -425,6 +425,27 @@ static bool first_of_comm(const colld_coll_t *list, const colld_coll_t *k)
     return true;
 }
 
+void cuda_waiting(colld_backend_t *b, void (*fn)(void *arg, const colld_coll_t *k, const bool *arrived), void *arg)
+{
+    colld_gpus_t *g = gpus_of(b);
+    if (!g || g->hold) /* held back by a reset, not by the ranks */
+        return;
+    for (colld_coll_t *k = g->pending; k; k = k->next) {
+        if (!first_of_comm(g->pending, k))
+            continue;
+        bool *arrived = calloc((size_t)k->comm->nranks, sizeof(*arrived));
+        if (!arrived)
+            return;
+        for (int r = 0; r < k->comm->nranks; r++) {
+            uint32_t want;
+            const uint32_t *slot = ready_slot(b, k->ops[r], &want);
+            arrived[r] = slot && __atomic_load_n(slot, __ATOMIC_ACQUIRE) == want;
+        }
+        fn(arg, k, arrived);
+        free(arrived);
+    }
+}
+
 bool cuda_movable(colld_backend_t *b)
 {
     colld_gpus_t *g = gpus_of(b);
