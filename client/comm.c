@@ -72,6 +72,7 @@ colld_status_t colld_comm_init_rank(colld_client_t *c, colld_comm_t **comm, int 
     }
     int timeout_ms = 0;
     const char *name = NULL;
+    bool nan_check = false;
     if (cfg) {
         if (cfg->size < offsetof(colld_comm_config_t, name) + sizeof(cfg->name) || cfg->version == 0 ||
             cfg->version > COLLD_API_VERSION) {
@@ -84,6 +85,14 @@ colld_status_t colld_comm_init_rank(colld_client_t *c, colld_comm_t **comm, int 
         }
         timeout_ms = cfg->timeout_ms;
         name = cfg->name;
+        /* nan_check came later: a config of an older size has none. */
+        if (cfg->size >= offsetof(colld_comm_config_t, nan_check) + sizeof(cfg->nan_check)) {
+            if (cfg->nan_check != 0 && cfg->nan_check != 1) {
+                LOG_WARN(CLIENT, "colld_comm_init_rank: nan_check %d is neither 0 nor 1", cfg->nan_check);
+                return COLLD_ERR_INVALID_ARGUMENT;
+            }
+            nan_check = cfg->nan_check == 1;
+        }
     }
     colld_comm_t *cm = calloc(1, sizeof(*cm));
     if (!cm)
@@ -103,6 +112,7 @@ colld_status_t colld_comm_init_rank(colld_client_t *c, colld_comm_t **comm, int 
     req.rank = rank;
     req.timeout_ms = timeout_ms;
     req.name = cname;
+    req.nan_check = nan_check;
     int wait_ms = (timeout_ms ? timeout_ms : c->default_timeout_ms) + JOIN_RPC_MARGIN_MS;
     Colld__V1__CommInitResponse *resp = NULL;
     char detail[512] = "";

@@ -38,6 +38,8 @@
  *       New status COLLD_ERR_NUMERIC: a NaN or infinity in a reduction's input under the
  *       daemon's --nan-check (issue 18). New status COLLD_ERR_DEADLOCK: a cycle of ranks waiting
  *       for each other across communicators, under the daemon's --deadlock-fail (issue 18).
+ *       New: colld_comm_config_t.nan_check, the --nan-check checks for one communicator (the
+ *       struct grew; a config of the older size, without the field, means 0).
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -149,9 +151,15 @@ typedef struct {
     const char *name;    /* shown by collctl; NULL: none. Printable UTF-8, else colld_comm_init_rank
                             fails with COLLD_ERR_INVALID_ARGUMENT. Copied, at most 63 bytes kept
                             (cut between characters) */
+    int nan_check;       /* 1: this communicator's floating-point reductions refuse NaN and +-Inf
+                            inputs with COLLD_ERR_NUMERIC naming the rank and element, as the
+                            daemon's --nan-check does for every communicator (then small
+                            collectives go through the daemon, not the fast path); any rank's 1
+                            holds for the whole communicator. 0: the daemon's setting. Other
+                            values: COLLD_ERR_INVALID_ARGUMENT */
 } colld_comm_config_t;
 
-#define COLLD_COMM_CONFIG_INIT { sizeof(colld_comm_config_t), COLLD_API_VERSION, 0, NULL }
+#define COLLD_COMM_CONFIG_INIT { sizeof(colld_comm_config_t), COLLD_API_VERSION, 0, NULL, 0 }
 
 /* Connect to the local daemon. socket_path NULL: $COLLD_SOCKET, else /run/colld/colld.sock for
  * root and $XDG_RUNTIME_DIR/colld.sock otherwise. */

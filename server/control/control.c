@@ -133,7 +133,8 @@ static void on_comm_init(colld_rpc_call_t *call, const ProtobufCMessage *msg, vo
                  "daemon is back";
     }
     if (status == COLLD_OK)
-        colld_comm_join(d, s, req->unique_id.data, req->nranks, req->rank, req->timeout_ms, req->name, call, NULL);
+        colld_comm_join(d, s, req->unique_id.data, req->nranks, req->rank, req->timeout_ms, req->name,
+                        req->nan_check, call, NULL);
     else
         colld_reply_add(d, call, status, detail);
     colld_daemon_unlock(d);

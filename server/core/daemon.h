@@ -244,6 +244,7 @@ struct colld_dcomm {
     int present;              /* members not yet left */
     char name[COLLD_NAME_LEN];
     int timeout_ms;
+    bool nan_check;           /* a rank asked for --nan-check's checks on this communicator */
     colld_comm_state_t state;
     colld_status_t error;
     char error_detail[COLLD_DETAIL_LEN];
@@ -466,10 +467,12 @@ bool colld_comm_take_uid(colld_daemon_t *d, const uint8_t *uid, uid_t tenant);
 /* The root daemon's address in a multi-node unique id (into buf), or NULL for a local id. */
 const char *colld_uid_root_addr(const uint8_t *uid, char *buf, size_t len);
 /* Join rank `rank` of the communicator named by `uid`; `call` (may be NULL) is answered when
- * every rank has joined, or at once on error (colld_reply_add). Returns COLLD_OK (the join is
+ * every rank has joined, or at once on error (colld_reply_add). `nan_check`: the rank asks for
+ * --nan-check's input checks on this communicator (any rank's request holds for all). Returns COLLD_OK (the join is
  * pending or done) or the refusal, also in *refusal when given (in-process tests). */
 colld_status_t colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, int nranks, int rank,
-                               int timeout_ms, const char *name, colld_rpc_call_t *call, colld_err_t *refusal);
+                               int timeout_ms, const char *name, bool nan_check, colld_rpc_call_t *call,
+                               colld_err_t *refusal);
 /* CommDestroy: the rank of `handle` leaves. COLLD_OK, or an error with what is wrong in err. */
 colld_status_t colld_comm_leave(colld_daemon_t *d, colld_session_t *s, uint32_t handle, colld_err_t *err);
 /* Every rank has joined: the communicator is ready; answer the joins (lock held). */

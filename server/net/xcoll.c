@@ -360,7 +360,7 @@ static int phase_in(xcoll_t *xc, uint64_t a, uint64_t b)
     for (int r = 0; r < n; r++)
         if (k->ops[r])
             in[nin++] = (const uint8_t *)k->ops[r]->send_ptr + a;
-    if (xc->d->cfg.nan_check && check_finite(xc, a, b) < 0)
+    if ((xc->d->cfg.nan_check || xc->k->comm->nan_check) && check_finite(xc, a, b) < 0)
         return 0; /* failed with the verdict */
     void *out[1] = { xc->X + a };
     return colld_cpu_reduce(xc->dt, xc->pop, in, nin, out, 1, (b - a) / xc->es) == COLLD_OK ? 0 : -1;

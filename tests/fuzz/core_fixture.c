@@ -124,7 +124,7 @@ colld_dcomm_t *fix_comm(fix_t *f, int nranks, int timeout_ms)
     pthread_mutex_lock(&d->lock);
     if (colld_comm_issue_uid(d, f->s[0], uid) == COLLD_OK) {
         for (int r = 0; r < nranks; r++)
-            colld_comm_join(d, f->s[r], uid, nranks, r, timeout_ms, "fuzz", NULL, NULL);
+            colld_comm_join(d, f->s[r], uid, nranks, r, timeout_ms, "fuzz", false, NULL, NULL);
         for (colld_dcomm_t *x = d->comms; x; x = x->next)
             if (memcmp(x->unique_id, uid, sizeof(uid)) == 0 && x->state == COLLD_COMM_READY)
                 c = x;

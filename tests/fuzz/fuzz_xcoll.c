@@ -197,7 +197,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* The communicator forms: the local rank joins, then the peers' ranks (this daemon is root). */
     pthread_mutex_lock(&d->lock);
     if (colld_comm_issue_uid(d, s, w.uid) == COLLD_OK)
-        colld_comm_join(d, s, w.uid, nranks, local, (cfg & 0x20) ? 1 : 60000, "fuzz", NULL, NULL);
+        colld_comm_join(d, s, w.uid, nranks, local, (cfg & 0x20) ? 1 : 60000, "fuzz", false, NULL, NULL);
     colld_daemon_unlock(d);
     colld__tcp_net_step(w.net);
     for (int r = 0; r < nranks; r++)

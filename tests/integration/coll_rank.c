@@ -47,6 +47,8 @@
  *            are finite but for --poison R:I:nan|inf|-inf,... (element I of rank R's input); with
  *            --expect NAME the status must be NAME and the detail goes to stdout, else it must
  *            succeed. Then an int32 all-reduce (never checked) shows the communicator's state.
+ *            --comm-nan-check (any mode): the communicator's config asks for the checks
+ *            (colld_comm_config_t.nan_check) where the daemon has no --nan-check.
  *   crossed  2 ranks, a second communicator (--uid2): rank 0 all-reduces on the first and waits,
  *            rank 1 on the second and waits, so each waits for the other (a cross-communicator
  *            deadlock); the status must be --expect's, whose detail goes to stdout.
@@ -87,6 +89,7 @@ typedef struct {
     unsigned kinds, dtypes, ops; /* bit masks */
     bool inplace, outofplace, big, big_all;
     bool use_malloc; /* ordinary memory (staged by libcolld) instead of colld_mem_alloc */
+    bool comm_nan_check; /* --comm-nan-check: the communicator's config asks for --nan-check */
 } args_t;
 
 typedef struct {
@@ -898,6 +901,8 @@ static int parse_args(int argc, char **argv, args_t *a)
             a->big_all = true;
         else if (strcmp(argv[i], "--malloc") == 0)
             a->use_malloc = true;
+        else if (strcmp(argv[i], "--comm-nan-check") == 0)
+            a->comm_nan_check = true;
         else if (strcmp(argv[i], "--exact-values") == 0)
             pattern = colld_cpu_pattern_small;
         else {
@@ -939,6 +944,7 @@ int main(int argc, char **argv)
     }
     colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
     cfg.timeout_ms = a.timeout_ms;
+    cfg.nan_check = a.comm_nan_check;
     cfg.name = "test-coll";
     st = colld_comm_init_rank(R.c, &R.comm, a.nranks, id, a.rank, &cfg);
     if (st != COLLD_OK) {

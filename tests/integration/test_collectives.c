@@ -321,8 +321,8 @@ static void test_per_op_completion(void **state)
 }
 
 /* Run mode nan on 3 ranks with the poison given, expecting COLLD_ERR_NUMERIC with `detail` on every
- * rank. */
-static void expect_numeric(harness_t *h, const char *call, const char *poison, const char *detail)
+ * rank; with `comm_check` the ranks ask for the checks in their communicator's config. */
+static void expect_numeric_how(harness_t *h, const char *call, const char *poison, const char *detail, bool comm_check)
 {
     char out[3][400], text[1024], nr[4] = "3", rk[4], hex[HARNESS_UID_HEX_LEN];
     pid_t p[3];
@@ -349,6 +349,7 @@ static void expect_numeric(harness_t *h, const char *call, const char *poison, c
                                "COLLD_ERR_NUMERIC",
                                "--out",
                                out[r],
+                               comm_check ? "--comm-nan-check" : NULL,
                                NULL };
         assert_true((p[r] = harness_spawn(argv)) > 0);
     }
@@ -358,6 +359,11 @@ static void expect_numeric(harness_t *h, const char *call, const char *poison, c
         print_message("%s", text);
         assert_non_null(strstr(text, detail));
     }
+}
+
+static void expect_numeric(harness_t *h, const char *call, const char *poison, const char *detail)
+{
+    expect_numeric_how(h, call, poison, detail, false);
 }
 
 /* --nan-check (issue 18): a float32 all-reduce with a NaN and a -Inf on two ranks fails on every
@@ -379,6 +385,21 @@ static void test_nan_without_check(void **state)
 {
     const char *extra[] = { "--mode", "nan", "--poison", "1:7:nan,2:3:-inf", NULL };
     run_coll(*state, 3, extra);
+}
+
+/* The checks for one communicator (colld_comm_config_t.nan_check) on a daemon without --nan-check:
+ * that communicator's poisoned all-reduces fail as under the daemon's option (small ones too: it
+ * has no fast area), and a communicator that did not ask still takes a NaN as data beside it. */
+static void test_nan_check_per_comm(void **state)
+{
+    harness_t *h = *state;
+    expect_numeric_how(h, "allreduce:float32:sum:1000:0", "1:7:nan,2:3:-inf",
+                       "rank 1 contributed NaN at element 7; rank 2 contributed -Inf at element 3 (allreduce float32",
+                       true);
+    expect_numeric_how(h, "allreduce:float32:sum:3000001:0", "2:2999999:nan",
+                       "rank 2 contributed NaN at element 2999999", true);
+    const char *unchecked[] = { "--mode", "nan", "--poison", "1:7:nan,2:3:-inf", NULL };
+    run_coll(h, 3, unchecked);
 }
 
 /* Two ranks, two communicators, crossed (coll_rank.c mode crossed), under a daemon started with
@@ -473,6 +494,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_per_op_completion, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_nan_check, setup_nan_check, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_nan_without_check, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_nan_check_per_comm, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_deadlock_fails, setup_deadlock_fail, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_deadlock_reported, setup_deadlock_report, harness_test_teardown),
     };

@@ -53,7 +53,7 @@ static colld_status_t join(fix_t *f, int i, const uint8_t *uid, int nranks, int 
                            colld_err_t *err)
 {
     pthread_mutex_lock(&f->d.lock);
-    colld_status_t st = colld_comm_join(&f->d, f->s[i], uid, nranks, rank, timeout_ms, name, NULL, err);
+    colld_status_t st = colld_comm_join(&f->d, f->s[i], uid, nranks, rank, timeout_ms, name, false, NULL, err);
     colld_daemon_unlock(&f->d);
     return st;
 }

@@ -346,11 +346,11 @@ static void host_submit(colld_backend_t *b, colld_coll_t *k)
     h->batch = k;
 }
 
-/* Whether a collective's inputs are checked for NaN and infinities: --nan-check, a reduction, a
- * floating-point dtype. */
-static bool checks_finite(const host_t *h, const colld_wire_sqe_t *a)
+/* Whether a collective's inputs are checked for NaN and infinities: --nan-check (the daemon's, or
+ * its communicator's), a reduction, a floating-point dtype. */
+static bool checks_finite(const host_t *h, const colld_coll_t *k, const colld_wire_sqe_t *a)
 {
-    return h->nan_check && colld_kind_has_op(a->kind) &&
+    return (h->nan_check || k->comm->nan_check) && colld_kind_has_op(a->kind) &&
            (a->dtype == COLLD_FLOAT16 || a->dtype == COLLD_BFLOAT16 || a->dtype == COLLD_FLOAT32 ||
             a->dtype == COLLD_FLOAT64);
 }
@@ -398,7 +398,7 @@ static colld_status_t execute(host_t *h, colld_coll_t *k)
         .n = n,
         .in = in,
         .out = out,
-        .first_bad = checks_finite(h, a) ? first_bad : NULL,
+        .first_bad = checks_finite(h, k, a) ? first_bad : NULL,
     };
     colld_status_t st = colld_host_pool_run(h->pool, &job);
     return st == COLLD_OK && job.first_bad ? finite_verdict(k, &job) : st;
