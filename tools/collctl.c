@@ -566,6 +566,8 @@ static void trace_text(const Colld__V1__TraceResponse *r)
         printf("%6llu %-13s %-8s %-4s %10llu %-6s %-20s %-15s %9s %9s ", (unsigned long long)e->seq, e->kind,
                e->dtype, e->redop, (unsigned long long)e->count, e->path, short_status(e->status), when, start, end);
         print_arrivals(e);
+        if (e->note[0])
+            printf("  <- %s", e->note);
         printf("\n");
     }
     if (r->n_entries == 0)
@@ -607,7 +609,9 @@ static void trace_json(const Colld__V1__TraceResponse *r)
                (long long)e->first_arrival_unix_us, (long long)e->start_us, (long long)e->end_us);
         for (size_t k = 0; k < e->n_arrival_us; k++)
             printf("%s%lld", k ? "," : "", (long long)e->arrival_us[k]);
-        printf("]}");
+        printf("],\"note\":");
+        json_str(e->note);
+        printf("}");
     }
     printf("],\"ranks\":[");
     for (size_t i = 0; i < r->n_ranks; i++) {

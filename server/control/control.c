@@ -602,6 +602,8 @@ static int trace_entry(Colld__V1__TraceEntry *e, const colld_trace_rec_t *t, con
     e->count = t->count;
     e->root = t->root;
     e->path = (char *)((t->flags & COLLD_SQE_FAST) ? "fast" : "engine");
+    if (t->flags & COLLD_TRACE_SLOW_LINK)
+        e->note = (char *)"slow link (recovered since)"; /* on_trace names it while it is still slow */
     e->status = t->status;
     e->first_arrival_unix_us = (int64_t)(t->first_ns / 1000) + mono_to_unix_us;
     e->arrival_us = calloc((size_t)nranks, sizeof(*e->arrival_us));
@@ -700,8 +702,13 @@ static void on_trace(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *
         eptr[resp.n_entries] = &ent[resp.n_entries];
         resp.n_entries++;
     }
-    for (size_t i = 0; colld_comm_multi_node(c) && i < resp.n_entries; i++)
+    char note[sizeof(c->slow_link) + 16];
+    snprintf(note, sizeof(note), "slow link: %s", c->slow_link);
+    for (size_t i = 0; colld_comm_multi_node(c) && i < resp.n_entries; i++) {
         ent[i].path = (char *)"net"; /* multi-node: run across the daemons */
+        if (ent[i].note[0] && c->slow_link[0])
+            ent[i].note = note;
+    }
     for (int r = 0; r < c->nranks; r++) {
         colld__v1__rank_stats__init(&rs[r]);
         rs[r].rank = r;

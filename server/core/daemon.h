@@ -229,11 +229,13 @@ typedef struct {
     uint64_t seq;
     uint64_t count;
     uint8_t kind, dtype, redop;
-    uint8_t flags;  /* COLLD_SQE_FAST: the ranks ran it on the fast area */
+    uint8_t flags;  /* COLLD_SQE_FAST: the ranks ran it on the fast area; COLLD_TRACE_SLOW_LINK */
     int32_t root;
     colld_status_t status;
     uint64_t first_ns, start_ns, end_ns; /* start_ns 0: never started */
 } colld_trace_rec_t;
+/* colld_trace_rec_t.flags: it finished while a link its communicator runs over was slow. */
+#define COLLD_TRACE_SLOW_LINK 0x80u
 
 struct colld_dcomm {
     uint64_t id;
@@ -245,6 +247,9 @@ struct colld_dcomm {
     char name[COLLD_NAME_LEN];
     int timeout_ms;
     bool nan_check;           /* a rank asked for --nan-check's checks on this communicator */
+    /* Spanning nodes: a link it runs over is slow now ("host0 → host2: 1.1 MB/s, other links
+     * ..."), set each second by the net layer's link watch (server/net/links.c); "" when none. */
+    char slow_link[160];
     colld_comm_state_t state;
     colld_status_t error;
     char error_detail[COLLD_DETAIL_LEN];

@@ -4,7 +4,9 @@
  * same numbers collctl status and the metrics show). A link that becomes slow is logged and
  * recorded as a "slow_link" event naming it, its rate, the other links' range and the
  * multi-node communicators that run over it (so a collective that is slow because of one link
- * says so in the event stream and collctl doctor's recent faults); a slow link that recovers is
+ * says so in the event stream and collctl doctor's recent faults), and while it is slow every
+ * communicator over it carries its description (colld_dcomm_t.slow_link), which the flight
+ * recorder notes on the collectives that finish meanwhile (collctl trace); a slow link that recovers is
  * recorded as "link_recovered". At most COLLD_LINKS_WATCH_MAX slow links are tracked at once;
  * beyond that new ones are still in status and the metrics, not in events.
  */
@@ -34,6 +36,22 @@ static void comms_over(colld_daemon_t *d, const char *addr, char *buf, size_t le
             if (i != x->self && strcmp(x->node_addr[i], addr) == 0) {
                 off += snprintf(buf + off, len - (size_t)off, "%s%llu",
                                 n++ ? ", " : "; communicators over it: ", (unsigned long long)c->id);
+                break;
+            }
+    }
+}
+
+/* Mark the multi-node communicators spanning the node at addr as running over the slow link
+ * `text`, unless one is marked already (lock held). */
+static void mark_comms(colld_daemon_t *d, const char *addr, const char *text)
+{
+    for (colld_dcomm_t *c = d->comms; c; c = c->next) {
+        const colld_xcomm_t *x = colld_xcomm(c);
+        if (!x || !x->formed || c->slow_link[0])
+            continue;
+        for (int i = 0; i < x->nnodes; i++)
+            if (i != x->self && strcmp(x->node_addr[i], addr) == 0) {
+                colld_strlcpy(c->slow_link, text, sizeof(c->slow_link));
                 break;
             }
     }
@@ -79,13 +97,18 @@ void colld_links_tick(colld_daemon_t *d)
     }
     colld_link_outliers(l, 2 * n);
     pthread_mutex_lock(&d->lock);
+    for (colld_dcomm_t *c = d->comms; c; c = c->next) /* marked again below while still slow */
+        c->slow_link[0] = '\0';
     for (size_t k = 0; k < 2 * n; k++) {
         const colld_net_peer_info_t *x = &p[k / 2];
         bool tx = k % 2 == 0;
         const char *peer = x->name[0] ? x->name : x->addr;
         char text[256], over[256];
-        if (l[k].slow && !watch_has(cl, x->addr, tx, +1)) {
+        if (l[k].slow) {
             colld_link_describe(text, sizeof(text), tx ? cl->node_name : peer, tx ? peer : cl->node_name, &l[k]);
+            mark_comms(d, x->addr, text);
+        }
+        if (l[k].slow && !watch_has(cl, x->addr, tx, +1)) {
             comms_over(d, x->addr, over, sizeof(over));
             LOG_WARN(NET, "slow link: %s%s", text, over);
             colld_event(d, "slow_link", NULL, -1, 0, 0, 0, COLLD_OK, "%s%s", text, over);

@@ -98,6 +98,8 @@ static void recorder_finished(colld_daemon_t *d, colld_dcomm_t *c, colld_op_t *c
     t->first_ns = first;
     t->start_ns = start_ns;
     t->end_ns = end_ns;
+    if (c->slow_link[0])
+        t->flags |= COLLD_TRACE_SLOW_LINK;
     for (int r = 0; r < c->nranks; r++)
         arrivals[r] = ops[r] ? ops[r]->arrival_ns : 0;
 }

@@ -18,7 +18,10 @@
 #   - collctl doctor on host0 exits 1 naming "host0 → host2" (text and --json), and on host1
 #     finds no slow link;
 #   - collctl probe on host0 and on host2 exits 1 naming host0 -> host2 (and only it), and on
-#     host1 exits 0.
+#     host1 exits 0;
+#   - a collective that finishes while the link is slow notes it in its communicator's flight
+#     recorder: collctl trace on host0 shows "slow link: host0 → host2: ..." while communicator C
+#     runs over it.
 # The ratio is large (1 MB/s against 25) and the rule's margin is 4x, so the verdict does not
 # depend on the machine's speed.
 #
@@ -233,6 +236,27 @@ for l in d["slow_links"]: print(l["from"] + ">" + l["to"])' "$run/probe$1.json"
   on 0 "$collctl" --socket "$run/h0.sock" probe --bytes 1M || true
   echo "probe: names host0 -> host2 on host0 and host2, nothing on host1"
 fi
+# trace: a collective that finishes while the link is slow says so in its communicator's flight
+# recorder (collctl trace on host0 names the link), while communicator C runs over it.
+(run_comm C 64K 60 0 2 1) &
+cpid=$!
+found=""
+for _ in $(seq 1 300); do
+  id=$(on 0 "$collctl" --socket "$run/h0.sock" --json status | python3 -c 'import json,sys
+d = json.load(sys.stdin)
+print(next((str(c["id"]) for c in d.get("comms", []) if c.get("name") == "colld-perf"), ""))')
+  if [ -n "$id" ]; then
+    found=$(on 0 "$collctl" --socket "$run/h0.sock" --json trace "$id" 2>/dev/null | python3 -c 'import json,sys
+d = json.load(sys.stdin)
+print(next((e["note"] for e in d["entries"] if e["note"].startswith("slow link: host0 \u2192 host2: ")), ""))' 2>/dev/null || true)
+    [ -n "$found" ] && break
+  fi
+  sleep 0.1
+done
+wait "$cpid" || fail "communicator C failed"
+[ -n "$found" ] || fail "no collective of communicator C noted the slow link in collctl trace on host0"
+echo "trace: $found"
+
 # the daemons stop cleanly (under ASan: no leak, no error report)
 for i in 0 1 2; do
   kill -TERM "${pids[$i]}"
