@@ -796,6 +796,33 @@ out:
     return st;
 }
 
+/* A stream being captured into a CUDA graph (issue 15 3.3). A captured collective would need a
+ * plan the daemon runs once per replay of the graph, which is not built: its descriptor would
+ * reach the daemon at capture time, where no stream ever writes its ready slot (it times out), and
+ * every replay would then pass the wait without running it. So the call is refused before any CUDA
+ * call that capture prohibits (registering memory would invalidate the application's capture),
+ * and the capture stays valid. The legacy default stream while another stream of the process is
+ * captured is refused as the driver refuses it. COLLD_OK when the stream is not being captured. */
+static colld_status_t refuse_capture(const colld_cu_t *cu, void *stream, colld_err_t *err)
+{
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult r = CU_CHECK_EXPECT(cu, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, cuStreamIsCapturing, (CUstream)stream, &cs);
+    if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+        return cu_say(cu, err, COLLD_ERR_NOT_SUPPORTED, r,
+                      "stream %p: the legacy default stream cannot be used while another stream of this process is "
+                      "being captured into a CUDA graph",
+                      stream);
+    if (r != CUDA_SUCCESS)
+        return cu_say(cu, err, COLLD_ERR_INVALID_ARGUMENT, r, "stream %p: cuStreamIsCapturing", stream);
+    if (cs == CU_STREAM_CAPTURE_STATUS_NONE)
+        return COLLD_OK;
+    return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED,
+                         "stream %p is being captured into a CUDA graph%s: colld cannot capture collectives yet "
+                         "(nothing was enqueued and the capture is left as it was); post the collective outside the "
+                         "capture, e.g. between graph launches",
+                         stream, cs == CU_STREAM_CAPTURE_STATUS_INVALIDATED ? " (a capture already invalidated)" : "");
+}
+
 colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *send, size_t send_bytes,
                                   const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe, colld_gpu_op_t *op,
                                   colld_err_t *err)
@@ -809,10 +836,13 @@ colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *
     if ((send_bytes && !send) || (recv_bytes && !recv))
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%s is NULL",
                              send_bytes && !send ? "sendbuf" : "recvbuf");
+    colld_status_t st = refuse_capture(cu, stream, err);
+    if (st != COLLD_OK)
+        return st;
     colld_gpu_t *g = comm->client->gpu;
     pthread_mutex_lock(&g->mu);
     g->cu = cu;
-    colld_status_t st = prepare_locked(comm, cu, stream, send, send_bytes, recv, recv_bytes, sqe, op, err);
+    st = prepare_locked(comm, cu, stream, send, send_bytes, recv, recv_bytes, sqe, op, err);
     pthread_mutex_unlock(&g->mu);
     return st;
 }

@@ -35,7 +35,7 @@
     X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxPushCurrent) X(cuCtxPopCurrent)           \
     X(cuCtxEnablePeerAccess) X(cuCtxSynchronize)                                                             \
     X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamGetCtx) X(cuStreamWaitEvent) X(cuStreamSynchronize)        \
-    X(cuStreamQuery) X(cuStreamWriteValue32) X(cuStreamWaitValue32)                                          \
+    X(cuStreamQuery) X(cuStreamWriteValue32) X(cuStreamWaitValue32) X(cuStreamIsCapturing)                  \
     X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventDestroy) X(cuEventSynchronize)                \
     X(cuEventElapsedTime)                                                                                    \
     X(cuPointerGetAttributes) X(cuMemGetAddressRange) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD)              \

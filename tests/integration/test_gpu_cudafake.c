@@ -1264,10 +1264,12 @@ static bool app_load(void)
     return get != NULL;
 }
 
-/* 3.3, first half: the first stream-ordered collective of a client inside a capture registers the
- * flag area with cuMemHostRegister (client/cuda.c flags_setup), a call a capture does not permit:
- * the collective fails and the application's capture is invalidated. Fix: the flag area (and
- * buffer registration) capture-safe, set up outside the capture or before it. */
+/* Issue 15 3.3: a collective on a stream being captured into a CUDA graph is refused with
+ * COLLD_ERR_NOT_SUPPORTED before any CUDA call (client/cuda.c refuse_capture), and the
+ * application's capture stays valid. Before: the first such collective of a client registered its
+ * flag area (cuMemHostRegister, which a capture prohibits): it failed with COLLD_ERR_DEVICE and
+ * invalidated the capture. Captured collectives that replay (a persistent plan per graph) are
+ * not built. */
 static void sc_capture_first(rank_t *r)
 {
     r->cr[0] = app.begin(r->s, CU_STREAM_CAPTURE_MODE_GLOBAL);
@@ -1277,30 +1279,31 @@ static void sc_capture_first(rank_t *r)
     r->cr[1] = app.end(r->s, &g);
     if (g)
         app.destroy(g);
+    /* Outside the capture the communicator works (the flag area is set up now). */
+    r->st[1] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    r->cr[2] = cu->cuStreamSynchronize(r->s);
+    r->st[2] = colld_comm_synchronize(r->comm);
 }
 
-static void test_open_defect_3_3_capture_registration_invalidates_capture(void **state)
+static void test_capture_first_collective_refused_capture_valid(void **state)
 {
-    open_defect("3.3 (capture, registration)",
-                "a client's first stream-ordered collective inside a capture fails (cuMemHostRegister: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and invalidates the application's capture",
-                "the collective is captured, or refused with COLLD_ERR_NOT_SUPPORTED, and the capture stays valid");
     rank_t ranks[2];
     run_ranks(*state, sc_capture_first, 0, ranks);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS);
-        assert_int_equal(ranks[i].st[0], COLLD_ERR_DEVICE);
-        assert_non_null(strstr(ranks[i].detail, "(cuMemHostRegister): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"));
-        assert_int_equal(ranks[i].cr[1], CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        assert_int_equal(ranks[i].st[0], COLLD_ERR_NOT_SUPPORTED);
+        assert_non_null(strstr(ranks[i].detail, "is being captured into a CUDA graph: colld cannot capture collectives yet"));
+        assert_int_equal(ranks[i].cr[1], CUDA_SUCCESS); /* the capture was left valid */
+        assert_int_equal(ranks[i].st[1], COLLD_OK);
+        assert_int_equal(ranks[i].cr[2], CUDA_SUCCESS);
+        assert_int_equal(ranks[i].st[2], COLLD_OK);
     }
 }
 
-/* 3.3, second half: with the flag area set up, a captured collective is not detected
- * (client/cuda.c colld__gpu_post): its descriptor goes to the daemon at capture time, the daemon
- * waits for a `ready` no stream writes until a replay and times the collective out, releasing
- * `done` far ahead; every replay then writes `ready`, finds `done` passed and goes on: the
- * collective never runs. Fix: detect capture (cuStreamIsCapturing) and make the captured
- * collective a persistent plan replayed once per graph launch, or refuse it with
- * COLLD_ERR_NOT_SUPPORTED. */
+/* With the flag area set up, a collective inside a capture: refused, nothing enters the graph
+ * (before: its ready write and done wait did, the daemon timed it out at capture time, and every
+ * replay passed without running it), the daemon has no collective to time out, the graph (empty)
+ * replays, and the communicator goes on outside the capture. */
 static void sc_capture_replay(rank_t *r)
 {
     r->st[0] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
@@ -1311,38 +1314,40 @@ static void sc_capture_replay(rank_t *r)
     if (app.begin(r->s, CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS)
         return rank_fail(r, "cuStreamBeginCapture failed");
     r->st[1] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    snprintf(r->detail, sizeof(r->detail), "%s", colld_comm_last_error(r->comm));
     r->cr[0] = app.end(r->s, &g);
     size_t n = 0;
     if (g && app.nodes(g, NULL, &n) == CUDA_SUCCESS)
         r->v[0] = (long)n;
-    r->st[2] = async_error(r->comm); /* the daemon's verdict on the captured collective */
     if (g && app.instantiate(&x, g, 0) == CUDA_SUCCESS) {
         for (int i = 0; i < 3 && r->cr[1] == CUDA_SUCCESS; i++) {
             r->cr[1] = app.launch(x, r->s);
             if (r->cr[1] == CUDA_SUCCESS)
-                r->cr[1] = cu->cuStreamSynchronize(r->s); /* every replay passes at once */
+                r->cr[1] = cu->cuStreamSynchronize(r->s);
             r->v[1] += r->cr[1] == CUDA_SUCCESS;
         }
         app.exec_destroy(x);
     }
     if (g)
         app.destroy(g);
+    r->st[2] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    r->cr[2] = cu->cuStreamSynchronize(r->s);
+    r->st[3] = colld_comm_synchronize(r->comm); /* no time-out of a captured collective either */
 }
 
-static void test_open_defect_3_3_captured_collective_never_runs(void **state)
+static void test_captured_collective_refused_nothing_captured(void **state)
 {
-    open_defect("3.3 (capture, replay)",
-                "a captured collective is not detected: it times out in the daemon at capture time and every graph replay passes without running it",
-                "every replay runs the collective exactly once (or the capture is refused with COLLD_ERR_NOT_SUPPORTED)");
     rank_t ranks[2];
     run_ranks(*state, sc_capture_replay, SHORT_TIMEOUT_MS, ranks);
     for (int i = 0; i < 2; i++) {
-        assert_int_equal(ranks[i].st[1], COLLD_OK);        /* accepted inside the capture */
-        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS);    /* the capture ended fine */
-        assert_int_equal(ranks[i].v[0], 2);                /* ready write + done wait, nothing else */
-        assert_int_equal(ranks[i].st[2], COLLD_ERR_TIMEOUT); /* timed out at capture time */
-        assert_non_null(strstr(ranks[i].detail, "never reached it"));
-        assert_int_equal(ranks[i].v[1], 3);                /* three replays that ran nothing */
+        assert_int_equal(ranks[i].st[1], COLLD_ERR_NOT_SUPPORTED);
+        assert_non_null(strstr(ranks[i].detail, "is being captured into a CUDA graph: colld cannot capture collectives yet"));
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS); /* the capture ended fine */
+        assert_int_equal(ranks[i].v[0], 0);             /* nothing of colld's in the graph */
+        assert_int_equal(ranks[i].v[1], 3);             /* the (empty) graph replays */
+        assert_int_equal(ranks[i].st[2], COLLD_OK);
+        assert_int_equal(ranks[i].cr[2], CUDA_SUCCESS);
+        assert_int_equal(ranks[i].st[3], COLLD_OK);
     }
 }
 
@@ -1793,8 +1798,8 @@ static int run_defects(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_open_defect_3_3_capture_registration_invalidates_capture, setup_on_double, teardown_contexts),
-        cmocka_unit_test_setup_teardown(test_open_defect_3_3_captured_collective_never_runs, setup_on_double, teardown_contexts),
+        cmocka_unit_test_setup_teardown(test_capture_first_collective_refused_capture_valid, setup_on_double, teardown_contexts),
+        cmocka_unit_test_setup_teardown(test_captured_collective_refused_nothing_captured, setup_on_double, teardown_contexts),
         cmocka_unit_test_setup_teardown(test_open_defect_C1_D4_freed_buffer_stays_mapped, setup_on_double, teardown_contexts),
         cmocka_unit_test_setup_teardown(test_open_defect_D2_multisegment_vmm_refused, setup_on_double, teardown_contexts),
     };
