@@ -1021,6 +1021,90 @@ static void *late_gate_thread(void *arg)
     return NULL;
 }
 
+/* Issue 15 C5: a GPU registration names its device by UUID, and the daemon used to take the
+ * client's word for it. Now it asks its driver where the memory it mapped lives: a buffer on GPU 0
+ * registered as GPU 1's (a legacy IPC handle, and a VMM fd where the devices have VMM) is refused
+ * with COLLD_ERR_INVALID_ARGUMENT naming both GPUs; the same buffer with its own UUID is accepted.
+ * Raw REG_CUDA messages, as a lying client sends them (client/client_internal.h). */
+static colld_status_t register_raw(harness_t *h, unsigned how, const void *ipc, int fd, size_t bytes,
+                                   const CUuuid *uuid, char *detail, size_t len)
+{
+    colld_wire_msg_t m, reply;
+    memset(&m, 0, sizeof(m));
+    memset(&reply, 0, sizeof(reply));
+    m.type = COLLD_MSG_REG_CUDA;
+    m.u.reg_cuda.how = how;
+    m.u.reg_cuda.bytes = bytes;
+    m.u.reg_cuda.cookie = 42;
+    memcpy(m.u.reg_cuda.uuid, uuid->bytes, sizeof(m.u.reg_cuda.uuid));
+    if (ipc)
+        memcpy(m.u.reg_cuda.ipc, ipc, sizeof(m.u.reg_cuda.ipc));
+    colld_status_t st = colld__sock_request(h->client, &m, fd, COLLD_MSG_REG_REPLY, &reply, NULL, 0);
+    if (st != COLLD_OK)
+        return st;
+    reply.u.detail[sizeof(reply.u.detail) - 1] = '\0';
+    snprintf(detail, len, "%s", reply.status == COLLD_OK ? "" : reply.u.detail);
+    return (colld_status_t)reply.status;
+}
+
+static void test_registration_device_checked(void **state)
+{
+    harness_t *h = *state;
+    CUcontext ctx;
+    CUdevice dev[2];
+    CUuuid uuid[2];
+    char detail[600];
+    for (int i = 0; i < 2; i++) {
+        CU_MUST(cu->cuDeviceGet(&dev[i], i));
+        CU_MUST(cu->cuDeviceGetUuid(&uuid[i], dev[i]));
+    }
+    CU_MUST(cu->cuDevicePrimaryCtxRetain(&ctx, 0));
+    CU_MUST(cu->cuCtxSetCurrent(ctx));
+    /* Legacy IPC: cuMemAlloc memory of GPU 0. */
+    CUdeviceptr buf = 0;
+    CUipcMemHandle ih;
+    CU_MUST(cu->cuMemAlloc(&buf, 1 << 20));
+    CU_MUST(cu->cuIpcGetMemHandle(&ih, buf));
+    colld_status_t st = register_raw(h, COLLD_CUDA_EXPORT_IPC, ih.reserved, -1, 1 << 20, &uuid[1], detail,
+                                     sizeof(detail));
+    print_message("IPC handle of GPU 0 memory named as GPU 1's: %s: %s\n", colld_status_name(st), detail);
+    assert_int_equal(st, COLLD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(detail, "the registration names GPU 1"));
+    assert_non_null(strstr(detail, "but the buffer is on GPU 0"));
+    assert_int_equal(register_raw(h, COLLD_CUDA_EXPORT_IPC, ih.reserved, -1, 1 << 20, &uuid[0], detail, sizeof(detail)),
+                     COLLD_OK);
+    /* VMM: a POSIX fd of GPU 0 memory, where the device has VMM. */
+    int vmm = 0;
+    CU_MUST(cu->cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev[0]));
+    if (vmm) {
+        CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                     .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                     .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 } };
+        size_t gran = 0;
+        CUmemGenericAllocationHandle mh = 0;
+        CU_MUST(cu->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+        CU_MUST(cu->cuMemCreate(&mh, gran, &prop, 0));
+        for (int i = 1; i >= 0; i--) { /* the lie, then the truth */
+            int fd = -1;
+            CU_MUST(cu->cuMemExportToShareableHandle(&fd, mh, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+            st = register_raw(h, COLLD_CUDA_EXPORT_FD, NULL, fd, gran, &uuid[i], detail, sizeof(detail));
+            close(fd);
+            print_message("VMM fd of GPU 0 memory named as GPU %d's: %s: %s\n", i, colld_status_name(st), detail);
+            if (i == 1) {
+                assert_int_equal(st, COLLD_ERR_INVALID_ARGUMENT);
+                assert_non_null(strstr(detail, "but the buffer is on GPU 0"));
+            } else {
+                assert_int_equal(st, COLLD_OK);
+            }
+        }
+        CU_MUST(cu->cuMemRelease(mh));
+    }
+    assert_true(daemon_on_double(h->pid, true));
+    CU_MUST(cu->cuMemFree(buf));
+    cu->cuCtxSetCurrent(NULL);
+    cu->cuDevicePrimaryCtxRelease(0);
+}
+
 /* A count-0 all-reduce of Y on stream b, waited for: into st, COLLD_OK when it ran. */
 static void y_collective(rank_t *r, CUstream b, colld_status_t *st)
 {
@@ -1875,6 +1959,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_ready_slot_per_collective, setup_on_double, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_ready_slots_bound, setup_on_double, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_handle_reuse_late_ready_write, setup_on_double, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_registration_device_checked, setup_on_double, harness_test_teardown),
     };
     return cmocka_run_group_tests_name(group, tests, NULL, NULL);
 }

@@ -84,8 +84,47 @@ static void close_on(const colld_gpus_t *g, int gi, int how, CUdeviceptr p, size
     CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
 }
 
+/* The daemon's GPU whose device is `ordinal`, or -1. */
+static int gpu_by_ordinal(const colld_gpus_t *g, int ordinal)
+{
+    for (int i = 0; i < g->n; i++)
+        if ((int)g->gpu[i].dev == ordinal)
+            return i;
+    return -1;
+}
+
+/* Registration, step 3b (issue 15 C5): the memory the daemon mapped must live on the GPU the
+ * client named. The client's UUID only picks the context to open it in; where the memory really
+ * is, the daemon's driver says (CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL of the mapping). A client that
+ * names another GPU (a bug, or a lie to get its buffer run on a GPU it was not given) is refused.
+ * Lock not held; the mapping's context current. */
+static colld_status_t check_device(const colld_gpus_t *g, int gi, CUdeviceptr p, colld_err_t *err)
+{
+    int ordinal = -1;
+    CUpointer_attribute at = CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL;
+    void *data = &ordinal;
+    CUresult r = CU_CHECK(g->cu, cuPointerGetAttributes, 1, &at, &data, p);
+    if (r != CUDA_SUCCESS) {
+        char buf[160];
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "the daemon cannot tell which GPU the buffer is on: %s",
+                             colld_cu_describe(g->cu, r, buf, sizeof(buf)));
+    }
+    if (ordinal == (int)g->gpu[gi].dev)
+        return COLLD_OK;
+    int real = gpu_by_ordinal(g, ordinal);
+    if (real < 0)
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                             "the registration names GPU %d (%s), but the buffer is on device %d, which the daemon "
+                             "does not drive",
+                             gi, g->gpu[gi].name, ordinal);
+    return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                         "the registration names GPU %d (%s), but the buffer is on GPU %d (%s): the UUID sent with it "
+                         "is not its device's",
+                         gi, g->gpu[gi].name, real, g->gpu[real].name);
+}
+
 /* Registration, step 3: open the allocation on its GPU, accessible to every GPU with peer access
- * to it. Returns COLLD_OK with its address, or the error. */
+ * to it, and check that it lives there. Returns COLLD_OK with its address, or the error. */
 static colld_status_t open_alloc(colld_gpus_t *g, int gi, const colld_wire_msg_t *m, int fd, CUdeviceptr *p,
                                  colld_err_t *err)
 {
@@ -106,6 +145,11 @@ static colld_status_t open_alloc(colld_gpus_t *g, int gi, const colld_wire_msg_t
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
                              "GPU registration of %llu bytes, but the allocation behind the handle has %llu",
                              (unsigned long long)bytes, (unsigned long long)mapped);
+    }
+    if (r == CUDA_SUCCESS && check_device(g, gi, *p, err) != COLLD_OK) {
+        colld_cuda_ipc_close(cu, (int)how, *p, mapped ? mapped : bytes);
+        CU_CHECK(cu, cuCtxPopCurrent, NULL);
+        return err->status;
     }
     CU_CHECK(cu, cuCtxPopCurrent, NULL);
     if (r != CUDA_SUCCESS) {
