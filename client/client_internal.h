@@ -307,6 +307,9 @@ void colld__gpu_client_free(colld_client_t *c);
 /* The daemon is gone (monitor thread): release every flag line this client used, so that no
  * application stream waits forever. */
 void colld__gpu_daemon_lost(colld_client_t *c);
+/* A communicator of c was destroyed: drop the cached GPU registrations whose allocations the
+ * application has freed, so that the daemon's mappings go with them (issue 15 C1/D4). */
+void colld__gpu_comm_destroyed(colld_client_t *c);
 /* Whether pointers outside the host registrations may be device memory: false, at the cost of one
  * dl_iterate_phdr step, unless the CUDA driver is loaded in the process. */
 bool colld__gpu_maybe_device(colld_client_t *c);

@@ -173,6 +173,8 @@ colld_status_t colld_comm_destroy(colld_comm_t *comm)
     pthread_mutex_unlock(&c->mu);
     colld__fast_detach(comm);
     free(comm);
+    if (!atomic_load(&c->lost))
+        colld__gpu_comm_destroyed(c);
     return COLLD_OK;
 }
 

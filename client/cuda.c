@@ -89,6 +89,11 @@ void colld__gpu_client_free(colld_client_t *c)
     c->gpu = NULL;
 }
 
+void colld__gpu_comm_destroyed(colld_client_t *c)
+{
+    (void)c;
+}
+
 void colld__gpu_daemon_lost(colld_client_t *c)
 {
     (void)c;
@@ -222,6 +227,7 @@ struct colld_gpu {
     const colld_cu_t *cu; /* set once the driver was used */
     gpu_reg_t *regs;
     size_t nregs, cap;
+    size_t sweep; /* sweep_freed's cursor into regs */
     _Atomic(gpu_flags_t *) flags;
     gpu_slot_t *slots;   /* [slot_lines][COLLD_WIRE_GPU_READY_SLOTS], made with the first base */
     uint32_t *gens;      /* [slot_lines]: the last generation given on each line */
@@ -514,6 +520,50 @@ static void drop_stale(colld_client_t *c, colld_gpu_t *g, CUdeviceptr base, size
     }
 }
 
+/* How many cached registrations each stream-ordered post checks (sweep_freed). */
+#define SWEEP_PER_POST 2
+
+/* The rule for implicit registrations (issue 15 C1/D4). libcolld registers an application's
+ * allocation with the daemon the first time a collective uses it and caches the registration;
+ * the application frees it without telling colld, and the daemon's mapping would keep it (legacy
+ * IPC: a mapping of freed memory; VMM: the memory itself, GPU memory lost until the client
+ * leaves). A cached registration whose allocation is gone (the driver no longer reports device
+ * memory with its buffer id at its base) is dropped here and deregistered: the daemon closes its
+ * mapping once no collective uses it. Checks up to `max` entries from a rotating cursor: every
+ * stream-ordered post SWEEP_PER_POST, every new registration and every communicator's destruction
+ * all of them, so a freed buffer's mapping goes at the latest at the next new registration or
+ * communicator destruction, and within nregs / SWEEP_PER_POST posts. colld_mem_alloc memory is
+ * colld's own (colld_mem_free releases it). g->mu held. */
+static void sweep_freed(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu, size_t max)
+{
+    size_t n = g->nregs < max ? g->nregs : max;
+    for (size_t k = 0; k < n && g->nregs; k++) {
+        if (g->sweep >= g->nregs)
+            g->sweep = 0;
+        gpu_reg_t e = g->regs[g->sweep];
+        ptr_info_t pi;
+        bool gone = e.own == OWN_NONE && (ptr_query(cu, (const void *)(uintptr_t)e.base, &pi) != CUDA_SUCCESS ||
+                                          pi.memtype != CU_MEMORYTYPE_DEVICE || pi.buffer_id != e.buffer_id);
+        if (!gone) {
+            g->sweep++;
+            continue;
+        }
+        g->regs[g->sweep] = g->regs[--g->nregs]; /* the moved entry is looked at next */
+        LOG_DEBUG(GPU, "GPU registration %u (0x%llx, %zu bytes): the application freed its memory; deregistered",
+                  e.reg_id, (unsigned long long)e.base, e.size);
+        colld__deregister(c, e.reg_id);
+    }
+}
+
+void colld__gpu_comm_destroyed(colld_client_t *c)
+{
+    colld_gpu_t *g = c->gpu;
+    pthread_mutex_lock(&g->mu);
+    if (g->cu)
+        sweep_freed(c, g, g->cu, SIZE_MAX);
+    pthread_mutex_unlock(&g->mu);
+}
+
 /* Resolve [p, p + bytes) of device memory (pi: its attributes) to a registration, registering
  * its allocation the first time. g->mu held, a context current. */
 static colld_status_t resolve(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu, const void *p, size_t bytes,
@@ -542,6 +592,7 @@ static colld_status_t resolve(colld_client_t *c, colld_gpu_t *g, const colld_cu_
         if (g->regs[i].base == base && g->regs[i].buffer_id == pi->buffer_id)
             e = &g->regs[i];
     if (!e) {
+        sweep_freed(c, g, cu, SIZE_MAX); /* a new registration: let the freed ones go first */
         drop_stale(c, g, base, size, pi->buffer_id);
         if (g->nregs == g->cap) {
             size_t n = g->cap ? g->cap * 2 : 16;
@@ -842,6 +893,7 @@ colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *
     colld_gpu_t *g = comm->client->gpu;
     pthread_mutex_lock(&g->mu);
     g->cu = cu;
+    sweep_freed(comm->client, g, cu, SWEEP_PER_POST);
     st = prepare_locked(comm, cu, stream, send, send_bytes, recv, recv_bytes, sqe, op, err);
     pthread_mutex_unlock(&g->mu);
     return st;

@@ -230,7 +230,10 @@ colld_status_t colld_mem_free(colld_client_t *c, void *ptr);
  * it reads its inputs after the work queued before it on the stream, and the work queued after it
  * sees its outputs. The call returns at once, without waiting for the GPU. The allocation that
  * holds each buffer is registered with the daemon on first use and cached (an allocation freed
- * and replaced at the same address is recognised). Both buffers must be device memory; a host
+ * and replaced at the same address is recognised). An allocation the application frees is
+ * deregistered, and the daemon's mapping of it closed, at the latest at the client's next new
+ * GPU registration or communicator destruction (each stream-ordered call also checks two cached
+ * registrations); free memory only once the collectives that use it have completed. Both buffers must be device memory; a host
  * buffer with a stream, or one device and one host buffer, is COLLD_ERR_INVALID_ARGUMENT. Managed
  * memory and cudaMallocAsync pool memory are not supported. colld_comm_synchronize /
  * colld_comm_query report the daemon's completion (the kernels have finished) and errors; on

@@ -33,6 +33,9 @@
  *                 the daemon resets the GPU, then a new communicator on it runs exact collectives;
  *                 and the client's flag area registered again after the application resets its
  *                 context (issue 15 F3 and the flag area's context, fixed)
+ *   defects       issue 15's defects fixed since their cases were written, the cases now asserting
+ *                 the fix: a collective inside a CUDA graph capture is refused and the capture stays
+ *                 valid (3.3); a freed buffer's mapping goes from the daemon (C1/D4).
  *   open_defects  the review's defects that the double shows today (issue 15), STILL OPEN: each
  *                 case (test_open_defect_<id>_...) asserts the present, wrong behaviour, prints
  *                 "OPEN DEFECT <id>" with what the fix must turn it into, and passes while the
@@ -1435,11 +1438,12 @@ static void test_captured_collective_refused_nothing_captured(void **state)
     }
 }
 
-/* C1/D4: an implicitly registered buffer stays mapped in the daemon after the application freed it
- * (server/backends/cuda/cuda_mem.c cuda_mem_release runs only at deregistration or session end; the client
- * never learns of the free): a legacy IPC mapping of freed memory (undefined behaviour with the
- * driver), a VMM mapping that keeps the GPU memory. Fix: explicit registration
- * (colld_mem_register / deregister) and the documented rule for implicit ones. */
+/* C1/D4: an implicitly registered buffer stayed mapped in the daemon after the application freed it
+ * while its client stayed connected: a legacy IPC mapping of freed memory (undefined behaviour with
+ * the driver), a VMM mapping that kept the GPU memory. Now libcolld drops a cached registration
+ * whose allocation is gone (client/cuda.c sweep_freed: checked a few per post, all at a new
+ * registration and at a communicator's destruction) and the daemon closes its mapping. Each rank
+ * runs an all-reduce on a buffer, frees it, and destroys its communicator. */
 static int defect_vmm; /* sc_freed: register VMM memory instead of cuMemAlloc memory */
 
 static void sc_freed(rank_t *r)
@@ -1491,11 +1495,8 @@ static bool daemon_maps(pid_t pid, const char *name)
     return found;
 }
 
-static void test_open_defect_C1_D4_freed_buffer_stays_mapped(void **state)
+static void test_freed_buffer_unmapped(void **state)
 {
-    open_defect("C1/D4",
-                "a buffer the application freed (cuMemFree; VMM unmap and release) stays mapped in the daemon while its client is connected",
-                "the daemon's mapping goes with the buffer (explicit deregistration, or the documented rule for implicit registrations)");
     harness_t *h = *state;
     for (defect_vmm = 0; defect_vmm <= 1; defect_vmm++) {
         rank_t ranks[2];
@@ -1506,8 +1507,9 @@ static void test_open_defect_C1_D4_freed_buffer_stays_mapped(void **state)
             assert_int_equal(ranks[i].st[1], COLLD_OK);
             assert_int_equal(ranks[i].cr[1], CUDA_SUCCESS);
         }
-        /* Rank 0's client is still connected: its freed buffer is still mapped in the daemon. Rank 1
-         * disconnected: its session's registrations went with it. */
+        /* Rank 0's client is still connected, but its communicator's destruction dropped the
+         * registration of the buffer it freed (client/cuda.c sweep_freed): the daemon's mapping
+         * went with it. Rank 1 disconnected: its session's registrations went with it too. */
         char name[128];
         if (defect_vmm) {
             CUuuid u0, u1;
@@ -1519,12 +1521,12 @@ static void test_open_defect_C1_D4_freed_buffer_stays_mapped(void **state)
                 snprintf(hex1 + 2 * b, 3, "%02x", (unsigned char)u1.bytes[b]);
             }
             snprintf(name, sizeof(name), "cudafake-vmm:%s", hex0);
-            assert_true(daemon_maps(h->pid, name));
+            assert_false(daemon_maps(h->pid, name));
             snprintf(name, sizeof(name), "cudafake-vmm:%s", hex1);
             assert_false(daemon_maps(h->pid, name));
         } else {
             snprintf(name, sizeof(name), "cudafake-alloc:%d:%ld ", (int)getpid(), ranks[0].v[0]);
-            assert_true(daemon_maps(h->pid, name));
+            assert_false(daemon_maps(h->pid, name));
             snprintf(name, sizeof(name), "cudafake-alloc:%d:%ld ", (int)getpid(), ranks[1].v[0]);
             assert_false(daemon_maps(h->pid, name));
         }
@@ -1875,19 +1877,28 @@ static int run_recovery(void)
     return cmocka_run_group_tests_name("gpu_cudafake_recovery", tests, NULL, NULL);
 }
 
-static int run_defects(void)
+/* Group open_defects: the defects still open; group defects: those fixed since, the cases that
+ * pinned them rewritten to assert the fix (3.3's refusal, C1/D4). Both need the graph entry
+ * points the application side uses (app_load). */
+static int run_defects(bool fixed)
 {
     if (!app_load()) {
         printf("the driver has no graph entry points\n");
         return 1;
     }
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_capture_first_collective_refused_capture_valid, setup_on_double, teardown_contexts),
-        cmocka_unit_test_setup_teardown(test_captured_collective_refused_nothing_captured, setup_on_double, teardown_contexts),
-        cmocka_unit_test_setup_teardown(test_open_defect_C1_D4_freed_buffer_stays_mapped, setup_on_double, teardown_contexts),
-        cmocka_unit_test_setup_teardown(test_open_defect_D2_multisegment_vmm_refused, setup_on_double, teardown_contexts),
+    const struct CMUnitTest open[] = {
+        cmocka_unit_test_setup_teardown(test_open_defect_D2_multisegment_vmm_refused, setup_on_double,
+                                        teardown_contexts),
     };
-    return cmocka_run_group_tests_name("gpu_cudafake_open_defects", tests, NULL, NULL);
+    const struct CMUnitTest closed[] = {
+        cmocka_unit_test_setup_teardown(test_capture_first_collective_refused_capture_valid, setup_on_double,
+                                        teardown_contexts),
+        cmocka_unit_test_setup_teardown(test_captured_collective_refused_nothing_captured, setup_on_double,
+                                        teardown_contexts),
+        cmocka_unit_test_setup_teardown(test_freed_buffer_unmapped, setup_on_double, teardown_contexts),
+    };
+    return fixed ? cmocka_run_group_tests_name("gpu_cudafake_defects", closed, NULL, NULL)
+                 : cmocka_run_group_tests_name("gpu_cudafake_open_defects", open, NULL, NULL);
 }
 
 int main(int argc, char **argv)
@@ -1927,8 +1938,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < 2; i++)
         if (cu->cuDevicePrimaryCtxRetain(&keep[i], i) != CUDA_SUCCESS)
             return 1;
-    if (strcmp(group, "open_defects") == 0)
-        return run_defects();
+    if (strcmp(group, "open_defects") == 0 || strcmp(group, "defects") == 0)
+        return run_defects(strcmp(group, "defects") == 0);
     if (strcmp(group, "recovery") == 0 || strcmp(group, "recovery_legacy") == 0)
         return run_recovery();
     if (strcmp(group, "kernel_driver") == 0 || strcmp(group, "old_gpu") == 0) {
