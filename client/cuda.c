@@ -534,6 +534,19 @@ static void drop_stale(colld_client_t *c, colld_gpu_t *g, CUdeviceptr base, size
  * all of them, so a freed buffer's mapping goes at the latest at the next new registration or
  * communicator destruction, and within nregs / SWEEP_PER_POST posts. colld_mem_alloc memory is
  * colld's own (colld_mem_free releases it). g->mu held. */
+/* Is the allocation of a cached registration still there: device memory with its buffer id at its
+ * base? (cuPointerGetAttributes answers a freed address with zeroes, not an error.) Two
+ * attributes, not ptr_query's eight: it runs on every stream-ordered call. */
+static bool alloc_alive(const colld_cu_t *cu, const gpu_reg_t *e)
+{
+    CUpointer_attribute attrs[2] = { CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_BUFFER_ID };
+    unsigned int memtype = 0;
+    unsigned long long buffer_id = 0;
+    void *data[2] = { &memtype, &buffer_id };
+    return CU_CHECK(cu, cuPointerGetAttributes, 2, attrs, data, e->base) == CUDA_SUCCESS &&
+           memtype == CU_MEMORYTYPE_DEVICE && buffer_id == e->buffer_id;
+}
+
 static void sweep_freed(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu, size_t max)
 {
     size_t n = g->nregs < max ? g->nregs : max;
@@ -541,10 +554,7 @@ static void sweep_freed(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu,
         if (g->sweep >= g->nregs)
             g->sweep = 0;
         gpu_reg_t e = g->regs[g->sweep];
-        ptr_info_t pi;
-        bool gone = e.own == OWN_NONE && (ptr_query(cu, (const void *)(uintptr_t)e.base, &pi) != CUDA_SUCCESS ||
-                                          pi.memtype != CU_MEMORYTYPE_DEVICE || pi.buffer_id != e.buffer_id);
-        if (!gone) {
+        if (e.own != OWN_NONE || alloc_alive(cu, &e)) {
             g->sweep++;
             continue;
         }
