@@ -523,17 +523,6 @@ static void drop_stale(colld_client_t *c, colld_gpu_t *g, CUdeviceptr base, size
 /* How many cached registrations each stream-ordered post checks (sweep_freed). */
 #define SWEEP_PER_POST 2
 
-/* The rule for implicit registrations (issue 15 C1/D4). libcolld registers an application's
- * allocation with the daemon the first time a collective uses it and caches the registration;
- * the application frees it without telling colld, and the daemon's mapping would keep it (legacy
- * IPC: a mapping of freed memory; VMM: the memory itself, GPU memory lost until the client
- * leaves). A cached registration whose allocation is gone (the driver no longer reports device
- * memory with its buffer id at its base) is dropped here and deregistered: the daemon closes its
- * mapping once no collective uses it. Checks up to `max` entries from a rotating cursor: every
- * stream-ordered post SWEEP_PER_POST, every new registration and every communicator's destruction
- * all of them, so a freed buffer's mapping goes at the latest at the next new registration or
- * communicator destruction, and within nregs / SWEEP_PER_POST posts. colld_mem_alloc memory is
- * colld's own (colld_mem_free releases it). g->mu held. */
 /* Is the allocation of a cached registration still there: device memory with its buffer id at its
  * base? (cuPointerGetAttributes answers a freed address with zeroes, not an error.) Two
  * attributes, not ptr_query's eight: it runs on every stream-ordered call. */
@@ -547,6 +536,17 @@ static bool alloc_alive(const colld_cu_t *cu, const gpu_reg_t *e)
            memtype == CU_MEMORYTYPE_DEVICE && buffer_id == e->buffer_id;
 }
 
+/* The rule for implicit registrations (issue 15 C1/D4). libcolld registers an application's
+ * allocation with the daemon the first time a collective uses it and caches the registration;
+ * the application frees it without telling colld, and the daemon's mapping would keep it (legacy
+ * IPC: a mapping of freed memory; VMM: the memory itself, GPU memory lost until the client
+ * leaves). A cached registration whose allocation is gone (the driver no longer reports device
+ * memory with its buffer id at its base) is dropped here and deregistered: the daemon closes its
+ * mapping once no collective uses it. Checks up to `max` entries from a rotating cursor: every
+ * stream-ordered post SWEEP_PER_POST, every new registration and every communicator's destruction
+ * all of them, so a freed buffer's mapping goes at the latest at the next new registration or
+ * communicator destruction, and within nregs / SWEEP_PER_POST posts. colld_mem_alloc memory is
+ * colld's own (colld_mem_free releases it). g->mu held. */
 static void sweep_freed(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu, size_t max)
 {
     size_t n = g->nregs < max ? g->nregs : max;
