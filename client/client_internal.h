@@ -11,7 +11,9 @@
  *   engine_path.c  the engine path's poster
  *   group.c        group calls: queued collectives, posted at the outermost end
  *   comm.c         communicators: join, destroy, abort, errors, waiting for what is in flight
- *   coll.c         the collectives: the router, which checks a call and picks its path
+ *   coll.c         the collectives, sends and receives: the router, which checks a call and picks
+ *                  its path
+ *   alltoallv.c    colld_alltoallv, a group of sends and receives
  *   mem.c          colld_mem_alloc / colld_mem_free
  *   client.c       the connection's life: connect, the monitor thread, disconnect
  *
@@ -114,7 +116,8 @@ typedef struct {
     bool active;
     uint8_t kind, dtype, redop;
     int32_t root;
-    uint64_t seq;
+    uint64_t seq; /* its operation id */
+    uint64_t ord; /* its collective ordinal: what the slots and its record name (proto/wire.h) */
     uint64_t count;
     void *recv;
     uint64_t arrival_ns;
@@ -127,7 +130,8 @@ struct colld_comm {
     uint64_t comm_id;
     int rank, nranks;
     int timeout_ms;
-    uint64_t seq;       /* the last sequence number given (engine and fast-path collectives) */
+    uint64_t seq;       /* the last operation id given (every path, point-to-point included) */
+    uint64_t p2p;       /* point-to-point operations numbered: collective ordinal = seq - p2p */
     uint64_t issued;    /* collectives posted to the engine */
     uint64_t completed; /* their completions received */
     /* Per-operation completion (colld_op_query): every collective with a sequence number up to
@@ -155,7 +159,7 @@ struct colld_comm {
     uint64_t spin_ns;         /* adaptive busy-wait before yielding */
     uint64_t spin_max_ns;     /* 0 with more ranks than CPUs */
     bool gpu_used;            /* gpu_base is set (at the first stream-ordered collective) */
-    uint32_t gpu_base;        /* flag base: collective seq has flag value gpu_base + (uint32_t)seq */
+    uint32_t gpu_base;        /* flag base: collective ordinal o has flag value gpu_base + (uint32_t)o */
     uint32_t gpu_gen;         /* its generation on the handle's flag line, set with gpu_base (client/cuda.c) */
 };
 

@@ -9,6 +9,8 @@
  *   engine      everything else, staged when not from colld_mem_alloc (staging.c):
  *               colld__engine_post (engine_path.c), the daemon's engine runs it
  *
+ * Sends and receives (colld_send, colld_recv) take the engine path only, on host buffers.
+ *
  * Inside a group (group.c) the call is checked and routed now, and queued; colld_group_end runs
  * the same posters. Device pointers are only looked for when the CUDA driver is loaded in the
  * process, and never for buffers inside host registrations, so host programs pay nothing for the
@@ -82,6 +84,9 @@ static colld_status_t check_args(colld_comm_t *comm, call_t *k, size_t send_elem
     if (rooted && (k->root < 0 || k->root >= comm->nranks))
         return colld__comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "root %d is out of range for %d ranks", k->root,
                                  comm->nranks);
+    if (colld_kind_is_p2p(k->kind) && (k->root < 0 || k->root >= comm->nranks))
+        return colld__comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "%s: peer %d is out of range for %d ranks",
+                                 k->kind == COLLD_KIND_SEND ? "colld_send" : "colld_recv", k->root, comm->nranks);
     size_t es = colld_dtype_size(k->dtype);
     if (__builtin_mul_overflow(send_elems, es, &k->send_bytes) ||
         __builtin_mul_overflow(recv_elems, es, &k->recv_bytes))
@@ -221,6 +226,8 @@ static colld_status_t route(colld_comm_t *comm, colld_kind_t kind, const void *s
                                  "stream NULL",
                                  kind == COLLD_KIND_GATHER    ? "colld_gather"
                                  : kind == COLLD_KIND_SCATTER ? "colld_scatter"
+                                 : kind == COLLD_KIND_SEND    ? "colld_send"
+                                 : kind == COLLD_KIND_RECV    ? "colld_recv"
                                                               : "colld_alltoall");
     if (kind == COLLD_KIND_ALLTOALL && k.send_bytes && (const char *)sendbuf < (const char *)recvbuf + k.recv_bytes &&
         (const char *)recvbuf < (const char *)sendbuf + k.send_bytes)
@@ -315,6 +322,21 @@ colld_status_t colld_alltoall(const void *sendbuf, void *recvbuf, size_t count, 
         return COLLD_ERR_INVALID_ARGUMENT;
     return route(comm, COLLD_KIND_ALLTOALL, sendbuf, times(count, comm->nranks), recvbuf, times(count, comm->nranks),
                  count, dtype, COLLD_SUM, 0, stream);
+}
+
+colld_status_t colld_send(const void *sendbuf, size_t count, colld_dtype_t dtype, int peer, colld_comm_t *comm,
+                          void *stream)
+{
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    return route(comm, COLLD_KIND_SEND, sendbuf, count, NULL, 0, count, dtype, COLLD_SUM, peer, stream);
+}
+
+colld_status_t colld_recv(void *recvbuf, size_t count, colld_dtype_t dtype, int peer, colld_comm_t *comm, void *stream)
+{
+    if (!comm)
+        return COLLD_ERR_INVALID_ARGUMENT;
+    return route(comm, COLLD_KIND_RECV, NULL, 0, recvbuf, count, count, dtype, COLLD_SUM, peer, stream);
 }
 
 colld_status_t colld_barrier(colld_comm_t *comm)

@@ -23,8 +23,9 @@
  * was registered in is reset or destroyed: flags_check); line h belongs to communicator handle
  * h. A line outlives the communicators that use its handle one after another, so a communicator
  * takes a flag base (the line's `done` + 1) and a generation (a count of the line's
- * communicators) at its first stream-ordered collective, and collective seq has the flag value
- * v = base + (uint32_t)seq; the base goes to the daemon in every such descriptor. A stream-ordered
+ * communicators) at its first stream-ordered collective, and collective seq (its ordinal among
+ * the communicator's collectives, proto/wire.h) has the flag value v = base + (uint32_t)seq; the
+ * base goes to the daemon in every such descriptor. A stream-ordered
  * collective enqueues on the application's stream
  *   cuStreamWriteValue32(ready[seq % SLOTS] = v)  after the work before it: inputs are ready
  *   cuStreamWaitValue32(done >= v)                 the daemon's stream writes done after its kernels
@@ -214,7 +215,7 @@ typedef struct {
 } gpu_flags_t;
 
 /* The last write enqueued to a ready slot of a line: its value, the generation of the
- * communicator that enqueued it (0: never written) and its sequence number. */
+ * communicator that enqueued it (0: never written) and its collective ordinal. */
 typedef struct {
     uint32_t value;
     uint32_t gen;
@@ -982,20 +983,21 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
     gpu_flags_t *f = atomic_load(&c->gpu->flags);
     if (!cu || !f) /* prepare succeeded, so neither can be missing */
         return colld_err_set(err, COLLD_ERR_INTERNAL, "stream-ordered collective posted without preparation");
-    /* (b) The next sequence number of the communicator (host collectives share the counter), and
-     * its flag value. */
+    /* (b) The next operation id of the communicator (every path shares the counter), and the flag
+     * value of its collective ordinal (proto/wire.h: the id less the point-to-point operations). */
     colld_wire_sqe_t d = *sqe;
     d.seq = comm->seq + 1;
     d.flags |= COLLD_SQE_STREAM;
     d.reserved = op->base;
-    uint32_t v = op->base + (uint32_t)d.seq;
+    uint64_t ord = d.seq - comm->p2p;
+    uint32_t v = op->base + (uint32_t)ord;
     /* (c) Its ready slot, once free (slot_wait). A value an earlier communicator left there that
      * happens to equal v (values wrap) must not stand for this collective: replaced from the host,
      * which is safe now that every write enqueued to the slot has landed. */
-    uint32_t slot = (uint32_t)d.seq % COLLD_WIRE_GPU_READY_SLOTS;
+    uint32_t slot = (uint32_t)ord % COLLD_WIRE_GPU_READY_SLOTS;
     gpu_slot_t *rec = &c->gpu->slots[(size_t)comm->handle * COLLD_WIRE_GPU_READY_SLOTS + slot];
     uint32_t *word = &f->lines[comm->handle].ready[slot];
-    colld_status_t st = slot_wait(comm, word, rec, d.seq, err);
+    colld_status_t st = slot_wait(comm, word, rec, ord, err);
     if (st != COLLD_OK)
         return st;
     if (__atomic_load_n(word, __ATOMIC_ACQUIRE) == v)
@@ -1012,7 +1014,7 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
     }
     if (r == CUDA_SUCCESS) {
         written = true;
-        *rec = (gpu_slot_t){ .value = v, .gen = comm->gpu_gen, .seq = d.seq };
+        *rec = (gpu_slot_t){ .value = v, .gen = comm->gpu_gen, .seq = ord };
         /* A release by the monitor (daemon lost) must cover the wait about to be enqueued. */
         prev = atomic_exchange(&f->posted[comm->handle], POSTED_USED | v);
         call = "cuStreamWaitValue32";

@@ -1,9 +1,11 @@
 /*
  * engine_path.c - the engine path's poster: a collective the daemon's engine runs is numbered
- * with the communicator's next sequence number (shared with the other paths), its staged buffers'
+ * with the communicator's next operation id (shared with the other paths), its staged buffers'
  * pending record attached under that number (copied out when the completion is reaped), and its
  * descriptor posted on the submission ring. colld_group_end numbers a group's collectives the
- * same way and posts each client's run as one batch.
+ * same way and posts each client's run as one batch. Sends and receives take this path too, and
+ * are counted (comm->p2p) so that every path derives the same collective ordinals as the daemon
+ * (proto/wire.h).
  */
 #include "client/client_internal.h"
 
@@ -39,6 +41,8 @@ colld_status_t colld__engine_post(colld_comm_t *comm, const colld_wire_sqe_t *sq
     if (st == COLLD_OK) {
         comm->seq++;
         comm->issued++;
+        if (colld_kind_is_p2p(one.kind))
+            comm->p2p++;
     } else {
         colld__engine_discard(comm, pending);
         (void)colld_err_set(err, st, "cannot post the collective: %s", colld_status_string(st));
@@ -50,5 +54,7 @@ void colld__engine_number(colld_comm_t *comm, colld_wire_sqe_t *sqe, colld_pendi
 {
     sqe->seq = ++comm->seq;
     comm->issued++;
+    if (colld_kind_is_p2p(sqe->kind))
+        comm->p2p++;
     attach(comm, pending, comm->seq);
 }

@@ -190,9 +190,10 @@ colld_status_t colld__fast_post(colld_comm_t *comm, colld_kind_t kind, const voi
 {
     (void)recv_bytes, (void)err;
     uint64_t seq = ++comm->seq;
+    uint64_t ord = seq - comm->p2p; /* the collective ordinal: the slots name the collective by it */
     uint8_t redop = has_op(kind) ? (uint8_t)op : 0;
     uint64_t now = colld_now_ns();
-    colld_wire_fast_slot_t *s = slot_of(comm, comm->rank, seq);
+    colld_wire_fast_slot_t *s = slot_of(comm, comm->rank, ord);
     /* Mark the slot as being rewritten (seq 0) before touching it: the daemon may still be
      * reading the collective it held (seq - 2) and must see that its copy is torn. Peers are done
      * with that one (see proto/wire.h). */
@@ -206,11 +207,11 @@ colld_status_t colld__fast_post(colld_comm_t *comm, colld_kind_t kind, const voi
     s->flags = 0;
     s->root = root;
     s->arrival_ns = now;
-    __atomic_store_n(&s->seq, seq, __ATOMIC_RELEASE);
+    __atomic_store_n(&s->seq, ord, __ATOMIC_RELEASE);
     __atomic_add_fetch(&comm->fast->gen, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&comm->fast->sleepers, __ATOMIC_SEQ_CST))
         colld_futex_wake_all(&comm->fast->gen);
-    comm->fop = (colld_fast_op_t){ .active = true, .seq = seq, .kind = (uint8_t)kind, .dtype = (uint8_t)dtype,
+    comm->fop = (colld_fast_op_t){ .active = true, .seq = seq, .ord = ord, .kind = (uint8_t)kind, .dtype = (uint8_t)dtype,
                                    .redop = redop, .root = root, .count = count, .recv = recv, .arrival_ns = now };
     return COLLD_OK;
 }
@@ -247,11 +248,11 @@ static int slots_ready(const colld_comm_t *comm)
 {
     const colld_fast_op_t *f = &comm->fop;
     for (int j = 0; j < comm->nranks; j++) {
-        const colld_wire_fast_slot_t *s = slot_of(comm, j, f->seq);
+        const colld_wire_fast_slot_t *s = slot_of(comm, j, f->ord);
         uint64_t seq = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
-        if (seq < f->seq)
+        if (seq < f->ord)
             return 0;
-        if (seq > f->seq || s->kind != f->kind || s->dtype != f->dtype || s->count != f->count ||
+        if (seq > f->ord || s->kind != f->kind || s->dtype != f->dtype || s->count != f->count ||
             (has_op(f->kind) && s->redop != f->redop) || (has_root(f->kind) && s->root != f->root))
             return -1;
     }
@@ -269,11 +270,11 @@ static void compute(colld_comm_t *comm)
         return;
     switch ((colld_kind_t)f->kind) {
     case COLLD_KIND_BROADCAST:
-        memmove(f->recv, payload_of(slot_of(comm, f->root, f->seq)), bytes);
+        memmove(f->recv, payload_of(slot_of(comm, f->root, f->ord)), bytes);
         return;
     case COLLD_KIND_ALLGATHER:
         for (int j = 0; j < n; j++)
-            memmove((char *)f->recv + (size_t)j * bytes, payload_of(slot_of(comm, j, f->seq)), bytes);
+            memmove((char *)f->recv + (size_t)j * bytes, payload_of(slot_of(comm, j, f->ord)), bytes);
         return;
     case COLLD_KIND_REDUCE:
         if (me != f->root)
@@ -283,7 +284,7 @@ static void compute(colld_comm_t *comm)
     case COLLD_KIND_REDUCESCATTER: {
         size_t off = f->kind == COLLD_KIND_REDUCESCATTER ? (size_t)me * bytes : 0;
         for (int j = 0; j < n; j++)
-            comm->fast_in[j] = payload_of(slot_of(comm, j, f->seq)) + off;
+            comm->fast_in[j] = payload_of(slot_of(comm, j, f->ord)) + off;
         /* The kernels want element-aligned pointers; the slots are, the caller's buffer may not be. */
         bool aligned = (uintptr_t)f->recv % es == 0;
         void *out = aligned ? f->recv : comm->fast_scratch;
@@ -295,6 +296,8 @@ static void compute(colld_comm_t *comm)
     case COLLD_KIND_GATHER:
     case COLLD_KIND_SCATTER:
     case COLLD_KIND_ALLTOALL:
+    case COLLD_KIND_SEND:
+    case COLLD_KIND_RECV:
         return; /* never on the fast area (colld__fast_eligible) */
     }
 }
@@ -323,9 +326,9 @@ static colld_status_t local_timeout(colld_comm_t *comm)
     int off = snprintf(why, sizeof(why),
                        "collective #%llu: no verdict from the daemon %d ms after the %d ms "
                        "time-out; ranks not seen on the fast area:",
-                       (unsigned long long)comm->fop.seq, LOCAL_GRACE_MS, comm->timeout_ms);
+                       (unsigned long long)comm->fop.ord, LOCAL_GRACE_MS, comm->timeout_ms);
     for (int j = 0; j < comm->nranks && off < (int)sizeof(why) - 12; j++)
-        if (__atomic_load_n(&slot_of(comm, j, comm->fop.seq)->seq, __ATOMIC_ACQUIRE) != comm->fop.seq)
+        if (__atomic_load_n(&slot_of(comm, j, comm->fop.ord)->seq, __ATOMIC_ACQUIRE) != comm->fop.ord)
             off += snprintf(why + off, sizeof(why) - (size_t)off, " %d", j);
     LOG_WARN(CLIENT, "%s", why);
     return fail(comm, COLLD_ERR_TIMEOUT, why);

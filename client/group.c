@@ -14,6 +14,13 @@
  * and its buffers registered when it is called; at the end it is posted on its own, in order with
  * the other ops of its communicator, once its stream operations are enqueued; if that fails,
  * colld_group_end returns the error.
+ *
+ * Sends and receives of a group run concurrently, as in NCCL: colld_group_end posts a
+ * communicator's sends and receives after its collectives of the group, as one batch (each but
+ * the last with COLLD_SQE_LINK, proto/wire.h), so that e.g. two ranks that each send to the other
+ * and receive from it never wait for each other. The daemon may need every operation of a batch at
+ * once, so the point-to-point operations of one group on one connection must fit its rings: more
+ * than the ring's entries are refused (COLLD_ERR_INVALID_USAGE, nothing posted).
  */
 #include "client/client_internal.h"
 
@@ -112,6 +119,45 @@ static void group_reset(bool posted)
     memset(&group, 0, sizeof(group));
 }
 
+/* Post the group's sends and receives after its other operations (keeping the order of each kind),
+ * and link each to the next one of its communicator: one batch per communicator. Returns COLLD_OK,
+ * or COLLD_ERR_INVALID_USAGE when a connection's share does not fit its rings. */
+static colld_status_t batch_p2p(void)
+{
+    size_t n = group.n, k = 0;
+    queued_t *sorted = n ? malloc(n * sizeof(*sorted)) : NULL;
+    if (n && !sorted)
+        return COLLD_ERR_NO_MEMORY;
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < n; i++)
+            if (colld_kind_is_p2p(group.ops[i].sqe.kind) == (pass == 1))
+                sorted[k++] = group.ops[i];
+    memcpy(group.ops, sorted, n * sizeof(*sorted));
+    free(sorted);
+    for (size_t i = 0; i < n; i++) {
+        queued_t *q = &group.ops[i];
+        if (!colld_kind_is_p2p(q->sqe.kind))
+            continue;
+        size_t same_client = 0;
+        for (size_t j = 0; j < n; j++)
+            same_client += colld_kind_is_p2p(group.ops[j].sqe.kind) && group.ops[j].comm->client == q->comm->client;
+        if (same_client > q->comm->client->entries) {
+            snprintf(q->comm->last_error, sizeof(q->comm->last_error),
+                     "COLLD_ERR_INVALID_USAGE: a group holds %zu sends and receives on one connection to colld; at "
+                     "most %u fit its rings (the daemon's --ring-entries): split the group",
+                     same_client, q->comm->client->entries);
+            q->comm->detail_fetched = true;
+            return COLLD_ERR_INVALID_USAGE;
+        }
+        for (size_t j = i + 1; j < n; j++)
+            if (group.ops[j].comm == q->comm && colld_kind_is_p2p(group.ops[j].sqe.kind)) {
+                q->sqe.flags |= COLLD_SQE_LINK;
+                break;
+            }
+    }
+    return COLLD_OK;
+}
+
 colld_status_t colld_group_start(void)
 {
     group.depth++;
@@ -193,6 +239,8 @@ colld_status_t colld_group_end(void)
     if (--group.depth > 0)
         return COLLD_OK;
     colld_status_t st = group.error;
+    if (st == COLLD_OK)
+        st = batch_p2p();
     if (st != COLLD_OK) {
         group_reset(false);
         return st;

@@ -27,7 +27,9 @@
 #include <stdint.h>
 
 #define COLLD_WIRE_MAGIC 0x434f4c44u /* "COLD" */
-#define COLLD_WIRE_VERSION 2 /* 2: per-collective GPU ready slots (colld_wire_gpu_flag_t) */
+/* 2: per-collective GPU ready slots (colld_wire_gpu_flag_t); 3: point-to-point (COLLD_KIND_SEND /
+ * COLLD_KIND_RECV, COLLD_SQE_LINK) and the collective ordinal (below) */
+#define COLLD_WIRE_VERSION 3
 #define COLLD_WIRE_TOKEN_BYTES 16
 /* A unique id (the 128 bytes of colld_unique_id_t): 16 random bytes; an id made by a daemon that
  * listens for peers (multi-node) also carries "CLN1" at byte 16 and that daemon's address
@@ -53,8 +55,20 @@ typedef enum {
     COLLD_KIND_GATHER = 6,
     COLLD_KIND_SCATTER = 7,
     COLLD_KIND_ALLTOALL = 8,
+    /* Point-to-point (the host backend, single-node communicators, host buffers): `root` is the
+     * peer; a send's data is in `send`, a receive's goes to `recv`. The k-th send of rank a to
+     * rank b is matched with the k-th receive of rank b from rank a; both must have the same dtype
+     * and count. */
+    COLLD_KIND_SEND = 9,
+    COLLD_KIND_RECV = 10,
 } colld_kind_t;
-#define COLLD_KIND_MAX COLLD_KIND_ALLTOALL
+#define COLLD_KIND_MAX COLLD_KIND_RECV
+
+/* Whether a kind is point-to-point (a send or a receive) rather than a collective. */
+static inline int colld_kind_is_p2p(unsigned kind)
+{
+    return kind == COLLD_KIND_SEND || kind == COLLD_KIND_RECV;
+}
 
 /* A buffer reference: a registration of the submitting session plus a byte offset into it. */
 typedef struct {
@@ -70,11 +84,12 @@ typedef struct {
  * their slots) for a signature mismatch and for the time-out, records it in the flight recorder,
  * executes nothing and posts no completion. `send.offset` carries the rank's arrival time
  * (CLOCK_MONOTONIC ns). Collectives that nobody waited for produce no record; their sequence
- * numbers are simply skipped in the descriptors the daemon sees. */
+ * numbers are simply skipped in the descriptors the daemon sees. Slots and records name the
+ * collective by its ordinal (below). */
 #define COLLD_SQE_FAST 0x01u
 /* GPU buffers, stream-ordered (the CUDA backend): both buffer references name CUDA registrations
  * (COLLD_MSG_REG_CUDA) of the session. `reserved` carries the rank's flag base for this
- * communicator (below); the flag value of the collective is base + (uint32_t)seq. The rank's CUDA
+ * communicator (below); the flag value of the collective is base + (uint32_t)ordinal. The rank's CUDA
  * stream writes that value into the collective's `ready` slot of the session's GPU flag line of
  * this communicator handle (COLLD_MSG_GPU_FLAGS) once the inputs are ready, and waits for `done`
  * to reach it. The daemon launches the kernels only when every rank's slot holds exactly that
@@ -82,8 +97,23 @@ typedef struct {
  * a rank is named in the time-out), then its own stream writes `done`.
  * The completion is posted when the kernels have finished. */
 #define COLLD_SQE_STREAM 0x02u
+/* Point-to-point only: this operation and the rank's next one on the communicator belong to one
+ * group (colld_group_start/end) and run concurrently, as one batch: the batch is the run of
+ * operations up to and including the first without this flag. Operations outside a batch run in
+ * the order the rank posted them, one after the other. */
+#define COLLD_SQE_LINK 0x04u
 
-/* One work descriptor (64 bytes). `seq` counts from 1 per (session, communicator handle).
+/* One work descriptor (64 bytes). `seq` is the operation's id: it counts every operation (collective
+ * or point-to-point) from 1 per (session, communicator handle), and completions carry it.
+ *
+ * The collective ordinal: collectives are numbered alike on every rank, point-to-point operations
+ * are not (only two ranks post each). A collective's ordinal is its `seq` minus the number of
+ * point-to-point operations the rank posted before it (the daemon counts them as it admits them,
+ * in ring order; the client counts the same); a point-to-point operation's ordinal is that of the
+ * rank's next collective. Everything that names a collective across ranks uses the ordinal: the
+ * fast area's slots and records, the GPU stream flag values and ready slots, the flight recorder,
+ * time-outs and mismatch reports ("collective #N"). Without point-to-point operations the two are
+ * equal.
  * `reserved` is 0, except in COLLD_SQE_STREAM descriptors (the flag base). */
 typedef struct {
     uint64_t seq;
@@ -141,7 +171,8 @@ typedef struct {
 /* ---------------------------------------------------------------------------------------------
  * Fast area: one memfd per single-node communicator, created by the daemon and mapped by every
  * member (COLLD_MSG_FAST_AREA). Small collectives run here without the daemon on the critical
- * path: each rank copies its input into its slot for that sequence number and publishes the slot
+ * path: each rank copies its input into its slot for that collective (by ordinal, called seq here:
+ * see colld_wire_sqe_t) and publishes the slot
  * header's `seq` last (release); every rank waits until all slots of that sequence are published
  * with the same signature, then computes its own output from the slots in rank order. A rank
  * finishes its previous collective on the communicator before it starts the next, so two slots
@@ -208,7 +239,8 @@ _Static_assert(sizeof(colld_wire_fast_stats_t) % 64 == 0, "fast stats layout");
  *
  * Flag values: a line outlives the communicators that use its handle one after another, so the
  * values keep growing across them: at its first stream-ordered collective a communicator takes
- * base = the line's current `done` + 1 and uses v = base + (uint32_t)seq for collective seq,
+ * base = the line's current `done` + 1 and uses v = base + (uint32_t)seq for collective seq (its
+ * ordinal, see colld_wire_sqe_t),
  * sending the base in every such descriptor (the daemon refuses a rank whose base changes). Waits
  * left over from an earlier communicator on the same line are thereby satisfied (while `done` is
  * less than 2^31 past them: two releases of later communicators before an old stream reaches its

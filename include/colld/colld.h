@@ -40,6 +40,12 @@
  *       for each other across communicators, under the daemon's --deadlock-fail (issue 18).
  *       New: colld_comm_config_t.nan_check, the --nan-check checks for one communicator (the
  *       struct grew; a config of the older size, without the field, means 0).
+ *       New: point-to-point colld_send / colld_recv (NCCL's ncclSend / ncclRecv) and
+ *       colld_alltoallv (all-to-all with per-peer counts, built on them) (issue 16). Changed:
+ *       operation ids (colld_comm_last_op) count sends and receives too, so the ids of a rank's
+ *       collectives are no longer the same on every rank once it uses point-to-point operations
+ *       (the error details still name a collective by its number among collectives, "collective
+ *       #N", which is).
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -266,6 +272,34 @@ colld_status_t colld_scatter(const void *sendbuf, void *recvbuf, size_t recvcoun
                              colld_comm_t *comm, void *stream);
 colld_status_t colld_alltoall(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype, colld_comm_t *comm,
                               void *stream);
+/* Point-to-point (NCCL's ncclSend / ncclRecv): send `count` elements of sendbuf to rank `peer`, or
+ * receive them from it into recvbuf. The k-th send of rank a to rank b meets the k-th receive of
+ * rank b from rank a; their dtype and count must be the same (else both ranks fail with
+ * COLLD_ERR_MISMATCH naming both calls). Asynchronous like the collectives: a send has completed
+ * (colld_op_wait, colld_comm_synchronize) once the data has reached its receiver's buffer. A rank's
+ * operations on a communicator (collectives, sends, receives) run in the order it made them, each
+ * after the one before it has completed, so, as with NCCL, two ranks that both send to each other
+ * first wait for each other until the communicator's time-out: put such sends and receives in one
+ * group (colld_group_start/end), whose point-to-point operations all run at once (after the
+ * group's collectives on the same communicator). A group holds at most as many sends and receives
+ * per connection as the daemon's rings have entries (COLLD_ERR_INVALID_USAGE beyond). A rank may
+ * send to itself within a group. An operation that waits longer than the communicator's time-out
+ * fails it with COLLD_ERR_TIMEOUT naming the missing side ("rank 3 never sent to rank 5 ...").
+ * Host buffers only, on communicators within one node, so far: GPU buffers or a stream give
+ * COLLD_ERR_NOT_SUPPORTED, and so does a communicator spanning nodes (from the daemon, which
+ * breaks the communicator). Memory not from colld_mem_alloc is staged. */
+colld_status_t colld_send(const void *sendbuf, size_t count, colld_dtype_t dtype, int peer, colld_comm_t *comm,
+                          void *stream);
+colld_status_t colld_recv(void *recvbuf, size_t count, colld_dtype_t dtype, int peer, colld_comm_t *comm, void *stream);
+/* All-to-all with per-peer counts (MPI_Alltoallv): this rank sends sendcounts[q] elements from
+ * sendbuf + sdispls[q] elements to rank q, and receives recvcounts[q] elements from rank q at
+ * recvbuf + rdispls[q] elements; rank q must send this rank exactly recvcounts[q] elements (else
+ * COLLD_ERR_MISMATCH). Each array has nranks entries. One group of sends and receives (above),
+ * hence the same limits: host buffers, single-node communicators, 2 x nranks operations within
+ * the daemon's ring entries. The send and receive regions must not overlap. */
+colld_status_t colld_alltoallv(const void *sendbuf, const size_t *sendcounts, const size_t *sdispls, void *recvbuf,
+                               const size_t *recvcounts, const size_t *rdispls, colld_dtype_t dtype, colld_comm_t *comm,
+                               void *stream);
 /* Barrier: returns once every rank has called it (and this rank's issued work has completed).
  * Not inside a group. */
 colld_status_t colld_barrier(colld_comm_t *comm);
@@ -276,8 +310,9 @@ colld_status_t colld_group_end(void);
 colld_status_t colld_comm_synchronize(colld_comm_t *comm);
 colld_status_t colld_comm_query(colld_comm_t *comm);       /* COLLD_OK, COLLD_INPROGRESS or error */
 
-/* Per-operation completion (a framework's Work object): every collective gets an id, increasing
- * per communicator handle. colld_comm_last_op gives the id of the last collective issued on comm
+/* Per-operation completion (a framework's Work object): every operation (collective, send or
+ * receive) gets an id, increasing per communicator handle. colld_comm_last_op gives the id of the
+ * last operation issued on comm
  * (0: none yet; not inside a group: after colld_group_end, that of the group's last); then
  * colld_op_query says COLLD_OK once that collective completed, COLLD_INPROGRESS while it runs, or
  * the communicator's error if it failed (or the communicator broke before it completed), and

@@ -10,7 +10,10 @@
  * it, device memory only in stream-ordered collectives (whose own checks are their backend's
  * `admit`). A bad descriptor fails with COLLD_ERR_INVALID_ARGUMENT (or NOT_SUPPORTED) and a
  * detail naming the rank and the field, and breaks its communicator, so that no peer waits for a
- * collective that cannot run. All functions run with daemon->lock held.
+ * collective that cannot run. An admitted collective goes to its rank's queue of collectives
+ * (match.c), a send or receive to its queue of point-to-point operations (p2p.c); both carry the
+ * collective ordinal in d.seq and the operation id in `id` (proto/wire.h). All functions run with
+ * daemon->lock held.
  */
 #include "server/core/daemon.h"
 
@@ -92,8 +95,8 @@ static bool in_place_or_apart(const colld_wire_sqe_t *d, const colld_op_t *op, u
     }
 }
 
-/* Validation, step 1: the descriptor's own fields (kind, dtype, op, root, count) against the
- * communicator's nranks; the per-rank payload in *bytes and all ranks' in *all. */
+/* Validation, step 1: the descriptor's own fields (kind, dtype, op, root or peer, count) against
+ * the communicator's nranks; the per-rank payload in *bytes and all ranks' in *all. */
 static colld_status_t check_fields(const colld_wire_sqe_t *d, int nranks, uint64_t *bytes, uint64_t *all,
                                    colld_err_t *err)
 {
@@ -105,6 +108,14 @@ static colld_status_t check_fields(const colld_wire_sqe_t *d, int nranks, uint64
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "unknown reduction op %u", d->redop);
     if (colld_kind_has_root(d->kind) && (d->root < 0 || d->root >= nranks))
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "root %d is out of range for %d ranks", d->root, nranks);
+    if (colld_kind_is_p2p(d->kind) && (d->root < 0 || d->root >= nranks))
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "peer %d is out of range for %d ranks", d->root, nranks);
+    if (colld_kind_is_p2p(d->kind) && (d->flags & ~COLLD_SQE_LINK))
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%s with flags 0x%x: only the group link is allowed",
+                             colld_kind_name(d->kind), d->flags);
+    if (!colld_kind_is_p2p(d->kind) && (d->flags & COLLD_SQE_LINK))
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%s with the group link flag (point-to-point only)",
+                             colld_kind_name(d->kind));
     if (!colld_mul_ok(d->count, colld_dtype_size((colld_dtype_t)d->dtype), bytes) ||
         !colld_mul_ok(*bytes, (uint64_t)nranks, all))
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "count %llu overflows", (unsigned long long)d->count);
@@ -115,7 +126,7 @@ static colld_status_t check_fields(const colld_wire_sqe_t *d, int nranks, uint64
  * broadcast send buffer and reduce receive buffer are not used; all-gather receives and
  * reduce-scatter sends nranks x count; gather's root receives and scatter's root sends nranks x
  * count (the others' buffers on that side are not used); all-to-all sends and receives nranks x
- * count. */
+ * count; a send uses only its send buffer and a receive only its receive buffer. */
 static void buffer_sizes(const colld_wire_sqe_t *d, int rank, uint64_t bytes, uint64_t all, uint64_t *send_bytes,
                          uint64_t *recv_bytes)
 {
@@ -144,13 +155,19 @@ static void buffer_sizes(const colld_wire_sqe_t *d, int rank, uint64_t bytes, ui
         *send_bytes = all;
         *recv_bytes = all;
         break;
+    case COLLD_KIND_SEND:
+        *recv_bytes = 0;
+        break;
+    case COLLD_KIND_RECV:
+        *send_bytes = 0;
+        break;
     default:
         break;
     }
 }
 
-/* Gather, scatter and all-to-all run on the host backend only so far: not on GPU buffers, not on
- * the fast area, not across nodes. */
+/* Gather, scatter, all-to-all and point-to-point run on the host backend only so far: not on GPU
+ * buffers, not on the fast area, not across nodes. */
 static colld_status_t check_host_only(const colld_op_t *op, colld_err_t *err)
 {
     const colld_wire_sqe_t *d = &op->d;
@@ -251,6 +268,17 @@ static void enqueue(colld_member_t *m, colld_op_t *op)
     m->tail = op;
 }
 
+/* What an operation is called in a detail: "collective #N" (its ordinal) or "send to rank 3
+ * (operation #N)" (its id). */
+static void name_op(char *buf, size_t len, const colld_wire_sqe_t *q, uint64_t id)
+{
+    if (colld_kind_is_p2p(q->kind))
+        snprintf(buf, len, "%s %s rank %d (operation #%llu)", colld_kind_name(q->kind),
+                 q->kind == COLLD_KIND_SEND ? "to" : "from", q->root, (unsigned long long)id);
+    else
+        snprintf(buf, len, "collective #%llu", (unsigned long long)q->seq);
+}
+
 void colld_admit(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe)
 {
     colld_err_t err = COLLD_ERR_INIT;
@@ -258,13 +286,22 @@ void colld_admit(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *
     if (!m) {
         LOG_INFO_RL(ENGINE, "session %llu: descriptor for unknown communicator handle %u", (unsigned long long)s->id,
                     sqe->comm);
-        colld_complete_sqe(d, s, sqe, COLLD_ERR_INVALID_ARGUMENT);
+        colld_complete_sqe(d, s, sqe, sqe->seq, COLLD_ERR_INVALID_ARGUMENT);
         return;
     }
     colld_dcomm_t *c = m->comm;
-    if (c->state != COLLD_COMM_READY) {
+    /* The collective ordinal (proto/wire.h): the operation id less the point-to-point operations
+     * the rank posted before it. A descriptor refused below is released by its ordinal too (its
+     * GPU stream waits for that flag value). */
+    colld_wire_sqe_t q = *sqe;
+    q.seq = sqe->seq > m->p2p_posted ? sqe->seq - m->p2p_posted : 0;
+    /* A communicator closing because a rank left still runs sends and receives between the
+     * others (comm.c). */
+    bool p2p_open = c->state == COLLD_COMM_CLOSING && colld_kind_is_p2p(sqe->kind) && !m->left &&
+                    sqe->root >= 0 && sqe->root < c->nranks && !c->ranks[sqe->root].left;
+    if (c->state != COLLD_COMM_READY && !p2p_open) {
         c->ops_failed++;
-        colld_complete_sqe(d, s, sqe, c->state == COLLD_COMM_JOINING ? COLLD_ERR_INVALID_USAGE : c->error);
+        colld_complete_sqe(d, s, &q, sqe->seq, c->state == COLLD_COMM_JOINING ? COLLD_ERR_INVALID_USAGE : c->error);
         return;
     }
     /* With a side path, the sequence numbers of collectives the ranks ran there without waiting
@@ -274,34 +311,41 @@ void colld_admit(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *
         snprintf(detail, sizeof(detail), "rank %d (pid %d) posted sequence number %llu where %s%llu was due", m->rank,
                  (int)s->pid, (unsigned long long)sqe->seq, c->side_path ? "at least " : "",
                  (unsigned long long)m->next_seq);
-        colld_complete_sqe(d, s, sqe, COLLD_ERR_INVALID_ARGUMENT);
+        colld_complete_sqe(d, s, &q, sqe->seq, COLLD_ERR_INVALID_ARGUMENT);
         colld_comm_break(d, c, COLLD_ERR_INVALID_ARGUMENT, m->rank, detail);
         return;
     }
     m->next_seq = sqe->seq + 1;
+    if (colld_kind_is_p2p(sqe->kind))
+        m->p2p_posted++; /* the client counted it when it numbered it: the ordinals stay in step */
     colld_op_t *op = colld_op_alloc(d);
     if (!op) {
-        colld_complete_sqe(d, s, sqe, COLLD_ERR_NO_MEMORY);
+        colld_complete_sqe(d, s, &q, sqe->seq, COLLD_ERR_NO_MEMORY);
         colld_comm_break(d, c, COLLD_ERR_NO_MEMORY, -1, "daemon out of memory");
         return;
     }
-    op->d = *sqe;
+    op->d = q;
+    op->id = sqe->seq;
     op->session = s;
     op->member = m;
     s->refs++;
     colld_status_t st = validate(s, op, &err);
     if (st != COLLD_OK) {
         /* The detail keeps room for the rank prefix: at most COLLD_DETAIL_LEN / 2 - 1 bytes of it. */
-        char why[COLLD_DETAIL_LEN];
-        snprintf(why, sizeof(why), "rank %d (pid %d), collective #%llu: %.*s", m->rank, (int)s->pid,
-                 (unsigned long long)sqe->seq, COLLD_DETAIL_LEN / 2 - 1, err.msg);
+        char why[COLLD_DETAIL_LEN], what[96];
+        name_op(what, sizeof(what), &q, sqe->seq);
+        snprintf(why, sizeof(why), "rank %d (pid %d), %s: %.*s", m->rank, (int)s->pid, what, COLLD_DETAIL_LEN / 2 - 1,
+                 err.msg);
         LOG_INFO_RL(ENGINE, "invalid descriptor: %s", why);
         c->ops_failed++;
         colld_op_retire(op, st);
         colld_comm_break(d, c, st, m->rank, why);
         return;
     }
-    enqueue(m, op);
+    if (colld_kind_is_p2p(op->d.kind))
+        colld_p2p_enqueue(c, m, op);
+    else
+        enqueue(m, op);
 }
 
 /* ============================================================================================

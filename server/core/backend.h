@@ -39,6 +39,7 @@ typedef struct colld_member colld_member_t;
 typedef struct colld_op colld_op_t;
 typedef struct colld_reg colld_reg_t;
 typedef struct colld_coll colld_coll_t;
+typedef struct colld_xfer colld_xfer_t;
 typedef struct colld_backend colld_backend_t;
 
 /* How a communicator got its first fault (colld_comm_hooks_t.faulted). */
@@ -98,6 +99,10 @@ typedef struct colld_backend_ops {
     /* A matched collective (every local rank posted it, signatures agree), to run. The backend
      * finishes it with colld_engine_finish. */
     void (*submit)(colld_backend_t *b, colld_coll_t *k);
+    /* A matched point-to-point transfer (a send and its receive) to run. The backend finishes it
+     * with colld_p2p_finish. The first backend that has this entry and claims the send's
+     * descriptor runs it. */
+    void (*xfer_submit)(colld_backend_t *b, colld_xfer_t *x);
     /* Progress what was submitted: returns the work done, brings *deadline forward. */
     int (*progress)(colld_backend_t *b, uint64_t now, uint64_t *deadline);
     /* Work is outstanding that only polling finds done: the engine keeps busy-polling for

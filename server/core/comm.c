@@ -185,8 +185,10 @@ static void comm_maybe_free(colld_daemon_t *d, colld_dcomm_t *c)
     }
 }
 
-/* Fail every queued operation of a member. */
-static void member_fail_queue(colld_dcomm_t *c, colld_member_t *m, colld_status_t st)
+/* Fail every queued collective of a member, and its point-to-point operations: all of them, or
+ * (`all` false: the communicator only closes because a rank left) those with a rank that left.
+ * Those whose transfer runs complete when it ends. */
+static void member_fail_queue(colld_dcomm_t *c, colld_member_t *m, colld_status_t st, bool all)
 {
     while (m->head) {
         colld_op_t *op = m->head;
@@ -195,6 +197,7 @@ static void member_fail_queue(colld_dcomm_t *c, colld_member_t *m, colld_status_
         colld_op_retire(op, st);
     }
     m->tail = NULL;
+    colld_p2p_fail_queue(c, m, st, all);
 }
 
 /* A communicator that has not formed cannot be repaired: answer every waiting join with the
@@ -246,8 +249,9 @@ void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, in
         }
     }
     colld_hooks_failing(d, c, c->error); /* the flight recorder notes who was waiting */
+    /* A closing communicator keeps the sends and receives between the ranks still there. */
     for (int r = 0; r < c->nranks; r++)
-        member_fail_queue(c, &c->ranks[r], c->error);
+        member_fail_queue(c, &c->ranks[r], c->error, c->state != COLLD_COMM_CLOSING);
     colld_complete_notices(c);
     colld_hooks_broken(d, c); /* ranks waiting beside the engine (fast area, GPU streams) are released */
 }
@@ -571,14 +575,15 @@ static void member_leave(colld_daemon_t *d, colld_member_t *m, colld_status_t st
     colld_hooks_settle(d, c);
     if (c->state == COLLD_COMM_READY)
         colld_hooks_failing(d, c, st);
-    member_fail_queue(c, m, st);
+    member_fail_queue(c, m, st, true);
     member_detach(m);
     colld_comm_break(d, c, st, m->rank, why);
     comm_maybe_free(d, c);
 }
 
-/* CommDestroy: the rank leaves. Peers that post later collectives get INVALID_USAGE at once
- * instead of waiting for a rank that will never come. */
+/* CommDestroy: the rank leaves. Peers that post later collectives, or sends to or receives from
+ * it, get INVALID_USAGE at once instead of waiting for a rank that will never come; sends and
+ * receives between the other ranks go on. */
 colld_status_t colld_comm_leave(colld_daemon_t *d, colld_session_t *s, uint32_t handle, colld_err_t *err)
 {
     colld_member_t *m = colld_comm_member(s, handle);

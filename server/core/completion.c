@@ -107,14 +107,14 @@ static uint64_t payload_bytes(const colld_wire_sqe_t *d)
     return bytes;
 }
 
-/* Post a descriptor's completion, or for a fast-path record (which the ranks completed
+/* Post the completion of operation `id`, or for a fast-path record (which the ranks completed
  * themselves) just give back the completion slot reserved for it (lock held). */
-static void retire(colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st)
+static void retire(colld_session_t *s, const colld_wire_sqe_t *sqe, uint64_t id, colld_status_t st)
 {
     if (sqe->flags & COLLD_SQE_FAST)
         s->in_flight--;
     else
-        colld_complete_post(s, sqe->comm, sqe->seq, st);
+        colld_complete_post(s, sqe->comm, id, st);
 }
 
 /* A stream-ordered descriptor that fails: its rank's GPU stream must not wait for it (lock held). */
@@ -125,12 +125,13 @@ static void release_stream(colld_session_t *s, const colld_wire_sqe_t *sqe, coll
     colld_backends_stream_failed(s->daemon, s, sqe, st);
 }
 
-void colld_complete_sqe(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st)
+void colld_complete_sqe(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe, uint64_t id,
+                        colld_status_t st)
 {
     if (!(sqe->flags & COLLD_SQE_FAST))
         colld_count_op(d, sqe->kind, sqe->dtype, payload_bytes(sqe), st);
     release_stream(s, sqe, st);
-    retire(s, sqe, st);
+    retire(s, sqe, id, st);
 }
 
 void colld_op_retire(colld_op_t *op, colld_status_t st)
@@ -140,7 +141,7 @@ void colld_op_retire(colld_op_t *op, colld_status_t st)
     colld_daemon_t *d = op->session->daemon;
     colld_count_op(d, op->d.kind, op->d.dtype, payload_bytes(&op->d), st);
     release_stream(op->session, &op->d, st);
-    retire(op->session, &op->d, st);
+    retire(op->session, &op->d, op->id, st);
     if (op->send_reg)
         colld_session_release_reg(op->send_reg);
     if (op->recv_reg)

@@ -8,9 +8,9 @@
 
 #include <stdlib.h>
 
-static const char *const kind_labels[COLLD_COUNT_NKIND] = { "allreduce", "broadcast",     "reduce",
-                                                            "allgather", "reducescatter", "gather",
-                                                            "scatter",   "alltoall",      "unknown" };
+static const char *const kind_labels[COLLD_COUNT_NKIND] = { "allreduce",     "broadcast", "reduce",  "allgather",
+                                                            "reducescatter", "gather",    "scatter", "alltoall",
+                                                            "send",          "recv",      "unknown" };
 static const char *const dtype_labels[COLLD_COUNT_NDTYPE] = { "int8",    "uint8",   "int32",   "uint32",
                                                               "int64",   "uint64",  "float16", "bfloat16",
                                                               "float32", "float64", "unknown" };

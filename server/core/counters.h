@@ -18,7 +18,7 @@ typedef struct colld_daemon colld_daemon_t;
 /* Label spaces: collective kinds 1..COLLD_KIND_MAX and "unknown"; dtypes 0..9 and "unknown"; every status of
  * COLLD_STATUS_LIST and one for values outside it; 22 latency buckets (1-2.5-5 per decade from
  * 1 us to 10 s) and one above. */
-#define COLLD_COUNT_NKIND 9u
+#define COLLD_COUNT_NKIND 11u
 #define COLLD_COUNT_NDTYPE 11u
 enum {
 #define COLLD_COUNT_STATUS_INDEX_(name, value, text) COLLD_COUNT_STATUS_##name,

@@ -10,6 +10,7 @@
  *   colld_member_t   one rank of a communicator; owns the FIFO of that rank's posted operations.
  *   colld_op_t       one validated work descriptor waiting for its peers.
  *   colld_coll_t     a matched collective, handed to the backend that claimed it.
+ *   colld_xfer_t     a matched send and receive (point-to-point), handed to the host backend.
  *
  * The core is the files of server/core; each declares its functions in a section below. It knows
  * no backend and no module by name: they are composed in (backend.h), and their state sits behind
@@ -197,13 +198,27 @@ typedef enum {
     COLLD_COMM_CLOSING = 3, /* a rank destroyed its handle: later operations fail */
 } colld_comm_state_t;
 
+/* Where a point-to-point operation is (p2p.c). */
+typedef enum {
+    COLLD_P2P_QUEUED = 0,  /* waiting for its peer's matching operation */
+    COLLD_P2P_RUNNING = 1, /* matched: its transfer runs */
+    COLLD_P2P_DONE = 2,    /* finished (p2p_status); its completion waits for the ones before it */
+} colld_p2p_state_t;
+
+/* An operation. `d` is the client's descriptor as admitted, except d.seq: the collective ordinal
+ * (proto/wire.h: the same on every rank for a collective; for a point-to-point operation the
+ * ordinal of the rank's next collective), while `id` is the descriptor's own seq, which its
+ * completion carries. */
 struct colld_op {
     colld_wire_sqe_t d;
+    uint64_t id;
     colld_session_t *session; /* holds a reference */
     colld_member_t *member;
     colld_reg_t *send_reg, *recv_reg;
     void *send_ptr, *recv_ptr;
     uint64_t arrival_ns;
+    colld_p2p_state_t p2p_state; /* point-to-point operations (p2p.c) */
+    colld_status_t p2p_status;
     colld_op_t *next;
 };
 
@@ -212,8 +227,12 @@ struct colld_member {
     colld_session_t *session; /* NULL once the rank left (destroy or death) */
     int rank;
     uint32_t handle;
-    uint64_t next_seq;        /* the sequence number this rank must post next */
-    colld_op_t *head, *tail;  /* posted, not yet executed */
+    uint64_t next_seq;       /* the operation id (descriptor seq) this rank must post next */
+    colld_op_t *head, *tail; /* collectives posted, not yet executed */
+    /* Point-to-point operations posted and not yet completed, in posting order (p2p.c), and how
+     * many the rank has posted (what turns an operation id into a collective ordinal). */
+    colld_op_t *p2p_head, *p2p_tail;
+    uint64_t p2p_posted;
     colld_rpc_call_t *join_call; /* CommInit answered when all ranks joined */
     pid_t pid;
     bool left;
@@ -254,7 +273,13 @@ struct colld_dcomm {
     colld_status_t error;
     char error_detail[COLLD_DETAIL_LEN];
     uint64_t created_ns;
-    uint64_t exec_seq;        /* next sequence number to execute */
+    uint64_t exec_seq; /* next collective (ordinal) to execute */
+    int colls_running; /* matched collectives not finished yet */
+    /* Point-to-point (p2p.c): operations queued on the members, whether matching must look again
+     * (something changed), and the earliest time-out among them. */
+    unsigned p2p_queued;
+    bool p2p_dirty;
+    uint64_t p2p_deadline;
     uint64_t ops_completed, ops_failed;
     int refs;                 /* 1 while members remain + 1 per executing collective */
     int notices_pending;      /* members whose break notice is not posted yet */
@@ -382,6 +407,16 @@ struct colld_coll {
     int bint;                 /* ... (cuda: the GPU whose stream writes the done flags) */
     char why[COLLD_DETAIL_LEN / 2]; /* why its backend failed it */
     colld_op_t *ops[];        /* [nranks], by rank */
+};
+
+/* A matched send and receive, taken to run while their ops stay queued on their ranks (p2p.c): the
+ * completions are posted in each rank's posting order. */
+struct colld_xfer {
+    colld_dcomm_t *comm;
+    colld_op_t *send, *recv;
+    colld_status_t status;
+    uint64_t start_ns, end_ns;
+    struct colld_xfer *next; /* in its backend's list */
 };
 
 /* The member behind a session-local handle, or NULL (lock held). */
@@ -523,8 +558,11 @@ colld_op_t *colld_op_alloc(colld_daemon_t *d);
 void colld_complete_post(colld_session_t *s, uint32_t handle, uint64_t seq, colld_status_t st);
 /* Post owed break notices of a communicator where the completion rings have room (lock held). */
 void colld_complete_notices(colld_dcomm_t *c);
-/* Complete a descriptor that was never queued with st, and count it (lock held). */
-void colld_complete_sqe(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st);
+/* Complete a descriptor that was never queued with st, and count it (lock held): its completion
+ * carries `id` (the operation id); sqe->seq is its collective ordinal (a stream-ordered one's flag
+ * value). */
+void colld_complete_sqe(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe, uint64_t id,
+                        colld_status_t st);
 /* Retire a queued or executed op: post its completion with st (a fast-path record's slot is
  * given back instead), count it, release what it holds and free it (lock held). */
 void colld_op_retire(colld_op_t *op, colld_status_t st);
@@ -552,6 +590,25 @@ bool colld_kind_has_op(unsigned kind);
 colld_coll_t *colld_match(colld_daemon_t *d, colld_dcomm_t *c);
 /* Fail a collective whose first rank arrived more than the timeout ago, naming the missing ranks.
  * Returns the next deadline (ns) among the waiting ones (lock held). */
+/* ---- p2p.c: point-to-point operations ---- */
+/* Admission of a validated send or receive: queue it on its rank (lock held). */
+void colld_p2p_enqueue(colld_dcomm_t *c, colld_member_t *m, colld_op_t *op);
+/* Whether rank m's point-to-point operations hold back collective `ord` (those posted before it
+ * have not completed). */
+bool colld_p2p_holds(const colld_member_t *m, uint64_t ord);
+/* Match what can be matched, hand the transfers to the backend, time out what waited too long;
+ * returns the work done and brings *deadline forward (lock held; READY communicators, and CLOSING
+ * ones: a rank left, the others' sends and receives go on). */
+int colld_p2p_progress(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint64_t *deadline);
+/* A transfer ended (its backend, lock held): its operations are done; post what can be posted. */
+void colld_p2p_finish(colld_daemon_t *d, colld_xfer_t *x);
+/* Fail a member's queued point-to-point operations with st (a break): all of them, or (`all`
+ * false) those of a rank that left or with one; those whose transfer runs complete when it ends
+ * (lock held). */
+void colld_p2p_fail_queue(colld_dcomm_t *c, colld_member_t *m, colld_status_t st, bool all);
+/* What rank r of c is doing, for a time-out's detail ("is waiting in allreduce #4"). */
+int colld_p2p_describe_rank(char *buf, size_t len, const colld_dcomm_t *c, int r);
+
 /* ---- deadlock.c ---- */
 /* Look for a cross-communicator wait-for cycle (at most every 100 ms); report it once it has lasted
  * --deadlock-ms (and fail its communicators with --deadlock-fail). Returns when to look again (lock

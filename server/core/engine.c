@@ -5,8 +5,9 @@
  * backends progress and run what they hold; completions are written back by completion.c.
  *
  * One round, under the daemon lock except where a backend runs a collective: drain, join
- * time-outs, the backends' progress, then per ready communicator the modules' judgement (the fast
- * area), the backends' ordering, matching, and the time-out of the collective it waits for.
+ * time-outs, the backends' progress, then per ready communicator its point-to-point operations
+ * (p2p.c), the modules' judgement (the fast area), the backends' ordering, matching, and the
+ * time-out of the collective it waits for.
  *
  * Idle policy: after the last piece of work the thread busy-polls for spin_us (longer while a
  * backend has work that only polling finds done), then sets need_wakeup in every session's ring
@@ -165,6 +166,8 @@ void colld_engine_finish(colld_daemon_t *d, colld_coll_t *k)
         c->ops_completed++;
     else
         c->ops_failed++;
+    c->colls_running--;
+    c->p2p_dirty = true; /* sends and receives posted after it may run now */
     colld_comm_unref(d, c);
     free(k);
 }
@@ -192,6 +195,9 @@ static int engine_pass(colld_daemon_t *d, uint64_t *next_deadline)
     for (colld_dcomm_t *c = d->comms; c; c = c->next) {
         if (c->notices_pending)
             colld_complete_notices(c);
+        /* Sends and receives run in a communicator closing because a rank left, too. */
+        if (c->p2p_queued && (c->state == COLLD_COMM_READY || c->state == COLLD_COMM_CLOSING))
+            work += colld_p2p_progress(d, c, now, &next);
         if (c->state != COLLD_COMM_READY)
             continue;
         if (!colld_hooks_judge(d, c, now, &next))

@@ -379,6 +379,7 @@ static void retire_ran(colld_daemon_t *d, colld_dcomm_t *c, const fast_view_t *v
         colld_op_drop_record(d, op);
     }
     c->exec_seq = v->seq + 1;
+    c->p2p_dirty = true; /* a rank's sends and receives posted after it may run now */
 }
 
 /* Ranks are missing: past the time-out from the first arrival, fail naming them; else look again

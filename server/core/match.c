@@ -5,7 +5,9 @@
  * collective for a backend; different, and every rank fails with COLLD_ERR_MISMATCH naming each
  * rank's call, no buffer touched. A collective whose first rank arrived more than the
  * communicator's timeout ago fails for everyone with COLLD_ERR_TIMEOUT naming the ranks that never
- * arrived and how long the others waited. All functions run with daemon->lock held.
+ * arrived and how long the others waited. A rank's collective waits, too, while point-to-point
+ * operations it posted before it have not completed (p2p.c): each rank's operations run in the
+ * order it posted them. All functions run with daemon->lock held.
  */
 #include "server/core/daemon.h"
 
@@ -38,6 +40,9 @@ colld_coll_t *colld_match(colld_daemon_t *d, colld_dcomm_t *c)
     }
     if (!a)
         return NULL;
+    for (int r = 0; r < c->nranks; r++)
+        if (!c->ranks[r].remote && colld_p2p_holds(&c->ranks[r], c->ranks[r].head->d.seq))
+            return NULL; /* its sends and receives before this collective come first */
     bool same = true;
     for (int r = 0; r < c->nranks && same; r++) {
         if (c->ranks[r].remote)
@@ -72,6 +77,7 @@ colld_coll_t *colld_match(colld_daemon_t *d, colld_dcomm_t *c)
     k->bint = 0;
     k->why[0] = '\0';
     c->refs++;
+    c->colls_running++;
     c->exec_seq = a->seq + 1;
     return k;
 }
@@ -98,6 +104,12 @@ uint64_t colld_match_timeouts(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now)
         if (c->ranks[r].head)
             off += snprintf(why + off, sizeof(why) - (size_t)off, " rank %d %llu ms", r,
                             (unsigned long long)((now - c->ranks[r].head->arrival_ns) / 1000000ull));
+    /* A rank that posted it behind point-to-point operations still waiting is named with them. */
+    for (int r = 0; r < c->nranks && off < (int)sizeof(why) - 80; r++)
+        if (c->ranks[r].head && colld_p2p_holds(&c->ranks[r], c->ranks[r].head->d.seq)) {
+            off += snprintf(why + off, sizeof(why) - (size_t)off, "; rank %d ", r);
+            off += colld_p2p_describe_rank(why + off, sizeof(why) - (size_t)off, c, r);
+        }
     colld_comm_break(d, c, COLLD_ERR_TIMEOUT, -1, why);
     return UINT64_MAX;
 }

@@ -24,6 +24,10 @@ const char *colld_kind_name(unsigned kind)
         return "scatter";
     case COLLD_KIND_ALLTOALL:
         return "alltoall";
+    case COLLD_KIND_SEND:
+        return "send";
+    case COLLD_KIND_RECV:
+        return "recv";
     }
     return "unknown";
 }

@@ -84,8 +84,9 @@ static void expect_refused(world_t *w, int rank, const colld_wire_sqe_t *sqe, co
 static void test_kind(void **state)
 {
     world_t *w = *state;
-    colld_wire_sqe_t q = fix_sqe(w->c, 0, 1, (colld_kind_t)9, COLLD_FLOAT32, COLLD_SUM, 4, 0);
-    expect_refused(w, 0, &q, COLLD_ERR_INVALID_ARGUMENT, "rank 0 (pid 1000), collective #1: unknown collective kind 9");
+    colld_wire_sqe_t q = fix_sqe(w->c, 0, 1, (colld_kind_t)(COLLD_KIND_MAX + 1), COLLD_FLOAT32, COLLD_SUM, 4, 0);
+    expect_refused(w, 0, &q, COLLD_ERR_INVALID_ARGUMENT,
+                   "rank 0 (pid 1000), collective #1: unknown collective kind 11");
 }
 
 static void test_dtype(void **state)

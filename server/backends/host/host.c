@@ -14,6 +14,8 @@
  *   scatter        n segments: segment r copies slice r of the root's input into rank r's output
  *   alltoall       n*n segments: segment r*n+q copies slice q of rank r's input into slice r of
  *                  rank q's output
+ *   send/recv      1 segment:  a point-to-point transfer (colld_xfer_t, p2p.c): the sender's
+ *                  input copied into the receiver's output (a job of one "rank")
  * A reduction chunk reads element i of every input in rank order and writes the result to every
  * output in one pass (kernels/cpu), so the memory traffic is the minimum possible and in-place
  * buffers are safe. Every element is produced by exactly one thread in a fixed order, so results
@@ -144,6 +146,10 @@ static colld_status_t run_range(const colld_host_job_t *job, uint64_t seg, uint6
                     (r * job->count + first) * es, len * es);
         return COLLD_OK;
     }
+    case COLLD_KIND_SEND:
+    case COLLD_KIND_RECV:
+        copy_to_all((const char *)job->in[0] + first * es, (char *const *)job->out, 1, first * es, len * es);
+        return COLLD_OK;
     }
     return COLLD_ERR_INVALID_ARGUMENT;
 }
@@ -297,11 +303,13 @@ static colld_status_t colld_host_pool_run(colld_host_pool_t *p, const colld_host
  * The backend
  * ========================================================================================== */
 
-/* The backend's state: the pool and the matched collectives waiting to run (engine thread). */
+/* The backend's state: the pool, the matched collectives and the point-to-point transfers
+ * waiting to run (engine thread). */
 typedef struct {
     colld_host_pool_t *pool;
     colld_coll_t *batch;
-    bool nan_check; /* --nan-check (the configuration, read at start) */
+    colld_xfer_t *xfers, **xfers_tail; /* in matching order */
+    bool nan_check;                    /* --nan-check (the configuration, read at start) */
 } host_t;
 
 /* Start the pool: --workers threads, the engine's own included. */
@@ -315,6 +323,7 @@ static int host_start(colld_backend_t *b)
         return -1;
     }
     h->nan_check = d->cfg.nan_check;
+    h->xfers_tail = &h->xfers;
     b->state = h;
     b->present = true;
     return 0;
@@ -344,6 +353,16 @@ static void host_submit(colld_backend_t *b, colld_coll_t *k)
     host_t *h = b->state;
     k->next = h->batch;
     h->batch = k;
+}
+
+/* A matched send and receive wait with the collectives until the engine releases the lock (lock
+ * held). */
+static void host_xfer_submit(colld_backend_t *b, colld_xfer_t *x)
+{
+    host_t *h = b->state;
+    x->next = NULL;
+    *h->xfers_tail = x;
+    h->xfers_tail = &x->next;
 }
 
 /* Whether a collective's inputs are checked for NaN and infinities: --nan-check (the daemon's, or
@@ -404,16 +423,38 @@ static colld_status_t execute(host_t *h, colld_coll_t *k)
     return st == COLLD_OK && job.first_bad ? finite_verdict(k, &job) : st;
 }
 
-/* Run the batch (engine thread, lock not held); each collective keeps its status and times. */
+/* Copy one transfer on the pool (lock not held): the sender's buffer into the receiver's. */
+static colld_status_t transfer(host_t *h, const colld_xfer_t *x)
+{
+    const void *in[1] = { x->send->send_ptr };
+    void *out[1] = { x->recv->recv_ptr };
+    colld_host_job_t job = {
+        .kind = COLLD_KIND_SEND,
+        .dtype = (colld_dtype_t)x->send->d.dtype,
+        .count = x->send->d.count,
+        .n = 1,
+        .in = in,
+        .out = out,
+    };
+    return colld_host_pool_run(h->pool, &job);
+}
+
+/* Run the batch and the transfers (engine thread, lock not held); each keeps its status and
+ * times. The lists are the engine thread's own until after_run. */
 static bool host_run_unlocked(colld_backend_t *b)
 {
     host_t *h = b->state;
-    if (!h->batch)
+    if (!h->batch && !h->xfers)
         return false;
     for (colld_coll_t *k = h->batch; k; k = k->next) {
         k->start_ns = colld_now_ns();
         k->status = execute(h, k);
         k->end_ns = colld_now_ns();
+    }
+    for (colld_xfer_t *x = h->xfers; x; x = x->next) {
+        x->start_ns = colld_now_ns();
+        x->status = transfer(h, x);
+        x->end_ns = colld_now_ns();
     }
     return true;
 }
@@ -432,6 +473,12 @@ static void host_after_run(colld_backend_t *b)
         }
         colld_engine_finish(b->d, k);
     }
+    while (h->xfers) {
+        colld_xfer_t *x = h->xfers;
+        h->xfers = x->next;
+        colld_p2p_finish(b->d, x);
+    }
+    h->xfers_tail = &h->xfers;
 }
 
 const colld_backend_ops_t colld_host_backend = {
@@ -440,6 +487,7 @@ const colld_backend_ops_t colld_host_backend = {
     .stop = host_stop,
     .claims = host_claims,
     .submit = host_submit,
+    .xfer_submit = host_xfer_submit,
     .run_unlocked = host_run_unlocked,
     .after_run = host_after_run,
 };
