@@ -632,20 +632,31 @@ EXPORT ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size
     return issued("ncclReduceScatter", st, comm, host);
 }
 
+/* Point-to-point: colld_send / colld_recv. Host buffers complete before the call returns (or at
+ * ncclGroupEnd), so, as with NCCL's blocking semantics, two ranks that send to each other must
+ * put their sends and receives in one group. */
 EXPORT ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                              cudaStream_t stream)
 {
-    (void)sendbuff, (void)count, (void)datatype, (void)comm, (void)stream;
-    return fail(ncclInvalidUsage, "ncclSend (to rank %d): point-to-point operations are not supported by colld yet",
-                peer);
+    int dt;
+    ncclResult_t res = check_args("ncclSend", comm, datatype, &dt, ncclSum, NULL);
+    if (res != ncclSuccess)
+        return res;
+    bool host = host_buffers(comm, sendbuff, NULL);
+    colld_status_t st = colld_send(sendbuff, count, (colld_dtype_t)dt, peer, comm->c, stream_for(host, stream));
+    return issued("ncclSend", st, comm, host);
 }
 
 EXPORT ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                              cudaStream_t stream)
 {
-    (void)recvbuff, (void)count, (void)datatype, (void)comm, (void)stream;
-    return fail(ncclInvalidUsage, "ncclRecv (from rank %d): point-to-point operations are not supported by colld yet",
-                peer);
+    int dt;
+    ncclResult_t res = check_args("ncclRecv", comm, datatype, &dt, ncclSum, NULL);
+    if (res != ncclSuccess)
+        return res;
+    bool host = host_buffers(comm, NULL, recvbuff);
+    colld_status_t st = colld_recv(recvbuff, count, (colld_dtype_t)dt, peer, comm->c, stream_for(host, stream));
+    return issued("ncclRecv", st, comm, host);
 }
 
 /* ============================================================================================

@@ -10,6 +10,8 @@
  *            type x reduction operator x count {0, 1, 1001, 70001} (all-reduce in and out of
  *            place), then the same all-reduces as one group, checking every element exactly.
  *            Inputs are small integers, so every result is exact in every type and any order.
+ *            Then point-to-point: a group of ncclSend/ncclRecv with every rank (an all-to-all, as
+ *            nccl-tests' alltoall makes it) for every type, and rank-ordered sends without groups.
  *   initall  one process, --nranks ranks: ncclCommInitAll, then one group with an all-reduce on
  *            each communicator (one thread drives every rank), checked exactly.
  *   errors   what a caller gets for bad input and what colld does not support yet: the result
@@ -313,6 +315,57 @@ static void run_matrix(ncclComm_t comm)
     free(recv);
 }
 
+/* The value rank `from` sends rank `to` at element i (small integers, exact in every type). */
+static double want_sent(size_t i, void *ctx)
+{
+    const want_t *w = ctx;
+    return input(ncclSum, w->root * 16 + rank, i, w->salt);
+}
+
+/* Point-to-point, the way NCCL programs (and nccl-tests' alltoall) use it: one group with a send
+ * to and a receive from every rank (itself included), for every data type, then PyTorch's pattern
+ * without groups (each rank in turn sends to every other in rank order, the others receive). */
+static void run_p2p(ncclComm_t comm)
+{
+    const size_t n = 1001;
+    char *send = malloc(n * 8 * MAXN), *recv = malloc(n * 8 * MAXN);
+    if (!send || !recv)
+        exit(1);
+    for (int t = 0; t < ncclNumTypes; t++) {
+        size_t es = type_size((ncclDataType_t)t);
+        unsigned salt = salt_next();
+        for (int q = 0; q < nranks; q++)
+            fill((ncclDataType_t)t, ncclSum, send + (size_t)q * n * es, n, rank * 16 + q, salt);
+        memset(recv, 0x5a, (size_t)nranks * n * es);
+        CHECK(ncclGroupStart());
+        for (int q = 0; q < nranks; q++) {
+            CHECK(ncclSend(send + (size_t)q * n * es, n, (ncclDataType_t)t, q, comm, NULL));
+            CHECK(ncclRecv(recv + (size_t)q * n * es, n, (ncclDataType_t)t, q, comm, NULL));
+        }
+        CHECK(ncclGroupEnd());
+        for (int q = 0; q < nranks; q++) {
+            want_t w = { .salt = salt, .root = q };
+            compare("send/recv all-to-all", (ncclDataType_t)t, recv + (size_t)q * n * es, n, want_sent, &w);
+        }
+    }
+    unsigned salt = salt_next();
+    for (int src = 0; src < nranks; src++)
+        for (int dst = 0; dst < nranks; dst++) {
+            if (src == dst || (rank != src && rank != dst))
+                continue;
+            if (rank == src) {
+                fill(ncclInt32, ncclSum, send, n, src * 16 + dst, salt);
+                CHECK(ncclSend(send, n, ncclInt32, dst, comm, NULL)); /* returns once received */
+            } else {
+                CHECK(ncclRecv(recv, n, ncclInt32, src, comm, NULL));
+                want_t w = { .salt = salt, .root = src };
+                compare("send/recv in rank order", ncclInt32, recv, n, want_sent, &w);
+            }
+        }
+    free(send);
+    free(recv);
+}
+
 /* ============================================================================================
  * Modes
  * ========================================================================================== */
@@ -401,6 +454,7 @@ static int mode_matrix(void)
 {
     ncclComm_t comm = join();
     run_matrix(comm);
+    run_p2p(comm);
     run_split(comm);
     ncclResult_t async = ncclInternalError;
     CHECK(ncclCommGetAsyncError(comm, &async));
@@ -463,8 +517,10 @@ static int mode_errors(void)
                         "root");
     bad += expect_error("NULL communicator", ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, NULL, NULL),
                         ncclInvalidArgument, "comm is NULL");
-    bad += expect_error("send", ncclSend(x, 4, ncclFloat32, 0, comm, NULL), ncclInvalidUsage,
-                        "point-to-point operations are not supported by colld yet");
+    bad += expect_error("send to a rank out of range", ncclSend(x, 4, ncclFloat32, nranks, comm, NULL),
+                        ncclInvalidArgument, "colld_send: peer");
+    bad += expect_error("recv of an unknown type", ncclRecv(x, 4, (ncclDataType_t)77, 0, comm, NULL),
+                        ncclInvalidArgument, "ncclRecv: unknown data type 77");
     ncclComm_t sub = NULL;
     CHECK(ncclGroupStart());
     bad += expect_error("split in a group", ncclCommSplit(comm, 0, 0, &sub, NULL), ncclInvalidUsage,

@@ -11,10 +11,13 @@
  *     runs on the daemon's host backend and has completed when the call returns (inside
  *     ncclGroupStart/End: when ncclGroupEnd returns); its stream argument is ignored. Device
  *     buffers are stream-ordered, as with NCCL.
+ *   - ncclSend / ncclRecv take host buffers only so far (device buffers: ncclInvalidUsage); on
+ *     host buffers a send or receive has completed when the call (or ncclGroupEnd) returns, so
+ *     two ranks that send to each other must group their sends and receives, as with NCCL.
  *   - Not yet implemented, failing with ncclInvalidUsage and a message from ncclGetLastError:
- *     ncclSend, ncclRecv, ncclRedOpCreatePreMulSum (ncclRedOpDestroy likewise), non-blocking
- *     communicators (config->blocking = 0), ncclCommSplit inside a group. ncclCommRegister records nothing: colld
- *     registers each buffer's allocation at its first use.
+ *     ncclRedOpCreatePreMulSum (ncclRedOpDestroy likewise), non-blocking communicators
+ *     (config->blocking = 0), ncclCommSplit inside a group. ncclCommRegister records nothing:
+ *     colld registers each buffer's allocation at its first use.
  */
 #ifndef COLLD_NCCL_H
 #define COLLD_NCCL_H
