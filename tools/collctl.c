@@ -213,7 +213,10 @@ static void print_json(const Colld__V1__StatusResponse *r)
         printf(",\"ops_completed\":%llu,\"ops_failed\":%llu,\"uid\":%u,\"timeout_ms\":%d,\"last_error\":",
                (unsigned long long)c->ops_completed, (unsigned long long)c->ops_failed, c->uid, c->timeout_ms);
         json_str(c->last_error);
-        printf(",\"slowest_rank\":%d,\"members\":[", c->slowest_rank);
+        printf(",\"slowest_rank\":%d,\"p2p_waited_ms\":%lld,\"p2p_wait\":", c->slowest_rank,
+               (long long)c->p2p_waited_ms);
+        json_str(c->p2p_wait);
+        printf(",\"members\":[");
         for (size_t m = 0; m < c->n_members; m++) {
             const Colld__V1__CommMemberInfo *x = c->members[m];
             printf("%s{\"rank\":%d,\"session\":%llu,\"pid\":%d,\"node\":", m ? "," : "", x->rank,
@@ -349,6 +352,8 @@ static void print_text(const Colld__V1__StatusResponse *r)
                        x->rank, where, (double)x->mean_late_us / 1000.0, (double)x->max_late_us / 1000.0,
                        (unsigned long long)x->samples);
         }
+        if (c->p2p_wait && *c->p2p_wait)
+            printf("         point-to-point: %s\n", c->p2p_wait);
         if (c->last_error && *c->last_error)
             printf("         last error: %s\n", c->last_error);
     }

@@ -3,7 +3,8 @@
  * host and who is guilty, from what the daemon already knows (issue 18 item 4):
  *
  *   - communicators stuck in a collective (waiting longer than --stuck-ms, default 1 s): the
- *     collective, and the ranks that never posted it, with pid and node;
+ *     collective, and the ranks that never posted it, with pid and node; or stuck in a send or
+ *     receive: which rank waits for which, and what the peer does instead;
  *   - broken communicators and the first fault of each;
  *   - peer daemons that are not up;
  *   - slow links: a link to or from a peer daemon far slower than this node's other links (the
@@ -161,6 +162,9 @@ static int check_status(colld_client_t *c, report_t *r, int64_t stuck_ms, int64_
                 ci->name, ci->joined, ci->nranks);
         else if (strcmp(ci->state, "ready") == 0)
             check_stuck(c, r, ci, stuck_ms);
+        if (*ci->p2p_wait && ci->p2p_waited_ms >= stuck_ms)
+            add(r, true, "stuck", "communicator %llu '%s' (%d ranks), point-to-point: %s", (unsigned long long)ci->id,
+                ci->name, ci->nranks, ci->p2p_wait);
         for (size_t m = 0; ci->slowest_rank >= 0 && m < ci->n_members; m++) {
             const Colld__V1__CommMemberInfo *mi = ci->members[m];
             if (mi->rank == ci->slowest_rank && mi->mean_late_us >= (uint64_t)straggler_ms * 1000)

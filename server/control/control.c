@@ -253,6 +253,9 @@ static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
         i->timeout_ms = c->timeout_ms;
         i->last_error = strdup(c->error_detail);
         i->slowest_rank = colld_recorder_slowest(c);
+        char wait[COLLD_DETAIL_LEN];
+        i->p2p_waited_ms = (int64_t)(colld_p2p_describe_wait(wait, sizeof(wait), c, colld_now_ns()) / 1000000ull);
+        i->p2p_wait = strdup(wait);
         i->members = &mptr[mi];
         for (int k = 0; k < colld_comm_nslots(c); k++) {
             colld_member_t *m = colld_comm_slot(c, k);
@@ -321,6 +324,7 @@ unlock:
     for (size_t k = 0; k < resp.n_comms; k++) {
         free(cinfo[k].name);
         free(cinfo[k].last_error);
+        free(cinfo[k].p2p_wait);
     }
     free(sinfo);
     free(sptr);

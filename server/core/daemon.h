@@ -606,8 +606,13 @@ void colld_p2p_finish(colld_daemon_t *d, colld_xfer_t *x);
  * false) those of a rank that left or with one; those whose transfer runs complete when it ends
  * (lock held). */
 void colld_p2p_fail_queue(colld_dcomm_t *c, colld_member_t *m, colld_status_t st, bool all);
-/* What rank r of c is doing, for a time-out's detail ("is waiting in allreduce #4"). */
+/* What rank r of c is doing, for a time-out's detail ("is waiting in allreduce (collective #4)");
+ * returns what it wrote. */
 int colld_p2p_describe_rank(char *buf, size_t len, const colld_dcomm_t *c, int r);
+/* The oldest send or receive of c still waiting for its peer, described as its time-out would
+ * ("rank 0 (pid 812) waited 1500 ms to receive ...; rank 1 never sent to rank 0: it ..."), for
+ * collctl status and doctor; returns how long it has waited (ns), 0 and "" when none waits. */
+uint64_t colld_p2p_describe_wait(char *buf, size_t len, const colld_dcomm_t *c, uint64_t now);
 
 /* ---- deadlock.c ---- */
 /* Look for a cross-communicator wait-for cycle (at most every 100 ms); report it once it has lasted

@@ -176,34 +176,42 @@ static void report_mismatch(colld_daemon_t *d, colld_dcomm_t *c, const colld_op_
     colld_comm_break(d, c, COLLD_ERR_MISMATCH, -1, why);
 }
 
-/* An operation waited longer than the time-out: TIMEOUT naming it and what its peer does. */
-static void report_timeout(colld_daemon_t *d, colld_dcomm_t *c, const colld_op_t *op, uint64_t now)
+/* What op waits for, since when, and what its peer does instead: "rank 0 (pid 812) waited 1500 ms
+ * to receive ... from rank 1 (operation #1); rank 1 never sent to rank 0: it is waiting in ...".
+ * Returns what it wrote. */
+static int describe_op_wait(char *buf, size_t len, const colld_dcomm_t *c, const colld_op_t *op, uint64_t now)
 {
-    char why[COLLD_DETAIL_LEN], size[96];
+    char size[96];
     int a = op->member->rank, b = op->d.root;
     bool send = op->d.kind == COLLD_KIND_SEND;
     describe_size(size, sizeof(size), &op->d);
-    int off = put(
-        why, sizeof(why),
-        "point-to-point timed out after %d ms: rank %d (pid %d) waited %llu ms to %s %s %s rank %d (operation #%llu); ",
-        c->timeout_ms, a, (int)op->session->pid, (unsigned long long)((now - op->arrival_ns) / 1000000ull),
-        send ? "send" : "receive", size, send ? "to" : "from", b, (unsigned long long)op->id);
+    int off = put(buf, len, "rank %d (pid %d) waited %llu ms to %s %s %s rank %d (operation #%llu); ", a,
+                  (int)op->session->pid,
+                  (unsigned long long)(now > op->arrival_ns ? (now - op->arrival_ns) / 1000000ull : 0),
+                  send ? "send" : "receive", size, send ? "to" : "from", b, (unsigned long long)op->id);
     if (!rank_free(c, op->member)) {
         /* It never got to run: say where both ranks stand. */
-        off += put(why + off, sizeof(why) - (size_t)off, "rank %d ", a);
-        off += colld_p2p_describe_rank(why + off, sizeof(why) - (size_t)off, c, a);
+        off += put(buf + off, len - (size_t)off, "rank %d ", a);
+        off += colld_p2p_describe_rank(buf + off, len - (size_t)off, c, a);
         if (b != a) {
-            off += put(why + off, sizeof(why) - (size_t)off, "; rank %d ", b);
-            colld_p2p_describe_rank(why + off, sizeof(why) - (size_t)off, c, b);
+            off += put(buf + off, len - (size_t)off, "; rank %d ", b);
+            off += colld_p2p_describe_rank(buf + off, len - (size_t)off, c, b);
         }
-    } else {
-        if (send)
-            off += put(why + off, sizeof(why) - (size_t)off, "rank %d never posted the receive from rank %d: it ", b,
-                       a);
-        else
-            off += put(why + off, sizeof(why) - (size_t)off, "rank %d never sent to rank %d: it ", b, a);
-        colld_p2p_describe_rank(why + off, sizeof(why) - (size_t)off, c, b);
+        return off;
     }
+    if (send)
+        off += put(buf + off, len - (size_t)off, "rank %d never posted the receive from rank %d: it ", b, a);
+    else
+        off += put(buf + off, len - (size_t)off, "rank %d never sent to rank %d: it ", b, a);
+    return off + colld_p2p_describe_rank(buf + off, len - (size_t)off, c, b);
+}
+
+/* An operation waited longer than the time-out: TIMEOUT naming it and what its peer does. */
+static void report_timeout(colld_daemon_t *d, colld_dcomm_t *c, const colld_op_t *op, uint64_t now)
+{
+    char why[COLLD_DETAIL_LEN];
+    int off = put(why, sizeof(why), "point-to-point timed out after %d ms: ", c->timeout_ms);
+    describe_op_wait(why + off, sizeof(why) - (size_t)off, c, op, now);
     colld_comm_break(d, c, COLLD_ERR_TIMEOUT, -1, why);
 }
 
@@ -216,6 +224,17 @@ static const colld_op_t *oldest_waiting(const colld_dcomm_t *c)
             if (op->p2p_state == COLLD_P2P_QUEUED && (!oldest || op->arrival_ns < oldest->arrival_ns))
                 oldest = op;
     return oldest;
+}
+
+uint64_t colld_p2p_describe_wait(char *buf, size_t len, const colld_dcomm_t *c, uint64_t now)
+{
+    const colld_op_t *op = c->p2p_queued ? oldest_waiting(c) : NULL;
+    if (len)
+        buf[0] = '\0';
+    if (!op)
+        return 0;
+    describe_op_wait(buf, len, c, op, now);
+    return now > op->arrival_ns ? now - op->arrival_ns : 0;
 }
 
 /* ============================================================================================

@@ -12,6 +12,7 @@
  *    (COLLD_ERR_MISMATCH naming both calls), two ranks that both send first outside a group
  *    (COLLD_ERR_TIMEOUT), a killed sender (COLLD_ERR_PEER_LOST naming its pid) while another
  *    communicator keeps running; client-side refusals. After each fault the daemon is left clean.
+ *    collctl status and doctor name a receive whose send never comes while it waits.
  */
 #include "tests/integration/harness.h"
 
@@ -203,6 +204,46 @@ static void test_crossed_sends_time_out(void **state)
     assert_non_null(strstr(detail, "it waits in its own point-to-point operations: send to rank"));
 }
 
+/* While rank 0 waits for a send that never comes (rank 1 is in an all-reduce instead), collctl
+ * status shows the wait and collctl doctor names it as a stuck communicator (exit 1); then the
+ * time-out ends it. */
+static void test_doctor_names_missing_send(void **state)
+{
+    harness_t *h = *state;
+    char out[320], posted[320], text[8192];
+    snprintf(out, sizeof(out), "%s/doctor-scene.out", h->dir);
+    snprintf(posted, sizeof(posted), "%s/posted", h->dir);
+    pid_t pids[2];
+    const char *extra[] = { "--mode",
+                            "call",
+                            "--scene",
+                            "never-sent",
+                            "--expect",
+                            "COLLD_ERR_TIMEOUT",
+                            "--timeout-ms",
+                            "6000",
+                            "--no-big",
+                            "--sync-dir",
+                            h->dir,
+                            "--out",
+                            out,
+                            NULL };
+    assert_int_equal(spawn_p2p(h, 2, extra, pids), 0);
+    assert_int_equal(harness_wait_file(posted, 60000), 0);
+    usleep(1500 * 1000); /* past the doctor's --stuck-ms (1 s) */
+    const char *doctor[] = { COLLCTL_BIN, "--socket", h->socket, "doctor", NULL };
+    assert_int_equal(harness_capture(doctor, text, sizeof(text), 20000), 1);
+    print_message("%s", text);
+    assert_non_null(strstr(text, "point-to-point: rank 0 (pid "));
+    assert_non_null(strstr(text, "to receive 1024 x int32 (4096 B) from rank 1 (operation #1); rank 1 never sent to "
+                                 "rank 0: it is waiting in allreduce (collective #1)"));
+    const char *status[] = { COLLCTL_BIN, "--socket", h->socket, "status", NULL };
+    assert_int_equal(harness_capture(status, text, sizeof(text), 20000), 0);
+    assert_non_null(strstr(text, "point-to-point: rank 0 (pid "));
+    assert_int_equal(harness_wait_all(pids, 2, RUN_LIMIT_MS), 0);
+    assert_int_equal(harness_wait_clean(h, 10000), 0);
+}
+
 /* A sender killed with SIGKILL while its peer waits in a receive: PEER_LOST naming its pid, at
  * once (the communicator's timeout is 60 s); another communicator keeps running meanwhile. */
 static void test_killed_sender(void **state)
@@ -254,6 +295,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_never_sent_times_out, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_mismatched_sizes, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_crossed_sends_time_out, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_doctor_names_missing_send, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_killed_sender, harness_test_setup, harness_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -25,6 +25,21 @@
 #include <limits.h>
 #include <stddef.h>
 
+/* As NVIDIA's nccl.h: where the CUDA toolkit's headers are on the include path, the CUDA runtime's
+ * types come with this header (cudaStream_t, and the half types that NCCL programs such as
+ * nccl-tests take from it); elsewhere no CUDA header is needed and a cudaStream_t is the pointer
+ * below. Only headers: nothing of the CUDA runtime is linked. */
+#if defined(__has_include)
+#if __has_include(<cuda_runtime.h>) && __has_include(<cuda_fp16.h>)
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 11000 && __has_include(<cuda_bf16.h>)
+#include <cuda_bf16.h>
+#endif
+#define NCCL_STREAM_T_DEFINED
+#endif
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -36,7 +51,6 @@ extern "C" {
 #define NCCL_VERSION(X, Y, Z) (((X) <= 2 && (Y) <= 8) ? (X)*1000 + (Y)*100 + (Z) : (X)*10000 + (Y)*100 + (Z))
 #define NCCL_VERSION_CODE NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)
 
-/* So that this header does not need the CUDA runtime's: a cudaStream_t is this pointer. */
 #ifndef NCCL_STREAM_T_DEFINED
 #define NCCL_STREAM_T_DEFINED
 typedef struct CUstream_st *cudaStream_t;
