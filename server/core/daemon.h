@@ -606,6 +606,9 @@ void colld_p2p_finish(colld_daemon_t *d, colld_xfer_t *x);
  * false) those of a rank that left or with one; those whose transfer runs complete when it ends
  * (lock held). */
 void colld_p2p_fail_queue(colld_dcomm_t *c, colld_member_t *m, colld_status_t st, bool all);
+/* Each send or receive of c that waits for its peer now (its rank may run it; the peer has not
+ * met it): fn(arg, op), for the deadlock check's wait-for graph (lock held). */
+void colld_p2p_waits(const colld_dcomm_t *c, void (*fn)(void *arg, const colld_op_t *op), void *arg);
 /* What rank r of c is doing, for a time-out's detail ("is waiting in allreduce (collective #4)");
  * returns what it wrote. */
 int colld_p2p_describe_rank(char *buf, size_t len, const colld_dcomm_t *c, int r);

@@ -19,8 +19,12 @@
  * local ranks only. Collectives a backend holds after matching take part too (backend.h
  * `waiting`): a GPU collective whose ranks' streams have not all reached it gives an edge from
  * each rank whose stream waits in it to each rank whose stream has not got there, so streams that
- * run two communicators' collectives in crossed orders are a cycle as well. Runs on the engine
- * thread, lock held, at most every CHECK_NS.
+ * run two communicators' collectives in crossed orders are a cycle as well. Sends and receives
+ * (p2p.c) take part too: an operation that may run but whose peer has not met it gives an edge from
+ * its rank's session to the peer's, and a rank whose collective waits behind its own sends and
+ * receives has not arrived at that collective; so ranks whose sends, receives and collectives wait
+ * for each other in a circle are reported too, within one communicator as well. Runs on the
+ * engine thread, lock held, at most every CHECK_NS.
  */
 #include "server/core/daemon.h"
 
@@ -35,12 +39,14 @@
 #define CHECK_NS 100000000ull /* look at most every 100 ms */
 #define MAX_EDGES 65536       /* a graph larger than this is not looked at (logged once) */
 
-/* One edge: `from` waits in c's collective #seq (as its rank `rank`) for `to` (its rank `missing`). */
+/* One edge: `from` waits in c's collective #seq (as its rank `rank`) for `to` (its rank `missing`);
+ * or, when `p2p` is a send or receive, in that operation (seq: its operation id). */
 typedef struct {
     int from, to;
     const colld_dcomm_t *c;
     int rank, missing;
     uint64_t seq;
+    const colld_op_t *p2p;
 } wedge_t;
 
 typedef struct {
@@ -63,6 +69,26 @@ static int node_of(graph_t *g, colld_session_t *s, int cap)
     return g->nnodes++;
 }
 
+/* Add one edge: rank r of c (its session) waits for rank m (its session). Returns 0, or -1 when
+ * out of room. */
+static int add_edge(graph_t *g, const colld_dcomm_t *c, int r, int m, uint64_t seq, const colld_op_t *p2p, int cap)
+{
+    if (g->nedges == g->cap_edges) {
+        int cap_e = g->cap_edges ? 2 * g->cap_edges : 64;
+        wedge_t *e = cap_e <= MAX_EDGES ? realloc(g->edges, (size_t)cap_e * sizeof(*e)) : NULL;
+        if (!e)
+            return -1;
+        g->edges = e;
+        g->cap_edges = cap_e;
+    }
+    int from = node_of(g, c->ranks[r].session, cap), to = node_of(g, c->ranks[m].session, cap);
+    if (from < 0 || to < 0)
+        return -1;
+    g->edges[g->nedges++] =
+        (wedge_t){ .from = from, .to = to, .c = c, .rank = r, .missing = m, .seq = seq, .p2p = p2p };
+    return 0;
+}
+
 /* Add the edges of c's collective #seq: from the session of each local rank that got there
  * (arrived[r]) to the session of each local rank that has not and is still in c. */
 static int add_waits(graph_t *g, const colld_dcomm_t *c, uint64_t seq, const bool *arrived, int cap)
@@ -75,21 +101,26 @@ static int add_waits(graph_t *g, const colld_dcomm_t *c, uint64_t seq, const boo
             const colld_member_t *w = &c->ranks[r];
             if (w->remote || !arrived[r] || !w->session || w->session == mm->session)
                 continue;
-            if (g->nedges == g->cap_edges) {
-                int cap_e = g->cap_edges ? 2 * g->cap_edges : 64;
-                wedge_t *e = cap_e <= MAX_EDGES ? realloc(g->edges, (size_t)cap_e * sizeof(*e)) : NULL;
-                if (!e)
-                    return -1;
-                g->edges = e;
-                g->cap_edges = cap_e;
-            }
-            int from = node_of(g, w->session, cap), to = node_of(g, mm->session, cap);
-            if (from < 0 || to < 0)
+            if (add_edge(g, c, r, m, seq, NULL, cap) < 0)
                 return -1;
-            g->edges[g->nedges++] = (wedge_t){ .from = from, .to = to, .c = c, .rank = r, .missing = m, .seq = seq };
         }
     }
     return 0;
+}
+
+/* The edges of c's sends and receives that wait for their peer (colld_p2p_waits). */
+typedef struct {
+    graph_t *g;
+    const colld_dcomm_t *c;
+    int cap, rc;
+} p2p_edges_t;
+
+static void add_p2p_wait(void *arg, const colld_op_t *op)
+{
+    p2p_edges_t *x = arg;
+    const colld_member_t *peer = &x->c->ranks[op->d.root];
+    if (x->rc == 0 && !peer->remote && !peer->left && peer->session && peer->session != op->member->session)
+        x->rc = add_edge(x->g, x->c, op->member->rank, op->d.root, op->id, op, x->cap);
 }
 
 /* Add c's edges for the collective its local ranks post: the ranks that posted it wait for those
@@ -100,14 +131,20 @@ static int add_comm(graph_t *g, const colld_dcomm_t *c, int cap)
     uint64_t seq = 0;
     if (!arrived)
         return -1;
+    /* A rank whose collective waits behind its own sends and receives has not arrived at it. */
     for (int r = 0; r < c->nranks; r++)
-        if (!c->ranks[r].remote && c->ranks[r].head) {
+        if (!c->ranks[r].remote && c->ranks[r].head && !colld_p2p_holds(&c->ranks[r], c->ranks[r].head->d.seq)) {
             if (!seq)
                 seq = c->ranks[r].head->d.seq;
             arrived[r] = true;
         }
-    int rc = add_waits(g, c, seq, arrived, cap);
+    int rc = seq ? add_waits(g, c, seq, arrived, cap) : 0;
     free(arrived);
+    if (rc == 0 && c->p2p_queued) {
+        p2p_edges_t x = { .g = g, .c = c, .cap = cap };
+        colld_p2p_waits(c, add_p2p_wait, &x);
+        rc = x.rc;
+    }
     return rc;
 }
 
@@ -166,9 +203,12 @@ static bool dfs(const graph_t *g, int u, char *color, const wedge_t **path, int 
     return false;
 }
 
-/* Whether c waits: some local rank posted its next collective and another has not (lock held). */
+/* Whether c waits: some local rank posted its next collective and another has not, or a send or
+ * receive waits (lock held). */
 static bool comm_waits(const colld_dcomm_t *c)
 {
+    if (c->p2p_queued)
+        return true;
     bool posted = false, missing = false;
     for (int r = 0; r < c->nranks && !(posted && missing); r++) {
         const colld_member_t *m = &c->ranks[r];
@@ -183,16 +223,24 @@ static bool comm_waits(const colld_dcomm_t *c)
 /* The report of a cycle. */
 static void describe(char *buf, size_t len, const wedge_t *const *path, int n)
 {
-    int off = snprintf(buf, len, "deadlock across communicators:");
+    bool one = true;
+    for (int i = 1; i < n; i++)
+        one &= path[i]->c == path[0]->c;
+    int off = snprintf(buf, len, one ? "deadlock in one communicator:" : "deadlock across communicators:");
     for (int i = 0; i < n && off < (int)len - 1; i++) {
         const wedge_t *e = path[i];
         const colld_dcomm_t *c = e->c;
+        char in[96];
+        if (e->p2p)
+            snprintf(in, sizeof(in), "to %s %s rank %d (operation #%llu)",
+                     e->p2p->d.kind == COLLD_KIND_SEND ? "send" : "receive",
+                     e->p2p->d.kind == COLLD_KIND_SEND ? "to" : "from", e->missing, (unsigned long long)e->seq);
+        else
+            snprintf(in, sizeof(in), "in collective #%llu", (unsigned long long)e->seq);
         off += snprintf(buf + off, len - (size_t)off,
-                        "%s rank %d (pid %d) of communicator %llu%s%s%s waits in collective #%llu for rank %d "
-                        "(pid %d)",
-                        i ? ";" : "", e->rank, (int)c->ranks[e->rank].pid, (unsigned long long)c->id,
-                        c->name[0] ? " '" : "", c->name, c->name[0] ? "'" : "", (unsigned long long)e->seq, e->missing,
-                        (int)c->ranks[e->missing].pid);
+                        "%s rank %d (pid %d) of communicator %llu%s%s%s waits %s for rank %d (pid %d)", i ? ";" : "",
+                        e->rank, (int)c->ranks[e->rank].pid, (unsigned long long)c->id, c->name[0] ? " '" : "",
+                        c->name, c->name[0] ? "'" : "", in, e->missing, (int)c->ranks[e->missing].pid);
     }
 }
 
@@ -203,9 +251,12 @@ uint64_t colld_deadlock_check(colld_daemon_t *d, uint64_t now)
     if (now < d->dl_next_ns)
         return d->dl_sig ? d->dl_since_ns + (uint64_t)d->cfg.deadlock_ms * 1000000ull : d->dl_next_ns;
     d->dl_next_ns = now + CHECK_NS;
-    int waiting = 0; /* a cycle needs two communicators that wait (or two collectives of backends) */
+    /* A cycle needs two communicators that wait (or two collectives of backends), or sends and
+     * receives (one communicator can hold a cycle of them). */
+    int waiting = 0;
     for (const colld_dcomm_t *c = d->comms; c && waiting < 2; c = c->next)
-        waiting += c->state == COLLD_COMM_READY && c->ranks && comm_waits(c);
+        if (c->state == COLLD_COMM_READY && c->ranks && comm_waits(c))
+            waiting += c->p2p_queued ? 2 : 1;
     held_t held = { 0 };
     if (waiting < 2) {
         backends_waiting(d, &held);

@@ -226,6 +226,18 @@ static const colld_op_t *oldest_waiting(const colld_dcomm_t *c)
     return oldest;
 }
 
+void colld_p2p_waits(const colld_dcomm_t *c, void (*fn)(void *arg, const colld_op_t *op), void *arg)
+{
+    for (int r = 0; r < c->nranks; r++) {
+        const colld_member_t *m = &c->ranks[r];
+        if (m->remote || !m->session || !rank_free(c, m))
+            continue;
+        for (const colld_op_t *op = m->p2p_head; op; op = batch_next(op))
+            if (op->p2p_state == COLLD_P2P_QUEUED)
+                fn(arg, op);
+    }
+}
+
 uint64_t colld_p2p_describe_wait(char *buf, size_t len, const colld_dcomm_t *c, uint64_t now)
 {
     const colld_op_t *op = c->p2p_queued ? oldest_waiting(c) : NULL;

@@ -2,7 +2,8 @@
  * test_core_deadlock.c - cross-communicator deadlock detection (server/core/deadlock.c) in the
  * daemon core in-process (tests/fuzz/core_fixture.h), on a clock of the test's own: a cycle is
  * reported only once it has stayed the same for --deadlock-ms, a wait without a cycle never, and
- * with --deadlock-fail both communicators fail with the exact detail a client gets.
+ * with --deadlock-fail both communicators fail with the exact detail a client gets; cycles of sends
+ * and receives, within one communicator or with a collective of another.
  */
 #include "tests/fuzz/core_fixture.h"
 
@@ -132,6 +133,69 @@ static void test_cycle_fails_with_detail(void **state)
     assert_string_equal(w->b->error_detail, want);
 }
 
+/* Rank `rank` of c posts a send to (or receive from) `peer` as operation `id`, outside a group. */
+static void post_p2p(world_t *w, colld_dcomm_t *c, int rank, uint64_t id, colld_kind_t kind, int peer)
+{
+    colld_wire_sqe_t q = fix_sqe(c, rank, id, kind, COLLD_INT32, COLLD_SUM, 4, peer);
+    assert_true(fix_post(&w->f, w->f.s[rank], &q));
+    colld_engine_run_once(&w->f.d);
+}
+
+/* Point-to-point: both ranks of one communicator send first, outside a group: a cycle within one
+ * communicator, reported after --deadlock-ms and (with --deadlock-fail) failing it with the detail,
+ * long before its 600 s time-out. */
+static void test_p2p_cycle_in_one_communicator(void **state)
+{
+    world_t *w = *state;
+    w->f.d.cfg.deadlock_fail = true;
+    post_p2p(w, w->a, 0, 1, COLLD_KIND_SEND, 1);
+    post_p2p(w, w->a, 1, 1, COLLD_KIND_SEND, 0);
+    look(w, 0);
+    look(w, 300);
+    assert_int_equal(w->f.d.deadlocks, 0);
+    look(w, 600);
+    assert_int_equal(w->f.d.deadlocks, 1);
+    assert_int_equal(w->a->error, COLLD_ERR_DEADLOCK);
+    assert_int_equal(w->b->state, COLLD_COMM_READY);
+    char want[512];
+    snprintf(want, sizeof(want),
+             "deadlock in one communicator: rank 0 (pid %d) of communicator %llu 'fuzz' waits to send to rank 1 "
+             "(operation #1) for rank 1 (pid %d); rank 1 (pid %d) of communicator %llu 'fuzz' waits to send to rank "
+             "0 (operation #1) for rank 0 (pid %d)",
+             (int)w->a->ranks[0].pid, (unsigned long long)w->a->id, (int)w->a->ranks[1].pid, (int)w->a->ranks[1].pid,
+             (unsigned long long)w->a->id, (int)w->a->ranks[0].pid);
+    print_message("%s\n", w->a->error_detail);
+    assert_string_equal(w->a->error_detail, want);
+}
+
+/* Across communicators: rank 0 of a waits to receive from rank 1, whose process waits in b's
+ * all-reduce for rank 0's process; and, once reported, the cycle is not reported again. */
+static void test_p2p_and_collective_cycle(void **state)
+{
+    world_t *w = *state;
+    post_p2p(w, w->a, 0, 1, COLLD_KIND_RECV, 1);
+    post(w, w->b, 1);
+    look(w, 0);
+    look(w, 600);
+    assert_int_equal(w->f.d.deadlocks, 1);
+    look(w, 900);
+    assert_int_equal(w->f.d.deadlocks, 1);
+    assert_int_equal(w->a->state, COLLD_COMM_READY); /* report only */
+}
+
+/* A send whose receive comes: no cycle, even when both were waiting at one look. */
+static void test_p2p_no_cycle(void **state)
+{
+    world_t *w = *state;
+    post_p2p(w, w->a, 0, 1, COLLD_KIND_SEND, 1);
+    look(w, 0);
+    post_p2p(w, w->a, 1, 1, COLLD_KIND_RECV, 0);
+    for (uint64_t t = 200; t <= 2000; t += 200)
+        look(w, t);
+    assert_int_equal(w->f.d.deadlocks, 0);
+    assert_int_equal(w->a->ops_completed, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -139,6 +203,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_no_cycle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cycle_that_resolves, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cycle_fails_with_detail, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_p2p_cycle_in_one_communicator, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_p2p_and_collective_cycle, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_p2p_no_cycle, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
