@@ -466,6 +466,7 @@ colld_status_t colld__graph_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe
     if ((st = colld__ring_wait_op(c, comm, d.seq, true)) != COLLD_OK) {
         line_abandon(rec); /* the daemon let its reservation go when the descriptor failed */
         char detail[COLLD_CLIENT_DETAIL_LEN];
+        comm->detail_fetched = false; /* the daemon's detail of this failure, not an earlier one's */
         snprintf(detail, sizeof(detail), "%s", colld_comm_last_error(comm));
         return colld_err_set(err, st,
                              "the collective could not be captured into the CUDA graph (nothing was enqueued, the "
