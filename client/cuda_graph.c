@@ -451,19 +451,17 @@ colld_status_t colld__graph_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe
     __atomic_store_n(&l->done, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&l->ready, 0, __ATOMIC_SEQ_CST);
 
-    /* 1. The plan, registered and matched like a collective; wait until every rank has it. */
+    /* 1. The plan, registered: numbered and posted like an engine collective (engine_path.c),
+     * matched like one; wait until every rank has it. */
     colld_wire_sqe_t d = *sqe;
-    d.seq = comm->seq + 1;
     d.flags |= COLLD_SQE_STREAM | COLLD_SQE_PLAN;
     d.reserved = line;
-    if ((st = colld__client_submit(c, &d, 1)) != COLLD_OK) {
+    if ((st = colld__engine_post(comm, &d, NULL, err)) != COLLD_OK) {
         line_abandon(rec);
-        return colld_err_set(err, st, "cannot post the captured collective (%s): nothing was enqueued",
-                             colld_status_string(st));
+        return st;
     }
-    comm->seq = d.seq;
-    comm->issued++;
-    if ((st = colld__ring_wait_op(c, comm, d.seq, true)) != COLLD_OK) {
+    uint64_t seq = comm->seq;
+    if ((st = colld__ring_wait_op(c, comm, seq, true)) != COLLD_OK) {
         line_abandon(rec); /* the daemon let its reservation go when the descriptor failed */
         char detail[COLLD_CLIENT_DETAIL_LEN];
         comm->detail_fetched = false; /* the daemon's detail of this failure, not an earlier one's */
@@ -507,7 +505,7 @@ colld_status_t colld__graph_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe
                              "the capture may hold part of the collective: end it and destroy its graph");
     }
     LOG_DEBUG(GPU, "communicator %llu: collective #%llu captured into a CUDA graph (plan line %u)",
-              (unsigned long long)comm->comm_id, (unsigned long long)d.seq, line);
+              (unsigned long long)comm->comm_id, (unsigned long long)seq, line);
     return COLLD_OK;
 }
 
