@@ -427,6 +427,14 @@ static CUresult enqueue_nodes(const colld_cu_t *cu, const colld_gpu_op_t *op, CU
     return r;
 }
 
+/* The daemon will not hear of plan line rec from the keeper (it is told here). */
+static void daemon_told(plan_rec_t *rec)
+{
+    pthread_mutex_lock(&keeper.mu);
+    rec->daemon_freed = true;
+    pthread_mutex_unlock(&keeper.mu);
+}
+
 colld_status_t colld__graph_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op,
                                  colld_err_t *err)
 {
@@ -444,6 +452,9 @@ colld_status_t colld__graph_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe
                              "the collective was not captured (nothing was enqueued)");
     if ((st = gclient_get(c, &area, &gc, err)) != COLLD_OK || (st = line_get(gc, &rec, err)) != COLLD_OK)
         return st;
+    /* What a failure undoes: the line, until a graph holds it (its destructor frees it then); the
+     * daemon's plan, once it holds one, until the capture holds the plan's operations. */
+    bool abandon = true, tell_daemon = false;
     uint32_t line = rec->line;
     colld_wire_gpu_plan_t *l = &gc->plan0[line];
     /* No graph holds the line and the daemon watches it no more: it starts clean. */
@@ -452,61 +463,65 @@ colld_status_t colld__graph_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe
     __atomic_store_n(&l->ready, 0, __ATOMIC_SEQ_CST);
 
     /* 1. The plan, registered: numbered and posted like an engine collective (engine_path.c),
-     * matched like one; wait until every rank has it. */
+     * matched like one; wait until every rank has it. A registration that fails lets its line's
+     * reservation in the daemon go. */
     colld_wire_sqe_t d = *sqe;
     d.flags |= COLLD_SQE_STREAM | COLLD_SQE_PLAN;
     d.reserved = line;
-    if ((st = colld__engine_post(comm, &d, NULL, err)) != COLLD_OK) {
-        line_abandon(rec);
-        return st;
-    }
+    if ((st = colld__engine_post(comm, &d, NULL, err)) != COLLD_OK)
+        goto out;
     uint64_t seq = comm->seq;
     if ((st = colld__ring_wait_op(c, comm, seq, true)) != COLLD_OK) {
-        line_abandon(rec); /* the daemon let its reservation go when the descriptor failed */
         char detail[COLLD_CLIENT_DETAIL_LEN];
         comm->detail_fetched = false; /* the daemon's detail of this failure, not an earlier one's */
         snprintf(detail, sizeof(detail), "%s", colld_comm_last_error(comm));
-        return colld_err_set(err, st,
-                             "the collective could not be captured into the CUDA graph (nothing was enqueued, the "
-                             "capture is as it was): %s",
-                             detail);
+        st = colld_err_set(err, st,
+                           "the collective could not be captured into the CUDA graph (nothing was enqueued, the "
+                           "capture is as it was): %s",
+                           detail);
+        goto out;
     }
+    tell_daemon = true;
 
     /* 2. The plan lives as long as the graph and its executable graphs. */
     CUuserObject obj;
     CUresult r = CU_CHECK(cu, cuUserObjectCreate, &obj, rec, plan_destroyed, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
     if (r != CUDA_SUCCESS) {
-        (void)plan_free_msg(c, line);
-        line_abandon(rec);
-        return graph_cu_fail(cu, err, r, "cuUserObjectCreate", "nothing was enqueued");
+        st = graph_cu_fail(cu, err, r, "cuUserObjectCreate", "nothing was enqueued");
+        goto out;
     }
     if ((r = CU_CHECK(cu, cuGraphRetainUserObject, (CUgraph)op->graph, obj, 1, CU_GRAPH_USER_OBJECT_MOVE)) !=
         CUDA_SUCCESS) {
-        pthread_mutex_lock(&keeper.mu);
-        rec->daemon_freed = true;
-        pthread_mutex_unlock(&keeper.mu);
-        (void)plan_free_msg(c, line);
+        daemon_told(rec);
+        abandon = false;
         CU_CHECK(cu, cuUserObjectRelease, obj, 1); /* its destructor frees the line */
-        return graph_cu_fail(cu, err, r, "cuGraphRetainUserObject", "nothing was enqueued");
+        st = graph_cu_fail(cu, err, r, "cuGraphRetainUserObject", "nothing was enqueued");
+        goto out;
     }
+    abandon = false; /* the graph holds the line now */
 
-    /* 3. Its three memory operations, into the capture. */
+    /* 3. Its three memory operations, into the capture. Should one fail, part of the plan may be
+     * in the capture: the daemon drops this rank's part (its peers' replays are released with an
+     * error), and the line stays with the graph until the graph goes. */
     const char *what;
     CUdeviceptr dline = (CUdeviceptr)(area.dptr + (uint64_t)area.lines * sizeof(colld_wire_gpu_flag_t) +
                                       (uint64_t)line * sizeof(colld_wire_gpu_plan_t));
     if ((r = enqueue_nodes(cu, op, dline, &what)) != CUDA_SUCCESS) {
-        /* Part of the plan may be in the capture: the daemon drops this rank's part (its peers'
-         * replays are released with an error), and the line stays with the graph until it goes. */
-        pthread_mutex_lock(&keeper.mu);
-        rec->daemon_freed = true;
-        pthread_mutex_unlock(&keeper.mu);
-        (void)plan_free_msg(c, line);
-        return graph_cu_fail(cu, err, r, what,
-                             "the capture may hold part of the collective: end it and destroy its graph");
+        daemon_told(rec);
+        st = graph_cu_fail(cu, err, r, what,
+                           "the capture may hold part of the collective: end it and destroy its graph");
+        goto out;
     }
+    tell_daemon = false;
+    st = COLLD_OK;
     LOG_DEBUG(GPU, "communicator %llu: collective #%llu captured into a CUDA graph (plan line %u)",
               (unsigned long long)comm->comm_id, (unsigned long long)seq, line);
-    return COLLD_OK;
+out:
+    if (tell_daemon)
+        (void)plan_free_msg(c, line);
+    if (abandon)
+        line_abandon(rec);
+    return st;
 }
 
 #else /* COLLD_HAVE_CUDA */
