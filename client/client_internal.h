@@ -8,6 +8,7 @@
  *   rings.c        posting descriptors, reaping completions, waiting for the engine's
  *   fast.c         the fast path (and its poster, colld__fast_post)
  *   cuda.c         the GPU stream path (and its poster, colld__gpu_post), GPU memory
+ *   cuda_graph.c   collectives captured into CUDA graphs: persistent plans, run once per replay
  *   engine_path.c  the engine path's poster
  *   group.c        group calls: queued collectives, posted at the outermost end
  *   comm.c         communicators: join, destroy, abort, errors, waiting for what is in flight
@@ -173,7 +174,19 @@ typedef struct {
     uint64_t done;       /* CUdeviceptr of the line's `done` word */
     unsigned wait_flags; /* CU_STREAM_WAIT_VALUE_GEQ, plus FLUSH where the device supports it */
     uint32_t base;       /* the communicator's flag base (proto/wire.h) */
+    bool capture;        /* the stream is being captured into a CUDA graph: a plan (cuda_graph.c) */
+    void *graph;         /* CUgraph being captured */
 } colld_gpu_op_t;
+
+/* The session's GPU flag area as cuda.c set it up (colld__gpu_area). */
+typedef struct {
+    void *base; /* host mapping */
+    size_t size;
+    uint64_t dptr;  /* CUdeviceptr of base */
+    uint32_t lines; /* communicator lines */
+    uint32_t plans; /* plan lines after them (proto/wire.h) */
+    void *ctx;      /* CUcontext of its CUDA registration */
+} colld_gpu_area_t;
 
 /* client.c */
 colld_status_t colld__connect_role(const char *socket_path, int role, colld_client_t **out);
@@ -334,9 +347,27 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
 /* The host address of the `ready` slot of collective seq of comm in the client's GPU flag area
  * (proto/wire.h), NULL before the area exists: what tests read to see a stream's write land. */
 const uint32_t *colld__gpu_ready_word(colld_comm_t *comm, uint64_t seq);
+/* The session's GPU flag area; false before it is set up. */
+bool colld__gpu_area(colld_client_t *c, colld_gpu_area_t *out);
 /* colld_mem_alloc(COLLD_MEM_CUDA) and its colld_mem_free (COLLD_ERR_INVALID_ARGUMENT when ptr is
  * not such an allocation). */
 colld_status_t colld__gpu_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, colld_err_t *err);
 colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, colld_err_t *err);
+
+/* cuda_graph.c: collectives captured into CUDA graphs (issue 15 item 3). */
+/* Post a prepared collective whose stream is being captured (op->capture): register it with the
+ * daemon as a persistent plan of its communicator (numbered and matched like a collective; this
+ * waits until every rank has captured it), tie the plan's life to the graph (a CUDA user object)
+ * and enqueue the plan's three stream memory operations into the capture. On error nothing is
+ * enqueued and err says why. */
+colld_status_t colld__graph_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op,
+                                 colld_err_t *err);
+/* The daemon is gone (monitor thread): the replays of c's captured collectives are released from
+ * now on by libcolld itself. */
+void colld__graph_daemon_lost(colld_client_t *c);
+/* At disconnect: whether CUDA graphs still hold captured collectives of c. Their replays are then
+ * released by libcolld, and the flag area (area, size, registered in CUcontext ctx; area NULL:
+ * the caller keeps it) is unregistered and unmapped once the last of those graphs is gone. */
+bool colld__graph_client_free(colld_client_t *c, void *area, size_t size, void *ctx);
 
 #endif /* COLLD_CLIENT_INTERNAL_H */

@@ -209,6 +209,7 @@ typedef struct {
     colld_wire_gpu_flag_t *lines;
     size_t size;
     uint32_t nlines;
+    uint32_t nplans; /* plan lines after the flag lines (captured collectives: cuda_graph.c) */
     CUdeviceptr dptr;
     CUcontext ctx; /* current when it was (last) registered (for cuMemHostUnregister; flags_check) */
     _Atomic uint64_t *posted;
@@ -657,13 +658,15 @@ static colld_status_t flags_setup(colld_client_t *c, colld_gpu_t *g, const colld
         return colld_err_set(err, rep.status, "colld has no GPU flag area for this client: %s", rep.u.detail);
     }
     uint64_t size = rep.u.gpu_flags.size;
-    uint32_t nlines = rep.u.gpu_flags.lines;
-    if (fd < 0 || nlines < 2 || size > (1ull << 30) || size < (uint64_t)nlines * sizeof(colld_wire_gpu_flag_t) ||
+    uint32_t nlines = rep.u.gpu_flags.lines, nplans = rep.u.gpu_flags.plans;
+    if (fd < 0 || nlines < 2 || size > (1ull << 30) || nplans > COLLD_WIRE_GPU_PLANS_MAX ||
+        size < (uint64_t)nlines * sizeof(colld_wire_gpu_flag_t) + (uint64_t)nplans * sizeof(colld_wire_gpu_plan_t) ||
         size % 4096) {
         if (fd >= 0)
             close(fd);
-        return colld_err_set(err, COLLD_ERR_PROTOCOL, "colld sent a malformed GPU flag area (%llu bytes, %u lines)",
-                             (unsigned long long)size, nlines);
+        return colld_err_set(err, COLLD_ERR_PROTOCOL,
+                             "colld sent a malformed GPU flag area (%llu bytes, %u lines, %u plan lines)",
+                             (unsigned long long)size, nlines, nplans);
     }
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
@@ -690,6 +693,7 @@ static colld_status_t flags_setup(colld_client_t *c, colld_gpu_t *g, const colld
     f->lines = p;
     f->size = size;
     f->nlines = nlines;
+    f->nplans = nplans;
     f->dptr = dptr;
     f->posted = posted;
     CU_CHECK(cu, cuCtxGetCurrent, &f->ctx);
@@ -748,6 +752,7 @@ static void release_line(colld_wire_gpu_flag_t *l, uint32_t value, colld_status_
 
 void colld__gpu_daemon_lost(colld_client_t *c)
 {
+    colld__graph_daemon_lost(c); /* the replays of its captured collectives too (cuda_graph.c) */
     gpu_flags_t *f = atomic_load(&c->gpu->flags);
     if (!f)
         return;
@@ -858,16 +863,23 @@ out:
     return st;
 }
 
-/* A stream being captured into a CUDA graph (issue 15 3.3). A captured collective would need a
- * plan the daemon runs once per replay of the graph, which is not built: its descriptor would
- * reach the daemon at capture time, where no stream ever writes its ready slot (it times out), and
- * every replay would then pass the wait without running it. So the call is refused before any CUDA
- * call that capture prohibits (registering memory would invalidate the application's capture),
- * and the capture stays valid. The legacy default stream while another stream of the process is
- * captured is refused as the driver refuses it. COLLD_OK when the stream is not being captured. */
-static colld_status_t refuse_capture(const colld_cu_t *cu, void *stream, colld_err_t *err)
+/* Whether the stream is being captured into a CUDA graph (issue 15 item 3), and into which graph.
+ * A collective on a capturing stream is captured (cuda_graph.c): its preparation registers what it
+ * needs outside the capture (pointer queries, IPC and VMM export and the socket exchanges with the
+ * daemon are no stream work), and the flag area, when it is not set up yet, is registered with
+ * CUDA (cuMemHostRegister, which a capture in the default GLOBAL mode prohibits) with this thread
+ * in the RELAXED capture interaction mode (cuThreadExchangeStreamCaptureMode, as NCCL does for its
+ * host allocations during a capture), so that the application's capture stays valid. Refused:
+ * the legacy default stream while another stream of the process is captured (as the driver
+ * refuses it), a capture already invalidated, and a capture inside a group. *graph is set while
+ * capturing. */
+static colld_status_t capture_state(const colld_cu_t *cu, void *stream, bool *capturing, CUgraph *graph,
+                                    colld_err_t *err)
 {
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    cuuint64_t id = 0;
+    *capturing = false;
+    *graph = NULL;
     CUresult r = CU_CHECK_EXPECT(cu, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, cuStreamIsCapturing, (CUstream)stream, &cs);
     if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
         return cu_say(cu, err, COLLD_ERR_NOT_SUPPORTED, r,
@@ -878,11 +890,23 @@ static colld_status_t refuse_capture(const colld_cu_t *cu, void *stream, colld_e
         return cu_say(cu, err, COLLD_ERR_INVALID_ARGUMENT, r, "stream %p: cuStreamIsCapturing", stream);
     if (cs == CU_STREAM_CAPTURE_STATUS_NONE)
         return COLLD_OK;
-    return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED,
-                         "stream %p is being captured into a CUDA graph%s: colld cannot capture collectives yet "
-                         "(nothing was enqueued and the capture is left as it was); post the collective outside the "
-                         "capture, e.g. between graph launches",
-                         stream, cs == CU_STREAM_CAPTURE_STATUS_INVALIDATED ? " (a capture already invalidated)" : "");
+    if (cs == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+        return colld_err_set(err, COLLD_ERR_INVALID_USAGE,
+                             "stream %p is in a CUDA graph capture that an earlier call invalidated: the collective "
+                             "cannot be captured (nothing was enqueued)",
+                             stream);
+    if (colld__group_active())
+        return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED,
+                             "stream %p is being captured into a CUDA graph: capturing a collective inside "
+                             "colld_group_start/colld_group_end is not supported yet (nothing was enqueued); capture "
+                             "it outside the group",
+                             stream);
+    if ((r = CU_CHECK(cu, cuStreamGetCaptureInfo, (CUstream)stream, &cs, &id, graph, NULL, NULL)) != CUDA_SUCCESS ||
+        !*graph)
+        return cu_say(cu, err, COLLD_ERR_DEVICE, r, "stream %p: cuStreamGetCaptureInfo (the graph being captured)",
+                      stream);
+    *capturing = true;
+    return COLLD_OK;
 }
 
 colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *send, size_t send_bytes,
@@ -898,15 +922,24 @@ colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *
     if ((send_bytes && !send) || (recv_bytes && !recv))
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%s is NULL",
                              send_bytes && !send ? "sendbuf" : "recvbuf");
-    colld_status_t st = refuse_capture(cu, stream, err);
+    bool capturing;
+    CUgraph graph;
+    colld_status_t st = capture_state(cu, stream, &capturing, &graph, err);
     if (st != COLLD_OK)
         return st;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (capturing && CU_CHECK(cu, cuThreadExchangeStreamCaptureMode, &mode) != CUDA_SUCCESS)
+        return colld_err_set(err, COLLD_ERR_DEVICE, "cuThreadExchangeStreamCaptureMode failed during a capture");
     colld_gpu_t *g = comm->client->gpu;
     pthread_mutex_lock(&g->mu);
     g->cu = cu;
     sweep_freed(comm->client, g, cu, SWEEP_PER_POST);
     st = prepare_locked(comm, cu, stream, send, send_bytes, recv, recv_bytes, sqe, op, err);
     pthread_mutex_unlock(&g->mu);
+    if (capturing)
+        CU_CHECK(cu, cuThreadExchangeStreamCaptureMode, &mode); /* the application's mode again */
+    op->capture = capturing;
+    op->graph = graph;
     return st;
 }
 
@@ -967,6 +1000,17 @@ static colld_status_t slot_wait(colld_comm_t *comm, const uint32_t *word, const 
     return COLLD_OK;
 }
 
+bool colld__gpu_area(colld_client_t *c, colld_gpu_area_t *out)
+{
+    gpu_flags_t *f = atomic_load(&c->gpu->flags);
+    if (!f)
+        return false;
+    *out = (colld_gpu_area_t){
+        .base = f->lines, .size = f->size, .dptr = f->dptr, .lines = f->nlines, .plans = f->nplans, .ctx = f->ctx
+    };
+    return true;
+}
+
 const uint32_t *colld__gpu_ready_word(colld_comm_t *comm, uint64_t seq)
 {
     gpu_flags_t *f = atomic_load(&comm->client->gpu->flags);
@@ -983,6 +1027,8 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
     gpu_flags_t *f = atomic_load(&c->gpu->flags);
     if (!cu || !f) /* prepare succeeded, so neither can be missing */
         return colld_err_set(err, COLLD_ERR_INTERNAL, "stream-ordered collective posted without preparation");
+    if (op->capture) /* a collective captured into a CUDA graph: a persistent plan (cuda_graph.c) */
+        return colld__graph_post(comm, sqe, op, err);
     /* (b) The next operation id of the communicator (every path shares the counter), and the flag
      * value of its collective ordinal (proto/wire.h: the id less the point-to-point operations). */
     colld_wire_sqe_t d = *sqe;
@@ -1222,9 +1268,15 @@ void colld__gpu_client_free(colld_client_t *c)
                 busy++;
             }
         }
+        /* CUDA graphs that still hold captured collectives keep the area: cuda_graph.c releases their
+         * replays from now on and lets the area go with the last of them. */
+        bool adopted = colld__graph_client_free(c, busy ? NULL : f->lines, f->size, f->ctx);
         if (busy) {
             LOG_WARN(GPU, "colld_disconnect with stream-ordered collectives of %d communicator(s) not complete: "
                           "their streams were released with COLLD_ERR_ABORTED; the flag area stays mapped", busy);
+        } else if (adopted) {
+            free((void *)f->posted);
+            free(f);
         } else {
             bool pushed;
             if (ctx_enter(cu, f->ctx, &pushed) == CUDA_SUCCESS)

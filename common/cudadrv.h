@@ -36,6 +36,8 @@
     X(cuCtxEnablePeerAccess) X(cuCtxSynchronize)                                                             \
     X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamGetCtx) X(cuStreamWaitEvent) X(cuStreamSynchronize)        \
     X(cuStreamQuery) X(cuStreamWriteValue32) X(cuStreamWaitValue32) X(cuStreamIsCapturing)                  \
+    X(cuStreamGetCaptureInfo) X(cuThreadExchangeStreamCaptureMode) X(cuUserObjectCreate)                    \
+    X(cuUserObjectRelease) X(cuGraphRetainUserObject)                                                        \
     X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventDestroy) X(cuEventSynchronize)                \
     X(cuEventElapsedTime)                                                                                    \
     X(cuPointerGetAttributes) X(cuMemGetAddressRange) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD)              \

@@ -28,8 +28,9 @@
 
 #define COLLD_WIRE_MAGIC 0x434f4c44u /* "COLD" */
 /* 2: per-collective GPU ready slots (colld_wire_gpu_flag_t); 3: point-to-point (COLLD_KIND_SEND /
- * COLLD_KIND_RECV, COLLD_SQE_LINK) and the collective ordinal (below) */
-#define COLLD_WIRE_VERSION 3
+ * COLLD_KIND_RECV, COLLD_SQE_LINK) and the collective ordinal (below); 4: persistent plans of
+ * captured collectives (COLLD_SQE_PLAN, colld_wire_gpu_plan_t, COLLD_MSG_PLAN_FREE) */
+#define COLLD_WIRE_VERSION 4
 #define COLLD_WIRE_TOKEN_BYTES 16
 /* A unique id (the 128 bytes of colld_unique_id_t): 16 random bytes; an id made by a daemon that
  * listens for peers (multi-node) also carries "CLN1" at byte 16 and that daemon's address
@@ -102,6 +103,13 @@ typedef struct {
  * operations up to and including the first without this flag. Operations outside a batch run in
  * the order the rank posted them, one after the other. */
 #define COLLD_SQE_LINK 0x04u
+/* With COLLD_SQE_STREAM: not a collective to run now but a collective captured into a CUDA graph,
+ * to register as a persistent plan of the communicator (client/cuda_graph.c,
+ * server/backends/cuda/cuda_plan.c). It is numbered and matched like any collective (the same
+ * call on every rank, else COLLD_ERR_MISMATCH), and completes once the daemon holds the plan;
+ * `reserved` carries the plan line of the session's GPU flag area that the rank's graph uses
+ * (colld_wire_gpu_plan_t, below). Every replay of the graph then runs the collective once. */
+#define COLLD_SQE_PLAN 0x08u
 
 /* One work descriptor (64 bytes). `seq` is the operation's id: it counts every operation (collective
  * or point-to-point) from 1 per (session, communicator handle), and completions carry it.
@@ -114,7 +122,8 @@ typedef struct {
  * fast area's slots and records, the GPU stream flag values and ready slots, the flight recorder,
  * time-outs and mismatch reports ("collective #N"). Without point-to-point operations the two are
  * equal.
- * `reserved` is 0, except in COLLD_SQE_STREAM descriptors (the flag base). */
+ * `reserved` is 0, except in COLLD_SQE_STREAM descriptors (the flag base; with COLLD_SQE_PLAN the
+ * plan line). */
 typedef struct {
     uint64_t seq;
     uint64_t count;
@@ -294,6 +303,64 @@ _Static_assert((COLLD_WIRE_GPU_READY_SLOTS & (COLLD_WIRE_GPU_READY_SLOTS - 1)) =
 #define COLLD_WIRE_GPU_FLAGS_BYTES(max_comms) \
     ((COLLD_WIRE_GPU_LINES(max_comms) * sizeof(colld_wire_gpu_flag_t) + 4095) & ~(uint64_t)4095)
 
+/* ---------------------------------------------------------------------------------------------
+ * Persistent plans (issue 15 item 3): a collective captured into a CUDA graph. The session's GPU
+ * flag area holds, after its communicator lines, `plans` plan lines (the daemon's
+ * --max-plans-per-session, given in COLLD_MSG_GPU_FLAGS_REPLY); the client gives each captured
+ * collective of its ranks a free line, and frees it (COLLD_MSG_PLAN_FREE) once the graph that
+ * holds it and every executable graph made from it are destroyed (a CUDA user object).
+ *
+ * The captured graph holds three stream memory operations with fixed values, so that every
+ * replay is one run:
+ *   N1  write ready = 1             after the work before it in the graph: the inputs are ready
+ *   N2  wait  done == 1 (EQ)        the daemon's stream writes it after the collective's kernels
+ *   N3  write done = 0              re-arms the wait for the next replay
+ * The daemon: when every rank's ready is 1 (exactly), it writes ready = 0 from the host ("taken")
+ * and launches the kernels; its stream then writes done = 1 into every rank's line.
+ *
+ * Why no replay sees a stale value. Replays of one executable graph are serialised by CUDA (each
+ * launch is ordered behind the previous launch of the same executable graph, on any stream), so a
+ * rank's N1, N2, N3 of replay i all come before its N1 of replay i + 1.
+ *   - done: after replay i, N3 has set it to 0 before replay i + 1's N1 (stream order, and the
+ *     default write carries a memory barrier), and the daemon writes done = 1 for run i + 1 only
+ *     after it saw that N1's ready = 1; so replay i + 1's N2 never passes on run i's done.
+ *   - ready: the daemon takes ready (0) before it launches run i; replay i + 1's N1 comes after
+ *     N2 saw run i's done, which the daemon's stream wrote after the take; so a taken ready never
+ *     reappears as 1 but from a new replay, and each replay of each rank is taken once.
+ * Two executable graphs of one capture share the plan (and its buffers): their replays must be
+ * ordered by the application (one stream, or an event between them), as their writes to the same
+ * buffers must be anyway; with that order the argument above holds across them (each replay ends
+ * with the line as it began: ready taken, done 0). Replays of the two that overlap in time are a
+ * data race of the application that the stream memory operations cannot detect (they have no
+ * atomic read-modify-write).
+ *
+ * Faults: once the plan cannot run (its communicator broke: time-out, lost rank, abort, mismatch,
+ * a device error; a rank's graph destroyed; the communicator destroyed) the daemon keeps
+ * releasing every replay: each ready = 1 it sees is taken and answered with status, then
+ * done = 1 from the host, without running the collective; the first such replay breaks the
+ * communicator if nothing had (the error surfaces through the async-error query). When the
+ * client loses its daemon it does the same itself for its own lines.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    _Alignas(COLLD_WIRE_CACHELINE) uint32_t ready; /* the rank's graph writes 1; the daemon takes it (0) */
+    uint32_t reserved_ready[15];
+    _Alignas(COLLD_WIRE_CACHELINE) uint32_t done; /* the daemon writes 1; the rank's graph re-arms it (0) */
+    int32_t status;                               /* 0, or the colld_status_t of a replay released unrun */
+    uint32_t reserved_done[14];
+} colld_wire_gpu_plan_t;
+
+_Static_assert(sizeof(colld_wire_gpu_plan_t) == 128, "gpu plan line layout");
+
+/* The byte offset of plan line i in a session's flag area, and the area's size with its plan
+ * lines (whole pages). */
+#define COLLD_WIRE_GPU_PLAN_OFFSET(max_comms, i)                                                                       \
+    (COLLD_WIRE_GPU_LINES(max_comms) * sizeof(colld_wire_gpu_flag_t) + (uint64_t)(i) * sizeof(colld_wire_gpu_plan_t))
+#define COLLD_WIRE_GPU_AREA_BYTES(max_comms, plans)                                                                    \
+    ((COLLD_WIRE_GPU_PLAN_OFFSET(max_comms, plans) + 4095) & ~(uint64_t)4095)
+/* The most plan lines an area may have (a bound the client checks the daemon's answer against). */
+#define COLLD_WIRE_GPU_PLANS_MAX 65536u
+
 /* How a GPU allocation is handed to the daemon (COLLD_MSG_REG_CUDA). */
 typedef enum {
     COLLD_CUDA_EXPORT_IPC = 1, /* u.reg_cuda.ipc is a CUipcMemHandle of a cuMemAlloc/cudaMalloc allocation */
@@ -318,6 +385,8 @@ typedef enum {
     COLLD_MSG_REG_CUDA = 9,    /* client -> daemon: register a GPU allocation; fd with EXPORT_FD; reply REG_REPLY */
     COLLD_MSG_GPU_FLAGS = 10,  /* client -> daemon: the session's GPU flag area */
     COLLD_MSG_GPU_FLAGS_REPLY = 11, /* daemon -> client: its size and line count; fd: the memfd (or an error) */
+    COLLD_MSG_PLAN_FREE = 12,       /* client -> daemon: a graph holding a plan is gone: free its plan line */
+    COLLD_MSG_PLAN_FREE_REPLY = 13, /* daemon -> client: the line is free (or an error) */
 } colld_msg_type_t;
 
 typedef enum {
@@ -366,8 +435,12 @@ typedef struct {
         struct {
             uint64_t size;  /* bytes to map */
             uint32_t lines; /* flag lines (communicator handles 1 .. lines-1) */
-            uint32_t reserved;
+            uint32_t plans; /* plan lines after them (colld_wire_gpu_plan_t) */
         } gpu_flags;
+        struct {
+            uint32_t line; /* the plan line whose graph is gone */
+            uint32_t reserved;
+        } plan_free;
         struct {
             uint32_t reg_id;
         } dereg;

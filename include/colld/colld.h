@@ -46,6 +46,17 @@
  *       collectives are no longer the same on every rank once it uses point-to-point operations
  *       (the error details still name a collective by its number among collectives, "collective
  *       #N", which is).
+ *       Changed (issue 15 item 3): a collective on a CUDA stream that is being captured into a
+ *       CUDA graph is captured (it was refused with COLLD_ERR_NOT_SUPPORTED): the call registers
+ *       it with the daemon and returns once every rank has captured the same collective
+ *       (COLLD_ERR_MISMATCH, COLLD_ERR_TIMEOUT or COLLD_ERR_QUOTA_EXCEEDED otherwise, nothing
+ *       enqueued), and every replay of the graph then runs it once. A replay that cannot run it
+ *       (the communicator broke or was destroyed, a rank's graph was destroyed, the daemon is
+ *       gone) is released without running it, and the error is reported by
+ *       colld_comm_get_async_error. The collective lives as long as the graph and its
+ *       executable graphs; replays of two executable graphs of one capture must be ordered.
+ *       Inside colld_group_start/colld_group_end a captured collective is refused
+ *       (COLLD_ERR_NOT_SUPPORTED).
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -246,7 +257,19 @@ colld_status_t colld_mem_free(colld_client_t *c, void *ptr);
  * any failure the stream is released (it never waits forever) and the error is reported by
  * colld_comm_get_async_error. Needs CUDA stream memory operations on the device (the IPC event
  * fallback is not built yet): COLLD_ERR_NOT_SUPPORTED otherwise, and also without a CUDA driver,
- * with the reason in colld_comm_last_error. */
+ * with the reason in colld_comm_last_error.
+ *
+ * CUDA graphs: on a stream that is being captured (cudaStreamBeginCapture), the collective is
+ * captured. The call returns once every rank has captured the same collective (else
+ * COLLD_ERR_MISMATCH; COLLD_ERR_TIMEOUT when a rank never does; COLLD_ERR_QUOTA_EXCEEDED past the
+ * daemon's --max-plans-per-session; on any error nothing is enqueued and the capture is as it
+ * was), and every replay of the graph runs the collective once, on the inputs the replay's stream
+ * produced before it. Its buffers must stay allocated while the graph, or an executable graph made
+ * from it, exists; replays of two executable graphs of one capture must be ordered (one stream, or
+ * an event). A replay that cannot run it (a peer's graph never replays it within the timeout:
+ * COLLD_ERR_TIMEOUT; a lost peer, an abort, a destroyed communicator or a peer's destroyed graph;
+ * the daemon gone) is released without running it, and colld_comm_get_async_error reports why.
+ * Not inside colld_group_start / colld_group_end (COLLD_ERR_NOT_SUPPORTED). */
 colld_status_t colld_allreduce(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype,
                                colld_redop_t op, colld_comm_t *comm, void *stream);
 colld_status_t colld_broadcast(const void *sendbuf, void *recvbuf, size_t count, colld_dtype_t dtype,

@@ -357,7 +357,7 @@ bool colld_same_call(const colld_wire_sqe_t *a, const colld_wire_sqe_t *b)
     return a->kind == b->kind && a->dtype == b->dtype && a->count == b->count &&
            (!colld_kind_has_op(a->kind) || a->redop == b->redop) &&
            (!colld_kind_has_root(a->kind) || a->root == b->root) &&
-           (a->flags & COLLD_SQE_STREAM) == (b->flags & COLLD_SQE_STREAM);
+           (a->flags & (COLLD_SQE_STREAM | COLLD_SQE_PLAN)) == (b->flags & (COLLD_SQE_STREAM | COLLD_SQE_PLAN));
 }
 
 int colld_describe_call(char *buf, size_t len, int rank, const colld_wire_sqe_t *d)
@@ -365,5 +365,8 @@ int colld_describe_call(char *buf, size_t len, int rank, const colld_wire_sqe_t 
     return snprintf(buf, len, "%srank %d: %s(%s, %s, count %llu, root %d%s)", rank ? "; " : "", rank,
                     colld_kind_name(d->kind), colld_dtype_name(d->dtype),
                     colld_kind_has_op(d->kind) ? colld_redop_name(d->redop) : "-", (unsigned long long)d->count,
-                    d->root, d->flags & COLLD_SQE_STREAM ? ", GPU stream" : "");
+                    d->root,
+                    d->flags & COLLD_SQE_PLAN     ? ", captured into a CUDA graph"
+                    : d->flags & COLLD_SQE_STREAM ? ", GPU stream"
+                                                  : "");
 }

@@ -140,11 +140,13 @@ typedef struct colld_backend_ops {
      * messages COLLD_MSG_REG_CUDA and COLLD_MSG_GPU_FLAGS (lock not held). mem_register opens a
      * registration for s (the same memory registered again: the same registration) and returns
      * its id; mem_release closes one whose last reference went (lock held); sync_area returns a
-     * new descriptor of the session's stream flag area (made on first use), or -1 with err. */
+     * new descriptor of the session's stream flag area (made on first use), its size, its flag
+     * lines and its plan lines (proto/wire.h), or -1 with err. */
     colld_status_t (*mem_register)(colld_backend_t *b, colld_session_t *s, const colld_wire_msg_t *m, int fd,
                                    uint32_t *reg_id, colld_err_t *err);
     void (*mem_release)(colld_backend_t *b, colld_reg_t *r);
-    int (*sync_area)(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint32_t *lines, colld_err_t *err);
+    int (*sync_area)(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint32_t *lines, uint32_t *plans,
+                     colld_err_t *err);
     /* The session's last reference went: free what the backend keeps for it. */
     void (*session_free)(colld_backend_t *b, colld_session_t *s);
 

@@ -40,6 +40,10 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       1000000 },
     { "max-comms-per-session", "COLLD_MAX_COMMS_PER_SESSION", COLLD_CFG_INT, "1024",
       "communicators one client process may belong to", OPT(max_comms_per_session), 1, 1000000 },
+    { "max-plans-per-session", "COLLD_MAX_PLANS_PER_SESSION", COLLD_CFG_INT, "64",
+      "collectives captured into CUDA graphs that one client process may hold at once (each a persistent plan, "
+      "freed when its graph is destroyed); one more capture fails with COLLD_ERR_QUOTA_EXCEEDED",
+      OPT(max_plans_per_session), 1, 65536 },
     { "max-registered-bytes", "COLLD_MAX_REGISTERED_BYTES", COLLD_CFG_SIZE, "64G",
       "memory one client process may share with the daemon (K/M/G suffixes)", OPT(max_registered_bytes), 0, 0 },
     { "max-registrations", "COLLD_MAX_REGISTRATIONS", COLLD_CFG_INT, "0",

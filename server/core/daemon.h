@@ -82,6 +82,7 @@ typedef struct {
     uint64_t parallel_min_bytes; /* smaller collectives run on the engine thread alone */
     int64_t max_sessions;
     int64_t max_comms_per_session;
+    int64_t max_plans_per_session; /* collectives captured into CUDA graphs, held at once (cuda_plan.c) */
     uint64_t max_registered_bytes; /* per session */
     int64_t max_registrations;     /* all tenants; 0: derived from vm.max_map_count (tenant.c) */
     /* per-tenant limits (tenant.c); collctl policy overrides them per uid */

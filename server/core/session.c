@@ -424,10 +424,10 @@ static int session_on_gpu_flags(colld_session_t *s)
     colld_backend_t *dev = colld_backend_device(s->daemon);
     colld_err_t err = COLLD_ERR_INIT;
     uint64_t size = 0;
-    uint32_t lines = 0;
+    uint32_t lines = 0, plans = 0;
     int fd = -1;
     if (dev && dev->ops->sync_area)
-        fd = dev->ops->sync_area(dev, s, &size, &lines, &err);
+        fd = dev->ops->sync_area(dev, s, &size, &lines, &plans, &err);
     else
         colld_err_set(&err, COLLD_ERR_NOT_SUPPORTED, "%s", s->daemon->device_none);
     if (fd < 0)
@@ -437,6 +437,7 @@ static int session_on_gpu_flags(colld_session_t *s)
     ok.type = COLLD_MSG_GPU_FLAGS_REPLY;
     ok.u.gpu_flags.size = size;
     ok.u.gpu_flags.lines = lines;
+    ok.u.gpu_flags.plans = plans;
     int rc = colld_session_send(s, &ok, &fd, 1);
     close(fd);
     return rc;

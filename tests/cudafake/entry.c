@@ -141,6 +141,7 @@ fk_state_t fk = {
     X(cuStreamBeginCapture, 10010, cuStreamBeginCapture_v2)                                                  \
     X(cuStreamEndCapture, 10000, cuStreamEndCapture)                                                         \
     X(cuStreamIsCapturing, 10000, cuStreamIsCapturing)                                                       \
+    X(cuThreadExchangeStreamCaptureMode, 10010, cuThreadExchangeStreamCaptureMode)                           \
     X(cuStreamGetCaptureInfo, 11030, cuStreamGetCaptureInfo_v2)                                              \
     X(cuStreamGetCaptureInfo, 12030, cuStreamGetCaptureInfo_v3)                                              \
     X(cuGraphInstantiate, 11000, cuGraphInstantiate_v2)                                                      \
@@ -213,6 +214,7 @@ void fk_log(const char *fmt, ...)
  * ========================================================================================== */
 
 static __thread CUresult tls_async_fault;
+__thread bool fk_in_destructor;
 
 /* Read the configuration and the fault specifications; the condition variable waits on CLOCK_MONOTONIC. */
 static void boot_once(void)
@@ -250,6 +252,13 @@ CUresult fk_take_async_fault(void)
 CUresult fk_enter(fk_entry_t e)
 {
     fk_boot();
+    if (fk_in_destructor) {
+        /* cuda.h, cuUserObjectCreate: "Destructor callbacks cannot make CUDA API calls". */
+        fk_log("%s called from a user object's destructor: the driver forbids CUDA calls there "
+               "(CUDA_ERROR_NOT_PERMITTED)",
+               fk_entry_name(e));
+        return CUDA_ERROR_NOT_PERMITTED;
+    }
     bool sticky = false;
     tls_async_fault = CUDA_SUCCESS;
     CUresult r = fk_fault_call(e, &sticky);

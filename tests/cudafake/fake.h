@@ -84,6 +84,7 @@
     X(cuKernelGetName, 0) X(cuModuleLoadData, 0) X(cuModuleUnload, 0) X(cuModuleGetFunction, 0)              \
     X(cuLaunchKernel, FK_F_ASYNC)                                                                            \
     X(cuStreamBeginCapture, 0) X(cuStreamEndCapture, 0) X(cuStreamIsCapturing, 0)                            \
+    X(cuThreadExchangeStreamCaptureMode, 0)                                                                  \
     X(cuStreamGetCaptureInfo, 0) X(cuGraphInstantiate, 0) X(cuGraphInstantiateWithFlags, 0)                  \
     X(cuGraphLaunch, FK_F_ASYNC) X(cuGraphDestroy, 0) X(cuGraphExecDestroy, 0) X(cuGraphGetNodes, 0)         \
     X(cuUserObjectCreate, 0) X(cuUserObjectRetain, 0) X(cuUserObjectRelease, 0)                              \
@@ -384,6 +385,9 @@ void fk_boot(void);
 
 /* entry.c */
 CUresult fk_enter(fk_entry_t e);
+/* Set on the thread that runs user object destructors (graph.c): the driver forbids CUDA calls
+ * there, and fk_enter refuses them. */
+extern __thread bool fk_in_destructor;
 const char *fk_entry_name(fk_entry_t e);
 const char *fk_result_name(CUresult r); /* NULL for an unknown code */
 uint64_t fk_now_ns(void);

@@ -16,9 +16,11 @@
  * blocking stream of its context captures invalidates that capture
  * (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT); synchronizing or querying a capturing stream, and the
  * "potentially unsafe" calls (cuMemAlloc, cuMemFree, cuMemHostRegister/Unregister, the
- * synchronous copies and memset, cuCtxSynchronize) from a thread whose own capture is not
- * relaxed, or from any thread while a global-mode capture runs, fail with
- * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate the capture; waiting on an event recorded
+ * synchronous copies and memset, cuCtxSynchronize) fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+ * and invalidate the captures they conflict with, by the calling thread's capture interaction
+ * mode (cuThreadExchangeStreamCaptureMode, cuda.h): in GLOBAL mode (the default) while the thread
+ * has its own capture that was not begun RELAXED, or while any other thread has a GLOBAL capture;
+ * in THREAD_LOCAL mode only for its own capture; in RELAXED mode never; waiting on an event recorded
  * outside the capture without CU_EVENT_WAIT_EXTERNAL is CUDA_ERROR_STREAM_CAPTURE_ISOLATION; a
  * capture whose forked streams did not join back fails at its end (UNJOINED), ended on another
  * stream (UNMATCHED) or thread (WRONG_THREAD, except relaxed mode); an invalidated capture ends
@@ -28,6 +30,8 @@
  * the previous launch of the same graph. User objects: their destructors run on a thread of the
  * double once their last reference is released, references held by a graph or an executable
  * graph included (those of an executable graph are released once its last launch has finished).
+ * A destructor that calls the driver gets CUDA_ERROR_NOT_PERMITTED (cuda.h: "Destructor callbacks
+ * cannot make CUDA API calls").
  */
 #include "tests/cudafake/fake.h"
 
@@ -109,6 +113,7 @@ static struct {
 static void *service(void *arg)
 {
     (void)arg;
+    fk_in_destructor = true; /* fk_enter refuses every call from here */
     pthread_mutex_lock(&fk.mu);
     for (;;) {
         while (!gs.dtors)
@@ -325,15 +330,33 @@ CUresult fk_capture_invalidate(fk_stream_t *s, const char *what)
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
-/* May a potentially unsafe call run now? Not while this thread captures (unless relaxed) or any
- * thread captures in global mode: those captures are invalidated. */
+/* The calling thread's capture interaction mode (cuThreadExchangeStreamCaptureMode). */
+static __thread CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    FK_BEGIN(cuThreadExchangeStreamCaptureMode);
+    if (!mode || (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL && *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+                  *mode != CU_STREAM_CAPTURE_MODE_RELAXED))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureMode prev = thread_mode;
+    thread_mode = *mode;
+    *mode = prev;
+    return CUDA_SUCCESS;
+}
+
+/* May a potentially unsafe call run now? By the calling thread's mode (cuda.h,
+ * cuThreadExchangeStreamCaptureMode): GLOBAL, not while this thread has a capture that was not
+ * begun RELAXED or another thread has a GLOBAL one; THREAD_LOCAL, only the first; RELAXED, always.
+ * The captures it conflicts with are invalidated. */
 CUresult fk_capture_unsafe(const char *what)
 {
     pthread_t self = pthread_self();
     bool prohibited = false;
-    for (fk_capture_t *c = gs.live; c; c = c->next) {
+    for (fk_capture_t *c = gs.live; c && thread_mode != CU_STREAM_CAPTURE_MODE_RELAXED; c = c->next) {
         bool mine = pthread_equal(c->thread, self);
-        if ((mine && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) || (!mine && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+        if ((mine && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+            (!mine && thread_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
             prohibited = true;
             if (!c->invalid)
                 fk_log("%s is a potentially unsafe call while a stream captures (%s mode): it fails and invalidates "

@@ -1202,6 +1202,7 @@ int main(void)
         cmocka_unit_test_teardown(test_capture_fork_join, faults_reset),
         cmocka_unit_test_teardown(test_graph_user_objects, faults_reset),
         cmocka_unit_test_teardown(test_graph_launch_order, faults_reset),
+        cmocka_unit_test_teardown(test_capture_mode_exchange, faults_reset),
     };
     int rc = cmocka_run_group_tests(tests, setup, NULL);
     unlink(control_path);

@@ -58,7 +58,7 @@
     X(cuStreamGetCaptureInfo, 12030) X(cuGraphInstantiateWithFlags, 11040) X(cuGraphLaunch, 10000)           \
     X(cuGraphDestroy, 10000) X(cuGraphExecDestroy, 10000) X(cuGraphGetNodes, 10000)                          \
     X(cuUserObjectCreate, 11030) X(cuUserObjectRelease, 11030) X(cuGraphRetainUserObject, 11030)             \
-    X(cuGraphReleaseUserObject, 11030)
+    X(cuGraphReleaseUserObject, 11030) X(cuThreadExchangeStreamCaptureMode, 10010)
 
 #define CF_MEMBER(name, version) PFN_##name##_v##version name;
 typedef struct {
@@ -107,5 +107,6 @@ void test_capture_refusals(void **state);
 void test_capture_fork_join(void **state);
 void test_graph_user_objects(void **state);
 void test_graph_launch_order(void **state);
+void test_capture_mode_exchange(void **state);
 
 #endif /* COLLD_TESTS_CUDAFAKE_TEST_CUDAFAKE_H */

@@ -412,3 +412,81 @@ void test_graph_launch_order(void **state)
     CU_OK(cu.cuStreamDestroy(b));
     cf_flags_free(f);
 }
+
+/* ============================================================================================
+ * The thread's capture interaction mode, and destructors that call the driver
+ * ========================================================================================== */
+
+/* Another thread in THREAD_LOCAL mode: a potentially unsafe call while a GLOBAL capture runs
+ * elsewhere. */
+static void *thread_local_alloc(void *arg)
+{
+    CUresult *out = arg;
+    CU_OK(cu.cuCtxSetCurrent(cf_ctx[DEV_A]));
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    CU_OK(cu.cuThreadExchangeStreamCaptureMode(&mode));
+    CUdeviceptr p;
+    *out = cu.cuMemAlloc(&p, 64);
+    if (*out == CUDA_SUCCESS)
+        CU_OK(cu.cuMemFree(p));
+    return NULL;
+}
+
+static CUresult dtor_call = CUDA_SUCCESS;
+
+/* A destructor that breaks the driver's rule: it calls the driver. */
+static void destroy_calling_cuda(void *arg)
+{
+    CUcontext ctx = NULL;
+    __atomic_store_n(&dtor_call, cu.cuCtxGetCurrent(&ctx), __ATOMIC_RELEASE);
+    __atomic_store_n((uint32_t *)arg, 1, __ATOMIC_RELEASE);
+}
+
+/* cuThreadExchangeStreamCaptureMode (cuda.h): the calling thread's mode decides whether a
+ * potentially unsafe call may run during a capture. GLOBAL (the default): not while its own
+ * capture is not RELAXED, nor while another thread's GLOBAL capture runs; THREAD_LOCAL: only its
+ * own capture counts; RELAXED: always (libcolld registers its GPU flag area so inside a capture).
+ * And a user object's destructor may not call the driver at all. */
+void test_capture_mode_exchange(void **state)
+{
+    (void)state;
+    cf_use(DEV_A);
+    CUstream s = new_stream(CU_STREAM_NON_BLOCKING);
+    CUstreamCaptureMode mode = (CUstreamCaptureMode)7;
+    CU_IS(cu.cuThreadExchangeStreamCaptureMode(&mode), CUDA_ERROR_INVALID_VALUE);
+    CU_IS(cu.cuThreadExchangeStreamCaptureMode(NULL), CUDA_ERROR_INVALID_VALUE);
+    void *page = NULL;
+    assert_int_equal(posix_memalign(&page, 4096, 4096), 0);
+    /* This thread's own GLOBAL capture: RELAXED lets it register host memory, the capture stays
+     * valid; back in GLOBAL mode the same call fails and invalidates it. */
+    CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CU_OK(cu.cuThreadExchangeStreamCaptureMode(&mode));
+    assert_int_equal(mode, CU_STREAM_CAPTURE_MODE_GLOBAL); /* the previous mode */
+    CU_OK(cu.cuMemHostRegister(page, 4096, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE));
+    CU_OK(cu.cuMemHostUnregister(page));
+    CU_OK(cu.cuThreadExchangeStreamCaptureMode(&mode));
+    assert_int_equal(mode, CU_STREAM_CAPTURE_MODE_RELAXED);
+    assert_int_equal(capture_status(s), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    end_expect(s, CUDA_SUCCESS);
+    CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CU_IS(cu.cuMemHostRegister(page, 4096, CU_MEMHOSTREGISTER_DEVICEMAP), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    end_expect(s, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    /* Another thread in THREAD_LOCAL mode is not held to this thread's GLOBAL capture. */
+    CU_OK(cu.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CUresult other = CUDA_ERROR_UNKNOWN;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, thread_local_alloc, &other), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    CU_OK(other);
+    end_expect(s, CUDA_SUCCESS);
+    free(page);
+    /* A destructor that calls the driver gets CUDA_ERROR_NOT_PERMITTED. */
+    uint32_t ran = 0;
+    CUuserObject obj;
+    CU_OK(cu.cuUserObjectCreate(&obj, &ran, destroy_calling_cuda, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC));
+    CU_OK(cu.cuUserObjectRelease(obj, 1));
+    assert_true(cf_wait_eq(&ran, 1));
+    CU_IS(__atomic_load_n(&dtor_call, __ATOMIC_ACQUIRE), CUDA_ERROR_NOT_PERMITTED);
+    CU_OK(cu.cuStreamDestroy(s));
+}

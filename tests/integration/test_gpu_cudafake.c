@@ -34,8 +34,9 @@
  *                 and the client's flag area registered again after the application resets its
  *                 context (issue 15 F3 and the flag area's context, fixed)
  *   defects       issue 15's defects fixed since their cases were written, the cases now asserting
- *                 the fix: a collective inside a CUDA graph capture is refused and the capture stays
- *                 valid (3.3); a freed buffer's mapping goes from the daemon (C1/D4).
+ *                 the fix: a collective inside a CUDA graph capture is captured, the capture stays
+ *                 valid and every replay runs it (3.3; test_gpu_cudafake_graph has the rest); a
+ *                 freed buffer's mapping goes from the daemon (C1/D4).
  *   open_defects  the review's defects that the double shows today (issue 15), STILL OPEN: each
  *                 case (test_open_defect_<id>_...) asserts the present, wrong behaviour, prints
  *                 "OPEN DEFECT <id>" with what the fix must turn it into, and passes while the
@@ -1351,12 +1352,12 @@ static bool app_load(void)
     return get != NULL;
 }
 
-/* Issue 15 3.3: a collective on a stream being captured into a CUDA graph is refused with
- * COLLD_ERR_NOT_SUPPORTED before any CUDA call (client/cuda.c refuse_capture), and the
- * application's capture stays valid. Before: the first such collective of a client registered its
- * flag area (cuMemHostRegister, which a capture prohibits): it failed with COLLD_ERR_DEVICE and
- * invalidated the capture. Captured collectives that replay (a persistent plan per graph) are
- * not built. */
+/* Issue 15 3.3, fixed: a collective on a stream being captured into a CUDA graph is captured (a
+ * persistent plan in the daemon, client/cuda_graph.c), also as the client's first stream-ordered
+ * collective: its registrations and the flag area's (cuMemHostRegister, in the RELAXED capture
+ * mode) are made during the capture, which stays valid and holds colld's three memory operations.
+ * Before: the call failed with COLLD_ERR_DEVICE and invalidated the capture (and then, once
+ * refused, with COLLD_ERR_NOT_SUPPORTED). test_gpu_cudafake_graph replays every kind exactly. */
 static void sc_capture_first(rank_t *r)
 {
     r->cr[0] = app.begin(r->s, CU_STREAM_CAPTURE_MODE_GLOBAL);
@@ -1364,33 +1365,37 @@ static void sc_capture_first(rank_t *r)
     snprintf(r->detail, sizeof(r->detail), "%s", colld_comm_last_error(r->comm));
     CUgraph g = NULL;
     r->cr[1] = app.end(r->s, &g);
+    size_t n = 0;
+    if (g && app.nodes(g, NULL, &n) == CUDA_SUCCESS)
+        r->v[0] = (long)n;
     if (g)
         app.destroy(g);
-    /* Outside the capture the communicator works (the flag area is set up now). */
+    /* Outside the capture the communicator works. */
     r->st[1] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
     r->cr[2] = cu->cuStreamSynchronize(r->s);
     r->st[2] = colld_comm_synchronize(r->comm);
 }
 
-static void test_capture_first_collective_refused_capture_valid(void **state)
+static void test_capture_first_collective_captured_capture_valid(void **state)
 {
     rank_t ranks[2];
     run_ranks(*state, sc_capture_first, 0, ranks);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS);
-        assert_int_equal(ranks[i].st[0], COLLD_ERR_NOT_SUPPORTED);
-        assert_non_null(strstr(ranks[i].detail, "is being captured into a CUDA graph: colld cannot capture collectives yet"));
+        assert_int_equal(ranks[i].st[0], COLLD_OK);
         assert_int_equal(ranks[i].cr[1], CUDA_SUCCESS); /* the capture was left valid */
+        assert_int_equal(ranks[i].v[0], 3);             /* ready = 1, wait done == 1, done = 0 */
         assert_int_equal(ranks[i].st[1], COLLD_OK);
         assert_int_equal(ranks[i].cr[2], CUDA_SUCCESS);
         assert_int_equal(ranks[i].st[2], COLLD_OK);
     }
 }
 
-/* With the flag area set up, a collective inside a capture: refused, nothing enters the graph
- * (before: its ready write and done wait did, the daemon timed it out at capture time, and every
- * replay passed without running it), the daemon has no collective to time out, the graph (empty)
- * replays, and the communicator goes on outside the capture. */
+/* With the flag area set up, a collective inside a capture: the graph holds its plan's three
+ * memory operations, and each of three replays completes only once the daemon ran the plan (its
+ * `done`); no replay fails or times out, and the communicator goes on outside the capture. Before:
+ * the daemon timed the collective out at capture time and every replay passed without running
+ * it; then it was refused (COLLD_ERR_NOT_SUPPORTED, an empty graph). */
 static void sc_capture_replay(rank_t *r)
 {
     r->st[0] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
@@ -1419,19 +1424,18 @@ static void sc_capture_replay(rank_t *r)
         app.destroy(g);
     r->st[2] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
     r->cr[2] = cu->cuStreamSynchronize(r->s);
-    r->st[3] = colld_comm_synchronize(r->comm); /* no time-out of a captured collective either */
+    r->st[3] = colld_comm_synchronize(r->comm); /* no replay failed, none timed out */
 }
 
-static void test_captured_collective_refused_nothing_captured(void **state)
+static void test_captured_collective_replays(void **state)
 {
     rank_t ranks[2];
     run_ranks(*state, sc_capture_replay, SHORT_TIMEOUT_MS, ranks);
     for (int i = 0; i < 2; i++) {
-        assert_int_equal(ranks[i].st[1], COLLD_ERR_NOT_SUPPORTED);
-        assert_non_null(strstr(ranks[i].detail, "is being captured into a CUDA graph: colld cannot capture collectives yet"));
+        assert_int_equal(ranks[i].st[1], COLLD_OK);
         assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS); /* the capture ended fine */
-        assert_int_equal(ranks[i].v[0], 0);             /* nothing of colld's in the graph */
-        assert_int_equal(ranks[i].v[1], 3);             /* the (empty) graph replays */
+        assert_int_equal(ranks[i].v[0], 3);             /* colld's three memory operations */
+        assert_int_equal(ranks[i].v[1], 3);             /* every replay completed */
         assert_int_equal(ranks[i].st[2], COLLD_OK);
         assert_int_equal(ranks[i].cr[2], CUDA_SUCCESS);
         assert_int_equal(ranks[i].st[3], COLLD_OK);
@@ -1891,10 +1895,9 @@ static int run_defects(bool fixed)
                                         teardown_contexts),
     };
     const struct CMUnitTest closed[] = {
-        cmocka_unit_test_setup_teardown(test_capture_first_collective_refused_capture_valid, setup_on_double,
+        cmocka_unit_test_setup_teardown(test_capture_first_collective_captured_capture_valid, setup_on_double,
                                         teardown_contexts),
-        cmocka_unit_test_setup_teardown(test_captured_collective_refused_nothing_captured, setup_on_double,
-                                        teardown_contexts),
+        cmocka_unit_test_setup_teardown(test_captured_collective_replays, setup_on_double, teardown_contexts),
         cmocka_unit_test_setup_teardown(test_freed_buffer_unmapped, setup_on_double, teardown_contexts),
     };
     return fixed ? cmocka_run_group_tests_name("gpu_cudafake_defects", closed, NULL, NULL)

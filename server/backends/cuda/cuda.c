@@ -30,6 +30,9 @@
  * cancelled, and a kernel must never run on the buffers of a rank that died or never got there.
  * It also lets the time-out name the ranks whose stream never reached the collective.
  *
+ * A collective captured into a CUDA graph is a persistent plan (cuda_plan.c): registered once when
+ * it is captured, run once per replay of the graph when every rank's graph reaches it.
+ *
  * A sticky CUDA error in the daemon's context of a GPU (cuda_recover.c) fails that GPU's work with
  * COLLD_ERR_DEVICE, resets its primary context and brings it back, while other GPUs and host work
  * go on; a GPU that keeps faulting is given up.
@@ -42,6 +45,7 @@
  * enqueued before the collective fails (cuda_launch.c drain_streams).
  */
 #include "server/backends/cuda/cuda.h"
+#include "server/backends/cuda/cuda_plan.h"
 
 #include "common/log.h"
 #include "common/util.h"
@@ -193,6 +197,7 @@ static void cuda_stop(colld_backend_t *b)
         CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[i].ctx);
         CU_CHECK(g->cu, cuCtxSynchronize);
     }
+    cuda_plans_free_all(b); /* what they hold (sessions, registrations) goes before the contexts */
     CU_CHECK(g->cu, cuCtxSetCurrent, NULL);
     colld_cuda_kernels_unload(g->kernels);
     for (int i = 0; i < g->n; i++)
@@ -234,6 +239,7 @@ static const colld_comm_hooks_t cuda_hooks = {
     .name = "cuda",
     .broken = cuda_comm_broken,
     .freed = cuda_comm_freed,
+    .session_msg = cuda_plan_session_msg, /* COLLD_MSG_PLAN_FREE */
 };
 
 const colld_backend_ops_t colld_cuda_backend = {

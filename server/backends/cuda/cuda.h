@@ -8,6 +8,8 @@
  *   cuda_launch.c  launching a collective's kernels and flag writes (engine thread, no lock)
  *   cuda_recover.c a GPU whose context has a sticky error: its work failed, its context reset,
  *                  the GPU brought back (the backend's recovery thread; issue 15 F3)
+ *   cuda_plan.c    persistent plans: collectives captured into CUDA graphs, run once per replay
+ *                  (issue 15 item 3; cuda_plan.h)
  *
  * Every driver call goes through CU_CHECK (common/cudadrv.h), which logs a failure with its
  * location; what a failure means is decided where the call is made.
@@ -73,6 +75,10 @@ typedef struct colld_gpus {
     bool watching, watch_stop;
     uint64_t rounds;      /* cuda_progress calls: the watcher wakes the engine once per round */
     uint64_t watch_wakes; /* engine wake-ups by the watcher */
+    /* Persistent plans (cuda_plan.c): while any lives, the watcher looks at their ready flags. */
+    struct gpu_plan *plans;
+    unsigned nplans;
+    uint64_t next_plan_id;
 } colld_gpus_t;
 
 /* A communicator's GPU state (colld_dcomm_t.bslot), made by its first stream-ordered descriptor. */
@@ -96,6 +102,8 @@ typedef struct gpu_session {
     int fd;
     uint64_t dptr;   /* the same memory as the GPUs address it */
     uint32_t lines;
+    uint32_t plans;                   /* plan lines after the flag lines (proto/wire.h) */
+    struct gpu_plan_part **plan_line; /* [plans]: the plan part that owns each, PLAN_LINE_PENDING, or NULL */
     bool registered; /* with CUDA, in the home GPU's context (a reset of that GPU drops it) */
     struct gpu_session *next, *prev; /* colld_gpus_t.sessions */
 } gpu_session_t;
@@ -128,7 +136,8 @@ static inline gpu_session_t *gpu_session_of(const colld_backend_t *b, const coll
 colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const colld_wire_msg_t *m, int fd,
                                  uint32_t *reg_id, colld_err_t *err);
 void cuda_mem_release(colld_backend_t *b, colld_reg_t *r);
-int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint32_t *lines, colld_err_t *err);
+int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint32_t *lines, uint32_t *plans,
+                   colld_err_t *err);
 void cuda_session_free(colld_backend_t *b, colld_session_t *s);
 
 /* ---- cuda_coll.c ---- */
@@ -138,6 +147,11 @@ int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline);
 bool cuda_outstanding(const colld_backend_t *b);
 void cuda_launched(colld_backend_t *b);
 bool cuda_comm_busy(const colld_backend_t *b, const colld_dcomm_t *c);
+/* NULL when collective k can run: its GPUs working, its registrations mapped, its ranks' flag
+ * areas registered; else why not, in buf (lock held). */
+const char *cuda_coll_unusable(colld_backend_t *b, const colld_coll_t *k, char *buf, size_t len);
+/* Append k to the launch list (lock held). */
+void cuda_launch_append(colld_gpus_t *g, colld_coll_t *k);
 void cuda_stream_failed(colld_backend_t *b, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st);
 void cuda_comm_broken(colld_daemon_t *d, colld_dcomm_t *c);
 void cuda_comm_freed(colld_daemon_t *d, colld_dcomm_t *c);

@@ -6,6 +6,7 @@
  * cuda.c for the whole protocol).
  */
 #include "server/backends/cuda/cuda.h"
+#include "server/backends/cuda/cuda_plan.h"
 
 #include "common/log.h"
 #include "common/util.h"
@@ -85,6 +86,8 @@ colld_status_t cuda_admit(colld_backend_t *b, colld_op_t *op, colld_err_t *err)
     gpu_comm_t *gc = gpu_comm(b, m->comm);
     if (!gc)
         return colld_err_set(err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
+    if (d->flags & COLLD_SQE_PLAN) /* a captured collective: no flag base, a plan line */
+        return cuda_plan_admit(b, op, err);
     int r = m->rank;
     if (gc->base_set[r] && d->reserved != gc->base[r])
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
@@ -138,6 +141,10 @@ static void owe_release(colld_backend_t *b, colld_dcomm_t *c, int rank, uint32_t
 
 void cuda_stream_failed(colld_backend_t *b, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st)
 {
+    if (sqe->flags & COLLD_SQE_PLAN) { /* no stream waits for it: its plan line is free again */
+        cuda_plan_unreserve(b, s, sqe);
+        return;
+    }
     colld_member_t *m = colld_comm_member(s, sqe->comm);
     if (m)
         owe_release(b, m->comm, m->rank, sqe->reserved + (uint32_t)sqe->seq, st);
@@ -153,16 +160,20 @@ static void gpu_finish(colld_backend_t *b, colld_coll_t *k, bool was_running)
     colld_gpus_t *g = gpus_of(b);
     colld_dcomm_t *c = k->comm;
     gpu_comm_t *gc = gpu_comm_of(b, c);
-    g->outstanding--;
-    gc->busy--;
-    if (was_running)
-        gc->running--;
     if (k->bpriv) {
         CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[k->bint].ctx);
         CU_CHECK(g->cu, cuEventDestroy, (CUevent)k->bpriv);
         k->bpriv = NULL;
     }
     k->end_ns = colld_now_ns();
+    if (cuda_plan_of_run(g, k)) { /* a replay of a captured collective: the graph waits, no completion */
+        cuda_plan_run_finished(b, k);
+        return;
+    }
+    g->outstanding--;
+    gc->busy--;
+    if (was_running)
+        gc->running--;
     pay_releases(b, c);
     /* Posts the completions; a failed op of a rank owes (or, nothing running, writes) its
      * release. May free the communicator. */
@@ -289,8 +300,8 @@ static int finish_fired(colld_backend_t *b)
 
 /* Can the collective run: are the GPUs it uses working (not faulted, being reset or given up),
  * its registrations still mapped and its ranks' flag areas registered (issue 15 F3)? NULL, or why
- * not in buf (lock held). */
-static const char *coll_unusable(colld_backend_t *b, const colld_coll_t *k, char *buf, size_t len)
+ * not in buf (lock held). A plan's run (cuda_plan.c) is checked the same way. */
+const char *cuda_coll_unusable(colld_backend_t *b, const colld_coll_t *k, char *buf, size_t len)
 {
     colld_gpus_t *g = gpus_of(b);
     unsigned long long seq = (unsigned long long)colld_coll_lead(k)->d.seq;
@@ -361,7 +372,7 @@ static bool time_out_pending(colld_backend_t *b, colld_coll_t *k, const int *mis
 int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
 {
     colld_gpus_t *g = gpus_of(b);
-    if (!g || !g->outstanding)
+    if (!g || (!g->outstanding && !g->plans))
         return 0;
     g->rounds++;
     int work = finish_fired(b);
@@ -376,12 +387,36 @@ int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
         for (colld_coll_t *e = g->pending; e != k; e = e->next)
             earlier |= e->comm == k->comm;
         char why[COLLD_DETAIL_LEN];
-        if (!earlier && coll_unusable(b, k, why, sizeof(why))) {
+        if (!earlier && cuda_coll_unusable(b, k, why, sizeof(why))) {
             /* Its GPU faulted (or its memory went with a reset): it fails, its communicator breaks
              * (the break takes it, and maybe others, off the pending list). */
             LOG_WARN(GPU, "communicator %llu: %s", (unsigned long long)k->comm->id, why);
             colld_comm_break(b->d, k->comm, COLLD_ERR_DEVICE, -1, why);
             return work + 1;
+        }
+        if (!earlier && cuda_is_plan_reg(k)) {
+            /* A captured collective's registration: its plan is installed once the collectives
+             * before it on the communicator have finished, so that its completion comes in
+             * sequence order. */
+            if (gpu_comm_of(b, k->comm)->running) {
+                prev = k;
+                k = next;
+                continue;
+            }
+            colld_err_t err = COLLD_ERR_INIT;
+            pending_unlink(g, prev, k);
+            k->start_ns = now;
+            k->status = cuda_plan_install(b, k, &err);
+            if (k->status != COLLD_OK) {
+                LOG_WARN(GPU, "communicator %llu: %s", (unsigned long long)k->comm->id, err.msg);
+                colld_comm_break(b->d, k->comm, k->status, -1, err.msg);
+                gpu_finish(b, k, false);
+                return work + 1;
+            }
+            gpu_finish(b, k, false);
+            work++;
+            k = next;
+            continue;
         }
         if (!earlier && !g->hold && all_ready(b, k, missing, 8, &nmissing)) {
             pending_unlink(g, prev, k);
@@ -400,10 +435,11 @@ int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
         prev = k;
         k = next;
     }
+    work += cuda_plan_progress(b, now, deadline);
     /* Look again soon while GPU work is outstanding: the watcher wakes the engine when something
      * can move, this is only in case it is slow to be scheduled; without it, poll. */
     uint64_t soon = now + (g->watching ? 250000000ull : 1000000ull);
-    if (g->outstanding && soon < *deadline)
+    if ((g->outstanding || g->plans) && soon < *deadline)
         *deadline = soon;
     return work;
 }
@@ -413,7 +449,7 @@ int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
 bool cuda_outstanding(const colld_backend_t *b)
 {
     const colld_gpus_t *g = gpus_of(b);
-    return g && g->outstanding > 0 && !g->watching;
+    return g && (g->outstanding > 0 || g->plans) && !g->watching;
 }
 
 /* Is c's collective k the first of c on the list that starts at `list`? */
@@ -431,7 +467,7 @@ void cuda_waiting(colld_backend_t *b, void (*fn)(void *arg, const colld_coll_t *
     if (!g || g->hold) /* held back by a reset, not by the ranks */
         return;
     for (colld_coll_t *k = g->pending; k; k = k->next) {
-        if (!first_of_comm(g->pending, k))
+        if (!first_of_comm(g->pending, k) || cuda_is_plan_reg(k)) /* a registration waits for no stream */
             continue;
         bool *arrived = calloc((size_t)k->comm->nranks, sizeof(*arrived));
         if (!arrived)
@@ -460,14 +496,26 @@ bool cuda_movable(colld_backend_t *b)
         if (CU_CHECK_EXPECT(g->cu, CUDA_ERROR_NOT_READY, cuEventQuery, (CUevent)k->bpriv) != CUDA_ERROR_NOT_READY)
             return true;
     }
-    if (g->hold)
-        return false;
+    if (cuda_plan_movable(b))
+        return true;
     for (colld_coll_t *k = g->pending; k; k = k->next) {
         int missing[1], nmissing;
-        if (first_of_comm(g->pending, k) && all_ready(b, k, missing, 1, &nmissing))
+        if (!first_of_comm(g->pending, k))
+            continue;
+        if (cuda_is_plan_reg(k) ? !gpu_comm_of(b, k->comm)->running
+                                : !g->hold && all_ready(b, k, missing, 1, &nmissing))
             return true;
     }
     return false;
+}
+
+void cuda_launch_append(colld_gpus_t *g, colld_coll_t *k)
+{
+    colld_coll_t **tail = &g->launch;
+    while (*tail)
+        tail = &(*tail)->next;
+    k->next = NULL;
+    *tail = k;
 }
 
 /* The launched list comes back (lock held): those that run wait for their event; those whose
@@ -510,6 +558,7 @@ void cuda_comm_broken(colld_daemon_t *d, colld_dcomm_t *c)
     if (!b || !gpu_comm_of(b, c))
         return; /* it never had a stream-ordered collective */
     colld_gpus_t *g = gpus_of(b);
+    cuda_plan_comm_broken(b, c); /* its plans' replays are released from now on */
     c->refs++; /* the collectives failed below may hold the last references */
     if (g) {
         colld_coll_t *prev = NULL;

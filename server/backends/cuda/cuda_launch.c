@@ -6,9 +6,12 @@
  * those GPUs reach each other's memory, the communicator's stream on each, the kernels (kernels/
  * cuda: one per GPU over its slice for all-reduce, reduce and broadcast; one per rank's piece for
  * reduce-scatter and all-gather), then the lead GPU's stream waits for the others, writes every
- * rank's `done` flag and records the event the engine polls.
+ * rank's `done` flag and records the event the engine polls. A plan's run (cuda_plan.c, a
+ * collective captured into a CUDA graph) is launched the same way; only its `done` flags are the
+ * ranks' plan lines.
  */
 #include "server/backends/cuda/cuda.h"
+#include "server/backends/cuda/cuda_plan.h"
 
 #include "common/util.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -209,11 +212,9 @@ static CUresult signal_done(colld_backend_t *b, colld_coll_t *k, const launch_pl
             return cr;
     }
     for (int r = 0; r < k->comm->nranks; r++) {
-        const colld_op_t *op = k->ops[r];
-        const gpu_session_t *gs = gpu_session_of(b, op->session);
-        CUdeviceptr f = (CUdeviceptr)(gs->dptr + (uint64_t)op->d.comm * sizeof(colld_wire_gpu_flag_t) +
-                                      offsetof(colld_wire_gpu_flag_t, done));
-        cuuint32_t value = op->d.reserved + (uint32_t)op->d.seq;
+        CUdeviceptr f;
+        cuuint32_t value;
+        cuda_done_target(b, k->ops[r], &f, &value); /* a plan's run: its plan line, 1 */
         if ((cr = CU_CHECK(cu, cuStreamWriteValue32, p->stream[lead], f, value, CU_STREAM_WRITE_VALUE_DEFAULT)) !=
             CUDA_SUCCESS)
             return cr;

@@ -254,27 +254,33 @@ void cuda_mem_release(colld_backend_t *b, colld_reg_t *r)
  * The session's flag area
  * ========================================================================================== */
 
-/* Make the session's flag area: a sealed memfd of one line per communicator handle, registered
+/* Make the session's flag area: a sealed memfd of one line per communicator handle and the plan
+ * lines of its captured collectives (--max-plans-per-session, proto/wire.h), registered
  * with CUDA as portable and device-mapped (in the home GPU's context: cuda_flags_register) so
  * that every GPU's stream can write `done` into it (lock held). Returns it, or NULL with err. */
 static gpu_session_t *flags_create(colld_gpus_t *g, colld_session_t *s, colld_err_t *err)
 {
     colld_daemon_t *d = s->daemon;
     const colld_cu_t *cu = g->cu;
-    uint64_t bytes = COLLD_WIRE_GPU_FLAGS_BYTES(d->cfg.max_comms_per_session);
+    uint32_t plans = (uint32_t)d->cfg.max_plans_per_session;
+    uint64_t bytes = COLLD_WIRE_GPU_AREA_BYTES(d->cfg.max_comms_per_session, plans);
     gpu_session_t *gs = calloc(1, sizeof(*gs));
+    struct gpu_plan_part **plan_line = calloc(plans ? plans : 1, sizeof(*plan_line));
     int fd = -1;
     void *p;
-    if (!gs || colld_shm_create("colld-gpu-flags", bytes, &fd, &p) < 0) {
+    if (!gs || !plan_line || colld_shm_create("colld-gpu-flags", bytes, &fd, &p) < 0) {
         colld_err_set(err, COLLD_ERR_SYSTEM, "cannot create the GPU flag area: %s",
-                      gs ? strerror(errno) : "out of memory");
+                      gs && plan_line ? strerror(errno) : "out of memory");
         free(gs);
+        free(plan_line);
         return NULL;
     }
     gs->flags = p;
     gs->size = bytes;
     gs->fd = fd;
     gs->lines = (uint32_t)COLLD_WIRE_GPU_LINES(d->cfg.max_comms_per_session);
+    gs->plans = plans;
+    gs->plan_line = plan_line;
     char why[sizeof(g->gpu[0].why) + 64], buf[160];
     const char *unusable = cuda_gpu_unusable(g, g->home, why, sizeof(why));
     CUresult r = unusable ? CUDA_ERROR_NOT_READY : cuda_flags_register(g, gs);
@@ -286,6 +292,7 @@ static gpu_session_t *flags_create(colld_gpus_t *g, colld_session_t *s, colld_er
                           g->home, g->gpu[g->home].name, colld_cu_describe(cu, r, buf, sizeof(buf)));
         (void)SYS_CHECK(GPU, munmap(p, bytes));
         close(fd);
+        free(gs->plan_line);
         free(gs);
         return NULL;
     }
@@ -293,7 +300,8 @@ static gpu_session_t *flags_create(colld_gpus_t *g, colld_session_t *s, colld_er
     return gs;
 }
 
-int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint32_t *lines, colld_err_t *err)
+int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint32_t *lines, uint32_t *plans,
+                   colld_err_t *err)
 {
     colld_daemon_t *d = s->daemon;
     colld_gpus_t *g = gpus_of(b);
@@ -311,6 +319,7 @@ int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint3
     int fd = dup(gs->fd);
     *size = gs->size;
     *lines = gs->lines;
+    *plans = gs->plans;
     pthread_mutex_unlock(&d->lock);
     if (fd < 0)
         colld_err_set(err, COLLD_ERR_SYSTEM, "dup: %s", strerror(errno));
@@ -334,6 +343,7 @@ void cuda_session_free(colld_backend_t *b, colld_session_t *s)
     }
     (void)SYS_CHECK(GPU, munmap(gs->flags, gs->size));
     close(gs->fd);
+    free(gs->plan_line); /* its plans held a reference on the session: none is left */
     free(gs);
     s->bslot[b->slot] = NULL;
 }

@@ -12,6 +12,9 @@
  * communicator with a launched collective, under the daemon's lock, 50 000 times a second at most
  * while GPU work is outstanding; none while there is none (it waits on a condition variable).
  *
+ * While persistent plans (collectives captured into CUDA graphs, cuda_plan.c) exist it looks too,
+ * since a graph may be replayed at any time: a plan's ready flags are read like a collective's.
+ *
  * The look happens under the daemon's lock because what it reads (the flag areas, the events,
  * the pending and running lists) lives and dies under it. The engine keeps a 250 ms look of its
  * own (cuda_progress) in case the watcher is slow to be scheduled, and falls back to polling
@@ -42,7 +45,7 @@ static void *watch_main(void *arg)
     bool woke = false;
     pthread_mutex_lock(&d->lock);
     while (!g->watch_stop) {
-        if (!g->outstanding) {
+        if (!g->outstanding && !g->plans) { /* a plan (cuda_plan.c) may be replayed at any time */
             woke = false;
             pthread_cond_wait(&g->watch_cv, &d->lock);
             continue;
