@@ -125,8 +125,10 @@ static void group_reset(bool posted)
 static colld_status_t batch_p2p(void)
 {
     size_t n = group.n, k = 0;
-    queued_t *sorted = n ? malloc(n * sizeof(*sorted)) : NULL;
-    if (n && !sorted)
+    if (n == 0)
+        return COLLD_OK;
+    queued_t *sorted = malloc(n * sizeof(*sorted));
+    if (!sorted)
         return COLLD_ERR_NO_MEMORY;
     for (int pass = 0; pass < 2; pass++)
         for (size_t i = 0; i < n; i++)
