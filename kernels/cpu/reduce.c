@@ -52,8 +52,7 @@ static int isa_usable(colld__isa_t isa)
     case COLLD__ISA_AVX512:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-               cpu_has_f16c();
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && cpu_has_f16c();
 #endif
     default:
         return 0;
@@ -87,12 +86,11 @@ static const colld__reduce_impl_t *dispatch_impl(void)
 
 /* Check the arguments and run one kernel of the given build. Nothing is touched unless every
  * argument is valid; with count == 0 or n_out == 0 nothing is read or written. */
-colld_status_t colld__reduce_with(const colld__reduce_impl_t *impl, colld_dtype_t dtype,
-                                  colld_redop_t op, const void *const *in, int n_in,
-                                  void *const *out, int n_out, size_t count)
+colld_status_t colld__reduce_with(const colld__reduce_impl_t *impl, colld_dtype_t dtype, colld_redop_t op,
+                                  const void *const *in, int n_in, void *const *out, int n_out, size_t count)
 {
-    if ((unsigned)dtype >= COLLD_DTYPE_COUNT || (unsigned)op >= COLLD_REDOP_COUNT || n_in < 1 ||
-        n_out < 0 || in == NULL || (n_out > 0 && out == NULL))
+    if ((unsigned)dtype >= COLLD_DTYPE_COUNT || (unsigned)op >= COLLD_REDOP_COUNT || n_in < 1 || n_out < 0 ||
+        in == NULL || (n_out > 0 && out == NULL))
         return COLLD_ERR_INVALID_ARGUMENT;
     if (count == 0 || n_out == 0)
         return COLLD_OK;
@@ -114,8 +112,8 @@ colld_status_t colld_cpu_reduce(colld_dtype_t dtype, colld_redop_t op, const voi
 }
 
 /* Public: reduce with the portable build (the test oracle). */
-colld_status_t colld_cpu_reduce_scalar(colld_dtype_t dtype, colld_redop_t op, const void *const *in,
-                                       int n_in, void *const *out, int n_out, size_t count)
+colld_status_t colld_cpu_reduce_scalar(colld_dtype_t dtype, colld_redop_t op, const void *const *in, int n_in,
+                                       void *const *out, int n_out, size_t count)
 {
     return colld__reduce_with(&colld__reduce_impl_scalar, dtype, op, in, n_in, out, n_out, count);
 }

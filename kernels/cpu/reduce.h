@@ -31,8 +31,8 @@ colld_status_t colld_cpu_reduce(colld_dtype_t dtype, colld_redop_t op, const voi
                                 void *const *out, int n_out, size_t count);
 
 /* The same, always the portable scalar code: the test oracle. */
-colld_status_t colld_cpu_reduce_scalar(colld_dtype_t dtype, colld_redop_t op, const void *const *in,
-                                       int n_in, void *const *out, int n_out, size_t count);
+colld_status_t colld_cpu_reduce_scalar(colld_dtype_t dtype, colld_redop_t op, const void *const *in, int n_in,
+                                       void *const *out, int n_out, size_t count);
 
 /* Divide `count` sums by `divisor` in place, exactly as the avg of colld_cpu_reduce divides its sum
  * (integers truncate toward zero; float16/bfloat16 divide in float and round once): the last step

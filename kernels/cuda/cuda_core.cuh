@@ -264,7 +264,7 @@ template <typename T_, typename A_, typename U_, typename W_, int KIND> struct c
 };
 
 /* The traits type of each dtype, named colld__cuda_t_<name>. */
-#define COLLD__CUDA_DTYPE_TRAITS(E, name, T, A, U, W, K)                                           \
+#define COLLD__CUDA_DTYPE_TRAITS(E, name, T, A, U, W, K)                                                               \
     typedef colld__cuda_dtype<T, A, U, W, COLLD__CUDA_KIND_##K> colld__cuda_t_##name;
 COLLD_REDUCE_DTYPES(COLLD__CUDA_DTYPE_TRAITS)
 #undef COLLD__CUDA_DTYPE_TRAITS

@@ -61,9 +61,9 @@ size_t colld__cuda_dtype_size(colld_dtype_t dtype);
 /* Check the arguments of colld_cuda_reduce and fill *p. Returns COLLD_OK with *work = the number of
  * work items (vectors plus single elements; 0: nothing to launch), or COLLD_ERR_INVALID_ARGUMENT
  * with the reason in colld_cuda_last_error(). */
-colld_status_t colld__cuda_reduce_plan(colld_dtype_t dtype, colld_redop_t op, const void *const *in,
-                                       int n_in, void *const *out, int n_out, size_t count,
-                                       colld__cuda_reduce_params_t *p, size_t *work);
+colld_status_t colld__cuda_reduce_plan(colld_dtype_t dtype, colld_redop_t op, const void *const *in, int n_in,
+                                       void *const *out, int n_out, size_t count, colld__cuda_reduce_params_t *p,
+                                       size_t *work);
 
 /* The same for colld_cuda_copy (outputs equal to src are left out of p->out). */
 colld_status_t colld__cuda_copy_plan(const void *src, void *const *out, int n_out, size_t bytes,
@@ -76,8 +76,7 @@ colld_status_t colld__cuda_copy_plan(const void *src, void *const *out, int n_ou
 #define COLLD__CUDA_REDUCE_KERNEL(name, opname) colld__cuda_reduce_##name##_##opname
 #define COLLD__CUDA_COPY_KERNEL(bytes) colld__cuda_copy_##bytes
 /* X(Unit, bytes): the copy units, widest first (Unit is a CUDA vector or integer type). */
-#define COLLD__CUDA_COPY_UNITS(X)                                                                  \
-    X(uint4, 16) X(uint2, 8) X(unsigned int, 4) X(unsigned short, 2) X(unsigned char, 1)
+#define COLLD__CUDA_COPY_UNITS(X) X(uint4, 16) X(uint2, 8) X(unsigned int, 4) X(unsigned short, 2) X(unsigned char, 1)
 #define COLLD__CUDA_STR_(x) #x
 #define COLLD__CUDA_STR(x) COLLD__CUDA_STR_(x)
 

@@ -29,8 +29,8 @@ typedef struct {
     int (*get)(void *dst, const void *src, size_t bytes);   /* backend -> host */
     int (*dcopy)(void *dst, const void *src, size_t bytes); /* backend -> backend */
     int (*fill)(void *dst, int byte, size_t bytes);
-    colld_status_t (*reduce)(colld_dtype_t dtype, colld_redop_t op, const void *const *in, int n_in,
-                             void *const *out, int n_out, size_t count);
+    colld_status_t (*reduce)(colld_dtype_t dtype, colld_redop_t op, const void *const *in, int n_in, void *const *out,
+                             int n_out, size_t count);
     colld_status_t (*copy)(const void *src, void *const *out, int n_out, size_t bytes);
 } kcheck_backend_t;
 

@@ -118,7 +118,7 @@ static void report_bandwidth(void)
 {
     enum { N_BUF = 4 };
     const size_t count = (size_t)16 << 20;
-    void *buf[N_BUF] = {NULL};
+    void *buf[N_BUF] = { NULL };
     int iters = 20, ok = 1;
     double t0, t1;
 
@@ -129,14 +129,13 @@ static void report_bandwidth(void)
     if (ok) {
         t0 = now();
         for (int i = 0; i < iters && ok; i++)
-            ok = colld_cuda_reduce(kernels, COLLD_FLOAT32, COLLD_SUM, (const void *const *)buf, N_BUF, buf, N_BUF, count,
-                                   stream) == COLLD_OK;
+            ok = colld_cuda_reduce(kernels, COLLD_FLOAT32, COLLD_SUM, (const void *const *)buf, N_BUF, buf, N_BUF,
+                                   count, stream) == COLLD_OK;
         ok = ok && !cuda_failed("cuStreamSynchronize", cu.cuStreamSynchronize(stream));
         t1 = now();
         if (ok)
-            printf("info: in-place float32 sum of %d x %zu MiB: %.1f us per call, %.0f GB/s (read + write)\n",
-                   N_BUF, count * 4 >> 20, (t1 - t0) / iters * 1e6,
-                   2.0 * N_BUF * (double)count * 4 * iters / (t1 - t0) / 1e9);
+            printf("info: in-place float32 sum of %d x %zu MiB: %.1f us per call, %.0f GB/s (read + write)\n", N_BUF,
+                   count * 4 >> 20, (t1 - t0) / iters * 1e6, 2.0 * N_BUF * (double)count * 4 * iters / (t1 - t0) / 1e9);
     }
     for (int r = 0; r < N_BUF; r++)
         if (buf[r])
