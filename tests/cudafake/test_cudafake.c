@@ -354,10 +354,14 @@ static void test_memory(void **state)
     assert_true(a % 256 == 0 && b % 256 == 0);
     /* Pointer attributes, at their documented widths, of an interior pointer. */
     enum { MT, BUF, ORD, IPC, START, SIZE, CTX, MANAGED, MAPPED, N };
-    CUpointer_attribute at[N] = { CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_BUFFER_ID,
-                                  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
-                                  CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                                  CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+    CUpointer_attribute at[N] = { CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                  CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                  CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                                  CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                  CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                  CU_POINTER_ATTRIBUTE_CONTEXT,
+                                  CU_POINTER_ATTRIBUTE_IS_MANAGED,
                                   CU_POINTER_ATTRIBUTE_MAPPED };
     unsigned int mt = 9;
     unsigned long long buf = 0, buf_b = 0;
@@ -505,10 +509,10 @@ static void test_memops(void **state)
     CU_OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     /* GEQ is (int32_t)(*addr - value) >= 0: cyclic. */
     wait_case(s, f, d, 5, 5, CU_STREAM_WAIT_VALUE_GEQ, true);
-    wait_case(s, f, d, 2, 0xfffffff0u, CU_STREAM_WAIT_VALUE_GEQ, true);   /* wrapped past: done */
+    wait_case(s, f, d, 2, 0xfffffff0u, CU_STREAM_WAIT_VALUE_GEQ, true);     /* wrapped past: done */
     wait_case(s, f, d, 0x80000010u, 0x10, CU_STREAM_WAIT_VALUE_GEQ, false); /* 2^31 ahead: not */
     wait_case(s, f, d, 0x7fffffffu, 0, CU_STREAM_WAIT_VALUE_GEQ, true);
-    wait_case(s, f, d, 0xfffffff0u, 5, CU_STREAM_WAIT_VALUE_GEQ, false);   /* unsigned greater, cyclically behind */
+    wait_case(s, f, d, 0xfffffff0u, 5, CU_STREAM_WAIT_VALUE_GEQ, false); /* unsigned greater, cyclically behind */
     wait_case(s, f, d, 4, 5, CU_STREAM_WAIT_VALUE_GEQ, false);
     wait_case(s, f, d, 6, 5, CU_STREAM_WAIT_VALUE_EQ, false);
     wait_case(s, f, d, 0x10, 0x11, CU_STREAM_WAIT_VALUE_AND, true);
@@ -567,8 +571,8 @@ static void test_legacy_stream(void **state)
     CU_OK(cu.cuStreamCreate(&blocking, 0));
     CU_OK(cu.cuStreamCreate(&nonblocking, CU_STREAM_NON_BLOCKING));
     CU_OK(cu.cuStreamWaitValue32(blocking, d, 1, CU_STREAM_WAIT_VALUE_EQ)); /* blocked on f[0] */
-    CU_OK(cu.cuStreamWriteValue32(NULL, d + 4, 1, 0));                       /* legacy: after it */
-    CU_OK(cu.cuStreamWriteValue32(nonblocking, d + 8, 1, 0));                /* independent */
+    CU_OK(cu.cuStreamWriteValue32(NULL, d + 4, 1, 0));                      /* legacy: after it */
+    CU_OK(cu.cuStreamWriteValue32(nonblocking, d + 8, 1, 0));               /* independent */
     CU_OK(cu.cuStreamSynchronize(nonblocking));
     assert_int_equal(f[2], 1);
     CU_OK(cu.cuStreamWriteValue32(blocking, d + 12, 1, 0)); /* blocking: after the legacy write */
@@ -831,7 +835,8 @@ static void test_launch(void **state)
     CU_IS(cu.cuStreamSynchronize(s), CUDA_ERROR_MISALIGNED_ADDRESS);
     CU_OK(cu.cuDevicePrimaryCtxReset(DEV_A)); /* frees the buffers and the stream */
     /* PTX text is read for its entries too; a module is bound to its context. */
-    static const char ptx[] = "//\n.version 8.0\n.target sm_90\n.visible .entry " COPY_UINT4 "(\n.param .u64 p)\n{\n}\n";
+    static const char ptx[] = "//\n.version 8.0\n.target sm_90\n.visible .entry " COPY_UINT4
+                              "(\n.param .u64 p)\n{\n}\n";
     CUmodule mod;
     CU_OK(cu.cuModuleLoadData(&mod, ptx));
     CU_OK(cu.cuModuleGetFunction(&fn, mod, COPY_UINT4));
@@ -928,7 +933,7 @@ static void test_vmm(void **state)
     CUmemAccessDesc iso = { .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = DEV_ISO },
                             .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
     CU_IS(cu.cuMemSetAccess(va, 3 * g, &iso, 1), CUDA_ERROR_INVALID_DEVICE); /* no path from ISO */
-    CU_OK(cu.cuMemsetD8(va + 2 * g - 8, 0x33, 16)); /* across the two mappings */
+    CU_OK(cu.cuMemsetD8(va + 2 * g - 8, 0x33, 16));                          /* across the two mappings */
     CU_OK(cu.cuMemsetD8(va, 0x44, 4096));
     CU_OK(cu.cuCtxSynchronize());
     /* Ranges and attributes: the mapping, and the reservation. */
@@ -1129,15 +1134,15 @@ static int setup(void **state)
     cu.stream_id = (colld_cudafake_stream_id_fn)dlsym(lib, "colld_cudafake_stream_id");
     if (!cu.get_proc || !cu.control || !cu.calls || !cu.stream_id)
         return -1;
-#define CF_LOOKUP(name, version)                                                                             \
-    {                                                                                                        \
-        void *fn = NULL;                                                                                     \
-        CUdriverProcAddressQueryResult q;                                                                    \
-        if (cu.get_proc(#name, &fn, version, 0, &q) != CUDA_SUCCESS || !fn) {                                \
-            print_error("the double has no %s at %d\n", #name, version);                                     \
-            return -1;                                                                                       \
-        }                                                                                                    \
-        cu.name = (PFN_##name##_v##version)fn;                                                               \
+#define CF_LOOKUP(name, version)                                                                                       \
+    {                                                                                                                  \
+        void *fn = NULL;                                                                                               \
+        CUdriverProcAddressQueryResult q;                                                                              \
+        if (cu.get_proc(#name, &fn, version, 0, &q) != CUDA_SUCCESS || !fn) {                                          \
+            print_error("the double has no %s at %d\n", #name, version);                                               \
+            return -1;                                                                                                 \
+        }                                                                                                              \
+        cu.name = (PFN_##name##_v##version)fn;                                                                         \
     }
     CF_API(CF_LOOKUP)
 #undef CF_LOOKUP
@@ -1150,8 +1155,7 @@ static int setup(void **state)
 static int faults_reset(void **state)
 {
     (void)state;
-    return cu.control && (cu.control("release:*") != 0 || cu.control("release:hold") != 0 ||
-                          cu.control("clear") != 0)
+    return cu.control && (cu.control("release:*") != 0 || cu.control("release:hold") != 0 || cu.control("clear") != 0)
                ? -1
                : 0;
 }
