@@ -78,17 +78,21 @@ static int overlap_partially(const void *x, const void *y, size_t bytes)
 }
 
 /* See cuda_plan.h. */
-colld_status_t colld__cuda_reduce_plan(colld_dtype_t dtype, colld_redop_t op, const void *const *in, int n_in,
-                                       void *const *out, int n_out, size_t count, colld__cuda_reduce_params_t *p,
-                                       size_t *work)
+colld_status_t colld__cuda_reduce_plan(colld_dtype_t dtype, int op, const uint64_t *scalars, const void *const *in,
+                                       int n_in, void *const *out, int n_out, size_t count,
+                                       colld__cuda_reduce_params_t *p, size_t *work)
 {
-    static const char fn[] = "colld_cuda_reduce";
+    const char *fn = op == COLLD__REDOP_PREMUL_SUM ? "colld_cuda_reduce_premul" : "colld_cuda_reduce";
     size_t es, bytes, v, mis;
     int vec = 1;
 
     *work = 0;
-    if ((unsigned)dtype >= COLLD_DTYPE_COUNT || (unsigned)op >= COLLD_REDOP_COUNT) {
-        colld__cuda_set_error("%s: unknown dtype %d or op %d", fn, (int)dtype, (int)op);
+    if ((unsigned)dtype >= COLLD_DTYPE_COUNT || (unsigned)op >= COLLD__REDOPS) {
+        colld__cuda_set_error("%s: unknown dtype %d or op %d", fn, (int)dtype, op);
+        return COLLD_ERR_INVALID_ARGUMENT;
+    }
+    if (op == COLLD__REDOP_PREMUL_SUM && scalars == NULL) {
+        colld__cuda_set_error("%s: the array of scalars is NULL", fn);
         return COLLD_ERR_INVALID_ARGUMENT;
     }
     if (n_in < 1 || n_in > COLLD_CUDA_MAX_RANKS || n_out < 0 || n_out > COLLD_CUDA_MAX_RANKS) {
@@ -137,6 +141,8 @@ colld_status_t colld__cuda_reduce_plan(colld_dtype_t dtype, colld_redop_t op, co
     memset(p, 0, sizeof *p);
     memcpy(p->in, in, (size_t)n_in * sizeof in[0]);
     memcpy(p->out, out, (size_t)n_out * sizeof out[0]);
+    if (op == COLLD__REDOP_PREMUL_SUM)
+        memcpy(p->scalar, scalars, (size_t)n_in * sizeof scalars[0]);
     p->n_in = n_in;
     p->n_out = n_out;
     p->count = count;

@@ -1,7 +1,8 @@
 /*
  * kernel_check.c - the check matrix of the CUDA kernels (see kernel_check.h).
  *
- * Reduce: every dtype x op, n_in in {1, 2, 3, 4, 8}, counts {0, 1, 7, 8, 1001, big}, three layouts
+ * Reduce: every dtype x op (the premultiplied sum included, with a different scalar per input),
+ * n_in in {1, 2, 3, 4, 8}, counts {0, 1, 7, 8, 1001, big}, three layouts
  * (every pointer 16-byte aligned; every pointer one element past that, so the head and tail are done
  * one element at a time; inputs and outputs at different offsets modulo 16, so nothing is
  * vectorised), each out of place into three outputs and in place (every input is also its rank's
@@ -44,7 +45,7 @@ typedef struct {
 
 static const colld_dtype_t all_dtypes[] = { COLLD_INT8,   COLLD_UINT8,   COLLD_INT32,    COLLD_UINT32,  COLLD_INT64,
                                             COLLD_UINT64, COLLD_FLOAT16, COLLD_BFLOAT16, COLLD_FLOAT32, COLLD_FLOAT64 };
-static const colld_redop_t all_ops[] = { COLLD_SUM, COLLD_PROD, COLLD_MIN, COLLD_MAX, COLLD_AVG };
+static const int all_ops[] = { COLLD_SUM, COLLD_PROD, COLLD_MIN, COLLD_MAX, COLLD_AVG, KCHECK_PREMUL_SUM };
 
 /* See kernel_check.h. */
 const char *kcheck_dtype_name(colld_dtype_t dt)
@@ -55,10 +56,26 @@ const char *kcheck_dtype_name(colld_dtype_t dt)
 }
 
 /* See kernel_check.h. */
-const char *kcheck_op_name(colld_redop_t op)
+const char *kcheck_op_name(int op)
 {
-    static const char *const names[] = { "sum", "prod", "min", "max", "avg" };
-    return (unsigned)op < COLLD_REDOP_COUNT ? names[op] : "?";
+    static const char *const names[] = { "sum", "prod", "min", "max", "avg", "premul_sum" };
+    return (unsigned)op <= KCHECK_PREMUL_SUM ? names[op] : "?";
+}
+
+/* The scalar words of the premultiplied sum for inputs 0..MAX_IN-1 of a dtype (salt 11). */
+static void premul_scalars(colld_dtype_t dt, uint64_t *s)
+{
+    for (int r = 0; r < MAX_IN; r++)
+        s[r] = colld_cpu_pattern_scalar(dt, r, 11u, false);
+}
+
+/* The oracle: the scalar CPU build of op (scalars for the premultiplied sum). */
+static colld_status_t oracle(colld_dtype_t dt, int op, const uint64_t *scalars, const void *const *in, int n_in,
+                             void *const *out, size_t count)
+{
+    if (op == KCHECK_PREMUL_SUM)
+        return colld_cpu_reduce_premul_scalar(dt, scalars, in, n_in, out, 1, count);
+    return colld_cpu_reduce_scalar(dt, (colld_redop_t)op, in, n_in, out, 1, count);
 }
 
 /* Bytes of one element. */
@@ -187,7 +204,8 @@ static size_t out_off(int layout, int o)
 }
 
 /* One reduce case out of place: inputs from the masters, N_OUT outputs. */
-static void reduce_out_of_place(ctx_t *c, colld_dtype_t dt, colld_redop_t op, int n_in, size_t count, int layout)
+static void reduce_out_of_place(ctx_t *c, colld_dtype_t dt, int op, const uint64_t *scalars, int n_in, size_t count,
+                                int layout)
 {
     size_t es = esize(dt);
     const void *in[MAX_IN];
@@ -207,7 +225,7 @@ static void reduce_out_of_place(ctx_t *c, colld_dtype_t dt, colld_redop_t op, in
             return;
         }
     }
-    st = c->b->reduce(dt, op, in, n_in, out, N_OUT, count);
+    st = c->b->reduce(dt, op, scalars, in, n_in, out, N_OUT, count);
     if (st != COLLD_OK) {
         fail(c, "%s: %s", what, colld_status_name(st));
         return;
@@ -221,7 +239,8 @@ static void reduce_out_of_place(ctx_t *c, colld_dtype_t dt, colld_redop_t op, in
 }
 
 /* One reduce case in place: every input is a scratch copy of its master and also an output. */
-static void reduce_in_place(ctx_t *c, colld_dtype_t dt, colld_redop_t op, int n_in, size_t count, int layout)
+static void reduce_in_place(ctx_t *c, colld_dtype_t dt, int op, const uint64_t *scalars, int n_in, size_t count,
+                            int layout)
 {
     size_t es = esize(dt);
     void *buf[MAX_IN];
@@ -240,7 +259,7 @@ static void reduce_in_place(ctx_t *c, colld_dtype_t dt, colld_redop_t op, int n_
             return;
         }
     }
-    st = c->b->reduce(dt, op, (const void *const *)buf, n_in, buf, n_in, count);
+    st = c->b->reduce(dt, op, scalars, (const void *const *)buf, n_in, buf, n_in, count);
     if (st != COLLD_OK) {
         fail(c, "%s: %s", what, colld_status_name(st));
         return;
@@ -261,7 +280,9 @@ static void reduce_matrix(ctx_t *c, colld_dtype_t dt)
     size_t es = esize(dt), big = c->b->big_count;
     const void *hin[MAX_IN];
     void *want[1] = { c->want };
+    uint64_t scalars[MAX_IN];
 
+    premul_scalars(dt, scalars);
     /* Inputs: on the host, and in the masters at both offsets (poison around them). */
     for (int r = 0; r < MAX_IN; r++) {
         colld_cpu_pattern(dt, r, 7u, 0, big, c->host_in[r]);
@@ -278,17 +299,18 @@ static void reduce_matrix(ctx_t *c, colld_dtype_t dt)
     for (size_t oi = 0; oi < sizeof all_ops / sizeof all_ops[0]; oi++)
         for (size_t ni = 0; ni < sizeof n_ins / sizeof n_ins[0]; ni++)
             for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
-                colld_redop_t op = all_ops[oi];
+                int op = all_ops[oi];
                 int n_in = n_ins[ni];
                 size_t count = counts[ci];
+                const uint64_t *sc = op == KCHECK_PREMUL_SUM ? scalars : NULL;
 
-                if (count > 0 && colld_cpu_reduce_scalar(dt, op, hin, n_in, want, 1, count) != COLLD_OK) {
+                if (count > 0 && oracle(dt, op, sc, hin, n_in, want, count) != COLLD_OK) {
                     fail(c, "reduce %s %s: the CPU oracle failed", kcheck_dtype_name(dt), kcheck_op_name(op));
                     continue;
                 }
                 for (int layout = 0; layout < LAYOUT_COUNT; layout++) {
-                    reduce_out_of_place(c, dt, op, n_in, count, layout);
-                    reduce_in_place(c, dt, op, n_in, count, layout);
+                    reduce_out_of_place(c, dt, op, sc, n_in, count, layout);
+                    reduce_in_place(c, dt, op, sc, n_in, count, layout);
                 }
             }
 
@@ -399,20 +421,33 @@ static size_t special_inputs(ctx_t *c, colld_dtype_t dt)
     return n * n;
 }
 
-/* Special values of one dtype: every op with n_in 1, 2, 3, out of place (two outputs) and in place. */
+/* Special values of one dtype: every op with n_in 1, 2, 3, out of place (two outputs) and in place.
+ * The premultiplied sum takes the special values as inputs and as scalars (input r's scalar is
+ * the r-th special value after a shift, so zeros, infinities and NaNs meet every input). */
 static void reduce_specials(ctx_t *c, colld_dtype_t dt)
 {
     size_t es = esize(dt), count = special_inputs(c, dt);
     const void *hin[3] = { c->host_in[0], c->host_in[1], c->host_in[2] };
     void *want[1] = { c->want };
+    uint64_t v[32], scalars[3] = { 0, 0, 0 };
+    size_t nv = specials(dt, v);
+
+    for (int r = 0; r < 3; r++) {
+        if (nv) /* integers, float32, float64: special values as scalars */
+            scalars[r] = v[(size_t)(3 * r + 4) % nv];
+        else /* float16, bfloat16: every bit pattern is an input already; ordinary scalars */
+            scalars[r] = colld_cpu_pattern_scalar(dt, r, 5u, false);
+    }
 
     for (size_t oi = 0; oi < sizeof all_ops / sizeof all_ops[0]; oi++)
         for (int n_in = 1; n_in <= 3; n_in++)
             for (int in_place = 0; in_place < 2; in_place++) {
-                colld_redop_t op = all_ops[oi];
+                int op = all_ops[oi];
+                const uint64_t *sc = op == KCHECK_PREMUL_SUM ? scalars : NULL;
                 /* A NaN made by arithmetic may have another payload on the GPU (see cuda_kernels.h);
                  * min/max only select, and a single input is only converted: those are exact. */
-                int nan_any = (op == COLLD_SUM || op == COLLD_PROD) ? n_in > 1 : op == COLLD_AVG;
+                int nan_any = (op == COLLD_SUM || op == COLLD_PROD) ? n_in > 1
+                                                                    : op == COLLD_AVG || op == KCHECK_PREMUL_SUM;
                 void *in[3], *out[3];
                 int n_out = in_place ? n_in : 2;
                 char what[160];
@@ -421,7 +456,7 @@ static void reduce_specials(ctx_t *c, colld_dtype_t dt)
                 snprintf(what, sizeof what, "reduce %s %s n_in=%d special values %s", kcheck_dtype_name(dt),
                          kcheck_op_name(op), n_in, in_place ? "in-place" : "out-of-place");
                 c->cases++;
-                if (colld_cpu_reduce_scalar(dt, op, hin, n_in, want, 1, count) != COLLD_OK) {
+                if (oracle(dt, op, sc, hin, n_in, want, count) != COLLD_OK) {
                     fail(c, "%s: the CPU oracle failed", what);
                     continue;
                 }
@@ -439,7 +474,7 @@ static void reduce_specials(ctx_t *c, colld_dtype_t dt)
                         return;
                     }
                 }
-                st = c->b->reduce(dt, op, (const void *const *)in, n_in, out, n_out, count);
+                st = c->b->reduce(dt, op, sc, (const void *const *)in, n_in, out, n_out, count);
                 if (st != COLLD_OK) {
                     fail(c, "%s: %s", what, colld_status_name(st));
                     continue;

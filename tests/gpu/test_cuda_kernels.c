@@ -92,10 +92,14 @@ static colld_status_t finish(const char *what, colld_status_t st)
     return cuda_failed(what, cu.cuStreamSynchronize(stream)) ? COLLD_ERR_DEVICE : COLLD_OK;
 }
 
-static colld_status_t gpu_reduce(colld_dtype_t dtype, colld_redop_t op, const void *const *in, int n_in,
+static colld_status_t gpu_reduce(colld_dtype_t dtype, int op, const uint64_t *scalars, const void *const *in, int n_in,
                                  void *const *out, int n_out, size_t count)
 {
-    return finish("colld_cuda_reduce", colld_cuda_reduce(kernels, dtype, op, in, n_in, out, n_out, count, stream));
+    if (op == KCHECK_PREMUL_SUM)
+        return finish("colld_cuda_reduce_premul",
+                      colld_cuda_reduce_premul(kernels, dtype, scalars, in, n_in, out, n_out, count, stream));
+    return finish("colld_cuda_reduce",
+                  colld_cuda_reduce(kernels, dtype, (colld_redop_t)op, in, n_in, out, n_out, count, stream));
 }
 
 static colld_status_t gpu_copy(const void *src, void *const *out, int n_out, size_t bytes)
@@ -125,7 +129,7 @@ static void report_bandwidth(void)
     for (int r = 0; r < N_BUF && ok; r++)
         ok = (buf[r] = gpu_alloc(count * 4)) != NULL && !gpu_fill(buf[r], 0, count * 4);
     if (ok)
-        ok = gpu_reduce(COLLD_FLOAT32, COLLD_SUM, (const void *const *)buf, N_BUF, buf, N_BUF, count) == COLLD_OK;
+        ok = gpu_reduce(COLLD_FLOAT32, COLLD_SUM, NULL, (const void *const *)buf, N_BUF, buf, N_BUF, count) == COLLD_OK;
     if (ok) {
         t0 = now();
         for (int i = 0; i < iters && ok; i++)
