@@ -56,8 +56,8 @@ typedef struct colld_stage colld_stage_t;
 /* A posted collective with staged buffers: what to copy out on completion, what to release. */
 typedef struct colld_pending {
     uint64_t seq;
-    void *user;           /* the caller's receive buffer, NULL if nothing to copy out */
-    const char *from;     /* its staged copy */
+    void *user;       /* the caller's receive buffer, NULL if nothing to copy out */
+    const char *from; /* its staged copy */
     size_t bytes;
     colld_stage_t *stage[2];
     struct colld_pending *next;
@@ -82,8 +82,8 @@ struct colld_client {
     int efd;
 
     pthread_mutex_t mu;
-    uint64_t sq_head; /* our copy */
-    uint64_t cq_tail; /* our copy */
+    uint64_t sq_head;     /* our copy */
+    uint64_t cq_tail;     /* our copy */
     colld_comm_t **comms; /* by daemon handle */
     uint32_t ncomms_slots;
     colld_client_reg_t *regs;
@@ -99,7 +99,7 @@ struct colld_client {
     int wake_pipe[2];
     colld_rpc_channel_t *rpc;
 
-    colld_gpu_t *gpu; /* created at connect, never NULL afterwards */
+    colld_gpu_t *gpu;                         /* created at connect, never NULL afterwards */
     char last_error[COLLD_CLIENT_DETAIL_LEN]; /* colld_last_error (mu) */
 
     /* Fork safety (client.c): the process that connected, and the list of this process's
@@ -140,7 +140,7 @@ struct colld_comm {
      * another communicator's. */
     uint64_t done_upto;
     uint64_t failed_seq;
-    colld_status_t async_error;  /* first error of this communicator; sticky */
+    colld_status_t async_error; /* first error of this communicator; sticky */
     bool detail_fetched;
     char last_error[COLLD_CLIENT_DETAIL_LEN];
     colld_pending_t *pending; /* staged collectives in flight, in sequence order (mu) */
@@ -176,8 +176,8 @@ colld_status_t colld__connect_role(const char *socket_path, int role, colld_clie
 
 /* conn.c */
 colld_status_t colld__client_rpc(colld_client_t *c, const char *method, const ProtobufCMessage *req,
-                                 const ProtobufCMessageDescriptor *resp_desc, int timeout_ms,
-                                 ProtobufCMessage **resp, char *detail, size_t detail_len);
+                                 const ProtobufCMessageDescriptor *resp_desc, int timeout_ms, ProtobufCMessage **resp,
+                                 char *detail, size_t detail_len);
 /* Fill a SessionRef of a request (points into c; valid while c lives). */
 void colld__client_session_ref(colld_client_t *c, void *ref);
 /* One request/reply exchange on the session socket, receiving up to nfds_out fds. */
@@ -204,8 +204,8 @@ colld_status_t colld__client_error(colld_client_t *c, colld_status_t st, const c
 
 /* Look up both buffers of a collective in the host registrations under one lock: *ls / *lr as
  * colld__client_lookup (0 also for an unused buffer, 0 bytes), *wsend / *wrecv filled when found. */
-void colld__client_lookup2(colld_client_t *c, const void *send, size_t send_bytes, const void *recv,
-                           size_t recv_bytes, colld_wire_buf_t *wsend, colld_wire_buf_t *wrecv, int *ls, int *lr);
+void colld__client_lookup2(colld_client_t *c, const void *send, size_t send_bytes, const void *recv, size_t recv_bytes,
+                           colld_wire_buf_t *wsend, colld_wire_buf_t *wrecv, int *ls, int *lr);
 
 /* rings.c */
 /* Post descriptors in order (waits for ring space; one wake-up per batch that fits). */
@@ -258,11 +258,11 @@ void colld__engine_discard(colld_comm_t *comm, colld_pending_t *pending);
 colld_status_t colld__stage(colld_comm_t *comm, const void *send, size_t send_bytes, void *recv, size_t recv_bytes,
                             int ls, int lr, colld_wire_buf_t *wsend, colld_wire_buf_t *wrecv, colld_pending_t **pending,
                             colld_err_t *err);
-void colld__pending_attach(colld_comm_t *comm, colld_pending_t *p, uint64_t seq); /* mu held */
-void colld__pending_detach(colld_comm_t *comm, colld_pending_t *p);               /* mu held */
-void colld__pending_release(colld_client_t *c, colld_pending_t *p);               /* mu held */
+void colld__pending_attach(colld_comm_t *comm, colld_pending_t *p, uint64_t seq);                     /* mu held */
+void colld__pending_detach(colld_comm_t *comm, colld_pending_t *p);                                   /* mu held */
+void colld__pending_release(colld_client_t *c, colld_pending_t *p);                                   /* mu held */
 void colld__pending_complete(colld_client_t *c, colld_comm_t *comm, uint64_t seq, colld_status_t st); /* mu */
-void colld__pending_drop_all(colld_client_t *c, colld_comm_t *comm);              /* mu held */
+void colld__pending_drop_all(colld_client_t *c, colld_comm_t *comm);                                  /* mu held */
 void colld__stage_trim(colld_client_t *c);
 void colld__stage_free_all(colld_client_t *c);
 

@@ -60,8 +60,8 @@ colld_status_t colld_get_unique_id(colld_client_t *c, colld_unique_id_t *id)
     return COLLD_OK;
 }
 
-colld_status_t colld_comm_init_rank(colld_client_t *c, colld_comm_t **comm, int nranks, colld_unique_id_t id,
-                                    int rank, const colld_comm_config_t *cfg)
+colld_status_t colld_comm_init_rank(colld_client_t *c, colld_comm_t **comm, int nranks, colld_unique_id_t id, int rank,
+                                    const colld_comm_config_t *cfg)
 {
     if (!c || !comm)
         return COLLD_ERR_INVALID_ARGUMENT;
@@ -158,10 +158,9 @@ colld_status_t colld_comm_destroy(colld_comm_t *comm)
         req.handle = comm->handle;
         Colld__V1__CommDestroyResponse *resp = NULL;
         char detail[256] = "";
-        colld_status_t st = colld__client_rpc(c, "/colld.v1.Colld/CommDestroy", &req.base,
-                                              &colld__v1__comm_destroy_response__descriptor,
-                                              COLLD_CLIENT_RPC_TIMEOUT_MS, (ProtobufCMessage **)&resp, detail,
-                                              sizeof(detail));
+        colld_status_t st = colld__client_rpc(
+            c, "/colld.v1.Colld/CommDestroy", &req.base, &colld__v1__comm_destroy_response__descriptor,
+            COLLD_CLIENT_RPC_TIMEOUT_MS, (ProtobufCMessage **)&resp, detail, sizeof(detail));
         if (resp)
             protobuf_c_message_free_unpacked(&resp->base, NULL);
         if (st != COLLD_OK && st != COLLD_ERR_DAEMON_LOST)
@@ -185,8 +184,7 @@ colld_status_t colld_comm_abort(colld_comm_t *comm)
     colld_client_t *c = comm->client;
     /* This handle fails fast from now on, whatever the daemon answers (the first error stays). */
     colld_status_t ok = COLLD_OK;
-    __atomic_compare_exchange_n(&comm->async_error, &ok, COLLD_ERR_ABORTED, false, __ATOMIC_RELAXED,
-                                __ATOMIC_RELAXED);
+    __atomic_compare_exchange_n(&comm->async_error, &ok, COLLD_ERR_ABORTED, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
     if (atomic_load(&c->lost))
         return COLLD_OK; /* no daemon, no peers to tell: every rank already sees DAEMON_LOST */
     Colld__V1__CommAbortRequest req = COLLD__V1__COMM_ABORT_REQUEST__INIT;

@@ -31,11 +31,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define SPIN_MAX_NS 50000ull     /* longest busy-wait before yielding the CPU */
+#define SPIN_MAX_NS 50000ull /* longest busy-wait before yielding the CPU */
 #define SPIN_START_NS 20000ull
-#define YIELD_NS 200000ull       /* then yield this long before sleeping */
+#define YIELD_NS 200000ull         /* then yield this long before sleeping */
 #define SLEEP_SLICE_NS 10000000ull /* a sleeper re-checks at least this often */
-#define LOCAL_GRACE_MS 2000      /* the daemon's time-out is the rule; this is the last resort */
+#define LOCAL_GRACE_MS 2000        /* the daemon's time-out is the rule; this is the last resort */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -210,8 +210,15 @@ colld_status_t colld__fast_post(colld_comm_t *comm, colld_kind_t kind, const voi
     __atomic_add_fetch(&comm->fast->gen, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&comm->fast->sleepers, __ATOMIC_SEQ_CST))
         colld_futex_wake_all(&comm->fast->gen);
-    comm->fop = (colld_fast_op_t){ .active = true, .seq = seq, .kind = (uint8_t)kind, .dtype = (uint8_t)dtype,
-                                   .redop = redop, .root = root, .count = count, .recv = recv, .arrival_ns = now };
+    comm->fop = (colld_fast_op_t){ .active = true,
+                                   .seq = seq,
+                                   .kind = (uint8_t)kind,
+                                   .dtype = (uint8_t)dtype,
+                                   .redop = redop,
+                                   .root = root,
+                                   .count = count,
+                                   .recv = recv,
+                                   .arrival_ns = now };
     return COLLD_OK;
 }
 
@@ -307,8 +314,7 @@ static colld_status_t fail(colld_comm_t *comm, colld_status_t st, const char *de
         colld__seq_lower(&comm->failed_seq, comm->fop.seq);
     comm->fop.active = false;
     colld_status_t ok = COLLD_OK;
-    if (__atomic_compare_exchange_n(&comm->async_error, &ok, st, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED) &&
-        detail) {
+    if (__atomic_compare_exchange_n(&comm->async_error, &ok, st, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED) && detail) {
         snprintf(comm->last_error, sizeof(comm->last_error), "%s: %.440s", colld_status_name(st), detail);
         comm->detail_fetched = true;
     }

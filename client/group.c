@@ -92,8 +92,9 @@ colld_status_t colld__group_queue_fast(colld_comm_t *comm, colld_kind_t kind, co
 {
     if (!group_grow())
         return COLLD_ERR_NO_MEMORY;
-    queued_t q = { .comm = comm, .fast = true, .send = send, .recv = recv, .send_bytes = send_bytes,
-                   .recv_bytes = recv_bytes };
+    queued_t q = {
+        .comm = comm, .fast = true, .send = send, .recv = recv, .send_bytes = send_bytes, .recv_bytes = recv_bytes
+    };
     q.sqe.kind = (uint8_t)kind;
     q.sqe.dtype = (uint8_t)dtype;
     q.sqe.redop = (uint8_t)op;

@@ -454,8 +454,8 @@ static void xcoll_start(xcoll_t *xc)
     xc->nodes = calloc((size_t)x->nnodes, sizeof(*xc->nodes));
     for (int i = 0; xc->nodes && i < x->nnodes; i++)
         xc->nodes[i] = (xnode_t){ .xc = xc, .node = i };
-    bool small = bytes <= x->chunk_bytes && (x->algo == COLLD_NET_ALGO_RD ||
-                                             (x->algo == COLLD_NET_ALGO_AUTO && bytes <= x->small_bytes));
+    bool small = bytes <= x->chunk_bytes &&
+                 (x->algo == COLLD_NET_ALGO_RD || (x->algo == COLLD_NET_ALGO_AUTO && bytes <= x->small_bytes));
     xc->rd = (xc->sig.kind == COLLD_KIND_ALLREDUCE || xc->sig.kind == COLLD_KIND_REDUCE) && small;
     if (!xc->nodes || colld_xring_layout(xc) < 0) {
         xcoll_fail(xc, COLLD_ERR_NO_MEMORY, "daemon out of memory", true);
@@ -699,15 +699,14 @@ static void describe_wait(const xcoll_t *xc, uint64_t now, char *buf, size_t len
     for (int n = 0; n < k; n++)
         if (n != j && xc->nodes[n].inflight > 0 &&
             now - xc->nodes[n].moved_ns >= (uint64_t)xc->c->timeout_ms * 1000000ull) {
-            appendf(buf, len, off, " node %s (%s) took none of this node's data for %llu ms",
-                             x->node_name[n], x->node_addr[n],
-                             (unsigned long long)((now - xc->nodes[n].moved_ns) / 1000000ull));
+            appendf(buf, len, off, " node %s (%s) took none of this node's data for %llu ms", x->node_name[n],
+                    x->node_addr[n], (unsigned long long)((now - xc->nodes[n].moved_ns) / 1000000ull));
             append_ranks(xc, n, buf, len, off);
             return;
         }
     if (xc->stage != STAGE_NET) {
         appendf(buf, len, off, " the local %s stage on node %s did not advance",
-                         xc->stage == STAGE_IN ? "input" : "copy-out", x->node_name[j]);
+                xc->stage == STAGE_IN ? "input" : "copy-out", x->node_name[j]);
         return;
     }
     if (xc->rd)
@@ -715,12 +714,11 @@ static void describe_wait(const xcoll_t *xc, uint64_t now, char *buf, size_t len
     else
         colld_xring_waiting(xc, &phase, &step, &from);
     if (from < 0 || from == j) {
-        appendf(buf, len, off, " the sends of node %s did not finish",
-                         x->node_name[j]);
+        appendf(buf, len, off, " the sends of node %s did not finish", x->node_name[j]);
         return;
     }
-    appendf(buf, len, off, " node %s (%s) did not send its %s step %d data",
-                     x->node_name[from], x->node_addr[from], xphase_name(phase), step);
+    appendf(buf, len, off, " node %s (%s) did not send its %s step %d data", x->node_name[from], x->node_addr[from],
+            xphase_name(phase), step);
     append_ranks(xc, from, buf, len, off);
 }
 
@@ -744,8 +742,9 @@ static void check_deadlines(xcoll_t *xc, uint64_t now)
         xcoll_fail(xc, COLLD_ERR_TIMEOUT, why, true);
     } else if (!xc->failed && xc->nready == xc->x->nnodes - 1 && now >= xc->progress_ns + t_ns) {
         describe_sig(sig, sizeof(sig), &xc->sig);
-        off = snprintf(why, sizeof(why), "collective #%llu %s made no progress for %d ms:",
-                       (unsigned long long)xc->sig.seq, sig, xc->c->timeout_ms);
+        off = snprintf(why, sizeof(why),
+                       "collective #%llu %s made no progress for %d ms:", (unsigned long long)xc->sig.seq, sig,
+                       xc->c->timeout_ms);
         describe_wait(xc, now, why, sizeof(why), &off);
         detail_repair(why, sizeof(why));
         xcoll_fail(xc, COLLD_ERR_TIMEOUT, why, true);
@@ -762,7 +761,7 @@ static void check_deadlines(xcoll_t *xc, uint64_t now)
                  (unsigned long long)((now - xn->moved_ns) / 1000000ull));
         LOG_WARN(NET, "communicator %llu: %s: dropping its link", (unsigned long long)xc->c->id, why);
         colld_net_peer_drop(xc->x->peers[n], why); /* its sends end with done(ok = false) */
-        xn->moved_ns = now; /* once per drain period */
+        xn->moved_ns = now;                        /* once per drain period */
     }
 }
 

@@ -142,8 +142,8 @@ static colld_status_t launch_sliced(const colld_gpus_t *g, const colld_coll_t *k
                 out[nout++] = (char *)k->ops[r]->recv_ptr + off;
         }
         if (a->kind == COLLD_KIND_BROADCAST)
-            st = colld_cuda_copy(g->kernels, (const char *)k->ops[a->root]->send_ptr + off, out, nout, (size_t)(hi - lo) * es,
-                                 p->stream[i]);
+            st = colld_cuda_copy(g->kernels, (const char *)k->ops[a->root]->send_ptr + off, out, nout,
+                                 (size_t)(hi - lo) * es, p->stream[i]);
         else
             st = colld_cuda_reduce(g->kernels, (colld_dtype_t)a->dtype, (colld_redop_t)a->redop, in, n, out, nout,
                                    (size_t)(hi - lo), p->stream[i]);
@@ -172,8 +172,7 @@ static colld_status_t launch_pieces(const colld_gpus_t *g, const colld_coll_t *k
                 in[r] = (const char *)k->ops[r]->send_ptr + off;
             out[0] = k->ops[q]->recv_ptr;
             st = colld_cuda_reduce(g->kernels, (colld_dtype_t)a->dtype, (colld_redop_t)a->redop, in, n, out, 1,
-                                   (size_t)count,
-                                   p->stream[gi]);
+                                   (size_t)count, p->stream[gi]);
         } else {
             for (int r = 0; r < n; r++)
                 out[r] = (char *)k->ops[r]->recv_ptr + off;
@@ -277,14 +276,14 @@ static colld_status_t launch_one(colld_backend_t *b, colld_coll_t *k, colld_err_
         st = COLLD_ERR_INVALID_ARGUMENT;
     }
     if (st != COLLD_OK) {
-        colld_err_set(err, st, "collective #%llu: the GPU kernel could not be launched: %s",
-                      (unsigned long long)a->seq, colld_cuda_last_error());
+        colld_err_set(err, st, "collective #%llu: the GPU kernel could not be launched: %s", (unsigned long long)a->seq,
+                      colld_cuda_last_error());
         drain_streams(g, &p);
         return st;
     }
     if ((cr = signal_done(b, k, &p)) == CUDA_SUCCESS)
         return COLLD_OK;
-cuda_failed: {
+cuda_failed : {
     /* The context the refused call was made in names the GPU; a sticky error there has it reset. */
     CUcontext cur = NULL;
     int gi = -1;

@@ -33,7 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHUNK_BYTES (256u * 1024u)     /* per task, per rank */
+#define CHUNK_BYTES (256u * 1024u) /* per task, per rank */
 
 /* One collective over mapped buffers, as the pool runs it. */
 typedef struct {
@@ -42,10 +42,10 @@ typedef struct {
     colld_redop_t op;
     int root;
     uint64_t count;
-    int n;                /* ranks */
-    const void **in;      /* [n] */
-    void **out;           /* [n] */
-    uint64_t *first_bad;  /* --nan-check: [n] lowest index of a NaN or infinity in each rank's
+    int n;               /* ranks */
+    const void **in;     /* [n] */
+    void **out;          /* [n] */
+    uint64_t *first_bad; /* --nan-check: [n] lowest index of a NaN or infinity in each rank's
                              input (UINT64_MAX: none), atomic; NULL: no check */
 } colld_host_job_t;
 
@@ -58,15 +58,15 @@ struct colld_host_pool {
     pthread_mutex_t mu;
     pthread_cond_t work_cv, done_cv;
     bool stop;
-    uint64_t generation;       /* bumped per job so workers notice a new one */
+    uint64_t generation; /* bumped per job so workers notice a new one */
     const colld_host_job_t *job;
     uint64_t chunk_elems;
     uint64_t chunks_per_seg;
     uint64_t nchunks;
     atomic_uint_fast64_t next_chunk;
     atomic_uint_fast64_t chunks_done;
-    atomic_int failed;          /* first error status, 0 if none */
-    int busy;                   /* workers inside the current job */
+    atomic_int failed; /* first error status, 0 if none */
+    int busy;          /* workers inside the current job */
 };
 
 /* Copy len bytes to every destination that is not the source itself (in-place). memmove: one
@@ -127,8 +127,8 @@ static colld_status_t run_range(const colld_host_job_t *job, uint64_t seg, uint6
         copy_to_all((const char *)job->in[job->root] + first * es, (char *const *)job->out, n, first * es, len * es);
         return COLLD_OK;
     case COLLD_KIND_ALLGATHER:
-        copy_to_all((const char *)job->in[seg] + first * es, (char *const *)job->out, n, (seg * job->count + first) * es,
-                    len * es);
+        copy_to_all((const char *)job->in[seg] + first * es, (char *const *)job->out, n,
+                    (seg * job->count + first) * es, len * es);
         return COLLD_OK;
     case COLLD_KIND_GATHER:
         copy_to_all((const char *)job->in[seg] + first * es, (char *const *)&job->out[job->root], 1,
