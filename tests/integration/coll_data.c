@@ -174,12 +174,24 @@ bool coll_untouched(const unsigned char *p, size_t len)
 void coll_fmt_elem(colld_dtype_t dt, const void *p, char *buf, size_t len)
 {
     switch (dt) {
-    case COLLD_INT8: snprintf(buf, len, "%d", *(const int8_t *)p); break;
-    case COLLD_UINT8: snprintf(buf, len, "%u", *(const uint8_t *)p); break;
-    case COLLD_INT32: snprintf(buf, len, "%" PRId32, *(const int32_t *)p); break;
-    case COLLD_UINT32: snprintf(buf, len, "%" PRIu32, *(const uint32_t *)p); break;
-    case COLLD_INT64: snprintf(buf, len, "%" PRId64, *(const int64_t *)p); break;
-    case COLLD_UINT64: snprintf(buf, len, "%" PRIu64, *(const uint64_t *)p); break;
+    case COLLD_INT8:
+        snprintf(buf, len, "%d", *(const int8_t *)p);
+        break;
+    case COLLD_UINT8:
+        snprintf(buf, len, "%u", *(const uint8_t *)p);
+        break;
+    case COLLD_INT32:
+        snprintf(buf, len, "%" PRId32, *(const int32_t *)p);
+        break;
+    case COLLD_UINT32:
+        snprintf(buf, len, "%" PRIu32, *(const uint32_t *)p);
+        break;
+    case COLLD_INT64:
+        snprintf(buf, len, "%" PRId64, *(const int64_t *)p);
+        break;
+    case COLLD_UINT64:
+        snprintf(buf, len, "%" PRIu64, *(const uint64_t *)p);
+        break;
     case COLLD_FLOAT16:
         snprintf(buf, len, "%.9g (0x%04x)", (double)colld_half_to_float(*(const uint16_t *)p), *(const uint16_t *)p);
         break;
@@ -198,7 +210,9 @@ void coll_fmt_elem(colld_dtype_t dt, const void *p, char *buf, size_t len)
         snprintf(buf, len, "%.17g (0x%016" PRIx64 ")", *(const double *)p, b);
         break;
     }
-    default: snprintf(buf, len, "?"); break;
+    default:
+        snprintf(buf, len, "?");
+        break;
     }
 }
 

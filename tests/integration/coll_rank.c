@@ -75,7 +75,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define GROUP_MAX_COUNT 300    /* largest count of a collective inside a group */
+#define GROUP_MAX_COUNT 300 /* largest count of a collective inside a group */
 
 /* The input generator: colld_cpu_pattern, or with --exact-values colld_cpu_pattern_small (for
  * multi-node runs, whose reduction order differs from rank order). */
@@ -88,7 +88,7 @@ typedef struct {
     unsigned salt;
     unsigned kinds, dtypes, ops; /* bit masks */
     bool inplace, outofplace, big, big_all;
-    bool use_malloc; /* ordinary memory (staged by libcolld) instead of colld_mem_alloc */
+    bool use_malloc;     /* ordinary memory (staged by libcolld) instead of colld_mem_alloc */
     bool comm_nan_check; /* --comm-nan-check: the communicator's config asks for --nan-check */
 } args_t;
 
@@ -119,8 +119,13 @@ static void describe(const void *ctx, const call_t *k, char *buf, size_t len)
 /* The run's reporting for coll_check_call and coll_report. */
 static coll_check_t checker(run_t *R)
 {
-    return (coll_check_t){ .n = R->n, .rank = R->rank, .reported = &R->reported, .max_report = R->a->max_report,
-                           .where = "", .describe = describe, .ctx = R };
+    return (coll_check_t){ .n = R->n,
+                           .rank = R->rank,
+                           .reported = &R->reported,
+                           .max_report = R->a->max_report,
+                           .where = "",
+                           .describe = describe,
+                           .ctx = R };
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -131,10 +136,14 @@ static coll_check_t checker(run_t *R)
 static colld_status_t post_call(run_t *R, const call_t *k)
 {
     switch (k->kind) {
-    case K_ALLREDUCE: return colld_allreduce(k->sendp, k->recvp, k->count, k->dt, k->op, R->comm, NULL);
-    case K_BROADCAST: return colld_broadcast(k->sendp, k->recvp, k->count, k->dt, k->root, R->comm, NULL);
-    case K_REDUCE: return colld_reduce(k->sendp, k->recvp, k->count, k->dt, k->op, k->root, R->comm, NULL);
-    case K_ALLGATHER: return colld_allgather(k->sendp, k->recvp, k->count, k->dt, R->comm, NULL);
+    case K_ALLREDUCE:
+        return colld_allreduce(k->sendp, k->recvp, k->count, k->dt, k->op, R->comm, NULL);
+    case K_BROADCAST:
+        return colld_broadcast(k->sendp, k->recvp, k->count, k->dt, k->root, R->comm, NULL);
+    case K_REDUCE:
+        return colld_reduce(k->sendp, k->recvp, k->count, k->dt, k->op, k->root, R->comm, NULL);
+    case K_ALLGATHER:
+        return colld_allgather(k->sendp, k->recvp, k->count, k->dt, R->comm, NULL);
     case K_REDUCESCATTER:
         return colld_reducescatter(k->sendp, k->recvp, k->count, k->dt, k->op, R->comm, NULL);
     case K_GATHER:
@@ -200,9 +209,16 @@ static int matrix_call(void *R, call_t *k)
 static int mode_matrix(run_t *R, int iter)
 {
     const args_t *a = R->a;
-    coll_matrix_t m = { .kinds = a->kinds, .dtypes = a->dtypes, .ops = a->ops, .rotate = a->rotate,
-                        .inplace = a->inplace, .outofplace = a->outofplace, .big = a->big, .big_all = a->big_all,
-                        .salt = a->salt, .n = R->n };
+    coll_matrix_t m = { .kinds = a->kinds,
+                        .dtypes = a->dtypes,
+                        .ops = a->ops,
+                        .rotate = a->rotate,
+                        .inplace = a->inplace,
+                        .outofplace = a->outofplace,
+                        .big = a->big,
+                        .big_all = a->big_all,
+                        .salt = a->salt,
+                        .n = R->n };
     if (coll_run_matrix(&m, iter, &R->cases, matrix_call, R) != 0)
         return 1;
     return R->bad ? 1 : 0;
@@ -403,13 +419,14 @@ static int mode_badargs(run_t *R)
                        colld_reducescatter(f, g, over, COLLD_FLOAT32, COLLD_SUM, R->comm, NULL),
                        COLLD_ERR_INVALID_ARGUMENT, "past the end");
     bad += expect_fail(R, "allgather, nranks*sendcount overflows",
-                       colld_allgather(f, g, SIZE_MAX / 2 + 1, COLLD_INT8, R->comm, NULL),
-                       COLLD_ERR_INVALID_ARGUMENT, NULL);
+                       colld_allgather(f, g, SIZE_MAX / 2 + 1, COLLD_INT8, R->comm, NULL), COLLD_ERR_INVALID_ARGUMENT,
+                       NULL);
     bad += expect_fail(R, "reducescatter, nranks*recvcount overflows",
                        colld_reducescatter(f, g, SIZE_MAX / 2 + 1, COLLD_INT8, COLLD_SUM, R->comm, NULL),
                        COLLD_ERR_INVALID_ARGUMENT, NULL);
     /* Unknown op / dtype on the new collectives. */
-    bad += expect_fail(R, "reduce with op 42", colld_reduce(f, g, 4, COLLD_FLOAT32, (colld_redop_t)42, 0, R->comm, NULL),
+    bad += expect_fail(R, "reduce with op 42",
+                       colld_reduce(f, g, 4, COLLD_FLOAT32, (colld_redop_t)42, 0, R->comm, NULL),
                        COLLD_ERR_INVALID_ARGUMENT, "op 42");
     bad += expect_fail(R, "reducescatter with op -1",
                        colld_reducescatter(f, g, 4, COLLD_FLOAT32, (colld_redop_t)-1, R->comm, NULL),
@@ -437,8 +454,8 @@ static int mode_badargs(run_t *R)
     }
     /* A stream (GPU only) on the new collectives. */
     bad += expect_fail(R, "reducescatter with a stream",
-                       colld_reducescatter(f, g, 4, COLLD_FLOAT32, COLLD_SUM, R->comm, &dummy),
-                       COLLD_ERR_NOT_SUPPORTED, "stream");
+                       colld_reducescatter(f, g, 4, COLLD_FLOAT32, COLLD_SUM, R->comm, &dummy), COLLD_ERR_NOT_SUPPORTED,
+                       "stream");
     bad += expect_fail(R, "broadcast with a stream", colld_broadcast(f, g, 4, COLLD_FLOAT32, 0, R->comm, &dummy),
                        COLLD_ERR_NOT_SUPPORTED, "stream");
     colld_status_t st = colld_comm_query(R->comm);
@@ -449,7 +466,11 @@ static int mode_badargs(run_t *R)
     }
     /* Still usable and in step: an all-gather and a broadcast from the last rank, both exact. */
     call_t ag = { .kind = K_ALLGATHER, .dt = COLLD_INT32, .count = 1001, .salt = R->a->salt + 11 };
-    call_t bc = { .kind = K_BROADCAST, .dt = COLLD_FLOAT64, .count = 1001, .root = root, .null_unused = true,
+    call_t bc = { .kind = K_BROADCAST,
+                  .dt = COLLD_FLOAT64,
+                  .count = 1001,
+                  .root = root,
+                  .null_unused = true,
                   .salt = R->a->salt + 12 };
     if (run_call(R, &ag) != 0 || run_call(R, &bc) != 0)
         bad++;
@@ -472,8 +493,12 @@ static int mode_call(run_t *R)
         fprintf(stderr, "rank %d: bad --call '%s' (KIND:DTYPE:OP:COUNT:ROOT)\n", R->rank, R->a->call);
         return 2;
     }
-    call_t k = { .kind = kind, .dt = (colld_dtype_t)dt, .op = (colld_redop_t)op,
-                 .count = strtoull(f[3], NULL, 10), .root = atoi(f[4]), .salt = R->a->salt };
+    call_t k = { .kind = kind,
+                 .dt = (colld_dtype_t)dt,
+                 .op = (colld_redop_t)op,
+                 .count = strtoull(f[3], NULL, 10),
+                 .root = atoi(f[4]),
+                 .salt = R->a->salt };
     if (!R->a->expect)
         return run_call(R, &k) == 0 ? 0 : 1;
     k.sreg = R->sreg;
@@ -911,11 +936,9 @@ static int parse_args(int argc, char **argv, args_t *a)
         }
 #undef ARG
     }
-    if (!a->socket || !a->uid_hex || a->nranks < 1 || a->nranks > MAX_RANKS || a->rank < 0 ||
-        a->rank >= a->nranks || !a->kinds || !a->dtypes || !a->ops || a->iters < 0 || a->group_size < 1 ||
-        a->group_size > 1024) {
-        fprintf(stderr, "coll_rank: need --socket, --uid, --nranks 1..%d, --rank; valid subsets\n",
-                MAX_RANKS);
+    if (!a->socket || !a->uid_hex || a->nranks < 1 || a->nranks > MAX_RANKS || a->rank < 0 || a->rank >= a->nranks ||
+        !a->kinds || !a->dtypes || !a->ops || a->iters < 0 || a->group_size < 1 || a->group_size > 1024) {
+        fprintf(stderr, "coll_rank: need --socket, --uid, --nranks 1..%d, --rank; valid subsets\n", MAX_RANKS);
         return 2;
     }
     return 0;
@@ -924,9 +947,17 @@ static int parse_args(int argc, char **argv, args_t *a)
 /* Join the communicator, share the buffers, run the mode, leave. */
 int main(int argc, char **argv)
 {
-    args_t a = { .mode = "matrix", .timeout_ms = 120000, .iters = 1, .group_size = 64, .max_report = 40,
-                 .kinds = (1u << K_COUNT) - 1, .dtypes = (1u << COLLD_DTYPE_COUNT) - 1,
-                 .ops = (1u << COLLD_REDOP_COUNT) - 1, .inplace = true, .outofplace = true, .big = true };
+    args_t a = { .mode = "matrix",
+                 .timeout_ms = 120000,
+                 .iters = 1,
+                 .group_size = 64,
+                 .max_report = 40,
+                 .kinds = (1u << K_COUNT) - 1,
+                 .dtypes = (1u << COLLD_DTYPE_COUNT) - 1,
+                 .ops = (1u << COLLD_REDOP_COUNT) - 1,
+                 .inplace = true,
+                 .outofplace = true,
+                 .big = true };
     int rc = parse_args(argc, argv, &a);
     if (rc != 0)
         return rc;

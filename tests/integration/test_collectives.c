@@ -80,11 +80,26 @@ static const char *const *matrix_args(const char *const *normal)
     return v && strcmp(v, "1") == 0 ? no_big : normal;
 }
 
-static void test_matrix_1_rank(void **state) { run_coll(*state, 1, matrix_args(big_all)); }
-static void test_matrix_2_ranks(void **state) { run_coll(*state, 2, matrix_args(big_all)); }
-static void test_matrix_3_ranks(void **state) { run_coll(*state, 3, matrix_args(NULL)); }
-static void test_matrix_4_ranks(void **state) { run_coll(*state, 4, matrix_args(NULL)); }
-static void test_matrix_8_ranks(void **state) { run_coll(*state, 8, matrix_args(NULL)); }
+static void test_matrix_1_rank(void **state)
+{
+    run_coll(*state, 1, matrix_args(big_all));
+}
+static void test_matrix_2_ranks(void **state)
+{
+    run_coll(*state, 2, matrix_args(big_all));
+}
+static void test_matrix_3_ranks(void **state)
+{
+    run_coll(*state, 3, matrix_args(NULL));
+}
+static void test_matrix_4_ranks(void **state)
+{
+    run_coll(*state, 4, matrix_args(NULL));
+}
+static void test_matrix_8_ranks(void **state)
+{
+    run_coll(*state, 8, matrix_args(NULL));
+}
 
 /* Ordinary memory (malloc, not colld_mem_alloc) for every kind, dtype and op at the small
  * counts: libcolld stages it, including the in-place slice forms of all-gather and
@@ -189,8 +204,8 @@ static void test_10000_small_allreduces_memory_flat(void **state)
 {
     harness_t *h = *state;
     pid_t pids[2];
-    const char *extra[] = { "--mode", "small", "--iters", "10000", "--checkpoints", "1000,10000", "--sync-dir", h->dir,
-                            NULL };
+    const char *extra[] = { "--mode",     "small",      "--iters", "10000", "--checkpoints",
+                            "1000,10000", "--sync-dir", h->dir,    NULL };
     long before = rss_kb(h->pid);
     double t0 = harness_now_ms();
     assert_int_equal(spawn_coll(h, 2, extra, pids), 0);
@@ -253,9 +268,24 @@ static void expect_mismatch(harness_t *h, const char *call0, const char *call1, 
     pid_t pids[2];
     for (int r = 0; r < 2; r++) {
         snprintf(out[r], sizeof(out[r]), "%s/mismatch-%.32s-%d", h->dir, hex, r);
-        const char *argv[] = { COLL_BIN, "--socket", h->socket, "--uid", hex, "--nranks", "2", "--rank", r ? "1" : "0",
-                               "--mode", "call", "--call", r ? call1 : call0, "--expect", "COLLD_ERR_MISMATCH",
-                               "--out", out[r], NULL };
+        const char *argv[] = { COLL_BIN,
+                               "--socket",
+                               h->socket,
+                               "--uid",
+                               hex,
+                               "--nranks",
+                               "2",
+                               "--rank",
+                               r ? "1" : "0",
+                               "--mode",
+                               "call",
+                               "--call",
+                               r ? call1 : call0,
+                               "--expect",
+                               "COLLD_ERR_MISMATCH",
+                               "--out",
+                               out[r],
+                               NULL };
         assert_true((pids[r] = harness_spawn(argv)) > 0);
     }
     assert_int_equal(harness_wait_all(pids, 2, 60000), 0);
@@ -278,15 +308,17 @@ static void expect_mismatch(harness_t *h, const char *call0, const char *call1, 
 static void test_mismatch_new_collectives(void **state)
 {
     harness_t *h = *state;
-    expect_mismatch(h, "broadcast:float32:sum:100:0", "broadcast:float32:sum:100:1", "rank 0: broadcast(float32, -, count 100, root 0)",
+    expect_mismatch(h, "broadcast:float32:sum:100:0", "broadcast:float32:sum:100:1",
+                    "rank 0: broadcast(float32, -, count 100, root 0)",
                     "rank 1: broadcast(float32, -, count 100, root 1)");
     expect_mismatch(h, "reduce:int64:max:100:1", "reduce:int64:max:100:0", "root 1)", "root 0)");
     expect_mismatch(h, "allgather:int32:sum:64:0", "reducescatter:int32:sum:64:0", "rank 0: allgather(",
                     "rank 1: reducescatter(");
-    expect_mismatch(h, "reducescatter:float32:sum:64:0", "reducescatter:float32:max:64:0", "reducescatter(float32, sum,", "reducescatter(float32, max,");
+    expect_mismatch(h, "reducescatter:float32:sum:64:0", "reducescatter:float32:max:64:0",
+                    "reducescatter(float32, sum,", "reducescatter(float32, max,");
     expect_mismatch(h, "reduce:int8:sum:10:0", "reduce:int8:sum:11:0", "count 10,", "count 11,");
-    const char *extra[] = { "--no-big", "--kinds", "broadcast,reduce,allgather,reducescatter", "--dtypes", "float32",
-                            NULL };
+    const char *extra[] = { "--no-big", "--kinds", "broadcast,reduce,allgather,reducescatter",
+                            "--dtypes", "float32", NULL };
     run_coll(h, 2, extra);
 }
 
