@@ -110,8 +110,9 @@ static struct colld_premul *lookup(colld_comm_t *comm, colld_redop_t op, char *w
     }
     if (!comm->premul || (v >> TAG_SHIFT & TAG_MASK) != comm->premul_tag) {
         snprintf(why, len,
-                 "reduction op 0x%x is a premultiplied-sum operator of another communicator handle, not of this "
-                 "one (rank %d of %d): make one with colld_redop_create_premul_sum on this handle",
+                 "reduction op 0x%x is no premultiplied-sum operator of this communicator handle (rank %d of %d): "
+                 "it is one of another communicator handle, or a made-up value; make one with "
+                 "colld_redop_create_premul_sum on this handle",
                  v, comm->rank, comm->nranks);
         return NULL;
     }
