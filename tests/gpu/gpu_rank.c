@@ -299,23 +299,34 @@ static int status_fail(run_t *R, const call_t *k, const char *what, colld_status
  * One call: host images, upload, post on the stream, download, check
  * ------------------------------------------------------------------------------------------- */
 
-/* Post a call on the rank's stream, with device pointers. */
-static colld_status_t post_call(run_t *R, const call_t *k)
+/* Post a call on the rank's stream, with device pointers and the op `op`. */
+static colld_status_t post_with(run_t *R, const call_t *k, colld_redop_t op)
 {
     const void *s = dev(R, k->sendp);
     void *r = dev(R, k->recvp), *st = R->stream;
     switch (k->kind) {
     case K_ALLREDUCE:
-        return colld_allreduce(s, r, k->count, k->dt, k->op, R->comm, st);
+        return colld_allreduce(s, r, k->count, k->dt, op, R->comm, st);
     case K_BROADCAST:
         return colld_broadcast(s, r, k->count, k->dt, k->root, R->comm, st);
     case K_REDUCE:
-        return colld_reduce(s, r, k->count, k->dt, k->op, k->root, R->comm, st);
+        return colld_reduce(s, r, k->count, k->dt, op, k->root, R->comm, st);
     case K_ALLGATHER:
         return colld_allgather(s, r, k->count, k->dt, R->comm, st);
     default:
-        return colld_reducescatter(s, r, k->count, k->dt, k->op, R->comm, st);
+        return colld_reducescatter(s, r, k->count, k->dt, op, R->comm, st);
     }
+}
+
+/* Post a call on the rank's stream. A premultiplied sum gets an operator made with this rank's own
+ * scalar just before, destroyed as soon as the call returned (before the stream runs it). */
+static colld_status_t post_call(run_t *R, const call_t *k)
+{
+    colld_redop_t op;
+    colld_status_t st = coll_op_make(k, R->rank, R->comm, &op);
+    if (st != COLLD_OK)
+        return st;
+    return coll_op_release(k, R->comm, op, post_with(R, k, op));
 }
 
 /* Check a completed call in the downloaded images (coll_check_call). Returns 0 when exact, else 1. */
@@ -897,7 +908,7 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (ARG("--dtypes"))
             a->dtypes = coll_parse_mask("gpu_rank", v, dtype_names, COLLD_DTYPE_COUNT);
         else if (ARG("--ops"))
-            a->ops = coll_parse_mask("gpu_rank", v, op_names, COLLD_REDOP_COUNT);
+            a->ops = coll_parse_mask("gpu_rank", v, op_names, COLL_OPS);
         else if (ARG("--salt"))
             a->salt = (unsigned)strtoul(v, NULL, 10);
         else if (ARG("--rotate"))
@@ -966,7 +977,7 @@ int main(int argc, char **argv)
                  .spin_ms = 200,
                  .kinds = K_EVERYWHERE_MASK,
                  .dtypes = (1u << COLLD_DTYPE_COUNT) - 1,
-                 .ops = (1u << COLLD_REDOP_COUNT) - 1,
+                 .ops = (1u << COLL_OPS) - 1,
                  .big = true };
     int rc = parse_args(argc, argv, &a);
     if (rc != 0)
