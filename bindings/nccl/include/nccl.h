@@ -11,10 +11,14 @@
  *     runs on the daemon's host backend and has completed when the call returns (inside
  *     ncclGroupStart/End: when ncclGroupEnd returns); its stream argument is ignored. Device
  *     buffers are stream-ordered, as with NCCL.
+ *   - ncclRedOpCreatePreMulSum takes the scalar in host memory (ncclScalarHostImmediate) only; a
+ *     scalar in device memory (ncclScalarDevice) fails with ncclInvalidUsage. The scalar is of
+ *     `datatype` (a float16 or bfloat16 scalar is that 16-bit value, as NCCL); float16 and bfloat16
+ *     products and sums are computed in float and rounded once.
  *   - Not yet implemented, failing with ncclInvalidUsage and a message from ncclGetLastError:
- *     ncclSend, ncclRecv, ncclRedOpCreatePreMulSum (ncclRedOpDestroy likewise), non-blocking
- *     communicators (config->blocking = 0), ncclCommSplit inside a group. ncclCommRegister records nothing: colld
- *     registers each buffer's allocation at its first use.
+ *     ncclSend, ncclRecv, non-blocking communicators (config->blocking = 0), ncclCommSplit inside a
+ *     group. ncclCommRegister records nothing: colld registers each buffer's allocation at its
+ *     first use.
  */
 #ifndef COLLD_NCCL_H
 #define COLLD_NCCL_H
