@@ -9,9 +9,9 @@
  *   fast.c         the fast path (and its poster, colld__fast_post)
  *   cuda.c         the GPU stream path (and its poster, colld__gpu_post), GPU memory
  *   engine_path.c  the engine path's poster
- *   redop.c        premultiplied-sum operators, and a collective's op as the wire has it
  *   group.c        group calls: queued collectives, posted at the outermost end
  *   comm.c         communicators: join, destroy, abort, errors, waiting for what is in flight
+ *   redop.c        premultiplied-sum operators, and a collective's op as the wire has it
  *   coll.c         the collectives: the router, which checks a call and picks its path
  *   mem.c          colld_mem_alloc / colld_mem_free
  *   client.c       the connection's life: connect, the monitor thread, disconnect
@@ -160,7 +160,8 @@ struct colld_comm {
     bool gpu_used;               /* gpu_base is set (at the first stream-ordered collective) */
     uint32_t gpu_base;           /* flag base: collective seq has flag value gpu_base + (uint32_t)seq */
     uint32_t gpu_gen;            /* its generation on the handle's flag line, set with gpu_base (client/cuda.c) */
-    struct colld_premul *premul; /* [COLLD_REDOP_PREMUL_MAX] premultiplied-sum operators (redop.c), or NULL */
+    struct colld_premul *premul; /* [COLLD_REDOP_PREMUL_MAX] premultiplied-sum operators (redop.c), or NULL;
+                                    one allocation, freed by colld_comm_destroy */
     uint32_t premul_tag;         /* the tag in this handle's operators (redop.c); 0 before the first */
 };
 
@@ -295,8 +296,6 @@ colld_status_t colld__fast_finish(colld_comm_t *comm, bool block);
  * operator of another handle, a destroyed one, or one of another dtype. */
 colld_status_t colld__redop_resolve(colld_comm_t *comm, colld_redop_t op, colld_dtype_t dtype, uint8_t *wire_op,
                                     uint64_t *scalar);
-/* Free the handle's operators (colld_comm_destroy). */
-void colld__redop_free(colld_comm_t *comm);
 
 /* group.c */
 bool colld__group_active(void);

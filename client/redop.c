@@ -159,9 +159,3 @@ colld_status_t colld__redop_resolve(colld_comm_t *comm, colld_redop_t op, colld_
     *scalar = e->word;
     return COLLD_OK;
 }
-
-void colld__redop_free(colld_comm_t *comm)
-{
-    free(comm->premul);
-    comm->premul = NULL;
-}
