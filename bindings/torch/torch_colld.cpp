@@ -23,6 +23,7 @@
  */
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/chrono.h>
@@ -166,26 +167,86 @@ colld_dtype_t reduce_dtype(const char *op, const at::Tensor &t)
                 " is not supported by colld (int8, uint8, int32, int64, float16, bfloat16, float32, float64 are)");
 }
 
-/* The colld operator of a c10d ReduceOp; raises for the bitwise ones and PREMUL_SUM. */
-colld_redop_t reduce_op(const char *op, const c10d::ReduceOp &r)
+/* A collective's reduction as colld takes it: a built-in op, or a premultiplied sum with this
+ * rank's scalar word (the factor in the collective's dtype; made into an operator of the
+ * communicator when the collective is issued, with_op). */
+struct RedOp {
+    colld_redop_t op = COLLD_SUM;
+    bool premul = false;
+    uint64_t word = 0;
+};
+
+/* The premultiplied sum of a PREMUL_SUM ReduceOp (torch.distributed._make_nccl_premul_sum): its
+ * factor, a float or a one-element CPU tensor, converted to `dtype` now, as ProcessGroupNCCL
+ * converts it (T(factor)); a tensor factor is read now, when the collective is called. */
+RedOp premul_op(const char *op, const c10d::ReduceOp &r, at::ScalarType dtype)
 {
+    /* torch 1.13 makes PREMUL_SUM only with this supplement (makeNCCLPreMulSum), as
+     * ProcessGroupNCCL relies on. */
+    const auto *sup = static_cast<const c10d::NCCLPreMulSumSupplement *>(r.supplement_.get());
+    TORCH_CHECK(sup, "torch_colld: ", op,
+                ": a PREMUL_SUM op without its factor (make it with torch.distributed._make_nccl_premul_sum)");
+    at::Tensor f;
+    if (sup->tensor_factors.empty()) {
+        f = at::scalar_tensor(sup->double_factor, at::TensorOptions().dtype(at::kDouble));
+    } else {
+        TORCH_CHECK(sup->tensor_factors.size() == 1 && sup->tensor_factors[0].numel() == 1, "torch_colld: ", op,
+                    ": a PREMUL_SUM factor must be one tensor of one element (one process, one device)");
+        f = sup->tensor_factors[0];
+        TORCH_CHECK(f.device().is_cpu(), "torch_colld: ", op, ": the PREMUL_SUM factor is on ", f.device(),
+                    ", only CPU tensors are supported");
+    }
+    f = f.to(dtype).contiguous();
+    RedOp o;
+    o.premul = true;
+    std::memcpy(&o.word, f.data_ptr(), f.element_size()); /* the scalar word: the value's bytes first */
+    return o;
+}
+
+/* The colld reduction of a c10d ReduceOp for a tensor of `dtype`; raises for the bitwise ones. */
+RedOp reduce_op(const char *op, const c10d::ReduceOp &r, at::ScalarType dtype)
+{
+    RedOp o;
     switch (r.op_) {
     case c10d::ReduceOp::SUM:
-        return COLLD_SUM;
+        o.op = COLLD_SUM;
+        return o;
     case c10d::ReduceOp::PRODUCT:
-        return COLLD_PROD;
+        o.op = COLLD_PROD;
+        return o;
     case c10d::ReduceOp::MIN:
-        return COLLD_MIN;
+        o.op = COLLD_MIN;
+        return o;
     case c10d::ReduceOp::MAX:
-        return COLLD_MAX;
+        o.op = COLLD_MAX;
+        return o;
     case c10d::ReduceOp::AVG:
-        return COLLD_AVG;
+        o.op = COLLD_AVG;
+        return o;
+    case c10d::ReduceOp::PREMUL_SUM:
+        return premul_op(op, r, dtype);
     default:
         break;
     }
-    TORCH_CHECK(
-        false, "torch_colld: ", op, ": reduce op ", static_cast<int>(r.op_),
-        " is not supported by colld (SUM, PRODUCT, MIN, MAX and AVG are; BAND, BOR, BXOR and PREMUL_SUM are not)");
+    TORCH_CHECK(false, "torch_colld: ", op, ": reduce op ", static_cast<int>(r.op_),
+                " is not supported by colld (SUM, PRODUCT, MIN, MAX, AVG and PREMUL_SUM are; BAND, BOR and BXOR are "
+                "not)");
+}
+
+/* Issue one colld call with the collective's op on the worker thread (which owns the
+ * communicator): a premultiplied sum gets an operator of c made for the call and destroyed right
+ * after it (the call has taken the scalar). */
+template <typename F> colld_status_t with_op(colld_comm_t *c, const RedOp &r, colld_dtype_t dt, F call)
+{
+    if (!r.premul)
+        return call(r.op);
+    colld_redop_t op;
+    colld_status_t st = colld_redop_create_premul_sum(c, &r.word, dt, &op);
+    if (st != COLLD_OK)
+        return st;
+    st = call(op);
+    colld_status_t d = colld_redop_destroy(c, op);
+    return st != COLLD_OK ? st : d;
 }
 
 /* A tensor colld can take: dense, on the CPU. */
@@ -376,12 +437,14 @@ class ProcessGroupColld : public c10d::ProcessGroup
     {
         const at::Tensor &t = single("allreduce", tensors);
         colld_dtype_t dt = reduce_dtype("allreduce", t);
-        colld_redop_t op = reduce_op("allreduce", opts.reduceOp);
+        RedOp op = reduce_op("allreduce", opts.reduceOp, t.scalar_type());
         at::Tensor buf = dense(t);
         Op o = make("allreduce", c10d::OpType::ALLREDUCE, tensors);
         o.keep = { buf };
         o.issue = [buf, dt, op](colld_comm_t *c) {
-            return colld_allreduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, op, c, nullptr);
+            return with_op(c, op, dt, [&](colld_redop_t cop) {
+                return colld_allreduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, cop, c, nullptr);
+            });
         };
         o.done = copy_back(t, buf);
         return post(std::move(o));
@@ -391,21 +454,25 @@ class ProcessGroupColld : public c10d::ProcessGroup
     c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor> &tensors,
                                                        const c10d::AllreduceCoalescedOptions &opts) override
     {
-        colld_redop_t op = reduce_op("allreduce_coalesced", opts.reduceOp);
+        std::vector<RedOp> ops;
         std::vector<at::Tensor> bufs;
         std::vector<colld_dtype_t> dts;
         std::vector<std::function<void()>> backs;
         for (const at::Tensor &t : tensors) {
             check_cpu("allreduce_coalesced", t);
             dts.push_back(reduce_dtype("allreduce_coalesced", t));
+            ops.push_back(reduce_op("allreduce_coalesced", opts.reduceOp, t.scalar_type()));
             bufs.push_back(dense(t));
             backs.push_back(copy_back(t, bufs.back()));
         }
         Op o = make("allreduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED, tensors);
         o.keep = bufs;
-        o.issue = [bufs, dts, op](colld_comm_t *c) {
+        o.issue = [bufs, dts, ops](colld_comm_t *c) {
             return grouped(bufs.size(), [&](size_t i) {
-                return colld_allreduce(bufs[i].data_ptr(), bufs[i].data_ptr(), bufs[i].numel(), dts[i], op, c, nullptr);
+                return with_op(c, ops[i], dts[i], [&](colld_redop_t cop) {
+                    return colld_allreduce(bufs[i].data_ptr(), bufs[i].data_ptr(), bufs[i].numel(), dts[i], cop, c,
+                                           nullptr);
+                });
             });
         };
         o.done = [backs] {
@@ -436,12 +503,14 @@ class ProcessGroupColld : public c10d::ProcessGroup
         const at::Tensor &t = single("reduce", tensors);
         int root = check_root("reduce", opts.rootRank, opts.rootTensor);
         colld_dtype_t dt = reduce_dtype("reduce", t);
-        colld_redop_t op = reduce_op("reduce", opts.reduceOp);
+        RedOp op = reduce_op("reduce", opts.reduceOp, t.scalar_type());
         at::Tensor buf = dense(t);
         Op o = make("reduce", c10d::OpType::REDUCE, tensors);
         o.keep = { buf };
         o.issue = [buf, dt, op, root](colld_comm_t *c) {
-            return colld_reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, op, root, c, nullptr);
+            return with_op(c, op, dt, [&](colld_redop_t cop) {
+                return colld_reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, cop, root, c, nullptr);
+            });
         };
         if (root == rank_)
             o.done = copy_back(t, buf);
@@ -540,13 +609,15 @@ class ProcessGroupColld : public c10d::ProcessGroup
         TORCH_CHECK(inputs.size() == 1, "torch_colld: reduce_scatter: expects one input list, got ", inputs.size());
         check_list("reduce_scatter", inputs[0], out);
         colld_dtype_t dt = reduce_dtype("reduce_scatter", out);
-        colld_redop_t op = reduce_op("reduce_scatter", opts.reduceOp);
+        RedOp op = reduce_op("reduce_scatter", opts.reduceOp, out.scalar_type());
         at::Tensor src = flatten(inputs[0]);
         at::Tensor dst = dense(out);
         Op o = make("reduce_scatter", c10d::OpType::REDUCE_SCATTER, outputs);
         o.keep = { src, dst };
         o.issue = [src, dst, dt, op](colld_comm_t *c) {
-            return colld_reducescatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, op, c, nullptr);
+            return with_op(c, op, dt, [&](colld_redop_t cop) {
+                return colld_reducescatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, cop, c, nullptr);
+            });
         };
         o.done = copy_back(out, dst);
         return post(std::move(o));
@@ -560,14 +631,16 @@ class ProcessGroupColld : public c10d::ProcessGroup
         check_cpu("_reduce_scatter_base", output);
         check_flat("_reduce_scatter_base", input, output, static_cast<int64_t>(size_) * output.numel());
         colld_dtype_t dt = reduce_dtype("_reduce_scatter_base", output);
-        colld_redop_t op = reduce_op("_reduce_scatter_base", opts.reduceOp);
+        RedOp op = reduce_op("_reduce_scatter_base", opts.reduceOp, output.scalar_type());
         at::Tensor src = dense(input);
         at::Tensor dst = dense(output);
         std::vector<at::Tensor> outs{ output };
         Op o = make("_reduce_scatter_base", c10d::OpType::_REDUCE_SCATTER_BASE, outs);
         o.keep = { src, dst };
         o.issue = [src, dst, dt, op](colld_comm_t *c) {
-            return colld_reducescatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, op, c, nullptr);
+            return with_op(c, op, dt, [&](colld_redop_t cop) {
+                return colld_reducescatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, cop, c, nullptr);
+            });
         };
         o.done = copy_back(output, dst);
         return post(std::move(o));
