@@ -280,8 +280,9 @@ void colld__fast_detach(colld_comm_t *comm);
 /* True when this collective runs on the fast area (the same answer on every rank). */
 bool colld__fast_eligible(const colld_comm_t *comm, colld_kind_t kind, size_t count, colld_dtype_t dtype);
 /* The fast path's poster (nothing else of this communicator may be in flight): publish this rank's
- * input (and, in a premultiplied sum, its scalar word) for its next sequence number. The caller has checked the buffers (not NULL where used,
- * not running past the end of a registration). On error `err` says what is wrong. */
+ * input (and, in a premultiplied sum, its scalar word) for its next sequence number. The caller
+ * has checked the buffers (not NULL where used, not running past the end of a registration). On
+ * error `err` says what is wrong. */
 colld_status_t colld__fast_post(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes, void *recv,
                                 size_t recv_bytes, size_t count, colld_dtype_t dtype, uint8_t redop, uint64_t scalar,
                                 int root, colld_err_t *err);

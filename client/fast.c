@@ -6,8 +6,9 @@
  * it, waits until every rank has published the same collective, then computes its own output from
  * the slots in rank order with the same CPU kernels the daemon uses (so results are bitwise those
  * of the engine path). A premultiplied sum runs here too: each rank publishes its scalar word in
- * its slot header, and every rank multiplies each peer's input by that peer's scalar. The protocol and layout are in proto/wire.h. Whether a collective takes
- * this path depends only on its signature and the communicator, so every rank decides alike.
+ * its slot header, and every rank multiplies each peer's input by that peer's scalar. The protocol
+ * and layout are in proto/wire.h. Whether a collective takes this path depends only on its
+ * signature and the communicator, so every rank decides alike.
  *
  * The daemon is off this path but stays the authority: a rank that has waited a while (or that
  * finds a different call in a peer's slot) posts a record of its collective and wakes the

@@ -5,12 +5,13 @@
  * A descriptor is the tenant's bytes (copied out of shared memory by the engine first): the handle
  * must be a communicator this session joined, the sequence number the rank's next one (with a
  * side path such as the fast area, at least that), kind, dtype, op and root in range, the scalar
- * words of a premultiplied sum (zero aux words otherwise), count x size x nranks without overflow, each buffer a registration of this session, in bounds, at an offset
- * that is a multiple of the element size, the rank's two buffers apart or in place as NCCL defines
- * it, device memory only in stream-ordered collectives (whose own checks are their backend's
- * `admit`). A bad descriptor fails with COLLD_ERR_INVALID_ARGUMENT (or NOT_SUPPORTED) and a
- * detail naming the rank and the field, and breaks its communicator, so that no peer waits for a
- * collective that cannot run. All functions run with daemon->lock held.
+ * word of a premultiplied sum (zero aux words otherwise), count x size x nranks without overflow,
+ * each buffer a registration of this session, in bounds, at an offset that is a multiple of the
+ * element size, the rank's two buffers apart or in place as NCCL defines it, device memory only in
+ * stream-ordered collectives (whose own checks are their backend's `admit`). A bad descriptor fails
+ * with COLLD_ERR_INVALID_ARGUMENT (or NOT_SUPPORTED) and a detail naming the rank and the field,
+ * and breaks its communicator, so that no peer waits for a collective that cannot run. All
+ * functions run with daemon->lock held.
  */
 #include "server/core/daemon.h"
 

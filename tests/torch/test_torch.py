@@ -567,7 +567,8 @@ def main():
     except ImportError as e:
         print(f"skip: {sys.executable} cannot import torch ({e})")
         return 77
-    plan = [("ops", 2, 120), ("ops", 4, 180), ("premul", 2, 90), ("premul", 3, 90), ("premul", 4, 120), ("ddp", 2, 90), ("ddp", 4, 90), ("kill", 3, 90), ("exit", 2, 90),
+    plan = [("ops", 2, 120), ("ops", 4, 180), ("premul", 2, 90), ("premul", 3, 90), ("premul", 4, 120),
+            ("ddp", 2, 90), ("ddp", 4, 90), ("kill", 3, 90), ("exit", 2, 90),
             ("zerocopy", 2, 90), ("zerocopy", 3, 90)]
     if args.scenarios:
         plan = [p for p in plan if p[0] in args.scenarios]
