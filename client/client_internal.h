@@ -12,6 +12,7 @@
  *   engine_path.c  the engine path's poster
  *   group.c        group calls: queued collectives, posted at the outermost end
  *   comm.c         communicators: join, destroy, abort, errors, waiting for what is in flight
+ *   redop.c        premultiplied-sum operators, and a collective's op as the wire has it
  *   coll.c         the collectives, sends and receives: the router, which checks a call and picks
  *                  its path
  *   alltoallv.c    colld_alltoallv, a group of sends and receives
@@ -102,7 +103,8 @@ struct colld_client {
     int wake_pipe[2];
     colld_rpc_channel_t *rpc;
 
-    colld_gpu_t *gpu;                         /* created at connect, never NULL afterwards */
+    colld_gpu_t *gpu;    /* created at connect, never NULL afterwards */
+    uint32_t redop_tags; /* the last tag given to a handle's premultiplied-sum operators (mu; redop.c) */
     char last_error[COLLD_CLIENT_DETAIL_LEN]; /* colld_last_error (mu) */
 
     /* Fork safety (client.c): the process that connected, and the list of this process's
@@ -152,16 +154,20 @@ struct colld_comm {
     /* fast area (fast.c); NULL when the daemon gave none (multi-node, disabled) */
     colld_wire_fast_t *fast;
     size_t fast_size;
-    uint64_t fast_stride;     /* the area's layout as validated at attach: never read back from the */
-    uint64_t fast_slot_bytes; /* area, which every member can write */
-    void *fast_scratch;       /* slot_bytes, cache-line aligned: output of a misaligned buffer */
-    const void **fast_in;     /* [nranks] input pointers for the kernels */
-    colld_fast_op_t fop;      /* at most one in flight: a rank finishes it before its next call */
-    uint64_t spin_ns;         /* adaptive busy-wait before yielding */
-    uint64_t spin_max_ns;     /* 0 with more ranks than CPUs */
-    bool gpu_used;            /* gpu_base is set (at the first stream-ordered collective) */
-    uint32_t gpu_base;        /* flag base: collective ordinal o has flag value gpu_base + (uint32_t)o */
-    uint32_t gpu_gen;         /* its generation on the handle's flag line, set with gpu_base (client/cuda.c) */
+    uint64_t fast_stride;        /* the area's layout as validated at attach: never read back from the */
+    uint64_t fast_slot_bytes;    /* area, which every member can write */
+    void *fast_scratch;          /* slot_bytes, cache-line aligned: output of a misaligned buffer */
+    const void **fast_in;        /* [nranks] input pointers for the kernels */
+    uint64_t *fast_scalars;      /* [nranks] the ranks' scalar words of a premultiplied sum */
+    colld_fast_op_t fop;         /* at most one in flight: a rank finishes it before its next call */
+    uint64_t spin_ns;            /* adaptive busy-wait before yielding */
+    uint64_t spin_max_ns;        /* 0 with more ranks than CPUs */
+    bool gpu_used;               /* gpu_base is set (at the first stream-ordered collective) */
+    uint32_t gpu_base;           /* flag base: collective ordinal o has flag value gpu_base + (uint32_t)o */
+    uint32_t gpu_gen;            /* its generation on the handle's flag line, set with gpu_base (client/cuda.c) */
+    struct colld_premul *premul; /* [COLLD_REDOP_PREMUL_MAX] premultiplied-sum operators (redop.c), or NULL;
+                                    one allocation, freed by colld_comm_destroy */
+    uint32_t premul_tag;         /* the tag in this handle's operators (redop.c); 0 before the first */
 };
 
 /* A stream-ordered collective between its validation (colld__gpu_prepare) and its posting
@@ -291,14 +297,23 @@ void colld__fast_detach(colld_comm_t *comm);
 /* True when this collective runs on the fast area (the same answer on every rank). */
 bool colld__fast_eligible(const colld_comm_t *comm, colld_kind_t kind, size_t count, colld_dtype_t dtype);
 /* The fast path's poster (nothing else of this communicator may be in flight): publish this rank's
- * input for its next sequence number. The caller has checked the buffers (not NULL where used,
- * not running past the end of a registration). On error `err` says what is wrong. */
+ * input (and, in a premultiplied sum, its scalar word) for its next sequence number. The caller
+ * has checked the buffers (not NULL where used, not running past the end of a registration). On
+ * error `err` says what is wrong. */
 colld_status_t colld__fast_post(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes, void *recv,
-                                size_t recv_bytes, size_t count, colld_dtype_t dtype, colld_redop_t op, int root,
-                                colld_err_t *err);
+                                size_t recv_bytes, size_t count, colld_dtype_t dtype, uint8_t redop, uint64_t scalar,
+                                int root, colld_err_t *err);
 /* Finish the one in flight, if any: COLLD_OK, COLLD_INPROGRESS (only when !block) or the error
  * (also recorded as the communicator's). */
 colld_status_t colld__fast_finish(colld_comm_t *comm, bool block);
+
+/* redop.c */
+/* A collective's op as the wire has it: a built-in op as it is, an operator of
+ * colld_redop_create_premul_sum as COLLD_REDOP_PREMUL_SUM with its scalar word in *scalar (0
+ * otherwise). COLLD_ERR_INVALID_ARGUMENT (recorded on comm, naming the op) for an unknown op, an
+ * operator of another handle, a destroyed one, or one of another dtype. */
+colld_status_t colld__redop_resolve(colld_comm_t *comm, colld_redop_t op, colld_dtype_t dtype, uint8_t *wire_op,
+                                    uint64_t *scalar);
 
 /* group.c */
 bool colld__group_active(void);
@@ -311,8 +326,8 @@ colld_status_t colld__group_queue(colld_comm_t *comm, const colld_wire_sqe_t *sq
                                   const colld_gpu_op_t *gpu, colld_err_t *err);
 /* Queue a fast-path collective until the outermost colld_group_end (inside a group only). */
 colld_status_t colld__group_queue_fast(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes,
-                                       void *recv, size_t recv_bytes, size_t count, colld_dtype_t dtype,
-                                       colld_redop_t op, int root);
+                                       void *recv, size_t recv_bytes, size_t count, colld_dtype_t dtype, uint8_t redop,
+                                       uint64_t scalar, int root);
 
 /* cuda.c: GPU buffers and stream-ordered collectives. Without CUDA support in the build, or
  * without a driver, every entry point answers COLLD_ERR_NOT_SUPPORTED with the reason in `err`. */

@@ -34,6 +34,8 @@ typedef struct {
     size_t count;
     colld_dtype_t dtype;
     colld_redop_t op;
+    uint8_t wire_op; /* op as the descriptor has it (redop.c) */
+    uint64_t scalar; /* a premultiplied sum: this rank's scalar word; else 0 */
     int root;
     bool reduces;
     void *stream;
@@ -66,8 +68,9 @@ static void describe(call_t *k, const colld_comm_t *comm)
     k->sqe.comm = comm->handle;
     k->sqe.kind = (uint8_t)k->kind;
     k->sqe.dtype = (uint8_t)k->dtype;
-    k->sqe.redop = k->reduces ? (uint8_t)k->op : 0;
+    k->sqe.redop = k->reduces ? k->wire_op : 0;
     k->sqe.root = k->root;
+    colld_wire_sqe_set_scalar(&k->sqe, k->scalar);
 }
 
 /* Route, step 1: the arguments (op, root, sizes without overflow). */
@@ -77,8 +80,8 @@ static colld_status_t check_args(colld_comm_t *comm, call_t *k, size_t send_elem
     if (st != COLLD_OK)
         return st;
     k->reduces = k->kind == COLLD_KIND_ALLREDUCE || k->kind == COLLD_KIND_REDUCE || k->kind == COLLD_KIND_REDUCESCATTER;
-    if (k->reduces && (unsigned)k->op >= COLLD_REDOP_COUNT)
-        return colld__comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "unknown reduction op %d", (int)k->op);
+    if (k->reduces && (st = colld__redop_resolve(comm, k->op, k->dtype, &k->wire_op, &k->scalar)) != COLLD_OK)
+        return st;
     bool rooted = k->kind == COLLD_KIND_BROADCAST || k->kind == COLLD_KIND_REDUCE || k->kind == COLLD_KIND_GATHER ||
                   k->kind == COLLD_KIND_SCATTER;
     if (rooted && (k->root < 0 || k->root >= comm->nranks))
@@ -168,7 +171,7 @@ static colld_status_t go_fast(colld_comm_t *comm, call_t *k)
     colld_err_t err = COLLD_ERR_INIT;
     if (colld__group_active()) {
         st = colld__group_queue_fast(comm, k->kind, k->send, k->send_bytes, k->recv, k->recv_bytes, k->count, k->dtype,
-                                     k->op, k->root);
+                                     k->wire_op, k->scalar, k->root);
         return st == COLLD_OK ? st
                               : colld__comm_error(comm, st, "cannot queue the collective: %s", colld_status_string(st));
     }
@@ -176,8 +179,8 @@ static colld_status_t go_fast(colld_comm_t *comm, call_t *k)
      * inputs, and the fast area holds one collective per rank at a time. */
     if ((st = colld__comm_wait(comm)) != COLLD_OK)
         return st;
-    st = colld__fast_post(comm, k->kind, k->send, k->send_bytes, k->recv, k->recv_bytes, k->count, k->dtype, k->op,
-                          k->root, &err);
+    st = colld__fast_post(comm, k->kind, k->send, k->send_bytes, k->recv, k->recv_bytes, k->count, k->dtype, k->wire_op,
+                          k->scalar, k->root, &err);
     return st == COLLD_OK ? st : colld__comm_error(comm, st, "%s", err.msg);
 }
 

@@ -171,6 +171,7 @@ colld_status_t colld_comm_destroy(colld_comm_t *comm)
     colld__pending_drop_all(c, comm);
     pthread_mutex_unlock(&c->mu);
     colld__fast_detach(comm);
+    free(comm->premul); /* the premultiplied-sum operators (redop.c): one plain allocation */
     free(comm);
     if (!atomic_load(&c->lost))
         colld__gpu_comm_destroyed(c);

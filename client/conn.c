@@ -203,7 +203,7 @@ int colld__client_lookup(colld_client_t *c, const void *p, size_t bytes, colld_w
         if (bytes > c->regs[i].bytes - (a - b))
             return -2; /* starts inside, runs past the end */
         out->reg_id = c->regs[i].reg_id;
-        out->reserved = 0;
+        out->aux = 0;
         out->offset = a - b;
         return 0;
     }

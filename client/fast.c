@@ -5,8 +5,10 @@
  * skips the hand-off to the engine thread: this rank copies its input into its slot and publishes
  * it, waits until every rank has published the same collective, then computes its own output from
  * the slots in rank order with the same CPU kernels the daemon uses (so results are bitwise those
- * of the engine path). The protocol and layout are in proto/wire.h. Whether a collective takes
- * this path depends only on its signature and the communicator, so every rank decides alike.
+ * of the engine path). A premultiplied sum runs here too: each rank publishes its scalar word in
+ * its slot header, and every rank multiplies each peer's input by that peer's scalar. The protocol
+ * and layout are in proto/wire.h. Whether a collective takes this path depends only on its
+ * signature and the communicator, so every rank decides alike.
  *
  * The daemon is off this path but stays the authority: a rank that has waited a while (or that
  * finds a different call in a peer's slot) posts a record of its collective and wakes the
@@ -120,16 +122,19 @@ void colld__fast_attach(colld_comm_t *comm)
               need <= size - slots;
     void *scratch = NULL;
     const void **in = NULL;
+    uint64_t *scalars = NULL;
     if (ok) {
         scratch = aligned_alloc(COLLD_WIRE_CACHELINE, ((size_t)hdr.slot_bytes + 63) & ~(size_t)63);
         in = calloc((size_t)comm->nranks, sizeof(*in));
+        scalars = calloc((size_t)comm->nranks, sizeof(*scalars));
     }
-    if (!ok || !scratch || !in) {
+    if (!ok || !scratch || !in || !scalars) {
         if (!ok)
             LOG_WARN(CLIENT, "communicator %llu: the daemon's fast area is malformed; not using it",
                      (unsigned long long)comm->comm_id);
         free(scratch);
         free(in);
+        free(scalars);
         munmap(p, size);
         return;
     }
@@ -139,6 +144,7 @@ void colld__fast_attach(colld_comm_t *comm)
     comm->fast_slot_bytes = hdr.slot_bytes;
     comm->fast_scratch = scratch;
     comm->fast_in = in;
+    comm->fast_scalars = scalars;
     /* More ranks than CPUs: a rank that busy-waits only keeps a peer it waits for off a CPU. */
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     comm->spin_max_ns = cpus > 0 && comm->nranks > cpus ? 0 : SPIN_MAX_NS;
@@ -152,9 +158,11 @@ void colld__fast_detach(colld_comm_t *comm)
     munmap(comm->fast, comm->fast_size);
     free(comm->fast_scratch);
     free(comm->fast_in);
+    free(comm->fast_scalars);
     comm->fast = NULL;
     comm->fast_scratch = NULL;
     comm->fast_in = NULL;
+    comm->fast_scalars = NULL;
 }
 
 /* Bytes of this rank's input that go into its slot (the same on every rank but for a broadcast
@@ -185,13 +193,13 @@ bool colld__fast_eligible(const colld_comm_t *comm, colld_kind_t kind, size_t co
  * were checked by the router (coll.c, when the call was made): not NULL where used, not running
  * past the end of a registration, not device memory. */
 colld_status_t colld__fast_post(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes, void *recv,
-                                size_t recv_bytes, size_t count, colld_dtype_t dtype, colld_redop_t op, int root,
-                                colld_err_t *err)
+                                size_t recv_bytes, size_t count, colld_dtype_t dtype, uint8_t op, uint64_t scalar,
+                                int root, colld_err_t *err)
 {
     (void)recv_bytes, (void)err;
     uint64_t seq = ++comm->seq;
     uint64_t ord = seq - comm->p2p; /* the collective ordinal: the slots name the collective by it */
-    uint8_t redop = has_op(kind) ? (uint8_t)op : 0;
+    uint8_t redop = has_op(kind) ? op : 0;
     uint64_t now = colld_now_ns();
     colld_wire_fast_slot_t *s = slot_of(comm, comm->rank, ord);
     /* Mark the slot as being rewritten (seq 0) before touching it: the daemon may still be
@@ -207,6 +215,7 @@ colld_status_t colld__fast_post(colld_comm_t *comm, colld_kind_t kind, const voi
     s->flags = 0;
     s->root = root;
     s->arrival_ns = now;
+    s->scalar = redop == COLLD_REDOP_PREMUL_SUM ? scalar : 0;
     __atomic_store_n(&s->seq, ord, __ATOMIC_RELEASE);
     __atomic_add_fetch(&comm->fast->gen, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&comm->fast->sleepers, __ATOMIC_SEQ_CST))
@@ -291,12 +300,21 @@ static void compute(colld_comm_t *comm)
     case COLLD_KIND_ALLREDUCE:
     case COLLD_KIND_REDUCESCATTER: {
         size_t off = f->kind == COLLD_KIND_REDUCESCATTER ? (size_t)me * bytes : 0;
-        for (int j = 0; j < n; j++)
-            comm->fast_in[j] = payload_of(slot_of(comm, j, f->ord)) + off;
+        bool premul = f->redop == COLLD_REDOP_PREMUL_SUM;
+        for (int j = 0; j < n; j++) {
+            colld_wire_fast_slot_t *sj = slot_of(comm, j, f->ord);
+            comm->fast_in[j] = payload_of(sj) + off;
+            /* A peer's scalar is read once, and used only as a number (a bad one only changes this
+             * communicator's own result). */
+            comm->fast_scalars[j] = premul ? __atomic_load_n(&sj->scalar, __ATOMIC_RELAXED) : 0;
+        }
         /* The kernels want element-aligned pointers; the slots are, the caller's buffer may not be. */
         bool aligned = (uintptr_t)f->recv % es == 0;
         void *out = aligned ? f->recv : comm->fast_scratch;
-        colld_cpu_reduce(dt, (colld_redop_t)f->redop, comm->fast_in, n, &out, 1, f->count);
+        if (premul)
+            colld_cpu_reduce_premul(dt, comm->fast_scalars, comm->fast_in, n, &out, 1, f->count);
+        else
+            colld_cpu_reduce(dt, (colld_redop_t)f->redop, comm->fast_in, n, &out, 1, f->count);
         if (!aligned)
             memcpy(f->recv, comm->fast_scratch, bytes);
         return;

@@ -94,8 +94,8 @@ colld_status_t colld__group_queue(colld_comm_t *comm, const colld_wire_sqe_t *sq
 }
 
 colld_status_t colld__group_queue_fast(colld_comm_t *comm, colld_kind_t kind, const void *send, size_t send_bytes,
-                                       void *recv, size_t recv_bytes, size_t count, colld_dtype_t dtype,
-                                       colld_redop_t op, int root)
+                                       void *recv, size_t recv_bytes, size_t count, colld_dtype_t dtype, uint8_t redop,
+                                       uint64_t scalar, int root)
 {
     if (!group_grow())
         return COLLD_ERR_NO_MEMORY;
@@ -104,9 +104,10 @@ colld_status_t colld__group_queue_fast(colld_comm_t *comm, colld_kind_t kind, co
     };
     q.sqe.kind = (uint8_t)kind;
     q.sqe.dtype = (uint8_t)dtype;
-    q.sqe.redop = (uint8_t)op;
+    q.sqe.redop = redop;
     q.sqe.root = root;
     q.sqe.count = count;
+    colld_wire_sqe_set_scalar(&q.sqe, scalar); /* the operator may be destroyed before the group ends */
     group.ops[group.n++] = q;
     return COLLD_OK;
 }
@@ -227,7 +228,7 @@ static colld_status_t try_start(size_t i, colld_wire_sqe_t *batch, size_t *k, co
     }
     colld_err_t err = COLLD_ERR_INIT;
     st = colld__fast_post(comm, (colld_kind_t)q->sqe.kind, q->send, q->send_bytes, q->recv, q->recv_bytes, q->sqe.count,
-                          (colld_dtype_t)q->sqe.dtype, (colld_redop_t)q->sqe.redop, q->sqe.root, &err);
+                          (colld_dtype_t)q->sqe.dtype, q->sqe.redop, colld_wire_sqe_scalar(&q->sqe), q->sqe.root, &err);
     if (st != COLLD_OK) {
         snprintf(comm->last_error, sizeof(comm->last_error), "%s: %.400s", colld_status_name(st), err.msg);
         comm->detail_fetched = true;

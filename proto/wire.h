@@ -24,13 +24,16 @@
 #ifndef COLLD_PROTO_WIRE_H
 #define COLLD_PROTO_WIRE_H
 
+#include <colld/colld.h>
 #include <stdint.h>
 
 #define COLLD_WIRE_MAGIC 0x434f4c44u /* "COLD" */
 /* 2: per-collective GPU ready slots (colld_wire_gpu_flag_t); 3: point-to-point (COLLD_KIND_SEND /
  * COLLD_KIND_RECV, COLLD_SQE_LINK) and the collective ordinal (below); 4: persistent plans of
- * captured collectives (COLLD_SQE_PLAN, colld_wire_gpu_plan_t, COLLD_MSG_PLAN_FREE) */
-#define COLLD_WIRE_VERSION 4
+ * captured collectives (COLLD_SQE_PLAN, colld_wire_gpu_plan_t, COLLD_MSG_PLAN_FREE); 5: the
+ * premultiplied sum (COLLD_REDOP_PREMUL_SUM, its scalar in the descriptor and in the fast area's
+ * slot header) */
+#define COLLD_WIRE_VERSION 5
 #define COLLD_WIRE_TOKEN_BYTES 16
 /* A unique id (the 128 bytes of colld_unique_id_t): 16 random bytes; an id made by a daemon that
  * listens for peers (multi-node) also carries "CLN1" at byte 16 and that daemon's address
@@ -71,12 +74,27 @@ static inline int colld_kind_is_p2p(unsigned kind)
     return kind == COLLD_KIND_SEND || kind == COLLD_KIND_RECV;
 }
 
-/* A buffer reference: a registration of the submitting session plus a byte offset into it. */
+/* A buffer reference: a registration of the submitting session plus a byte offset into it. `aux`
+ * belongs to the descriptor, not to the buffer: 0, except in a premultiplied sum (below). */
 typedef struct {
     uint32_t reg_id;
-    uint32_t reserved;
+    uint32_t aux;
     uint64_t offset;
 } colld_wire_buf_t;
+
+/* sqe.redop is a colld_redop_t (COLLD_SUM .. COLLD_AVG) or, on the wire only, the premultiplied sum
+ * (colld_redop_create_premul_sum: an application names it by a handle of its communicator, which
+ * libcolld resolves before posting). Its number follows the API's ops (the CPU and CUDA kernels use
+ * the same one). The rank's own scalar travels in the descriptor as a scalar word: a uint64_t whose
+ * first bytes (memcpy) hold one value of sqe.dtype and whose other bytes are zero (NCCL's opArg),
+ * split as send.aux = its low 32 bits and recv.aux = its high 32 bits (colld_wire_sqe_scalar). The
+ * daemon refuses a word with bytes past the dtype's, and aux words that are not 0 in any other
+ * descriptor (fast-path records included: they carry no scalar). Ranks may pass different scalars:
+ * the scalar is no part of the signature that matching compares. */
+#define COLLD_REDOP_PREMUL_SUM 5
+#define COLLD_WIRE_REDOPS 6 /* sqe.redop < COLLD_WIRE_REDOPS */
+_Static_assert(COLLD_REDOP_PREMUL_SUM == COLLD_REDOP_COUNT && COLLD_WIRE_REDOPS == COLLD_REDOP_COUNT + 1,
+               "the premultiplied sum follows the API's ops");
 
 /* sqe.flags */
 /* A record, not a request: a rank that has waited a while for a collective on the
@@ -123,14 +141,14 @@ typedef struct {
  * time-outs and mismatch reports ("collective #N"). Without point-to-point operations the two are
  * equal.
  * `reserved` is 0, except in COLLD_SQE_STREAM descriptors (the flag base; with COLLD_SQE_PLAN the
- * plan line). */
+ * plan line); send.aux and recv.aux are 0, except in a premultiplied sum (its scalar word, above). */
 typedef struct {
     uint64_t seq;
     uint64_t count;
     uint32_t comm;     /* session-local communicator handle from CommInit */
     uint8_t kind;      /* colld_kind_t */
     uint8_t dtype;     /* colld_dtype_t */
-    uint8_t redop;     /* colld_redop_t */
+    uint8_t redop;     /* colld_redop_t, or COLLD_REDOP_PREMUL_SUM */
     uint8_t flags;
     int32_t root;
     uint32_t reserved;
@@ -149,6 +167,19 @@ typedef struct {
 
 _Static_assert(sizeof(colld_wire_sqe_t) == 64, "sqe layout");
 _Static_assert(sizeof(colld_wire_cqe_t) == 32, "cqe layout");
+
+/* The scalar word of a premultiplied-sum descriptor (send.aux low, recv.aux high). */
+static inline uint64_t colld_wire_sqe_scalar(const colld_wire_sqe_t *d)
+{
+    return (uint64_t)d->recv.aux << 32 | d->send.aux;
+}
+
+/* Put a scalar word into a descriptor (its buffer references already filled). */
+static inline void colld_wire_sqe_set_scalar(colld_wire_sqe_t *d, uint64_t word)
+{
+    d->send.aux = (uint32_t)word;
+    d->recv.aux = (uint32_t)(word >> 32);
+}
 
 /* ---------------------------------------------------------------------------------------------
  * Session shared memory
@@ -185,7 +216,9 @@ typedef struct {
  * header's `seq` last (release); every rank waits until all slots of that sequence are published
  * with the same signature, then computes its own output from the slots in rank order. A rank
  * finishes its previous collective on the communicator before it starts the next, so two slots
- * per rank (by seq parity) are never overwritten while a peer still reads them.
+ * per rank (by seq parity) are never overwritten while a peer still reads them. In a
+ * premultiplied sum each rank's slot header carries that rank's scalar word (`scalar`), by which
+ * every rank multiplies that rank's input when it computes its output.
  *
  *   colld_wire_fast_t       header: the daemon's verdict and a futex word
  *   stats[rank]             colld_wire_fast_stats_t: what each rank finished here (metrics)
@@ -219,7 +252,8 @@ typedef struct {
     uint8_t kind, dtype, redop, flags;
     int32_t root;
     uint64_t arrival_ns; /* when the rank published it (CLOCK_MONOTONIC) */
-    uint64_t reserved[4];
+    uint64_t scalar;     /* a premultiplied sum: the rank's scalar word (as the descriptor's); else 0 */
+    uint64_t reserved[3];
 } colld_wire_fast_slot_t;
 
 /* Collectives a rank finished on the fast area, by kind (1..5) and dtype; written by that rank

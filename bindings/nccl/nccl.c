@@ -464,20 +464,51 @@ EXPORT ncclResult_t ncclMemFree(void *ptr)
                           : fail(to_nccl(st), "ncclMemFree: %s: %s", colld_status_name(st), colld_last_error(c));
 }
 
+static int dtype_of(ncclDataType_t t);
+
+/* The premultiplied sum: colld_redop_create_premul_sum of the communicator, whose operator value
+ * (above ncclNumOps, below 2^31) is the ncclRedOp_t. The scalar is read here, as NCCL reads a
+ * host-immediate one, so the operator may be destroyed once the calls using it have returned. A
+ * scalar in device memory (ncclScalarDevice) is read by NCCL's kernels when each collective runs;
+ * colld has no such read (its kernels run in the daemon), so it is refused. */
 EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
                                              ncclScalarResidence_t residence, ncclComm_t comm)
 {
-    (void)op, (void)scalar, (void)datatype, (void)residence, (void)comm;
-    return fail(ncclInvalidUsage, "ncclRedOpCreatePreMulSum is not supported by colld yet");
+    ncclResult_t res = check_comm("ncclRedOpCreatePreMulSum", comm);
+    if (res != ncclSuccess)
+        return res;
+    int dt = dtype_of(datatype);
+    if (!op || !scalar || dt < 0)
+        return fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum: %s",
+                    !op       ? "op is NULL"
+                    : !scalar ? "scalar is NULL"
+                              : "unknown data type");
+    if (residence == ncclScalarDevice)
+        return fail(ncclInvalidUsage,
+                    "ncclRedOpCreatePreMulSum: a scalar in device memory (ncclScalarDevice) is not supported by "
+                    "colld: pass a pointer to the scalar in host memory with ncclScalarHostImmediate");
+    if (residence != ncclScalarHostImmediate)
+        return fail(ncclInvalidArgument, "ncclRedOpCreatePreMulSum: unknown scalar residence %d", (int)residence);
+    colld_redop_t cop;
+    colld_status_t st = colld_redop_create_premul_sum(comm->c, scalar, (colld_dtype_t)dt, &cop);
+    if (st != COLLD_OK)
+        return fail_comm("ncclRedOpCreatePreMulSum", st, comm);
+    *op = (ncclRedOp_t)cop;
+    return ncclSuccess;
 }
 
 EXPORT ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm)
 {
-    (void)comm;
-    return fail(ncclInvalidUsage,
-                "ncclRedOpDestroy: operator %d was not made by ncclRedOpCreatePreMulSum "
-                "(which colld does not support yet)",
-                (int)op);
+    ncclResult_t res = check_comm("ncclRedOpDestroy", comm);
+    if (res != ncclSuccess)
+        return res;
+    if ((unsigned)op < ncclNumOps)
+        return fail(ncclInvalidArgument,
+                    "ncclRedOpDestroy: operator %d is a built-in operator, not one of "
+                    "ncclRedOpCreatePreMulSum",
+                    (int)op);
+    colld_status_t st = colld_redop_destroy(comm->c, (colld_redop_t)op);
+    return st == COLLD_OK ? ncclSuccess : fail_comm("ncclRedOpDestroy", st, comm);
 }
 
 /* ============================================================================================
@@ -496,14 +527,16 @@ static int dtype_of(ncclDataType_t t)
     return (unsigned)t < ncclNumTypes ? (int)map[t] : -1;
 }
 
-/* NCCL's reduction operator as colld's; -1 for none (a PreMulSum operator included). */
-static int op_of(ncclRedOp_t op)
+/* NCCL's reduction operator as colld's: the built-in ones mapped, any other value passed on as it
+ * is (an operator of ncclRedOpCreatePreMulSum is colld's own value; libcolld refuses an unknown
+ * one, another communicator's, a destroyed one or one of another data type, saying which). */
+static colld_redop_t op_of(ncclRedOp_t op)
 {
     static const colld_redop_t map[ncclNumOps] = {
         [ncclSum] = COLLD_SUM, [ncclProd] = COLLD_PROD, [ncclMax] = COLLD_MAX,
         [ncclMin] = COLLD_MIN, [ncclAvg] = COLLD_AVG,
     };
-    return (unsigned)op < ncclNumOps ? (int)map[op] : -1;
+    return (unsigned)op < ncclNumOps ? map[op] : (colld_redop_t)op;
 }
 
 /* Whether p is device memory (a CUDA driver loaded in the process and p one of its pointers). */
@@ -519,7 +552,8 @@ static bool host_buffers(const ncclComm_t comm, const void *send, const void *re
     return !on_device(c, send) && !on_device(c, recv);
 }
 
-/* The arguments common to every collective, checked; *dt (and *op when op_in >= 0) set. */
+/* The arguments common to every collective, checked; *dt set, and *op when asked (colld's op, which
+ * libcolld checks when the collective is called). */
 static ncclResult_t check_args(const char *what, ncclComm_t comm, ncclDataType_t datatype, int *dt, ncclRedOp_t op_in,
                                int *op)
 {
@@ -528,7 +562,7 @@ static ncclResult_t check_args(const char *what, ncclComm_t comm, ncclDataType_t
         return res;
     if ((*dt = dtype_of(datatype)) < 0)
         return fail(ncclInvalidArgument, "%s: unknown data type %d", what, (int)datatype);
-    if (op && (*op = op_of(op_in)) < 0)
+    if (op && (*op = (int)op_of(op_in)) < 0) /* NCCL's operators are never negative */
         return fail(ncclInvalidArgument, "%s: unknown reduction operator %d", what, (int)op_in);
     return ncclSuccess;
 }

@@ -23,6 +23,7 @@
  */
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/chrono.h>
@@ -44,7 +45,8 @@
 #include <thread>
 #include <vector>
 
-namespace {
+namespace
+{
 
 const char *const kUidKey = "torch_colld/uid";
 
@@ -72,7 +74,8 @@ template <typename F> void spin_until(F ready)
 /* One operation's Work. c10d::Work keeps the completion state (wait() raises its exception);
  * the future carries the output tensors, as ProcessGroupGloo's does, for DDP's communication
  * hooks. */
-class WorkColld : public c10d::Work {
+class WorkColld : public c10d::Work
+{
   public:
     WorkColld(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
         : c10d::Work(rank, type), outputs_(std::move(outputs)),
@@ -164,25 +167,86 @@ colld_dtype_t reduce_dtype(const char *op, const at::Tensor &t)
                 " is not supported by colld (int8, uint8, int32, int64, float16, bfloat16, float32, float64 are)");
 }
 
-/* The colld operator of a c10d ReduceOp; raises for the bitwise ones and PREMUL_SUM. */
-colld_redop_t reduce_op(const char *op, const c10d::ReduceOp &r)
+/* A collective's reduction as colld takes it: a built-in op, or a premultiplied sum with this
+ * rank's scalar word (the factor in the collective's dtype; made into an operator of the
+ * communicator when the collective is issued, with_op). */
+struct RedOp {
+    colld_redop_t op = COLLD_SUM;
+    bool premul = false;
+    uint64_t word = 0;
+};
+
+/* The premultiplied sum of a PREMUL_SUM ReduceOp (torch.distributed._make_nccl_premul_sum): its
+ * factor, a float or a one-element CPU tensor, converted to `dtype` now, as ProcessGroupNCCL
+ * converts it (T(factor)); a tensor factor is read now, when the collective is called. */
+RedOp premul_op(const char *op, const c10d::ReduceOp &r, at::ScalarType dtype)
 {
+    /* torch 1.13 makes PREMUL_SUM only with this supplement (makeNCCLPreMulSum), as
+     * ProcessGroupNCCL relies on. */
+    const auto *sup = static_cast<const c10d::NCCLPreMulSumSupplement *>(r.supplement_.get());
+    TORCH_CHECK(sup, "torch_colld: ", op,
+                ": a PREMUL_SUM op without its factor (make it with torch.distributed._make_nccl_premul_sum)");
+    at::Tensor f;
+    if (sup->tensor_factors.empty()) {
+        f = at::scalar_tensor(sup->double_factor, at::TensorOptions().dtype(at::kDouble));
+    } else {
+        TORCH_CHECK(sup->tensor_factors.size() == 1 && sup->tensor_factors[0].numel() == 1, "torch_colld: ", op,
+                    ": a PREMUL_SUM factor must be one tensor of one element (one process, one device)");
+        f = sup->tensor_factors[0];
+        TORCH_CHECK(f.device().is_cpu(), "torch_colld: ", op, ": the PREMUL_SUM factor is on ", f.device(),
+                    ", only CPU tensors are supported");
+    }
+    f = f.to(dtype).contiguous();
+    RedOp o;
+    o.premul = true;
+    std::memcpy(&o.word, f.data_ptr(), f.element_size()); /* the scalar word: the value's bytes first */
+    return o;
+}
+
+/* The colld reduction of a c10d ReduceOp for a tensor of `dtype`; raises for the bitwise ones. */
+RedOp reduce_op(const char *op, const c10d::ReduceOp &r, at::ScalarType dtype)
+{
+    RedOp o;
     switch (r.op_) {
     case c10d::ReduceOp::SUM:
-        return COLLD_SUM;
+        o.op = COLLD_SUM;
+        return o;
     case c10d::ReduceOp::PRODUCT:
-        return COLLD_PROD;
+        o.op = COLLD_PROD;
+        return o;
     case c10d::ReduceOp::MIN:
-        return COLLD_MIN;
+        o.op = COLLD_MIN;
+        return o;
     case c10d::ReduceOp::MAX:
-        return COLLD_MAX;
+        o.op = COLLD_MAX;
+        return o;
     case c10d::ReduceOp::AVG:
-        return COLLD_AVG;
+        o.op = COLLD_AVG;
+        return o;
+    case c10d::ReduceOp::PREMUL_SUM:
+        return premul_op(op, r, dtype);
     default:
         break;
     }
     TORCH_CHECK(false, "torch_colld: ", op, ": reduce op ", static_cast<int>(r.op_),
-                " is not supported by colld (SUM, PRODUCT, MIN, MAX and AVG are; BAND, BOR, BXOR and PREMUL_SUM are not)");
+                " is not supported by colld (SUM, PRODUCT, MIN, MAX, AVG and PREMUL_SUM are; BAND, BOR and BXOR are "
+                "not)");
+}
+
+/* Issue one colld call with the collective's op on the worker thread (which owns the
+ * communicator): a premultiplied sum gets an operator of c made for the call and destroyed right
+ * after it (the call has taken the scalar). */
+template <typename F> colld_status_t with_op(colld_comm_t *c, const RedOp &r, colld_dtype_t dt, F call)
+{
+    if (!r.premul)
+        return call(r.op);
+    colld_redop_t op;
+    colld_status_t st = colld_redop_create_premul_sum(c, &r.word, dt, &op);
+    if (st != COLLD_OK)
+        return st;
+    st = call(op);
+    colld_status_t d = colld_redop_destroy(c, op);
+    return st != COLLD_OK ? st : d;
 }
 
 /* A tensor colld can take: dense, on the CPU. */
@@ -190,7 +254,8 @@ void check_cpu(const char *op, const at::Tensor &t)
 {
     TORCH_CHECK(!t.is_cuda(), "torch_colld: ", op,
                 ": CUDA tensors are not supported yet (torch_colld runs CPU tensors only; see docs/torch.md)");
-    TORCH_CHECK(t.device().is_cpu(), "torch_colld: ", op, ": the tensor is on ", t.device(), ", only CPU tensors are supported");
+    TORCH_CHECK(t.device().is_cpu(), "torch_colld: ", op, ": the tensor is on ", t.device(),
+                ", only CPU tensors are supported");
     TORCH_CHECK(t.layout() == at::kStrided, "torch_colld: ", op, ": only dense (strided) tensors are supported, not ",
                 t.layout());
 }
@@ -234,7 +299,8 @@ std::string colld_failure(const char *what, colld_status_t st, const char *detai
  * The process group
  * -------------------------------------------------------------------------------------------- */
 
-class ProcessGroupColld : public c10d::ProcessGroup {
+class ProcessGroupColld : public c10d::ProcessGroup
+{
   public:
     /* Connect to the daemon and join the group's communicator: rank 0 makes the unique id and
      * publishes it in the store, the others read it (the store's get waits for it). Blocks until
@@ -371,12 +437,14 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     {
         const at::Tensor &t = single("allreduce", tensors);
         colld_dtype_t dt = reduce_dtype("allreduce", t);
-        colld_redop_t op = reduce_op("allreduce", opts.reduceOp);
+        RedOp op = reduce_op("allreduce", opts.reduceOp, t.scalar_type());
         at::Tensor buf = dense(t);
         Op o = make("allreduce", c10d::OpType::ALLREDUCE, tensors);
-        o.keep = {buf};
+        o.keep = { buf };
         o.issue = [buf, dt, op](colld_comm_t *c) {
-            return colld_allreduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, op, c, nullptr);
+            return with_op(c, op, dt, [&](colld_redop_t cop) {
+                return colld_allreduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, cop, c, nullptr);
+            });
         };
         o.done = copy_back(t, buf);
         return post(std::move(o));
@@ -386,21 +454,25 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor> &tensors,
                                                        const c10d::AllreduceCoalescedOptions &opts) override
     {
-        colld_redop_t op = reduce_op("allreduce_coalesced", opts.reduceOp);
+        std::vector<RedOp> ops;
         std::vector<at::Tensor> bufs;
         std::vector<colld_dtype_t> dts;
         std::vector<std::function<void()>> backs;
         for (const at::Tensor &t : tensors) {
             check_cpu("allreduce_coalesced", t);
             dts.push_back(reduce_dtype("allreduce_coalesced", t));
+            ops.push_back(reduce_op("allreduce_coalesced", opts.reduceOp, t.scalar_type()));
             bufs.push_back(dense(t));
             backs.push_back(copy_back(t, bufs.back()));
         }
         Op o = make("allreduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED, tensors);
         o.keep = bufs;
-        o.issue = [bufs, dts, op](colld_comm_t *c) {
+        o.issue = [bufs, dts, ops](colld_comm_t *c) {
             return grouped(bufs.size(), [&](size_t i) {
-                return colld_allreduce(bufs[i].data_ptr(), bufs[i].data_ptr(), bufs[i].numel(), dts[i], op, c, nullptr);
+                return with_op(c, ops[i], dts[i], [&](colld_redop_t cop) {
+                    return colld_allreduce(bufs[i].data_ptr(), bufs[i].data_ptr(), bufs[i].numel(), dts[i], cop, c,
+                                           nullptr);
+                });
             });
         };
         o.done = [backs] {
@@ -418,7 +490,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         int root = check_root("broadcast", opts.rootRank, opts.rootTensor);
         at::Tensor buf = dense(t);
         Op o = make("broadcast", c10d::OpType::BROADCAST, tensors);
-        o.keep = {buf};
+        o.keep = { buf };
         o.issue = [buf, root](colld_comm_t *c) {
             return colld_broadcast(buf.data_ptr(), buf.data_ptr(), nbytes(buf), COLLD_UINT8, root, c, nullptr);
         };
@@ -431,12 +503,14 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         const at::Tensor &t = single("reduce", tensors);
         int root = check_root("reduce", opts.rootRank, opts.rootTensor);
         colld_dtype_t dt = reduce_dtype("reduce", t);
-        colld_redop_t op = reduce_op("reduce", opts.reduceOp);
+        RedOp op = reduce_op("reduce", opts.reduceOp, t.scalar_type());
         at::Tensor buf = dense(t);
         Op o = make("reduce", c10d::OpType::REDUCE, tensors);
-        o.keep = {buf};
+        o.keep = { buf };
         o.issue = [buf, dt, op, root](colld_comm_t *c) {
-            return colld_reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, op, root, c, nullptr);
+            return with_op(c, op, dt, [&](colld_redop_t cop) {
+                return colld_reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, cop, root, c, nullptr);
+            });
         };
         if (root == rank_)
             o.done = copy_back(t, buf);
@@ -452,9 +526,9 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         TORCH_CHECK(outputs.size() == 1, "torch_colld: allgather: expects one output list, got ", outputs.size());
         check_list("allgather", outputs[0], in);
         at::Tensor src = dense(in);
-        at::Tensor flat = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
+        at::Tensor flat = at::empty({ static_cast<int64_t>(size_) * in.numel() }, in.options());
         Op o = make("allgather", c10d::OpType::ALLGATHER, outputs[0]);
-        o.keep = {src, flat};
+        o.keep = { src, flat };
         o.issue = [src, flat](colld_comm_t *c) {
             return colld_allgather(src.data_ptr(), flat.data_ptr(), nbytes(src), COLLD_UINT8, c, nullptr);
         };
@@ -471,9 +545,9 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         check_flat("_allgather_base", output, input, static_cast<int64_t>(size_) * input.numel());
         at::Tensor src = dense(input);
         at::Tensor dst = dense(output);
-        std::vector<at::Tensor> outs{output};
+        std::vector<at::Tensor> outs{ output };
         Op o = make("_allgather_base", c10d::OpType::_ALLGATHER_BASE, outs);
-        o.keep = {src, dst};
+        o.keep = { src, dst };
         o.issue = [src, dst](colld_comm_t *c) {
             return colld_allgather(src.data_ptr(), dst.data_ptr(), nbytes(src), COLLD_UINT8, c, nullptr);
         };
@@ -492,7 +566,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         for (size_t i = 0; i < inputs.size(); i++) {
             check_cpu("allgather_coalesced", inputs[i]);
             srcs.push_back(dense(inputs[i]));
-            flats.push_back(at::empty({static_cast<int64_t>(size_) * inputs[i].numel()}, inputs[i].options()));
+            flats.push_back(at::empty({ static_cast<int64_t>(size_) * inputs[i].numel() }, inputs[i].options()));
         }
         std::vector<at::Tensor> all;
         for (auto &list : outputs) {
@@ -511,7 +585,8 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         o.keep.insert(o.keep.end(), flats.begin(), flats.end());
         o.issue = [srcs, flats](colld_comm_t *c) {
             return grouped(srcs.size(), [&](size_t i) {
-                return colld_allgather(srcs[i].data_ptr(), flats[i].data_ptr(), nbytes(srcs[i]), COLLD_UINT8, c, nullptr);
+                return colld_allgather(srcs[i].data_ptr(), flats[i].data_ptr(), nbytes(srcs[i]), COLLD_UINT8, c,
+                                       nullptr);
             });
         };
         std::vector<std::vector<at::Tensor>> outs = outputs;
@@ -534,13 +609,15 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         TORCH_CHECK(inputs.size() == 1, "torch_colld: reduce_scatter: expects one input list, got ", inputs.size());
         check_list("reduce_scatter", inputs[0], out);
         colld_dtype_t dt = reduce_dtype("reduce_scatter", out);
-        colld_redop_t op = reduce_op("reduce_scatter", opts.reduceOp);
+        RedOp op = reduce_op("reduce_scatter", opts.reduceOp, out.scalar_type());
         at::Tensor src = flatten(inputs[0]);
         at::Tensor dst = dense(out);
         Op o = make("reduce_scatter", c10d::OpType::REDUCE_SCATTER, outputs);
-        o.keep = {src, dst};
+        o.keep = { src, dst };
         o.issue = [src, dst, dt, op](colld_comm_t *c) {
-            return colld_reducescatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, op, c, nullptr);
+            return with_op(c, op, dt, [&](colld_redop_t cop) {
+                return colld_reducescatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, cop, c, nullptr);
+            });
         };
         o.done = copy_back(out, dst);
         return post(std::move(o));
@@ -554,14 +631,16 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         check_cpu("_reduce_scatter_base", output);
         check_flat("_reduce_scatter_base", input, output, static_cast<int64_t>(size_) * output.numel());
         colld_dtype_t dt = reduce_dtype("_reduce_scatter_base", output);
-        colld_redop_t op = reduce_op("_reduce_scatter_base", opts.reduceOp);
+        RedOp op = reduce_op("_reduce_scatter_base", opts.reduceOp, output.scalar_type());
         at::Tensor src = dense(input);
         at::Tensor dst = dense(output);
-        std::vector<at::Tensor> outs{output};
+        std::vector<at::Tensor> outs{ output };
         Op o = make("_reduce_scatter_base", c10d::OpType::_REDUCE_SCATTER_BASE, outs);
-        o.keep = {src, dst};
+        o.keep = { src, dst };
         o.issue = [src, dst, dt, op](colld_comm_t *c) {
-            return colld_reducescatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, op, c, nullptr);
+            return with_op(c, op, dt, [&](colld_redop_t cop) {
+                return colld_reducescatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, cop, c, nullptr);
+            });
         };
         o.done = copy_back(output, dst);
         return post(std::move(o));
@@ -576,8 +655,8 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     }
 
     /* outputs[0][r] on the root gets rank r's input (no outputs elsewhere), staged in one tensor. */
-    c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
-                                          const c10d::GatherOptions &opts) override
+    c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>> &outputs,
+                                          std::vector<at::Tensor> &inputs, const c10d::GatherOptions &opts) override
     {
         const at::Tensor &in = single("gather", inputs);
         int root = check_root("gather", opts.rootRank, 0);
@@ -585,15 +664,16 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         at::Tensor flat;
         std::vector<at::Tensor> outs;
         if (root == rank_) {
-            TORCH_CHECK(outputs.size() == 1, "torch_colld: gather: the root expects one output list, got ", outputs.size());
+            TORCH_CHECK(outputs.size() == 1, "torch_colld: gather: the root expects one output list, got ",
+                        outputs.size());
             check_list("gather", outputs[0], in);
             outs = outputs[0];
-            flat = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
+            flat = at::empty({ static_cast<int64_t>(size_) * in.numel() }, in.options());
         } else {
             TORCH_CHECK(outputs.empty(), "torch_colld: gather: only the root (rank ", root, ") takes an output list");
         }
         Op o = make("gather", c10d::OpType::GATHER, outs);
-        o.keep = {src, flat};
+        o.keep = { src, flat };
         o.issue = [src, flat, root](colld_comm_t *c) {
             return colld_gather(src.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, nbytes(src), COLLD_UINT8,
                                 root, c, nullptr);
@@ -604,14 +684,16 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     }
 
     /* outputs[0] gets the root's inputs[0][rank] (no inputs elsewhere), staged in one tensor. */
-    c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor> &outputs, std::vector<std::vector<at::Tensor>> &inputs,
+    c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor> &outputs,
+                                           std::vector<std::vector<at::Tensor>> &inputs,
                                            const c10d::ScatterOptions &opts) override
     {
         const at::Tensor &out = single("scatter", outputs);
         int root = check_root("scatter", opts.rootRank, 0);
         at::Tensor src;
         if (root == rank_) {
-            TORCH_CHECK(inputs.size() == 1, "torch_colld: scatter: the root expects one input list, got ", inputs.size());
+            TORCH_CHECK(inputs.size() == 1, "torch_colld: scatter: the root expects one input list, got ",
+                        inputs.size());
             check_list("scatter", inputs[0], out);
             src = flatten(inputs[0]);
         } else {
@@ -619,7 +701,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         }
         at::Tensor dst = dense(out);
         Op o = make("scatter", c10d::OpType::SCATTER, outputs);
-        o.keep = {src, dst};
+        o.keep = { src, dst };
         o.issue = [src, dst, root](colld_comm_t *c) {
             return colld_scatter(src.defined() ? src.data_ptr() : nullptr, dst.data_ptr(), nbytes(dst), COLLD_UINT8,
                                  root, c, nullptr);
@@ -629,8 +711,8 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     }
 
     /* all_to_all_single: equal splits only (colld_alltoall has one count). */
-    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &output, at::Tensor &input, std::vector<int64_t> &out_splits,
-                                                 std::vector<int64_t> &in_splits,
+    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &output, at::Tensor &input,
+                                                 std::vector<int64_t> &out_splits, std::vector<int64_t> &in_splits,
                                                  const c10d::AllToAllOptions & /* opts */) override
     {
         check_cpu("all_to_all_single", input);
@@ -645,9 +727,9 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         at::Tensor dst = dense(output);
         if (src.data_ptr() == dst.data_ptr())
             src = src.clone(); /* colld_alltoall has no in-place form */
-        std::vector<at::Tensor> outs{output};
+        std::vector<at::Tensor> outs{ output };
         Op o = make("all_to_all_single", c10d::OpType::ALLTOALL_BASE, outs);
-        o.keep = {src, dst};
+        o.keep = { src, dst };
         int world = size_;
         o.issue = [src, dst, world](colld_comm_t *c) {
             return colld_alltoall(src.data_ptr(), dst.data_ptr(), nbytes(src) / world, COLLD_UINT8, c, nullptr);
@@ -665,9 +747,9 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         check_list("all_to_all", inputs, inputs[0]);
         check_list("all_to_all", outputs, inputs[0]);
         at::Tensor src = flatten(inputs);
-        at::Tensor flat = at::empty({src.numel()}, src.options());
+        at::Tensor flat = at::empty({ src.numel() }, src.options());
         Op o = make("all_to_all", c10d::OpType::ALLTOALL, outputs);
-        o.keep = {src, flat};
+        o.keep = { src, flat };
         int world = size_;
         o.issue = [src, flat, world](colld_comm_t *c) {
             return colld_alltoall(src.data_ptr(), flat.data_ptr(), nbytes(src) / world, COLLD_UINT8, c, nullptr);
@@ -690,6 +772,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     {
         return missing("recv (any source)", "point-to-point");
     }
+
   private:
     /* Raise for an operation colld has no call for yet. */
     [[noreturn]] c10::intrusive_ptr<c10d::Work> missing(const char *op, const char *kind)
@@ -702,7 +785,8 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     /* A root rank in range, and tensor 0 (one tensor per process). */
     int check_root(const char *op, int64_t root, int64_t root_tensor)
     {
-        TORCH_CHECK(root >= 0 && root < size_, "torch_colld: ", op, ": root rank ", root, " is not in [0, ", size_, ")");
+        TORCH_CHECK(root >= 0 && root < size_, "torch_colld: ", op, ": root rank ", root, " is not in [0, ", size_,
+                    ")");
         TORCH_CHECK(root_tensor == 0, "torch_colld: ", op, ": root tensor ", root_tensor,
                     " out of range (one tensor per process)");
         return static_cast<int>(root);
@@ -726,8 +810,8 @@ class ProcessGroupColld : public c10d::ProcessGroup {
      * `small`'s dtype. */
     static void check_flat(const char *op, const at::Tensor &big, const at::Tensor &small, int64_t want)
     {
-        TORCH_CHECK(big.scalar_type() == small.scalar_type(), "torch_colld: ", op,
-                    ": input and output dtypes differ (", small.scalar_type(), ", ", big.scalar_type(), ")");
+        TORCH_CHECK(big.scalar_type() == small.scalar_type(), "torch_colld: ", op, ": input and output dtypes differ (",
+                    small.scalar_type(), ", ", big.scalar_type(), ")");
         TORCH_CHECK(big.numel() == want, "torch_colld: ", op, ": the flat tensor must hold world size x ",
                     small.numel(), " = ", want, " elements, it holds ", big.numel());
     }
@@ -750,7 +834,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     {
         std::vector<at::Tensor> parts;
         for (const at::Tensor &p : list)
-            parts.push_back(p.reshape({-1}));
+            parts.push_back(p.reshape({ -1 }));
         return at::cat(parts);
     }
 
@@ -808,7 +892,8 @@ class ProcessGroupColld : public c10d::ProcessGroup {
             }
         }
         if (o.work)
-            o.work->complete(std::string("torch_colld: ") + o.name + ": the process group was stopped (interpreter exit)");
+            o.work->complete(std::string("torch_colld: ") + o.name +
+                             ": the process group was stopped (interpreter exit)");
         cv_.notify_one();
         return w;
     }
@@ -863,11 +948,11 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     colld_comm_t *comm_ = nullptr;
     std::mutex mu_;
     std::condition_variable cv_;
-    std::deque<Op> queue_; /* guarded by mu_ */
+    std::deque<Op> queue_;            /* guarded by mu_ */
     std::atomic<size_t> queued_{ 0 }; /* queue_.size(), for the worker's look before it blocks */
-    bool stop_ = false;    /* guarded by mu_ */
-    bool busy_ = false;    /* guarded by mu_: the worker is running an operation */
-    std::mutex join_mu_;   /* one joiner at a time */
+    bool stop_ = false;               /* guarded by mu_ */
+    bool busy_ = false;               /* guarded by mu_: the worker is running an operation */
+    std::mutex join_mu_;              /* one joiner at a time */
     std::thread worker_;
 };
 
@@ -879,7 +964,7 @@ PYBIND11_MODULE(_torch_colld, m)
     /* torch registers c10d::ProcessGroup (with its intrusive_ptr holder) in this module. */
     pybind11::module_::import("torch._C._distributed_c10d");
     pybind11::class_<ProcessGroupColld, c10::intrusive_ptr<ProcessGroupColld>, c10d::ProcessGroup>(m,
-                                                                                               "ProcessGroupColld")
+                                                                                                   "ProcessGroupColld")
         .def(pybind11::init<const c10::intrusive_ptr<c10d::Store> &, int, int, std::chrono::milliseconds>(),
              pybind11::arg("store"), pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
              pybind11::call_guard<pybind11::gil_scoped_release>());

@@ -57,6 +57,11 @@
  *       executable graphs; replays of two executable graphs of one capture must be ordered.
  *       Inside colld_group_start/colld_group_end a captured collective is refused
  *       (COLLD_ERR_NOT_SUPPORTED).
+ *       New: the premultiplied sum (NCCL's ncclRedOpCreatePreMulSum): colld_redop_create_premul_sum
+ *       and colld_redop_destroy make and release an operator of one communicator handle, usable
+ *       as the op of colld_allreduce, colld_reduce and colld_reducescatter on it; each rank's input
+ *       is multiplied by that rank's own scalar before the sum (issue 16). colld_redop_t gained
+ *       COLLD_REDOP_MAX_ENUM (no op), so that it can hold such operators' values.
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -146,7 +151,10 @@ typedef enum {
     COLLD_MIN = 2,
     COLLD_MAX = 3,
     COLLD_AVG = 4, /* integer average truncates, as NCCL */
-    COLLD_REDOP_COUNT = 5
+    COLLD_REDOP_COUNT = 5,
+    /* Not an op: the range of operators made by colld_redop_create_premul_sum (values above every
+     * op above and below 2^31, as NCCL's ncclRedOp_t). */
+    COLLD_REDOP_MAX_ENUM = 0x7fffffff
 } colld_redop_t;
 
 typedef enum {
@@ -281,6 +289,42 @@ colld_status_t colld_allgather(const void *sendbuf, void *recvbuf, size_t sendco
 colld_status_t colld_reducescatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                                    colld_dtype_t dtype, colld_redop_t op, colld_comm_t *comm,
                                    void *stream);
+/* Premultiplied sum (NCCL's ncclRedOpCreatePreMulSum with ncclScalarHostImmediate): make in *op
+ * a reduction operator of this communicator handle for colld_allreduce, colld_reduce and
+ * colld_reducescatter on it, which multiplies each rank's input by that rank's own scalar before
+ * the inputs are summed: out = sum over ranks r, in rank order, of scalar_r * in_r (gradient
+ * averaging: scalar 1/nranks). Every rank makes its own, with its own scalar (they may differ),
+ * and a collective must use such an operator on every rank (else COLLD_ERR_MISMATCH, as for any
+ * op), each of the call's dtype.
+ *
+ * `scalar` points to one value of `dtype`, read now (the operator keeps a copy): for
+ * COLLD_FLOAT16 and COLLD_BFLOAT16 the 16-bit value (as NCCL: convert a float scalar to the dtype
+ * first). Precision, the same on every path (CPU, GPU, fast area, several nodes): integers
+ * multiply and add wrapping in their width; COLLD_FLOAT32 and COLLD_FLOAT64 round the product and
+ * then the sum in their own precision (no fused multiply-add); COLLD_FLOAT16 and COLLD_BFLOAT16
+ * multiply in float (exact), sum in float and round once, as their sum does. Results are
+ * deterministic like every reduction's. Across nodes the sum is of the nodes' partial sums (see
+ * docs/architecture.md), as for COLLD_SUM.
+ *
+ * Errors: COLLD_ERR_INVALID_ARGUMENT for a NULL comm, scalar or op or an unknown dtype;
+ * COLLD_ERR_INVALID_USAGE when the handle already holds COLLD_REDOP_PREMUL_MAX operators
+ * (colld_comm_last_error says so). A collective given an operator of another communicator handle,
+ * a destroyed one, or one made for another dtype fails with COLLD_ERR_INVALID_ARGUMENT before
+ * anything is posted, and colld_comm_last_error names the operator and what is wrong.
+ *
+ * Lifetime: if it fails there is nothing to destroy. An operator lives until colld_redop_destroy
+ * or colld_comm_destroy of its handle. Each collective takes the scalar when it is called (also
+ * inside a group), so the operator may be destroyed as soon as the calls that use it have
+ * returned, as NCCL allows. An operator of a destroyed handle must not be used (like the handle).
+ * Used by one thread at a time, with its handle. */
+#define COLLD_REDOP_PREMUL_MAX 64 /* operators one communicator handle holds at once */
+colld_status_t colld_redop_create_premul_sum(colld_comm_t *comm, const void *scalar, colld_dtype_t dtype,
+                                             colld_redop_t *op);
+/* Release an operator of colld_redop_create_premul_sum. COLLD_ERR_INVALID_ARGUMENT (detail in
+ * colld_comm_last_error) for an operator that is not a live one of this handle (another handle's,
+ * one destroyed already, or a built-in op). */
+colld_status_t colld_redop_destroy(colld_comm_t *comm, colld_redop_t op);
+
 /* Gather (to root: recvbuf holds nranks x sendcount, rank r's input at block r; recvbuf is not used
  * on other ranks), scatter (from root: sendbuf holds nranks x recvcount, block r goes to rank r;
  * sendbuf is not used on other ranks) and all-to-all (every rank sends block q of its nranks x

@@ -52,8 +52,7 @@ static int isa_usable(colld__isa_t isa)
     case COLLD__ISA_AVX512:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-               cpu_has_f16c();
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && cpu_has_f16c();
 #endif
     default:
         return 0;
@@ -87,12 +86,11 @@ static const colld__reduce_impl_t *dispatch_impl(void)
 
 /* Check the arguments and run one kernel of the given build. Nothing is touched unless every
  * argument is valid; with count == 0 or n_out == 0 nothing is read or written. */
-colld_status_t colld__reduce_with(const colld__reduce_impl_t *impl, colld_dtype_t dtype,
-                                  colld_redop_t op, const void *const *in, int n_in,
-                                  void *const *out, int n_out, size_t count)
+colld_status_t colld__reduce_with(const colld__reduce_impl_t *impl, colld_dtype_t dtype, colld_redop_t op,
+                                  const void *const *in, int n_in, void *const *out, int n_out, size_t count)
 {
-    if ((unsigned)dtype >= COLLD_DTYPE_COUNT || (unsigned)op >= COLLD_REDOP_COUNT || n_in < 1 ||
-        n_out < 0 || in == NULL || (n_out > 0 && out == NULL))
+    if ((unsigned)dtype >= COLLD_DTYPE_COUNT || (unsigned)op >= COLLD_REDOP_COUNT || n_in < 1 || n_out < 0 ||
+        in == NULL || (n_out > 0 && out == NULL))
         return COLLD_ERR_INVALID_ARGUMENT;
     if (count == 0 || n_out == 0)
         return COLLD_OK;
@@ -102,7 +100,26 @@ colld_status_t colld__reduce_with(const colld__reduce_impl_t *impl, colld_dtype_
     for (int o = 0; o < n_out; o++)
         if (out[o] == NULL)
             return COLLD_ERR_INVALID_ARGUMENT;
-    impl->table[dtype][op](in, n_in, out, n_out, count);
+    impl->table[dtype][op](in, NULL, n_in, out, n_out, count);
+    return COLLD_OK;
+}
+
+/* The same for the premultiplied sum: also a scalar word per input. */
+colld_status_t colld__reduce_premul_with(const colld__reduce_impl_t *impl, colld_dtype_t dtype, const uint64_t *scalars,
+                                         const void *const *in, int n_in, void *const *out, int n_out, size_t count)
+{
+    if ((unsigned)dtype >= COLLD_DTYPE_COUNT || scalars == NULL || n_in < 1 || n_out < 0 || in == NULL ||
+        (n_out > 0 && out == NULL))
+        return COLLD_ERR_INVALID_ARGUMENT;
+    if (count == 0 || n_out == 0)
+        return COLLD_OK;
+    for (int r = 0; r < n_in; r++)
+        if (in[r] == NULL)
+            return COLLD_ERR_INVALID_ARGUMENT;
+    for (int o = 0; o < n_out; o++)
+        if (out[o] == NULL)
+            return COLLD_ERR_INVALID_ARGUMENT;
+    impl->table[dtype][COLLD__REDOP_PREMUL_SUM](in, scalars, n_in, out, n_out, count);
     return COLLD_OK;
 }
 
@@ -114,10 +131,44 @@ colld_status_t colld_cpu_reduce(colld_dtype_t dtype, colld_redop_t op, const voi
 }
 
 /* Public: reduce with the portable build (the test oracle). */
-colld_status_t colld_cpu_reduce_scalar(colld_dtype_t dtype, colld_redop_t op, const void *const *in,
-                                       int n_in, void *const *out, int n_out, size_t count)
+colld_status_t colld_cpu_reduce_scalar(colld_dtype_t dtype, colld_redop_t op, const void *const *in, int n_in,
+                                       void *const *out, int n_out, size_t count)
 {
     return colld__reduce_with(&colld__reduce_impl_scalar, dtype, op, in, n_in, out, n_out, count);
+}
+
+/* Public: the premultiplied sum with the best build for this CPU. */
+colld_status_t colld_cpu_reduce_premul(colld_dtype_t dtype, const uint64_t *scalars, const void *const *in, int n_in,
+                                       void *const *out, int n_out, size_t count)
+{
+    return colld__reduce_premul_with(dispatch_impl(), dtype, scalars, in, n_in, out, n_out, count);
+}
+
+/* Public: the premultiplied sum with the portable build (the test oracle). */
+colld_status_t colld_cpu_reduce_premul_scalar(colld_dtype_t dtype, const uint64_t *scalars, const void *const *in,
+                                              int n_in, void *const *out, int n_out, size_t count)
+{
+    return colld__reduce_premul_with(&colld__reduce_impl_scalar, dtype, scalars, in, n_in, out, n_out, count);
+}
+
+/* Public: whether a scalar word holds one value of dtype and nothing else: its bytes past the
+ * element's are zero. */
+bool colld_cpu_scalar_word_ok(colld_dtype_t dtype, uint64_t word)
+{
+    size_t es = 0;
+    uint64_t only = 0;
+#define COLLD__SIZE_CASE(E, name, T, A, U, W, K)                                                                       \
+    case E:                                                                                                            \
+        es = sizeof(T);                                                                                                \
+        break;
+    switch (dtype) {
+        COLLD_REDUCE_DTYPES(COLLD__SIZE_CASE)
+    default:
+        return false;
+    }
+#undef COLLD__SIZE_CASE
+    memcpy(&only, &word, es);
+    return only == word;
 }
 
 /* Public: the name of the build colld_cpu_reduce uses ("avx512", "avx2" or "scalar"). */

@@ -7,7 +7,8 @@
  * Results are deterministic and identical between the dispatched (SIMD) and scalar versions:
  * bitwise the same for every dtype, op, count and alignment.
  *
- * Semantics (as NCCL): sum, prod, min, max; avg = sum / n_in (integers truncate toward zero).
+ * Semantics (as NCCL): sum, prod, min, max; avg = sum / n_in (integers truncate toward zero); the
+ * premultiplied sum (colld_cpu_reduce_premul) = sum of scalar_r * in_r.
  * Integer arithmetic wraps (two's complement). float16 and bfloat16 are accumulated in float over
  * all inputs and rounded once (round to nearest even) when written. For min/max on floats a NaN
  * input gives NaN.
@@ -22,7 +23,9 @@
 #define COLLD_KERNELS_CPU_REDUCE_H
 
 #include <colld/colld.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* Reduce n_in inputs into n_out outputs over `count` elements, using the best implementation for
  * this CPU (chosen once at first use). n_in >= 1, n_out >= 0. Returns COLLD_OK, or
@@ -31,8 +34,25 @@ colld_status_t colld_cpu_reduce(colld_dtype_t dtype, colld_redop_t op, const voi
                                 void *const *out, int n_out, size_t count);
 
 /* The same, always the portable scalar code: the test oracle. */
-colld_status_t colld_cpu_reduce_scalar(colld_dtype_t dtype, colld_redop_t op, const void *const *in,
-                                       int n_in, void *const *out, int n_out, size_t count);
+colld_status_t colld_cpu_reduce_scalar(colld_dtype_t dtype, colld_redop_t op, const void *const *in, int n_in,
+                                       void *const *out, int n_out, size_t count);
+
+/* The premultiplied sum (colld_redop_create_premul_sum): out = sum over r = 0..n_in-1, in that
+ * order, of scalars[r] * in[r], with the arguments, aliasing rules and determinism of
+ * colld_cpu_reduce. scalars[r] is a scalar word: a uint64_t whose first bytes (memcpy) hold one
+ * value of dtype, the rest zero (the form NCCL passes its scalar in, and colld's wire). Precision:
+ * integers multiply and add wrapping in their width; float32 and float64 round the product and
+ * then the sum in their own precision (no FMA); float16 and bfloat16 multiply in float (exact: two
+ * 11- or 8-bit significands), sum in float and round once when written, as their sum does. */
+colld_status_t colld_cpu_reduce_premul(colld_dtype_t dtype, const uint64_t *scalars, const void *const *in, int n_in,
+                                       void *const *out, int n_out, size_t count);
+
+/* The same, always the portable scalar code: the test oracle. */
+colld_status_t colld_cpu_reduce_premul_scalar(colld_dtype_t dtype, const uint64_t *scalars, const void *const *in,
+                                              int n_in, void *const *out, int n_out, size_t count);
+
+/* Whether `word` is a valid scalar word of dtype (its bytes past one element are zero). */
+bool colld_cpu_scalar_word_ok(colld_dtype_t dtype, uint64_t word);
 
 /* Divide `count` sums by `divisor` in place, exactly as the avg of colld_cpu_reduce divides its sum
  * (integers truncate toward zero; float16/bfloat16 divide in float and round once): the last step

@@ -22,7 +22,9 @@
  * in the element type, divided by n_in truncating toward zero; float avg is sum / (float)n_in in the
  * accumulator precision (for float16/bfloat16: float, then rounded once to 16 bits). min/max return
  * the first NaN in rank order if any input is NaN; between equal values (+0 and -0) the later rank
- * wins.
+ * wins. premul_sum is sum over r in rank order of (scalar_r * x_r): each product in the accumulator
+ * precision (rounded there for float and double; exact in float for float16/bfloat16, whose sum is
+ * then rounded once like sum's; wrapping for integers), then added to the running sum.
  */
 #include "kernels/cpu/reduce_internal.h"
 
@@ -86,6 +88,12 @@ static void float_to_bf16_block(uint16_t *restrict dst, const float *restrict sr
 #define COLLD__SRC_HALF(tmp, src, n) (isa_half_to_float_block((tmp), (src), (n)), (const float *)(tmp))
 #define COLLD__SRC_BF16(tmp, src, n) (bf16_to_float_block((tmp), (src), (n)), (const float *)(tmp))
 
+/* One element of storage type in accumulator type (a premul_sum scalar). */
+#define COLLD__WIDEN_INT(x) (x)
+#define COLLD__WIDEN_FLT(x) (x)
+#define COLLD__WIDEN_HALF(x) colld__half_to_float(x)
+#define COLLD__WIDEN_BF16(x) colld__bf16_to_float(x)
+
 /* The finished block in storage type: the accumulator itself, or rounded into stage. */
 #define COLLD__OUT_INT(stage, acc, n) ((void)(stage), (acc))
 #define COLLD__OUT_FLT(stage, acc, n) ((void)(stage), (acc))
@@ -98,17 +106,30 @@ static void float_to_bf16_block(uint16_t *restrict dst, const float *restrict sr
  * ------------------------------------------------------------------------------------------- */
 
 #define COLLD__DEFINE_DTYPE(E, name, T, A, U, W, K)                                                \
-    /* Combine one block of an input into the accumulator: acc[i] = acc[i] op src[i]. Sums and     \
-     * products go through the unsigned type U, so integers wrap without undefined behaviour.      \
-     * min/max keep acc when it is NaN and take src when src is NaN: the first NaN wins. */        \
+    /* A premul_sum scalar word (its first bytes hold one element of T) in accumulator type. */    \
+    COLLD__INLINE A colld__r_##name##_scalar(uint64_t w)                                           \
+    {                                                                                              \
+        T t;                                                                                       \
+        memcpy(&t, &w, sizeof t);                                                                  \
+        return COLLD__WIDEN_##K(t);                                                                \
+    }                                                                                              \
+                                                                                                   \
+    /* Combine one block of an input into the accumulator: acc[i] = acc[i] op src[i] (premul_sum:  \
+     * acc[i] + src[i] * s). Sums and products go through the unsigned type U, so integers wrap    \
+     * without undefined behaviour. min/max keep acc when it is NaN and take src when src is NaN:  \
+     * the first NaN wins. */                                                                      \
     COLLD__INLINE void colld__r_##name##_combine(A *restrict acc, const A *restrict src, size_t n, \
-                                                 int op)                                           \
+                                                 int op, A s)                                      \
     {                                                                                              \
         switch (op) {                                                                              \
         case COLLD_SUM:                                                                            \
         case COLLD_AVG:                                                                            \
             COLLD__IVDEP for (size_t i = 0; i < n; i++) acc[i] =                           \
                 (A)(U)((U)acc[i] + (U)src[i]);                                                     \
+            break;                                                                                 \
+        case COLLD__REDOP_PREMUL_SUM:                                                              \
+            COLLD__IVDEP for (size_t i = 0; i < n; i++) acc[i] =                           \
+                (A)(U)((U)acc[i] + (U)((U)src[i] * (U)s));                                         \
             break;                                                                                 \
         case COLLD_PROD:                                                                           \
             COLLD__IVDEP for (size_t i = 0; i < n; i++) acc[i] =                           \
@@ -128,9 +149,11 @@ static void float_to_bf16_block(uint16_t *restrict dst, const float *restrict sr
     }                                                                                              \
                                                                                                    \
     /* Reduce `count` elements of n_in inputs into n_out outputs, block by block (see the file     \
-     * comment for the order of reads and writes). */                                              \
-    COLLD__INLINE void colld__r_##name##_run(const void *const *in, int n_in, void *const *out,    \
-                                             int n_out, size_t count, int op)                      \
+     * comment for the order of reads and writes). premul_sum first scales input 0 by its scalar.  \
+     */                                                                                            \
+    COLLD__INLINE void colld__r_##name##_run(const void *const *in, const uint64_t *scalars,       \
+                                             int n_in, void *const *out, int n_out, size_t count,  \
+                                             int op)                                               \
     {                                                                                              \
         A acc[COLLD__REDUCE_BLOCK] __attribute__((aligned(64)));                                   \
         A tmp[COLLD__CONV_##K ? COLLD__REDUCE_BLOCK : 1] __attribute__((aligned(64)));             \
@@ -140,9 +163,14 @@ static void float_to_bf16_block(uint16_t *restrict dst, const float *restrict sr
             size_t n = count - base < COLLD__REDUCE_BLOCK ? count - base : COLLD__REDUCE_BLOCK;    \
                                                                                                    \
             COLLD__LOAD_##K(acc, (const T *)in[0] + base, n);                                      \
+            if (op == COLLD__REDOP_PREMUL_SUM) {                                                   \
+                A s0 = colld__r_##name##_scalar(scalars[0]);                                       \
+                COLLD__IVDEP for (size_t i = 0; i < n; i++) acc[i] = (A)(U)((U)acc[i] * (U)s0);    \
+            }                                                                                      \
             for (int r = 1; r < n_in; r++)                                                         \
-                colld__r_##name##_combine(acc, COLLD__SRC_##K(tmp, (const T *)in[r] + base, n), n, \
-                                          op);                                                     \
+                colld__r_##name##_combine(                                                         \
+                    acc, COLLD__SRC_##K(tmp, (const T *)in[r] + base, n), n, op,                   \
+                    op == COLLD__REDOP_PREMUL_SUM ? colld__r_##name##_scalar(scalars[r]) : (A)0);  \
             if (op == COLLD_AVG)                                                                   \
                 for (size_t i = 0; i < n; i++)                                                     \
                     acc[i] = (A)((W)acc[i] / (W)n_in);                                             \
@@ -156,10 +184,10 @@ static void float_to_bf16_block(uint16_t *restrict dst, const float *restrict sr
 
 /* One kernel per dtype x op: the core with a constant op. */
 #define COLLD__DEFINE_OP(name, E_OP, opname)                                                       \
-    static void colld__r_##name##_##opname(const void *const *in, int n_in, void *const *out,      \
-                                           int n_out, size_t count)                                \
+    static void colld__r_##name##_##opname(const void *const *in, const uint64_t *scalars,         \
+                                           int n_in, void *const *out, int n_out, size_t count)    \
     {                                                                                              \
-        colld__r_##name##_run(in, n_in, out, n_out, count, E_OP);                                  \
+        colld__r_##name##_run(in, scalars, n_in, out, n_out, count, E_OP);                         \
     }
 
 COLLD_REDUCE_DTYPES(COLLD__DEFINE_DTYPE)

@@ -32,20 +32,29 @@
     X(COLLD_FLOAT32, float32, float, float, float, float, FLT)                                     \
     X(COLLD_FLOAT64, float64, double, double, double, double, FLT)
 
+/* The premultiplied sum (colld_redop_create_premul_sum): the one op whose kernels take an argument,
+ * a scalar per input. It is no colld_redop_t value (an application names it by a handle of its
+ * communicator); its number follows the API's ops, and the wire carries the same number
+ * (COLLD_REDOP_PREMUL_SUM in proto/wire.h). COLLD__REDOPS counts every op the kernels have. */
+#define COLLD__REDOP_PREMUL_SUM COLLD_REDOP_COUNT
+#define COLLD__REDOPS (COLLD_REDOP_COUNT + 1)
+
 /* The ops: X(arg, enum, name); arg is passed through so that a dtype expansion can nest it. */
 #define COLLD_REDUCE_OPS(X, arg)                                                                   \
     X(arg, COLLD_SUM, sum)                                                                         \
     X(arg, COLLD_PROD, prod)                                                                       \
     X(arg, COLLD_MIN, min)                                                                         \
     X(arg, COLLD_MAX, max)                                                                         \
-    X(arg, COLLD_AVG, avg)
+    X(arg, COLLD_AVG, avg)                                                                         \
+    X(arg, COLLD__REDOP_PREMUL_SUM, premul_sum)
 
 /* Elements per block: the accumulator of one block stays in L1 (at most 8 KiB for float64). */
 #define COLLD__REDUCE_BLOCK 1024
 
-/* One kernel: validated arguments, count > 0, n_out > 0. */
-typedef void (*colld__reduce_fn_t)(const void *const *in, int n_in, void *const *out, int n_out,
-                                   size_t count);
+/* One kernel: validated arguments, count > 0, n_out > 0. `scalars` (premul_sum only, else NULL):
+ * n_in scalar words (colld_cpu_reduce_premul). */
+typedef void (*colld__reduce_fn_t)(const void *const *in, const uint64_t *scalars, int n_in,
+                                   void *const *out, int n_out, size_t count);
 
 typedef enum {
     COLLD__ISA_SCALAR = 0,
@@ -58,7 +67,7 @@ typedef enum {
 typedef struct {
     const char *name;
     colld__isa_t isa;
-    colld__reduce_fn_t table[COLLD_DTYPE_COUNT][COLLD_REDOP_COUNT];
+    colld__reduce_fn_t table[COLLD_DTYPE_COUNT][COLLD__REDOPS];
     void (*half_to_float_block)(float *dst, const uint16_t *src, size_t n);
     void (*float_to_half_block)(uint16_t *dst, const float *src, size_t n);
 } colld__reduce_impl_t;
@@ -74,6 +83,11 @@ size_t colld__reduce_impls(const colld__reduce_impl_t **impls, size_t max);
 colld_status_t colld__reduce_with(const colld__reduce_impl_t *impl, colld_dtype_t dtype,
                                   colld_redop_t op, const void *const *in, int n_in,
                                   void *const *out, int n_out, size_t count);
+
+/* colld_cpu_reduce_premul with a given implementation (argument checks included). */
+colld_status_t colld__reduce_premul_with(const colld__reduce_impl_t *impl, colld_dtype_t dtype,
+                                         const uint64_t *scalars, const void *const *in, int n_in,
+                                         void *const *out, int n_out, size_t count);
 
 /* Reinterpret the bits of a float as an integer, without aliasing problems. */
 static inline uint32_t colld__f32_bits(float f)

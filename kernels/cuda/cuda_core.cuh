@@ -12,7 +12,9 @@
  *     never contracted into FMA; the files are also compiled with -fmad=false);
  *   - HALF/BF16: converted to float with the CPU's bit-exact conversions, accumulated in float,
  *     rounded once to nearest even with the CPU's conversions (NaN payloads included);
- *   - min/max: (acc < x || isnan(acc)) ? acc : x, so the first NaN wins and ties take the later rank.
+ *   - min/max: (acc < x || isnan(acc)) ? acc : x, so the first NaN wins and ties take the later rank;
+ *   - premul_sum: acc = x_0 * s_0, then acc = acc + x_r * s_r in rank order, with the dtype's own
+ *     mul and add (so float16/bfloat16 multiply and sum in float and round once).
  *
  * A thread handles whole work items (one 16-byte vector or one element): it reads the item from
  * every input, then writes it to every output. No other thread touches that item, so an output may
@@ -256,6 +258,14 @@ template <typename T_, typename A_, typename U_, typename W_, int KIND> struct c
             return a != a;
     }
 
+    /* A premul_sum scalar word (its first bytes hold one T) in accumulator type. */
+    static COLLD__HD A scalar(uint64_t w)
+    {
+        T t;
+        memcpy(&t, &w, sizeof t);
+        return load(t);
+    }
+
     /* The avg of n inputs from their sum: (A)((W)sum / (W)n), as the CPU core. */
     static COLLD__HD A avg(A sum, int n)
     {
@@ -264,7 +274,7 @@ template <typename T_, typename A_, typename U_, typename W_, int KIND> struct c
 };
 
 /* The traits type of each dtype, named colld__cuda_t_<name>. */
-#define COLLD__CUDA_DTYPE_TRAITS(E, name, T, A, U, W, K)                                           \
+#define COLLD__CUDA_DTYPE_TRAITS(E, name, T, A, U, W, K)                                                               \
     typedef colld__cuda_dtype<T, A, U, W, COLLD__CUDA_KIND_##K> colld__cuda_t_##name;
 COLLD_REDUCE_DTYPES(COLLD__CUDA_DTYPE_TRAITS)
 #undef COLLD__CUDA_DTYPE_TRAITS
@@ -342,9 +352,16 @@ COLLD__HD void colld__cuda_reduce_item(const colld__cuda_reduce_params_t &p, siz
         e[0] = static_cast<const T *>(p.in[0])[first];
     else
         colld__cuda_load16(e, static_cast<const T *>(p.in[0]) + first);
-    COLLD__UNROLL
-    for (int k = 0; k < N; k++)
-        acc[k] = D::load(e[k]);
+    if constexpr (OP == COLLD__REDOP_PREMUL_SUM) {
+        const A s = D::scalar(p.scalar[0]);
+        COLLD__UNROLL
+        for (int k = 0; k < N; k++)
+            acc[k] = D::mul(D::load(e[k]), s);
+    } else {
+        COLLD__UNROLL
+        for (int k = 0; k < N; k++)
+            acc[k] = D::load(e[k]);
+    }
 
     COLLD__UNROLL_4
     for (int r = 1; r < p.n_in; r++) {
@@ -352,9 +369,16 @@ COLLD__HD void colld__cuda_reduce_item(const colld__cuda_reduce_params_t &p, siz
             e[0] = static_cast<const T *>(p.in[r])[first];
         else
             colld__cuda_load16(e, static_cast<const T *>(p.in[r]) + first);
-        COLLD__UNROLL
-        for (int k = 0; k < N; k++)
-            acc[k] = colld__cuda_combine<D, OP>(acc[k], D::load(e[k]));
+        if constexpr (OP == COLLD__REDOP_PREMUL_SUM) {
+            const A s = D::scalar(p.scalar[r]);
+            COLLD__UNROLL
+            for (int k = 0; k < N; k++)
+                acc[k] = D::add(acc[k], D::mul(D::load(e[k]), s));
+        } else {
+            COLLD__UNROLL
+            for (int k = 0; k < N; k++)
+                acc[k] = colld__cuda_combine<D, OP>(acc[k], D::load(e[k]));
+        }
     }
 
     COLLD__UNROLL

@@ -50,6 +50,7 @@
 
 #include <colld/colld.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -100,6 +101,14 @@ void colld_cuda_kernels_unload(colld_cuda_kernels_t *k);
 colld_status_t colld_cuda_reduce(const colld_cuda_kernels_t *k, colld_dtype_t dtype, colld_redop_t op,
                                  const void *const *in, int n_in, void *const *out, int n_out, size_t count,
                                  void *stream);
+
+/* The premultiplied sum: as colld_cuda_reduce, with out = sum over r in rank order of
+ * scalars[r] * in[r] (the semantics and precision of colld_cpu_reduce_premul, kernels/cpu/reduce.h,
+ * bitwise). scalars: n_in scalar words (a uint64_t whose first bytes hold one value of dtype),
+ * passed by value in the kernel's parameters, so the array need not outlive the call. */
+colld_status_t colld_cuda_reduce_premul(const colld_cuda_kernels_t *k, colld_dtype_t dtype, const uint64_t *scalars,
+                                        const void *const *in, int n_in, void *const *out, int n_out, size_t count,
+                                        void *stream);
 
 /* Copy `bytes` bytes from src to each of n_out outputs, in one kernel launched on `stream` of the
  * current context. 0 <= n_out <= COLLD_CUDA_MAX_RANKS. An output equal to src is skipped (nothing

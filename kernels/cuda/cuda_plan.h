@@ -20,6 +20,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -37,11 +38,12 @@ extern "C" {
 typedef struct {
     const void *in[COLLD_CUDA_MAX_RANKS];
     void *out[COLLD_CUDA_MAX_RANKS];
-    size_t count; /* elements */
-    size_t head;  /* elements before the vector body (head <= count) */
-    size_t nvec;  /* vectors of 16 bytes in the body (head + nvec * V <= count) */
-    int n_in;     /* 1 .. COLLD_CUDA_MAX_RANKS */
-    int n_out;    /* 1 .. COLLD_CUDA_MAX_RANKS */
+    size_t count;                          /* elements */
+    size_t head;                           /* elements before the vector body (head <= count) */
+    size_t nvec;                           /* vectors of 16 bytes in the body (head + nvec * V <= count) */
+    int n_in;                              /* 1 .. COLLD_CUDA_MAX_RANKS */
+    int n_out;                             /* 1 .. COLLD_CUDA_MAX_RANKS */
+    uint64_t scalar[COLLD_CUDA_MAX_RANKS]; /* premul_sum: each input's scalar word; else zero */
 } colld__cuda_reduce_params_t;
 
 /* Parameters of one copy kernel. */
@@ -58,10 +60,11 @@ typedef struct {
 /* Size in bytes of one element of dtype; 0 for an unknown dtype. */
 size_t colld__cuda_dtype_size(colld_dtype_t dtype);
 
-/* Check the arguments of colld_cuda_reduce and fill *p. Returns COLLD_OK with *work = the number of
- * work items (vectors plus single elements; 0: nothing to launch), or COLLD_ERR_INVALID_ARGUMENT
- * with the reason in colld_cuda_last_error(). */
-colld_status_t colld__cuda_reduce_plan(colld_dtype_t dtype, colld_redop_t op, const void *const *in,
+/* Check the arguments of colld_cuda_reduce (op one of COLLD_REDUCE_OPS but premul_sum, scalars
+ * ignored) or colld_cuda_reduce_premul (op COLLD__REDOP_PREMUL_SUM, n_in scalar words) and fill *p.
+ * Returns COLLD_OK with *work = the number of work items (vectors plus single elements; 0: nothing
+ * to launch), or COLLD_ERR_INVALID_ARGUMENT with the reason in colld_cuda_last_error(). */
+colld_status_t colld__cuda_reduce_plan(colld_dtype_t dtype, int op, const uint64_t *scalars, const void *const *in,
                                        int n_in, void *const *out, int n_out, size_t count,
                                        colld__cuda_reduce_params_t *p, size_t *work);
 
@@ -76,8 +79,7 @@ colld_status_t colld__cuda_copy_plan(const void *src, void *const *out, int n_ou
 #define COLLD__CUDA_REDUCE_KERNEL(name, opname) colld__cuda_reduce_##name##_##opname
 #define COLLD__CUDA_COPY_KERNEL(bytes) colld__cuda_copy_##bytes
 /* X(Unit, bytes): the copy units, widest first (Unit is a CUDA vector or integer type). */
-#define COLLD__CUDA_COPY_UNITS(X)                                                                  \
-    X(uint4, 16) X(uint2, 8) X(unsigned int, 4) X(unsigned short, 2) X(unsigned char, 1)
+#define COLLD__CUDA_COPY_UNITS(X) X(uint4, 16) X(uint2, 8) X(unsigned int, 4) X(unsigned short, 2) X(unsigned char, 1)
 #define COLLD__CUDA_STR_(x) #x
 #define COLLD__CUDA_STR(x) COLLD__CUDA_STR_(x)
 

@@ -37,7 +37,7 @@ static const int sass_archs[] = { COLLD_CUDA_SASS_ARCHS };
 struct colld_cuda_kernels {
     const colld_cu_t *cu;
     CUlibrary lib;
-    CUkernel reduce[COLLD_DTYPE_COUNT][COLLD_REDOP_COUNT];
+    CUkernel reduce[COLLD_DTYPE_COUNT][COLLD__REDOPS];
     CUkernel copy[N_COPY];
     int n;         /* GPUs */
     CUdevice *dev; /* [n] */
@@ -47,7 +47,7 @@ struct colld_cuda_kernels {
 /* The kernels' names, from the lists the kernels are generated from (cuda_plan.h). */
 #define NAME_OP(name, E_OP, opname) [E_OP] = COLLD__CUDA_STR(COLLD__CUDA_REDUCE_KERNEL(name, opname)),
 #define NAME_DTYPE(E, name, T, A, U, W, K) [E] = { COLLD_REDUCE_OPS(NAME_OP, name) },
-static const char *const reduce_names[COLLD_DTYPE_COUNT][COLLD_REDOP_COUNT] = { COLLD_REDUCE_DTYPES(NAME_DTYPE) };
+static const char *const reduce_names[COLLD_DTYPE_COUNT][COLLD__REDOPS] = { COLLD_REDUCE_DTYPES(NAME_DTYPE) };
 #undef NAME_DTYPE
 #undef NAME_OP
 #define NAME_COPY(Unit, bytes) COLLD__CUDA_STR(COLLD__CUDA_COPY_KERNEL(bytes)),
@@ -157,7 +157,7 @@ colld_status_t colld_cuda_kernels_load(const colld_cu_t *cu, const CUcontext *ct
     snprintf(where, sizeof(where), "loading colld's GPU kernels (%zu-byte fatbin): ", colld__cuda_fatbin_size);
     LOAD_CU(cuLibraryLoadData, &k->lib, colld__cuda_fatbin, NULL, NULL, 0, NULL, NULL, 0);
     for (int d = 0; d < COLLD_DTYPE_COUNT; d++)
-        for (int o = 0; o < COLLD_REDOP_COUNT; o++) {
+        for (int o = 0; o < COLLD__REDOPS; o++) {
             snprintf(where, sizeof(where), "kernel %s: ", reduce_names[d][o]);
             LOAD_CU(cuLibraryGetKernel, &k->reduce[d][o], k->lib, reduce_names[d][o]);
         }
@@ -210,7 +210,7 @@ colld_status_t colld_cuda_kernels_attach(const colld_cuda_kernels_t *k, CUcontex
     LOAD_CU(cuCtxPushCurrent, ctx);
     pushed = true;
     for (int d = 0; d < COLLD_DTYPE_COUNT; d++)
-        for (int o = 0; o < COLLD_REDOP_COUNT; o++) {
+        for (int o = 0; o < COLLD__REDOPS; o++) {
             CUfunction f;
             snprintf(where, sizeof(where), "GPU %d (%s), kernel %s: ", i, name, reduce_names[d][o]);
             LOAD_CU(cuKernelGetFunction, &f, k->reduce[d][o]);
@@ -303,11 +303,31 @@ colld_status_t colld_cuda_reduce(const colld_cuda_kernels_t *k, colld_dtype_t dt
 {
     colld__cuda_reduce_params_t p;
     size_t work;
-    colld_status_t st = colld__cuda_reduce_plan(dtype, op, in, n_in, out, n_out, count, &p, &work);
+    colld_status_t st = (unsigned)op < COLLD_REDOP_COUNT
+                            ? colld__cuda_reduce_plan(dtype, (int)op, NULL, in, n_in, out, n_out, count, &p, &work)
+                            : COLLD_ERR_INVALID_ARGUMENT;
 
+    if ((unsigned)op >= COLLD_REDOP_COUNT)
+        colld__cuda_set_error("colld_cuda_reduce: unknown op %d", (int)op);
     if (st != COLLD_OK || work == 0)
         return st;
     return launch(k, k ? k->reduce[dtype][op] : NULL, &p, work, stream, "colld_cuda_reduce");
+}
+
+/* Public: see cuda_kernels.h. */
+colld_status_t colld_cuda_reduce_premul(const colld_cuda_kernels_t *k, colld_dtype_t dtype, const uint64_t *scalars,
+                                        const void *const *in, int n_in, void *const *out, int n_out, size_t count,
+                                        void *stream)
+{
+    colld__cuda_reduce_params_t p;
+    size_t work;
+    colld_status_t st = colld__cuda_reduce_plan(dtype, COLLD__REDOP_PREMUL_SUM, scalars, in, n_in, out, n_out, count,
+                                                &p, &work);
+
+    if (st != COLLD_OK || work == 0)
+        return st;
+    return launch(k, k ? k->reduce[dtype][COLLD__REDOP_PREMUL_SUM] : NULL, &p, work, stream,
+                  "colld_cuda_reduce_premul");
 }
 
 /* Public: see cuda_kernels.h. */

@@ -35,8 +35,8 @@ void colld__cuda_set_error(const char *fmt, ...)
 /* Element sizes, from the dtype list the CPU kernels are generated from. */
 size_t colld__cuda_dtype_size(colld_dtype_t dtype)
 {
-#define COLLD__SIZE_CASE(E, name, T, A, U, W, K)                                                   \
-    case E:                                                                                        \
+#define COLLD__SIZE_CASE(E, name, T, A, U, W, K)                                                                       \
+    case E:                                                                                                            \
         return sizeof(T);
     switch (dtype) {
         COLLD_REDUCE_DTYPES(COLLD__SIZE_CASE)
@@ -48,8 +48,7 @@ size_t colld__cuda_dtype_size(colld_dtype_t dtype)
 
 /* Check one buffer of `bytes` bytes whose elements are `align` bytes: not NULL, aligned, and not
  * running past the end of the address space. `what` and `index` name it in the error text. */
-static int check_buffer(const char *fn, const char *what, int index, const void *ptr, size_t align,
-                        size_t bytes)
+static int check_buffer(const char *fn, const char *what, int index, const void *ptr, size_t align, size_t bytes)
 {
     uintptr_t a = (uintptr_t)ptr;
 
@@ -58,13 +57,12 @@ static int check_buffer(const char *fn, const char *what, int index, const void 
         return 0;
     }
     if (a % align != 0) {
-        colld__cuda_set_error("%s: %s %d (%p) is not aligned to its element size %zu", fn, what, index,
-                              ptr, align);
+        colld__cuda_set_error("%s: %s %d (%p) is not aligned to its element size %zu", fn, what, index, ptr, align);
         return 0;
     }
     if (a > UINTPTR_MAX - bytes) {
-        colld__cuda_set_error("%s: %s %d (%p) + %zu bytes runs past the end of the address space", fn,
-                              what, index, ptr, bytes);
+        colld__cuda_set_error("%s: %s %d (%p) + %zu bytes runs past the end of the address space", fn, what, index, ptr,
+                              bytes);
         return 0;
     }
     return 1;
@@ -80,22 +78,26 @@ static int overlap_partially(const void *x, const void *y, size_t bytes)
 }
 
 /* See cuda_plan.h. */
-colld_status_t colld__cuda_reduce_plan(colld_dtype_t dtype, colld_redop_t op, const void *const *in,
+colld_status_t colld__cuda_reduce_plan(colld_dtype_t dtype, int op, const uint64_t *scalars, const void *const *in,
                                        int n_in, void *const *out, int n_out, size_t count,
                                        colld__cuda_reduce_params_t *p, size_t *work)
 {
-    static const char fn[] = "colld_cuda_reduce";
+    const char *fn = op == COLLD__REDOP_PREMUL_SUM ? "colld_cuda_reduce_premul" : "colld_cuda_reduce";
     size_t es, bytes, v, mis;
     int vec = 1;
 
     *work = 0;
-    if ((unsigned)dtype >= COLLD_DTYPE_COUNT || (unsigned)op >= COLLD_REDOP_COUNT) {
-        colld__cuda_set_error("%s: unknown dtype %d or op %d", fn, (int)dtype, (int)op);
+    if ((unsigned)dtype >= COLLD_DTYPE_COUNT || (unsigned)op >= COLLD__REDOPS) {
+        colld__cuda_set_error("%s: unknown dtype %d or op %d", fn, (int)dtype, op);
+        return COLLD_ERR_INVALID_ARGUMENT;
+    }
+    if (op == COLLD__REDOP_PREMUL_SUM && scalars == NULL) {
+        colld__cuda_set_error("%s: the array of scalars is NULL", fn);
         return COLLD_ERR_INVALID_ARGUMENT;
     }
     if (n_in < 1 || n_in > COLLD_CUDA_MAX_RANKS || n_out < 0 || n_out > COLLD_CUDA_MAX_RANKS) {
-        colld__cuda_set_error("%s: n_in %d must be 1..%d and n_out %d 0..%d", fn, n_in,
-                              COLLD_CUDA_MAX_RANKS, n_out, COLLD_CUDA_MAX_RANKS);
+        colld__cuda_set_error("%s: n_in %d must be 1..%d and n_out %d 0..%d", fn, n_in, COLLD_CUDA_MAX_RANKS, n_out,
+                              COLLD_CUDA_MAX_RANKS);
         return COLLD_ERR_INVALID_ARGUMENT;
     }
     if (in == NULL || (n_out > 0 && out == NULL)) {
@@ -119,14 +121,12 @@ colld_status_t colld__cuda_reduce_plan(colld_dtype_t dtype, colld_redop_t op, co
             return COLLD_ERR_INVALID_ARGUMENT;
         for (int r = 0; r < n_in; r++)
             if (overlap_partially(out[o], in[r], bytes)) {
-                colld__cuda_set_error("%s: output %d overlaps input %d without being the same buffer",
-                                      fn, o, r);
+                colld__cuda_set_error("%s: output %d overlaps input %d without being the same buffer", fn, o, r);
                 return COLLD_ERR_INVALID_ARGUMENT;
             }
         for (int o2 = 0; o2 < o; o2++)
             if (overlap_partially(out[o], out[o2], bytes)) {
-                colld__cuda_set_error("%s: output %d overlaps output %d without being the same buffer",
-                                      fn, o, o2);
+                colld__cuda_set_error("%s: output %d overlaps output %d without being the same buffer", fn, o, o2);
                 return COLLD_ERR_INVALID_ARGUMENT;
             }
     }
@@ -141,6 +141,8 @@ colld_status_t colld__cuda_reduce_plan(colld_dtype_t dtype, colld_redop_t op, co
     memset(p, 0, sizeof *p);
     memcpy(p->in, in, (size_t)n_in * sizeof in[0]);
     memcpy(p->out, out, (size_t)n_out * sizeof out[0]);
+    if (op == COLLD__REDOP_PREMUL_SUM)
+        memcpy(p->scalar, scalars, (size_t)n_in * sizeof scalars[0]);
     p->n_in = n_in;
     p->n_out = n_out;
     p->count = count;
@@ -164,7 +166,7 @@ colld_status_t colld__cuda_copy_plan(const void *src, void *const *out, int n_ou
                                      colld__cuda_copy_params_t *p, size_t *work)
 {
     static const char fn[] = "colld_cuda_copy";
-    static const int units[] = {16, 8, 4, 2};
+    static const int units[] = { 16, 8, 4, 2 };
     int unit = 1;
     size_t mis;
 
@@ -193,8 +195,7 @@ colld_status_t colld__cuda_copy_plan(const void *src, void *const *out, int n_ou
         }
         for (int o2 = 0; o2 < o; o2++)
             if (overlap_partially(out[o], out[o2], bytes)) {
-                colld__cuda_set_error("%s: output %d overlaps output %d without being the same buffer",
-                                      fn, o, o2);
+                colld__cuda_set_error("%s: output %d overlaps output %d without being the same buffer", fn, o, o2);
                 return COLLD_ERR_INVALID_ARGUMENT;
             }
         if (out[o] != src) /* the source itself already holds the data */

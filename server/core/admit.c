@@ -4,21 +4,22 @@
  *
  * A descriptor is the tenant's bytes (copied out of shared memory by the engine first): the handle
  * must be a communicator this session joined, the sequence number the rank's next one (with a
- * side path such as the fast area, at least that), kind, dtype, op and root in range, count x size
- * x nranks without overflow, each buffer a registration of this session, in bounds, at an offset
- * that is a multiple of the element size, the rank's two buffers apart or in place as NCCL defines
- * it, device memory only in stream-ordered collectives (whose own checks are their backend's
- * `admit`). A bad descriptor fails with COLLD_ERR_INVALID_ARGUMENT (or NOT_SUPPORTED) and a
- * detail naming the rank and the field, and breaks its communicator, so that no peer waits for a
- * collective that cannot run. An admitted collective goes to its rank's queue of collectives
- * (match.c), a send or receive to its queue of point-to-point operations (p2p.c); both carry the
- * collective ordinal in d.seq and the operation id in `id` (proto/wire.h). All functions run with
- * daemon->lock held.
+ * side path such as the fast area, at least that), kind, dtype, op and root in range, the scalar
+ * word of a premultiplied sum (zero aux words otherwise), count x size x nranks without overflow,
+ * each buffer a registration of this session, in bounds, at an offset that is a multiple of the
+ * element size, the rank's two buffers apart or in place as NCCL defines it, device memory only in
+ * stream-ordered collectives (whose own checks are their backend's `admit`). A bad descriptor fails
+ * with COLLD_ERR_INVALID_ARGUMENT (or NOT_SUPPORTED) and a detail naming the rank and the field,
+ * and breaks its communicator, so that no peer waits for a collective that cannot run. An admitted
+ * collective goes to its rank's queue of collectives (match.c), a send or receive to its queue of
+ * point-to-point operations (p2p.c); both carry the collective ordinal in d.seq and the operation
+ * id in `id` (proto/wire.h). All functions run with daemon->lock held.
  */
 #include "server/core/daemon.h"
 
 #include "common/log.h"
 #include "common/util.h"
+#include "kernels/cpu/reduce.h"
 
 #include <stdio.h>
 
@@ -104,8 +105,22 @@ static colld_status_t check_fields(const colld_wire_sqe_t *d, int nranks, uint64
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "unknown collective kind %u", d->kind);
     if (d->dtype >= COLLD_DTYPE_COUNT)
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "unknown dtype %u", d->dtype);
-    if (colld_kind_has_op(d->kind) && d->redop >= COLLD_REDOP_COUNT)
+    if (colld_kind_has_op(d->kind) && d->redop >= COLLD_WIRE_REDOPS)
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "unknown reduction op %u", d->redop);
+    /* The premultiplied sum's scalar word (proto/wire.h): one value of the dtype, nothing past it;
+     * no other descriptor (fast-path records included) carries one. */
+    bool premul = colld_kind_has_op(d->kind) && d->redop == COLLD_REDOP_PREMUL_SUM && !(d->flags & COLLD_SQE_FAST);
+    uint64_t word = colld_wire_sqe_scalar(d);
+    if (premul && !colld_cpu_scalar_word_ok((colld_dtype_t)d->dtype, word))
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                             "premultiplied-sum scalar word 0x%016llx (send.aux, recv.aux) has bytes past its "
+                             "%zu-byte %s value",
+                             (unsigned long long)word, colld_dtype_size((colld_dtype_t)d->dtype),
+                             colld_dtype_name(d->dtype));
+    if (!premul && word)
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                             "send.aux and recv.aux are 0x%x and 0x%x: they must be 0 outside a premultiplied sum",
+                             d->send.aux, d->recv.aux);
     if (colld_kind_has_root(d->kind) && (d->root < 0 || d->root >= nranks))
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "root %d is out of range for %d ranks", d->root, nranks);
     if (colld_kind_is_p2p(d->kind) && (d->root < 0 || d->root >= nranks))
@@ -352,6 +367,7 @@ void colld_admit(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *
  * Signatures: what matching compares and a mismatch report names
  * ========================================================================================== */
 
+/* The premultiplied sum is one op whatever each rank's scalar (send.aux, recv.aux: not compared). */
 bool colld_same_call(const colld_wire_sqe_t *a, const colld_wire_sqe_t *b)
 {
     return a->kind == b->kind && a->dtype == b->dtype && a->count == b->count &&

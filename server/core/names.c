@@ -41,12 +41,12 @@ const char *colld_dtype_name(unsigned dtype)
     return dtype < COLLD_DTYPE_COUNT ? names[dtype] : "unknown";
 }
 
-/* "sum", ..., "unknown" for a value outside colld_redop_t. */
+/* "sum", ..., "premul_sum", "unknown" for a value outside the wire's ops (proto/wire.h). */
 const char *colld_redop_name(unsigned redop)
 {
-    static const char *const names[] = { "sum", "prod", "min", "max", "avg" };
-    _Static_assert(sizeof(names) / sizeof(names[0]) == COLLD_REDOP_COUNT, "one name per op");
-    return redop < COLLD_REDOP_COUNT ? names[redop] : "unknown";
+    static const char *const names[] = { "sum", "prod", "min", "max", "avg", "premul_sum" };
+    _Static_assert(sizeof(names) / sizeof(names[0]) == COLLD_WIRE_REDOPS, "one name per op");
+    return redop < COLLD_WIRE_REDOPS ? names[redop] : "unknown";
 }
 
 /* The name of a state, as collctl and the events show it. */

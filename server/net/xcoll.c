@@ -357,13 +357,21 @@ static int phase_in(xcoll_t *xc, uint64_t a, uint64_t b)
         }
         return 0;
     }
+    uint64_t scalars[COLLD_MAX_RANKS];
     for (int r = 0; r < n; r++)
-        if (k->ops[r])
+        if (k->ops[r]) {
+            scalars[nin] = colld_wire_sqe_scalar(&k->ops[r]->d);
             in[nin++] = (const uint8_t *)k->ops[r]->send_ptr + a;
+        }
     if ((xc->d->cfg.nan_check || xc->k->comm->nan_check) && check_finite(xc, a, b) < 0)
         return 0; /* failed with the verdict */
     void *out[1] = { xc->X + a };
-    return colld_cpu_reduce(xc->dt, xc->pop, in, nin, out, 1, (b - a) / xc->es) == COLLD_OK ? 0 : -1;
+    /* A premultiplied sum multiplies each local rank's input by its own scalar here; the nodes'
+     * partial sums are then added (pop). */
+    colld_status_t st = xc->op == (colld_redop_t)COLLD_REDOP_PREMUL_SUM
+                            ? colld_cpu_reduce_premul(xc->dt, scalars, in, nin, out, 1, (b - a) / xc->es)
+                            : colld_cpu_reduce(xc->dt, xc->pop, in, nin, out, 1, (b - a) / xc->es);
+    return st == COLLD_OK ? 0 : -1;
 }
 
 /* Send Ready to every other member daemon. */
@@ -551,7 +559,7 @@ void colld_xcoll_add(colld_daemon_t *d, colld_coll_t *k)
                         .count = lead->d.count };
     xc->dt = (colld_dtype_t)lead->d.dtype;
     xc->op = (colld_redop_t)lead->d.redop;
-    xc->pop = xc->op == COLLD_AVG ? COLLD_SUM : xc->op;
+    xc->pop = xc->op == COLLD_AVG || xc->op == (colld_redop_t)COLLD_REDOP_PREMUL_SUM ? COLLD_SUM : xc->op;
     xc->es = colld_dtype_size(xc->dt);
     uint64_t first = UINT64_MAX;
     for (int r = 0; r < c->nranks; r++)

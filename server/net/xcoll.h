@@ -51,8 +51,8 @@ struct xcoll {
     colld_xcomm_t *x;
     xsig_t sig;
     colld_dtype_t dt;
-    colld_redop_t op;  /* the collective's op */
-    colld_redop_t pop; /* the op that combines partials (avg: sum) */
+    colld_redop_t op;  /* the collective's op (COLLD_REDOP_PREMUL_SUM included) */
+    colld_redop_t pop; /* the op that combines partials (avg, premultiplied sum: sum) */
     size_t es;
     bool active, failed, rd;
     int stage;       /* STAGE_IN, STAGE_NET, STAGE_OUT */

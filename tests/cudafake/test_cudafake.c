@@ -746,9 +746,9 @@ static void test_launch(void **state)
     free(image); /* the driver keeps what it needs */
     unsigned n = 0;
     CU_OK(cu.cuLibraryGetKernelCount(&n, lib));
-    assert_int_equal(n, 55); /* 10 dtypes x 5 ops + 5 copy widths */
-    CUkernel ks[64];
-    CU_OK(cu.cuLibraryEnumerateKernels(ks, 64, lib));
+    assert_int_equal(n, 65); /* 10 dtypes x 6 ops (the premultiplied sum included) + 5 copy widths */
+    CUkernel ks[80];
+    CU_OK(cu.cuLibraryEnumerateKernels(ks, 80, lib));
     cf_use(DEV_A);
     CUstream s;
     CU_OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
@@ -794,7 +794,8 @@ static void test_launch(void **state)
     void *outs[1] = { (void *)out };
     colld__cuda_reduce_params_t rp;
     size_t work;
-    assert_int_equal(colld__cuda_reduce_plan(COLLD_FLOAT32, COLLD_SUM, ins, 3, outs, 1, COUNT, &rp, &work), COLLD_OK);
+    assert_int_equal(colld__cuda_reduce_plan(COLLD_FLOAT32, COLLD_SUM, NULL, ins, 3, outs, 1, COUNT, &rp, &work),
+                     COLLD_OK);
     void *args[] = { &rp };
     CU_OK(cu.cuLaunchKernel(fn, 2, 1, 1, 64, 1, 1, 0, s, args, NULL));
     memset(&rp, 0xff, sizeof(rp)); /* the launch copied the parameters */
@@ -810,7 +811,8 @@ static void test_launch(void **state)
     CU_IS(cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, args, NULL), CUDA_ERROR_INVALID_CONTEXT);
     CU_IS(cu.cuLaunchKernel((CUfunction)k, 1, 1, 1, 32, 1, 1, 0, s, args, NULL), CUDA_ERROR_INVALID_HANDLE);
     /* B reads A's memory: an illegal address without peer access (sticky), fine with it. */
-    assert_int_equal(colld__cuda_reduce_plan(COLLD_FLOAT32, COLLD_SUM, ins, 3, outs, 1, COUNT, &rp, &work), COLLD_OK);
+    assert_int_equal(colld__cuda_reduce_plan(COLLD_FLOAT32, COLLD_SUM, NULL, ins, 3, outs, 1, COUNT, &rp, &work),
+                     COLLD_OK);
     CU_OK(cu.cuLaunchKernel((CUfunction)k, 4, 1, 1, 256, 1, 1, 0, NULL, args, NULL));
     CU_IS(cu.cuCtxSynchronize(), CUDA_ERROR_ILLEGAL_ADDRESS);
     CU_OK(cu.cuDevicePrimaryCtxReset(DEV_B));

@@ -77,13 +77,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#define WAIT_GRACE_MS 10000      /* a stream may take the communicator timeout plus this */
-#define RELEASE_GRACE_MS 5000    /* fault: a survivor's stream is released within timeout + this */
-#define HOST_CALL_LIMIT_MS 50.0  /* stream: the host call returns within max(this, spin / 4) */
-#define STREAM_ROUNDS 8          /* stream: producer -> all-reduce -> consumer rounds */
+#define WAIT_GRACE_MS 10000                  /* a stream may take the communicator timeout plus this */
+#define RELEASE_GRACE_MS 5000                /* fault: a survivor's stream is released within timeout + this */
+#define HOST_CALL_LIMIT_MS 50.0              /* stream: the host call returns within max(this, spin / 4) */
+#define STREAM_ROUNDS 8                      /* stream: producer -> all-reduce -> consumer rounds */
 #define STREAM_COUNT (((size_t)1 << 20) + 5) /* stream: elements per round (odd) */
-#define VICTIM_SPIN_MS 60000.0   /* fault --victim-posts: the victim's stream waits behind this */
-#define FAULT_COUNT (((size_t)1 << 20) + 1) /* fault: elements of the all-reduce that breaks */
+#define VICTIM_SPIN_MS 60000.0               /* fault --victim-posts: the victim's stream waits behind this */
+#define FAULT_COUNT (((size_t)1 << 20) + 1)  /* fault: elements of the all-reduce that breaks */
 
 typedef struct {
     const char *socket, *uid_hex, *uid2_hex, *mode, *alloc, *sync_dir, *stop_file, *progress_file;
@@ -276,8 +276,13 @@ static void describe(const void *ctx, const call_t *k, char *buf, size_t len)
 /* The run's reporting for coll_check_call and coll_report. */
 static coll_check_t checker(run_t *R)
 {
-    return (coll_check_t){ .n = R->n, .rank = R->rank, .reported = &R->reported, .max_report = R->a->max_report,
-                           .where = " on the device", .describe = describe, .ctx = R };
+    return (coll_check_t){ .n = R->n,
+                           .rank = R->rank,
+                           .reported = &R->reported,
+                           .max_report = R->a->max_report,
+                           .where = " on the device",
+                           .describe = describe,
+                           .ctx = R };
 }
 
 /* An unexpected status (fatal for the mode: the communicator may be broken). Returns -1. */
@@ -294,18 +299,34 @@ static int status_fail(run_t *R, const call_t *k, const char *what, colld_status
  * One call: host images, upload, post on the stream, download, check
  * ------------------------------------------------------------------------------------------- */
 
-/* Post a call on the rank's stream, with device pointers. */
-static colld_status_t post_call(run_t *R, const call_t *k)
+/* Post a call on the rank's stream, with device pointers and the op `op`. */
+static colld_status_t post_with(run_t *R, const call_t *k, colld_redop_t op)
 {
     const void *s = dev(R, k->sendp);
     void *r = dev(R, k->recvp), *st = R->stream;
     switch (k->kind) {
-    case K_ALLREDUCE: return colld_allreduce(s, r, k->count, k->dt, k->op, R->comm, st);
-    case K_BROADCAST: return colld_broadcast(s, r, k->count, k->dt, k->root, R->comm, st);
-    case K_REDUCE: return colld_reduce(s, r, k->count, k->dt, k->op, k->root, R->comm, st);
-    case K_ALLGATHER: return colld_allgather(s, r, k->count, k->dt, R->comm, st);
-    default: return colld_reducescatter(s, r, k->count, k->dt, k->op, R->comm, st);
+    case K_ALLREDUCE:
+        return colld_allreduce(s, r, k->count, k->dt, op, R->comm, st);
+    case K_BROADCAST:
+        return colld_broadcast(s, r, k->count, k->dt, k->root, R->comm, st);
+    case K_REDUCE:
+        return colld_reduce(s, r, k->count, k->dt, op, k->root, R->comm, st);
+    case K_ALLGATHER:
+        return colld_allgather(s, r, k->count, k->dt, R->comm, st);
+    default:
+        return colld_reducescatter(s, r, k->count, k->dt, op, R->comm, st);
     }
+}
+
+/* Post a call on the rank's stream. A premultiplied sum gets an operator made with this rank's own
+ * scalar just before, destroyed as soon as the call returned (before the stream runs it). */
+static colld_status_t post_call(run_t *R, const call_t *k)
+{
+    colld_redop_t op;
+    colld_status_t st = coll_op_make(k, R->rank, R->comm, &op);
+    if (st != COLLD_OK)
+        return st;
+    return coll_op_release(k, R->comm, op, post_with(R, k, op));
 }
 
 /* Check a completed call in the downloaded images (coll_check_call). Returns 0 when exact, else 1. */
@@ -331,8 +352,8 @@ static int run_call(run_t *R, call_t *k)
     size_t es = colld_dtype_size(k->dt), se, re;
     coll_call_sizes(k, R->n, &se, &re);
     size_t sspan = se * es + 2 * GUARD, rspan = (k->inplace ? coll_inplace_bytes(k, R->n) : re * es) + 2 * GUARD;
-    if ((!k->inplace && !cuda_ok(R, "cuMemcpyHtoDAsync (send)",
-                                 cu.cuMemcpyHtoDAsync(DPTR(R->ds), R->hs, sspan, R->stream))) ||
+    if ((!k->inplace &&
+         !cuda_ok(R, "cuMemcpyHtoDAsync (send)", cu.cuMemcpyHtoDAsync(DPTR(R->ds), R->hs, sspan, R->stream))) ||
         !cuda_ok(R, "cuMemcpyHtoDAsync (recv)", cu.cuMemcpyHtoDAsync(DPTR(R->dr), R->hr, rspan, R->stream)))
         goto out;
     if (a->host_sync && wait_stream(R, "the upload", WAIT_GRACE_MS) < 0)
@@ -343,8 +364,8 @@ static int run_call(run_t *R, call_t *k)
         goto out;
     }
     if (!cuda_ok(R, "cuMemcpyDtoHAsync (recv)", cu.cuMemcpyDtoHAsync(R->hr, DPTR(R->dr), rspan, R->stream)) ||
-        (!k->inplace && !cuda_ok(R, "cuMemcpyDtoHAsync (send)",
-                                 cu.cuMemcpyDtoHAsync(R->hs, DPTR(R->ds), sspan, R->stream))))
+        (!k->inplace &&
+         !cuda_ok(R, "cuMemcpyDtoHAsync (send)", cu.cuMemcpyDtoHAsync(R->hs, DPTR(R->ds), sspan, R->stream))))
         goto out;
     if (wait_stream(R, kind_names[k->kind], a->timeout_ms + WAIT_GRACE_MS) < 0)
         goto out;
@@ -375,9 +396,16 @@ static int matrix_call(void *R, call_t *k)
 static int mode_matrix(run_t *R, int iter)
 {
     const args_t *a = R->a;
-    coll_matrix_t m = { .kinds = a->kinds, .dtypes = a->dtypes, .ops = a->ops, .rotate = a->rotate,
-                        .inplace = true, .outofplace = true, .big = a->big, .big_all = a->big_all,
-                        .salt = a->salt, .n = R->n };
+    coll_matrix_t m = { .kinds = a->kinds,
+                        .dtypes = a->dtypes,
+                        .ops = a->ops,
+                        .rotate = a->rotate,
+                        .inplace = true,
+                        .outofplace = true,
+                        .big = a->big,
+                        .big_all = a->big_all,
+                        .salt = a->salt,
+                        .n = R->n };
     if (coll_run_matrix(&m, iter, &R->cases, matrix_call, R) != 0)
         return 1;
     return R->bad ? 1 : 0;
@@ -543,26 +571,33 @@ static int mode_stream(run_t *R)
             if (zz[i] != stream_expect(R, it, i) && wrong++ == 0)
                 first = i;
         if (wrong) {
-            fprintf(stderr, "rank %d: stream round %d (%s): %zu of %zu consumer outputs wrong, first at %zu: "
-                    "got %.9g, expected %.9g\n", R->rank, it, it % 2 ? "in place" : "out of place", wrong,
-                    (size_t)STREAM_COUNT, first, (double)zz[first], (double)stream_expect(R, it, first));
+            fprintf(stderr,
+                    "rank %d: stream round %d (%s): %zu of %zu consumer outputs wrong, first at %zu: "
+                    "got %.9g, expected %.9g\n",
+                    R->rank, it, it % 2 ? "in place" : "out of place", wrong, (size_t)STREAM_COUNT, first,
+                    (double)zz[first], (double)stream_expect(R, it, first));
             bad++;
         }
     }
-    fprintf(stderr, "rank %d: stream: first call (registration) %.2f ms; behind a %.0f ms producer the call took "
+    fprintf(stderr,
+            "rank %d: stream: first call (registration) %.2f ms; behind a %.0f ms producer the call took "
             "%.3f ms (limit %.0f), the stream was %s when it returned (%.1f ms after the spin started), all %d "
             "rounds done after %.1f ms (at least %.0f expected); slowest later call %.3f ms\n",
             R->rank, first_call_ms, a->spin_ms, call_ms, call_limit_ms,
-            q == CUDA_ERROR_NOT_READY ? "busy" : q == CUDA_SUCCESS ? "ALREADY DONE" : "in error", after_call,
-            STREAM_ROUNDS, total, 0.75 * a->spin_ms, max_call_ms);
+            q == CUDA_ERROR_NOT_READY ? "busy"
+            : q == CUDA_SUCCESS       ? "ALREADY DONE"
+                                      : "in error",
+            after_call, STREAM_ROUNDS, total, 0.75 * a->spin_ms, max_call_ms);
     if (call_ms >= call_limit_ms) {
-        fprintf(stderr, "rank %d: FAILED: the colld_allreduce host call took %.3f ms behind a busy stream "
-                "(limit %.0f ms): it waited for the GPU\n", R->rank, call_ms, call_limit_ms);
+        fprintf(stderr,
+                "rank %d: FAILED: the colld_allreduce host call took %.3f ms behind a busy stream "
+                "(limit %.0f ms): it waited for the GPU\n",
+                R->rank, call_ms, call_limit_ms);
         bad++;
     }
     if (q != CUDA_ERROR_NOT_READY) {
-        fprintf(stderr, "rank %d: FAILED: the stream was not busy when colld_allreduce returned (result %d)\n",
-                R->rank, (int)q);
+        fprintf(stderr, "rank %d: FAILED: the stream was not busy when colld_allreduce returned (result %d)\n", R->rank,
+                (int)q);
         bad++;
     }
     if (total < 0.75 * a->spin_ms) {
@@ -655,8 +690,8 @@ static int fault_survivor(run_t *R)
         usleep(1000);
         err = async_error(R);
     }
-    fprintf(stderr, "rank %d: stream released %.1f ms after the post; async error %s: %s\n", R->rank,
-            released - posted, colld_status_name(err), colld_comm_last_error(R->comm));
+    fprintf(stderr, "rank %d: stream released %.1f ms after the post; async error %s: %s\n", R->rank, released - posted,
+            colld_status_name(err), colld_comm_last_error(R->comm));
     snprintf(name, sizeof(name), "released-%d", R->rank);
     snprintf(text, sizeof(text), "%.3f %s\n", released, colld_status_name(err));
     sync_write(R, name, text);
@@ -732,7 +767,8 @@ static int stop_agreed(run_t *R)
     colld_status_t st = colld_allreduce(R->ds, R->ds, 1, COLLD_INT32, COLLD_MAX, R->comm, R->stream);
     if (st != COLLD_OK)
         return status_fail(R, NULL, "the stop agreement", st);
-    if (!cuda_ok(R, "cuMemcpyDtoHAsync (stop flag)", cu.cuMemcpyDtoHAsync(flag, DPTR(R->ds), sizeof(*flag), R->stream)) ||
+    if (!cuda_ok(R, "cuMemcpyDtoHAsync (stop flag)",
+                 cu.cuMemcpyDtoHAsync(flag, DPTR(R->ds), sizeof(*flag), R->stream)) ||
         wait_stream(R, "the stop agreement", R->a->timeout_ms + WAIT_GRACE_MS) < 0)
         return -1;
     if ((st = async_error(R)) != COLLD_OK)
@@ -752,8 +788,12 @@ static int mode_loop(run_t *R)
         int stop = stop_agreed(R);
         if (stop)
             return stop < 0 ? 1 : 0;
-        call_t k = { .kind = K_ALLREDUCE, .dt = it % 2 ? COLLD_INT32 : COLLD_FLOAT32, .op = COLLD_SUM,
-                     .count = 4096 + (size_t)(it % 7), .inplace = it % 3 == 0, .salt = a->salt + (unsigned)it };
+        call_t k = { .kind = K_ALLREDUCE,
+                     .dt = it % 2 ? COLLD_INT32 : COLLD_FLOAT32,
+                     .op = COLLD_SUM,
+                     .count = 4096 + (size_t)(it % 7),
+                     .inplace = it % 3 == 0,
+                     .salt = a->salt + (unsigned)it };
         if (run_call(R, &k) != 0)
             return 1;
         if (R->rank == 0) {
@@ -868,7 +908,7 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (ARG("--dtypes"))
             a->dtypes = coll_parse_mask("gpu_rank", v, dtype_names, COLLD_DTYPE_COUNT);
         else if (ARG("--ops"))
-            a->ops = coll_parse_mask("gpu_rank", v, op_names, COLLD_REDOP_COUNT);
+            a->ops = coll_parse_mask("gpu_rank", v, op_names, COLL_OPS);
         else if (ARG("--salt"))
             a->salt = (unsigned)strtoul(v, NULL, 10);
         else if (ARG("--rotate"))
@@ -912,11 +952,13 @@ static int parse_args(int argc, char **argv, args_t *a)
     if (a->victim < 0)
         a->victim = a->nranks - 1;
     bool alloc_ok = !strcmp(a->alloc, "cumemalloc") || !strcmp(a->alloc, "colld") || !strcmp(a->alloc, "mixed");
-    if (!a->socket || !a->uid_hex || a->nranks < 1 || a->nranks > MAX_RANKS || a->rank < 0 ||
-        a->rank >= a->nranks || !a->kinds || !a->dtypes || !a->ops || a->iters < 0 || !alloc_ok ||
-        a->timeout_ms <= 0 || !(a->spin_ms >= 0) || a->gpus < 1) {
-        fprintf(stderr, "gpu_rank: need --socket, --uid, --nranks 1..%d, --rank; valid subsets; --alloc "
-                "cumemalloc|colld|mixed; --gpus 1 or more\n", MAX_RANKS);
+    if (!a->socket || !a->uid_hex || a->nranks < 1 || a->nranks > MAX_RANKS || a->rank < 0 || a->rank >= a->nranks ||
+        !a->kinds || !a->dtypes || !a->ops || a->iters < 0 || !alloc_ok || a->timeout_ms <= 0 || !(a->spin_ms >= 0) ||
+        a->gpus < 1) {
+        fprintf(stderr,
+                "gpu_rank: need --socket, --uid, --nranks 1..%d, --rank; valid subsets; --alloc "
+                "cumemalloc|colld|mixed; --gpus 1 or more\n",
+                MAX_RANKS);
         return 2;
     }
     return 0;
@@ -935,7 +977,7 @@ int main(int argc, char **argv)
                  .spin_ms = 200,
                  .kinds = K_EVERYWHERE_MASK,
                  .dtypes = (1u << COLLD_DTYPE_COUNT) - 1,
-                 .ops = (1u << COLLD_REDOP_COUNT) - 1,
+                 .ops = (1u << COLL_OPS) - 1,
                  .big = true };
     int rc = parse_args(argc, argv, &a);
     if (rc != 0)

@@ -1,7 +1,8 @@
 /*
  * kernel_check.c - the check matrix of the CUDA kernels (see kernel_check.h).
  *
- * Reduce: every dtype x op, n_in in {1, 2, 3, 4, 8}, counts {0, 1, 7, 8, 1001, big}, three layouts
+ * Reduce: every dtype x op (the premultiplied sum included, with a different scalar per input),
+ * n_in in {1, 2, 3, 4, 8}, counts {0, 1, 7, 8, 1001, big}, three layouts
  * (every pointer 16-byte aligned; every pointer one element past that, so the head and tail are done
  * one element at a time; inputs and outputs at different offsets modulo 16, so nothing is
  * vectorised), each out of place into three outputs and in place (every input is also its rank's
@@ -22,44 +23,59 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GUARD 64     /* poisoned bytes checked on each side of every buffer a kernel may write */
-#define POISON 0xa5  /* their value */
-#define MAX_IN 8     /* the most inputs of the matrix */
-#define N_OUT 3      /* outputs of the out-of-place cases */
+#define GUARD 64    /* poisoned bytes checked on each side of every buffer a kernel may write */
+#define POISON 0xa5 /* their value */
+#define MAX_IN 8    /* the most inputs of the matrix */
+#define N_OUT 3     /* outputs of the out-of-place cases */
 #define MAX_REPORT 50
 
 /* One run: the backend, its buffers and the tally. */
 typedef struct {
     const kcheck_backend_t *b;
-    size_t max_count;              /* elements a slot holds (at one element of offset) */
-    size_t slot;                   /* bytes of one slot */
-    void *master[MAX_IN][2];       /* read-only inputs at offset 0 and 1 element */
-    void *scratch[MAX_IN];         /* in-place buffers, special inputs, copy sources */
-    void *outs[N_OUT];             /* out-of-place outputs */
+    size_t max_count;               /* elements a slot holds (at one element of offset) */
+    size_t slot;                    /* bytes of one slot */
+    void *master[MAX_IN][2];        /* read-only inputs at offset 0 and 1 element */
+    void *scratch[MAX_IN];          /* in-place buffers, special inputs, copy sources */
+    void *outs[N_OUT];              /* out-of-place outputs */
     unsigned char *host_in[MAX_IN]; /* the inputs on the host */
-    unsigned char *want;           /* the oracle's result */
-    unsigned char *got;            /* a buffer read back, guards included */
+    unsigned char *want;            /* the oracle's result */
+    unsigned char *got;             /* a buffer read back, guards included */
     int cases, failures;
 } ctx_t;
 
-static const colld_dtype_t all_dtypes[] = {COLLD_INT8,    COLLD_UINT8,    COLLD_INT32,   COLLD_UINT32,
-                                           COLLD_INT64,   COLLD_UINT64,   COLLD_FLOAT16, COLLD_BFLOAT16,
-                                           COLLD_FLOAT32, COLLD_FLOAT64};
-static const colld_redop_t all_ops[] = {COLLD_SUM, COLLD_PROD, COLLD_MIN, COLLD_MAX, COLLD_AVG};
+static const colld_dtype_t all_dtypes[] = { COLLD_INT8,   COLLD_UINT8,   COLLD_INT32,    COLLD_UINT32,  COLLD_INT64,
+                                            COLLD_UINT64, COLLD_FLOAT16, COLLD_BFLOAT16, COLLD_FLOAT32, COLLD_FLOAT64 };
+static const int all_ops[] = { COLLD_SUM, COLLD_PROD, COLLD_MIN, COLLD_MAX, COLLD_AVG, KCHECK_PREMUL_SUM };
 
 /* See kernel_check.h. */
 const char *kcheck_dtype_name(colld_dtype_t dt)
 {
-    static const char *const names[] = {"int8",   "uint8",   "int32",    "uint32",  "int64",
-                                        "uint64", "float16", "bfloat16", "float32", "float64"};
+    static const char *const names[] = { "int8",   "uint8",   "int32",    "uint32",  "int64",
+                                         "uint64", "float16", "bfloat16", "float32", "float64" };
     return (unsigned)dt < COLLD_DTYPE_COUNT ? names[dt] : "?";
 }
 
 /* See kernel_check.h. */
-const char *kcheck_op_name(colld_redop_t op)
+const char *kcheck_op_name(int op)
 {
-    static const char *const names[] = {"sum", "prod", "min", "max", "avg"};
-    return (unsigned)op < COLLD_REDOP_COUNT ? names[op] : "?";
+    static const char *const names[] = { "sum", "prod", "min", "max", "avg", "premul_sum" };
+    return (unsigned)op <= KCHECK_PREMUL_SUM ? names[op] : "?";
+}
+
+/* The scalar words of the premultiplied sum for inputs 0..MAX_IN-1 of a dtype (salt 11). */
+static void premul_scalars(colld_dtype_t dt, uint64_t *s)
+{
+    for (int r = 0; r < MAX_IN; r++)
+        s[r] = colld_cpu_pattern_scalar(dt, r, 11u, false);
+}
+
+/* The oracle: the scalar CPU build of op (scalars for the premultiplied sum). */
+static colld_status_t oracle(colld_dtype_t dt, int op, const uint64_t *scalars, const void *const *in, int n_in,
+                             void *const *out, size_t count)
+{
+    if (op == KCHECK_PREMUL_SUM)
+        return colld_cpu_reduce_premul_scalar(dt, scalars, in, n_in, out, 1, count);
+    return colld_cpu_reduce_scalar(dt, (colld_redop_t)op, in, n_in, out, 1, count);
 }
 
 /* Bytes of one element. */
@@ -67,13 +83,17 @@ static size_t esize(colld_dtype_t dt)
 {
     switch (dt) {
     case COLLD_INT8:
-    case COLLD_UINT8: return 1;
+    case COLLD_UINT8:
+        return 1;
     case COLLD_FLOAT16:
-    case COLLD_BFLOAT16: return 2;
+    case COLLD_BFLOAT16:
+        return 2;
     case COLLD_INT32:
     case COLLD_UINT32:
-    case COLLD_FLOAT32: return 4;
-    default: return 8;
+    case COLLD_FLOAT32:
+        return 4;
+    default:
+        return 8;
     }
 }
 
@@ -89,11 +109,16 @@ static uint64_t elem_bits(const unsigned char *p, size_t i, size_t es)
 static int bits_isnan(colld_dtype_t dt, uint64_t v)
 {
     switch (dt) {
-    case COLLD_FLOAT16: return (v & 0x7fffu) > 0x7c00u;
-    case COLLD_BFLOAT16: return (v & 0x7fffu) > 0x7f80u;
-    case COLLD_FLOAT32: return (v & 0x7fffffffu) > 0x7f800000u;
-    case COLLD_FLOAT64: return (v & 0x7fffffffffffffffull) > 0x7ff0000000000000ull;
-    default: return 0;
+    case COLLD_FLOAT16:
+        return (v & 0x7fffu) > 0x7c00u;
+    case COLLD_BFLOAT16:
+        return (v & 0x7fffu) > 0x7f80u;
+    case COLLD_FLOAT32:
+        return (v & 0x7fffffffu) > 0x7f800000u;
+    case COLLD_FLOAT64:
+        return (v & 0x7fffffffffffffffull) > 0x7ff0000000000000ull;
+    default:
+        return 0;
     }
 }
 
@@ -165,7 +190,7 @@ static int check_region(ctx_t *c, const char *what, colld_dtype_t dt, const unsi
  * ------------------------------------------------------------------------------------------- */
 
 enum { LAYOUT_ALIGNED, LAYOUT_SHIFTED, LAYOUT_MIXED, LAYOUT_COUNT };
-static const char *const layout_names[] = {"aligned", "shifted", "mixed"};
+static const char *const layout_names[] = { "aligned", "shifted", "mixed" };
 
 /* The offset in elements of input r and output o in a layout. */
 static size_t in_off(int layout, int r)
@@ -179,7 +204,7 @@ static size_t out_off(int layout, int o)
 }
 
 /* One reduce case out of place: inputs from the masters, N_OUT outputs. */
-static void reduce_out_of_place(ctx_t *c, colld_dtype_t dt, colld_redop_t op, int n_in, size_t count,
+static void reduce_out_of_place(ctx_t *c, colld_dtype_t dt, int op, const uint64_t *scalars, int n_in, size_t count,
                                 int layout)
 {
     size_t es = esize(dt);
@@ -200,7 +225,7 @@ static void reduce_out_of_place(ctx_t *c, colld_dtype_t dt, colld_redop_t op, in
             return;
         }
     }
-    st = c->b->reduce(dt, op, in, n_in, out, N_OUT, count);
+    st = c->b->reduce(dt, op, scalars, in, n_in, out, N_OUT, count);
     if (st != COLLD_OK) {
         fail(c, "%s: %s", what, colld_status_name(st));
         return;
@@ -214,15 +239,16 @@ static void reduce_out_of_place(ctx_t *c, colld_dtype_t dt, colld_redop_t op, in
 }
 
 /* One reduce case in place: every input is a scratch copy of its master and also an output. */
-static void reduce_in_place(ctx_t *c, colld_dtype_t dt, colld_redop_t op, int n_in, size_t count, int layout)
+static void reduce_in_place(ctx_t *c, colld_dtype_t dt, int op, const uint64_t *scalars, int n_in, size_t count,
+                            int layout)
 {
     size_t es = esize(dt);
     void *buf[MAX_IN];
     char what[160];
     colld_status_t st;
 
-    snprintf(what, sizeof what, "reduce %s %s n_in=%d count=%zu %s in-place", kcheck_dtype_name(dt),
-             kcheck_op_name(op), n_in, count, layout_names[layout]);
+    snprintf(what, sizeof what, "reduce %s %s n_in=%d count=%zu %s in-place", kcheck_dtype_name(dt), kcheck_op_name(op),
+             n_in, count, layout_names[layout]);
     c->cases++;
     for (int r = 0; r < n_in; r++) {
         size_t off = in_off(layout, r);
@@ -233,7 +259,7 @@ static void reduce_in_place(ctx_t *c, colld_dtype_t dt, colld_redop_t op, int n_
             return;
         }
     }
-    st = c->b->reduce(dt, op, (const void *const *)buf, n_in, buf, n_in, count);
+    st = c->b->reduce(dt, op, scalars, (const void *const *)buf, n_in, buf, n_in, count);
     if (st != COLLD_OK) {
         fail(c, "%s: %s", what, colld_status_name(st));
         return;
@@ -249,12 +275,14 @@ static void reduce_in_place(ctx_t *c, colld_dtype_t dt, colld_redop_t op, int n_
 /* The pattern matrix of one dtype. */
 static void reduce_matrix(ctx_t *c, colld_dtype_t dt)
 {
-    static const int n_ins[] = {1, 2, 3, 4, MAX_IN};
-    size_t counts[] = {0, 1, 7, 8, 1001, c->b->big_count};
+    static const int n_ins[] = { 1, 2, 3, 4, MAX_IN };
+    size_t counts[] = { 0, 1, 7, 8, 1001, c->b->big_count };
     size_t es = esize(dt), big = c->b->big_count;
     const void *hin[MAX_IN];
-    void *want[1] = {c->want};
+    void *want[1] = { c->want };
+    uint64_t scalars[MAX_IN];
 
+    premul_scalars(dt, scalars);
     /* Inputs: on the host, and in the masters at both offsets (poison around them). */
     for (int r = 0; r < MAX_IN; r++) {
         colld_cpu_pattern(dt, r, 7u, 0, big, c->host_in[r]);
@@ -271,17 +299,18 @@ static void reduce_matrix(ctx_t *c, colld_dtype_t dt)
     for (size_t oi = 0; oi < sizeof all_ops / sizeof all_ops[0]; oi++)
         for (size_t ni = 0; ni < sizeof n_ins / sizeof n_ins[0]; ni++)
             for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
-                colld_redop_t op = all_ops[oi];
+                int op = all_ops[oi];
                 int n_in = n_ins[ni];
                 size_t count = counts[ci];
+                const uint64_t *sc = op == KCHECK_PREMUL_SUM ? scalars : NULL;
 
-                if (count > 0 && colld_cpu_reduce_scalar(dt, op, hin, n_in, want, 1, count) != COLLD_OK) {
+                if (count > 0 && oracle(dt, op, sc, hin, n_in, want, count) != COLLD_OK) {
                     fail(c, "reduce %s %s: the CPU oracle failed", kcheck_dtype_name(dt), kcheck_op_name(op));
                     continue;
                 }
                 for (int layout = 0; layout < LAYOUT_COUNT; layout++) {
-                    reduce_out_of_place(c, dt, op, n_in, count, layout);
-                    reduce_in_place(c, dt, op, n_in, count, layout);
+                    reduce_out_of_place(c, dt, op, sc, n_in, count, layout);
+                    reduce_in_place(c, dt, op, sc, n_in, count, layout);
                 }
             }
 
@@ -289,8 +318,7 @@ static void reduce_matrix(ctx_t *c, colld_dtype_t dt)
     for (int r = 0; r < MAX_IN; r++)
         for (size_t off = 0; off < 2; off++) {
             char w[120];
-            snprintf(w, sizeof w, "reduce %s: input %d (offset %zu) after every case", kcheck_dtype_name(dt),
-                     r, off);
+            snprintf(w, sizeof w, "reduce %s: input %d (offset %zu) after every case", kcheck_dtype_name(dt), r, off);
             c->cases++;
             check_region(c, w, dt, at(c->master[r][off], off * es), c->host_in[r], big, es, 0);
         }
@@ -303,50 +331,63 @@ static void reduce_matrix(ctx_t *c, colld_dtype_t dt)
 /* The special values of a dtype (as bits); returns how many. */
 static size_t specials(colld_dtype_t dt, uint64_t *v)
 {
-    static const uint64_t i8[] = {0, 1, 0xff, 2, 0xfe, 0x7f, 0x80, 0x7e, 0x81, 0x40, 0xc0, 3, 0x55};
-    static const uint64_t i32[] = {0,          1,          0xffffffffu, 2,          0xfffffffeu,
-                                   0x7fffffffu, 0x80000000u, 0x7ffffffeu, 0x80000001u, 0x10000u,
-                                   0xffff0000u, 46341,      3,           0x55555555u};
-    static const uint64_t i64[] = {0,
-                                   1,
-                                   0xffffffffffffffffull,
-                                   2,
-                                   0xfffffffffffffffeull,
-                                   0x7fffffffffffffffull,
-                                   0x8000000000000000ull,
-                                   0x7ffffffffffffffeull,
-                                   0x8000000000000001ull,
-                                   0x100000000ull,
-                                   0xffffffff00000000ull,
-                                   3037000500ull,
-                                   3,
-                                   0x5555555555555555ull};
-    static const uint64_t f32[] = {
-        0x00000000u, 0x80000000u, 0x3f800000u, 0xbf800000u, 0x3dcccccdu, /* +0 -0 1 -1 0.1 */
-        0xc0600000u, 0x00800000u, 0x80800000u, 0x00000001u, 0x807fffffu, /* -3.5 min -min denorms */
-        0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u,             /* max -max inf -inf */
-        0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7fa12345u,             /* NaNs, signalling ones */
-        0x3eaaaaabu, 0x7149f2cau, 0x0da24260u, 0x40400000u};           /* 1/3 1e30 1e-30 3 */
-    static const uint64_t f64[] = {
-        0x0000000000000000ull, 0x8000000000000000ull, 0x3ff0000000000000ull, 0xbff0000000000000ull,
-        0x3fb999999999999aull, 0xc00c000000000000ull, 0x0010000000000000ull, 0x8010000000000000ull,
-        0x0000000000000001ull, 0x800fffffffffffffull, 0x7fefffffffffffffull, 0xffefffffffffffffull,
-        0x7ff0000000000000ull, 0xfff0000000000000ull, 0x7ff8000000000000ull, 0xfff8000000000001ull,
-        0x7ff0000000000001ull, 0x7ff4123456789abcull, 0x3fd5555555555555ull, 0x46293e5939a08ceaull,
-        0x39b4484bfeebc2a0ull, 0x4008000000000000ull};
+    static const uint64_t i8[] = { 0, 1, 0xff, 2, 0xfe, 0x7f, 0x80, 0x7e, 0x81, 0x40, 0xc0, 3, 0x55 };
+    static const uint64_t i32[] = { 0,           1,           0xffffffffu, 2,           0xfffffffeu,
+                                    0x7fffffffu, 0x80000000u, 0x7ffffffeu, 0x80000001u, 0x10000u,
+                                    0xffff0000u, 46341,       3,           0x55555555u };
+    static const uint64_t i64[] = { 0,
+                                    1,
+                                    0xffffffffffffffffull,
+                                    2,
+                                    0xfffffffffffffffeull,
+                                    0x7fffffffffffffffull,
+                                    0x8000000000000000ull,
+                                    0x7ffffffffffffffeull,
+                                    0x8000000000000001ull,
+                                    0x100000000ull,
+                                    0xffffffff00000000ull,
+                                    3037000500ull,
+                                    3,
+                                    0x5555555555555555ull };
+    static const uint64_t f32[] = { 0x00000000u, 0x80000000u, 0x3f800000u, 0xbf800000u,
+                                    0x3dcccccdu, /* +0 -0 1 -1 0.1 */
+                                    0xc0600000u, 0x00800000u, 0x80800000u, 0x00000001u,
+                                    0x807fffffu,                                          /* -3.5 min -min denorms */
+                                    0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u,   /* max -max inf -inf */
+                                    0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7fa12345u,   /* NaNs, signalling ones */
+                                    0x3eaaaaabu, 0x7149f2cau, 0x0da24260u, 0x40400000u }; /* 1/3 1e30 1e-30 3 */
+    static const uint64_t f64[] = { 0x0000000000000000ull, 0x8000000000000000ull, 0x3ff0000000000000ull,
+                                    0xbff0000000000000ull, 0x3fb999999999999aull, 0xc00c000000000000ull,
+                                    0x0010000000000000ull, 0x8010000000000000ull, 0x0000000000000001ull,
+                                    0x800fffffffffffffull, 0x7fefffffffffffffull, 0xffefffffffffffffull,
+                                    0x7ff0000000000000ull, 0xfff0000000000000ull, 0x7ff8000000000000ull,
+                                    0xfff8000000000001ull, 0x7ff0000000000001ull, 0x7ff4123456789abcull,
+                                    0x3fd5555555555555ull, 0x46293e5939a08ceaull, 0x39b4484bfeebc2a0ull,
+                                    0x4008000000000000ull };
     const uint64_t *src;
     size_t n;
 
     switch (dt) {
     case COLLD_INT8:
-    case COLLD_UINT8: src = i8, n = sizeof i8 / sizeof i8[0]; break;
+    case COLLD_UINT8:
+        src = i8, n = sizeof i8 / sizeof i8[0];
+        break;
     case COLLD_INT32:
-    case COLLD_UINT32: src = i32, n = sizeof i32 / sizeof i32[0]; break;
+    case COLLD_UINT32:
+        src = i32, n = sizeof i32 / sizeof i32[0];
+        break;
     case COLLD_INT64:
-    case COLLD_UINT64: src = i64, n = sizeof i64 / sizeof i64[0]; break;
-    case COLLD_FLOAT32: src = f32, n = sizeof f32 / sizeof f32[0]; break;
-    case COLLD_FLOAT64: src = f64, n = sizeof f64 / sizeof f64[0]; break;
-    default: return 0;
+    case COLLD_UINT64:
+        src = i64, n = sizeof i64 / sizeof i64[0];
+        break;
+    case COLLD_FLOAT32:
+        src = f32, n = sizeof f32 / sizeof f32[0];
+        break;
+    case COLLD_FLOAT64:
+        src = f64, n = sizeof f64 / sizeof f64[0];
+        break;
+    default:
+        return 0;
     }
     memcpy(v, src, n * sizeof v[0]);
     return n;
@@ -363,7 +404,7 @@ static size_t special_inputs(ctx_t *c, colld_dtype_t dt)
 
     if (dt == COLLD_FLOAT16 || dt == COLLD_BFLOAT16) {
         for (uint32_t k = 0; k < 65536; k++) {
-            uint16_t x[3] = {(uint16_t)k, (uint16_t)(k * 40503u + 12345u), (uint16_t)(k * 0x9e37u + 777u)};
+            uint16_t x[3] = { (uint16_t)k, (uint16_t)(k * 40503u + 12345u), (uint16_t)(k * 0x9e37u + 777u) };
             for (int r = 0; r < 3; r++)
                 memcpy(c->host_in[r] + k * es, &x[r], es);
         }
@@ -380,20 +421,33 @@ static size_t special_inputs(ctx_t *c, colld_dtype_t dt)
     return n * n;
 }
 
-/* Special values of one dtype: every op with n_in 1, 2, 3, out of place (two outputs) and in place. */
+/* Special values of one dtype: every op with n_in 1, 2, 3, out of place (two outputs) and in place.
+ * The premultiplied sum takes the special values as inputs and as scalars (input r's scalar is
+ * the r-th special value after a shift, so zeros, infinities and NaNs meet every input). */
 static void reduce_specials(ctx_t *c, colld_dtype_t dt)
 {
     size_t es = esize(dt), count = special_inputs(c, dt);
-    const void *hin[3] = {c->host_in[0], c->host_in[1], c->host_in[2]};
-    void *want[1] = {c->want};
+    const void *hin[3] = { c->host_in[0], c->host_in[1], c->host_in[2] };
+    void *want[1] = { c->want };
+    uint64_t v[32], scalars[3] = { 0, 0, 0 };
+    size_t nv = specials(dt, v);
+
+    for (int r = 0; r < 3; r++) {
+        if (nv) /* integers, float32, float64: special values as scalars */
+            scalars[r] = v[(size_t)(3 * r + 4) % nv];
+        else /* float16, bfloat16: every bit pattern is an input already; ordinary scalars */
+            scalars[r] = colld_cpu_pattern_scalar(dt, r, 5u, false);
+    }
 
     for (size_t oi = 0; oi < sizeof all_ops / sizeof all_ops[0]; oi++)
         for (int n_in = 1; n_in <= 3; n_in++)
             for (int in_place = 0; in_place < 2; in_place++) {
-                colld_redop_t op = all_ops[oi];
+                int op = all_ops[oi];
+                const uint64_t *sc = op == KCHECK_PREMUL_SUM ? scalars : NULL;
                 /* A NaN made by arithmetic may have another payload on the GPU (see cuda_kernels.h);
                  * min/max only select, and a single input is only converted: those are exact. */
-                int nan_any = (op == COLLD_SUM || op == COLLD_PROD) ? n_in > 1 : op == COLLD_AVG;
+                int nan_any = (op == COLLD_SUM || op == COLLD_PROD) ? n_in > 1
+                                                                    : op == COLLD_AVG || op == KCHECK_PREMUL_SUM;
                 void *in[3], *out[3];
                 int n_out = in_place ? n_in : 2;
                 char what[160];
@@ -402,7 +456,7 @@ static void reduce_specials(ctx_t *c, colld_dtype_t dt)
                 snprintf(what, sizeof what, "reduce %s %s n_in=%d special values %s", kcheck_dtype_name(dt),
                          kcheck_op_name(op), n_in, in_place ? "in-place" : "out-of-place");
                 c->cases++;
-                if (colld_cpu_reduce_scalar(dt, op, hin, n_in, want, 1, count) != COLLD_OK) {
+                if (oracle(dt, op, sc, hin, n_in, want, count) != COLLD_OK) {
                     fail(c, "%s: the CPU oracle failed", what);
                     continue;
                 }
@@ -420,7 +474,7 @@ static void reduce_specials(ctx_t *c, colld_dtype_t dt)
                         return;
                     }
                 }
-                st = c->b->reduce(dt, op, (const void *const *)in, n_in, out, n_out, count);
+                st = c->b->reduce(dt, op, sc, (const void *const *)in, n_in, out, n_out, count);
                 if (st != COLLD_OK) {
                     fail(c, "%s: %s", what, colld_status_name(st));
                     continue;
@@ -443,19 +497,19 @@ static void reduce_specials(ctx_t *c, colld_dtype_t dt)
 static const struct {
     size_t src, out[N_OUT];
 } copy_layouts[] = {
-    {0, {0, 0, 0}},   /* unit 16 */
-    {5, {5, 21, 37}}, /* unit 16, head 11 */
-    {0, {8, 24, 0}},  /* unit 8 */
-    {4, {12, 4, 28}}, /* unit 8, head 4 */
-    {2, {6, 10, 14}}, /* unit 4, head 2 */
-    {1, {3, 5, 7}},   /* unit 2, head 1 */
-    {0, {1, 2, 3}},   /* unit 1 */
+    { 0, { 0, 0, 0 } },   /* unit 16 */
+    { 5, { 5, 21, 37 } }, /* unit 16, head 11 */
+    { 0, { 8, 24, 0 } },  /* unit 8 */
+    { 4, { 12, 4, 28 } }, /* unit 8, head 4 */
+    { 2, { 6, 10, 14 } }, /* unit 4, head 2 */
+    { 1, { 3, 5, 7 } },   /* unit 2, head 1 */
+    { 0, { 1, 2, 3 } },   /* unit 1 */
 };
 
 /* The copy matrix. */
 static void copy_matrix(ctx_t *c)
 {
-    size_t sizes[] = {0, 1, 7, 8, 15, 16, 17, 33, 1001, 4 * c->b->big_count + 3};
+    size_t sizes[] = { 0, 1, 7, 8, 15, 16, 17, 33, 1001, 4 * c->b->big_count + 3 };
     size_t maxb = sizes[sizeof sizes / sizeof sizes[0] - 1];
     unsigned char *data = c->host_in[0];
 
@@ -465,7 +519,7 @@ static void copy_matrix(ctx_t *c)
             for (int variant = 0; variant < 4; variant++) {
                 /* 0: one output; 1: three outputs; 2: the source is output 0 of three (a broadcast
                  * root in place); 3: the source is the only output (nothing to do). */
-                static const int n_outs[] = {1, N_OUT, N_OUT, 1};
+                static const int n_outs[] = { 1, N_OUT, N_OUT, 1 };
                 size_t bytes = sizes[si];
                 int n_out = n_outs[variant];
                 unsigned char *src = at(c->scratch[0], copy_layouts[li].src);

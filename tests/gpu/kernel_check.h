@@ -4,7 +4,8 @@
  * (test_cuda_emulated.cu), so that everything but the launch itself is also checked on machines
  * without a GPU.
  *
- * Every result is compared bitwise with the scalar CPU oracle (colld_cpu_reduce_scalar), the bytes
+ * Every result is compared bitwise with the scalar CPU oracle (colld_cpu_reduce_scalar, and
+ * colld_cpu_reduce_premul_scalar for the premultiplied sum), the bytes
  * around every output (and around in-place buffers) must keep their poison, and read-only inputs must
  * be unchanged.
  */
@@ -13,10 +14,14 @@
 
 #include <colld/colld.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The op number of the premultiplied sum in the matrix (after the colld_redop_t values). */
+#define KCHECK_PREMUL_SUM ((int)COLLD_REDOP_COUNT)
 
 /* Where the kernels run. Memory functions return 0 on success; reduce and copy must have completed
  * (and report a failure of the kernel) when they return. */
@@ -29,7 +34,9 @@ typedef struct {
     int (*get)(void *dst, const void *src, size_t bytes);   /* backend -> host */
     int (*dcopy)(void *dst, const void *src, size_t bytes); /* backend -> backend */
     int (*fill)(void *dst, int byte, size_t bytes);
-    colld_status_t (*reduce)(colld_dtype_t dtype, colld_redop_t op, const void *const *in, int n_in,
+    /* op: a colld_redop_t, or KCHECK_PREMUL_SUM (colld_cuda_reduce_premul, with n_in scalar words;
+     * scalars is NULL for the other ops). */
+    colld_status_t (*reduce)(colld_dtype_t dtype, int op, const uint64_t *scalars, const void *const *in, int n_in,
                              void *const *out, int n_out, size_t count);
     colld_status_t (*copy)(const void *src, void *const *out, int n_out, size_t bytes);
 } kcheck_backend_t;
@@ -40,7 +47,7 @@ int kcheck_run(const kcheck_backend_t *b);
 
 /* Names for messages. */
 const char *kcheck_dtype_name(colld_dtype_t dt);
-const char *kcheck_op_name(colld_redop_t op);
+const char *kcheck_op_name(int op);
 
 #ifdef __cplusplus
 }

@@ -26,17 +26,17 @@ extern "C" {
 typedef void (*reduce_body_fn)(const colld__cuda_reduce_params_t &p, size_t tid, size_t nthreads);
 
 /* The host instantiation of every reduce body, from the same lists as the kernels. */
-static reduce_body_fn reduce_body(colld_dtype_t dtype, colld_redop_t op)
+static reduce_body_fn reduce_body(colld_dtype_t dtype, int op)
 {
-#define OP_CASE(name, E_OP, opname)                                                                \
-    case E_OP:                                                                                     \
+#define OP_CASE(name, E_OP, opname)                                                                                    \
+    case E_OP:                                                                                                         \
         return colld__cuda_reduce_body<colld__cuda_t_##name, E_OP>;
-#define DTYPE_CASE(E, name, T, A, U, W, K)                                                         \
-    case E:                                                                                        \
-        switch (op) {                                                                              \
-            COLLD_REDUCE_OPS(OP_CASE, name)                                                        \
-        default:                                                                                   \
-            return NULL;                                                                           \
+#define DTYPE_CASE(E, name, T, A, U, W, K)                                                                             \
+    case E:                                                                                                            \
+        switch (op) {                                                                                                  \
+            COLLD_REDUCE_OPS(OP_CASE, name)                                                                            \
+        default:                                                                                                       \
+            return NULL;                                                                                               \
         }
     switch (dtype) {
         COLLD_REDUCE_DTYPES(DTYPE_CASE)
@@ -61,12 +61,14 @@ static size_t emulated_threads(size_t work)
     return (blocks < 1 ? 1 : blocks) * COLLD__CUDA_THREADS;
 }
 
-static colld_status_t emu_reduce(colld_dtype_t dtype, colld_redop_t op, const void *const *in, int n_in,
+static colld_status_t emu_reduce(colld_dtype_t dtype, int op, const uint64_t *scalars, const void *const *in, int n_in,
                                  void *const *out, int n_out, size_t count)
 {
     colld__cuda_reduce_params_t p;
     size_t work, nthreads;
-    colld_status_t st = colld__cuda_reduce_plan(dtype, op, in, n_in, out, n_out, count, &p, &work);
+    /* The matrix's premultiplied sum is the kernels' premul_sum (the same number). */
+    static_assert(KCHECK_PREMUL_SUM == COLLD__REDOP_PREMUL_SUM, "one number for the premultiplied sum");
+    colld_status_t st = colld__cuda_reduce_plan(dtype, op, scalars, in, n_in, out, n_out, count, &p, &work);
 
     if (st != COLLD_OK || work == 0)
         return st;
@@ -88,11 +90,21 @@ static colld_status_t emu_copy(const void *src, void *const *out, int n_out, siz
     nthreads = emulated_threads(work);
     for (size_t tid = 0; tid < nthreads; tid++) {
         switch (p.unit) {
-        case 16: colld__cuda_copy_body<uint4>(p, tid, nthreads); break;
-        case 8: colld__cuda_copy_body<uint2>(p, tid, nthreads); break;
-        case 4: colld__cuda_copy_body<unsigned int>(p, tid, nthreads); break;
-        case 2: colld__cuda_copy_body<unsigned short>(p, tid, nthreads); break;
-        default: colld__cuda_copy_body<unsigned char>(p, tid, nthreads); break;
+        case 16:
+            colld__cuda_copy_body<uint4>(p, tid, nthreads);
+            break;
+        case 8:
+            colld__cuda_copy_body<uint2>(p, tid, nthreads);
+            break;
+        case 4:
+            colld__cuda_copy_body<unsigned int>(p, tid, nthreads);
+            break;
+        case 2:
+            colld__cuda_copy_body<unsigned short>(p, tid, nthreads);
+            break;
+        default:
+            colld__cuda_copy_body<unsigned char>(p, tid, nthreads);
+            break;
         }
     }
     return COLLD_OK;
@@ -181,62 +193,83 @@ static void check_api(void)
     expect("NULL input array", colld_cuda_reduce(NULL, COLLD_FLOAT32, COLLD_SUM, NULL, 2, out, 1, 8, NULL), INVAL);
     expect("NULL output array", colld_cuda_reduce(NULL, COLLD_FLOAT32, COLLD_SUM, in, 2, NULL, 1, 8, NULL), INVAL);
     {
-        const void *in2[2] = {in[0], NULL};
+        const void *in2[2] = { in[0], NULL };
         expect("NULL input", colld_cuda_reduce(NULL, COLLD_FLOAT32, COLLD_SUM, in2, 2, out, 1, 8, NULL), INVAL);
-        void *out2[1] = {addr(0x2000002)};
+        void *out2[1] = { addr(0x2000002) };
         expect("misaligned output", colld_cuda_reduce(NULL, COLLD_FLOAT32, COLLD_SUM, in, 2, out2, 1, 8, NULL), INVAL);
-        void *out3[1] = {static_cast<char *>(const_cast<void *>(in[1])) + 4};
+        void *out3[1] = { static_cast<char *>(const_cast<void *>(in[1])) + 4 };
         expect("output overlapping an input",
                colld_cuda_reduce(NULL, COLLD_FLOAT32, COLLD_SUM, in, 2, out3, 1, 8, NULL), INVAL);
-        void *out4[2] = {out[0], static_cast<char *>(out[0]) + 8};
-        expect("outputs overlapping", colld_cuda_reduce(NULL, COLLD_FLOAT32, COLLD_SUM, in, 2, out4, 2, 8, NULL), INVAL);
-        void *out5[1] = {addr(UINTPTR_MAX - 15)};
+        void *out4[2] = { out[0], static_cast<char *>(out[0]) + 8 };
+        expect("outputs overlapping", colld_cuda_reduce(NULL, COLLD_FLOAT32, COLLD_SUM, in, 2, out4, 2, 8, NULL),
+               INVAL);
+        void *out5[1] = { addr(UINTPTR_MAX - 15) };
         expect("output past the address space",
                colld_cuda_reduce(NULL, COLLD_FLOAT32, COLLD_SUM, in, 2, out5, 1, 8, NULL), INVAL);
     }
-    expect("count overflow", colld_cuda_reduce(NULL, COLLD_FLOAT32, COLLD_SUM, in, 2, out, 1, SIZE_MAX / 2, NULL), INVAL);
+    expect("count overflow", colld_cuda_reduce(NULL, COLLD_FLOAT32, COLLD_SUM, in, 2, out, 1, SIZE_MAX / 2, NULL),
+           INVAL);
+    {
+        const uint64_t sc[2] = { 1, 2 };
+        expect("premul_sum through colld_cuda_reduce",
+               colld_cuda_reduce(NULL, COLLD_FLOAT32, (colld_redop_t)COLLD__REDOP_PREMUL_SUM, in, 2, out, 1, 8, NULL),
+               INVAL);
+        expect("premul NULL scalars", colld_cuda_reduce_premul(NULL, COLLD_FLOAT32, NULL, in, 2, out, 1, 8, NULL),
+               INVAL);
+        expect("premul bad dtype", colld_cuda_reduce_premul(NULL, COLLD_DTYPE_COUNT, sc, in, 2, out, 1, 8, NULL),
+               INVAL);
+        expect("premul n_in 0", colld_cuda_reduce_premul(NULL, COLLD_FLOAT32, sc, in, 0, out, 1, 8, NULL), INVAL);
+        expect("premul without kernels", colld_cuda_reduce_premul(NULL, COLLD_FLOAT32, sc, in, 2, out, 1, 8, NULL),
+               COLLD_ERR_DEVICE);
+        expect("plan premul",
+               colld__cuda_reduce_plan(COLLD_FLOAT32, COLLD__REDOP_PREMUL_SUM, sc, in, 2, out, 1, 8, &rp, &work),
+               COLLD_OK);
+        expect_true("plan premul: the scalars in the parameters",
+                    rp.scalar[0] == 1 && rp.scalar[1] == 2 && rp.scalar[2] == 0);
+    }
     expect("copy n_out 65", colld_cuda_copy(NULL, in[0], out, COLLD_CUDA_MAX_RANKS + 1, 8, NULL), INVAL);
     expect("copy NULL source", colld_cuda_copy(NULL, NULL, out, 1, 8, NULL), INVAL);
     expect("copy NULL output array", colld_cuda_copy(NULL, in[0], NULL, 1, 8, NULL), INVAL);
     {
-        void *o[1] = {static_cast<char *>(const_cast<void *>(in[0])) + 3};
+        void *o[1] = { static_cast<char *>(const_cast<void *>(in[0])) + 3 };
         expect("copy output overlapping the source", colld_cuda_copy(NULL, in[0], o, 1, 8, NULL), INVAL);
     }
 
     /* Nothing to do: success without a launch (and without looking at the pointers). */
     {
-        const void *none[1] = {NULL};
-        void *o[1] = {const_cast<void *>(in[0])};
+        const void *none[1] = { NULL };
+        void *o[1] = { const_cast<void *>(in[0]) };
         expect("count 0", colld_cuda_reduce(NULL, COLLD_FLOAT32, COLLD_SUM, none, 1, out, 1, 0, NULL), COLLD_OK);
         expect("n_out 0", colld_cuda_reduce(NULL, COLLD_FLOAT32, COLLD_SUM, in, 2, NULL, 0, 8, NULL), COLLD_OK);
         expect("copy 0 bytes", colld_cuda_copy(NULL, NULL, out, 1, 0, NULL), COLLD_OK);
         expect("copy onto its source only", colld_cuda_copy(NULL, in[0], o, 1, 8, NULL), COLLD_OK);
-        void *twice[2] = {o[0], o[0]};
+        void *twice[2] = { o[0], o[0] };
         expect("copy onto its source twice", colld_cuda_copy(NULL, in[0], twice, 2, 8, NULL), COLLD_OK);
     }
 
     /* Plans. float32 (V = 4), 1001 elements. */
-    expect("plan aligned",
-           colld__cuda_reduce_plan(COLLD_FLOAT32, COLLD_SUM, in, 3, out, 2, 1001, &rp, &work), COLLD_OK);
+    expect("plan aligned", colld__cuda_reduce_plan(COLLD_FLOAT32, COLLD_SUM, NULL, in, 3, out, 2, 1001, &rp, &work),
+           COLLD_OK);
     expect_true("plan aligned: head 0, 250 vectors, 1 element", rp.head == 0 && rp.nvec == 250 && work == 251);
     {
-        const void *si[2] = {addr(0x100004), addr(0x200004)};
-        void *so[2] = {addr(0x300004), const_cast<void *>(si[1])};
-        expect("plan shifted", colld__cuda_reduce_plan(COLLD_FLOAT32, COLLD_MAX, si, 2, so, 2, 1001, &rp, &work),
+        const void *si[2] = { addr(0x100004), addr(0x200004) };
+        void *so[2] = { addr(0x300004), const_cast<void *>(si[1]) };
+        expect("plan shifted", colld__cuda_reduce_plan(COLLD_FLOAT32, COLLD_MAX, NULL, si, 2, so, 2, 1001, &rp, &work),
                COLLD_OK);
         expect_true("plan shifted: head 3, 249 vectors, 2 elements", rp.head == 3 && rp.nvec == 249 && work == 254);
-        expect("plan short", colld__cuda_reduce_plan(COLLD_FLOAT32, COLLD_MAX, si, 2, so, 2, 2, &rp, &work),
+        expect("plan short", colld__cuda_reduce_plan(COLLD_FLOAT32, COLLD_MAX, NULL, si, 2, so, 2, 2, &rp, &work),
                COLLD_OK);
         expect_true("plan short: 2 elements, no vector", rp.head == 2 && rp.nvec == 0 && work == 2);
-        void *mo[1] = {addr(0x300008)};
-        expect("plan mixed", colld__cuda_reduce_plan(COLLD_FLOAT32, COLLD_MAX, si, 2, mo, 1, 1001, &rp, &work),
+        void *mo[1] = { addr(0x300008) };
+        expect("plan mixed", colld__cuda_reduce_plan(COLLD_FLOAT32, COLLD_MAX, NULL, si, 2, mo, 1, 1001, &rp, &work),
                COLLD_OK);
         expect_true("plan mixed: every element alone", rp.head == 1001 && rp.nvec == 0 && work == 1001);
     }
     {
-        const void *bi[1] = {addr(0x100001)};
-        void *bo[1] = {addr(0x200001)};
-        expect("plan int8", colld__cuda_reduce_plan(COLLD_INT8, COLLD_SUM, bi, 1, bo, 1, 100, &rp, &work), COLLD_OK);
+        const void *bi[1] = { addr(0x100001) };
+        void *bo[1] = { addr(0x200001) };
+        expect("plan int8", colld__cuda_reduce_plan(COLLD_INT8, COLLD_SUM, NULL, bi, 1, bo, 1, 100, &rp, &work),
+               COLLD_OK);
         expect_true("plan int8: head 15, 5 vectors of 16, 5 elements", rp.head == 15 && rp.nvec == 5 && work == 25);
     }
     {
@@ -244,9 +277,9 @@ static void check_api(void)
             uintptr_t src, out[3];
             int unit;
             size_t head;
-        } cases[] = {{0, {0, 0, 0}, 16, 0}, {5, {5, 21, 37}, 16, 11}, {0, {8, 24, 0}, 8, 0},
-                     {4, {12, 4, 28}, 8, 4}, {2, {6, 10, 14}, 4, 2},  {1, {3, 5, 7}, 2, 1},
-                     {0, {1, 2, 3}, 1, 0}};
+        } cases[] = { { 0, { 0, 0, 0 }, 16, 0 },  { 5, { 5, 21, 37 }, 16, 11 }, { 0, { 8, 24, 0 }, 8, 0 },
+                      { 4, { 12, 4, 28 }, 8, 4 }, { 2, { 6, 10, 14 }, 4, 2 },   { 1, { 3, 5, 7 }, 2, 1 },
+                      { 0, { 1, 2, 3 }, 1, 0 } };
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             void *o[3];
             char what[80];

@@ -92,10 +92,14 @@ static colld_status_t finish(const char *what, colld_status_t st)
     return cuda_failed(what, cu.cuStreamSynchronize(stream)) ? COLLD_ERR_DEVICE : COLLD_OK;
 }
 
-static colld_status_t gpu_reduce(colld_dtype_t dtype, colld_redop_t op, const void *const *in, int n_in,
+static colld_status_t gpu_reduce(colld_dtype_t dtype, int op, const uint64_t *scalars, const void *const *in, int n_in,
                                  void *const *out, int n_out, size_t count)
 {
-    return finish("colld_cuda_reduce", colld_cuda_reduce(kernels, dtype, op, in, n_in, out, n_out, count, stream));
+    if (op == KCHECK_PREMUL_SUM)
+        return finish("colld_cuda_reduce_premul",
+                      colld_cuda_reduce_premul(kernels, dtype, scalars, in, n_in, out, n_out, count, stream));
+    return finish("colld_cuda_reduce",
+                  colld_cuda_reduce(kernels, dtype, (colld_redop_t)op, in, n_in, out, n_out, count, stream));
 }
 
 static colld_status_t gpu_copy(const void *src, void *const *out, int n_out, size_t bytes)
@@ -118,25 +122,24 @@ static void report_bandwidth(void)
 {
     enum { N_BUF = 4 };
     const size_t count = (size_t)16 << 20;
-    void *buf[N_BUF] = {NULL};
+    void *buf[N_BUF] = { NULL };
     int iters = 20, ok = 1;
     double t0, t1;
 
     for (int r = 0; r < N_BUF && ok; r++)
         ok = (buf[r] = gpu_alloc(count * 4)) != NULL && !gpu_fill(buf[r], 0, count * 4);
     if (ok)
-        ok = gpu_reduce(COLLD_FLOAT32, COLLD_SUM, (const void *const *)buf, N_BUF, buf, N_BUF, count) == COLLD_OK;
+        ok = gpu_reduce(COLLD_FLOAT32, COLLD_SUM, NULL, (const void *const *)buf, N_BUF, buf, N_BUF, count) == COLLD_OK;
     if (ok) {
         t0 = now();
         for (int i = 0; i < iters && ok; i++)
-            ok = colld_cuda_reduce(kernels, COLLD_FLOAT32, COLLD_SUM, (const void *const *)buf, N_BUF, buf, N_BUF, count,
-                                   stream) == COLLD_OK;
+            ok = colld_cuda_reduce(kernels, COLLD_FLOAT32, COLLD_SUM, (const void *const *)buf, N_BUF, buf, N_BUF,
+                                   count, stream) == COLLD_OK;
         ok = ok && !cuda_failed("cuStreamSynchronize", cu.cuStreamSynchronize(stream));
         t1 = now();
         if (ok)
-            printf("info: in-place float32 sum of %d x %zu MiB: %.1f us per call, %.0f GB/s (read + write)\n",
-                   N_BUF, count * 4 >> 20, (t1 - t0) / iters * 1e6,
-                   2.0 * N_BUF * (double)count * 4 * iters / (t1 - t0) / 1e9);
+            printf("info: in-place float32 sum of %d x %zu MiB: %.1f us per call, %.0f GB/s (read + write)\n", N_BUF,
+                   count * 4 >> 20, (t1 - t0) / iters * 1e6, 2.0 * N_BUF * (double)count * 4 * iters / (t1 - t0) / 1e9);
     }
     for (int r = 0; r < N_BUF; r++)
         if (buf[r])

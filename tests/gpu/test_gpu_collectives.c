@@ -14,7 +14,8 @@
  *              COLLD_TEST_NO_BIG=1, as `make test-tsan` sets), the stream test's spin 1 s (the host
  *              call limit is a quarter of the spin, gpu_rank.c).
  *
- *  matrix  every collective x dtype x op, counts {0, 1, 1001, >= 4 MiB (odd)}, in and out of place,
+ *  matrix  every collective x dtype x op (the premultiplied sum included, each rank with its own
+ *          scalar), counts {0, 1, 1001, >= 4 MiB (odd)}, in and out of place,
  *          for 2, 4 and 8 rank processes with cuMemAlloc'd buffers (the >= 4 MiB count:
  *          every combination on 2 ranks, gpu_rank.c's big_selected() subset on 4 and 8); with
  *          colld_mem_alloc(COLLD_MEM_CUDA) buffers, and with both kinds mixed in one communicator;

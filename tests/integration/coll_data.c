@@ -5,6 +5,7 @@
 #include "tests/integration/coll_data.h"
 
 #include "kernels/cpu/reduce.h"
+#include "tools/testdata/pattern.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -17,7 +18,7 @@ const char *const kind_names[K_COUNT] = { "allreduce",     "broadcast", "reduce"
                                           "reducescatter", "gather",    "scatter", "alltoall" };
 const char *const dtype_names[COLLD_DTYPE_COUNT] = { "int8",   "uint8",   "int32",    "uint32",  "int64",
                                                      "uint64", "float16", "bfloat16", "float32", "float64" };
-const char *const op_names[COLLD_REDOP_COUNT] = { "sum", "prod", "min", "max", "avg" };
+const char *const op_names[COLL_OPS] = { "sum", "prod", "min", "max", "avg", "premul_sum" };
 
 static const size_t small_counts[SMALL_COUNTS] = { 0, 1, 1001 };
 
@@ -73,7 +74,14 @@ int coll_prepare_data(call_t *k, int n, int rank, coll_pattern_fn pattern)
             in[r] = p;
         }
         void *out[1] = { k->expect };
-        if (k->count && colld_cpu_reduce_scalar(k->dt, k->op, in, n, out, 1, k->count) != COLLD_OK)
+        uint64_t scalars[MAX_RANKS];
+        for (int r = 0; r < n; r++)
+            scalars[r] = coll_scalar(k, r);
+        colld_status_t st = COLLD_OK;
+        if (k->count)
+            st = k->op == COLL_OP_PREMUL ? colld_cpu_reduce_premul_scalar(k->dt, scalars, in, n, out, 1, k->count)
+                                         : colld_cpu_reduce_scalar(k->dt, k->op, in, n, out, 1, k->count);
+        if (st != COLLD_OK)
             return -1;
         break;
     }
@@ -94,6 +102,28 @@ int coll_prepare_data(call_t *k, int n, int rank, coll_pattern_fn pattern)
         break;
     }
     return 0;
+}
+
+uint64_t coll_scalar(const call_t *k, int rank)
+{
+    return colld_cpu_pattern_scalar(k->dt, rank, k->salt, k->small);
+}
+
+colld_status_t coll_op_make(const call_t *k, int rank, colld_comm_t *comm, colld_redop_t *op)
+{
+    *op = k->op;
+    if (k->op != COLL_OP_PREMUL)
+        return COLLD_OK;
+    uint64_t word = coll_scalar(k, rank); /* its first bytes are the value (little-endian host) */
+    return colld_redop_create_premul_sum(comm, &word, k->dt, op);
+}
+
+colld_status_t coll_op_release(const call_t *k, colld_comm_t *comm, colld_redop_t op, colld_status_t st)
+{
+    if (k->op != COLL_OP_PREMUL)
+        return st;
+    colld_status_t d = colld_redop_destroy(comm, op);
+    return st == COLLD_OK ? d : st;
 }
 
 void coll_free_data(call_t *k)
@@ -174,12 +204,24 @@ bool coll_untouched(const unsigned char *p, size_t len)
 void coll_fmt_elem(colld_dtype_t dt, const void *p, char *buf, size_t len)
 {
     switch (dt) {
-    case COLLD_INT8: snprintf(buf, len, "%d", *(const int8_t *)p); break;
-    case COLLD_UINT8: snprintf(buf, len, "%u", *(const uint8_t *)p); break;
-    case COLLD_INT32: snprintf(buf, len, "%" PRId32, *(const int32_t *)p); break;
-    case COLLD_UINT32: snprintf(buf, len, "%" PRIu32, *(const uint32_t *)p); break;
-    case COLLD_INT64: snprintf(buf, len, "%" PRId64, *(const int64_t *)p); break;
-    case COLLD_UINT64: snprintf(buf, len, "%" PRIu64, *(const uint64_t *)p); break;
+    case COLLD_INT8:
+        snprintf(buf, len, "%d", *(const int8_t *)p);
+        break;
+    case COLLD_UINT8:
+        snprintf(buf, len, "%u", *(const uint8_t *)p);
+        break;
+    case COLLD_INT32:
+        snprintf(buf, len, "%" PRId32, *(const int32_t *)p);
+        break;
+    case COLLD_UINT32:
+        snprintf(buf, len, "%" PRIu32, *(const uint32_t *)p);
+        break;
+    case COLLD_INT64:
+        snprintf(buf, len, "%" PRId64, *(const int64_t *)p);
+        break;
+    case COLLD_UINT64:
+        snprintf(buf, len, "%" PRIu64, *(const uint64_t *)p);
+        break;
     case COLLD_FLOAT16:
         snprintf(buf, len, "%.9g (0x%04x)", (double)colld_half_to_float(*(const uint16_t *)p), *(const uint16_t *)p);
         break;
@@ -198,7 +240,9 @@ void coll_fmt_elem(colld_dtype_t dt, const void *p, char *buf, size_t len)
         snprintf(buf, len, "%.17g (0x%016" PRIx64 ")", *(const double *)p, b);
         break;
     }
-    default: snprintf(buf, len, "?"); break;
+    default:
+        snprintf(buf, len, "?");
+        break;
     }
 }
 
@@ -333,7 +377,7 @@ int coll_run_matrix(const coll_matrix_t *m, int iter, long *cases, int (*run)(vo
                 if (big && !m->big)
                     continue;
                 size_t count = big ? coll_big_count((colld_dtype_t)d) : small_counts[ci];
-                for (int op = 0; op < (coll_reduces(kind) ? COLLD_REDOP_COUNT : 1); op++) {
+                for (int op = 0; op < (coll_reduces(kind) ? COLL_OPS : 1); op++) {
                     if (coll_reduces(kind) && !(m->ops & (1u << op)))
                         continue;
                     if (big && !coll_big_selected(m->big_all, kind, (colld_dtype_t)d, (colld_redop_t)op))
@@ -353,7 +397,8 @@ int coll_run_matrix(const coll_matrix_t *m, int iter, long *cases, int (*run)(vo
                                      .inplace = inplace,
                                      .null_unused = !inplace && (id / m->n) % 2 == 1,
                                      .salt = m->salt * 1000003u + (unsigned)iter * 7919u + (unsigned)id * 2u +
-                                             (unsigned)mode };
+                                             (unsigned)mode,
+                                     .small = m->small };
                         if (run(ctx, &k) < 0)
                             return 1;
                     }

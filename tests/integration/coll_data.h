@@ -22,7 +22,12 @@ enum { K_ALLREDUCE, K_BROADCAST, K_REDUCE, K_ALLGATHER, K_REDUCESCATTER, K_GATHE
 
 extern const char *const kind_names[K_COUNT];
 extern const char *const dtype_names[COLLD_DTYPE_COUNT];
-extern const char *const op_names[COLLD_REDOP_COUNT];
+/* The ops of the matrix: colld_redop_t's, then the premultiplied sum. A call's op COLL_OP_PREMUL
+ * stands for a premultiplied-sum operator that each rank makes with its own scalar (coll_scalar)
+ * when it posts the call (coll_op_make) and destroys right after (coll_op_release). */
+#define COLL_OP_PREMUL ((colld_redop_t)COLLD_REDOP_COUNT)
+#define COLL_OPS (COLLD_REDOP_COUNT + 1)
+extern const char *const op_names[COLL_OPS];
 
 #define GUARD 64             /* bytes before and after every buffer that must stay untouched */
 #define SENTINEL 0xA5        /* what unwritten memory holds */
@@ -43,6 +48,7 @@ typedef struct {
     bool inplace;
     bool null_unused; /* out of place, non-root: pass NULL for the buffer the call does not use */
     unsigned salt;
+    bool small; /* exact inputs (colld_cpu_pattern_small) and exact premultiplied-sum scalars */
     /* the slots (GUARD + buffer + GUARD): in the registered memory (colld-test-coll) or in the
      * host images of the device buffers (colld-test-gpu-rank, which maps them to the device) */
     unsigned char *sreg, *rreg;
@@ -66,10 +72,24 @@ size_t coll_inplace_bytes(const call_t *k, int n);
 bool coll_receives(const call_t *k, int rank);
 
 /* Fill mine/inputs/expect of a call for `rank` of n: every rank's input from `pattern`, the
- * expected output from the scalar oracle (reductions), the root's input (broadcast) or every
+ * expected output from the scalar oracle (reductions; the premultiplied sum with every rank's
+ * coll_scalar), the root's input (broadcast) or every
  * rank's input side by side (all-gather). Returns 0, or -1 when out of memory or the oracle
  * refuses; either way coll_free_data releases what was allocated. */
 int coll_prepare_data(call_t *k, int n, int rank, coll_pattern_fn pattern);
+
+/* The scalar word (a uint64_t whose first bytes hold one value of the call's dtype) of rank `rank`
+ * in a premultiplied-sum call: colld_cpu_pattern_scalar of (dtype, rank, salt), exact values with
+ * k->small. Different per rank. */
+uint64_t coll_scalar(const call_t *k, int rank);
+
+/* The op `rank` passes for a call: k->op, or for COLL_OP_PREMUL an operator of comm made now with
+ * the rank's coll_scalar (colld_redop_create_premul_sum). Returns its status. */
+colld_status_t coll_op_make(const call_t *k, int rank, colld_comm_t *comm, colld_redop_t *op);
+
+/* Release what coll_op_make made (nothing for a built-in op); returns st, or the destroy's error
+ * when st is COLLD_OK. */
+colld_status_t coll_op_release(const call_t *k, colld_comm_t *comm, colld_redop_t op, colld_status_t st);
 
 /* Free what coll_prepare_data allocated (safe to call twice). */
 void coll_free_data(call_t *k);
@@ -112,15 +132,16 @@ size_t coll_big_count(colld_dtype_t dt);
  * paths, which do not depend on the op.) */
 bool coll_big_selected(bool big_all, int kind, colld_dtype_t dt, colld_redop_t op);
 
-/* What one pass over the matrix covers: collective x dtype x op (reducing kinds only) x count
- * {0, 1, 1001, big} x {out-of-place, in-place}. */
+/* What one pass over the matrix covers: collective x dtype x op (reducing kinds only; the
+ * premultiplied sum included) x count {0, 1, 1001, big} x {out-of-place, in-place}. */
 typedef struct {
     unsigned kinds, dtypes, ops; /* bit masks */
     int rotate;                  /* start at the rotate-th kind */
     bool inplace, outofplace;    /* which modes run */
     bool big, big_all;           /* the big count at all; every combination at it */
     unsigned salt;
-    int n; /* ranks */
+    int n;      /* ranks */
+    bool small; /* exact values (the calls' `small`) */
 } coll_matrix_t;
 
 /* Run the matrix once (pass `iter`) through run(ctx, call), which returns < 0 on a fatal error.

@@ -9,7 +9,8 @@
  * non-root's reduce receive buffer) must be unchanged.
  *
  * Modes (--mode):
- *   matrix   (default) collective x dtype x op (reducing kinds only) x count {0, 1, 1001, big}
+ *   matrix   (default) collective x dtype x op (reducing kinds only; premul_sum: each rank makes
+ *            an operator with its own scalar, coll_data.h) x count {0, 1, 1001, big}
  *            x {out-of-place, in-place}. "big" is BIG_BYTES per buffer (count = BIG_BYTES/size + 3)
  *            and, unless --big-all, runs only the subset coll_big_selected() names (coll_data.h).
  *            Select with --kinds, --dtypes, --ops (comma lists or "all"), --no-big, --only
@@ -26,6 +27,8 @@
  *            usable (a valid group afterwards is exact).
  *   badargs  client-side argument errors of the new collectives that depend on nranks and root;
  *            then a real allgather and broadcast prove the communicator still works.
+ *   premul-bad  premultiplied-sum operators used wrongly (mode_premul_bad), then exact premultiplied
+ *            sums.
  *   call     one collective --call KIND:DTYPE:OP:COUNT:ROOT; with --expect NAME the synchronize
  *            status must be NAME and the error detail is printed on stdout (--out FILE).
  *   chain    --iters rounds of reduce-scatter (x -> y) then all-gather (y -> x), float32 sum,
@@ -75,7 +78,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define GROUP_MAX_COUNT 300    /* largest count of a collective inside a group */
+#define GROUP_MAX_COUNT 300 /* largest count of a collective inside a group */
 
 /* The input generator: colld_cpu_pattern, or with --exact-values colld_cpu_pattern_small (for
  * multi-node runs, whose reduction order differs from rank order). */
@@ -88,7 +91,7 @@ typedef struct {
     unsigned salt;
     unsigned kinds, dtypes, ops; /* bit masks */
     bool inplace, outofplace, big, big_all;
-    bool use_malloc; /* ordinary memory (staged by libcolld) instead of colld_mem_alloc */
+    bool use_malloc;     /* ordinary memory (staged by libcolld) instead of colld_mem_alloc */
     bool comm_nan_check; /* --comm-nan-check: the communicator's config asks for --nan-check */
 } args_t;
 
@@ -119,24 +122,33 @@ static void describe(const void *ctx, const call_t *k, char *buf, size_t len)
 /* The run's reporting for coll_check_call and coll_report. */
 static coll_check_t checker(run_t *R)
 {
-    return (coll_check_t){ .n = R->n, .rank = R->rank, .reported = &R->reported, .max_report = R->a->max_report,
-                           .where = "", .describe = describe, .ctx = R };
+    return (coll_check_t){ .n = R->n,
+                           .rank = R->rank,
+                           .reported = &R->reported,
+                           .max_report = R->a->max_report,
+                           .where = "",
+                           .describe = describe,
+                           .ctx = R };
 }
 
 /* ---------------------------------------------------------------------------------------------
  * One call: prepare the buffers, post, check
  * ------------------------------------------------------------------------------------------- */
 
-/* Post a call (not waiting). */
-static colld_status_t post_call(run_t *R, const call_t *k)
+/* Post a call with the op `op` (not waiting). */
+static colld_status_t post_with(run_t *R, const call_t *k, colld_redop_t op)
 {
     switch (k->kind) {
-    case K_ALLREDUCE: return colld_allreduce(k->sendp, k->recvp, k->count, k->dt, k->op, R->comm, NULL);
-    case K_BROADCAST: return colld_broadcast(k->sendp, k->recvp, k->count, k->dt, k->root, R->comm, NULL);
-    case K_REDUCE: return colld_reduce(k->sendp, k->recvp, k->count, k->dt, k->op, k->root, R->comm, NULL);
-    case K_ALLGATHER: return colld_allgather(k->sendp, k->recvp, k->count, k->dt, R->comm, NULL);
+    case K_ALLREDUCE:
+        return colld_allreduce(k->sendp, k->recvp, k->count, k->dt, op, R->comm, NULL);
+    case K_BROADCAST:
+        return colld_broadcast(k->sendp, k->recvp, k->count, k->dt, k->root, R->comm, NULL);
+    case K_REDUCE:
+        return colld_reduce(k->sendp, k->recvp, k->count, k->dt, op, k->root, R->comm, NULL);
+    case K_ALLGATHER:
+        return colld_allgather(k->sendp, k->recvp, k->count, k->dt, R->comm, NULL);
     case K_REDUCESCATTER:
-        return colld_reducescatter(k->sendp, k->recvp, k->count, k->dt, k->op, R->comm, NULL);
+        return colld_reducescatter(k->sendp, k->recvp, k->count, k->dt, op, R->comm, NULL);
     case K_GATHER:
         return colld_gather(k->sendp, k->recvp, k->count, k->dt, k->root, R->comm, NULL);
     case K_SCATTER:
@@ -144,6 +156,18 @@ static colld_status_t post_call(run_t *R, const call_t *k)
     default:
         return colld_alltoall(k->sendp, k->recvp, k->count, k->dt, R->comm, NULL);
     }
+}
+
+/* Post a call (not waiting). A premultiplied sum gets an operator made with this rank's own
+ * scalar just before, and destroyed as soon as the call returned (the call took the scalar; also
+ * inside a group, before colld_group_end). */
+static colld_status_t post_call(run_t *R, const call_t *k)
+{
+    colld_redop_t op;
+    colld_status_t st = coll_op_make(k, R->rank, R->comm, &op);
+    if (st != COLLD_OK)
+        return st;
+    return coll_op_release(k, R->comm, op, post_with(R, k, op));
 }
 
 /* Check a completed call (coll_check_call). Returns 0 when everything is exact, else 1. */
@@ -200,9 +224,17 @@ static int matrix_call(void *R, call_t *k)
 static int mode_matrix(run_t *R, int iter)
 {
     const args_t *a = R->a;
-    coll_matrix_t m = { .kinds = a->kinds, .dtypes = a->dtypes, .ops = a->ops, .rotate = a->rotate,
-                        .inplace = a->inplace, .outofplace = a->outofplace, .big = a->big, .big_all = a->big_all,
-                        .salt = a->salt, .n = R->n };
+    coll_matrix_t m = { .kinds = a->kinds,
+                        .dtypes = a->dtypes,
+                        .ops = a->ops,
+                        .rotate = a->rotate,
+                        .inplace = a->inplace,
+                        .outofplace = a->outofplace,
+                        .big = a->big,
+                        .big_all = a->big_all,
+                        .salt = a->salt,
+                        .n = R->n,
+                        .small = pattern == colld_cpu_pattern_small };
     if (coll_run_matrix(&m, iter, &R->cases, matrix_call, R) != 0)
         return 1;
     return R->bad ? 1 : 0;
@@ -240,10 +272,11 @@ static int mode_small(run_t *R)
     for (int it = 0; it < a->iters; it++) {
         call_t k = { .kind = K_ALLREDUCE,
                      .dt = (colld_dtype_t)(it % COLLD_DTYPE_COUNT),
-                     .op = (colld_redop_t)((it / COLLD_DTYPE_COUNT) % COLLD_REDOP_COUNT),
+                     .op = (colld_redop_t)((it / COLLD_DTYPE_COUNT) % COLL_OPS),
                      .count = 1 + (size_t)(it * 13) % 64,
                      .inplace = (it / 50) % 2 == 1,
-                     .salt = a->salt + (unsigned)it };
+                     .salt = a->salt + (unsigned)it,
+                     .small = pattern == colld_cpu_pattern_small };
         if (run_call(R, &k) < 0 || checkpoint(R, it + 1) < 0)
             return 1;
     }
@@ -256,12 +289,13 @@ static call_t group_call(const run_t *R, int j, unsigned salt)
 {
     call_t k = { .kind = j % K_COUNT,
                  .dt = (colld_dtype_t)((j * 3) % COLLD_DTYPE_COUNT),
-                 .op = (colld_redop_t)((j / K_COUNT) % COLLD_REDOP_COUNT),
+                 .op = (colld_redop_t)((j / K_COUNT) % COLL_OPS),
                  .count = j == 7 ? 0 : 1 + (size_t)(j * 37) % GROUP_MAX_COUNT,
                  .root = j % R->n,
                  .inplace = (j / 2) % 2 == 1 && j % K_COUNT != K_ALLTOALL, /* no in-place all-to-all */
                  .null_unused = j % 3 == 0,
-                 .salt = salt + (unsigned)j };
+                 .salt = salt + (unsigned)j,
+                 .small = pattern == colld_cpu_pattern_small };
     return k;
 }
 
@@ -403,13 +437,14 @@ static int mode_badargs(run_t *R)
                        colld_reducescatter(f, g, over, COLLD_FLOAT32, COLLD_SUM, R->comm, NULL),
                        COLLD_ERR_INVALID_ARGUMENT, "past the end");
     bad += expect_fail(R, "allgather, nranks*sendcount overflows",
-                       colld_allgather(f, g, SIZE_MAX / 2 + 1, COLLD_INT8, R->comm, NULL),
-                       COLLD_ERR_INVALID_ARGUMENT, NULL);
+                       colld_allgather(f, g, SIZE_MAX / 2 + 1, COLLD_INT8, R->comm, NULL), COLLD_ERR_INVALID_ARGUMENT,
+                       NULL);
     bad += expect_fail(R, "reducescatter, nranks*recvcount overflows",
                        colld_reducescatter(f, g, SIZE_MAX / 2 + 1, COLLD_INT8, COLLD_SUM, R->comm, NULL),
                        COLLD_ERR_INVALID_ARGUMENT, NULL);
     /* Unknown op / dtype on the new collectives. */
-    bad += expect_fail(R, "reduce with op 42", colld_reduce(f, g, 4, COLLD_FLOAT32, (colld_redop_t)42, 0, R->comm, NULL),
+    bad += expect_fail(R, "reduce with op 42",
+                       colld_reduce(f, g, 4, COLLD_FLOAT32, (colld_redop_t)42, 0, R->comm, NULL),
                        COLLD_ERR_INVALID_ARGUMENT, "op 42");
     bad += expect_fail(R, "reducescatter with op -1",
                        colld_reducescatter(f, g, 4, COLLD_FLOAT32, (colld_redop_t)-1, R->comm, NULL),
@@ -437,8 +472,8 @@ static int mode_badargs(run_t *R)
     }
     /* A stream (GPU only) on the new collectives. */
     bad += expect_fail(R, "reducescatter with a stream",
-                       colld_reducescatter(f, g, 4, COLLD_FLOAT32, COLLD_SUM, R->comm, &dummy),
-                       COLLD_ERR_NOT_SUPPORTED, "stream");
+                       colld_reducescatter(f, g, 4, COLLD_FLOAT32, COLLD_SUM, R->comm, &dummy), COLLD_ERR_NOT_SUPPORTED,
+                       "stream");
     bad += expect_fail(R, "broadcast with a stream", colld_broadcast(f, g, 4, COLLD_FLOAT32, 0, R->comm, &dummy),
                        COLLD_ERR_NOT_SUPPORTED, "stream");
     colld_status_t st = colld_comm_query(R->comm);
@@ -449,9 +484,105 @@ static int mode_badargs(run_t *R)
     }
     /* Still usable and in step: an all-gather and a broadcast from the last rank, both exact. */
     call_t ag = { .kind = K_ALLGATHER, .dt = COLLD_INT32, .count = 1001, .salt = R->a->salt + 11 };
-    call_t bc = { .kind = K_BROADCAST, .dt = COLLD_FLOAT64, .count = 1001, .root = root, .null_unused = true,
+    call_t bc = { .kind = K_BROADCAST,
+                  .dt = COLLD_FLOAT64,
+                  .count = 1001,
+                  .root = root,
+                  .null_unused = true,
                   .salt = R->a->salt + 12 };
     if (run_call(R, &ag) != 0 || run_call(R, &bc) != 0)
+        bad++;
+    return bad ? 1 : 0;
+}
+
+/* Premultiplied-sum operators used wrongly (each refused on the client, nothing posted, so each
+ * rank may make its own mistakes), then used rightly: a NULL scalar or op and an unknown dtype at
+ * creation; an operator used with another dtype, after its destruction, on another communicator
+ * handle (a split with one color), destroyed twice; a built-in op and a made-up value given to
+ * colld_redop_destroy; the 65th operator of a handle. Afterwards the communicator works and stays
+ * in step: premultiplied sums on the engine and in a group, each operator destroyed right after
+ * its call (before colld_group_end in the group), all exact. */
+static int mode_premul_bad(run_t *R)
+{
+    int bad = 0;
+    float *f = (float *)R->sreg, *g = (float *)R->rreg;
+    float half = 0.5f;
+    colld_redop_t op, ops[COLLD_REDOP_PREMUL_MAX];
+    colld_comm_t *other = NULL;
+    colld_status_t st;
+
+    bad += expect_fail(R, "create with scalar NULL", colld_redop_create_premul_sum(R->comm, NULL, COLLD_FLOAT32, &op),
+                       COLLD_ERR_INVALID_ARGUMENT, "scalar is NULL");
+    bad += expect_fail(R, "create with op NULL", colld_redop_create_premul_sum(R->comm, &half, COLLD_FLOAT32, NULL),
+                       COLLD_ERR_INVALID_ARGUMENT, "op is NULL");
+    bad += expect_fail(R, "create with dtype 99", colld_redop_create_premul_sum(R->comm, &half, (colld_dtype_t)99, &op),
+                       COLLD_ERR_INVALID_ARGUMENT, "unknown dtype 99");
+    if ((st = colld_redop_create_premul_sum(R->comm, &half, COLLD_FLOAT32, &op)) != COLLD_OK)
+        return status_fail(R, NULL, "colld_redop_create_premul_sum", st) ? 1 : 0;
+    if ((unsigned)op < COLLD_REDOP_COUNT) {
+        fprintf(stderr, "rank %d: a premultiplied-sum operator has the value of a built-in op (%d)\n", R->rank,
+                (int)op);
+        bad++;
+    }
+    bad += expect_fail(R, "float32 operator on an int32 all-reduce",
+                       colld_allreduce(f, g, 4, COLLD_INT32, op, R->comm, NULL), COLLD_ERR_INVALID_ARGUMENT,
+                       "premultiplied sum of float32, but the collective's dtype is int32");
+    if ((st = colld_redop_destroy(R->comm, op)) != COLLD_OK)
+        return status_fail(R, NULL, "colld_redop_destroy", st) ? 1 : 0;
+    bad += expect_fail(R, "destroyed operator on a reduce", colld_reduce(f, g, 4, COLLD_FLOAT32, op, 0, R->comm, NULL),
+                       COLLD_ERR_INVALID_ARGUMENT, "was destroyed");
+    bad += expect_fail(R, "destroyed twice", colld_redop_destroy(R->comm, op), COLLD_ERR_INVALID_ARGUMENT,
+                       "was destroyed");
+    bad += expect_fail(R, "destroy a built-in op", colld_redop_destroy(R->comm, COLLD_SUM), COLLD_ERR_INVALID_ARGUMENT,
+                       "built-in op");
+    bad += expect_fail(R, "destroy a made-up operator", colld_redop_destroy(R->comm, (colld_redop_t)0x4000007f),
+                       COLLD_ERR_INVALID_ARGUMENT, "no premultiplied-sum operator of this communicator handle");
+    bad += expect_fail(R, "a made-up operator on an all-reduce",
+                       colld_allreduce(f, g, 4, COLLD_FLOAT32, (colld_redop_t)0x12345, R->comm, NULL),
+                       COLLD_ERR_INVALID_ARGUMENT, "unknown reduction op");
+    /* Another handle on the same ranks: its operator is not this handle's, and the reverse. */
+    if ((st = colld_comm_split(R->comm, 0, R->rank, &other, NULL)) != COLLD_OK || !other)
+        return status_fail(R, NULL, "colld_comm_split", st) ? 1 : 0;
+    if ((st = colld_redop_create_premul_sum(other, &half, COLLD_FLOAT32, &op)) != COLLD_OK)
+        return status_fail(R, NULL, "colld_redop_create_premul_sum on the split", st) ? 1 : 0;
+    bad += expect_fail(R, "another handle's operator", colld_reducescatter(f, g, 4, COLLD_FLOAT32, op, R->comm, NULL),
+                       COLLD_ERR_INVALID_ARGUMENT, "one of another communicator handle");
+    bad += expect_fail(R, "destroying another handle's operator", colld_redop_destroy(R->comm, op),
+                       COLLD_ERR_INVALID_ARGUMENT, "one of another communicator handle");
+    if ((st = colld_redop_destroy(other, op)) != COLLD_OK)
+        bad += status_fail(R, NULL, "colld_redop_destroy on the split", st) ? 1 : 0;
+    if ((st = colld_comm_destroy(other)) != COLLD_OK)
+        bad += status_fail(R, NULL, "colld_comm_destroy of the split", st) ? 1 : 0;
+    /* The bound: COLLD_REDOP_PREMUL_MAX at once, the next refused; destroying one makes room. */
+    for (int i = 0; i < COLLD_REDOP_PREMUL_MAX; i++)
+        if ((st = colld_redop_create_premul_sum(R->comm, &half, COLLD_FLOAT32, &ops[i])) != COLLD_OK)
+            return status_fail(R, NULL, "colld_redop_create_premul_sum within the bound", st) ? 1 : 0;
+    bad += expect_fail(R, "one operator past the bound",
+                       colld_redop_create_premul_sum(R->comm, &half, COLLD_FLOAT32, &op), COLLD_ERR_INVALID_USAGE,
+                       "premultiplied-sum operators");
+    if (colld_redop_destroy(R->comm, ops[7]) != COLLD_OK ||
+        colld_redop_create_premul_sum(R->comm, &half, COLLD_FLOAT32, &ops[7]) != COLLD_OK) {
+        fprintf(stderr, "rank %d: no room for an operator after one was destroyed\n", R->rank);
+        bad++;
+    }
+    for (int i = 0; i < COLLD_REDOP_PREMUL_MAX; i++)
+        if (colld_redop_destroy(R->comm, ops[i]) != COLLD_OK)
+            bad++;
+    if ((st = colld_comm_query(R->comm)) != COLLD_OK) {
+        fprintf(stderr, "rank %d: after refused calls colld_comm_query is %s, expected COLLD_OK\n", R->rank,
+                colld_status_name(st));
+        bad++;
+    }
+    /* Still usable and in step: premultiplied sums through the engine, then in a group. */
+    call_t ar = { .kind = K_ALLREDUCE, .dt = COLLD_FLOAT32, .op = COLL_OP_PREMUL, .count = 5001, .salt = 31 };
+    call_t rd = { .kind = K_REDUCE,
+                  .dt = COLLD_BFLOAT16,
+                  .op = COLL_OP_PREMUL,
+                  .count = 1001,
+                  .root = R->n - 1,
+                  .inplace = true,
+                  .salt = 32 };
+    if (run_call(R, &ar) != 0 || run_call(R, &rd) != 0)
         bad++;
     return bad ? 1 : 0;
 }
@@ -467,13 +598,18 @@ static int mode_call(run_t *R)
         f[i] = strtok_r(i ? NULL : spec, ":", &save);
     int kind = f[0] ? coll_lookup(f[0], kind_names, K_COUNT) : -1;
     int dt = f[1] ? coll_lookup(f[1], dtype_names, COLLD_DTYPE_COUNT) : -1;
-    int op = f[2] ? coll_lookup(f[2], op_names, COLLD_REDOP_COUNT) : -1;
+    int op = f[2] ? coll_lookup(f[2], op_names, COLL_OPS) : -1;
     if (kind < 0 || dt < 0 || op < 0 || !f[3] || !f[4]) {
         fprintf(stderr, "rank %d: bad --call '%s' (KIND:DTYPE:OP:COUNT:ROOT)\n", R->rank, R->a->call);
         return 2;
     }
-    call_t k = { .kind = kind, .dt = (colld_dtype_t)dt, .op = (colld_redop_t)op,
-                 .count = strtoull(f[3], NULL, 10), .root = atoi(f[4]), .salt = R->a->salt };
+    call_t k = { .kind = kind,
+                 .dt = (colld_dtype_t)dt,
+                 .op = (colld_redop_t)op,
+                 .count = strtoull(f[3], NULL, 10),
+                 .root = atoi(f[4]),
+                 .salt = R->a->salt,
+                 .small = pattern == colld_cpu_pattern_small };
     if (!R->a->expect)
         return run_call(R, &k) == 0 ? 0 : 1;
     k.sreg = R->sreg;
@@ -865,7 +1001,7 @@ static int parse_args(int argc, char **argv, args_t *a)
         else if (ARG("--dtypes"))
             a->dtypes = coll_parse_mask("coll_rank", v, dtype_names, COLLD_DTYPE_COUNT);
         else if (ARG("--ops"))
-            a->ops = coll_parse_mask("coll_rank", v, op_names, COLLD_REDOP_COUNT);
+            a->ops = coll_parse_mask("coll_rank", v, op_names, COLL_OPS);
         else if (ARG("--only"))
             a->inplace = strcmp(v, "inplace") == 0, a->outofplace = !a->inplace;
         else if (ARG("--salt"))
@@ -911,11 +1047,9 @@ static int parse_args(int argc, char **argv, args_t *a)
         }
 #undef ARG
     }
-    if (!a->socket || !a->uid_hex || a->nranks < 1 || a->nranks > MAX_RANKS || a->rank < 0 ||
-        a->rank >= a->nranks || !a->kinds || !a->dtypes || !a->ops || a->iters < 0 || a->group_size < 1 ||
-        a->group_size > 1024) {
-        fprintf(stderr, "coll_rank: need --socket, --uid, --nranks 1..%d, --rank; valid subsets\n",
-                MAX_RANKS);
+    if (!a->socket || !a->uid_hex || a->nranks < 1 || a->nranks > MAX_RANKS || a->rank < 0 || a->rank >= a->nranks ||
+        !a->kinds || !a->dtypes || !a->ops || a->iters < 0 || a->group_size < 1 || a->group_size > 1024) {
+        fprintf(stderr, "coll_rank: need --socket, --uid, --nranks 1..%d, --rank; valid subsets\n", MAX_RANKS);
         return 2;
     }
     return 0;
@@ -924,9 +1058,17 @@ static int parse_args(int argc, char **argv, args_t *a)
 /* Join the communicator, share the buffers, run the mode, leave. */
 int main(int argc, char **argv)
 {
-    args_t a = { .mode = "matrix", .timeout_ms = 120000, .iters = 1, .group_size = 64, .max_report = 40,
-                 .kinds = (1u << K_COUNT) - 1, .dtypes = (1u << COLLD_DTYPE_COUNT) - 1,
-                 .ops = (1u << COLLD_REDOP_COUNT) - 1, .inplace = true, .outofplace = true, .big = true };
+    args_t a = { .mode = "matrix",
+                 .timeout_ms = 120000,
+                 .iters = 1,
+                 .group_size = 64,
+                 .max_report = 40,
+                 .kinds = (1u << K_COUNT) - 1,
+                 .dtypes = (1u << COLLD_DTYPE_COUNT) - 1,
+                 .ops = (1u << COLL_OPS) - 1,
+                 .inplace = true,
+                 .outofplace = true,
+                 .big = true };
     int rc = parse_args(argc, argv, &a);
     if (rc != 0)
         return rc;
@@ -977,6 +1119,8 @@ int main(int argc, char **argv)
         rc = mode_group_invalid(&R);
     else if (strcmp(a.mode, "badargs") == 0 && !a.use_malloc) /* bounds need colld_mem_alloc */
         rc = mode_badargs(&R);
+    else if (strcmp(a.mode, "premul-bad") == 0)
+        rc = mode_premul_bad(&R);
     else if (strcmp(a.mode, "call") == 0)
         rc = mode_call(&R);
     else if (strcmp(a.mode, "chain") == 0)

@@ -12,7 +12,11 @@
  *  - 10,000 small all-reduces in a row, with the daemon's resident memory measured;
  *  - a group of 64 mixed collectives, and a group with one invalid call (nothing posted);
  *  - bad input of the new collectives that test_faults.c does not cover: errors that depend on
- *    nranks and on the root, and ranks that disagree (mismatch) in root, kind, op or count.
+ *    nranks and on the root, and ranks that disagree (mismatch) in root, kind, op or count;
+ *  - the premultiplied sum (colld_redop_create_premul_sum): in every matrix above (op premul_sum,
+ *    each rank with its own scalar), again for 2, 3 and 4 ranks with the fast area off (every
+ *    dtype through the engine), and its bad input: operators used wrongly, a premultiplied sum
+ *    against a sum (mismatch).
  */
 #include "tests/integration/harness.h"
 
@@ -80,11 +84,26 @@ static const char *const *matrix_args(const char *const *normal)
     return v && strcmp(v, "1") == 0 ? no_big : normal;
 }
 
-static void test_matrix_1_rank(void **state) { run_coll(*state, 1, matrix_args(big_all)); }
-static void test_matrix_2_ranks(void **state) { run_coll(*state, 2, matrix_args(big_all)); }
-static void test_matrix_3_ranks(void **state) { run_coll(*state, 3, matrix_args(NULL)); }
-static void test_matrix_4_ranks(void **state) { run_coll(*state, 4, matrix_args(NULL)); }
-static void test_matrix_8_ranks(void **state) { run_coll(*state, 8, matrix_args(NULL)); }
+static void test_matrix_1_rank(void **state)
+{
+    run_coll(*state, 1, matrix_args(big_all));
+}
+static void test_matrix_2_ranks(void **state)
+{
+    run_coll(*state, 2, matrix_args(big_all));
+}
+static void test_matrix_3_ranks(void **state)
+{
+    run_coll(*state, 3, matrix_args(NULL));
+}
+static void test_matrix_4_ranks(void **state)
+{
+    run_coll(*state, 4, matrix_args(NULL));
+}
+static void test_matrix_8_ranks(void **state)
+{
+    run_coll(*state, 8, matrix_args(NULL));
+}
 
 /* Ordinary memory (malloc, not colld_mem_alloc) for every kind, dtype and op at the small
  * counts: libcolld stages it, including the in-place slice forms of all-gather and
@@ -189,8 +208,8 @@ static void test_10000_small_allreduces_memory_flat(void **state)
 {
     harness_t *h = *state;
     pid_t pids[2];
-    const char *extra[] = { "--mode", "small", "--iters", "10000", "--checkpoints", "1000,10000", "--sync-dir", h->dir,
-                            NULL };
+    const char *extra[] = { "--mode",     "small",      "--iters", "10000", "--checkpoints",
+                            "1000,10000", "--sync-dir", h->dir,    NULL };
     long before = rss_kb(h->pid);
     double t0 = harness_now_ms();
     assert_int_equal(spawn_coll(h, 2, extra, pids), 0);
@@ -253,9 +272,24 @@ static void expect_mismatch(harness_t *h, const char *call0, const char *call1, 
     pid_t pids[2];
     for (int r = 0; r < 2; r++) {
         snprintf(out[r], sizeof(out[r]), "%s/mismatch-%.32s-%d", h->dir, hex, r);
-        const char *argv[] = { COLL_BIN, "--socket", h->socket, "--uid", hex, "--nranks", "2", "--rank", r ? "1" : "0",
-                               "--mode", "call", "--call", r ? call1 : call0, "--expect", "COLLD_ERR_MISMATCH",
-                               "--out", out[r], NULL };
+        const char *argv[] = { COLL_BIN,
+                               "--socket",
+                               h->socket,
+                               "--uid",
+                               hex,
+                               "--nranks",
+                               "2",
+                               "--rank",
+                               r ? "1" : "0",
+                               "--mode",
+                               "call",
+                               "--call",
+                               r ? call1 : call0,
+                               "--expect",
+                               "COLLD_ERR_MISMATCH",
+                               "--out",
+                               out[r],
+                               NULL };
         assert_true((pids[r] = harness_spawn(argv)) > 0);
     }
     assert_int_equal(harness_wait_all(pids, 2, 60000), 0);
@@ -278,16 +312,68 @@ static void expect_mismatch(harness_t *h, const char *call0, const char *call1, 
 static void test_mismatch_new_collectives(void **state)
 {
     harness_t *h = *state;
-    expect_mismatch(h, "broadcast:float32:sum:100:0", "broadcast:float32:sum:100:1", "rank 0: broadcast(float32, -, count 100, root 0)",
+    expect_mismatch(h, "broadcast:float32:sum:100:0", "broadcast:float32:sum:100:1",
+                    "rank 0: broadcast(float32, -, count 100, root 0)",
                     "rank 1: broadcast(float32, -, count 100, root 1)");
     expect_mismatch(h, "reduce:int64:max:100:1", "reduce:int64:max:100:0", "root 1)", "root 0)");
     expect_mismatch(h, "allgather:int32:sum:64:0", "reducescatter:int32:sum:64:0", "rank 0: allgather(",
                     "rank 1: reducescatter(");
-    expect_mismatch(h, "reducescatter:float32:sum:64:0", "reducescatter:float32:max:64:0", "reducescatter(float32, sum,", "reducescatter(float32, max,");
+    expect_mismatch(h, "reducescatter:float32:sum:64:0", "reducescatter:float32:max:64:0",
+                    "reducescatter(float32, sum,", "reducescatter(float32, max,");
     expect_mismatch(h, "reduce:int8:sum:10:0", "reduce:int8:sum:11:0", "count 10,", "count 11,");
-    const char *extra[] = { "--no-big", "--kinds", "broadcast,reduce,allgather,reducescatter", "--dtypes", "float32",
-                            NULL };
+    const char *extra[] = { "--no-big", "--kinds", "broadcast,reduce,allgather,reducescatter",
+                            "--dtypes", "float32", NULL };
     run_coll(h, 2, extra);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The premultiplied sum (the matrices above run it too, small counts mostly on the fast area)
+ * ------------------------------------------------------------------------------------------- */
+
+/* Every dtype and reducing kind of premul_sum, each rank with its own scalar, in and out of place,
+ * at counts 0, 1 and 1001 through the engine (the daemon has no fast area here): results bitwise
+ * the oracle's. */
+static int setup_no_fast_path(void **state)
+{
+    static const char *const extra[] = { "--fast-path-bytes", "0", NULL };
+    return harness_test_setup_args(state, extra);
+}
+
+static const char *const premul_engine[] = { "--ops",    "premul_sum", "--kinds", "allreduce,reduce,reducescatter",
+                                             "--no-big", NULL };
+
+static void test_premul_engine_2_ranks(void **state)
+{
+    run_coll(*state, 2, premul_engine);
+}
+static void test_premul_engine_3_ranks(void **state)
+{
+    run_coll(*state, 3, premul_engine);
+}
+static void test_premul_engine_4_ranks(void **state)
+{
+    run_coll(*state, 4, premul_engine);
+}
+
+/* Operators used wrongly on 3 ranks (coll_rank.c mode premul-bad): each refused with a detail
+ * naming what is wrong, nothing posted; then exact premultiplied sums, also in a group whose
+ * operators are destroyed before colld_group_end. */
+static void test_premul_bad_input(void **state)
+{
+    const char *extra[] = { "--mode", "premul-bad", NULL };
+    run_coll(*state, 3, extra);
+}
+
+/* A premultiplied sum against a sum is a mismatch naming both ops (different scalars are not:
+ * every matrix run relies on that). */
+static void test_premul_mismatch(void **state)
+{
+    harness_t *h = *state;
+    expect_mismatch(h, "allreduce:float32:premul_sum:64:0", "allreduce:float32:sum:64:0",
+                    "rank 0: allreduce(float32, premul_sum, count 64, root 0)",
+                    "rank 1: allreduce(float32, sum, count 64, root 0)");
+    expect_mismatch(h, "reducescatter:int32:avg:5000:0", "reducescatter:int32:premul_sum:5000:0",
+                    "reducescatter(int32, avg,", "reducescatter(int32, premul_sum,");
 }
 
 /* colld_comm_split (coll_rank.c mode split): 5 ranks into colors 0 (ranks 0, 2) and 1
@@ -483,6 +569,11 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_matrix_4_ranks, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_matrix_8_ranks, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_matrix_malloc_buffers, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_premul_engine_2_ranks, setup_no_fast_path, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_premul_engine_3_ranks, setup_no_fast_path, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_premul_engine_4_ranks, setup_no_fast_path, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_premul_bad_input, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_premul_mismatch, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_four_comms_concurrently, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_10000_small_allreduces_memory_flat, setup_memory, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_group_of_64_mixed, harness_test_setup, harness_test_teardown),

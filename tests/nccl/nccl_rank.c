@@ -8,14 +8,18 @@
  *   matrix   rank 0 makes the unique id (ncclGetUniqueId) and hands it over in --id-file; every
  *            rank joins (ncclCommInitRank) and runs, on host memory, every collective x NCCL data
  *            type x reduction operator x count {0, 1, 1001, 70001} (all-reduce in and out of
- *            place), then the same all-reduces as one group, checking every element exactly.
- *            Inputs are small integers, so every result is exact in every type and any order.
+ *            place), the premultiplied sum included (each rank makes an operator with
+ *            ncclRedOpCreatePreMulSum and its own host scalar right before the call and destroys
+ *            it right after, as PyTorch does), then the same all-reduces as one group, checking
+ *            every element exactly. Inputs and scalars are small integers, so every result is exact
+ *            in every type and any order.
  *            Then point-to-point: a group of ncclSend/ncclRecv with every rank (an all-to-all, as
  *            nccl-tests' alltoall makes it) for every type, and rank-ordered sends without groups.
  *   initall  one process, --nranks ranks: ncclCommInitAll, then one group with an all-reduce on
  *            each communicator (one thread drives every rank), checked exactly.
  *   errors   what a caller gets for bad input and what colld does not support yet: the result
- *            code and ncclGetLastError's text (one rank, its own communicator).
+ *            code and ncclGetLastError's text (one rank, its own communicator), premultiplied-sum
+ *            operators used wrongly included.
  *   victim   as matrix's start, then rank --victim exits at once after joining; the other ranks'
  *            all-reduce must fail with ncclRemoteError and ncclGetLastError naming the victim.
  *
@@ -58,7 +62,9 @@ static long wrong, checked;
 
 static const char *const type_names[ncclNumTypes] = { "int8",   "uint8",   "int32",   "uint32",  "int64",
                                                       "uint64", "float16", "float32", "float64", "bfloat16" };
-static const char *const op_names[ncclNumOps] = { "sum", "prod", "max", "min", "avg" };
+/* The matrix's operators: NCCL's five, then the premultiplied sum (OP_PREMUL). */
+#define OP_PREMUL ncclNumOps
+static const char *const op_names[ncclNumOps + 1] = { "sum", "prod", "max", "min", "avg", "premulsum" };
 
 static size_t type_size(ncclDataType_t t)
 {
@@ -173,9 +179,22 @@ static int input(ncclRedOp_t op, int r, size_t i, unsigned salt)
     return (int)((k * 7 + (size_t)r * 3) % 5);
 }
 
-/* The reduction of element i over every rank. */
-static double expect(ncclRedOp_t op, size_t i, unsigned salt)
+/* Rank r's premultiplied-sum scalar (1, 2 or 3). */
+static int premul_scalar(int r, unsigned salt)
 {
+    return 1 + (int)((unsigned)r + salt) % 3;
+}
+
+/* The reduction of element i over every rank (op OP_PREMUL: the sum of each rank's input, the
+ * sum's, times its scalar). */
+static double expect(int op, size_t i, unsigned salt)
+{
+    if (op == OP_PREMUL) {
+        double acc = 0;
+        for (int r = 0; r < nranks; r++)
+            acc += premul_scalar(r, salt) * input(ncclSum, r, i, salt);
+        return acc;
+    }
     double acc = input(op, 0, i, salt);
     for (int r = 1; r < nranks; r++) {
         double v = input(op, r, i, salt);
@@ -187,10 +206,34 @@ static double expect(ncclRedOp_t op, size_t i, unsigned salt)
     return op == ncclAvg ? acc / nranks : acc;
 }
 
-static void fill(ncclDataType_t t, ncclRedOp_t op, void *buf, size_t count, int r, unsigned salt)
+static void fill(ncclDataType_t t, int op, void *buf, size_t count, int r, unsigned salt)
 {
     for (size_t i = 0; i < count; i++)
-        put(t, buf, i, input(op, r, i, salt));
+        put(t, buf, i, input(op == OP_PREMUL ? ncclSum : (ncclRedOp_t)op, r, i, salt));
+}
+
+/* The ncclRedOp_t of a matrix operator: NCCL's own, or a premultiplied sum made now with this
+ * rank's scalar in host memory (of type t). */
+static ncclRedOp_t make_op(int op, ncclDataType_t t, unsigned salt, ncclComm_t comm)
+{
+    if (op != OP_PREMUL)
+        return (ncclRedOp_t)op;
+    uint64_t scalar = 0; /* room for one value of any type */
+    ncclRedOp_t pm;
+    put(t, &scalar, 0, premul_scalar(rank, salt));
+    CHECK(ncclRedOpCreatePreMulSum(&pm, &scalar, t, ncclScalarHostImmediate, comm));
+    if ((int)pm < ncclNumOps) {
+        fprintf(stderr, "rank %d: ncclRedOpCreatePreMulSum gave %d, a built-in operator\n", rank, (int)pm);
+        exit(1);
+    }
+    return pm;
+}
+
+/* Destroy what make_op made (right after the call that used it). */
+static void drop_op(int op, ncclRedOp_t made, ncclComm_t comm)
+{
+    if (op == OP_PREMUL)
+        CHECK(ncclRedOpDestroy(made, comm));
 }
 
 /* Compare count elements of got with want(i); print the first few differences. */
@@ -214,7 +257,7 @@ static void compare(const char *what, ncclDataType_t t, const void *got, size_t 
  * ========================================================================================== */
 
 typedef struct {
-    ncclRedOp_t op;
+    int op; /* ncclRedOp_t, or OP_PREMUL */
     unsigned salt;
     int root, block_rank; /* broadcast: the root; all-gather: which rank's block */
     size_t count;
@@ -261,26 +304,33 @@ static void run_matrix(ncclComm_t comm)
         for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
             size_t n = counts[ci];
             char what[128];
-            for (int op = 0; op < ncclNumOps; op++) {
+            for (int op = 0; op <= OP_PREMUL; op++) {
+                ncclRedOp_t made;
                 for (int inplace = 0; inplace < 2; inplace++) { /* all-reduce */
-                    want_t w = { .op = (ncclRedOp_t)op, .salt = salt_next() };
+                    want_t w = { .op = op, .salt = salt_next() };
                     fill((ncclDataType_t)t, w.op, send, n, rank, w.salt);
-                    CHECK(ncclAllReduce(send, inplace ? send : recv, n, (ncclDataType_t)t, w.op, comm, NULL));
+                    made = make_op(op, (ncclDataType_t)t, w.salt, comm);
+                    CHECK(ncclAllReduce(send, inplace ? send : recv, n, (ncclDataType_t)t, made, comm, NULL));
+                    drop_op(op, made, comm);
                     snprintf(what, sizeof(what), "allreduce %s count %zu%s", op_names[op], n,
                              inplace ? " in place" : "");
                     compare(what, (ncclDataType_t)t, inplace ? send : recv, n, want_reduced, &w);
                 }
-                want_t w = { .op = (ncclRedOp_t)op, .salt = salt_next(), .root = (int)(n % (size_t)nranks) };
+                want_t w = { .op = op, .salt = salt_next(), .root = (int)(n % (size_t)nranks) };
                 fill((ncclDataType_t)t, w.op, send, n, rank, w.salt); /* reduce */
                 memset(recv, 0x5a, n * type_size((ncclDataType_t)t));
-                CHECK(ncclReduce(send, recv, n, (ncclDataType_t)t, w.op, w.root, comm, NULL));
+                made = make_op(op, (ncclDataType_t)t, w.salt, comm);
+                CHECK(ncclReduce(send, recv, n, (ncclDataType_t)t, made, w.root, comm, NULL));
+                drop_op(op, made, comm);
                 if (rank == w.root) {
                     snprintf(what, sizeof(what), "reduce %s count %zu root %d", op_names[op], n, w.root);
                     compare(what, (ncclDataType_t)t, recv, n, want_reduced, &w);
                 }
                 w.count = n; /* reduce-scatter: n per rank */
                 fill((ncclDataType_t)t, w.op, send, n * (size_t)nranks, rank, w.salt);
-                CHECK(ncclReduceScatter(send, recv, n, (ncclDataType_t)t, w.op, comm, NULL));
+                made = make_op(op, (ncclDataType_t)t, w.salt, comm);
+                CHECK(ncclReduceScatter(send, recv, n, (ncclDataType_t)t, made, comm, NULL));
+                drop_op(op, made, comm);
                 snprintf(what, sizeof(what), "reducescatter %s count %zu", op_names[op], n);
                 compare(what, (ncclDataType_t)t, recv, n, want_scattered, &w);
             }
@@ -295,16 +345,19 @@ static void run_matrix(ncclComm_t comm)
             compare(what, (ncclDataType_t)t, recv, n * (size_t)nranks, want_gathered, &w);
         }
 
-    /* One group: an all-reduce of every data type, all complete at ncclGroupEnd. */
+    /* One group: an all-reduce of every data type, all complete at ncclGroupEnd; half of them
+     * premultiplied sums whose operators are destroyed before ncclGroupEnd. */
     char *bufs[ncclNumTypes];
     want_t ws[ncclNumTypes];
     CHECK(ncclGroupStart());
     for (int t = 0; t < ncclNumTypes; t++) {
-        ws[t] = (want_t){ .op = (ncclRedOp_t)(t % ncclNumOps), .salt = salt_next() };
+        ws[t] = (want_t){ .op = t % 2 ? OP_PREMUL : t % ncclNumOps, .salt = salt_next() };
         if (!(bufs[t] = malloc(1001 * 8)))
             exit(1);
         fill((ncclDataType_t)t, ws[t].op, bufs[t], 1001, rank, ws[t].salt);
-        CHECK(ncclAllReduce(bufs[t], bufs[t], 1001, (ncclDataType_t)t, ws[t].op, comm, NULL));
+        ncclRedOp_t made = make_op(ws[t].op, (ncclDataType_t)t, ws[t].salt, comm);
+        CHECK(ncclAllReduce(bufs[t], bufs[t], 1001, (ncclDataType_t)t, made, comm, NULL));
+        drop_op(ws[t].op, made, comm);
     }
     CHECK(ncclGroupEnd());
     for (int t = 0; t < ncclNumTypes; t++) {
@@ -512,7 +565,7 @@ static int mode_errors(void)
     bad += expect_error("unknown data type", ncclAllReduce(x, x, 4, (ncclDataType_t)77, ncclSum, comm, NULL),
                         ncclInvalidArgument, "unknown data type 77");
     bad += expect_error("unknown operator", ncclAllReduce(x, x, 4, ncclFloat32, (ncclRedOp_t)9, comm, NULL),
-                        ncclInvalidArgument, "unknown reduction operator 9");
+                        ncclInvalidArgument, "unknown reduction op 9");
     bad += expect_error("broadcast root out of range", ncclBcast(x, 4, ncclFloat32, 5, comm, NULL), ncclInvalidArgument,
                         "root");
     bad += expect_error("NULL communicator", ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, NULL, NULL),
@@ -528,8 +581,42 @@ static int mode_errors(void)
     ncclGroupEnd();
     ncclRedOp_t pm;
     float scalar = 0.5f;
-    bad += expect_error("premulsum", ncclRedOpCreatePreMulSum(&pm, &scalar, ncclFloat32, ncclScalarHostImmediate, comm),
-                        ncclInvalidUsage, "ncclRedOpCreatePreMulSum");
+    bad += expect_error("premulsum with a device scalar",
+                        ncclRedOpCreatePreMulSum(&pm, &scalar, ncclFloat32, ncclScalarDevice, comm), ncclInvalidUsage,
+                        "ncclScalarDevice) is not supported");
+    bad += expect_error("premulsum with scalar NULL",
+                        ncclRedOpCreatePreMulSum(&pm, NULL, ncclFloat32, ncclScalarHostImmediate, comm),
+                        ncclInvalidArgument, "scalar is NULL");
+    bad += expect_error("premulsum of an unknown type",
+                        ncclRedOpCreatePreMulSum(&pm, &scalar, (ncclDataType_t)77, ncclScalarHostImmediate, comm),
+                        ncclInvalidArgument, "unknown data type");
+    bad += expect_error("premulsum with residence 5",
+                        ncclRedOpCreatePreMulSum(&pm, &scalar, ncclFloat32, (ncclScalarResidence_t)5, comm),
+                        ncclInvalidArgument, "unknown scalar residence 5");
+    bad += expect_error("premulsum without a communicator",
+                        ncclRedOpCreatePreMulSum(&pm, &scalar, ncclFloat32, ncclScalarHostImmediate, NULL),
+                        ncclInvalidArgument, "comm is NULL");
+    bad += expect_error("destroying a built-in operator", ncclRedOpDestroy(ncclMax, comm), ncclInvalidArgument,
+                        "built-in operator");
+    CHECK(ncclRedOpCreatePreMulSum(&pm, &scalar, ncclFloat32, ncclScalarHostImmediate, comm));
+    bad += expect_error("a float32 premulsum on int32", ncclAllReduce(x, x, 4, ncclInt32, pm, comm, NULL),
+                        ncclInvalidArgument, "premultiplied sum of float32, but the collective's dtype is int32");
+    CHECK(ncclRedOpDestroy(pm, comm));
+    bad += expect_error("a destroyed premulsum", ncclAllReduce(x, x, 4, ncclFloat32, pm, comm, NULL),
+                        ncclInvalidArgument, "destroyed");
+    bad += expect_error("destroying it twice", ncclRedOpDestroy(pm, comm), ncclInvalidArgument, "destroyed");
+    /* scalar 0.5 (each rank alone: x / 2 on one rank), then x back */
+    CHECK(ncclRedOpCreatePreMulSum(&pm, &scalar, ncclFloat32, ncclScalarHostImmediate, comm));
+    scalar = 4.0f; /* read at creation: no effect on the operator */
+    CHECK(ncclAllReduce(x, x, 4, ncclFloat32, pm, comm, NULL));
+    CHECK(ncclRedOpDestroy(pm, comm));
+    for (int i = 0; i < 4; i++)
+        if (x[i] != 0.5f * (float)(i + 1) * (float)nranks) {
+            fprintf(stderr, "premulsum all-reduce: x[%d] = %g\n", i, (double)x[i]);
+            bad++;
+        }
+    for (int i = 0; i < 4; i++)
+        x[i] = (float)(i + 1);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     ncclUniqueId id;

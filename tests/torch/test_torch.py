@@ -9,6 +9,9 @@ private directory, and checks their exit codes:
         gather, scatter, all_to_all, barrier) x every dtype colld has, value-checked exactly; async
         work with get_future; coalesced ops; subgroups; non-contiguous tensors; the clear errors
         of what is not supported.
+  premul (2, 3 and 4 ranks): PREMUL_SUM (torch.distributed._make_nccl_premul_sum), each rank with its
+        own factor (a float or a one-element tensor): all_reduce, reduce, reduce_scatter(_tensor),
+        coalesced, every dtype, exact; averaging by 1 / world in the float types.
   ddp   (2 and 4 ranks): one DistributedDataParallel training step: every rank's gradients are
         bit-identical, and equal to a single-process reference's; after an optimizer step the
         parameters are identical too.
@@ -269,13 +272,63 @@ def worker_ops(torch, dist, rank, world, ck):
     ck.raises("all_reduce of int16", lambda: dist.all_reduce(torch.zeros(3, dtype=torch.int16)),
               "dtype Short is not supported by colld")
     ck.raises("all_reduce with BAND", lambda: dist.all_reduce(torch.zeros(3, dtype=torch.int32), op=R.BAND),
-              "is not supported by colld (SUM, PRODUCT, MIN, MAX and AVG are")
+              "is not supported by colld (SUM, PRODUCT, MIN, MAX, AVG and PREMUL_SUM are")
     ck.raises("broadcast from a root out of range", lambda: dist.broadcast(torch.zeros(3), src=world + 5),
               "")  # torch or colld, either refuses
     # the group still works after the refusals
     t = torch.ones(4)
     dist.all_reduce(t)
     ck.equal("all_reduce after the refused calls", t, torch.full((4,), float(world)))
+
+
+def expected_premul(torch, world, count, dtype, factors, salt=0):
+    """The exact sum over ranks of factors[r] * rank_input(r) (small integers), in int64 or, for a
+    fractional factor, float64 (exact: a power of two times small integers)."""
+    acc = sum(rank_input(torch, r, count, "float64", salt) * factors[r] for r in range(world))
+    return acc.to(getattr(torch, dtype))
+
+
+def worker_premul(torch, dist, rank, world, ck):
+    """PREMUL_SUM (torch.distributed._make_nccl_premul_sum): each rank's own factor multiplies its
+    input before the sum. A float factor (rank + 1) and a one-element tensor factor, all_reduce,
+    reduce, reduce_scatter(_tensor) and coalesced, every dtype, exact; gradient averaging (factor
+    1 / world) in the float types."""
+    factors = [float(r + 1) for r in range(world)]
+    for dtype in REDUCE_DTYPES:
+        dt = getattr(torch, dtype)
+        for count in [1, 1001, 70001]:
+            t = rank_input(torch, rank, count, dtype, salt=40)
+            dist.all_reduce(t, op=dist._make_nccl_premul_sum(factors[rank]))
+            ck.equal(f"all_reduce PREMUL_SUM {dtype} x{count}", t,
+                     expected_premul(torch, world, count, dtype, factors, salt=40))
+            t = rank_input(torch, rank, count, dtype, salt=41)
+            dist.reduce(t, dst=0, op=dist._make_nccl_premul_sum([torch.tensor([factors[rank]], dtype=dt)]))
+            want = (expected_premul(torch, world, count, dtype, factors, salt=41) if rank == 0
+                    else rank_input(torch, rank, count, dtype, salt=41))
+            ck.equal(f"reduce PREMUL_SUM (tensor factor) {dtype} x{count}", t, want)
+            out = torch.zeros(count, dtype=dt)
+            inp = torch.cat([rank_input(torch, rank, count, dtype, salt=50 + p) for p in range(world)])
+            dist.reduce_scatter_tensor(out, inp, op=dist._make_nccl_premul_sum(factors[rank]))
+            ck.equal(f"reduce_scatter_tensor PREMUL_SUM {dtype} x{count}", out,
+                     expected_premul(torch, world, count, dtype, factors, salt=50 + rank))
+            out = torch.zeros(count, dtype=dt)
+            dist.reduce_scatter(out, [rank_input(torch, rank, count, dtype, salt=60 + p) for p in range(world)],
+                                op=dist._make_nccl_premul_sum(factors[rank]))
+            ck.equal(f"reduce_scatter PREMUL_SUM {dtype} x{count}", out,
+                     expected_premul(torch, world, count, dtype, factors, salt=60 + rank))
+            if dtype.startswith("float") or dtype == "bfloat16":
+                t = rank_input(torch, rank, count, dtype, salt=42)
+                dist.all_reduce(t, op=dist._make_nccl_premul_sum(1.0 / world))
+                ck.equal(f"all_reduce PREMUL_SUM 1/world (averaging) {dtype} x{count}", t,
+                         expected_premul(torch, world, count, dtype, [1.0 / world] * world, salt=42))
+    ts = [rank_input(torch, rank, n, "float32", salt=43 + n) for n in [3, 1001]]
+    dist.all_reduce_coalesced(ts, op=dist._make_nccl_premul_sum(factors[rank]))
+    for t, n in zip(ts, [3, 1001]):
+        ck.equal(f"all_reduce_coalesced PREMUL_SUM float32 x{n}", t,
+                 expected_premul(torch, world, n, "float32", factors, salt=43 + n))
+    ck.raises("PREMUL_SUM with a two-element factor",
+              lambda: dist.all_reduce(torch.zeros(3), op=dist._make_nccl_premul_sum([torch.ones(2)])),
+              "must be one tensor of one element")
 
 
 def worker_ddp(torch, dist, rank, world, ck):
@@ -432,8 +485,8 @@ def worker_main(args):
     dist.init_process_group("colld", init_method=f"file://{args.store}", rank=args.rank, world_size=args.world)
     ck = Checker(args.rank)
     ck.true("get_backend", dist.get_backend() == "colld")
-    workers = {"ops": worker_ops, "ddp": worker_ddp, "kill": worker_kill, "exit": worker_exit,
-               "zerocopy": worker_zerocopy}
+    workers = {"ops": worker_ops, "premul": worker_premul, "ddp": worker_ddp, "kill": worker_kill,
+               "exit": worker_exit, "zerocopy": worker_zerocopy}
     kept = workers[args.worker](torch, dist, args.rank, args.world, ck)
     dist.destroy_process_group()
     if kept is not None:  # a tensor from torch_colld.empty outlives its group
@@ -514,7 +567,8 @@ def main():
     except ImportError as e:
         print(f"skip: {sys.executable} cannot import torch ({e})")
         return 77
-    plan = [("ops", 2, 120), ("ops", 4, 180), ("ddp", 2, 90), ("ddp", 4, 90), ("kill", 3, 90), ("exit", 2, 90),
+    plan = [("ops", 2, 120), ("ops", 4, 180), ("premul", 2, 90), ("premul", 3, 90), ("premul", 4, 120),
+            ("ddp", 2, 90), ("ddp", 4, 90), ("kill", 3, 90), ("exit", 2, 90),
             ("zerocopy", 2, 90), ("zerocopy", 3, 90)]
     if args.scenarios:
         plan = [p for p in plan if p[0] in args.scenarios]

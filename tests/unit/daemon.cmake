@@ -5,6 +5,7 @@
 # of their own.
 colld_unit_test(test_core_admit SOURCES test_core_admit.c LIBS colld_core_fixture TIMEOUT 60)
 colld_unit_test(test_core_match SOURCES test_core_match.c LIBS colld_core_fixture TIMEOUT 60)
+colld_unit_test(test_core_premul SOURCES test_core_premul.c LIBS colld_core_fixture TIMEOUT 60)
 colld_unit_test(test_core_fast SOURCES test_core_fast.c LIBS colld_core_fixture TIMEOUT 60)
 colld_unit_test(test_core_comm SOURCES test_core_comm.c LIBS colld_core_fixture TIMEOUT 60)
 colld_unit_test(test_core_deadlock SOURCES test_core_deadlock.c LIBS colld_core_fixture TIMEOUT 60)

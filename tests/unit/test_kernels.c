@@ -2,7 +2,9 @@
  * test_kernels.c - the CPU reduce kernels (kernels/cpu): half-precision conversions checked against
  * independent formulas, the scalar kernels checked against a straightforward per-element reference,
  * and every SIMD build this CPU can run checked bit for bit against the scalar build, over every
- * dtype x op x input count x element count x alignment, in place and out of place.
+ * dtype x op x input count x element count x alignment, in place and out of place. The
+ * premultiplied sum likewise, with a random scalar per input, and known answers for its rounding
+ * and wrapping.
  */
 #include "kernels/cpu/reduce_internal.h"
 
@@ -884,6 +886,281 @@ static void test_first_nonfinite(void **state)
     assert_int_equal(colld_cpu_first_nonfinite(COLLD_UINT64, buf, N), N);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The premultiplied sum (colld_cpu_reduce_premul)
+ * ------------------------------------------------------------------------------------------- */
+
+/* A scalar word of dtype dt: ints any value, floats mostly near 1 (sometimes zero, an infinity or
+ * a subnormal), float16/bfloat16 any pattern but NaN. */
+static uint64_t rnd_scalar(colld_dtype_t dt)
+{
+    uint64_t w = 0;
+    fill_elem(dt, COLLD_PROD, &w, 0);
+    return w;
+}
+
+/* Element i of the premultiplied sum, computed independently: integers as 64-bit wrapping
+ * arithmetic on the sign- or zero-extended values, masked; float32/float64 a product and a sum
+ * per input in their own type; float16/bfloat16 in float, rounded once. */
+static uint64_t ref_premul_elem(colld_dtype_t dt, const uint64_t *sc, void *const *in, int n_in, size_t i)
+{
+    if (is_int(dt)) {
+        uint64_t acc = 0;
+        for (int r = 0; r < n_in; r++)
+            acc += (uint64_t)get_int(dt, in[r], i) * (uint64_t)get_int(dt, &sc[r], 0);
+        return acc & emask(dt);
+    }
+    if (dt == COLLD_FLOAT64) {
+        double acc = 0, x, s;
+        for (int r = 0; r < n_in; r++) {
+            uint64_t b = get_bits(dt, in[r], i);
+            memcpy(&x, &b, 8);
+            memcpy(&s, &sc[r], 8);
+            acc = r == 0 ? x * s : acc + x * s;
+        }
+        uint64_t b;
+        memcpy(&b, &acc, 8);
+        return b;
+    }
+    float acc = 0;
+    for (int r = 0; r < n_in; r++) {
+        uint16_t b16 = (uint16_t)get_bits(dt, in[r], i), s16 = (uint16_t)sc[r];
+        float x = dt == COLLD_FLOAT32   ? f32((uint32_t)get_bits(dt, in[r], i))
+                  : dt == COLLD_FLOAT16 ? colld_half_to_float(b16)
+                                        : colld_bf16_to_float(b16);
+        float s = dt == COLLD_FLOAT32   ? f32((uint32_t)sc[r])
+                  : dt == COLLD_FLOAT16 ? colld_half_to_float(s16)
+                                        : colld_bf16_to_float(s16);
+        acc = r == 0 ? x * s : acc + x * s;
+    }
+    if (dt == COLLD_FLOAT16)
+        return colld_float_to_half(acc);
+    if (dt == COLLD_BFLOAT16)
+        return colld_float_to_bf16(acc);
+    return bits32(acc);
+}
+
+/* The premultiplied sum over every dtype x n_in x count x alignment, with a different random scalar
+ * per input: the scalar build (2 outputs) matches the reference element by element (NaN matching
+ * any NaN), writes nothing outside its outputs, and every other build plus the dispatched entry
+ * point give exactly its bits; then in place (out[0] == in[0], and every input also an output). */
+static void test_premul_matrix(void **state)
+{
+    (void)state;
+    const colld__reduce_impl_t *impls[MAX_IMPLS];
+    size_t n_impls = get_impls(impls);
+    size_t max_bytes = 4099 * 8 + GUARD;
+    void *inb[MAX_IN], *outb[2], *refb = malloc(max_bytes), *copies[MAX_IN];
+    assert_non_null(refb);
+    for (int r = 0; r < MAX_IN; r++) {
+        inb[r] = alloc_buf(max_bytes);
+        copies[r] = alloc_buf(max_bytes);
+    }
+    for (int o = 0; o < 2; o++)
+        outb[o] = alloc_buf(max_bytes);
+
+    for (int dti = 0; dti < COLLD_DTYPE_COUNT; dti++) {
+        colld_dtype_t dt = (colld_dtype_t)dti;
+        for (size_t ni = 0; ni < sizeof n_in_cases / sizeof n_in_cases[0]; ni++) {
+            int n_in = n_in_cases[ni];
+            for (size_t ci = 0; ci < sizeof count_cases / sizeof count_cases[0]; ci++) {
+                size_t count = count_cases[ci];
+                for (int ac = 0; ac < ALIGN_CASES; ac++) {
+                    void *in[MAX_IN], *out[2];
+                    uint64_t sc[MAX_IN];
+                    for (int r = 0; r < n_in; r++) {
+                        sc[r] = rnd_scalar(dt);
+                        in[r] = (char *)inb[r] + GUARD + buf_offset(dt, ac, r);
+                        for (size_t i = 0; i < count; i++)
+                            fill_elem(dt, COLLD_SUM, in[r], i);
+                    }
+                    for (int o = 0; o < 2; o++) {
+                        out[o] = (char *)outb[o] + GUARD + buf_offset(dt, ac, MAX_IN + o);
+                        memset(outb[o], 0xa5, max_bytes + 2 * GUARD);
+                    }
+                    assert_int_equal(
+                        colld_cpu_reduce_premul_scalar(dt, sc, (const void *const *)in, n_in, out, 2, count), COLLD_OK);
+                    for (size_t i = 0; i < count; i++) {
+                        uint64_t got = get_bits(dt, out[0], i), want = ref_premul_elem(dt, sc, in, n_in, i);
+                        put_bits(dt, refb, i, want);
+                        if (got != want && !(elem_isnan(dt, out[0], i) && elem_isnan(dt, refb, i)))
+                            report("premul scalar vs reference", dt, COLLD__REDOP_PREMUL_SUM, n_in, count, ac, i, got,
+                                   want);
+                    }
+                    if (count > 0)
+                        assert_memory_equal(out[0], out[1], count * esize(dt));
+                    for (int o = 0; o < 2; o++) {
+                        unsigned char *b = outb[o];
+                        size_t lo = GUARD + buf_offset(dt, ac, MAX_IN + o), hi = lo + count * esize(dt);
+                        for (size_t j = 0; j < hi + GUARD; j++)
+                            if ((j < lo || j >= hi) && b[j] != 0xa5)
+                                fail_msg("premul scalar wrote outside the output at byte %zu", j);
+                    }
+                    memcpy(refb, out[0], count * esize(dt));
+
+                    for (size_t k = 0; k <= n_impls; k++) {
+                        const char *name = k < n_impls ? impls[k]->name : "dispatched";
+                        for (int o = 0; o < 2; o++)
+                            memset(out[o], 0x5a, count * esize(dt));
+                        colld_status_t st = k < n_impls
+                                                ? colld__reduce_premul_with(impls[k], dt, sc, (const void *const *)in,
+                                                                            n_in, out, 2, count)
+                                                : colld_cpu_reduce_premul(dt, sc, (const void *const *)in, n_in, out, 2,
+                                                                          count);
+                        assert_int_equal(st, COLLD_OK);
+                        for (int o = 0; o < 2; o++)
+                            for (size_t i = 0; i < count; i++)
+                                if (get_bits(dt, out[o], i) != get_bits(dt, refb, i))
+                                    report(name, dt, COLLD__REDOP_PREMUL_SUM, n_in, count, ac, i,
+                                           get_bits(dt, out[o], i), get_bits(dt, refb, i));
+                        /* In place: copies of the inputs, each also its own output. */
+                        for (int r = 0; r < n_in; r++) {
+                            void *c = (char *)copies[r] + GUARD + buf_offset(dt, ac, r);
+                            memcpy(c, in[r], count * esize(dt));
+                        }
+                        void *cp[MAX_IN];
+                        for (int r = 0; r < n_in; r++)
+                            cp[r] = (char *)copies[r] + GUARD + buf_offset(dt, ac, r);
+                        st = k < n_impls
+                                 ? colld__reduce_premul_with(impls[k], dt, sc, (const void *const *)cp, n_in, cp, n_in,
+                                                             count)
+                                 : colld_cpu_reduce_premul(dt, sc, (const void *const *)cp, n_in, cp, n_in, count);
+                        assert_int_equal(st, COLLD_OK);
+                        for (int r = 0; r < n_in; r++)
+                            for (size_t i = 0; i < count; i++)
+                                if (get_bits(dt, cp[r], i) != get_bits(dt, refb, i))
+                                    report(k < n_impls ? "premul in place" : "premul in place, dispatched", dt,
+                                           COLLD__REDOP_PREMUL_SUM, n_in, count, ac, i, get_bits(dt, cp[r], i),
+                                           get_bits(dt, refb, i));
+                    }
+                }
+            }
+        }
+    }
+    for (int r = 0; r < MAX_IN; r++) {
+        free(inb[r]);
+        free(copies[r]);
+    }
+    for (int o = 0; o < 2; o++)
+        free(outb[o]);
+    free(refb);
+}
+
+/* One premultiplied sum of n_in single-element inputs with every build; all must give `want`. */
+static void check_premul(colld_dtype_t dt, const uint64_t *vals, const uint64_t *sc, int n_in, uint64_t want)
+{
+    const colld__reduce_impl_t *impls[MAX_IMPLS];
+    size_t n_impls = get_impls(impls);
+    uint64_t store[MAX_IN], res = 0;
+    const void *in[MAX_IN];
+    void *out[1] = { &res };
+    for (int r = 0; r < n_in; r++) {
+        store[r] = 0;
+        put_bits(dt, &store[r], 0, vals[r]);
+        in[r] = &store[r];
+    }
+    for (size_t k = 0; k < n_impls; k++) {
+        res = 0;
+        assert_int_equal(colld__reduce_premul_with(impls[k], dt, sc, in, n_in, out, 1, 1), COLLD_OK);
+        if (res != (want & emask(dt)))
+            fail_msg("%s: premul dtype %d: got 0x%llx, expected 0x%llx", impls[k]->name, (int)dt,
+                     (unsigned long long)res, (unsigned long long)(want & emask(dt)));
+    }
+}
+
+/* Known answers: each rank's own scalar multiplies its own input; integers wrap in their width;
+ * float products and sums round in their precision (no FMA); float16/bfloat16 multiply and add in
+ * float and round once; the scalars' precision is the dtype's. */
+static void test_premul_known(void **state)
+{
+    (void)state;
+    /* int32: 3*10 + (-2)*7 + 5*(-1) = 11. */
+    check_premul(COLLD_INT32, (const uint64_t[]){ 10, 7, (uint64_t)-1 }, (const uint64_t[]){ 3, 0xfffffffeu, 5 }, 3,
+                 11);
+    /* int8 wraps: 100*2 + 100*1 = 300 = 44 (mod 256); the product alone wraps too: 16*16 = 0. */
+    check_premul(COLLD_INT8, (const uint64_t[]){ 100, 100 }, (const uint64_t[]){ 2, 1 }, 2, 44);
+    check_premul(COLLD_INT8, (const uint64_t[]){ 16 }, (const uint64_t[]){ 16 }, 1, 0);
+    /* uint8: 255 * 255 = 1 (mod 256), + 3 * 2. */
+    check_premul(COLLD_UINT8, (const uint64_t[]){ 255, 3 }, (const uint64_t[]){ 255, 2 }, 2, 7);
+    /* uint64 and int64 wrap in 64 bits. */
+    check_premul(COLLD_UINT64, (const uint64_t[]){ 1ull << 63, 5 }, (const uint64_t[]){ 2, 3 }, 2, 15);
+    check_premul(COLLD_INT64, (const uint64_t[]){ (uint64_t)INT64_MIN, 1 }, (const uint64_t[]){ (uint64_t)-1, 7 }, 2,
+                 (uint64_t)INT64_MIN + 7);
+    /* float32, rounded product then sum (no FMA): -1 * 1 + (1 + 2^-12) * (1 + 2^-12). The exact
+     * product 1 + 2^-11 + 2^-24 rounds (a tie, to even) to 1 + 2^-11, so the sum is 2^-11
+     * (0x3a000000); a fused multiply-add would keep the 2^-24 (0x3a000400). */
+    {
+        float x = 1.0f + 0x1p-12f;
+        check_premul(COLLD_FLOAT32, (const uint64_t[]){ bits32(-1.0f), bits32(x) },
+                     (const uint64_t[]){ bits32(1.0f), bits32(x) }, 2, 0x3a000000u);
+    }
+    /* float64, the same with 1 + 2^-27: 2^-26, not 2^-26 + 2^-54. */
+    {
+        double x[2] = { -1.0, 1.0 + 0x1p-27 }, sc[2] = { 1.0, 1.0 + 0x1p-27 }, want = 0x1p-26;
+        uint64_t xv[2], sv[2], wv;
+        memcpy(xv, x, 16);
+        memcpy(sv, sc, 16);
+        memcpy(&wv, &want, 8);
+        check_premul(COLLD_FLOAT64, xv, sv, 2, wv);
+    }
+    /* float64: 0.5 * 8 + (-1.25) * 2 = 1.5. */
+    {
+        double x[2] = { 0.5, -1.25 }, sc[2] = { 8.0, 2.0 }, want = 1.5;
+        uint64_t xv[2], sv[2], wv;
+        memcpy(xv, x, 16);
+        memcpy(sv, sc, 16);
+        memcpy(&wv, &want, 8);
+        check_premul(COLLD_FLOAT64, xv, sv, 2, wv);
+    }
+    /* float16, once-only rounding: 2048 * 1 + 1 * 1 + 1 * 1 = 2050 (0x6801), where rounding each
+     * step to float16 would give 2048 (2048 + 1 is a tie, to even); 2048 + 0.5 + 0.5 = 2049 is
+     * itself a tie and gives 2048 (0x6800). */
+    check_premul(COLLD_FLOAT16, (const uint64_t[]){ 0x6800, 0x3c00, 0x3c00 },
+                 (const uint64_t[]){ 0x3c00, 0x3c00, 0x3c00 }, 3, 0x6801);
+    check_premul(COLLD_FLOAT16, (const uint64_t[]){ 0x6800, 0x3c00, 0x3c00 },
+                 (const uint64_t[]){ 0x3c00, 0x3800, 0x3800 }, 3, 0x6800);
+    /* float16: the scalar has float16 precision (0.1 is 0x2e66, 0.0999755859375), and 10 times it
+     * is computed in float and rounded once. */
+    check_premul(COLLD_FLOAT16, (const uint64_t[]){ 0x4900 }, (const uint64_t[]){ 0x2e66 }, 1,
+                 colld_float_to_half(10.0f * colld_half_to_float(0x2e66)));
+    /* bfloat16: 1 * 1 + 2^-8 * 1 + 2^-8 * 1 = 1 + 2^-7 (0x3f81), once-only rounding. */
+    check_premul(COLLD_BFLOAT16, (const uint64_t[]){ 0x3f80, 0x3b80, 0x3b80 },
+                 (const uint64_t[]){ 0x3f80, 0x3f80, 0x3f80 }, 3, 0x3f81);
+    /* Scalar 0 and -1 (the averaging and negation uses). */
+    check_premul(COLLD_FLOAT32, (const uint64_t[]){ bits32(5.0f), bits32(2.0f) },
+                 (const uint64_t[]){ bits32(0.0f), bits32(-1.0f) }, 2, bits32(-2.0f));
+}
+
+/* Bad arguments of the premultiplied sum, and the scalar word check. */
+static void test_premul_args(void **state)
+{
+    (void)state;
+    float a = 1, b = 2, o = 7;
+    const void *in[2] = { &a, &b };
+    void *out[1] = { &o };
+    const uint64_t sc[2] = { bits32(2.0f), bits32(3.0f) };
+    assert_int_equal(colld_cpu_reduce_premul(COLLD_FLOAT32, NULL, in, 2, out, 1, 1), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_cpu_reduce_premul(COLLD_DTYPE_COUNT, sc, in, 2, out, 1, 1), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_cpu_reduce_premul(COLLD_FLOAT32, sc, in, 0, out, 1, 1), COLLD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(colld_cpu_reduce_premul(COLLD_FLOAT32, sc, NULL, 2, out, 1, 1), COLLD_ERR_INVALID_ARGUMENT);
+    assert_true(o == 7);
+    /* The premultiplied sum is not reachable as an ordinary op. */
+    assert_int_equal(colld_cpu_reduce(COLLD_FLOAT32, (colld_redop_t)COLLD__REDOP_PREMUL_SUM, in, 2, out, 1, 1),
+                     COLLD_ERR_INVALID_ARGUMENT);
+    assert_true(o == 7);
+    assert_int_equal(colld_cpu_reduce_premul(COLLD_FLOAT32, sc, in, 2, out, 1, 1), COLLD_OK);
+    assert_true(o == 8);
+
+    assert_true(colld_cpu_scalar_word_ok(COLLD_INT8, 0xff));
+    assert_false(colld_cpu_scalar_word_ok(COLLD_INT8, 0x1ff));
+    assert_true(colld_cpu_scalar_word_ok(COLLD_FLOAT16, 0xffff));
+    assert_false(colld_cpu_scalar_word_ok(COLLD_BFLOAT16, 0x10000));
+    assert_true(colld_cpu_scalar_word_ok(COLLD_FLOAT32, 0xffffffffull));
+    assert_false(colld_cpu_scalar_word_ok(COLLD_UINT32, 0x100000000ull));
+    assert_true(colld_cpu_scalar_word_ok(COLLD_FLOAT64, ~0ull));
+    assert_false(colld_cpu_scalar_word_ok(COLLD_DTYPE_COUNT, 0));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -893,6 +1170,8 @@ int main(void)
         cmocka_unit_test(test_int_wrap),        cmocka_unit_test(test_int_avg),
         cmocka_unit_test(test_nan_minmax),      cmocka_unit_test(test_float_exact),
         cmocka_unit_test(test_args_and_impl),   cmocka_unit_test(test_first_nonfinite),
+        cmocka_unit_test(test_premul_matrix),   cmocka_unit_test(test_premul_known),
+        cmocka_unit_test(test_premul_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,10 +14,13 @@
  *   - ncclSend / ncclRecv take host buffers only so far (device buffers: ncclInvalidUsage); on
  *     host buffers a send or receive has completed when the call (or ncclGroupEnd) returns, so
  *     two ranks that send to each other must group their sends and receives, as with NCCL.
+ *   - ncclRedOpCreatePreMulSum takes the scalar in host memory (ncclScalarHostImmediate) only; a
+ *     scalar in device memory (ncclScalarDevice) fails with ncclInvalidUsage. The scalar is of
+ *     `datatype` (a float16 or bfloat16 scalar is that 16-bit value, as NCCL); float16 and bfloat16
+ *     products and sums are computed in float and rounded once.
  *   - Not yet implemented, failing with ncclInvalidUsage and a message from ncclGetLastError:
- *     ncclRedOpCreatePreMulSum (ncclRedOpDestroy likewise), non-blocking communicators
- *     (config->blocking = 0), ncclCommSplit inside a group. ncclCommRegister records nothing:
- *     colld registers each buffer's allocation at its first use.
+ *     non-blocking communicators (config->blocking = 0), ncclCommSplit inside a group.
+ *     ncclCommRegister records nothing: colld registers each buffer's allocation at its first use.
  */
 #ifndef COLLD_NCCL_H
 #define COLLD_NCCL_H

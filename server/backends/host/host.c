@@ -17,7 +17,8 @@
  *   send/recv      1 segment:  a point-to-point transfer (colld_xfer_t, p2p.c): the sender's
  *                  input copied into the receiver's output (a job of one "rank")
  * A reduction chunk reads element i of every input in rank order and writes the result to every
- * output in one pass (kernels/cpu), so the memory traffic is the minimum possible and in-place
+ * output in one pass (kernels/cpu; a premultiplied sum with each rank's own scalar word from its
+ * descriptor), so the memory traffic is the minimum possible and in-place
  * buffers are safe. Every element is produced by exactly one thread in a fixed order, so results
  * do not depend on the number of workers. Small jobs run on the calling (engine) thread alone,
  * since waking workers costs more than the work.
@@ -44,11 +45,12 @@ typedef struct {
     colld_redop_t op;
     int root;
     uint64_t count;
-    int n;               /* ranks */
-    const void **in;     /* [n] */
-    void **out;          /* [n] */
-    uint64_t *first_bad; /* --nan-check: [n] lowest index of a NaN or infinity in each rank's
+    int n;                   /* ranks */
+    const void **in;         /* [n] */
+    void **out;              /* [n] */
+    uint64_t *first_bad;     /* --nan-check: [n] lowest index of a NaN or infinity in each rank's
                              input (UINT64_MAX: none), atomic; NULL: no check */
+    const uint64_t *scalars; /* a premultiplied sum: [n] each rank's scalar word; else NULL */
 } colld_host_job_t;
 
 typedef struct colld_host_pool colld_host_pool_t;
@@ -98,6 +100,15 @@ static void check_finite(const colld_host_job_t *job, const void *const *in, uin
     }
 }
 
+/* Reduce len elements of the job's n inputs into n_out outputs: its op, or the premultiplied sum. */
+static colld_status_t reduce(const colld_host_job_t *job, const void *const *in, void *const *out, int n_out,
+                             uint64_t len)
+{
+    if (job->scalars)
+        return colld_cpu_reduce_premul(job->dtype, job->scalars, in, job->n, out, n_out, (size_t)len);
+    return colld_cpu_reduce(job->dtype, job->op, in, job->n, out, n_out, (size_t)len);
+}
+
 /* Run elements [first, first+len) of segment `seg` of a job. */
 static colld_status_t run_range(const colld_host_job_t *job, uint64_t seg, uint64_t first, uint64_t len)
 {
@@ -113,7 +124,7 @@ static colld_status_t run_range(const colld_host_job_t *job, uint64_t seg, uint6
         }
         if (job->first_bad)
             check_finite(job, in, first, len);
-        return colld_cpu_reduce(job->dtype, job->op, in, n, out, n, (size_t)len);
+        return reduce(job, in, out, n, len);
     case COLLD_KIND_REDUCE:
     case COLLD_KIND_REDUCESCATTER: {
         int dst = job->kind == COLLD_KIND_REDUCE ? job->root : (int)seg;
@@ -123,7 +134,7 @@ static colld_status_t run_range(const colld_host_job_t *job, uint64_t seg, uint6
         out[0] = (char *)job->out[dst] + first * es;
         if (job->first_bad)
             check_finite(job, in, base, len);
-        return colld_cpu_reduce(job->dtype, job->op, in, n, out, 1, (size_t)len);
+        return reduce(job, in, out, 1, len);
     }
     case COLLD_KIND_BROADCAST:
         copy_to_all((const char *)job->in[job->root] + first * es, (char *const *)job->out, n, first * es, len * es);
@@ -401,13 +412,15 @@ static colld_status_t execute(host_t *h, colld_coll_t *k)
     int n = k->comm->nranks;
     const void *in[COLLD_MAX_RANKS];
     void *out[COLLD_MAX_RANKS];
-    uint64_t first_bad[COLLD_MAX_RANKS];
+    uint64_t first_bad[COLLD_MAX_RANKS], scalars[COLLD_MAX_RANKS];
     for (int r = 0; r < n; r++) {
         in[r] = k->ops[r]->send_ptr;
         out[r] = k->ops[r]->recv_ptr;
         first_bad[r] = UINT64_MAX;
+        scalars[r] = colld_wire_sqe_scalar(&k->ops[r]->d); /* each rank's own (admission checked it) */
     }
     const colld_wire_sqe_t *a = &k->ops[0]->d;
+    bool premul = colld_kind_has_op(a->kind) && a->redop == COLLD_REDOP_PREMUL_SUM;
     colld_host_job_t job = {
         .kind = (colld_kind_t)a->kind,
         .dtype = (colld_dtype_t)a->dtype,
@@ -418,6 +431,7 @@ static colld_status_t execute(host_t *h, colld_coll_t *k)
         .in = in,
         .out = out,
         .first_bad = checks_finite(h, k, a) ? first_bad : NULL,
+        .scalars = premul ? scalars : NULL,
     };
     colld_status_t st = colld_host_pool_run(h->pool, &job);
     return st == COLLD_OK && job.first_bad ? finite_verdict(k, &job) : st;
