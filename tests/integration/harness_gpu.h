@@ -11,6 +11,7 @@
  *   test_gpu_cudafake_reg.c      GPU registrations: the device checked (C5), freed buffers (C1/D4),
  *                                buffers across several VMM allocations (D2)
  *   test_gpu_cudafake_capture.c  collectives on a stream being captured (3.3)
+ *   test_gpu_cudafake_release.c  the daemon's unpinning and unmapping outside its lock (F4)
  *   test_gpu_cudafake_recovery.c a sticky error in the daemon's context (F3), the flag area's context
  *
  * Each topic file gives main its cases for a group (gpu_cases_t gpu_<topic>_cases(group)); main
@@ -196,6 +197,7 @@ gpu_cases_t gpu_ready_cases(const char *group);
 gpu_cases_t gpu_reg_cases(const char *group);
 gpu_cases_t gpu_capture_cases(const char *group);
 gpu_cases_t gpu_recovery_cases(const char *group);
+gpu_cases_t gpu_release_cases(const char *group);
 
 /* Is group one of the names (NULL-terminated)? */
 bool group_is(const char *group, const char *const *names);

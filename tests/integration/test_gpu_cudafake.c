@@ -212,7 +212,7 @@ static void test_kernels_refused(void **state)
 
 /* Every topic file's cases, in this order (harness_gpu.h). */
 static gpu_cases_t (*const topics[])(const char *group) = {
-    gpu_launch_cases, gpu_ready_cases, gpu_capture_cases, gpu_reg_cases, gpu_recovery_cases,
+    gpu_launch_cases, gpu_ready_cases, gpu_capture_cases, gpu_reg_cases, gpu_recovery_cases, gpu_release_cases,
 };
 
 /* Run the group's cases: `first` (this file's), then every topic's. */

@@ -189,6 +189,9 @@ static void cuda_stop(colld_backend_t *b)
         return;
     cuda_watch_stop(g);
     cuda_recover_stop(g);
+    pthread_mutex_lock(&b->d->lock);
+    cuda_release_run(g); /* what was let go since the recovery thread's last round */
+    pthread_mutex_unlock(&b->d->lock);
     for (int i = 0; i < g->n; i++) {
         CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[i].ctx);
         CU_CHECK(g->cu, cuCtxSynchronize);

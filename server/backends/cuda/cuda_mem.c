@@ -211,6 +211,8 @@ colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const c
     gr->gpu = gi;
     gr->how = (int)how;
     gr->reg = reg;
+    gr->p = p;
+    gr->size = bytes;
     if (how == COLLD_CUDA_EXPORT_IPC)
         memcpy(gr->ipc, m->u.reg_cuda.ipc, sizeof(gr->ipc));
     reg->device = true;
@@ -235,19 +237,22 @@ colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const c
     return COLLD_OK;
 }
 
-/* A registration's last reference went: close its mapping, unless a reset of its GPU took it
- * (lock held). */
+/* A registration's last reference went (lock held): its mapping is queued for the recovery thread
+ * to close with the lock dropped (cuda_release.c, issue 15 F4), unless a reset of its GPU took it.
+ * Once the backend has stopped there is no context left to close it in. */
 void cuda_mem_release(colld_backend_t *b, colld_reg_t *r)
 {
     colld_gpus_t *g = gpus_of(b);
     gpu_reg_t *gr = r->bpriv;
-    if (g && gr) {
-        cuda_track_reg(g, gr, false);
-        if (!gr->lost)
-            close_on(g, gr->gpu, gr->how, (CUdeviceptr)(uintptr_t)r->base, r->size);
-    }
-    free(gr);
     r->bpriv = NULL;
+    if (!gr)
+        return;
+    if (!g) {
+        free(gr);
+        return;
+    }
+    cuda_track_reg(g, gr, false);
+    cuda_release_reg(g, gr);
 }
 
 /* ============================================================================================
@@ -255,12 +260,12 @@ void cuda_mem_release(colld_backend_t *b, colld_reg_t *r)
  * ========================================================================================== */
 
 /* Make the session's flag area: a sealed memfd of one line per communicator handle, registered
- * with CUDA as portable and device-mapped (in the home GPU's context: cuda_flags_register) so
- * that every GPU's stream can write `done` into it (lock held). Returns it, or NULL with err. */
-static gpu_session_t *flags_create(colld_gpus_t *g, colld_session_t *s, colld_err_t *err)
+ * with CUDA as portable and device-mapped in GPU gi's context (the home GPU's) so that every GPU's
+ * stream can write `done` into it. Lock NOT held (issue 15 F4: pinning takes hundreds of
+ * microseconds on hardware); the caller publishes it. Returns it, or NULL with err. */
+static gpu_session_t *flags_create(colld_gpus_t *g, colld_session_t *s, int gi, colld_err_t *err)
 {
     colld_daemon_t *d = s->daemon;
-    const colld_cu_t *cu = g->cu;
     uint64_t bytes = COLLD_WIRE_GPU_FLAGS_BYTES(d->cfg.max_comms_per_session);
     gpu_session_t *gs = calloc(1, sizeof(*gs));
     int fd = -1;
@@ -275,24 +280,26 @@ static gpu_session_t *flags_create(colld_gpus_t *g, colld_session_t *s, colld_er
     gs->size = bytes;
     gs->fd = fd;
     gs->lines = (uint32_t)COLLD_WIRE_GPU_LINES(d->cfg.max_comms_per_session);
-    char why[sizeof(g->gpu[0].why) + 64], buf[160];
-    const char *unusable = cuda_gpu_unusable(g, g->home, why, sizeof(why));
-    CUresult r = unusable ? CUDA_ERROR_NOT_READY : cuda_flags_register(g, gs);
+    CUresult r = cuda_flags_register(g, gi, p, bytes, &gs->dptr);
     if (r != CUDA_SUCCESS) {
-        if (unusable)
-            colld_err_set(err, COLLD_ERR_DEVICE, "cannot register the GPU flag area with CUDA: %s", unusable);
-        else
-            colld_err_set(err, COLLD_ERR_DEVICE, "cannot register the GPU flag area with CUDA on GPU %d (%s): %s",
-                          g->home, g->gpu[g->home].name, colld_cu_describe(cu, r, buf, sizeof(buf)));
+        char buf[160];
+        colld_err_set(err, COLLD_ERR_DEVICE, "cannot register the GPU flag area with CUDA on GPU %d (%s): %s", gi,
+                      g->gpu[gi].name, colld_cu_describe(g->cu, r, buf, sizeof(buf)));
         (void)SYS_CHECK(GPU, munmap(p, bytes));
         close(fd);
         free(gs);
         return NULL;
     }
-    cuda_track_session(g, gs, true);
+    gs->registered = true;
+    gs->reg_gpu = gi;
     return gs;
 }
 
+/* The session's flag area, made on its first request: with the lock dropped while it is made and
+ * registered, the home GPU counted as `opening` so that a reset of it waits for the registration
+ * (and a reset that did not wait leaves the area marked unregistered, as its other areas). Session
+ * messages are served one at a time per session (the loop thread), so no other request of s
+ * makes one meanwhile. */
 int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint32_t *lines, colld_err_t *err)
 {
     colld_daemon_t *d = s->daemon;
@@ -303,11 +310,31 @@ int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint3
     }
     pthread_mutex_lock(&d->lock);
     gpu_session_t *gs = gpu_session_of(b, s);
-    if (!gs && !(gs = flags_create(g, s, err))) {
+    if (!gs) {
+        char why[sizeof(g->gpu[0].why) + 64];
+        int home = g->home;
+        const char *unusable = cuda_gpu_unusable(g, home, why, sizeof(why));
+        if (unusable) {
+            colld_err_set(err, COLLD_ERR_DEVICE, "cannot register the GPU flag area with CUDA: %s", unusable);
+            pthread_mutex_unlock(&d->lock);
+            return -1;
+        }
+        unsigned resets = g->gpu[home].resets;
+        g->gpu[home].opening++;
         pthread_mutex_unlock(&d->lock);
-        return -1;
+        gs = flags_create(g, s, home, err);
+        pthread_mutex_lock(&d->lock);
+        g->gpu[home].opening--;
+        pthread_cond_broadcast(&g->recover_cv);
+        if (!gs) {
+            pthread_mutex_unlock(&d->lock);
+            return -1;
+        }
+        if (g->gpu[home].resets != resets || g->home != home)
+            gs->registered = false; /* a reset that did not wait for it dropped it */
+        cuda_track_session(g, gs, true);
+        s->bslot[b->slot] = gs;
     }
-    s->bslot[b->slot] = gs;
     int fd = dup(gs->fd);
     *size = gs->size;
     *lines = gs->lines;
@@ -317,23 +344,22 @@ int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint3
     return fd;
 }
 
-/* The session's last reference went: unregister and free its flag area. */
+/* The session's last reference went (lock held): its flag area is queued for the recovery thread
+ * to unregister and unmap with the lock dropped (cuda_release.c, issue 15 F4); once the backend has
+ * stopped it is only unmapped. */
 void cuda_session_free(colld_backend_t *b, colld_session_t *s)
 {
     colld_gpus_t *g = gpus_of(b);
     gpu_session_t *gs = gpu_session_of(b, s);
     if (!gs)
         return;
+    s->bslot[b->slot] = NULL;
     if (g) {
         cuda_track_session(g, gs, false);
-        if (gs->registered) {
-            CU_CHECK(g->cu, cuCtxPushCurrent, g->gpu[g->home].ctx);
-            CU_CHECK(g->cu, cuMemHostUnregister, gs->flags);
-            CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
-        }
+        cuda_release_session(g, gs);
+        return;
     }
     (void)SYS_CHECK(GPU, munmap(gs->flags, gs->size));
     close(gs->fd);
     free(gs);
-    s->bslot[b->slot] = NULL;
 }
