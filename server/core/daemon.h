@@ -159,6 +159,9 @@ struct colld_session {
     int fd;               /* session socket */
     uv_poll_t poll;
     bool poll_active;
+    int pidfd;         /* the peer process (SO_PEERCRED's pid), -1 without; watched by pidpoll */
+    uv_poll_t pidpoll; /* holds a reference on the session while open (session.c) */
+    bool pidpoll_open;
     uint8_t rbuf[sizeof(colld_wire_msg_t)];
     size_t rlen;
     int pending_fd;       /* fd received with the message being assembled */
@@ -324,6 +327,7 @@ struct colld_daemon {
     uv_signal_t sigterm, sigint;
     uv_async_t async;         /* engine -> loop: drop sessions with kill_requested */
     int lock_fd;
+    bool pidfd_warned; /* a session went without a pidfd watch: said once (session.c) */
     char lock_path[256], rpc_path[256], rpc_addr[272];
     int64_t started_ms;
     bool stopping;

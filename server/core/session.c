@@ -5,6 +5,14 @@
  * hands it its shared-memory rings and an eventfd, receives the memfds of its buffers, and sees
  * the process die when the socket closes. Messages are fixed-size colld_wire_msg_t; file
  * descriptors ride along as SCM_RIGHTS. The socket is served by the daemon's libuv loop.
+ *
+ * The socket alone does not always close with the process: a copy held by another process (a
+ * child forked without libcolld's atfork cleanup, a helper the socket was passed to) keeps it
+ * open. So the daemon also watches the process itself: a pidfd of the peer (SO_PEERPIDFD where
+ * the kernel has it, else pidfd_open of SO_PEERCRED's pid), polled on the loop, readable when the
+ * process exits; the session then ends as when its socket closes (its ranks leave, their peers
+ * get COLLD_ERR_PEER_LOST). One pidfd per session; without one (an old kernel, EMFILE, a peer in
+ * another pid namespace) the daemon says so once and relies on the socket.
  */
 #include "server/core/counters.h"
 #include "server/core/daemon.h"
@@ -24,10 +32,14 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #define SEALS_REQUIRED (F_SEAL_SHRINK)
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77 /* Linux 6.5 */
+#endif
 
 static void session_drop(colld_session_t *s, const char *why);
 
@@ -604,8 +616,30 @@ void colld_session_forget(colld_session_t *s, const char *why)
         }
 }
 
-/* A session is over (socket closed, protocol error, daemon stopping): the daemon forgets it and
- * the loop stops watching its socket. */
+/* Final close of a session's pidfd watch: close the pidfd and drop the watch's reference. */
+static void session_on_pid_close(uv_handle_t *h)
+{
+    colld_session_t *s = h->data;
+    colld_daemon_t *d = s->daemon;
+    close(s->pidfd);
+    s->pidfd = -1;
+    pthread_mutex_lock(&d->lock);
+    colld_session_unref(s);
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* Stop watching the session's process (loop thread). */
+static void session_unwatch_pid(colld_session_t *s)
+{
+    if (!s->pidpoll_open)
+        return;
+    s->pidpoll_open = false;
+    uv_poll_stop(&s->pidpoll);
+    uv_close((uv_handle_t *)&s->pidpoll, session_on_pid_close);
+}
+
+/* A session is over (socket closed, its process gone, protocol error, daemon stopping): the
+ * daemon forgets it and the loop stops watching its socket and its process. */
 static void session_drop(colld_session_t *s, const char *why)
 {
     colld_daemon_t *d = s->daemon;
@@ -620,6 +654,79 @@ static void session_drop(colld_session_t *s, const char *why)
     colld_engine_wake(d);
     uv_poll_stop(&s->poll);
     uv_close((uv_handle_t *)&s->poll, session_on_close);
+    session_unwatch_pid(s);
+}
+
+/* libuv: the session's pidfd is readable: its process exited, whoever still holds a copy of its
+ * socket. An error of the poll itself only ends the watch (the socket still tells). */
+static void session_on_pid_exit(uv_poll_t *h, int status, int events)
+{
+    colld_session_t *s = h->data;
+    (void)events;
+    if (status < 0) {
+        LOG_WARN_RL(SESSION,
+                    "session %llu (pid %d): cannot watch its process any more (%s); its socket still tells "
+                    "when it ends",
+                    (unsigned long long)s->id, (int)s->pid, uv_strerror(status));
+        session_unwatch_pid(s);
+        return;
+    }
+    char why[96];
+    snprintf(why, sizeof(why), "its process (pid %d) exited", (int)s->pid);
+    session_drop(s, why);
+}
+
+/* A pidfd of the peer of session socket fd: race-free from the socket (SO_PEERPIDFD), else by its
+ * pid, which SO_PEERCRED gave at connect (the process may have exited since: then the pid is
+ * either gone, ESRCH, or names a process that the dead peer's session must not outlive anyway).
+ * -1 with errno. */
+static int peer_pidfd(int fd, pid_t pid)
+{
+    int pidfd = -1;
+    socklen_t len = sizeof(pidfd);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) == 0 && len == sizeof(pidfd) && pidfd >= 0)
+        return pidfd;
+    if (pid <= 0) {
+        errno = ESRCH; /* a peer in a pid namespace the daemon cannot see */
+        return -1;
+    }
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+}
+
+/* Watch the session's process on the loop (loop thread, at accept). One pidfd per session, which
+ * holds a reference on it while open; without one, the socket alone tells, and the daemon says so
+ * once. */
+static void session_watch_pid(colld_session_t *s)
+{
+    colld_daemon_t *d = s->daemon;
+    int fd = peer_pidfd(s->fd, s->pid);
+    int err = errno;
+    if (fd >= 0) {
+        (void)SYS_CHECK(SESSION, fcntl(fd, F_SETFD, FD_CLOEXEC));
+        s->pidpoll.data = s;
+        int rc = uv_poll_init(&d->loop, &s->pidpoll, fd);
+        if (rc == 0) {
+            s->pidfd = fd;
+            s->pidpoll_open = true;
+            pthread_mutex_lock(&d->lock);
+            s->refs++; /* the watch's, dropped by session_on_pid_close */
+            pthread_mutex_unlock(&d->lock);
+            uv_poll_start(&s->pidpoll, UV_READABLE, session_on_pid_exit);
+            return;
+        }
+        close(fd);
+        err = -rc;
+    }
+    if (!d->pidfd_warned)
+        LOG_WARN(SESSION,
+                 "session %llu (pid %d): cannot watch its process (pidfd: %s): a process that dies while "
+                 "another one holds a copy of its session socket is seen gone only when that copy closes "
+                 "(said once)",
+                 (unsigned long long)s->id, (int)s->pid, strerror(err));
+    else
+        LOG_DEBUG(SESSION, "session %llu (pid %d): no pidfd watch: %s", (unsigned long long)s->id, (int)s->pid,
+                  strerror(err));
+    d->pidfd_warned = true;
 }
 
 /* libuv: the session socket is readable or the peer hung up. */
@@ -691,7 +798,7 @@ colld_session_t *colld_session_new(colld_daemon_t *d, pid_t pid, uid_t uid, gid_
     s->pid = pid;
     s->uid = uid;
     s->gid = gid;
-    s->fd = s->shm_fd = s->efd = s->pending_fd = -1;
+    s->fd = s->shm_fd = s->efd = s->pending_fd = s->pidfd = -1;
     s->attached_ms = colld_wall_ms();
     s->refs = 1;
     return s;
@@ -729,6 +836,7 @@ static void session_on_accept(colld_listener_t *l, int fd, uid_t uid, gid_t gid,
     d->nsessions++;
     pthread_mutex_unlock(&d->lock);
     uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT, session_on_poll);
+    session_watch_pid(s);
     return;
 fail:
     LOG_WARN_RL(SESSION, "refusing pid %d uid %u: out of memory", (int)pid, (unsigned)uid);
