@@ -8,6 +8,7 @@
  *   rings.c        posting descriptors, reaping completions, waiting for the engine's
  *   fast.c         the fast path (and its poster, colld__fast_post)
  *   cuda.c         the GPU stream path (and its poster, colld__gpu_post), GPU memory
+ *   cuda_reg.c     the cache of GPU registrations (cuda_internal.h: what the two share)
  *   engine_path.c  the engine path's poster
  *   group.c        group calls: queued collectives, posted at the outermost end
  *   comm.c         communicators: join, destroy, abort, errors, waiting for what is in flight
@@ -19,7 +20,7 @@
  *                   liveness), the shared-memory rings, the gRPC channel, the registrations.
  *   colld_comm_t    one rank's handle on a communicator: sequence counters and error state.
  *   colld_gpu_t     a client's GPU state (cuda.c): registrations of device memory, the session's
- *                   GPU stream flag area. Opaque outside cuda.c.
+ *                   GPU stream flag area. Opaque outside cuda.c and cuda_reg.c.
  *
  * Locking: client->mu guards the rings, the communicator table and the registrations;
  * client->sock_mu serialises request/reply exchanges on the session socket. A monitor thread

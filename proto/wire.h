@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 #define COLLD_WIRE_MAGIC 0x434f4c44u /* "COLD" */
-#define COLLD_WIRE_VERSION 2 /* 2: per-collective GPU ready slots (colld_wire_gpu_flag_t) */
+#define COLLD_WIRE_VERSION 3 /* 2: per-collective GPU ready slots (colld_wire_gpu_flag_t); 3: COLLD_MSG_REG_CUDA_SEG */
 #define COLLD_WIRE_TOKEN_BYTES 16
 /* A unique id (the 128 bytes of colld_unique_id_t): 16 random bytes; an id made by a daemon that
  * listens for peers (multi-node) also carries "CLN1" at byte 16 and that daemon's address
@@ -270,6 +270,18 @@ typedef enum {
 
 #define COLLD_WIRE_CUDA_IPC_BYTES 64
 
+/* A GPU buffer across several VMM allocations mapped back to back in one reservation (PyTorch's
+ * expandable segments; issue 15 D2) is registered as one registration of `count` segments
+ * (COLLD_MSG_REG_CUDA_SEG): segment i is allocation i's POSIX fd and the first `bytes` of it, at
+ * byte `offset` of the registration, the sum of the segments before it. They are sent in order,
+ * each answered with COLLD_MSG_REG_REPLY (reg_id 0 until the last, whose answer carries the new
+ * registration); the daemon maps them back to back in one range of its own, so its kernels see
+ * one buffer. The first segment starts an assembly and charges the tenant the whole `total`; one
+ * assembly per session (a new first segment drops the one under way); a segment out of order, of
+ * another registration, or any failure drops the assembly: nothing stays half-registered. A buffer
+ * within one allocation is registered with COLLD_MSG_REG_CUDA. */
+#define COLLD_WIRE_CUDA_MAX_SEGMENTS 256u
+
 /* ---------------------------------------------------------------------------------------------
  * Session socket messages (fixed size, 128 bytes; file descriptors ride along as SCM_RIGHTS)
  * ------------------------------------------------------------------------------------------- */
@@ -286,6 +298,8 @@ typedef enum {
     COLLD_MSG_REG_CUDA = 9,    /* client -> daemon: register a GPU allocation; fd with EXPORT_FD; reply REG_REPLY */
     COLLD_MSG_GPU_FLAGS = 10,  /* client -> daemon: the session's GPU flag area */
     COLLD_MSG_GPU_FLAGS_REPLY = 11, /* daemon -> client: its size and line count; fd: the memfd (or an error) */
+    /* client -> daemon: one segment of a GPU registration across VMM allocations; fd; reply REG_REPLY */
+    COLLD_MSG_REG_CUDA_SEG = 12,
 } colld_msg_type_t;
 
 typedef enum {
@@ -331,6 +345,15 @@ typedef struct {
             uint8_t uuid[16]; /* CUuuid of the GPU that holds it */
             uint8_t ipc[COLLD_WIRE_CUDA_IPC_BYTES];
         } reg_cuda;
+        struct {
+            uint64_t total;   /* bytes of the whole registration (every segment), the same in each */
+            uint64_t cookie;  /* the same in each segment; echoed in every reply */
+            uint64_t offset;  /* this segment's byte offset in the registration */
+            uint64_t bytes;   /* this segment's bytes: the first `bytes` of its allocation (the fd) */
+            uint32_t index;   /* 0 .. count - 1, in order */
+            uint32_t count;   /* 2 .. COLLD_WIRE_CUDA_MAX_SEGMENTS */
+            uint8_t uuid[16]; /* CUuuid of the GPU that holds every segment */
+        } reg_cuda_seg;
         struct {
             uint64_t size;  /* bytes to map */
             uint32_t lines; /* flag lines (communicator handles 1 .. lines-1) */

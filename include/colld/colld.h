@@ -40,6 +40,10 @@
  *       for each other across communicators, under the daemon's --deadlock-fail (issue 18).
  *       New: colld_comm_config_t.nan_check, the --nan-check checks for one communicator (the
  *       struct grew; a config of the older size, without the field, means 0).
+ *       Changed (issue 15 D2): a GPU buffer across several cuMem (VMM) allocations mapped back to
+ *       back in one reservation (PyTorch's expandable segments) works in every collective (up to
+ *       256 allocations); it was refused with COLLD_ERR_INVALID_ARGUMENT ("runs past the end of
+ *       its GPU buffer").
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -229,7 +233,8 @@ colld_status_t colld_mem_free(colld_client_t *c, void *ptr);
  * cudaStream_t (NULL: the legacy default stream, as NCCL) and the collective is stream-ordered:
  * it reads its inputs after the work queued before it on the stream, and the work queued after it
  * sees its outputs. The call returns at once, without waiting for the GPU. The allocation that
- * holds each buffer is registered with the daemon on first use and cached (an allocation freed
+ * holds each buffer (the VMM allocations, when the buffer runs across several mapped back to back)
+ * is registered with the daemon on first use and cached (an allocation freed
  * and replaced at the same address is recognised). An allocation the application frees is
  * deregistered, and the daemon's mapping of it closed, at the latest at the client's next new
  * GPU registration or communicator destruction (each stream-ordered call also checks two cached

@@ -182,6 +182,7 @@ struct colld_session {
     colld_reg_t *regs;
     uint32_t next_reg_id;
     uint64_t registered_bytes;
+    uint64_t seg_charged; /* charged for a GPU registration being assembled (REG_CUDA_SEG), not yet made */
     unsigned nuids;       /* unique ids issued and not yet used */
 
     colld_member_t **handles; /* index = handle; handle 0 unused */

@@ -84,6 +84,9 @@ void colld_session_unref(colld_session_t *s)
         s->regs = r->next;
         colld_session_release_reg(r);
     }
+    if (s->seg_charged) /* a GPU registration left half-assembled (its segments: the backend's) */
+        colld_tenant_uncharge_reg(s->daemon, s->uid, s->seg_charged);
+    s->seg_charged = 0;
     colld_backends_session_free(s->daemon, s);
     if (s->shm)
         (void)SYS_CHECK(SESSION, munmap(s->shm, s->shm_size));
@@ -430,6 +433,60 @@ static int session_on_reg_cuda(colld_session_t *s, const colld_wire_msg_t *m)
     return colld_session_send(s, &ok, NULL, 0);
 }
 
+/* REG_CUDA_SEG: one segment of a GPU registration across several VMM allocations (issue 15 D2;
+ * proto/wire.h), which the device backend assembles. The tenant is charged the registration's
+ * whole `total` at its first segment, so one that cannot fit is refused before anything is
+ * imported; the charge waits in s->seg_charged until the last segment makes the registration (it
+ * is then the registration's), or is given back when the assembly fails, starts over or the
+ * session ends. The answer of every segment but the last carries registration id 0. */
+static int session_on_reg_cuda_seg(colld_session_t *s, const colld_wire_msg_t *m)
+{
+    colld_daemon_t *d = s->daemon;
+    colld_backend_t *dev = colld_backend_device(d);
+    int fd = s->pending_fd;
+    s->pending_fd = -1;
+    colld_err_t err = COLLD_ERR_INIT;
+    uint32_t id = 0;
+    if (!dev || !dev->present) {
+        colld_err_set(&err, COLLD_ERR_NOT_SUPPORTED, "%s", d->device_none);
+    } else {
+        pthread_mutex_lock(&d->lock);
+        if (m->u.reg_cuda_seg.index == 0) { /* a new registration: the one under way, if any, is dropped */
+            if (s->seg_charged)
+                colld_tenant_uncharge_reg(d, s->uid, s->seg_charged);
+            s->seg_charged = 0;
+            colld_tenant_charge_reg(d, s->uid, m->u.reg_cuda_seg.total, &s->seg_charged, &err);
+        }
+        pthread_mutex_unlock(&d->lock);
+        if (err.status == COLLD_OK)
+            dev->ops->mem_register(dev, s, m, fd, &id, &err);
+    }
+    pthread_mutex_lock(&d->lock);
+    colld_reg_t *r = err.status == COLLD_OK && id ? colld_session_find_reg(s, id) : NULL;
+    if (r) {
+        r->tenant = s->uid;
+        r->charged = s->seg_charged;
+        s->seg_charged = 0;
+    } else if (err.status != COLLD_OK && s->seg_charged) {
+        colld_tenant_uncharge_reg(d, s->uid, s->seg_charged);
+        s->seg_charged = 0;
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (fd >= 0)
+        close(fd);
+    if (err.status != COLLD_OK) {
+        LOG_INFO_RL(MEM, "session %llu: GPU registration (segment %u of %u) refused: %s", (unsigned long long)s->id,
+                    m->u.reg_cuda_seg.index, m->u.reg_cuda_seg.count, err.msg);
+        return colld_session_send_error(s, COLLD_MSG_REG_REPLY, &err);
+    }
+    colld_wire_msg_t ok;
+    memset(&ok, 0, sizeof(ok));
+    ok.type = COLLD_MSG_REG_REPLY;
+    ok.u.reg_reply.reg_id = id;
+    ok.u.reg_reply.cookie = m->u.reg_cuda_seg.cookie;
+    return colld_session_send(s, &ok, NULL, 0);
+}
+
 /* GPU_FLAGS: hand the session its GPU stream flag area (the device backend's). */
 static int session_on_gpu_flags(colld_session_t *s)
 {
@@ -467,8 +524,9 @@ static int session_dispatch(colld_session_t *s, const colld_wire_msg_t *m)
                     (int)s->pid);
         return -1;
     }
-    if (m->type != COLLD_MSG_REG && m->type != COLLD_MSG_REG_CUDA && s->pending_fd >= 0) {
-        close(s->pending_fd); /* fds only make sense with REG and REG_CUDA */
+    if (m->type != COLLD_MSG_REG && m->type != COLLD_MSG_REG_CUDA && m->type != COLLD_MSG_REG_CUDA_SEG &&
+        s->pending_fd >= 0) {
+        close(s->pending_fd); /* fds only make sense with REG, REG_CUDA and REG_CUDA_SEG */
         s->pending_fd = -1;
     }
     switch (m->type) {
@@ -482,6 +540,8 @@ static int session_dispatch(colld_session_t *s, const colld_wire_msg_t *m)
         return session_on_reg_cuda(s, m);
     case COLLD_MSG_GPU_FLAGS:
         return session_on_gpu_flags(s);
+    case COLLD_MSG_REG_CUDA_SEG:
+        return session_on_reg_cuda_seg(s, m);
     default: {
         int rc = colld_hooks_session_msg(s, m); /* COLLD_MSG_FAST_AREA: the fast area's */
         if (rc != -2)

@@ -479,13 +479,6 @@ bool daemon_maps(pid_t pid, const char *name)
 }
 
 /* ============================================================================================
- * The review's defects, as the double shows them today: OPEN defects (group "open_defects")
- *
- * Each case asserts today's wrong behaviour, names the defect of issue 15 and where it lives,
- * and says what the fix must turn it into.
- * ========================================================================================== */
-
-/* ============================================================================================
  * The application's entry points beyond colld's table
  * ========================================================================================== */
 

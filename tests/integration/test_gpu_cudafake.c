@@ -35,13 +35,16 @@
  *                 context (issue 15 F3 and the flag area's context, fixed)
  *   defects       issue 15's defects fixed since their cases were written, the cases now asserting
  *                 the fix: a collective inside a CUDA graph capture is refused and the capture stays
- *                 valid (3.3); a freed buffer's mapping goes from the daemon (C1/D4).
- *   open_defects  the review's defects that the double shows today (issue 15), STILL OPEN: each
- *                 case (test_open_defect_<id>_...) asserts the present, wrong behaviour, prints
+ *                 valid (3.3); a freed buffer's mapping goes from the daemon (C1/D4); a buffer across
+ *                 several VMM allocations works, and hostile segments of its registration are
+ *                 refused (D2).
+ *   open_defects  the review's defects that the double shows, STILL OPEN: each case
+ *                 (test_open_defect_<id>_...) asserts the present, wrong behaviour, prints
  *                 "OPEN DEFECT <id>" with what the fix must turn it into, and passes while the
  *                 defect is there. A fix makes its case fail: then the case is rewritten to assert
  *                 the right behaviour (and loses "open_defect" from its name). A pass here is never
- *                 a feature.
+ *                 a feature. None is open today (D2, the last, was fixed): the group runs no case
+ *                 and says so; it stays for the next defect the double shows.
  *
  * The cases live in one file per topic, sharing harness_gpu.c (harness_gpu.h lists them); this one
  * holds main, what works (mem_alloc, flag_protocol, collectives) and the refusals of an old driver

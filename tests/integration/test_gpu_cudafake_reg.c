@@ -1,11 +1,12 @@
 /*
  * test_gpu_cudafake_reg.c - GPU registrations: the device a registration names is checked by the
  * daemon (issue 15 C5, group vmm/legacy), a buffer the application freed leaves the daemon (C1/D4,
- * group defects), a buffer across several VMM allocations of one reservation (D2, open: group
- * open_defects). See harness_gpu.h.
+ * group defects), a buffer across several VMM allocations of one reservation and the hostile
+ * segments of such a registration (D2, group defects). See harness_gpu.h.
  */
 #include "tests/integration/harness_gpu.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -187,44 +188,296 @@ static void test_freed_buffer_unmapped(void **state)
  * Buffers across several VMM allocations (issue 15 D2)
  * ========================================================================================== */
 
-/* D2: a buffer across two VMM allocations mapped back to back in one reservation (PyTorch's
- * expandable segments) is refused: the client registers the mapping that holds the pointer
- * (client/cuda.c resolve, cuMemGetAddressRange) and the buffer runs past it. Fix: register every
- * mapping the buffer covers. */
-static void sc_multisegment(rank_t *r)
+#define SEGS 3 /* VMM allocations mapped back to back in one reservation */
+
+/* The name of the double's VMM memfds of GPU `dev` ("cudafake-vmm:<uuid hex>"). */
+static void vmm_name(int dev, char *name, size_t len)
+{
+    CUuuid u;
+    CUdevice d;
+    char hex[33];
+    CU_MUST(cu->cuDeviceGet(&d, dev));
+    CU_MUST(cu->cuDeviceGetUuid(&u, d));
+    for (int b = 0; b < 16; b++)
+        snprintf(hex + 2 * b, 3, "%02x", (unsigned char)u.bytes[b]);
+    snprintf(name, len, "cudafake-vmm:%s", hex);
+}
+
+/* Wait (at most WAIT_MS) until the daemon maps no memfd named `name` (its releases run on a
+ * thread of their own, issue 15 F4). */
+static bool daemon_unmaps(pid_t pid, const char *name)
+{
+    for (int i = 0; i < WAIT_MS / 5; i++) {
+        if (!daemon_maps(pid, name))
+            return true;
+        harness_wait_file("/nonexistent", 5);
+    }
+    return false;
+}
+
+/* SEGS allocations of `gran` bytes of the rank's GPU, mapped back to back in one reservation
+ * (as PyTorch's expandable segments grow one), readable and writable by the rank's GPU. */
+typedef struct {
+    CUdeviceptr va;
+    size_t gran;
+    CUmemGenericAllocationHandle h[SEGS];
+    int made;
+} segs_t;
+
+static bool segs_make(rank_t *r, segs_t *sg)
 {
     CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
                                  .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                                 .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = r->rank } };
+                                 .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = rank_device[r->rank] } };
     CUmemAccessDesc acc = { .location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
-    size_t g = 0;
-    CUmemGenericAllocationHandle h[2];
-    CUdeviceptr va = 0;
-    if (cu->cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ||
-        cu->cuMemCreate(&h[0], g, &prop, 0) || cu->cuMemCreate(&h[1], g, &prop, 0) ||
-        cu->cuMemAddressReserve(&va, 2 * g, 0, 0, 0) || cu->cuMemMap(va, g, 0, h[0], 0) ||
-        cu->cuMemMap(va + g, g, 0, h[1], 0) || cu->cuMemSetAccess(va, 2 * g, &acc, 1))
-        return rank_fail(r, "two VMM allocations in one reservation");
-    void *buf = (void *)(va + g - 4096);
-    r->st[0] = colld_allreduce(buf, buf, 2048, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s); /* 8 KiB over the seam */
-    snprintf(r->detail, sizeof(r->detail), "%s", colld_comm_last_error(r->comm));
-    cu->cuMemUnmap(va, 2 * g);
-    cu->cuMemAddressFree(va, 2 * g);
-    cu->cuMemRelease(h[0]);
-    cu->cuMemRelease(h[1]);
+    memset(sg, 0, sizeof(*sg));
+    if (cu->cuMemGetAllocationGranularity(&sg->gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ||
+        cu->cuMemAddressReserve(&sg->va, SEGS * sg->gran, 0, 0, 0)) {
+        rank_fail(r, "a VMM reservation");
+        return false;
+    }
+    for (; sg->made < SEGS; sg->made++) {
+        CUdeviceptr at = sg->va + (CUdeviceptr)sg->made * sg->gran;
+        if (cu->cuMemCreate(&sg->h[sg->made], sg->gran, &prop, 0))
+            break;
+        if (cu->cuMemMap(at, sg->gran, 0, sg->h[sg->made], 0) || cu->cuMemSetAccess(at, sg->gran, &acc, 1)) {
+            cu->cuMemRelease(sg->h[sg->made]);
+            break;
+        }
+    }
+    if (sg->made < SEGS)
+        rank_fail(r, "VMM allocation %d of %d", sg->made, SEGS);
+    return sg->made == SEGS;
 }
 
-static void test_open_defect_D2_multisegment_vmm_refused(void **state)
+static void segs_free(segs_t *sg)
 {
-    open_defect("D2",
-                "a buffer across two VMM allocations of one reservation is refused with COLLD_ERR_INVALID_ARGUMENT",
-                "every mapping the buffer covers is registered and the collective runs");
-    rank_t ranks[2];
-    run_ranks(*state, sc_multisegment, 0, ranks);
-    for (int i = 0; i < 2; i++) {
-        assert_int_equal(ranks[i].st[0], COLLD_ERR_INVALID_ARGUMENT);
-        assert_non_null(strstr(ranks[i].detail, "bytes run past the end of its"));
+    for (int i = 0; i < sg->made; i++) {
+        cu->cuMemUnmap(sg->va + (CUdeviceptr)i * sg->gran, sg->gran);
+        cu->cuMemRelease(sg->h[i]); /* the application lets go of every reference */
     }
+    if (sg->va)
+        cu->cuMemAddressFree(sg->va, SEGS * sg->gran);
+}
+
+/* D2, fixed: an in-place all-reduce of 2048 floats across the seam of allocations 0 and 1, then an
+ * out-of-place one from a buffer across all three (the last 4 KiB of 0, all of 1, the first 4 KiB of
+ * 2) into cuMemAlloc memory, each result exact. Then the buffers are freed. */
+static void sc_multisegment(rank_t *r)
+{
+    static float host[2][(4u << 20) / sizeof(float) + 4096];
+    float *h = host[r->rank];
+    segs_t sg;
+    CUdeviceptr out = 0;
+    if (!segs_make(r, &sg))
+        goto out;
+    /* 8 KiB over the seam of allocations 0 and 1. */
+    CUdeviceptr seam = sg.va + sg.gran - 4096;
+    size_t n = 2048;
+    if (!fill(r, seam, seam, n, 0, h) ||
+        !finished(r, "all-reduce across 2 VMM allocations",
+                  colld_allreduce((void *)seam, (void *)seam, n, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s)) ||
+        !expect_values(r, "all-reduce across 2 VMM allocations", seam, n, h, want_sum))
+        goto out;
+    /* From the end of allocation 0, all of 1, into the start of 2: across three. */
+    CUdeviceptr three = sg.va + sg.gran - 4096;
+    n = (sg.gran + 8192) / sizeof(float);
+    if (n > sizeof(host[0]) / sizeof(float) || cu->cuMemAlloc(&out, n * sizeof(float)) != CUDA_SUCCESS) {
+        rank_fail(r, "the output buffer");
+        goto out;
+    }
+    if (!fill(r, three, out, n, n, h) ||
+        !finished(r, "all-reduce across 3 VMM allocations",
+                  colld_allreduce((void *)three, (void *)out, n, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s)) ||
+        !expect_values(r, "all-reduce across 3 VMM allocations", out, n, h, want_sum))
+        goto out;
+out:
+    snprintf(r->detail, sizeof(r->detail), "%s", colld_comm_last_error(r->comm));
+    pthread_barrier_wait(r->barrier); /* the daemon's kernels read both ranks' buffers */
+    if (out)
+        cu->cuMemFree(out);
+    segs_free(&sg);
+}
+
+/* Issue 15 D2, fixed: a buffer across several VMM allocations mapped back to back in one
+ * reservation (PyTorch's expandable segments) was refused (COLLD_ERR_INVALID_ARGUMENT, "runs past
+ * the end of its GPU buffer": the client registered the one mapping that held the pointer). Now the
+ * client registers every allocation the buffer spans as the segments of one registration
+ * (COLLD_MSG_REG_CUDA_SEG) and the daemon maps them back to back: two all-reduces, across two and
+ * three allocations, rank r on GPU r, are exact. Once both ranks freed the memory and destroyed the
+ * communicator, the daemon maps no VMM memory of either GPU any more (its segments unmapped one by
+ * one). Before the fix the first all-reduce failed (this case's open-defect version asserted it). */
+static void test_multisegment_vmm_buffer(void **state)
+{
+    harness_t *h = *state;
+    rank_t ranks[2];
+    run_ranks(h, sc_multisegment, 0, ranks);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(ranks[i].v[0], 2); /* both all-reduces exact */
+    char name[64];
+    for (int d = 0; d < 2; d++) {
+        vmm_name(d, name, sizeof(name));
+        assert_true(daemon_unmaps(h->pid, name));
+    }
+    assert_int_equal(harness_wait_clean(h, 10000), 0);
+}
+
+/* How many descriptors of the double's VMM memory (an imported allocation holds one) the daemon has
+ * open. */
+static int daemon_vmm_fds(pid_t pid)
+{
+    char dir[64], path[384], target[512];
+    snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+    DIR *dp = opendir(dir);
+    int n = 0;
+    for (struct dirent *de; dp && (de = readdir(dp));) {
+        snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+        ssize_t len = readlink(path, target, sizeof(target) - 1);
+        if (len > 0) {
+            target[len] = '\0';
+            n += strstr(target, "cudafake-vmm:") != NULL;
+        }
+    }
+    if (dp)
+        closedir(dp);
+    return n;
+}
+
+/* One REG_CUDA_SEG message, as a hostile client may send it; COLLD_OK with *reg_id, or the
+ * daemon's status with its detail. */
+static colld_status_t seg_raw(colld_client_t *c, int fd, uint64_t cookie, unsigned index, unsigned count,
+                              uint64_t offset, uint64_t bytes, uint64_t total, const CUuuid *uuid, uint32_t *reg_id,
+                              char *detail, size_t len)
+{
+    colld_wire_msg_t m, reply;
+    memset(&m, 0, sizeof(m));
+    memset(&reply, 0, sizeof(reply));
+    m.type = COLLD_MSG_REG_CUDA_SEG;
+    m.u.reg_cuda_seg = (__typeof__(m.u.reg_cuda_seg)){
+        .total = total, .cookie = cookie, .offset = offset, .bytes = bytes, .index = index, .count = count
+    };
+    memcpy(m.u.reg_cuda_seg.uuid, uuid->bytes, sizeof(m.u.reg_cuda_seg.uuid));
+    colld_status_t st = colld__sock_request(c, &m, fd, COLLD_MSG_REG_REPLY, &reply, NULL, 0);
+    if (st != COLLD_OK)
+        return st;
+    reply.u.detail[sizeof(reply.u.detail) - 1] = '\0';
+    snprintf(detail, len, "%s", reply.status == COLLD_OK ? "" : reply.u.detail);
+    if (reg_id)
+        *reg_id = reply.status == COLLD_OK ? reply.u.reg_reply.reg_id : 0;
+    return (colld_status_t)reply.status;
+}
+
+/* A segment that must be refused with INVALID_ARGUMENT and a detail containing `what`. */
+#define SEG_REFUSED(what, ...)                                                                                         \
+    do {                                                                                                               \
+        colld_status_t st_ = seg_raw(__VA_ARGS__, NULL, detail, sizeof(detail));                                       \
+        print_message("%s: %s\n", colld_status_name(st_), detail);                                                     \
+        assert_int_equal(st_, COLLD_ERR_INVALID_ARGUMENT);                                                             \
+        assert_non_null(strstr(detail, what));                                                                         \
+    } while (0)
+
+/* The daemon takes every field of a segment as the client's word: hostile segments are refused
+ * with COLLD_ERR_INVALID_ARGUMENT naming what is wrong, each failure drops the assembly (a later
+ * segment of it is "not being assembled"), and nothing stays half-registered: afterwards the
+ * daemon holds no imported allocation. The tenant is charged at the first segment: with
+ * --max-regs-per-tenant 2, an assembly under way counts, a third first segment is refused with
+ * COLLD_ERR_QUOTA_EXCEEDED before anything is imported, and the charge goes back when the assembling
+ * client disconnects. After all the refusals, two registrations still fit (no charge leaked). */
+static void test_segments_hostile(void **state)
+{
+    harness_t *h = *state;
+    CUcontext ctx;
+    CUdevice dev[2];
+    CUuuid uuid[2];
+    for (int i = 0; i < 2; i++) {
+        CU_MUST(cu->cuDeviceGet(&dev[i], i));
+        CU_MUST(cu->cuDeviceGetUuid(&uuid[i], dev[i]));
+    }
+    CU_MUST(cu->cuDevicePrimaryCtxRetain(&ctx, 0));
+    CU_MUST(cu->cuCtxSetCurrent(ctx));
+    rank_t r0 = { .rank = 0 };
+    segs_t sg;
+    assert_true(segs_make(&r0, &sg));
+    size_t g = sg.gran;
+    int fd[SEGS];
+    for (int i = 0; i < SEGS; i++)
+        CU_MUST(cu->cuMemExportToShareableHandle(&fd[i], sg.h[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    colld_client_t *c = h->client;
+    char detail[COLLD_WIRE_DETAIL_BYTES + 8];
+    uint32_t id = 0;
+    SEG_REFUSED("not being assembled", c, fd[1], 7, 1, 2, g, g, 2 * g, &uuid[0]);
+    SEG_REFUSED("colld takes 2 to 256", c, fd[0], 7, 0, 1, 0, g, g, &uuid[0]);
+    SEG_REFUSED("colld takes 2 to 256", c, fd[0], 7, 0, 257, 0, g, 257 * g, &uuid[0]);
+    SEG_REFUSED("without a file descriptor", c, -1, 7, 0, 2, 0, g, 2 * g, &uuid[0]);
+    SEG_REFUSED("out of range", c, fd[0], 7, 0, 2, 0, 0, 2 * g, &uuid[0]);
+    /* Out of order: segment 2 after 0; the assembly is gone, so segment 1 finds none. */
+    assert_int_equal(seg_raw(c, fd[0], 7, 0, 3, 0, g, 3 * g, &uuid[0], &id, detail, sizeof(detail)), COLLD_OK);
+    assert_int_equal(id, 0);
+    SEG_REFUSED("out of order", c, fd[2], 7, 2, 3, 2 * g, g, 3 * g, &uuid[0]);
+    SEG_REFUSED("not being assembled", c, fd[1], 7, 1, 3, g, g, 3 * g, &uuid[0]);
+    /* Another registration's segment, a wrong offset, a total the segments do not fill. */
+    assert_int_equal(seg_raw(c, fd[0], 7, 0, 2, 0, g, 2 * g, &uuid[0], &id, detail, sizeof(detail)), COLLD_OK);
+    SEG_REFUSED("does not belong", c, fd[1], 8, 1, 2, g, g, 2 * g, &uuid[0]);
+    assert_int_equal(seg_raw(c, fd[0], 7, 0, 2, 0, g, 2 * g, &uuid[0], &id, detail, sizeof(detail)), COLLD_OK);
+    SEG_REFUSED("does not follow", c, fd[1], 7, 1, 2, 0, g, 2 * g, &uuid[0]);
+    assert_int_equal(seg_raw(c, fd[0], 7, 0, 2, 0, g, 3 * g, &uuid[0], &id, detail, sizeof(detail)), COLLD_OK);
+    SEG_REFUSED("add up to", c, fd[1], 7, 1, 2, g, g, 3 * g, &uuid[0]);
+    /* GPU 0 memory named as GPU 1's (issue 15 C5, for every segment). */
+    SEG_REFUSED("is on device 0, but the registration names GPU 1", c, fd[0], 7, 0, 2, 0, g, 2 * g, &uuid[1]);
+    /* A segment larger than its allocation: cuMemMap refuses it. */
+    assert_int_equal(seg_raw(c, fd[0], 7, 0, 2, 0, 2 * g, 4 * g, &uuid[0], &id, detail, sizeof(detail)), COLLD_OK);
+    SEG_REFUSED("cannot map", c, fd[1], 7, 1, 2, 2 * g, 2 * g, 4 * g, &uuid[0]);
+    /* A new first segment drops the assembly under way (its import included). */
+    assert_int_equal(seg_raw(c, fd[0], 7, 0, 3, 0, g, 3 * g, &uuid[0], &id, detail, sizeof(detail)), COLLD_OK);
+    assert_int_equal(seg_raw(c, fd[1], 9, 0, 2, 0, g, 2 * g, &uuid[0], &id, detail, sizeof(detail)), COLLD_OK);
+    SEG_REFUSED("does not belong", c, fd[1], 7, 1, 3, g, g, 3 * g, &uuid[0]);
+    /* Nothing half-registered: no imported allocation is left in the daemon. */
+    assert_int_equal(daemon_vmm_fds(h->pid), 0);
+
+    /* The charge at the first segment: another client's assembly under way counts for the tenant. */
+    colld_client_t *c2 = NULL;
+    assert_int_equal(colld_connect(h->socket, &c2), COLLD_OK);
+    assert_int_equal(seg_raw(c2, fd[2], 5, 0, 2, 0, g, 2 * g, &uuid[0], &id, detail, sizeof(detail)), COLLD_OK);
+    uint32_t first = 0;
+    assert_int_equal(seg_raw(c, fd[0], 7, 0, 2, 0, g, 2 * g, &uuid[0], &id, detail, sizeof(detail)), COLLD_OK);
+    assert_int_equal(seg_raw(c, fd[1], 7, 1, 2, g, g, 2 * g, &uuid[0], &first, detail, sizeof(detail)), COLLD_OK);
+    assert_true(first != 0);
+    colld_status_t st = seg_raw(c, fd[1], 6, 0, 2, 0, g, 2 * g, &uuid[0], &id, detail, sizeof(detail));
+    print_message("%s: %s\n", colld_status_name(st), detail);
+    assert_int_equal(st, COLLD_ERR_QUOTA_EXCEEDED);
+    assert_int_equal(colld_disconnect(c2), COLLD_OK); /* its assembly goes, and its charge */
+    double t0 = harness_now_ms();
+    do {
+        st = seg_raw(c, fd[1], 6, 0, 2, 0, g, 2 * g, &uuid[0], &id, detail, sizeof(detail));
+        if (st == COLLD_ERR_QUOTA_EXCEEDED)
+            harness_wait_file("/nonexistent", 5); /* the daemon sees the disconnect a moment later */
+    } while (st == COLLD_ERR_QUOTA_EXCEEDED && harness_now_ms() - t0 < WAIT_MS);
+    assert_int_equal(st, COLLD_OK);
+    uint32_t second = 0;
+    assert_int_equal(seg_raw(c, fd[2], 6, 1, 2, g, g, 2 * g, &uuid[0], &second, detail, sizeof(detail)), COLLD_OK);
+    assert_true(second != 0 && second != first);
+    for (int i = 0; i < SEGS; i++)
+        close(fd[i]);
+    assert_int_equal(colld__deregister(c, first), COLLD_OK);
+    assert_int_equal(colld__deregister(c, second), COLLD_OK);
+    segs_free(&sg);
+    char name[64];
+    vmm_name(0, name, sizeof(name));
+    assert_true(daemon_unmaps(h->pid, name));
+    for (int i = 0; i < WAIT_MS / 5 && daemon_vmm_fds(h->pid); i++)
+        harness_wait_file("/nonexistent", 5);
+    assert_int_equal(daemon_vmm_fds(h->pid), 0);
+    cu->cuCtxSetCurrent(NULL);
+    cu->cuDevicePrimaryCtxRelease(0);
+}
+
+/* A daemon on the double that lets a tenant hold two registrations. */
+static int setup_two_regs(void **state)
+{
+    static const char *const args[] = { "--max-regs-per-tenant", "2", NULL };
+    if (harness_test_setup_args(state, args) != 0)
+        return -1;
+    return daemon_on_double(((harness_t *)*state)->pid, true) ? 0 : -1;
 }
 
 gpu_cases_t gpu_reg_cases(const char *group)
@@ -234,17 +487,13 @@ gpu_cases_t gpu_reg_cases(const char *group)
     };
     static const struct CMUnitTest fixed[] = {
         cmocka_unit_test_setup_teardown(test_freed_buffer_unmapped, setup_on_double, teardown_contexts),
-    };
-    static const struct CMUnitTest open[] = {
-        cmocka_unit_test_setup_teardown(test_open_defect_D2_multisegment_vmm_refused, setup_on_double,
-                                        teardown_contexts),
+        cmocka_unit_test_setup_teardown(test_multisegment_vmm_buffer, setup_on_double, teardown_contexts),
+        cmocka_unit_test_setup_teardown(test_segments_hostile, setup_two_regs, teardown_contexts),
     };
     static const char *const groups[] = { "vmm", "legacy", NULL };
     if (group_is(group, groups))
         return GPU_CASES(works);
     if (strcmp(group, "defects") == 0)
         return GPU_CASES(fixed);
-    if (strcmp(group, "open_defects") == 0)
-        return GPU_CASES(open);
     return GPU_NO_CASES;
 }

@@ -10,6 +10,8 @@
  *                  the GPU brought back (the backend's recovery thread; issue 15 F3)
  *   cuda_release.c the driver calls that pin, unpin or unmap memory, made by the recovery thread
  *                  with the daemon's lock dropped (issue 15 F4)
+ *   cuda_seg.c     registrations across several VMM allocations, assembled from segments
+ *                  (issue 15 D2)
  *
  * Every driver call goes through CU_CHECK (common/cudadrv.h), which logs a failure with its
  * location; what a failure means is decided where the call is made.
@@ -73,6 +75,10 @@ typedef struct colld_gpus {
      * lock for the recovery thread to close with the lock dropped. */
     struct gpu_reg *dead_regs;
     struct gpu_session *dead_sessions;
+    /* Registrations across several VMM allocations being assembled, one per session at most
+     * (cuda_seg.c), and those given up whose imported allocations are to be released. */
+    struct gpu_pending *assembling;
+    struct gpu_pending *dead_pending;
     /* The watcher (cuda_watch.c; issue 15 F5): wakes the engine when a GPU collective can move. */
     pthread_t watch_thread;
     pthread_cond_t watch_cv; /* with the daemon's lock: GPU work became outstanding, or stop */
@@ -114,10 +120,27 @@ typedef struct gpu_reg {
     bool lost;     /* its mapping went with its GPU's context (a reset): never used again */
     CUdeviceptr p; /* the daemon's mapping ... */
     size_t size;   /* ... of this many bytes (what colld_cuda_ipc_close needs) */
+    unsigned nseg; /* VMM allocations mapped back to back from p (issue 15 D2); 0 or 1: one */
+    size_t *seg;   /* [nseg] their sizes, when nseg > 1 */
     uint8_t ipc[COLLD_WIRE_CUDA_IPC_BYTES];
     colld_reg_t *reg;            /* NULL once its last reference went (queued for release) */
     struct gpu_reg *next, *prev; /* colld_gpus_t.regs */
 } gpu_reg_t;
+
+/* A registration across several VMM allocations being assembled (COLLD_MSG_REG_CUDA_SEG, issue 15
+ * D2): the allocations imported so far, not mapped yet. */
+typedef struct gpu_pending {
+    colld_session_t *s;
+    uint64_t cookie, total;
+    uint64_t next_off; /* the bytes of the segments imported so far: the next one's offset */
+    unsigned count;    /* segments announced */
+    unsigned got;      /* imported: h[0 .. got - 1] */
+    int gpu;
+    uint8_t uuid[16];
+    size_t *sizes;                   /* [count] */
+    CUmemGenericAllocationHandle *h; /* [count] */
+    struct gpu_pending *next;
+} gpu_pending_t;
 
 /* The state of the backend b, of a communicator and of a session (NULL when none). */
 static inline colld_gpus_t *gpus_of(const colld_backend_t *b)
@@ -137,6 +160,29 @@ static inline gpu_session_t *gpu_session_of(const colld_backend_t *b, const coll
 colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const colld_wire_msg_t *m, int fd,
                                  uint32_t *reg_id, colld_err_t *err);
 void cuda_mem_release(colld_backend_t *b, colld_reg_t *r);
+/* The daemon's GPU of this UUID, or -1. */
+int cuda_gpu_by_uuid(const colld_gpus_t *g, const uint8_t *uuid);
+/* The devices that may access GPU gi's memory (itself and its peers): their count. */
+int cuda_access_list(const colld_gpus_t *g, int gi, CUdevice *access, int max);
+/* Does the memory mapped at p live on GPU gi (issue 15 C5)? COLLD_OK or err. gi's context current. */
+colld_status_t cuda_check_device(const colld_gpus_t *g, int gi, CUdeviceptr p, colld_err_t *err);
+/* Make gr (its mapping open on GPU gr->gpu, counted there as `opening`) a registration of s of
+ * `bytes`: its id in *reg_id. Without memory the mapping is closed and gr freed. Either way the
+ * `opening` count is given back. Lock NOT held. */
+colld_status_t cuda_reg_publish(colld_backend_t *b, colld_session_t *s, gpu_reg_t *gr, uint64_t bytes, uint32_t *reg_id,
+                                colld_err_t *err);
+/* Free a gpu_reg_t (its mapping closed or lost). */
+void cuda_reg_free(gpu_reg_t *gr);
+
+/* ---- cuda_seg.c (issue 15 D2) ---- */
+/* COLLD_MSG_REG_CUDA_SEG: one segment of a registration across several VMM allocations; *reg_id
+ * 0 until the last segment makes the registration. Lock NOT held. */
+colld_status_t cuda_seg_register(colld_backend_t *b, colld_session_t *s, const colld_wire_msg_t *m, int fd,
+                                 uint32_t *reg_id, colld_err_t *err);
+/* The session ends (lock held): its assembly, if any, is queued for release. */
+void cuda_seg_session_gone(colld_gpus_t *g, colld_session_t *s);
+/* Release an assembly's imported allocations and free it (lock NOT held). */
+void cuda_seg_free(const colld_gpus_t *g, gpu_pending_t *p);
 int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint32_t *lines, colld_err_t *err);
 void cuda_session_free(colld_backend_t *b, colld_session_t *s);
 

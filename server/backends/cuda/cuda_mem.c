@@ -22,7 +22,7 @@
  * Registrations
  * ========================================================================================== */
 
-static int gpu_by_uuid(const colld_gpus_t *g, const uint8_t *uuid)
+int cuda_gpu_by_uuid(const colld_gpus_t *g, const uint8_t *uuid)
 {
     for (int i = 0; i < g->n; i++)
         if (memcmp(g->gpu[i].uuid.bytes, uuid, sizeof(g->gpu[i].uuid.bytes)) == 0)
@@ -49,7 +49,7 @@ static int check_request(const colld_gpus_t *g, const colld_wire_msg_t *m, int f
                                                   : "IPC registration with a file descriptor");
         return -1;
     }
-    int gi = gpu_by_uuid(g, m->u.reg_cuda.uuid);
+    int gi = cuda_gpu_by_uuid(g, m->u.reg_cuda.uuid);
     if (gi < 0)
         colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
                       "the buffer's GPU is not visible to the daemon (is CUDA_VISIBLE_DEVICES narrower for colld?)");
@@ -98,7 +98,7 @@ static int gpu_by_ordinal(const colld_gpus_t *g, int ordinal)
  * is, the daemon's driver says (CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL of the mapping). A client that
  * names another GPU (a bug, or a lie to get its buffer run on a GPU it was not given) is refused.
  * Lock not held; the mapping's context current. */
-static colld_status_t check_device(const colld_gpus_t *g, int gi, CUdeviceptr p, colld_err_t *err)
+colld_status_t cuda_check_device(const colld_gpus_t *g, int gi, CUdeviceptr p, colld_err_t *err)
 {
     int ordinal = -1;
     CUpointer_attribute at = CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL;
@@ -123,6 +123,15 @@ static colld_status_t check_device(const colld_gpus_t *g, int gi, CUdeviceptr p,
                          gi, g->gpu[gi].name, real, g->gpu[real].name);
 }
 
+int cuda_access_list(const colld_gpus_t *g, int gi, CUdevice *access, int max)
+{
+    int n = 0;
+    for (int j = 0; j < g->n && n < max; j++)
+        if (g->peer[j * g->n + gi])
+            access[n++] = g->gpu[j].dev;
+    return n;
+}
+
 /* Registration, step 3: open the allocation on its GPU, accessible to every GPU with peer access
  * to it, and check that it lives there. Returns COLLD_OK with its address, or the error. */
 static colld_status_t open_alloc(colld_gpus_t *g, int gi, const colld_wire_msg_t *m, int fd, CUdeviceptr *p,
@@ -132,10 +141,7 @@ static colld_status_t open_alloc(colld_gpus_t *g, int gi, const colld_wire_msg_t
     unsigned how = m->u.reg_cuda.how;
     uint64_t bytes = m->u.reg_cuda.bytes;
     CUdevice access[64];
-    int naccess = 0;
-    for (int j = 0; j < g->n && naccess < 64; j++)
-        if (g->peer[j * g->n + gi])
-            access[naccess++] = g->gpu[j].dev;
+    int naccess = cuda_access_list(g, gi, access, 64);
     size_t mapped = 0;
     CU_CHECK(cu, cuCtxPushCurrent, g->gpu[gi].ctx);
     CUresult r = colld_cuda_ipc_open(cu, (int)how, m->u.reg_cuda.ipc, fd, bytes, access, naccess, p, &mapped);
@@ -146,7 +152,7 @@ static colld_status_t open_alloc(colld_gpus_t *g, int gi, const colld_wire_msg_t
                              "GPU registration of %llu bytes, but the allocation behind the handle has %llu",
                              (unsigned long long)bytes, (unsigned long long)mapped);
     }
-    if (r == CUDA_SUCCESS && check_device(g, gi, *p, err) != COLLD_OK) {
+    if (r == CUDA_SUCCESS && cuda_check_device(g, gi, *p, err) != COLLD_OK) {
         colld_cuda_ipc_close(cu, (int)how, *p, mapped ? mapped : bytes);
         CU_CHECK(cu, cuCtxPopCurrent, NULL);
         return err->status;
@@ -168,6 +174,50 @@ static colld_status_t open_alloc(colld_gpus_t *g, int gi, const colld_wire_msg_t
     return COLLD_OK;
 }
 
+void cuda_reg_free(gpu_reg_t *gr)
+{
+    if (gr)
+        free(gr->seg);
+    free(gr);
+}
+
+colld_status_t cuda_reg_publish(colld_backend_t *b, colld_session_t *s, gpu_reg_t *gr, uint64_t bytes, uint32_t *reg_id,
+                                colld_err_t *err)
+{
+    colld_daemon_t *d = s->daemon;
+    colld_gpus_t *g = gpus_of(b);
+    int gi = gr->gpu;
+    colld_reg_t *reg = calloc(1, sizeof(*reg));
+    if (!reg) {
+        cuda_mem_close(g, gr);
+        cuda_reg_free(gr);
+        pthread_mutex_lock(&d->lock);
+        g->gpu[gi].opening--;
+        pthread_cond_broadcast(&g->recover_cv);
+        pthread_mutex_unlock(&d->lock);
+        return colld_err_set(err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
+    }
+    gr->reg = reg;
+    reg->device = true;
+    reg->backend = b;
+    reg->bpriv = gr;
+    reg->daemon = d;
+    reg->base = (void *)(uintptr_t)gr->p;
+    reg->size = bytes; /* references are checked against what the client registered (<= mapped) */
+    reg->refs = 1;
+    reg->users = 1;
+    pthread_mutex_lock(&d->lock);
+    reg->id = ++s->next_reg_id;
+    reg->next = s->regs;
+    s->regs = reg;
+    cuda_track_reg(g, gr, true); /* a reset that waited for it will find it */
+    g->gpu[gi].opening--;
+    pthread_cond_broadcast(&g->recover_cv);
+    pthread_mutex_unlock(&d->lock);
+    *reg_id = reg->id;
+    return COLLD_OK;
+}
+
 colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const colld_wire_msg_t *m, int fd,
                                  uint32_t *reg_id, colld_err_t *err)
 {
@@ -175,6 +225,8 @@ colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const c
     colld_gpus_t *g = gpus_of(b);
     if (!g)
         return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "no GPU here: %s", d->device_none);
+    if (m->type == COLLD_MSG_REG_CUDA_SEG)
+        return cuda_seg_register(b, s, m, fd, reg_id, err);
     int gi = check_request(g, m, fd, err);
     if (gi < 0)
         return err->status;
@@ -193,12 +245,9 @@ colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const c
         return colld_err_set(err, COLLD_ERR_DEVICE, "%s", unusable);
     CUdeviceptr p = 0;
     colld_status_t st = open_alloc(g, gi, m, fd, &p, err);
-    colld_reg_t *reg = st == COLLD_OK ? calloc(1, sizeof(*reg)) : NULL;
     gpu_reg_t *gr = st == COLLD_OK ? calloc(1, sizeof(*gr)) : NULL;
-    if (st == COLLD_OK && (!reg || !gr)) {
+    if (st == COLLD_OK && !gr) {
         close_on(g, gi, (int)how, p, bytes);
-        free(reg);
-        free(gr);
         st = colld_err_set(err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
     }
     if (st != COLLD_OK) {
@@ -210,30 +259,14 @@ colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const c
     }
     gr->gpu = gi;
     gr->how = (int)how;
-    gr->reg = reg;
     gr->p = p;
     gr->size = bytes;
     if (how == COLLD_CUDA_EXPORT_IPC)
         memcpy(gr->ipc, m->u.reg_cuda.ipc, sizeof(gr->ipc));
-    reg->device = true;
-    reg->backend = b;
-    reg->bpriv = gr;
-    reg->daemon = d;
-    reg->base = (void *)(uintptr_t)p;
-    reg->size = bytes; /* references are checked against what the client registered (<= mapped) */
-    reg->refs = 1;
-    reg->users = 1;
-    pthread_mutex_lock(&d->lock);
-    reg->id = ++s->next_reg_id;
-    reg->next = s->regs;
-    s->regs = reg;
-    cuda_track_reg(g, gr, true); /* a reset that waited for it will find it */
-    g->gpu[gi].opening--;
-    pthread_cond_broadcast(&g->recover_cv);
-    pthread_mutex_unlock(&d->lock);
-    *reg_id = reg->id;
+    if ((st = cuda_reg_publish(b, s, gr, bytes, reg_id, err)) != COLLD_OK)
+        return st;
     LOG_DEBUG(GPU, "session %llu: registered %llu bytes of GPU %d memory as %u (%s)", (unsigned long long)s->id,
-              (unsigned long long)bytes, gi, reg->id, how == COLLD_CUDA_EXPORT_IPC ? "IPC" : "VMM fd");
+              (unsigned long long)bytes, gi, *reg_id, how == COLLD_CUDA_EXPORT_IPC ? "IPC" : "VMM fd");
     return COLLD_OK;
 }
 
@@ -248,7 +281,7 @@ void cuda_mem_release(colld_backend_t *b, colld_reg_t *r)
     if (!gr)
         return;
     if (!g) {
-        free(gr);
+        cuda_reg_free(gr);
         return;
     }
     cuda_track_reg(g, gr, false);
@@ -351,6 +384,8 @@ void cuda_session_free(colld_backend_t *b, colld_session_t *s)
 {
     colld_gpus_t *g = gpus_of(b);
     gpu_session_t *gs = gpu_session_of(b, s);
+    if (g)
+        cuda_seg_session_gone(g, s); /* a registration it was assembling */
     if (!gs)
         return;
     s->bslot[b->slot] = NULL;

@@ -34,7 +34,10 @@
 void cuda_mem_close(const colld_gpus_t *g, const gpu_reg_t *gr)
 {
     CU_CHECK(g->cu, cuCtxPushCurrent, g->gpu[gr->gpu].ctx);
-    colld_cuda_ipc_close(g->cu, gr->how, gr->p, gr->size);
+    if (gr->nseg > 1)
+        colld_cuda_ipc_close_segments(g->cu, gr->p, gr->seg, gr->nseg);
+    else
+        colld_cuda_ipc_close(g->cu, gr->how, gr->p, gr->size);
     CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
 }
 
@@ -57,7 +60,7 @@ void cuda_release_session(colld_gpus_t *g, gpu_session_t *gs)
 
 bool cuda_release_pending(const colld_gpus_t *g)
 {
-    return g->dead_regs || g->dead_sessions;
+    return g->dead_regs || g->dead_sessions || g->dead_pending;
 }
 
 /* Unregister a flag area from the context it was registered in, unmap it, free it. */
@@ -82,15 +85,21 @@ void cuda_release_run(colld_gpus_t *g)
     while (cuda_release_pending(g)) {
         gpu_reg_t *regs = g->dead_regs;
         gpu_session_t *sessions = g->dead_sessions;
+        gpu_pending_t *pending = g->dead_pending;
         g->dead_regs = NULL;
         g->dead_sessions = NULL;
+        g->dead_pending = NULL;
         pthread_mutex_unlock(&d->lock);
+        for (gpu_pending_t *p = pending, *next; p; p = next) {
+            next = p->next;
+            cuda_seg_free(g, p); /* imported allocations of an assembly its session left */
+        }
         unsigned nregs = 0, nsessions = 0;
         for (gpu_reg_t *gr = regs, *next; gr; gr = next, nregs++) {
             next = gr->next;
             if (!gr->lost) /* else its mapping went with its GPU's reset */
                 cuda_mem_close(g, gr);
-            free(gr);
+            cuda_reg_free(gr);
         }
         for (gpu_session_t *gs = sessions, *next; gs; gs = next, nsessions++) {
             next = gs->next;
