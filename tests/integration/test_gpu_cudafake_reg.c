@@ -11,6 +11,31 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The name of the double's VMM memfds of GPU `dev` ("cudafake-vmm:<uuid hex>"). */
+static void vmm_name(int dev, char *name, size_t len)
+{
+    CUuuid u;
+    CUdevice d;
+    char hex[33];
+    CU_MUST(cu->cuDeviceGet(&d, dev));
+    CU_MUST(cu->cuDeviceGetUuid(&u, d));
+    for (int b = 0; b < 16; b++)
+        snprintf(hex + 2 * b, 3, "%02x", (unsigned char)u.bytes[b]);
+    snprintf(name, len, "cudafake-vmm:%s", hex);
+}
+
+/* Wait (at most WAIT_MS) until the daemon maps no memfd named `name` (its releases run on a
+ * thread of their own, issue 15 F4). */
+static bool daemon_unmaps(pid_t pid, const char *name)
+{
+    for (int i = 0; i < WAIT_MS / 5; i++) {
+        if (!daemon_maps(pid, name))
+            return true;
+        harness_wait_file("/nonexistent", 5);
+    }
+    return false;
+}
+
 /* ============================================================================================
  * The device a registration names (issue 15 C5)
  * ========================================================================================== */
@@ -159,27 +184,15 @@ static void test_freed_buffer_unmapped(void **state)
             assert_int_equal(ranks[i].cr[1], CUDA_SUCCESS);
         }
         /* Rank 0's client is still connected, but its communicator's destruction dropped the
-         * registration of the buffer it freed (client/cuda.c sweep_freed): the daemon's mapping
-         * went with it. Rank 1 disconnected: its session's registrations went with it too. */
+         * registration of the buffer it freed (client/cuda_reg.c sweep_freed): the daemon's
+         * mapping went with it. Rank 1 disconnected: its session's registrations went with it too. */
         char name[128];
-        if (defect_vmm) {
-            CUuuid u0, u1;
-            CU_MUST(cu->cuDeviceGetUuid(&u0, 0));
-            CU_MUST(cu->cuDeviceGetUuid(&u1, 1));
-            char hex0[33], hex1[33];
-            for (int b = 0; b < 16; b++) {
-                snprintf(hex0 + 2 * b, 3, "%02x", (unsigned char)u0.bytes[b]);
-                snprintf(hex1 + 2 * b, 3, "%02x", (unsigned char)u1.bytes[b]);
-            }
-            snprintf(name, sizeof(name), "cudafake-vmm:%s", hex0);
-            assert_false(daemon_maps(h->pid, name));
-            snprintf(name, sizeof(name), "cudafake-vmm:%s", hex1);
-            assert_false(daemon_maps(h->pid, name));
-        } else {
-            snprintf(name, sizeof(name), "cudafake-alloc:%d:%ld ", (int)getpid(), ranks[0].v[0]);
-            assert_false(daemon_maps(h->pid, name));
-            snprintf(name, sizeof(name), "cudafake-alloc:%d:%ld ", (int)getpid(), ranks[1].v[0]);
-            assert_false(daemon_maps(h->pid, name));
+        for (int i = 0; i < 2; i++) {
+            if (defect_vmm)
+                vmm_name(i, name, sizeof(name));
+            else
+                snprintf(name, sizeof(name), "cudafake-alloc:%d:%ld ", (int)getpid(), ranks[i].v[0]);
+            assert_true(daemon_unmaps(h->pid, name)); /* its releases run on a thread of their own */
         }
     }
 }
@@ -189,31 +202,6 @@ static void test_freed_buffer_unmapped(void **state)
  * ========================================================================================== */
 
 #define SEGS 3 /* VMM allocations mapped back to back in one reservation */
-
-/* The name of the double's VMM memfds of GPU `dev` ("cudafake-vmm:<uuid hex>"). */
-static void vmm_name(int dev, char *name, size_t len)
-{
-    CUuuid u;
-    CUdevice d;
-    char hex[33];
-    CU_MUST(cu->cuDeviceGet(&d, dev));
-    CU_MUST(cu->cuDeviceGetUuid(&u, d));
-    for (int b = 0; b < 16; b++)
-        snprintf(hex + 2 * b, 3, "%02x", (unsigned char)u.bytes[b]);
-    snprintf(name, len, "cudafake-vmm:%s", hex);
-}
-
-/* Wait (at most WAIT_MS) until the daemon maps no memfd named `name` (its releases run on a
- * thread of their own, issue 15 F4). */
-static bool daemon_unmaps(pid_t pid, const char *name)
-{
-    for (int i = 0; i < WAIT_MS / 5; i++) {
-        if (!daemon_maps(pid, name))
-            return true;
-        harness_wait_file("/nonexistent", 5);
-    }
-    return false;
-}
 
 /* SEGS allocations of `gran` bytes of the rank's GPU, mapped back to back in one reservation
  * (as PyTorch's expandable segments grow one), readable and writable by the rank's GPU. */
