@@ -13,7 +13,7 @@
  *   group.c        group calls: queued collectives, posted at the outermost end
  *   comm.c         communicators: join, destroy, abort, errors, waiting for what is in flight
  *   coll.c         the collectives: the router, which checks a call and picks its path
- *   mem.c          colld_mem_alloc / colld_mem_free
+ *   mem.c          colld_mem_alloc / colld_mem_free, colld_mem_register / colld_mem_deregister
  *   client.c       the connection's life: connect, the monitor thread, disconnect
  *
  *   colld_client_t  one session with the local daemon: the session socket (identity, fds,
@@ -101,6 +101,7 @@ struct colld_client {
     colld_rpc_channel_t *rpc;
 
     colld_gpu_t *gpu; /* created at connect, never NULL afterwards */
+    struct colld_mem_handle *mem_handles;     /* colld_mem_register's, not yet deregistered (mu; mem.c) */
     char last_error[COLLD_CLIENT_DETAIL_LEN]; /* colld_last_error (mu) */
 
     /* Fork safety (client.c): the process that connected, and the list of this process's
@@ -233,6 +234,16 @@ static inline void colld__seq_lower(uint64_t *p, uint64_t v)
 colld_status_t colld__ring_wait_op(colld_client_t *c, colld_comm_t *comm, uint64_t seq, bool block);
 /* Wait until every collective comm posted to the engine has completed. */
 colld_status_t colld__ring_wait(colld_client_t *c, colld_comm_t *comm);
+/* Wait (at most timeout_ms) until the daemon has taken every descriptor this client posted so
+ * far, and with it a reference on every registration they name: a deregistration sent after this
+ * cannot overtake a collective posted before it. True when it has (or the daemon is lost). */
+bool colld__ring_wait_taken(colld_client_t *c, int timeout_ms);
+
+/* mem.c */
+/* A communicator is being destroyed: release what colld_mem_register registered with it. */
+void colld__mem_comm_destroyed(colld_comm_t *comm);
+/* Disconnect: forget the handles left (their registrations go with the GPU state). */
+void colld__mem_client_free(colld_client_t *c);
 
 /* comm.c */
 /* Record a client-side error on a communicator (its detail, the group's first error); returns st. */
@@ -335,5 +346,13 @@ const uint32_t *colld__gpu_ready_word(colld_comm_t *comm, uint64_t seq);
  * not such an allocation). */
 colld_status_t colld__gpu_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, colld_err_t *err);
 colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, colld_err_t *err);
+/* colld_mem_register of device memory: the registration of the allocation(s) that hold
+ * [buf, buf + bytes) (made now if needed) is pinned: never swept, kept until the matching
+ * colld__gpu_mem_deregister (pins are counted). *reg_id names it. */
+colld_status_t colld__gpu_mem_register(colld_client_t *c, const void *buf, size_t bytes, uint32_t *reg_id,
+                                       colld_err_t *err);
+/* Unpin it; the last unpin deregisters it (the daemon's mapping goes once no collective uses it),
+ * unless it is colld_mem_alloc memory (colld_mem_free does). */
+colld_status_t colld__gpu_mem_deregister(colld_client_t *c, uint32_t reg_id, colld_err_t *err);
 
 #endif /* COLLD_CLIENT_INTERNAL_H */

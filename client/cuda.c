@@ -6,7 +6,7 @@
  *
  * GPU memory. A device pointer is resolved to the allocation(s) that hold it, registered with the
  * daemon once per client and cached (cuda_reg.c: the cache, buffers across several VMM allocations,
- * freed allocations dropped).
+ * freed allocations dropped); colld_mem_register pins a registration until colld_mem_deregister.
  *
  * Stream ordering (the protocol is in proto/wire.h). The session has one GPU flag area, mapped
  * here and registered with CUDA (device-mapped, portable; registered again when the context it
@@ -133,6 +133,19 @@ colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, colld_err_t *er
 {
     (void)c;
     return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%p is not memory from colld_mem_alloc", ptr);
+}
+
+colld_status_t colld__gpu_mem_register(colld_client_t *c, const void *buf, size_t bytes, uint32_t *reg_id,
+                                       colld_err_t *err)
+{
+    (void)c, (void)buf, (void)bytes, (void)reg_id;
+    return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "GPU memory: %s", NO_CUDA_BUILD);
+}
+
+colld_status_t colld__gpu_mem_deregister(colld_client_t *c, uint32_t reg_id, colld_err_t *err)
+{
+    (void)c;
+    return colld_err_set(err, COLLD_ERR_INTERNAL, "GPU registration %u: %s", reg_id, NO_CUDA_BUILD);
 }
 
 #else /* COLLD_HAVE_CUDA */
@@ -854,12 +867,72 @@ colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, colld_err_t *er
         pthread_mutex_unlock(&g->mu);
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%p is not memory from colld_mem_alloc", ptr);
     }
+    if (g->regs[i].pins) {
+        pthread_mutex_unlock(&g->mu);
+        return colld_err_set(err, COLLD_ERR_INVALID_USAGE,
+                             "%p is still registered with colld_mem_register: deregister it first", ptr);
+    }
     gpu_reg_t e = g->regs[i];
     colld_status_t st = colld__gpu_reg_remove(c, g, i);
     colld__gpu_free_owned(g->cu, &e);
     pthread_mutex_unlock(&g->mu);
     if (st != COLLD_OK)
         colld_err_set(err, st, "colld did not release the GPU registration of %p: %s", ptr, colld_status_string(st));
+    return st;
+}
+
+/* ============================================================================================
+ * colld_mem_register / colld_mem_deregister of device memory
+ * ========================================================================================== */
+
+colld_status_t colld__gpu_mem_register(colld_client_t *c, const void *buf, size_t bytes, uint32_t *reg_id,
+                                       colld_err_t *err)
+{
+    char load_err[256];
+    const colld_cu_t *cu = colld_cu_load(load_err, sizeof(load_err));
+    if (!cu)
+        return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "GPU memory needs the CUDA driver: %s", load_err);
+    if (atomic_load(&c->lost))
+        return colld_err_set(err, COLLD_ERR_DAEMON_LOST, "%s", colld__lost_detail(c));
+    ptr_info_t pi;
+    CUresult r = ptr_query(cu, buf, &pi);
+    if (r != CUDA_SUCCESS)
+        return cu_say(cu, err, COLLD_ERR_INVALID_ARGUMENT, r, "buf (%p): cuPointerGetAttributes", buf);
+    colld_status_t st = need_device(&pi, buf, "buf", err);
+    if (st != COLLD_OK)
+        return st;
+    colld_gpu_t *g = c->gpu;
+    pthread_mutex_lock(&g->mu);
+    g->cu = cu;
+    CUcontext cur;
+    gpu_reg_t *e = NULL;
+    colld_wire_buf_t wb;
+    st = ensure_ctx(g, cu, pi.ordinal, &cur, err);
+    if (st == COLLD_OK)
+        st = colld__gpu_resolve(c, g, cu, buf, bytes, &pi, "buf", &wb, &e, err);
+    if (st == COLLD_OK) {
+        e->pins++;
+        *reg_id = e->reg_id;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return st;
+}
+
+colld_status_t colld__gpu_mem_deregister(colld_client_t *c, uint32_t reg_id, colld_err_t *err)
+{
+    colld_gpu_t *g = c->gpu;
+    colld_status_t st = COLLD_OK;
+    pthread_mutex_lock(&g->mu);
+    size_t i = 0;
+    while (i < g->nregs && !(g->regs[i].reg_id == reg_id && g->regs[i].pins))
+        i++;
+    if (i == g->nregs)
+        st = colld_err_set(err, COLLD_ERR_INTERNAL, "GPU registration %u is not pinned", reg_id);
+    else if (--g->regs[i].pins == 0 && g->regs[i].own == OWN_NONE)
+        st = colld__gpu_reg_remove(c, g, i); /* colld_mem_alloc memory stays registered until colld_mem_free */
+    pthread_mutex_unlock(&g->mu);
+    if (st != COLLD_OK && st != COLLD_ERR_INTERNAL)
+        colld_err_set(err, st, "colld did not release GPU registration %u: %s", reg_id, colld_status_string(st));
     return st;
 }
 

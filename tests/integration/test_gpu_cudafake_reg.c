@@ -2,12 +2,14 @@
  * test_gpu_cudafake_reg.c - GPU registrations: the device a registration names is checked by the
  * daemon (issue 15 C5, group vmm/legacy), a buffer the application freed leaves the daemon (C1/D4,
  * group defects), a buffer across several VMM allocations of one reservation and the hostile
- * segments of such a registration (D2, group defects). See harness_gpu.h.
+ * segments of such a registration (D2, group defects), colld_mem_register / colld_mem_deregister
+ * (group vmm/legacy). See harness_gpu.h.
  */
 #include "tests/integration/harness_gpu.h"
 
 #include <dirent.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -459,6 +461,193 @@ static void test_segments_hostile(void **state)
     cu->cuDevicePrimaryCtxRelease(0);
 }
 
+/* ============================================================================================
+ * colld_mem_register / colld_mem_deregister (issue 15: explicit registration)
+ * ========================================================================================== */
+
+/* The application's own buffer on the rank's GPU: a cuMem (VMM) allocation exportable as a POSIX fd
+ * where the devices have VMM (group vmm), cuMemAlloc memory where not (group legacy); and the name
+ * of the double's memfd that the daemon maps for it. */
+typedef struct {
+    CUdeviceptr p;
+    size_t size;
+    CUmemGenericAllocationHandle h;
+    bool vmm;
+    char name[96];
+} appbuf_t;
+
+static bool appbuf_make(rank_t *r, appbuf_t *b, size_t bytes)
+{
+    int dev = rank_device[r->rank], vmm = 0;
+    CUdevice d;
+    memset(b, 0, sizeof(*b));
+    if (cu->cuDeviceGet(&d, dev) ||
+        cu->cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, d)) {
+        rank_fail(r, "device %d", dev);
+        return false;
+    }
+    b->vmm = vmm != 0;
+    if (b->vmm) {
+        CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                     .requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                     .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev } };
+        CUmemAccessDesc acc = { .location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        size_t g = 0;
+        if (cu->cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) || !g) {
+            rank_fail(r, "VMM granularity");
+            return false;
+        }
+        b->size = (bytes + g - 1) / g * g;
+        if (cu->cuMemCreate(&b->h, b->size, &prop, 0) || cu->cuMemAddressReserve(&b->p, b->size, 0, 0, 0) ||
+            cu->cuMemMap(b->p, b->size, 0, b->h, 0) || cu->cuMemSetAccess(b->p, b->size, &acc, 1)) {
+            rank_fail(r, "a VMM buffer");
+            return false;
+        }
+        vmm_name(dev, b->name, sizeof(b->name));
+        return true;
+    }
+    b->size = bytes;
+    if (cu->cuMemAlloc(&b->p, bytes) != CUDA_SUCCESS) {
+        rank_fail(r, "cuMemAlloc");
+        return false;
+    }
+    CUpointer_attribute at = CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID;
+    unsigned long long block = 0;
+    void *data = &block;
+    cu->cuPointerGetAttributes(1, &at, &data, b->p);
+    snprintf(b->name, sizeof(b->name), "cudafake-alloc:%d:%llu ", (int)getpid(), block);
+    return true;
+}
+
+static void appbuf_free(appbuf_t *b)
+{
+    if (b->vmm && b->p) {
+        cu->cuMemUnmap(b->p, b->size);
+        cu->cuMemAddressFree(b->p, b->size);
+        cu->cuMemRelease(b->h);
+    } else if (b->p) {
+        cu->cuMemFree(b->p);
+    }
+    b->p = 0;
+}
+
+/* Each rank's buffers, freed by the case once the ranks are gone (explicit registrations the
+ * communicator's destruction released: the memory must outlive them). */
+static appbuf_t xbuf[2][2];
+
+/* Explicit registration, on each rank's own buffer (N_AR floats):
+ *   st[0]  colld_mem_register; v[1]: the daemon maps the buffer at once, before any collective;
+ *          an in-place all-reduce on it is exact (v[0]);
+ *   st[1]  colld_mem_deregister; v[2]: the daemon no longer maps it;
+ *   st[2]  registered again, an all-reduce posted behind a closed gate on the stream, and the
+ *          handle deregistered at once (the collective not even launched yet); the gate opens: the
+ *          all-reduce is exact (v[0]) and then the mapping goes (v[3]);
+ *   bad input (both ranks): NULL communicator, buffer or handle, 0 bytes, a range past its
+ *          allocation, host memory not from colld_mem_alloc, an unknown handle, a double
+ *          deregistration; host memory from colld_mem_alloc registers as a no-op;
+ *   a second buffer registered and left: the communicator's destruction releases it. */
+static void sc_explicit(rank_t *r)
+{
+    static float host[2][N_AR];
+    float *h = host[r->rank];
+    appbuf_t *b = &xbuf[r->rank][0];
+    void *hd = NULL, *hd2 = NULL;
+    size_t bytes = N_AR * sizeof(float);
+    CUdeviceptr gd = 0;
+    uint32_t *gate = gate_new(&gd);
+    if (!gate || !appbuf_make(r, b, bytes) || !appbuf_make(r, &xbuf[r->rank][1], bytes))
+        goto out;
+    void *buf = (void *)b->p;
+    r->st[0] = colld_mem_register(r->comm, buf, bytes, &hd);
+    r->v[1] = daemon_maps(r->h->pid, b->name);
+    if (r->st[0] != COLLD_OK || !fill(r, b->p, b->p, N_AR, 0, h) ||
+        !finished(r, "all-reduce on a registered buffer",
+                  colld_allreduce(buf, buf, N_AR, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s)) ||
+        !expect_values(r, "all-reduce on a registered buffer", b->p, N_AR, h, want_sum))
+        goto out;
+    r->st[1] = colld_mem_deregister(r->comm, hd);
+    r->v[2] = daemon_unmaps(r->h->pid, b->name);
+    /* Deregistered while its collective waits at the gate. */
+    if (colld_mem_register(r->comm, buf, bytes, &hd) != COLLD_OK || !fill(r, b->p, b->p, N_AR, 0, h) ||
+        cu->cuStreamWaitValue32(r->s, gd, 1, CU_STREAM_WAIT_VALUE_EQ) != CUDA_SUCCESS) {
+        rank_fail(r, "registering again behind a gate");
+        goto out;
+    }
+    colld_status_t posted = colld_allreduce(buf, buf, N_AR, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+    r->st[2] = colld_mem_deregister(r->comm, hd);
+    pthread_barrier_wait(r->barrier); /* both deregistered before either gate opens */
+    __atomic_store_n(gate, 1, __ATOMIC_RELEASE);
+    if (!finished(r, "all-reduce deregistered while enqueued", posted) ||
+        !expect_values(r, "all-reduce deregistered while enqueued", b->p, N_AR, h, want_sum))
+        goto out;
+    r->v[3] = daemon_unmaps(r->h->pid, b->name);
+    /* Bad input. */
+    void *bad = NULL, *hostbuf = malloc(4096), *shared = NULL;
+    int fails = 0;
+    fails += colld_mem_register(NULL, buf, bytes, &bad) != COLLD_ERR_INVALID_ARGUMENT;
+    fails += colld_mem_register(r->comm, NULL, bytes, &bad) != COLLD_ERR_INVALID_ARGUMENT;
+    fails += colld_mem_register(r->comm, buf, bytes, NULL) != COLLD_ERR_INVALID_ARGUMENT;
+    fails += colld_mem_register(r->comm, buf, 0, &bad) != COLLD_ERR_INVALID_ARGUMENT;
+    fails += colld_mem_register(r->comm, buf, b->size + 4096, &bad) != COLLD_ERR_INVALID_ARGUMENT;
+    fails += !strstr(colld_comm_last_error(r->comm), "run past the end of its");
+    fails += bad != NULL;
+    fails += colld_mem_register(r->comm, hostbuf, 4096, &bad) != COLLD_ERR_NOT_SUPPORTED;
+    fails += !strstr(colld_comm_last_error(r->comm), "host memory that is not from colld_mem_alloc");
+    fails += colld_mem_deregister(r->comm, hostbuf) != COLLD_ERR_INVALID_ARGUMENT; /* never a handle */
+    fails += !strstr(colld_comm_last_error(r->comm), "is not a registration of this communicator");
+    fails += colld_mem_deregister(r->comm, NULL) != COLLD_ERR_INVALID_ARGUMENT;
+    fails += colld_mem_deregister(NULL, hd) != COLLD_ERR_INVALID_ARGUMENT;
+    fails += colld_mem_deregister(r->comm, hd) != COLLD_ERR_INVALID_ARGUMENT; /* deregistered already */
+    if (colld_mem_alloc(r->c, &shared, 8192, COLLD_MEM_HOST) == COLLD_OK) {
+        fails += colld_mem_register(r->comm, (char *)shared + 4096, 4096, &bad) != COLLD_OK;
+        fails += colld_mem_deregister(r->comm, bad) != COLLD_OK;
+        fails += colld_mem_free(r->c, shared) != COLLD_OK;
+    } else {
+        fails++;
+    }
+    free(hostbuf);
+    r->v[1] += 10 * fails; /* v[1] == 1: mapped up front, and no bad input answered wrongly */
+    if (fails)
+        rank_fail(r, "%d bad-input checks failed; the last error: %s", fails, colld_comm_last_error(r->comm));
+    /* Left registered: released by the communicator's destruction. */
+    r->st[3] = colld_mem_register(r->comm, (void *)xbuf[r->rank][1].p, bytes, &hd2);
+    r->v[3] += 10 * !daemon_maps(r->h->pid, xbuf[r->rank][1].name);
+out:
+    pthread_barrier_wait(r->barrier); /* the daemon's kernels read both ranks' buffers */
+    if (gate)
+        gate_free(gate);
+}
+
+static void test_explicit_registration(void **state)
+{
+    harness_t *h = *state;
+    rank_t ranks[2];
+    run_ranks(h, sc_explicit, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[0], COLLD_OK);
+        assert_int_equal(ranks[i].v[1], 1); /* mapped at registration, every bad input refused */
+        assert_int_equal(ranks[i].st[1], COLLD_OK);
+        assert_int_equal(ranks[i].v[2], 1); /* unmapped at deregistration */
+        assert_int_equal(ranks[i].st[2], COLLD_OK);
+        assert_int_equal(ranks[i].v[0], 2); /* both all-reduces exact */
+        assert_int_equal(ranks[i].v[3], 1); /* unmapped once the enqueued collective finished */
+        assert_int_equal(ranks[i].st[3], COLLD_OK);
+    }
+    /* Rank 0's client is still connected: its communicator's destruction released the handle left. */
+    for (int i = 0; i < 2; i++)
+        assert_true(daemon_unmaps(h->pid, xbuf[i][1].name));
+    for (int i = 0; i < 2; i++) {
+        CUcontext ctx;
+        CU_MUST(cu->cuDevicePrimaryCtxRetain(&ctx, rank_device[i]));
+        CU_MUST(cu->cuCtxSetCurrent(ctx));
+        appbuf_free(&xbuf[i][0]);
+        appbuf_free(&xbuf[i][1]);
+        cu->cuCtxSetCurrent(NULL);
+        cu->cuDevicePrimaryCtxRelease(rank_device[i]);
+    }
+    assert_int_equal(harness_wait_clean(h, 10000), 0);
+}
+
 /* A daemon on the double that lets a tenant hold two registrations. */
 static int setup_two_regs(void **state)
 {
@@ -472,6 +661,7 @@ gpu_cases_t gpu_reg_cases(const char *group)
 {
     static const struct CMUnitTest works[] = {
         cmocka_unit_test_setup_teardown(test_registration_device_checked, setup_on_double, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_explicit_registration, setup_on_double, teardown_contexts),
     };
     static const struct CMUnitTest fixed[] = {
         cmocka_unit_test_setup_teardown(test_freed_buffer_unmapped, setup_on_double, teardown_contexts),

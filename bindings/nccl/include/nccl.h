@@ -13,8 +13,11 @@
  *     buffers are stream-ordered, as with NCCL.
  *   - Not yet implemented, failing with ncclInvalidUsage and a message from ncclGetLastError:
  *     ncclSend, ncclRecv, ncclRedOpCreatePreMulSum (ncclRedOpDestroy likewise), non-blocking
- *     communicators (config->blocking = 0), ncclCommSplit inside a group. ncclCommRegister records nothing: colld
- *     registers each buffer's allocation at its first use.
+ *     communicators (config->blocking = 0), ncclCommSplit inside a group.
+ *   - ncclCommRegister registers a device buffer's allocation(s) with the daemon up front
+ *     (colld_mem_register) until ncclCommDeregister or ncclCommDestroy; a host buffer not from
+ *     ncclMemAlloc cannot be registered (its collectives are staged): the call succeeds and
+ *     registers nothing. Unregistered buffers are registered at their first use, as before.
  */
 #ifndef COLLD_NCCL_H
 #define COLLD_NCCL_H
