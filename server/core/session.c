@@ -456,6 +456,13 @@ static int session_on_reg_cuda_seg(colld_session_t *s, const colld_wire_msg_t *m
                 colld_tenant_uncharge_reg(d, s->uid, s->seg_charged);
             s->seg_charged = 0;
             colld_tenant_charge_reg(d, s->uid, m->u.reg_cuda_seg.total, &s->seg_charged, &err);
+        } else if (!s->seg_charged) {
+            /* No charged assembly (its first segment was refused here, e.g. over the quota): what
+             * the backend may still hold of an earlier one must not become a registration. */
+            colld_err_set(&err, COLLD_ERR_INVALID_ARGUMENT,
+                          "GPU segment %u of a registration that is not being assembled (its first segment was "
+                          "refused, or never sent)",
+                          m->u.reg_cuda_seg.index);
         }
         pthread_mutex_unlock(&d->lock);
         if (err.status == COLLD_OK)

@@ -432,9 +432,16 @@ static void test_segments_hostile(void **state)
     assert_int_equal(seg_raw(c, fd[0], 7, 0, 2, 0, g, 2 * g, &uuid[0], &id, detail, sizeof(detail)), COLLD_OK);
     assert_int_equal(seg_raw(c, fd[1], 7, 1, 2, g, g, 2 * g, &uuid[0], &first, detail, sizeof(detail)), COLLD_OK);
     assert_true(first != 0);
+    /* c's first segment over the quota is refused. */
     colld_status_t st = seg_raw(c, fd[1], 6, 0, 2, 0, g, 2 * g, &uuid[0], &id, detail, sizeof(detail));
     print_message("%s: %s\n", colld_status_name(st), detail);
     assert_int_equal(st, COLLD_ERR_QUOTA_EXCEEDED);
+    /* c2's new first segment, over the tenant's bytes, is refused and drops the charge of its
+     * assembly under way, whose next segment must then be refused rather than make an uncharged
+     * registration. */
+    assert_int_equal(seg_raw(c2, fd[1], 4, 0, 2, 0, g, 1ull << 60, &uuid[0], &id, detail, sizeof(detail)),
+                     COLLD_ERR_QUOTA_EXCEEDED);
+    SEG_REFUSED("not being assembled", c2, fd[2], 5, 1, 2, g, g, 2 * g, &uuid[0]);
     assert_int_equal(colld_disconnect(c2), COLLD_OK); /* its assembly goes, and its charge */
     double t0 = harness_now_ms();
     do {
