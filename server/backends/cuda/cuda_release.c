@@ -9,8 +9,9 @@
  * for the lock (the engine, host collectives, the control plane). Now such a release only queues
  * what it lets go (the registration's backend part, the flag area: neither is reachable from
  * anything else any more) and wakes the recovery thread, which makes the driver calls with the
- * lock dropped. Registering (cuIpcOpenMemHandle, cuMemMap, cuMemHostRegister) already happens
- * without the lock, on the loop thread (cuda_mem.c).
+ * lock dropped. Registering happens without the lock too, on the loop thread (cuda_mem.c:
+ * cuIpcOpenMemHandle and cuMemMap always did; a new flag area's cuMemHostRegister does now, and so
+ * does registering the flag areas again after a reset, on the recovery thread).
  *
  * Why the recovery thread: its reset of a GPU must not cross a close of a mapping in that GPU's
  * context. Being the same thread, a close never runs during a reset; a legacy IPC mapping of GPU
