@@ -9,7 +9,7 @@
  *   test_gpu_cudafake_launch.c   launches that fail or break part-way (issue 15 F1, F2)
  *   test_gpu_cudafake_ready.c    a ready slot per collective (issue 15 E1, E2)
  *   test_gpu_cudafake_reg.c      GPU registrations: the device checked (C5), freed buffers (C1/D4),
- *                                buffers across several VMM allocations (D2)
+ *                                buffers across several VMM allocations (D2), colld_mem_register
  *   test_gpu_cudafake_capture.c  collectives on a stream being captured (3.3)
  *   test_gpu_cudafake_release.c  the daemon's unpinning and unmapping outside its lock (F4)
  *   test_gpu_cudafake_recovery.c a sticky error in the daemon's context (F3), the flag area's context
