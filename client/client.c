@@ -205,6 +205,7 @@ static void client_free(colld_client_t *c)
     colld_rpc_channel_destroy(c->rpc);
     if (c->gpu)
         colld__gpu_client_free(c); /* deregisters through the session socket: before it closes */
+    colld__mem_client_free(c);
     if (c->sock >= 0)
         close(c->sock);
     for (int i = 0; i < 2; i++)

@@ -8,6 +8,7 @@
  *   rings.c        posting descriptors, reaping completions, waiting for the engine's
  *   fast.c         the fast path (and its poster, colld__fast_post)
  *   cuda.c         the GPU stream path (and its poster, colld__gpu_post), GPU memory
+ *   cuda_reg.c     the cache of GPU registrations (cuda_internal.h: what the two share)
  *   cuda_graph.c   collectives captured into CUDA graphs: persistent plans, run once per replay
  *   engine_path.c  the engine path's poster
  *   group.c        group calls: queued collectives, posted at the outermost end
@@ -16,14 +17,14 @@
  *   coll.c         the collectives, sends and receives: the router, which checks a call and picks
  *                  its path
  *   alltoallv.c    colld_alltoallv, a group of sends and receives
- *   mem.c          colld_mem_alloc / colld_mem_free
+ *   mem.c          colld_mem_alloc / colld_mem_free, colld_mem_register / colld_mem_deregister
  *   client.c       the connection's life: connect, the monitor thread, disconnect
  *
  *   colld_client_t  one session with the local daemon: the session socket (identity, fds,
  *                   liveness), the shared-memory rings, the gRPC channel, the registrations.
  *   colld_comm_t    one rank's handle on a communicator: sequence counters and error state.
  *   colld_gpu_t     a client's GPU state (cuda.c): registrations of device memory, the session's
- *                   GPU stream flag area. Opaque outside cuda.c.
+ *                   GPU stream flag area. Opaque outside cuda.c and cuda_reg.c.
  *
  * Locking: client->mu guards the rings, the communicator table and the registrations;
  * client->sock_mu serialises request/reply exchanges on the session socket. A monitor thread
@@ -103,8 +104,9 @@ struct colld_client {
     int wake_pipe[2];
     colld_rpc_channel_t *rpc;
 
-    colld_gpu_t *gpu;    /* created at connect, never NULL afterwards */
-    uint32_t redop_tags; /* the last tag given to a handle's premultiplied-sum operators (mu; redop.c) */
+    colld_gpu_t *gpu;                     /* created at connect, never NULL afterwards */
+    uint32_t redop_tags;                  /* the last tag given to a handle's premultiplied-sum operators (mu; redop.c) */
+    struct colld_mem_handle *mem_handles; /* colld_mem_register's, not yet deregistered (mu; mem.c) */
     char last_error[COLLD_CLIENT_DETAIL_LEN]; /* colld_last_error (mu) */
 
     /* Fork safety (client.c): the process that connected, and the list of this process's
@@ -255,6 +257,16 @@ static inline void colld__seq_lower(uint64_t *p, uint64_t v)
 colld_status_t colld__ring_wait_op(colld_client_t *c, colld_comm_t *comm, uint64_t seq, bool block);
 /* Wait until every collective comm posted to the engine has completed. */
 colld_status_t colld__ring_wait(colld_client_t *c, colld_comm_t *comm);
+/* Wait (at most timeout_ms) until the daemon has taken every descriptor this client posted so
+ * far, and with it a reference on every registration they name: a deregistration sent after this
+ * cannot overtake a collective posted before it. True when it has (or the daemon is lost). */
+bool colld__ring_wait_taken(colld_client_t *c, int timeout_ms);
+
+/* mem.c */
+/* A communicator is being destroyed: release what colld_mem_register registered with it. */
+void colld__mem_comm_destroyed(colld_comm_t *comm);
+/* Disconnect: forget the handles left (their registrations go with the GPU state). */
+void colld__mem_client_free(colld_client_t *c);
 
 /* comm.c */
 /* Record a client-side error on a communicator (its detail, the group's first error); returns st. */
@@ -368,6 +380,14 @@ bool colld__gpu_area(colld_client_t *c, colld_gpu_area_t *out);
  * not such an allocation). */
 colld_status_t colld__gpu_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, colld_err_t *err);
 colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, colld_err_t *err);
+/* colld_mem_register of device memory: the registration of the allocation(s) that hold
+ * [buf, buf + bytes) (made now if needed) is pinned: never swept, kept until the matching
+ * colld__gpu_mem_deregister (pins are counted). *reg_id names it. */
+colld_status_t colld__gpu_mem_register(colld_client_t *c, const void *buf, size_t bytes, uint32_t *reg_id,
+                                       colld_err_t *err);
+/* Unpin it; the last unpin deregisters it (the daemon's mapping goes once no collective uses it),
+ * unless it is colld_mem_alloc memory (colld_mem_free does). */
+colld_status_t colld__gpu_mem_deregister(colld_client_t *c, uint32_t reg_id, colld_err_t *err);
 
 /* cuda_graph.c: collectives captured into CUDA graphs (issue 15 item 3). */
 /* Post a prepared collective whose stream is being captured (op->capture): register it with the

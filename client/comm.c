@@ -166,6 +166,7 @@ colld_status_t colld_comm_destroy(colld_comm_t *comm)
         if (st != COLLD_OK && st != COLLD_ERR_DAEMON_LOST)
             LOG_WARN(CLIENT, "colld_comm_destroy: %s: %s", colld_status_name(st), detail);
     }
+    colld__mem_comm_destroyed(comm); /* colld_mem_register's, as NCCL's ncclCommDestroy */
     colld__client_remove_comm(c, comm);
     pthread_mutex_lock(&c->mu);
     colld__pending_drop_all(c, comm);

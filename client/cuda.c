@@ -4,19 +4,9 @@
  * The CUDA driver is loaded at run time (common/cudadrv): libcolld links neither libcuda nor
  * libcudart, and a program that never hands it a GPU buffer or a stream never loads the driver.
  *
- * GPU memory. A device pointer is resolved to the allocation that holds it, and that allocation
- * is registered with the daemon once per client (COLLD_MSG_REG_CUDA); a buffer reference is then
- * (registration, byte offset from the allocation's start). The cache is keyed by (allocation
- * start, CU_POINTER_ATTRIBUTE_BUFFER_ID): the buffer id is unique over the life of the process,
- * so an allocation freed and another one made at the same address is recognised, the stale
- * registration is dropped and the new one registered. Memory from cudaMalloc / cuMemAlloc goes
- * as a legacy CUDA IPC handle of the allocation; cuMem (VMM) memory as a POSIX file descriptor
- * (cuMemExportToShareableHandle, passed with SCM_RIGHTS), which requires the allocation to have
- * been created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR. For VMM memory the registration
- * covers the mapped range that holds the pointer (cuMemGetAddressRange), and assumes that this
- * range maps its physical allocation from offset 0 (true of every single-mapping allocator:
- * colld_mem_alloc, ncclMemAlloc, PyTorch's expandable segments map whole allocations).
- * Managed memory and cudaMallocAsync pool memory are not supported.
+ * GPU memory. A device pointer is resolved to the allocation(s) that hold it, registered with the
+ * daemon once per client and cached (cuda_reg.c: the cache, buffers across several VMM allocations,
+ * freed allocations dropped); colld_mem_register pins a registration until colld_mem_deregister.
  *
  * Stream ordering (the protocol is in proto/wire.h). The session has one GPU flag area, mapped
  * here and registered with CUDA (device-mapped, portable; registered again when the context it
@@ -146,7 +136,22 @@ colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, colld_err_t *er
     return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%p is not memory from colld_mem_alloc", ptr);
 }
 
+colld_status_t colld__gpu_mem_register(colld_client_t *c, const void *buf, size_t bytes, uint32_t *reg_id,
+                                       colld_err_t *err)
+{
+    (void)c, (void)buf, (void)bytes, (void)reg_id;
+    return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "GPU memory: %s", NO_CUDA_BUILD);
+}
+
+colld_status_t colld__gpu_mem_deregister(colld_client_t *c, uint32_t reg_id, colld_err_t *err)
+{
+    (void)c;
+    return colld_err_set(err, COLLD_ERR_INTERNAL, "GPU registration %u: %s", reg_id, NO_CUDA_BUILD);
+}
+
 #else /* COLLD_HAVE_CUDA */
+
+#include "client/cuda_internal.h"
 
 /* ============================================================================================
  * State
@@ -159,12 +164,6 @@ static int adds_cb(struct dl_phdr_info *info, size_t size, void *data)
     *(unsigned long long *)data = info->dlpi_adds;
     return 1; /* the first object is enough: the count is the same in every entry */
 }
-
-/* The part of the state that exists in every build. */
-typedef struct {
-    atomic_bool driver_seen;    /* libcuda.so.1 is loaded in the process (stays so) */
-    atomic_ullong adds_checked; /* load count when it was last found absent; 0: never checked */
-} gpu_probe_t;
 
 /* Is the CUDA driver loaded in this process? colld_cu_in_process() costs a library search
  * (about 20 us when the driver is absent), so it is asked again only when an object was loaded
@@ -183,88 +182,6 @@ static bool probe_driver(gpu_probe_t *p)
     }
     atomic_store_explicit(&p->adds_checked, adds, memory_order_relaxed);
     return false;
-}
-
-#define MAX_DEVICES 64
-
-/* How colld_mem_alloc made an allocation (0: the application's own memory). */
-enum { OWN_NONE = 0, OWN_VMM = 1, OWN_MEMALLOC = 2 };
-
-/* One registered GPU allocation. */
-typedef struct {
-    CUdeviceptr base;
-    size_t size;                  /* registered bytes (the whole allocation / mapped range) */
-    size_t limit;                 /* bytes a buffer may use from base: size, or what the user asked for */
-    unsigned long long buffer_id; /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
-    uint32_t reg_id;
-    int own;                      /* OWN_*: colld_mem_alloc memory, freed by colld_mem_free */
-    size_t own_size;              /* OWN_VMM: the reserved and mapped bytes */
-    CUcontext own_ctx;            /* OWN_MEMALLOC: the context it was allocated in */
-} gpu_reg_t;
-
-/* The session's flag area. posted[h]: POSTED_USED | the flag value of the last wait enqueued on
- * line h (0: never used), what a release must cover. */
-#define POSTED_USED (1ull << 32)
-typedef struct {
-    colld_wire_gpu_flag_t *lines;
-    size_t size;
-    uint32_t nlines;
-    uint32_t nplans; /* plan lines after the flag lines (captured collectives: cuda_graph.c) */
-    CUdeviceptr dptr;
-    CUcontext ctx; /* current when it was (last) registered (for cuMemHostUnregister; flags_check) */
-    _Atomic uint64_t *posted;
-} gpu_flags_t;
-
-/* The last write enqueued to a ready slot of a line: its value, the generation of the
- * communicator that enqueued it (0: never written) and its collective ordinal. */
-typedef struct {
-    uint32_t value;
-    uint32_t gen;
-    uint64_t seq;
-} gpu_slot_t;
-
-struct colld_gpu {
-    gpu_probe_t probe;
-    pthread_mutex_t mu;
-    const colld_cu_t *cu; /* set once the driver was used */
-    gpu_reg_t *regs;
-    size_t nregs, cap;
-    size_t sweep; /* sweep_freed's cursor into regs */
-    _Atomic(gpu_flags_t *) flags;
-    gpu_slot_t *slots;   /* [slot_lines][COLLD_WIRE_GPU_READY_SLOTS], made with the first base */
-    uint32_t *gens;      /* [slot_lines]: the last generation given on each line */
-    uint32_t slot_lines;
-    bool primary[MAX_DEVICES];   /* primary context retained by us */
-    int8_t flush[MAX_DEVICES];   /* CAN_FLUSH_REMOTE_WRITES: 0 unknown, 1 no, 2 yes */
-};
-
-/* What the driver says of a pointer. */
-typedef struct {
-    unsigned int memtype;         /* CUmemorytype, 0 for memory CUDA does not know */
-    unsigned long long buffer_id;
-    int ordinal;
-    unsigned int ipc;             /* legacy CUDA IPC capable (cudaMalloc / cuMemAlloc) */
-    unsigned int managed;
-    CUdeviceptr range_start;
-    size_t range_size;
-    CUcontext ctx;
-} ptr_info_t;
-
-_Static_assert(sizeof(CUipcMemHandle) == COLLD_WIRE_CUDA_IPC_BYTES, "IPC handle size");
-_Static_assert(sizeof(CUuuid) == 16, "device uuid size");
-
-/* Record st with "cuIpcGetMemHandle: CUDA_ERROR_... (text)" in err; returns st. */
-static colld_status_t cu_say(const colld_cu_t *cu, colld_err_t *err, colld_status_t st, CUresult r, const char *fmt,
-                             ...) __attribute__((format(printf, 5, 6)));
-static colld_status_t cu_say(const colld_cu_t *cu, colld_err_t *err, colld_status_t st, CUresult r, const char *fmt,
-                             ...)
-{
-    char what[192], desc[160];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof(what), fmt, ap);
-    va_end(ap);
-    return colld_err_set(err, st, "%s: %s", what, colld_cu_describe(cu, r, desc, sizeof(desc)));
 }
 
 colld_status_t colld__gpu_client_init(colld_client_t *c)
@@ -314,25 +231,6 @@ static colld_status_t ensure_ctx(colld_gpu_t *g, const colld_cu_t *cu, int ordin
     g->primary[ordinal] = true;
     *out = ctx;
     return COLLD_OK;
-}
-
-/* Make ctx current for a while; *pushed says whether ctx_leave must pop it. */
-static CUresult ctx_enter(const colld_cu_t *cu, CUcontext ctx, bool *pushed)
-{
-    CUcontext cur = NULL;
-    *pushed = false;
-    if (!ctx || (CU_CHECK(cu, cuCtxGetCurrent, &cur) == CUDA_SUCCESS && cur == ctx))
-        return CUDA_SUCCESS;
-    CUresult r = CU_CHECK(cu, cuCtxPushCurrent, ctx);
-    *pushed = r == CUDA_SUCCESS;
-    return r;
-}
-
-static void ctx_leave(const colld_cu_t *cu, bool pushed)
-{
-    CUcontext popped;
-    if (pushed)
-        CU_CHECK(cu, cuCtxPopCurrent, &popped);
 }
 
 /* A device attribute, cached per device (cache: 0 unknown, 1 false, 2 true). g->mu held. */
@@ -417,220 +315,6 @@ static colld_status_t need_device(const ptr_info_t *pi, const void *p, const cha
                              "%s (%p) is CUDA managed memory, which cannot be shared with the daemon: use cudaMalloc, "
                              "cuMemCreate or colld_mem_alloc(COLLD_MEM_CUDA)",
                              which, p);
-    return COLLD_OK;
-}
-
-/* Export an allocation and register it with the daemon. g->mu held. */
-static colld_status_t register_alloc(colld_client_t *c, const colld_cu_t *cu, const ptr_info_t *pi, CUdeviceptr base,
-                                     size_t size, uint32_t *reg_id, colld_err_t *err)
-{
-    colld_wire_msg_t m, rep;
-    memset(&m, 0, sizeof(m));
-    memset(&rep, 0, sizeof(rep));
-    m.type = COLLD_MSG_REG_CUDA;
-    m.u.reg_cuda.bytes = size;
-    m.u.reg_cuda.cookie = base;
-    CUdevice dev;
-    CUuuid uuid;
-    CUresult r = CU_CHECK(cu, cuDeviceGet, &dev, pi->ordinal);
-    if (r == CUDA_SUCCESS)
-        r = CU_CHECK(cu, cuDeviceGetUuid, &uuid, dev);
-    if (r != CUDA_SUCCESS)
-        return cu_say(cu, err, COLLD_ERR_DEVICE, r, "the UUID of device %d", pi->ordinal);
-    memcpy(m.u.reg_cuda.uuid, uuid.bytes, sizeof(m.u.reg_cuda.uuid));
-    int fd = -1;
-    if (pi->ipc) {
-        CUipcMemHandle h;
-        bool pushed;
-        r = ctx_enter(cu, pi->ctx, &pushed);
-        if (r == CUDA_SUCCESS)
-            r = CU_CHECK(cu, cuIpcGetMemHandle, &h, base);
-        ctx_leave(cu, pushed);
-        if (r != CUDA_SUCCESS)
-            return cu_say(cu, err, COLLD_ERR_DEVICE, r, "cuIpcGetMemHandle(0x%llx)", (unsigned long long)base);
-        m.u.reg_cuda.how = COLLD_CUDA_EXPORT_IPC;
-        memcpy(m.u.reg_cuda.ipc, h.reserved, sizeof(m.u.reg_cuda.ipc));
-    } else {
-        CUmemGenericAllocationHandle h;
-        r = CU_CHECK(cu, cuMemRetainAllocationHandle, &h, (void *)(uintptr_t)base);
-        if (r != CUDA_SUCCESS)
-            return cu_say(cu, err, COLLD_ERR_NOT_SUPPORTED, r,
-                          "device memory at 0x%llx is neither a cudaMalloc/cuMemAlloc allocation nor a cuMem (VMM) "
-                          "mapping (cudaMallocAsync pool memory is not supported); cuMemRetainAllocationHandle",
-                          (unsigned long long)base);
-        CUmemAllocationProp prop;
-        memset(&prop, 0, sizeof(prop));
-        bool exportable = CU_CHECK(cu, cuMemGetAllocationPropertiesFromHandle, &prop, h) != CUDA_SUCCESS ||
-                          (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-        r = exportable ? CU_CHECK(cu, cuMemExportToShareableHandle, &fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
-                       : CUDA_ERROR_NOT_SUPPORTED;
-        CU_CHECK(cu, cuMemRelease, h);
-        if (r != CUDA_SUCCESS || fd < 0)
-            return cu_say(cu, err, COLLD_ERR_NOT_SUPPORTED, r,
-                          "the cuMem (VMM) allocation at 0x%llx cannot be exported as a POSIX file descriptor: create "
-                          "it with CUmemAllocationProp.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR",
-                          (unsigned long long)base);
-        m.u.reg_cuda.how = COLLD_CUDA_EXPORT_FD;
-    }
-    colld_status_t st = colld__sock_request(c, &m, fd, COLLD_MSG_REG_REPLY, &rep, NULL, 0);
-    if (fd >= 0)
-        close(fd);
-    if (st != COLLD_OK)
-        return colld_err_set(err, st, "registering %zu bytes of GPU memory with colld: %s", size,
-                             colld_status_string(st));
-    if (rep.status != COLLD_OK) {
-        rep.u.detail[sizeof(rep.u.detail) - 1] = '\0';
-        return colld_err_set(err, rep.status, "colld refused the GPU buffer at 0x%llx (%zu bytes): %s",
-                             (unsigned long long)base, size, rep.u.detail);
-    }
-    if (rep.u.reg_reply.cookie != base)
-        return colld_err_set(err, COLLD_ERR_PROTOCOL, "colld answered a GPU registration with another cookie");
-    *reg_id = rep.u.reg_reply.reg_id;
-    return COLLD_OK;
-}
-
-/* Free colld_mem_alloc memory (its registration is gone). */
-static void free_owned(const colld_cu_t *cu, const gpu_reg_t *e)
-{
-    if (e->own == OWN_VMM) {
-        CU_CHECK(cu, cuMemUnmap, e->base, e->own_size);
-        CU_CHECK(cu, cuMemAddressFree, e->base, e->own_size);
-    } else if (e->own == OWN_MEMALLOC) {
-        bool pushed;
-        if (ctx_enter(cu, e->own_ctx, &pushed) == CUDA_SUCCESS)
-            CU_CHECK(cu, cuMemFree, e->base);
-        ctx_leave(cu, pushed);
-    }
-}
-
-/* Drop the registrations that overlap [base, base + size) but are not (base, buffer_id): their
- * allocations were freed and the addresses reused. g->mu held. */
-static void drop_stale(colld_client_t *c, colld_gpu_t *g, CUdeviceptr base, size_t size, unsigned long long buffer_id)
-{
-    for (size_t i = 0; i < g->nregs;) {
-        gpu_reg_t e = g->regs[i];
-        bool overlaps = e.base < base + size && base < e.base + e.size;
-        if (!overlaps || (e.base == base && e.buffer_id == buffer_id)) {
-            i++;
-            continue;
-        }
-        g->regs[i] = g->regs[--g->nregs];
-        LOG_DEBUG(GPU, "GPU registration %u (0x%llx, %zu bytes) is stale: its memory was freed", e.reg_id,
-                  (unsigned long long)e.base, e.size);
-        colld__deregister(c, e.reg_id);
-        /* Memory from colld_mem_alloc released behind our back (cudaFree): nothing left to free. */
-    }
-}
-
-/* How many cached registrations each stream-ordered post checks (sweep_freed). */
-#define SWEEP_PER_POST 2
-
-/* Is the allocation of a cached registration still there: device memory with its buffer id at its
- * base? (cuPointerGetAttributes answers a freed address with zeroes, not an error.) Two
- * attributes, not ptr_query's eight: it runs on every stream-ordered call. */
-static bool alloc_alive(const colld_cu_t *cu, const gpu_reg_t *e)
-{
-    CUpointer_attribute attrs[2] = { CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_BUFFER_ID };
-    unsigned int memtype = 0;
-    unsigned long long buffer_id = 0;
-    void *data[2] = { &memtype, &buffer_id };
-    return CU_CHECK(cu, cuPointerGetAttributes, 2, attrs, data, e->base) == CUDA_SUCCESS &&
-           memtype == CU_MEMORYTYPE_DEVICE && buffer_id == e->buffer_id;
-}
-
-/* The rule for implicit registrations (issue 15 C1/D4). libcolld registers an application's
- * allocation with the daemon the first time a collective uses it and caches the registration;
- * the application frees it without telling colld, and the daemon's mapping would keep it (legacy
- * IPC: a mapping of freed memory; VMM: the memory itself, GPU memory lost until the client
- * leaves). A cached registration whose allocation is gone (the driver no longer reports device
- * memory with its buffer id at its base) is dropped here and deregistered: the daemon closes its
- * mapping once no collective uses it. Checks up to `max` entries from a rotating cursor: every
- * stream-ordered post SWEEP_PER_POST, every new registration and every communicator's destruction
- * all of them, so a freed buffer's mapping goes at the latest at the next new registration or
- * communicator destruction, and within nregs / SWEEP_PER_POST posts. colld_mem_alloc memory is
- * colld's own (colld_mem_free releases it). g->mu held. */
-static void sweep_freed(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu, size_t max)
-{
-    size_t n = g->nregs < max ? g->nregs : max;
-    for (size_t k = 0; k < n && g->nregs; k++) {
-        if (g->sweep >= g->nregs)
-            g->sweep = 0;
-        gpu_reg_t e = g->regs[g->sweep];
-        if (e.own != OWN_NONE || alloc_alive(cu, &e)) {
-            g->sweep++;
-            continue;
-        }
-        g->regs[g->sweep] = g->regs[--g->nregs]; /* the moved entry is looked at next */
-        LOG_DEBUG(GPU, "GPU registration %u (0x%llx, %zu bytes): the application freed its memory; deregistered",
-                  e.reg_id, (unsigned long long)e.base, e.size);
-        colld__deregister(c, e.reg_id);
-    }
-}
-
-void colld__gpu_comm_destroyed(colld_client_t *c)
-{
-    colld_gpu_t *g = c->gpu;
-    pthread_mutex_lock(&g->mu);
-    if (g->cu)
-        sweep_freed(c, g, g->cu, SIZE_MAX);
-    pthread_mutex_unlock(&g->mu);
-}
-
-/* Resolve [p, p + bytes) of device memory (pi: its attributes) to a registration, registering
- * its allocation the first time. g->mu held, a context current. */
-static colld_status_t resolve(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu, const void *p, size_t bytes,
-                              const ptr_info_t *pi, const char *which, colld_wire_buf_t *out, gpu_reg_t **entry,
-                              colld_err_t *err)
-{
-    CUdeviceptr a = (CUdeviceptr)(uintptr_t)p, base = 0;
-    size_t size = 0;
-    memset(out, 0, sizeof(*out));
-    if (pi->ipc) {
-        base = pi->range_start;
-        size = pi->range_size;
-    }
-    /* VMM: the mapped range (the range attributes give the whole reservation); and the fallback. */
-    if (!pi->ipc || !base || !size) {
-        CUresult r = CU_CHECK(cu, cuMemGetAddressRange, &base, &size, a);
-        if (r != CUDA_SUCCESS)
-            return cu_say(cu, err, COLLD_ERR_INVALID_ARGUMENT, r, "%s (%p): cuMemGetAddressRange", which, p);
-    }
-    if (a < base || a - base >= size)
-        return colld_err_set(err, COLLD_ERR_DEVICE,
-                             "%s (%p): the driver places it outside its allocation (0x%llx, %zu bytes)", which, p,
-                             (unsigned long long)base, size);
-    gpu_reg_t *e = NULL;
-    for (size_t i = 0; i < g->nregs && !e; i++)
-        if (g->regs[i].base == base && g->regs[i].buffer_id == pi->buffer_id)
-            e = &g->regs[i];
-    if (!e) {
-        sweep_freed(c, g, cu, SIZE_MAX); /* a new registration: let the freed ones go first */
-        drop_stale(c, g, base, size, pi->buffer_id);
-        if (g->nregs == g->cap) {
-            size_t n = g->cap ? g->cap * 2 : 16;
-            gpu_reg_t *t = realloc(g->regs, n * sizeof(*t));
-            if (!t)
-                return colld_err_set(err, COLLD_ERR_NO_MEMORY, "out of memory");
-            g->regs = t;
-            g->cap = n;
-        }
-        uint32_t reg_id;
-        colld_status_t st = register_alloc(c, cu, pi, base, size, &reg_id, err);
-        if (st != COLLD_OK)
-            return st;
-        e = &g->regs[g->nregs++];
-        *e = (gpu_reg_t){ .base = base, .size = size, .limit = size, .buffer_id = pi->buffer_id, .reg_id = reg_id };
-        LOG_DEBUG(GPU, "registered GPU %d memory 0x%llx (%zu bytes, %s) as %u", pi->ordinal, (unsigned long long)base,
-                  size, pi->ipc ? "IPC" : "VMM fd", reg_id);
-    }
-    if (bytes > e->limit - (a - base))
-        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
-                             "%s (%p): %zu bytes run past the end of its %zu-byte GPU buffer", which, p, bytes,
-                             e->limit);
-    out->reg_id = e->reg_id;
-    out->offset = a - base;
-    if (entry)
-        *entry = e;
     return COLLD_OK;
 }
 
@@ -814,8 +498,8 @@ static colld_status_t prepare_locked(colld_comm_t *comm, const colld_cu_t *cu, v
      * colld__gpu_post reports as COLLD_ERR_NOT_SUPPORTED. (The CUDA IPC event fallback for such
      * devices is not built yet.) */
     bool flush = dev_flag(cu, g->flush, dev, CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES);
-    if ((send_bytes && (st = resolve(c, g, cu, send, send_bytes, &ps, "sendbuf", &sqe->send, NULL, err))) ||
-        (recv_bytes && (st = resolve(c, g, cu, recv, recv_bytes, &pr, "recvbuf", &sqe->recv, NULL, err))))
+    if ((send_bytes && (st = colld__gpu_resolve(c, g, cu, send, send_bytes, &ps, "sendbuf", &sqe->send, NULL, err))) ||
+        (recv_bytes && (st = colld__gpu_resolve(c, g, cu, recv, recv_bytes, &pr, "recvbuf", &sqe->recv, NULL, err))))
         goto out;
     if ((st = flags_setup(c, g, cu, err)) != COLLD_OK || (st = flags_check(g, cu, err)) != COLLD_OK)
         goto out;
@@ -933,7 +617,7 @@ colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *
     colld_gpu_t *g = comm->client->gpu;
     pthread_mutex_lock(&g->mu);
     g->cu = cu;
-    sweep_freed(comm->client, g, cu, SWEEP_PER_POST);
+    colld__gpu_sweep_freed(comm->client, g, cu, SWEEP_PER_POST);
     st = prepare_locked(comm, cu, stream, send, send_bytes, recv, recv_bytes, sqe, op, err);
     pthread_mutex_unlock(&g->mu);
     if (capturing)
@@ -1183,15 +867,14 @@ static colld_status_t alloc_locked(colld_client_t *c, colld_gpu_t *g, const coll
     if ((r = ptr_query(cu, (void *)(uintptr_t)p, &pi)) != CUDA_SUCCESS)
         st = cu_say(cu, err, COLLD_ERR_DEVICE, r, "cuPointerGetAttributes of a new allocation");
     else
-        st = resolve(c, g, cu, (void *)(uintptr_t)p, bytes, &pi, "the new allocation", &wb, &e, err);
+        st = colld__gpu_resolve(c, g, cu, (void *)(uintptr_t)p, bytes, &pi, "the new allocation", &wb, &e, err);
     if (st == COLLD_OK && (e->base != p || wb.offset != 0)) {
         st = colld_err_set(err, COLLD_ERR_DEVICE, "the driver does not see the new allocation 0x%llx as its own range",
                            (unsigned long long)p);
-        colld__deregister(c, e->reg_id);
-        *e = g->regs[--g->nregs];
+        colld__gpu_reg_remove(c, g, (size_t)(e - g->regs));
     }
     if (st != COLLD_OK) {
-        free_owned(cu, &tmp);
+        colld__gpu_free_owned(cu, &tmp);
         return st;
     }
     e->own = own;
@@ -1231,13 +914,72 @@ colld_status_t colld__gpu_mem_free(colld_client_t *c, void *ptr, colld_err_t *er
         pthread_mutex_unlock(&g->mu);
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%p is not memory from colld_mem_alloc", ptr);
     }
+    if (g->regs[i].pins) {
+        pthread_mutex_unlock(&g->mu);
+        return colld_err_set(err, COLLD_ERR_INVALID_USAGE,
+                             "%p is still registered with colld_mem_register: deregister it first", ptr);
+    }
     gpu_reg_t e = g->regs[i];
-    g->regs[i] = g->regs[--g->nregs];
-    colld_status_t st = colld__deregister(c, e.reg_id);
-    free_owned(g->cu, &e);
+    colld_status_t st = colld__gpu_reg_remove(c, g, i);
+    colld__gpu_free_owned(g->cu, &e);
     pthread_mutex_unlock(&g->mu);
     if (st != COLLD_OK)
         colld_err_set(err, st, "colld did not release the GPU registration of %p: %s", ptr, colld_status_string(st));
+    return st;
+}
+
+/* ============================================================================================
+ * colld_mem_register / colld_mem_deregister of device memory
+ * ========================================================================================== */
+
+colld_status_t colld__gpu_mem_register(colld_client_t *c, const void *buf, size_t bytes, uint32_t *reg_id,
+                                       colld_err_t *err)
+{
+    char load_err[256];
+    const colld_cu_t *cu = colld_cu_load(load_err, sizeof(load_err));
+    if (!cu)
+        return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "GPU memory needs the CUDA driver: %s", load_err);
+    if (atomic_load(&c->lost))
+        return colld_err_set(err, COLLD_ERR_DAEMON_LOST, "%s", colld__lost_detail(c));
+    ptr_info_t pi;
+    CUresult r = ptr_query(cu, buf, &pi);
+    if (r != CUDA_SUCCESS)
+        return cu_say(cu, err, COLLD_ERR_INVALID_ARGUMENT, r, "buf (%p): cuPointerGetAttributes", buf);
+    colld_status_t st = need_device(&pi, buf, "buf", err);
+    if (st != COLLD_OK)
+        return st;
+    colld_gpu_t *g = c->gpu;
+    pthread_mutex_lock(&g->mu);
+    g->cu = cu;
+    CUcontext cur;
+    gpu_reg_t *e = NULL;
+    colld_wire_buf_t wb;
+    st = ensure_ctx(g, cu, pi.ordinal, &cur, err);
+    if (st == COLLD_OK)
+        st = colld__gpu_resolve(c, g, cu, buf, bytes, &pi, "buf", &wb, &e, err);
+    if (st == COLLD_OK) {
+        e->pins++;
+        *reg_id = e->reg_id;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return st;
+}
+
+colld_status_t colld__gpu_mem_deregister(colld_client_t *c, uint32_t reg_id, colld_err_t *err)
+{
+    colld_gpu_t *g = c->gpu;
+    colld_status_t st = COLLD_OK;
+    pthread_mutex_lock(&g->mu);
+    size_t i = 0;
+    while (i < g->nregs && !(g->regs[i].reg_id == reg_id && g->regs[i].pins))
+        i++;
+    if (i == g->nregs)
+        st = colld_err_set(err, COLLD_ERR_INTERNAL, "GPU registration %u is not pinned", reg_id);
+    else if (--g->regs[i].pins == 0 && g->regs[i].own == OWN_NONE)
+        st = colld__gpu_reg_remove(c, g, i); /* colld_mem_alloc memory stays registered until colld_mem_free */
+    pthread_mutex_unlock(&g->mu);
+    if (st != COLLD_OK && st != COLLD_ERR_INTERNAL)
+        colld_err_set(err, st, "colld did not release GPU registration %u: %s", reg_id, colld_status_string(st));
     return st;
 }
 
@@ -1253,7 +995,8 @@ void colld__gpu_client_free(colld_client_t *c)
     const colld_cu_t *cu = g->cu;
     for (size_t i = 0; i < g->nregs; i++) {
         colld__deregister(c, g->regs[i].reg_id); /* a no-op once the daemon is lost */
-        free_owned(cu, &g->regs[i]);
+        colld__gpu_free_owned(cu, &g->regs[i]);
+        free(g->regs[i].seg);
     }
     free(g->regs);
     gpu_flags_t *f = atomic_load(&g->flags);

@@ -7,6 +7,7 @@
 #include "client/client_internal.h"
 
 #include "common/log.h"
+#include "common/util.h"
 #include "transport/shm/ring.h"
 
 #include <sched.h>
@@ -116,6 +117,34 @@ colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *s
         }
     }
     return COLLD_OK;
+}
+
+bool colld__ring_wait_taken(colld_client_t *c, int timeout_ms)
+{
+    pthread_mutex_lock(&c->mu);
+    uint64_t head = c->sq_head;
+    pthread_mutex_unlock(&c->mu);
+    uint64_t deadline = 0;
+    for (unsigned spins = 0;; spins++) {
+        uint64_t tail = COLLD_LOAD_ACQ(&c->shm->sq.tail);
+        if ((int64_t)(tail - head) >= 0 || atomic_load(&c->lost))
+            return true;
+        /* The daemon takes a descriptor only with a completion slot free for it: consume. */
+        pthread_mutex_lock(&c->mu);
+        reap(c);
+        pthread_mutex_unlock(&c->mu);
+        uint64_t now = colld_now_ns();
+        if (!deadline)
+            deadline = now + (uint64_t)timeout_ms * 1000000ull;
+        if (now >= deadline)
+            return false;
+        if (spins < SPIN_ITERS) {
+            sched_yield();
+        } else {
+            struct timespec ts = { 0, 20000 };
+            nanosleep(&ts, NULL);
+        }
+    }
 }
 
 /* Whether collective `seq` of comm has completed (mu held): it is not the fast-path one in flight,

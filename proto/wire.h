@@ -32,8 +32,8 @@
  * COLLD_KIND_RECV, COLLD_SQE_LINK) and the collective ordinal (below); 4: persistent plans of
  * captured collectives (COLLD_SQE_PLAN, colld_wire_gpu_plan_t, COLLD_MSG_PLAN_FREE); 5: the
  * premultiplied sum (COLLD_REDOP_PREMUL_SUM, its scalar in the descriptor and in the fast area's
- * slot header) */
-#define COLLD_WIRE_VERSION 5
+ * slot header); 6: GPU registrations across several VMM allocations (COLLD_MSG_REG_CUDA_SEG) */
+#define COLLD_WIRE_VERSION 6
 #define COLLD_WIRE_TOKEN_BYTES 16
 /* A unique id (the 128 bytes of colld_unique_id_t): 16 random bytes; an id made by a daemon that
  * listens for peers (multi-node) also carries "CLN1" at byte 16 and that daemon's address
@@ -403,6 +403,18 @@ typedef enum {
 
 #define COLLD_WIRE_CUDA_IPC_BYTES 64
 
+/* A GPU buffer across several VMM allocations mapped back to back in one reservation (PyTorch's
+ * expandable segments; issue 15 D2) is registered as one registration of `count` segments
+ * (COLLD_MSG_REG_CUDA_SEG): segment i is allocation i's POSIX fd and the first `bytes` of it, at
+ * byte `offset` of the registration, the sum of the segments before it. They are sent in order,
+ * each answered with COLLD_MSG_REG_REPLY (reg_id 0 until the last, whose answer carries the new
+ * registration); the daemon maps them back to back in one range of its own, so its kernels see
+ * one buffer. The first segment starts an assembly and charges the tenant the whole `total`; one
+ * assembly per session (a new first segment drops the one under way); a segment out of order, of
+ * another registration, or any failure drops the assembly: nothing stays half-registered. A buffer
+ * within one allocation is registered with COLLD_MSG_REG_CUDA. */
+#define COLLD_WIRE_CUDA_MAX_SEGMENTS 256u
+
 /* ---------------------------------------------------------------------------------------------
  * Session socket messages (fixed size, 128 bytes; file descriptors ride along as SCM_RIGHTS)
  * ------------------------------------------------------------------------------------------- */
@@ -421,6 +433,8 @@ typedef enum {
     COLLD_MSG_GPU_FLAGS_REPLY = 11, /* daemon -> client: its size and line count; fd: the memfd (or an error) */
     COLLD_MSG_PLAN_FREE = 12,       /* client -> daemon: a graph holding a plan is gone: free its plan line */
     COLLD_MSG_PLAN_FREE_REPLY = 13, /* daemon -> client: the line is free (or an error) */
+    /* client -> daemon: one segment of a GPU registration across VMM allocations; fd; reply REG_REPLY */
+    COLLD_MSG_REG_CUDA_SEG = 14,
 } colld_msg_type_t;
 
 typedef enum {
@@ -466,6 +480,15 @@ typedef struct {
             uint8_t uuid[16]; /* CUuuid of the GPU that holds it */
             uint8_t ipc[COLLD_WIRE_CUDA_IPC_BYTES];
         } reg_cuda;
+        struct {
+            uint64_t total;   /* bytes of the whole registration (every segment), the same in each */
+            uint64_t cookie;  /* the same in each segment; echoed in every reply */
+            uint64_t offset;  /* this segment's byte offset in the registration */
+            uint64_t bytes;   /* this segment's bytes: the first `bytes` of its allocation (the fd) */
+            uint32_t index;   /* 0 .. count - 1, in order */
+            uint32_t count;   /* 2 .. COLLD_WIRE_CUDA_MAX_SEGMENTS */
+            uint8_t uuid[16]; /* CUuuid of the GPU that holds every segment */
+        } reg_cuda_seg;
         struct {
             uint64_t size;  /* bytes to map */
             uint32_t lines; /* flag lines (communicator handles 1 .. lines-1) */

@@ -420,21 +420,40 @@ EXPORT ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
     return ncclSuccess;
 }
 
-/* colld registers each buffer's allocation at its first use: there is nothing to record. */
+/* The handle of a buffer colld cannot register: host memory not from ncclMemAlloc, which colld's
+ * host collectives stage (a colld extension; for NCCL a registration is a hint, and the call
+ * succeeds). Deregistering it does nothing. */
+static char host_handle;
+
+/* colld_mem_register: the daemon maps the buffer's GPU allocation(s) now, until ncclCommDeregister
+ * or ncclCommDestroy (the handles left). */
 EXPORT ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle)
 {
-    (void)size;
-    if (!comm || !buff || !handle)
-        return fail(ncclInvalidArgument, "ncclCommRegister: comm, buff or handle is NULL");
-    *handle = buff;
-    return ncclSuccess;
+    ncclResult_t res = check_comm("ncclCommRegister", comm);
+    if (res != ncclSuccess)
+        return res;
+    if (!buff || !handle)
+        return fail(ncclInvalidArgument, "ncclCommRegister: buff or handle is NULL");
+    colld_status_t st = colld_mem_register(comm->c, buff, size, handle);
+    if (st == COLLD_ERR_NOT_SUPPORTED &&
+        !(colld__gpu_maybe_device(comm->client) && colld__gpu_is_device(comm->client, buff))) {
+        *handle = &host_handle;
+        return ncclSuccess;
+    }
+    return st == COLLD_OK ? ncclSuccess : fail_comm("ncclCommRegister", st, comm);
 }
 
 EXPORT ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle)
 {
-    if (!comm || !handle)
-        return fail(ncclInvalidArgument, "ncclCommDeregister: comm or handle is NULL");
-    return ncclSuccess;
+    ncclResult_t res = check_comm("ncclCommDeregister", comm);
+    if (res != ncclSuccess)
+        return res;
+    if (!handle)
+        return fail(ncclInvalidArgument, "ncclCommDeregister: handle is NULL");
+    if (handle == &host_handle)
+        return ncclSuccess;
+    colld_status_t st = colld_mem_deregister(comm->c, handle);
+    return st == COLLD_OK ? ncclSuccess : fail_comm("ncclCommDeregister", st, comm);
 }
 
 /* ============================================================================================

@@ -62,6 +62,19 @@
  *       as the op of colld_allreduce, colld_reduce and colld_reducescatter on it; each rank's input
  *       is multiplied by that rank's own scalar before the sum (issue 16). colld_redop_t gained
  *       COLLD_REDOP_MAX_ENUM (no op), so that it can hold such operators' values.
+ *       Changed (issue 15 D2): a GPU buffer across several cuMem (VMM) allocations mapped back to
+ *       back in one reservation (PyTorch's expandable segments) works in every collective (up to
+ *       256 allocations); it was refused with COLLD_ERR_INVALID_ARGUMENT ("runs past the end of
+ *       its GPU buffer").
+ *       New (issue 15): colld_mem_register / colld_mem_deregister, NCCL's ncclCommRegister /
+ *       ncclCommDeregister: GPU memory registered with the daemon up front (the first collective on
+ *       it does not pay for the registration) and its mapping there released at once on
+ *       deregistration, instead of at the implicit cache's next sweep. They take the communicator,
+ *       as NCCL's do (colld_comm_destroy releases the handles left, as ncclCommDestroy), though the
+ *       registration serves every communicator of the client. Host memory is not registered:
+ *       inside colld_mem_alloc memory the handle is a no-op, other host memory is
+ *       COLLD_ERR_NOT_SUPPORTED. Changed: colld_mem_free of memory still registered so is
+ *       COLLD_ERR_INVALID_USAGE.
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -244,6 +257,29 @@ colld_status_t colld_comm_user_rank(const colld_comm_t *comm, int *rank);
 colld_status_t colld_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, colld_memtype_t type);
 colld_status_t colld_mem_free(colld_client_t *c, void *ptr);
 
+/* Register a buffer with the daemon up front, as NCCL's ncclCommRegister: GPU memory (the
+ * allocation, or the VMM allocations mapped back to back, that hold [buf, buf + bytes)) is
+ * exported and mapped by the daemon now, so the first collective on it does not pay for it, and
+ * stays registered, whatever the implicit cache does, until colld_mem_deregister. The
+ * registration belongs to comm's client and serves all its communicators; the handle belongs to
+ * comm. Host memory: inside memory from colld_mem_alloc(COLLD_MEM_HOST) it is already shared, and
+ * the handle registers nothing; other host memory cannot be shared zero copy (collectives stage
+ * it), so it is COLLD_ERR_NOT_SUPPORTED. COLLD_ERR_INVALID_ARGUMENT for NULL arguments, 0 bytes,
+ * or a range that runs past its allocation(s); the detail is in colld_comm_last_error.
+ * Lifetime: if it fails there is nothing to deregister (*handle is NULL). If it succeeds,
+ * colld_mem_deregister(comm, handle) releases it, or colld_comm_destroy(comm) does for the
+ * handles left (as ncclCommDestroy); the handle is invalid afterwards (deregistering it again is
+ * COLLD_ERR_INVALID_ARGUMENT, not a crash). Deregister before freeing the memory (colld_mem_free
+ * refuses colld_mem_alloc memory still registered: COLLD_ERR_INVALID_USAGE). Deregistering while
+ * collectives posted on the buffer are still running is safe: the daemon keeps its mapping until
+ * they have finished. The same buffer may be registered several times; each handle is released
+ * once. */
+colld_status_t colld_mem_register(colld_comm_t *comm, void *buf, size_t bytes, void **handle);
+/* Release a colld_mem_register handle of comm: the daemon's mapping of GPU memory goes now (once
+ * the collectives already posted on it have finished), unless another handle or colld_mem_alloc
+ * holds it. A later collective on the buffer registers it again implicitly. */
+colld_status_t colld_mem_deregister(colld_comm_t *comm, void *handle);
+
 /* Collectives: asynchronous. In-place when sendbuf == recvbuf (or the rank's slice of it).
  *
  * Host buffers: `stream` is NULL; completion is observed with colld_comm_synchronize /
@@ -254,7 +290,8 @@ colld_status_t colld_mem_free(colld_client_t *c, void *ptr);
  * cudaStream_t (NULL: the legacy default stream, as NCCL) and the collective is stream-ordered:
  * it reads its inputs after the work queued before it on the stream, and the work queued after it
  * sees its outputs. The call returns at once, without waiting for the GPU. The allocation that
- * holds each buffer is registered with the daemon on first use and cached (an allocation freed
+ * holds each buffer (the VMM allocations, when the buffer runs across several mapped back to back)
+ * is registered with the daemon on first use and cached (an allocation freed
  * and replaced at the same address is recognised). An allocation the application frees is
  * deregistered, and the daemon's mapping of it closed, at the latest at the client's next new
  * GPU registration or communicator destruction (each stream-ordered call also checks two cached

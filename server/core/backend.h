@@ -137,9 +137,10 @@ typedef struct colld_backend_ops {
     void (*stamp_uid)(const colld_backend_t *b, uint8_t *uid);
 
     /* Memory the host cannot touch (device memory) and stream ordering, for the session
-     * messages COLLD_MSG_REG_CUDA and COLLD_MSG_GPU_FLAGS (lock not held). mem_register opens a
-     * registration for s (the same memory registered again: the same registration) and returns
-     * its id; mem_release closes one whose last reference went (lock held); sync_area returns a
+     * messages COLLD_MSG_REG_CUDA, COLLD_MSG_REG_CUDA_SEG and COLLD_MSG_GPU_FLAGS (lock not held).
+     * mem_register opens a registration for s (the same memory registered again: the same
+     * registration) and returns its id (a segment of a registration being assembled: id 0 until
+     * the last); mem_release closes one whose last reference went (lock held); sync_area returns a
      * new descriptor of the session's stream flag area (made on first use), its size, its flag
      * lines and its plan lines (proto/wire.h), or -1 with err. */
     colld_status_t (*mem_register)(colld_backend_t *b, colld_session_t *s, const colld_wire_msg_t *m, int fd,

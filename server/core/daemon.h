@@ -161,6 +161,9 @@ struct colld_session {
     int fd;               /* session socket */
     uv_poll_t poll;
     bool poll_active;
+    int pidfd;         /* the peer process (SO_PEERCRED's pid), -1 without; watched by pidpoll */
+    uv_poll_t pidpoll; /* holds a reference on the session while open (session.c) */
+    bool pidpoll_open;
     uint8_t rbuf[sizeof(colld_wire_msg_t)];
     size_t rlen;
     int pending_fd;       /* fd received with the message being assembled */
@@ -181,6 +184,7 @@ struct colld_session {
     colld_reg_t *regs;
     uint32_t next_reg_id;
     uint64_t registered_bytes;
+    uint64_t seg_charged; /* charged for a GPU registration being assembled (REG_CUDA_SEG), not yet made */
     unsigned nuids;       /* unique ids issued and not yet used */
 
     colld_member_t **handles; /* index = handle; handle 0 unused */
@@ -350,6 +354,7 @@ struct colld_daemon {
     uv_signal_t sigterm, sigint;
     uv_async_t async;         /* engine -> loop: drop sessions with kill_requested */
     int lock_fd;
+    bool pidfd_warned; /* a session went without a pidfd watch: said once (session.c) */
     char lock_path[256], rpc_path[256], rpc_addr[272];
     int64_t started_ms;
     bool stopping;

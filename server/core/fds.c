@@ -32,7 +32,7 @@
 #define LISTEN_BACKLOG 512
 #define LISTEN_PAUSE_MS 100   /* a listener that cannot accept waits this long before it tries again */
 #define ACCEPT_BATCH 64       /* connections taken per loop iteration, so others get a turn */
-#define FDS_PER_SESSION 3     /* socket, ring memory, doorbell (a GPU flag area adds one) */
+#define FDS_PER_SESSION 4     /* socket, ring memory, doorbell, pidfd (a GPU flag area adds one) */
 #define FDS_PER_RPC_CONN 2    /* gRPC's descriptor and the daemon's watch on it (ctl_listen.c) */
 #define FDS_BASE 256          /* logs, the engine, gRPC's own, the metrics endpoint, peers, slack */
 

@@ -5,6 +5,14 @@
  * hands it its shared-memory rings and an eventfd, receives the memfds of its buffers, and sees
  * the process die when the socket closes. Messages are fixed-size colld_wire_msg_t; file
  * descriptors ride along as SCM_RIGHTS. The socket is served by the daemon's libuv loop.
+ *
+ * The socket alone does not always close with the process: a copy held by another process (a
+ * child forked without libcolld's atfork cleanup, a helper the socket was passed to) keeps it
+ * open. So the daemon also watches the process itself: a pidfd of the peer (SO_PEERPIDFD where
+ * the kernel has it, else pidfd_open of SO_PEERCRED's pid), polled on the loop, readable when the
+ * process exits; the session then ends as when its socket closes (its ranks leave, their peers
+ * get COLLD_ERR_PEER_LOST). One pidfd per session; without one (an old kernel, EMFILE, a peer in
+ * another pid namespace) the daemon says so once and relies on the socket.
  */
 #include "server/core/counters.h"
 #include "server/core/daemon.h"
@@ -24,10 +32,14 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #define SEALS_REQUIRED (F_SEAL_SHRINK)
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77 /* Linux 6.5 */
+#endif
 
 static void session_drop(colld_session_t *s, const char *why);
 
@@ -72,6 +84,9 @@ void colld_session_unref(colld_session_t *s)
         s->regs = r->next;
         colld_session_release_reg(r);
     }
+    if (s->seg_charged) /* a GPU registration left half-assembled (its segments: the backend's) */
+        colld_tenant_uncharge_reg(s->daemon, s->uid, s->seg_charged);
+    s->seg_charged = 0;
     colld_backends_session_free(s->daemon, s);
     if (s->shm)
         (void)SYS_CHECK(SESSION, munmap(s->shm, s->shm_size));
@@ -418,6 +433,67 @@ static int session_on_reg_cuda(colld_session_t *s, const colld_wire_msg_t *m)
     return colld_session_send(s, &ok, NULL, 0);
 }
 
+/* REG_CUDA_SEG: one segment of a GPU registration across several VMM allocations (issue 15 D2;
+ * proto/wire.h), which the device backend assembles. The tenant is charged the registration's
+ * whole `total` at its first segment, so one that cannot fit is refused before anything is
+ * imported; the charge waits in s->seg_charged until the last segment makes the registration (it
+ * is then the registration's), or is given back when the assembly fails, starts over or the
+ * session ends. The answer of every segment but the last carries registration id 0. */
+static int session_on_reg_cuda_seg(colld_session_t *s, const colld_wire_msg_t *m)
+{
+    colld_daemon_t *d = s->daemon;
+    colld_backend_t *dev = colld_backend_device(d);
+    int fd = s->pending_fd;
+    s->pending_fd = -1;
+    colld_err_t err = COLLD_ERR_INIT;
+    uint32_t id = 0;
+    if (!dev || !dev->present) {
+        colld_err_set(&err, COLLD_ERR_NOT_SUPPORTED, "%s", d->device_none);
+    } else {
+        pthread_mutex_lock(&d->lock);
+        if (m->u.reg_cuda_seg.index == 0) { /* a new registration: the one under way, if any, is dropped */
+            if (s->seg_charged)
+                colld_tenant_uncharge_reg(d, s->uid, s->seg_charged);
+            s->seg_charged = 0;
+            colld_tenant_charge_reg(d, s->uid, m->u.reg_cuda_seg.total, &s->seg_charged, &err);
+        } else if (!s->seg_charged) {
+            /* No charged assembly (its first segment was refused here, e.g. over the quota): what
+             * the backend may still hold of an earlier one must not become a registration. */
+            colld_err_set(&err, COLLD_ERR_INVALID_ARGUMENT,
+                          "GPU segment %u of a registration that is not being assembled (its first segment was "
+                          "refused, or never sent)",
+                          m->u.reg_cuda_seg.index);
+        }
+        pthread_mutex_unlock(&d->lock);
+        if (err.status == COLLD_OK)
+            dev->ops->mem_register(dev, s, m, fd, &id, &err);
+    }
+    pthread_mutex_lock(&d->lock);
+    colld_reg_t *r = err.status == COLLD_OK && id ? colld_session_find_reg(s, id) : NULL;
+    if (r) {
+        r->tenant = s->uid;
+        r->charged = s->seg_charged;
+        s->seg_charged = 0;
+    } else if (err.status != COLLD_OK && s->seg_charged) {
+        colld_tenant_uncharge_reg(d, s->uid, s->seg_charged);
+        s->seg_charged = 0;
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (fd >= 0)
+        close(fd);
+    if (err.status != COLLD_OK) {
+        LOG_INFO_RL(MEM, "session %llu: GPU registration (segment %u of %u) refused: %s", (unsigned long long)s->id,
+                    m->u.reg_cuda_seg.index, m->u.reg_cuda_seg.count, err.msg);
+        return colld_session_send_error(s, COLLD_MSG_REG_REPLY, &err);
+    }
+    colld_wire_msg_t ok;
+    memset(&ok, 0, sizeof(ok));
+    ok.type = COLLD_MSG_REG_REPLY;
+    ok.u.reg_reply.reg_id = id;
+    ok.u.reg_reply.cookie = m->u.reg_cuda_seg.cookie;
+    return colld_session_send(s, &ok, NULL, 0);
+}
+
 /* GPU_FLAGS: hand the session its GPU stream flag area (the device backend's). */
 static int session_on_gpu_flags(colld_session_t *s)
 {
@@ -456,8 +532,9 @@ static int session_dispatch(colld_session_t *s, const colld_wire_msg_t *m)
                     (int)s->pid);
         return -1;
     }
-    if (m->type != COLLD_MSG_REG && m->type != COLLD_MSG_REG_CUDA && s->pending_fd >= 0) {
-        close(s->pending_fd); /* fds only make sense with REG and REG_CUDA */
+    if (m->type != COLLD_MSG_REG && m->type != COLLD_MSG_REG_CUDA && m->type != COLLD_MSG_REG_CUDA_SEG &&
+        s->pending_fd >= 0) {
+        close(s->pending_fd); /* fds only make sense with REG, REG_CUDA and REG_CUDA_SEG */
         s->pending_fd = -1;
     }
     switch (m->type) {
@@ -471,6 +548,8 @@ static int session_dispatch(colld_session_t *s, const colld_wire_msg_t *m)
         return session_on_reg_cuda(s, m);
     case COLLD_MSG_GPU_FLAGS:
         return session_on_gpu_flags(s);
+    case COLLD_MSG_REG_CUDA_SEG:
+        return session_on_reg_cuda_seg(s, m);
     default: {
         int rc = colld_hooks_session_msg(s, m); /* COLLD_MSG_FAST_AREA: the fast area's */
         if (rc != -2)
@@ -605,8 +684,30 @@ void colld_session_forget(colld_session_t *s, const char *why)
         }
 }
 
-/* A session is over (socket closed, protocol error, daemon stopping): the daemon forgets it and
- * the loop stops watching its socket. */
+/* Final close of a session's pidfd watch: close the pidfd and drop the watch's reference. */
+static void session_on_pid_close(uv_handle_t *h)
+{
+    colld_session_t *s = h->data;
+    colld_daemon_t *d = s->daemon;
+    close(s->pidfd);
+    s->pidfd = -1;
+    pthread_mutex_lock(&d->lock);
+    colld_session_unref(s);
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* Stop watching the session's process (loop thread). */
+static void session_unwatch_pid(colld_session_t *s)
+{
+    if (!s->pidpoll_open)
+        return;
+    s->pidpoll_open = false;
+    uv_poll_stop(&s->pidpoll);
+    uv_close((uv_handle_t *)&s->pidpoll, session_on_pid_close);
+}
+
+/* A session is over (socket closed, its process gone, protocol error, daemon stopping): the
+ * daemon forgets it and the loop stops watching its socket and its process. */
 static void session_drop(colld_session_t *s, const char *why)
 {
     colld_daemon_t *d = s->daemon;
@@ -621,6 +722,79 @@ static void session_drop(colld_session_t *s, const char *why)
     colld_engine_wake(d);
     uv_poll_stop(&s->poll);
     uv_close((uv_handle_t *)&s->poll, session_on_close);
+    session_unwatch_pid(s);
+}
+
+/* libuv: the session's pidfd is readable: its process exited, whoever still holds a copy of its
+ * socket. An error of the poll itself only ends the watch (the socket still tells). */
+static void session_on_pid_exit(uv_poll_t *h, int status, int events)
+{
+    colld_session_t *s = h->data;
+    (void)events;
+    if (status < 0) {
+        LOG_WARN_RL(SESSION,
+                    "session %llu (pid %d): cannot watch its process any more (%s); its socket still tells "
+                    "when it ends",
+                    (unsigned long long)s->id, (int)s->pid, uv_strerror(status));
+        session_unwatch_pid(s);
+        return;
+    }
+    char why[96];
+    snprintf(why, sizeof(why), "its process (pid %d) exited", (int)s->pid);
+    session_drop(s, why);
+}
+
+/* A pidfd of the peer of session socket fd: race-free from the socket (SO_PEERPIDFD), else by its
+ * pid, which SO_PEERCRED gave at connect (the process may have exited since: then the pid is
+ * either gone, ESRCH, or names a process that the dead peer's session must not outlive anyway).
+ * -1 with errno. */
+static int peer_pidfd(int fd, pid_t pid)
+{
+    int pidfd = -1;
+    socklen_t len = sizeof(pidfd);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) == 0 && len == sizeof(pidfd) && pidfd >= 0)
+        return pidfd;
+    if (pid <= 0) {
+        errno = ESRCH; /* a peer in a pid namespace the daemon cannot see */
+        return -1;
+    }
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+}
+
+/* Watch the session's process on the loop (loop thread, at accept). One pidfd per session, which
+ * holds a reference on it while open; without one, the socket alone tells, and the daemon says so
+ * once. */
+static void session_watch_pid(colld_session_t *s)
+{
+    colld_daemon_t *d = s->daemon;
+    int fd = peer_pidfd(s->fd, s->pid);
+    int err = errno;
+    if (fd >= 0) {
+        (void)SYS_CHECK(SESSION, fcntl(fd, F_SETFD, FD_CLOEXEC));
+        s->pidpoll.data = s;
+        int rc = uv_poll_init(&d->loop, &s->pidpoll, fd);
+        if (rc == 0) {
+            s->pidfd = fd;
+            s->pidpoll_open = true;
+            pthread_mutex_lock(&d->lock);
+            s->refs++; /* the watch's, dropped by session_on_pid_close */
+            pthread_mutex_unlock(&d->lock);
+            uv_poll_start(&s->pidpoll, UV_READABLE, session_on_pid_exit);
+            return;
+        }
+        close(fd);
+        err = -rc;
+    }
+    if (!d->pidfd_warned)
+        LOG_WARN(SESSION,
+                 "session %llu (pid %d): cannot watch its process (pidfd: %s): a process that dies while "
+                 "another one holds a copy of its session socket is seen gone only when that copy closes "
+                 "(said once)",
+                 (unsigned long long)s->id, (int)s->pid, strerror(err));
+    else
+        LOG_DEBUG(SESSION, "session %llu (pid %d): no pidfd watch: %s", (unsigned long long)s->id, (int)s->pid,
+                  strerror(err));
+    d->pidfd_warned = true;
 }
 
 /* libuv: the session socket is readable or the peer hung up. */
@@ -692,7 +866,7 @@ colld_session_t *colld_session_new(colld_daemon_t *d, pid_t pid, uid_t uid, gid_
     s->pid = pid;
     s->uid = uid;
     s->gid = gid;
-    s->fd = s->shm_fd = s->efd = s->pending_fd = -1;
+    s->fd = s->shm_fd = s->efd = s->pending_fd = s->pidfd = -1;
     s->attached_ms = colld_wall_ms();
     s->refs = 1;
     return s;
@@ -730,6 +904,7 @@ static void session_on_accept(colld_listener_t *l, int fd, uid_t uid, gid_t gid,
     d->nsessions++;
     pthread_mutex_unlock(&d->lock);
     uv_poll_start(&s->poll, UV_READABLE | UV_DISCONNECT, session_on_poll);
+    session_watch_pid(s);
     return;
 fail:
     LOG_WARN_RL(SESSION, "refusing pid %d uid %u: out of memory", (int)pid, (unsigned)uid);

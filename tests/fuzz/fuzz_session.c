@@ -12,8 +12,8 @@
  *   size (2 bytes): the memfd's size in units of 256 bytes
  *   the message (128 bytes, zero padded)
  * HELLO (role, process name), REG (sizes, seals, the tenant's and the daemon's limits), DEREG,
- * FAST_AREA, REG_CUDA and GPU_FLAGS (no GPU here) and unknown types run as in the daemon; a
- * message that ends a session ends it as a closing socket would. Replies are read from the other
+ * FAST_AREA, REG_CUDA, GPU_FLAGS and REG_CUDA_SEG (no GPU here) and unknown types run as in the
+ * daemon; a message that ends a session ends it as a closing socket would. Replies are read from the other
  * end of each session's socket and their descriptors closed. The harness asserts nothing itself:
  * ASan/UBSan and LeakSanitizer find what goes wrong.
  */
@@ -159,7 +159,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (ctl & 0x40)
             m.version = COLLD_WIRE_VERSION;
         if (ctl & 0x20)
-            m.type = (uint16_t)(1 + m.type % COLLD_MSG_GPU_FLAGS_REPLY);
+            m.type = (uint16_t)(1 + m.type % COLLD_MSG_REG_CUDA_SEG);
         unsigned kind = (ctl >> 2) & 3;
         int fd = kind ? make_fd(kind, bytes) : -1;
         int rc = colld_session_dispatch(x, &m, fd);

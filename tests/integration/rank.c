@@ -17,8 +17,10 @@
  * destroys its communicator (and, with --iters 0, run all-reduces until the file appears);
  * --progress-file receives the number of finished iterations; --straggle-ms delays every
  * all-reduce of this rank (a straggler); --fork-child FILE (hang) forks a child that tries the
- * parent's connection and reports to FILE (see fork_child).
+ * parent's connection and reports to FILE (see fork_child); --hand-socket FILE (hang) hands a copy
+ * of the session socket to a process that is not libcolld's (see hand_socket).
  */
+#include "client/client_internal.h"
 #include "tests/integration/harness.h"
 
 #include <colld/colld.h>
@@ -31,7 +33,7 @@
 
 typedef struct {
     const char *socket, *uid_hex, *mode, *expect, *ready_file, *counts;
-    const char *name, *done_file, *stop_file, *progress_file, *fork_file;
+    const char *name, *done_file, *stop_file, *progress_file, *fork_file, *hand_file;
     int nranks, rank, iters, timeout_ms, skip_post, use_malloc;
     int inplace, outofplace, straggle_ms, warmup, abort_after_ms;
 } args_t;
@@ -268,6 +270,22 @@ static void fork_child(colld_client_t *c, colld_comm_t *comm, float *buf, const 
     _exit(0);
 }
 
+/* --hand-socket FILE: a copy of the session socket held by a process that libcolld knows nothing
+ * of, so no atfork cleanup closes it there: a dup (without FD_CLOEXEC) inherited by `sleep 60`
+ * (posix_spawn), as a socket passed on or leaked into a helper is. Writes the helper's pid to FILE
+ * (-1 when it could not be started); the driver kills it. */
+static void hand_socket(colld_client_t *c, const char *file)
+{
+    const char *argv[] = { "/bin/sleep", "60", NULL };
+    int fd = dup(c->sock);
+    pid_t pid = fd >= 0 ? harness_spawn(argv) : -1;
+    if (fd >= 0)
+        close(fd);
+    char line[32];
+    snprintf(line, sizeof(line), "%d\n", (int)pid);
+    touch(file, line);
+}
+
 /* Post one all-reduce (unless --no-post) and wait: for the expected failure, or, as a silent
  * member, until the communicator or the daemon is gone. */
 static int mode_hang(colld_client_t *c, colld_comm_t *comm, const args_t *a)
@@ -283,6 +301,8 @@ static int mode_hang(colld_client_t *c, colld_comm_t *comm, const args_t *a)
         return fail("allreduce", st, comm);
     if (a->fork_file)
         fork_child(c, comm, buf, a->fork_file);
+    if (a->hand_file)
+        hand_socket(c, a->hand_file);
     signal_ready(a);
     if (a->skip_post)
         return a->abort_after_ms ? abort_later(c, comm, a) : watchdog(comm, a);
@@ -345,6 +365,8 @@ int main(int argc, char **argv)
             a.inplace = strcmp(v, "inplace") == 0, a.outofplace = !a.inplace;
         else if (ARG("--fork-child"))
             a.fork_file = v;
+        else if (ARG("--hand-socket"))
+            a.hand_file = v;
         else if (strcmp(argv[i], "--no-post") == 0)
             a.skip_post = 1;
         else if (strcmp(argv[i], "--malloc") == 0)

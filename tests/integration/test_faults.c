@@ -306,8 +306,8 @@ static void test_join_mismatch_and_timeout(void **state)
 
 /* Start rank 0 (posts, waits, expects `expect`, prints the detail to a file) and rank 1 (joins,
  * never posts). Returns once rank 0 waits in its collective. */
-static void start_pair_fork(harness_t *h, const char *expect, const char *timeout_ms, pid_t *pids, char *out,
-                            const char *fork_file)
+static void start_pair_with(harness_t *h, const char *expect, const char *timeout_ms, pid_t *pids, char *out,
+                            const char *opt, const char *file)
 {
     char hex[HARNESS_UID_HEX_LEN];
     static char ready[300];
@@ -317,13 +317,18 @@ static void start_pair_fork(harness_t *h, const char *expect, const char *timeou
     const char *r0[] = { RANK_BIN, "--socket", h->socket, "--uid", hex, "--nranks", "2", "--rank", "0", "--mode",
                          "hang", "--expect", expect, "--ready-file", ready, "--out", out, "--timeout-ms", timeout_ms,
                          NULL };
-    const char *r1[] = { RANK_BIN, "--socket", h->socket, "--uid", hex, "--nranks", "2", "--rank", "1", "--mode",
-                         "hang", "--no-post", "--timeout-ms", timeout_ms, fork_file ? "--fork-child" : NULL,
-                         fork_file, NULL };
+    const char *r1[] = { RANK_BIN, "--socket", h->socket,   "--uid",        hex,        "--nranks", "2",  "--rank", "1",
+                         "--mode", "hang",     "--no-post", "--timeout-ms", timeout_ms, opt,        file, NULL };
     assert_true((pids[0] = harness_spawn(r0)) > 0);
     assert_true((pids[1] = harness_spawn(r1)) > 0);
     assert_int_equal(harness_wait_file(ready, 20000), 0);
     usleep(50000);
+}
+
+static void start_pair_fork(harness_t *h, const char *expect, const char *timeout_ms, pid_t *pids, char *out,
+                            const char *fork_file)
+{
+    start_pair_with(h, expect, timeout_ms, pids, out, fork_file ? "--fork-child" : NULL, fork_file);
 }
 
 static void start_pair(harness_t *h, const char *expect, const char *timeout_ms, pid_t *pids, char *out)
@@ -402,6 +407,50 @@ static void test_peer_killed_with_forked_child(void **state)
     char pidtext[32];
     snprintf(pidtext, sizeof(pidtext), "pid %d", (int)pids[1]);
     assert_non_null(strstr(text, pidtext));
+    assert_daemon_serves(h);
+    assert_int_equal(harness_wait_clean(h, 5000), 0);
+}
+
+/* A rank whose session socket another process holds (a copy passed to a helper that is not
+ * libcolld's, so no atfork cleanup closes it) is killed: the daemon watches the rank's process
+ * itself (a pidfd, server/core/session.c), so its peer gets PEER_LOST naming its pid at once, not
+ * when the helper lets the socket go (60 s) or at the communicator's 60 s time-out. Before the
+ * pidfd watch the peer waited (checked: it had no answer after 20 s). */
+static void test_peer_killed_socket_held_elsewhere(void **state)
+{
+    harness_t *h = *state;
+    pid_t pids[2];
+    char out[300], text[1024], helper_text[64], file[320];
+    snprintf(file, sizeof(file), "%s/socket-holder", h->dir);
+    start_pair_with(h, "COLLD_ERR_PEER_LOST", "60000", pids, out, "--hand-socket", file);
+    int waited = harness_wait_file(file, 20000);
+    harness_read_file(file, helper_text, sizeof(helper_text));
+    pid_t helper = (pid_t)atoi(helper_text);
+
+    double t0 = harness_now_ms();
+    kill(pids[1], SIGKILL);
+    int rc0 = harness_wait(pids[0], 20000);
+    double took = harness_now_ms() - t0;
+    harness_wait(pids[1], 5000);
+    bool helper_alive = helper > 0 && kill(helper, 0) == 0; /* still holds the socket */
+    if (helper > 0)
+        kill(helper, SIGKILL); /* not our child: rank 1's, reparented */
+
+    assert_int_equal(waited, 0);
+    assert_true(helper > 0);
+    assert_true(helper_alive);
+    assert_int_equal(rc0, 0);
+    harness_read_file(out, text, sizeof(text));
+    print_message("peer lost after %.1f ms with its socket held by pid %d: %s", took, (int)helper, text);
+    assert_true(took < 5000);
+    assert_non_null(strstr(text, "COLLD_ERR_PEER_LOST"));
+    char pidtext[32];
+    snprintf(pidtext, sizeof(pidtext), "pid %d", (int)pids[1]);
+    assert_non_null(strstr(text, pidtext));
+    char log[65536], want[96];
+    harness_read_file(h->log, log, sizeof(log));
+    snprintf(want, sizeof(want), "ended: its process (pid %d) exited", (int)pids[1]);
+    assert_non_null(strstr(log, want));
     assert_daemon_serves(h);
     assert_int_equal(harness_wait_clean(h, 5000), 0);
 }
@@ -508,10 +557,12 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_collective_arguments, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_garbage_descriptors, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_gpu_requests_without_gpu, harness_test_setup, harness_test_teardown),
-        cmocka_unit_test_setup_teardown(test_corrupt_ring_drops_only_that_session, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_ring_drops_only_that_session, harness_test_setup,
+                                        harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_join_mismatch_and_timeout, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_peer_killed_mid_collective, harness_test_setup, harness_test_teardown),
-        cmocka_unit_test_setup_teardown(test_peer_killed_with_forked_child, harness_test_setup,
+        cmocka_unit_test_setup_teardown(test_peer_killed_with_forked_child, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_peer_killed_socket_held_elsewhere, harness_test_setup,
                                         harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_missing_rank_times_out, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_shuts_down_cleanly, harness_test_setup, harness_test_teardown),

@@ -19,7 +19,8 @@
  *            each communicator (one thread drives every rank), checked exactly.
  *   errors   what a caller gets for bad input and what colld does not support yet: the result
  *            code and ncclGetLastError's text (one rank, its own communicator), premultiplied-sum
- *            operators used wrongly included.
+ *            operators used wrongly included; ncclCommRegister of host memory (a hint that does
+ *            nothing) and its bad arguments.
  *   victim   as matrix's start, then rank --victim exits at once after joining; the other ranks'
  *            all-reduce must fail with ncclRemoteError and ncclGetLastError naming the victim.
  *
@@ -552,6 +553,25 @@ static int expect_error(const char *what, ncclResult_t got, ncclResult_t want, c
     return 1;
 }
 
+/* ncclCommRegister on host memory (not from ncclMemAlloc): colld cannot register it, and the call
+ * succeeds as a hint that does nothing; bad arguments are refused. */
+static int check_register(ncclComm_t comm)
+{
+    int bad = 0;
+    float host[64];
+    void *handle = NULL;
+    CHECK(ncclCommRegister(comm, host, sizeof(host), &handle));
+    CHECK(ncclCommDeregister(comm, handle));
+    bad += expect_error("register without a communicator", ncclCommRegister(NULL, host, sizeof(host), &handle),
+                        ncclInvalidArgument, "comm is NULL");
+    bad += expect_error("register without a handle", ncclCommRegister(comm, host, sizeof(host), NULL),
+                        ncclInvalidArgument, "buff or handle is NULL");
+    bad += expect_error("deregister NULL", ncclCommDeregister(comm, NULL), ncclInvalidArgument, "handle is NULL");
+    bad += expect_error("deregister a non-handle", ncclCommDeregister(comm, host), ncclInvalidArgument,
+                        "is not a registration of this communicator");
+    return bad;
+}
+
 static int mode_errors(void)
 {
     int bad = 0, version = 0;
@@ -624,6 +644,7 @@ static int mode_errors(void)
     bad += expect_error("non-blocking", ncclCommInitRankConfig(&sub, 1, id, 0, &cfg), ncclInvalidUsage,
                         "non-blocking communicators");
     bad += expect_error("group end alone", ncclGroupEnd(), ncclInvalidUsage, "without ncclGroupStart");
+    bad += check_register(comm);
     /* still usable */
     CHECK(ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, comm, NULL));
     for (int i = 0; i < 4; i++)

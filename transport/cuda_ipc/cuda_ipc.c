@@ -8,28 +8,42 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Map an imported VMM allocation of `bytes` into a fresh range, accessible to every device in
- * access[naccess]. Returns CUDA_SUCCESS or the failing call's error. */
-static CUresult vmm_map(const colld_cu_t *cu, CUmemGenericAllocationHandle h, size_t bytes, const CUdevice *access,
-                        int naccess, CUdeviceptr *out)
+/* The minimum granularity of an allocation's mappings. */
+static CUresult granularity(const colld_cu_t *cu, CUmemGenericAllocationHandle h, size_t *gran)
 {
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof(prop));
     CUresult r = CU_CHECK(cu, cuMemGetAllocationPropertiesFromHandle, &prop, h);
-    size_t gran = 0;
     if (r == CUDA_SUCCESS)
-        r = CU_CHECK(cu, cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        r = CU_CHECK(cu, cuMemGetAllocationGranularity, gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    return r;
+}
+
+/* Unmap the first n segments mapped back to back from p. */
+static void unmap_first(const colld_cu_t *cu, CUdeviceptr p, const size_t *sizes, unsigned n)
+{
+    size_t off = 0;
+    for (unsigned i = 0; i < n; i++) {
+        CU_CHECK(cu, cuMemUnmap, p + off, sizes[i]);
+        off += sizes[i];
+    }
+}
+
+CUresult colld_cuda_ipc_map_segments(const colld_cu_t *cu, const CUmemGenericAllocationHandle *h, const size_t *sizes,
+                                     unsigned n, const CUdevice *access, int naccess, CUdeviceptr *out)
+{
+    size_t gran = 0, total = 0;
+    CUresult r = n ? granularity(cu, h[0], &gran) : CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < n && r == CUDA_SUCCESS; i++) {
+        if (sizes[i] == 0 || (gran && sizes[i] % gran) || total + sizes[i] < total)
+            r = CUDA_ERROR_INVALID_VALUE;
+        total += sizes[i];
+    }
     if (r != CUDA_SUCCESS)
         return r;
-    if (gran && bytes % gran)
-        return CUDA_ERROR_INVALID_VALUE;
     CUdeviceptr p = 0;
-    if ((r = CU_CHECK(cu, cuMemAddressReserve, &p, bytes, gran, 0, 0)) != CUDA_SUCCESS)
+    if ((r = CU_CHECK(cu, cuMemAddressReserve, &p, total, gran, 0, 0)) != CUDA_SUCCESS)
         return r;
-    if ((r = CU_CHECK(cu, cuMemMap, p, bytes, 0, h, 0)) != CUDA_SUCCESS) {
-        CU_CHECK(cu, cuMemAddressFree, p, bytes);
-        return r;
-    }
     CUmemAccessDesc acc[64];
     int na = 0;
     for (int j = 0; j < naccess && na < 64; j++) {
@@ -38,12 +52,51 @@ static CUresult vmm_map(const colld_cu_t *cu, CUmemGenericAllocationHandle h, si
         acc[na].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         na++;
     }
-    if ((r = CU_CHECK(cu, cuMemSetAccess, p, bytes, acc, (size_t)na)) != CUDA_SUCCESS) {
-        CU_CHECK(cu, cuMemUnmap, p, bytes);
-        CU_CHECK(cu, cuMemAddressFree, p, bytes);
+    /* cuMemMap refuses a size beyond the allocation: that is each segment's bounds check. Access
+     * is set per mapping (one call over several mappings is not documented for every driver). */
+    unsigned mapped = 0;
+    size_t off = 0;
+    for (; mapped < n && r == CUDA_SUCCESS; mapped++) {
+        if ((r = CU_CHECK(cu, cuMemMap, p + off, sizes[mapped], 0, h[mapped], 0)) != CUDA_SUCCESS)
+            break;
+        if ((r = CU_CHECK(cu, cuMemSetAccess, p + off, sizes[mapped], acc, (size_t)na)) != CUDA_SUCCESS) {
+            mapped++; /* mapped, without its access */
+            break;
+        }
+        off += sizes[mapped];
+    }
+    if (r != CUDA_SUCCESS) {
+        unmap_first(cu, p, sizes, mapped);
+        CU_CHECK(cu, cuMemAddressFree, p, total);
         return r;
     }
     *out = p;
+    return CUDA_SUCCESS;
+}
+
+void colld_cuda_ipc_close_segments(const colld_cu_t *cu, CUdeviceptr p, const size_t *sizes, unsigned n)
+{
+    size_t total = 0;
+    for (unsigned i = 0; i < n; i++)
+        total += sizes[i];
+    unmap_first(cu, p, sizes, n);
+    CU_CHECK(cu, cuMemAddressFree, p, total);
+}
+
+CUresult colld_cuda_ipc_import(const colld_cu_t *cu, int fd, CUmemGenericAllocationHandle *h, int *dev)
+{
+    CUresult r = CU_CHECK(cu, cuMemImportFromShareableHandle, h, (void *)(uintptr_t)fd,
+                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (r != CUDA_SUCCESS)
+        return r;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    if ((r = CU_CHECK(cu, cuMemGetAllocationPropertiesFromHandle, &prop, *h)) != CUDA_SUCCESS ||
+        prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+        CU_CHECK(cu, cuMemRelease, *h);
+        return r != CUDA_SUCCESS ? r : CUDA_ERROR_INVALID_VALUE;
+    }
+    *dev = prop.location.id;
     return CUDA_SUCCESS;
 }
 
@@ -71,7 +124,7 @@ CUresult colld_cuda_ipc_open(const colld_cu_t *cu, int how, const uint8_t *ipc, 
         if (r == CUDA_SUCCESS) {
             /* cuMemMap refuses a size beyond the allocation: that is the bounds check. The
              * mapping holds the memory; the handle is released at once. */
-            r = vmm_map(cu, h, bytes, access, naccess, &p);
+            r = colld_cuda_ipc_map_segments(cu, &h, &bytes, 1, access, naccess, &p);
             CU_CHECK(cu, cuMemRelease, h);
             *mapped = bytes;
         }

@@ -20,7 +20,10 @@
  *     products and sums are computed in float and rounded once.
  *   - Not yet implemented, failing with ncclInvalidUsage and a message from ncclGetLastError:
  *     non-blocking communicators (config->blocking = 0), ncclCommSplit inside a group.
- *     ncclCommRegister records nothing: colld registers each buffer's allocation at its first use.
+ *   - ncclCommRegister registers a device buffer's allocation(s) with the daemon up front
+ *     (colld_mem_register) until ncclCommDeregister or ncclCommDestroy; a host buffer not from
+ *     ncclMemAlloc cannot be registered (its collectives are staged): the call succeeds and
+ *     registers nothing. Unregistered buffers are registered at their first use, as before.
  */
 #ifndef COLLD_NCCL_H
 #define COLLD_NCCL_H

@@ -193,6 +193,15 @@ static void cuda_stop(colld_backend_t *b)
         return;
     cuda_watch_stop(g);
     cuda_recover_stop(g);
+    pthread_mutex_lock(&b->d->lock);
+    while (g->assembling) { /* registrations of sessions still open, never finished */
+        gpu_pending_t *p = g->assembling;
+        g->assembling = p->next;
+        p->next = g->dead_pending;
+        g->dead_pending = p;
+    }
+    cuda_release_run(g); /* what was let go since the recovery thread's last round */
+    pthread_mutex_unlock(&b->d->lock);
     for (int i = 0; i < g->n; i++) {
         CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[i].ctx);
         CU_CHECK(g->cu, cuCtxSynchronize);

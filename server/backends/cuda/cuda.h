@@ -8,6 +8,10 @@
  *   cuda_launch.c  launching a collective's kernels and flag writes (engine thread, no lock)
  *   cuda_recover.c a GPU whose context has a sticky error: its work failed, its context reset,
  *                  the GPU brought back (the backend's recovery thread; issue 15 F3)
+ *   cuda_release.c the driver calls that pin, unpin or unmap memory, made by the recovery thread
+ *                  with the daemon's lock dropped (issue 15 F4)
+ *   cuda_seg.c     registrations across several VMM allocations, assembled from segments
+ *                  (issue 15 D2)
  *   cuda_plan.c    persistent plans: collectives captured into CUDA graphs, run once per replay
  *                  (issue 15 item 3; cuda_plan.h)
  *
@@ -39,7 +43,7 @@ typedef struct {
     char name[96];
     bool flush_remote; /* CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES */
     /* Recovery (cuda_recover.c); under the daemon's lock but `fault`. */
-    int fault;         /* CUresult: the first sticky error seen in its context (atomic), 0: none */
+    int fault; /* CUresult: the first sticky error seen in its context (atomic), 0: none */
     gpu_state_t state;
     unsigned opening;  /* registrations being opened on it with the lock dropped */
     unsigned strikes;  /* faults in a row, each soon after the previous reset */
@@ -61,14 +65,22 @@ typedef struct colld_gpus {
     colld_coll_t *running;                /* launched, waiting for their event */
     unsigned outstanding;                 /* pending + launching + running */
     /* Recovery (cuda_recover.c) */
-    int home;    /* the GPU in whose context the sessions' flag areas are registered */
-    bool hold;   /* no launch on any GPU: the home GPU's reset drops the flag areas' registration */
+    int home;                     /* the GPU in whose context the sessions' flag areas are registered */
+    bool hold;                    /* no launch on any GPU: the home GPU's reset drops the flag areas' registration */
     struct gpu_comm *comms;       /* every communicator's GPU state ... */
     struct gpu_session *sessions; /* ... every session's flag area ... */
     struct gpu_reg *regs;         /* ... and every GPU registration: what a reset drops */
     pthread_t recover_thread;
     pthread_cond_t recover_cv; /* with the daemon's lock */
     bool recover_started, recover_stop;
+    /* Releases (cuda_release.c): mappings and flag areas whose last reference went, queued under the
+     * lock for the recovery thread to close with the lock dropped. */
+    struct gpu_reg *dead_regs;
+    struct gpu_session *dead_sessions;
+    /* Registrations across several VMM allocations being assembled, one per session at most
+     * (cuda_seg.c), and those given up whose imported allocations are to be released. */
+    struct gpu_pending *assembling;
+    struct gpu_pending *dead_pending;
     /* The watcher (cuda_watch.c; issue 15 F5): wakes the engine when a GPU collective can move. */
     pthread_t watch_thread;
     pthread_cond_t watch_cv; /* with the daemon's lock: GPU work became outstanding, or stop */
@@ -89,9 +101,9 @@ typedef struct gpu_comm {
     bool *owe;        /* [nranks]: a release is owed once nothing runs */
     uint32_t *owed;   /* [nranks]: the done value owed */
     colld_status_t owed_status;
-    bool *base_set; /* [nranks]: the rank posted a stream-ordered collective: base[] is its flag base */
-    uint32_t *base; /* [nranks] */
-    uint32_t *last; /* [nranks]: flag value of its last stream-ordered collective */
+    bool *base_set;               /* [nranks]: the rank posted a stream-ordered collective: base[] is its flag base */
+    uint32_t *base;               /* [nranks] */
+    uint32_t *last;               /* [nranks]: flag value of its last stream-ordered collective */
     struct gpu_comm *next, *prev; /* colld_gpus_t.comms */
 } gpu_comm_t;
 
@@ -100,23 +112,43 @@ typedef struct gpu_session {
     colld_wire_gpu_flag_t *flags;
     size_t size;
     int fd;
-    uint64_t dptr;   /* the same memory as the GPUs address it */
+    uint64_t dptr; /* the same memory as the GPUs address it */
     uint32_t lines;
     uint32_t plans;                   /* plan lines after the flag lines (proto/wire.h) */
     struct gpu_plan_part **plan_line; /* [plans]: the plan part that owns each, PLAN_LINE_PENDING, or NULL */
-    bool registered; /* with CUDA, in the home GPU's context (a reset of that GPU drops it) */
+    bool registered;                  /* with CUDA, in GPU reg_gpu's context (a reset of that GPU drops it) */
+    int reg_gpu;                      /* the home GPU when it was registered */
     struct gpu_session *next, *prev; /* colld_gpus_t.sessions */
 } gpu_session_t;
 
 /* A GPU registration's part (colld_reg_t.bpriv). */
 typedef struct gpu_reg {
-    int gpu;   /* index of the daemon's GPU that holds it */
-    int how;   /* colld_cuda_export_t */
-    bool lost; /* its mapping went with its GPU's context (a reset): never used again */
+    int gpu;       /* index of the daemon's GPU that holds it */
+    int how;       /* colld_cuda_export_t */
+    bool lost;     /* its mapping went with its GPU's context (a reset): never used again */
+    CUdeviceptr p; /* the daemon's mapping ... */
+    size_t size;   /* ... of this many bytes (what colld_cuda_ipc_close needs) */
+    unsigned nseg; /* VMM allocations mapped back to back from p (issue 15 D2); 0 or 1: one */
+    size_t *seg;   /* [nseg] their sizes, when nseg > 1 */
     uint8_t ipc[COLLD_WIRE_CUDA_IPC_BYTES];
-    colld_reg_t *reg;
+    colld_reg_t *reg;            /* NULL once its last reference went (queued for release) */
     struct gpu_reg *next, *prev; /* colld_gpus_t.regs */
 } gpu_reg_t;
+
+/* A registration across several VMM allocations being assembled (COLLD_MSG_REG_CUDA_SEG, issue 15
+ * D2): the allocations imported so far, not mapped yet. */
+typedef struct gpu_pending {
+    colld_session_t *s;
+    uint64_t cookie, total;
+    uint64_t next_off; /* the bytes of the segments imported so far: the next one's offset */
+    unsigned count;    /* segments announced */
+    unsigned got;      /* imported: h[0 .. got - 1] */
+    int gpu;
+    uint8_t uuid[16];
+    size_t *sizes;                   /* [count] */
+    CUmemGenericAllocationHandle *h; /* [count] */
+    struct gpu_pending *next;
+} gpu_pending_t;
 
 /* The state of the backend b, of a communicator and of a session (NULL when none). */
 static inline colld_gpus_t *gpus_of(const colld_backend_t *b)
@@ -136,6 +168,29 @@ static inline gpu_session_t *gpu_session_of(const colld_backend_t *b, const coll
 colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const colld_wire_msg_t *m, int fd,
                                  uint32_t *reg_id, colld_err_t *err);
 void cuda_mem_release(colld_backend_t *b, colld_reg_t *r);
+/* The daemon's GPU of this UUID, or -1. */
+int cuda_gpu_by_uuid(const colld_gpus_t *g, const uint8_t *uuid);
+/* The devices that may access GPU gi's memory (itself and its peers): their count. */
+int cuda_access_list(const colld_gpus_t *g, int gi, CUdevice *access, int max);
+/* Does the memory mapped at p live on GPU gi (issue 15 C5)? COLLD_OK or err. gi's context current. */
+colld_status_t cuda_check_device(const colld_gpus_t *g, int gi, CUdeviceptr p, colld_err_t *err);
+/* Make gr (its mapping open on GPU gr->gpu, counted there as `opening`) a registration of s of
+ * `bytes`: its id in *reg_id. Without memory the mapping is closed and gr freed. Either way the
+ * `opening` count is given back. Lock NOT held. */
+colld_status_t cuda_reg_publish(colld_backend_t *b, colld_session_t *s, gpu_reg_t *gr, uint64_t bytes, uint32_t *reg_id,
+                                colld_err_t *err);
+/* Free a gpu_reg_t (its mapping closed or lost). */
+void cuda_reg_free(gpu_reg_t *gr);
+
+/* ---- cuda_seg.c (issue 15 D2) ---- */
+/* COLLD_MSG_REG_CUDA_SEG: one segment of a registration across several VMM allocations; *reg_id
+ * 0 until the last segment makes the registration. Lock NOT held. */
+colld_status_t cuda_seg_register(colld_backend_t *b, colld_session_t *s, const colld_wire_msg_t *m, int fd,
+                                 uint32_t *reg_id, colld_err_t *err);
+/* The session ends (lock held): its assembly, if any, is queued for release. */
+void cuda_seg_session_gone(colld_gpus_t *g, colld_session_t *s);
+/* Release an assembly's imported allocations and free it (lock NOT held). */
+void cuda_seg_free(const colld_gpus_t *g, gpu_pending_t *p);
 int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint32_t *lines, uint32_t *plans,
                    colld_err_t *err);
 void cuda_session_free(colld_backend_t *b, colld_session_t *s);
@@ -190,7 +245,22 @@ void cuda_waiting(colld_backend_t *b, void (*fn)(void *arg, const colld_coll_t *
 void cuda_track_comm(colld_gpus_t *g, gpu_comm_t *gc, bool add);
 void cuda_track_session(colld_gpus_t *g, gpu_session_t *gs, bool add);
 void cuda_track_reg(colld_gpus_t *g, gpu_reg_t *gr, bool add);
-/* Register a session's flag area in the home GPU's context (lock held). CUDA_SUCCESS or the error. */
-CUresult cuda_flags_register(colld_gpus_t *g, gpu_session_t *gs);
+/* Register a flag area (flags, size) with CUDA in GPU gi's context, portable and device-mapped:
+ * CUDA_SUCCESS with its device address in *dptr, or the error (a sticky one marks gi for
+ * recovery). Lock NOT held: the caller publishes the result under it. */
+CUresult cuda_flags_register(colld_gpus_t *g, int gi, void *flags, size_t size, uint64_t *dptr);
+
+/* ---- cuda_release.c (issue 15 F4) ---- */
+/* Queue the mapping of a registration whose last reference went, untracked (lock held). */
+void cuda_release_reg(colld_gpus_t *g, gpu_reg_t *gr);
+/* Queue a session's flag area, untracked (lock held). */
+void cuda_release_session(colld_gpus_t *g, gpu_session_t *gs);
+/* Is anything queued (lock held)? */
+bool cuda_release_pending(const colld_gpus_t *g);
+/* Make the queued driver calls: lock held on entry and return, dropped while they run (the
+ * recovery thread; cuda_stop once that thread has ended). */
+void cuda_release_run(colld_gpus_t *g);
+/* Close a registration's mapping now (lock NOT held, or no other thread left). */
+void cuda_mem_close(const colld_gpus_t *g, const gpu_reg_t *gr);
 
 #endif /* COLLD_SERVER_BACKENDS_CUDA_CUDA_H */

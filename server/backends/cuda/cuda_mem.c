@@ -22,7 +22,7 @@
  * Registrations
  * ========================================================================================== */
 
-static int gpu_by_uuid(const colld_gpus_t *g, const uint8_t *uuid)
+int cuda_gpu_by_uuid(const colld_gpus_t *g, const uint8_t *uuid)
 {
     for (int i = 0; i < g->n; i++)
         if (memcmp(g->gpu[i].uuid.bytes, uuid, sizeof(g->gpu[i].uuid.bytes)) == 0)
@@ -49,7 +49,7 @@ static int check_request(const colld_gpus_t *g, const colld_wire_msg_t *m, int f
                                                   : "IPC registration with a file descriptor");
         return -1;
     }
-    int gi = gpu_by_uuid(g, m->u.reg_cuda.uuid);
+    int gi = cuda_gpu_by_uuid(g, m->u.reg_cuda.uuid);
     if (gi < 0)
         colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
                       "the buffer's GPU is not visible to the daemon (is CUDA_VISIBLE_DEVICES narrower for colld?)");
@@ -98,7 +98,7 @@ static int gpu_by_ordinal(const colld_gpus_t *g, int ordinal)
  * is, the daemon's driver says (CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL of the mapping). A client that
  * names another GPU (a bug, or a lie to get its buffer run on a GPU it was not given) is refused.
  * Lock not held; the mapping's context current. */
-static colld_status_t check_device(const colld_gpus_t *g, int gi, CUdeviceptr p, colld_err_t *err)
+colld_status_t cuda_check_device(const colld_gpus_t *g, int gi, CUdeviceptr p, colld_err_t *err)
 {
     int ordinal = -1;
     CUpointer_attribute at = CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL;
@@ -123,6 +123,15 @@ static colld_status_t check_device(const colld_gpus_t *g, int gi, CUdeviceptr p,
                          gi, g->gpu[gi].name, real, g->gpu[real].name);
 }
 
+int cuda_access_list(const colld_gpus_t *g, int gi, CUdevice *access, int max)
+{
+    int n = 0;
+    for (int j = 0; j < g->n && n < max; j++)
+        if (g->peer[j * g->n + gi])
+            access[n++] = g->gpu[j].dev;
+    return n;
+}
+
 /* Registration, step 3: open the allocation on its GPU, accessible to every GPU with peer access
  * to it, and check that it lives there. Returns COLLD_OK with its address, or the error. */
 static colld_status_t open_alloc(colld_gpus_t *g, int gi, const colld_wire_msg_t *m, int fd, CUdeviceptr *p,
@@ -132,10 +141,7 @@ static colld_status_t open_alloc(colld_gpus_t *g, int gi, const colld_wire_msg_t
     unsigned how = m->u.reg_cuda.how;
     uint64_t bytes = m->u.reg_cuda.bytes;
     CUdevice access[64];
-    int naccess = 0;
-    for (int j = 0; j < g->n && naccess < 64; j++)
-        if (g->peer[j * g->n + gi])
-            access[naccess++] = g->gpu[j].dev;
+    int naccess = cuda_access_list(g, gi, access, 64);
     size_t mapped = 0;
     CU_CHECK(cu, cuCtxPushCurrent, g->gpu[gi].ctx);
     CUresult r = colld_cuda_ipc_open(cu, (int)how, m->u.reg_cuda.ipc, fd, bytes, access, naccess, p, &mapped);
@@ -146,7 +152,7 @@ static colld_status_t open_alloc(colld_gpus_t *g, int gi, const colld_wire_msg_t
                              "GPU registration of %llu bytes, but the allocation behind the handle has %llu",
                              (unsigned long long)bytes, (unsigned long long)mapped);
     }
-    if (r == CUDA_SUCCESS && check_device(g, gi, *p, err) != COLLD_OK) {
+    if (r == CUDA_SUCCESS && cuda_check_device(g, gi, *p, err) != COLLD_OK) {
         colld_cuda_ipc_close(cu, (int)how, *p, mapped ? mapped : bytes);
         CU_CHECK(cu, cuCtxPopCurrent, NULL);
         return err->status;
@@ -168,6 +174,50 @@ static colld_status_t open_alloc(colld_gpus_t *g, int gi, const colld_wire_msg_t
     return COLLD_OK;
 }
 
+void cuda_reg_free(gpu_reg_t *gr)
+{
+    if (gr)
+        free(gr->seg);
+    free(gr);
+}
+
+colld_status_t cuda_reg_publish(colld_backend_t *b, colld_session_t *s, gpu_reg_t *gr, uint64_t bytes, uint32_t *reg_id,
+                                colld_err_t *err)
+{
+    colld_daemon_t *d = s->daemon;
+    colld_gpus_t *g = gpus_of(b);
+    int gi = gr->gpu;
+    colld_reg_t *reg = calloc(1, sizeof(*reg));
+    if (!reg) {
+        cuda_mem_close(g, gr);
+        cuda_reg_free(gr);
+        pthread_mutex_lock(&d->lock);
+        g->gpu[gi].opening--;
+        pthread_cond_broadcast(&g->recover_cv);
+        pthread_mutex_unlock(&d->lock);
+        return colld_err_set(err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
+    }
+    gr->reg = reg;
+    reg->device = true;
+    reg->backend = b;
+    reg->bpriv = gr;
+    reg->daemon = d;
+    reg->base = (void *)(uintptr_t)gr->p;
+    reg->size = bytes; /* references are checked against what the client registered (<= mapped) */
+    reg->refs = 1;
+    reg->users = 1;
+    pthread_mutex_lock(&d->lock);
+    reg->id = ++s->next_reg_id;
+    reg->next = s->regs;
+    s->regs = reg;
+    cuda_track_reg(g, gr, true); /* a reset that waited for it will find it */
+    g->gpu[gi].opening--;
+    pthread_cond_broadcast(&g->recover_cv);
+    pthread_mutex_unlock(&d->lock);
+    *reg_id = reg->id;
+    return COLLD_OK;
+}
+
 colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const colld_wire_msg_t *m, int fd,
                                  uint32_t *reg_id, colld_err_t *err)
 {
@@ -175,6 +225,8 @@ colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const c
     colld_gpus_t *g = gpus_of(b);
     if (!g)
         return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "no GPU here: %s", d->device_none);
+    if (m->type == COLLD_MSG_REG_CUDA_SEG)
+        return cuda_seg_register(b, s, m, fd, reg_id, err);
     int gi = check_request(g, m, fd, err);
     if (gi < 0)
         return err->status;
@@ -193,12 +245,9 @@ colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const c
         return colld_err_set(err, COLLD_ERR_DEVICE, "%s", unusable);
     CUdeviceptr p = 0;
     colld_status_t st = open_alloc(g, gi, m, fd, &p, err);
-    colld_reg_t *reg = st == COLLD_OK ? calloc(1, sizeof(*reg)) : NULL;
     gpu_reg_t *gr = st == COLLD_OK ? calloc(1, sizeof(*gr)) : NULL;
-    if (st == COLLD_OK && (!reg || !gr)) {
+    if (st == COLLD_OK && !gr) {
         close_on(g, gi, (int)how, p, bytes);
-        free(reg);
-        free(gr);
         st = colld_err_set(err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
     }
     if (st != COLLD_OK) {
@@ -210,44 +259,33 @@ colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const c
     }
     gr->gpu = gi;
     gr->how = (int)how;
-    gr->reg = reg;
+    gr->p = p;
+    gr->size = bytes;
     if (how == COLLD_CUDA_EXPORT_IPC)
         memcpy(gr->ipc, m->u.reg_cuda.ipc, sizeof(gr->ipc));
-    reg->device = true;
-    reg->backend = b;
-    reg->bpriv = gr;
-    reg->daemon = d;
-    reg->base = (void *)(uintptr_t)p;
-    reg->size = bytes; /* references are checked against what the client registered (<= mapped) */
-    reg->refs = 1;
-    reg->users = 1;
-    pthread_mutex_lock(&d->lock);
-    reg->id = ++s->next_reg_id;
-    reg->next = s->regs;
-    s->regs = reg;
-    cuda_track_reg(g, gr, true); /* a reset that waited for it will find it */
-    g->gpu[gi].opening--;
-    pthread_cond_broadcast(&g->recover_cv);
-    pthread_mutex_unlock(&d->lock);
-    *reg_id = reg->id;
+    if ((st = cuda_reg_publish(b, s, gr, bytes, reg_id, err)) != COLLD_OK)
+        return st;
     LOG_DEBUG(GPU, "session %llu: registered %llu bytes of GPU %d memory as %u (%s)", (unsigned long long)s->id,
-              (unsigned long long)bytes, gi, reg->id, how == COLLD_CUDA_EXPORT_IPC ? "IPC" : "VMM fd");
+              (unsigned long long)bytes, gi, *reg_id, how == COLLD_CUDA_EXPORT_IPC ? "IPC" : "VMM fd");
     return COLLD_OK;
 }
 
-/* A registration's last reference went: close its mapping, unless a reset of its GPU took it
- * (lock held). */
+/* A registration's last reference went (lock held): its mapping is queued for the recovery thread
+ * to close with the lock dropped (cuda_release.c, issue 15 F4), unless a reset of its GPU took it.
+ * Once the backend has stopped there is no context left to close it in. */
 void cuda_mem_release(colld_backend_t *b, colld_reg_t *r)
 {
     colld_gpus_t *g = gpus_of(b);
     gpu_reg_t *gr = r->bpriv;
-    if (g && gr) {
-        cuda_track_reg(g, gr, false);
-        if (!gr->lost)
-            close_on(g, gr->gpu, gr->how, (CUdeviceptr)(uintptr_t)r->base, r->size);
-    }
-    free(gr);
     r->bpriv = NULL;
+    if (!gr)
+        return;
+    if (!g) {
+        cuda_reg_free(gr);
+        return;
+    }
+    cuda_track_reg(g, gr, false);
+    cuda_release_reg(g, gr);
 }
 
 /* ============================================================================================
@@ -255,13 +293,13 @@ void cuda_mem_release(colld_backend_t *b, colld_reg_t *r)
  * ========================================================================================== */
 
 /* Make the session's flag area: a sealed memfd of one line per communicator handle and the plan
- * lines of its captured collectives (--max-plans-per-session, proto/wire.h), registered
- * with CUDA as portable and device-mapped (in the home GPU's context: cuda_flags_register) so
- * that every GPU's stream can write `done` into it (lock held). Returns it, or NULL with err. */
-static gpu_session_t *flags_create(colld_gpus_t *g, colld_session_t *s, colld_err_t *err)
+ * lines of its captured collectives (--max-plans-per-session, proto/wire.h), registered with CUDA
+ * as portable and device-mapped in GPU gi's context (the home GPU's) so that every GPU's stream
+ * can write `done` into it. Lock NOT held (issue 15 F4: pinning takes hundreds of microseconds on
+ * hardware); the caller publishes it. Returns it, or NULL with err. */
+static gpu_session_t *flags_create(colld_gpus_t *g, colld_session_t *s, int gi, colld_err_t *err)
 {
     colld_daemon_t *d = s->daemon;
-    const colld_cu_t *cu = g->cu;
     uint32_t plans = (uint32_t)d->cfg.max_plans_per_session;
     uint64_t bytes = COLLD_WIRE_GPU_AREA_BYTES(d->cfg.max_comms_per_session, plans);
     gpu_session_t *gs = calloc(1, sizeof(*gs));
@@ -281,25 +319,27 @@ static gpu_session_t *flags_create(colld_gpus_t *g, colld_session_t *s, colld_er
     gs->lines = (uint32_t)COLLD_WIRE_GPU_LINES(d->cfg.max_comms_per_session);
     gs->plans = plans;
     gs->plan_line = plan_line;
-    char why[sizeof(g->gpu[0].why) + 64], buf[160];
-    const char *unusable = cuda_gpu_unusable(g, g->home, why, sizeof(why));
-    CUresult r = unusable ? CUDA_ERROR_NOT_READY : cuda_flags_register(g, gs);
+    CUresult r = cuda_flags_register(g, gi, p, bytes, &gs->dptr);
     if (r != CUDA_SUCCESS) {
-        if (unusable)
-            colld_err_set(err, COLLD_ERR_DEVICE, "cannot register the GPU flag area with CUDA: %s", unusable);
-        else
-            colld_err_set(err, COLLD_ERR_DEVICE, "cannot register the GPU flag area with CUDA on GPU %d (%s): %s",
-                          g->home, g->gpu[g->home].name, colld_cu_describe(cu, r, buf, sizeof(buf)));
+        char buf[160];
+        colld_err_set(err, COLLD_ERR_DEVICE, "cannot register the GPU flag area with CUDA on GPU %d (%s): %s", gi,
+                      g->gpu[gi].name, colld_cu_describe(g->cu, r, buf, sizeof(buf)));
         (void)SYS_CHECK(GPU, munmap(p, bytes));
         close(fd);
         free(gs->plan_line);
         free(gs);
         return NULL;
     }
-    cuda_track_session(g, gs, true);
+    gs->registered = true;
+    gs->reg_gpu = gi;
     return gs;
 }
 
+/* The session's flag area, made on its first request: with the lock dropped while it is made and
+ * registered, the home GPU counted as `opening` so that a reset of it waits for the registration
+ * (and a reset that did not wait leaves the area marked unregistered, as its other areas). Session
+ * messages are served one at a time per session (the loop thread), so no other request of s
+ * makes one meanwhile. */
 int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint32_t *lines, uint32_t *plans,
                    colld_err_t *err)
 {
@@ -311,11 +351,31 @@ int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint3
     }
     pthread_mutex_lock(&d->lock);
     gpu_session_t *gs = gpu_session_of(b, s);
-    if (!gs && !(gs = flags_create(g, s, err))) {
+    if (!gs) {
+        char why[sizeof(g->gpu[0].why) + 64];
+        int home = g->home;
+        const char *unusable = cuda_gpu_unusable(g, home, why, sizeof(why));
+        if (unusable) {
+            colld_err_set(err, COLLD_ERR_DEVICE, "cannot register the GPU flag area with CUDA: %s", unusable);
+            pthread_mutex_unlock(&d->lock);
+            return -1;
+        }
+        unsigned resets = g->gpu[home].resets;
+        g->gpu[home].opening++;
         pthread_mutex_unlock(&d->lock);
-        return -1;
+        gs = flags_create(g, s, home, err);
+        pthread_mutex_lock(&d->lock);
+        g->gpu[home].opening--;
+        pthread_cond_broadcast(&g->recover_cv);
+        if (!gs) {
+            pthread_mutex_unlock(&d->lock);
+            return -1;
+        }
+        if (g->gpu[home].resets != resets || g->home != home)
+            gs->registered = false; /* a reset that did not wait for it dropped it */
+        cuda_track_session(g, gs, true);
+        s->bslot[b->slot] = gs;
     }
-    s->bslot[b->slot] = gs;
     int fd = dup(gs->fd);
     *size = gs->size;
     *lines = gs->lines;
@@ -326,24 +386,25 @@ int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint3
     return fd;
 }
 
-/* The session's last reference went: unregister and free its flag area. */
+/* The session's last reference went (lock held): its flag area is queued for the recovery thread
+ * to unregister and unmap with the lock dropped (cuda_release.c, issue 15 F4); once the backend has
+ * stopped it is only unmapped. */
 void cuda_session_free(colld_backend_t *b, colld_session_t *s)
 {
     colld_gpus_t *g = gpus_of(b);
     gpu_session_t *gs = gpu_session_of(b, s);
+    if (g)
+        cuda_seg_session_gone(g, s); /* a registration it was assembling */
     if (!gs)
         return;
+    s->bslot[b->slot] = NULL;
     if (g) {
         cuda_track_session(g, gs, false);
-        if (gs->registered) {
-            CU_CHECK(g->cu, cuCtxPushCurrent, g->gpu[g->home].ctx);
-            CU_CHECK(g->cu, cuMemHostUnregister, gs->flags);
-            CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
-        }
+        cuda_release_session(g, gs);
+        return;
     }
     (void)SYS_CHECK(GPU, munmap(gs->flags, gs->size));
     close(gs->fd);
     free(gs->plan_line); /* its plans held a reference on the session: none is left */
     free(gs);
-    s->bslot[b->slot] = NULL;
 }

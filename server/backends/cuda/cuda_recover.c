@@ -35,8 +35,10 @@
  * The quiesce waits at most GPU_QUIESCE_NS (a kernel that never ends), then resets anyway.
  *
  * Locking: the state (gpu_t.state, .opening, the lists) is under the daemon's lock; the driver
- * calls of a reset are made with it dropped, so the engine (host collectives, other GPUs) never
- * waits for a reset. gpu_t.fault is atomic: any thread records a fault in any lock state.
+ * calls of a reset (and of the flag areas' registrations after it) are made with it dropped, so
+ * the engine (host collectives, other GPUs) never waits for a reset. The same thread closes the
+ * mappings and flag areas let go (cuda_release.c), so a close never crosses a reset. gpu_t.fault
+ * is atomic: any thread records a fault in any lock state.
  */
 #include "server/backends/cuda/cuda.h"
 
@@ -116,8 +118,8 @@ const char *cuda_gpu_unusable(const colld_gpus_t *g, int gi, char *buf, size_t l
     }
     case GPU_FAILED:
     default:
-        snprintf(buf, len, "GPU %d (%s) was given up by colld: %s; restart colld once the GPU is healthy", gi, gpu->name,
-                 gpu->why);
+        snprintf(buf, len, "GPU %d (%s) was given up by colld: %s; restart colld once the GPU is healthy", gi,
+                 gpu->name, gpu->why);
         return buf;
     }
 }
@@ -127,23 +129,23 @@ const char *cuda_gpu_unusable(const colld_gpus_t *g, int gi, char *buf, size_t l
  * ========================================================================================== */
 
 /* Doubly linked lists of the backend's objects, for a reset to find them (lock held). */
-#define TRACK(head, x, add)                                                                             \
-    do {                                                                                                \
-        if (add) {                                                                                      \
-            (x)->prev = NULL;                                                                           \
-            (x)->next = (head);                                                                         \
-            if (head)                                                                                   \
-                (head)->prev = (x);                                                                     \
-            (head) = (x);                                                                               \
-        } else {                                                                                        \
-            if ((x)->prev)                                                                              \
-                (x)->prev->next = (x)->next;                                                            \
-            else if ((head) == (x))                                                                     \
-                (head) = (x)->next;                                                                     \
-            if ((x)->next)                                                                              \
-                (x)->next->prev = (x)->prev;                                                            \
-            (x)->next = (x)->prev = NULL;                                                               \
-        }                                                                                               \
+#define TRACK(head, x, add)                                                                                            \
+    do {                                                                                                               \
+        if (add) {                                                                                                     \
+            (x)->prev = NULL;                                                                                          \
+            (x)->next = (head);                                                                                        \
+            if (head)                                                                                                  \
+                (head)->prev = (x);                                                                                    \
+            (head) = (x);                                                                                              \
+        } else {                                                                                                       \
+            if ((x)->prev)                                                                                             \
+                (x)->prev->next = (x)->next;                                                                           \
+            else if ((head) == (x))                                                                                    \
+                (head) = (x)->next;                                                                                    \
+            if ((x)->next)                                                                                             \
+                (x)->next->prev = (x)->prev;                                                                           \
+            (x)->next = (x)->prev = NULL;                                                                              \
+        }                                                                                                              \
     } while (0)
 
 void cuda_track_comm(colld_gpus_t *g, gpu_comm_t *gc, bool add)
@@ -161,36 +163,72 @@ void cuda_track_reg(colld_gpus_t *g, gpu_reg_t *gr, bool add)
     TRACK(g->regs, gr, add);
 }
 
-CUresult cuda_flags_register(colld_gpus_t *g, gpu_session_t *gs)
+CUresult cuda_flags_register(colld_gpus_t *g, int gi, void *flags, size_t size, uint64_t *dptr)
 {
     const colld_cu_t *cu = g->cu;
     CUdeviceptr dp = 0;
-    CU_CHECK(cu, cuCtxPushCurrent, g->gpu[g->home].ctx);
-    CUresult r = CU_CHECK(cu, cuMemHostRegister, gs->flags, gs->size,
+    CU_CHECK(cu, cuCtxPushCurrent, g->gpu[gi].ctx);
+    CUresult r = CU_CHECK(cu, cuMemHostRegister, flags, size,
                           CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-    if (r == CUDA_SUCCESS && (r = CU_CHECK(cu, cuMemHostGetDevicePointer, &dp, gs->flags, 0)) != CUDA_SUCCESS)
-        CU_CHECK(cu, cuMemHostUnregister, gs->flags);
+    if (r == CUDA_SUCCESS && (r = CU_CHECK(cu, cuMemHostGetDevicePointer, &dp, flags, 0)) != CUDA_SUCCESS)
+        CU_CHECK(cu, cuMemHostUnregister, flags);
     CU_CHECK(cu, cuCtxPopCurrent, NULL);
-    cuda_gpu_fault(g, g->home, r);
-    gs->registered = r == CUDA_SUCCESS;
-    if (r == CUDA_SUCCESS)
-        gs->dptr = (uint64_t)dp;
+    cuda_gpu_fault(g, gi, r);
+    *dptr = (uint64_t)dp;
     return r;
 }
 
-/* Register again every flag area a reset (or a new home GPU) left unregistered (lock held). */
+/* Register again, in the home GPU's context, every flag area a reset (or a new home GPU) left
+ * unregistered (lock held; dropped while the driver pins them, issue 15 F4). The areas are the
+ * sessions' at the time of the call: one freed meanwhile is queued for release, which only this
+ * thread does (after this), and unregisters it. */
 static void flags_register_all(colld_gpus_t *g)
 {
+    colld_daemon_t *d = g->b->d;
+    size_t n = 0;
+    for (gpu_session_t *gs = g->sessions; gs; gs = gs->next)
+        n += !gs->registered;
+    if (!n)
+        return;
+    gpu_session_t **todo = calloc(n, sizeof(*todo));
+    uint64_t *dptr = calloc(n, sizeof(*dptr));
+    CUresult *res = calloc(n, sizeof(*res));
+    if (!todo || !dptr || !res) {
+        free(todo), free(dptr), free(res);
+        LOG_ERROR(GPU,
+                  "out of memory: %zu GPU flag area(s) not registered again; their clients' GPU collectives fail "
+                  "until they reconnect",
+                  n);
+        return;
+    }
+    size_t k = 0;
+    for (gpu_session_t *gs = g->sessions; gs && k < n; gs = gs->next)
+        if (!gs->registered)
+            todo[k++] = gs;
+    int home = g->home;
+    pthread_mutex_unlock(&d->lock);
+    for (size_t i = 0; i < k; i++)
+        res[i] = cuda_flags_register(g, home, todo[i]->flags, todo[i]->size, &dptr[i]); /* immutable fields */
+    pthread_mutex_lock(&d->lock);
     int failed = 0;
     CUresult last = CUDA_SUCCESS;
-    for (gpu_session_t *gs = g->sessions; gs; gs = gs->next)
-        if (!gs->registered && (last = cuda_flags_register(g, gs)) != CUDA_SUCCESS)
+    for (size_t i = 0; i < k; i++) {
+        if (res[i] != CUDA_SUCCESS) {
             failed++;
+            last = res[i];
+            continue;
+        }
+        todo[i]->registered = true;
+        todo[i]->reg_gpu = home;
+        todo[i]->dptr = dptr[i];
+    }
+    free(todo), free(dptr), free(res);
     if (failed) {
         char buf[160];
-        LOG_ERROR(GPU, "%d GPU flag area(s) could not be registered again on GPU %d: %s; their clients' GPU "
-                       "collectives fail until they reconnect",
-                  failed, g->home, colld_cu_describe(g->cu, last, buf, sizeof(buf)));
+        LOG_ERROR(GPU,
+                  "%d GPU flag area(s) could not be registered again on GPU %d: %s; their clients' GPU "
+                  "collectives fail until they reconnect",
+                  failed, home, colld_cu_describe(g->cu, last, buf, sizeof(buf)));
     }
 }
 
@@ -202,7 +240,7 @@ typedef struct {
         int how;
         CUdeviceptr p;
         size_t size;
-    } *maps;
+    } * maps;
     size_t nmaps;
 } drop_t;
 
@@ -216,6 +254,8 @@ static bool take_drops(colld_gpus_t *g, int gi, drop_t *dr)
         ns += gc->stream[gi] != NULL;
     for (gpu_reg_t *gr = g->regs; gr; gr = gr->next)
         nm += gr->gpu == gi && !gr->lost && gr->how == COLLD_CUDA_EXPORT_IPC;
+    for (gpu_reg_t *gr = g->dead_regs; gr; gr = gr->next) /* queued for release (cuda_release.c) */
+        nm += gr->gpu == gi && !gr->lost && gr->how == COLLD_CUDA_EXPORT_IPC;
     dr->streams = calloc(ns + 1, sizeof(*dr->streams));
     dr->maps = calloc(nm + 1, sizeof(*dr->maps));
     if (!dr->streams || !dr->maps) {
@@ -228,14 +268,15 @@ static bool take_drops(colld_gpus_t *g, int gi, drop_t *dr)
             dr->streams[dr->nstreams++] = gc->stream[gi];
             gc->stream[gi] = NULL; /* created again at the communicator's next launch on gi */
         }
-    for (gpu_reg_t *gr = g->regs; gr; gr = gr->next)
-        if (gr->gpu == gi && !gr->lost && gr->how == COLLD_CUDA_EXPORT_IPC) {
-            gr->lost = true;
-            dr->maps[dr->nmaps].how = gr->how;
-            dr->maps[dr->nmaps].p = (CUdeviceptr)(uintptr_t)gr->reg->base;
-            dr->maps[dr->nmaps].size = (size_t)gr->reg->size;
-            dr->nmaps++;
-        }
+    for (int dead = 0; dead < 2; dead++)
+        for (gpu_reg_t *gr = dead ? g->dead_regs : g->regs; gr; gr = gr->next)
+            if (gr->gpu == gi && !gr->lost && gr->how == COLLD_CUDA_EXPORT_IPC) {
+                gr->lost = true; /* a queued one is then only freed */
+                dr->maps[dr->nmaps].how = gr->how;
+                dr->maps[dr->nmaps].p = gr->p;
+                dr->maps[dr->nmaps].size = gr->size;
+                dr->nmaps++;
+            }
     return true;
 }
 
@@ -256,8 +297,8 @@ static void peers_again(colld_gpus_t *g, int gi, CUcontext ctx)
             if (!g->peer[from * g->n + to])
                 continue;
             CU_CHECK(cu, cuCtxPushCurrent, dir ? g->gpu[j].ctx : ctx);
-            CU_CHECK_EXPECT(cu, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, cuCtxEnablePeerAccess, dir ? ctx : g->gpu[j].ctx,
-                            0);
+            CU_CHECK_EXPECT(cu, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, cuCtxEnablePeerAccess,
+                            dir ? ctx : g->gpu[j].ctx, 0);
             CU_CHECK(cu, cuCtxPopCurrent, NULL);
         }
     }
@@ -350,8 +391,9 @@ static void give_up(colld_gpus_t *g, int gi, const char *what)
     snprintf(text, sizeof(text), "%s", what);
     snprintf(gpu->why, sizeof(gpu->why), "%.*s after %u reset(s)", (int)sizeof(gpu->why) - 32, text, gpu->resets);
     gpu->state = GPU_FAILED;
-    LOG_ERROR(GPU, "GPU %d (%s) given up: %s; its collectives and registrations fail with COLLD_ERR_DEVICE until "
-                   "colld is restarted (check the GPU first: nvidia-smi, the kernel log for Xid errors)",
+    LOG_ERROR(GPU,
+              "GPU %d (%s) given up: %s; its collectives and registrations fail with COLLD_ERR_DEVICE until "
+              "colld is restarted (check the GPU first: nvidia-smi, the kernel log for Xid errors)",
               gi, gpu->name, gpu->why);
     if (gi == g->home) {
         /* The flag areas' registrations went with its reset (or, when the reset failed, stay in its
@@ -382,8 +424,9 @@ static void recover_gpu(colld_gpus_t *g, int gi)
         gpu->strikes = gpu->reset_ns && now - gpu->reset_ns < GPU_RESET_WINDOW_NS ? gpu->strikes + 1 : 1;
         snprintf(gpu->why, sizeof(gpu->why), "%s", colld_cu_describe(g->cu, fault, buf, sizeof(buf)));
         gpu->state = GPU_FAULTED;
-        LOG_ERROR(GPU, "GPU %d (%s): %s in the daemon's context: failing its collectives with COLLD_ERR_DEVICE and "
-                       "resetting it (fault %u in a row, at most %d%s)",
+        LOG_ERROR(GPU,
+                  "GPU %d (%s): %s in the daemon's context: failing its collectives with COLLD_ERR_DEVICE and "
+                  "resetting it (fault %u in a row, at most %d%s)",
                   gi, gpu->name, gpu->why, gpu->strikes, GPU_MAX_STRIKES,
                   gpu->strikes > GPU_MAX_STRIKES ? ": a last reset frees what it holds, then it is given up" : "");
     }
@@ -404,9 +447,10 @@ static void recover_gpu(colld_gpus_t *g, int gi)
         recover_wait(g, 1000); /* out of memory: try again */
         return;
     }
-    if (gi == g->home)
-        for (gpu_session_t *gs = g->sessions; gs; gs = gs->next)
-            gs->registered = false; /* the reset drops it */
+    for (int dead = 0; dead < 2; dead++) /* the reset drops the flag areas registered in its context */
+        for (gpu_session_t *gs = dead ? g->dead_sessions : g->sessions; gs; gs = gs->next)
+            if (gs->registered && gs->reg_gpu == gi)
+                gs->registered = false;
     gpu->state = GPU_RESETTING;
     pthread_mutex_unlock(&d->lock);
     CUcontext ctx = NULL;
@@ -431,8 +475,9 @@ static void recover_gpu(colld_gpus_t *g, int gi)
             flags_register_all(g);
         gpu->state = GPU_OK;
         g->hold = false;
-        LOG_WARN(GPU, "GPU %d (%s) recovered: its context was reset after %s (reset %u since start); new "
-                      "communicators on it work",
+        LOG_WARN(GPU,
+                 "GPU %d (%s) recovered: its context was reset after %s (reset %u since start); new "
+                 "communicators on it work",
                  gi, gpu->name, gpu->why, gpu->resets);
         colld_engine_wake(d);
         return;
@@ -453,6 +498,10 @@ static void *recover_main(void *arg)
     colld_daemon_t *d = g->b->d;
     pthread_mutex_lock(&d->lock);
     while (!g->recover_stop) {
+        if (cuda_release_pending(g)) {
+            cuda_release_run(g); /* mappings and flag areas let go (cuda_release.c) */
+            continue;
+        }
         int gi = -1;
         for (int i = 0; i < g->n && gi < 0; i++)
             if (g->gpu[i].state == GPU_FAULTED ||

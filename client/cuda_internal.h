@@ -1,0 +1,159 @@
+/*
+ * cuda_internal.h - what libcolld's CUDA files share (builds with the CUDA toolkit only):
+ *
+ *   cuda.c      contexts, the flag area, stream-ordered collectives, colld_mem_alloc(COLLD_MEM_CUDA),
+ *               colld_mem_register of device memory, disconnect
+ *   cuda_reg.c  the cache of GPU registrations: a buffer resolved to the allocation(s) that hold it
+ *               (several VMM allocations mapped back to back: issue 15 D2), registered with the
+ *               daemon on first use, dropped when the application freed it (C1/D4)
+ *
+ * Locking: colld_gpu_t.mu guards the registrations, the retained contexts and the setting up of
+ * the flag area (see cuda.c).
+ */
+#ifndef COLLD_CLIENT_CUDA_INTERNAL_H
+#define COLLD_CLIENT_CUDA_INTERNAL_H
+
+#include "client/client_internal.h"
+#include "common/cudadrv.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#define MAX_DEVICES 64
+
+/* The part of the state that exists in every build. */
+typedef struct {
+    atomic_bool driver_seen;    /* libcuda.so.1 is loaded in the process (stays so) */
+    atomic_ullong adds_checked; /* load count when it was last found absent; 0: never checked */
+} gpu_probe_t;
+
+/* How colld_mem_alloc made an allocation (0: the application's own memory). */
+enum { OWN_NONE = 0, OWN_VMM = 1, OWN_MEMALLOC = 2 };
+
+/* One allocation of a registration across several (issue 15 D2). */
+typedef struct {
+    CUdeviceptr base;
+    size_t size;                  /* its mapping */
+    unsigned long long buffer_id; /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
+} gpu_seg_t;
+
+/* One registered GPU buffer: an allocation, or several VMM allocations mapped back to back. */
+typedef struct {
+    CUdeviceptr base;
+    size_t size;                  /* registered bytes (the whole allocation(s) / mapped range) */
+    size_t limit;                 /* bytes a buffer may use from base: size, or what the user asked for */
+    unsigned long long buffer_id; /* CU_POINTER_ATTRIBUTE_BUFFER_ID (of the first allocation) */
+    uint32_t reg_id;
+    int own;           /* OWN_*: colld_mem_alloc memory, freed by colld_mem_free */
+    size_t own_size;   /* OWN_VMM: the reserved and mapped bytes */
+    CUcontext own_ctx; /* OWN_MEMALLOC: the context it was allocated in */
+    unsigned pins;     /* colld_mem_register handles on it: never swept nor dropped while > 0 */
+    unsigned nseg;     /* allocations it spans: 1, or 2 .. COLLD_WIRE_CUDA_MAX_SEGMENTS */
+    gpu_seg_t *seg;    /* [nseg] when nseg > 1 (owned) */
+} gpu_reg_t;
+
+/* The session's flag area. posted[h]: POSTED_USED | the flag value of the last wait enqueued on
+ * line h (0: never used), what a release must cover. */
+#define POSTED_USED (1ull << 32)
+typedef struct {
+    colld_wire_gpu_flag_t *lines;
+    size_t size;
+    uint32_t nlines;
+    uint32_t nplans; /* plan lines after the flag lines (captured collectives: cuda_graph.c) */
+    CUdeviceptr dptr;
+    CUcontext ctx; /* current when it was (last) registered (for cuMemHostUnregister; flags_check) */
+    _Atomic uint64_t *posted;
+} gpu_flags_t;
+
+/* The last write enqueued to a ready slot of a line: its value, the generation of the
+ * communicator that enqueued it (0: never written) and its collective ordinal. */
+typedef struct {
+    uint32_t value;
+    uint32_t gen;
+    uint64_t seq;
+} gpu_slot_t;
+
+struct colld_gpu {
+    gpu_probe_t probe;
+    pthread_mutex_t mu;
+    const colld_cu_t *cu; /* set once the driver was used */
+    gpu_reg_t *regs;
+    size_t nregs, cap;
+    size_t sweep; /* sweep_freed's cursor into regs */
+    _Atomic(gpu_flags_t *) flags;
+    gpu_slot_t *slots; /* [slot_lines][COLLD_WIRE_GPU_READY_SLOTS], made with the first base */
+    uint32_t *gens;    /* [slot_lines]: the last generation given on each line */
+    uint32_t slot_lines;
+    bool primary[MAX_DEVICES]; /* primary context retained by us */
+    int8_t flush[MAX_DEVICES]; /* CAN_FLUSH_REMOTE_WRITES: 0 unknown, 1 no, 2 yes */
+};
+
+/* What the driver says of a pointer. */
+typedef struct {
+    unsigned int memtype; /* CUmemorytype, 0 for memory CUDA does not know */
+    unsigned long long buffer_id;
+    int ordinal;
+    unsigned int ipc; /* legacy CUDA IPC capable (cudaMalloc / cuMemAlloc) */
+    unsigned int managed;
+    CUdeviceptr range_start;
+    size_t range_size;
+    CUcontext ctx;
+} ptr_info_t;
+
+_Static_assert(sizeof(CUipcMemHandle) == COLLD_WIRE_CUDA_IPC_BYTES, "IPC handle size");
+_Static_assert(sizeof(CUuuid) == 16, "device uuid size");
+
+/* Record st with "cuIpcGetMemHandle: CUDA_ERROR_... (text)" in err; returns st. */
+static inline colld_status_t cu_say(const colld_cu_t *cu, colld_err_t *err, colld_status_t st, CUresult r,
+                                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static inline colld_status_t cu_say(const colld_cu_t *cu, colld_err_t *err, colld_status_t st, CUresult r,
+                                    const char *fmt, ...)
+{
+    char what[192], desc[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    return colld_err_set(err, st, "%s: %s", what, colld_cu_describe(cu, r, desc, sizeof(desc)));
+}
+
+/* Make ctx current for a while; *pushed says whether ctx_leave must pop it. */
+static inline CUresult ctx_enter(const colld_cu_t *cu, CUcontext ctx, bool *pushed)
+{
+    CUcontext cur = NULL;
+    *pushed = false;
+    if (!ctx || (CU_CHECK(cu, cuCtxGetCurrent, &cur) == CUDA_SUCCESS && cur == ctx))
+        return CUDA_SUCCESS;
+    CUresult r = CU_CHECK(cu, cuCtxPushCurrent, ctx);
+    *pushed = r == CUDA_SUCCESS;
+    return r;
+}
+
+static inline void ctx_leave(const colld_cu_t *cu, bool pushed)
+{
+    CUcontext popped;
+    if (pushed)
+        CU_CHECK(cu, cuCtxPopCurrent, &popped);
+}
+
+/* ---- cuda_reg.c (g->mu held for all) ---- */
+
+/* How many cached registrations each stream-ordered post checks (colld__gpu_sweep_freed). */
+#define SWEEP_PER_POST 2
+
+/* Resolve [p, p + bytes) of device memory (pi: its attributes) to a registration: a cached one
+ * that covers it, else one registered now for the allocation(s) it spans (one, or consecutive VMM
+ * mappings of one reservation). *out is (registration, offset); *entry (if not NULL) the cache
+ * entry, valid until g->mu is dropped. A context current. */
+colld_status_t colld__gpu_resolve(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu, const void *p, size_t bytes,
+                                  const ptr_info_t *pi, const char *which, colld_wire_buf_t *out, gpu_reg_t **entry,
+                                  colld_err_t *err);
+/* The rule for implicit registrations (issue 15 C1/D4): check up to `max` cached registrations
+ * and deregister those whose allocation the application freed. */
+void colld__gpu_sweep_freed(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu, size_t max);
+/* Remove cache entry i and tell the daemon (its mapping there goes once no collective uses it). */
+colld_status_t colld__gpu_reg_remove(colld_client_t *c, colld_gpu_t *g, size_t i);
+/* Free colld_mem_alloc memory (its registration is gone). */
+void colld__gpu_free_owned(const colld_cu_t *cu, const gpu_reg_t *e);
+
+#endif /* COLLD_CLIENT_CUDA_INTERNAL_H */
