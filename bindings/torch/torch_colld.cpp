@@ -671,8 +671,9 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     {
         check_cpu("all_to_all_single", input);
         check_cpu("all_to_all_single", output);
-        TORCH_CHECK(input.scalar_type() == output.scalar_type(), "torch_colld: all_to_all_single: input and output dtypes differ (",
-                    input.scalar_type(), ", ", output.scalar_type(), ")");
+        TORCH_CHECK(input.scalar_type() == output.scalar_type(),
+                    "torch_colld: all_to_all_single: input and output dtypes differ (", input.scalar_type(), ", ",
+                    output.scalar_type(), ")");
         Layout send = split_layout("input", in_splits, input);
         Layout recv = split_layout("output", out_splits, output);
         TORCH_CHECK(send.row == recv.row, "torch_colld: all_to_all_single: an input row holds ", send.row,
@@ -872,8 +873,9 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     static void add_to_layout(Layout &l, const at::Tensor &t, const at::Tensor &like)
     {
         check_cpu("all_to_all", t);
-        TORCH_CHECK(t.scalar_type() == like.scalar_type(), "torch_colld: all_to_all: every tensor of both lists must have "
-                    "one dtype (", like.scalar_type(), "), one has ", t.scalar_type());
+        TORCH_CHECK(t.scalar_type() == like.scalar_type(),
+                    "torch_colld: all_to_all: every tensor of both lists must have one dtype (", like.scalar_type(),
+                    "), one has ", t.scalar_type());
         l.counts.push_back(nbytes(t));
         l.displs.push_back(l.total);
         l.total += nbytes(t);
@@ -1031,15 +1033,16 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         return w;
     }
 
-    /* The text of a failed colld call of operation o: colld's detail, and for a mismatch how
-     * torch_colld maps the torch call onto colld's. */
+    /* The text of a failed colld call of operation o: colld's detail, and for a point-to-point
+     * mismatch how torch_colld maps the torch call onto colld's. */
     std::string failure(const Op &o, colld_status_t st)
     {
-        std::string m = colld_failure(o.name, st, colld_comm_last_error(comm_));
+        const char *detail = colld_comm_last_error(comm_);
+        std::string m = colld_failure(o.name, st, detail);
         const char *hint = o.hint;
         for (const Op &p : o.parts)
             hint = hint ? hint : p.hint;
-        if (st == COLLD_ERR_MISMATCH && hint)
+        if (st == COLLD_ERR_MISMATCH && hint && detail && std::strstr(detail, "point-to-point"))
             m += std::string(" (") + hint + ")";
         return m;
     }

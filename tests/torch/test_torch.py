@@ -403,8 +403,10 @@ def worker_p2p(torch, dist, rank, world, ck):
                                            dist.P2POp(dist.irecv, r1, prv), dist.P2POp(dist.irecv, r2, nxt)])
             for q in reqs:
                 q.wait()
-            ck.equal(f"ring from the previous rank {dtype} x{count}", r1, p2p_value(torch, msg(prv, rank), count, dtype))
-            ck.equal(f"ring from the next rank {dtype} x{count}", r2, p2p_value(torch, msg(nxt, rank, 1), count, dtype))
+            ck.equal(f"ring from the previous rank {dtype} x{count}", r1,
+                     p2p_value(torch, msg(prv, rank), count, dtype))
+            ck.equal(f"ring from the next rank {dtype} x{count}", r2,
+                     p2p_value(torch, msg(nxt, rank, 1), count, dtype))
             ck.true(f"batch_isend_irecv {dtype} x{count}: 4 works, completed",
                     len(reqs) == 4 and all(q.is_completed() and q.is_success() for q in reqs))
         for count in [1, 1001]:
@@ -427,7 +429,8 @@ def worker_p2p(torch, dist, rank, world, ck):
                 rworks = [dist.irecv(outs[d - 1], d) for d in range(1, world)]
                 for w in reversed(works + rworks):
                     w.wait()
-                ck.true(f"isend works completed {dtype} x{count}", all(w.is_completed() and w.is_success() for w in works))
+                ck.true(f"isend works completed {dtype} x{count}",
+                        all(w.is_completed() and w.is_success() for w in works))
                 for d in range(1, world):
                     ck.equal(f"irecv from {d} {dtype} x{count + d}", outs[d - 1],
                              p2p_value(torch, msg(d, 0, 3), count + d, dtype))
@@ -438,8 +441,9 @@ def worker_p2p(torch, dist, rank, world, ck):
                 fut = w.get_future()
                 ws = dist.isend(p2p_value(torch, msg(rank, 0, 3), count + rank, dtype), 0)
                 w.wait()
-                ck.equal(f"irecv from 0 {dtype} x{count * rank}", t, p2p_value(torch, msg(0, rank, 2), count * rank, dtype))
-                ck.true(f"irecv's future holds the tensor {dtype}", fut.wait()[0] is t or bool((fut.wait()[0] == t).all()))
+                ck.equal(f"irecv from 0 {dtype} x{count * rank}", t,
+                         p2p_value(torch, msg(0, rank, 2), count * rank, dtype))
+                ck.equal(f"irecv's future holds the tensor {dtype}", fut.wait()[0], t)
                 ws.wait()
         # Uneven all_to_all_single: rank r sends (r + 2q) % 3 rows of 2 (zero included) to rank q.
         rows = lambda a, b: (a + 2 * b) % 3  # noqa: E731
@@ -455,7 +459,8 @@ def worker_p2p(torch, dist, rank, world, ck):
         outs = [torch.zeros(n(q, rank), dtype=dt) for q in range(world)]
         dist.all_to_all(outs, [p2p_value(torch, msg(rank, q, 5), n(rank, q), dtype) for q in range(world)])
         for q in range(world):
-            ck.equal(f"all_to_all of unequal tensors {dtype} [{q}]", outs[q], p2p_value(torch, msg(q, rank, 5), n(q, rank), dtype))
+            ck.equal(f"all_to_all of unequal tensors {dtype} [{q}]", outs[q],
+                     p2p_value(torch, msg(q, rank, 5), n(q, rank), dtype))
 
     # Tags: the same non-zero tags on both sides, blocking (PyTorch's test_send_recv_with_tag) and in a
     # batch (its gloo_tags pattern).
@@ -530,7 +535,8 @@ def worker_p2p(torch, dist, rank, world, ck):
         ck.equal("a ring in a subgroup", r, torch.full((3,), frm, dtype=torch.int32))
 
     # What colld has not: a receive from any source; a lone send to this rank itself.
-    ck.raises("recv from any source", lambda: dist.recv(torch.zeros(1)), "recv from any source (src=None) is not supported")
+    ck.raises("recv from any source", lambda: dist.recv(torch.zeros(1)),
+              "recv from any source (src=None) is not supported")
     ck.raises("irecv from any source", lambda: dist.irecv(torch.zeros(1)), "colld_recv has no any-source form")
     ck.raises("a send to this rank itself", lambda: dist.send(torch.zeros(1), rank),
               "works only inside batch_isend_irecv")
