@@ -29,6 +29,7 @@ Usage: test_torch.py --colld BUILD/server/colld --pythonpath BUILD/bindings/torc
 Exit 0 when every scenario passed, 1 otherwise, 77 (skip) when torch cannot be imported.
 """
 import argparse
+import datetime
 import os
 import signal
 import socket
@@ -552,8 +553,9 @@ def worker_p2p(torch, dist, rank, world, ck):
 
 def worker_p2pfail(torch, dist, rank, world, ck):
     """Two ranks disagree: tags posted in another order (the receiver fails, the group goes on),
-    a tagged send against an untagged receive, and sizes that differ (colld's COLLD_ERR_MISMATCH,
-    naming both calls, on both ranks)."""
+    sends that cross outside a batch (COLLD_ERR_TIMEOUT at the group's time-out, naming them), sizes
+    that differ and a tagged send against an untagged receive (colld's COLLD_ERR_MISMATCH, naming
+    both calls, on both ranks)."""
     other = dist.new_group([0, 1])  # a second communicator, for the second mismatch
     if rank == 0:
         dist.send(torch.full((4,), 1.0), 1, tag=1)
@@ -567,6 +569,17 @@ def worker_p2pfail(torch, dist, rank, world, ck):
     t = torch.ones(3)
     dist.all_reduce(t)
     ck.equal("all_reduce after the tag error", t, torch.full((3,), 2.0))
+    # Both ranks send first, outside a batch: each send waits for a receive posted after the other's
+    # send, until the group's time-out, which names it.
+    crossed = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=3))
+    work = dist.isend(torch.ones(4), 1 - rank, group=crossed)
+    ck.raises("crossed sends outside a batch", lambda: dist.recv(torch.zeros(4), 1 - rank, group=crossed),
+              "COLLD_ERR_TIMEOUT: point-to-point timed out after 3000 ms")
+    ck.raises("... the send's work", work.wait, "never posted the receive from rank")
+    try:
+        work.wait()
+    except RuntimeError as e:
+        print(f"rank {rank}: the error: {e}", flush=True)
     # Sizes differ: 100 float32 sent, 50 received.
     want = ("COLLD_ERR_MISMATCH: point-to-point from rank 0 to rank 1 differs: rank 0 sends 400 x uint8 (400 B)")
     if rank == 0:
