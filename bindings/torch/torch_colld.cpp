@@ -50,7 +50,8 @@
 #include <thread>
 #include <vector>
 
-namespace {
+namespace
+{
 
 const char *const kUidKey = "torch_colld/uid";
 
@@ -85,7 +86,8 @@ template <typename F> void spin_until(F ready)
 /* One operation's Work. c10d::Work keeps the completion state (wait() raises its exception);
  * the future carries the output tensors, as ProcessGroupGloo's does, for DDP's communication
  * hooks. */
-class WorkColld : public c10d::Work {
+class WorkColld : public c10d::Work
+{
   public:
     WorkColld(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, int source = -1)
         : c10d::Work(rank, type), outputs_(std::move(outputs)), source_(source),
@@ -208,8 +210,9 @@ colld_redop_t reduce_op(const char *op, const c10d::ReduceOp &r)
     default:
         break;
     }
-    TORCH_CHECK(false, "torch_colld: ", op, ": reduce op ", static_cast<int>(r.op_),
-                " is not supported by colld (SUM, PRODUCT, MIN, MAX and AVG are; BAND, BOR, BXOR and PREMUL_SUM are not)");
+    TORCH_CHECK(
+        false, "torch_colld: ", op, ": reduce op ", static_cast<int>(r.op_),
+        " is not supported by colld (SUM, PRODUCT, MIN, MAX and AVG are; BAND, BOR, BXOR and PREMUL_SUM are not)");
 }
 
 /* A tensor colld can take: dense, on the CPU. */
@@ -217,7 +220,8 @@ void check_cpu(const char *op, const at::Tensor &t)
 {
     TORCH_CHECK(!t.is_cuda(), "torch_colld: ", op,
                 ": CUDA tensors are not supported yet (torch_colld runs CPU tensors only; see docs/torch.md)");
-    TORCH_CHECK(t.device().is_cpu(), "torch_colld: ", op, ": the tensor is on ", t.device(), ", only CPU tensors are supported");
+    TORCH_CHECK(t.device().is_cpu(), "torch_colld: ", op, ": the tensor is on ", t.device(),
+                ", only CPU tensors are supported");
     TORCH_CHECK(t.layout() == at::kStrided, "torch_colld: ", op, ": only dense (strided) tensors are supported, not ",
                 t.layout());
 }
@@ -261,7 +265,8 @@ std::string colld_failure(const char *what, colld_status_t st, const char *detai
  * The process group
  * -------------------------------------------------------------------------------------------- */
 
-class ProcessGroupColld : public c10d::ProcessGroup {
+class ProcessGroupColld : public c10d::ProcessGroup
+{
   public:
     /* Connect to the daemon and join the group's communicator: rank 0 makes the unique id and
      * publishes it in the store, the others read it (the store's get waits for it). Blocks until
@@ -405,7 +410,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         colld_redop_t op = reduce_op("allreduce", opts.reduceOp);
         at::Tensor buf = dense(t);
         Op o = make("allreduce", c10d::OpType::ALLREDUCE, tensors);
-        o.keep = {buf};
+        o.keep = { buf };
         o.issue = [buf, dt, op](colld_comm_t *c) {
             return colld_allreduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, op, c, nullptr);
         };
@@ -449,7 +454,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         int root = check_root("broadcast", opts.rootRank, opts.rootTensor);
         at::Tensor buf = dense(t);
         Op o = make("broadcast", c10d::OpType::BROADCAST, tensors);
-        o.keep = {buf};
+        o.keep = { buf };
         o.issue = [buf, root](colld_comm_t *c) {
             return colld_broadcast(buf.data_ptr(), buf.data_ptr(), nbytes(buf), COLLD_UINT8, root, c, nullptr);
         };
@@ -465,7 +470,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         colld_redop_t op = reduce_op("reduce", opts.reduceOp);
         at::Tensor buf = dense(t);
         Op o = make("reduce", c10d::OpType::REDUCE, tensors);
-        o.keep = {buf};
+        o.keep = { buf };
         o.issue = [buf, dt, op, root](colld_comm_t *c) {
             return colld_reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, op, root, c, nullptr);
         };
@@ -483,9 +488,9 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         TORCH_CHECK(outputs.size() == 1, "torch_colld: allgather: expects one output list, got ", outputs.size());
         check_list("allgather", outputs[0], in);
         at::Tensor src = dense(in);
-        at::Tensor flat = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
+        at::Tensor flat = at::empty({ static_cast<int64_t>(size_) * in.numel() }, in.options());
         Op o = make("allgather", c10d::OpType::ALLGATHER, outputs[0]);
-        o.keep = {src, flat};
+        o.keep = { src, flat };
         o.issue = [src, flat](colld_comm_t *c) {
             return colld_allgather(src.data_ptr(), flat.data_ptr(), nbytes(src), COLLD_UINT8, c, nullptr);
         };
@@ -502,9 +507,9 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         check_flat("_allgather_base", output, input, static_cast<int64_t>(size_) * input.numel());
         at::Tensor src = dense(input);
         at::Tensor dst = dense(output);
-        std::vector<at::Tensor> outs{output};
+        std::vector<at::Tensor> outs{ output };
         Op o = make("_allgather_base", c10d::OpType::_ALLGATHER_BASE, outs);
-        o.keep = {src, dst};
+        o.keep = { src, dst };
         o.issue = [src, dst](colld_comm_t *c) {
             return colld_allgather(src.data_ptr(), dst.data_ptr(), nbytes(src), COLLD_UINT8, c, nullptr);
         };
@@ -523,7 +528,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         for (size_t i = 0; i < inputs.size(); i++) {
             check_cpu("allgather_coalesced", inputs[i]);
             srcs.push_back(dense(inputs[i]));
-            flats.push_back(at::empty({static_cast<int64_t>(size_) * inputs[i].numel()}, inputs[i].options()));
+            flats.push_back(at::empty({ static_cast<int64_t>(size_) * inputs[i].numel() }, inputs[i].options()));
         }
         std::vector<at::Tensor> all;
         for (auto &list : outputs) {
@@ -542,7 +547,8 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         o.keep.insert(o.keep.end(), flats.begin(), flats.end());
         o.issue = [srcs, flats](colld_comm_t *c) {
             return grouped(srcs.size(), [&](size_t i) {
-                return colld_allgather(srcs[i].data_ptr(), flats[i].data_ptr(), nbytes(srcs[i]), COLLD_UINT8, c, nullptr);
+                return colld_allgather(srcs[i].data_ptr(), flats[i].data_ptr(), nbytes(srcs[i]), COLLD_UINT8, c,
+                                       nullptr);
             });
         };
         std::vector<std::vector<at::Tensor>> outs = outputs;
@@ -569,7 +575,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         at::Tensor src = flatten(inputs[0]);
         at::Tensor dst = dense(out);
         Op o = make("reduce_scatter", c10d::OpType::REDUCE_SCATTER, outputs);
-        o.keep = {src, dst};
+        o.keep = { src, dst };
         o.issue = [src, dst, dt, op](colld_comm_t *c) {
             return colld_reducescatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, op, c, nullptr);
         };
@@ -588,9 +594,9 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         colld_redop_t op = reduce_op("_reduce_scatter_base", opts.reduceOp);
         at::Tensor src = dense(input);
         at::Tensor dst = dense(output);
-        std::vector<at::Tensor> outs{output};
+        std::vector<at::Tensor> outs{ output };
         Op o = make("_reduce_scatter_base", c10d::OpType::_REDUCE_SCATTER_BASE, outs);
-        o.keep = {src, dst};
+        o.keep = { src, dst };
         o.issue = [src, dst, dt, op](colld_comm_t *c) {
             return colld_reducescatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, op, c, nullptr);
         };
@@ -607,8 +613,8 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     }
 
     /* outputs[0][r] on the root gets rank r's input (no outputs elsewhere), staged in one tensor. */
-    c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>> &outputs, std::vector<at::Tensor> &inputs,
-                                          const c10d::GatherOptions &opts) override
+    c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>> &outputs,
+                                          std::vector<at::Tensor> &inputs, const c10d::GatherOptions &opts) override
     {
         const at::Tensor &in = single("gather", inputs);
         int root = check_root("gather", opts.rootRank, 0);
@@ -616,15 +622,16 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         at::Tensor flat;
         std::vector<at::Tensor> outs;
         if (root == rank_) {
-            TORCH_CHECK(outputs.size() == 1, "torch_colld: gather: the root expects one output list, got ", outputs.size());
+            TORCH_CHECK(outputs.size() == 1, "torch_colld: gather: the root expects one output list, got ",
+                        outputs.size());
             check_list("gather", outputs[0], in);
             outs = outputs[0];
-            flat = at::empty({static_cast<int64_t>(size_) * in.numel()}, in.options());
+            flat = at::empty({ static_cast<int64_t>(size_) * in.numel() }, in.options());
         } else {
             TORCH_CHECK(outputs.empty(), "torch_colld: gather: only the root (rank ", root, ") takes an output list");
         }
         Op o = make("gather", c10d::OpType::GATHER, outs);
-        o.keep = {src, flat};
+        o.keep = { src, flat };
         o.issue = [src, flat, root](colld_comm_t *c) {
             return colld_gather(src.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, nbytes(src), COLLD_UINT8,
                                 root, c, nullptr);
@@ -635,14 +642,16 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     }
 
     /* outputs[0] gets the root's inputs[0][rank] (no inputs elsewhere), staged in one tensor. */
-    c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor> &outputs, std::vector<std::vector<at::Tensor>> &inputs,
+    c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor> &outputs,
+                                           std::vector<std::vector<at::Tensor>> &inputs,
                                            const c10d::ScatterOptions &opts) override
     {
         const at::Tensor &out = single("scatter", outputs);
         int root = check_root("scatter", opts.rootRank, 0);
         at::Tensor src;
         if (root == rank_) {
-            TORCH_CHECK(inputs.size() == 1, "torch_colld: scatter: the root expects one input list, got ", inputs.size());
+            TORCH_CHECK(inputs.size() == 1, "torch_colld: scatter: the root expects one input list, got ",
+                        inputs.size());
             check_list("scatter", inputs[0], out);
             src = flatten(inputs[0]);
         } else {
@@ -650,7 +659,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         }
         at::Tensor dst = dense(out);
         Op o = make("scatter", c10d::OpType::SCATTER, outputs);
-        o.keep = {src, dst};
+        o.keep = { src, dst };
         o.issue = [src, dst, root](colld_comm_t *c) {
             return colld_scatter(src.defined() ? src.data_ptr() : nullptr, dst.data_ptr(), nbytes(dst), COLLD_UINT8,
                                  root, c, nullptr);
@@ -665,8 +674,8 @@ class ProcessGroupColld : public c10d::ProcessGroup {
      * is a collective and colld_alltoallv sends and receives, so a rank that took one would never
      * meet a rank that took the other (one giving split sizes, another not), and the two measured
      * alike here. Input and output may be the same tensor (the input is copied first). */
-    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &output, at::Tensor &input, std::vector<int64_t> &out_splits,
-                                                 std::vector<int64_t> &in_splits,
+    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &output, at::Tensor &input,
+                                                 std::vector<int64_t> &out_splits, std::vector<int64_t> &in_splits,
                                                  const c10d::AllToAllOptions & /* opts */) override
     {
         check_cpu("all_to_all_single", input);
@@ -682,9 +691,9 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         at::Tensor dst = dense(output);
         if (overlap(src, dst))
             src = src.clone(); /* all-to-all has no in-place form */
-        std::vector<at::Tensor> outs{output};
+        std::vector<at::Tensor> outs{ output };
         Op o = make("all_to_all_single", c10d::OpType::ALLTOALL_BASE, outs);
-        o.keep = {src, dst};
+        o.keep = { src, dst };
         o.hint = kAlltoallvHint;
         o.issue = alltoallv(src, std::move(send), dst, std::move(recv));
         o.done = copy_back(output, dst);
@@ -708,9 +717,10 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         for (const at::Tensor &t : outputs)
             add_to_layout(recv, t, inputs[0]);
         at::Tensor src = flatten(inputs);
-        at::Tensor flat = at::empty({static_cast<int64_t>(recv.total / inputs[0].element_size())}, inputs[0].options());
+        at::Tensor flat = at::empty({ static_cast<int64_t>(recv.total / inputs[0].element_size()) },
+                                    inputs[0].options());
         Op o = make(op, c10d::OpType::ALLTOALL, outputs);
-        o.keep = {src, flat};
+        o.keep = { src, flat };
         o.hint = kAlltoallvHint;
         o.issue = alltoallv(src, std::move(send), flat, std::move(recv));
         o.done = scatter_back(outputs, flat);
@@ -734,13 +744,13 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         at::Tensor buf = t.contiguous();
         Op o = make("send", c10d::OpType::SEND, tensors);
         o.hint = kP2PHint;
-        o.keep = {buf};
+        o.keep = { buf };
         if (tag == 0) {
             o.issue = [buf, dst](colld_comm_t *c) {
                 return colld_send(buf.data_ptr(), nbytes(buf), COLLD_UINT8, dst, c, nullptr);
             };
         } else {
-            at::Tensor hdr = at::full({1}, static_cast<int64_t>(tag), at::TensorOptions().dtype(at::kLong));
+            at::Tensor hdr = at::full({ 1 }, static_cast<int64_t>(tag), at::TensorOptions().dtype(at::kLong));
             o.keep.push_back(hdr);
             o.issue = [buf, hdr, dst](colld_comm_t *c) {
                 return grouped(2, [&](size_t i) {
@@ -761,13 +771,13 @@ class ProcessGroupColld : public c10d::ProcessGroup {
         at::Tensor buf = dense(t);
         Op o = make("recv", c10d::OpType::RECV, tensors, src);
         o.hint = kP2PHint;
-        o.keep = {buf};
+        o.keep = { buf };
         if (tag == 0) {
             o.issue = [buf, src](colld_comm_t *c) {
                 return colld_recv(buf.data_ptr(), nbytes(buf), COLLD_UINT8, src, c, nullptr);
             };
         } else {
-            at::Tensor hdr = at::zeros({1}, at::TensorOptions().dtype(at::kLong));
+            at::Tensor hdr = at::zeros({ 1 }, at::TensorOptions().dtype(at::kLong));
             o.keep.push_back(hdr);
             o.issue = [buf, hdr, src](colld_comm_t *c) {
                 return grouped(2, [&](size_t i) {
@@ -917,7 +927,8 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     /* A root rank in range, and tensor 0 (one tensor per process). */
     int check_root(const char *op, int64_t root, int64_t root_tensor)
     {
-        TORCH_CHECK(root >= 0 && root < size_, "torch_colld: ", op, ": root rank ", root, " is not in [0, ", size_, ")");
+        TORCH_CHECK(root >= 0 && root < size_, "torch_colld: ", op, ": root rank ", root, " is not in [0, ", size_,
+                    ")");
         TORCH_CHECK(root_tensor == 0, "torch_colld: ", op, ": root tensor ", root_tensor,
                     " out of range (one tensor per process)");
         return static_cast<int>(root);
@@ -941,8 +952,8 @@ class ProcessGroupColld : public c10d::ProcessGroup {
      * `small`'s dtype. */
     static void check_flat(const char *op, const at::Tensor &big, const at::Tensor &small, int64_t want)
     {
-        TORCH_CHECK(big.scalar_type() == small.scalar_type(), "torch_colld: ", op,
-                    ": input and output dtypes differ (", small.scalar_type(), ", ", big.scalar_type(), ")");
+        TORCH_CHECK(big.scalar_type() == small.scalar_type(), "torch_colld: ", op, ": input and output dtypes differ (",
+                    small.scalar_type(), ", ", big.scalar_type(), ")");
         TORCH_CHECK(big.numel() == want, "torch_colld: ", op, ": the flat tensor must hold world size x ",
                     small.numel(), " = ", want, " elements, it holds ", big.numel());
     }
@@ -952,7 +963,7 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     {
         std::vector<at::Tensor> parts;
         for (const at::Tensor &p : list)
-            parts.push_back(p.reshape({-1}));
+            parts.push_back(p.reshape({ -1 }));
         return at::cat(parts);
     }
 
@@ -1114,13 +1125,13 @@ class ProcessGroupColld : public c10d::ProcessGroup {
     colld_comm_t *comm_ = nullptr;
     std::mutex mu_;
     std::condition_variable cv_;
-    std::deque<Op> queue_; /* guarded by mu_ */
+    std::deque<Op> queue_;            /* guarded by mu_ */
     std::atomic<size_t> queued_{ 0 }; /* queue_.size(), for the worker's look before it blocks */
-    bool stop_ = false;    /* guarded by mu_ */
-    bool busy_ = false;    /* guarded by mu_: the worker is running an operation */
-    int coalescing_ = 0;   /* guarded by mu_: startCoalescing's not yet ended (nesting) */
-    std::vector<Op> batch_; /* guarded by mu_: what was posted while coalescing */
-    std::mutex join_mu_;   /* one joiner at a time */
+    bool stop_ = false;               /* guarded by mu_ */
+    bool busy_ = false;               /* guarded by mu_: the worker is running an operation */
+    int coalescing_ = 0;              /* guarded by mu_: startCoalescing's not yet ended (nesting) */
+    std::vector<Op> batch_;           /* guarded by mu_: what was posted while coalescing */
+    std::mutex join_mu_;              /* one joiner at a time */
     std::thread worker_;
 };
 
@@ -1132,7 +1143,7 @@ PYBIND11_MODULE(_torch_colld, m)
     /* torch registers c10d::ProcessGroup (with its intrusive_ptr holder) in this module. */
     pybind11::module_::import("torch._C._distributed_c10d");
     pybind11::class_<ProcessGroupColld, c10::intrusive_ptr<ProcessGroupColld>, c10d::ProcessGroup>(m,
-                                                                                               "ProcessGroupColld")
+                                                                                                   "ProcessGroupColld")
         .def(pybind11::init<const c10::intrusive_ptr<c10d::Store> &, int, int, std::chrono::milliseconds>(),
              pybind11::arg("store"), pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
              pybind11::call_guard<pybind11::gil_scoped_release>());
