@@ -17,9 +17,15 @@
  * memory that is not colld's, see colld.h); a non-contiguous one is copied into a contiguous
  * tensor and the result copied back. List outputs and inputs (all_gather, reduce_scatter, gather,
  * scatter, all_to_all) are staged in one contiguous tensor. Operations that only move bytes
- * (broadcast, the gathers, scatter, all-to-all) take every dtype, as uint8. CUDA tensors,
- * point-to-point and all-to-all with unequal splits are refused with a RuntimeError saying so
- * (docs/torch.md).
+ * (broadcast, the gathers, scatter, all-to-all, send and receive) take every dtype, as uint8. CUDA
+ * tensors and receives from any source are refused with a RuntimeError saying so (docs/torch.md).
+ *
+ * Point-to-point: send and recv are colld_send / colld_recv, matched by colld in posting order per
+ * pair of ranks (the k-th send a->b meets the k-th receive b<-a); colld has no tags, so a non-zero
+ * tag travels in front of the tensor and the receiver checks it (see send()). A rank's operations
+ * run one after the other, so ranks that exchange must use batch_isend_irecv: torch runs it between
+ * startCoalescing and endCoalescing, and the operations posted in between run as one colld group,
+ * concurrently (a ring exchange cannot deadlock).
  */
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -50,6 +56,13 @@ namespace
 
 const char *const kUidKey = "torch_colld/uid";
 
+/* Added to a COLLD_ERR_MISMATCH of a send or receive, and of an all-to-all: how
+ * torch_colld's calls look to colld, whose detail names them. */
+const char *const kP2PHint = "torch_colld sends a tensor as its bytes (uint8), after its tag as 1 x int64 when "
+                             "the tag is not 0: the two ranks' tensor sizes or tags differ";
+const char *const kAlltoallvHint = "torch_colld runs all_to_all as colld_alltoallv, sends and receives of bytes: "
+                                   "the ranks' split sizes or tensor sizes disagree";
+
 class ProcessGroupColld;
 /* Every live process group, for shutdown_all (at interpreter exit). */
 std::mutex g_live_mu;
@@ -77,8 +90,8 @@ template <typename F> void spin_until(F ready)
 class WorkColld : public c10d::Work
 {
   public:
-    WorkColld(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
-        : c10d::Work(rank, type), outputs_(std::move(outputs)),
+    WorkColld(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, int source = -1)
+        : c10d::Work(rank, type), outputs_(std::move(outputs)), source_(source),
           future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get())))
     {
     }
@@ -119,21 +132,35 @@ class WorkColld : public c10d::Work
         return outputs_;
     }
 
+    /* The rank a receive's data came from (Work._source_rank()); c10d's raises for other work. */
+    int sourceRank() const override
+    {
+        return source_ >= 0 ? source_ : c10d::Work::sourceRank();
+    }
+
   private:
     std::vector<at::Tensor> outputs_;
+    int source_; /* a receive's peer, -1 for other operations */
     c10::intrusive_ptr<c10::ivalue::Future> future_;
     std::atomic<bool> done_{ false }; /* set after the Work and its future are completed */
 };
 
-/* One queued operation: `issue` posts its collective(s) on the worker thread; `done` copies
- * staged results into the caller's tensors after they completed. `keep` holds the tensors the
- * daemon reads or writes alive until then. */
+/* One queued operation: `issue` posts its collective(s) on the worker thread; `check` (where
+ * set) looks at what arrived once they completed and fails the operation with the text it
+ * returns (a received tag that is not the one asked for); `done` copies staged results into the
+ * caller's tensors. `keep` holds the tensors the daemon reads or writes alive until then. `hint`
+ * is added to a COLLD_ERR_MISMATCH's text: how torch_colld maps the call onto colld's. A batch
+ * (batch_isend_irecv) has no issue or work of its own: its `parts` are issued in one colld group
+ * and each completes its own work. */
 struct Op {
     const char *name;
     std::function<colld_status_t(colld_comm_t *)> issue;
+    std::function<std::string()> check;
     std::function<void()> done;
     std::vector<at::Tensor> keep;
     c10::intrusive_ptr<WorkColld> work;
+    const char *hint = nullptr;
+    std::vector<Op> parts;
 };
 
 /* ----------------------------------------------------------------------------------------------
@@ -374,11 +401,15 @@ class ProcessGroupColld : public c10d::ProcessGroup
     void stop(bool abort = false)
     {
         bool busy;
+        std::vector<Op> held;
         {
             std::lock_guard<std::mutex> lock(mu_);
             stop_ = true;
             busy = busy_;
+            held.swap(batch_); /* posted inside a batch_isend_irecv that never ended */
         }
+        for (Op &o : held)
+            fail(o, "the process group was stopped before its batch was posted");
         cv_.notify_all();
         if (abort && busy)
             colld_comm_abort(comm_);
@@ -710,76 +741,260 @@ class ProcessGroupColld : public c10d::ProcessGroup
         return post(std::move(o));
     }
 
-    /* all_to_all_single: equal splits only (colld_alltoall has one count). */
+    /* all_to_all_single: the input's rows in_splits[q] (after those for the ranks before q) go to
+     * rank q, and rank q's land in the output's rows out_splits[q]; a side without split sizes is
+     * split in equal parts. Always colld_alltoallv, in bytes, even for equal parts: colld_alltoall
+     * is a collective and colld_alltoallv sends and receives, so a rank that took one would never
+     * meet a rank that took the other (one giving split sizes, another not), and the two measured
+     * alike here. Input and output may be the same tensor (the input is copied first). */
     c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &output, at::Tensor &input,
                                                  std::vector<int64_t> &out_splits, std::vector<int64_t> &in_splits,
                                                  const c10d::AllToAllOptions & /* opts */) override
     {
         check_cpu("all_to_all_single", input);
         check_cpu("all_to_all_single", output);
-        TORCH_CHECK(input.scalar_type() == output.scalar_type() && input.numel() == output.numel(),
-                    "torch_colld: all_to_all_single: input and output must have the same dtype and size");
-        check_equal_splits(out_splits, output);
-        check_equal_splits(in_splits, input);
-        TORCH_CHECK(input.numel() % size_ == 0, "torch_colld: all_to_all_single: ", input.numel(),
-                    " elements do not split evenly between ", size_, " ranks");
+        TORCH_CHECK(input.scalar_type() == output.scalar_type(),
+                    "torch_colld: all_to_all_single: input and output dtypes differ (", input.scalar_type(), ", ",
+                    output.scalar_type(), ")");
+        Layout send = split_layout("input", in_splits, input);
+        Layout recv = split_layout("output", out_splits, output);
+        TORCH_CHECK(send.row == recv.row, "torch_colld: all_to_all_single: an input row holds ", send.row,
+                    " bytes, an output row ", recv.row, ": both tensors must have the same size past dimension 0");
         at::Tensor src = input.contiguous();
         at::Tensor dst = dense(output);
-        if (src.data_ptr() == dst.data_ptr())
-            src = src.clone(); /* colld_alltoall has no in-place form */
+        if (overlap(src, dst))
+            src = src.clone(); /* all-to-all has no in-place form */
         std::vector<at::Tensor> outs{ output };
         Op o = make("all_to_all_single", c10d::OpType::ALLTOALL_BASE, outs);
         o.keep = { src, dst };
-        int world = size_;
-        o.issue = [src, dst, world](colld_comm_t *c) {
-            return colld_alltoall(src.data_ptr(), dst.data_ptr(), nbytes(src) / world, COLLD_UINT8, c, nullptr);
-        };
+        o.hint = kAlltoallvHint;
+        o.issue = alltoallv(src, std::move(send), dst, std::move(recv));
         o.done = copy_back(output, dst);
         return post(std::move(o));
     }
 
-    /* all_to_all (lists): every tensor of both lists the same dtype and size, staged in one each. */
+    /* all_to_all (lists): inputs[q] goes to rank q, rank q's lands in outputs[q]; the tensors may
+     * differ in size (one dtype for all). Both lists are staged in one contiguous tensor each and
+     * moved with colld_alltoallv, in bytes, whatever the sizes: whether another rank's tensors
+     * are equal is not known here, and every rank must make the same call. */
     c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
                                             const c10d::AllToAllOptions & /* opts */) override
     {
-        TORCH_CHECK(!inputs.empty(), "torch_colld: all_to_all: the input list is empty");
-        check_cpu("all_to_all", inputs[0]);
-        check_list("all_to_all", inputs, inputs[0]);
-        check_list("all_to_all", outputs, inputs[0]);
+        const char *op = "all_to_all";
+        TORCH_CHECK(inputs.size() == static_cast<size_t>(size_) && outputs.size() == static_cast<size_t>(size_),
+                    "torch_colld: all_to_all: expects ", size_, " input and ", size_,
+                    " output tensors (one per rank), got ", inputs.size(), " and ", outputs.size());
+        Layout send, recv;
+        for (const at::Tensor &t : inputs)
+            add_to_layout(send, t, inputs[0]);
+        for (const at::Tensor &t : outputs)
+            add_to_layout(recv, t, inputs[0]);
         at::Tensor src = flatten(inputs);
-        at::Tensor flat = at::empty({ src.numel() }, src.options());
-        Op o = make("all_to_all", c10d::OpType::ALLTOALL, outputs);
+        at::Tensor flat = at::empty({ static_cast<int64_t>(recv.total / inputs[0].element_size()) },
+                                    inputs[0].options());
+        Op o = make(op, c10d::OpType::ALLTOALL, outputs);
         o.keep = { src, flat };
-        int world = size_;
-        o.issue = [src, flat, world](colld_comm_t *c) {
-            return colld_alltoall(src.data_ptr(), flat.data_ptr(), nbytes(src) / world, COLLD_UINT8, c, nullptr);
-        };
+        o.hint = kAlltoallvHint;
+        o.issue = alltoallv(src, std::move(send), flat, std::move(recv));
         o.done = scatter_back(outputs, flat);
         return post(std::move(o));
     }
 
-    /* ---- what the colld C API does not have yet: point-to-point ---- */
+    /* ---- point-to-point ---- */
 
-    c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor> &, int, int) override
+    /* Sends the tensor to rank dst with colld_send (its bytes, as uint8). colld matches the k-th
+     * send a->b with the k-th receive b<-a and has no tags. With tag 0 the tensor is the whole
+     * message; with any other tag the tag goes first (1 x int64, in one colld group with the
+     * tensor) and the receive checks it: a program that pairs its sends and receives by tag in
+     * another order than it posts them (Gloo allows that) gets a RuntimeError naming both tags
+     * instead of the wrong data, and a tagged send never meets an untagged receive (colld
+     * refuses the pair as a COLLD_ERR_MISMATCH, int64 against uint8). A send to this rank itself
+     * is refused outside batch_isend_irecv: alone it would wait for a receive posted after it. */
+    c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor> &tensors, int dst, int tag) override
     {
-        return missing("send", "point-to-point");
+        const at::Tensor &t = single("send", tensors);
+        check_peer("send", "to", dst);
+        at::Tensor buf = t.contiguous();
+        Op o = make("send", c10d::OpType::SEND, tensors);
+        o.hint = kP2PHint;
+        o.keep = { buf };
+        if (tag == 0) {
+            o.issue = [buf, dst](colld_comm_t *c) {
+                return colld_send(buf.data_ptr(), nbytes(buf), COLLD_UINT8, dst, c, nullptr);
+            };
+        } else {
+            at::Tensor hdr = at::full({ 1 }, static_cast<int64_t>(tag), at::TensorOptions().dtype(at::kLong));
+            o.keep.push_back(hdr);
+            o.issue = [buf, hdr, dst](colld_comm_t *c) {
+                return grouped(2, [&](size_t i) {
+                    return i == 0 ? colld_send(hdr.data_ptr(), 1, COLLD_INT64, dst, c, nullptr)
+                                  : colld_send(buf.data_ptr(), nbytes(buf), COLLD_UINT8, dst, c, nullptr);
+                });
+            };
+        }
+        return post(std::move(o));
     }
-    c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor> &, int, int) override
+
+    /* Receives the tensor from rank src (colld_recv): the next send from src, which must have
+     * the same size in bytes and, where a tag is given, the same tag (send() says how). */
+    c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor> &tensors, int src, int tag) override
     {
-        return missing("recv", "point-to-point");
+        const at::Tensor &t = single("recv", tensors);
+        check_peer("recv", "from", src);
+        at::Tensor buf = dense(t);
+        Op o = make("recv", c10d::OpType::RECV, tensors, src);
+        o.hint = kP2PHint;
+        o.keep = { buf };
+        if (tag == 0) {
+            o.issue = [buf, src](colld_comm_t *c) {
+                return colld_recv(buf.data_ptr(), nbytes(buf), COLLD_UINT8, src, c, nullptr);
+            };
+        } else {
+            at::Tensor hdr = at::zeros({ 1 }, at::TensorOptions().dtype(at::kLong));
+            o.keep.push_back(hdr);
+            o.issue = [buf, hdr, src](colld_comm_t *c) {
+                return grouped(2, [&](size_t i) {
+                    return i == 0 ? colld_recv(hdr.data_ptr(), 1, COLLD_INT64, src, c, nullptr)
+                                  : colld_recv(buf.data_ptr(), nbytes(buf), COLLD_UINT8, src, c, nullptr);
+                });
+            };
+            o.check = [hdr, src, tag]() -> std::string {
+                int64_t got = hdr.data_ptr<int64_t>()[0];
+                if (got == tag)
+                    return "";
+                return "torch_colld: recv from rank " + std::to_string(src) + " with tag " + std::to_string(tag) +
+                       " got the message rank " + std::to_string(src) + " sent with tag " + std::to_string(got) +
+                       ": colld matches a pair of ranks' sends and receives in the order they are posted, tags "
+                       "are only checked (post them in the same order on both ranks)";
+            };
+        }
+        o.done = copy_back(t, buf);
+        return post(std::move(o));
     }
+
+    /* colld_recv names its sender: there is no receive from any source (as NCCL's backend). */
     c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor> &, int) override
     {
-        return missing("recv (any source)", "point-to-point");
+        TORCH_CHECK(false, "torch_colld: recv from any source (src=None) is not supported: colld matches every "
+                           "receive with one named sender (colld_recv has no any-source form); pass src=, or use "
+                           "the gloo backend for it");
+    }
+
+    /* batch_isend_irecv: torch calls startCoalescing, then isend/irecv for each P2POp, then
+     * endCoalescing. The operations posted in between (by any thread, on this group) are held
+     * back and queued at the end as one batch, which the worker issues in one colld group: its
+     * sends and receives run concurrently (after its collectives, as colld orders a group), so
+     * ranks that exchange with each other never wait on each other. Nests: only the outermost
+     * end queues the batch. */
+    void startCoalescing() override
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        coalescing_++;
+    }
+
+    void endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>> & /* reqs: the batch holds them */) override
+    {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            TORCH_CHECK(coalescing_ > 0, "torch_colld: _end_coalescing without _start_coalescing");
+            if (--coalescing_ > 0 || batch_.empty())
+                return;
+            Op batch; /* straight into the queue: post() would hold it if another thread coalesces */
+            batch.name = "batch_isend_irecv";
+            batch.parts.swap(batch_);
+            queue_.push_back(std::move(batch));
+            queued_.store(queue_.size(), std::memory_order_release);
+        }
+        cv_.notify_one();
     }
 
   private:
-    /* Raise for an operation colld has no call for yet. */
-    [[noreturn]] c10::intrusive_ptr<c10d::Work> missing(const char *op, const char *kind)
+    /* Where a tensor's parts for (or from) each rank lie in its bytes: colld_alltoallv's counts
+     * and displacements, in bytes. `row`: the bytes of one row (dimension 0) where it was split
+     * by rows. */
+    struct Layout {
+        std::vector<size_t> counts, displs;
+        size_t total = 0;
+        size_t row = 0;
+    };
+
+    /* The layout of `t` split along dimension 0 into splits[q] rows for rank q (none given:
+     * equal parts). */
+    Layout split_layout(const char *which, const std::vector<int64_t> &splits, const at::Tensor &t)
     {
-        TORCH_CHECK(false, "torch_colld: ", op, " is not supported by colld yet (the colld C API has no ", kind,
-                    " operation; issue 16): use the gloo backend for it, e.g. a second group from "
-                    "dist.new_group(backend=\"gloo\")");
+        TORCH_CHECK(t.dim() >= 1, "torch_colld: all_to_all_single: the ", which,
+                    " tensor has no dimension to split (0-dimensional)");
+        Layout l;
+        l.row = t.element_size();
+        for (int64_t d = 1; d < t.dim(); d++)
+            l.row *= static_cast<size_t>(t.size(d));
+        int64_t rows = t.size(0);
+        std::vector<int64_t> s = splits;
+        if (s.empty()) {
+            TORCH_CHECK(rows % size_ == 0, "torch_colld: all_to_all_single: the ", which, "'s ", rows,
+                        " rows do not split evenly between ", size_, " ranks (give its split sizes)");
+            s.assign(size_, rows / size_);
+        }
+        TORCH_CHECK(s.size() == static_cast<size_t>(size_), "torch_colld: all_to_all_single: ", s.size(), " ", which,
+                    " split sizes for ", size_, " ranks");
+        int64_t sum = 0;
+        for (int64_t n : s) {
+            TORCH_CHECK(n >= 0, "torch_colld: all_to_all_single: negative ", which, " split size ", n);
+            sum += n;
+        }
+        TORCH_CHECK(sum == rows, "torch_colld: all_to_all_single: the ", which, " split sizes add up to ", sum,
+                    " rows, the tensor has ", rows);
+        for (int64_t n : s) {
+            l.counts.push_back(static_cast<size_t>(n) * l.row);
+            l.displs.push_back(l.total);
+            l.total += l.counts.back();
+        }
+        return l;
+    }
+
+    /* Appends tensor t (of all_to_all's lists, which all have `like`'s dtype) to a layout. */
+    static void add_to_layout(Layout &l, const at::Tensor &t, const at::Tensor &like)
+    {
+        check_cpu("all_to_all", t);
+        TORCH_CHECK(t.scalar_type() == like.scalar_type(),
+                    "torch_colld: all_to_all: every tensor of both lists must have one dtype (", like.scalar_type(),
+                    "), one has ", t.scalar_type());
+        l.counts.push_back(nbytes(t));
+        l.displs.push_back(l.total);
+        l.total += nbytes(t);
+    }
+
+    /* Issues colld_alltoallv of src's `send` parts into dst's `recv` parts, as bytes. */
+    static std::function<colld_status_t(colld_comm_t *)> alltoallv(const at::Tensor &src, Layout send,
+                                                                   const at::Tensor &dst, Layout recv)
+    {
+        return [src, dst, send = std::move(send), recv = std::move(recv)](colld_comm_t *c) {
+            return colld_alltoallv(src.data_ptr(), send.counts.data(), send.displs.data(), dst.data_ptr(),
+                                   recv.counts.data(), recv.displs.data(), COLLD_UINT8, c, nullptr);
+        };
+    }
+
+    /* Whether two tensors' bytes overlap. */
+    static bool overlap(const at::Tensor &a, const at::Tensor &b)
+    {
+        uintptr_t pa = reinterpret_cast<uintptr_t>(a.data_ptr()), pb = reinterpret_cast<uintptr_t>(b.data_ptr());
+        size_t na = nbytes(a), nb = nbytes(b);
+        return na && nb && pa < pb + nb && pb < pa + na;
+    }
+
+    /* A send's or receive's peer: a rank of the group, and this rank only inside
+     * batch_isend_irecv (alone, a send to itself waits for a receive posted after it). */
+    void check_peer(const char *op, const char *dir, int peer)
+    {
+        TORCH_CHECK(peer >= 0 && peer < size_, "torch_colld: ", op, ": rank ", peer, " is not in [0, ", size_, ")");
+        bool coalescing;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            coalescing = coalescing_ > 0;
+        }
+        TORCH_CHECK(peer != rank_ || coalescing, "torch_colld: ", op, " ", dir, " this rank itself (", peer,
+                    ") works only inside batch_isend_irecv (with the matching ", op[0] == 's' ? "irecv" : "isend",
+                    "): alone it would wait for an operation posted after it");
     }
 
     /* A root rank in range, and tensor 0 (one tensor per process). */
@@ -816,19 +1031,6 @@ class ProcessGroupColld : public c10d::ProcessGroup
                     small.numel(), " = ", want, " elements, it holds ", big.numel());
     }
 
-    /* all_to_all splits: none (equal) or all equal. */
-    void check_equal_splits(const std::vector<int64_t> &splits, const at::Tensor &t)
-    {
-        if (splits.empty())
-            return;
-        TORCH_CHECK(splits.size() == static_cast<size_t>(size_), "torch_colld: all_to_all_single: ", splits.size(),
-                    " split sizes for ", size_, " ranks");
-        for (int64_t n : splits)
-            TORCH_CHECK(n * size_ == t.size(0),
-                        "torch_colld: all_to_all_single with unequal split sizes is not supported by colld yet "
-                        "(colld_alltoall has one count for every peer; issue 16)");
-    }
-
     /* One contiguous tensor holding a list's tensors one after the other. */
     static at::Tensor flatten(const std::vector<at::Tensor> &list)
     {
@@ -838,13 +1040,16 @@ class ProcessGroupColld : public c10d::ProcessGroup
         return at::cat(parts);
     }
 
-    /* Copies block r of a staged flat result into list[r] (equal sizes). */
+    /* Copies the blocks of a staged flat result into the list's tensors, one after the other (list[r]
+     * gets the numel() elements after those of list[0..r-1]). */
     static std::function<void()> scatter_back(const std::vector<at::Tensor> &list, const at::Tensor &flat)
     {
         return [list, flat] {
+            int64_t off = 0;
             for (size_t r = 0; r < list.size(); r++) {
                 int64_t n = list[r].numel();
-                list[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view(list[r].sizes()));
+                list[r].copy_(flat.narrow(0, off, n).view(list[r].sizes()));
+                off += n;
             }
         };
     }
@@ -870,32 +1075,77 @@ class ProcessGroupColld : public c10d::ProcessGroup
         return st != COLLD_OK ? st : end;
     }
 
-    /* A new operation with its Work. */
-    Op make(const char *name, c10d::OpType type, const std::vector<at::Tensor> &outputs)
+    /* A new operation with its Work (`source`: a receive's peer). */
+    Op make(const char *name, c10d::OpType type, const std::vector<at::Tensor> &outputs, int source = -1)
     {
         Op o;
         o.name = name;
-        o.work = c10::make_intrusive<WorkColld>(rank_, type, outputs);
+        o.work = c10::make_intrusive<WorkColld>(rank_, type, outputs, source);
         return o;
     }
 
-    /* Queue an operation for the worker; returns its Work. */
+    /* Fail an operation that will not run: its work, or every part's of a batch. */
+    static void fail(Op &o, const std::string &why)
+    {
+        if (o.work)
+            o.work->complete(std::string("torch_colld: ") + o.name + ": " + why);
+        for (Op &p : o.parts)
+            fail(p, why);
+    }
+
+    /* Queue an operation for the worker, or hold it in the batch while coalescing
+     * (batch_isend_irecv); returns its Work. */
     c10::intrusive_ptr<c10d::Work> post(Op &&o)
     {
         c10::intrusive_ptr<c10d::Work> w = o.work;
+        bool queued = false;
         {
             std::lock_guard<std::mutex> lock(mu_);
+            if (!stop_ && coalescing_ > 0) {
+                batch_.push_back(std::move(o));
+                return w;
+            }
             if (!stop_) {
                 queue_.push_back(std::move(o));
                 queued_.store(queue_.size(), std::memory_order_release);
-                o.work.reset();
+                queued = true;
             }
         }
-        if (o.work)
-            o.work->complete(std::string("torch_colld: ") + o.name +
-                             ": the process group was stopped (interpreter exit)");
+        if (!queued)
+            fail(o, "the process group was stopped (interpreter exit)");
         cv_.notify_one();
         return w;
+    }
+
+    /* The text of a failed colld call of operation o: colld's detail, and for a point-to-point
+     * mismatch how torch_colld maps the torch call onto colld's. */
+    std::string failure(const Op &o, colld_status_t st)
+    {
+        const char *detail = colld_comm_last_error(comm_);
+        std::string m = colld_failure(o.name, st, detail);
+        const char *hint = o.hint;
+        for (const Op &p : o.parts)
+            hint = hint ? hint : p.hint;
+        if (st == COLLD_ERR_MISMATCH && hint && detail && std::strstr(detail, "point-to-point"))
+            m += std::string(" (") + hint + ")";
+        return m;
+    }
+
+    /* After o's colld calls completed with `error` (empty: they succeeded): check what arrived,
+     * copy staged results back, and release the tensors. Returns the operation's error. */
+    static std::string settle(Op &o, std::string error)
+    {
+        if (error.empty() && o.check)
+            error = o.check();
+        if (error.empty() && o.done) {
+            try {
+                o.done();
+            } catch (const std::exception &e) {
+                error = std::string("torch_colld: ") + o.name + ": copying the result back failed: " + e.what();
+            }
+        }
+        o.keep.clear();
+        return error;
     }
 
     /* The worker: issues each queued operation, waits for it with colld_comm_synchronize (which
@@ -917,30 +1167,30 @@ class ProcessGroupColld : public c10d::ProcessGroup
                 busy_ = !stop_;
                 if (stop_) {
                     lock.unlock();
-                    o.work->complete(std::string("torch_colld: ") + o.name +
-                                     ": the process group was destroyed before it ran");
+                    fail(o, "the process group was destroyed before it ran");
                     continue;
                 }
             }
-            std::string error;
-            colld_status_t st = o.issue(comm_);
+            /* A batch's parts go in one colld group. */
+            colld_status_t st = o.parts.empty()
+                                    ? o.issue(comm_)
+                                    : grouped(o.parts.size(), [&](size_t i) { return o.parts[i].issue(comm_); });
             if (st == COLLD_OK)
                 st = colld_comm_synchronize(comm_);
-            if (st != COLLD_OK) {
-                error = colld_failure(o.name, st, colld_comm_last_error(comm_));
-            } else if (o.done) {
-                try {
-                    o.done();
-                } catch (const std::exception &e) {
-                    error = std::string("torch_colld: ") + o.name + ": copying the result back failed: " + e.what();
-                }
-            }
-            o.keep.clear();
+            std::string error = st == COLLD_OK ? std::string() : failure(o, st);
+            std::vector<std::string> errors;
+            if (o.parts.empty())
+                errors.push_back(settle(o, error));
+            for (Op &p : o.parts)
+                errors.push_back(settle(p, error));
             {
                 std::lock_guard<std::mutex> lock(mu_);
                 busy_ = false;
             }
-            o.work->complete(error);
+            if (o.parts.empty())
+                o.work->complete(errors[0]);
+            for (size_t i = 0; i < o.parts.size(); i++)
+                o.parts[i].work->complete(errors[i]);
         }
     }
 
@@ -952,6 +1202,8 @@ class ProcessGroupColld : public c10d::ProcessGroup
     std::atomic<size_t> queued_{ 0 }; /* queue_.size(), for the worker's look before it blocks */
     bool stop_ = false;               /* guarded by mu_ */
     bool busy_ = false;               /* guarded by mu_: the worker is running an operation */
+    int coalescing_ = 0;              /* guarded by mu_: startCoalescing's not yet ended (nesting) */
+    std::vector<Op> batch_;           /* guarded by mu_: what was posted while coalescing */
     std::mutex join_mu_;              /* one joiner at a time */
     std::thread worker_;
 };

@@ -17,6 +17,14 @@ private directory, and checks their exit codes:
         parameters are identical too.
   kill  (3 ranks): rank 1 is killed with SIGKILL after a first all-reduce; the others' next
         all-reduce (wait() and its future) raises a RuntimeError naming rank 1.
+  exit, zerocopy: a rank leaving with an operation in flight; torch_colld.empty's tensors.
+  p2p   (2, 3 and 4 ranks): send, recv, isend/irecv, batch_isend_irecv (ring exchanges, PyTorch's
+        rank-ordered blocking sends, tags, a rank sending to itself), all_to_all_single with uneven
+        split sizes and all_to_all of unequal tensors, every dtype, exact; the refusals (any source).
+  p2pfail (2 ranks): tags posted in another order, a tagged send against an untagged receive,
+        sizes that differ: RuntimeErrors carrying colld's COLLD_ERR_MISMATCH detail.
+  p2pkill (3 ranks): rank 1 is killed with SIGKILL while ranks 0 and 2 wait to receive from it:
+        both fail with COLLD_ERR_PEER_LOST naming rank 1.
 
 Usage: test_torch.py --colld BUILD/server/colld --pythonpath BUILD/bindings/torch/python [SCENARIO...]
        test_torch.py --colld ... --pythonpath ... --upstream tests/torch/upstream_pass.txt
@@ -24,6 +32,7 @@ Usage: test_torch.py --colld BUILD/server/colld --pythonpath BUILD/bindings/torc
 Exit 0 when every scenario passed, 1 otherwise, 77 (skip) when torch cannot be imported.
 """
 import argparse
+import datetime
 import os
 import signal
 import socket
@@ -255,13 +264,6 @@ def worker_ops(torch, dist, rank, world, ck):
     ck.true("get_backend of a subgroup", dist.get_backend(mine) == "colld")
 
     # What is not supported says so.
-    NS = "not supported by colld yet"
-    ck.raises("send", lambda: dist.send(torch.zeros(1), dst=(rank + 1) % world), NS)
-    ck.raises("recv", lambda: dist.recv(torch.zeros(1), src=(rank + 1) % world), NS)
-    splits = [1] * (world - 1) + [3]
-    ck.raises("all_to_all_single with unequal splits",
-              lambda: dist.all_to_all_single(torch.zeros(world + 2), torch.zeros(world + 2), output_split_sizes=splits,
-                                             input_split_sizes=splits), "unequal split sizes is not supported by colld yet")
     ck.raises("all_reduce of bool", lambda: dist.all_reduce(torch.zeros(3, dtype=torch.bool)),
               "dtype Bool is not supported by colld")
     # torch sums complex tensors as their real view (float32 here)
@@ -421,6 +423,264 @@ def worker_exit(torch, dist, rank, world, ck):
         print(f"rank {rank}: the error: {e}", flush=True)
 
 
+# Every dtype a send, a receive or an all-to-all moves (they move bytes: any dtype).
+P2P_DTYPES = REDUCE_DTYPES + ["int16", "bool", "complex64", "complex128"]
+
+
+def p2p_value(torch, tag, count, dtype):
+    """The message identified by `tag` (an int): count elements of dtype, different for every tag
+    and element, exact in every dtype (bool: a pattern of the tag)."""
+    i = torch.arange(count, dtype=torch.int64)
+    v = (i * 7 + tag * 13) % 61 + 1
+    if dtype == "bool":
+        return (v % 2 == 1)
+    if dtype.startswith("complex"):
+        return torch.complex(v.to(torch.float64), -v.to(torch.float64)).to(getattr(torch, dtype))
+    return v.to(getattr(torch, dtype))
+
+
+def msg(a, b, k=0):
+    """A tag naming the k-th message from rank a to rank b."""
+    return a * 1000 + b * 10 + k
+
+
+def worker_p2p(torch, dist, rank, world, ck):
+    """send, recv, isend/irecv and batch_isend_irecv, and the uneven all-to-alls, every dtype, exact."""
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    for dtype in P2P_DTYPES:
+        dt = getattr(torch, dtype)
+        for count in [1, 1001, 70001]:
+            # Ring exchange in one batch: to the next rank and to the previous one, from both.
+            s1, s2 = p2p_value(torch, msg(rank, nxt), count, dtype), p2p_value(torch, msg(rank, prv, 1), count, dtype)
+            r1, r2 = torch.zeros(count, dtype=dt), torch.zeros(count, dtype=dt)
+            reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, s1, nxt), dist.P2POp(dist.isend, s2, prv),
+                                           dist.P2POp(dist.irecv, r1, prv), dist.P2POp(dist.irecv, r2, nxt)])
+            for q in reqs:
+                q.wait()
+            ck.equal(f"ring from the previous rank {dtype} x{count}", r1,
+                     p2p_value(torch, msg(prv, rank), count, dtype))
+            ck.equal(f"ring from the next rank {dtype} x{count}", r2,
+                     p2p_value(torch, msg(nxt, rank, 1), count, dtype))
+            ck.true(f"batch_isend_irecv {dtype} x{count}: 4 works, completed",
+                    len(reqs) == 4 and all(q.is_completed() and q.is_success() for q in reqs))
+        for count in [1, 1001]:
+            # PyTorch's pattern: each rank in turn sends to every other with blocking sends (its own
+            # size: rank + count), the others receive.
+            for src in range(world):
+                if src == rank:
+                    for dst in range(world):
+                        if dst != rank:
+                            dist.send(p2p_value(torch, msg(rank, dst), count + rank, dtype), dst)
+                else:
+                    t = torch.zeros(count + src, dtype=dt)
+                    dist.recv(t, src)
+                    ck.equal(f"blocking recv from {src} {dtype} x{count + src}", t,
+                             p2p_value(torch, msg(src, rank), count + src, dtype))
+            # isend / irecv with wait: rank 0 sends to all, then receives from all (waits in reverse).
+            if rank == 0:
+                works = [dist.isend(p2p_value(torch, msg(0, d, 2), count * d, dtype), d) for d in range(1, world)]
+                outs = [torch.zeros(count + d, dtype=dt) for d in range(1, world)]
+                rworks = [dist.irecv(outs[d - 1], d) for d in range(1, world)]
+                for w in reversed(works + rworks):
+                    w.wait()
+                ck.true(f"isend works completed {dtype} x{count}",
+                        all(w.is_completed() and w.is_success() for w in works))
+                for d in range(1, world):
+                    ck.equal(f"irecv from {d} {dtype} x{count + d}", outs[d - 1],
+                             p2p_value(torch, msg(d, 0, 3), count + d, dtype))
+                    ck.true(f"irecv from {d}: _source_rank", rworks[d - 1]._source_rank() == d)
+            else:
+                t = torch.zeros(count * rank, dtype=dt)
+                w = dist.irecv(t, 0)
+                fut = w.get_future()
+                ws = dist.isend(p2p_value(torch, msg(rank, 0, 3), count + rank, dtype), 0)
+                w.wait()
+                ck.equal(f"irecv from 0 {dtype} x{count * rank}", t,
+                         p2p_value(torch, msg(0, rank, 2), count * rank, dtype))
+                ck.equal(f"irecv's future holds the tensor {dtype}", fut.wait()[0], t)
+                ws.wait()
+        # Uneven all_to_all_single: rank r sends (r + 2q) % 3 rows of 2 (zero included) to rank q.
+        rows = lambda a, b: (a + 2 * b) % 3  # noqa: E731
+        ins = [p2p_value(torch, msg(rank, q, 4), 2 * rows(rank, q), dtype).reshape(-1, 2) for q in range(world)]
+        out = torch.zeros(sum(rows(q, rank) for q in range(world)), 2, dtype=dt)
+        dist.all_to_all_single(out, torch.cat(ins), [rows(q, rank) for q in range(world)],
+                               [rows(rank, q) for q in range(world)])
+        want = torch.cat([p2p_value(torch, msg(q, rank, 4), 2 * rows(q, rank), dtype).reshape(-1, 2)
+                          for q in range(world)])
+        ck.equal(f"all_to_all_single with uneven splits {dtype}", out, want)
+        # all_to_all with lists of unequal tensors: rank r sends 3 * (r + q) + 1 elements to rank q.
+        n = lambda a, b: 3 * (a + b) + 1  # noqa: E731
+        outs = [torch.zeros(n(q, rank), dtype=dt) for q in range(world)]
+        dist.all_to_all(outs, [p2p_value(torch, msg(rank, q, 5), n(rank, q), dtype) for q in range(world)])
+        for q in range(world):
+            ck.equal(f"all_to_all of unequal tensors {dtype} [{q}]", outs[q],
+                     p2p_value(torch, msg(q, rank, 5), n(q, rank), dtype))
+
+    # Tags: the same non-zero tags on both sides, blocking (PyTorch's test_send_recv_with_tag) and in a
+    # batch (its gloo_tags pattern).
+    for src in range(world):
+        if src == rank:
+            for dst in range(world):
+                if dst != rank:
+                    dist.send(p2p_value(torch, msg(rank, dst, 6), 10, "float32"), dst, tag=rank + 7)
+        else:
+            t = torch.zeros(10)
+            dist.recv(t, src, tag=src + 7)
+            ck.equal(f"recv with tag {src + 7} from {src}", t, p2p_value(torch, msg(src, rank, 6), 10, "float32"))
+    ops, got = [], {}
+    for q in range(world):
+        if q != rank:
+            got[q] = torch.zeros(q + 1, dtype=torch.int64)
+            ops.append(dist.P2POp(dist.irecv, got[q], q, tag=q))
+            ops.append(dist.P2POp(dist.isend, p2p_value(torch, msg(rank, q, 7), rank + 1, "int64"), q, tag=rank))
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    for q in got:
+        ck.equal(f"batch with tags from {q}", got[q], p2p_value(torch, msg(q, rank, 7), q + 1, "int64"))
+
+    # A rank sends to itself inside a batch.
+    t = torch.zeros(5, dtype=torch.float64)
+    for w in dist.batch_isend_irecv([dist.P2POp(dist.irecv, t, rank),
+                                     dist.P2POp(dist.isend, p2p_value(torch, msg(rank, rank), 5, "float64"), rank)]):
+        w.wait()
+    ck.equal("a batch sending to this rank itself", t, p2p_value(torch, msg(rank, rank), 5, "float64"))
+
+    # Non-contiguous tensors both ways, zero elements, and a send in the middle of collectives.
+    base = torch.zeros(4, 3)
+    view = base.t()
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, (torch.arange(12.) + 100 * rank).reshape(4, 3).t(), nxt),
+                                   dist.P2POp(dist.irecv, view, prv)])
+    for w in reqs:
+        w.wait()
+    ck.equal("a ring into a non-contiguous view (the base)", base, (torch.arange(12.) + 100 * prv).reshape(4, 3))
+    z = torch.zeros(0, dtype=torch.int32)
+    for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.zeros(0, dtype=torch.int32), nxt),
+                                     dist.P2POp(dist.irecv, z, prv)]):
+        w.wait()
+    ck.equal("a ring of zero elements", z, torch.zeros(0, dtype=torch.int32))
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    # a chain 0 -> 1 -> ... -> world-1 between two all-reduces: each rank receives, then sends on
+    r = torch.full((2,), -1.0)
+    if rank > 0:
+        dist.recv(r, rank - 1)
+    w = dist.isend(r + 1, rank + 1) if rank < world - 1 else None
+    if w is not None:
+        w.wait()
+    ck.equal("a chain of recv then isend", r, torch.full((2,), -1.0 + rank))
+    dist.all_reduce(t)
+    ck.equal("all_reduce around point-to-point", t, torch.full((3,), float(world * world)))
+
+    # In place: all_to_all_single with the same tensor as input and output, split sizes given.
+    t = torch.arange(world, dtype=torch.float32) + 10 * rank
+    dist.all_to_all_single(t, t, [1] * world, [1] * world)
+    ck.equal("all_to_all_single in place", t, torch.tensor([10. * q + rank for q in range(world)]))
+
+    # A subgroup: its ranks are global ranks in torch, translated to the group's.
+    evens = [r for r in range(world) if r % 2 == 0]
+    sub = dist.new_group(evens)
+    if rank in evens and len(evens) > 1:
+        i = evens.index(rank)
+        to, frm = evens[(i + 1) % len(evens)], evens[(i - 1) % len(evens)]
+        r = torch.zeros(3, dtype=torch.int32)
+        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((3,), rank, dtype=torch.int32), to, sub),
+                                         dist.P2POp(dist.irecv, r, frm, sub)]):
+            w.wait()
+        ck.equal("a ring in a subgroup", r, torch.full((3,), frm, dtype=torch.int32))
+
+    # What colld has not: a receive from any source; a lone send to this rank itself.
+    ck.raises("recv from any source", lambda: dist.recv(torch.zeros(1)),
+              "recv from any source (src=None) is not supported")
+    ck.raises("irecv from any source", lambda: dist.irecv(torch.zeros(1)), "colld_recv has no any-source form")
+    ck.raises("a send to this rank itself", lambda: dist.send(torch.zeros(1), rank),
+              "works only inside batch_isend_irecv")
+    ck.raises("a send to a rank out of range", lambda: dist.send(torch.zeros(1), world + 3), "")
+    ck.raises("all_to_all_single with split sizes that do not add up",
+              lambda: dist.all_to_all_single(torch.zeros(world), torch.zeros(world), [1] * world, [2] * world),
+              "the input split sizes add up to")
+    # the group still works
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    ck.equal("all_reduce after the refused calls", t, torch.full((4,), float(world)))
+
+
+def worker_p2pfail(torch, dist, rank, world, ck):
+    """Two ranks disagree: tags posted in another order (the receiver fails, the group goes on),
+    sends that cross outside a batch (COLLD_ERR_TIMEOUT at the group's time-out, naming them), sizes
+    that differ and a tagged send against an untagged receive (colld's COLLD_ERR_MISMATCH, naming
+    both calls, on both ranks)."""
+    other = dist.new_group([0, 1])  # a second communicator, for the second mismatch
+    if rank == 0:
+        dist.send(torch.full((4,), 1.0), 1, tag=1)
+        dist.send(torch.full((4,), 2.0), 1, tag=2)
+    else:
+        a, b = torch.zeros(4), torch.zeros(4)
+        ck.raises("recv with tag 2 that gets the message of tag 1", lambda: dist.recv(a, 0, tag=2),
+                  "recv from rank 0 with tag 2 got the message rank 0 sent with tag 1")
+        ck.raises("recv with tag 1 that gets the message of tag 2", lambda: dist.recv(b, 0, tag=1),
+                  "with tag 1 got the message rank 0 sent with tag 2")
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    ck.equal("all_reduce after the tag error", t, torch.full((3,), 2.0))
+    # Both ranks send first, outside a batch: each send waits for a receive posted after the other's
+    # send, until the group's time-out, which names it.
+    crossed = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=3))
+    work = dist.isend(torch.ones(4), 1 - rank, group=crossed)
+    ck.raises("crossed sends outside a batch", lambda: dist.recv(torch.zeros(4), 1 - rank, group=crossed),
+              "COLLD_ERR_TIMEOUT: point-to-point timed out after 3000 ms")
+    ck.raises("... the send's work", work.wait, "never posted the receive from rank")
+    try:
+        work.wait()
+    except RuntimeError as e:
+        print(f"rank {rank}: the error: {e}", flush=True)
+    # Sizes differ: 100 float32 sent, 50 received.
+    want = ("COLLD_ERR_MISMATCH: point-to-point from rank 0 to rank 1 differs: rank 0 sends 400 x uint8 (400 B)")
+    if rank == 0:
+        work = dist.isend(torch.ones(100), 1)
+    else:
+        work = dist.irecv(torch.zeros(50), 0)
+    ck.raises("a send and a recv of different sizes", work.wait, want)
+    ck.raises("... carries the receive", work.wait, "rank 1 receives 200 x uint8 (200 B)")
+    ck.raises("... and says how torch_colld sends", work.wait, "torch_colld sends a tensor as its bytes")
+    try:
+        work.wait()
+    except RuntimeError as e:
+        print(f"rank {rank}: the error: {e}", flush=True)
+    ck.raises("the broken group's next operation", lambda: dist.all_reduce(torch.ones(1)), "COLLD_ERR_MISMATCH")
+    # A tagged send meets an untagged receive.
+    if rank == 0:
+        work = dist.isend(torch.ones(2), 1, group=other, tag=5)
+    else:
+        work = dist.irecv(torch.zeros(2), 0, group=other)
+    ck.raises("a tagged send against an untagged receive", work.wait,
+              "rank 0 sends 1 x int64 (8 B) (operation #1), rank 1 receives 8 x uint8")
+
+
+def worker_p2pkill(torch, dist, rank, world, ck):
+    """Rank 1 dies with SIGKILL while ranks 0 and 2 wait to receive from it: both fail naming it."""
+    prv, nxt = (rank - 1) % world, (rank + 1) % world
+    r = torch.zeros(7)
+    for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((7,), float(rank)), nxt),
+                                     dist.P2POp(dist.irecv, r, prv)]):
+        w.wait()
+    ck.equal("a ring before the kill", r, torch.full((7,), float(prv)))
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 1:
+        store.wait(["posted-0", "posted-2"])
+        time.sleep(0.5)  # their receives reach the daemon
+        os.kill(os.getpid(), signal.SIGKILL)
+    work = dist.irecv(torch.zeros(1001), 1)
+    store.set(f"posted-{rank}", "1")
+    t0 = time.monotonic()
+    ck.raises("a recv from the killed rank 1", work.wait, "rank 1")
+    ck.raises("... is COLLD_ERR_PEER_LOST", work.wait, "COLLD_ERR_PEER_LOST")
+    ck.true(f"... within 20 s (took {time.monotonic() - t0:.1f} s)", time.monotonic() - t0 < 20)
+    try:
+        work.wait()
+    except RuntimeError as e:
+        print(f"rank {rank}: the error: {e}", flush=True)
+
+
 def in_colld_memory(ptr):
     """Whether address `ptr` lies in a mapping of colld's shared memory (libcolld's memfds)."""
     with open("/proc/self/maps") as f:
@@ -486,7 +746,8 @@ def worker_main(args):
     ck = Checker(args.rank)
     ck.true("get_backend", dist.get_backend() == "colld")
     workers = {"ops": worker_ops, "premul": worker_premul, "ddp": worker_ddp, "kill": worker_kill,
-               "exit": worker_exit, "zerocopy": worker_zerocopy}
+               "exit": worker_exit, "zerocopy": worker_zerocopy, "p2p": worker_p2p, "p2pfail": worker_p2pfail,
+               "p2pkill": worker_p2pkill}
     kept = workers[args.worker](torch, dist, args.rank, args.world, ck)
     dist.destroy_process_group()
     if kept is not None:  # a tensor from torch_colld.empty outlives its group
@@ -540,7 +801,7 @@ def run_scenario(args, tmp, env, name, world, timeout):
                 q.kill()
             print(f"{name}/{world}: rank {r} did not finish in {timeout} s", flush=True)
             return False
-        want = -signal.SIGKILL if (name == "kill" and r == 1) else 0
+        want = -signal.SIGKILL if (name in ("kill", "p2pkill") and r == 1) else 0
         if rc != want:
             print(f"{name}/{world}: rank {r} exited with {rc}, want {want}", flush=True)
             ok = False
@@ -569,7 +830,8 @@ def main():
         return 77
     plan = [("ops", 2, 120), ("ops", 4, 180), ("premul", 2, 90), ("premul", 3, 90), ("premul", 4, 120),
             ("ddp", 2, 90), ("ddp", 4, 90), ("kill", 3, 90), ("exit", 2, 90),
-            ("zerocopy", 2, 90), ("zerocopy", 3, 90)]
+            ("zerocopy", 2, 90), ("zerocopy", 3, 90), ("p2p", 2, 120), ("p2p", 3, 150), ("p2p", 4, 180),
+            ("p2pfail", 2, 90), ("p2pkill", 3, 90)]
     if args.scenarios:
         plan = [p for p in plan if p[0] in args.scenarios]
     with tempfile.TemporaryDirectory(prefix="colld-torch-") as tmp:

@@ -11,7 +11,9 @@ For "colld" the driver (1) provides an `expecttest` stand-in (torch's common_uti
 Debian does not package it), (2) adds colld to the feature sets of DistTestCases that name the
 backends a generic test runs with (ddp, subgroup, plugin), and (3) lifts the gloo-only
 `require_backend({"gloo"})` gate of the tests that are generic (coalesced all-reduce,
-scatter_object_list) and the MPI-only gate of all_to_all_single with equal splits; the
+scatter_object_list), the Gloo-only gate of the CPU batch_isend_irecv tests and the MPI-only gate
+of the CPU all_to_all and all_to_all_single tests (equal and unequal splits), and (4) skips the
+any-source send/recv tests for colld as for NCCL (colld_recv names its sender); the
 monitored-barrier tests stay gloo-only (torch implements that for Gloo).
 The same driver runs gloo unchanged for the comparison. It prints one line per test (PASS, FAIL,
 SKIP with the reason) and a summary; with --out it writes them to a file.
@@ -66,6 +68,8 @@ if BACKEND == "colld":
     from torch.testing._internal import common_distributed as _cd  # noqa: E402
     for feature in ["ddp", "subgroup", "plugin"]:
         _cd.DistTestCases.backend_feature[feature].add("colld")
+    # colld_recv names its sender: no receive from any source, as NCCL (and UCC) there
+    _cd.DistTestCases.skip_collective["sendrecv anysource"].add("colld")
     # distributed_test.py with the gloo-only gate lifted for generic tests: loaded from its source
     # under its own name, so that everything importing it gets this version.
     _name = "torch.testing._internal.distributed.distributed_test"
@@ -78,9 +82,12 @@ if BACKEND == "colld":
     _src = _src.replace('@require_backend({"gloo"})\n        @require_backends_available({"gloo"})\n'
                         '        def test_all_reduce_coalesced',
                         '@require_backend({"gloo", "colld"})\n        def test_all_reduce_coalesced')
-    # all_to_all_single with equal splits: colld_alltoall has it (the unequal-split tests stay MPI-only)
-    _src = re.sub(r'@sandcastle_skip_if\(BACKEND != "mpi", (".*?")\)\n((?:[ ]*@.*\n)*[ ]*def test_all_to_all_single_equal_split)',
+    # all_to_all and all_to_all_single, equal and unequal splits, on the CPU: colld_alltoallv has them
+    _src = re.sub(r'@sandcastle_skip_if\(BACKEND != "mpi", (".*?")\)\n((?:[ ]*@.*\n)*[ ]*def test_all_to_all)',
                   r'@sandcastle_skip_if(BACKEND not in ("mpi", "colld"), \1)\n\2', _src)
+    # batch_isend_irecv on the CPU (and with tags): generic, gated to Gloo
+    _src = _src.replace('@sandcastle_skip_if(BACKEND != "gloo", "GLOO Batch Send Recv CPU")',
+                        '@sandcastle_skip_if(BACKEND not in ("gloo", "colld"), "GLOO Batch Send Recv CPU")')
     _mod = importlib.util.module_from_spec(_spec)
     sys.modules[_name] = _mod
     exec(compile(_src, _spec.origin, "exec"), _mod.__dict__)
