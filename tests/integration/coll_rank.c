@@ -1074,40 +1074,15 @@ int main(int argc, char **argv)
         return rc;
     run_t R = { .a = &a, .n = a.nranks, .rank = a.rank };
     double t0 = harness_now_ms();
-    colld_unique_id_t id;
-    if (harness_uid_from_hex(a.uid_hex, &id) < 0) {
-        fprintf(stderr, "coll_rank: bad --uid\n");
-        return 2;
-    }
-    colld_status_t st = colld_connect(a.socket, &R.c);
-    if (st != COLLD_OK) {
-        fprintf(stderr, "rank %d: connect: %s\n", a.rank, colld_status_name(st));
-        return 1;
-    }
     colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
     cfg.timeout_ms = a.timeout_ms;
     cfg.nan_check = a.comm_nan_check;
     cfg.name = "test-coll";
-    st = colld_comm_init_rank(R.c, &R.comm, a.nranks, id, a.rank, &cfg);
-    if (st != COLLD_OK) {
-        fprintf(stderr, "rank %d: comm_init_rank: %s\n", a.rank, colld_status_name(st));
-        colld_disconnect(R.c);
-        return 1;
-    }
-    /* whole pages: libcolld lets a buffer use its last page to the end, so bounds are exact */
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    R.reg_bytes = (needed_bytes(&a) + page - 1) & ~(page - 1);
-    if (a.use_malloc) {
-        R.sreg = aligned_alloc(64, R.reg_bytes);
-        R.rreg = aligned_alloc(64, R.reg_bytes);
-        st = R.sreg && R.rreg ? COLLD_OK : COLLD_ERR_NO_MEMORY;
-    } else if ((st = colld_mem_alloc(R.c, (void **)&R.sreg, R.reg_bytes, COLLD_MEM_HOST)) == COLLD_OK)
-        st = colld_mem_alloc(R.c, (void **)&R.rreg, R.reg_bytes, COLLD_MEM_HOST);
-    if (st != COLLD_OK) {
-        fprintf(stderr, "rank %d: mem_alloc of %zu bytes: %s\n", a.rank, R.reg_bytes, colld_status_name(st));
-        rc = 1;
+    if ((rc = harness_rank_join("coll_rank", a.socket, a.uid_hex, a.nranks, a.rank, &cfg, &R.c, &R.comm)) != 0)
+        return rc;
+    R.reg_bytes = needed_bytes(&a);
+    if ((rc = harness_rank_buffers(R.c, a.rank, a.use_malloc, &R.reg_bytes, &R.sreg, &R.rreg)) != 0)
         goto out;
-    }
     if (strcmp(a.mode, "matrix") == 0) {
         for (int it = 0; it < a.iters && rc == 0; it++)
             rc = mode_matrix(&R, it);
@@ -1145,16 +1120,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "rank 0/%d: mode %s: %ld collectives, %ld wrong, %.0f ms\n", a.nranks, a.mode, R.collectives,
                 R.bad, harness_now_ms() - t0);
 out:
-    if (a.use_malloc) {
-        free(R.sreg);
-        free(R.rreg);
-    } else {
-        if (R.sreg)
-            colld_mem_free(R.c, R.sreg);
-        if (R.rreg)
-            colld_mem_free(R.c, R.rreg);
-    }
-    colld_comm_destroy(R.comm);
-    colld_disconnect(R.c);
+    harness_rank_end(R.c, R.comm, a.use_malloc, R.sreg, R.rreg);
     return rc;
 }

@@ -511,3 +511,63 @@ double harness_metric(int port, const char *name)
     close(fd);
     return v;
 }
+
+/* ============================================================================================
+ * Rank processes
+ * ========================================================================================== */
+
+int harness_rank_join(const char *who, const char *socket, const char *uid_hex, int nranks, int rank,
+                      const colld_comm_config_t *cfg, colld_client_t **c, colld_comm_t **comm)
+{
+    colld_unique_id_t id;
+    if (harness_uid_from_hex(uid_hex, &id) < 0) {
+        fprintf(stderr, "%s: bad --uid\n", who);
+        return 2;
+    }
+    colld_status_t st = colld_connect(socket, c);
+    if (st != COLLD_OK) {
+        fprintf(stderr, "rank %d: connect: %s\n", rank, colld_status_name(st));
+        return 1;
+    }
+    st = colld_comm_init_rank(*c, comm, nranks, id, rank, cfg);
+    if (st != COLLD_OK) {
+        fprintf(stderr, "rank %d: comm_init_rank: %s\n", rank, colld_status_name(st));
+        colld_disconnect(*c);
+        return 1;
+    }
+    return 0;
+}
+
+int harness_rank_buffers(colld_client_t *c, int rank, bool use_malloc, size_t *bytes, unsigned char **a,
+                         unsigned char **b)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    *bytes = (*bytes + page - 1) & ~(page - 1);
+    *a = *b = NULL;
+    colld_status_t st;
+    if (use_malloc) {
+        *a = aligned_alloc(64, *bytes);
+        *b = aligned_alloc(64, *bytes);
+        st = *a && *b ? COLLD_OK : COLLD_ERR_NO_MEMORY;
+    } else if ((st = colld_mem_alloc(c, (void **)a, *bytes, COLLD_MEM_HOST)) == COLLD_OK)
+        st = colld_mem_alloc(c, (void **)b, *bytes, COLLD_MEM_HOST);
+    if (st == COLLD_OK)
+        return 0;
+    fprintf(stderr, "rank %d: mem_alloc of %zu bytes: %s\n", rank, *bytes, colld_status_name(st));
+    return 1;
+}
+
+void harness_rank_end(colld_client_t *c, colld_comm_t *comm, bool use_malloc, unsigned char *a, unsigned char *b)
+{
+    if (use_malloc) {
+        free(a);
+        free(b);
+    } else {
+        if (a)
+            colld_mem_free(c, a);
+        if (b)
+            colld_mem_free(c, b);
+    }
+    colld_comm_destroy(comm);
+    colld_disconnect(c);
+}

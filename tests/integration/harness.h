@@ -50,6 +50,21 @@ int harness_spawn_ranks(harness_t *h, int nranks, const char *const *extra, pid_
 /* Wait for all of them; returns the number that did not exit 0 in time. */
 int harness_wait_all(pid_t *pids, int n, int timeout_ms);
 
+/* A rank process of the integration tests (colld-test-coll, colld-test-p2p): connect to the daemon
+ * at `socket` and join rank `rank` of the nranks-rank communicator whose unique id is the hex text
+ * `uid_hex`, with cfg (NULL: the defaults); `who` names the program in messages. Returns 0; 2 for
+ * a malformed id; 1 when the daemon refused (printed). On failure nothing is left to release. */
+int harness_rank_join(const char *who, const char *socket, const char *uid_hex, int nranks, int rank,
+                      const colld_comm_config_t *cfg, colld_client_t **c, colld_comm_t **comm);
+/* Two buffers of *bytes each (rounded up to whole pages, as libcolld lets a buffer use its last
+ * page to the end: bounds are then exact) from colld_mem_alloc, or (use_malloc) ordinary 64-byte
+ * aligned memory that libcolld stages. Returns 0, or 1 (printed); what was made is released by
+ * harness_rank_end either way. */
+int harness_rank_buffers(colld_client_t *c, int rank, bool use_malloc, size_t *bytes, unsigned char **a,
+                         unsigned char **b);
+/* Release the buffers (NULL ones skipped), destroy the communicator and disconnect. */
+void harness_rank_end(colld_client_t *c, colld_comm_t *comm, bool use_malloc, unsigned char *a, unsigned char *b);
+
 /* A second communicator that keeps running exact all-reduces while a test injects a fault into
  * another one: the daemon must keep serving it throughout. */
 typedef struct {
