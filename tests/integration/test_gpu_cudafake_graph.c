@@ -32,6 +32,7 @@
  * operations, the daemon's kernels and the host (every write is visible at once), and timing.
  */
 #include "common/cudadrv.h"
+#include "tests/cudafake/cudafake.h"
 #include "tests/integration/harness.h"
 
 #include <cudaTypedefs.h>
@@ -122,10 +123,12 @@ static struct {
     PFN_cuGraphDestroy_v10000 destroy;
     PFN_cuGraphExecDestroy_v10000 exec_destroy;
     PFN_cuMemcpyHtoDAsync_v3020 htod_async;
+    colld_cudafake_control_fn control; /* the double's own control (cudafake.h) */
 } app;
 
 typedef struct {
     int rank, nranks;
+    int dev; /* the fake GPU of the rank's context (its legacy stream is "L<dev>" to the double) */
     const char *dir;
     const char *scenario;
     colld_client_t *c;
@@ -187,6 +190,8 @@ static bool app_load(void)
         app.destroy = (PFN_cuGraphDestroy_v10000)f[5];
         app.exec_destroy = (PFN_cuGraphExecDestroy_v10000)f[6];
         app.htod_async = (PFN_cuMemcpyHtoDAsync_v3020)f[7];
+        app.control = (colld_cudafake_control_fn)dlsym(lib, "colld_cudafake_control");
+        ok = app.control != NULL;
     }
     if (lib)
         dlclose(lib);
@@ -292,6 +297,7 @@ typedef struct {
     CUdeviceptr send, recv;
     size_t ns, nr;
     float *in, *out;
+    float *poison; /* nr elements of 0xff bytes (a NaN pattern), copied into recv before each run */
     CUgraph g;
     CUgraphExec x;
 } cap_t;
@@ -304,8 +310,10 @@ static void cap_new(cap_t *cp, kind_t k)
     cp->nr = recv_elems(k, me->nranks);
     cp->in = calloc(cp->ns, sizeof(float));
     cp->out = calloc(cp->nr, sizeof(float));
-    if (!cp->in || !cp->out)
+    cp->poison = malloc(cp->nr * sizeof(float));
+    if (!cp->in || !cp->out || !cp->poison)
         rank_fail("out of memory");
+    memset(cp->poison, 0xff, cp->nr * sizeof(float));
     CU_MUST(cu->cuMemAlloc(&cp->send, cp->ns * sizeof(float)));
     CU_MUST(cu->cuMemAlloc(&cp->recv, cp->nr * sizeof(float)));
 }
@@ -339,12 +347,16 @@ static void cap_graph(cap_t *cp)
     CU_MUST(app.instantiate(&cp->x, cp->g, 0));
 }
 
-/* The inputs of replay i, copied in on stream s (the replay on s reads them); recv poisoned. */
+/* The inputs of replay i, copied in on stream s (the replay on s reads them); recv poisoned, on s
+ * too. Not with cuMemsetD8: it goes to the legacy default stream and is asynchronous to the host
+ * for device memory (the double models that), and the rank's non-blocking stream is not ordered
+ * with the legacy stream, so the poison could land while or after the daemon's kernels wrote the
+ * result (the intermittent NaNs of this test: a replay "element 0 is -nan"). */
 static void cap_fill(cap_t *cp, int i, CUstream s)
 {
     for (size_t j = 0; j < cp->ns; j++)
         cp->in[j] = in_val(me->rank, i, j);
-    CU_MUST(cu->cuMemsetD8(cp->recv, 0xff, cp->nr * sizeof(float)));
+    CU_MUST(app.htod_async(cp->recv, cp->poison, cp->nr * sizeof(float), s));
     CU_MUST(app.htod_async(cp->send, cp->in, cp->ns * sizeof(float), s));
 }
 
@@ -358,12 +370,27 @@ static void cap_check(cap_t *cp, int i, const char *what)
                       (double)cp->out[j], (double)want(cp->kind, i, j));
 }
 
+/* Hold (stall) or let go this rank's legacy default stream in the double. A replay is run with
+ * it held from before its inputs until its stream is synchronized: the replay must depend on
+ * nothing the legacy stream runs (the rank's streams are non-blocking), and anything put there
+ * without a wait (a cuMemsetD8 poison, as this test once did) lands after the replay every time,
+ * instead of rarely, in the window where it lands while the daemon's kernels write. */
+static void legacy_hold(bool hold)
+{
+    char spec[32];
+    snprintf(spec, sizeof(spec), "%s:L%d", hold ? "stall" : "release", me->dev);
+    if (app.control(spec) != 0)
+        rank_fail("the double refused '%s'", spec);
+}
+
 /* Replay exec x of the capture on stream s with replay i's inputs and check the result. */
 static void cap_replay(cap_t *cp, CUgraphExec x, CUstream s, int i)
 {
+    legacy_hold(true);
     cap_fill(cp, i, s);
     CU_MUST(app.launch(x, s));
     CU_MUST(cu->cuStreamSynchronize(s));
+    legacy_hold(false);
     cap_check(cp, i, "the replay");
 }
 
@@ -403,6 +430,7 @@ static void cap_free(cap_t *cp)
     CU_MUST(cu->cuMemFree(cp->recv));
     free(cp->in);
     free(cp->out);
+    free(cp->poison);
 }
 
 static void expect_async(colld_status_t want_st, int ms, const char *detail)
@@ -465,11 +493,13 @@ static void sc_mixed(void)
     cap_graph(&b);
     cap_eager(&e, 102);
     /* Both graphs back to back on the stream, nothing between them on the host. */
+    legacy_hold(true);
     cap_fill(&a, 2, me->s);
     CU_MUST(app.launch(a.x, me->s));
     cap_fill(&b, 2, me->s);
     CU_MUST(app.launch(b.x, me->s));
     CU_MUST(cu->cuStreamSynchronize(me->s));
+    legacy_hold(false);
     cap_check(&a, 2, "back-to-back replay");
     cap_check(&b, 2, "back-to-back replay");
     cap_eager(&e, 103);
@@ -658,7 +688,8 @@ static int rank_main(int argc, char **argv)
     int ndev = 0;
     CUcontext ctx;
     CU_MUST(cu->cuDeviceGetCount(&ndev));
-    CU_MUST(cu->cuDevicePrimaryCtxRetain(&ctx, r.rank % ndev));
+    r.dev = r.rank % ndev;
+    CU_MUST(cu->cuDevicePrimaryCtxRetain(&ctx, r.dev));
     CU_MUST(cu->cuCtxSetCurrent(ctx));
     colld_unique_id_t id;
     if (harness_uid_from_hex(argv[3], &id) != 0)

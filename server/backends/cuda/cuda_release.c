@@ -74,6 +74,7 @@ static void release_flags(const colld_gpus_t *g, gpu_session_t *gs)
     }
     (void)SYS_CHECK(GPU, munmap(gs->flags, gs->size));
     close(gs->fd);
+    free(gs->plan_line); /* its plans held a reference on the session: none is left */
     free(gs);
 }
 
