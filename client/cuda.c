@@ -13,9 +13,9 @@
  * was registered in is reset or destroyed: flags_check); line h belongs to communicator handle
  * h. A line outlives the communicators that use its handle one after another, so a communicator
  * takes a flag base (the line's `done` + 1) and a generation (a count of the line's
- * communicators) at its first stream-ordered collective, and collective seq (its ordinal among
- * the communicator's collectives, proto/wire.h) has the flag value v = base + (uint32_t)seq; the
- * base goes to the daemon in every such descriptor. A stream-ordered
+ * communicators) at its first stream-ordered collective, and operation seq (its operation id,
+ * proto/wire.h: collectives, sends and receives alike) has the flag value v = base + (uint32_t)seq;
+ * the base goes to the daemon in every such descriptor. A stream-ordered
  * collective enqueues on the application's stream
  *   cuStreamWriteValue32(ready[seq % SLOTS] = v)  after the work before it: inputs are ready
  *   cuStreamWaitValue32(done >= v)                 the daemon's stream writes done after its kernels
@@ -118,9 +118,9 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
     return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "stream-ordered (GPU) collectives: %s", NO_CUDA_BUILD);
 }
 
-const uint32_t *colld__gpu_ready_word(colld_comm_t *comm, uint64_t seq)
+const uint32_t *colld__gpu_ready_word(colld_comm_t *comm, uint64_t id)
 {
-    (void)comm, (void)seq;
+    (void)comm, (void)id;
     return NULL;
 }
 
@@ -627,15 +627,16 @@ colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *
     return st;
 }
 
-/* Wait until collective seq of comm may write its ready slot (proto/wire.h): the write before it in
- * the slot (rec) has landed and, when this communicator made it, the daemon has taken it. A slot
+/* Wait until operation `id` of comm (collective `ord`) may write its ready slot (proto/wire.h): the
+ * write before it in the slot (rec) has landed and, when this communicator made it, the daemon has
+ * taken it. A slot
  * of an earlier communicator on the line needs only to have landed (issue 15 E2: its write must
  * not land on top of this one's). Nothing is enqueued yet, so giving up costs nothing: the
  * communicator's error when it broke meanwhile, COLLD_ERR_DAEMON_LOST, or COLLD_ERR_TIMEOUT after
  * the communicator's timeout (the daemon times out a collective of its own long before; an
  * earlier communicator's stream may never get there). Polls with a growing sleep, up to 1 ms. */
-static colld_status_t slot_wait(colld_comm_t *comm, const uint32_t *word, const gpu_slot_t *rec, uint64_t seq,
-                                colld_err_t *err)
+static colld_status_t slot_wait(colld_comm_t *comm, const uint32_t *word, const gpu_slot_t *rec, uint64_t ord,
+                                uint64_t id, colld_err_t *err)
 {
     colld_client_t *c = comm->client;
     bool mine = rec->gen == comm->gpu_gen;
@@ -652,7 +653,7 @@ static colld_status_t slot_wait(colld_comm_t *comm, const uint32_t *word, const 
             e = COLLD_ERR_DAEMON_LOST;
         if (e != COLLD_OK)
             return colld_err_set(err, e, "stream-ordered collective #%llu not posted: the communicator failed (%s)",
-                                 (unsigned long long)seq, colld_status_name(e));
+                                 (unsigned long long)ord, colld_status_name(e));
         uint64_t now = colld_now_ns();
         int limit_ms = comm->timeout_ms > 0 ? comm->timeout_ms : 300000;
         if (!deadline)
@@ -660,18 +661,18 @@ static colld_status_t slot_wait(colld_comm_t *comm, const uint32_t *word, const 
         if (now >= deadline) {
             if (mine)
                 return colld_err_set(err, COLLD_ERR_TIMEOUT,
-                                     "stream-ordered collective #%llu not posted: collective #%llu, %u before it on "
+                                     "stream-ordered collective #%llu not posted: operation #%llu, %u before it on "
                                      "this communicator, was not launched by colld within %d ms (its GPU stream "
-                                     "never reached it?); at most %u stream-ordered collectives of a communicator "
+                                     "never reached it?); at most %u stream-ordered operations of a communicator "
                                      "can be posted and not yet launched",
-                                     (unsigned long long)seq, (unsigned long long)rec->seq,
-                                     (unsigned)(seq - rec->seq), limit_ms, COLLD_WIRE_GPU_READY_SLOTS);
+                                     (unsigned long long)ord, (unsigned long long)rec->seq, (unsigned)(id - rec->seq),
+                                     limit_ms, COLLD_WIRE_GPU_READY_SLOTS);
             return colld_err_set(err, COLLD_ERR_TIMEOUT,
                                  "stream-ordered collective #%llu not posted: its ready slot still awaits a write "
-                                 "of collective #%llu of an earlier communicator on this handle, queued on a CUDA "
+                                 "of operation #%llu of an earlier communicator on this handle, queued on a CUDA "
                                  "stream that has not reached it within %d ms; let the streams of destroyed or "
                                  "aborted communicators drain (synchronize them) before reusing their handle",
-                                 (unsigned long long)seq, (unsigned long long)rec->seq, limit_ms);
+                                 (unsigned long long)ord, (unsigned long long)rec->seq, limit_ms);
         }
         if (spins < 64) {
             sched_yield();
@@ -695,12 +696,12 @@ bool colld__gpu_area(colld_client_t *c, colld_gpu_area_t *out)
     return true;
 }
 
-const uint32_t *colld__gpu_ready_word(colld_comm_t *comm, uint64_t seq)
+const uint32_t *colld__gpu_ready_word(colld_comm_t *comm, uint64_t id)
 {
     gpu_flags_t *f = atomic_load(&comm->client->gpu->flags);
     if (!f || comm->handle == 0 || comm->handle >= f->nlines)
         return NULL;
-    return &f->lines[comm->handle].ready[(uint32_t)seq % COLLD_WIRE_GPU_READY_SLOTS];
+    return &f->lines[comm->handle].ready[(uint32_t)id % COLLD_WIRE_GPU_READY_SLOTS];
 }
 
 colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op,
@@ -713,21 +714,21 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
         return colld_err_set(err, COLLD_ERR_INTERNAL, "stream-ordered collective posted without preparation");
     if (op->capture) /* a collective captured into a CUDA graph: a persistent plan (cuda_graph.c) */
         return colld__graph_post(comm, sqe, op, err);
-    /* (b) The next operation id of the communicator (every path shares the counter), and the flag
-     * value of its collective ordinal (proto/wire.h: the id less the point-to-point operations). */
+    /* (b) The next operation id of the communicator (every path shares the counter), and its flag
+     * value (proto/wire.h: flag values follow the operation id, so that a send or receive, which
+     * has no collective ordinal of its own, has one too). */
     colld_wire_sqe_t d = *sqe;
     d.seq = comm->seq + 1;
     d.flags |= COLLD_SQE_STREAM;
     d.reserved = op->base;
-    uint64_t ord = d.seq - comm->p2p;
-    uint32_t v = op->base + (uint32_t)ord;
+    uint32_t v = op->base + (uint32_t)d.seq;
     /* (c) Its ready slot, once free (slot_wait). A value an earlier communicator left there that
      * happens to equal v (values wrap) must not stand for this collective: replaced from the host,
      * which is safe now that every write enqueued to the slot has landed. */
-    uint32_t slot = (uint32_t)ord % COLLD_WIRE_GPU_READY_SLOTS;
+    uint32_t slot = (uint32_t)d.seq % COLLD_WIRE_GPU_READY_SLOTS;
     gpu_slot_t *rec = &c->gpu->slots[(size_t)comm->handle * COLLD_WIRE_GPU_READY_SLOTS + slot];
     uint32_t *word = &f->lines[comm->handle].ready[slot];
-    colld_status_t st = slot_wait(comm, word, rec, ord, err);
+    colld_status_t st = slot_wait(comm, word, rec, d.seq - comm->p2p, d.seq, err);
     if (st != COLLD_OK)
         return st;
     if (__atomic_load_n(word, __ATOMIC_ACQUIRE) == v)
@@ -744,7 +745,7 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
     }
     if (r == CUDA_SUCCESS) {
         written = true;
-        *rec = (gpu_slot_t){ .value = v, .gen = comm->gpu_gen, .seq = ord };
+        *rec = (gpu_slot_t){ .value = v, .gen = comm->gpu_gen, .seq = d.seq };
         /* A release by the monitor (daemon lost) must cover the wait about to be enqueued. */
         prev = atomic_exchange(&f->posted[comm->handle], POSTED_USED | v);
         call = "cuStreamWaitValue32";

@@ -32,8 +32,9 @@
  * COLLD_KIND_RECV, COLLD_SQE_LINK) and the collective ordinal (below); 4: persistent plans of
  * captured collectives (COLLD_SQE_PLAN, colld_wire_gpu_plan_t, COLLD_MSG_PLAN_FREE); 5: the
  * premultiplied sum (COLLD_REDOP_PREMUL_SUM, its scalar in the descriptor and in the fast area's
- * slot header); 6: GPU registrations across several VMM allocations (COLLD_MSG_REG_CUDA_SEG) */
-#define COLLD_WIRE_VERSION 6
+ * slot header); 6: GPU registrations across several VMM allocations (COLLD_MSG_REG_CUDA_SEG); 7: GPU
+ * stream flag values and ready slots by operation id instead of collective ordinal */
+#define COLLD_WIRE_VERSION 7
 #define COLLD_WIRE_TOKEN_BYTES 16
 /* A unique id (the 128 bytes of colld_unique_id_t): 16 random bytes; an id made by a daemon that
  * listens for peers (multi-node) also carries "CLN1" at byte 16 and that daemon's address
@@ -108,8 +109,9 @@ _Static_assert(COLLD_REDOP_PREMUL_SUM == COLLD_REDOP_COUNT && COLLD_WIRE_REDOPS 
 #define COLLD_SQE_FAST 0x01u
 /* GPU buffers, stream-ordered (the CUDA backend): both buffer references name CUDA registrations
  * (COLLD_MSG_REG_CUDA) of the session. `reserved` carries the rank's flag base for this
- * communicator (below); the flag value of the collective is base + (uint32_t)ordinal. The rank's CUDA
- * stream writes that value into the collective's `ready` slot of the session's GPU flag line of
+ * communicator (below); the flag value of the operation is base + (uint32_t)seq (its operation id,
+ * not its collective ordinal: a send or receive has no ordinal of its own). The rank's CUDA
+ * stream writes that value into the operation's `ready` slot of the session's GPU flag line of
  * this communicator handle (COLLD_MSG_GPU_FLAGS) once the inputs are ready, and waits for `done`
  * to reach it. The daemon launches the kernels only when every rank's slot holds exactly that
  * value (so a kernel never runs on the buffers of a rank whose stream did not get there, and such
@@ -137,9 +139,9 @@ _Static_assert(COLLD_REDOP_PREMUL_SUM == COLLD_REDOP_COUNT && COLLD_WIRE_REDOPS 
  * point-to-point operations the rank posted before it (the daemon counts them as it admits them,
  * in ring order; the client counts the same); a point-to-point operation's ordinal is that of the
  * rank's next collective. Everything that names a collective across ranks uses the ordinal: the
- * fast area's slots and records, the GPU stream flag values and ready slots, the flight recorder,
- * time-outs and mismatch reports ("collective #N"). Without point-to-point operations the two are
- * equal.
+ * fast area's slots and records, the flight recorder, time-outs and mismatch reports ("collective
+ * #N"). The GPU stream flag values and ready slots are per rank and use the operation id (below).
+ * Without point-to-point operations the two are equal.
  * `reserved` is 0, except in COLLD_SQE_STREAM descriptors (the flag base; with COLLD_SQE_PLAN the
  * plan line); send.aux and recv.aux are 0, except in a premultiplied sum (its scalar word, above). */
 typedef struct {
@@ -282,16 +284,18 @@ _Static_assert(sizeof(colld_wire_fast_stats_t) % 64 == 0, "fast stats layout");
  *
  * Flag values: a line outlives the communicators that use its handle one after another, so the
  * values keep growing across them: at its first stream-ordered collective a communicator takes
- * base = the line's current `done` + 1 and uses v = base + (uint32_t)seq for collective seq (its
- * ordinal, see colld_wire_sqe_t),
+ * base = the line's current `done` + 1 and uses v = base + (uint32_t)seq for operation seq (its
+ * operation id, see colld_wire_sqe_t: collectives, sends and receives alike; a flag line is one
+ * rank's, so values need not agree across ranks, and a rank's operations on a communicator complete
+ * in the order it posted them, so `done` only grows),
  * sending the base in every such descriptor (the daemon refuses a rank whose base changes). Waits
  * left over from an earlier communicator on the same line are thereby satisfied (while `done` is
  * less than 2^31 past them: two releases of later communicators before an old stream reaches its
  * wait would leave it waiting, a known limit).
  *
- *   ready[]  one word per collective in flight (issue 15 E1: NCCL lets every call use its own
+ *   ready[]  one word per operation in flight (issue 15 E1: NCCL lets every call use its own
  *            stream, so one word per communicator would let a later collective's `ready`, written
- *            on another stream, stand for an earlier one). Collective seq owns slot
+ *            on another stream, stand for an earlier one). Operation seq owns slot
  *            (uint32_t)seq % COLLD_WIRE_GPU_READY_SLOTS; the rank's stream writes v there
  *            (cuStreamWriteValue32) after the work before it on the stream. The daemon takes the
  *            collective's inputs as ready only when the slot holds exactly v (EQ), and when it

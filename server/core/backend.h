@@ -116,9 +116,11 @@ typedef struct colld_backend_ops {
     /* The communicator has collectives of this backend in flight: a collective of another backend
      * waits for them (each rank's completions stay in sequence order). */
     bool (*comm_busy)(const colld_backend_t *b, const colld_dcomm_t *c);
-    /* A stream-ordered descriptor of session s failed with st: whatever waits for it on the
-     * rank's side must be released. */
-    void (*stream_failed)(colld_backend_t *b, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st);
+    /* A stream-ordered descriptor of session s, operation `id` (the descriptor's own seq; sqe->seq
+     * is its collective ordinal), failed with st: whatever waits for it on the rank's side must be
+     * released. */
+    void (*stream_failed)(colld_backend_t *b, colld_session_t *s, const colld_wire_sqe_t *sqe, uint64_t id,
+                          colld_status_t st);
     /* Deadlock detection (core/deadlock.c): the matched collectives this backend holds that wait
      * for some of their ranks (a GPU collective whose ranks' streams have not all reached it),
      * the first of each communicator: fn(arg, k, arrived), arrived[r] true for the ranks that got

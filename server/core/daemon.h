@@ -671,7 +671,7 @@ void colld_hooks_freed(colld_daemon_t *d, colld_dcomm_t *c);
  * none serves it. */
 int colld_hooks_session_msg(colld_session_t *s, const colld_wire_msg_t *m);
 /* A stream-ordered descriptor failed: the device backend releases what waits for it. */
-void colld_backends_stream_failed(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe,
+void colld_backends_stream_failed(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe, uint64_t id,
                                   colld_status_t st);
 /* A session's last reference went: every backend frees its part. */
 void colld_backends_session_free(colld_daemon_t *d, colld_session_t *s);

@@ -205,9 +205,14 @@ bool cuda_comm_busy(const colld_backend_t *b, const colld_dcomm_t *c);
 /* NULL when collective k can run: its GPUs working, its registrations mapped, its ranks' flag
  * areas registered; else why not, in buf (lock held). */
 const char *cuda_coll_unusable(colld_backend_t *b, const colld_coll_t *k, char *buf, size_t len);
+/* The ready slot of a rank's stream-ordered operation in its session's flag area, and the value its
+ * stream writes there: flag base + (uint32_t)operation id, slot id % COLLD_WIRE_GPU_READY_SLOTS
+ * (proto/wire.h); NULL when the session has no line for the handle (lock held). */
+uint32_t *cuda_ready_slot(colld_backend_t *b, const colld_op_t *op, uint32_t *want);
 /* Append k to the launch list (lock held). */
 void cuda_launch_append(colld_gpus_t *g, colld_coll_t *k);
-void cuda_stream_failed(colld_backend_t *b, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st);
+void cuda_stream_failed(colld_backend_t *b, colld_session_t *s, const colld_wire_sqe_t *sqe, uint64_t id,
+                        colld_status_t st);
 void cuda_comm_broken(colld_daemon_t *d, colld_dcomm_t *c);
 void cuda_comm_freed(colld_daemon_t *d, colld_dcomm_t *c);
 

@@ -95,7 +95,7 @@ colld_status_t cuda_admit(colld_backend_t *b, colld_op_t *op, colld_err_t *err)
                              gc->base[r]);
     gc->base_set[r] = true;
     gc->base[r] = d->reserved;
-    gc->last[r] = d->reserved + (uint32_t)d->seq;
+    gc->last[r] = d->reserved + (uint32_t)op->id; /* flag values follow the operation id (proto/wire.h) */
     return COLLD_OK;
 }
 
@@ -139,7 +139,8 @@ static void owe_release(colld_backend_t *b, colld_dcomm_t *c, int rank, uint32_t
     gc->owed_status = st;
 }
 
-void cuda_stream_failed(colld_backend_t *b, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st)
+void cuda_stream_failed(colld_backend_t *b, colld_session_t *s, const colld_wire_sqe_t *sqe, uint64_t id,
+                        colld_status_t st)
 {
     if (sqe->flags & COLLD_SQE_PLAN) { /* no stream waits for it: its plan line is free again */
         cuda_plan_unreserve(b, s, sqe);
@@ -147,7 +148,7 @@ void cuda_stream_failed(colld_backend_t *b, colld_session_t *s, const colld_wire
     }
     colld_member_t *m = colld_comm_member(s, sqe->comm);
     if (m)
-        owe_release(b, m->comm, m->rank, sqe->reserved + (uint32_t)sqe->seq, st);
+        owe_release(b, m->comm, m->rank, sqe->reserved + (uint32_t)id, st);
 }
 
 /* ============================================================================================
@@ -215,16 +216,14 @@ static void pending_unlink(colld_gpus_t *g, colld_coll_t *prev, colld_coll_t *k)
     k->next = NULL;
 }
 
-/* The ready slot of a rank's collective in its session's flag area, and the value its stream
- * writes there (proto/wire.h); NULL when the session has no line for the handle (lock held). */
-static uint32_t *ready_slot(colld_backend_t *b, const colld_op_t *op, uint32_t *want)
+uint32_t *cuda_ready_slot(colld_backend_t *b, const colld_op_t *op, uint32_t *want)
 {
     gpu_session_t *gs = gpu_session_of(b, op->session);
     uint32_t h = op->d.comm;
-    *want = op->d.reserved + (uint32_t)op->d.seq;
+    *want = op->d.reserved + (uint32_t)op->id;
     if (!gs || h == 0 || h >= gs->lines)
         return NULL;
-    return &gs->flags[h].ready[(uint32_t)op->d.seq % COLLD_WIRE_GPU_READY_SLOTS];
+    return &gs->flags[h].ready[(uint32_t)op->id % COLLD_WIRE_GPU_READY_SLOTS];
 }
 
 /* Has every rank's stream reached this collective? Its own slot must hold exactly its value
@@ -234,7 +233,7 @@ static bool all_ready(colld_backend_t *b, const colld_coll_t *k, int *missing, i
     *nmissing = 0;
     for (int r = 0; r < k->comm->nranks; r++) {
         uint32_t want;
-        const uint32_t *slot = ready_slot(b, k->ops[r], &want);
+        const uint32_t *slot = cuda_ready_slot(b, k->ops[r], &want);
         if (!slot || __atomic_load_n(slot, __ATOMIC_ACQUIRE) != want) {
             if (*nmissing < nmissing_max)
                 missing[*nmissing] = r;
@@ -252,7 +251,7 @@ static void mark_taken(colld_backend_t *b, const colld_coll_t *k)
     for (int r = 0; r < k->comm->nranks; r++) {
         const colld_op_t *op = k->ops[r];
         uint32_t want;
-        uint32_t *slot = ready_slot(b, op, &want);
+        uint32_t *slot = cuda_ready_slot(b, op, &want);
         if (slot && op->member && op->member->session == op->session &&
             colld_comm_member(op->session, op->d.comm) == op->member)
             __atomic_store_n(slot, ~want, __ATOMIC_RELEASE);
@@ -474,7 +473,7 @@ void cuda_waiting(colld_backend_t *b, void (*fn)(void *arg, const colld_coll_t *
             return;
         for (int r = 0; r < k->comm->nranks; r++) {
             uint32_t want;
-            const uint32_t *slot = ready_slot(b, k->ops[r], &want);
+            const uint32_t *slot = cuda_ready_slot(b, k->ops[r], &want);
             arrived[r] = slot && __atomic_load_n(slot, __ATOMIC_ACQUIRE) == want;
         }
         fn(arg, k, arrived);
