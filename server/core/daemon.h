@@ -10,7 +10,8 @@
  *   colld_member_t   one rank of a communicator; owns the FIFO of that rank's posted operations.
  *   colld_op_t       one validated work descriptor waiting for its peers.
  *   colld_coll_t     a matched collective, handed to the backend that claimed it.
- *   colld_xfer_t     a matched send and receive (point-to-point), handed to the host backend.
+ *   colld_xfer_t     a matched send and receive (point-to-point), handed to the backend that runs
+ *                    it (host buffers: the host backend; stream-ordered, GPU buffers: cuda).
  *
  * The core is the files of server/core; each declares its functions in a section below. It knows
  * no backend and no module by name: they are composed in (backend.h), and their state sits behind
@@ -224,6 +225,7 @@ struct colld_op {
     uint64_t arrival_ns;
     colld_p2p_state_t p2p_state; /* point-to-point operations (p2p.c) */
     colld_status_t p2p_status;
+    uint8_t bmark; /* its backend's own mark (cuda: a send or receive whose rank's stream reached its batch) */
     colld_op_t *next;
 };
 

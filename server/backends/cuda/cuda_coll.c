@@ -22,8 +22,7 @@ static colld_backend_t *cuda_of(colld_daemon_t *d)
     return colld_backend_find(d, &colld_cuda_backend);
 }
 
-/* Release one flag line: status, then `done` moved forward (never back) to `value` (lock held). */
-static void flag_release(colld_backend_t *b, colld_session_t *s, uint32_t handle, uint32_t value, colld_status_t st)
+void cuda_flag_release(colld_backend_t *b, colld_session_t *s, uint32_t handle, uint32_t value, colld_status_t st)
 {
     gpu_session_t *gs = s ? gpu_session_of(b, s) : NULL;
     if (!gs || handle == 0 || handle >= gs->lines)
@@ -103,8 +102,7 @@ colld_status_t cuda_admit(colld_backend_t *b, colld_op_t *op, colld_err_t *err)
  * Releases
  * ========================================================================================== */
 
-/* Write the releases a communicator owes, when none of its kernels runs any more (lock held). */
-static void pay_releases(colld_backend_t *b, colld_dcomm_t *c)
+void cuda_pay_releases(colld_backend_t *b, colld_dcomm_t *c)
 {
     gpu_comm_t *gc = gpu_comm_of(b, c);
     if (!gc || gc->running)
@@ -112,7 +110,7 @@ static void pay_releases(colld_backend_t *b, colld_dcomm_t *c)
     for (int r = 0; r < c->nranks; r++)
         if (gc->owe[r]) {
             gc->owe[r] = false;
-            flag_release(b, c->ranks[r].session, c->ranks[r].handle, gc->owed[r], gc->owed_status);
+            cuda_flag_release(b, c->ranks[r].session, c->ranks[r].handle, gc->owed[r], gc->owed_status);
         }
 }
 
@@ -130,7 +128,7 @@ static void owe_release(colld_backend_t *b, colld_dcomm_t *c, int rank, uint32_t
             if (colld_comm_slot(c, i)->rank == rank)
                 m = colld_comm_slot(c, i);
         if (m)
-            flag_release(b, m->session, m->handle, v, st);
+            cuda_flag_release(b, m->session, m->handle, v, st);
         return;
     }
     if (!gc->owe[rank] || (int32_t)(v - gc->owed[rank]) > 0)
@@ -175,7 +173,7 @@ static void gpu_finish(colld_backend_t *b, colld_coll_t *k, bool was_running)
     gc->busy--;
     if (was_running)
         gc->running--;
-    pay_releases(b, c);
+    cuda_pay_releases(b, c);
     /* Posts the completions; a failed op of a rank owes (or, nothing running, writes) its
      * release. May free the communicator. */
     colld_engine_finish(b->d, k);
@@ -375,6 +373,7 @@ int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
         return 0;
     g->rounds++;
     int work = finish_fired(b);
+    work += cuda_p2p_progress(b, now, deadline); /* stream-ordered sends and receives (cuda_p2p.c) */
     colld_coll_t **launch_tail = &g->launch;
     while (*launch_tail)
         launch_tail = &(*launch_tail)->next;
@@ -495,7 +494,7 @@ bool cuda_movable(colld_backend_t *b)
         if (CU_CHECK_EXPECT(g->cu, CUDA_ERROR_NOT_READY, cuEventQuery, (CUevent)k->bpriv) != CUDA_ERROR_NOT_READY)
             return true;
     }
-    if (cuda_plan_movable(b))
+    if (cuda_plan_movable(b) || cuda_p2p_movable(b))
         return true;
     for (colld_coll_t *k = g->pending; k; k = k->next) {
         int missing[1], nmissing;
@@ -558,7 +557,9 @@ void cuda_comm_broken(colld_daemon_t *d, colld_dcomm_t *c)
         return; /* it never had a stream-ordered collective */
     colld_gpus_t *g = gpus_of(b);
     cuda_plan_comm_broken(b, c); /* its plans' replays are released from now on */
-    c->refs++; /* the collectives failed below may hold the last references */
+    /* The collectives and transfers failed below may hold the last references. */
+    c->refs++;
+    cuda_p2p_comm_broken(b, c);
     if (g) {
         colld_coll_t *prev = NULL;
         for (colld_coll_t *k = g->pending; k;) {
