@@ -371,6 +371,13 @@ colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *
  * (at most COLLD_WIRE_GPU_READY_SLOTS collectives of a communicator posted and not yet launched). */
 colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op,
                                colld_err_t *err);
+/* Post the n stream-ordered sends and receives of one communicator in a group (group.c: a batch,
+ * COLLD_SQE_LINK on all but the last; prepared, their streams of one context) as colld__gpu_post
+ * posts one: the batch's other streams are joined into the last operation's stream (events), which
+ * alone writes the batch's ready slot (the last operation's) and waits for its `done`; then the other
+ * streams wait for that. n == 1 is colld__gpu_post. */
+colld_status_t colld__gpu_post_batch(colld_comm_t *comm, const colld_wire_sqe_t *sqes, const colld_gpu_op_t *ops,
+                                     size_t n, colld_err_t *err);
 /* The host address of the `ready` slot of operation `id` of comm in the client's GPU flag area
  * (proto/wire.h), NULL before the area exists: what tests read to see a stream's write land. */
 const uint32_t *colld__gpu_ready_word(colld_comm_t *comm, uint64_t id);
