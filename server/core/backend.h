@@ -126,6 +126,11 @@ typedef struct colld_backend_ops {
      * the first of each communicator: fn(arg, k, arrived), arrived[r] true for the ranks that got
      * there (whose streams now wait in k). NULL when the backend's collectives never wait so. */
     void (*waiting)(colld_backend_t *b, void (*fn)(void *arg, const colld_coll_t *k, const bool *arrived), void *arg);
+    /* Deadlock detection too: c's sends and receives this backend holds after matching that wait
+     * for their peer (a stream-ordered transfer whose one rank's stream reached it while the other's
+     * has not): fn(arg, op) for the operation of the rank that waits. NULL when none waits so. */
+    void (*xfer_waits)(colld_backend_t *b, const colld_dcomm_t *c, void (*fn)(void *arg, const colld_op_t *op),
+                       void *arg);
 
     /* Communicators spanning nodes: the backend that forms them. comm_form attaches its state to
      * a new communicator whose unique id names another daemon as root (the first local rank

@@ -43,6 +43,9 @@
  *                       COLLD_ERR_NOT_SUPPORTED naming both, rank 0's stream released;
  *             nopeer    (buffers on GPUs without peer access, --gpus 2) a send from rank 0 to 1:
  *                       COLLD_ERR_NOT_SUPPORTED saying so, both streams released.
+ *   crossed   2 ranks, a second communicator --uid2: a send and an all-reduce of two communicators
+ *             in crossed orders on the ranks' streams (see mode_crossed): COLLD_ERR_DEADLOCK naming
+ *             the send, both streams released within half the timeout.
  *
  * Exit code: 0 everything exact (or the expected failure came); 1 otherwise; 2 bad arguments; 77
  * no GPU visible (never with --cudafake: there a missing double is a failure).
@@ -73,7 +76,7 @@
 #define VICTIM_SPIN_MS 60000.0
 
 typedef struct {
-    const char *socket, *uid_hex, *mode, *alloc, *scene, *sync_dir;
+    const char *socket, *uid_hex, *uid2_hex, *mode, *alloc, *scene, *sync_dir;
     int nranks, rank, gpus, timeout_ms;
     double spin_ms;
     bool cudafake, victim_posts;
@@ -651,6 +654,62 @@ static int mode_fault(run_t *R)
     return rc;
 }
 
+/* The deadlock of a send and a collective on two communicators (2 ranks, --uid2 the second, B):
+ * rank 0 sends to rank 1 on A, then all-reduces on B; rank 1 all-reduces on B, then receives from
+ * rank 0 on A; all on each rank's one stream. The send and receive match but wait for rank 1's
+ * stream, which waits in B's all-reduce, which waits for rank 0's stream, which waits in the send.
+ * The daemon (--deadlock-ms, --deadlock-fail) must fail both communicators with COLLD_ERR_DEADLOCK
+ * naming the cycle and release both streams, within half the timeout. */
+static int mode_crossed(run_t *R)
+{
+    const args_t *a = R->a;
+    colld_unique_id_t id2;
+    colld_comm_t *b = NULL;
+    if (R->n != 2 || !a->uid2_hex || harness_uid_from_hex(a->uid2_hex, &id2) < 0)
+        return fail(R, "--mode crossed needs 2 ranks and --uid2"), 2;
+    colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
+    cfg.timeout_ms = a->timeout_ms;
+    cfg.name = "crossed-b";
+    if (!posted_ok(R, "joining B", colld_comm_init_rank(R->c, &b, 2, id2, R->rank, &cfg)))
+        return 1;
+    float *x = (float *)R->ds, *y = (float *)R->dr;
+    colld_status_t st = COLLD_OK;
+    double t0 = harness_now_ms();
+    if (R->rank == 0) {
+        st = colld_send(x, 1001, COLLD_FLOAT32, 1, R->comm, R->stream);
+        if (st == COLLD_OK)
+            st = colld_allreduce(y, y, 1001, COLLD_FLOAT32, COLLD_SUM, b, R->stream);
+    } else {
+        st = colld_allreduce(y, y, 1001, COLLD_FLOAT32, COLLD_SUM, b, R->stream);
+        if (st == COLLD_OK)
+            st = colld_recv(x, 1001, COLLD_FLOAT32, 0, R->comm, R->stream);
+    }
+    int rc = posted_ok(R, "crossed: posting", st) && wait_stream(R, "the crossed operations", a->timeout_ms / 2) == 0
+                 ? 0
+                 : 1;
+    double ms = harness_now_ms() - t0;
+    colld_comm_t *comms[2] = { R->comm, b };
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        colld_status_t err = COLLD_OK;
+        const char *detail;
+        colld_comm_get_async_error(comms[i], &err);
+        detail = colld_comm_last_error(comms[i]);
+        if (err == COLLD_ERR_DEADLOCK && strstr(detail, "deadlock across communicators: rank ") &&
+            strstr(detail, "send to rank 1 (operation #")) {
+            fprintf(stderr, "rank %d: communicator %s: %s\n", R->rank, i ? "B" : "A", detail);
+            continue;
+        }
+        fail(R, "communicator %s: %s, want COLLD_ERR_DEADLOCK naming the send: %s", i ? "B" : "A",
+             colld_status_name(err), detail);
+        rc = 1;
+    }
+    if (rc == 0)
+        fprintf(stderr, "rank %d: the crossed streams were released after %.0f ms (timeout %d ms)\n", R->rank, ms,
+                a->timeout_ms);
+    colld_comm_destroy(b);
+    return rc;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Set-up
  * ------------------------------------------------------------------------------------------- */
@@ -664,6 +723,8 @@ static int parse_args(int argc, char **argv, args_t *a)
             a->socket = v;
         else if (ARG("--uid"))
             a->uid_hex = v;
+        else if (ARG("--uid2"))
+            a->uid2_hex = v;
         else if (ARG("--nranks"))
             a->nranks = atoi(v);
         else if (ARG("--rank"))
@@ -763,12 +824,15 @@ int main(int argc, char **argv)
         rc = mode_stream(&R);
     else if (!strcmp(a.mode, "fault"))
         rc = mode_fault(&R);
+    else if (!strcmp(a.mode, "crossed"))
+        rc = mode_crossed(&R);
     else {
         fprintf(stderr, "gpu_p2p_rank: unknown mode %s\n", a.mode);
         rc = 2;
     }
     /* No rank leaves (closing the communicator for the others) before every rank has checked. */
-    if (rc == 0 && strcmp(a.mode, "fault") != 0 && (st = colld_barrier(R.comm)) != COLLD_OK) {
+    if (rc == 0 && strcmp(a.mode, "fault") != 0 && strcmp(a.mode, "crossed") != 0 &&
+        (st = colld_barrier(R.comm)) != COLLD_OK) {
         fprintf(stderr, "rank %d: the final colld_barrier: %s\n", a.rank, colld_status_name(st));
         rc = 1;
     }
@@ -781,7 +845,8 @@ out:
     dev_free(&R, R.dr);
     gpu_cu_host_free(&cu, R.hs, R.reg_bytes);
     gpu_cu_host_free(&cu, R.hr, R.reg_bytes);
-    if (R.comm && (st = colld_comm_destroy(R.comm)) != COLLD_OK && rc == 0 && strcmp(a.mode, "fault") != 0) {
+    if (R.comm && (st = colld_comm_destroy(R.comm)) != COLLD_OK && rc == 0 && strcmp(a.mode, "fault") != 0 &&
+        strcmp(a.mode, "crossed") != 0) {
         fprintf(stderr, "rank %d: colld_comm_destroy: %s\n", a.rank, colld_status_name(st));
         rc = 1;
     }

@@ -23,7 +23,9 @@
  *            from GPU memory to a receive into host memory (COLLD_ERR_NOT_SUPPORTED naming both),
  *            and kill -9 of a rank while its peer's stream waits in a receive, before and after the
  *            pair was matched (released, COLLD_ERR_PEER_LOST); each time every stream is released
- *            and the daemon is left clean.
+ *            and the daemon is left clean. And a matched send held by a stream that waits in another
+ *            communicator's all-reduce, which waits for the sender's stream: the deadlock check
+ *            (--deadlock-fail) fails both communicators with COLLD_ERR_DEADLOCK naming the send.
  *  nopeer    (the double only: GPUs in two peer groups) a send between GPUs without peer access
  *            is refused with COLLD_ERR_NOT_SUPPORTED saying so, both streams released.
  */
@@ -268,6 +270,37 @@ static void test_fault_kill_matched_send(void **state)
     run_victim(*state, true);
 }
 
+/* A send and an all-reduce of two communicators in crossed orders on two ranks' streams
+ * (gpu_p2p_rank.c --mode crossed), against a daemon with --deadlock-ms 500 --deadlock-fail: the
+ * matched send waits for rank 1's stream, held in the all-reduce, which waits for rank 0's stream,
+ * held in the send. Both communicators fail with COLLD_ERR_DEADLOCK naming the send, long before
+ * the 60 s timeout. */
+static void test_deadlock_send_and_collective(void **state)
+{
+    harness_t *h = *state;
+    char a[HARNESS_UID_HEX_LEN], b[HARNESS_UID_HEX_LEN], rk[2][4];
+    pid_t pids[2];
+    assert_int_equal(harness_new_uid_hex(h, a), 0);
+    assert_int_equal(harness_new_uid_hex(h, b), 0);
+    for (int r = 0; r < 2; r++) {
+        snprintf(rk[r], sizeof(rk[r]), "%d", r);
+        const char *argv[48] = { GPU_P2P_BIN, "--socket",     h->socket, "--uid",  a,     "--uid2",
+                                 b,           "--nranks",     "2",       "--rank", rk[r], "--mode",
+                                 "crossed",   "--timeout-ms", "60000" };
+        add_args(argv, 15, NULL);
+        assert_true((pids[r] = harness_spawn(argv)) > 0);
+    }
+    assert_int_equal(harness_wait_all(pids, 2, RUN_LIMIT_MS), 0);
+    assert_int_equal(harness_wait_clean(h, 10000), 0);
+    assert_true(daemon_on_double(h->pid));
+}
+
+static int setup_deadlock(void **state)
+{
+    static const char *const extra[] = { "--deadlock-ms", "500", "--deadlock-fail", NULL };
+    return harness_test_setup_args(state, extra);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Main
  * ------------------------------------------------------------------------------------------- */
@@ -335,8 +368,12 @@ int main(int argc, char **argv)
     };
     const struct CMUnitTest stream[] = { T(test_stream_semantics), T(test_stream_semantics_3_ranks_colld_mem_alloc) };
     const struct CMUnitTest fault[] = {
-        T(test_fault_mismatch),         T(test_fault_timeout),           T(test_fault_gpu_to_host),
-        T(test_fault_kill_before_send), T(test_fault_kill_matched_send),
+        T(test_fault_mismatch),
+        T(test_fault_timeout),
+        T(test_fault_gpu_to_host),
+        T(test_fault_kill_before_send),
+        T(test_fault_kill_matched_send),
+        cmocka_unit_test_setup_teardown(test_deadlock_send_and_collective, setup_deadlock, harness_test_teardown),
     };
     const struct CMUnitTest nopeer[] = { T(test_nopeer) };
 #undef T

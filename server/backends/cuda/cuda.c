@@ -272,6 +272,7 @@ const colld_backend_ops_t colld_cuda_backend = {
     .comm_busy = cuda_comm_busy,
     .stream_failed = cuda_stream_failed,
     .waiting = cuda_waiting,
+    .xfer_waits = cuda_p2p_waits,
     .mem_register = cuda_mem_register,
     .mem_release = cuda_mem_release,
     .sync_area = cuda_sync_area,

@@ -247,6 +247,10 @@ bool cuda_p2p_launch(colld_backend_t *b);
 void cuda_p2p_launched(colld_backend_t *b);
 /* c broke: its transfers not launched fail (lock held). */
 void cuda_p2p_comm_broken(colld_backend_t *b, colld_dcomm_t *c);
+/* backend.h `xfer_waits`: c's pending transfers of which one rank's stream reached its operation and
+ * the other's has not: fn(arg, op) for the op of the rank that waits (lock held). */
+void cuda_p2p_waits(colld_backend_t *b, const colld_dcomm_t *c, void (*fn)(void *arg, const colld_op_t *op),
+                    void *arg);
 /* Does a launched transfer still use GPU gi (any GPU: `any`), or is one being launched? (lock held) */
 bool cuda_p2p_busy(const colld_gpus_t *g, int gi, bool any);
 

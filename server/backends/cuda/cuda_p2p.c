@@ -472,6 +472,19 @@ void cuda_p2p_comm_broken(colld_backend_t *b, colld_dcomm_t *c)
     }
 }
 
+void cuda_p2p_waits(colld_backend_t *b, const colld_dcomm_t *c, void (*fn)(void *arg, const colld_op_t *op),
+                    void *arg)
+{
+    colld_gpus_t *g = gpus_of(b);
+    for (gpu_xfer_t *t = g ? g->xpending : NULL; t; t = t->next) {
+        if (t->x->comm != c)
+            continue;
+        bool s = rank_reached(b, t->x->send, false), r = rank_reached(b, t->x->recv, false);
+        if (s != r)
+            fn(arg, s ? t->x->send : t->x->recv);
+    }
+}
+
 bool cuda_p2p_busy(const colld_gpus_t *g, int gi, bool any)
 {
     if (g->xlaunch)
