@@ -121,7 +121,9 @@ _Static_assert(COLLD_REDOP_PREMUL_SUM == COLLD_REDOP_COUNT && COLLD_WIRE_REDOPS 
 /* Point-to-point only: this operation and the rank's next one on the communicator belong to one
  * group (colld_group_start/end) and run concurrently, as one batch: the batch is the run of
  * operations up to and including the first without this flag. Operations outside a batch run in
- * the order the rank posted them, one after the other. */
+ * the order the rank posted them, one after the other. A batch is all stream-ordered
+ * (COLLD_SQE_STREAM) or all not; a stream-ordered batch is ready as a whole: only its last
+ * operation's `ready` slot is written (below, "Sends and receives"). */
 #define COLLD_SQE_LINK 0x04u
 /* With COLLD_SQE_STREAM: not a collective to run now but a collective captured into a CUDA graph,
  * to register as a persistent plan of the communicator (client/cuda_graph.c,
@@ -312,6 +314,15 @@ _Static_assert(sizeof(colld_wire_fast_stats_t) % 64 == 0, "fast stats layout");
  *            or by the daemon's host on failure; the rank's stream waits with
  *            CU_STREAM_WAIT_VALUE_GEQ, a cyclic comparison ((int32_t)(done - value) >= 0).
  *   status   0, or the colld_status_t that broke the communicator, written before the release.
+ *
+ * Sends and receives (COLLD_KIND_SEND / RECV with COLLD_SQE_STREAM): a batch (COLLD_SQE_LINK
+ * above; an operation outside a group is a batch of one) has one ready write and one wait, those of
+ * its last operation: the client joins the batch's streams into the last operation's stream
+ * (events), which writes ready[last % SLOTS] = v_last and waits for done >= v_last; the other
+ * streams then wait for it. The linked operations' own slots are not written. The daemon takes the
+ * batch as ready when that slot holds exactly v_last (taken: ~v_last), runs its transfers once the
+ * peers' batches are ready too, and writes done = v_last from the host when every operation of the
+ * batch has finished (the batch's transfers finish in any order; `done` must only grow).
  *
  * Release on failure (time-out, lost rank, abort, mismatch, device error, daemon loss): once no
  * kernel of the communicator is running any more, `done` is set to the flag value of the last
