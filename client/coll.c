@@ -230,14 +230,6 @@ static colld_status_t route(colld_comm_t *comm, colld_kind_t kind, const void *s
     path_t path = PATH_GPU;
     if (!stream && (st = resolve_host(comm, &k, &path)) != COLLD_OK)
         return st;
-    /* Gather, scatter and all-to-all: the daemon's host backend only, so far. */
-    if (kind >= COLLD_KIND_GATHER && !colld_kind_is_p2p(kind) && path == PATH_GPU)
-        return colld__comm_error(comm, COLLD_ERR_NOT_SUPPORTED,
-                                 "%s on GPU buffers or a CUDA stream is not supported yet: use host buffers and "
-                                 "stream NULL",
-                                 kind == COLLD_KIND_GATHER    ? "colld_gather"
-                                 : kind == COLLD_KIND_SCATTER ? "colld_scatter"
-                                                              : "colld_alltoall");
     if (kind == COLLD_KIND_ALLTOALL && k.send_bytes && (const char *)sendbuf < (const char *)recvbuf + k.recv_bytes &&
         (const char *)recvbuf < (const char *)sendbuf + k.send_bytes)
         return colld__comm_error(comm, COLLD_ERR_INVALID_ARGUMENT,

@@ -55,12 +55,14 @@ typedef enum {
     COLLD_KIND_REDUCE = 3,
     COLLD_KIND_ALLGATHER = 4,
     COLLD_KIND_REDUCESCATTER = 5,
-    /* The host backend only, so far (single-node communicators, host buffers, never the fast
-     * area): gather to a root, scatter from a root, all-to-all of equal blocks. */
+    /* Single-node communicators only, never the fast area (host buffers: the host backend; GPU
+     * buffers, COLLD_SQE_STREAM: the CUDA backend): gather to a root, scatter from a root,
+     * all-to-all of equal blocks. */
     COLLD_KIND_GATHER = 6,
     COLLD_KIND_SCATTER = 7,
     COLLD_KIND_ALLTOALL = 8,
-    /* Point-to-point (the host backend, single-node communicators, host buffers): `root` is the
+    /* Point-to-point (single-node communicators; host buffers, or GPU buffers with
+     * COLLD_SQE_STREAM): `root` is the
      * peer; a send's data is in `send`, a receive's goes to `recv`. The k-th send of rank a to
      * rank b is matched with the k-th receive of rank b from rank a; both must have the same dtype
      * and count. */

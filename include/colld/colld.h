@@ -78,7 +78,9 @@
  *       Changed (issue 16 item 1): colld_send, colld_recv and colld_alltoallv take GPU buffers and
  *       a CUDA stream, stream-ordered as the collectives (they were refused with
  *       COLLD_ERR_NOT_SUPPORTED); a group mixing GPU and host sends and receives on one
- *       communicator is COLLD_ERR_INVALID_USAGE.
+ *       communicator is COLLD_ERR_INVALID_USAGE. Changed (issue 16 item 2): colld_gather,
+ *       colld_scatter and colld_alltoall take GPU buffers and a CUDA stream too (they were refused
+ *       with COLLD_ERR_NOT_SUPPORTED).
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -371,9 +373,10 @@ colld_status_t colld_redop_destroy(colld_comm_t *comm, colld_redop_t op);
  * sendbuf is not used on other ranks) and all-to-all (every rank sends block q of its nranks x
  * count sendbuf to rank q, which receives it at block r of its recvbuf; no in-place form: the two
  * buffers must not overlap). In place for gather: the root's sendbuf at its own block of recvbuf;
- * for scatter: the root's recvbuf at its own block of sendbuf. Host buffers only, on communicators
- * within one node, so far: GPU buffers (or a stream) give COLLD_ERR_NOT_SUPPORTED, and so does a
- * communicator spanning nodes (from the daemon, which breaks the communicator). */
+ * for scatter: the root's recvbuf at its own block of sendbuf. Host buffers, or GPU buffers
+ * stream-ordered as the other collectives (since issue 16), on communicators within one node: a
+ * communicator spanning nodes gives COLLD_ERR_NOT_SUPPORTED (from the daemon, which breaks the
+ * communicator). */
 colld_status_t colld_gather(const void *sendbuf, void *recvbuf, size_t sendcount, colld_dtype_t dtype, int root,
                             colld_comm_t *comm, void *stream);
 colld_status_t colld_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, colld_dtype_t dtype, int root,

@@ -182,19 +182,16 @@ static void buffer_sizes(const colld_wire_sqe_t *d, int rank, uint64_t bytes, ui
     }
 }
 
-/* Gather, scatter and all-to-all run on the host backend only so far (not on GPU buffers); they and
- * point-to-point never run on the fast area nor across nodes. Sends and receives also run on GPU
- * buffers, stream-ordered (the CUDA backend's admit checks them), where a batch (the operations of
- * one group, COLLD_SQE_LINK) is all stream-ordered or all not: the CUDA backend takes a stream-ordered
- * batch as ready when its last operation's ready slot is written (proto/wire.h). */
+/* Gather, scatter, all-to-all and point-to-point never run on the fast area nor across nodes; on GPU
+ * buffers they are stream-ordered (the CUDA backend's admit checks them, issue 16). A batch of sends
+ * and receives (the operations of one group, COLLD_SQE_LINK) is all stream-ordered or all not: the
+ * CUDA backend takes a stream-ordered batch as ready when its last operation's ready slot is written
+ * (proto/wire.h). */
 static colld_status_t check_host_only(const colld_op_t *op, colld_err_t *err)
 {
     const colld_wire_sqe_t *d = &op->d;
     if (d->kind < COLLD_KIND_GATHER)
         return COLLD_OK;
-    if ((d->flags & COLLD_SQE_STREAM) && !colld_kind_is_p2p(d->kind))
-        return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "%s of GPU buffers is not supported yet",
-                             colld_kind_name(d->kind));
     const colld_op_t *prev = op->member->p2p_tail; /* the rank's last send or receive still queued */
     if (colld_kind_is_p2p(d->kind) && prev && (prev->d.flags & COLLD_SQE_LINK) &&
         ((prev->d.flags ^ d->flags) & COLLD_SQE_STREAM))
