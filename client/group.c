@@ -21,9 +21,10 @@
  * and receive from it never wait for each other. A batch on GPU buffers (stream-ordered) is posted
  * at once by cuda.c (colld__gpu_post_batch): its streams are joined, and one ready write and one
  * wait stand for the whole batch, so that no send waits on its stream for a receive of the same
- * group. A batch is all stream-ordered or all on host buffers (batch_streams). The daemon may need every operation of a batch at
- * once, so the point-to-point operations of one group on one connection must fit its rings: more
- * than the ring's entries are refused (COLLD_ERR_INVALID_USAGE, nothing posted).
+ * group. A batch is all stream-ordered or all on host buffers (batch_streams). The daemon may need
+ * every operation of a batch at once, so the point-to-point operations of one group on one
+ * connection must fit its rings: more than the ring's entries are refused
+ * (COLLD_ERR_INVALID_USAGE, nothing posted).
  */
 #include "client/client_internal.h"
 
