@@ -165,7 +165,7 @@ struct colld_comm {
     uint64_t spin_ns;            /* adaptive busy-wait before yielding */
     uint64_t spin_max_ns;        /* 0 with more ranks than CPUs */
     bool gpu_used;               /* gpu_base is set (at the first stream-ordered collective) */
-    uint32_t gpu_base;           /* flag base: collective ordinal o has flag value gpu_base + (uint32_t)o */
+    uint32_t gpu_base;           /* flag base: operation id s has flag value gpu_base + (uint32_t)s */
     uint32_t gpu_gen;            /* its generation on the handle's flag line, set with gpu_base (client/cuda.c) */
     struct colld_premul *premul; /* [COLLD_REDOP_PREMUL_MAX] premultiplied-sum operators (redop.c), or NULL;
                                     one allocation, freed by colld_comm_destroy */
@@ -365,15 +365,22 @@ bool colld__gpu_is_device(colld_client_t *c, const void *p);
 colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *send, size_t send_bytes,
                                   const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe, colld_gpu_op_t *op,
                                   colld_err_t *err);
-/* Number a prepared collective, enqueue `ready[seq % slots] = value` and the wait for
- * `done >= value` on its stream (value = flag base + seq), and post the descriptor; if the posting
+/* Number a prepared collective, enqueue `ready[id % slots] = value` and the wait for `done >= value`
+ * on its stream (value = flag base + operation id), and post the descriptor; if the posting
  * fails, the stream is released from here. Waits while the collective's ready slot is still in use
  * (at most COLLD_WIRE_GPU_READY_SLOTS collectives of a communicator posted and not yet launched). */
 colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op,
                                colld_err_t *err);
-/* The host address of the `ready` slot of collective seq of comm in the client's GPU flag area
+/* Post the n stream-ordered sends and receives of one communicator in a group (group.c: a batch,
+ * COLLD_SQE_LINK on all but the last; prepared, their streams of one context) as colld__gpu_post
+ * posts one: the batch's other streams are joined into the last operation's stream (events), which
+ * alone writes the batch's ready slot (the last operation's) and waits for its `done`; then the other
+ * streams wait for that. n == 1 is colld__gpu_post. */
+colld_status_t colld__gpu_post_batch(colld_comm_t *comm, const colld_wire_sqe_t *sqes, const colld_gpu_op_t *ops,
+                                     size_t n, colld_err_t *err);
+/* The host address of the `ready` slot of operation `id` of comm in the client's GPU flag area
  * (proto/wire.h), NULL before the area exists: what tests read to see a stream's write land. */
-const uint32_t *colld__gpu_ready_word(colld_comm_t *comm, uint64_t seq);
+const uint32_t *colld__gpu_ready_word(colld_comm_t *comm, uint64_t id);
 /* The session's GPU flag area; false before it is set up. */
 bool colld__gpu_area(colld_client_t *c, colld_gpu_area_t *out);
 /* colld_mem_alloc(COLLD_MEM_CUDA) and its colld_mem_free (COLLD_ERR_INVALID_ARGUMENT when ptr is

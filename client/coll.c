@@ -9,7 +9,9 @@
  *   engine      everything else, staged when not from colld_mem_alloc (staging.c):
  *               colld__engine_post (engine_path.c), the daemon's engine runs it
  *
- * Sends and receives (colld_send, colld_recv) take the engine path only, on host buffers.
+ * Sends and receives (colld_send, colld_recv) take the engine path on host buffers and the GPU
+ * stream path on device buffers or with a stream (never the fast path); inside a group, group.c
+ * posts a communicator's sends and receives as one batch.
  *
  * Inside a group (group.c) the call is checked and routed now, and queued; colld_group_end runs
  * the same posters. Device pointers are only looked for when the CUDA driver is loaded in the
@@ -158,6 +160,11 @@ static colld_status_t go_gpu(colld_comm_t *comm, call_t *k)
     st = colld__gpu_prepare(comm, k->stream, k->send, k->send_bytes, k->recv, k->recv_bytes, &k->sqe, &gop, &err);
     if (st != COLLD_OK)
         return colld__comm_error(comm, st, "%s", err.msg);
+    if (gop.capture && colld_kind_is_p2p(k->kind))
+        return colld__comm_error(comm, COLLD_ERR_NOT_SUPPORTED,
+                                 "%s on stream %p, which is being captured into a CUDA graph: capturing a send or "
+                                 "receive is not supported yet (nothing was enqueued)",
+                                 k->kind == COLLD_KIND_SEND ? "colld_send" : "colld_recv", k->stream);
     describe(k, comm);
     st = colld__group_active() ? colld__group_queue(comm, &k->sqe, NULL, &gop, &err)
                                : colld__gpu_post(comm, &k->sqe, &gop, &err);
@@ -223,15 +230,6 @@ static colld_status_t route(colld_comm_t *comm, colld_kind_t kind, const void *s
     path_t path = PATH_GPU;
     if (!stream && (st = resolve_host(comm, &k, &path)) != COLLD_OK)
         return st;
-    if (kind >= COLLD_KIND_GATHER && path == PATH_GPU) /* the daemon's host backend only, so far */
-        return colld__comm_error(comm, COLLD_ERR_NOT_SUPPORTED,
-                                 "%s on GPU buffers or a CUDA stream is not supported yet: use host buffers and "
-                                 "stream NULL",
-                                 kind == COLLD_KIND_GATHER    ? "colld_gather"
-                                 : kind == COLLD_KIND_SCATTER ? "colld_scatter"
-                                 : kind == COLLD_KIND_SEND    ? "colld_send"
-                                 : kind == COLLD_KIND_RECV    ? "colld_recv"
-                                                              : "colld_alltoall");
     if (kind == COLLD_KIND_ALLTOALL && k.send_bytes && (const char *)sendbuf < (const char *)recvbuf + k.recv_bytes &&
         (const char *)recvbuf < (const char *)sendbuf + k.send_bytes)
         return colld__comm_error(comm, COLLD_ERR_INVALID_ARGUMENT,

@@ -13,9 +13,9 @@
  * was registered in is reset or destroyed: flags_check); line h belongs to communicator handle
  * h. A line outlives the communicators that use its handle one after another, so a communicator
  * takes a flag base (the line's `done` + 1) and a generation (a count of the line's
- * communicators) at its first stream-ordered collective, and collective seq (its ordinal among
- * the communicator's collectives, proto/wire.h) has the flag value v = base + (uint32_t)seq; the
- * base goes to the daemon in every such descriptor. A stream-ordered
+ * communicators) at its first stream-ordered collective, and operation seq (its operation id,
+ * proto/wire.h: collectives, sends and receives alike) has the flag value v = base + (uint32_t)seq;
+ * the base goes to the daemon in every such descriptor. A stream-ordered
  * collective enqueues on the application's stream
  *   cuStreamWriteValue32(ready[seq % SLOTS] = v)  after the work before it: inputs are ready
  *   cuStreamWaitValue32(done >= v)                 the daemon's stream writes done after its kernels
@@ -118,9 +118,16 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
     return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "stream-ordered (GPU) collectives: %s", NO_CUDA_BUILD);
 }
 
-const uint32_t *colld__gpu_ready_word(colld_comm_t *comm, uint64_t seq)
+colld_status_t colld__gpu_post_batch(colld_comm_t *comm, const colld_wire_sqe_t *sqes, const colld_gpu_op_t *ops,
+                                     size_t n, colld_err_t *err)
 {
-    (void)comm, (void)seq;
+    (void)comm, (void)sqes, (void)ops, (void)n;
+    return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "stream-ordered (GPU) collectives: %s", NO_CUDA_BUILD);
+}
+
+const uint32_t *colld__gpu_ready_word(colld_comm_t *comm, uint64_t id)
+{
+    (void)comm, (void)id;
     return NULL;
 }
 
@@ -627,15 +634,16 @@ colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *
     return st;
 }
 
-/* Wait until collective seq of comm may write its ready slot (proto/wire.h): the write before it in
- * the slot (rec) has landed and, when this communicator made it, the daemon has taken it. A slot
+/* Wait until operation `id` of comm (`what`, for a message) may write its ready slot (proto/wire.h): the
+ * write before it in the slot (rec) has landed and, when this communicator made it, the daemon has
+ * taken it. A slot
  * of an earlier communicator on the line needs only to have landed (issue 15 E2: its write must
  * not land on top of this one's). Nothing is enqueued yet, so giving up costs nothing: the
  * communicator's error when it broke meanwhile, COLLD_ERR_DAEMON_LOST, or COLLD_ERR_TIMEOUT after
  * the communicator's timeout (the daemon times out a collective of its own long before; an
  * earlier communicator's stream may never get there). Polls with a growing sleep, up to 1 ms. */
-static colld_status_t slot_wait(colld_comm_t *comm, const uint32_t *word, const gpu_slot_t *rec, uint64_t seq,
-                                colld_err_t *err)
+static colld_status_t slot_wait(colld_comm_t *comm, const uint32_t *word, const gpu_slot_t *rec, const char *what,
+                                uint64_t id, colld_err_t *err)
 {
     colld_client_t *c = comm->client;
     bool mine = rec->gen == comm->gpu_gen;
@@ -651,8 +659,8 @@ static colld_status_t slot_wait(colld_comm_t *comm, const uint32_t *word, const 
         if (e == COLLD_OK && atomic_load(&c->lost))
             e = COLLD_ERR_DAEMON_LOST;
         if (e != COLLD_OK)
-            return colld_err_set(err, e, "stream-ordered collective #%llu not posted: the communicator failed (%s)",
-                                 (unsigned long long)seq, colld_status_name(e));
+            return colld_err_set(err, e, "stream-ordered %s not posted: the communicator failed (%s)", what,
+                                 colld_status_name(e));
         uint64_t now = colld_now_ns();
         int limit_ms = comm->timeout_ms > 0 ? comm->timeout_ms : 300000;
         if (!deadline)
@@ -660,18 +668,18 @@ static colld_status_t slot_wait(colld_comm_t *comm, const uint32_t *word, const 
         if (now >= deadline) {
             if (mine)
                 return colld_err_set(err, COLLD_ERR_TIMEOUT,
-                                     "stream-ordered collective #%llu not posted: collective #%llu, %u before it on "
-                                     "this communicator, was not launched by colld within %d ms (its GPU stream "
-                                     "never reached it?); at most %u stream-ordered collectives of a communicator "
-                                     "can be posted and not yet launched",
-                                     (unsigned long long)seq, (unsigned long long)rec->seq,
-                                     (unsigned)(seq - rec->seq), limit_ms, COLLD_WIRE_GPU_READY_SLOTS);
+                                     "stream-ordered %s not posted: operation #%llu, %u before it on this "
+                                     "communicator, was not launched by colld within %d ms (its GPU stream never "
+                                     "reached it?); at most %u stream-ordered operations of a communicator can be "
+                                     "posted and not yet launched",
+                                     what, (unsigned long long)rec->seq, (unsigned)(id - rec->seq), limit_ms,
+                                     COLLD_WIRE_GPU_READY_SLOTS);
             return colld_err_set(err, COLLD_ERR_TIMEOUT,
-                                 "stream-ordered collective #%llu not posted: its ready slot still awaits a write "
-                                 "of collective #%llu of an earlier communicator on this handle, queued on a CUDA "
+                                 "stream-ordered %s not posted: its ready slot still awaits a write "
+                                 "of operation #%llu of an earlier communicator on this handle, queued on a CUDA "
                                  "stream that has not reached it within %d ms; let the streams of destroyed or "
                                  "aborted communicators drain (synchronize them) before reusing their handle",
-                                 (unsigned long long)seq, (unsigned long long)rec->seq, limit_ms);
+                                 what, (unsigned long long)rec->seq, limit_ms);
         }
         if (spins < 64) {
             sched_yield();
@@ -695,48 +703,116 @@ bool colld__gpu_area(colld_client_t *c, colld_gpu_area_t *out)
     return true;
 }
 
-const uint32_t *colld__gpu_ready_word(colld_comm_t *comm, uint64_t seq)
+const uint32_t *colld__gpu_ready_word(colld_comm_t *comm, uint64_t id)
 {
     gpu_flags_t *f = atomic_load(&comm->client->gpu->flags);
     if (!f || comm->handle == 0 || comm->handle >= f->nlines)
         return NULL;
-    return &f->lines[comm->handle].ready[(uint32_t)seq % COLLD_WIRE_GPU_READY_SLOTS];
+    return &f->lines[comm->handle].ready[(uint32_t)id % COLLD_WIRE_GPU_READY_SLOTS];
 }
 
 colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op,
                                colld_err_t *err)
 {
+    return colld__gpu_post_batch(comm, sqe, op, 1, err);
+}
+
+/* Make stream `to` wait for the work enqueued on stream `from` so far (an event; both of the current
+ * context). Returns the driver's result. */
+static CUresult stream_join(const colld_cu_t *cu, CUstream from, CUstream to)
+{
+    CUevent e;
+    CUresult r = CU_CHECK(cu, cuEventCreate, &e, CU_EVENT_DISABLE_TIMING);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if ((r = CU_CHECK(cu, cuEventRecord, e, from)) == CUDA_SUCCESS)
+        r = CU_CHECK(cu, cuStreamWaitEvent, to, e, 0);
+    CU_CHECK(cu, cuEventDestroy, e); /* its resources go once it has fired */
+    return r;
+}
+
+/* Join the batch's other streams with the last operation's stream: before its ready write
+ * (`into`: every stream's work before its operation comes first) or after its wait (every stream
+ * waits for the batch). The current context is the streams' (checked). */
+static CUresult join_streams(const colld_cu_t *cu, const colld_gpu_op_t *ops, size_t n, bool into)
+{
+    CUstream main = (CUstream)ops[n - 1].stream;
+    for (size_t i = 0; i + 1 < n; i++) {
+        bool seen = ops[i].stream == ops[n - 1].stream;
+        for (size_t j = 0; j < i && !seen; j++)
+            seen = ops[j].stream == ops[i].stream;
+        if (seen)
+            continue;
+        CUresult r = into ? stream_join(cu, (CUstream)ops[i].stream, main)
+                          : stream_join(cu, main, (CUstream)ops[i].stream);
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    return CUDA_SUCCESS;
+}
+
+colld_status_t colld__gpu_post_batch(colld_comm_t *comm, const colld_wire_sqe_t *sqes, const colld_gpu_op_t *ops,
+                                     size_t n, colld_err_t *err)
+{
     colld_client_t *c = comm->client;
     const colld_cu_t *cu = colld_cu_load(NULL, 0);
     gpu_flags_t *f = atomic_load(&c->gpu->flags);
-    if (!cu || !f) /* prepare succeeded, so neither can be missing */
+    if (!cu || !f || n == 0) /* prepare succeeded, so neither can be missing */
         return colld_err_set(err, COLLD_ERR_INTERNAL, "stream-ordered collective posted without preparation");
-    if (op->capture) /* a collective captured into a CUDA graph: a persistent plan (cuda_graph.c) */
-        return colld__graph_post(comm, sqe, op, err);
-    /* (b) The next operation id of the communicator (every path shares the counter), and the flag
-     * value of its collective ordinal (proto/wire.h: the id less the point-to-point operations). */
-    colld_wire_sqe_t d = *sqe;
-    d.seq = comm->seq + 1;
-    d.flags |= COLLD_SQE_STREAM;
-    d.reserved = op->base;
-    uint64_t ord = d.seq - comm->p2p;
-    uint32_t v = op->base + (uint32_t)ord;
+    if (n == 1 && ops[0].capture) /* a collective captured into a CUDA graph: a persistent plan (cuda_graph.c) */
+        return colld__graph_post(comm, sqes, ops, err);
+    const colld_gpu_op_t *op = &ops[n - 1]; /* its stream writes the batch's ready slot and waits */
+    for (size_t i = 0; i + 1 < n; i++)
+        if (ops[i].ctx != op->ctx || ops[i].capture)
+            return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED,
+                                 "the sends and receives of a group on one communicator must use streams of one CUDA "
+                                 "context%s (nothing was posted)",
+                                 ops[i].capture ? ", none of them being captured into a CUDA graph" : "");
+    colld_wire_sqe_t one, *d = n == 1 ? &one : calloc(n, sizeof(*d));
+    if (!d)
+        return colld_err_set(err, COLLD_ERR_NO_MEMORY, "out of memory");
+    /* (b) The next operation ids of the communicator (every path shares the counter), and the flag
+     * value of the last (proto/wire.h: flag values follow the operation id, so that a send or
+     * receive, which has no collective ordinal of its own, has one too). A batch (the sends and
+     * receives of a group, linked) is ready as a whole: only its last operation's slot is written,
+     * once every stream of the batch got there, and only its value is waited for. */
+    uint64_t p2p = 0;
+    for (size_t i = 0; i < n; i++) {
+        d[i] = sqes[i];
+        d[i].seq = comm->seq + 1 + i;
+        d[i].flags |= COLLD_SQE_STREAM;
+        d[i].reserved = ops[i].base;
+        p2p += colld_kind_is_p2p(d[i].kind);
+    }
+    uint64_t id = d[n - 1].seq;
+    uint32_t v = op->base + (uint32_t)id;
+    char what[96];
+    if (colld_kind_is_p2p(d[n - 1].kind))
+        snprintf(what, sizeof(what), "%s (operation #%llu)", d[n - 1].kind == COLLD_KIND_SEND ? "send" : "receive",
+                 (unsigned long long)id);
+    else
+        snprintf(what, sizeof(what), "collective #%llu", (unsigned long long)(id - comm->p2p));
     /* (c) Its ready slot, once free (slot_wait). A value an earlier communicator left there that
-     * happens to equal v (values wrap) must not stand for this collective: replaced from the host,
+     * happens to equal v (values wrap) must not stand for this operation: replaced from the host,
      * which is safe now that every write enqueued to the slot has landed. */
-    uint32_t slot = (uint32_t)ord % COLLD_WIRE_GPU_READY_SLOTS;
+    uint32_t slot = (uint32_t)id % COLLD_WIRE_GPU_READY_SLOTS;
     gpu_slot_t *rec = &c->gpu->slots[(size_t)comm->handle * COLLD_WIRE_GPU_READY_SLOTS + slot];
     uint32_t *word = &f->lines[comm->handle].ready[slot];
-    colld_status_t st = slot_wait(comm, word, rec, ord, err);
+    colld_status_t st = slot_wait(comm, word, rec, what, id, err);
     if (st != COLLD_OK)
-        return st;
+        goto out;
     if (__atomic_load_n(word, __ATOMIC_ACQUIRE) == v)
         __atomic_store_n(word, v ^ 0x80000000u, __ATOMIC_RELEASE);
-    /* (d) ready[slot] = v once the stream gets here, (e) then wait for done >= v. */
-    bool pushed, written = false;
+    /* (d) The batch's other streams joined, ready[slot] = v once the stream gets here, (e) then wait
+     * for done >= v, and the other streams wait for that. */
+    bool pushed, written = false, waited = false;
     uint64_t prev = 0;
     CUresult r = ctx_enter(cu, (CUcontext)op->ctx, &pushed);
     const char *call = "making the stream's context current";
+    if (r == CUDA_SUCCESS && n > 1) {
+        call = "joining the group's streams (cuEventRecord, cuStreamWaitEvent)";
+        r = join_streams(cu, ops, n, true);
+    }
     if (r == CUDA_SUCCESS) {
         call = "cuStreamWriteValue32";
         r = CU_CHECK(cu, cuStreamWriteValue32, (CUstream)op->stream, (CUdeviceptr)(op->ready + 4ull * slot), v,
@@ -744,7 +820,7 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
     }
     if (r == CUDA_SUCCESS) {
         written = true;
-        *rec = (gpu_slot_t){ .value = v, .gen = comm->gpu_gen, .seq = ord };
+        *rec = (gpu_slot_t){ .value = v, .gen = comm->gpu_gen, .seq = id };
         /* A release by the monitor (daemon lost) must cover the wait about to be enqueued. */
         prev = atomic_exchange(&f->posted[comm->handle], POSTED_USED | v);
         call = "cuStreamWaitValue32";
@@ -752,38 +828,54 @@ colld_status_t colld__gpu_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, 
         if (r != CUDA_SUCCESS)
             atomic_store(&f->posted[comm->handle], prev); /* no wait of v was enqueued */
     }
+    if (r == CUDA_SUCCESS && n > 1) {
+        waited = true;
+        call = "joining the group's streams after its wait (cuEventRecord, cuStreamWaitEvent)";
+        r = join_streams(cu, ops, n, false);
+    }
     ctx_leave(cu, pushed);
     if (r != CUDA_SUCCESS && !written) {
-        /* Nothing was enqueued or posted, the sequence number is not used: a later call may try
+        /* Nothing was enqueued or posted, the sequence numbers are not used: a later call may try
          * again. */
         if (r == CUDA_ERROR_NOT_SUPPORTED)
-            return cu_say(cu, err, COLLD_ERR_NOT_SUPPORTED, r,
-                          "%s on stream %p: this device has no CUDA stream memory operations, which stream-ordered "
-                          "collectives need (the CUDA IPC event fallback is not built yet)",
-                          call, op->stream);
-        return cu_say(cu, err, COLLD_ERR_DEVICE, r, "%s on stream %p", call, op->stream);
+            st = cu_say(cu, err, COLLD_ERR_NOT_SUPPORTED, r,
+                        "%s on stream %p: this device has no CUDA stream memory operations, which stream-ordered "
+                        "collectives need (the CUDA IPC event fallback is not built yet)",
+                        call, op->stream);
+        else
+            st = cu_say(cu, err, COLLD_ERR_DEVICE, r, "%s on stream %p", call, op->stream);
+        goto out;
     }
     if (r != CUDA_SUCCESS) {
-        /* ready[slot] = v is on the stream without its wait: the next collective (the same seq, the
-         * same slot and v) would look ready before its inputs are. The communicator is unusable from this rank now (its
-         * peers see it as missing). */
+        /* ready[slot] = v is on the stream without its wait (or its group's other streams do not
+         * wait for it): the next operation of the same slot and value would look ready before its
+         * inputs are. The communicator is unusable from this rank now (its peers see it as
+         * missing); a wait already enqueued is released. */
         colld_status_t ok = COLLD_OK;
         __atomic_compare_exchange_n(&comm->async_error, &ok, COLLD_ERR_DEVICE, false, __ATOMIC_RELAXED,
                                     __ATOMIC_RELAXED);
-        return cu_say(cu, err, COLLD_ERR_DEVICE, r,
-                      "%s on stream %p after its ready flag was enqueued; the communicator cannot be used any more",
-                      call, op->stream);
+        if (waited)
+            release_line(&f->lines[comm->handle], v, COLLD_ERR_DEVICE);
+        st = cu_say(cu, err, COLLD_ERR_DEVICE, r,
+                    "%s on stream %p after its ready flag was enqueued; the communicator cannot be used any more", call,
+                    op->stream);
+        goto out;
     }
-    /* (f) Post it like any collective. */
-    st = colld__client_submit(c, &d, 1);
+    /* (f) Post them like any operation. */
+    st = colld__client_submit(c, d, n);
     if (st != COLLD_OK) {
         release_line(&f->lines[comm->handle], v, st);
-        return colld_err_set(err, st, "cannot post the collective (%s); its stream was released with that error",
-                             colld_status_string(st));
+        colld_err_set(err, st, "cannot post the %s (%s); its stream was released with that error",
+                      n > 1 ? "group's sends and receives" : "operation", colld_status_string(st));
+        goto out;
     }
-    comm->seq = d.seq;
-    comm->issued++;
-    return COLLD_OK;
+    comm->seq = id;
+    comm->p2p += p2p; /* the collective ordinals stay in step with the daemon's */
+    comm->issued += n;
+out:
+    if (d != &one)
+        free(d);
+    return st;
 }
 
 /* ============================================================================================

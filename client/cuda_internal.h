@@ -66,7 +66,7 @@ typedef struct {
 } gpu_flags_t;
 
 /* The last write enqueued to a ready slot of a line: its value, the generation of the
- * communicator that enqueued it (0: never written) and its collective ordinal. */
+ * communicator that enqueued it (0: never written) and its operation id. */
 typedef struct {
     uint32_t value;
     uint32_t gen;

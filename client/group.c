@@ -18,9 +18,13 @@
  * Sends and receives of a group run concurrently, as in NCCL: colld_group_end posts a
  * communicator's sends and receives after its collectives of the group, as one batch (each but
  * the last with COLLD_SQE_LINK, proto/wire.h), so that e.g. two ranks that each send to the other
- * and receive from it never wait for each other. The daemon may need every operation of a batch at
- * once, so the point-to-point operations of one group on one connection must fit its rings: more
- * than the ring's entries are refused (COLLD_ERR_INVALID_USAGE, nothing posted).
+ * and receive from it never wait for each other. A batch on GPU buffers (stream-ordered) is posted
+ * at once by cuda.c (colld__gpu_post_batch): its streams are joined, and one ready write and one
+ * wait stand for the whole batch, so that no send waits on its stream for a receive of the same
+ * group. A batch is all stream-ordered or all on host buffers (batch_streams). The daemon may need
+ * every operation of a batch at once, so the point-to-point operations of one group on one
+ * connection must fit its rings: more than the ring's entries are refused
+ * (COLLD_ERR_INVALID_USAGE, nothing posted).
  */
 #include "client/client_internal.h"
 
@@ -121,6 +125,42 @@ static void group_reset(bool posted)
     memset(&group, 0, sizeof(group));
 }
 
+/* A communicator's batch is stream-ordered when one of its sends and receives is (a device buffer or
+ * a stream): the daemon runs a batch all on GPU buffers or all on host buffers. Sends and receives of
+ * nothing (count 0: no buffer, nothing staged) that were routed to the host become stream-ordered on
+ * the stream of the batch's last stream-ordered one (colld_alltoallv with stream NULL on device
+ * buffers has such ones); any other mix is refused (COLLD_ERR_INVALID_USAGE), nothing posted. */
+static colld_status_t batch_streams(void)
+{
+    for (size_t i = 0; i < group.n; i++) {
+        queued_t *q = &group.ops[i];
+        if (!q->gpu || !colld_kind_is_p2p(q->sqe.kind))
+            continue;
+        const colld_gpu_op_t *gop = NULL; /* the last stream-ordered one of q's communicator */
+        for (size_t j = 0; j < group.n; j++)
+            if (group.ops[j].comm == q->comm && group.ops[j].gpu && colld_kind_is_p2p(group.ops[j].sqe.kind))
+                gop = &group.ops[j].gop;
+        for (size_t j = 0; j < group.n; j++) {
+            queued_t *h = &group.ops[j];
+            if (h->comm != q->comm || h->gpu || !colld_kind_is_p2p(h->sqe.kind))
+                continue;
+            if (h->sqe.count != 0 || h->pending) {
+                snprintf(q->comm->last_error, sizeof(q->comm->last_error),
+                         "COLLD_ERR_INVALID_USAGE: a group holds sends and receives on one communicator both on GPU "
+                         "buffers (or with a stream) and on host buffers: use one kind per group and communicator "
+                         "(nothing was posted)");
+                q->comm->detail_fetched = true;
+                return COLLD_ERR_INVALID_USAGE;
+            }
+            h->gpu = true;
+            h->gop = *gop;
+            memset(&h->sqe.send, 0, sizeof(h->sqe.send));
+            memset(&h->sqe.recv, 0, sizeof(h->sqe.recv));
+        }
+    }
+    return COLLD_OK;
+}
+
 /* Post the group's sends and receives after its other operations (keeping the order of each kind),
  * and link each to the next one of its communicator: one batch per communicator. Returns COLLD_OK,
  * or COLLD_ERR_INVALID_USAGE when a connection's share does not fit its rings. */
@@ -179,11 +219,43 @@ static void flush(colld_client_t *c, colld_wire_sqe_t *batch, size_t *k, colld_s
     *k = 0;
 }
 
+/* Post the stream-ordered batch of sends and receives that starts at queued op i (every later one of
+ * its communicator: batch_p2p put them last), as one (colld__gpu_post_batch). Marks the others done
+ * and counts them in *also. */
+static colld_status_t post_gpu_batch(size_t i, size_t *also, colld_err_t *err)
+{
+    queued_t *q = &group.ops[i];
+    size_t n = 0;
+    for (size_t j = i; j < group.n; j++)
+        n += group.ops[j].comm == q->comm && !group.ops[j].done;
+    colld_wire_sqe_t *sqes = calloc(n, sizeof(*sqes));
+    colld_gpu_op_t *gops = calloc(n, sizeof(*gops));
+    colld_status_t st = COLLD_ERR_NO_MEMORY;
+    colld_err_set(err, st, "cannot post the group's sends and receives: out of memory");
+    if (sqes && gops) {
+        size_t k = 0;
+        for (size_t j = i; j < group.n; j++)
+            if (group.ops[j].comm == q->comm && !group.ops[j].done) {
+                sqes[k] = group.ops[j].sqe;
+                gops[k++] = group.ops[j].gop;
+                if (j != i) {
+                    group.ops[j].done = true;
+                    (*also)++;
+                }
+            }
+        st = colld__gpu_post_batch(q->comm, sqes, gops, n, err);
+    }
+    free(sqes);
+    free(gops);
+    return st;
+}
+
 /* Try to start queued op i: COLLD_INPROGRESS while its communicator has something in flight that
- * must finish first, else the op is done (started, or failed with the returned error). A
+ * must finish first, else the op is done (started, or failed with the returned error); a
+ * stream-ordered batch of sends and receives is posted at once, its other ops counted in *also. A
  * stream-ordered op that cannot be posted also records its error in *late. */
 static colld_status_t try_start(size_t i, colld_wire_sqe_t *batch, size_t *k, colld_client_t **batch_client,
-                                colld_status_t *first, colld_status_t *late)
+                                colld_status_t *first, colld_status_t *late, size_t *also)
 {
     queued_t *q = &group.ops[i];
     colld_comm_t *comm = q->comm;
@@ -204,7 +276,8 @@ static colld_status_t try_start(size_t i, colld_wire_sqe_t *batch, size_t *k, co
         /* On its own, after the batch: its stream operations carry its sequence number. */
         flush(*batch_client, batch, k, first);
         colld_err_t err = COLLD_ERR_INIT;
-        st = colld__gpu_post(comm, &q->sqe, &q->gop, &err);
+        st = colld_kind_is_p2p(q->sqe.kind) ? post_gpu_batch(i, also, &err)
+                                            : colld__gpu_post(comm, &q->sqe, &q->gop, &err);
         if (st != COLLD_OK) {
             snprintf(comm->last_error, sizeof(comm->last_error), "%s: %.400s", colld_status_name(st), err.msg);
             comm->detail_fetched = true;
@@ -245,6 +318,8 @@ colld_status_t colld_group_end(void)
     colld_status_t st = group.error;
     if (st == COLLD_OK)
         st = batch_p2p();
+    if (st == COLLD_OK)
+        st = batch_streams();
     if (st != COLLD_OK) {
         group_reset(false);
         return st;
@@ -270,13 +345,14 @@ colld_status_t colld_group_end(void)
                 blocked = !group.ops[j].done && group.ops[j].comm == group.ops[i].comm;
             if (blocked)
                 continue;
-            colld_status_t r = try_start(i, batch, &k, &batch_client, &st, &late);
+            size_t also = 0;
+            colld_status_t r = try_start(i, batch, &k, &batch_client, &st, &late, &also);
             if (r == COLLD_INPROGRESS)
                 continue;
             if (r == COLLD_ERR_DAEMON_LOST)
                 st = r;
             group.ops[i].done = true;
-            left--;
+            left -= 1 + also;
             progress = true;
         }
         flush(batch_client, batch, &k, &st);

@@ -32,8 +32,9 @@
  * COLLD_KIND_RECV, COLLD_SQE_LINK) and the collective ordinal (below); 4: persistent plans of
  * captured collectives (COLLD_SQE_PLAN, colld_wire_gpu_plan_t, COLLD_MSG_PLAN_FREE); 5: the
  * premultiplied sum (COLLD_REDOP_PREMUL_SUM, its scalar in the descriptor and in the fast area's
- * slot header); 6: GPU registrations across several VMM allocations (COLLD_MSG_REG_CUDA_SEG) */
-#define COLLD_WIRE_VERSION 6
+ * slot header); 6: GPU registrations across several VMM allocations (COLLD_MSG_REG_CUDA_SEG); 7: GPU
+ * stream flag values and ready slots by operation id instead of collective ordinal */
+#define COLLD_WIRE_VERSION 7
 #define COLLD_WIRE_TOKEN_BYTES 16
 /* A unique id (the 128 bytes of colld_unique_id_t): 16 random bytes; an id made by a daemon that
  * listens for peers (multi-node) also carries "CLN1" at byte 16 and that daemon's address
@@ -54,12 +55,14 @@ typedef enum {
     COLLD_KIND_REDUCE = 3,
     COLLD_KIND_ALLGATHER = 4,
     COLLD_KIND_REDUCESCATTER = 5,
-    /* The host backend only, so far (single-node communicators, host buffers, never the fast
-     * area): gather to a root, scatter from a root, all-to-all of equal blocks. */
+    /* Single-node communicators only, never the fast area (host buffers: the host backend; GPU
+     * buffers, COLLD_SQE_STREAM: the CUDA backend): gather to a root, scatter from a root,
+     * all-to-all of equal blocks. */
     COLLD_KIND_GATHER = 6,
     COLLD_KIND_SCATTER = 7,
     COLLD_KIND_ALLTOALL = 8,
-    /* Point-to-point (the host backend, single-node communicators, host buffers): `root` is the
+    /* Point-to-point (single-node communicators; host buffers, or GPU buffers with
+     * COLLD_SQE_STREAM): `root` is the
      * peer; a send's data is in `send`, a receive's goes to `recv`. The k-th send of rank a to
      * rank b is matched with the k-th receive of rank b from rank a; both must have the same dtype
      * and count. */
@@ -108,8 +111,9 @@ _Static_assert(COLLD_REDOP_PREMUL_SUM == COLLD_REDOP_COUNT && COLLD_WIRE_REDOPS 
 #define COLLD_SQE_FAST 0x01u
 /* GPU buffers, stream-ordered (the CUDA backend): both buffer references name CUDA registrations
  * (COLLD_MSG_REG_CUDA) of the session. `reserved` carries the rank's flag base for this
- * communicator (below); the flag value of the collective is base + (uint32_t)ordinal. The rank's CUDA
- * stream writes that value into the collective's `ready` slot of the session's GPU flag line of
+ * communicator (below); the flag value of the operation is base + (uint32_t)seq (its operation id,
+ * not its collective ordinal: a send or receive has no ordinal of its own). The rank's CUDA
+ * stream writes that value into the operation's `ready` slot of the session's GPU flag line of
  * this communicator handle (COLLD_MSG_GPU_FLAGS) once the inputs are ready, and waits for `done`
  * to reach it. The daemon launches the kernels only when every rank's slot holds exactly that
  * value (so a kernel never runs on the buffers of a rank whose stream did not get there, and such
@@ -119,7 +123,9 @@ _Static_assert(COLLD_REDOP_PREMUL_SUM == COLLD_REDOP_COUNT && COLLD_WIRE_REDOPS 
 /* Point-to-point only: this operation and the rank's next one on the communicator belong to one
  * group (colld_group_start/end) and run concurrently, as one batch: the batch is the run of
  * operations up to and including the first without this flag. Operations outside a batch run in
- * the order the rank posted them, one after the other. */
+ * the order the rank posted them, one after the other. A batch is all stream-ordered
+ * (COLLD_SQE_STREAM) or all not; a stream-ordered batch is ready as a whole: only its last
+ * operation's `ready` slot is written (below, "Sends and receives"). */
 #define COLLD_SQE_LINK 0x04u
 /* With COLLD_SQE_STREAM: not a collective to run now but a collective captured into a CUDA graph,
  * to register as a persistent plan of the communicator (client/cuda_graph.c,
@@ -137,9 +143,9 @@ _Static_assert(COLLD_REDOP_PREMUL_SUM == COLLD_REDOP_COUNT && COLLD_WIRE_REDOPS 
  * point-to-point operations the rank posted before it (the daemon counts them as it admits them,
  * in ring order; the client counts the same); a point-to-point operation's ordinal is that of the
  * rank's next collective. Everything that names a collective across ranks uses the ordinal: the
- * fast area's slots and records, the GPU stream flag values and ready slots, the flight recorder,
- * time-outs and mismatch reports ("collective #N"). Without point-to-point operations the two are
- * equal.
+ * fast area's slots and records, the flight recorder, time-outs and mismatch reports ("collective
+ * #N"). The GPU stream flag values and ready slots are per rank and use the operation id (below).
+ * Without point-to-point operations the two are equal.
  * `reserved` is 0, except in COLLD_SQE_STREAM descriptors (the flag base; with COLLD_SQE_PLAN the
  * plan line); send.aux and recv.aux are 0, except in a premultiplied sum (its scalar word, above). */
 typedef struct {
@@ -282,16 +288,18 @@ _Static_assert(sizeof(colld_wire_fast_stats_t) % 64 == 0, "fast stats layout");
  *
  * Flag values: a line outlives the communicators that use its handle one after another, so the
  * values keep growing across them: at its first stream-ordered collective a communicator takes
- * base = the line's current `done` + 1 and uses v = base + (uint32_t)seq for collective seq (its
- * ordinal, see colld_wire_sqe_t),
+ * base = the line's current `done` + 1 and uses v = base + (uint32_t)seq for operation seq (its
+ * operation id, see colld_wire_sqe_t: collectives, sends and receives alike; a flag line is one
+ * rank's, so values need not agree across ranks, and a rank's operations on a communicator complete
+ * in the order it posted them, so `done` only grows),
  * sending the base in every such descriptor (the daemon refuses a rank whose base changes). Waits
  * left over from an earlier communicator on the same line are thereby satisfied (while `done` is
  * less than 2^31 past them: two releases of later communicators before an old stream reaches its
  * wait would leave it waiting, a known limit).
  *
- *   ready[]  one word per collective in flight (issue 15 E1: NCCL lets every call use its own
+ *   ready[]  one word per operation in flight (issue 15 E1: NCCL lets every call use its own
  *            stream, so one word per communicator would let a later collective's `ready`, written
- *            on another stream, stand for an earlier one). Collective seq owns slot
+ *            on another stream, stand for an earlier one). Operation seq owns slot
  *            (uint32_t)seq % COLLD_WIRE_GPU_READY_SLOTS; the rank's stream writes v there
  *            (cuStreamWriteValue32) after the work before it on the stream. The daemon takes the
  *            collective's inputs as ready only when the slot holds exactly v (EQ), and when it
@@ -308,6 +316,15 @@ _Static_assert(sizeof(colld_wire_fast_stats_t) % 64 == 0, "fast stats layout");
  *            or by the daemon's host on failure; the rank's stream waits with
  *            CU_STREAM_WAIT_VALUE_GEQ, a cyclic comparison ((int32_t)(done - value) >= 0).
  *   status   0, or the colld_status_t that broke the communicator, written before the release.
+ *
+ * Sends and receives (COLLD_KIND_SEND / RECV with COLLD_SQE_STREAM): a batch (COLLD_SQE_LINK
+ * above; an operation outside a group is a batch of one) has one ready write and one wait, those of
+ * its last operation: the client joins the batch's streams into the last operation's stream
+ * (events), which writes ready[last % SLOTS] = v_last and waits for done >= v_last; the other
+ * streams then wait for it. The linked operations' own slots are not written. The daemon takes the
+ * batch as ready when that slot holds exactly v_last (taken: ~v_last), runs its transfers once the
+ * peers' batches are ready too, and writes done = v_last from the host when every operation of the
+ * batch has finished (the batch's transfers finish in any order; `done` must only grow).
  *
  * Release on failure (time-out, lost rank, abort, mismatch, device error, daemon loss): once no
  * kernel of the communicator is running any more, `done` is set to the flag value of the last

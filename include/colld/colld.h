@@ -75,6 +75,12 @@
  *       inside colld_mem_alloc memory the handle is a no-op, other host memory is
  *       COLLD_ERR_NOT_SUPPORTED. Changed: colld_mem_free of memory still registered so is
  *       COLLD_ERR_INVALID_USAGE.
+ *       Changed (issue 16 item 1): colld_send, colld_recv and colld_alltoallv take GPU buffers and
+ *       a CUDA stream, stream-ordered as the collectives (they were refused with
+ *       COLLD_ERR_NOT_SUPPORTED); a group mixing GPU and host sends and receives on one
+ *       communicator is COLLD_ERR_INVALID_USAGE. Changed (issue 16 item 2): colld_gather,
+ *       colld_scatter and colld_alltoall take GPU buffers and a CUDA stream too (they were refused
+ *       with COLLD_ERR_NOT_SUPPORTED).
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -367,9 +373,10 @@ colld_status_t colld_redop_destroy(colld_comm_t *comm, colld_redop_t op);
  * sendbuf is not used on other ranks) and all-to-all (every rank sends block q of its nranks x
  * count sendbuf to rank q, which receives it at block r of its recvbuf; no in-place form: the two
  * buffers must not overlap). In place for gather: the root's sendbuf at its own block of recvbuf;
- * for scatter: the root's recvbuf at its own block of sendbuf. Host buffers only, on communicators
- * within one node, so far: GPU buffers (or a stream) give COLLD_ERR_NOT_SUPPORTED, and so does a
- * communicator spanning nodes (from the daemon, which breaks the communicator). */
+ * for scatter: the root's recvbuf at its own block of sendbuf. Host buffers, or GPU buffers
+ * stream-ordered as the other collectives (since issue 16), on communicators within one node: a
+ * communicator spanning nodes gives COLLD_ERR_NOT_SUPPORTED (from the daemon, which breaks the
+ * communicator). */
 colld_status_t colld_gather(const void *sendbuf, void *recvbuf, size_t sendcount, colld_dtype_t dtype, int root,
                             colld_comm_t *comm, void *stream);
 colld_status_t colld_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, colld_dtype_t dtype, int root,
@@ -389,9 +396,18 @@ colld_status_t colld_alltoall(const void *sendbuf, void *recvbuf, size_t count, 
  * per connection as the daemon's rings have entries (COLLD_ERR_INVALID_USAGE beyond). A rank may
  * send to itself within a group. An operation that waits longer than the communicator's time-out
  * fails it with COLLD_ERR_TIMEOUT naming the missing side ("rank 3 never sent to rank 5 ...").
- * Host buffers only, on communicators within one node, so far: GPU buffers or a stream give
- * COLLD_ERR_NOT_SUPPORTED, and so does a communicator spanning nodes (from the daemon, which
- * breaks the communicator). Memory not from colld_mem_alloc is staged. */
+ * Host buffers (stream NULL; memory not from colld_mem_alloc is staged) or GPU buffers,
+ * stream-ordered as with NCCL (issue 16): with a CUDA stream, or on device memory with stream NULL
+ * (the legacy default stream), the call returns at once and the stream waits: a send reads its
+ * buffer once the stream's work before it is done, a receive's buffer holds the data for the work
+ * after it on the stream. A group's sends and receives on one communicator are then all on GPU
+ * buffers (count 0 ones may have no buffer) or all on host buffers (else COLLD_ERR_INVALID_USAGE at
+ * colld_group_end, nothing posted), and their streams must belong to one CUDA context; every stream
+ * of the group waits for all of them. A send from GPU memory to a receive into host memory (or back)
+ * fails both with COLLD_ERR_NOT_SUPPORTED naming both calls; GPUs without peer access to each
+ * other's memory, too. A send or receive on a stream being captured into a CUDA graph is
+ * COLLD_ERR_NOT_SUPPORTED (nothing enqueued). A communicator spanning nodes gives
+ * COLLD_ERR_NOT_SUPPORTED (from the daemon, which breaks the communicator). */
 colld_status_t colld_send(const void *sendbuf, size_t count, colld_dtype_t dtype, int peer, colld_comm_t *comm,
                           void *stream);
 colld_status_t colld_recv(void *recvbuf, size_t count, colld_dtype_t dtype, int peer, colld_comm_t *comm, void *stream);
@@ -399,8 +415,8 @@ colld_status_t colld_recv(void *recvbuf, size_t count, colld_dtype_t dtype, int 
  * sendbuf + sdispls[q] elements to rank q, and receives recvcounts[q] elements from rank q at
  * recvbuf + rdispls[q] elements; rank q must send this rank exactly recvcounts[q] elements (else
  * COLLD_ERR_MISMATCH). Each array has nranks entries. One group of sends and receives (above),
- * hence the same limits: host buffers, single-node communicators, 2 x nranks operations within
- * the daemon's ring entries. The send and receive regions must not overlap. */
+ * hence the same rules: host or GPU buffers (stream-ordered), single-node communicators, 2 x nranks
+ * operations within the daemon's ring entries. The send and receive regions must not overlap. */
 colld_status_t colld_alltoallv(const void *sendbuf, const size_t *sendcounts, const size_t *sdispls, void *recvbuf,
                                const size_t *recvcounts, const size_t *rdispls, colld_dtype_t dtype, colld_comm_t *comm,
                                void *stream);

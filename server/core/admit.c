@@ -125,8 +125,9 @@ static colld_status_t check_fields(const colld_wire_sqe_t *d, int nranks, uint64
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "root %d is out of range for %d ranks", d->root, nranks);
     if (colld_kind_is_p2p(d->kind) && (d->root < 0 || d->root >= nranks))
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "peer %d is out of range for %d ranks", d->root, nranks);
-    if (colld_kind_is_p2p(d->kind) && (d->flags & ~COLLD_SQE_LINK))
-        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%s with flags 0x%x: only the group link is allowed",
+    if (colld_kind_is_p2p(d->kind) && (d->flags & ~(COLLD_SQE_LINK | COLLD_SQE_STREAM)))
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                             "%s with flags 0x%x: only the group link and the GPU stream flag are allowed",
                              colld_kind_name(d->kind), d->flags);
     if (!colld_kind_is_p2p(d->kind) && (d->flags & COLLD_SQE_LINK))
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%s with the group link flag (point-to-point only)",
@@ -181,16 +182,24 @@ static void buffer_sizes(const colld_wire_sqe_t *d, int rank, uint64_t bytes, ui
     }
 }
 
-/* Gather, scatter, all-to-all and point-to-point run on the host backend only so far: not on GPU
- * buffers, not on the fast area, not across nodes. */
+/* Gather, scatter, all-to-all and point-to-point never run on the fast area nor across nodes; on GPU
+ * buffers they are stream-ordered (the CUDA backend's admit checks them, issue 16). A batch of sends
+ * and receives (the operations of one group, COLLD_SQE_LINK) is all stream-ordered or all not: the
+ * CUDA backend takes a stream-ordered batch as ready when its last operation's ready slot is written
+ * (proto/wire.h). */
 static colld_status_t check_host_only(const colld_op_t *op, colld_err_t *err)
 {
     const colld_wire_sqe_t *d = &op->d;
     if (d->kind < COLLD_KIND_GATHER)
         return COLLD_OK;
-    if (d->flags & COLLD_SQE_STREAM)
-        return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "%s of GPU buffers is not supported yet",
-                             colld_kind_name(d->kind));
+    const colld_op_t *prev = op->member->p2p_tail; /* the rank's last send or receive still queued */
+    if (colld_kind_is_p2p(d->kind) && prev && (prev->d.flags & COLLD_SQE_LINK) &&
+        ((prev->d.flags ^ d->flags) & COLLD_SQE_STREAM))
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                             "%s in a group whose %s before it is %s: the sends and receives of one group on a "
+                             "communicator must all be on GPU buffers (stream-ordered) or all on host buffers",
+                             colld_kind_name(d->kind), colld_kind_name(prev->d.kind),
+                             (prev->d.flags & COLLD_SQE_STREAM) ? "stream-ordered (GPU buffers)" : "on host buffers");
     if (d->flags & COLLD_SQE_FAST)
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%s never runs on the fast area",
                              colld_kind_name(d->kind));

@@ -116,14 +116,21 @@ typedef struct colld_backend_ops {
     /* The communicator has collectives of this backend in flight: a collective of another backend
      * waits for them (each rank's completions stay in sequence order). */
     bool (*comm_busy)(const colld_backend_t *b, const colld_dcomm_t *c);
-    /* A stream-ordered descriptor of session s failed with st: whatever waits for it on the
-     * rank's side must be released. */
-    void (*stream_failed)(colld_backend_t *b, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st);
+    /* A stream-ordered descriptor of session s, operation `id` (the descriptor's own seq; sqe->seq
+     * is its collective ordinal), failed with st: whatever waits for it on the rank's side must be
+     * released. */
+    void (*stream_failed)(colld_backend_t *b, colld_session_t *s, const colld_wire_sqe_t *sqe, uint64_t id,
+                          colld_status_t st);
     /* Deadlock detection (core/deadlock.c): the matched collectives this backend holds that wait
      * for some of their ranks (a GPU collective whose ranks' streams have not all reached it),
      * the first of each communicator: fn(arg, k, arrived), arrived[r] true for the ranks that got
      * there (whose streams now wait in k). NULL when the backend's collectives never wait so. */
     void (*waiting)(colld_backend_t *b, void (*fn)(void *arg, const colld_coll_t *k, const bool *arrived), void *arg);
+    /* Deadlock detection too: c's sends and receives this backend holds after matching that wait
+     * for their peer (a stream-ordered transfer whose one rank's stream reached it while the other's
+     * has not): fn(arg, op) for the operation of the rank that waits. NULL when none waits so. */
+    void (*xfer_waits)(colld_backend_t *b, const colld_dcomm_t *c, void (*fn)(void *arg, const colld_op_t *op),
+                       void *arg);
 
     /* Communicators spanning nodes: the backend that forms them. comm_form attaches its state to
      * a new communicator whose unique id names another daemon as root (the first local rank

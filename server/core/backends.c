@@ -159,12 +159,13 @@ int colld_hooks_session_msg(colld_session_t *s, const colld_wire_msg_t *m)
  * Backends' parts of sessions and descriptors
  * ========================================================================================== */
 
-void colld_backends_stream_failed(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st)
+void colld_backends_stream_failed(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe, uint64_t id,
+                                  colld_status_t st)
 {
     for (int i = 0; i < d->nbackends; i++) {
         colld_backend_t *b = &d->backends[i];
         if (b->ops->stream_failed)
-            b->ops->stream_failed(b, s, sqe, st);
+            b->ops->stream_failed(b, s, sqe, id, st);
     }
 }
 

@@ -117,12 +117,13 @@ static void retire(colld_session_t *s, const colld_wire_sqe_t *sqe, uint64_t id,
         colld_complete_post(s, sqe->comm, id, st);
 }
 
-/* A stream-ordered descriptor that fails: its rank's GPU stream must not wait for it (lock held). */
-static void release_stream(colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st)
+/* A stream-ordered descriptor (operation `id`) that fails: its rank's GPU stream must not wait for
+ * it (lock held). */
+static void release_stream(colld_session_t *s, const colld_wire_sqe_t *sqe, uint64_t id, colld_status_t st)
 {
     if (!(sqe->flags & COLLD_SQE_STREAM) || st == COLLD_OK)
         return;
-    colld_backends_stream_failed(s->daemon, s, sqe, st);
+    colld_backends_stream_failed(s->daemon, s, sqe, id, st);
 }
 
 void colld_complete_sqe(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe, uint64_t id,
@@ -130,7 +131,7 @@ void colld_complete_sqe(colld_daemon_t *d, colld_session_t *s, const colld_wire_
 {
     if (!(sqe->flags & COLLD_SQE_FAST))
         colld_count_op(d, sqe->kind, sqe->dtype, payload_bytes(sqe), st);
-    release_stream(s, sqe, st);
+    release_stream(s, sqe, id, st);
     retire(s, sqe, id, st);
 }
 
@@ -140,7 +141,7 @@ void colld_op_retire(colld_op_t *op, colld_status_t st)
      * colld_op_drop_record, and the ranks count those themselves). */
     colld_daemon_t *d = op->session->daemon;
     colld_count_op(d, op->d.kind, op->d.dtype, payload_bytes(&op->d), st);
-    release_stream(op->session, &op->d, st);
+    release_stream(op->session, &op->d, op->id, st);
     retire(op->session, &op->d, op->id, st);
     if (op->send_reg)
         colld_session_release_reg(op->send_reg);

@@ -10,7 +10,8 @@
  *   colld_member_t   one rank of a communicator; owns the FIFO of that rank's posted operations.
  *   colld_op_t       one validated work descriptor waiting for its peers.
  *   colld_coll_t     a matched collective, handed to the backend that claimed it.
- *   colld_xfer_t     a matched send and receive (point-to-point), handed to the host backend.
+ *   colld_xfer_t     a matched send and receive (point-to-point), handed to the backend that runs
+ *                    it (host buffers: the host backend; stream-ordered, GPU buffers: cuda).
  *
  * The core is the files of server/core; each declares its functions in a section below. It knows
  * no backend and no module by name: they are composed in (backend.h), and their state sits behind
@@ -224,6 +225,7 @@ struct colld_op {
     uint64_t arrival_ns;
     colld_p2p_state_t p2p_state; /* point-to-point operations (p2p.c) */
     colld_status_t p2p_status;
+    uint8_t bmark; /* its backend's own mark (cuda: a send or receive whose rank's stream reached its batch) */
     colld_op_t *next;
 };
 
@@ -671,7 +673,7 @@ void colld_hooks_freed(colld_daemon_t *d, colld_dcomm_t *c);
  * none serves it. */
 int colld_hooks_session_msg(colld_session_t *s, const colld_wire_msg_t *m);
 /* A stream-ordered descriptor failed: the device backend releases what waits for it. */
-void colld_backends_stream_failed(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe,
+void colld_backends_stream_failed(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe, uint64_t id,
                                   colld_status_t st);
 /* A session's last reference went: every backend frees its part. */
 void colld_backends_session_free(colld_daemon_t *d, colld_session_t *s);

@@ -23,7 +23,9 @@
  * (p2p.c) take part too: an operation that may run but whose peer has not met it gives an edge from
  * its rank's session to the peer's, and a rank whose collective waits behind its own sends and
  * receives has not arrived at that collective; so ranks whose sends, receives and collectives wait
- * for each other in a circle are reported too, within one communicator as well. Runs on the
+ * for each other in a circle are reported too, within one communicator as well. A stream-ordered
+ * send and receive that matched but wait for one rank's stream (backend.h `xfer_waits`) give an
+ * edge from the rank whose stream got there to the other. Runs on the
  * engine thread, lock held, at most every CHECK_NS.
  */
 #include "server/core/daemon.h"
@@ -124,8 +126,9 @@ static void add_p2p_wait(void *arg, const colld_op_t *op)
 }
 
 /* Add c's edges for the collective its local ranks post: the ranks that posted it wait for those
- * that have not. */
-static int add_comm(graph_t *g, const colld_dcomm_t *c, int cap)
+ * that have not; and those of its sends and receives that wait for their peer, unmatched (p2p.c) or
+ * held by a backend after matching (backend.h `xfer_waits`). */
+static int add_comm(colld_daemon_t *d, graph_t *g, const colld_dcomm_t *c, int cap)
 {
     bool *arrived = calloc((size_t)c->nranks, sizeof(*arrived));
     uint64_t seq = 0;
@@ -143,6 +146,9 @@ static int add_comm(graph_t *g, const colld_dcomm_t *c, int cap)
     if (rc == 0 && c->p2p_queued) {
         p2p_edges_t x = { .g = g, .c = c, .cap = cap };
         colld_p2p_waits(c, add_p2p_wait, &x);
+        for (int i = 0; i < d->nbackends; i++)
+            if (d->backends[i].present && d->backends[i].ops->xfer_waits)
+                d->backends[i].ops->xfer_waits(&d->backends[i], c, add_p2p_wait, &x);
         rc = x.rc;
     }
     return rc;
@@ -279,7 +285,7 @@ uint64_t colld_deadlock_check(colld_daemon_t *d, uint64_t now)
     for (colld_session_t *s = d->sessions; s; s = s->next)
         s->dl_index = -1;
     for (const colld_dcomm_t *c = d->comms; c; c = c->next)
-        if (c->state == COLLD_COMM_READY && c->ranks && comm_waits(c) && add_comm(&g, c, cap) < 0) {
+        if (c->state == COLLD_COMM_READY && c->ranks && comm_waits(c) && add_comm(d, &g, c, cap) < 0) {
             LOG_INFO_RL(ENGINE, "deadlock check skipped: more than %d waits", MAX_EDGES);
             goto out;
         }

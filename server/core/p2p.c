@@ -19,9 +19,14 @@
  * Matching: the k-th send of rank a to rank b meets the k-th receive of rank b from rank a. Since
  * batches complete in order, it is enough to pair, within the head batches of a and b, a's first
  * unmatched send to b with b's first unmatched receive from a. Both must have the same dtype and
- * count, else the communicator fails with COLLD_ERR_MISMATCH naming both calls. A matched pair is
- * a transfer (colld_xfer_t) that the host backend copies outside the lock, straight from the
- * sender's mapped buffer into the receiver's (zero copy, as the collectives).
+ * count, else the communicator fails with COLLD_ERR_MISMATCH naming both calls; both on host
+ * buffers or both on GPU buffers (stream-ordered), else COLLD_ERR_NOT_SUPPORTED. A matched pair is a
+ * transfer (colld_xfer_t) handed to the first backend that runs transfers and claims the send: the
+ * host backend copies outside the lock, straight from the sender's mapped buffer into the
+ * receiver's (zero copy, as the collectives); the CUDA backend copies GPU buffers on its stream
+ * once both ranks' streams have reached the operations (server/backends/cuda/cuda_p2p.c), and
+ * times out those whose streams never get there (this file's time-out covers operations still
+ * unmatched).
  *
  * Completions go out in each rank's posting order: an operation whose transfer is done stays at
  * the head of its queue until the ones before it are done too, so a client's "every operation up
@@ -162,18 +167,27 @@ int colld_p2p_describe_rank(char *buf, size_t len, const colld_dcomm_t *c, int r
  * Faults: a mismatch, a time-out
  * ========================================================================================== */
 
-/* A send and the receive it meets disagree in dtype or count: MISMATCH naming both calls. */
+/* Where an operation's buffer is, for a detail. */
+static const char *where(const colld_op_t *op)
+{
+    return (op->d.flags & COLLD_SQE_STREAM) ? " of GPU memory (stream-ordered)" : " of host memory";
+}
+
+/* A send and the receive it meets disagree in dtype or count: MISMATCH naming both calls. One from
+ * GPU memory (stream-ordered) and the other of host memory is not supported: no backend runs it. */
 static void report_mismatch(colld_daemon_t *d, colld_dcomm_t *c, const colld_op_t *s, const colld_op_t *r)
 {
     char why[COLLD_DETAIL_LEN], ssz[96], rsz[96];
     int a = s->member->rank, b = r->member->rank;
+    bool mixed = (s->d.flags ^ r->d.flags) & COLLD_SQE_STREAM;
     describe_size(ssz, sizeof(ssz), &s->d);
     describe_size(rsz, sizeof(rsz), &r->d);
     snprintf(why, sizeof(why),
-             "point-to-point from rank %d to rank %d differs: rank %d sends %s (operation #%llu), rank %d receives "
-             "%s (operation #%llu)",
-             a, b, a, ssz, (unsigned long long)s->id, b, rsz, (unsigned long long)r->id);
-    colld_comm_break(d, c, COLLD_ERR_MISMATCH, -1, why);
+             "point-to-point from rank %d to rank %d %s: rank %d sends %s%s (operation #%llu), rank %d receives "
+             "%s%s (operation #%llu)",
+             a, b, mixed ? "between GPU and host memory is not supported" : "differs", a, ssz, mixed ? where(s) : "",
+             (unsigned long long)s->id, b, rsz, mixed ? where(r) : "", (unsigned long long)r->id);
+    colld_comm_break(d, c, mixed ? COLLD_ERR_NOT_SUPPORTED : COLLD_ERR_MISMATCH, -1, why);
 }
 
 /* What op waits for, since when, and what its peer does instead: "rank 0 (pid 812) waited 1500 ms
@@ -316,7 +330,8 @@ static int match_all(colld_daemon_t *d, colld_dcomm_t *c)
             colld_op_t *r = find_recv(mb, a);
             if (!r)
                 continue;
-            if (r->d.dtype != s->d.dtype || r->d.count != s->d.count) {
+            if (r->d.dtype != s->d.dtype || r->d.count != s->d.count ||
+                ((r->d.flags ^ s->d.flags) & COLLD_SQE_STREAM)) {
                 report_mismatch(d, c, s, r);
                 return -1;
             }

@@ -18,9 +18,10 @@
  * and the GUARD bytes around it must keep their sentinel on the device.
  *
  * Modes (--mode):
- *   matrix   (default) collective x dtype x op (reducing kinds only) x count {0, 1, 1001, big} x
- *            {out-of-place, in-place}, as colld-test-coll does on host memory: big is >= 4 MiB per
- *            buffer (an odd count) and, unless --big-all, only the subset coll_big_selected() names.
+ *   matrix   (default) collective (gather, scatter and all-to-all included) x dtype x op (reducing
+ *            kinds only) x count {0, 1, 1001, big} x {out-of-place, in-place}, as colld-test-coll does
+ *            on host memory: big is >= 4 MiB per buffer (an odd count) and, unless --big-all, only
+ *            the subset coll_big_selected() names.
  *            Each call: the host images of the slots (sentinels and this rank's input) are copied
  *            to the device on the stream, the collective is posted on the stream, the slots are
  *            copied back on the stream, and only then does the host wait (--host-sync: also wait
@@ -313,6 +314,12 @@ static colld_status_t post_with(run_t *R, const call_t *k, colld_redop_t op)
         return colld_reduce(s, r, k->count, k->dt, op, k->root, R->comm, st);
     case K_ALLGATHER:
         return colld_allgather(s, r, k->count, k->dt, R->comm, st);
+    case K_GATHER:
+        return colld_gather(s, r, k->count, k->dt, k->root, R->comm, st);
+    case K_SCATTER:
+        return colld_scatter(s, r, k->count, k->dt, k->root, R->comm, st);
+    case K_ALLTOALL:
+        return colld_alltoall(s, r, k->count, k->dt, R->comm, st);
     default:
         return colld_reducescatter(s, r, k->count, k->dt, op, R->comm, st);
     }
@@ -975,7 +982,7 @@ int main(int argc, char **argv)
                  .max_report = 40,
                  .victim = -1,
                  .spin_ms = 200,
-                 .kinds = K_EVERYWHERE_MASK,
+                 .kinds = (1u << K_COUNT) - 1, /* gather, scatter, all-to-all too since issue 16 */
                  .dtypes = (1u << COLLD_DTYPE_COUNT) - 1,
                  .ops = (1u << COLL_OPS) - 1,
                  .big = true };

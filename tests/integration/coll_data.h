@@ -16,8 +16,8 @@
 #include <stddef.h>
 
 enum { K_ALLREDUCE, K_BROADCAST, K_REDUCE, K_ALLGATHER, K_REDUCESCATTER, K_GATHER, K_SCATTER, K_ALLTOALL, K_COUNT };
-/* The kinds every backend runs (GPU streams, several nodes); gather, scatter and all-to-all run on
- * single-node communicators with host buffers only, so far. */
+/* The kinds every backend runs (host and GPU buffers, several nodes); gather, scatter and all-to-all
+ * run on single-node communicators only, so far (host and, since issue 16, GPU buffers). */
 #define K_EVERYWHERE_MASK ((1u << K_GATHER) - 1)
 
 extern const char *const kind_names[K_COUNT];

@@ -31,8 +31,8 @@
  *             receives from rank 1, which then creates <--sync-dir>/ready and sleeps until killed).
  *             --expect NAME: the status rank 0 (and rank 1 where it takes part) must get; rank 0
  *             prints the communicator's error detail on stdout (--out FILE).
- *   badargs   client-side refusals: peers out of range, NULL buffers, a stream, bad alltoallv
- *             arrays and overlapping regions, a group with more sends and receives than the rings
+ *   badargs   client-side refusals: peers out of range, NULL buffers, a stream on host buffers, bad
+ *             alltoallv arrays and overlapping regions, a group with more sends and receives than the rings
  *             hold (COLLD_ERR_INVALID_USAGE, nothing posted); then an exchange that works.
  *
  * --malloc: ordinary memory (staged by libcolld) instead of colld_mem_alloc.
@@ -472,9 +472,14 @@ static int mode_badargs(run_t *R)
                   "recvbuf is NULL");
     ok &= refused(R, "bad dtype", colld_send(R->sreg, 4, (colld_dtype_t)99, 0, R->comm, NULL),
                   COLLD_ERR_INVALID_ARGUMENT, "unknown dtype");
+    /* A stream makes a send stream-ordered (GPU buffers): refused here for want of a CUDA driver, or,
+     * where one is found, because the buffer is host memory. */
     int fake_stream;
-    ok &= refused(R, "send on a stream", colld_send(R->sreg, 4, COLLD_INT32, 0, R->comm, &fake_stream),
-                  COLLD_ERR_NOT_SUPPORTED, "colld_send on GPU buffers or a CUDA stream is not supported yet");
+    colld_status_t on_stream = colld_send(R->sreg, 4, COLLD_INT32, 0, R->comm, &fake_stream);
+    if (on_stream == COLLD_ERR_NOT_SUPPORTED)
+        ok &= refused(R, "send on a stream", on_stream, COLLD_ERR_NOT_SUPPORTED, "need the CUDA driver");
+    else
+        ok &= refused(R, "send on a stream", on_stream, COLLD_ERR_INVALID_ARGUMENT, "is host memory");
     ok &= refused(R, "alltoallv NULL counts",
                   colld_alltoallv(R->sreg, NULL, displs, R->rreg, counts, displs, COLLD_INT32, R->comm, NULL),
                   COLLD_ERR_INVALID_ARGUMENT, "must not be NULL");

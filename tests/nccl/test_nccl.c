@@ -93,9 +93,41 @@ static void test_rank_dies(void **state)
     assert_int_equal(harness_wait_all(p, 3, 120000), 0);
 }
 
-int main(void)
+#ifdef NCCL_GPU_RANK_BIN
+/* ncclSend / ncclRecv on device buffers, stream-ordered (issue 16), on the CUDA driver test double:
+ * 3 ranks on 2 fake GPUs (nccl_gpu_rank.c), every byte exact. */
+static void test_p2p_device_buffers(void **state)
+{
+    harness_t *h = *state;
+    char id[400], rk[3][4];
+    pid_t p[3];
+    snprintf(id, sizeof(id), "%s/nccl-id-gpu", h->dir);
+    for (int r = 0; r < 3; r++) {
+        snprintf(rk[r], sizeof(rk[r]), "%d", r);
+        const char *argv[] = { NCCL_GPU_RANK_BIN, "--nranks", "3",          "--rank", rk[r], "--id-file", id,
+                               "--gpus",          "2",        "--cudafake", NULL };
+        assert_true((p[r] = harness_spawn(argv)) > 0);
+    }
+    assert_int_equal(harness_wait_all(p, 3, 240000), 0);
+    assert_int_equal(harness_wait_clean(h, 10000), 0);
+}
+#endif
+
+/* `test_nccl` runs the host-memory tests; `test_nccl gpu` the device-buffer one (on the double). */
+int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
+    if (argc > 1 && strcmp(argv[1], "gpu") == 0) {
+#ifdef NCCL_GPU_RANK_BIN
+        const struct CMUnitTest gpu[] = {
+            cmocka_unit_test_setup_teardown(test_p2p_device_buffers, setup, harness_test_teardown),
+        };
+        return cmocka_run_group_tests_name("nccl_gpu", gpu, NULL, NULL);
+#else
+        printf("SKIP: a build without CUDA has no device buffers\n");
+        return 77;
+#endif
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_errors_and_library, setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_matrix, setup, harness_test_teardown),

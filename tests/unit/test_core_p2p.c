@@ -410,12 +410,43 @@ static void test_admission_flags(void **state)
 {
     world_t *w = *state;
     colld_wire_sqe_t r = p2p(w, 1, 1, COLLD_KIND_RECV, 0, 4, 0, false);
-    r.flags |= COLLD_SQE_STREAM;
+    r.flags |= COLLD_SQE_PLAN;
     post(w, 1, &r);
     run(w, 1);
     assert_int_equal(w->c->error, COLLD_ERR_INVALID_ARGUMENT);
     assert_string_equal(w->c->error_detail, "rank 1 (pid 1001), recv from rank 0 (operation #1): recv with flags "
-                                            "0x2: only the group link is allowed");
+                                            "0x8: only the group link and the GPU stream flag are allowed");
+}
+
+/* A stream-ordered send is admitted only by a backend that runs them (this daemon has none). */
+static void test_admission_stream_without_gpu(void **state)
+{
+    world_t *w = *state;
+    colld_wire_sqe_t s = p2p(w, 0, 1, COLLD_KIND_SEND, 1, 4, 0, false);
+    s.flags |= COLLD_SQE_STREAM;
+    post(w, 0, &s);
+    run(w, 1);
+    assert_int_equal(w->c->error, COLLD_ERR_NOT_SUPPORTED);
+    assert_non_null(strstr(w->c->error_detail, "rank 0 (pid 1000), send to rank 1 (operation #1): GPU collective, but "
+                                               "no GPU here"));
+}
+
+/* The sends and receives of one group (a batch) are all stream-ordered or all not: a batch that
+ * mixes them is refused at the operation that breaks the rule. */
+static void test_admission_mixed_batch(void **state)
+{
+    world_t *w = *state;
+    colld_wire_sqe_t a = p2p(w, 0, 1, COLLD_KIND_SEND, 1, 4, 0, true);
+    colld_wire_sqe_t b = p2p(w, 0, 2, COLLD_KIND_RECV, 1, 4, 0, false);
+    b.flags |= COLLD_SQE_STREAM;
+    post(w, 0, &a);
+    post(w, 0, &b);
+    run(w, 1);
+    assert_int_equal(w->c->error, COLLD_ERR_INVALID_ARGUMENT);
+    assert_string_equal(w->c->error_detail,
+                        "rank 0 (pid 1000), recv from rank 1 (operation #2): recv in a group whose send before it is "
+                        "on host buffers: the sends and receives of one group on a communicator must all be on GPU "
+                        "buffers (stream-ordered) or all on host buffers");
 }
 
 /* The link flag on a collective is refused too. */
@@ -525,6 +556,8 @@ int main(void)
         cmocka_unit_test_teardown(test_never_sent, teardown),
         cmocka_unit_test_setup_teardown(test_admission, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_admission_flags, setup2, teardown),
+        cmocka_unit_test_setup_teardown(test_admission_stream_without_gpu, setup2, teardown),
+        cmocka_unit_test_setup_teardown(test_admission_mixed_batch, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_admission_link_on_collective, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_abort_fails_queued, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_peer_lost, setup2, teardown),

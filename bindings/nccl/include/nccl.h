@@ -11,9 +11,10 @@
  *     runs on the daemon's host backend and has completed when the call returns (inside
  *     ncclGroupStart/End: when ncclGroupEnd returns); its stream argument is ignored. Device
  *     buffers are stream-ordered, as with NCCL.
- *   - ncclSend / ncclRecv take host buffers only so far (device buffers: ncclInvalidUsage); on
- *     host buffers a send or receive has completed when the call (or ncclGroupEnd) returns, so
- *     two ranks that send to each other must group their sends and receives, as with NCCL.
+ *   - ncclSend / ncclRecv on device buffers are stream-ordered, as with NCCL; on host buffers a
+ *     send or receive has completed when the call (or ncclGroupEnd) returns, so two ranks that
+ *     send to each other must group their sends and receives, as with NCCL. A group's sends and
+ *     receives on one communicator are all on device buffers or all on host buffers.
  *   - ncclRedOpCreatePreMulSum takes the scalar in host memory (ncclScalarHostImmediate) only; a
  *     scalar in device memory (ncclScalarDevice) fails with ncclInvalidUsage. The scalar is of
  *     `datatype` (a float16 or bfloat16 scalar is that 16-bit value, as NCCL); float16 and bfloat16

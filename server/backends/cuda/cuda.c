@@ -227,7 +227,8 @@ static void cuda_describe(const colld_backend_t *b, char *buf, size_t len)
         snprintf(buf, len, "no CUDA backend: %s", b->d->device_none);
 }
 
-/* It runs the stream-ordered collectives. */
+/* It runs the stream-ordered collectives, and the stream-ordered sends and receives (a transfer is
+ * claimed by its send's descriptor: p2p.c). */
 static bool cuda_claims(const colld_backend_t *b, const colld_dcomm_t *c, const colld_wire_sqe_t *sqe)
 {
     (void)b, (void)c;
@@ -236,12 +237,15 @@ static bool cuda_claims(const colld_backend_t *b, const colld_dcomm_t *c, const 
 
 static bool cuda_run_unlocked(colld_backend_t *b)
 {
-    return cuda_launch(b);
+    bool colls = cuda_launch(b);
+    bool xfers = cuda_p2p_launch(b);
+    return colls || xfers;
 }
 
 static void cuda_after_run(colld_backend_t *b)
 {
     cuda_launched(b);
+    cuda_p2p_launched(b);
 }
 
 static const colld_comm_hooks_t cuda_hooks = {
@@ -259,6 +263,7 @@ const colld_backend_ops_t colld_cuda_backend = {
     .claims = cuda_claims,
     .admit = cuda_admit,
     .submit = cuda_submit,
+    .xfer_submit = cuda_xfer_submit,
     .progress = cuda_progress,
     .outstanding = cuda_outstanding,
     .poll_spin_ns = GPU_SPIN_NS,
@@ -267,6 +272,7 @@ const colld_backend_ops_t colld_cuda_backend = {
     .comm_busy = cuda_comm_busy,
     .stream_failed = cuda_stream_failed,
     .waiting = cuda_waiting,
+    .xfer_waits = cuda_p2p_waits,
     .mem_register = cuda_mem_register,
     .mem_release = cuda_mem_release,
     .sync_area = cuda_sync_area,

@@ -14,6 +14,8 @@
  *                  (issue 15 D2)
  *   cuda_plan.c    persistent plans: collectives captured into CUDA graphs, run once per replay
  *                  (issue 15 item 3; cuda_plan.h)
+ *   cuda_p2p.c     stream-ordered sends and receives: a matched transfer waits for both ranks'
+ *                  streams, is copied on a daemon stream, and completes (issue 16)
  *
  * Every driver call goes through CU_CHECK (common/cudadrv.h), which logs a failure with its
  * location; what a failure means is decided where the call is made.
@@ -63,7 +65,10 @@ typedef struct colld_gpus {
     colld_coll_t *pending, *pending_tail; /* matched, waiting for the ranks' ready flags */
     colld_coll_t *launch;                 /* every rank's stream got there: to launch (engine thread) */
     colld_coll_t *running;                /* launched, waiting for their event */
-    unsigned outstanding;                 /* pending + launching + running */
+    /* Stream-ordered sends and receives (cuda_p2p.c): matched transfers waiting for both ranks'
+     * streams, to launch (engine thread), launched and waiting for their event. */
+    struct gpu_xfer *xpending, *xlaunch, *xrunning;
+    unsigned outstanding; /* pending + launching + running, collectives and transfers */
     /* Recovery (cuda_recover.c) */
     int home;                     /* the GPU in whose context the sessions' flag areas are registered */
     bool hold;                    /* no launch on any GPU: the home GPU's reset drops the flag areas' registration */
@@ -196,6 +201,11 @@ int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint3
 void cuda_session_free(colld_backend_t *b, colld_session_t *s);
 
 /* ---- cuda_coll.c ---- */
+/* Move a flag line's `done` forward (never back) to `value`, with `status` first when st is an
+ * error: a release, or (COLLD_OK) the completion of a stream-ordered send or receive (lock held). */
+void cuda_flag_release(colld_backend_t *b, colld_session_t *s, uint32_t handle, uint32_t value, colld_status_t st);
+/* Write the releases a communicator owes, once nothing of it runs on a GPU any more (lock held). */
+void cuda_pay_releases(colld_backend_t *b, colld_dcomm_t *c);
 colld_status_t cuda_admit(colld_backend_t *b, colld_op_t *op, colld_err_t *err);
 void cuda_submit(colld_backend_t *b, colld_coll_t *k);
 int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline);
@@ -205,9 +215,14 @@ bool cuda_comm_busy(const colld_backend_t *b, const colld_dcomm_t *c);
 /* NULL when collective k can run: its GPUs working, its registrations mapped, its ranks' flag
  * areas registered; else why not, in buf (lock held). */
 const char *cuda_coll_unusable(colld_backend_t *b, const colld_coll_t *k, char *buf, size_t len);
+/* The ready slot of a rank's stream-ordered operation in its session's flag area, and the value its
+ * stream writes there: flag base + (uint32_t)operation id, slot id % COLLD_WIRE_GPU_READY_SLOTS
+ * (proto/wire.h); NULL when the session has no line for the handle (lock held). */
+uint32_t *cuda_ready_slot(colld_backend_t *b, const colld_op_t *op, uint32_t *want);
 /* Append k to the launch list (lock held). */
 void cuda_launch_append(colld_gpus_t *g, colld_coll_t *k);
-void cuda_stream_failed(colld_backend_t *b, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st);
+void cuda_stream_failed(colld_backend_t *b, colld_session_t *s, const colld_wire_sqe_t *sqe, uint64_t id,
+                        colld_status_t st);
 void cuda_comm_broken(colld_daemon_t *d, colld_dcomm_t *c);
 void cuda_comm_freed(colld_daemon_t *d, colld_dcomm_t *c);
 
@@ -216,6 +231,28 @@ void cuda_comm_freed(colld_daemon_t *d, colld_dcomm_t *c);
 bool cuda_launch(colld_backend_t *b);
 /* The GPUs a collective uses (used[0..n-1]): those of the ranks' buffers, GPU 0 when none. */
 void cuda_coll_gpus(const colld_coll_t *k, bool *used, int n);
+
+/* ---- cuda_p2p.c (issue 16: sends and receives on GPU buffers) ---- */
+/* backend.h `xfer_submit`: a matched send and receive, both stream-ordered (lock held). */
+void cuda_xfer_submit(colld_backend_t *b, colld_xfer_t *x);
+/* Progress the transfers (lock held): finish those whose copy is done, move those both ranks'
+ * streams reached to the launch list, time out the others. Returns the work done; a break may
+ * have changed every list (the caller returns). */
+int cuda_p2p_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline);
+/* Can cuda_p2p_progress move a transfer now (lock held; no side effect)? */
+bool cuda_p2p_movable(colld_backend_t *b);
+/* Launch what cuda_p2p_progress found ready (engine thread, lock NOT held); true when anything was.
+ * cuda_p2p_launched takes the launch list back (lock held). */
+bool cuda_p2p_launch(colld_backend_t *b);
+void cuda_p2p_launched(colld_backend_t *b);
+/* c broke: its transfers not launched fail (lock held). */
+void cuda_p2p_comm_broken(colld_backend_t *b, colld_dcomm_t *c);
+/* backend.h `xfer_waits`: c's pending transfers of which one rank's stream reached its operation and
+ * the other's has not: fn(arg, op) for the op of the rank that waits (lock held). */
+void cuda_p2p_waits(colld_backend_t *b, const colld_dcomm_t *c, void (*fn)(void *arg, const colld_op_t *op),
+                    void *arg);
+/* Does a launched transfer still use GPU gi (any GPU: `any`), or is one being launched? (lock held) */
+bool cuda_p2p_busy(const colld_gpus_t *g, int gi, bool any);
 
 /* ---- cuda_recover.c ---- */
 /* Is r an error that leaves the context unusable (a sticky error)? */

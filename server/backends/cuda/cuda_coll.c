@@ -22,8 +22,7 @@ static colld_backend_t *cuda_of(colld_daemon_t *d)
     return colld_backend_find(d, &colld_cuda_backend);
 }
 
-/* Release one flag line: status, then `done` moved forward (never back) to `value` (lock held). */
-static void flag_release(colld_backend_t *b, colld_session_t *s, uint32_t handle, uint32_t value, colld_status_t st)
+void cuda_flag_release(colld_backend_t *b, colld_session_t *s, uint32_t handle, uint32_t value, colld_status_t st)
 {
     gpu_session_t *gs = s ? gpu_session_of(b, s) : NULL;
     if (!gs || handle == 0 || handle >= gs->lines)
@@ -95,7 +94,7 @@ colld_status_t cuda_admit(colld_backend_t *b, colld_op_t *op, colld_err_t *err)
                              gc->base[r]);
     gc->base_set[r] = true;
     gc->base[r] = d->reserved;
-    gc->last[r] = d->reserved + (uint32_t)d->seq;
+    gc->last[r] = d->reserved + (uint32_t)op->id; /* flag values follow the operation id (proto/wire.h) */
     return COLLD_OK;
 }
 
@@ -103,8 +102,7 @@ colld_status_t cuda_admit(colld_backend_t *b, colld_op_t *op, colld_err_t *err)
  * Releases
  * ========================================================================================== */
 
-/* Write the releases a communicator owes, when none of its kernels runs any more (lock held). */
-static void pay_releases(colld_backend_t *b, colld_dcomm_t *c)
+void cuda_pay_releases(colld_backend_t *b, colld_dcomm_t *c)
 {
     gpu_comm_t *gc = gpu_comm_of(b, c);
     if (!gc || gc->running)
@@ -112,7 +110,7 @@ static void pay_releases(colld_backend_t *b, colld_dcomm_t *c)
     for (int r = 0; r < c->nranks; r++)
         if (gc->owe[r]) {
             gc->owe[r] = false;
-            flag_release(b, c->ranks[r].session, c->ranks[r].handle, gc->owed[r], gc->owed_status);
+            cuda_flag_release(b, c->ranks[r].session, c->ranks[r].handle, gc->owed[r], gc->owed_status);
         }
 }
 
@@ -130,7 +128,7 @@ static void owe_release(colld_backend_t *b, colld_dcomm_t *c, int rank, uint32_t
             if (colld_comm_slot(c, i)->rank == rank)
                 m = colld_comm_slot(c, i);
         if (m)
-            flag_release(b, m->session, m->handle, v, st);
+            cuda_flag_release(b, m->session, m->handle, v, st);
         return;
     }
     if (!gc->owe[rank] || (int32_t)(v - gc->owed[rank]) > 0)
@@ -139,7 +137,8 @@ static void owe_release(colld_backend_t *b, colld_dcomm_t *c, int rank, uint32_t
     gc->owed_status = st;
 }
 
-void cuda_stream_failed(colld_backend_t *b, colld_session_t *s, const colld_wire_sqe_t *sqe, colld_status_t st)
+void cuda_stream_failed(colld_backend_t *b, colld_session_t *s, const colld_wire_sqe_t *sqe, uint64_t id,
+                        colld_status_t st)
 {
     if (sqe->flags & COLLD_SQE_PLAN) { /* no stream waits for it: its plan line is free again */
         cuda_plan_unreserve(b, s, sqe);
@@ -147,7 +146,7 @@ void cuda_stream_failed(colld_backend_t *b, colld_session_t *s, const colld_wire
     }
     colld_member_t *m = colld_comm_member(s, sqe->comm);
     if (m)
-        owe_release(b, m->comm, m->rank, sqe->reserved + (uint32_t)sqe->seq, st);
+        owe_release(b, m->comm, m->rank, sqe->reserved + (uint32_t)id, st);
 }
 
 /* ============================================================================================
@@ -174,7 +173,7 @@ static void gpu_finish(colld_backend_t *b, colld_coll_t *k, bool was_running)
     gc->busy--;
     if (was_running)
         gc->running--;
-    pay_releases(b, c);
+    cuda_pay_releases(b, c);
     /* Posts the completions; a failed op of a rank owes (or, nothing running, writes) its
      * release. May free the communicator. */
     colld_engine_finish(b->d, k);
@@ -215,16 +214,14 @@ static void pending_unlink(colld_gpus_t *g, colld_coll_t *prev, colld_coll_t *k)
     k->next = NULL;
 }
 
-/* The ready slot of a rank's collective in its session's flag area, and the value its stream
- * writes there (proto/wire.h); NULL when the session has no line for the handle (lock held). */
-static uint32_t *ready_slot(colld_backend_t *b, const colld_op_t *op, uint32_t *want)
+uint32_t *cuda_ready_slot(colld_backend_t *b, const colld_op_t *op, uint32_t *want)
 {
     gpu_session_t *gs = gpu_session_of(b, op->session);
     uint32_t h = op->d.comm;
-    *want = op->d.reserved + (uint32_t)op->d.seq;
+    *want = op->d.reserved + (uint32_t)op->id;
     if (!gs || h == 0 || h >= gs->lines)
         return NULL;
-    return &gs->flags[h].ready[(uint32_t)op->d.seq % COLLD_WIRE_GPU_READY_SLOTS];
+    return &gs->flags[h].ready[(uint32_t)op->id % COLLD_WIRE_GPU_READY_SLOTS];
 }
 
 /* Has every rank's stream reached this collective? Its own slot must hold exactly its value
@@ -234,7 +231,7 @@ static bool all_ready(colld_backend_t *b, const colld_coll_t *k, int *missing, i
     *nmissing = 0;
     for (int r = 0; r < k->comm->nranks; r++) {
         uint32_t want;
-        const uint32_t *slot = ready_slot(b, k->ops[r], &want);
+        const uint32_t *slot = cuda_ready_slot(b, k->ops[r], &want);
         if (!slot || __atomic_load_n(slot, __ATOMIC_ACQUIRE) != want) {
             if (*nmissing < nmissing_max)
                 missing[*nmissing] = r;
@@ -252,7 +249,7 @@ static void mark_taken(colld_backend_t *b, const colld_coll_t *k)
     for (int r = 0; r < k->comm->nranks; r++) {
         const colld_op_t *op = k->ops[r];
         uint32_t want;
-        uint32_t *slot = ready_slot(b, op, &want);
+        uint32_t *slot = cuda_ready_slot(b, op, &want);
         if (slot && op->member && op->member->session == op->session &&
             colld_comm_member(op->session, op->d.comm) == op->member)
             __atomic_store_n(slot, ~want, __ATOMIC_RELEASE);
@@ -376,6 +373,7 @@ int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
         return 0;
     g->rounds++;
     int work = finish_fired(b);
+    work += cuda_p2p_progress(b, now, deadline); /* stream-ordered sends and receives (cuda_p2p.c) */
     colld_coll_t **launch_tail = &g->launch;
     while (*launch_tail)
         launch_tail = &(*launch_tail)->next;
@@ -474,7 +472,7 @@ void cuda_waiting(colld_backend_t *b, void (*fn)(void *arg, const colld_coll_t *
             return;
         for (int r = 0; r < k->comm->nranks; r++) {
             uint32_t want;
-            const uint32_t *slot = ready_slot(b, k->ops[r], &want);
+            const uint32_t *slot = cuda_ready_slot(b, k->ops[r], &want);
             arrived[r] = slot && __atomic_load_n(slot, __ATOMIC_ACQUIRE) == want;
         }
         fn(arg, k, arrived);
@@ -496,7 +494,7 @@ bool cuda_movable(colld_backend_t *b)
         if (CU_CHECK_EXPECT(g->cu, CUDA_ERROR_NOT_READY, cuEventQuery, (CUevent)k->bpriv) != CUDA_ERROR_NOT_READY)
             return true;
     }
-    if (cuda_plan_movable(b))
+    if (cuda_plan_movable(b) || cuda_p2p_movable(b))
         return true;
     for (colld_coll_t *k = g->pending; k; k = k->next) {
         int missing[1], nmissing;
@@ -559,7 +557,9 @@ void cuda_comm_broken(colld_daemon_t *d, colld_dcomm_t *c)
         return; /* it never had a stream-ordered collective */
     colld_gpus_t *g = gpus_of(b);
     cuda_plan_comm_broken(b, c); /* its plans' replays are released from now on */
-    c->refs++; /* the collectives failed below may hold the last references */
+    /* The collectives and transfers failed below may hold the last references. */
+    c->refs++;
+    cuda_p2p_comm_broken(b, c);
     if (g) {
         colld_coll_t *prev = NULL;
         for (colld_coll_t *k = g->pending; k;) {

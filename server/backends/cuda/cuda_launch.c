@@ -5,7 +5,8 @@
  * A launch, in steps: the plan (which GPUs hold the ranks' buffers, the lead GPU), the check that
  * those GPUs reach each other's memory, the communicator's stream on each, the kernels (kernels/
  * cuda: one per GPU over its slice for all-reduce, reduce and broadcast; one per rank's piece for
- * reduce-scatter and all-gather), then the lead GPU's stream waits for the others, writes every
+ * reduce-scatter and all-gather; one copy per block for gather, scatter and all-to-all), then the
+ * lead GPU's stream waits for the others, writes every
  * rank's `done` flag and records the event the engine polls. A plan's run (cuda_plan.c, a
  * collective captured into a CUDA graph) is launched the same way; only its `done` flags are the
  * ranks' plan lines.
@@ -200,6 +201,47 @@ static colld_status_t launch_pieces(const colld_gpus_t *g, const colld_coll_t *k
     return st;
 }
 
+/* Copy `bytes` from src to dst on the stream of the GPU that holds src (the piece's GPU), unless it
+ * is in place (src == dst) or empty. */
+static colld_status_t copy_piece(const colld_gpus_t *g, const launch_plan_t *p, const colld_reg_t *src_reg,
+                                 const void *src, void *dst, size_t bytes)
+{
+    if (!bytes || src == dst)
+        return COLLD_OK;
+    int gi = reg_gpu(src_reg);
+    if (gi < 0 || gi >= g->n || gi >= MAX_GPUS)
+        gi = p->lead;
+    CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[gi].ctx);
+    void *out[1] = { dst };
+    return colld_cuda_copy(g->kernels, src, out, 1, bytes, p->stream[gi]);
+}
+
+/* Launch, step 4c (issue 16): gather, scatter and all-to-all, one copy per piece on the GPU that
+ * holds the piece (as the all-gather's): gather, rank r's input into block r of the root's output;
+ * scatter, block r of the root's input into rank r's output; all-to-all, block q of rank r's input
+ * into block r of rank q's output. The root's own block in place is not copied. */
+static colld_status_t launch_blocks(const colld_gpus_t *g, const colld_coll_t *k, const launch_plan_t *p)
+{
+    const colld_wire_sqe_t *a = &colld_coll_lead(k)->d;
+    int n = k->comm->nranks;
+    size_t bytes = (size_t)a->count * colld_dtype_size((colld_dtype_t)a->dtype);
+    colld_status_t st = COLLD_OK;
+    const colld_op_t *root = a->kind == COLLD_KIND_ALLTOALL ? NULL : k->ops[a->root];
+    for (int r = 0; r < n && st == COLLD_OK; r++) {
+        const colld_op_t *op = k->ops[r];
+        if (a->kind == COLLD_KIND_GATHER)
+            st = copy_piece(g, p, op->send_reg, op->send_ptr, (char *)root->recv_ptr + (size_t)r * bytes, bytes);
+        else if (a->kind == COLLD_KIND_SCATTER)
+            st = copy_piece(g, p, root->send_reg, (const char *)root->send_ptr + (size_t)r * bytes, op->recv_ptr,
+                            bytes);
+        else
+            for (int q = 0; q < n && st == COLLD_OK; q++)
+                st = copy_piece(g, p, op->send_reg, (const char *)op->send_ptr + (size_t)q * bytes,
+                                (char *)k->ops[q]->recv_ptr + (size_t)r * bytes, bytes);
+    }
+    return st;
+}
+
 /* Launch, step 5: the lead GPU's stream waits for the others (an event on each), writes every
  * rank's done flag, and records the event the engine polls (k->bpriv). Returns CUDA_SUCCESS or the
  * driver's error. */
@@ -287,6 +329,11 @@ static colld_status_t launch_one(colld_backend_t *b, colld_coll_t *k, colld_err_
     case COLLD_KIND_REDUCESCATTER:
     case COLLD_KIND_ALLGATHER:
         st = launch_pieces(g, k, &p);
+        break;
+    case COLLD_KIND_GATHER:
+    case COLLD_KIND_SCATTER:
+    case COLLD_KIND_ALLTOALL:
+        st = launch_blocks(g, k, &p);
         break;
     default:
         st = COLLD_ERR_INVALID_ARGUMENT;

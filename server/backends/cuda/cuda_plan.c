@@ -94,7 +94,7 @@ void cuda_done_target(colld_backend_t *b, const colld_op_t *op, CUdeviceptr *add
     }
     *addr = (CUdeviceptr)(gs->dptr + (uint64_t)op->d.comm * sizeof(colld_wire_gpu_flag_t) +
                           offsetof(colld_wire_gpu_flag_t, done));
-    *value = op->d.reserved + (uint32_t)op->d.seq;
+    *value = op->d.reserved + (uint32_t)op->id; /* flag values follow the operation id (proto/wire.h) */
 }
 
 /* ============================================================================================

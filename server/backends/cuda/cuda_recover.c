@@ -371,7 +371,7 @@ static void recover_wait(colld_gpus_t *g, int ms)
  * registration being opened on it? (lock held) */
 static bool gpu_busy(const colld_gpus_t *g, int gi)
 {
-    if (g->launch || g->gpu[gi].opening)
+    if (g->launch || g->gpu[gi].opening || cuda_p2p_busy(g, gi, g->hold))
         return true;
     for (const colld_coll_t *k = g->running; k; k = k->next) {
         bool used[64] = { false };

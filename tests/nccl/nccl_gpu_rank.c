@@ -1,0 +1,226 @@
+/*
+ * nccl_gpu_rank.c - colld-test-nccl-gpu-rank: one rank of the NCCL API test on device buffers
+ * (test_nccl.c, group `gpu`): a program written against nccl.h and the CUDA driver API (the tests'
+ * own loader, tests/gpu/gpu_cu.h: no CUDA runtime), linked with colld's libnccl.so.2, run on the
+ * CUDA driver test double (--cudafake: the libcuda.so.1 it finds must be the double).
+ *
+ * Rank 0 makes the unique id (ncclGetUniqueId) and hands it over in --id-file; every rank joins
+ * (ncclCommInitRank), puts its buffers on GPU rank % --gpus (cuMemAlloc) and, on its own stream:
+ *   - for several data types, one group with an ncclSend to and an ncclRecv from every rank (itself
+ *     included; an all-to-all as nccl-tests' alltoall makes it), the inputs copied to the device
+ *     and the results back on the stream, one host wait at the end;
+ *   - PyTorch's pattern without groups: each rank in turn sends to every other in rank order, the
+ *     others receive, everything on the stream;
+ * every element compared exactly. Device buffers are stream-ordered as with NCCL: the calls return
+ * at once and the stream waits.
+ *
+ * Exit status: 0 everything exact; 1 a wrong result or an error (printed); 2 bad arguments.
+ */
+#include "nccl.h"
+#include "tests/gpu/gpu_cu.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAXN 8
+#define COUNT 4099
+
+static int nranks = 2, rank = 0, gpus = 1;
+static const char *id_file;
+static gpu_cu_t cu;
+
+#define CHECK(call)                                                                                                    \
+    do {                                                                                                               \
+        ncclResult_t r_ = (call);                                                                                      \
+        if (r_ != ncclSuccess) {                                                                                       \
+            fprintf(stderr, "rank %d: %s: %s (%d): %s\n", rank, #call, ncclGetErrorString(r_), (int)r_,                \
+                    ncclGetLastError(NULL));                                                                           \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
+
+#define CU(call)                                                                                                       \
+    do {                                                                                                               \
+        CUresult e_ = (call);                                                                                          \
+        char why_[256];                                                                                                \
+        if (e_ != CUDA_SUCCESS) {                                                                                      \
+            fprintf(stderr, "rank %d: %s: %s\n", rank, #call, gpu_cu_describe(&cu, e_, why_, sizeof(why_)));           \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
+
+/* The byte j of the message from rank `from` to rank `to` in round `salt`: any data type's bytes
+ * are moved unchanged, so bytes are enough to check every type exactly. */
+static unsigned char byte_of(int from, int to, unsigned salt, size_t j)
+{
+    return (unsigned char)((size_t)from * 131u + (size_t)to * 31u + salt * 7u + j * 13u + (j >> 8));
+}
+
+static size_t type_size(ncclDataType_t t)
+{
+    switch (t) {
+    case ncclInt8:
+    case ncclUint8:
+        return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+        return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+        return 4;
+    default:
+        return 8;
+    }
+}
+
+/* Rank 0: a new unique id into id_file (whole, by rename); the others: wait for it (60 s). */
+static void share_id(ncclUniqueId *id)
+{
+    char tmp[512];
+    if (rank == 0) {
+        CHECK(ncclGetUniqueId(id));
+        snprintf(tmp, sizeof(tmp), "%s.tmp", id_file);
+        FILE *f = fopen(tmp, "wb");
+        if (!f || fwrite(id, sizeof(*id), 1, f) != 1 || fclose(f) != 0 || rename(tmp, id_file) != 0) {
+            perror(id_file);
+            exit(1);
+        }
+        return;
+    }
+    for (int i = 0; i < 6000; i++) {
+        FILE *f = fopen(id_file, "rb");
+        if (f) {
+            size_t got = fread(id, sizeof(*id), 1, f);
+            fclose(f);
+            if (got == 1)
+                return;
+        }
+        nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
+    }
+    fprintf(stderr, "rank %d: no unique id in %s within 60 s\n", rank, id_file);
+    exit(1);
+}
+
+/* Compare `bytes` received from `from` in round `salt`; the count of wrong bytes (printed). */
+static long check(const unsigned char *got, int from, unsigned salt, size_t bytes, const char *what)
+{
+    for (size_t j = 0; j < bytes; j++)
+        if (got[j] != byte_of(from, rank, salt, j)) {
+            fprintf(stderr, "rank %d: %s from rank %d: byte %zu of %zu is %u, want %u\n", rank, what, from, j, bytes,
+                    got[j], byte_of(from, rank, salt, j));
+            return 1;
+        }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    bool cudafake = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--cudafake") == 0)
+            cudafake = true;
+        else if (i + 1 < argc && strcmp(argv[i], "--nranks") == 0)
+            nranks = atoi(argv[++i]);
+        else if (i + 1 < argc && strcmp(argv[i], "--rank") == 0)
+            rank = atoi(argv[++i]);
+        else if (i + 1 < argc && strcmp(argv[i], "--id-file") == 0)
+            id_file = argv[++i];
+        else if (i + 1 < argc && strcmp(argv[i], "--gpus") == 0)
+            gpus = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "unknown argument %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (nranks < 1 || nranks > MAXN || rank < 0 || rank >= nranks || !id_file || gpus < 1) {
+        fprintf(stderr, "usage: %s --nranks N (1..%d) --rank R --id-file PATH [--gpus N] [--cudafake]\n", argv[0],
+                MAXN);
+        return 2;
+    }
+    char err[512];
+    if (gpu_cu_load(&cu, cudafake, err, sizeof(err)) != GPU_CU_OK) {
+        fprintf(stderr, "rank %d: %s\n", rank, err);
+        return 1;
+    }
+    CU(gpu_cu_use_device(&cu, rank % gpus));
+    CUstream stream;
+    CU(cu.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    ncclUniqueId id;
+    ncclComm_t comm;
+    share_id(&id);
+    CHECK(ncclCommInitRank(&comm, nranks, id, rank));
+    size_t region = (size_t)MAXN * COUNT * 8;
+    CUdeviceptr ds, dr;
+    CU(cu.cuMemAlloc(&ds, region));
+    CU(cu.cuMemAlloc(&dr, region));
+    unsigned char *hs = gpu_cu_host_alloc(&cu, region, err, sizeof(err));
+    unsigned char *hr = hs ? gpu_cu_host_alloc(&cu, region, err, sizeof(err)) : NULL;
+    if (!hr) {
+        fprintf(stderr, "rank %d: %s\n", rank, err);
+        return 1;
+    }
+    long bad = 0, checked = 0;
+    const ncclDataType_t types[] = { ncclInt8, ncclFloat16, ncclFloat32, ncclFloat64 };
+    for (unsigned t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+        size_t bytes = COUNT * type_size(types[t]);
+        for (int q = 0; q < nranks; q++)
+            for (size_t j = 0; j < bytes; j++)
+                hs[(size_t)q * bytes + j] = byte_of(rank, q, t, j);
+        memset(hr, 0x5a, (size_t)nranks * bytes);
+        CU(cu.cuMemcpyHtoDAsync(ds, hs, (size_t)nranks * bytes, stream));
+        CU(cu.cuMemcpyHtoDAsync(dr, hr, (size_t)nranks * bytes, stream));
+        CHECK(ncclGroupStart());
+        for (int q = 0; q < nranks; q++) {
+            CHECK(ncclSend((void *)(uintptr_t)(ds + (size_t)q * bytes), COUNT, types[t], q, comm, stream));
+            CHECK(ncclRecv((void *)(uintptr_t)(dr + (size_t)q * bytes), COUNT, types[t], q, comm, stream));
+        }
+        CHECK(ncclGroupEnd());
+        CU(cu.cuMemcpyDtoHAsync(hr, dr, (size_t)nranks * bytes, stream));
+        CU(cu.cuStreamSynchronize(stream));
+        for (int q = 0; q < nranks; q++, checked++)
+            bad += check(hr + (size_t)q * bytes, q, t, bytes, "ncclSend/ncclRecv all-to-all");
+    }
+    /* Without groups, in rank order (PyTorch's test_send_recv), all on the stream. */
+    unsigned salt = 99;
+    size_t bytes = COUNT * 4;
+    for (int q = 0; q < nranks; q++)
+        for (size_t j = 0; j < bytes; j++)
+            hs[(size_t)q * bytes + j] = byte_of(rank, q, salt, j);
+    CU(cu.cuMemcpyHtoDAsync(ds, hs, (size_t)nranks * bytes, stream));
+    for (int src = 0; src < nranks; src++)
+        for (int dst = 0; dst < nranks; dst++) {
+            if (src == dst || (rank != src && rank != dst))
+                continue;
+            if (rank == src)
+                CHECK(ncclSend((void *)(uintptr_t)(ds + (size_t)dst * bytes), COUNT, ncclInt32, dst, comm, stream));
+            else
+                CHECK(ncclRecv((void *)(uintptr_t)(dr + (size_t)src * bytes), COUNT, ncclInt32, src, comm, stream));
+        }
+    CU(cu.cuMemcpyDtoHAsync(hr, dr, (size_t)nranks * bytes, stream));
+    CU(cu.cuStreamSynchronize(stream));
+    for (int q = 0; q < nranks; q++)
+        if (q != rank) {
+            bad += check(hr + (size_t)q * bytes, q, salt, bytes, "ncclSend/ncclRecv in rank order");
+            checked++;
+        }
+    ncclResult_t async = ncclSuccess;
+    CHECK(ncclCommGetAsyncError(comm, &async));
+    if (async != ncclSuccess) {
+        fprintf(stderr, "rank %d: ncclCommGetAsyncError: %s\n", rank, ncclGetErrorString(async));
+        bad++;
+    }
+    /* Every rank has checked before any leaves. */
+    CHECK(ncclAllReduce(hs, hs, 1, ncclInt32, ncclSum, comm, NULL));
+    CHECK(ncclCommDestroy(comm));
+    printf("rank %d: %ld device-buffer messages checked, %ld wrong\n", rank, checked, bad);
+    gpu_cu_host_free(&cu, hs, region);
+    gpu_cu_host_free(&cu, hr, region);
+    CU(cu.cuMemFree(ds));
+    CU(cu.cuMemFree(dr));
+    CU(cu.cuStreamDestroy(stream));
+    return bad ? 1 : 0;
+}
