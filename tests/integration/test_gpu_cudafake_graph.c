@@ -30,6 +30,10 @@
  * What the double cannot show here: real graph scheduling (it runs a graph's nodes in capture
  * order on the launching stream's thread), the GPU memory model between the graph's memory
  * operations, the daemon's kernels and the host (every write is visible at once), and timing.
+ *
+ * On a real GPU (COLLD_TEST_HARDWARE=1, ctest gpu_hw_graph, label hardware): group graph on the
+ * machine's own driver, every rank on GPU r % (GPUs visible), the double's checks off; the legacy
+ * stream is not held during replays (only the double can stall it). Exit 77 without a driver.
  */
 #include "common/cudadrv.h"
 #include "tests/cudafake/cudafake.h"
@@ -65,6 +69,8 @@
  * ========================================================================================== */
 
 static char double_path[4096];
+/* On a real GPU (COLLD_TEST_HARDWARE=1): no double, so none of its checks or controls. */
+static bool hardware;
 
 /* Is the libcuda.so.1 that dlopen finds the CUDA driver test double (it alone exports
  * colld_cudafake_control)? Asked before any CUDA call: 1 yes, 0 no libcuda.so.1, -1 another one. */
@@ -77,7 +83,7 @@ static int driver_is_double(void)
     Dl_info info = { 0 };
     if (ctl && dladdr(ctl, &info) && info.dli_fname && !realpath(info.dli_fname, double_path))
         snprintf(double_path, sizeof(double_path), "%s", info.dli_fname);
-    if (!ctl)
+    if (!ctl && !hardware)
         printf("libcuda.so.1 here is not the CUDA driver test double: refusing to run GPU tests on it\n");
     dlclose(lib);
     return ctl ? 1 : -1;
@@ -191,7 +197,7 @@ static bool app_load(void)
         app.exec_destroy = (PFN_cuGraphExecDestroy_v10000)f[6];
         app.htod_async = (PFN_cuMemcpyHtoDAsync_v3020)f[7];
         app.control = (colld_cudafake_control_fn)dlsym(lib, "colld_cudafake_control");
-        ok = app.control != NULL;
+        ok = app.control != NULL || hardware;
     }
     if (lib)
         dlclose(lib);
@@ -378,6 +384,8 @@ static void cap_check(cap_t *cp, int i, const char *what)
 static void legacy_hold(bool hold)
 {
     char spec[32];
+    if (hardware)
+        return; /* only the double can hold a stream */
     snprintf(spec, sizeof(spec), "%s:L%d", hold ? "stall" : "release", me->dev);
     if (app.control(spec) != 0)
         rank_fail("the double refused '%s'", spec);
@@ -680,7 +688,8 @@ static int rank_main(int argc, char **argv)
         return 2;
     me = &r;
     r = (rk_t){ .rank = atoi(argv[4]), .nranks = atoi(argv[5]), .scenario = argv[6], .dir = argv[7] };
-    if (driver_is_double() != 1)
+    hardware = getenv("COLLD_TEST_HARDWARE") != NULL;
+    if (!hardware && driver_is_double() != 1)
         rank_fail("libcuda.so.1 is not the CUDA driver test double");
     char err[256];
     if (!(cu = colld_cu_load(err, sizeof(err))) || !app_load())
@@ -783,7 +792,7 @@ static int setup(void **state)
 {
     if (harness_test_setup(state) != 0)
         return -1;
-    return daemon_on_double(((harness_t *)*state)->pid) ? 0 : -1;
+    return hardware || daemon_on_double(((harness_t *)*state)->pid) ? 0 : -1;
 }
 
 static int setup_one_plan(void **state)
@@ -791,7 +800,7 @@ static int setup_one_plan(void **state)
     static const char *const args[] = { "--max-plans-per-session", "1", NULL };
     if (harness_test_setup_args(state, args) != 0)
         return -1;
-    return daemon_on_double(((harness_t *)*state)->pid) ? 0 : -1;
+    return hardware || daemon_on_double(((harness_t *)*state)->pid) ? 0 : -1;
 }
 
 static void run_all(void **state, int nranks, const char *scenario, int timeout_ms)
@@ -889,12 +898,23 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "rank") == 0)
         return rank_main(argc, argv);
     const char *group = argc > 1 ? argv[1] : "graph";
+    hardware = getenv("COLLD_TEST_HARDWARE") != NULL;
     int d = driver_is_double();
-    if (d == 0) {
+    if (hardware) {
+        if (d != -1) {
+            printf("SKIP: COLLD_TEST_HARDWARE is set but %s\n",
+                   d == 0 ? "no libcuda.so.1 is found" : "the libcuda.so.1 found is the CUDA driver test double");
+            return 77;
+        }
+        if (strcmp(group, "graph") != 0) {
+            printf("SKIP: group %s needs the double's GPUs without VMM\n", group);
+            return 77;
+        }
+    } else if (d == 0) {
         printf("no libcuda.so.1: skipped (run through ctest, which puts the CUDA driver test double first)\n");
         return 77;
     }
-    if (d < 0)
+    if (d < 0 && !hardware)
         return 1;
     ssize_t n = readlink("/proc/self/exe", self_path, sizeof(self_path) - 1);
     if (n <= 0)
