@@ -1,0 +1,267 @@
+#!/usr/bin/env bash
+# colld's GPU checks on a machine that has a GPU but cannot build colld (no Debian packages, no
+# network: a lent GPU machine), from a build made here. Two steps:
+#
+#   bench/gpu-carry.sh pack [--build DIR] [--nccl-tests DIR] [--dir DIR]     (here, after a build)
+#   DIR/gpu-carry.sh run [PHASES...]                                         (there, in the
+#                                                                              checkout's root)
+#
+# pack copies into DIR (default <repo>/.gpu; keep it out of git, e.g. .git/info/exclude) the
+# daemon, libcolld, libnccl.so.2, collctl, colld-perf, the programs of the `hardware` tests
+# (tests/gpu's gpu_hw_* and gpu_hw_graph), the libraries they need beyond glibc and libstdc++
+# (Debian's gRPC, protobuf-c, libuv, cmocka, ... and the CUDA runtime colld-perf links; never a
+# libcuda: the driver is the GPU machine's own), nccl-tests' all_reduce_perf and sendrecv_perf
+# when --nccl-tests names a build of them (bench/nccl-tests.sh), and this script. About 40 MB.
+# run puts the build where its programs expect it (they hold the build directory's absolute path:
+# a symbolic link is made there when nothing is), and runs each phase, every program under a time
+# limit, the logs in /tmp/gpulogs and packed into $OUT/logs.tgz (or /tmp/gpuout) after each step:
+#   info     the GPU, the driver, the libraries found
+#   kernels  gpu_hw_kernels, and beside it the collectives matrix, p2p exchange and fault, fault and
+#            deadlock groups (2 to 8 rank processes on GPU 0; one GPU is enough for all of these)
+#   stream   the stream-semantics groups, alone on the GPU (their timing limits)
+#   graph    gpu_hw_graph: collectives captured into CUDA graphs and replayed
+#   repeat   the stream groups three times, p2p exchange and fault again (a race shows as a flake)
+#   bench    bench/gpu.sh's sweeps (colld-perf --gpu all-reduce, 2, 4 and 8 ranks, small, large and
+#            --overlap)
+#   mps      the stream, p2p exchange and graph groups and the bench's small and overlap sweeps
+#            again with the daemon and every rank as clients of an MPS server started for it
+#   perf     a short colld-perf --gpu sweep; nccl  nccl-tests through colld's libnccl.so.2
+# Default: info kernels stream graph bench. BUDGET (seconds, default 500): a step that could run
+# past it is not started. It prints a summary line per step and the failing logs' tails.
+# docs/gpu-testing.md ("On a real GPU") says what each shows and what the first run found.
+set -u
+
+pack() {
+  local root build dir nt
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  build=$root/build dir=$root/.gpu nt=""
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --build) build=$2; shift 2 ;;
+      --dir) dir=$2; shift 2 ;;
+      --nccl-tests) nt=$2; shift 2 ;;
+      *) echo "gpu-carry.sh pack: unknown option '$1'" >&2; exit 2 ;;
+    esac
+  done
+  build=$(cd "$build" && pwd) || exit 1
+  local files="server/colld client/libcolld.so client/libcolld.so.0 client/libcolld.so.0.1.0
+    tools/colld-perf tools/collctl tests/gpu/test_cuda_kernels tests/gpu/test_gpu_collectives
+    tests/gpu/colld-test-gpu-rank tests/gpu/test_gpu_p2p tests/gpu/colld-test-gpu-p2p
+    tests/integration/colld-test-rank tests/integration/test_gpu_cudafake_graph"
+  rm -rf "$dir"
+  mkdir -p "$dir/lib" "$dir/nccl-tests"
+  for f in $files; do
+    [ -e "$build/$f" ] || { echo "gpu-carry.sh pack: $build/$f is missing (build it first)" >&2; exit 1; }
+    mkdir -p "$dir/build/$(dirname "$f")"
+    cp -a "$build/$f" "$dir/build/$f"
+  done
+  mkdir -p "$dir/build/bindings/nccl"
+  cp -a "$build/bindings/nccl/lib" "$dir/build/bindings/nccl/"
+  if [ -n "$nt" ]; then
+    for t in all_reduce_perf sendrecv_perf; do cp "$nt/$t" "$dir/nccl-tests/"; done
+  fi
+  echo "$build" >"$dir/build-path"
+  # Every library the programs need beyond glibc, libstdc++ and libgcc (newer on the GPU machine).
+  find "$dir/build" "$dir/nccl-tests" -type f -perm -u+x -exec ldd {} \; 2>/dev/null |
+    awk '/=> \// { print $3 }' | sort -u |
+    grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libcuda|libnccl)\.so|^'"$build" |
+    while read -r l; do cp -L "$l" "$dir/lib/"; done
+  find "$dir/build" -type f -perm -u+x -exec strip --strip-debug {} \; 2>/dev/null
+  cp "$0" "$dir/gpu-carry.sh"
+  echo "gpu-carry.sh: packed $(du -sh "$dir" | cut -f1) into $dir (build $build)"
+}
+
+case "${1:-}" in
+  pack) shift; pack "$@"; exit $? ;;
+  run) shift ;;
+  *) sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
+
+C=$(cd "$(dirname "$0")" && pwd)   # the packed directory
+OUTDIR=${OUT:-/tmp/gpuout}
+O=/tmp/gpulogs
+rm -rf "$O"
+mkdir -p "$O" "$OUTDIR"
+pack_logs() { tar czf "$OUTDIR/logs.tgz" -C /tmp gpulogs 2>/dev/null; }
+PHASES=${*:-"info kernels stream graph bench"}
+t0=$(date +%s)
+step() { echo; echo "=== [$(($(date +%s) - t0))s] $*"; }
+has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
+
+# The programs hold the build directory's absolute path (the daemon, the rank programs, rpaths).
+B=$(cat "$C/build-path")
+if [ ! -e "$B/server/colld" ]; then
+  mkdir -p "$(dirname "$B")"
+  rm -rf "$B"
+  ln -sfn "$C/build" "$B"
+fi
+chmod +x "$C"/build/*/* "$C"/build/tests/*/* "$C"/nccl-tests/* 2>/dev/null
+SYS_LD=${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH="$C/lib:$B/client${SYS_LD:+:$SYS_LD}"
+
+run() { # name timeout cmd...
+  local name=$1 to=$2
+  shift 2
+  if [ $(($(date +%s) - t0 + to)) -gt "${BUDGET:-500}" ]; then
+    echo "--- $name: not run (would pass the ${BUDGET:-500} s budget)"
+    echo "$name not-run" >>"$O/summary.txt"
+    return 0
+  fi
+  local s=$(date +%s)
+  timeout -k 5 "$to" "$@" >"$O/$name.log" 2>&1
+  local rc=$?
+  echo "--- $name: rc=$rc in $(($(date +%s) - s))s"
+  echo "$name rc=$rc $(($(date +%s) - s))s" >>"$O/summary.txt"
+  pack_logs
+  return $rc
+}
+
+if has info; then
+  step info
+  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
+  echo "system LD_LIBRARY_PATH=$SYS_LD"
+  ldconfig -p | grep -E "libcuda\.so|libnccl" | head
+  ldd $B/server/colld | grep -E "not found" && echo "MISSING LIBS"
+  uname -r; nproc
+fi
+
+if has kernels; then
+  step "kernels (gpu_hw_kernels) in parallel with the matrix, p2p exchange+fault, fault+deadlock"
+  run kernels 120 $B/tests/gpu/test_cuda_kernels &
+  run matrix 200 $B/tests/gpu/test_gpu_collectives matrix &
+  (run p2p_exchange 120 $B/tests/gpu/test_gpu_p2p exchange; run p2p_fault 120 $B/tests/gpu/test_gpu_p2p fault) &
+  (run fault 120 $B/tests/gpu/test_gpu_collectives fault; run deadlock 60 $B/tests/gpu/test_gpu_collectives deadlock) &
+  wait
+fi
+
+if has stream; then
+  step "stream semantics, alone on the GPU (timing limits)"
+  run stream 90 $B/tests/gpu/test_gpu_collectives stream
+  run p2p_stream 60 $B/tests/gpu/test_gpu_p2p stream
+fi
+
+if has graph; then
+  step "CUDA graph capture and replay (test_gpu_cudafake_graph graph, COLLD_TEST_HARDWARE=1)"
+  COLLD_TEST_HARDWARE=1 run graph 150 $B/tests/integration/test_gpu_cudafake_graph graph
+fi
+
+if has repeat; then
+  step "repeats (race hunt): stream x3, p2p stream x3, then p2p exchange and fault side by side"
+  for i in 1 2 3; do run stream_r$i 60 $B/tests/gpu/test_gpu_collectives stream; done
+  for i in 1 2 3; do run p2p_stream_r$i 45 $B/tests/gpu/test_gpu_p2p stream; done
+  run p2p_exchange_r2 90 $B/tests/gpu/test_gpu_p2p exchange &
+  run fault_r2 90 $B/tests/gpu/test_gpu_collectives fault &
+  wait
+fi
+
+if has bench; then
+  step "bench/gpu.sh's sweeps (colld-perf --gpu, all-reduce float32 sum), 2, 4 and 8 ranks on GPU 0"
+  sock=/tmp/colld-bench.sock
+  rm -f $sock
+  $B/server/colld --socket $sock --log-file "$O/bench-colld.log" >/dev/null 2>&1 &
+  d=$!
+  for _ in $(seq 200); do [ -S $sock ] && break; sleep 0.05; done
+  for p in 2 4 8; do
+    max=1G; [ $p = 8 ] && max=512M
+    run gpu_p${p}_small 60 $B/tools/colld-perf --socket $sock --gpu -p $p -t allreduce -d float -o sum \
+      -b 8 -e 64K -f 2 -n 1000 -w 100 -c 1
+    run gpu_p${p}_large 90 $B/tools/colld-perf --socket $sock --gpu -p $p -t allreduce -d float -o sum \
+      -b 64M -e $max -f 2 -n 20 -w 5 -c 1
+    run gpu_p${p}_overlap 45 $B/tools/colld-perf --socket $sock --gpu -p $p -t allreduce -d float -o sum \
+      -b 64M -e 64M -n 20 -w 1 -c 0 --overlap
+  done
+  kill -TERM $d
+  wait $d
+fi
+
+if has mps; then
+  step "under MPS (daemon and ranks as MPS clients of one MPS server)"
+  ctl=$(command -v nvidia-cuda-mps-control || ls /usr/local/nvidia/bin/nvidia-cuda-mps-control 2>/dev/null)
+  echo "mps control: ${ctl:-none}"
+  if [ -n "$ctl" ]; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+    $ctl -d && echo "mps started"
+    sleep 1
+    run mps_stream 60 $B/tests/gpu/test_gpu_collectives stream
+    run mps_p2p_exchange 60 $B/tests/gpu/test_gpu_p2p exchange
+    COLLD_TEST_HARDWARE=1 run mps_graph 90 $B/tests/integration/test_gpu_cudafake_graph graph
+    sock=/tmp/colld-mps.sock
+    rm -f $sock
+    $B/server/colld --socket $sock --log-file "$O/mps-colld.log" >/dev/null 2>&1 &
+    d=$!
+    for _ in $(seq 200); do [ -S $sock ] && break; sleep 0.05; done
+    for p in 2 4 8; do
+      run mps_p${p}_small 45 $B/tools/colld-perf --socket $sock --gpu -p $p -t allreduce -d float -o sum \
+        -b 8 -e 64K -f 2 -n 1000 -w 100 -c 1
+      run mps_p${p}_overlap 45 $B/tools/colld-perf --socket $sock --gpu -p $p -t allreduce -d float -o sum \
+        -b 64M -e 64M -n 20 -w 1 -c 0 --overlap
+    done
+    run mps_p2_large 60 $B/tools/colld-perf --socket $sock --gpu -p 2 -t allreduce -d float -o sum \
+      -b 64M -e 256M -f 2 -n 20 -w 5 -c 1
+    kill -TERM $d
+    wait $d
+    echo quit | $ctl
+    sleep 1
+    cp -r $CUDA_MPS_LOG_DIRECTORY "$O/mps-log" 2>/dev/null
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  fi
+fi
+
+if has perf; then
+  step "colld-perf --gpu"
+  sock=/tmp/colld-perf.sock
+  rm -f $sock
+  $B/server/colld --socket $sock --log-file "$O/perf-colld.log" >/dev/null 2>&1 &
+  d=$!
+  for _ in $(seq 200); do [ -S $sock ] && break; sleep 0.05; done
+  for p in 2 4; do
+    run perf_p${p}_small 45 $B/tools/colld-perf --socket $sock --gpu -p $p -t allreduce -d float -o sum \
+      -b 8 -e 64K -f 4 -n 300 -w 30 -c 1
+    run perf_p${p}_large 60 $B/tools/colld-perf --socket $sock --gpu -p $p -t allreduce -d float -o sum \
+      -b 64M -e 256M -f 2 -n 10 -w 2 -c 1
+  done
+  run perf_p2_all 60 $B/tools/colld-perf --socket $sock --gpu -p 2 -t all -d float -o sum \
+    -b 1K -e 16M -f 16 -n 20 -w 3 -c 1
+  kill -TERM $d
+  wait $d
+fi
+
+if has nccl; then
+  step "nccl-tests through colld's libnccl.so.2"
+  sock=/tmp/colld-nccl.sock
+  rm -f $sock
+  $B/server/colld --socket $sock --log-file "$O/nccl-colld.log" >/dev/null 2>&1 &
+  d=$!
+  for _ in $(seq 200); do [ -S $sock ] && break; sleep 0.05; done
+  for t in all_reduce_perf sendrecv_perf; do
+    [ -x "$C/nccl-tests/$t" ] || { echo "--- nccl_$t: not packed (pack --nccl-tests DIR)"; continue; }
+    COLLD_SOCKET=$sock LD_LIBRARY_PATH="$B/bindings/nccl/lib:$C/lib${SYS_LD:+:$SYS_LD}" \
+      run nccl_$t 40 "$C/nccl-tests/$t" -b 8 -e 64M -f 8 -g 1 -c 1 -n 10 -w 2
+  done
+  COLLD_SOCKET=$sock LD_LIBRARY_PATH="$B/bindings/nccl/lib:$C/lib${SYS_LD:+:$SYS_LD}" \
+    ldd "$C/nccl-tests/all_reduce_perf" | grep -E "nccl|cudart" >"$O/nccl_ldd.log"
+  kill -TERM $d
+  wait $d
+fi
+
+step "done"
+pack_logs
+cat "$O/summary.txt"
+# the end of every log that failed, then the tables
+for f in "$O"/*.log; do
+  n=$(basename "$f" .log)
+  if grep -q "^$n rc=[1-9]" "$O/summary.txt" 2>/dev/null; then
+    echo "##### $n (failed): last lines"
+    tail -n 25 "$f"
+  fi
+done
+if [ -z "${BRIEF:-}" ]; then
+  for f in "$O"/perf_p*.log "$O"/nccl_*perf.log; do
+    [ -f "$f" ] && { echo "##### $(basename "$f")"; grep -v "^#  *[A-Za-z]" "$f" | tail -n 14; }
+  done
+fi
+grep -H "Overlap" "$O"/*overlap*.log 2>/dev/null
+grep -h "^\[  \(PASSED\|FAILED\)\|^\[  FAILED  \] test" "$O"/*.log 2>/dev/null | sort | uniq -c
+# 0: every step ran and passed; 1: one failed, was skipped (77) or not run.
+! grep -q "rc=[1-9]\|not-run" "$O/summary.txt"
