@@ -91,10 +91,15 @@ has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 # The programs hold the build directory's absolute path (the daemon, the rank programs, rpaths).
 B=$(cat "$C/build-path")
 if [ ! -e "$B/server/colld" ]; then
+  if [ -e "$B" ] && [ ! -L "$B" ]; then
+    echo "gpu-carry.sh: $B exists and holds no colld build; the packed programs need their build" \
+      "there: move it away" >&2
+    exit 2
+  fi
   mkdir -p "$(dirname "$B")"
-  rm -rf "$B"
   ln -sfn "$C/build" "$B"
 fi
+echo "gpu-carry.sh: the programs of $B ($(readlink -f "$B"))"
 chmod +x "$C"/build/*/* "$C"/build/tests/*/* "$C"/nccl-tests/* 2>/dev/null
 SYS_LD=${LD_LIBRARY_PATH:-}
 export LD_LIBRARY_PATH="$C/lib:$B/client${SYS_LD:+:$SYS_LD}"
