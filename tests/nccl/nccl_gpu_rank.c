@@ -17,6 +17,7 @@
  * Exit status: 0 everything exact; 1 a wrong result or an error (printed); 2 bad arguments.
  */
 #include "nccl.h"
+#include "nccl_share_id.h" /* the tests' own: the unique id through a file */
 #include "tests/gpu/gpu_cu.h"
 
 #include <stdint.h>
@@ -77,34 +78,6 @@ static size_t type_size(ncclDataType_t t)
     }
 }
 
-/* Rank 0: a new unique id into id_file (whole, by rename); the others: wait for it (60 s). */
-static void share_id(ncclUniqueId *id)
-{
-    char tmp[512];
-    if (rank == 0) {
-        CHECK(ncclGetUniqueId(id));
-        snprintf(tmp, sizeof(tmp), "%s.tmp", id_file);
-        FILE *f = fopen(tmp, "wb");
-        if (!f || fwrite(id, sizeof(*id), 1, f) != 1 || fclose(f) != 0 || rename(tmp, id_file) != 0) {
-            perror(id_file);
-            exit(1);
-        }
-        return;
-    }
-    for (int i = 0; i < 6000; i++) {
-        FILE *f = fopen(id_file, "rb");
-        if (f) {
-            size_t got = fread(id, sizeof(*id), 1, f);
-            fclose(f);
-            if (got == 1)
-                return;
-        }
-        nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
-    }
-    fprintf(stderr, "rank %d: no unique id in %s within 60 s\n", rank, id_file);
-    exit(1);
-}
-
 /* Compare `bytes` received from `from` in round `salt`; the count of wrong bytes (printed). */
 static long check(const unsigned char *got, int from, unsigned salt, size_t bytes, const char *what)
 {
@@ -151,7 +124,7 @@ int main(int argc, char **argv)
     CU(cu.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
     ncclUniqueId id;
     ncclComm_t comm;
-    share_id(&id);
+    nccl_test_share_id(&id, rank, id_file);
     CHECK(ncclCommInitRank(&comm, nranks, id, rank));
     size_t region = (size_t)MAXN * COUNT * 8;
     CUdeviceptr ds, dr;

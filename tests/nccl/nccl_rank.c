@@ -31,6 +31,7 @@
 #define _GNU_SOURCE
 #endif
 #include "nccl.h"
+#include "nccl_share_id.h" /* the tests' own: the unique id through a file */
 
 #include <dlfcn.h>
 #include <stdbool.h>
@@ -424,39 +425,11 @@ static void run_p2p(ncclComm_t comm)
  * Modes
  * ========================================================================================== */
 
-/* Rank 0: a new unique id into id_file (whole, by rename); the others: wait for it (60 s). */
-static void share_id(ncclUniqueId *id)
-{
-    char tmp[512];
-    if (rank == 0) {
-        CHECK(ncclGetUniqueId(id));
-        snprintf(tmp, sizeof(tmp), "%s.tmp", id_file);
-        FILE *f = fopen(tmp, "wb");
-        if (!f || fwrite(id, sizeof(*id), 1, f) != 1 || fclose(f) != 0 || rename(tmp, id_file) != 0) {
-            perror(id_file);
-            exit(1);
-        }
-        return;
-    }
-    for (int i = 0; i < 6000; i++) {
-        FILE *f = fopen(id_file, "rb");
-        if (f) {
-            size_t got = fread(id, sizeof(*id), 1, f);
-            fclose(f);
-            if (got == 1)
-                return;
-        }
-        nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
-    }
-    fprintf(stderr, "rank %d: no unique id in %s within 60 s\n", rank, id_file);
-    exit(1);
-}
-
 static ncclComm_t join(void)
 {
     ncclUniqueId id;
     ncclComm_t comm;
-    share_id(&id);
+    nccl_test_share_id(&id, rank, id_file);
     CHECK(ncclCommInitRank(&comm, nranks, id, rank));
     int n = 0, r = -1;
     CHECK(ncclCommCount(comm, &n));
