@@ -46,6 +46,10 @@ colld_status_t colld_alltoallv(const void *sendbuf, const size_t *sendcounts, co
         !extent(recvcounts, rdispls, comm->nranks, es, (uintptr_t)recvbuf, &rlo, &rhi))
         return colld__comm_error(comm, COLLD_ERR_INVALID_ARGUMENT,
                                  "colld_alltoallv: a count or displacement overflows the address space");
+    if ((!sendbuf && slo < shi) || (!recvbuf && rlo < rhi))
+        return colld__comm_error(comm, COLLD_ERR_INVALID_ARGUMENT,
+                                 "colld_alltoallv: %s is NULL but its counts are not all 0",
+                                 !sendbuf && slo < shi ? "sendbuf" : "recvbuf");
     if (slo < shi && rlo < rhi && slo < rhi && rlo < shi)
         return colld__comm_error(comm, COLLD_ERR_INVALID_ARGUMENT,
                                  "colld_alltoallv: the send regions (%p..%p) and the receive regions (%p..%p) "

@@ -488,6 +488,18 @@ static int mode_badargs(run_t *R)
     ok &= refused(R, "alltoallv overlapping",
                   colld_alltoallv(R->sreg, counts, displs, R->sreg + 20, counts, displs, COLLD_INT32, R->comm, NULL),
                   COLLD_ERR_INVALID_ARGUMENT, "overlap");
+    /* NULL with counts: refused before any address is made from it (NULL + a displacement is no
+     * longer NULL, and was read as host memory). */
+    for (int q = 0; q < n; q++)
+        displs[q] = (size_t)q * 10 + 1;
+    ok &= refused(R, "alltoallv NULL sendbuf",
+                  colld_alltoallv(NULL, counts, displs, R->rreg, counts, displs, COLLD_INT32, R->comm, NULL),
+                  COLLD_ERR_INVALID_ARGUMENT, "sendbuf is NULL");
+    ok &= refused(R, "alltoallv NULL recvbuf",
+                  colld_alltoallv(R->sreg, counts, displs, NULL, counts, displs, COLLD_INT32, R->comm, NULL),
+                  COLLD_ERR_INVALID_ARGUMENT, "recvbuf is NULL");
+    for (int q = 0; q < n; q++)
+        displs[q] = (size_t)q * 10;
     displs[0] = SIZE_MAX / 2;
     ok &= refused(R, "alltoallv overflowing",
                   colld_alltoallv(R->sreg, counts, displs, R->rreg, counts, displs, COLLD_INT32, R->comm, NULL),
