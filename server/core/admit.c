@@ -315,15 +315,23 @@ void colld_admit(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *
     }
     colld_dcomm_t *c = m->comm;
     /* The collective ordinal (proto/wire.h): the operation id less the point-to-point operations
-     * the rank posted before it. A descriptor refused below is released by its ordinal too (its
-     * GPU stream waits for that flag value). */
+     * the rank posted before it. A descriptor refused below completes with its operation id, the
+     * value its GPU stream waits for. */
     colld_wire_sqe_t q = *sqe;
     q.seq = sqe->seq > m->p2p_posted ? sqe->seq - m->p2p_posted : 0;
     /* A communicator closing because a rank left still runs sends and receives between the
-     * others (comm.c). */
-    bool p2p_open = c->state == COLLD_COMM_CLOSING && colld_kind_is_p2p(sqe->kind) && !m->left &&
-                    sqe->root >= 0 && sqe->root < c->nranks && !c->ranks[sqe->root].left;
+     * others (comm.c), on host buffers: the break released every rank's GPU stream already. */
+    bool p2p_open = c->state == COLLD_COMM_CLOSING && colld_kind_is_p2p(sqe->kind) &&
+                    !(sqe->flags & COLLD_SQE_STREAM) && !m->left && sqe->root >= 0 && sqe->root < c->nranks &&
+                    !c->ranks[sqe->root].left;
     if (c->state != COLLD_COMM_READY && !p2p_open) {
+        /* Refused, but numbered: the sends and receives that still run on a closing communicator
+         * must find the numbering in step (a refused descriptor is as good as posted). */
+        if (c->state == COLLD_COMM_CLOSING && (c->side_path ? sqe->seq >= m->next_seq : sqe->seq == m->next_seq)) {
+            m->next_seq = sqe->seq + 1;
+            if (colld_kind_is_p2p(sqe->kind))
+                m->p2p_posted++;
+        }
         c->ops_failed++;
         colld_complete_sqe(d, s, &q, sqe->seq, c->state == COLLD_COMM_JOINING ? COLLD_ERR_INVALID_USAGE : c->error);
         return;

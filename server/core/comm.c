@@ -186,7 +186,8 @@ static void comm_maybe_free(colld_daemon_t *d, colld_dcomm_t *c)
 }
 
 /* Fail every queued collective of a member, and its point-to-point operations: all of them, or
- * (`all` false: the communicator only closes because a rank left) those with a rank that left.
+ * (`all` false: the communicator only closes because a rank left) those with a rank that left
+ * and those on GPU streams.
  * Those whose transfer runs complete when it ends. */
 static void member_fail_queue(colld_dcomm_t *c, colld_member_t *m, colld_status_t st, bool all)
 {

@@ -611,8 +611,8 @@ int colld_p2p_progress(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint64
 /* A transfer ended (its backend, lock held): its operations are done; post what can be posted. */
 void colld_p2p_finish(colld_daemon_t *d, colld_xfer_t *x);
 /* Fail a member's queued point-to-point operations with st (a break): all of them, or (`all`
- * false) those of a rank that left or with one; those whose transfer runs complete when it ends
- * (lock held). */
+ * false) those of a rank that left or with one, and the stream-ordered ones (the break released
+ * the GPU streams); those whose transfer runs complete when it ends (lock held). */
 void colld_p2p_fail_queue(colld_dcomm_t *c, colld_member_t *m, colld_status_t st, bool all);
 /* Each send or receive of c that waits for its peer now (its rank may run it; the peer has not
  * met it): fn(arg, op), for the deadlock check's wait-for graph (lock held). */

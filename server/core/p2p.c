@@ -100,12 +100,14 @@ static void flush(colld_dcomm_t *c, colld_member_t *m)
 void colld_p2p_fail_queue(colld_dcomm_t *c, colld_member_t *m, colld_status_t st, bool all)
 {
     for (colld_op_t *op = m->p2p_head; op; op = op->next)
-        if (op->p2p_state == COLLD_P2P_QUEUED && (all || m->left || c->ranks[op->d.root].left)) {
+        if (op->p2p_state == COLLD_P2P_QUEUED &&
+            (all || m->left || c->ranks[op->d.root].left || (op->d.flags & COLLD_SQE_STREAM))) {
             op->p2p_state = COLLD_P2P_DONE;
             op->p2p_status = st;
             c->ops_failed++;
         }
     flush(c, m);
+    c->p2p_dirty = true; /* the rank may be free now, or its next batch matchable */
 }
 
 /* ============================================================================================

@@ -539,6 +539,27 @@ static void test_leave_keeps_other_pairs(void **state)
     assert_int_equal(reap(w, 2, cq, 4), 2);
     assert_int_equal(cq[0].status, COLLD_ERR_INVALID_USAGE);
     assert_int_equal(cq[1].status, COLLD_ERR_INVALID_USAGE);
+    /* Those refusals still count: rank 2's next send, to rank 1, is in step and runs. */
+    colld_wire_sqe_t to1 = p2p(w, 2, 4, COLLD_KIND_SEND, 1, 4, 20, false);
+    colld_wire_sqe_t from2 = p2p(w, 1, 3, COLLD_KIND_RECV, 2, 4, 30, false);
+    post(w, 2, &to1);
+    post(w, 1, &from2);
+    run(w, 3);
+    assert_int_equal(reap(w, 2, cq, 4), 1);
+    assert_int_equal(cq[0].seq, 4);
+    assert_int_equal(cq[0].status, COLLD_OK);
+    assert_int_equal(reap(w, 1, cq, 4), 1);
+    assert_int_equal(cq[0].seq, 3);
+    assert_int_equal(cq[0].status, COLLD_OK);
+    expect_data(w, 1, 30, 2, 20, 4);
+    /* A send on a GPU stream between ranks still there is refused: the close released the streams. */
+    colld_wire_sqe_t on_stream = p2p(w, 1, 4, COLLD_KIND_SEND, 2, 4, 0, false);
+    on_stream.flags |= COLLD_SQE_STREAM;
+    post(w, 1, &on_stream);
+    run(w, 1);
+    assert_int_equal(reap(w, 1, cq, 4), 1);
+    assert_int_equal(cq[0].seq, 4);
+    assert_int_equal(cq[0].status, COLLD_ERR_INVALID_USAGE);
 }
 
 int main(void)
