@@ -129,6 +129,14 @@ static colld_status_t check_fields(const colld_wire_sqe_t *d, int nranks, uint64
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
                              "%s with flags 0x%x: only the group link and the GPU stream flag are allowed",
                              colld_kind_name(d->kind), d->flags);
+    if (d->flags & ~(COLLD_SQE_FAST | COLLD_SQE_STREAM | COLLD_SQE_LINK | COLLD_SQE_PLAN))
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%s with unknown flags 0x%x", colld_kind_name(d->kind),
+                             d->flags);
+    if ((d->flags & COLLD_SQE_PLAN) && !(d->flags & COLLD_SQE_STREAM))
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                             "%s with the plan flag but not the GPU stream flag (a plan is a captured GPU "
+                             "collective)",
+                             colld_kind_name(d->kind));
     if (!colld_kind_is_p2p(d->kind) && (d->flags & COLLD_SQE_LINK))
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "%s with the group link flag (point-to-point only)",
                              colld_kind_name(d->kind));

@@ -462,6 +462,30 @@ static void test_admission_link_on_collective(void **state)
                                             "(point-to-point only)");
 }
 
+/* Flag bits the wire does not define, and the plan flag on a descriptor not on a GPU stream. */
+static void test_admission_unknown_flags(void **state)
+{
+    world_t *w = *state;
+    colld_wire_sqe_t a = fix_sqe(w->c, 0, 1, COLLD_KIND_ALLREDUCE, COLLD_INT32, COLLD_SUM, 4, 0);
+    a.flags = 0x40;
+    post(w, 0, &a);
+    run(w, 1);
+    assert_int_equal(w->c->error, COLLD_ERR_INVALID_ARGUMENT);
+    assert_string_equal(w->c->error_detail, "rank 0 (pid 1000), collective #1: allreduce with unknown flags 0x40");
+}
+
+static void test_admission_plan_without_stream(void **state)
+{
+    world_t *w = *state;
+    colld_wire_sqe_t a = fix_sqe(w->c, 0, 1, COLLD_KIND_ALLREDUCE, COLLD_INT32, COLLD_SUM, 4, 0);
+    a.flags = COLLD_SQE_PLAN;
+    post(w, 0, &a);
+    run(w, 1);
+    assert_int_equal(w->c->error, COLLD_ERR_INVALID_ARGUMENT);
+    assert_string_equal(w->c->error_detail, "rank 0 (pid 1000), collective #1: allreduce with the plan flag but not "
+                                            "the GPU stream flag (a plan is a captured GPU collective)");
+}
+
 /* An abort with operations queued fails them all, in posting order, with ABORTED. */
 static void test_abort_fails_queued(void **state)
 {
@@ -580,6 +604,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_admission_stream_without_gpu, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_admission_mixed_batch, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_admission_link_on_collective, setup2, teardown),
+        cmocka_unit_test_setup_teardown(test_admission_unknown_flags, setup2, teardown),
+        cmocka_unit_test_setup_teardown(test_admission_plan_without_stream, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_abort_fails_queued, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_peer_lost, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_leave_keeps_other_pairs, setup3, teardown),
