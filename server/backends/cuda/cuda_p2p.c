@@ -56,7 +56,7 @@ typedef struct gpu_xfer {
     int gpu;                        /* the GPU whose stream copies, -1: nothing to copy (or not launched) */
     CUevent ev;                     /* recorded after the copy, NULL without one */
     bool running;                   /* counted in its communicator's gpu_comm_t.running */
-    char why[COLLD_DETAIL_LEN / 2]; /* why its launch failed */
+    char why[COLLD_ERR_MSG_LEN];    /* why its launch failed (err.msg, whole) */
     struct gpu_xfer *next;
 } gpu_xfer_t;
 
@@ -268,7 +268,8 @@ int cuda_p2p_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
 {
     colld_gpus_t *g = gpus_of(b);
     int work = 0;
-    /* Launched transfers whose event has fired. */
+    /* Launched transfers whose event has fired: all of them in one round. */
+    bool looked = g->xrunning != NULL;
     for (gpu_xfer_t **pp = &g->xrunning; *pp;) {
         gpu_xfer_t *t = *pp;
         CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[t->gpu].ctx);
@@ -288,11 +289,13 @@ int cuda_p2p_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
                      colld_cu_describe(g->cu, r, buf, sizeof(buf)),
                      cuda_sticky(r) ? "; colld resets the GPU: create a new communicator" : "");
             colld_comm_break(b->d, t->x->comm, COLLD_ERR_DEVICE, -1, why);
+            xfer_finish(b, t);
+            return work; /* the break may have changed the lists: look again next round */
         }
-        xfer_finish(b, t);
-        return work; /* a finish or a break may have changed the lists: look again next round */
+        xfer_finish(b, t); /* *pp is already the next one; a finish leaves the lists alone */
     }
-    CU_CHECK(g->cu, cuCtxSetCurrent, NULL);
+    if (looked)
+        CU_CHECK(g->cu, cuCtxSetCurrent, NULL);
     /* Matched transfers: launch those both ranks' streams reached, time out the others. */
     for (gpu_xfer_t **pp = &g->xpending; *pp;) {
         gpu_xfer_t *t = *pp;
