@@ -51,7 +51,11 @@
  * user object until their last launch has finished), and how often the keeper looks at plan lines
  * whose replays it releases itself. */
 #define LINE_WAIT_NS 1000000000ull
+/* The keeper's look at lines it releases itself: every RELEASE_PERIOD_NS while replays arrive,
+ * doubling up to RELEASE_PERIOD_MAX_NS while none does (graphs kept until the process exits must
+ * not cost 5000 wake-ups a second). */
 #define RELEASE_PERIOD_NS 200000L
+#define RELEASE_PERIOD_MAX_NS 10000000L
 
 typedef struct gclient gclient_t;
 
@@ -133,8 +137,9 @@ static void line_put(plan_rec_t *rec)
 }
 
 /* Release every replay that reached a live plan line of gc (keeper.mu held). */
-static void release_lines(gclient_t *gc)
+static int release_lines(gclient_t *gc)
 {
+    int released = 0;
     for (uint32_t i = 0; i < gc->plans; i++) {
         colld_wire_gpu_plan_t *l = &gc->plan0[i];
         if (!gc->line[i] || __atomic_load_n(&l->ready, __ATOMIC_ACQUIRE) != 1)
@@ -142,7 +147,9 @@ static void release_lines(gclient_t *gc)
         __atomic_store_n(&l->ready, 0, __ATOMIC_SEQ_CST);
         __atomic_store_n(&l->status, (int32_t)gc->release_status, __ATOMIC_RELAXED);
         __atomic_store_n(&l->done, 1, __ATOMIC_SEQ_CST);
+        released++;
     }
+    return released;
 }
 
 /* Unregister and unmap a flag area adopted at disconnect (keeper.mu NOT held). */
@@ -160,9 +167,9 @@ static void area_free(gclient_t *gc)
 }
 
 /* One pass: the lines of destroyed graphs, the replays released here, the clients whose plans are
- * all gone. Returns whether some client's replays are released here (keeper.mu held; dropped
- * around exchanges and CUDA calls). */
-static bool keeper_pass(void)
+ * all gone. Returns whether some client's replays are released here, and *released whether this
+ * pass released one (keeper.mu held; dropped around exchanges and CUDA calls). */
+static bool keeper_pass(bool *released)
 {
     plan_rec_t *rec;
     while ((rec = keeper.dead)) {
@@ -182,7 +189,7 @@ static bool keeper_pass(void)
     for (gclient_t **pp = &keeper.clients; *pp;) {
         gclient_t *gc = *pp;
         if (gc->release && gc->nlive) {
-            release_lines(gc);
+            *released |= release_lines(gc) > 0;
             releasing = true;
         }
         if (gc->c || gc->nlive) {
@@ -204,9 +211,12 @@ static bool keeper_pass(void)
 static void *keeper_main(void *arg)
 {
     (void)arg;
+    long period = RELEASE_PERIOD_NS;
     pthread_mutex_lock(&keeper.mu);
     for (;;) {
-        bool releasing = keeper_pass();
+        bool released = false;
+        bool releasing = keeper_pass(&released);
+        period = released ? RELEASE_PERIOD_NS : COLLD_MIN(2 * period, RELEASE_PERIOD_MAX_NS);
         if (keeper.dead)
             continue;
         if (!keeper.clients) {
@@ -216,7 +226,7 @@ static void *keeper_main(void *arg)
         if (releasing) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += RELEASE_PERIOD_NS;
+            ts.tv_nsec += period;
             if (ts.tv_nsec >= 1000000000L) {
                 ts.tv_sec++;
                 ts.tv_nsec -= 1000000000L;
@@ -236,9 +246,11 @@ static colld_status_t gclient_get(colld_client_t *c, const colld_gpu_area_t *are
     colld_status_t st = COLLD_OK;
     pthread_mutex_lock(&keeper.mu);
     gclient_t *gc = keeper.clients;
+    bool made = false;
     while (gc && gc->c != c)
         gc = gc->next;
     if (!gc) {
+        made = true;
         gc = calloc(1, sizeof(*gc));
         plan_rec_t **line = calloc(area->plans, sizeof(*line));
         if (!gc || !line) {
@@ -267,6 +279,11 @@ static colld_status_t gclient_get(colld_client_t *c, const colld_gpu_area_t *are
                                "cannot start libcolld's thread for CUDA graph plans (%s): the collective was not "
                                "captured",
                                strerror(rc));
+            if (made) { /* still the head: clients are added only under keeper.mu, held since */
+                keeper.clients = gc->next;
+                free(gc->line);
+                free(gc);
+            }
             goto out;
         }
         pthread_setname_np(t, "colld-graphs");

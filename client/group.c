@@ -166,8 +166,10 @@ static colld_status_t batch_streams(void)
  * or COLLD_ERR_INVALID_USAGE when a connection's share does not fit its rings. */
 static colld_status_t batch_p2p(void)
 {
-    size_t n = group.n, k = 0;
-    if (n == 0)
+    size_t n = group.n, k = 0, np = 0;
+    for (size_t i = 0; i < n; i++)
+        np += colld_kind_is_p2p(group.ops[i].sqe.kind);
+    if (np == 0) /* a group of collectives only (the common one): nothing to reorder or link */
         return COLLD_OK;
     queued_t *sorted = malloc(n * sizeof(*sorted));
     if (!sorted)
