@@ -100,8 +100,9 @@ typedef struct colld_backend_ops {
      * finishes it with colld_engine_finish. */
     void (*submit)(colld_backend_t *b, colld_coll_t *k);
     /* A matched point-to-point transfer (a send and its receive) to run. The backend finishes it
-     * with colld_p2p_finish. The first backend that has this entry and claims the send's
-     * descriptor runs it. */
+     * with colld_p2p_finish, from its progress; it may finish it at once only after breaking the
+     * communicator (without memory, say): the matching then stops. The first backend that has this
+     * entry and claims the send's descriptor runs it. */
     void (*xfer_submit)(colld_backend_t *b, colld_xfer_t *x);
     /* Progress what was submitted: returns the work done, brings *deadline forward. */
     int (*progress)(colld_backend_t *b, uint64_t now, uint64_t *deadline);

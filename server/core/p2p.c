@@ -310,8 +310,12 @@ static int start_xfer(colld_daemon_t *d, colld_dcomm_t *c, colld_op_t *s, colld_
     }
     s->p2p_state = r->p2p_state = COLLD_P2P_RUNNING;
     c->refs++;
+    colld_comm_state_t state = c->state;
+    colld_status_t error = c->error;
     b->ops->xfer_submit(b, x);
-    return 0;
+    /* A backend that broke the communicator may have finished the transfer (and freed s and r)
+     * already: the caller must not go on with them. */
+    return c->state != state || c->error != error ? -1 : 0;
 }
 
 /* Pair every send of a free rank's head batch with its receive where the receiver is free too.
