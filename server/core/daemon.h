@@ -567,8 +567,8 @@ void colld_complete_post(colld_session_t *s, uint32_t handle, uint64_t seq, coll
 /* Post owed break notices of a communicator where the completion rings have room (lock held). */
 void colld_complete_notices(colld_dcomm_t *c);
 /* Complete a descriptor that was never queued with st, and count it (lock held): its completion
- * carries `id` (the operation id); sqe->seq is its collective ordinal (a stream-ordered one's flag
- * value). */
+ * carries `id` (the operation id, also a stream-ordered one's flag value); sqe->seq is its
+ * collective ordinal. */
 void colld_complete_sqe(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *sqe, uint64_t id,
                         colld_status_t st);
 /* Retire a queued or executed op: post its completion with st (a fast-path record's slot is
