@@ -5,24 +5,30 @@
 #   config       deploy/systemd/colld.conf is exactly what `colld --print-config` prints for the
 #                settings below, and loads back to itself
 #   kubernetes   the Kustomize base and overlays, the client pod and the PodMonitor against the
-#                Kubernetes schemas (deploy/kubernetes/validate.js), colld's options included
+#                Kubernetes schemas (deploy/kubernetes/validate.py), colld's options included
 #   prometheus   the alert rules (promtool check + unit tests) and both scrape configurations
 #   daemon       a real colld: --version of the three programs, /healthz, /readyz, /metrics,
 #                schema_version in collctl's JSON, status --watch, drain on SIGTERM
 #   grafana      the dashboard parses, its queries are valid PromQL (promtool) and every metric
-#                it or the alert rules use is one the daemon exports
+#                it or the alert rules use is one the daemon exports (deploy/grafana/check.py)
 #   man          the generated man pages format without a groff warning
 #   completion   bash completion offers colld's options and collctl's commands
+#
+# kubernetes-selftest and grafana-selftest then feed the two validators broken copies of the real
+# files, one fault each (a schema type error, an unknown field, ...): each must be rejected with
+# its message, so a validator that stopped checking something cannot pass unnoticed.
 #
 # usage: deploy/check.sh [--build DIR] [--update]
 #   --build DIR  the CMake build directory (default: build)
 #   --update     rewrite deploy/systemd/colld.conf from the daemon instead of comparing
 #
 # CTest runs it as the test deploy_check (label deploy), so `make test` and CI run it. The tools
-# come from `make deps` (Debian: systemd, prometheus, help2man, groff-base, nodejs/npm; npm: the
-# pinned packages of deploy/kubernetes/package-lock.json in .cache/deploy-npm). A missing tool
-# fails the check when CI=true and skips it otherwise. Prints one line per check and a summary
-# "N passed, N failed, N skipped"; exits 1 on a failure, 77 when everything was skipped.
+# come from `make deps`: Debian's systemd, prometheus, help2man and groff-base, and the project's
+# Python environment .venv (requirements.txt: kubernetes-validate with its schemas, jsonschema,
+# PyYAML), whose python runs the two validators; COLLD_PYTHON names another python that has
+# those packages. A missing tool fails the check when CI=true and skips it otherwise. Prints one
+# line per check and a summary "N passed, N failed, N skipped"; exits 1 on a failure, 77 when
+# everything was skipped.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,7 +46,7 @@ COLLD=$BUILD/server/colld
 COLLCTL=$BUILD/tools/collctl
 PERF=$BUILD/tools/colld-perf
 MANDIR=$BUILD/deploy/man
-NPM_CACHE=${COLLD_DEPLOY_NPM_CACHE:-$ROOT/.cache/deploy-npm}
+PYTHON=${COLLD_PYTHON:-$ROOT/.venv/bin/python}
 # The settings of the sample configuration (deploy/systemd/colld.conf); the rest are defaults.
 SAMPLE_ARGS=(--socket /run/colld/colld.sock --socket-mode 0660 --metrics 127.0.0.1:9464 --drain-timeout-ms 600000)
 
@@ -132,22 +138,89 @@ $(cat "$TMP/conf.diff")"
 
 # ------------------------------------------------------------------------------------------------
 check_kubernetes() {
-    if ! have node; then
-        missing kubernetes "node not found"
+    if [ ! -x "$PYTHON" ]; then
+        missing kubernetes "no $PYTHON (the project's Python environment; COLLD_PYTHON names another)"
         return
     fi
-    if [ ! -d "$NPM_CACHE/node_modules/kubernetes-models" ]; then
-        missing kubernetes "the npm packages are not in $NPM_CACHE"
+    if ! "$PYTHON" -c 'import kubernetes_validate, jsonschema, referencing, yaml' 2>/dev/null; then
+        missing kubernetes "$PYTHON lacks the packages of requirements.txt (kubernetes-validate, jsonschema, PyYAML)"
         return
     fi
     local k=$ROOT/deploy/kubernetes out
     "$COLLD" --help >"$TMP/colld-help.txt"
-    if out=$(node "$k/validate.js" --modules "$NPM_CACHE" --colld-help "$TMP/colld-help.txt" "$k/base" \
+    if out=$("$PYTHON" "$k/validate.py" --colld-help "$TMP/colld-help.txt" "$k/base" \
         "$k/overlays/gpu" "$k/overlays/rdma" "$k/examples/client-pod.yaml" "$k/monitoring/podmonitor.yaml" 2>&1); then
         pass "kubernetes ($out)"
     else
         fail kubernetes "$out"
     fi
+    selftest_kubernetes
+}
+
+# ------------------------------------------------------------------------------------------------
+# The self-tests: broken copies of the real files in $TMP/broken, one fault each, and the message
+# each must be rejected with. broken NAME SOURCE SED-SCRIPT MESSAGE writes one; a SED-SCRIPT that
+# no longer changes its source (the file was edited) is itself a failure.
+BROKEN_NAMES=() BROKEN_MESSAGES=() BROKEN_ERRORS=""
+broken() {
+    mkdir -p "$(dirname "$TMP/broken/$1")"
+    sed "$3" "$2" >"$TMP/broken/$1"
+    if cmp -s "$2" "$TMP/broken/$1"; then
+        BROKEN_ERRORS="$BROKEN_ERRORS; the edit of $1 ($3) changes nothing in $2: update the self-test"
+    fi
+    BROKEN_NAMES+=("$1")
+    BROKEN_MESSAGES+=("$4")
+}
+
+# Every broken file named since the last call must have exactly one problem line in $2 (the
+# validator's output), which contains its message; $1 names the test.
+broken_verdict() {
+    local test=$1 out=$2 i lines bad=$BROKEN_ERRORS
+    for i in "${!BROKEN_NAMES[@]}"; do
+        lines=$(grep -F -- "$TMP/broken/${BROKEN_NAMES[$i]}:" <<<"$out")
+        if [ -z "$lines" ]; then
+            bad="$bad; ${BROKEN_NAMES[$i]} was not rejected (expected: ${BROKEN_MESSAGES[$i]})"
+        elif [ "$(wc -l <<<"$lines")" != 1 ] || ! grep -qF -- "${BROKEN_MESSAGES[$i]}" <<<"$lines"; then
+            bad="$bad; ${BROKEN_NAMES[$i]}: expected the one problem '${BROKEN_MESSAGES[$i]}', got: $lines"
+        fi
+    done
+    if [ -n "$bad" ]; then
+        fail "$test" "${bad#; }"
+    else
+        pass "$test (${#BROKEN_NAMES[@]} broken inputs rejected)"
+    fi
+    BROKEN_NAMES=() BROKEN_MESSAGES=() BROKEN_ERRORS=""
+}
+
+# shellcheck disable=SC2016 # the $(...) and $a below are sed's and the manifest's, not the shell's
+selftest_kubernetes() {
+    local k=$ROOT/deploy/kubernetes ds=$ROOT/deploy/kubernetes/base/daemonset.yaml out rc=0
+    local pm=$ROOT/deploy/kubernetes/monitoring/podmonitor.yaml
+    broken type.yaml "$ds" 's/terminationGracePeriodSeconds: 660/terminationGracePeriodSeconds: "660"/' \
+        "/spec/template/spec/terminationGracePeriodSeconds '660' is not of type 'integer'"
+    broken unknown-field.yaml "$ds" 's/hostIPC: false/hostIPc: false/' "unknown field /spec/template/spec/hostIPc"
+    broken undefined-var.yaml "$ds" 's/=$(NODE_NAME)$/=$(NODE_NAMES)/' \
+        "'--node-name=\$(NODE_NAMES)' uses \$(NODE_NAMES), which env does not define"
+    broken probe-port.yaml "$ds" '/readinessProbe:/,/port:/s/port: metrics/port: metric/' \
+        "readinessProbe uses port 'metric', which is not declared"
+    broken volume.yaml "$ds" 's/^            - name: cluster-secret$/            - name: cluster-secrets/' \
+        "volumeMount 'cluster-secrets' names no volume"
+    broken colld-option.yaml "$ds" 's/--drain-timeout-ms=/--drain-timeout=/' \
+        "--drain-timeout is not an option of colld (colld --help)"
+    cp "$k/base/namespace.yaml" "$k/base/daemonset.yaml" "$TMP/broken/"
+    broken kustomize/kustomization.yaml "$k/base/kustomization.yaml" \
+        's|^  - namespace.yaml|  - ../namespace.yaml|; s|^  - daemonset.yaml|  - ../daemonset.yaml|; $a commonLabels: {team: ml}' \
+        "field 'commonLabels' is not one this builder implements"
+    broken podmonitor-type.yaml "$pm" 's/interval: 15s/interval: 15 seconds/' \
+        "/spec/podMetricsEndpoints/0/interval '15 seconds' does not match"
+    broken podmonitor-field.yaml "$pm" 's|path: /metrics|paht: /metrics|' "unknown field /spec/podMetricsEndpoints/0/paht"
+    local inputs=() name
+    for name in "${BROKEN_NAMES[@]}"; do
+        case $name in */kustomization.yaml) inputs+=("$TMP/broken/${name%/*}") ;; *) inputs+=("$TMP/broken/$name") ;; esac
+    done
+    out=$("$PYTHON" "$k/validate.py" --colld-help "$TMP/colld-help.txt" "${inputs[@]}" 2>&1) || rc=$?
+    [ $rc = 1 ] || BROKEN_ERRORS="$BROKEN_ERRORS; validate.py exited $rc on the broken inputs, not 1"
+    broken_verdict kubernetes-selftest "$out"
 }
 
 # ------------------------------------------------------------------------------------------------
@@ -264,30 +337,46 @@ check_daemon() {
 
 # ------------------------------------------------------------------------------------------------
 check_grafana() {
-    if ! have node; then
-        missing grafana "node not found"
+    # check.py needs only Python's standard library: any python3 runs it.
+    local py=$PYTHON
+    [ -x "$py" ] || py=$(command -v python3) || {
+        missing grafana "no $PYTHON and no python3"
         return
-    fi
+    }
     if [ ! -s "$TMP/metrics.txt" ]; then
         fail grafana "no scrape of the daemon to compare with (the daemon check failed)"
         return
     fi
-    local out
-    if ! out=$(node "$ROOT/deploy/grafana/check.js" "$ROOT/deploy/grafana/colld.json" "$ROOT/deploy/prometheus/colld-rules.yml" \
-        "$TMP/metrics.txt" "$TMP/dashboard-rules.yml" 2>&1); then
+    local g=$ROOT/deploy/grafana rules=$ROOT/deploy/prometheus/colld-rules.yml out syntax
+    if ! out=$("$py" "$g/check.py" "$g/colld.json" "$rules" "$TMP/metrics.txt" "$TMP/dashboard-rules.yml" 2>&1); then
         fail grafana "$out"
-        return
-    fi
-    if have promtool; then
-        local syntax
-        if ! syntax=$(promtool check rules "$TMP/dashboard-rules.yml" 2>&1); then
-            fail grafana "a dashboard query is not valid PromQL: $syntax"
-            return
-        fi
-    else
+    elif ! have promtool; then
         missing grafana-promql "promtool not found"
+        pass "grafana ($out)"
+    elif ! syntax=$(promtool check rules "$TMP/dashboard-rules.yml" 2>&1); then
+        fail grafana "a dashboard query is not valid PromQL: $syntax"
+    else
+        pass "grafana ($out)"
     fi
-    pass "grafana ($out)"
+    selftest_grafana "$py"
+}
+
+selftest_grafana() {
+    local py=$1 g=$ROOT/deploy/grafana rules=$ROOT/deploy/prometheus/colld-rules.yml out out2 rc=0 rc2=0
+    broken duplicate-id.json "$g/colld.json" '0,/"id": 2$/s//"id": 1/' "panel id 1 used twice"
+    broken unknown-metric.json "$g/colld.json" 's/(colld_draining{/(colld_drainig{/' \
+        "'colld_drainig' is not a metric colld exports"
+    broken unknown-metric-rules.yml "$rules" 's/expr: colld_draining == 1/expr: colld_drained == 1/' \
+        "'colld_drained' is not a metric colld exports"
+    out=$("$py" "$g/check.py" "$TMP/broken/duplicate-id.json" "$rules" "$TMP/metrics.txt" "$TMP/broken/out.yml" 2>&1) || rc=$?
+    out2=$("$py" "$g/check.py" "$TMP/broken/unknown-metric.json" "$TMP/broken/unknown-metric-rules.yml" \
+        "$TMP/metrics.txt" "$TMP/broken/out.yml" 2>&1) || rc2=$?
+    if [ $rc != 1 ] || [ $rc2 != 1 ]; then
+        BROKEN_ERRORS="$BROKEN_ERRORS; check.py exited $rc and $rc2 on the broken inputs, not 1"
+    fi
+    out="$out
+$out2"
+    broken_verdict grafana-selftest "$out"
 }
 
 # ------------------------------------------------------------------------------------------------
