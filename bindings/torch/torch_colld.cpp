@@ -1,9 +1,11 @@
 /*
- * torch_colld.cpp - a torch.distributed (c10d) process group over libcolld, for torch 1.13.
+ * torch_colld.cpp - a torch.distributed (c10d) backend over libcolld, for torch 2.x.
  *
- * `import torch_colld` (torch_colld/__init__.py) registers the backend "colld" with this module's
- * ProcessGroupColld as its creator, so `dist.init_process_group("colld", ...)` reaches the local
- * colld daemon ($COLLD_SOCKET, else colld's default socket) through libcolld.
+ * `import torch_colld` (torch_colld/__init__.py) registers the backend "colld" for CPU tensors with
+ * this module's ProcessGroupColld, a c10d::Backend, as its creator, so
+ * `dist.init_process_group("colld", ...)` (or "cpu:colld") reaches the local colld daemon
+ * ($COLLD_SOCKET, else colld's default socket) through libcolld. torch wraps the backend in its
+ * own c10d::ProcessGroup, which dispatches each CPU tensor's operation here.
  *
  * One process group is one colld client and one colld communicator. Its unique id travels through
  * the c10d store given to the creator (a PrefixStore per group, so subgroups get ids of their own).
@@ -23,11 +25,12 @@
  * Point-to-point: send and recv are colld_send / colld_recv, matched by colld in posting order per
  * pair of ranks (the k-th send a->b meets the k-th receive b<-a); colld has no tags, so a non-zero
  * tag travels in front of the tensor and the receiver checks it (see send()). A rank's operations
- * run one after the other, so ranks that exchange must use batch_isend_irecv: torch runs it between
- * startCoalescing and endCoalescing, and the operations posted in between run as one colld group,
- * concurrently (a ring exchange cannot deadlock).
+ * run one after the other, so ranks that exchange must use batch_isend_irecv: the backend says it
+ * supports coalescing, so torch runs a batch between startCoalescing and endCoalescing, and the
+ * operations posted in between run as one colld group, concurrently (a ring exchange cannot
+ * deadlock); endCoalescing returns the one Work of the whole batch.
  */
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/utils/pybind.h>
@@ -132,6 +135,12 @@ class WorkColld : public c10d::Work
         return outputs_;
     }
 
+    /* A batch's outputs, known at its end: set before the batch is queued. */
+    void set_outputs(std::vector<at::Tensor> outputs)
+    {
+        outputs_ = std::move(outputs);
+    }
+
     /* The rank a receive's data came from (Work._source_rank()); c10d's raises for other work. */
     int sourceRank() const override
     {
@@ -208,18 +217,18 @@ struct RedOp {
  * converts it (T(factor)); a tensor factor is read now, when the collective is called. */
 RedOp premul_op(const char *op, const c10d::ReduceOp &r, at::ScalarType dtype)
 {
-    /* torch 1.13 makes PREMUL_SUM only with this supplement (makeNCCLPreMulSum), as
-     * ProcessGroupNCCL relies on. */
+    /* torch makes PREMUL_SUM only with this supplement (makeNCCLPreMulSum), as ProcessGroupNCCL
+     * relies on; torch itself refuses a tensor factor of more than one element. */
     const auto *sup = static_cast<const c10d::NCCLPreMulSumSupplement *>(r.supplement_.get());
     TORCH_CHECK(sup, "torch_colld: ", op,
                 ": a PREMUL_SUM op without its factor (make it with torch.distributed._make_nccl_premul_sum)");
     at::Tensor f;
-    if (sup->tensor_factors.empty()) {
+    if (!sup->tensor_factor.defined()) {
         f = at::scalar_tensor(sup->double_factor, at::TensorOptions().dtype(at::kDouble));
     } else {
-        TORCH_CHECK(sup->tensor_factors.size() == 1 && sup->tensor_factors[0].numel() == 1, "torch_colld: ", op,
-                    ": a PREMUL_SUM factor must be one tensor of one element (one process, one device)");
-        f = sup->tensor_factors[0];
+        TORCH_CHECK(sup->tensor_factor.numel() == 1, "torch_colld: ", op,
+                    ": a PREMUL_SUM factor must be a tensor of one element");
+        f = sup->tensor_factor;
         TORCH_CHECK(f.device().is_cpu(), "torch_colld: ", op, ": the PREMUL_SUM factor is on ", f.device(),
                     ", only CPU tensors are supported");
     }
@@ -326,7 +335,7 @@ std::string colld_failure(const char *what, colld_status_t st, const char *detai
  * The process group
  * -------------------------------------------------------------------------------------------- */
 
-class ProcessGroupColld : public c10d::ProcessGroup
+class ProcessGroupColld : public c10d::Backend
 {
   public:
     /* Connect to the daemon and join the group's communicator: rank 0 makes the unique id and
@@ -334,7 +343,7 @@ class ProcessGroupColld : public c10d::ProcessGroup
      * every rank has joined or `timeout` expires. Raises with colld's detail on failure. */
     ProcessGroupColld(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
                       std::chrono::milliseconds timeout)
-        : c10d::ProcessGroup(rank, size)
+        : c10d::Backend(rank, size)
     {
         colld_client_t *client = nullptr;
         colld_status_t st = colld_connect(nullptr, &client);
@@ -375,47 +384,45 @@ class ProcessGroupColld : public c10d::ProcessGroup
     }
 
     /* Stop the worker (operations still queued fail), then leave the communicator and the
-     * daemon. The GIL is released meanwhile: the worker may be running a future's callbacks that
-     * take it. */
+     * daemon, unless shutdown() or abort() did already. */
     ~ProcessGroupColld() override
     {
         {
             std::lock_guard<std::mutex> lock(g_live_mu);
             g_live.erase(this);
         }
-        if (Py_IsInitialized() && PyGILState_Check()) {
-            pybind11::gil_scoped_release nogil;
-            stop();
-        } else {
-            stop();
-        }
-        colld_comm_destroy(comm_);
+        release(false);
         client_.reset(); /* disconnects, unless tensors from empty() are still alive */
+    }
+
+    /* destroy_process_group: the operation the worker runs completes, what is still queued
+     * fails, and the communicator is destroyed (the peers see this rank leave). Later operations
+     * fail at once. */
+    void shutdown() override
+    {
+        release(false);
+    }
+
+    /* _abort_process_group: as shutdown, but the operation the worker runs is aborted
+     * (colld_comm_abort: it and the peers' fail with COLLD_ERR_ABORTED) instead of waited for. */
+    void abort() override
+    {
+        release(true);
     }
 
     /* Stop the worker: what is still queued fails; the operation it runs completes first, or,
      * with `abort`, is aborted (colld_comm_abort: it and the peers' fail with COLLD_ERR_ABORTED)
      * so that a process leaving with an operation its peers never join does not wait for the
-     * group's timeout. Called without the GIL (the worker may run a future's callbacks that take
-     * it). */
+     * group's timeout. The GIL is released meanwhile: the worker may be running a future's
+     * callbacks that take it. */
     void stop(bool abort = false)
     {
-        bool busy;
-        std::vector<Op> held;
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            stop_ = true;
-            busy = busy_;
-            held.swap(batch_); /* posted inside a batch_isend_irecv that never ended */
+        if (Py_IsInitialized() && PyGILState_Check()) {
+            pybind11::gil_scoped_release nogil;
+            stop_worker(abort);
+        } else {
+            stop_worker(abort);
         }
-        for (Op &o : held)
-            fail(o, "the process group was stopped before its batch was posted");
-        cv_.notify_all();
-        if (abort && busy)
-            colld_comm_abort(comm_);
-        std::lock_guard<std::mutex> lock(join_mu_);
-        if (worker_.joinable())
-            worker_.join();
     }
 
     /* Stop the workers of every live group, aborting what they run (torch_colld registers it with
@@ -506,11 +513,7 @@ class ProcessGroupColld : public c10d::ProcessGroup
                 });
             });
         };
-        o.done = [backs] {
-            for (const auto &b : backs)
-                if (b)
-                    b();
-        };
+        o.done = all_of(std::move(backs));
         return post(std::move(o));
     }
 
@@ -674,6 +677,76 @@ class ProcessGroupColld : public c10d::ProcessGroup
             });
         };
         o.done = copy_back(output, dst);
+        return post(std::move(o));
+    }
+
+    /* all_gather_into_tensor under torch.distributed._coalescing_manager (FSDP's): outputs[i] gets
+     * every rank's inputs[i], one colld_allgather each, in one colld group. */
+    c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor> &outputs,
+                                                                   std::vector<at::Tensor> &inputs,
+                                                                   const c10d::AllgatherOptions & /* opts */) override
+    {
+        const char *op = "allgather_into_tensor_coalesced";
+        TORCH_CHECK(outputs.size() == inputs.size(), "torch_colld: ", op, ": ", outputs.size(), " outputs for ",
+                    inputs.size(), " inputs");
+        std::vector<at::Tensor> srcs, dsts;
+        std::vector<std::function<void()>> backs;
+        for (size_t i = 0; i < inputs.size(); i++) {
+            check_cpu(op, inputs[i]);
+            check_cpu(op, outputs[i]);
+            check_flat(op, outputs[i], inputs[i], static_cast<int64_t>(size_) * inputs[i].numel());
+            srcs.push_back(dense(inputs[i]));
+            dsts.push_back(dense(outputs[i]));
+            backs.push_back(copy_back(outputs[i], dsts.back()));
+        }
+        Op o = make(op, c10d::OpType::COALESCED, outputs);
+        o.keep = srcs;
+        o.keep.insert(o.keep.end(), dsts.begin(), dsts.end());
+        o.issue = [srcs, dsts](colld_comm_t *c) {
+            return grouped(srcs.size(), [&](size_t i) {
+                return colld_allgather(srcs[i].data_ptr(), dsts[i].data_ptr(), nbytes(srcs[i]), COLLD_UINT8, c,
+                                       nullptr);
+            });
+        };
+        o.done = all_of(std::move(backs));
+        return post(std::move(o));
+    }
+
+    /* reduce_scatter_tensor under torch.distributed._coalescing_manager: outputs[i] gets its part
+     * of the reduction of every rank's inputs[i], one colld_reducescatter each, in one colld group. */
+    c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor> &outputs,
+                                                                   std::vector<at::Tensor> &inputs,
+                                                                   const c10d::ReduceScatterOptions &opts) override
+    {
+        const char *op = "reduce_scatter_tensor_coalesced";
+        TORCH_CHECK(outputs.size() == inputs.size(), "torch_colld: ", op, ": ", outputs.size(), " outputs for ",
+                    inputs.size(), " inputs");
+        std::vector<at::Tensor> srcs, dsts;
+        std::vector<colld_dtype_t> dts;
+        std::vector<RedOp> ops;
+        std::vector<std::function<void()>> backs;
+        for (size_t i = 0; i < inputs.size(); i++) {
+            check_cpu(op, inputs[i]);
+            check_cpu(op, outputs[i]);
+            check_flat(op, inputs[i], outputs[i], static_cast<int64_t>(size_) * outputs[i].numel());
+            dts.push_back(reduce_dtype(op, outputs[i]));
+            ops.push_back(reduce_op(op, opts.reduceOp, outputs[i].scalar_type()));
+            srcs.push_back(dense(inputs[i]));
+            dsts.push_back(dense(outputs[i]));
+            backs.push_back(copy_back(outputs[i], dsts.back()));
+        }
+        Op o = make(op, c10d::OpType::COALESCED, outputs);
+        o.keep = srcs;
+        o.keep.insert(o.keep.end(), dsts.begin(), dsts.end());
+        o.issue = [srcs, dsts, dts, ops](colld_comm_t *c) {
+            return grouped(srcs.size(), [&](size_t i) {
+                return with_op(c, ops[i], dts[i], [&](colld_redop_t cop) {
+                    return colld_reducescatter(srcs[i].data_ptr(), dsts[i].data_ptr(), dsts[i].numel(), dts[i], cop,
+                                               c, nullptr);
+                });
+            });
+        };
+        o.done = all_of(std::move(backs));
         return post(std::move(o));
     }
 
@@ -880,8 +953,16 @@ class ProcessGroupColld : public c10d::ProcessGroup
                            "the gloo backend for it");
     }
 
-    /* batch_isend_irecv: torch calls startCoalescing, then isend/irecv for each P2POp, then
-     * endCoalescing. The operations posted in between (by any thread, on this group) are held
+    /* batch_isend_irecv calls startCoalescing, then isend/irecv for each P2POp, then
+     * endCoalescing, because supportsCoalescing() says so (torch 2.x runs a batch one operation
+     * after the other on a backend that does not, and a ring exchange would then wait forever);
+     * so does torch.distributed._coalescing_manager(group, device). */
+    bool supportsCoalescing() const override
+    {
+        return true;
+    }
+
+    /* The operations posted from here to endCoalescing (by any thread, on this group) are held
      * back and queued at the end as one batch, which the worker issues in one colld group: its
      * sends and receives run concurrently (after its collectives, as colld orders a group), so
      * ranks that exchange with each other never wait on each other. Nests: only the outermost
@@ -889,26 +970,87 @@ class ProcessGroupColld : public c10d::ProcessGroup
     void startCoalescing() override
     {
         std::lock_guard<std::mutex> lock(mu_);
-        coalescing_++;
+        TORCH_CHECK(!stop_, "torch_colld: _start_coalescing: the process group was shut down");
+        if (coalescing_++ == 0)
+            batch_work_ = c10::make_intrusive<WorkColld>(rank_, c10d::OpType::COALESCED, std::vector<at::Tensor>{});
     }
 
-    void endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>> & /* reqs: the batch holds them */) override
+    /* Queues the batch; returns its one Work (batch_isend_irecv's only request in torch 2.x),
+     * completed once every operation of the batch has, with the first failure among them. Its
+     * future's value is every tensor of the batch. An empty batch's Work is complete at once. */
+    c10::intrusive_ptr<c10d::Work> endCoalescing() override
     {
+        c10::intrusive_ptr<WorkColld> w;
+        bool queued = false;
         {
             std::lock_guard<std::mutex> lock(mu_);
+            TORCH_CHECK(!stop_, "torch_colld: _end_coalescing: the process group was shut down");
             TORCH_CHECK(coalescing_ > 0, "torch_colld: _end_coalescing without _start_coalescing");
-            if (--coalescing_ > 0 || batch_.empty())
-                return;
-            Op batch; /* straight into the queue: post() would hold it if another thread coalesces */
-            batch.name = "batch_isend_irecv";
-            batch.parts.swap(batch_);
-            queue_.push_back(std::move(batch));
-            queued_.store(queue_.size(), std::memory_order_release);
+            w = batch_work_;
+            if (--coalescing_ > 0)
+                return w;
+            batch_work_.reset();
+            if (!batch_.empty()) {
+                Op batch; /* straight into the queue: post() would hold it if another thread coalesces */
+                batch.name = "batch_isend_irecv";
+                batch.parts.swap(batch_);
+                std::vector<at::Tensor> all;
+                for (const Op &p : batch.parts)
+                    for (const at::Tensor &t : p.work->result())
+                        all.push_back(t);
+                w->set_outputs(std::move(all));
+                batch.work = w;
+                queue_.push_back(std::move(batch));
+                queued_.store(queue_.size(), std::memory_order_release);
+                queued = true;
+            }
         }
-        cv_.notify_one();
+        if (queued)
+            cv_.notify_one();
+        else
+            w->complete("");
+        return w;
     }
 
   private:
+    /* stop() without the GIL. */
+    void stop_worker(bool abort)
+    {
+        bool busy;
+        std::vector<Op> held;
+        c10::intrusive_ptr<WorkColld> held_work;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stop_ = true;
+            busy = busy_;
+            held.swap(batch_); /* posted inside a batch_isend_irecv that never ended */
+            held_work.swap(batch_work_);
+            coalescing_ = 0;
+        }
+        for (Op &o : held)
+            fail(o, "the process group was stopped before its batch was posted");
+        if (held_work)
+            held_work->complete("torch_colld: batch: the process group was stopped before its batch was posted");
+        cv_.notify_all();
+        if (abort && busy && comm_)
+            colld_comm_abort(comm_);
+        std::lock_guard<std::mutex> lock(join_mu_);
+        if (worker_.joinable())
+            worker_.join();
+    }
+
+    /* Stop the worker and destroy the communicator, once (shutdown, abort, the destructor). The
+     * colld client stays: tensors from empty() may still use its memory. */
+    void release(bool abort)
+    {
+        stop(abort);
+        std::lock_guard<std::mutex> lock(join_mu_);
+        if (comm_) {
+            colld_comm_destroy(comm_);
+            comm_ = nullptr;
+        }
+    }
+
     /* Where a tensor's parts for (or from) each rank lie in its bytes: colld_alltoallv's counts
      * and displacements, in bytes. `row`: the bytes of one row (dimension 0) where it was split
      * by rows. */
@@ -1054,6 +1196,16 @@ class ProcessGroupColld : public c10d::ProcessGroup
         };
     }
 
+    /* Runs every copy-back of a coalesced operation (none where every tensor was contiguous). */
+    static std::function<void()> all_of(std::vector<std::function<void()>> backs)
+    {
+        return [backs = std::move(backs)] {
+            for (const auto &b : backs)
+                if (b)
+                    b();
+        };
+    }
+
     /* Copies a staged result back into the caller's tensor when they differ (non-contiguous). */
     static std::function<void()> copy_back(const at::Tensor &t, const at::Tensor &buf)
     {
@@ -1112,7 +1264,7 @@ class ProcessGroupColld : public c10d::ProcessGroup
             }
         }
         if (!queued)
-            fail(o, "the process group was stopped (interpreter exit)");
+            fail(o, "the process group was shut down (destroy_process_group, abort or interpreter exit)");
         cv_.notify_one();
         return w;
     }
@@ -1191,6 +1343,13 @@ class ProcessGroupColld : public c10d::ProcessGroup
                 o.work->complete(errors[0]);
             for (size_t i = 0; i < o.parts.size(); i++)
                 o.parts[i].work->complete(errors[i]);
+            if (!o.parts.empty() && o.work) { /* a batch's own Work: done with its last part */
+                std::string first;
+                for (const std::string &e : errors)
+                    if (first.empty())
+                        first = e;
+                o.work->complete(first);
+            }
         }
     }
 
@@ -1204,6 +1363,7 @@ class ProcessGroupColld : public c10d::ProcessGroup
     bool busy_ = false;               /* guarded by mu_: the worker is running an operation */
     int coalescing_ = 0;              /* guarded by mu_: startCoalescing's not yet ended (nesting) */
     std::vector<Op> batch_;           /* guarded by mu_: what was posted while coalescing */
+    c10::intrusive_ptr<WorkColld> batch_work_; /* guarded by mu_: the Work endCoalescing returns */
     std::mutex join_mu_;              /* one joiner at a time */
     std::thread worker_;
 };
@@ -1213,24 +1373,23 @@ class ProcessGroupColld : public c10d::ProcessGroup
 PYBIND11_MODULE(_torch_colld, m)
 {
     m.doc() = "torch.distributed backend over libcolld (import torch_colld, then init_process_group(\"colld\"))";
-    /* torch registers c10d::ProcessGroup (with its intrusive_ptr holder) in this module. */
+    /* torch registers c10d::Backend (with its intrusive_ptr holder) in this module. */
     pybind11::module_::import("torch._C._distributed_c10d");
-    pybind11::class_<ProcessGroupColld, c10::intrusive_ptr<ProcessGroupColld>, c10d::ProcessGroup>(m,
-                                                                                                   "ProcessGroupColld")
+    pybind11::class_<ProcessGroupColld, c10::intrusive_ptr<ProcessGroupColld>, c10d::Backend>(m, "ProcessGroupColld")
         .def(pybind11::init<const c10::intrusive_ptr<c10d::Store> &, int, int, std::chrono::milliseconds>(),
              pybind11::arg("store"), pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
              pybind11::call_guard<pybind11::gil_scoped_release>());
-    /* The dtype travels as a tensor of it (`like`): torch 1.13's pybind casters have none for
-     * at::ScalarType. */
+    /* The dtype travels as a tensor of it (`like`), which needs no caster for at::ScalarType. */
     m.def(
         "_empty",
-        [](c10d::ProcessGroup &pg, const std::vector<int64_t> &sizes, const at::Tensor &like) {
-            auto *colld = dynamic_cast<ProcessGroupColld *>(&pg);
-            TORCH_CHECK(colld, "torch_colld.empty: the group's backend is ", pg.getBackendName(), ", not colld");
+        [](c10d::Backend &backend, const std::vector<int64_t> &sizes, const at::Tensor &like) {
+            auto *colld = dynamic_cast<ProcessGroupColld *>(&backend);
+            TORCH_CHECK(colld, "torch_colld.empty: the group's CPU backend is ", backend.getBackendName(),
+                        ", not colld");
             return colld->empty(sizes, like.scalar_type());
         },
-        pybind11::arg("group"), pybind11::arg("sizes"), pybind11::arg("like"),
-        "A CPU tensor in memory shared with the group's colld daemon (zero copy in that group's operations)");
+        pybind11::arg("backend"), pybind11::arg("sizes"), pybind11::arg("like"),
+        "A CPU tensor in memory shared with the backend's colld daemon (zero copy in that group's operations)");
     m.def("_stop_all", &ProcessGroupColld::stop_all, pybind11::call_guard<pybind11::gil_scoped_release>(),
           "Stop every process group's worker thread (at interpreter exit; later operations fail)");
     m.attr("colld_api_version") = COLLD_API_VERSION;

@@ -89,15 +89,15 @@ class Checker:
                                  f"({got.dtype}, {tuple(got.shape)}), want {want.flatten()[:8].tolist()} "
                                  f"({want.dtype}, {tuple(want.shape)})")
 
-    def raises(self, what, fn, text):
+    def raises(self, what, fn, text, exc=RuntimeError):
         self.checks += 1
         try:
             fn()
-        except RuntimeError as e:
+        except exc as e:
             if text not in str(e):
-                self.failures.append(f"rank {self.rank}: {what}: RuntimeError without {text!r}: {e}")
+                self.failures.append(f"rank {self.rank}: {what}: {type(e).__name__} without {text!r}: {e}")
             return
-        self.failures.append(f"rank {self.rank}: {what}: no RuntimeError (want one saying {text!r})")
+        self.failures.append(f"rank {self.rank}: {what}: no {exc.__name__} (want one saying {text!r})")
 
     def true(self, what, cond):
         self.checks += 1
@@ -304,7 +304,7 @@ def worker_premul(torch, dist, rank, world, ck):
             ck.equal(f"all_reduce PREMUL_SUM {dtype} x{count}", t,
                      expected_premul(torch, world, count, dtype, factors, salt=40))
             t = rank_input(torch, rank, count, dtype, salt=41)
-            dist.reduce(t, dst=0, op=dist._make_nccl_premul_sum([torch.tensor([factors[rank]], dtype=dt)]))
+            dist.reduce(t, dst=0, op=dist._make_nccl_premul_sum(torch.tensor([factors[rank]], dtype=dt)))
             want = (expected_premul(torch, world, count, dtype, factors, salt=41) if rank == 0
                     else rank_input(torch, rank, count, dtype, salt=41))
             ck.equal(f"reduce PREMUL_SUM (tensor factor) {dtype} x{count}", t, want)
@@ -328,9 +328,10 @@ def worker_premul(torch, dist, rank, world, ck):
     for t, n in zip(ts, [3, 1001]):
         ck.equal(f"all_reduce_coalesced PREMUL_SUM float32 x{n}", t,
                  expected_premul(torch, world, n, "float32", factors, salt=43 + n))
+    # torch 2.x refuses a factor of two elements itself, when the op is made
     ck.raises("PREMUL_SUM with a two-element factor",
-              lambda: dist.all_reduce(torch.zeros(3), op=dist._make_nccl_premul_sum([torch.ones(2)])),
-              "must be one tensor of one element")
+              lambda: dist.all_reduce(torch.zeros(3), op=dist._make_nccl_premul_sum(torch.ones(2))),
+              "tensor_factor.numel() == 1")
 
 
 def worker_ddp(torch, dist, rank, world, ck):
@@ -461,8 +462,9 @@ def worker_p2p(torch, dist, rank, world, ck):
                      p2p_value(torch, msg(prv, rank), count, dtype))
             ck.equal(f"ring from the next rank {dtype} x{count}", r2,
                      p2p_value(torch, msg(nxt, rank, 1), count, dtype))
-            ck.true(f"batch_isend_irecv {dtype} x{count}: 4 works, completed",
-                    len(reqs) == 4 and all(q.is_completed() and q.is_success() for q in reqs))
+            # torch 2.x returns one Work for a coalesced batch (endCoalescing's), as with NCCL
+            ck.true(f"batch_isend_irecv {dtype} x{count}: one work, completed",
+                    len(reqs) == 1 and all(q.is_completed() and q.is_success() for q in reqs))
         for count in [1, 1001]:
             # PyTorch's pattern: each rank in turn sends to every other with blocking sends (its own
             # size: rank + count), the others receive.
@@ -497,7 +499,9 @@ def worker_p2p(torch, dist, rank, world, ck):
                 w.wait()
                 ck.equal(f"irecv from 0 {dtype} x{count * rank}", t,
                          p2p_value(torch, msg(0, rank, 2), count * rank, dtype))
-                ck.equal(f"irecv's future holds the tensor {dtype}", fut.wait()[0], t)
+                # torch 2.x hands a complex tensor to the backend as its real view (view_as_real)
+                ck.equal(f"irecv's future holds the tensor {dtype}", fut.wait()[0],
+                         torch.view_as_real(t) if t.is_complex() else t)
                 ws.wait()
         # Uneven all_to_all_single: rank r sends (r + 2q) % 3 rows of 2 (zero included) to rank q.
         rows = lambda a, b: (a + 2 * b) % 3  # noqa: E731
@@ -592,8 +596,9 @@ def worker_p2p(torch, dist, rank, world, ck):
     ck.raises("recv from any source", lambda: dist.recv(torch.zeros(1)),
               "recv from any source (src=None) is not supported")
     ck.raises("irecv from any source", lambda: dist.irecv(torch.zeros(1)), "colld_recv has no any-source form")
+    # torch 2.x refuses it itself (torch_colld's own refusal stays for a direct backend call)
     ck.raises("a send to this rank itself", lambda: dist.send(torch.zeros(1), rank),
-              "works only inside batch_isend_irecv")
+              "should not be the same as the rank of the current process", ValueError)
     ck.raises("a send to a rank out of range", lambda: dist.send(torch.zeros(1), world + 3), "")
     ck.raises("all_to_all_single with split sizes that do not add up",
               lambda: dist.all_to_all_single(torch.zeros(world), torch.zeros(world), [1] * world, [2] * world),

@@ -3,9 +3,10 @@
     import torch.distributed as dist
     import torch_colld  # registers the backend "colld"
     dist.init_process_group("colld", rank=rank, world_size=world_size)  # MASTER_ADDR/PORT, or init_method, or store
+    # or "cpu:colld" (e.g. "cpu:colld,cuda:nccl")
 
 Every process reaches the local colld daemon at $COLLD_SOCKET (else colld's default socket).
-CPU tensors only; see docs/torch.md for what is supported.
+torch 2.x, CPU tensors only; see docs/torch.md for what is supported.
 """
 import atexit as _atexit
 
@@ -27,19 +28,25 @@ def empty(*size, dtype=None, group=None):
     if len(size) == 1 and isinstance(size[0], (tuple, list, _torch.Size)):
         size = tuple(size[0])
     pg = group if group is not None else _dist.distributed_c10d._get_default_group()
+    try:
+        backend = pg._get_backend(_torch.device("cpu"))
+    except RuntimeError as e:
+        raise RuntimeError(f"torch_colld.empty: the group has no CPU backend ({e})") from None
     like = _torch.empty(0, dtype=dtype if dtype is not None else _torch.get_default_dtype())
-    return _empty(pg, [int(s) for s in size], like)
+    return _empty(backend, [int(s) for s in size], like)
 
 
 def _create(store, rank, world_size, timeout):
-    """The creator torch.distributed calls for each group of backend "colld" (its store is the
-    group's PrefixStore, so each subgroup's colld unique id has a key of its own)."""
+    """The creator torch.distributed calls for each group of backend "colld": it returns the CPU
+    c10d.Backend, which torch wraps in its ProcessGroup. Its store is prefixed with the group's
+    name (and "cpu/"), so each subgroup's colld unique id has a key of its own."""
     return ProcessGroupColld(store, rank, world_size, timeout)
 
 
-# Importing twice (or after another registration of the name) must not fail.
+# Importing twice (or after another registration of the name) must not fail. The plain creator
+# (store, rank, size, timeout), not extended_api: nothing here needs the group's name or global ranks.
 if BACKEND.upper() not in _dist.Backend._plugins:
-    _dist.Backend.register_backend(BACKEND, _create)
+    _dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
 
 # Process groups still alive at exit (no destroy_process_group) stop their worker threads before
 # Python finalizes: a worker that touches Python objects afterwards would abort the process.
