@@ -5,7 +5,9 @@
 #   config       deploy/systemd/colld.conf is exactly what `colld --print-config` prints for the
 #                settings below, and loads back to itself
 #   kubernetes   the Kustomize base and overlays, the client pod and the PodMonitor against the
-#                Kubernetes schemas (deploy/kubernetes/validate.py), colld's options included
+#                Kubernetes schemas (deploy/kubernetes/validate.py), colld's options included; the
+#                PodMonitor against cloudcoil-models-prometheus-operator 0.80.1.0's models
+#                (prometheus-operator v0.80.1)
 #   prometheus   the alert rules (promtool check + unit tests) and both scrape configurations
 #   daemon       a real colld: --version of the three programs, /healthz, /readyz, /metrics,
 #                schema_version in collctl's JSON, status --watch, drain on SIGTERM
@@ -25,10 +27,10 @@
 # CTest runs it as the test deploy_check (label deploy), so `make test` and CI run it. The tools
 # come from `make deps`: Debian's systemd, prometheus, help2man and groff-base, and the project's
 # Python environment .venv (requirements.txt: kubernetes-validate with its schemas, jsonschema,
-# PyYAML), whose python runs the two validators; COLLD_PYTHON names another python that has
-# those packages. A missing tool fails the check when CI=true and skips it otherwise. Prints one
-# line per check and a summary "N passed, N failed, N skipped"; exits 1 on a failure, 77 when
-# everything was skipped.
+# PyYAML, cloudcoil-models-prometheus-operator with its pydantic models), whose python runs the
+# two validators; COLLD_PYTHON names another python that has those packages. A missing tool
+# fails the check when CI=true and skips it otherwise. Prints one line per check and a summary
+# "N passed, N failed, N skipped"; exits 1 on a failure, 77 when everything was skipped.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -144,6 +146,11 @@ check_kubernetes() {
     fi
     if ! "$PYTHON" -c 'import kubernetes_validate, jsonschema, referencing, yaml' 2>/dev/null; then
         missing kubernetes "$PYTHON lacks the packages of requirements.txt (kubernetes-validate, jsonschema, PyYAML)"
+        return
+    fi
+    # The PodMonitor's schema comes from it (validate.py imports it when it meets the PodMonitor).
+    if ! "$PYTHON" -c 'import cloudcoil.models.prometheus_operator.v1' 2>/dev/null; then
+        missing kubernetes "$PYTHON lacks cloudcoil-models-prometheus-operator (requirements.txt pins 0.80.1.0), the PodMonitor's schema"
         return
     fi
     local k=$ROOT/deploy/kubernetes out

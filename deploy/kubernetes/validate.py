@@ -12,19 +12,24 @@ something this builder does not do. Every resulting object is then checked:
    Kubernetes KUBERNETES_VERSION below (requirements.txt pins the package). So a field the schema
    does not know is an error: the API server would drop it, and a typo such as hostIPc would
    silently do nothing;
- - the Prometheus Operator's PodMonitor against its CustomResourceDefinition's openAPIV3Schema
-   (schemas/podmonitor-monitoring.coreos.com-v1.yaml says which release), made strict the same
-   way: the API server prunes the fields a structural schema does not declare;
+ - the Prometheus Operator's PodMonitor against the JSON Schema of the pydantic model that the
+   PyPI package cloudcoil-models-prometheus-operator generated from the release's
+   CustomResourceDefinition (requirements.txt pins 0.80.1.0: prometheus-operator v0.80.1), made
+   strict the same way: the API server prunes the fields a structural schema does not declare,
+   while pydantic would ignore them (CUSTOM_RESOURCES below);
  - for colld's own rules: every $(VAR) in args and command is defined in env, probe ports name
    a declared port, every volumeMount names a volume, and every --option given to colld is an
    option of `colld --help` (FILE holds that output).
 YAML is read as the API server reads it (YAML 1.1), and a key given twice in one mapping is an
 error, as it is for `kubectl apply`. Exit status 0 when everything is valid, 1 after printing
-every problem found, 2 on a usage error or when the schemas are missing.
+every problem found, 2 on a usage error or when the schemas or a package they come from are
+missing.
 """
 
 import argparse
 import copy
+import importlib
+import importlib.metadata
 import json
 import os
 import re
@@ -50,10 +55,14 @@ KUBERNETES_VERSION = "1.33"
 KUSTOMIZATION_FIELDS = ("apiVersion", "kind", "namespace", "resources", "images", "patches")
 PATCH_FIELDS = ("target", "patch")
 TARGET_FIELDS = ("kind", "name")
-HERE = os.path.dirname(os.path.abspath(__file__))
-# Custom resources: (apiVersion, kind) -> the file of schemas/ with the CRD's openAPIV3Schema.
+# Custom resources: (apiVersion, kind) -> (the PyPI package, its module and the pydantic model
+# generated from the CRD, the project whose CRD it is). The package is imported only when such an
+# object is checked (it takes seconds); its version is the project's release and a fourth number
+# of its own: cloudcoil-models-prometheus-operator 0.80.1.0 is prometheus-operator v0.80.1.
 CUSTOM_RESOURCES = {
-    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-monitoring.coreos.com-v1.yaml",
+    ("monitoring.coreos.com/v1", "PodMonitor"): (
+        "cloudcoil-models-prometheus-operator", "cloudcoil.models.prometheus_operator.v1", "PodMonitor",
+        "prometheus-operator"),
 }
 # Kinds that live outside namespaces (the ones colld's manifests could use).
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "RuntimeClass",
@@ -321,32 +330,63 @@ def schema_dir(version):
                         f"v{shipped[-1]}-local-strict")
 
 
-def crd_schema(node):
-    """A CustomResourceDefinition's OpenAPI v3 schema as JSON Schema (draft 2020-12), structural
-    as the API server treats it: an object that declares properties has no others unless it says
-    x-kubernetes-preserve-unknown-fields, nullable adds null, x-kubernetes-int-or-string takes an
-    integer or a string. (x-kubernetes-validations, CEL rules, are not evaluated.)"""
+# Keywords of a JSON Schema whose value is a schema, a list of schemas, a mapping of names to schemas.
+SUBSCHEMA = ("items", "additionalProperties", "not", "contains", "propertyNames")
+SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs")
+NULL = {"type": "null"}
+
+
+def model_schema(node):
+    """A pydantic model's JSON Schema (model_json_schema) made as strict as the API server is with
+    the CRD the model was generated from: an object that declares properties has no others
+    (pydantic ignores them, the API server prunes them: either way a typo would do nothing), and an
+    Optional field (anyOf [X, null]) is X: Optional stands for a field the CRD does not require,
+    not for a null value, which the API server prunes from a field that is not nullable. Titles,
+    descriptions and defaults are left out."""
     if not isinstance(node, dict):
         return node
     out = {}
     for key, value in node.items():
-        if key in ("properties", "patternProperties") and isinstance(value, dict):
-            out[key] = {name: crd_schema(s) for name, s in value.items()}
-        elif key in ("items", "additionalProperties", "not") and isinstance(value, dict):
-            out[key] = crd_schema(value)
-        elif key in ("allOf", "anyOf", "oneOf") and isinstance(value, list):
-            out[key] = [crd_schema(s) for s in value]
-        elif key != "nullable":
+        if key in SUBSCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: model_schema(s) for name, s in value.items()}
+        elif key in SUBSCHEMA_LISTS and isinstance(value, list):
+            out[key] = [model_schema(s) for s in value]
+        elif key in SUBSCHEMA and isinstance(value, dict):
+            out[key] = model_schema(value)
+        elif key not in ("title", "description", "default"):
             out[key] = value
-    if node.get("nullable") and "type" in out:
-        out["type"] = [out["type"], "null"]
-    if node.get("x-kubernetes-int-or-string"):
-        out.pop("type", None)
-        out.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
-    if (out.get("type") == "object" and "properties" in out and "additionalProperties" not in out
-            and not node.get("x-kubernetes-preserve-unknown-fields")):
+    if isinstance(out.get("anyOf"), list) and NULL in out["anyOf"]:
+        rest = [s for s in out.pop("anyOf") if s != NULL]
+        if len(rest) == 1:
+            out.update(rest[0])
+        elif rest:
+            out["anyOf"] = rest
+    if out.get("type") == "object" and "properties" in out and "additionalProperties" not in out:
         out["additionalProperties"] = False
     return out
+
+
+def custom_resource_schema(api_version, kind):
+    """The strict JSON Schema of a custom resource of CUSTOM_RESOURCES, and what it came from."""
+    package, module, model, project = CUSTOM_RESOURCES[(api_version, kind)]
+    try:
+        cls = getattr(importlib.import_module(module), model)
+        version = importlib.metadata.version(package)
+    except (ImportError, AttributeError, importlib.metadata.PackageNotFoundError) as e:
+        print(f"validate.py: the schema of {kind} comes from the PyPI package {package} ({module}.{model}), "
+              f"which this python ({sys.executable}) lacks: {e} (requirements.txt pins it in the project's "
+              f"virtual environment: make deps)", file=sys.stderr)
+        sys.exit(2)
+    schema = model_schema(cls.model_json_schema(by_alias=True))
+    schema["properties"]["apiVersion"] = {"type": "string", "enum": [api_version]}
+    schema["properties"]["kind"] = {"type": "string", "enum": [kind]}
+    # The API server checks metadata as ObjectMeta, whatever the CRD says of it.
+    schema["properties"]["metadata"] = {"$ref": OBJECT_META}
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = f"https://colld.invalid/crd/{kind.lower()}"
+    release = ".".join(version.split(".")[:3])
+    return schema, f"{kind} of {project} v{release} from {package} {version}"
 
 
 class Schemas:
@@ -362,18 +402,8 @@ class Schemas:
 
     def _load(self, api_version, kind):
         if (api_version, kind) in CUSTOM_RESOURCES:
-            path = os.path.join(HERE, "schemas", CUSTOM_RESOURCES[(api_version, kind)])
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-            m = re.search(r"^# prometheus-operator (v\S+)", text, re.M)
-            self.crd_releases.append(f"{kind} of prometheus-operator {m.group(1) if m else '?'}")
-            schema = crd_schema(load_yaml(text))
-            schema["properties"]["apiVersion"] = {"type": "string", "enum": [api_version]}
-            schema["properties"]["kind"] = {"type": "string", "enum": [kind]}
-            # The CRD says only "type: object": the API server checks metadata as ObjectMeta.
-            schema["properties"]["metadata"] = {"$ref": OBJECT_META}
-            schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-            schema["$id"] = f"https://colld.invalid/crd/{kind.lower()}"
+            schema, source = custom_resource_schema(api_version, kind)
+            self.crd_releases.append(source)
         else:
             # kubernetes-validate's file names: apps/v1 DaemonSet -> daemonset-apps-v1.json,
             # rbac.authorization.k8s.io/v1 Role -> role-rbac-v1.json, v1 Pod -> pod-v1.json.
@@ -409,7 +439,7 @@ def validate_schema(o, schemas):
     validator = schemas.validator(obj["apiVersion"], obj["kind"])
     if validator is None:
         problem(o.where(), f"no schema for {obj['apiVersion']} {obj['kind']} in kubernetes-validate "
-                f"{KV_VERSION} (Kubernetes {KUBERNETES_VERSION}) or deploy/kubernetes/schemas")
+                f"{KV_VERSION} (Kubernetes {KUBERNETES_VERSION}) or among validate.py's CUSTOM_RESOURCES")
         return
     found = []
     for e in validator.iter_errors(obj):
