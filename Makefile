@@ -12,35 +12,44 @@ CMAKE_ARGS ?=
 # Type=notify unit (optional to the build). systemd, prometheus, help2man and groff-base are
 # deploy/check.sh's validators (the test deploy_check): systemd-analyze and systemd-sysusers,
 # promtool (on a host that runs systemd the prometheus package also enables a Prometheus server),
-# the man pages. python3-torch, libtorch-dev, pybind11-dev and g++: the torch.distributed backend
-# torch_colld (bindings/torch, docs/torch.md) and its test (optional to the build: skipped without).
-# iproute2: ip netns and tc for test_slowlink (hosts in network namespaces, one link shaped).
+# the man pages. python3-venv: the project's Python environment below. python3-torch, libtorch-dev,
+# pybind11-dev and g++: the torch.distributed backend torch_colld (bindings/torch, docs/torch.md)
+# and its test (optional to the build: skipped without). iproute2: ip netns and tc for
+# test_slowlink (hosts in network namespaces, one link shaped).
 DEB_PACKAGES = gcc make cmake ninja-build pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
                libuv1-dev libssl-dev libcmocka-dev clang libclang-rt-14-dev libsystemd-dev \
-               systemd prometheus help2man groff-base python3-torch libtorch-dev pybind11-dev g++ iproute2
-# node and npm for the Kubernetes schemas (deploy/kubernetes/validate.js): Debian's nodejs and npm,
-# installed only when no npm is on the PATH (a node from elsewhere may carry its own npm, which
-# Debian's npm package would conflict with). The npm packages themselves go into $(NPM_CACHE).
-NODE_PACKAGES = nodejs npm
-NPM_CACHE ?= .cache/deploy-npm
+               systemd prometheus help2man groff-base python3-venv python3-torch libtorch-dev pybind11-dev g++ iproute2
+
+# The project's Python environment: Debian's python3 with exactly the packages of requirements.txt
+# (pinned with their hashes; torch 2.x, the Kubernetes schemas' validator, pytest). Remade when
+# requirements.txt changes. /usr/bin/python3 stays for what needs only Debian's packages.
+VENV ?= .venv
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build demo test test-asan test-tsan test-fuzz fuzz clean image gpu-check
+.PHONY: all deps deb-deps build demo test test-full test-asan test-tsan test-fuzz fuzz clean image gpu-check
 
 all: build
 
+deps: deb-deps $(VENV)/.requirements
+
 # Installs only the missing packages; does nothing when all are present.
-deps:
+deb-deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
-	command -v npm >/dev/null 2>&1 || missing="$$missing $(NODE_PACKAGES)"; \
 	if [ -n "$$missing" ]; then \
 	  echo "deps: installing$$missing"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	else echo "deps: all packages present"; fi
-	deploy/npm-deps.sh $(NPM_CACHE)
+
+# --no-deps: nothing but what requirements.txt lists (it leaves out triton, see there).
+$(VENV)/.requirements: requirements.txt | deb-deps
+	@echo "deps: installing requirements.txt into $(VENV) (about 4 GB the first time, README)"
+	rm -rf $(VENV)
+	/usr/bin/python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r requirements.txt
+	cp requirements.txt $@
 
 $(BUILD)/build.ninja:
 	cmake -S . -B $(BUILD) -G Ninja -DCOLLD_WERROR=ON $(CMAKE_ARGS)
@@ -51,8 +60,15 @@ build: deps $(BUILD)/build.ninja
 demo: build
 	tools/demo.sh $(BUILD)
 
+# `make test` sizes the big matrices for CI (every kind of case, the >= 4 MiB counts and the
+# upstream suites on a subset: at most about 12 minutes on 2 cores after the build);
+# `make test-full` runs them at their full sizes (COLLD_TEST_FULL=1; about 40 minutes), which CI
+# does not.
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure --timeout 900
+
+test-full: build
+	COLLD_TEST_FULL=1 ctest --test-dir $(BUILD) --output-on-failure --timeout 1800
 
 # The tests again with AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan: deps
