@@ -21,11 +21,12 @@
  *   matrix   (default) collective (gather, scatter and all-to-all included) x dtype x op (reducing
  *            kinds only) x count {0, 1, 1001, big} x {out-of-place, in-place}, as colld-test-coll does
  *            on host memory: big is >= 4 MiB per buffer (an odd count) and, unless --big-all, only
- *            the subset coll_big_selected() names.
+ *            the subset coll_big_selected() names (--big-min: float32 only, every kind once).
  *            Each call: the host images of the slots (sentinels and this rank's input) are copied
  *            to the device on the stream, the collective is posted on the stream, the slots are
  *            copied back on the stream, and only then does the host wait (--host-sync: also wait
- *            before posting). Select with --kinds, --dtypes, --ops, --no-big, --big-all, --salt,
+ *            before posting). Select with --kinds, --dtypes, --ops, --no-big, --big-all, --big-min,
+ *            --salt,
  *            --rotate, --iters.
  *   realloc  --iters rounds of: allocate the buffers, run exact all-reduces, free them. The
  *            allocator tends to hand the same addresses back, so a library that caches a
@@ -91,7 +92,7 @@ typedef struct {
     int nranks, rank, timeout_ms, iters, rotate, max_report, victim, gpus;
     double spin_ms;
     unsigned salt, kinds, dtypes, ops; /* bit masks */
-    bool big, big_all, host_sync, blocking_stream, victim_posts, cudafake;
+    bool big, big_all, big_min, host_sync, blocking_stream, victim_posts, cudafake;
 } args_t;
 
 /* The driver, and the rank's kernels in its context. */
@@ -411,6 +412,7 @@ static int mode_matrix(run_t *R, int iter)
                         .outofplace = true,
                         .big = a->big,
                         .big_all = a->big_all,
+                        .big_min = a->big_min,
                         .salt = a->salt,
                         .n = R->n };
     if (coll_run_matrix(&m, iter, &R->cases, matrix_call, R) != 0)
@@ -942,6 +944,8 @@ static int parse_args(int argc, char **argv, args_t *a)
             a->big = false;
         else if (strcmp(argv[i], "--big-all") == 0)
             a->big_all = true;
+        else if (strcmp(argv[i], "--big-min") == 0)
+            a->big_min = true;
         else if (strcmp(argv[i], "--host-sync") == 0)
             a->host_sync = true;
         else if (strcmp(argv[i], "--blocking-stream") == 0)

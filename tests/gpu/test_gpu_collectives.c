@@ -10,7 +10,8 @@
  *  --gpus N    rank r on GPU r % N (default 1: every rank on GPU 0); N GPUs must be visible.
  *  --cudafake  the libcuda.so.1 found must be the CUDA driver test double (checked before any CUDA
  *              call, here, in every rank, and the daemon must map no other libcuda), and the runs
- *              are sized for CI: the >= 4 MiB counts only on 2 ranks (and not at all with
+ *              are sized for CI: the >= 4 MiB counts not on 8 ranks, in `make test` only a subset
+ *              (big_arg; all of them with COLLD_TEST_FULL=1, `make test-full`, none with
  *              COLLD_TEST_NO_BIG=1, as `make test-tsan` sets), the stream test's spin 1 s (the host
  *              call limit is a quarter of the spin, gpu_rank.c).
  *
@@ -67,7 +68,8 @@
 /* The run's settings (main): every rank gets common_args; see the file comment. */
 static struct {
     char gpus[16];
-    bool cudafake, no_big;
+    bool cudafake;
+    harness_size_t size; /* the big counts' share (big_arg) */
     const char *common_args[8];
 } cfg;
 static char double_path[4096]; /* with --cudafake: the test double's file */
@@ -142,17 +144,31 @@ static void run_gpu(harness_t *h, int nranks, const char *const *extra)
  * The matrix
  * ------------------------------------------------------------------------------------------- */
 
-/* Every combination at the big count on 2 ranks (none with COLLD_TEST_NO_BIG on the double). */
+/* The big count's option for a run: `full` on hardware and in `make test-full` on the double,
+ * `ci` in `make test` on the double, none with COLLD_TEST_NO_BIG there (harness_test_size). */
+static const char *big_arg(const char *full, const char *ci)
+{
+    switch (cfg.size) {
+    case HARNESS_SIZE_NO_BIG:
+        return "--no-big";
+    case HARNESS_SIZE_CI:
+        return ci;
+    default:
+        return full;
+    }
+}
+
+/* Every combination at the big count on 2 ranks (on the double in `make test`: the subset). */
 static void test_matrix_2_ranks(void **state)
 {
-    const char *extra[] = { cfg.no_big ? "--no-big" : "--big-all", NULL };
+    const char *extra[] = { big_arg("--big-all", NULL), NULL };
     run_gpu(*state, 2, extra);
 }
 
-/* The big count's subset (gpu_rank.c), unless COLLD_TEST_NO_BIG on the double. */
+/* The big count's subset (gpu_rank.c; on the double in `make test`: float32 once per kind). */
 static void test_matrix_4_ranks(void **state)
 {
-    const char *extra[] = { cfg.no_big ? "--no-big" : NULL, NULL };
+    const char *extra[] = { big_arg(NULL, "--big-min"), NULL };
     run_gpu(*state, 4, extra);
 }
 
@@ -168,7 +184,7 @@ static void test_matrix_8_ranks(void **state)
 /* Buffers from colld_mem_alloc(COLLD_MEM_CUDA). */
 static void test_matrix_colld_mem_alloc(void **state)
 {
-    const char *extra[] = { "--alloc", "colld", cfg.no_big ? "--no-big" : NULL, NULL };
+    const char *extra[] = { "--alloc", "colld", big_arg(NULL, "--big-min"), NULL };
     run_gpu(*state, 2, extra);
 }
 
@@ -467,7 +483,7 @@ int main(int argc, char **argv)
         return cfg.cudafake ? 1 : 77;
     }
     /* The ranks: the same GPUs, the same driver check; the big counts off where asked (TSan). */
-    cfg.no_big = cfg.cudafake && getenv("COLLD_TEST_NO_BIG");
+    cfg.size = cfg.cudafake ? harness_test_size() : HARNESS_SIZE_FULL;
     snprintf(cfg.gpus, sizeof(cfg.gpus), "%d", gpus);
     cfg.common_args[nc++] = "--gpus";
     cfg.common_args[nc++] = cfg.gpus;

@@ -358,9 +358,13 @@ size_t coll_big_count(colld_dtype_t dt)
     return BIG_BYTES / colld_dtype_size(dt) + 3;
 }
 
-bool coll_big_selected(bool big_all, int kind, colld_dtype_t dt, colld_redop_t op)
+bool coll_big_selected(bool big_all, bool big_min, int kind, colld_dtype_t dt, colld_redop_t op)
 {
-    return big_all || !coll_reduces(kind) || op == COLLD_SUM || dt == COLLD_FLOAT32;
+    if (big_all)
+        return true;
+    if (big_min)
+        return dt == COLLD_FLOAT32 && (!coll_reduces(kind) || op == COLLD_SUM);
+    return !coll_reduces(kind) || op == COLLD_SUM || dt == COLLD_FLOAT32;
 }
 
 int coll_run_matrix(const coll_matrix_t *m, int iter, long *cases, int (*run)(void *ctx, call_t *k), void *ctx)
@@ -380,7 +384,7 @@ int coll_run_matrix(const coll_matrix_t *m, int iter, long *cases, int (*run)(vo
                 for (int op = 0; op < (coll_reduces(kind) ? COLL_OPS : 1); op++) {
                     if (coll_reduces(kind) && !(m->ops & (1u << op)))
                         continue;
-                    if (big && !coll_big_selected(m->big_all, kind, (colld_dtype_t)d, (colld_redop_t)op))
+                    if (big && !coll_big_selected(m->big_all, m->big_min, kind, (colld_dtype_t)d, (colld_redop_t)op))
                         continue;
                     long id = (*cases)++;
                     for (int mode = 0; mode < 2; mode++) {

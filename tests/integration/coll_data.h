@@ -129,8 +129,10 @@ size_t coll_big_count(colld_dtype_t dt);
 /* Which combinations run at the big count unless big_all: broadcast and all-gather for every
  * dtype; the reducing collectives for every dtype with sum and for float32 with every op. (The
  * small counts run every combination; the big ones are there for the chunked, multi-threaded
- * paths, which do not depend on the op.) */
-bool coll_big_selected(bool big_all, int kind, colld_dtype_t dt, colld_redop_t op);
+ * paths, which do not depend on the op.) With big_min, only float32 (with sum where the
+ * collective reduces): every kind once at the big count, what `make test` runs on 3 or more ranks
+ * (the full subset is `make test-full`'s, COLLD_TEST_FULL=1). */
+bool coll_big_selected(bool big_all, bool big_min, int kind, colld_dtype_t dt, colld_redop_t op);
 
 /* What one pass over the matrix covers: collective x dtype x op (reducing kinds only; the
  * premultiplied sum included) x count {0, 1, 1001, big} x {out-of-place, in-place}. */
@@ -138,7 +140,7 @@ typedef struct {
     unsigned kinds, dtypes, ops; /* bit masks */
     int rotate;                  /* start at the rotate-th kind */
     bool inplace, outofplace;    /* which modes run */
-    bool big, big_all;           /* the big count at all; every combination at it */
+    bool big, big_all, big_min;  /* the big count at all; every combination at it; one per kind */
     unsigned salt;
     int n;      /* ranks */
     bool small; /* exact values (the calls' `small`) */

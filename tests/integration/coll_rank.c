@@ -12,8 +12,9 @@
  *   matrix   (default) collective x dtype x op (reducing kinds only; premul_sum: each rank makes
  *            an operator with its own scalar, coll_data.h) x count {0, 1, 1001, big}
  *            x {out-of-place, in-place}. "big" is BIG_BYTES per buffer (count = BIG_BYTES/size + 3)
- *            and, unless --big-all, runs only the subset coll_big_selected() names (coll_data.h).
- *            Select with --kinds, --dtypes, --ops (comma lists or "all"), --no-big, --only
+ *            and, unless --big-all, runs only the subset coll_big_selected() names (coll_data.h;
+ *            --big-min: float32 only, every kind once). Select with --kinds, --dtypes, --ops
+ *            (comma lists or "all"), --no-big, --only
  *            inplace|outofplace, --rotate K (start at the K-th kind), --salt S, --iters N.
  *            --malloc (any mode but badargs): ordinary memory, which libcolld stages, instead of
  *            colld_mem_alloc. --exact-values: inputs whose reductions are exact in any order
@@ -90,7 +91,7 @@ typedef struct {
     size_t chain_count;
     unsigned salt;
     unsigned kinds, dtypes, ops; /* bit masks */
-    bool inplace, outofplace, big, big_all;
+    bool inplace, outofplace, big, big_all, big_min;
     bool use_malloc;     /* ordinary memory (staged by libcolld) instead of colld_mem_alloc */
     bool comm_nan_check; /* --comm-nan-check: the communicator's config asks for --nan-check */
 } args_t;
@@ -232,6 +233,7 @@ static int mode_matrix(run_t *R, int iter)
                         .outofplace = a->outofplace,
                         .big = a->big,
                         .big_all = a->big_all,
+                        .big_min = a->big_min,
                         .salt = a->salt,
                         .n = R->n,
                         .small = pattern == colld_cpu_pattern_small };
@@ -1035,6 +1037,8 @@ static int parse_args(int argc, char **argv, args_t *a)
             a->big = false;
         else if (strcmp(argv[i], "--big-all") == 0)
             a->big_all = true;
+        else if (strcmp(argv[i], "--big-min") == 0)
+            a->big_min = true;
         else if (strcmp(argv[i], "--malloc") == 0)
             a->use_malloc = true;
         else if (strcmp(argv[i], "--comm-nan-check") == 0)

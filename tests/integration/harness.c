@@ -31,6 +31,14 @@ double harness_now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+harness_size_t harness_test_size(void)
+{
+    const char *no_big = getenv("COLLD_TEST_NO_BIG"), *full = getenv("COLLD_TEST_FULL");
+    if (no_big && strcmp(no_big, "1") == 0)
+        return HARNESS_SIZE_NO_BIG;
+    return full && strcmp(full, "1") == 0 ? HARNESS_SIZE_FULL : HARNESS_SIZE_CI;
+}
+
 static void sleep_ms(int ms)
 {
     struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };

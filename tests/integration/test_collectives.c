@@ -3,11 +3,13 @@
  * reducescatter) through a real colld daemon with real client processes (colld-test-coll, see
  * coll_rank.c), every result compared bitwise with the scalar oracle:
  *  - the whole matrix (kind x dtype x op x count {0, 1, 1001, >= 4 MiB} x in/out of place) for
- *    1, 2, 3, 4 and 8 ranks. To keep the run within about 3 minutes on 2 cores (12 under ASan)
- *    the >= 4 MiB count covers every combination on 1 and 2 ranks, and on 3, 4 and 8 ranks the
- *    subset coll_rank.c's big_selected() names (broadcast and all-gather: every dtype; the
- *    reductions: every dtype with sum, float32 with every op); the counts 0, 1 and 1001 always
- *    cover every combination. Also at small counts with ordinary (staged) memory;
+ *    1, 2, 3, 4 and 8 ranks. The counts 0, 1 and 1001 always cover every combination; the
+ *    >= 4 MiB count covers, in `make test-full`, every combination on 1 and 2 ranks and on 3, 4
+ *    and 8 ranks the subset coll_data.c's coll_big_selected() names (broadcast and all-gather:
+ *    every dtype; the reductions: every dtype with sum, float32 with every op); `make test`
+ *    runs that subset on 1 and 2 ranks and float32 once per kind on 3, 4 and 8 (matrix_args
+ *    below), to stay within about a minute on 2 cores. Also at small counts with ordinary
+ *    (staged) memory;
  *  - four communicators of 8 ranks each (32 processes) running mixed collectives at once;
  *  - 10,000 small all-reduces in a row, with the daemon's resident memory measured;
  *  - a group of 64 mixed collectives, and a group with one invalid call (nothing posted);
@@ -73,36 +75,48 @@ static void run_coll(harness_t *h, int nranks, const char *const *extra)
  * ------------------------------------------------------------------------------------------- */
 
 /* The matrix for one rank count: every rank process runs it and exits 0 only when all matched.
- * COLLD_TEST_NO_BIG=1 (set by `make test-tsan`, where ThreadSanitizer makes the >= 4 MiB counts
- * take many minutes and adds no concurrency to check) keeps only the small counts. */
+ * The small counts always cover every combination. The >= 4 MiB count (harness_test_size):
+ *  - full (`make test-full`): every combination on 1 and 2 ranks, coll_big_selected()'s subset on
+ *    3, 4 and 8;
+ *  - CI (`make test`, ASan): that subset on 1 and 2 ranks, float32 once per kind on 3, 4 and 8;
+ *  - none with COLLD_TEST_NO_BIG=1 (`make test-tsan`, where ThreadSanitizer makes the >= 4 MiB
+ *    counts take many minutes and adds no concurrency to check). */
 static const char *const big_all[] = { "--big-all", NULL };
+static const char *const big_min[] = { "--big-min", NULL };
 static const char *const no_big[] = { "--no-big", NULL };
 
-static const char *const *matrix_args(const char *const *normal)
+/* full: the arguments of the full run; ci: those of `make test`. */
+static const char *const *matrix_args(const char *const *full, const char *const *ci)
 {
-    const char *v = getenv("COLLD_TEST_NO_BIG");
-    return v && strcmp(v, "1") == 0 ? no_big : normal;
+    switch (harness_test_size()) {
+    case HARNESS_SIZE_NO_BIG:
+        return no_big;
+    case HARNESS_SIZE_CI:
+        return ci;
+    default:
+        return full;
+    }
 }
 
 static void test_matrix_1_rank(void **state)
 {
-    run_coll(*state, 1, matrix_args(big_all));
+    run_coll(*state, 1, matrix_args(big_all, NULL));
 }
 static void test_matrix_2_ranks(void **state)
 {
-    run_coll(*state, 2, matrix_args(big_all));
+    run_coll(*state, 2, matrix_args(big_all, NULL));
 }
 static void test_matrix_3_ranks(void **state)
 {
-    run_coll(*state, 3, matrix_args(NULL));
+    run_coll(*state, 3, matrix_args(NULL, big_min));
 }
 static void test_matrix_4_ranks(void **state)
 {
-    run_coll(*state, 4, matrix_args(NULL));
+    run_coll(*state, 4, matrix_args(NULL, big_min));
 }
 static void test_matrix_8_ranks(void **state)
 {
-    run_coll(*state, 8, matrix_args(NULL));
+    run_coll(*state, 8, matrix_args(NULL, big_min));
 }
 
 /* Ordinary memory (malloc, not colld_mem_alloc) for every kind, dtype and op at the small
