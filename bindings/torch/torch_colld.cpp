@@ -186,8 +186,12 @@ colld_dtype_t reduce_dtype(const char *op, const at::Tensor &t)
         return COLLD_UINT8;
     case at::kInt:
         return COLLD_INT32;
+    case at::kUInt32:
+        return COLLD_UINT32;
     case at::kLong:
         return COLLD_INT64;
+    case at::kUInt64:
+        return COLLD_UINT64;
     case at::kHalf:
         return COLLD_FLOAT16;
     case at::kBFloat16:
@@ -199,8 +203,9 @@ colld_dtype_t reduce_dtype(const char *op, const at::Tensor &t)
     default:
         break;
     }
-    TORCH_CHECK(false, "torch_colld: ", op, ": dtype ", t.scalar_type(),
-                " is not supported by colld (int8, uint8, int32, int64, float16, bfloat16, float32, float64 are)");
+    TORCH_CHECK(
+        false, "torch_colld: ", op, ": dtype ", t.scalar_type(),
+        " is not supported by colld (int8, uint8, int32, uint32, int64, uint64, float16, bfloat16, float32, float64 are)");
 }
 
 /* A collective's reduction as colld takes it: a built-in op, or a premultiplied sum with this
@@ -741,8 +746,8 @@ class ProcessGroupColld : public c10d::Backend
         o.issue = [srcs, dsts, dts, ops](colld_comm_t *c) {
             return grouped(srcs.size(), [&](size_t i) {
                 return with_op(c, ops[i], dts[i], [&](colld_redop_t cop) {
-                    return colld_reducescatter(srcs[i].data_ptr(), dsts[i].data_ptr(), dsts[i].numel(), dts[i], cop,
-                                               c, nullptr);
+                    return colld_reducescatter(srcs[i].data_ptr(), dsts[i].data_ptr(), dsts[i].numel(), dts[i], cop, c,
+                                               nullptr);
                 });
             });
         };
@@ -1357,14 +1362,14 @@ class ProcessGroupColld : public c10d::Backend
     colld_comm_t *comm_ = nullptr;
     std::mutex mu_;
     std::condition_variable cv_;
-    std::deque<Op> queue_;            /* guarded by mu_ */
-    std::atomic<size_t> queued_{ 0 }; /* queue_.size(), for the worker's look before it blocks */
-    bool stop_ = false;               /* guarded by mu_ */
-    bool busy_ = false;               /* guarded by mu_: the worker is running an operation */
-    int coalescing_ = 0;              /* guarded by mu_: startCoalescing's not yet ended (nesting) */
-    std::vector<Op> batch_;           /* guarded by mu_: what was posted while coalescing */
+    std::deque<Op> queue_;                     /* guarded by mu_ */
+    std::atomic<size_t> queued_{ 0 };          /* queue_.size(), for the worker's look before it blocks */
+    bool stop_ = false;                        /* guarded by mu_ */
+    bool busy_ = false;                        /* guarded by mu_: the worker is running an operation */
+    int coalescing_ = 0;                       /* guarded by mu_: startCoalescing's not yet ended (nesting) */
+    std::vector<Op> batch_;                    /* guarded by mu_: what was posted while coalescing */
     c10::intrusive_ptr<WorkColld> batch_work_; /* guarded by mu_: the Work endCoalescing returns */
-    std::mutex join_mu_;              /* one joiner at a time */
+    std::mutex join_mu_;                       /* one joiner at a time */
     std::thread worker_;
 };
 

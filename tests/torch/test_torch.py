@@ -1,5 +1,5 @@
-#!/usr/bin/python3
-"""test_torch: torch_colld (bindings/torch) through torch.distributed against a real colld daemon.
+#!/usr/bin/env python3
+"""test_torch: torch_colld (bindings/torch) through torch.distributed (torch 2.x) against a real colld daemon.
 
 The driver starts `colld` on a private socket (as tests/integration/harness.c does), then runs each
 scenario as N real processes of this file (`--worker`), joined with a FileStore in the test's
@@ -25,8 +25,18 @@ private directory, and checks their exit codes:
         sizes that differ: RuntimeErrors carrying colld's COLLD_ERR_MISMATCH detail.
   p2pkill (3 ranks): rank 1 is killed with SIGKILL while ranks 0 and 2 wait to receive from it:
         both fail with COLLD_ERR_PEER_LOST naming rank 1.
+  api   (2 and 3 ranks): what torch 2.x adds, on a group made with "cpu:colld": the coalescing
+        manager (allgather_into_tensor_coalesced, reduce_scatter_tensor_coalesced, start/end
+        coalescing), a batch's one Work and its future, Work.wait(timeout), destroy_process_group
+        and _abort_process_group of subgroups.
 
-Usage: test_torch.py --colld BUILD/server/colld --pythonpath BUILD/bindings/torch/python [SCENARIO...]
+By default (make test) the scenarios that need no fault of their own run as one 4-rank group
+("ops+premul+ddp+zerocopy+p2p+api": one start of torch per rank, which costs more than the
+scenarios), then kill/3, exit/2, p2pfail/2 and p2pkill/3: about 45 s on 2 cores. With
+COLLD_TEST_FULL=1 (make test-full) every scenario runs on its own at every world size above.
+
+Usage: .venv/bin/python test_torch.py --colld BUILD/server/colld --pythonpath BUILD/bindings/torch/python
+           [SCENARIO[+SCENARIO...][/WORLD] ...]
        test_torch.py --colld ... --pythonpath ... --upstream tests/torch/upstream_pass.txt
          (PyTorch's own distributed_test.py, through upstream_suite.py: the listed tests must pass)
 Exit 0 when every scenario passed, 1 otherwise, 77 (skip) when torch cannot be imported.
@@ -46,7 +56,7 @@ import time
 # ------------------------------------------------------------------------------------------------
 
 # Every dtype colld reduces, and values that keep each result exact in each of them.
-REDUCE_DTYPES = ["int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
+REDUCE_DTYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32", "float64"]
 OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]
 COUNTS = [1, 1001, 70001]
 
@@ -261,7 +271,7 @@ def worker_ops(torch, dist, rank, world, ck):
     t = torch.ones(17, dtype=torch.int32)
     dist.all_reduce(t)
     ck.equal("all_reduce in the world after subgroups", t, torch.full((17,), world, dtype=torch.int32))
-    ck.true("get_backend of a subgroup", dist.get_backend(mine) == "colld")
+    ck.true("get_backend of a subgroup", dist.get_backend(mine) == dist.get_backend())
 
     # What is not supported says so.
     ck.raises("all_reduce of bool", lambda: dist.all_reduce(torch.zeros(3, dtype=torch.bool)),
@@ -273,6 +283,8 @@ def worker_ops(torch, dist, rank, world, ck):
              torch.complex(torch.full((3,), float(sum(range(world)))), torch.full((3,), float(world))))
     ck.raises("all_reduce of int16", lambda: dist.all_reduce(torch.zeros(3, dtype=torch.int16)),
               "dtype Short is not supported by colld")
+    ck.raises("all_reduce of uint16", lambda: dist.all_reduce(torch.zeros(3, dtype=torch.uint16)),
+              "dtype UInt16 is not supported by colld")
     ck.raises("all_reduce with BAND", lambda: dist.all_reduce(torch.zeros(3, dtype=torch.int32), op=R.BAND),
               "is not supported by colld (SUM, PRODUCT, MIN, MAX, AVG and PREMUL_SUM are")
     ck.raises("broadcast from a root out of range", lambda: dist.broadcast(torch.zeros(3), src=world + 5),
@@ -304,7 +316,7 @@ def worker_premul(torch, dist, rank, world, ck):
             ck.equal(f"all_reduce PREMUL_SUM {dtype} x{count}", t,
                      expected_premul(torch, world, count, dtype, factors, salt=40))
             t = rank_input(torch, rank, count, dtype, salt=41)
-            dist.reduce(t, dst=0, op=dist._make_nccl_premul_sum(torch.tensor([factors[rank]], dtype=dt)))
+            dist.reduce(t, dst=0, op=dist._make_nccl_premul_sum(torch.tensor([factors[rank]]).to(dt)))
             want = (expected_premul(torch, world, count, dtype, factors, salt=41) if rank == 0
                     else rank_input(torch, rank, count, dtype, salt=41))
             ck.equal(f"reduce PREMUL_SUM (tensor factor) {dtype} x{count}", t, want)
@@ -686,6 +698,107 @@ def worker_p2pkill(torch, dist, rank, world, ck):
         print(f"rank {rank}: the error: {e}", flush=True)
 
 
+def worker_api(torch, dist, rank, world, ck):
+    """What torch 2.x adds, on a group made with "cpu:colld": the backend object, the coalescing
+    manager (its fast path: all_gather_into_tensor, reduce_scatter_tensor and all_reduce coalesced;
+    with a device: one batch between startCoalescing and endCoalescing), a batch's one Work and its
+    future, Work.wait(timeout), destroy_process_group and _abort_process_group of a subgroup (an
+    operation in flight fails at once), after which the world group still works."""
+    import torch_colld
+    pg = dist.distributed_c10d._get_default_group()
+    ck.true("the CPU backend is torch_colld's", isinstance(pg._get_backend(torch.device("cpu")),
+                                                         torch_colld.ProcessGroupColld))
+    ck.true(f"get_backend ({dist.get_backend()!r})", dist.get_backend() in ("colld", "cpu:colld"))
+    sizes = [3, 1001, 70001]
+    # the fast path: one allgather_into_tensor_coalesced
+    ins = [rank_input(torch, rank, n, "float32", salt=k) for k, n in enumerate(sizes)]
+    outs = [torch.zeros(world * n) for n in sizes]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for o, i in zip(outs, ins):
+            dist.all_gather_into_tensor(o, i)
+    cm.wait()
+    for k, n in enumerate(sizes):
+        ck.equal(f"coalesced all_gather_into_tensor x{n}", outs[k],
+                 torch.cat([rank_input(torch, r, n, "float32", salt=k) for r in range(world)]))
+    # one reduce_scatter_tensor_coalesced, of every reduce dtype in turn
+    for dtype in REDUCE_DTYPES:
+        for op in ["SUM", "AVG"]:
+            ins = [torch.cat([rank_input(torch, rank, n, dtype, salt=30 + k + p) for p in range(world)])
+                   for k, n in enumerate(sizes)]
+            outs = [torch.zeros(n, dtype=getattr(torch, dtype)) for n in sizes]
+            with dist._coalescing_manager():
+                for o, i in zip(outs, ins):
+                    dist.reduce_scatter_tensor(o, i, op=getattr(dist.ReduceOp, op))
+            for k, n in enumerate(sizes):
+                ck.equal(f"coalesced reduce_scatter_tensor {op} {dtype} x{n}", outs[k],
+                         expected_reduce(torch, op, world, n, dtype, salt=30 + k + rank))
+    outs = [torch.zeros(n, dtype=torch.bfloat16) for n in sizes]
+    with dist._coalescing_manager():
+        for o, n in zip(outs, sizes):
+            dist.reduce_scatter_tensor(o, torch.cat([rank_input(torch, rank, n, "bfloat16", salt=p)
+                                                     for p in range(world)]),
+                                       op=dist._make_nccl_premul_sum(float(rank + 1)))
+    for o, n in zip(outs, sizes):
+        ck.equal(f"coalesced reduce_scatter_tensor PREMUL_SUM bfloat16 x{n}", o,
+                 expected_premul(torch, world, n, "bfloat16", [float(r + 1) for r in range(world)], salt=rank))
+    # with a device: torch brackets the fast path with startCoalescing / endCoalescing, one Work
+    ts = [rank_input(torch, rank, n, "int64", salt=k) for k, n in enumerate(sizes)]
+    with dist._coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
+        for t in ts:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    ck.true(f"one Work for the coalesced all_reduce ({len(cm.works)})", len(cm.works) == 1)
+    cm.wait()
+    for k, n in enumerate(sizes):
+        ck.equal(f"coalesced all_reduce MAX (device) x{n}", ts[k], expected_reduce(torch, "MAX", world, n, "int64",
+                                                                                    salt=k))
+    # a batch's one Work: its future holds every tensor of the batch
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    r = torch.zeros(5, dtype=torch.int32)
+    s = torch.full((5,), rank, dtype=torch.int32)
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, s, nxt), dist.P2POp(dist.irecv, r, prv)])
+    val = reqs[0].get_future().wait()
+    ck.equal("the batch's receive", r, torch.full((5,), prv, dtype=torch.int32))
+    ck.true("the batch's future holds its two tensors", len(val) == 2 and bool((val[1] == r).all()))
+    # Work.wait(timeout): raises while the send is not there, then completes
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 1:
+        t = torch.zeros(7)
+        w = dist.irecv(t, 0)
+        ck.raises("wait(timeout) before the send", lambda: w.wait(timeout=datetime.timedelta(milliseconds=300)),
+                  "timed out")
+        store.set("api-go", "1")
+        ck.true("wait(timeout) once the send is there", w.wait(timeout=datetime.timedelta(seconds=60)))
+        ck.equal("the receive waited with a timeout", t, torch.full((7,), 3.0))
+    elif rank == 0:
+        store.wait(["api-go"])
+        dist.send(torch.full((7,), 3.0), 1)
+    # destroy_process_group of a subgroup (shutdown), then _abort_process_group of another with an
+    # all-reduce in flight on rank 0 that no other rank joins
+    sub = dist.new_group(list(range(world)))
+    t = torch.ones(3)
+    dist.all_reduce(t, group=sub)
+    ck.equal("all_reduce in a subgroup before its destroy", t, torch.full((3,), float(world)))
+    dist.destroy_process_group(sub)
+    doomed = dist.new_group(list(range(world)))
+    if rank == 0:
+        w = dist.all_reduce(torch.ones(1001), group=doomed, async_op=True)
+        time.sleep(0.3)  # in flight
+        t0 = time.monotonic()
+        dist.distributed_c10d._abort_process_group(doomed)
+        ck.raises("the all_reduce in flight at the abort", w.wait, "torch_colld: allreduce")
+        ck.true(f"... failed at once ({time.monotonic() - t0:.1f} s)", time.monotonic() - t0 < 10)
+        try:
+            w.wait()
+        except RuntimeError as e:
+            print(f"rank {rank}: the error: {e}", flush=True)
+    else:
+        dist.distributed_c10d._abort_process_group(doomed)
+    t = torch.ones(4, dtype=torch.uint64)
+    dist.all_reduce(t)
+    ck.equal("all_reduce in the world group after the destroy and the abort", t,
+             torch.full((4,), world, dtype=torch.uint64))
+
+
 def in_colld_memory(ptr):
     """Whether address `ptr` lies in a mapping of colld's shared memory (libcolld's memfds)."""
     with open("/proc/self/maps") as f:
@@ -747,17 +860,29 @@ def worker_main(args):
     import torch_colld  # noqa: F401  (registers "colld")
 
     torch.set_num_threads(1)
-    dist.init_process_group("colld", init_method=f"file://{args.store}", rank=args.rank, world_size=args.world)
+    # A scenario "a+b+c" runs a, b and c one after the other in one group (one start of torch per
+    # rank instead of three). "cpu:colld" (torch 2.x's device:backend form) where api is among
+    # them, "colld" otherwise.
+    names = args.worker.split("+")
+    backend = "cpu:colld" if "api" in names else "colld"
+    dist.init_process_group(backend, init_method=f"file://{args.store}", rank=args.rank, world_size=args.world)
     ck = Checker(args.rank)
-    ck.true("get_backend", dist.get_backend() == "colld")
+    ck.true(f"get_backend ({dist.get_backend()!r})", dist.get_backend() == backend)
     workers = {"ops": worker_ops, "premul": worker_premul, "ddp": worker_ddp, "kill": worker_kill,
                "exit": worker_exit, "zerocopy": worker_zerocopy, "p2p": worker_p2p, "p2pfail": worker_p2pfail,
-               "p2pkill": worker_p2pkill}
-    kept = workers[args.worker](torch, dist, args.rank, args.world, ck)
+               "p2pkill": worker_p2pkill, "api": worker_api}
+    kept = []
+    for name in names:
+        t0 = time.monotonic()
+        kept.append(workers[name](torch, dist, args.rank, args.world, ck))
+        if len(names) > 1:
+            dist.barrier()
+            print(f"rank {args.rank}: {name}: {time.monotonic() - t0:.1f} s", flush=True)
     dist.destroy_process_group()
-    if kept is not None:  # a tensor from torch_colld.empty outlives its group
-        ck.equal("a colld tensor after destroy_process_group", kept[0], kept[1])
-        del kept
+    for k in kept:  # a tensor from torch_colld.empty outlives its group
+        if k is not None:
+            ck.equal("a colld tensor after destroy_process_group", k[0], k[1])
+    del kept
     for f in ck.failures[:20]:
         print("FAIL", f, flush=True)
     print(f"rank {args.rank}: {args.worker}: {ck.checks} checks, {len(ck.failures)} failed", flush=True)
@@ -792,7 +917,7 @@ def start_daemon(colld, tmp):
 
 def run_scenario(args, tmp, env, name, world, timeout):
     """Run `world` ranks of one scenario; returns True when every rank did what it should."""
-    store = os.path.join(tmp, f"store-{name}-{world}")
+    store = os.path.join(tmp, f"store-{name.replace('+', '-')}-{world}")
     t0 = time.monotonic()
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", name, "--rank", str(r),
                                "--world", str(world), "--store", store], env=env)
@@ -833,12 +958,19 @@ def main():
     except ImportError as e:
         print(f"skip: {sys.executable} cannot import torch ({e})")
         return 77
+    # Every scenario at every world size with COLLD_TEST_FULL=1 (make test-full); by default (make
+    # test, CI's 2-core machine) each scenario once, at the world size that covers most.
+    full = os.environ.get("COLLD_TEST_FULL", "") not in ("", "0")
     plan = [("ops", 2, 120), ("ops", 4, 180), ("premul", 2, 90), ("premul", 3, 90), ("premul", 4, 120),
             ("ddp", 2, 90), ("ddp", 4, 90), ("kill", 3, 90), ("exit", 2, 90),
             ("zerocopy", 2, 90), ("zerocopy", 3, 90), ("p2p", 2, 120), ("p2p", 3, 150), ("p2p", 4, 180),
-            ("p2pfail", 2, 90), ("p2pkill", 3, 90)]
+            ("p2pfail", 2, 90), ("p2pkill", 3, 90), ("api", 2, 90), ("api", 3, 90)]
+    if not full:
+        plan = [("ops+premul+ddp+zerocopy+p2p+api", 4, 240), ("kill", 3, 90), ("exit", 2, 90), ("p2pfail", 2, 90),
+                ("p2pkill", 3, 90)]
     if args.scenarios:
-        plan = [p for p in plan if p[0] in args.scenarios]
+        plan = [p for p in plan if p[0] in args.scenarios] or [(s, int(w), 300) for s, w in
+                                                               (a.split("/") for a in args.scenarios if "/" in a)]
     with tempfile.TemporaryDirectory(prefix="colld-torch-") as tmp:
         daemon, sock = start_daemon(args.colld, tmp)
         env = dict(os.environ, COLLD_SOCKET=sock,
