@@ -81,6 +81,11 @@
  *       communicator is COLLD_ERR_INVALID_USAGE. Changed (issue 16 item 2): colld_gather,
  *       colld_scatter and colld_alltoall take GPU buffers and a CUDA stream too (they were refused
  *       with COLLD_ERR_NOT_SUPPORTED).
+ *       Changed (issue 24): an operation that waited for a rank which then destroyed its handle
+ *       fails with COLLD_ERR_PEER_LOST (the detail names that rank), not COLLD_ERR_INVALID_USAGE:
+ *       its caller did nothing wrong (the rank that left had, e.g., timed out on another
+ *       communicator). Operations posted after the rank left still fail with
+ *       COLLD_ERR_INVALID_USAGE.
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -118,8 +123,8 @@ extern "C" {
       "the connection to the colld daemon was lost (it died or was "                                                   \
       "restarted); destroy communicators and reconnect")                                                               \
     X(ERR_PEER_LOST, -7,                                                                                               \
-      "a peer rank's process died or disconnected; the communicator is "                                               \
-      "broken, destroy it")                                                                                            \
+      "a peer rank's process died or disconnected, or it destroyed its handle while this "                             \
+      "operation waited for it; the communicator is broken, destroy it")                                               \
     X(ERR_NODE_LOST, -8, "a peer node's daemon was lost; the communicator is broken")                                  \
     X(ERR_TIMEOUT, -9,                                                                                                 \
       "the operation timed out waiting for other ranks; "                                                              \

@@ -9,8 +9,8 @@
  *
  * The state machine: JOINING (ranks arrive) -> READY (every rank joined: colld_comm_formed) ->
  * BROKEN (a fault: every queued and later operation fails with the first error) or CLOSING (a rank
- * destroyed its handle: later operations fail with INVALID_USAGE; a fault afterwards still becomes
- * the reported error). A JOINING communicator that fails is dissolved: every waiting join is
+ * destroyed its handle: the operations waiting for it fail with PEER_LOST, later ones with
+ * INVALID_USAGE; a fault afterwards still becomes the reported error). A JOINING communicator that fails is dissolved: every waiting join is
  * answered with the error. Whatever else must happen at each step (the fast area, the flight
  * recorder, the events, the metrics, the backends' state) is done by the hooks of the modules and
  * backends the daemon is composed of (backend.h): this file names none of them.
@@ -249,10 +249,11 @@ void colld_comm_break(colld_daemon_t *d, colld_dcomm_t *c, colld_status_t st, in
                 }
         }
     }
-    colld_hooks_failing(d, c, c->error); /* the flight recorder notes who was waiting */
+    colld_status_t waiting = colld_comm_waiting_status(c);
+    colld_hooks_failing(d, c, waiting); /* the flight recorder notes who was waiting */
     /* A closing communicator keeps the sends and receives between the ranks still there. */
     for (int r = 0; r < c->nranks; r++)
-        member_fail_queue(c, &c->ranks[r], c->error, c->state != COLLD_COMM_CLOSING);
+        member_fail_queue(c, &c->ranks[r], waiting, c->state != COLLD_COMM_CLOSING);
     colld_complete_notices(c);
     colld_hooks_broken(d, c); /* ranks waiting beside the engine (fast area, GPU streams) are released */
 }

@@ -457,6 +457,15 @@ static inline pid_t colld_comm_rank_pid(const colld_dcomm_t *c, int r)
     return 0;
 }
 
+/* The status of the operations that were waiting when the communicator failed: its error, but
+ * PEER_LOST when it closed because a rank destroyed its handle. Those ranks are the leaver's
+ * victims (e.g. it timed out elsewhere and left), not callers of a closed communicator: only
+ * what they post after the close is INVALID_USAGE. The detail names the rank that left. */
+static inline colld_status_t colld_comm_waiting_status(const colld_dcomm_t *c)
+{
+    return c->state == COLLD_COMM_CLOSING ? COLLD_ERR_PEER_LOST : c->error;
+}
+
 /* Whether a communicator spans nodes. */
 static inline bool colld_comm_multi_node(const colld_dcomm_t *c)
 {

@@ -100,12 +100,13 @@ static void fast_free(colld_daemon_t *d, colld_dcomm_t *c)
     c->fast_fd = -1;
 }
 
-/* The communicator broke: write its error into the area and wake every waiting rank. */
+/* The communicator broke: write its error into the area and wake every waiting rank (a rank that
+ * left makes that PEER_LOST, colld_comm_waiting_status). */
 static void fast_break(colld_dcomm_t *c)
 {
     if (!c->fast || c->error == COLLD_OK)
         return;
-    __atomic_store_n(&c->fast->status, (int32_t)c->error, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&c->fast->status, (int32_t)colld_comm_waiting_status(c), __ATOMIC_SEQ_CST);
     __atomic_add_fetch(&c->fast->gen, 1, __ATOMIC_SEQ_CST);
     colld_futex_wake_all(&c->fast->gen);
 }

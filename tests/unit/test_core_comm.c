@@ -289,9 +289,43 @@ static void test_session_gone_when_ready(void **state)
     assert_int_equal(colld_tenant_used(&f->d, 1000, COLLD_LIMIT_COMMS), 0);
 }
 
+/* A rank destroys its handle while another rank's all-reduce waits for it: that all-reduce fails
+ * with PEER_LOST naming the rank that left (its caller did nothing wrong); one posted after the
+ * close is INVALID_USAGE (issue 24: a rank that timed out on another communicator and left made
+ * its peer's wait look like the peer's own usage error). */
+static void test_leave_fails_waiting_with_peer_lost(void **state)
+{
+    fix_t *f = *state;
+    colld_dcomm_t *c = fix_comm(f, 2, 60000);
+    assert_non_null(c);
+    colld_wire_sqe_t q = fix_sqe(c, 0, 1, COLLD_KIND_ALLREDUCE, COLLD_INT32, COLLD_SUM, 4, 0);
+    assert_true(fix_post(f, f->s[0], &q));
+    colld_engine_run_once(&f->d);
+    colld_err_t err = COLLD_ERR_INIT;
+    pthread_mutex_lock(&f->d.lock);
+    assert_int_equal(colld_comm_leave(&f->d, f->s[1], c->ranks[1].handle, &err), COLLD_OK);
+    colld_daemon_unlock(&f->d);
+    assert_int_equal(c->state, COLLD_COMM_CLOSING);
+    char want[160];
+    snprintf(want, sizeof(want), "rank 1 (pid 1001) has destroyed its handle of communicator %llu",
+             (unsigned long long)c->id);
+    assert_string_equal(c->error_detail, want);
+    colld_wire_cqe_t cq[4];
+    assert_int_equal(fix_reap_cqes(f, f->s[0], cq, 4), 1);
+    assert_int_equal(cq[0].seq, 1);
+    assert_int_equal(cq[0].status, COLLD_ERR_PEER_LOST);
+    colld_wire_sqe_t later = fix_sqe(c, 0, 2, COLLD_KIND_ALLREDUCE, COLLD_INT32, COLLD_SUM, 4, 0);
+    assert_true(fix_post(f, f->s[0], &later));
+    colld_engine_run_once(&f->d);
+    assert_int_equal(fix_reap_cqes(f, f->s[0], cq, 4), 1);
+    assert_int_equal(cq[0].seq, 2);
+    assert_int_equal(cq[0].status, COLLD_ERR_INVALID_USAGE);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_leave_fails_waiting_with_peer_lost, setup, teardown),
         cmocka_unit_test_setup_teardown(test_join_arguments, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unknown_uid, setup, teardown),
         cmocka_unit_test_setup_teardown(test_join_against_first_ranks, setup, teardown),

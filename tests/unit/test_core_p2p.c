@@ -523,9 +523,10 @@ static void test_peer_lost(void **state)
     assert_int_equal(cq[0].status, COLLD_ERR_PEER_LOST);
 }
 
-/* A rank that destroys its handle closes the communicator: collectives and the others' sends to
- * it fail with INVALID_USAGE at once, while sends and receives between the ranks still there go
- * on (as with NCCL, where a rank that is done does not stop the others' exchanges). */
+/* A rank that destroys its handle closes the communicator: a send to it that was waiting fails
+ * with PEER_LOST, later collectives and sends to it with INVALID_USAGE at once, while sends and
+ * receives between the ranks still there go on (as with NCCL, where a rank that is done does not
+ * stop the others' exchanges). */
 static void test_leave_keeps_other_pairs(void **state)
 {
     world_t *w = *state;
@@ -541,9 +542,9 @@ static void test_leave_keeps_other_pairs(void **state)
     colld_daemon_unlock(&w->f.d);
     assert_int_equal(w->c->state, COLLD_COMM_CLOSING);
     colld_wire_cqe_t cq[4];
-    assert_int_equal(reap(w, 1, cq, 4), 1); /* its send to rank 0 */
+    assert_int_equal(reap(w, 1, cq, 4), 1); /* its send to rank 0, waiting when rank 0 left */
     assert_int_equal(cq[0].seq, 1);
-    assert_int_equal(cq[0].status, COLLD_ERR_INVALID_USAGE);
+    assert_int_equal(cq[0].status, COLLD_ERR_PEER_LOST);
     /* Rank 1's next send, to rank 2, meets rank 2's receive posted before the leave. */
     colld_wire_sqe_t to2 = p2p(w, 1, 2, COLLD_KIND_SEND, 2, 8, 10, false);
     post(w, 1, &to2);

@@ -570,7 +570,7 @@ void cuda_comm_broken(colld_daemon_t *d, colld_dcomm_t *c)
                 continue;
             }
             pending_unlink(g, prev, k);
-            k->status = c->error;
+            k->status = colld_comm_waiting_status(c);
             k->start_ns = 0;
             gpu_finish(b, k, false);
             k = next;
@@ -580,7 +580,7 @@ void cuda_comm_broken(colld_daemon_t *d, colld_dcomm_t *c)
     for (int r = 0; r < c->nranks; r++) {
         colld_member_t *m = &c->ranks[r];
         if (m->session && gpu_session_of(b, m->session) && gc->base_set[r])
-            owe_release(b, c, r, gc->last[r], c->error);
+            owe_release(b, c, r, gc->last[r], colld_comm_waiting_status(c));
     }
     colld_comm_unref(d, c);
 }

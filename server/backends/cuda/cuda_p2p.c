@@ -470,7 +470,7 @@ void cuda_p2p_comm_broken(colld_backend_t *b, colld_dcomm_t *c)
             continue;
         }
         *pp = t->next;
-        t->x->status = c->error;
+        t->x->status = colld_comm_waiting_status(c);
         xfer_finish(b, t); /* the caller holds a reference on c */
     }
 }
