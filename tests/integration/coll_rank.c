@@ -55,7 +55,10 @@
  *            (colld_comm_config_t.nan_check) where the daemon has no --nan-check.
  *   crossed  2 ranks, a second communicator (--uid2): rank 0 all-reduces on the first and waits,
  *            rank 1 on the second and waits, so each waits for the other (a cross-communicator
- *            deadlock); the status must be --expect's, whose detail goes to stdout.
+ *            deadlock); the status must be --expect's, whose detail goes to stdout. Each rank then
+ *            waits (--sync-dir, files crossed-done-R) until the other has its status too before it
+ *            destroys its handles: else the first to time out would leave while the other still
+ *            waits, and the other would get PEER_LOST (the one that left), not its own time-out.
  *   split    colld_comm_split: color rank % 2 (with 3 ranks or more the last rank passes
  *            COLLD_SPLIT_NOCOLOR and must get NULL), key nranks - rank (so each group is in reverse
  *            order); each rank checks its new rank and size, runs the matrix (as selected) on its
@@ -846,8 +849,8 @@ static int mode_crossed(run_t *R)
     const args_t *a = R->a;
     colld_unique_id_t id2;
     colld_comm_t *second = NULL;
-    if (!a->uid2_hex || harness_uid_from_hex(a->uid2_hex, &id2) < 0 || R->n != 2 || !a->expect) {
-        fprintf(stderr, "rank %d: mode crossed needs --uid2, 2 ranks and --expect\n", R->rank);
+    if (!a->uid2_hex || harness_uid_from_hex(a->uid2_hex, &id2) < 0 || R->n != 2 || !a->expect || !a->sync_dir) {
+        fprintf(stderr, "rank %d: mode crossed needs --uid2, 2 ranks, --expect and --sync-dir\n", R->rank);
         return 2;
     }
     colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
@@ -869,6 +872,16 @@ static int mode_crossed(run_t *R)
     } else {
         printf("rank %d: %s\n", R->rank, colld_comm_last_error(mine));
         fflush(stdout);
+    }
+    char path[512];
+    snprintf(path, sizeof(path), "%s/crossed-done-%d", a->sync_dir, R->rank);
+    FILE *f = fopen(path, "w");
+    if (!f || fclose(f) != 0)
+        rc = 1;
+    snprintf(path, sizeof(path), "%s/crossed-done-%d", a->sync_dir, 1 - R->rank);
+    if (harness_wait_file(path, 120000) < 0) {
+        fprintf(stderr, "FAILED rank %d: rank %d never got its status\n", R->rank, 1 - R->rank);
+        rc = 1;
     }
     colld_comm_destroy(second);
     return rc;

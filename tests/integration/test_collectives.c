@@ -515,7 +515,7 @@ static void run_crossed(harness_t *h, const char *timeout_ms, const char *expect
         snprintf(out[r], sizeof(out[r]), "%s/crossed-%d", h->dir, r);
         const char *argv[] = { COLL_BIN,   "--socket", h->socket, "--uid", hex[0],   "--uid2",  hex[1],
                                "--nranks", "2",        "--rank",  rk,      "--mode", "crossed", "--timeout-ms",
-                               timeout_ms, "--expect", expect,    "--out", out[r],   NULL };
+                               timeout_ms, "--expect", expect,    "--out", out[r],   "--sync-dir", h->dir, NULL };
         assert_true((p[r] = harness_spawn(argv)) > 0);
     }
     double t0 = harness_now_ms();

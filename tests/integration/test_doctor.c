@@ -132,6 +132,8 @@ static void test_deadlock_cycle(void **state)
                                "3000",
                                "--expect",
                                "COLLD_ERR_TIMEOUT",
+                               "--sync-dir", /* both time out before either leaves */
+                               h->dir,
                                NULL };
         assert_true((p[r] = harness_spawn(argv)) > 0);
     }
