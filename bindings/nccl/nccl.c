@@ -16,6 +16,11 @@
  *
  * Errors: a colld status becomes the nearest ncclResult_t (to_nccl) and its detail is kept for
  * ncclGetLastError (per thread; for a broken communicator, colld's detail of that communicator).
+ *
+ * The calls of NCCL 2.20-2.28 that PyTorch 2.x links are here too: ncclAlltoAll (colld_alltoall),
+ * ncclCommInitRankScalable (a join with the first id), ncclCommShrink (a join of the ranks that
+ * stay, the id handed over the parent's sends), ncclGroupSimulateEnd (the group discarded, no
+ * estimate), and the refusals of memory windows and device communicators.
  */
 #include "client/client_internal.h" /* colld__gpu_maybe_device, colld__gpu_is_device */
 #include "bindings/nccl/include/nccl.h"
@@ -244,27 +249,28 @@ static void *join_thread(void *arg)
     return NULL;
 }
 
-static ncclResult_t init_rank(ncclComm_t *out, int nranks, ncclUniqueId commId, int rank, int device)
+/* Join as `rank` of `nranks` (what: the NCCL call, for messages); inside a group, at ncclGroupEnd. */
+static ncclResult_t init_rank(const char *what, ncclComm_t *out, int nranks, ncclUniqueId commId, int rank, int device)
 {
     if (!out)
-        return fail(ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
+        return fail(ncclInvalidArgument, "%s: comm is NULL", what);
     *out = NULL;
     if (nranks < 1 || rank < 0 || rank >= nranks)
-        return fail(ncclInvalidArgument, "ncclCommInitRank: rank %d of %d ranks is out of range", rank, nranks);
+        return fail(ncclInvalidArgument, "%s: rank %d of %d ranks is out of range", what, rank, nranks);
     ncclComm_t comm = calloc(1, sizeof(*comm));
     if (!comm)
-        return fail(ncclSystemError, "ncclCommInitRank: out of memory");
+        return fail(ncclSystemError, "%s: out of memory", what);
     *comm = (struct ncclComm){ .nranks = nranks, .rank = rank, .device = device };
     colld_unique_id_t id;
     memcpy(id.internal, commId.internal, sizeof(id.internal));
     if (group.depth > 0) { /* at ncclGroupEnd, with the group's other inits */
         if (group.ninits >= GROUP_MAX_INITS) {
             free(comm);
-            return fail(ncclInvalidUsage, "ncclCommInitRank: more than %d in one group", GROUP_MAX_INITS);
+            return fail(ncclInvalidUsage, "%s: more than %d in one group", what, GROUP_MAX_INITS);
         }
         if (!group.inits && !(group.inits = calloc(GROUP_MAX_INITS, sizeof(*group.inits)))) {
             free(comm);
-            return fail(ncclSystemError, "ncclCommInitRank: out of memory");
+            return fail(ncclSystemError, "%s: out of memory", what);
         }
         group.inits[group.ninits++] = (pending_init_t){ .comm = comm, .id = id };
         *out = comm;
@@ -274,8 +280,7 @@ static ncclResult_t init_rank(ncclComm_t *out, int nranks, ncclUniqueId commId, 
     colld_status_t st = join(comm, &id, detail, sizeof(detail));
     if (st != COLLD_OK) {
         free(comm);
-        return fail(to_nccl(st), "ncclCommInitRank: rank %d of %d: %s: %s", rank, nranks, colld_status_name(st),
-                    detail);
+        return fail(to_nccl(st), "%s: rank %d of %d: %s: %s", what, rank, nranks, colld_status_name(st), detail);
     }
     *out = comm;
     return ncclSuccess;
@@ -283,23 +288,44 @@ static ncclResult_t init_rank(ncclComm_t *out, int nranks, ncclUniqueId commId, 
 
 EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
 {
-    return init_rank(comm, nranks, commId, rank, 0);
+    return init_rank("ncclCommInitRank", comm, nranks, commId, rank, 0);
+}
+
+/* A communicator's configuration (NULL: the defaults), as far as colld reads it: it must come from
+ * NCCL_CONFIG_INITIALIZER, and a non-blocking communicator is refused. */
+static ncclResult_t check_config(const char *what, const ncclConfig_t *config)
+{
+    if (!config)
+        return ncclSuccess;
+    if (config->size < offsetof(ncclConfig_t, blocking) + sizeof(int) || config->magic != 0xcafebeef)
+        return fail(ncclInvalidArgument,
+                    "%s: config is not initialised with NCCL_CONFIG_INITIALIZER (size %zu, magic %#x)", what,
+                    config->size, config->magic);
+    if (config->blocking == 0)
+        return fail(ncclInvalidUsage,
+                    "%s: non-blocking communicators (config->blocking = 0) are not supported by colld yet", what);
+    return ncclSuccess;
 }
 
 EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
                                            ncclConfig_t *config)
 {
-    if (config) {
-        if (config->size < offsetof(ncclConfig_t, blocking) + sizeof(int) || config->magic != 0xcafebeef)
-            return fail(ncclInvalidArgument,
-                        "ncclCommInitRankConfig: config is not initialised with "
-                        "NCCL_CONFIG_INITIALIZER (size %zu, magic %#x)",
-                        config->size, config->magic);
-        if (config->blocking == 0)
-            return fail(ncclInvalidUsage, "ncclCommInitRankConfig: non-blocking communicators (config->blocking = "
-                                          "0) are not supported by colld yet");
-    }
-    return init_rank(comm, nranks, commId, rank, 0);
+    ncclResult_t res = check_config("ncclCommInitRankConfig", config);
+    return res != ncclSuccess ? res : init_rank("ncclCommInitRankConfig", comm, nranks, commId, rank, 0);
+}
+
+/* NCCL 2.23: nId unique ids, made by as many ranks, spread NCCL's bootstrap over several roots.
+ * Every rank passes the same ids in the same order, so commIds[0] is common to all of them, and a
+ * colld communicator needs one: it joins with that one (the others were issued by their daemons
+ * and stay unused until their makers disconnect). */
+EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
+                                             ncclUniqueId *commIds, ncclConfig_t *config)
+{
+    if (!commIds || nId < 1 || (nranks >= 1 && nId > nranks))
+        return fail(ncclInvalidArgument, "ncclCommInitRankScalable: %s",
+                    !commIds ? "commIds is NULL" : "nId must be at least 1 and at most nranks");
+    ncclResult_t res = check_config("ncclCommInitRankScalable", config);
+    return res != ncclSuccess ? res : init_rank("ncclCommInitRankScalable", newcomm, nranks, commIds[0], myrank, 0);
 }
 
 EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
@@ -312,7 +338,7 @@ EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devl
         return res;
     ncclGroupStart();
     for (int i = 0; i < ndev; i++)
-        init_rank(&comms[i], ndev, id, i, devlist ? devlist[i] : i);
+        init_rank("ncclCommInitAll", &comms[i], ndev, id, i, devlist ? devlist[i] : i);
     return ncclGroupEnd();
 }
 
@@ -345,6 +371,130 @@ EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_
     sub->device = comm->device;
     colld_comm_count(sub->c, &sub->nranks);
     colld_comm_user_rank(sub->c, &sub->rank);
+    *newcomm = sub;
+    return ncclSuccess;
+}
+
+/* The new communicator's unique id, from its rank 0 (parent rank `leader`, which makes it) to the
+ * other ranks that stay (`stays`), over the parent's sends and receives: one send from the leader
+ * to each of them, which runs on a parent whose other ranks are idle or have left (colld keeps the
+ * sends between the ranks still there), not on a broken one. A leader that cannot make the id
+ * sends zeros, which the others refuse. */
+static colld_status_t shrink_id(ncclComm_t comm, const bool *stays, int leader, colld_unique_id_t *id, char *detail,
+                                size_t len)
+{
+    colld_status_t st = COLLD_OK;
+    memset(id, 0, sizeof(*id));
+    if (comm->rank == leader) {
+        st = colld_get_unique_id(comm->client, id);
+        if (st != COLLD_OK) {
+            snprintf(detail, len, "cannot make the unique id: %s", colld_last_error(comm->client));
+            memset(id, 0, sizeof(*id));
+        }
+        for (int r = 0; r < comm->nranks; r++) { /* each send runs once the one before it has */
+            colld_status_t s = r != leader && stays[r] ? colld_send(id, sizeof(*id), COLLD_UINT8, r, comm->c, NULL)
+                                                       : COLLD_OK;
+            if (s != COLLD_OK) {
+                snprintf(detail, len, "%s", colld_comm_last_error(comm->c));
+                return s;
+            }
+        }
+    } else {
+        colld_status_t s = colld_recv(id, sizeof(*id), COLLD_UINT8, leader, comm->c, NULL);
+        if (s != COLLD_OK) {
+            snprintf(detail, len, "%s", colld_comm_last_error(comm->c));
+            return s;
+        }
+    }
+    colld_status_t s = colld_comm_synchronize(comm->c);
+    if (s != COLLD_OK) {
+        snprintf(detail, len, "%s", colld_comm_last_error(comm->c));
+        return s;
+    }
+    static const colld_unique_id_t none;
+    if (st == COLLD_OK && memcmp(id, &none, sizeof(none)) == 0) {
+        snprintf(detail, len, "rank %d (the new rank 0) could not make the unique id (its ncclGetLastError says why)",
+                 leader);
+        st = COLLD_ERR_INTERNAL;
+    }
+    return st;
+}
+
+/* NCCL 2.27: the ranks of comm not in excludeRanksList form a new communicator, in their order in
+ * comm; only they call it (an excluded rank may have failed). colld_comm_split cannot serve it: it
+ * is collective over every rank of the parent. So the lowest rank that stays makes a unique id and
+ * sends it to the others (shrink_id), and they all join it (colld_comm_init_rank). This needs a
+ * parent that still runs sends between the ranks that stay: one whose excluded ranks are idle or
+ * have destroyed their handles; after a rank died or an abort colld has broken the parent, and the
+ * caller makes a new communicator with ncclGetUniqueId and ncclCommInitRank instead. For the same
+ * reason NCCL_SHRINK_ABORT (abort the parent's operations, then shrink) is refused. */
+EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount, ncclComm_t *newcomm,
+                                   ncclConfig_t *config, int shrinkFlags)
+{
+    if (!newcomm)
+        return fail(ncclInvalidArgument, "ncclCommShrink: newcomm is NULL");
+    *newcomm = NULL;
+    ncclResult_t res = check_comm("ncclCommShrink", comm);
+    if (res != ncclSuccess)
+        return res;
+    if (excludeRanksCount < 0 || (excludeRanksCount > 0 && !excludeRanksList))
+        return fail(ncclInvalidArgument, "ncclCommShrink: excludeRanksCount is %d with excludeRanksList %s",
+                    excludeRanksCount, excludeRanksList ? "set" : "NULL");
+    if (shrinkFlags == NCCL_SHRINK_ABORT)
+        return fail(ncclInvalidUsage,
+                    "ncclCommShrink: NCCL_SHRINK_ABORT is not supported by colld: an abort breaks the parent "
+                    "communicator, and colld's shrink hands the new communicator's unique id over the parent's "
+                    "sends; shrink with NCCL_SHRINK_DEFAULT, or make a new communicator (ncclCommInitRank)");
+    if (shrinkFlags != NCCL_SHRINK_DEFAULT)
+        return fail(ncclInvalidArgument, "ncclCommShrink: unknown shrinkFlags %#x", (unsigned)shrinkFlags);
+    if ((res = check_config("ncclCommShrink", config)) != ncclSuccess)
+        return res;
+    if (group.depth > 0)
+        return fail(ncclInvalidUsage, "ncclCommShrink inside ncclGroupStart/End is not supported by colld");
+    bool *stays = malloc((size_t)comm->nranks * sizeof(*stays));
+    if (!stays)
+        return fail(ncclSystemError, "ncclCommShrink: out of memory");
+    for (int r = 0; r < comm->nranks; r++)
+        stays[r] = true;
+    for (int i = 0; i < excludeRanksCount; i++) {
+        int x = excludeRanksList[i];
+        if (x < 0 || x >= comm->nranks || x == comm->rank) {
+            free(stays);
+            return fail(ncclInvalidArgument,
+                        x == comm->rank ? "ncclCommShrink: rank %d (this rank) is in excludeRanksList: the excluded "
+                                          "ranks do not call ncclCommShrink"
+                                        : "ncclCommShrink: excluded rank %d is out of range (%d ranks)",
+                        x, comm->nranks);
+        }
+        stays[x] = false;
+    }
+    int leader = -1, newrank = 0, newn = 0;
+    for (int r = 0; r < comm->nranks; r++) {
+        if (!stays[r])
+            continue;
+        leader = leader < 0 ? r : leader;
+        newrank += r < comm->rank;
+        newn++;
+    }
+    char detail[512] = "";
+    colld_unique_id_t id;
+    colld_status_t st = shrink_id(comm, stays, leader, &id, detail, sizeof(detail));
+    free(stays);
+    if (st != COLLD_OK)
+        return fail(to_nccl(st),
+                    "ncclCommShrink: handing the new communicator's unique id from rank %d over the parent failed: "
+                    "%s (colld's shrink needs a parent that still runs sends between the ranks that stay; after a "
+                    "rank died or an abort make a new communicator with ncclGetUniqueId and ncclCommInitRank)",
+                    leader, detail);
+    ncclComm_t sub = calloc(1, sizeof(*sub));
+    if (!sub)
+        return fail(ncclSystemError, "ncclCommShrink: out of memory");
+    *sub = (struct ncclComm){ .nranks = newn, .rank = newrank, .device = comm->device };
+    if ((st = join(sub, &id, detail, sizeof(detail))) != COLLD_OK) {
+        free(sub);
+        return fail(to_nccl(st), "ncclCommShrink: joining as rank %d of %d: %s: %s", newrank, newn,
+                    colld_status_name(st), detail);
+    }
     *newcomm = sub;
     return ncclSuccess;
 }
@@ -454,6 +604,61 @@ EXPORT ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle)
         return ncclSuccess;
     colld_status_t st = colld_mem_deregister(comm->c, handle);
     return st == COLLD_OK ? ncclSuccess : fail_comm("ncclCommDeregister", st, comm);
+}
+
+/* NCCL 2.27's memory windows: a buffer registered on every rank at once, which NCCL's symmetric
+ * kernels and its device API read and write in the peers' memory directly. colld's collectives run
+ * in the daemon, never in the application's kernels, so it has no windows: refused. */
+EXPORT ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win, int winFlags)
+{
+    (void)buff;
+    (void)size;
+    (void)winFlags;
+    if (win)
+        *win = NULL;
+    ncclResult_t res = check_comm("ncclCommWindowRegister", comm);
+    if (res != ncclSuccess)
+        return res;
+    return fail(ncclInvalidUsage,
+                "ncclCommWindowRegister: memory windows (symmetric memory) are not supported by colld: its "
+                "collectives run in the daemon, not in kernels that reach the peers' windows; use ncclCommRegister, "
+                "or nothing (colld registers a buffer at its first use)");
+}
+
+EXPORT ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win)
+{
+    ncclResult_t res = check_comm("ncclCommWindowDeregister", comm);
+    if (res != ncclSuccess || !win)
+        return res;
+    return fail(ncclInvalidArgument,
+                "ncclCommWindowDeregister: %p is not a window of this communicator: colld makes none "
+                "(ncclCommWindowRegister is not supported)",
+                (void *)win);
+}
+
+/* NCCL 2.28's device communicators: the handle with which the application's own kernels
+ * communicate (NCCL's device API). colld has no device-side API: refused. */
+EXPORT ncclResult_t ncclDevCommCreate(ncclComm_t comm, const ncclDevCommRequirements_t *reqs, ncclDevComm_t *outDevComm)
+{
+    (void)reqs;
+    (void)outDevComm;
+    ncclResult_t res = check_comm("ncclDevCommCreate", comm);
+    if (res != ncclSuccess)
+        return res;
+    return fail(ncclInvalidUsage,
+                "ncclDevCommCreate: device communicators (NCCL's device API, communicating from the "
+                "application's kernels) are not supported by colld: its collectives run in the daemon; use the "
+                "host API's collectives");
+}
+
+EXPORT ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const ncclDevComm_t *devComm)
+{
+    (void)devComm;
+    ncclResult_t res = check_comm("ncclDevCommDestroy", comm);
+    if (res != ncclSuccess)
+        return res;
+    return fail(ncclInvalidArgument, "ncclDevCommDestroy: not a device communicator of colld's: colld makes none "
+                                     "(ncclDevCommCreate is not supported)");
 }
 
 /* ============================================================================================
@@ -672,6 +877,19 @@ EXPORT ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t s
     return issued("ncclAllGather", st, comm, host);
 }
 
+/* NCCL 2.28's all-to-all: colld_alltoall (block j of sendbuff to rank j; no in-place form). */
+EXPORT ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                                 ncclComm_t comm, cudaStream_t stream)
+{
+    int dt;
+    ncclResult_t res = check_args("ncclAlltoAll", comm, datatype, &dt, ncclSum, NULL);
+    if (res != ncclSuccess)
+        return res;
+    bool host = host_buffers(comm, sendbuff, recvbuff);
+    colld_status_t st = colld_alltoall(sendbuff, recvbuff, count, (colld_dtype_t)dt, comm->c, stream_for(host, stream));
+    return issued("ncclAlltoAll", st, comm, host);
+}
+
 EXPORT ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
                                       ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
 {
@@ -775,4 +993,33 @@ EXPORT ncclResult_t ncclGroupEnd(void)
     group.nhost = 0;
     group.error = ncclSuccess;
     return res;
+}
+
+/* NCCL 2.22: end the group as ncclGroupEnd would, but run nothing, and report NCCL's estimate of
+ * the time the group would take. colld has no cost model of its own to estimate with, so the
+ * outermost level ends the group with none of its collectives, sends or receives started (libcolld
+ * discards a failed group whole and leaves its communicators as they were: colld__group_fail) and
+ * fails with ncclInvalidUsage; the group's deferred inits run (other processes' ranks wait for
+ * them). An inner level only closes that level, as with NCCL. */
+EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo)
+{
+    if (!simInfo || simInfo->size < offsetof(ncclSimInfo_t, estimatedTime) + sizeof(float) ||
+        simInfo->magic != 0x74685283)
+        return fail(ncclInvalidArgument,
+                    "ncclGroupSimulateEnd: simInfo is NULL or not initialised with NCCL_SIM_INFO_INITIALIZER");
+    if (group.depth == 0)
+        return fail(ncclInvalidUsage, "ncclGroupSimulateEnd without ncclGroupStart");
+    if (group.depth > 1)
+        return ncclGroupEnd();
+    colld__group_fail(COLLD_ERR_NOT_SUPPORTED); /* colld_group_end starts nothing */
+    colld_group_end();
+    group.depth = 0;
+    ncclResult_t res = group.ninits > 0 ? run_inits() : ncclSuccess;
+    group.nhost = 0;
+    group.error = ncclSuccess;
+    if (res != ncclSuccess)
+        return res;
+    return fail(ncclInvalidUsage,
+                "ncclGroupSimulateEnd: colld cannot estimate a group's time (it has no cost model); the group has "
+                "ended and none of its operations ran (its communicators are as they were)");
 }

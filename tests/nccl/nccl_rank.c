@@ -22,7 +22,15 @@
  *            operators used wrongly included; ncclCommRegister of host memory (a hint that does
  *            nothing) and its bad arguments.
  *   victim   as matrix's start, then rank --victim exits at once after joining; the other ranks'
- *            all-reduce must fail with ncclRemoteError and ncclGetLastError naming the victim.
+ *            all-reduce must fail with ncclRemoteError and ncclGetLastError naming the victim, and
+ *            so must their ncclCommShrink without it (colld cannot shrink a broken communicator).
+ *   recent   the calls of NCCL 2.20-2.28 that PyTorch 2.x links, on 3 or more ranks: every rank
+ *            joins with ncclCommInitRankScalable and two unique ids (made by ranks 0 and 1);
+ *            ncclGroupSimulateEnd runs nothing of its group (an all-reduce and a ring of sends
+ *            and receives keep their buffers; the same group then runs exactly); ncclCommShrink
+ *            without rank 1 while it stays idle (the parent still works for all), then without
+ *            the last rank after it destroyed its handle. ncclAlltoAll is in matrix; the
+ *            refusals (memory windows, device communicators) and bad arguments in errors.
  *
  * Exit status: 0 everything as expected; 1 a wrong result or status (printed); 2 bad arguments;
  * 3 the NCCL loaded is not colld's.
@@ -289,6 +297,13 @@ static double want_scattered(size_t i, void *ctx)
     return expect(w->op, (size_t)rank * w->count + i, w->salt);
 }
 
+/* The value rank `root` sends this rank at element i (small integers, exact in every type). */
+static double want_sent(size_t i, void *ctx)
+{
+    const want_t *w = ctx;
+    return input(ncclSum, w->root * 16 + rank, i, w->salt);
+}
+
 static unsigned salt_next(void)
 {
     static unsigned s;
@@ -345,6 +360,16 @@ static void run_matrix(ncclComm_t comm)
             CHECK(ncclAllGather(send, recv, n, (ncclDataType_t)t, comm, NULL));
             snprintf(what, sizeof(what), "allgather count %zu", n);
             compare(what, (ncclDataType_t)t, recv, n * (size_t)nranks, want_gathered, &w);
+            size_t es = type_size((ncclDataType_t)t); /* all-to-all: block q to rank q */
+            for (int q = 0; q < nranks; q++)
+                fill((ncclDataType_t)t, ncclSum, send + (size_t)q * n * es, n, rank * 16 + q, w.salt);
+            memset(recv, 0x5a, (size_t)nranks * n * es);
+            CHECK(ncclAlltoAll(send, recv, n, (ncclDataType_t)t, comm, NULL));
+            for (int q = 0; q < nranks; q++) {
+                want_t from = { .salt = w.salt, .root = q };
+                snprintf(what, sizeof(what), "alltoall count %zu from rank %d", n, q);
+                compare(what, (ncclDataType_t)t, recv + (size_t)q * n * es, n, want_sent, &from);
+            }
         }
 
     /* One group: an all-reduce of every data type, all complete at ncclGroupEnd; half of them
@@ -368,13 +393,6 @@ static void run_matrix(ncclComm_t comm)
     }
     free(send);
     free(recv);
-}
-
-/* The value rank `from` sends rank `to` at element i (small integers, exact in every type). */
-static double want_sent(size_t i, void *ctx)
-{
-    const want_t *w = ctx;
-    return input(ncclSum, w->root * 16 + rank, i, w->salt);
 }
 
 /* Point-to-point, the way NCCL programs (and nccl-tests' alltoall) use it: one group with a send
@@ -515,6 +533,32 @@ static int mode_initall(void)
     return wrong == 0 ? 0 : 1;
 }
 
+/* An exact all-reduce on comm of this rank's `value`, whose sum over the ranks must be `want`. */
+static void check_sum(const char *what, ncclComm_t comm, int value, int want)
+{
+    int32_t x[3] = { value, 2 * value, -value };
+    CHECK(ncclAllReduce(x, x, 3, ncclInt32, ncclSum, comm, NULL));
+    checked += 3;
+    if (x[0] != want || x[1] != 2 * want || x[2] != -want) {
+        fprintf(stderr, "rank %d: %s: all-reduce gave %d %d %d, want %d %d %d\n", rank, what, (int)x[0], (int)x[1],
+                (int)x[2], want, 2 * want, -want);
+        wrong++;
+    }
+}
+
+/* comm must have n ranks, this one being `me`. */
+static void check_shape(const char *what, ncclComm_t comm, int n, int me)
+{
+    int got_n = -1, got_me = -1;
+    CHECK(ncclCommCount(comm, &got_n));
+    CHECK(ncclCommUserRank(comm, &got_me));
+    checked++;
+    if (got_n != n || got_me != me) {
+        fprintf(stderr, "rank %d: %s: rank %d of %d, want %d of %d\n", rank, what, got_me, got_n, me, n);
+        wrong++;
+    }
+}
+
 /* A call must give `want` and ncclGetLastError must contain `text`. */
 static int expect_error(const char *what, ncclResult_t got, ncclResult_t want, const char *text)
 {
@@ -524,6 +568,189 @@ static int expect_error(const char *what, ncclResult_t got, ncclResult_t want, c
         return 0;
     fprintf(stderr, "%s: got %d (%s), want %d with \"%s\"\n", what, (int)got, last, (int)want, text);
     return 1;
+}
+
+/* ============================================================================================
+ * NCCL 2.20-2.28 (the calls PyTorch 2.x links)
+ * ========================================================================================== */
+
+/* ncclCommInitRankScalable as NCCL's scalable bootstrap uses it: two unique ids, made by ranks 0
+ * and 1 (its "roots"), the same two on every rank; colld joins with the first. */
+static ncclComm_t join_scalable(void)
+{
+    ncclUniqueId ids[2];
+    int nid = nranks >= 2 ? 2 : 1;
+    char path[600];
+    for (int k = 0; k < nid; k++) {
+        snprintf(path, sizeof(path), "%s.scalable-%d", id_file, k);
+        nccl_test_share_id(&ids[k], rank == k ? 0 : 1, path); /* as "rank 0" the maker, else a reader */
+    }
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    ncclComm_t comm;
+    CHECK(ncclCommInitRankScalable(&comm, nranks, rank, nid, ids, &cfg));
+    check_shape("ncclCommInitRankScalable", comm, nranks, rank);
+    return comm;
+}
+
+/* ncclGroupSimulateEnd: a group with an all-reduce and a ring of sends and receives ends with
+ * ncclInvalidUsage (colld has no estimate) and runs none of them: every buffer keeps its value,
+ * and the communicator is as it was: the same group, ended with ncclGroupEnd, then gives exact
+ * results. An inner level of a nested group only closes that level. */
+static int check_simulate(ncclComm_t comm)
+{
+    int bad = 0, next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+    int32_t x[4], to[2] = { rank * 10, rank * 10 + 1 }, from[2] = { -1, -1 };
+    for (int i = 0; i < 4; i++)
+        x[i] = rank + i;
+    ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+    for (int real = 0; real < 2; real++) {
+        CHECK(ncclGroupStart());
+        CHECK(ncclAllReduce(x, x, 4, ncclInt32, ncclSum, comm, NULL));
+        CHECK(ncclSend(to, 2, ncclInt32, next, comm, NULL));
+        CHECK(ncclRecv(from, 2, ncclInt32, prev, comm, NULL));
+        if (real) {
+            CHECK(ncclGroupEnd());
+            break;
+        }
+        bad += expect_error("ncclGroupSimulateEnd", ncclGroupSimulateEnd(&sim), ncclInvalidUsage,
+                            "colld cannot estimate a group's time");
+        checked += 7;
+        for (int i = 0; i < 4; i++)
+            bad += x[i] != rank + i;
+        bad += from[0] != -1 || from[1] != -1 || sim.estimatedTime != NCCL_UNDEF_FLOAT;
+        if (bad)
+            fprintf(stderr, "rank %d: the simulated group ran, or wrote estimatedTime\n", rank);
+    }
+    for (int i = 0; i < 4; i++)
+        bad += x[i] != nranks * (nranks - 1) / 2 + nranks * i;
+    bad += from[0] != prev * 10 || from[1] != prev * 10 + 1;
+    checked += 6;
+    int32_t y = rank + 1; /* nested: the inner simulated end closes its level, the outer end runs it */
+    CHECK(ncclGroupStart());
+    CHECK(ncclGroupStart());
+    CHECK(ncclAllReduce(&y, &y, 1, ncclInt32, ncclSum, comm, NULL));
+    CHECK(ncclGroupSimulateEnd(&sim));
+    CHECK(ncclGroupEnd());
+    checked++;
+    bad += y != nranks * (nranks + 1) / 2;
+    if (bad)
+        fprintf(stderr, "rank %d: ncclGroupSimulateEnd: %d wrong (x %d %d %d %d, from %d %d, y %d)\n", rank, bad,
+                (int)x[0], (int)x[1], (int)x[2], (int)x[3], (int)from[0], (int)from[1], (int)y);
+    return bad;
+}
+
+/* ncclCommShrink, called by the ranks that stay only. First without rank 1, which stays idle (it
+ * goes on to the parent's next all-reduce): the others form a communicator in parent order, and
+ * the parent still works for everyone. Then (3 ranks or more) without the last rank, which has
+ * destroyed its handle. Destroys comm. */
+static void run_shrink(ncclComm_t comm)
+{
+    int excl = 1, all = nranks * (nranks - 1) / 2;
+    if (rank != excl) {
+        ncclComm_t sub = NULL;
+        CHECK(ncclCommShrink(comm, &excl, 1, &sub, NULL, NCCL_SHRINK_DEFAULT));
+        check_shape("ncclCommShrink without rank 1", sub, nranks - 1, rank - (rank > excl));
+        check_sum("ncclCommShrink without rank 1", sub, rank, all - excl);
+        CHECK(ncclCommDestroy(sub));
+    }
+    check_sum("the parent after ncclCommShrink", comm, rank, all);
+    int last = nranks - 1;
+    if (nranks < 3 || rank == last) {
+        CHECK(ncclCommDestroy(comm));
+        return;
+    }
+    ncclComm_t sub = NULL;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    CHECK(ncclCommShrink(comm, &last, 1, &sub, &cfg, NCCL_SHRINK_DEFAULT));
+    check_shape("ncclCommShrink without the rank that left", sub, nranks - 1, rank);
+    check_sum("ncclCommShrink without the rank that left", sub, rank, all - last);
+    CHECK(ncclCommDestroy(sub));
+    CHECK(ncclCommDestroy(comm));
+}
+
+static int mode_recent(void)
+{
+    ncclComm_t comm = join_scalable();
+    check_sum("ncclCommInitRankScalable", comm, rank + 1, nranks * (nranks + 1) / 2);
+    int bad = check_simulate(comm);
+    run_shrink(comm);
+    printf("rank %d: %ld checked, %ld wrong, %d wrong in ncclGroupSimulateEnd\n", rank, checked, wrong, bad);
+    return wrong == 0 && bad == 0 ? 0 : 1;
+}
+
+/* What colld refuses of NCCL 2.20-2.28, and bad arguments to what it serves (one rank). */
+static int check_recent_errors(ncclComm_t comm)
+{
+    int bad = 0, self = rank, beyond = nranks;
+    ncclComm_t sub = NULL;
+    bad += expect_error("shrink with NCCL_SHRINK_ABORT", ncclCommShrink(comm, NULL, 0, &sub, NULL, NCCL_SHRINK_ABORT),
+                        ncclInvalidUsage, "NCCL_SHRINK_ABORT is not supported by colld");
+    bad += expect_error("shrink with unknown flags", ncclCommShrink(comm, NULL, 0, &sub, NULL, 6), ncclInvalidArgument,
+                        "unknown shrinkFlags 0x6");
+    bad += expect_error("shrink excluding this rank", ncclCommShrink(comm, &self, 1, &sub, NULL, 0),
+                        ncclInvalidArgument, "(this rank) is in excludeRanksList");
+    bad += expect_error("shrink excluding a rank out of range", ncclCommShrink(comm, &beyond, 1, &sub, NULL, 0),
+                        ncclInvalidArgument, "is out of range");
+    bad += expect_error("shrink with a negative count", ncclCommShrink(comm, NULL, -1, &sub, NULL, 0),
+                        ncclInvalidArgument, "excludeRanksCount is -1");
+    CHECK(ncclGroupStart());
+    bad += expect_error("shrink in a group", ncclCommShrink(comm, NULL, 0, &sub, NULL, 0), ncclInvalidUsage,
+                        "ncclCommShrink inside ncclGroupStart/End");
+    ncclGroupEnd();
+    CHECK(ncclCommShrink(comm, NULL, 0, &sub, NULL, NCCL_SHRINK_DEFAULT)); /* nobody excluded: a copy */
+    check_shape("ncclCommShrink excluding nobody", sub, nranks, rank);
+    check_sum("ncclCommShrink excluding nobody", sub, 5, 5 * nranks);
+    CHECK(ncclCommDestroy(sub));
+
+    float buf[1024];
+    ncclWindow_t win = (ncclWindow_t)(void *)buf;
+    bad += expect_error("window register",
+                        ncclCommWindowRegister(comm, buf, sizeof(buf), &win, NCCL_WIN_COLL_SYMMETRIC), ncclInvalidUsage,
+                        "memory windows (symmetric memory) are not supported by colld");
+    bad += win != NULL;
+    CHECK(ncclCommWindowDeregister(comm, NULL));
+    bad += expect_error("window deregister", ncclCommWindowDeregister(comm, (ncclWindow_t)(void *)buf),
+                        ncclInvalidArgument, "is not a window of this communicator: colld makes none");
+    char devcomm[512]; /* NVIDIA's ncclDevComm_t is a struct its caller owns */
+    bad += expect_error("device communicator", ncclDevCommCreate(comm, NULL, (ncclDevComm_t *)(void *)devcomm),
+                        ncclInvalidUsage, "device communicators (NCCL's device API");
+    bad += expect_error("device communicator destroy",
+                        ncclDevCommDestroy(comm, (const ncclDevComm_t *)(const void *)devcomm), ncclInvalidArgument,
+                        "not a device communicator of colld's");
+    bad += expect_error("device communicator without a communicator", ncclDevCommCreate(NULL, NULL, NULL),
+                        ncclInvalidArgument, "ncclDevCommCreate: comm is NULL");
+
+    ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+    bad += expect_error("simulate without a group", ncclGroupSimulateEnd(&sim), ncclInvalidUsage,
+                        "ncclGroupSimulateEnd without ncclGroupStart");
+    bad += expect_error("simulate with simInfo NULL", ncclGroupSimulateEnd(NULL), ncclInvalidArgument,
+                        "NCCL_SIM_INFO_INITIALIZER");
+
+    ncclUniqueId ids[2];
+    CHECK(ncclGetUniqueId(&ids[0]));
+    ids[1] = ids[0];
+    bad += expect_error("scalable init with nId 0", ncclCommInitRankScalable(&sub, 1, 0, 0, ids, NULL),
+                        ncclInvalidArgument, "nId must be at least 1 and at most nranks");
+    bad += expect_error("scalable init with more ids than ranks", ncclCommInitRankScalable(&sub, 1, 0, 2, ids, NULL),
+                        ncclInvalidArgument, "nId must be at least 1 and at most nranks");
+    bad += expect_error("scalable init with commIds NULL", ncclCommInitRankScalable(&sub, 1, 0, 1, NULL, NULL),
+                        ncclInvalidArgument, "commIds is NULL");
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    bad += expect_error("scalable init non-blocking", ncclCommInitRankScalable(&sub, 1, 0, 1, ids, &cfg),
+                        ncclInvalidUsage, "ncclCommInitRankScalable: non-blocking communicators");
+    bad += expect_error("scalable init rank out of range", ncclCommInitRankScalable(&sub, 1, 1, 1, ids, NULL),
+                        ncclInvalidArgument, "ncclCommInitRankScalable: rank 1 of 1 ranks is out of range");
+    CHECK(ncclCommInitRankScalable(&sub, 1, 0, 1, ids, NULL)); /* one id, one rank */
+    check_sum("ncclCommInitRankScalable of one rank", sub, 7, 7);
+    CHECK(ncclCommDestroy(sub));
+
+    int32_t x[8] = { 0 };
+    bad += expect_error("alltoall of an unknown type", ncclAlltoAll(x, x + 4, 1, (ncclDataType_t)77, comm, NULL),
+                        ncclInvalidArgument, "ncclAlltoAll: unknown data type 77");
+    bad += expect_error("alltoall in place", ncclAlltoAll(x, x, 1, ncclInt32, comm, NULL), ncclInvalidArgument,
+                        "all-to-all has no in-place form");
+    return bad;
 }
 
 /* ncclCommRegister on host memory (not from ncclMemAlloc): colld cannot register it, and the call
@@ -618,6 +845,7 @@ static int mode_errors(void)
                         "non-blocking communicators");
     bad += expect_error("group end alone", ncclGroupEnd(), ncclInvalidUsage, "without ncclGroupStart");
     bad += check_register(comm);
+    bad += check_recent_errors(comm);
     /* still usable */
     CHECK(ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, comm, NULL));
     for (int i = 0; i < 4; i++)
@@ -667,6 +895,10 @@ static int mode_victim(void)
         fprintf(stderr, "ncclCommGetAsyncError: %d, want ncclRemoteError\n", (int)async);
         bad++;
     }
+    ncclComm_t sub = NULL; /* a broken communicator cannot be shrunk: its sends no longer run */
+    bad += expect_error("ncclCommShrink without the rank that died", ncclCommShrink(comm, &victim, 1, &sub, NULL, 0),
+                        ncclRemoteError, "after a rank died or an abort make a new communicator");
+    bad += sub != NULL;
     CHECK(ncclCommAbort(comm));
     return bad;
 }
@@ -709,7 +941,7 @@ int main(int argc, char **argv)
     }
     if (nranks < 1 || nranks > MAXN || rank < 0 || rank >= nranks || (!id_file && strcmp(mode, "initall") != 0)) {
         fprintf(stderr,
-                "usage: %s --nranks N (1..%d) --rank R --id-file PATH [--mode matrix|initall|errors|victim "
+                "usage: %s --nranks N (1..%d) --rank R --id-file PATH [--mode matrix|initall|errors|victim|recent "
                 "--victim R]\n",
                 argv[0], MAXN);
         return 2;
@@ -723,6 +955,8 @@ int main(int argc, char **argv)
         return mode_errors();
     if (strcmp(mode, "victim") == 0)
         return mode_victim();
+    if (strcmp(mode, "recent") == 0)
+        return mode_recent();
     fprintf(stderr, "unknown mode %s\n", mode);
     return 2;
 }

@@ -3,7 +3,10 @@
  * processes, written against nccl.h alone, run every collective x NCCL data type x operator
  * exactly on host memory, one process drives several ranks (ncclCommInitAll and a group), bad
  * input and the calls colld does not support yet give NCCL's result codes with a clear
- * ncclGetLastError, and a rank that dies gives the others ncclRemoteError naming it. Every rank
+ * ncclGetLastError, and a rank that dies gives the others ncclRemoteError naming it. The calls of
+ * NCCL 2.20-2.28 that PyTorch 2.x links: ncclAlltoAll in the matrix, ncclCommInitRankScalable,
+ * ncclGroupSimulateEnd and ncclCommShrink on 3 ranks (test_recent), their refusals and bad
+ * arguments in test_errors_and_library. Every rank
  * reports the libnccl.so.2 it loaded; it must be colld's build (a real NCCL may sit in the ld.so
  * cache: the CUDA toolkit's lib folder), and the rank refuses to run on another (exit 3).
  */
@@ -93,6 +96,16 @@ static void test_rank_dies(void **state)
     assert_int_equal(harness_wait_all(p, 3, 120000), 0);
 }
 
+/* NCCL 2.20-2.28 on 3 ranks: ncclCommInitRankScalable with two ids, ncclGroupSimulateEnd (nothing
+ * of the group runs; the communicator is as before), ncclCommShrink without an idle rank and
+ * without one that left, every result exact. */
+static void test_recent(void **state)
+{
+    pid_t p[3];
+    spawn(*state, "recent", 3, NULL, p);
+    assert_int_equal(harness_wait_all(p, 3, 120000), 0);
+}
+
 #ifdef NCCL_GPU_RANK_BIN
 /* ncclSend / ncclRecv on device buffers, stream-ordered (issue 16), on the CUDA driver test double:
  * 3 ranks on 2 fake GPUs (nccl_gpu_rank.c), every byte exact. */
@@ -133,6 +146,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_matrix, setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_init_all, setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_rank_dies, setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_recent, setup, harness_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,10 +1,14 @@
 /*
- * nccl.h - the NCCL 2.19 C API, as colld's libnccl.so.2 implements it (bindings/nccl/nccl.c).
+ * nccl.h - the NCCL 2.19 C API, as colld's libnccl.so.2 implements it (bindings/nccl/nccl.c), and
+ * the calls of NCCL 2.20-2.28 that PyTorch 2.x links (ncclAlltoAll, ncclCommInitRankScalable,
+ * ncclCommShrink, ncclGroupSimulateEnd, memory windows, device communicators).
  *
  * A program written against NCCL builds against this header and runs through colld by loading
- * colld's libnccl.so.2 instead of NVIDIA's (LD_LIBRARY_PATH=<prefix>/lib/colld, docs/nccl.md).
- * Names, types and values are NCCL's, so a program built against NVIDIA's nccl.h of 2.19 or later
- * also runs unchanged (ncclConfig_t is read only as far as its `size` says).
+ * colld's libnccl.so.2 instead of NVIDIA's (LD_LIBRARY_PATH=<prefix>/lib/colld, or LD_PRELOAD of
+ * it where the program has an RPATH to NVIDIA's, as PyTorch's wheels do: docs/nccl.md). Names,
+ * types and values are NCCL's, so a program built against NVIDIA's nccl.h of 2.19 or later also
+ * runs unchanged (ncclConfig_t is read only as far as its `size` says). ncclGetVersion reports
+ * 2.19.3 (NCCL_VERSION_CODE below).
  *
  * What differs from NVIDIA's library (docs/nccl.md):
  *   - Host memory is accepted (a colld extension): a collective whose buffers are both host memory
@@ -25,6 +29,19 @@
  *     (colld_mem_register) until ncclCommDeregister or ncclCommDestroy; a host buffer not from
  *     ncclMemAlloc cannot be registered (its collectives are staged): the call succeeds and
  *     registers nothing. Unregistered buffers are registered at their first use, as before.
+ *   - ncclCommInitRankScalable joins with commIds[0] (every rank passes the same ids in the same
+ *     order, so the first is common to all; the others are not needed).
+ *   - ncclCommShrink: the ranks that stay call it (as with NCCL); the new communicator's unique id
+ *     passes from its rank 0 to the others over the parent's sends and receives (one each), so the
+ *     parent must still run them: the excluded ranks may be idle or have destroyed their handles,
+ *     but after a rank died or an abort (a broken communicator) it fails; NCCL_SHRINK_ABORT is
+ *     refused (ncclInvalidUsage). Not inside a group.
+ *   - ncclGroupSimulateEnd ends the group without starting any of its collectives (the
+ *     communicators stay as they were; deferred inits do run) and fails with ncclInvalidUsage:
+ *     colld has no cost model to estimate their time.
+ *   - Memory windows (ncclCommWindowRegister) and device communicators (ncclDevCommCreate) are
+ *     refused with ncclInvalidUsage: both let the application's kernels reach the peers' memory,
+ *     and colld's collectives run in the daemon.
  */
 #ifndef COLLD_NCCL_H
 #define COLLD_NCCL_H
@@ -65,6 +82,8 @@ typedef struct CUstream_st *cudaStream_t;
 
 typedef struct ncclComm *ncclComm_t;
 #define NCCL_COMM_NULL NULL
+/* A memory window (NCCL 2.27): colld makes none (ncclCommWindowRegister is refused). */
+typedef struct ncclWindow_vidmem *ncclWindow_t;
 
 #define NCCL_UNIQUE_ID_BYTES 128
 typedef struct {
@@ -86,6 +105,17 @@ typedef enum {
 #define NCCL_CONFIG_UNDEF_INT INT_MIN
 #define NCCL_CONFIG_UNDEF_PTR NULL
 #define NCCL_SPLIT_NOCOLOR -1
+#define NCCL_UNDEF_FLOAT -1.0f
+
+/* ncclCommWindowRegister's flags and alignment (NCCL's values). */
+#define NCCL_WIN_DEFAULT 0x00
+#define NCCL_WIN_COLL_SYMMETRIC 0x01
+#define NCCL_WIN_REQUIRED_ALIGNMENT 4096
+
+/* ncclCommShrink's flags: shrink as the parent stands, or abort the parent's operations first
+ * (NCCL_SHRINK_ABORT, refused by colld). */
+#define NCCL_SHRINK_DEFAULT 0x00
+#define NCCL_SHRINK_ABORT 0x01
 
 /* Communicator configuration (NCCL 2.19's fields). Start from NCCL_CONFIG_INITIALIZER. */
 typedef struct ncclConfig_v21700 {
@@ -105,6 +135,19 @@ typedef struct ncclConfig_v21700 {
         sizeof(ncclConfig_t), 0xcafebeef, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), NCCL_CONFIG_UNDEF_INT,     \
             NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR,                \
             NCCL_CONFIG_UNDEF_INT                                                                                      \
+    }
+
+/* What ncclGroupSimulateEnd reports (NCCL 2.22's fields). Start from NCCL_SIM_INFO_INITIALIZER. */
+typedef struct ncclSimInfo_v22200 {
+    size_t size;
+    unsigned int magic;
+    unsigned int version;
+    float estimatedTime; /* microseconds */
+} ncclSimInfo_t;
+
+#define NCCL_SIM_INFO_INITIALIZER                                                                                      \
+    {                                                                                                                  \
+        sizeof(ncclSimInfo_t), 0x74685283, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), NCCL_UNDEF_FLOAT          \
     }
 
 typedef enum {
@@ -149,7 +192,14 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId);
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank);
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t *config);
 ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist);
+/* nId unique ids (1..nranks), the same on every rank: colld joins with commIds[0]. */
+ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId, ncclUniqueId *commIds,
+                                      ncclConfig_t *config);
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config);
+/* The ranks of comm not in excludeRanksList (they alone call it) form *newcomm, in their order in
+ * comm. shrinkFlags: NCCL_SHRINK_DEFAULT (NCCL_SHRINK_ABORT is refused). */
+ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount, ncclComm_t *newcomm,
+                            ncclConfig_t *config, int shrinkFlags);
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
@@ -159,6 +209,16 @@ ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device);
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank);
 ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle);
 ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle);
+/* Refused (ncclInvalidUsage): colld has no memory windows. Deregistering NULL does nothing. */
+ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win, int winFlags);
+ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
+
+/* Device communicators (NCCL 2.28's device API, whose types NVIDIA's nccl_device.h defines):
+ * refused (ncclInvalidUsage); colld has none to destroy (ncclInvalidArgument). */
+typedef struct ncclDevComm ncclDevComm_t;
+typedef struct ncclDevCommRequirements ncclDevCommRequirements_t;
+ncclResult_t ncclDevCommCreate(ncclComm_t comm, const ncclDevCommRequirements_t *reqs, ncclDevComm_t *outDevComm);
+ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const ncclDevComm_t *devComm);
 
 /* Memory */
 ncclResult_t ncclMemAlloc(void **ptr, size_t size);
@@ -182,6 +242,10 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream);
+/* Block j of sendbuff (count elements each) goes to rank j, which receives it at block `rank` of
+ * its recvbuff; the two buffers must not overlap. */
+ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
+                          cudaStream_t stream);
 
 /* Point to point */
 ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
@@ -192,6 +256,9 @@ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int
 /* Groups */
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
+/* Ends the group as ncclGroupEnd does, but starts none of its collectives (sends, receives);
+ * colld has no estimate of their time: the outermost level fails with ncclInvalidUsage. */
+ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo);
 
 #ifdef __cplusplus
 }
