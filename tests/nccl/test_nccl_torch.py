@@ -197,6 +197,12 @@ def worker(args):
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if not gpus:
+        try:
+            dist.init_process_group("nccl", init_method="file://" + plan["store"], rank=0, world_size=1)
+            refusal = "none"
+        except ValueError as e:
+            refusal = str(e)
+        ck.true("without a GPU ProcessGroupNCCL refuses to start", "no GPUs found" in refusal, refusal)
         print("torch: no CUDA GPU (torch.cuda.is_available() is False): ProcessGroupNCCL needs one, so its "
               "collectives, communicator creation and stream handling through colld are not shown here; "
               "shown: the import, the binding of every NCCL symbol, the versions, torch's ncclGetUniqueId",
@@ -325,6 +331,7 @@ def main():
                        args.torch_path, "--colld", args.colld]
         try:
             t0 = time.monotonic()
+            plan["store"] = os.path.join(tmp, "store-1")
             p = subprocess.run(common_args + ["--worker", "--plan", json.dumps(plan)], env=env, timeout=120,
                                stdout=subprocess.PIPE, text=True)
             sys.stdout.write(p.stdout)
