@@ -446,6 +446,20 @@ class ProcessGroupColld : public c10d::Backend
         return "colld";
     }
 
+    /* Sequence numbers, which torch's ProcessGroupWrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL) compares
+     * between the ranks before each collective: the number of collectives this rank has posted
+     * on the group (sends and receives not counted: they differ between ranks), from 0 on every
+     * rank, as ProcessGroupNCCL counts them; the group is made by every rank at once, so there is
+     * nothing to agree on. */
+    void setSequenceNumberForGroup() override
+    {
+    }
+
+    uint64_t getSequenceNumberForGroup() override
+    {
+        return seq_.load(std::memory_order_relaxed);
+    }
+
     /* A CPU tensor in memory shared with this group's daemon (colld_mem_alloc(COLLD_MEM_HOST)):
      * the group's operations on it are zero copy, where any other tensor is staged by libcolld.
      * The memory is freed when the tensor's storage is; the colld client lives until then (past
@@ -1232,9 +1246,12 @@ class ProcessGroupColld : public c10d::Backend
         return st != COLLD_OK ? st : end;
     }
 
-    /* A new operation with its Work (`source`: a receive's peer). */
+    /* A new operation with its Work (`source`: a receive's peer); a collective takes the next
+     * sequence number. */
     Op make(const char *name, c10d::OpType type, const std::vector<at::Tensor> &outputs, int source = -1)
     {
+        if (type != c10d::OpType::SEND && type != c10d::OpType::RECV)
+            seq_.fetch_add(1, std::memory_order_relaxed);
         Op o;
         o.name = name;
         o.work = c10::make_intrusive<WorkColld>(rank_, type, outputs, source);
@@ -1363,6 +1380,7 @@ class ProcessGroupColld : public c10d::Backend
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<Op> queue_;                     /* guarded by mu_ */
+    std::atomic<uint64_t> seq_{ 0 };           /* collectives posted (getSequenceNumberForGroup) */
     std::atomic<size_t> queued_{ 0 };          /* queue_.size(), for the worker's look before it blocks */
     bool stop_ = false;                        /* guarded by mu_ */
     bool busy_ = false;                        /* guarded by mu_: the worker is running an operation */

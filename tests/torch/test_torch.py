@@ -38,7 +38,9 @@ COLLD_TEST_FULL=1 (make test-full) every scenario runs on its own at every world
 Usage: .venv/bin/python test_torch.py --colld BUILD/server/colld --pythonpath BUILD/bindings/torch/python
            [SCENARIO[+SCENARIO...][/WORLD] ...]
        test_torch.py --colld ... --pythonpath ... --upstream tests/torch/upstream_pass.txt
-         (PyTorch's own distributed_test.py, through upstream_suite.py: the listed tests must pass)
+         (PyTorch's own distributed_test.py, through upstream_suite.py: the listed tests must pass; by
+         default those tagged "# quick", each test's ranks forked, about 30 s; with COLLD_TEST_FULL=1
+         all of them, spawned as upstream's test_distributed_spawn.py does, about 10 min)
 Exit 0 when every scenario passed, 1 otherwise, 77 (skip) when torch cannot be imported.
 """
 import argparse
@@ -981,8 +983,10 @@ def main():
             if args.upstream:
                 suite = os.path.join(os.path.dirname(os.path.abspath(__file__)), "upstream_suite.py")
                 env["TEMP_DIR"] = tempfile.mkdtemp(dir=tmp)
+                mode = [] if full else ["--quick", "--fork"]
                 rc = subprocess.run([sys.executable, suite, "--backend", "colld", "--world-size", "3",
-                                     "--tests-from", args.upstream], env=env, cwd=tmp, timeout=1500).returncode
+                                     "--tests-from", args.upstream] + mode, env=env, cwd=tmp,
+                                    timeout=1700).returncode
                 results.append(rc == 0)
             else:
                 results += [run_scenario(args, tmp, env, *p) for p in plan]
