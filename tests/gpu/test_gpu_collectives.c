@@ -145,12 +145,15 @@ static void run_gpu(harness_t *h, int nranks, const char *const *extra)
  * ------------------------------------------------------------------------------------------- */
 
 /* The big count's option for a run: `full` on hardware and in `make test-full` on the double,
- * `ci` in `make test` on the double, none with COLLD_TEST_NO_BIG there (harness_test_size). */
+ * `ci` in `make test` on the double, float32 once per kind under ASan, none with
+ * COLLD_TEST_NO_BIG there (harness_test_size). */
 static const char *big_arg(const char *full, const char *ci)
 {
     switch (cfg.size) {
     case HARNESS_SIZE_NO_BIG:
         return "--no-big";
+    case HARNESS_SIZE_SMALL:
+        return "--big-min";
     case HARNESS_SIZE_CI:
         return ci;
     default:

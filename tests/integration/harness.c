@@ -33,9 +33,12 @@ double harness_now_ms(void)
 
 harness_size_t harness_test_size(void)
 {
-    const char *no_big = getenv("COLLD_TEST_NO_BIG"), *full = getenv("COLLD_TEST_FULL");
+    const char *no_big = getenv("COLLD_TEST_NO_BIG"), *small = getenv("COLLD_TEST_SMALL");
+    const char *full = getenv("COLLD_TEST_FULL");
     if (no_big && strcmp(no_big, "1") == 0)
         return HARNESS_SIZE_NO_BIG;
+    if (small && strcmp(small, "1") == 0)
+        return HARNESS_SIZE_SMALL;
     return full && strcmp(full, "1") == 0 ? HARNESS_SIZE_FULL : HARNESS_SIZE_CI;
 }
 

@@ -116,10 +116,11 @@ int harness_capture_all(const char *const *argv, char *out, size_t len, int time
 /* Milliseconds on the monotonic clock. */
 double harness_now_ms(void);
 
-/* How big a test's matrices are. `make test` and the sanitizer runs size them for CI (every kind
- * of case, the large counts on a subset); `make test-full` sets COLLD_TEST_FULL=1 for the full
- * sizes. COLLD_TEST_NO_BIG=1 (`make test-tsan`) leaves the large counts out altogether. */
-typedef enum { HARNESS_SIZE_NO_BIG, HARNESS_SIZE_CI, HARNESS_SIZE_FULL } harness_size_t;
+/* How big a test's matrices are. `make test` sizes them for CI (every kind of case, the large
+ * counts on a subset); `make test-full` sets COLLD_TEST_FULL=1 for the full sizes;
+ * `make test-asan` sets COLLD_TEST_SMALL=1 (each kind once at a large count); COLLD_TEST_NO_BIG=1
+ * (`make test-tsan`) leaves the large counts out altogether. */
+typedef enum { HARNESS_SIZE_NO_BIG, HARNESS_SIZE_SMALL, HARNESS_SIZE_CI, HARNESS_SIZE_FULL } harness_size_t;
 harness_size_t harness_test_size(void);
 
 /* The port of a daemon started with --metrics 127.0.0.1:0 (from its log, waiting up to 10 s), -1

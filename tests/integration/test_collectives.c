@@ -78,7 +78,8 @@ static void run_coll(harness_t *h, int nranks, const char *const *extra)
  * The small counts always cover every combination. The >= 4 MiB count (harness_test_size):
  *  - full (`make test-full`): every combination on 1 and 2 ranks, coll_big_selected()'s subset on
  *    3, 4 and 8;
- *  - CI (`make test`, ASan): that subset on 1 and 2 ranks, float32 once per kind on 3, 4 and 8;
+ *  - CI (`make test`): that subset on 1 and 2 ranks, float32 once per kind on 3, 4 and 8;
+ *  - small (`make test-asan`): float32 once per kind on every rank count;
  *  - none with COLLD_TEST_NO_BIG=1 (`make test-tsan`, where ThreadSanitizer makes the >= 4 MiB
  *    counts take many minutes and adds no concurrency to check). */
 static const char *const big_all[] = { "--big-all", NULL };
@@ -91,6 +92,8 @@ static const char *const *matrix_args(const char *const *full, const char *const
     switch (harness_test_size()) {
     case HARNESS_SIZE_NO_BIG:
         return no_big;
+    case HARNESS_SIZE_SMALL:
+        return big_min;
     case HARNESS_SIZE_CI:
         return ci;
     default:
