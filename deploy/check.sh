@@ -9,7 +9,8 @@
 #                PodMonitor against cloudcoil-models-prometheus-operator 0.80.1.0's models
 #                (prometheus-operator v0.80.1)
 #   prometheus   the alert rules (promtool check + unit tests) and both scrape configurations
-#   daemon       a real colld: --version of the three programs, /healthz, /readyz, /metrics,
+#   daemon       a real colld: --version of the three programs, /healthz and /readyz on --health
+#                and --metrics, /metrics,
 #                schema_version in collctl's JSON, status --watch, drain on SIGTERM
 #   grafana      the dashboard parses, its queries are valid PromQL (promtool) and every metric
 #                it or the alert rules use is one the daemon exports (deploy/grafana/check.py)
@@ -208,8 +209,8 @@ selftest_kubernetes() {
     broken unknown-field.yaml "$ds" 's/hostIPC: false/hostIPc: false/' "unknown field /spec/template/spec/hostIPc"
     broken undefined-var.yaml "$ds" 's/=$(NODE_NAME)$/=$(NODE_NAMES)/' \
         "'--node-name=\$(NODE_NAMES)' uses \$(NODE_NAMES), which env does not define"
-    broken probe-port.yaml "$ds" '/readinessProbe:/,/port:/s/port: metrics/port: metric/' \
-        "readinessProbe uses port 'metric', which is not declared"
+    broken probe-port.yaml "$ds" '/readinessProbe:/,/port:/s/port: health/port: healthz/' \
+        "readinessProbe uses port 'healthz', which is not declared"
     broken volume.yaml "$ds" 's/^            - name: cluster-secret$/            - name: cluster-secrets/' \
         "volumeMount 'cluster-secrets' names no volume"
     broken colld-option.yaml "$ds" 's/--drain-timeout-ms=/--drain-timeout=/' \
@@ -287,29 +288,40 @@ check_daemon() {
     done
     pass "version ($VERSION)"
 
-    local sock=$TMP/d/colld.sock port
+    local sock=$TMP/d/colld.sock port hport
     mkdir -p "$TMP/d"
-    "$COLLD" --socket "$sock" --metrics 127.0.0.1:0 --drain-timeout-ms 20000 2>"$TMP/d/log" &
+    "$COLLD" --socket "$sock" --metrics 127.0.0.1:0 --health 127.0.0.1:0 --drain-timeout-ms 20000 2>"$TMP/d/log" &
     DAEMON_PID=$!
     for _ in $(seq 100); do
-        grep -q "metrics on http://" "$TMP/d/log" && break
+        grep -q "health on http://" "$TMP/d/log" && break
         sleep 0.1
     done
     port=$(sed -n 's|.*metrics on http://127.0.0.1:\([0-9]*\)/metrics.*|\1|p' "$TMP/d/log")
-    if [ -z "$port" ]; then
+    hport=$(sed -n 's|.*health on http://127.0.0.1:\([0-9]*\)/healthz.*|\1|p' "$TMP/d/log")
+    if [ -z "$port" ] || [ -z "$hport" ]; then
         fail daemon "colld did not start: $(cat "$TMP/d/log")"
         return
     fi
-    http_get "$port" /healthz "$TMP/healthz"
-    http_get "$port" /readyz "$TMP/readyz"
-    http_get "$port" /metrics "$TMP/metrics.http"
-    if ! head -1 "$TMP/healthz" | grep -q "^HTTP/1.1 200" || ! tail -1 "$TMP/healthz" | grep -qx "ok"; then
-        fail healthz "$(cat "$TMP/healthz")"
-    elif ! head -1 "$TMP/readyz" | grep -q "^HTTP/1.1 200" || ! tail -1 "$TMP/readyz" | grep -qx "ready"; then
-        fail readyz "$(cat "$TMP/readyz")"
+    # The probes of the DaemonSet go to --health; the metrics port answers them too.
+    local p bad_health=""
+    for p in "$hport" "$port"; do
+        http_get "$p" /healthz "$TMP/healthz"
+        http_get "$p" /readyz "$TMP/readyz"
+        if ! head -1 "$TMP/healthz" | grep -q "^HTTP/1.1 200" || ! tail -1 "$TMP/healthz" | grep -qx "ok"; then
+            bad_health="port $p /healthz: $(cat "$TMP/healthz")"
+        elif ! head -1 "$TMP/readyz" | grep -q "^HTTP/1.1 200" || ! tail -1 "$TMP/readyz" | grep -qx "ready"; then
+            bad_health="port $p /readyz: $(cat "$TMP/readyz")"
+        fi
+    done
+    http_get "$hport" /metrics "$TMP/health-metrics"
+    head -1 "$TMP/health-metrics" | grep -q "^HTTP/1.1 404" ||
+        bad_health="the health port answered /metrics: $(head -1 "$TMP/health-metrics")"
+    if [ -n "$bad_health" ]; then
+        fail healthz "$bad_health"
     else
-        pass "healthz+readyz"
+        pass "healthz+readyz (--health and --metrics)"
     fi
+    http_get "$port" /metrics "$TMP/metrics.http"
     sed '1,/^\r$/d' "$TMP/metrics.http" >"$TMP/metrics.txt"
     if ! grep -q '^colld_build_info' "$TMP/metrics.txt"; then
         fail metrics "no colld_build_info in /metrics: $(head -5 "$TMP/metrics.http")"

@@ -379,14 +379,15 @@ int main(int argc, char **argv)
         goto out_stop;
     }
     if (colld_metrics_start(&d) < 0) {
-        fprintf(stderr, "colld: --metrics %s\n", colld_metrics_error(&d));
+        fprintf(stderr, "colld: %s\n", colld_metrics_error(&d));
         goto out_stop;
     }
     /* A start-up banner on stderr whatever the log level: someone running colld by hand sees it. */
-    const char *metrics_url = colld_metrics_url(&d);
-    fprintf(stderr, "colld %s: serving %s (control %s), host backend with %lld workers, %s kernels%s%s\n",
+    const char *metrics_url = colld_metrics_url(&d), *health_url = colld_metrics_health_url(&d);
+    fprintf(stderr, "colld %s: serving %s (control %s), host backend with %lld workers, %s kernels%s%s%s%s\n",
             COLLD_VERSION_STRING, d.cfg.socket, d.rpc_path, (long long)d.cfg.workers,
-            colld_cpu_reduce_impl(), metrics_url ? ", metrics on " : "", metrics_url ? metrics_url : "");
+            colld_cpu_reduce_impl(), metrics_url ? ", metrics on " : "", metrics_url ? metrics_url : "",
+            health_url ? ", health on " : "", health_url ? health_url : "");
     print_backends(&d);
     char ready[160];
     snprintf(ready, sizeof(ready), "serving %s", d.cfg.socket);

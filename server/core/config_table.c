@@ -101,6 +101,10 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "HOST:PORT to serve Prometheus metrics over HTTP (GET /metrics); off by default, loopback suggested "
       "(127.0.0.1:9464)",
       OPT(metrics_addr), 0, 0 },
+    { "health", "COLLD_HEALTH", COLLD_CFG_STRING, NULL,
+      "HOST:PORT to serve /healthz and /readyz alone over HTTP, on a listener no metrics client can fill (point "
+      "liveness and readiness probes here); off by default",
+      OPT(health_addr), 0, 0 },
     { "listen", "COLLD_LISTEN", COLLD_CFG_STRING, NULL,
       "HOST:PORT where peer daemons reach this one (multi-node communicators); off by default. HOST must be an "
       "address the peers can connect to; port 0 picks a free one",

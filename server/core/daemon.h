@@ -106,6 +106,7 @@ typedef struct {
     int64_t event_backlog;  /* events kept */
     char *tenant_caps_text; /* "uid:ms,uid:ms" */
     char *metrics_addr;     /* HOST:PORT or NULL */
+    char *health_addr;      /* HOST:PORT of /healthz and /readyz alone, or NULL */
     /* multi-node (cluster.c); off without --listen */
     char *listen;           /* HOST:PORT peers reach this daemon at */
     char *node_name;        /* default: the host name */

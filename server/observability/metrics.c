@@ -17,21 +17,24 @@
  * most registered memory (then sessions) get their own uid label, the rest are summed as "other". Debian 12 does not
  * package llhttp (only Debian 13 does), and we only need the request line, so the request is
  * parsed by the small hand-written parser below: at most 8 KiB are read until the blank line
- * that ends the headers, anything else is answered with 400/404/405/431/505. All HTTP state
- * belongs to the loop thread.
+ * that ends the headers, anything else is answered with 400/404/405/431/505. The connections are
+ * http.c's; all HTTP state belongs to the loop thread.
  *
- * Held connections must not starve scrapes (slowloris): a connection has HTTP_REQUEST_DEADLINE_MS
- * to deliver its whole request (a scraper sends it at once) and then HTTP_RESPONSE_DEADLINE_MS to
- * take the answer; at most HTTP_MAX_CONNECTIONS are open at once, and a new connection beyond that
- * closes the oldest one still waiting for its request, from the address that holds the most such
- * connections. So a client holding connections open loses its own, a scraper from elsewhere loses
- * none, and even one from the same address gets in (the held connections are older).
+ * Held connections must not starve scrapes (slowloris) nor the kubelet's probes: a metrics
+ * connection has HTTP_REQUEST_DEADLINE_MS to deliver its whole request and HTTP_RESPONSE_DEADLINE_MS
+ * to take the answer; at most HTTP_MAX_CONNECTIONS are open, HTTP_MAX_PER_SOURCE of them from one
+ * address, and a newcomer closes a connection still without its request or one that has not
+ * taken its answer for HTTP_STALLED_MS (http.c). Liveness and readiness have their own listener
+ * (--health HOST:PORT, /healthz and /readyz only): its answers are a few bytes that never wait
+ * for the client, every connection on it may be closed for a newcomer, so no client of the
+ * metrics port, and no client of the health port either, can keep a probe out.
  */
 #include "server/observability/metrics.h"
 
 #include "server/control/control.h"
 #include "server/core/counters.h"
 #include "server/net/net.h"
+#include "server/observability/http.h"
 #include "server/observability/recorder.h"
 
 #include "common/linkhealth.h"
@@ -54,10 +57,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define HTTP_REQUEST_MAX COLLD_METRICS_HTTP_REQUEST_MAX
 #define HTTP_REQUEST_DEADLINE_MS 2000  /* the whole request must arrive this soon after the accept */
 #define HTTP_RESPONSE_DEADLINE_MS 5000 /* the answer must be taken this soon after the request */
-#define HTTP_MAX_CONNECTIONS 64   /* open at once; a new one closes an older one still reading */
+#define HTTP_MAX_CONNECTIONS 64   /* open at once on --metrics */
+#define HTTP_MAX_PER_SOURCE 8     /* of them from one address (Prometheus holds one per scrape) */
+#define HTTP_STALLED_MS 1000      /* answered this long ago and still open: may go for a newcomer */
+#define HEALTH_MAX_CONNECTIONS 32 /* open at once on --health (any may go for a newcomer) */
+#define HEALTH_MAX_PER_SOURCE 4   /* of them from one address */
+#define HEALTH_DEADLINE_MS 1000   /* to send the request, then to take the answer (a kubelet's probe
+                                     times out after 1 s by default) */
 #define METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 #define TEXT_CONTENT_TYPE "text/plain; charset=utf-8"
 #define METRICS_TOP_TENANTS 10    /* tenants with their own label; the others are "other" */
@@ -67,21 +75,15 @@
  * The object
  * ========================================================================================== */
 
-typedef struct http_conn http_conn_t;
-static int accept_one(colld_metrics_t *m);
-
 struct colld_metrics {
-    /* The HTTP endpoint: loop thread only. */
+    /* The HTTP endpoints: loop thread only. */
     colld_daemon_t *daemon;
-    uv_tcp_t server;
-    bool server_open;      /* server initialised and not closed yet */
-    char url[96];          /* "http://127.0.0.1:9464/metrics", "" when off */
-    char error[320];       /* why the last colld_metrics_start failed */
-    http_conn_t *conns;    /* every connection not yet freed */
-    unsigned nconns;       /* of them, those that count against the cap */
-    uint64_t accepted;     /* connections accepted so far (their order) */
-    bool accept_pending;   /* a connection could not be accepted for lack of memory */
-    uint64_t evicted;      /* connections closed to make room for a new one */
+    colld_http_server_t *http;   /* --metrics, NULL when off */
+    colld_http_server_t *health; /* --health, NULL when off */
+    char url[96];                /* "http://127.0.0.1:9464/metrics", "" when off */
+    char health_url[96];         /* "http://127.0.0.1:9465/healthz", "" when off */
+    char error[320];             /* why the last colld_metrics_start failed */
+    uint64_t evicted, refused;   /* of listeners stopped already */
 };
 
 /* Create the endpoint's object (not serving yet). */
@@ -105,6 +107,11 @@ void colld_metrics_destroy(colld_daemon_t *d)
 const char *colld_metrics_url(const colld_daemon_t *d)
 {
     return d->metrics && d->metrics->url[0] ? d->metrics->url : NULL;
+}
+
+const char *colld_metrics_health_url(const colld_daemon_t *d)
+{
+    return d->metrics && d->metrics->health_url[0] ? d->metrics->health_url : NULL;
 }
 
 const char *colld_metrics_error(const colld_daemon_t *d)
@@ -529,9 +536,15 @@ static void render_connections(colld_daemon_t *d, textbuf_t *b)
     tb_printf(b, "colld_connections_shed_total{socket=\"session\"} %llu\n", (unsigned long long)d->sessions_l.shed);
     tb_printf(b, "colld_connections_shed_total{socket=\"control\"} %llu\n",
               (unsigned long long)colld_ctl_shed(d));
+    colld_http_stats_t hs = colld_http_stats(d->metrics->http);
     tb_family(b, "colld_metrics_connections_evicted_total", "counter",
-              "Metrics connections closed without a request to make room for a new one.");
-    tb_printf(b, "colld_metrics_connections_evicted_total %llu\n", (unsigned long long)d->metrics->evicted);
+              "Metrics connections closed to make room for a new one (still without a request, or not taking "
+              "their answer).");
+    tb_printf(b, "colld_metrics_connections_evicted_total %llu\n", (unsigned long long)(d->metrics->evicted + hs.evicted));
+    tb_family(b, "colld_metrics_connections_refused_total", "counter",
+              "Metrics connections closed at once: every place of their address (8) or of all (64) was being "
+              "answered.");
+    tb_printf(b, "colld_metrics_connections_refused_total %llu\n", (unsigned long long)(d->metrics->refused + hs.refused));
 }
 
 /* Render every metric (daemon->lock held by the caller). */
@@ -648,191 +661,13 @@ static void render(colld_daemon_t *d, const process_info_t *p, const peer_snapsh
 }
 
 /* ============================================================================================
- * HTTP connections
+ * Answering requests
  * ========================================================================================== */
-
-/* A connection goes READING -> WRITING -> DRAINING -> CLOSING. DRAINING: the response is sent and
- * our side shut down; what the client still sends is read and dropped until it closes, so an
- * unread request tail cannot turn our close into a reset that destroys the response. */
-typedef enum {
-    CONN_READING,
-    CONN_WRITING,
-    CONN_DRAINING,
-    CONN_CLOSING,
-} conn_phase_t;
-
-struct http_conn {
-    uv_tcp_t tcp;
-    uv_timer_t timer;
-    colld_metrics_t *m;
-    conn_phase_t phase;
-    bool counted;         /* counts against HTTP_MAX_CONNECTIONS */
-    struct sockaddr_storage peer; /* its address (family 0: unknown) */
-    uint64_t seq;         /* accept order */
-    int open_handles;     /* handles not yet closed; freed at 0 */
-    uv_write_t write_req;
-    uv_shutdown_t shutdown_req;
-    char head[512];       /* status line and headers of the response */
-    char *body;           /* response body (heap), NULL if none */
-    size_t body_len;
-    size_t len;           /* request bytes read */
-    char req[HTTP_REQUEST_MAX];
-    http_conn_t *prev, *next;
-};
-
-static void conn_on_close(uv_handle_t *h)
-{
-    http_conn_t *c = h->data;
-    if (--c->open_handles > 0)
-        return;
-    colld_metrics_t *m = c->m;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        m->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    free(c->body);
-    free(c);
-    if (m->accept_pending && m->server_open) {
-        /* Memory may be back: take the connection libuv holds for us (accept_one tells). */
-        m->accept_pending = false;
-        if (accept_one(m) < 0)
-            m->accept_pending = true;
-    }
-}
-
-/* Close a connection (idempotent); it is freed once both handles are closed, and its place is
- * free at once. */
-static void conn_close(http_conn_t *c)
-{
-    if (c->phase == CONN_CLOSING)
-        return;
-    if (c->counted)
-        c->m->nconns--;
-    c->counted = false;
-    c->phase = CONN_CLOSING;
-    uv_close((uv_handle_t *)&c->tcp, conn_on_close);
-    uv_close((uv_handle_t *)&c->timer, conn_on_close);
-}
-
-static void conn_on_deadline(uv_timer_t *t)
-{
-    http_conn_t *c = t->data;
-    LOG_DEBUG(ADMIN, "metrics: closing a connection: %s within %d ms",
-              c->phase == CONN_READING ? "no complete request" : "response not taken",
-              c->phase == CONN_READING ? HTTP_REQUEST_DEADLINE_MS : HTTP_RESPONSE_DEADLINE_MS);
-    conn_close(c);
-}
-
-static void conn_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-    http_conn_t *c = h->data;
-    (void)suggested;
-    if (c->phase == CONN_DRAINING)
-        *buf = uv_buf_init(c->req, sizeof(c->req)); /* discarded */
-    else
-        *buf = uv_buf_init(c->req + c->len, (unsigned)(sizeof(c->req) - c->len));
-}
-
-static void conn_on_drain_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
-{
-    (void)buf;
-    if (nread < 0) /* EOF or error: the client is done */
-        conn_close(s->data);
-}
-
-static void conn_on_shutdown(uv_shutdown_t *req, int status)
-{
-    http_conn_t *c = req->data;
-    if (c->phase != CONN_WRITING)
-        return; /* closed meanwhile (UV_ECANCELED) */
-    if (status < 0 || uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_drain_read) < 0) {
-        conn_close(c);
-        return;
-    }
-    c->phase = CONN_DRAINING;
-}
-
-static void conn_on_write(uv_write_t *req, int status)
-{
-    http_conn_t *c = req->data;
-    if (c->phase != CONN_WRITING)
-        return; /* closed meanwhile (UV_ECANCELED) */
-    if (status < 0) {
-        LOG_DEBUG(ADMIN, "metrics: cannot send a response: %s", uv_strerror(status));
-        conn_close(c);
-        return;
-    }
-    c->shutdown_req.data = c;
-    if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->tcp, conn_on_shutdown) < 0)
-        conn_close(c);
-}
-
-static const char *reason_phrase(int code)
-{
-    switch (code) {
-    case 200:
-        return "OK";
-    case 400:
-        return "Bad Request";
-    case 404:
-        return "Not Found";
-    case 405:
-        return "Method Not Allowed";
-    case 431:
-        return "Request Header Fields Too Large";
-    case 500:
-        return "Internal Server Error";
-    case 503:
-        return "Service Unavailable";
-    case 505:
-        return "HTTP Version Not Supported";
-    }
-    return "Error";
-}
-
-/* Send a response and close after it. body: heap memory the connection takes (may be NULL for
- * an error response, which then gets a one-line text body). head_only: HEAD, no body sent. A 200
- * is the metrics exposition unless `text` says it is plain text (/healthz, /readyz). */
-static void conn_respond_as(http_conn_t *c, int code, char *body, size_t body_len, bool head_only, bool text)
-{
-    uv_read_stop((uv_stream_t *)&c->tcp);
-    c->phase = CONN_WRITING;
-    uv_timer_start(&c->timer, conn_on_deadline, HTTP_RESPONSE_DEADLINE_MS, 0);
-    if (!body) {
-        char line[96];
-        int n = snprintf(line, sizeof(line), "%d %s\n", code, reason_phrase(code));
-        body = strdup(line);
-        body_len = body ? (size_t)n : 0;
-    }
-    c->body = body;
-    c->body_len = body_len;
-    int n = snprintf(c->head, sizeof(c->head),
-                     "HTTP/1.1 %d %s\r\n"
-                     "Content-Type: %s\r\n"
-                     "Content-Length: %zu\r\n"
-                     "%s"
-                     "Connection: close\r\n"
-                     "\r\n",
-                     code, reason_phrase(code), code == 200 && !text ? METRICS_CONTENT_TYPE : TEXT_CONTENT_TYPE,
-                     body_len, code == 405 ? "Allow: GET, HEAD\r\n" : "");
-    uv_buf_t bufs[2] = { uv_buf_init(c->head, (unsigned)n), uv_buf_init(body, (unsigned)body_len) };
-    c->write_req.data = c;
-    if (uv_write(&c->write_req, (uv_stream_t *)&c->tcp, bufs, head_only || !body_len ? 1 : 2, conn_on_write) < 0)
-        conn_close(c);
-}
-
-static void conn_respond(http_conn_t *c, int code, char *body, size_t body_len, bool head_only)
-{
-    conn_respond_as(c, code, body, body_len, head_only, false);
-}
 
 /* /readyz: 200 "ready" when everything a client needs is up, else 503 naming what is not. Every
  * condition is one the start-up establishes before the endpoint opens, or the shutdown drops. */
-static void conn_respond_ready(http_conn_t *c, bool head)
+static void respond_ready(colld_daemon_t *d, colld_http_conn_t *c, bool head)
 {
-    colld_daemon_t *d = c->m->daemon;
     char text[384];
     size_t n = 0;
     pthread_mutex_lock(&d->lock);
@@ -860,7 +695,7 @@ static void conn_respond_ready(http_conn_t *c, bool head)
         memcpy(body, text, len);
         body[len++] = '\n';
     }
-    conn_respond_as(c, n ? 503 : 200, body, body ? len : 0, head, true);
+    colld_http_respond(c, n ? 503 : 200, body, body ? len : 0, head, TEXT_CONTENT_TYPE);
 }
 
 /* A token character of RFC 9110 (method names). */
@@ -922,28 +757,29 @@ int colld_metrics_http_request(const char *req, size_t end, colld_http_route_t *
     return 200;
 }
 
-/* Answer a complete request (c->req holds it through the blank line at `end`). */
-static void conn_handle_request(http_conn_t *c, size_t end)
+/* Answer a request on either listener; the health listener (health) serves no /metrics. */
+static void answer(colld_daemon_t *d, colld_http_conn_t *c, const char *req, size_t end, bool health)
 {
     bool head;
     colld_http_route_t route;
-    int code = colld_metrics_http_request(c->req, end, &route, &head);
+    int code = colld_metrics_http_request(req, end, &route, &head);
+    if (code == 200 && health && route == COLLD_HTTP_METRICS)
+        code = 404;
     if (code != 200) {
-        conn_respond(c, code, NULL, 0, false);
+        colld_http_respond(c, code, NULL, 0, false, NULL);
         return;
     }
-    if (route == COLLD_HTTP_HEALTHZ) { /* the process answers: that is all it claims */
+    if (route == COLLD_HTTP_HEALTHZ) { /* the process answers on its loop: that is all it claims */
         char *ok = strdup("ok\n");
-        conn_respond_as(c, 200, ok, ok ? 3 : 0, head, true);
+        colld_http_respond(c, 200, ok, ok ? 3 : 0, head, TEXT_CONTENT_TYPE);
         return;
     }
     if (route == COLLD_HTTP_READYZ) {
-        conn_respond_ready(c, head);
+        respond_ready(d, c, head);
         return;
     }
 
     /* Render under the lock, send outside it. */
-    colld_daemon_t *d = c->m->daemon;
     process_info_t pi;
     peer_snapshot_t ps;
     textbuf_t b = { 0 };
@@ -958,146 +794,20 @@ static void conn_handle_request(http_conn_t *c, size_t end)
     if (b.failed) {
         LOG_WARN_RL(ADMIN, "metrics: out of memory rendering %zu bytes", b.cap);
         free(b.data);
-        conn_respond(c, 500, NULL, 0, false);
+        colld_http_respond(c, 500, NULL, 0, false, NULL);
         return;
     }
-    conn_respond(c, 200, b.data, b.len, head);
+    colld_http_respond(c, 200, b.data, b.len, head, METRICS_CONTENT_TYPE);
 }
 
-/* Find the end of the request headers: the byte after "\r\n\r\n" (or a bare "\n\n"), 0 if not
- * there yet. */
-size_t colld_metrics_http_header_end(const char *buf, size_t len)
+static void on_metrics_request(void *arg, colld_http_conn_t *c, const char *req, size_t end)
 {
-    for (size_t i = 0; i + 1 < len; i++) {
-        if (buf[i] != '\n')
-            continue;
-        if (buf[i + 1] == '\n')
-            return i + 2;
-        if (i + 2 < len && buf[i + 1] == '\r' && buf[i + 2] == '\n')
-            return i + 3;
-    }
-    return 0;
+    answer(arg, c, req, end, false);
 }
 
-static void conn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+static void on_health_request(void *arg, colld_http_conn_t *c, const char *req, size_t end)
 {
-    http_conn_t *c = s->data;
-    (void)buf;
-    if (nread < 0) {
-        if (nread != UV_EOF)
-            LOG_DEBUG(ADMIN, "metrics: read: %s", uv_strerror((int)nread));
-        conn_close(c);
-        return;
-    }
-    if (c->phase != CONN_READING || nread == 0)
-        return;
-    size_t from = c->len > 3 ? c->len - 3 : 0; /* a terminator may straddle two reads */
-    c->len += (size_t)nread;
-    size_t end = colld_metrics_http_header_end(c->req + from, c->len - from);
-    if (end) {
-        conn_handle_request(c, from + end);
-        return;
-    }
-    if (c->len == sizeof(c->req))
-        conn_respond(c, 431, NULL, 0, false);
-}
-
-/* Whether two addresses are the same host (the port is not compared). */
-static bool same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
-{
-    if (a->ss_family != b->ss_family || !a->ss_family)
-        return false;
-    if (a->ss_family == AF_INET)
-        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
-    if (a->ss_family == AF_INET6)
-        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
-                      sizeof(struct in6_addr)) == 0;
-    return false;
-}
-
-/* The connection to close for a new one when all places are taken: of those still waiting for
- * their request, the oldest one of the address that holds the most of them. NULL when every
- * connection is being answered. */
-static http_conn_t *eviction_victim(colld_metrics_t *m)
-{
-    http_conn_t *victim = NULL;
-    unsigned victim_count = 0;
-    for (http_conn_t *c = m->conns; c; c = c->next) {
-        if (!c->counted || c->phase != CONN_READING)
-            continue;
-        unsigned same = 0;
-        for (http_conn_t *o = m->conns; o; o = o->next)
-            same += o->counted && o->phase == CONN_READING && (o == c || same_host(&o->peer, &c->peer));
-        if (!victim || same > victim_count || (same == victim_count && c->seq < victim->seq)) {
-            victim = c;
-            victim_count = same;
-        }
-    }
-    return victim;
-}
-
-/* Accept one connection from the listener; returns -1 when there is no memory for it (the
- * connection then stays in libuv's hands until the next try). */
-static int accept_one(colld_metrics_t *m)
-{
-    http_conn_t *c = calloc(1, sizeof(*c));
-    if (!c)
-        return -1;
-    c->m = m;
-    c->tcp.data = c;
-    c->timer.data = c;
-    uv_tcp_init(&m->daemon->loop, &c->tcp);
-    uv_timer_init(&m->daemon->loop, &c->timer);
-    c->open_handles = 2;
-    c->next = m->conns;
-    if (m->conns)
-        m->conns->prev = c;
-    m->conns = c;
-    c->phase = CONN_READING;
-    int rc = uv_accept((uv_stream_t *)&m->server, (uv_stream_t *)&c->tcp);
-    if (rc < 0) {
-        LOG_DEBUG(ADMIN, "metrics: accept: %s", uv_strerror(rc));
-        conn_close(c);
-        return 0;
-    }
-    int plen = (int)sizeof(c->peer);
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->peer, &plen) < 0)
-        c->peer.ss_family = 0;
-    c->seq = ++m->accepted;
-    if (m->nconns >= HTTP_MAX_CONNECTIONS) {
-        http_conn_t *victim = eviction_victim(m);
-        if (!victim) {
-            LOG_WARN_RL(ADMIN, "metrics: %d connections are all being answered; closing a new one",
-                        HTTP_MAX_CONNECTIONS);
-            conn_close(c);
-            return 0;
-        }
-        m->evicted++;
-        LOG_INFO_RL(ADMIN, "metrics: %d connections open; closed the oldest one still without a request (%llu so "
-                           "far) to serve a new one",
-                    HTTP_MAX_CONNECTIONS, (unsigned long long)m->evicted);
-        conn_close(victim);
-    }
-    c->counted = true;
-    m->nconns++;
-    uv_tcp_nodelay(&c->tcp, 1);
-    if (uv_timer_start(&c->timer, conn_on_deadline, HTTP_REQUEST_DEADLINE_MS, 0) < 0 ||
-        uv_read_start((uv_stream_t *)&c->tcp, conn_alloc, conn_on_read) < 0)
-        conn_close(c);
-    return 0;
-}
-
-static void on_connection(uv_stream_t *server, int status)
-{
-    colld_metrics_t *m = server->data;
-    if (status < 0) {
-        LOG_WARN_RL(ADMIN, "metrics: listener: %s", uv_strerror(status));
-        return;
-    }
-    if (accept_one(m) < 0) {
-        LOG_WARN_RL(ADMIN, "metrics: out of memory accepting a connection; will retry");
-        m->accept_pending = true;
-    }
+    answer(arg, c, req, end, true);
 }
 
 /* ============================================================================================
@@ -1155,76 +865,95 @@ static int parse_addr(const char *text, struct sockaddr_storage *out, char *err,
     return 0;
 }
 
-/* Start the endpoint if configured. */
+/* Start one listener on `addr` (option `opt`), its URL ending in `path` into url. Returns 0, or
+ * -1 with the reason in m->error. */
+static int start_one(colld_daemon_t *d, const char *opt, const char *addr, const colld_http_config_t *cfg,
+                     colld_http_server_t **out, const char *path, char *url, size_t url_len)
+{
+    colld_metrics_t *m = d->metrics;
+    struct sockaddr_storage sa, bound;
+    char why[256];
+    if (parse_addr(addr, &sa, why, sizeof(why)) < 0) {
+        colld_set_err(m->error, sizeof(m->error), "--%s %s", opt, why);
+        return -1;
+    }
+    if (colld_http_start(&d->loop, (const struct sockaddr *)&sa, cfg, out, why, sizeof(why)) < 0 ||
+        colld_http_bound(*out, &bound) < 0) {
+        colld_set_err(m->error, sizeof(m->error), "--%s '%s': %s", opt, addr,
+                      *out ? "cannot read the bound address" : why);
+        return -1;
+    }
+    char ip[64] = "?";
+    if (bound.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)&bound;
+        uv_ip6_name(s6, ip, sizeof(ip));
+        snprintf(url, url_len, "http://[%s]:%d%s", ip, ntohs(s6->sin6_port), path);
+    } else {
+        const struct sockaddr_in *s4 = (const struct sockaddr_in *)&bound;
+        uv_ip4_name(s4, ip, sizeof(ip));
+        snprintf(url, url_len, "http://%s:%d%s", ip, ntohs(s4->sin_port), path);
+    }
+    LOG_INFO(ADMIN, "%s on %s", opt, url);
+    return 0;
+}
+
+/* Start the endpoints that are configured: --metrics (metrics, health and readiness) and
+ * --health (health and readiness only, on a listener no metrics client can fill). */
 int colld_metrics_start(colld_daemon_t *d)
 {
     colld_metrics_t *m = d->metrics;
-    const char *addr = d->cfg.metrics_addr;
-    if (!addr || !*addr)
+    const char *maddr = d->cfg.metrics_addr, *haddr = d->cfg.health_addr;
+    bool want_metrics = maddr && *maddr, want_health = haddr && *haddr;
+    if (!want_metrics && !want_health)
         return 0;
     if (!m) {
         LOG_ERROR(ADMIN, "metrics: counters not created");
         return -1;
     }
-    struct sockaddr_storage sa;
-    if (parse_addr(addr, &sa, m->error, sizeof(m->error)) < 0) {
-        LOG_ERROR(ADMIN, "--metrics: %s", m->error);
-        return -1;
-    }
-    int rc = uv_tcp_init(&d->loop, &m->server);
-    if (rc < 0) {
-        colld_set_err(m->error, sizeof(m->error), "'%s': %s", addr, uv_strerror(rc));
-        LOG_ERROR(ADMIN, "--metrics: %s", m->error);
-        return -1;
-    }
-    m->server.data = m;
-    m->server_open = true;
-    rc = uv_tcp_bind(&m->server, (const struct sockaddr *)&sa, 0);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&m->server, 128, on_connection);
-    struct sockaddr_storage bound;
-    int blen = (int)sizeof(bound);
-    if (rc == 0)
-        rc = uv_tcp_getsockname(&m->server, (struct sockaddr *)&bound, &blen);
-    if (rc < 0) {
-        colld_set_err(m->error, sizeof(m->error), "'%s': cannot listen: %s%s", addr, uv_strerror(rc),
-                      rc == UV_EADDRINUSE ? " (another process uses the port; choose another, or 0 for any free one)"
-                                          : "");
-        LOG_ERROR(ADMIN, "--metrics: %s", m->error);
+    const colld_http_config_t mcfg = {
+        .name = "metrics",
+        .max_conns = HTTP_MAX_CONNECTIONS,
+        .max_per_source = HTTP_MAX_PER_SOURCE,
+        .request_ms = HTTP_REQUEST_DEADLINE_MS,
+        .response_ms = HTTP_RESPONSE_DEADLINE_MS,
+        .stalled_ms = HTTP_STALLED_MS,
+        .handler = on_metrics_request,
+        .arg = d,
+    };
+    const colld_http_config_t hcfg = {
+        .name = "health",
+        .max_conns = HEALTH_MAX_CONNECTIONS,
+        .max_per_source = HEALTH_MAX_PER_SOURCE,
+        .request_ms = HEALTH_DEADLINE_MS,
+        .response_ms = HEALTH_DEADLINE_MS,
+        .stalled_ms = 0,
+        .evict_any = true,
+        .handler = on_health_request,
+        .arg = d,
+    };
+    if ((want_metrics && start_one(d, "metrics", maddr, &mcfg, &m->http, "/metrics", m->url, sizeof(m->url)) < 0) ||
+        (want_health &&
+         start_one(d, "health", haddr, &hcfg, &m->health, "/healthz", m->health_url, sizeof(m->health_url)) < 0)) {
+        LOG_ERROR(ADMIN, "%s", m->error);
         colld_metrics_stop(d);
         return -1;
     }
-    char ip[64] = "?";
-    int port = 0;
-    if (bound.ss_family == AF_INET6) {
-        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)&bound;
-        uv_ip6_name(s6, ip, sizeof(ip));
-        port = ntohs(s6->sin6_port);
-        snprintf(m->url, sizeof(m->url), "http://[%s]:%d/metrics", ip, port);
-    } else {
-        const struct sockaddr_in *s4 = (const struct sockaddr_in *)&bound;
-        uv_ip4_name(s4, ip, sizeof(ip));
-        port = ntohs(s4->sin_port);
-        snprintf(m->url, sizeof(m->url), "http://%s:%d/metrics", ip, port);
-    }
-    LOG_INFO(ADMIN, "metrics on %s", m->url);
     return 0;
 }
 
-/* Close the listener and every connection. Their memory goes when the loop runs their close
+/* Close the listeners and every connection. Their memory goes when the loop runs their close
  * callbacks. Idempotent. */
 void colld_metrics_stop(colld_daemon_t *d)
 {
     colld_metrics_t *m = d->metrics;
     if (!m)
         return;
-    if (m->server_open) {
-        uv_close((uv_handle_t *)&m->server, NULL);
-        m->server_open = false;
-    }
-    m->url[0] = '\0';
-    for (http_conn_t *c = m->conns; c; c = c->next)
-        conn_close(c);
+    m->evicted += colld_http_stats(m->http).evicted;
+    m->refused += colld_http_stats(m->http).refused;
+    colld_http_stop(m->http);
+    colld_http_stop(m->health);
+    m->http = m->health = NULL;
+    m->url[0] = m->health_url[0] = '\0';
 }
 
 /* ============================================================================================

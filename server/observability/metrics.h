@@ -1,7 +1,8 @@
 /*
  * metrics.h - the daemon's Prometheus metrics: an HTTP endpoint (GET /metrics, text exposition
  * format 0.0.4) served by the daemon's libuv loop when --metrics HOST:PORT is given, showing the
- * core's counters (server/core/counters.h) and gauges walked from the daemon's state.
+ * core's counters (server/core/counters.h) and gauges walked from the daemon's state; and the
+ * health endpoint (--health HOST:PORT: /healthz and /readyz on a listener of their own).
  */
 #ifndef COLLD_SERVER_METRICS_H
 #define COLLD_SERVER_METRICS_H
@@ -22,14 +23,17 @@ void colld_metrics_destroy(colld_daemon_t *d);
 /* The module: what the metrics count of every communicator's life (formed, faulted). */
 extern const struct colld_comm_hooks colld_metrics_hooks;
 
-/* Start serving on d->cfg.metrics_addr if set (loop thread, before uv_run). Returns 0, or -1 with
- * a logged reason (bad address, port in use). */
+/* Start serving on d->cfg.metrics_addr and d->cfg.health_addr, those that are set (loop thread,
+ * before uv_run). Returns 0, or -1 with a logged reason (bad address, port in use); then neither
+ * serves. */
 int colld_metrics_start(colld_daemon_t *d);
-/* Stop serving: close the listener and every open connection (loop thread). */
+/* Stop serving: close the listeners and every open connection (loop thread). */
 void colld_metrics_stop(colld_daemon_t *d);
 /* The endpoint's URL with the port actually bound ("http://127.0.0.1:9464/metrics"), or NULL when
  * it is not serving. */
 const char *colld_metrics_url(const colld_daemon_t *d);
+/* The health endpoint's URL ("http://127.0.0.1:9465/healthz"), or NULL when it is not serving. */
+const char *colld_metrics_health_url(const colld_daemon_t *d);
 /* Why the last colld_metrics_start failed, for the start-up message on stderr. */
 const char *colld_metrics_error(const colld_daemon_t *d);
 

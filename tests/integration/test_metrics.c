@@ -87,7 +87,8 @@ static int metrics_teardown(void **state)
  * ------------------------------------------------------------------------------------------- */
 
 /* A TCP connection to the endpoint with send/receive time-outs, or -1. */
-static int http_connect(int port)
+/* A connection to 127.0.0.1:port from 127.0.0.<src> (0: the kernel's choice, 127.0.0.1). */
+static int http_connect_from(int port, int src)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
@@ -97,11 +98,19 @@ static int http_connect(int port)
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+    struct sockaddr_in from = { .sin_family = AF_INET };
+    from.sin_addr.s_addr = htonl(INADDR_LOOPBACK + (uint32_t)src - 1);
+    if ((src && bind(fd, (struct sockaddr *)&from, sizeof(from)) < 0) ||
+        connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
         close(fd);
         return -1;
     }
     return fd;
+}
+
+static int http_connect(int port)
+{
+    return http_connect_from(port, 0);
 }
 
 /* Read until the server closes; returns the malloc'd answer (NUL-terminated) or NULL on a
@@ -548,9 +557,9 @@ static double metric_value(const char *body, const char *name)
     return -1;
 }
 
-/* 64 silent connections fill every place; a scrape still gets its answer, because a new
- * connection closes the oldest one still without a request (exactly one: the second scrape finds
- * a free place); the others end at their deadline. */
+/* 64 silent connections fill every place (8 from each of 8 addresses: one address holds at most
+ * 8); a scrape still gets its answer, because a new connection closes the oldest one still without
+ * a request (exactly one: the second scrape finds a free place); the others end at their deadline. */
 static void test_connection_cap(void **state)
 {
     fixture_t *f = *state;
@@ -558,7 +567,7 @@ static void test_connection_cap(void **state)
     int fds[CAP];
     double t0 = harness_now_ms();
     for (int i = 0; i < CAP; i++)
-        assert_true((fds[i] = http_connect(f->port)) >= 0);
+        assert_true((fds[i] = http_connect_from(f->port, 2 + i / 8)) >= 0);
     free(scrape(f)); /* accepted after the 64 (the backlog is in order): it evicts the oldest */
     char *body = scrape(f);
     double evicted = metric_value(body, "colld_metrics_connections_evicted_total");
