@@ -32,15 +32,15 @@ private directory, and checks their exit codes:
 
 By default (make test) the scenarios that need no fault of their own run as one 4-rank group
 ("ops+premul+ddp+zerocopy+p2p+api": one start of torch per rank, which costs more than the
-scenarios), then kill/3, exit/2, p2pfail/2 and p2pkill/3: about 45 s on 2 cores. With
+scenarios), then kill/3, exit/2, p2pfail/2 and p2pkill/3: 25 to 50 s on 2 cores. With
 COLLD_TEST_FULL=1 (make test-full) every scenario runs on its own at every world size above.
 
 Usage: .venv/bin/python test_torch.py --colld BUILD/server/colld --pythonpath BUILD/bindings/torch/python
            [SCENARIO[+SCENARIO...][/WORLD] ...]
        test_torch.py --colld ... --pythonpath ... --upstream tests/torch/upstream_pass.txt
          (PyTorch's own distributed_test.py, through upstream_suite.py: the listed tests must pass; by
-         default those tagged "# quick", each test's ranks forked, about 30 s; with COLLD_TEST_FULL=1
-         all of them, spawned as upstream's test_distributed_spawn.py does, about 10 min)
+         default those tagged "# quick", each test's ranks forked, 18 to 25 s; with COLLD_TEST_FULL=1
+         all of them, spawned as upstream's test_distributed_spawn.py does, 10 to 17 min)
 Exit 0 when every scenario passed, 1 otherwise, 77 (skip) when torch cannot be imported.
 """
 import argparse
