@@ -12,13 +12,13 @@ CMAKE_ARGS ?=
 # Type=notify unit (optional to the build). systemd, prometheus, help2man and groff-base are
 # deploy/check.sh's validators (the test deploy_check): systemd-analyze and systemd-sysusers,
 # promtool (on a host that runs systemd the prometheus package also enables a Prometheus server),
-# the man pages. python3-venv: the project's Python environment below. python3-torch, libtorch-dev,
-# pybind11-dev and g++: the torch.distributed backend torch_colld (bindings/torch, docs/torch.md)
-# and its test (optional to the build: skipped without). iproute2: ip netns and tc for
-# test_slowlink (hosts in network namespaces, one link shaped).
+# the man pages. python3-venv: the project's Python environment below, whose torch 2.x (PyPI) the
+# torch.distributed backend torch_colld is built against (bindings/torch, docs/torch.md), with
+# python3-dev's Python.h and g++ (optional to the build: skipped without). iproute2: ip netns and
+# tc for test_slowlink (hosts in network namespaces, one link shaped).
 DEB_PACKAGES = gcc make cmake ninja-build pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
                libuv1-dev libssl-dev libcmocka-dev clang libclang-rt-14-dev libsystemd-dev \
-               systemd prometheus help2man groff-base python3-venv python3-torch libtorch-dev pybind11-dev g++ iproute2
+               systemd prometheus help2man groff-base python3-venv python3-dev g++ iproute2
 
 # The project's Python environment: Debian's python3 with exactly the packages of requirements.txt
 # (pinned with their hashes; torch 2.x, the Kubernetes schemas' validator, pytest). Remade when
