@@ -382,10 +382,13 @@ void colld_admit(colld_daemon_t *d, colld_session_t *s, const colld_wire_sqe_t *
         colld_comm_break(d, c, st, m->rank, why);
         return;
     }
-    if (colld_kind_is_p2p(op->d.kind))
-        colld_p2p_enqueue(c, m, op);
-    else
+    if (!colld_kind_is_p2p(op->d.kind)) {
         enqueue(m, op);
+    } else if (colld_p2p_enqueue(c, m, op) < 0) {
+        c->ops_failed++;
+        colld_op_retire(op, COLLD_ERR_NO_MEMORY);
+        colld_comm_break(d, c, COLLD_ERR_NO_MEMORY, -1, "daemon out of memory");
+    }
 }
 
 /* ============================================================================================

@@ -172,6 +172,7 @@ void colld_comm_unref(colld_daemon_t *d, colld_dcomm_t *c)
     joining_settle(d, c);
     LOG_INFO(COLL, "communicator %llu (%s) freed", (unsigned long long)c->id, c->name);
     colld_hooks_freed(d, c);
+    colld_p2p_comm_free(c);
     comm_free_members(c);
     free(c);
 }

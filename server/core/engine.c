@@ -167,7 +167,7 @@ void colld_engine_finish(colld_daemon_t *d, colld_coll_t *k)
     else
         c->ops_failed++;
     c->colls_running--;
-    c->p2p_dirty = true; /* sends and receives posted after it may run now */
+    c->p2p_dirty = true; /* sends and receives posted after it are released now */
     colld_comm_unref(d, c);
     free(k);
 }
@@ -182,6 +182,7 @@ void colld_engine_finish(colld_daemon_t *d, colld_coll_t *k)
 static int engine_pass(colld_daemon_t *d, uint64_t *next_deadline)
 {
     int work = 0;
+    colld_p2p_pass_begin(d);
     for (colld_session_t *s = d->sessions; s; s = s->next)
         work += drain_session(d, s);
     uint64_t now = colld_now_ns();

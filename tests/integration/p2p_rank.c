@@ -22,12 +22,17 @@
  *             effects of the ones before it. colld_op_wait on the receive's own id.
  *   alltoallv uneven counts (some 0) per pair, for several dtypes, from packed send regions to
  *             packed receive regions in a different order.
+ *   isend-ring Gloo's and MPI's ring outside groups (torch 2.x posts CPU sends and receives one at
+ *             a time, issue 25): each rank sends to its right, then receives from its left, then
+ *             waits for the receive and the send by their operation ids; several dtypes and counts,
+ *             --iters rounds each (at least 2 ranks).
  *   ops       per-operation completion: rank 1 posts a receive from rank 0, whose colld_op_query
  *             must be COLLD_INPROGRESS until rank 0 sends (which waits for <--sync-dir>/queried);
  *             colld_op_wait then returns COLLD_OK with the data in place.
  *   call      a fault scene (--scene): never-sent (rank 0 receives from rank 1, which all-reduces
  *             instead, as every other rank does), mismatch (rank 0 sends 100 int32 to rank 1, which receives 50), crossed
- *             (both ranks send to each other, then receive, without a group), hang (rank 0
+ *             (both ranks send to each other, then receive, without a group: it runs, data
+ *             checked), sends-only (both ranks send to each other and never receive), hang (rank 0
  *             receives from rank 1, which then creates <--sync-dir>/ready and sleeps until killed).
  *             --expect NAME: the status rank 0 (and rank 1 where it takes part) must get; rank 0
  *             prints the communicator's error detail on stdout (--out FILE).
@@ -38,6 +43,7 @@
  * --malloc: ordinary memory (staged by libcolld) instead of colld_mem_alloc.
  * Exit code: 0 everything matched (or the expected status came); 1 otherwise; 2 bad arguments.
  */
+#include "common/util.h"
 #include "tools/testdata/pattern.h"
 #include "tests/integration/harness.h"
 
@@ -353,6 +359,55 @@ static int mode_alltoallv(run_t *R)
     return 0;
 }
 
+/* The ring outside groups: send right, receive left, wait for both by id; exact data. */
+static int mode_isend_ring(run_t *R)
+{
+    int n = R->n, me = R->rank, right = (me + 1) % n, left = (me + n - 1) % n;
+    if (n < 2)
+        return fail(R, "mode isend-ring needs 2 ranks or more"), 2;
+    const colld_dtype_t dts[] = { COLLD_INT32, COLLD_FLOAT32, COLLD_BFLOAT16, COLLD_FLOAT64, COLLD_INT8 };
+    const size_t counts[] = { 0, 1, 1001, 65537 };
+    unsigned step = 200;
+    for (size_t d = 0; d < COLLD_ARRAY_SIZE(dts); d++)
+        for (size_t i = 0; i < COLLD_ARRAY_SIZE(counts); i++)
+            for (int it = 0; it < COLLD_MAX(R->a->iters / 4, 1); it++) {
+                colld_dtype_t dt = dts[d];
+                size_t count = counts[i], bytes = count * colld_dtype_size(dt);
+                if (bytes + 2 * GUARD > R->reg_bytes)
+                    return fail(R, "regions too small"), 1;
+                unsigned char *sb = slot(R->sreg, 0, bytes), *rb = slot(R->rreg, 0, bytes);
+                message(dt, me, right, ++step, 0, count, sb);
+                memset(rb, 0, bytes);
+                uint64_t sop = 0, rop = 0;
+                colld_status_t st = colld_send(sb, count, dt, right, R->comm, NULL);
+                if (st == COLLD_OK)
+                    st = colld_comm_last_op(R->comm, &sop);
+                if (st == COLLD_OK)
+                    st = colld_recv(rb, count, dt, left, R->comm, NULL);
+                if (st == COLLD_OK)
+                    st = colld_comm_last_op(R->comm, &rop);
+                if (st == COLLD_OK)
+                    st = colld_op_wait(R->comm, rop);
+                if (st == COLLD_OK)
+                    st = colld_op_wait(R->comm, sop);
+                if (st != COLLD_OK)
+                    return fail(R, "isend-ring dtype %d x %zu: %s: %s", (int)dt, count, colld_status_name(st),
+                                colld_comm_last_error(R->comm)),
+                           1;
+                if (rop != sop + 1)
+                    return fail(R, "isend-ring: operation ids %llu and %llu", (unsigned long long)sop,
+                                (unsigned long long)rop),
+                           1;
+                bool ok = check_message(R, rb, dt, left, me, step, 0, count, "isend-ring receive") &&
+                          check_message(R, sb, dt, me, right, step, 0, count, "isend-ring send buffer") &&
+                          guards_ok(R, rb, bytes, "isend-ring receive") && guards_ok(R, sb, bytes, "isend-ring send");
+                if (!ok)
+                    return 1;
+                R->ops += 2;
+            }
+    return 0;
+}
+
 /* Per-operation completion of a receive. */
 static int mode_ops(run_t *R)
 {
@@ -425,10 +480,19 @@ static int mode_call(run_t *R)
             st = colld_recv(R->rreg, 50, COLLD_INT32, 0, R->comm, NULL);
     } else if (strcmp(scene, "crossed") == 0) {
         if (me < 2) {
+            message(COLLD_FLOAT32, me, 1 - me, 5, 0, 64, R->sreg);
+            memset(R->rreg, 0, 64 * sizeof(float));
             st = colld_send(R->sreg, 64, COLLD_FLOAT32, 1 - me, R->comm, NULL);
             if (st == COLLD_OK)
                 st = colld_recv(R->rreg, 64, COLLD_FLOAT32, 1 - me, R->comm, NULL);
+            if (st == COLLD_OK)
+                st = colld_comm_synchronize(R->comm);
+            if (st == COLLD_OK && !check_message(R, R->rreg, COLLD_FLOAT32, 1 - me, me, 5, 0, 64, "crossed receive"))
+                return 1;
         }
+    } else if (strcmp(scene, "sends-only") == 0) {
+        if (me < 2)
+            st = colld_send(R->sreg, 64, COLLD_FLOAT32, 1 - me, R->comm, NULL);
     } else {
         return fail(R, "unknown --scene %s", scene), 2;
     }
@@ -595,6 +659,8 @@ int main(int argc, char **argv)
         rc = mode_mixed(&R);
     else if (strcmp(a.mode, "alltoallv") == 0)
         rc = mode_alltoallv(&R);
+    else if (strcmp(a.mode, "isend-ring") == 0)
+        rc = mode_isend_ring(&R);
     else if (strcmp(a.mode, "ops") == 0)
         rc = mode_ops(&R);
     else if (strcmp(a.mode, "call") == 0)

@@ -8,8 +8,11 @@
  *  - PyTorch's send/recv pattern without groups; sends and receives between collectives of the
  *    fast area and of the engine (the collective ordinal); all-to-all with uneven counts;
  *    per-operation completion of a receive;
+ *  - sends and receives that progress per peer (issue 25): a ring outside groups on 3 and 4 ranks
+ *    (each rank sends right, receives left, waits for both), two ranks that both send first and
+ *    then receive outside a group;
  *  - faults: a receive whose sender never sends (COLLD_ERR_TIMEOUT naming it), mismatched sizes
- *    (COLLD_ERR_MISMATCH naming both calls), two ranks that both send first outside a group
+ *    (COLLD_ERR_MISMATCH naming both calls), two ranks that send to each other and never receive
  *    (COLLD_ERR_TIMEOUT), a killed sender (COLLD_ERR_PEER_LOST naming its pid) while another
  *    communicator keeps running; client-side refusals. After each fault the daemon is left clean.
  *    collctl status and doctor name a receive whose send never comes while it waits.
@@ -193,12 +196,34 @@ static void test_mismatched_sizes(void **state)
                                    "(operation #1)"));
 }
 
-/* Both ranks send first, outside a group: each waits for the other's receive, as NCCL's would;
- * colld names it at the time-out (a group is the fix: test_ring_*). */
+/* Both ranks send first and then receive, outside a group (torch 2.x's isend, irecv): each send
+ * meets the other's receive (MPI's rule; before issue 25 this waited until the time-out). */
+static void test_crossed_sends_exchange(void **state)
+{
+    char detail[1024];
+    run_scene(*state, 2, "crossed", "COLLD_OK", "60000", detail, sizeof(detail));
+}
+
+/* The ring outside groups, exact data. */
+static void test_isend_ring(void **state)
+{
+    const char *extra[] = { "--mode", "isend-ring", "--no-big", "--iters", "8", NULL };
+    run_p2p(*state, 3, extra);
+    run_p2p(*state, 4, extra);
+}
+
+static void test_isend_ring_malloc(void **state)
+{
+    const char *extra[] = { "--mode", "isend-ring", "--no-big", "--malloc", NULL };
+    run_p2p(*state, 3, extra);
+}
+
+/* Both ranks send to each other and never receive: each send waits for a receive that never
+ * comes; colld names it at the time-out. */
 static void test_crossed_sends_time_out(void **state)
 {
     char detail[1024];
-    run_scene(*state, 2, "crossed", "COLLD_ERR_TIMEOUT", "1000", detail, sizeof(detail));
+    run_scene(*state, 2, "sends-only", "COLLD_ERR_TIMEOUT", "1000", detail, sizeof(detail));
     assert_non_null(strstr(detail, "COLLD_ERR_TIMEOUT: point-to-point timed out after 1000 ms"));
     assert_non_null(strstr(detail, "never posted the receive from rank"));
     assert_non_null(strstr(detail, "it waits in its own point-to-point operations: send to rank"));
@@ -304,6 +329,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_badargs, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_never_sent_times_out, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_mismatched_sizes, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_crossed_sends_exchange, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_isend_ring, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_isend_ring_malloc, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_crossed_sends_time_out, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_doctor_names_missing_send, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_killed_sender, harness_test_setup, harness_test_teardown),

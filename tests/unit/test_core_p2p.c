@@ -1,10 +1,12 @@
 /*
  * test_core_p2p.c - point-to-point operations in the daemon core, in-process (tests/fuzz/
- * core_fixture.h): matching of sends and receives per pair in posting order, batches (groups)
- * against one-at-a-time operations, the order between a rank's sends, receives and collectives
- * (the collective ordinal), completions in each rank's posting order, and the faults: mismatched
- * sizes, time-outs naming what is missing, a break with operations queued. The details are the
- * exact strings a client gets from colld_comm_last_error.
+ * core_fixture.h): matching of sends and receives per pair in posting order, sends and receives
+ * that progress per peer outside groups (a ring, crossed sends, a send to one peer that does not
+ * wait behind one to another: issue 25), batches (groups), the order between a rank's sends,
+ * receives and collectives (the collective ordinal), completions in each rank's posting order, the
+ * bound on matching work per pass (issue 26), and the faults: mismatched sizes, time-outs naming
+ * what is missing, a break with operations queued. The details are the exact strings a client gets
+ * from colld_comm_last_error.
  */
 #include "tests/fuzz/core_fixture.h"
 
@@ -46,6 +48,12 @@ static int setup2(void **state)
 static int setup3(void **state)
 {
     *state = make_world(3, 60000, 0);
+    return 0;
+}
+
+static int setup4(void **state)
+{
+    *state = make_world(4, 60000, 0);
     return 0;
 }
 
@@ -166,21 +174,44 @@ static void test_pairs_in_order(void **state)
     expect_data(w, 1, 0, 0, 100, 20);
 }
 
-/* Outside a group, two ranks that both send first wait for each other: the time-out names the
- * receive that was never posted and what the peer does instead. */
-static void test_unbatched_sends_time_out(void **state)
+/* Outside a group, two ranks that both send first and then receive (torch 2.x's isend, irecv):
+ * each send meets the other rank's receive, as MPI's would (issue 25; before, each rank's
+ * operations ran in posting order and this waited until the time-out). */
+static void test_unbatched_exchange(void **state)
+{
+    world_t *w = *state;
+    fill(w, 2);
+    for (int r = 0; r < 2; r++) {
+        colld_wire_sqe_t s = p2p(w, r, 1, COLLD_KIND_SEND, 1 - r, 40, 0, false);
+        colld_wire_sqe_t v = p2p(w, r, 2, COLLD_KIND_RECV, 1 - r, 40, 100, false);
+        post(w, r, &s);
+        post(w, r, &v);
+    }
+    run(w, 3);
+    for (int r = 0; r < 2; r++) {
+        colld_wire_cqe_t cq[4];
+        assert_int_equal(reap(w, r, cq, 4), 2);
+        assert_int_equal(cq[0].seq, 1);
+        assert_int_equal(cq[1].seq, 2);
+        assert_int_equal(cq[0].status, COLLD_OK);
+        assert_int_equal(cq[1].status, COLLD_OK);
+        expect_data(w, r, 100, 1 - r, 0, 40);
+    }
+    assert_int_equal(w->c->p2p_queued, 0);
+    assert_int_equal(w->c->p2p_npairs, 0); /* the index is empty again */
+}
+
+/* Two ranks that send to each other and never receive: the time-out names the receive that was
+ * never posted and what the peer does instead. */
+static void test_crossed_sends_time_out(void **state)
 {
     world_t *w = make_world(2, 20, 0);
     *state = w;
     colld_wire_sqe_t s0 = p2p(w, 0, 1, COLLD_KIND_SEND, 1, 4, 0, false);
-    colld_wire_sqe_t r0 = p2p(w, 0, 2, COLLD_KIND_RECV, 1, 4, 0, false);
     colld_wire_sqe_t s1 = p2p(w, 1, 1, COLLD_KIND_SEND, 0, 4, 0, false);
-    colld_wire_sqe_t r1 = p2p(w, 1, 2, COLLD_KIND_RECV, 0, 4, 0, false);
     post(w, 0, &s0);
-    post(w, 0, &r0);
     run(w, 1);
     post(w, 1, &s1);
-    post(w, 1, &r1);
     for (int i = 0; i < 1000 && w->c->state == COLLD_COMM_READY; i++) {
         run(w, 1);
         struct timespec ts = { 0, 1000000 };
@@ -193,11 +224,161 @@ static void test_unbatched_sends_time_out(void **state)
                        "rank 0: it waits in its own point-to-point operations: send to rank 0";
     assert_non_null(strstr(w->c->error_detail, tail));
     colld_wire_cqe_t cq[4];
-    assert_int_equal(reap(w, 0, cq, 4), 3); /* the two operations, then the break's notice */
+    assert_int_equal(reap(w, 0, cq, 4), 2); /* the send, then the break's notice */
     assert_int_equal(cq[0].seq, 1);
     assert_int_equal(cq[0].status, COLLD_ERR_TIMEOUT);
-    assert_int_equal(cq[1].seq, 2);
-    assert_int_equal(cq[1].status, COLLD_ERR_TIMEOUT);
+    assert_int_equal(w->c->p2p_queued, 0);
+    assert_int_equal(w->c->p2p_npairs, 0);
+}
+
+/* A ring outside groups on 4 ranks (Gloo's and MPI's pattern): every rank sends to its right, then
+ * receives from its left, one operation at a time; every transfer runs, data exact. The ranks post
+ * in turn, each pass seeing one more. */
+static void test_ring_outside_groups(void **state)
+{
+    world_t *w = *state;
+    fill(w, 4);
+    for (int r = 0; r < 4; r++) {
+        colld_wire_sqe_t s = p2p(w, r, 1, COLLD_KIND_SEND, (r + 1) % 4, 64, 8 * r, false);
+        colld_wire_sqe_t v = p2p(w, r, 2, COLLD_KIND_RECV, (r + 3) % 4, 64, 256, false);
+        post(w, r, &s);
+        post(w, r, &v);
+        run(w, 1);
+    }
+    run(w, 3);
+    for (int r = 0; r < 4; r++) {
+        colld_wire_cqe_t cq[4];
+        assert_int_equal(reap(w, r, cq, 4), 2);
+        assert_int_equal(cq[0].seq, 1);
+        assert_int_equal(cq[1].seq, 2);
+        assert_int_equal(cq[0].status, COLLD_OK);
+        assert_int_equal(cq[1].status, COLLD_OK);
+        int left = (r + 3) % 4;
+        expect_data(w, r, 256, left, 8 * left, 64);
+    }
+    assert_int_equal(w->c->state, COLLD_COMM_READY);
+    assert_int_equal(w->c->ops_completed, 4);
+    assert_int_equal(w->c->p2p_queued, 0);
+}
+
+/* Sends and receives progress per peer: rank 0 sends to rank 1 (never received yet), then to rank
+ * 2, and receives from rank 1 (not sent yet), then from rank 2. Rank 2's receive and send meet rank
+ * 0's second send and second receive at once; the data lands, but their completions on rank 0 wait
+ * for operations 1 and 3 (completions stay in posting order). Once rank 1 takes part, all of it
+ * completes. */
+static void test_independent_peers(void **state)
+{
+    world_t *w = make_world(3, 60000, 0);
+    *state = w;
+    fill(w, 3);
+    colld_wire_sqe_t q0[4] = {
+        p2p(w, 0, 1, COLLD_KIND_SEND, 1, 16, 0, false),
+        p2p(w, 0, 2, COLLD_KIND_SEND, 2, 32, 100, false),
+        p2p(w, 0, 3, COLLD_KIND_RECV, 1, 8, 300, false),
+        p2p(w, 0, 4, COLLD_KIND_RECV, 2, 24, 400, false),
+    };
+    for (int i = 0; i < 4; i++)
+        post(w, 0, &q0[i]);
+    colld_wire_sqe_t from0 = p2p(w, 2, 1, COLLD_KIND_RECV, 0, 32, 500, false);
+    colld_wire_sqe_t to0 = p2p(w, 2, 2, COLLD_KIND_SEND, 0, 24, 50, false);
+    post(w, 2, &from0);
+    post(w, 2, &to0);
+    run(w, 3);
+    colld_wire_cqe_t cq[8];
+    assert_int_equal(reap(w, 2, cq, 8), 2); /* rank 2 is done */
+    assert_int_equal(cq[0].status, COLLD_OK);
+    assert_int_equal(cq[1].status, COLLD_OK);
+    expect_data(w, 2, 500, 0, 100, 32);
+    expect_data(w, 0, 400, 2, 50, 24);
+    assert_int_equal(reap(w, 0, cq, 8), 0); /* operation 1 still waits for rank 1 */
+    assert_int_equal(w->c->ops_completed, 2);
+    colld_wire_sqe_t r1 = p2p(w, 1, 1, COLLD_KIND_RECV, 0, 16, 600, false);
+    colld_wire_sqe_t s1 = p2p(w, 1, 2, COLLD_KIND_SEND, 0, 8, 70, false);
+    post(w, 1, &r1);
+    post(w, 1, &s1);
+    run(w, 3);
+    assert_int_equal(reap(w, 0, cq, 8), 4);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(cq[i].seq, (uint64_t)i + 1);
+        assert_int_equal(cq[i].status, COLLD_OK);
+    }
+    assert_int_equal(reap(w, 1, cq, 8), 2);
+    expect_data(w, 1, 600, 0, 0, 16);
+    expect_data(w, 0, 300, 1, 70, 8);
+    assert_int_equal(w->c->p2p_queued, 0);
+}
+
+/* Per pair, in posting order: rank 0 sends three messages of different sizes to rank 1,
+ * interleaved with sends to rank 2; rank 1 posts its three receives before rank 2 posts anything.
+ * The k-th send to rank 1 meets rank 1's k-th receive (sizes agree: no mismatch). */
+static void test_order_per_pair(void **state)
+{
+    world_t *w = make_world(3, 60000, 0);
+    *state = w;
+    fill(w, 3);
+    const int counts[3] = { 5, 7, 11 };
+    uint64_t id = 1;
+    for (int k = 0; k < 3; k++) {
+        colld_wire_sqe_t to1 = p2p(w, 0, id++, COLLD_KIND_SEND, 1, (uint64_t)counts[k], 20 * k, false);
+        colld_wire_sqe_t to2 = p2p(w, 0, id++, COLLD_KIND_SEND, 2, 3, 200 + k, false);
+        post(w, 0, &to1);
+        post(w, 0, &to2);
+    }
+    for (int k = 0; k < 3; k++) {
+        colld_wire_sqe_t v = p2p(w, 1, (uint64_t)k + 1, COLLD_KIND_RECV, 0, (uint64_t)counts[k], 100 * k, false);
+        post(w, 1, &v);
+    }
+    run(w, 3);
+    colld_wire_cqe_t cq[8];
+    assert_int_equal(reap(w, 1, cq, 8), 3);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(cq[k].status, COLLD_OK);
+        expect_data(w, 1, 100 * k, 0, 20 * k, counts[k]);
+    }
+    assert_int_equal(reap(w, 0, cq, 8), 1); /* operation 2 (to rank 2) holds the rest back */
+    for (int k = 0; k < 3; k++) {
+        colld_wire_sqe_t v = p2p(w, 2, (uint64_t)k + 1, COLLD_KIND_RECV, 0, 3, 10 * k, false);
+        post(w, 2, &v);
+    }
+    run(w, 3);
+    assert_int_equal(reap(w, 0, cq, 8), 5);
+    for (int k = 0; k < 3; k++)
+        expect_data(w, 2, 10 * k, 0, 200 + k, 3);
+    assert_int_equal(w->c->state, COLLD_COMM_READY);
+}
+
+/* The matching work of one tenant per engine pass is bounded: with a budget of 4 units, 12 sends
+ * and their receives posted at once take several passes (a pass looks at the pair, one unit, and
+ * starts 3 transfers, one unit each; the pair waits for the next pass), and all of them complete,
+ * data exact. */
+static void test_budget_per_pass(void **state)
+{
+    world_t *w = *state;
+    fill(w, 2);
+    w->f.d.p2p_budget = 4;
+    for (int k = 0; k < 12; k++) {
+        colld_wire_sqe_t s = p2p(w, 0, (uint64_t)k + 1, COLLD_KIND_SEND, 1, 4, 4 * k, false);
+        post(w, 0, &s);
+    }
+    for (int k = 0; k < 12; k++) {
+        colld_wire_sqe_t v = p2p(w, 1, (uint64_t)k + 1, COLLD_KIND_RECV, 0, 4, 4 * k, false);
+        post(w, 1, &v);
+    }
+    int passes = 0;
+    uint64_t before = 0;
+    while (w->c->ops_completed < 12 && passes < 100) {
+        colld_engine_run_once(&w->f.d);
+        passes++;
+        assert_true(w->c->ops_completed - before <= 3);
+        before = w->c->ops_completed;
+    }
+    print_message("12 transfers in %d passes\n", passes);
+    assert_int_equal(w->c->ops_completed, 12);
+    assert_true(passes >= 4);
+    expect_data(w, 1, 0, 0, 0, 48);
+    colld_wire_cqe_t cq[16];
+    assert_int_equal(reap(w, 0, cq, 16), 12);
+    assert_int_equal(reap(w, 1, cq, 16), 12);
     assert_int_equal(w->c->p2p_queued, 0);
 }
 
@@ -592,7 +773,12 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_send_recv, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_pairs_in_order, setup2, teardown),
-        cmocka_unit_test_teardown(test_unbatched_sends_time_out, teardown),
+        cmocka_unit_test_setup_teardown(test_unbatched_exchange, setup2, teardown),
+        cmocka_unit_test_teardown(test_crossed_sends_time_out, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_outside_groups, setup4, teardown),
+        cmocka_unit_test_teardown(test_independent_peers, teardown),
+        cmocka_unit_test_teardown(test_order_per_pair, teardown),
+        cmocka_unit_test_setup_teardown(test_budget_per_pass, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_batched_exchange, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_self_send, setup2, teardown),
         cmocka_unit_test_setup_teardown(test_completions_in_posting_order, setup3, teardown),

@@ -1,7 +1,9 @@
 /*
  * cuda_p2p.c - stream-ordered sends and receives on GPU buffers (issue 16): the CUDA backend's
  * `xfer_submit`. server/core/p2p.c matches a rank's send with its peer's receive in posting order
- * (the head batches of both ranks) and hands the pair here when the send is stream-ordered.
+ * per pair of ranks, a stream-ordered one only once its batch is its rank's head batch (every
+ * operation the rank posted before it has completed), and hands the pair here when the send is
+ * stream-ordered.
  *
  * A transfer, in steps:
  *
@@ -30,9 +32,9 @@
  * Why `done` is written from the host and not by the copy's stream as for a collective: the
  * transfers of one batch run concurrently (on several GPUs, in any order), and `done` must only
  * grow (a wait on a cyclic GEQ comparison), so only the last transfer of a batch to finish may
- * write it, which is known when the transfers finish. Batches of a rank run one after the other
- * and a rank's collectives and its sends and receives never overlap (p2p.c), so `done` grows. It
- * costs one watcher period (at most 20 us) after the copy.
+ * write it, which is known when the transfers finish. A rank's stream-ordered batches run one after
+ * the other and a rank's collectives and its sends and receives never overlap (p2p.c), so `done`
+ * grows. It costs one watcher period (at most 20 us) after the copy.
  *
  * Failures use the collectives' machinery (cuda_coll.c): an operation that fails releases its
  * rank's stream (cuda_stream_failed); a transfer counts as running (gpu_comm_t.running) from the
