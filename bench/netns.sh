@@ -202,7 +202,7 @@ for i in $(seq 0 $((hosts - 1))); do
   : >"$results/$pre-colld-host$i.log" # colld appends to its log file
   # `ip netns exec` execs colld: $! is the daemon's pid
   ip netns exec "$(ns "$i")" "$colld" --socket "$run/h$i.sock" --listen "$(addr "$i"):$port" \
-    --node-name "host$i" --cluster-secret-file "$run/secret" --log-level info \
+    --node-name "host$i" --cluster-secret-file "$run/secret" --peers "10.77.0.0/24:$port" --log-level info \
     --log-file "$results/$pre-colld-host$i.log" >/dev/null 2>&1 &
   daemons+=($!)
 done
@@ -225,7 +225,7 @@ done
   defaults=$("$colld" --help | awk '
     /^  --(heartbeat-ms|heartbeat-misses|net-conns|net-chunk|net-small-bytes|workers) / {
       match($0, /default [^,)]*/); printf "%s%s %s", n++ ? ", " : "", $1, substr($0, RSTART + 8, RLENGTH - 8) }')
-  echo "colld per host: --listen 10.77.0.I:$port --node-name hostI, otherwise defaults ($defaults)"
+  echo "colld per host: --listen 10.77.0.I:$port --node-name hostI --peers 10.77.0.0/24:$port, otherwise defaults ($defaults)"
   echo "tc (host0 eth0, hub vh0):"
   tc -n "$(ns 0)" qdisc show dev eth0; tc -n "$hub" qdisc show dev vh0
 } >"$results/$pre-$ratetag-machine.txt"

@@ -302,7 +302,9 @@ unlock:
             x->bytes_received = peers[k].bytes_received;
             x->send_rate = peers[k].send_rate;
             x->recv_rate = peers[k].recv_rate;
-            x->last_error = peers[k].last_error;
+            /* Why a link failed (refused, silent, not colld) tells whether a port is open: for
+             * operators only, as a tenant names the roots this daemon dials. */
+            x->last_error = admin ? peers[k].last_error : (char *)(peers[k].last_error[0] ? "(admin only)" : "");
             x->tx_rate = peers[k].tx_rate;
             x->rx_rate = peers[k].rx_rate;
             x->rtt_ms = peers[k].rtt_ms;

@@ -115,6 +115,11 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "file holding the cluster secret (at least 16 bytes, mode 600) that daemons prove to each other with an "
       "HMAC-SHA256 challenge before any message is accepted; required with --listen",
       OPT(secret_file), 0, 0 },
+    { "peers", "COLLD_PEERS", COLLD_CFG_STRING, NULL,
+      "peer daemons this one may connect to for its tenants' communicators, besides those that authenticated to it: "
+      "a comma-separated list of HOST:PORT, ADDR/PREFIX:PORT (a network) or *:PORT (any host), PORT * for any "
+      "port; a unique id naming another root daemon is refused (COLLD_ERR_PERMISSION_DENIED)",
+      OPT(peers), 0, 0 },
     { "net-conns", "COLLD_NET_CONNS", COLLD_CFG_INT, "2", "TCP connections this daemon opens to each peer daemon",
       OPT(net_conns), 1, 16 },
     { "net-chunk", "COLLD_NET_CHUNK", COLLD_CFG_SIZE, "512K",

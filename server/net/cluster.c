@@ -33,9 +33,14 @@
  * (the sender must be a member node); one that never finds its Formed is simply replaced.
  *
  * Who is dialed. This daemon opens connections only to (a) the root named in a unique id its own
- * tenant's rank joined with, and (b) the member nodes listed in a Formed that came from that
- * root for a communicator its ranks joined (the root vouches for them: each one authenticated to
- * it with that address and joined from it); a member's Fail goes to the same nodes. The root
+ * tenant's rank joined with, when that root is one the operator lets it dial (--peers, allow.c)
+ * or a daemon that proved the cluster secret to it (cl->known); any other root is refused at
+ * CommInit with PERMISSION_DENIED before anything is dialed, so a hand-made id cannot turn the
+ * daemon into a tenant's port scanner, and (b) the member nodes listed in a Formed that came from
+ * that root for a communicator its ranks joined (the root vouches for them: each one authenticated
+ * to it with that address and joined from it); a member's Fail goes to the same nodes. A root
+ * that cannot be reached or does not authenticate is reported to the tenant in one text whatever
+ * the reason (refused, silent, not colld): why is in the log, for operators. The root
  * never dials an address it learned from a Join: its Formed and Fail go to the joined nodes only
  * over the links they opened (nodial), so no peer can make a daemon connect anywhere or create
  * peer records for addresses of its choosing. Addresses are checked (colld_net_check_addr) and
@@ -196,6 +201,29 @@ static void net_submit(colld_backend_t *b, colld_coll_t *k)
  * Communicator state
  * ========================================================================================== */
 
+/* Remember a daemon that proved the cluster secret (lock held): a tenant may name it as a root. */
+static void remember_known(colld_cluster_t *cl, const char *addr)
+{
+    unsigned n = COLLD_MIN(cl->nknown, COLLD_CLUSTER_KNOWN_MAX);
+    for (unsigned i = 0; i < n; i++)
+        if (strcmp(cl->known[i], addr) == 0)
+            return;
+    colld_strlcpy(cl->known[cl->nknown++ % COLLD_CLUSTER_KNOWN_MAX], addr, COLLD_NET_ADDR_LEN);
+}
+
+/* Whether this daemon may dial the root daemon at addr for a tenant ("Who is dialed"; lock held):
+ * itself, a peer of --peers, or a daemon that proved the cluster secret to it. */
+static bool may_dial(const colld_cluster_t *cl, const char *addr)
+{
+    if (strcmp(addr, cl->self_addr) == 0 || colld_peer_allow_match(cl->allow, addr))
+        return true;
+    unsigned n = COLLD_MIN(cl->nknown, COLLD_CLUSTER_KNOWN_MAX);
+    for (unsigned i = 0; i < n; i++)
+        if (strcmp(cl->known[i], addr) == 0)
+            return true;
+    return false;
+}
+
 /* The first local join of a multi-node communicator: attach its multi-node state. Returns 0, or
  * -1 with err (lock held). */
 static int net_comm_form(colld_backend_t *b, colld_dcomm_t *c, colld_err_t *err)
@@ -215,6 +243,15 @@ static int net_comm_form(colld_backend_t *b, colld_dcomm_t *c, colld_err_t *err)
         colld_err_set(err, COLLD_ERR_NOT_SUPPORTED,
                       "the unique id was made by the daemon at %s for a multi-node communicator; start this daemon "
                       "with --listen and --cluster-secret-file to join it",
+                      root);
+        return -1;
+    }
+    if (!may_dial(b->state, root)) {
+        colld_err_set(err, COLLD_ERR_PERMISSION_DENIED,
+                      "the unique id names a root daemon at %s, which this daemon may not connect to: it connects "
+                      "only to the peers of its --peers option and to daemons that proved the cluster secret to it; "
+                      "pass the id colld_get_unique_id made on a daemon of this cluster unchanged, or ask the "
+                      "operator to add that daemon to --peers",
                       root);
         return -1;
     }
@@ -962,8 +999,11 @@ static void handle_ctrl(colld_daemon_t *d, colld_net_peer_t *p, const void *buf,
 
 static void on_peer_up(void *arg, colld_net_peer_t *p)
 {
-    (void)arg;
-    LOG_INFO(NET, "peer %s (%s) up", colld_net_peer_name(p), colld_net_peer_addr(p));
+    colld_daemon_t *d = arg;
+    LOG_INFO_RL(NET, "peer %s (%s) up", colld_net_peer_name(p), colld_net_peer_addr(p));
+    pthread_mutex_lock(&d->lock);
+    remember_known(colld_cluster_of(d), colld_net_peer_addr(p));
+    pthread_mutex_unlock(&d->lock);
 }
 
 static void on_peer_lost(void *arg, colld_net_peer_t *p, const char *why)
@@ -972,7 +1012,7 @@ static void on_peer_lost(void *arg, colld_net_peer_t *p, const char *why)
     colld_cluster_t *cl = colld_cluster_of(d);
     const char *addr = colld_net_peer_addr(p);
     char detail[COLLD_DETAIL_LEN];
-    LOG_WARN(NET, "peer %s (%s) lost: %s", colld_net_peer_name(p), addr, why);
+    LOG_WARN_RL(NET, "peer %s (%s) lost: %s", colld_net_peer_name(p), addr, why); /* as the transport's line */
     pthread_mutex_lock(&d->lock);
     cl->lost_addr = addr; /* the other nodes hear of it; the lost one is not called back */
     colld_dcomm_t *c = d->comms;
@@ -987,8 +1027,12 @@ static void on_peer_lost(void *arg, colld_net_peer_t *p, const char *why)
                     break;
                 }
         } else if (x && !x->formed && c->state == COLLD_COMM_JOINING && strcmp(x->root_addr, addr) == 0) {
-            snprintf(detail, sizeof(detail), "the root daemon of this communicator (%s) is unreachable: %s", addr,
-                     why);
+            /* One text whatever the cause (refused, silent, not colld, a broken link): a tenant
+             * learns nothing about a port from it ("Who is dialed"); the log above says why. */
+            snprintf(detail, sizeof(detail),
+                     "no authenticated link to the root daemon of this communicator (%s): it could not be reached or "
+                     "did not prove the cluster secret (the reason is in colld's log)",
+                     addr);
             break_from_peer(d, c, COLLD_ERR_NODE_LOST, -1, detail);
         }
         c = following;
@@ -1157,6 +1201,32 @@ static colld_net_config_t net_config(colld_daemon_t *d, colld_cluster_t *cl)
     };
 }
 
+/* A new cluster state taking `allow` (NULL: an empty list); NULL when out of memory (allow freed). */
+static colld_cluster_t *cluster_new(colld_daemon_t *d, colld_peer_allow_t *allow)
+{
+    colld_cluster_t *cl = calloc(1, sizeof(*cl));
+    if (cl)
+        cl->known = calloc(COLLD_CLUSTER_KNOWN_MAX, sizeof(*cl->known));
+    if (!cl || !cl->known) {
+        LOG_ERROR(NET, "out of memory starting the peer transport");
+        colld_peer_allow_free(allow);
+        free(cl);
+        return NULL;
+    }
+    cl->d = d;
+    cl->allow = allow;
+    pthread_mutex_init(&cl->probe_lock, NULL);
+    return cl;
+}
+
+static void cluster_free(colld_cluster_t *cl)
+{
+    pthread_mutex_destroy(&cl->probe_lock);
+    colld_peer_allow_free(cl->allow);
+    free(cl->known);
+    free(cl);
+}
+
 /* The net backend's start: the peer transport when --listen is set (absent otherwise). Returns 0,
  * or -1 when the daemon cannot serve peers as configured. */
 static int net_start(colld_backend_t *b)
@@ -1177,11 +1247,22 @@ static int net_start(colld_backend_t *b)
         LOG_ERROR(NET, "the cluster secret in %s is %zd bytes; at least 16 are needed", d->cfg.secret_file, slen);
         return -1;
     }
-    colld_cluster_t *cl = calloc(1, sizeof(*cl));
-    if (!cl)
+    char err[256];
+    colld_peer_allow_t *allow = NULL;
+    if (colld_peer_allow_parse(d->cfg.peers, &allow, err, sizeof(err)) < 0) {
+        LOG_ERROR(NET, "%s", err);
+        memset(secret, 0, sizeof(secret));
         return -1;
-    cl->d = d;
-    pthread_mutex_init(&cl->probe_lock, NULL);
+    }
+    colld_cluster_t *cl = cluster_new(d, allow);
+    if (!cl) {
+        memset(secret, 0, sizeof(secret));
+        return -1;
+    }
+    if (!colld_peer_allow_count(allow))
+        LOG_WARN(NET, "--listen without --peers: this daemon joins the multi-node communicators of another root "
+                      "daemon only once that daemon has connected to it; list the peer daemons (or their network, "
+                      "e.g. 10.0.0.0/16:7070) with --peers");
     if (d->cfg.node_name && *d->cfg.node_name)
         colld_strlcpy(cl->node_name, d->cfg.node_name, sizeof(cl->node_name));
     else if (gethostname(cl->node_name, sizeof(cl->node_name) - 1) < 0)
@@ -1189,14 +1270,13 @@ static int net_start(colld_backend_t *b)
     colld_net_config_t nc = net_config(d, cl);
     nc.secret = secret;
     nc.secret_len = (size_t)slen;
-    char err[256];
     b->state = cl; /* the thread's callbacks find it there */
     b->present = true;
     if (colld_net_start(&nc, &cl->net, err, sizeof(err)) < 0) {
         LOG_ERROR(NET, "cannot listen for peer daemons on %s: %s", d->cfg.listen, err);
         b->state = NULL;
         b->present = false;
-        free(cl);
+        cluster_free(cl);
         memset(secret, 0, sizeof(secret));
         return -1;
     }
@@ -1212,11 +1292,9 @@ int colld__cluster_start_detached(colld_daemon_t *d, const char *self_addr, cons
     colld_backend_t *b = colld_backend_find(d, &colld_net_backend);
     if (!b || b->state)
         return -1;
-    colld_cluster_t *cl = calloc(1, sizeof(*cl));
+    colld_cluster_t *cl = cluster_new(d, NULL);
     if (!cl)
         return -1;
-    cl->d = d;
-    pthread_mutex_init(&cl->probe_lock, NULL);
     colld_strlcpy(cl->node_name, node_name, sizeof(cl->node_name));
     colld_net_config_t nc = net_config(d, cl);
     nc.listen_addr = self_addr;
@@ -1228,7 +1306,7 @@ int colld__cluster_start_detached(colld_daemon_t *d, const char *self_addr, cons
     if (colld__tcp_net_detached(&nc, &cl->net, err, sizeof(err)) < 0) {
         b->state = NULL;
         b->present = false;
-        free(cl);
+        cluster_free(cl);
         return -1;
     }
     colld_strlcpy(cl->self_addr, colld_net_listen_addr(cl->net), sizeof(cl->self_addr));
@@ -1264,8 +1342,7 @@ void colld_cluster_stop(colld_daemon_t *d)
     b->state = NULL;
     b->present = false;
     pthread_mutex_unlock(&d->lock);
-    pthread_mutex_destroy(&cl->probe_lock);
-    free(cl);
+    cluster_free(cl);
 }
 
 static void net_stop(colld_backend_t *b)

@@ -9,6 +9,7 @@
 #ifndef COLLD_SERVER_CLUSTER_H
 #define COLLD_SERVER_CLUSTER_H
 
+#include "server/net/allow.h"
 #include "server/net/net.h"
 #include "transport/tcp/tcp.h"
 
@@ -141,11 +142,19 @@ typedef struct {
     cprobe_rx_t rx;
 } cprobe_serve_t;
 
+/* Daemons that proved the cluster secret to this one (either side dialed), remembered so that a
+ * tenant may name them as the root of a unique id (cluster.c, "Who is dialed"): at most this many,
+ * the oldest forgotten first. */
+#define COLLD_CLUSTER_KNOWN_MAX 1024
+
 struct colld_cluster {
     colld_daemon_t *d;
     colld_net_t *net;
     char self_addr[COLLD_NET_ADDR_LEN];
     char node_name[COLLD_NET_NAME_LEN];
+    colld_peer_allow_t *allow;  /* --peers: what this daemon may dial for its tenants (fixed) */
+    char (*known)[COLLD_NET_ADDR_LEN]; /* (daemon->lock) [COLLD_CLUSTER_KNOWN_MAX], authenticated peers */
+    unsigned nknown;            /* (daemon->lock) recorded so far; the next goes to nknown % MAX */
     cjob_t *inbox, *inbox_tail; /* under daemon->lock */
     xjoin_t *xjoins;            /* (net, and daemon->lock) communicators this daemon is forming */
     xcoll_t *running;           /* (net) every xcoll handed over and not finished */

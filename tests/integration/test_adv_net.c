@@ -250,8 +250,9 @@ static int setup(void **state)
         return -1;
     static const char *const names[2] = { "node-a", "node-b" };
     for (int i = 0; i < 2; i++) {
-        const char *extra[] = { "--listen", "127.0.0.1:0",    "--node-name", names[i],    "--cluster-secret-file",
-                                cl->secret, "--heartbeat-ms", "400",         "--metrics", "127.0.0.1:0",
+        const char *extra[] = { "--listen",    "127.0.0.1:0",    "--node-name", names[i],
+                                "--cluster-secret-file", cl->secret, "--heartbeat-ms", "400",
+                                "--metrics",   "127.0.0.1:0",    "--peers",     "127.0.0.1:*",
                                 NULL };
         harness_net_t net;
         if (harness_daemon_start(&cl->h[i], extra) < 0 || harness_net_status(&cl->h[i], &net) < 0)

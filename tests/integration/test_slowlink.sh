@@ -104,7 +104,7 @@ head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$run/secret"
 chmod 600 "$run/secret"
 for i in 0 1 2; do
   ip netns exec "$(ns "$i")" "$colld" --socket "$run/h$i.sock" --listen "$(addr "$i"):7710" --node-name "host$i" \
-    --cluster-secret-file "$run/secret" --metrics 127.0.0.1:9470 --log-level info \
+    --cluster-secret-file "$run/secret" --peers 10.78.0.0/24:7710 --metrics 127.0.0.1:9470 --log-level info \
     --log-file "$run/h$i.log" >/dev/null 2>"$run/h$i.err" &
   pids+=($!)
 done

@@ -231,7 +231,10 @@ void colld__tcp_peer_lose(colld_net_peer_t *p, const char *why_in)
     p->nconns = 0;
     colld_strlcpy(p->last_error, why, sizeof(p->last_error));
     pthread_mutex_unlock(&n->lock);
-    LOG_WARN(NET, "lost peer %s: %s", colld__tcp_peer_label(p, label, sizeof(label)), why);
+    /* A peer holding the secret can lose and come back as fast as it likes, under as many names as
+     * it likes: one line per interval, then the count of those suppressed (colld_peer_lost_total,
+     * collctl status and the communicators' errors keep every loss). */
+    LOG_WARN_RL(NET, "lost peer %s: %s", colld__tcp_peer_label(p, label, sizeof(label)), why);
     colld__tcp_q_release(&failed, true, false);
     if (n->cfg.cb.peer_lost)
         n->cfg.cb.peer_lost(n->cfg.cb.arg, p, why);
@@ -267,7 +270,7 @@ static void peer_became_up(colld_net_peer_t *p)
     msg_t *m;
     while ((m = colld__tcp_q_pop(&p->pending)))
         colld__tcp_conn_send(p->conns[m->data ? m->hint % (unsigned)p->nconns : 0], m);
-    LOG_INFO(NET, "peer %s is up", colld__tcp_peer_label(p, label, sizeof(label)));
+    LOG_INFO_RL(NET, "peer %s is up", colld__tcp_peer_label(p, label, sizeof(label)));
     if (n->cfg.cb.peer_up)
         n->cfg.cb.peer_up(n->cfg.cb.arg, p);
 }
@@ -451,7 +454,7 @@ static void accept_all(colld_net_t *n)
             if (e == EAGAIN || e == EWOULDBLOCK)
                 return;
             colld__tcp_sys_msg(why, sizeof(why), "accept", e);
-            LOG_WARN(NET, "%s; not accepting peers for 100 ms", why);
+            LOG_WARN_RL(NET, "%s; not accepting peers for 100 ms", why);
             epoll_ctl(n->epfd, EPOLL_CTL_DEL, n->lfd, NULL);
             n->listen_paused = true;
             n->listen_resume_ms = colld_now_ms() + 100;

@@ -353,8 +353,8 @@ void colld__tcp_on_auth(conn_t *c)
     }
     for (unsigned i = 0; i < p->ndead && i < TCP_DEAD_SESSIONS; i++) {
         if (p->dead_sessions[i] == c->session) {
-            LOG_INFO(NET, "closing connection from %s (%s): its round of connections was lost", c->other_name,
-                     c->remote);
+            LOG_INFO_RL(NET, "closing connection from %s (%s): its round of connections was lost", c->other_name,
+                        c->remote);
             msgq_t none = { 0 };
             colld__tcp_conn_close(c, &none);
             colld__tcp_q_release(&none, false, false);
