@@ -43,6 +43,7 @@
 #define COLLD_MAX_RANKS 1024
 #define COLLD_DETAIL_LEN 512
 #define COLLD_NAME_LEN 64
+#define COLLD_P2P_TENANTS 16 /* tenants whose point-to-point work one engine pass counts apart (p2p.c) */
 
 typedef struct colld_counters colld_counters_t;
 typedef struct colld_metrics colld_metrics_t;
@@ -213,6 +214,19 @@ typedef enum {
     COLLD_P2P_DONE = 2,    /* finished (p2p_status); its completion waits for the ones before it */
 } colld_p2p_state_t;
 
+/* The unmatched sends of one rank to another and the unmatched receives of the second from the
+ * first, of one communicator (p2p.c): the k-th send of src to dst meets the k-th receive of dst
+ * from src, so each list is in posting order and only their heads can meet. */
+typedef struct colld_p2p_pair colld_p2p_pair_t;
+struct colld_p2p_pair {
+    int src, dst;
+    colld_op_t *sends, *sends_tail; /* src's sends to dst, not matched yet */
+    colld_op_t *recvs, *recvs_tail; /* dst's receives from src, not matched yet */
+    colld_p2p_pair_t *hnext;        /* its bucket of the communicator's index */
+    colld_p2p_pair_t *cprev, *cnext; /* on the communicator's list of pairs to look at */
+    bool listed;
+};
+
 /* An operation. `d` is the client's descriptor as admitted, except d.seq: the collective ordinal
  * (proto/wire.h: the same on every rank for a collective; for a point-to-point operation the
  * ordinal of the rank's next collective), while `id` is the descriptor's own seq, which its
@@ -227,6 +241,11 @@ struct colld_op {
     uint64_t arrival_ns;
     colld_p2p_state_t p2p_state; /* point-to-point operations (p2p.c) */
     colld_status_t p2p_status;
+    bool p2p_released;           /* the collectives its rank posted before it have completed */
+    uint64_t p2p_batch;          /* its batch (a group's operations on the communicator) of its rank */
+    colld_p2p_pair_t *p2p_pair;  /* while unmatched: its pair, and its neighbours in the pair's list */
+    colld_op_t *pair_prev, *pair_next;
+    colld_op_t *wait_prev, *wait_next; /* while unmatched: the communicator's list in arrival order */
     uint8_t bmark; /* its backend's own mark (cuda: a send or receive whose rank's stream reached its batch) */
     colld_op_t *next;
 };
@@ -242,6 +261,10 @@ struct colld_member {
      * many the rank has posted (what turns an operation id into a collective ordinal). */
     colld_op_t *p2p_head, *p2p_tail;
     uint64_t p2p_posted;
+    colld_op_t *p2p_open;    /* its first operation not released yet (NULL: all are) */
+    uint64_t p2p_batches;    /* batch numbers given */
+    uint64_t p2p_walked;     /* the head batch whose stream-ordered operations were made ready */
+    bool p2p_linked;         /* its last operation had COLLD_SQE_LINK: the next joins its batch */
     colld_rpc_call_t *join_call; /* CommInit answered when all ranks joined */
     pid_t pid;
     bool left;
@@ -284,11 +307,16 @@ struct colld_dcomm {
     uint64_t created_ns;
     uint64_t exec_seq; /* next collective (ordinal) to execute */
     int colls_running; /* matched collectives not finished yet */
-    /* Point-to-point (p2p.c): operations queued on the members, whether matching must look again
-     * (something changed), and the earliest time-out among them. */
+    /* Point-to-point (p2p.c): operations queued on the members; whether a collective completed
+     * since the ranks' operations were last released; the index of the unmatched ones by pair of
+     * ranks (a hash table of p2p_nbuckets buckets); the pairs whose heads may meet now; the
+     * unmatched operations in arrival order (the oldest times out first). */
     unsigned p2p_queued;
     bool p2p_dirty;
-    uint64_t p2p_deadline;
+    colld_p2p_pair_t **p2p_buckets;
+    unsigned p2p_nbuckets, p2p_npairs;
+    colld_p2p_pair_t *p2p_look, *p2p_look_tail;
+    colld_op_t *p2p_wait_head, *p2p_wait_tail;
     uint64_t ops_completed, ops_failed;
     int refs;                 /* 1 while members remain + 1 per executing collective */
     int notices_pending;      /* members whose break notice is not posted yet */
@@ -391,6 +419,15 @@ struct colld_daemon {
     uint64_t dl_since_ns;
     bool dl_reported;
     uint64_t deadlocks; /* cycles reported */
+    /* point-to-point matching work left to each tenant in this engine pass (p2p.c; engine
+     * thread, lock held): p2p_budget units per tenant, the first COLLD_P2P_TENANTS tenants
+     * counted together, any further one per communicator */
+    int p2p_budget; /* 0: COLLD_P2P_BUDGET */
+    unsigned p2p_ntenants;
+    struct {
+        uid_t uid;
+        int left;
+    } p2p_tenants[COLLD_P2P_TENANTS];
 
     /* what the daemon is composed of (backend.h) */
     colld_backend_t backends[COLLD_BACKEND_MAX];
@@ -610,14 +647,24 @@ colld_coll_t *colld_match(colld_daemon_t *d, colld_dcomm_t *c);
 /* Fail a collective whose first rank arrived more than the timeout ago, naming the missing ranks.
  * Returns the next deadline (ns) among the waiting ones (lock held). */
 /* ---- p2p.c: point-to-point operations ---- */
-/* Admission of a validated send or receive: queue it on its rank (lock held). */
-void colld_p2p_enqueue(colld_dcomm_t *c, colld_member_t *m, colld_op_t *op);
+/* Matching work units (an operation released, a pair looked at, a transfer started) one tenant
+ * may have the engine do in one pass; the rest waits for the next pass. */
+#define COLLD_P2P_BUDGET 512
+/* Admission of a validated send or receive: queue it on its rank and in its pair's index. Returns
+ * 0, or -1 without memory (nothing queued) (lock held). */
+int colld_p2p_enqueue(colld_dcomm_t *c, colld_member_t *m, colld_op_t *op);
+/* A new engine pass: every tenant's matching budget is whole again (lock held). */
+void colld_p2p_pass_begin(colld_daemon_t *d);
+/* Free a communicator's index (it is being freed; nothing is queued any more). */
+void colld_p2p_comm_free(colld_dcomm_t *c);
 /* Whether rank m's point-to-point operations hold back collective `ord` (those posted before it
  * have not completed). */
 bool colld_p2p_holds(const colld_member_t *m, uint64_t ord);
-/* Match what can be matched, hand the transfers to the backend, time out what waited too long;
- * returns the work done and brings *deadline forward (lock held; READY communicators, and CLOSING
- * ones: a rank left, the others' sends and receives go on). */
+/* Release what a completed collective held back, let the pairs of ranks whose heads may meet
+ * meet (within the tenant's budget for this pass) and hand the transfers to the backend, time out
+ * what waited too long; returns the work done (more than 0 while work is left for the next pass)
+ * and brings *deadline forward (lock held; READY communicators, and CLOSING ones: a rank left, the
+ * others' sends and receives go on). */
 int colld_p2p_progress(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint64_t *deadline);
 /* A transfer ended (its backend, lock held): its operations are done; post what can be posted. */
 void colld_p2p_finish(colld_daemon_t *d, colld_xfer_t *x);
@@ -625,8 +672,9 @@ void colld_p2p_finish(colld_daemon_t *d, colld_xfer_t *x);
  * false) those of a rank that left or with one, and the stream-ordered ones (the break released
  * the GPU streams); those whose transfer runs complete when it ends (lock held). */
 void colld_p2p_fail_queue(colld_dcomm_t *c, colld_member_t *m, colld_status_t st, bool all);
-/* Each send or receive of c that waits for its peer now (its rank may run it; the peer has not
- * met it): fn(arg, op), for the deadlock check's wait-for graph (lock held). */
+/* For each pair of ranks of c, the head of its list that waits for its peer now (it may go; the
+ * peer has not met it): fn(arg, op), by rank and operation id, for the deadlock check's wait-for
+ * graph (lock held). */
 void colld_p2p_waits(const colld_dcomm_t *c, void (*fn)(void *arg, const colld_op_t *op), void *arg);
 /* What rank r of c is doing, for a time-out's detail ("is waiting in allreduce (collective #4)");
  * returns what it wrote. */
