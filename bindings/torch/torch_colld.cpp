@@ -15,12 +15,18 @@
  * future, which DDP waits on) is marked done there. Operations of one group run in the order they
  * were called, as c10d requires; the caller never blocks on the daemon.
  *
- * Buffers: CPU tensors only. A contiguous tensor's own memory goes to libcolld (it stages host
- * memory that is not colld's, see colld.h); a non-contiguous one is copied into a contiguous
- * tensor and the result copied back. List outputs and inputs (all_gather, reduce_scatter, gather,
- * scatter, all_to_all) are staged in one contiguous tensor. Operations that only move bytes
- * (broadcast, the gathers, scatter, all-to-all, send and receive) take every dtype, as uint8. CUDA
- * tensors and receives from any source are refused with a RuntimeError saying so (docs/torch.md).
+ * Buffers: CPU tensors. A contiguous tensor's own memory goes to libcolld (it stages host memory
+ * that is not colld's, see colld.h); a non-contiguous one is copied into a contiguous tensor and
+ * the result copied back. List outputs and inputs (all_gather, reduce_scatter, gather, scatter,
+ * all_to_all) are staged in one contiguous tensor. Operations that only move bytes (broadcast,
+ * the gathers, scatter, all-to-all, send and receive) take every dtype, as uint8. Receives from
+ * any source are refused with a RuntimeError saying so (docs/torch.md). CUDA tensors too, unless
+ * built with -DCOLLD_TORCH_CUDA=ON: then they are stream-ordered on the caller's current stream
+ * (Op in torch_colld_work.h; never run on a GPU yet).
+ *
+ * Files: this one is the backend; torch_colld_work.h its Work and queued operation,
+ * torch_colld_convert.{h,cpp} the checks and conversions made on the caller's thread,
+ * torch_colld_cuda.{h,cpp} the CUDA stream and event calls (CUDA build only).
  *
  * Point-to-point: send and recv are colld_send / colld_recv, matched by colld in posting order per
  * pair of ranks (the k-th send a->b meets the k-th receive b<-a); colld has no tags, so a non-zero
@@ -39,6 +45,9 @@
 
 #include <colld/colld.h>
 
+#include "torch_colld_convert.h"
+#include "torch_colld_work.h"
+
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -46,6 +55,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -54,6 +64,8 @@
 #include <thread>
 #include <vector>
 
+namespace torch_colld
+{
 namespace
 {
 
@@ -70,271 +82,6 @@ class ProcessGroupColld;
 /* Every live process group, for shutdown_all (at interpreter exit). */
 std::mutex g_live_mu;
 std::set<ProcessGroupColld *> g_live; /* guarded by g_live_mu */
-
-/* How long a thread that hands over to another (the caller waiting for its Work, the worker
- * waiting for the next operation) looks before it blocks. */
-const std::chrono::microseconds kHandoffSpin(50);
-
-/* Look at `ready` (yielding the CPU between looks) until it holds or kHandoffSpin has passed. */
-template <typename F> void spin_until(F ready)
-{
-    auto end = std::chrono::steady_clock::now() + kHandoffSpin;
-    while (!ready() && std::chrono::steady_clock::now() < end)
-        std::this_thread::yield();
-}
-
-/* ----------------------------------------------------------------------------------------------
- * Work: completed by the group's worker thread
- * -------------------------------------------------------------------------------------------- */
-
-/* One operation's Work. c10d::Work keeps the completion state (wait() raises its exception);
- * the future carries the output tensors, as ProcessGroupGloo's does, for DDP's communication
- * hooks. */
-class WorkColld : public c10d::Work
-{
-  public:
-    WorkColld(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, int source = -1)
-        : c10d::Work(rank, type), outputs_(std::move(outputs)), source_(source),
-          future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get())))
-    {
-    }
-
-    /* Mark the work done: with an empty `error` it succeeded, else wait() and the future raise a
-     * RuntimeError with that text. */
-    void complete(const std::string &error)
-    {
-        if (error.empty()) {
-            finish();
-            future_->markCompleted(c10::IValue(outputs_));
-        } else {
-            std::exception_ptr e = std::make_exception_ptr(std::runtime_error(error));
-            finish(e);
-            future_->setError(e);
-        }
-        done_.store(true, std::memory_order_release);
-    }
-
-    /* Wait as c10d's Work does, after looking for the completion for up to kHandoffSpin: a small
-     * operation completes within it, and a blocked thread's wake-up costs more than the
-     * operation itself. */
-    bool wait(std::chrono::milliseconds timeout) override
-    {
-        spin_until([this] { return done_.load(std::memory_order_acquire); });
-        return c10d::Work::wait(timeout);
-    }
-
-    /* The future DDP and get_future() users wait on; its value is the output tensors. */
-    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override
-    {
-        return future_;
-    }
-
-    /* The output tensors (c10d's Work.result()). */
-    std::vector<at::Tensor> result() override
-    {
-        return outputs_;
-    }
-
-    /* A batch's outputs, known at its end: set before the batch is queued. */
-    void set_outputs(std::vector<at::Tensor> outputs)
-    {
-        outputs_ = std::move(outputs);
-    }
-
-    /* The rank a receive's data came from (Work._source_rank()); c10d's raises for other work. */
-    int sourceRank() const override
-    {
-        return source_ >= 0 ? source_ : c10d::Work::sourceRank();
-    }
-
-  private:
-    std::vector<at::Tensor> outputs_;
-    int source_; /* a receive's peer, -1 for other operations */
-    c10::intrusive_ptr<c10::ivalue::Future> future_;
-    std::atomic<bool> done_{ false }; /* set after the Work and its future are completed */
-};
-
-/* One queued operation: `issue` posts its collective(s) on the worker thread; `check` (where
- * set) looks at what arrived once they completed and fails the operation with the text it
- * returns (a received tag that is not the one asked for); `done` copies staged results into the
- * caller's tensors. `keep` holds the tensors the daemon reads or writes alive until then. `hint`
- * is added to a COLLD_ERR_MISMATCH's text: how torch_colld maps the call onto colld's. A batch
- * (batch_isend_irecv) has no issue or work of its own: its `parts` are issued in one colld group
- * and each completes its own work. */
-struct Op {
-    const char *name;
-    std::function<colld_status_t(colld_comm_t *)> issue;
-    std::function<std::string()> check;
-    std::function<void()> done;
-    std::vector<at::Tensor> keep;
-    c10::intrusive_ptr<WorkColld> work;
-    const char *hint = nullptr;
-    std::vector<Op> parts;
-};
-
-/* ----------------------------------------------------------------------------------------------
- * Checks and conversions (on the caller's thread: a bad call raises at once)
- * -------------------------------------------------------------------------------------------- */
-
-/* The colld type of a tensor's dtype for a reduction; raises for the types colld has not. */
-colld_dtype_t reduce_dtype(const char *op, const at::Tensor &t)
-{
-    switch (t.scalar_type()) {
-    case at::kChar:
-        return COLLD_INT8;
-    case at::kByte:
-        return COLLD_UINT8;
-    case at::kInt:
-        return COLLD_INT32;
-    case at::kUInt32:
-        return COLLD_UINT32;
-    case at::kLong:
-        return COLLD_INT64;
-    case at::kUInt64:
-        return COLLD_UINT64;
-    case at::kHalf:
-        return COLLD_FLOAT16;
-    case at::kBFloat16:
-        return COLLD_BFLOAT16;
-    case at::kFloat:
-        return COLLD_FLOAT32;
-    case at::kDouble:
-        return COLLD_FLOAT64;
-    default:
-        break;
-    }
-    TORCH_CHECK(
-        false, "torch_colld: ", op, ": dtype ", t.scalar_type(),
-        " is not supported by colld (int8, uint8, int32, uint32, int64, uint64, float16, bfloat16, float32, float64 are)");
-}
-
-/* A collective's reduction as colld takes it: a built-in op, or a premultiplied sum with this
- * rank's scalar word (the factor in the collective's dtype; made into an operator of the
- * communicator when the collective is issued, with_op). */
-struct RedOp {
-    colld_redop_t op = COLLD_SUM;
-    bool premul = false;
-    uint64_t word = 0;
-};
-
-/* The premultiplied sum of a PREMUL_SUM ReduceOp (torch.distributed._make_nccl_premul_sum): its
- * factor, a float or a one-element CPU tensor, converted to `dtype` now, as ProcessGroupNCCL
- * converts it (T(factor)); a tensor factor is read now, when the collective is called. */
-RedOp premul_op(const char *op, const c10d::ReduceOp &r, at::ScalarType dtype)
-{
-    /* torch makes PREMUL_SUM only with this supplement (makeNCCLPreMulSum), as ProcessGroupNCCL
-     * relies on; torch itself refuses a tensor factor of more than one element. */
-    const auto *sup = static_cast<const c10d::NCCLPreMulSumSupplement *>(r.supplement_.get());
-    TORCH_CHECK(sup, "torch_colld: ", op,
-                ": a PREMUL_SUM op without its factor (make it with torch.distributed._make_nccl_premul_sum)");
-    at::Tensor f;
-    if (!sup->tensor_factor.defined()) {
-        f = at::scalar_tensor(sup->double_factor, at::TensorOptions().dtype(at::kDouble));
-    } else {
-        TORCH_CHECK(sup->tensor_factor.numel() == 1, "torch_colld: ", op,
-                    ": a PREMUL_SUM factor must be a tensor of one element");
-        f = sup->tensor_factor;
-        TORCH_CHECK(f.device().is_cpu(), "torch_colld: ", op, ": the PREMUL_SUM factor is on ", f.device(),
-                    ", only CPU tensors are supported");
-    }
-    f = f.to(dtype).contiguous();
-    RedOp o;
-    o.premul = true;
-    std::memcpy(&o.word, f.data_ptr(), f.element_size()); /* the scalar word: the value's bytes first */
-    return o;
-}
-
-/* The colld reduction of a c10d ReduceOp for a tensor of `dtype`; raises for the bitwise ones. */
-RedOp reduce_op(const char *op, const c10d::ReduceOp &r, at::ScalarType dtype)
-{
-    RedOp o;
-    switch (r.op_) {
-    case c10d::ReduceOp::SUM:
-        o.op = COLLD_SUM;
-        return o;
-    case c10d::ReduceOp::PRODUCT:
-        o.op = COLLD_PROD;
-        return o;
-    case c10d::ReduceOp::MIN:
-        o.op = COLLD_MIN;
-        return o;
-    case c10d::ReduceOp::MAX:
-        o.op = COLLD_MAX;
-        return o;
-    case c10d::ReduceOp::AVG:
-        o.op = COLLD_AVG;
-        return o;
-    case c10d::ReduceOp::PREMUL_SUM:
-        return premul_op(op, r, dtype);
-    default:
-        break;
-    }
-    TORCH_CHECK(false, "torch_colld: ", op, ": reduce op ", static_cast<int>(r.op_),
-                " is not supported by colld (SUM, PRODUCT, MIN, MAX, AVG and PREMUL_SUM are; BAND, BOR and BXOR are "
-                "not)");
-}
-
-/* Issue one colld call with the collective's op on the worker thread (which owns the
- * communicator): a premultiplied sum gets an operator of c made for the call and destroyed right
- * after it (the call has taken the scalar). */
-template <typename F> colld_status_t with_op(colld_comm_t *c, const RedOp &r, colld_dtype_t dt, F call)
-{
-    if (!r.premul)
-        return call(r.op);
-    colld_redop_t op;
-    colld_status_t st = colld_redop_create_premul_sum(c, &r.word, dt, &op);
-    if (st != COLLD_OK)
-        return st;
-    st = call(op);
-    colld_status_t d = colld_redop_destroy(c, op);
-    return st != COLLD_OK ? st : d;
-}
-
-/* A tensor colld can take: dense, on the CPU. */
-void check_cpu(const char *op, const at::Tensor &t)
-{
-    TORCH_CHECK(!t.is_cuda(), "torch_colld: ", op,
-                ": CUDA tensors are not supported yet (torch_colld runs CPU tensors only; see docs/torch.md)");
-    TORCH_CHECK(t.device().is_cpu(), "torch_colld: ", op, ": the tensor is on ", t.device(),
-                ", only CPU tensors are supported");
-    TORCH_CHECK(t.layout() == at::kStrided, "torch_colld: ", op, ": only dense (strided) tensors are supported, not ",
-                t.layout());
-}
-
-/* The one tensor of an operation that takes a list with one tensor per device. */
-const at::Tensor &single(const char *op, const std::vector<at::Tensor> &tensors)
-{
-    TORCH_CHECK(tensors.size() == 1, "torch_colld: ", op, ": expects exactly one tensor (one per process), got ",
-                tensors.size());
-    check_cpu(op, tensors[0]);
-    return tensors[0];
-}
-
-/* A contiguous tensor holding t's values: t itself, or a copy. */
-at::Tensor dense(const at::Tensor &t)
-{
-    return t.is_contiguous() ? t : t.contiguous();
-}
-
-/* The buffer's size in bytes, for operations that move bytes (broadcast, all-gather): any dtype
- * travels as uint8. */
-size_t nbytes(const at::Tensor &t)
-{
-    return static_cast<size_t>(t.numel()) * t.element_size();
-}
-
-/* A message for a failed colld call: the status name, then colld's detail (it names the rank
- * that died, the call that mismatched, ...), or what the status means when there is none. */
-std::string colld_failure(const char *what, colld_status_t st, const char *detail)
-{
-    std::string m = std::string("torch_colld: ") + what + " failed: ";
-    std::string name = colld_status_name(st);
-    if (!detail || !*detail)
-        return m + name + ": " + colld_status_string(st);
-    if (std::string(detail).rfind(name, 0) == 0) /* the detail starts with the status name already */
-        return m + detail;
-    return m + name + ": " + detail;
-}
 
 /* ----------------------------------------------------------------------------------------------
  * The process group
@@ -498,9 +245,9 @@ class ProcessGroupColld : public c10d::Backend
         at::Tensor buf = dense(t);
         Op o = make("allreduce", c10d::OpType::ALLREDUCE, tensors);
         o.keep = { buf };
-        o.issue = [buf, dt, op](colld_comm_t *c) {
+        o.issue = [buf, dt, op](colld_comm_t *c, void *st) {
             return with_op(c, op, dt, [&](colld_redop_t cop) {
-                return colld_allreduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, cop, c, nullptr);
+                return colld_allreduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, cop, c, st);
             });
         };
         o.done = copy_back(t, buf);
@@ -524,11 +271,10 @@ class ProcessGroupColld : public c10d::Backend
         }
         Op o = make("allreduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED, tensors);
         o.keep = bufs;
-        o.issue = [bufs, dts, ops](colld_comm_t *c) {
+        o.issue = [bufs, dts, ops](colld_comm_t *c, void *st) {
             return grouped(bufs.size(), [&](size_t i) {
                 return with_op(c, ops[i], dts[i], [&](colld_redop_t cop) {
-                    return colld_allreduce(bufs[i].data_ptr(), bufs[i].data_ptr(), bufs[i].numel(), dts[i], cop, c,
-                                           nullptr);
+                    return colld_allreduce(bufs[i].data_ptr(), bufs[i].data_ptr(), bufs[i].numel(), dts[i], cop, c, st);
                 });
             });
         };
@@ -544,8 +290,8 @@ class ProcessGroupColld : public c10d::Backend
         at::Tensor buf = dense(t);
         Op o = make("broadcast", c10d::OpType::BROADCAST, tensors);
         o.keep = { buf };
-        o.issue = [buf, root](colld_comm_t *c) {
-            return colld_broadcast(buf.data_ptr(), buf.data_ptr(), nbytes(buf), COLLD_UINT8, root, c, nullptr);
+        o.issue = [buf, root](colld_comm_t *c, void *st) {
+            return colld_broadcast(buf.data_ptr(), buf.data_ptr(), nbytes(buf), COLLD_UINT8, root, c, st);
         };
         o.done = copy_back(t, buf);
         return post(std::move(o));
@@ -560,9 +306,9 @@ class ProcessGroupColld : public c10d::Backend
         at::Tensor buf = dense(t);
         Op o = make("reduce", c10d::OpType::REDUCE, tensors);
         o.keep = { buf };
-        o.issue = [buf, dt, op, root](colld_comm_t *c) {
+        o.issue = [buf, dt, op, root](colld_comm_t *c, void *st) {
             return with_op(c, op, dt, [&](colld_redop_t cop) {
-                return colld_reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, cop, root, c, nullptr);
+                return colld_reduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), dt, cop, root, c, st);
             });
         };
         if (root == rank_)
@@ -582,8 +328,8 @@ class ProcessGroupColld : public c10d::Backend
         at::Tensor flat = at::empty({ static_cast<int64_t>(size_) * in.numel() }, in.options());
         Op o = make("allgather", c10d::OpType::ALLGATHER, outputs[0]);
         o.keep = { src, flat };
-        o.issue = [src, flat](colld_comm_t *c) {
-            return colld_allgather(src.data_ptr(), flat.data_ptr(), nbytes(src), COLLD_UINT8, c, nullptr);
+        o.issue = [src, flat](colld_comm_t *c, void *st) {
+            return colld_allgather(src.data_ptr(), flat.data_ptr(), nbytes(src), COLLD_UINT8, c, st);
         };
         o.done = scatter_back(outputs[0], flat);
         return post(std::move(o));
@@ -601,8 +347,8 @@ class ProcessGroupColld : public c10d::Backend
         std::vector<at::Tensor> outs{ output };
         Op o = make("_allgather_base", c10d::OpType::_ALLGATHER_BASE, outs);
         o.keep = { src, dst };
-        o.issue = [src, dst](colld_comm_t *c) {
-            return colld_allgather(src.data_ptr(), dst.data_ptr(), nbytes(src), COLLD_UINT8, c, nullptr);
+        o.issue = [src, dst](colld_comm_t *c, void *st) {
+            return colld_allgather(src.data_ptr(), dst.data_ptr(), nbytes(src), COLLD_UINT8, c, st);
         };
         o.done = copy_back(output, dst);
         return post(std::move(o));
@@ -636,10 +382,9 @@ class ProcessGroupColld : public c10d::Backend
         Op o = make("allgather_coalesced", c10d::OpType::ALLGATHER_COALESCED, all);
         o.keep = srcs;
         o.keep.insert(o.keep.end(), flats.begin(), flats.end());
-        o.issue = [srcs, flats](colld_comm_t *c) {
+        o.issue = [srcs, flats](colld_comm_t *c, void *st) {
             return grouped(srcs.size(), [&](size_t i) {
-                return colld_allgather(srcs[i].data_ptr(), flats[i].data_ptr(), nbytes(srcs[i]), COLLD_UINT8, c,
-                                       nullptr);
+                return colld_allgather(srcs[i].data_ptr(), flats[i].data_ptr(), nbytes(srcs[i]), COLLD_UINT8, c, st);
             });
         };
         std::vector<std::vector<at::Tensor>> outs = outputs;
@@ -667,9 +412,9 @@ class ProcessGroupColld : public c10d::Backend
         at::Tensor dst = dense(out);
         Op o = make("reduce_scatter", c10d::OpType::REDUCE_SCATTER, outputs);
         o.keep = { src, dst };
-        o.issue = [src, dst, dt, op](colld_comm_t *c) {
+        o.issue = [src, dst, dt, op](colld_comm_t *c, void *st) {
             return with_op(c, op, dt, [&](colld_redop_t cop) {
-                return colld_reducescatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, cop, c, nullptr);
+                return colld_reducescatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, cop, c, st);
             });
         };
         o.done = copy_back(out, dst);
@@ -690,9 +435,9 @@ class ProcessGroupColld : public c10d::Backend
         std::vector<at::Tensor> outs{ output };
         Op o = make("_reduce_scatter_base", c10d::OpType::_REDUCE_SCATTER_BASE, outs);
         o.keep = { src, dst };
-        o.issue = [src, dst, dt, op](colld_comm_t *c) {
+        o.issue = [src, dst, dt, op](colld_comm_t *c, void *st) {
             return with_op(c, op, dt, [&](colld_redop_t cop) {
-                return colld_reducescatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, cop, c, nullptr);
+                return colld_reducescatter(src.data_ptr(), dst.data_ptr(), dst.numel(), dt, cop, c, st);
             });
         };
         o.done = copy_back(output, dst);
@@ -721,10 +466,9 @@ class ProcessGroupColld : public c10d::Backend
         Op o = make(op, c10d::OpType::COALESCED, outputs);
         o.keep = srcs;
         o.keep.insert(o.keep.end(), dsts.begin(), dsts.end());
-        o.issue = [srcs, dsts](colld_comm_t *c) {
+        o.issue = [srcs, dsts](colld_comm_t *c, void *st) {
             return grouped(srcs.size(), [&](size_t i) {
-                return colld_allgather(srcs[i].data_ptr(), dsts[i].data_ptr(), nbytes(srcs[i]), COLLD_UINT8, c,
-                                       nullptr);
+                return colld_allgather(srcs[i].data_ptr(), dsts[i].data_ptr(), nbytes(srcs[i]), COLLD_UINT8, c, st);
             });
         };
         o.done = all_of(std::move(backs));
@@ -757,11 +501,11 @@ class ProcessGroupColld : public c10d::Backend
         Op o = make(op, c10d::OpType::COALESCED, outputs);
         o.keep = srcs;
         o.keep.insert(o.keep.end(), dsts.begin(), dsts.end());
-        o.issue = [srcs, dsts, dts, ops](colld_comm_t *c) {
+        o.issue = [srcs, dsts, dts, ops](colld_comm_t *c, void *st) {
             return grouped(srcs.size(), [&](size_t i) {
                 return with_op(c, ops[i], dts[i], [&](colld_redop_t cop) {
                     return colld_reducescatter(srcs[i].data_ptr(), dsts[i].data_ptr(), dsts[i].numel(), dts[i], cop, c,
-                                               nullptr);
+                                               st);
                 });
             });
         };
@@ -773,7 +517,7 @@ class ProcessGroupColld : public c10d::Backend
     c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions & /* opts */) override
     {
         Op o = make("barrier", c10d::OpType::BARRIER, {});
-        o.issue = [](colld_comm_t *c) { return colld_barrier(c); };
+        o.issue = [](colld_comm_t *c, void * /* st */) { return colld_barrier(c); };
         return post(std::move(o));
     }
 
@@ -797,9 +541,9 @@ class ProcessGroupColld : public c10d::Backend
         }
         Op o = make("gather", c10d::OpType::GATHER, outs);
         o.keep = { src, flat };
-        o.issue = [src, flat, root](colld_comm_t *c) {
+        o.issue = [src, flat, root](colld_comm_t *c, void *st) {
             return colld_gather(src.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, nbytes(src), COLLD_UINT8,
-                                root, c, nullptr);
+                                root, c, st);
         };
         if (root == rank_)
             o.done = scatter_back(outs, flat);
@@ -825,9 +569,9 @@ class ProcessGroupColld : public c10d::Backend
         at::Tensor dst = dense(out);
         Op o = make("scatter", c10d::OpType::SCATTER, outputs);
         o.keep = { src, dst };
-        o.issue = [src, dst, root](colld_comm_t *c) {
+        o.issue = [src, dst, root](colld_comm_t *c, void *st) {
             return colld_scatter(src.defined() ? src.data_ptr() : nullptr, dst.data_ptr(), nbytes(dst), COLLD_UINT8,
-                                 root, c, nullptr);
+                                 root, c, st);
         };
         o.done = copy_back(out, dst);
         return post(std::move(o));
@@ -906,21 +650,23 @@ class ProcessGroupColld : public c10d::Backend
     {
         const at::Tensor &t = single("send", tensors);
         check_peer("send", "to", dst);
+        TORCH_CHECK(tag == 0 || !t.is_cuda(), "torch_colld: send: tags are not supported on CUDA tensors (tag ", tag,
+                    "; torch_colld checks a tag on the host, which a stream-ordered receive cannot)");
         at::Tensor buf = t.contiguous();
         Op o = make("send", c10d::OpType::SEND, tensors);
         o.hint = kP2PHint;
         o.keep = { buf };
         if (tag == 0) {
-            o.issue = [buf, dst](colld_comm_t *c) {
-                return colld_send(buf.data_ptr(), nbytes(buf), COLLD_UINT8, dst, c, nullptr);
+            o.issue = [buf, dst](colld_comm_t *c, void *st) {
+                return colld_send(buf.data_ptr(), nbytes(buf), COLLD_UINT8, dst, c, st);
             };
         } else {
             at::Tensor hdr = at::full({ 1 }, static_cast<int64_t>(tag), at::TensorOptions().dtype(at::kLong));
             o.keep.push_back(hdr);
-            o.issue = [buf, hdr, dst](colld_comm_t *c) {
+            o.issue = [buf, hdr, dst](colld_comm_t *c, void *st) {
                 return grouped(2, [&](size_t i) {
-                    return i == 0 ? colld_send(hdr.data_ptr(), 1, COLLD_INT64, dst, c, nullptr)
-                                  : colld_send(buf.data_ptr(), nbytes(buf), COLLD_UINT8, dst, c, nullptr);
+                    return i == 0 ? colld_send(hdr.data_ptr(), 1, COLLD_INT64, dst, c, st)
+                                  : colld_send(buf.data_ptr(), nbytes(buf), COLLD_UINT8, dst, c, st);
                 });
             };
         }
@@ -933,21 +679,23 @@ class ProcessGroupColld : public c10d::Backend
     {
         const at::Tensor &t = single("recv", tensors);
         check_peer("recv", "from", src);
+        TORCH_CHECK(tag == 0 || !t.is_cuda(), "torch_colld: recv: tags are not supported on CUDA tensors (tag ", tag,
+                    "; torch_colld checks a tag on the host, which a stream-ordered receive cannot)");
         at::Tensor buf = dense(t);
         Op o = make("recv", c10d::OpType::RECV, tensors, src);
         o.hint = kP2PHint;
         o.keep = { buf };
         if (tag == 0) {
-            o.issue = [buf, src](colld_comm_t *c) {
-                return colld_recv(buf.data_ptr(), nbytes(buf), COLLD_UINT8, src, c, nullptr);
+            o.issue = [buf, src](colld_comm_t *c, void *st) {
+                return colld_recv(buf.data_ptr(), nbytes(buf), COLLD_UINT8, src, c, st);
             };
         } else {
             at::Tensor hdr = at::zeros({ 1 }, at::TensorOptions().dtype(at::kLong));
             o.keep.push_back(hdr);
-            o.issue = [buf, hdr, src](colld_comm_t *c) {
+            o.issue = [buf, hdr, src](colld_comm_t *c, void *st) {
                 return grouped(2, [&](size_t i) {
-                    return i == 0 ? colld_recv(hdr.data_ptr(), 1, COLLD_INT64, src, c, nullptr)
-                                  : colld_recv(buf.data_ptr(), nbytes(buf), COLLD_UINT8, src, c, nullptr);
+                    return i == 0 ? colld_recv(hdr.data_ptr(), 1, COLLD_INT64, src, c, st)
+                                  : colld_recv(buf.data_ptr(), nbytes(buf), COLLD_UINT8, src, c, st);
                 });
             };
             o.check = [hdr, src, tag]() -> std::string {
@@ -1001,6 +749,9 @@ class ProcessGroupColld : public c10d::Backend
     {
         c10::intrusive_ptr<WorkColld> w;
         bool queued = false;
+        std::shared_ptr<std::promise<std::string>> issued; /* a CUDA batch's */
+        std::vector<std::function<void()>> dones;
+        std::vector<c10::intrusive_ptr<WorkColld>> works;
         {
             std::lock_guard<std::mutex> lock(mu_);
             TORCH_CHECK(!stop_, "torch_colld: _end_coalescing: the process group was shut down");
@@ -1014,11 +765,24 @@ class ProcessGroupColld : public c10d::Backend
                 batch.name = "batch_isend_irecv";
                 batch.parts.swap(batch_);
                 std::vector<at::Tensor> all;
-                for (const Op &p : batch.parts)
+                for (const Op &p : batch.parts) {
+                    TORCH_CHECK(p.device == batch.parts[0].device,
+                                "torch_colld: batch_isend_irecv: its tensors are on ", batch.parts[0].device, " and ",
+                                p.device, ": all must be on one device");
                     for (const at::Tensor &t : p.work->result())
                         all.push_back(t);
+#ifdef COLLD_TORCH_CUDA
+                    dones.push_back(p.done);
+                    works.push_back(p.work);
+#endif
+                }
                 w->set_outputs(std::move(all));
                 batch.work = w;
+                if (batch.parts[0].stream) { /* the parts' works are completed by this thread below */
+                    batch.issued = issued = std::make_shared<std::promise<std::string>>();
+                    works.push_back(w);
+                    dones.push_back(nullptr);
+                }
                 queue_.push_back(std::move(batch));
                 queued_.store(queue_.size(), std::memory_order_release);
                 queued = true;
@@ -1028,6 +792,10 @@ class ProcessGroupColld : public c10d::Backend
             cv_.notify_one();
         else
             w->complete("");
+#ifdef COLLD_TORCH_CUDA
+        if (issued)
+            finish_on_stream(wait_issued(issued), dones, works);
+#endif
         return w;
     }
 
@@ -1126,12 +894,12 @@ class ProcessGroupColld : public c10d::Backend
     }
 
     /* Issues colld_alltoallv of src's `send` parts into dst's `recv` parts, as bytes. */
-    static std::function<colld_status_t(colld_comm_t *)> alltoallv(const at::Tensor &src, Layout send,
-                                                                   const at::Tensor &dst, Layout recv)
+    static std::function<colld_status_t(colld_comm_t *, void *)> alltoallv(const at::Tensor &src, Layout send,
+                                                                           const at::Tensor &dst, Layout recv)
     {
-        return [src, dst, send = std::move(send), recv = std::move(recv)](colld_comm_t *c) {
+        return [src, dst, send = std::move(send), recv = std::move(recv)](colld_comm_t *c, void *st) {
             return colld_alltoallv(src.data_ptr(), send.counts.data(), send.displs.data(), dst.data_ptr(),
-                                   recv.counts.data(), recv.displs.data(), COLLD_UINT8, c, nullptr);
+                                   recv.counts.data(), recv.displs.data(), COLLD_UINT8, c, st);
         };
     }
 
@@ -1254,13 +1022,79 @@ class ProcessGroupColld : public c10d::Backend
             seq_.fetch_add(1, std::memory_order_relaxed);
         Op o;
         o.name = name;
+        o.type = type;
+        o.source = source;
         o.work = c10::make_intrusive<WorkColld>(rank_, type, outputs, source);
         return o;
     }
 
-    /* Fail an operation that will not run: its work, or every part's of a batch. */
+    /* The device of an operation's tensors (those the daemon reads or writes): the CPU, or one
+     * CUDA device for all of them. */
+    static c10::Device device_of(const Op &o)
+    {
+        c10::Device d(c10::kCPU);
+        bool first = true;
+        for (const at::Tensor &t : o.keep) {
+            if (!t.defined())
+                continue;
+            TORCH_CHECK(first || t.device() == d, "torch_colld: ", o.name, ": its tensors are on ", d, " and ",
+                        t.device(), ": all must be on one device");
+            d = t.device();
+            first = false;
+        }
+        return d;
+    }
+
+#ifdef COLLD_TORCH_CUDA
+    /* Make o stream-ordered when its tensors are on a CUDA device: on the current stream of the
+     * caller's thread, with a work whose future belongs to that device. */
+    void to_stream(Op &o)
+    {
+        o.device = device_of(o);
+        if (!o.device.is_cuda())
+            return;
+        o.stream = torch_colld::current_stream(o.device);
+        o.work = c10::make_intrusive<WorkColld>(rank_, o.type, o.work->result(), o.source, o.device);
+    }
+
+    /* Wait (without the GIL) until the worker has issued a CUDA operation; its error text. */
+    static std::string wait_issued(const std::shared_ptr<std::promise<std::string>> &issued)
+    {
+        std::future<std::string> f = issued->get_future();
+        if (Py_IsInitialized() && PyGILState_Check()) {
+            pybind11::gil_scoped_release nogil;
+            return f.get();
+        }
+        return f.get();
+    }
+
+    /* After the worker issued a CUDA operation (or a batch) on the caller's stream: queue the
+     * copy-backs of each part on that stream, then complete its work, on the caller's thread. */
+    static void finish_on_stream(const std::string &error, std::vector<std::function<void()>> &dones,
+                                 std::vector<c10::intrusive_ptr<WorkColld>> &works)
+    {
+        for (size_t i = 0; i < works.size(); i++) {
+            std::string e = error;
+            if (e.empty() && dones[i]) {
+                try {
+                    dones[i]();
+                } catch (const std::exception &x) {
+                    e = std::string("torch_colld: copying the result back failed: ") + x.what();
+                }
+            }
+            works[i]->issued_on_stream(e);
+        }
+    }
+#endif
+
+    /* Fail an operation that will not run: its work, or every part's of a batch; a CUDA
+     * operation's caller, who waits for its issue, completes them. */
     static void fail(Op &o, const std::string &why)
     {
+        if (o.issued) {
+            o.issued->set_value(std::string("torch_colld: ") + o.name + ": " + why);
+            return;
+        }
         if (o.work)
             o.work->complete(std::string("torch_colld: ") + o.name + ": " + why);
         for (Op &p : o.parts)
@@ -1271,7 +1105,15 @@ class ProcessGroupColld : public c10d::Backend
      * (batch_isend_irecv); returns its Work. */
     c10::intrusive_ptr<c10d::Work> post(Op &&o)
     {
-        c10::intrusive_ptr<c10d::Work> w = o.work;
+#ifdef COLLD_TORCH_CUDA
+        to_stream(o);
+        std::vector<std::function<void()>> dones{ o.done };
+        std::vector<c10::intrusive_ptr<WorkColld>> works{ o.work };
+#else
+        TORCH_CHECK(device_of(o).is_cpu(), "torch_colld: ", o.name, ": only CPU tensors are supported");
+#endif
+        c10::intrusive_ptr<WorkColld> w = o.work;
+        std::shared_ptr<std::promise<std::string>> issued;
         bool queued = false;
         {
             std::lock_guard<std::mutex> lock(mu_);
@@ -1280,6 +1122,8 @@ class ProcessGroupColld : public c10d::Backend
                 return w;
             }
             if (!stop_) {
+                if (o.stream)
+                    o.issued = issued = std::make_shared<std::promise<std::string>>();
                 queue_.push_back(std::move(o));
                 queued_.store(queue_.size(), std::memory_order_release);
                 queued = true;
@@ -1288,6 +1132,10 @@ class ProcessGroupColld : public c10d::Backend
         if (!queued)
             fail(o, "the process group was shut down (destroy_process_group, abort or interpreter exit)");
         cv_.notify_one();
+#ifdef COLLD_TORCH_CUDA
+        if (issued)
+            finish_on_stream(wait_issued(issued), dones, works);
+#endif
         return w;
     }
 
@@ -1346,9 +1194,15 @@ class ProcessGroupColld : public c10d::Backend
                 }
             }
             /* A batch's parts go in one colld group. */
-            colld_status_t st = o.parts.empty()
-                                    ? o.issue(comm_)
-                                    : grouped(o.parts.size(), [&](size_t i) { return o.parts[i].issue(comm_); });
+            colld_status_t st = o.parts.empty() ? o.issue(comm_, o.stream) : grouped(o.parts.size(), [&](size_t i) {
+                return o.parts[i].issue(comm_, o.parts[i].stream);
+            });
+            if (o.issued) { /* stream-ordered: issued, the caller completes it */
+                o.issued->set_value(st == COLLD_OK ? std::string() : failure(o, st));
+                std::lock_guard<std::mutex> lock(mu_);
+                busy_ = false;
+                continue;
+            }
             if (st == COLLD_OK)
                 st = colld_comm_synchronize(comm_);
             std::string error = st == COLLD_OK ? std::string() : failure(o, st);
@@ -1392,9 +1246,11 @@ class ProcessGroupColld : public c10d::Backend
 };
 
 } // namespace
+} // namespace torch_colld
 
 PYBIND11_MODULE(_torch_colld, m)
 {
+    using torch_colld::ProcessGroupColld;
     m.doc() = "torch.distributed backend over libcolld (import torch_colld, then init_process_group(\"colld\"))";
     /* torch registers c10d::Backend (with its intrusive_ptr holder) in this module. */
     pybind11::module_::import("torch._C._distributed_c10d");
@@ -1416,4 +1272,9 @@ PYBIND11_MODULE(_torch_colld, m)
     m.def("_stop_all", &ProcessGroupColld::stop_all, pybind11::call_guard<pybind11::gil_scoped_release>(),
           "Stop every process group's worker thread (at interpreter exit; later operations fail)");
     m.attr("colld_api_version") = COLLD_API_VERSION;
+#ifdef COLLD_TORCH_CUDA
+    m.attr("cuda_built") = true; /* CUDA tensors, stream-ordered: built, never run (docs/torch.md) */
+#else
+    m.attr("cuda_built") = false;
+#endif
 }

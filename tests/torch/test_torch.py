@@ -29,6 +29,8 @@ private directory, and checks their exit codes:
         manager (allgather_into_tensor_coalesced, reduce_scatter_tensor_coalesced, start/end
         coalescing), a batch's one Work and its future, Work.wait(timeout), destroy_process_group
         and _abort_process_group of subgroups.
+  cuda  (2 ranks, only where torch sees a GPU; NEVER RUN YET): CUDA tensors, stream-ordered, with a
+        torch_colld built with -DCOLLD_TORCH_CUDA=ON.
 
 By default (make test) the scenarios that need no fault of their own run as one 4-rank group
 ("ops+premul+ddp+zerocopy+p2p+api": one start of torch per rank, which costs more than the
@@ -801,6 +803,60 @@ def worker_api(torch, dist, rank, world, ck):
              torch.full((4,), world, dtype=torch.uint64))
 
 
+def worker_cuda(torch, dist, rank, world, ck):
+    """CUDA tensors, stream-ordered (a torch_colld built with -DCOLLD_TORCH_CUDA=ON, on a machine
+    with a GPU; the driver skips it otherwise). NEVER RUN YET: written with the CUDA path, which
+    no machine here could run. Every reduce dtype through all_reduce (SUM, AVG), and
+    all_gather_into_tensor, reduce_scatter_tensor, broadcast, all_to_all_single and a
+    batch_isend_irecv ring on CUDA tensors, exact; a kernel queued after the collective on the
+    same stream sees its result; Work.wait() makes the current stream wait."""
+    import torch_colld
+    if not torch_colld.cuda_built:
+        ck.true("torch_colld was built with -DCOLLD_TORCH_CUDA=ON (the driver saw a GPU)", False)
+        return None
+    dev = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    for dtype in REDUCE_DTYPES:
+        for count in [1, 1001, 70001]:
+            for op in ["SUM", "AVG"]:
+                t = rank_input(torch, rank, count, dtype).to(dev)
+                dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+                t.mul_(1)  # a kernel after the collective on the same stream
+                ck.equal(f"cuda all_reduce {op} {dtype} x{count}", t.cpu(),
+                         expected_reduce(torch, op, world, count, dtype))
+        out = torch.zeros(world * 1001, dtype=getattr(torch, dtype), device=dev)
+        dist.all_gather_into_tensor(out, rank_input(torch, rank, 1001, dtype, salt=4).to(dev))
+        ck.equal(f"cuda all_gather_into_tensor {dtype}", out.cpu(),
+                 torch.cat([rank_input(torch, r, 1001, dtype, salt=4) for r in range(world)]))
+        out = torch.zeros(1001, dtype=getattr(torch, dtype), device=dev)
+        dist.reduce_scatter_tensor(out, torch.cat([rank_input(torch, rank, 1001, dtype, salt=20 + p)
+                                                   for p in range(world)]).to(dev))
+        ck.equal(f"cuda reduce_scatter_tensor {dtype}", out.cpu(),
+                 expected_reduce(torch, "SUM", world, 1001, dtype, salt=20 + rank))
+    t = rank_input(torch, rank, 1001, "float32", salt=2).to(dev)
+    dist.broadcast(t, src=world - 1)
+    ck.equal("cuda broadcast", t.cpu(), rank_input(torch, world - 1, 1001, "float32", salt=2))
+    out = torch.zeros(world * 3, device=dev)
+    dist.all_to_all_single(out, (torch.arange(world * 3, dtype=torch.float32) + 100 * rank).to(dev))
+    ck.equal("cuda all_to_all_single", out.cpu(),
+             torch.tensor([float(3 * rank + k + 100 * r) for r in range(world) for k in range(3)]))
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    r = torch.zeros(70001, device=dev)
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((70001,), float(rank), device=dev), nxt),
+                                   dist.P2POp(dist.irecv, r, prv)])
+    for w in reqs:
+        w.wait()  # the current stream waits
+    ck.equal("cuda ring in a batch", r.cpu(), torch.full((70001,), float(prv)))
+    t = torch.ones(1 << 20, device=dev)
+    w = dist.all_reduce(t, async_op=True)
+    w.wait()
+    ck.equal("cuda async all_reduce after wait()", t.sum().cpu(), torch.tensor(float(world << 20)))
+    fut = dist.all_reduce(torch.ones(5, device=dev), async_op=True).get_future()
+    ck.equal("cuda future's value", fut.wait()[0].cpu(), torch.full((5,), float(world)))
+    torch.cuda.synchronize()
+    return None
+
+
 def in_colld_memory(ptr):
     """Whether address `ptr` lies in a mapping of colld's shared memory (libcolld's memfds)."""
     with open("/proc/self/maps") as f:
@@ -872,7 +928,7 @@ def worker_main(args):
     ck.true(f"get_backend ({dist.get_backend()!r})", dist.get_backend() == backend)
     workers = {"ops": worker_ops, "premul": worker_premul, "ddp": worker_ddp, "kill": worker_kill,
                "exit": worker_exit, "zerocopy": worker_zerocopy, "p2p": worker_p2p, "p2pfail": worker_p2pfail,
-               "p2pkill": worker_p2pkill, "api": worker_api}
+               "p2pkill": worker_p2pkill, "api": worker_api, "cuda": worker_cuda}
     kept = []
     for name in names:
         t0 = time.monotonic()
@@ -956,7 +1012,7 @@ def main():
     if args.worker:
         return worker_main(args)
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError as e:
         print(f"skip: {sys.executable} cannot import torch ({e})")
         return 77
@@ -967,9 +1023,14 @@ def main():
             ("ddp", 2, 90), ("ddp", 4, 90), ("kill", 3, 90), ("exit", 2, 90),
             ("zerocopy", 2, 90), ("zerocopy", 3, 90), ("p2p", 2, 120), ("p2p", 3, 150), ("p2p", 4, 180),
             ("p2pfail", 2, 90), ("p2pkill", 3, 90), ("api", 2, 90), ("api", 3, 90)]
+    gpu = [("cuda", 2, 300)]  # only where torch sees a GPU (never run yet: no machine here has one)
     if not full:
         plan = [("ops+premul+ddp+zerocopy+p2p+api", 4, 240), ("kill", 3, 90), ("exit", 2, 90), ("p2pfail", 2, 90),
                 ("p2pkill", 3, 90)]
+    if torch.cuda.is_available():
+        plan += gpu
+    else:
+        print("test_torch: no GPU (torch.cuda.is_available() is false): the cuda scenario is skipped", flush=True)
     if args.scenarios:
         plan = [p for p in plan if p[0] in args.scenarios] or [(s, int(w), 300) for s, w in
                                                                (a.split("/") for a in args.scenarios if "/" in a)]

@@ -13,7 +13,7 @@ import atexit as _atexit
 import torch as _torch
 import torch.distributed as _dist
 
-from ._torch_colld import ProcessGroupColld, _empty, _stop_all, colld_api_version  # noqa: F401
+from ._torch_colld import ProcessGroupColld, _empty, _stop_all, colld_api_version, cuda_built  # noqa: F401
 
 __all__ = ["ProcessGroupColld", "BACKEND", "empty"]
 
@@ -46,7 +46,9 @@ def _create(store, rank, world_size, timeout):
 # Importing twice (or after another registration of the name) must not fail. The plain creator
 # (store, rank, size, timeout), not extended_api: nothing here needs the group's name or global ranks.
 if BACKEND.upper() not in _dist.Backend._plugins:
-    _dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+    # CUDA tensors only where the extension was built with -DCOLLD_TORCH_CUDA=ON (never run on a
+    # GPU yet, docs/torch.md): then one backend object serves both devices.
+    _dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"] if cuda_built else ["cpu"])
 
 # Process groups still alive at exit (no destroy_process_group) stop their worker threads before
 # Python finalizes: a worker that touches Python objects afterwards would abort the process.

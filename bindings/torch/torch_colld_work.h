@@ -1,0 +1,187 @@
+/*
+ * torch_colld_work.h - torch_colld's Work (a c10d::Work completed by a process group's worker
+ * thread, or, for a CUDA operation, by its caller once issued on its stream) and Op (one queued
+ * operation). Internal to torch_colld (torch_colld.cpp, the backend, uses them).
+ */
+#ifndef COLLD_TORCH_COLLD_WORK_H
+#define COLLD_TORCH_COLLD_WORK_H
+
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <colld/colld.h>
+
+#ifdef COLLD_TORCH_CUDA
+#include "torch_colld_cuda.h"
+#endif
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace torch_colld
+{
+
+/* How long a thread that hands over to another (the caller waiting for its Work, the worker
+ * waiting for the next operation) looks before it blocks. */
+const std::chrono::microseconds kHandoffSpin(50);
+
+/* Look at `ready` (yielding the CPU between looks) until it holds or kHandoffSpin has passed. */
+template <typename F> void spin_until(F ready)
+{
+    auto end = std::chrono::steady_clock::now() + kHandoffSpin;
+    while (!ready() && std::chrono::steady_clock::now() < end)
+        std::this_thread::yield();
+}
+
+/* One operation's Work. c10d::Work keeps the completion state (wait() raises its exception);
+ * the future carries the output tensors, as ProcessGroupGloo's does, for DDP's communication
+ * hooks. */
+class WorkColld : public c10d::Work
+{
+  public:
+    /* `device`: where the operation's tensors are; a CUDA operation's future is one of that
+     * device (it records events on its current stream when completed, as ProcessGroupNCCL's). */
+    WorkColld(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, int source = -1,
+              c10::Device device = c10::Device(c10::kCPU))
+        : c10d::Work(rank, type), outputs_(std::move(outputs)), source_(source),
+          future_(device.is_cuda()
+                      ? c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                                 std::vector<c10::Device>{ device })
+                      : c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
+          device_(device)
+    {
+    }
+
+#ifdef COLLD_TORCH_CUDA
+    /* A stream-ordered (CUDA) operation was issued on the current stream of the caller's thread
+     * (empty `error`), or could not be: mark the work done as far as the host is concerned, with
+     * an event after the operation on that stream for wait(), isCompleted() and synchronize().
+     * Called on the caller's thread, after the copy-backs were queued on the stream. */
+    void issued_on_stream(const std::string &error)
+    {
+        if (!error.empty()) {
+            complete(error);
+            return;
+        }
+        fence_ = torch_colld::record_fence(device_);
+        complete("");
+    }
+#endif
+
+    /* Mark the work done: with an empty `error` it succeeded, else wait() and the future raise a
+     * RuntimeError with that text. */
+    void complete(const std::string &error)
+    {
+        if (error.empty()) {
+            finish();
+            future_->markCompleted(c10::IValue(outputs_));
+        } else {
+            std::exception_ptr e = std::make_exception_ptr(std::runtime_error(error));
+            finish(e);
+            future_->setError(e);
+        }
+        done_.store(true, std::memory_order_release);
+    }
+
+    /* Wait as c10d's Work does, after looking for the completion for up to kHandoffSpin: a small
+     * operation completes within it, and a blocked thread's wake-up costs more than the
+     * operation itself. */
+    bool wait(std::chrono::milliseconds timeout) override
+    {
+#ifdef COLLD_TORCH_CUDA
+        if (fence_) { /* as ProcessGroupNCCL: the current stream waits, the host does not */
+            if (exception())
+                std::rethrow_exception(exception());
+            fence_->block_current();
+            return true;
+        }
+#endif
+        spin_until([this] { return done_.load(std::memory_order_acquire); });
+        return c10d::Work::wait(timeout);
+    }
+
+#ifdef COLLD_TORCH_CUDA
+    /* A CUDA operation is complete once the GPU has passed it on its stream. */
+    bool isCompleted() override
+    {
+        return fence_ ? fence_->query() : c10d::Work::isCompleted();
+    }
+
+    void synchronize() override
+    {
+        if (fence_)
+            fence_->synchronize();
+    }
+#endif
+
+    /* The future DDP and get_future() users wait on; its value is the output tensors. */
+    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override
+    {
+        return future_;
+    }
+
+    /* The output tensors (c10d's Work.result()). */
+    std::vector<at::Tensor> result() override
+    {
+        return outputs_;
+    }
+
+    /* A batch's outputs, known at its end: set before the batch is queued. */
+    void set_outputs(std::vector<at::Tensor> outputs)
+    {
+        outputs_ = std::move(outputs);
+    }
+
+    /* The rank a receive's data came from (Work._source_rank()); c10d's raises for other work. */
+    int sourceRank() const override
+    {
+        return source_ >= 0 ? source_ : c10d::Work::sourceRank();
+    }
+
+  private:
+    std::vector<at::Tensor> outputs_;
+    int source_; /* a receive's peer, -1 for other operations */
+    c10::intrusive_ptr<c10::ivalue::Future> future_;
+    std::atomic<bool> done_{ false }; /* set after the Work and its future are completed */
+    c10::Device device_;
+#ifdef COLLD_TORCH_CUDA
+    std::unique_ptr<torch_colld::StreamFence> fence_; /* a CUDA operation's event, set once issued */
+#endif
+};
+
+/* One queued operation: `issue` posts its collective(s) on the worker thread; `check` (where
+ * set) looks at what arrived once they completed and fails the operation with the text it
+ * returns (a received tag that is not the one asked for); `done` copies staged results into the
+ * caller's tensors. `keep` holds the tensors the daemon reads or writes alive until then. `hint`
+ * is added to a COLLD_ERR_MISMATCH's text: how torch_colld maps the call onto colld's. A batch
+ * (batch_isend_irecv) has its own work but no issue: its `parts` are issued in one colld group and
+ * each completes its own work.
+ *
+ * A CUDA operation (`device` a CUDA device) is stream-ordered: `stream` is the current CUDA stream
+ * of the caller's thread when it was made, the worker only issues it there (colld returns at
+ * once, the stream waits for the daemon) and hands the status to the caller through `issued`;
+ * the caller then queues the copy-backs on the same stream and completes the work. */
+struct Op {
+    const char *name;
+    std::function<colld_status_t(colld_comm_t *, void *)> issue; /* (comm, stream) */
+    std::function<std::string()> check;
+    std::function<void()> done;
+    std::vector<at::Tensor> keep;
+    c10::intrusive_ptr<WorkColld> work;
+    const char *hint = nullptr;
+    std::vector<Op> parts;
+    c10d::OpType type = c10d::OpType::UNKNOWN;
+    int source = -1;
+    c10::Device device = c10::Device(c10::kCPU);
+    void *stream = nullptr;
+    std::shared_ptr<std::promise<std::string>> issued; /* CUDA: the issue's error text, empty if none */
+};
+
+} // namespace torch_colld
+
+#endif
