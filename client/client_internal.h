@@ -150,8 +150,13 @@ struct colld_comm {
     uint64_t done_upto;
     uint64_t failed_seq;
     colld_status_t async_error; /* first error of this communicator; sticky */
-    bool detail_fetched;
-    char last_error[COLLD_CLIENT_DETAIL_LEN];
+    /* The detail colld_comm_last_error returns (comm.c, "Error detail"): of the last failure a call
+     * on this handle returned, never an older one's. */
+    bool detail_fetched;                        /* last_error holds async_error's detail */
+    char last_error[COLLD_CLIENT_DETAIL_LEN];   /* the communicator's error (async_error) explained */
+    bool local_valid;                           /* local_error explains the last failed call... */
+    colld_status_t local_over;                  /* ...while async_error is still this */
+    char local_error[COLLD_CLIENT_DETAIL_LEN];  /* a call refused or failed here, its own words */
     colld_pending_t *pending; /* staged collectives in flight, in sequence order (mu) */
     /* fast area (fast.c); NULL when the daemon gave none (multi-node, disabled) */
     colld_wire_fast_t *fast;
@@ -272,6 +277,17 @@ void colld__mem_client_free(colld_client_t *c);
 /* Record a client-side error on a communicator (its detail, the group's first error); returns st. */
 colld_status_t colld__comm_error(colld_comm_t *comm, colld_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The same without touching the group (a failure found while a group ends): the detail of the call
+ * that returns st. Returns st. */
+colld_status_t colld__comm_note(colld_comm_t *comm, colld_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The communicator's own error as a call returns it (failing fast, or waiting for work that
+ * failed): colld_comm_last_error explains that error from now on, not an earlier call's refusal.
+ * Returns st. */
+colld_status_t colld__comm_fail_async(colld_comm_t *comm, colld_status_t st);
+/* The library itself found the communicator's error (fast area, GPU stream): record it with its
+ * detail unless the communicator already has one. Returns the communicator's error. */
+colld_status_t colld__comm_break_here(colld_comm_t *comm, colld_status_t st, const char *detail);
 /* Wait for everything this rank has in flight on comm (fast area, then engine). */
 colld_status_t colld__comm_wait(colld_comm_t *comm);
 

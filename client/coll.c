@@ -56,7 +56,7 @@ static colld_status_t check_common(colld_comm_t *comm, colld_dtype_t dtype)
     colld_status_t err = __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED);
     if (err != COLLD_OK) {
         colld__group_fail(err);
-        return err; /* broken: fail fast with the first error */
+        return colld__comm_fail_async(comm, err); /* broken: fail fast with the first error */
     }
     if ((unsigned)dtype >= COLLD_DTYPE_COUNT)
         return colld__comm_error(comm, COLLD_ERR_INVALID_ARGUMENT, "unknown dtype %d", (int)dtype);
@@ -382,7 +382,7 @@ colld_status_t colld_op_query(colld_comm_t *comm, uint64_t op)
     if (!comm)
         return COLLD_ERR_INVALID_ARGUMENT;
     colld_status_t st = check_op(comm, op, "colld_op_query");
-    return st != COLLD_OK ? st : colld__ring_wait_op(comm->client, comm, op, false);
+    return st != COLLD_OK ? st : colld__comm_fail_async(comm, colld__ring_wait_op(comm->client, comm, op, false));
 }
 
 colld_status_t colld_op_wait(colld_comm_t *comm, uint64_t op)
@@ -390,7 +390,7 @@ colld_status_t colld_op_wait(colld_comm_t *comm, uint64_t op)
     if (!comm)
         return COLLD_ERR_INVALID_ARGUMENT;
     colld_status_t st = check_op(comm, op, "colld_op_wait");
-    return st != COLLD_OK ? st : colld__ring_wait_op(comm->client, comm, op, true);
+    return st != COLLD_OK ? st : colld__comm_fail_async(comm, colld__ring_wait_op(comm->client, comm, op, true));
 }
 
 colld_status_t colld_comm_synchronize(colld_comm_t *comm)
@@ -400,7 +400,7 @@ colld_status_t colld_comm_synchronize(colld_comm_t *comm)
     if (colld__group_active())
         return colld__comm_error(comm, COLLD_ERR_INVALID_USAGE,
                                  "colld_comm_synchronize inside a group: call colld_group_end first");
-    return colld__comm_wait(comm);
+    return colld__comm_fail_async(comm, colld__comm_wait(comm));
 }
 
 colld_status_t colld_comm_query(colld_comm_t *comm)
@@ -412,7 +412,7 @@ colld_status_t colld_comm_query(colld_comm_t *comm)
         return COLLD_INPROGRESS;
     colld_status_t err = __atomic_load_n(&comm->async_error, __ATOMIC_RELAXED);
     if (err != COLLD_OK)
-        return err;
+        return colld__comm_fail_async(comm, err);
     if (atomic_load(&comm->client->lost))
         return COLLD_ERR_DAEMON_LOST; /* even with nothing pending: the communicator is unusable */
     if (__atomic_load_n(&comm->completed, __ATOMIC_ACQUIRE) >= comm->issued)

@@ -490,6 +490,7 @@ colld_status_t colld__graph_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe
     uint64_t seq = comm->seq;
     if ((st = colld__ring_wait_op(c, comm, seq, true)) != COLLD_OK) {
         char detail[COLLD_CLIENT_DETAIL_LEN];
+        colld__comm_fail_async(comm, st);
         comm->detail_fetched = false; /* the daemon's detail of this failure, not an earlier one's */
         snprintf(detail, sizeof(detail), "%s", colld_comm_last_error(comm));
         st = colld_err_set(err, st,

@@ -335,11 +335,7 @@ static colld_status_t fail(colld_comm_t *comm, colld_status_t st, const char *de
     if (comm->fop.active)
         colld__seq_lower(&comm->failed_seq, comm->fop.seq);
     comm->fop.active = false;
-    colld_status_t ok = COLLD_OK;
-    if (__atomic_compare_exchange_n(&comm->async_error, &ok, st, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED) && detail) {
-        snprintf(comm->last_error, sizeof(comm->last_error), "%s: %.440s", colld_status_name(st), detail);
-        comm->detail_fetched = true;
-    }
+    colld__comm_break_here(comm, st, detail);
     return st;
 }
 

@@ -145,12 +145,10 @@ static colld_status_t batch_streams(void)
             if (h->comm != q->comm || h->gpu || !colld_kind_is_p2p(h->sqe.kind))
                 continue;
             if (h->sqe.count != 0 || h->pending) {
-                snprintf(q->comm->last_error, sizeof(q->comm->last_error),
-                         "COLLD_ERR_INVALID_USAGE: a group holds sends and receives on one communicator both on GPU "
-                         "buffers (or with a stream) and on host buffers: use one kind per group and communicator "
-                         "(nothing was posted)");
-                q->comm->detail_fetched = true;
-                return COLLD_ERR_INVALID_USAGE;
+                return colld__comm_note(q->comm, COLLD_ERR_INVALID_USAGE,
+                                        "a group holds sends and receives on one communicator both on GPU buffers (or "
+                                        "with a stream) and on host buffers: use one kind per group and communicator "
+                                        "(nothing was posted)");
             }
             h->gpu = true;
             h->gop = *gop;
@@ -188,12 +186,10 @@ static colld_status_t batch_p2p(void)
         for (size_t j = 0; j < n; j++)
             same_client += colld_kind_is_p2p(group.ops[j].sqe.kind) && group.ops[j].comm->client == q->comm->client;
         if (same_client > q->comm->client->entries) {
-            snprintf(q->comm->last_error, sizeof(q->comm->last_error),
-                     "COLLD_ERR_INVALID_USAGE: a group holds %zu sends and receives on one connection to colld; at "
-                     "most %u fit its rings (the daemon's --ring-entries): split the group",
-                     same_client, q->comm->client->entries);
-            q->comm->detail_fetched = true;
-            return COLLD_ERR_INVALID_USAGE;
+            return colld__comm_note(q->comm, COLLD_ERR_INVALID_USAGE,
+                                    "a group holds %zu sends and receives on one connection to colld; at most %u fit "
+                                    "its rings (the daemon's --ring-entries): split the group",
+                                    same_client, q->comm->client->entries);
         }
         for (size_t j = i + 1; j < n; j++)
             if (group.ops[j].comm == q->comm && colld_kind_is_p2p(group.ops[j].sqe.kind)) {
@@ -266,7 +262,7 @@ static colld_status_t try_start(size_t i, colld_wire_sqe_t *batch, size_t *k, co
         st = COLLD_ERR_DAEMON_LOST;
     if (st != COLLD_OK) {
         colld__engine_discard(comm, q->pending); /* the communicator broke meanwhile: its error is reported */
-        return st;
+        return colld__comm_fail_async(comm, st);
     }
     st = colld__fast_finish(comm, false);
     if (st != COLLD_OK) {
@@ -281,8 +277,7 @@ static colld_status_t try_start(size_t i, colld_wire_sqe_t *batch, size_t *k, co
         st = colld_kind_is_p2p(q->sqe.kind) ? post_gpu_batch(i, also, &err)
                                             : colld__gpu_post(comm, &q->sqe, &q->gop, &err);
         if (st != COLLD_OK) {
-            snprintf(comm->last_error, sizeof(comm->last_error), "%s: %.400s", colld_status_name(st), err.msg);
-            comm->detail_fetched = true;
+            colld__comm_note(comm, st, "%.400s", err.msg);
             if (*late == COLLD_OK)
                 *late = st;
         }
@@ -304,10 +299,8 @@ static colld_status_t try_start(size_t i, colld_wire_sqe_t *batch, size_t *k, co
     colld_err_t err = COLLD_ERR_INIT;
     st = colld__fast_post(comm, (colld_kind_t)q->sqe.kind, q->send, q->send_bytes, q->recv, q->recv_bytes, q->sqe.count,
                           (colld_dtype_t)q->sqe.dtype, q->sqe.redop, colld_wire_sqe_scalar(&q->sqe), q->sqe.root, &err);
-    if (st != COLLD_OK) {
-        snprintf(comm->last_error, sizeof(comm->last_error), "%s: %.400s", colld_status_name(st), err.msg);
-        comm->detail_fetched = true;
-    }
+    if (st != COLLD_OK)
+        colld__comm_note(comm, st, "%.400s", err.msg);
     return st;
 }
 

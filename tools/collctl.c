@@ -53,7 +53,8 @@ static const char USAGE[] =
     "                             keeps printing new ones until interrupted; --backlog N shows at most N\n"
     "                             past events first, --new none\n"
     "  policy                     per-tenant policy: limits with their defaults, use and refusals, and\n"
-    "                             per uid its timeout cap, algorithm and limits with what it holds\n"
+    "                             per uid its timeout cap, algorithm and limits with what it holds (an\n"
+    "                             ordinary user sees the limits and its own use only)\n"
     "  policy set UID [--max-timeout-ms MS] [--net-algo auto|ring|rd] [--LIMIT N|default ...]\n"
     "                             cap the timeout of uid UID's new communicators, choose their\n"
     "                             multi-node all-reduce algorithm, and/or override its limits (at least\n"
@@ -761,10 +762,10 @@ static int cmd_policy_show(colld_client_t *c, int json)
         return 1;
     if (json) {
         printf("{\"schema_version\":%d,\"default_timeout_ms\":%d,\"max_timeout_ms\":%d,\"max_registrations\":%llu,"
-               "\"registrations\":%llu,\"registrations_refused\":%llu,\"limits\":[",
+               "\"registrations\":%llu,\"registrations_refused\":%llu,\"own_only\":%s,\"limits\":[",
                JSON_SCHEMA_VERSION, resp->default_timeout_ms, resp->max_timeout_ms,
                (unsigned long long)resp->max_registrations, (unsigned long long)resp->registrations,
-               (unsigned long long)resp->registrations_refused);
+               (unsigned long long)resp->registrations_refused, resp->own_only ? "true" : "false");
         for (size_t i = 0; i < resp->n_defaults; i++) {
             const Colld__V1__TenantLimit *l = resp->defaults[i];
             printf("%s{\"name\":", i ? "," : "");
@@ -790,14 +791,24 @@ static int cmd_policy_show(colld_client_t *c, int json)
         printf("]}\n");
     } else {
         printf("default timeout %d ms, daemon-wide cap %d ms\n", resp->default_timeout_ms, resp->max_timeout_ms);
-        printf("registrations of all users: %llu held of %llu (max-registrations), %llu refused\n\n",
-               (unsigned long long)resp->registrations, (unsigned long long)resp->max_registrations,
-               (unsigned long long)resp->registrations_refused);
-        printf("%-34s %14s %14s %10s\n", "LIMIT", "DEFAULT", "IN-USE", "REFUSED");
+        if (resp->own_only) /* not an administrator: the daemon shows this user's use only */
+            printf("registrations: %llu held by you; all users together may hold %llu (max-registrations)\n\n",
+                   (unsigned long long)resp->registrations, (unsigned long long)resp->max_registrations);
+        else
+            printf("registrations of all users: %llu held of %llu (max-registrations), %llu refused\n\n",
+                   (unsigned long long)resp->registrations, (unsigned long long)resp->max_registrations,
+                   (unsigned long long)resp->registrations_refused);
+        if (resp->own_only)
+            printf("%-34s %14s %14s\n", "LIMIT", "DEFAULT", "YOUR-USE");
+        else
+            printf("%-34s %14s %14s %10s\n", "LIMIT", "DEFAULT", "IN-USE", "REFUSED");
         for (size_t i = 0; i < resp->n_defaults; i++) {
             const Colld__V1__TenantLimit *l = resp->defaults[i];
-            printf("%-34s %14llu %14llu %10llu\n", l->name, (unsigned long long)l->limit, (unsigned long long)l->used,
-                   (unsigned long long)l->refused);
+            if (resp->own_only)
+                printf("%-34s %14llu %14llu\n", l->name, (unsigned long long)l->limit, (unsigned long long)l->used);
+            else
+                printf("%-34s %14llu %14llu %10llu\n", l->name, (unsigned long long)l->limit,
+                       (unsigned long long)l->used, (unsigned long long)l->refused);
         }
         for (size_t i = 0; i < resp->n_tenants; i++) {
             const Colld__V1__TenantPolicy *t = resp->tenants[i];

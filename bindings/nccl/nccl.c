@@ -121,14 +121,18 @@ static ncclResult_t to_nccl(colld_status_t st)
     }
 }
 
-/* A failed colld call on a communicator: its status and colld's detail. */
+/* A failed colld call on a communicator: its status and colld's detail. The detail must be this
+ * failure's: colld's names its status first, and one that names another status (the handle's
+ * earlier failure) is not used. */
 static ncclResult_t fail_comm(const char *what, colld_status_t st, ncclComm_t comm)
 {
     const char *detail = comm && comm->c ? colld_comm_last_error(comm->c) : "";
-    if (detail && strncmp(detail, "COLLD_", 6) == 0) /* colld's detail names its status first */
+    const char *name = colld_status_name(st);
+    size_t nl = strlen(name);
+    if (detail && strncmp(detail, name, nl) == 0 && (detail[nl] == ':' || detail[nl] == ' '))
         return fail(to_nccl(st), "%s: %s", what, detail);
-    return fail(to_nccl(st), "%s: %s: %s", what, colld_status_name(st),
-                detail && detail[0] ? detail : colld_status_string(st));
+    bool other = detail && strncmp(detail, "COLLD_", 6) == 0; /* another failure's */
+    return fail(to_nccl(st), "%s: %s: %s", what, name, detail && detail[0] && !other ? detail : colld_status_string(st));
 }
 
 EXPORT const char *ncclGetErrorString(ncclResult_t result)

@@ -508,7 +508,8 @@ static size_t policy_uids(const colld_daemon_t *d, const colld_session_t *s, uid
 }
 
 /* GetPolicy: every limit's default, use and refusals, the registration backstop, and per tenant
- * its timeout cap, algorithm and limits with what it holds. */
+ * its timeout cap, algorithm and limits with what it holds. A caller that is not an administrator
+ * sees the limits and its own use only (own_only). */
 static void on_get_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *ctx)
 {
     colld_daemon_t *d = ctx;
@@ -536,13 +537,17 @@ static void on_get_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
         detail = "daemon out of memory";
         goto out;
     }
+    /* Daemon-wide totals are other tenants' use: an administrator's view only. Anyone else gets the
+     * limits with its own use in their place (issue 26 row 9). */
+    bool admin = is_admin(s);
+    resp.own_only = !admin;
     for (int i = 0; i < COLLD_LIMIT_COUNT; i++) { /* slots [0, COUNT): the defaults */
         Colld__V1__TenantLimit *l = &lim[i];
         colld__v1__tenant_limit__init(l);
         l->name = (char *)colld_limit_name((colld_limit_t)i);
         l->limit = colld_limit_default(d, (colld_limit_t)i);
-        l->used = colld_tenant_used_total(d, (colld_limit_t)i);
-        l->refused = colld_tenant_refusals(d, (colld_limit_t)i);
+        l->used = admin ? colld_tenant_used_total(d, (colld_limit_t)i) : colld_tenant_used(d, s->uid, (colld_limit_t)i);
+        l->refused = admin ? colld_tenant_refusals(d, (colld_limit_t)i) : 0;
         lptr[i] = l;
     }
     resp.defaults = lptr;
@@ -574,8 +579,8 @@ static void on_get_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
     resp.default_timeout_ms = (int32_t)d->cfg.timeout_ms;
     resp.max_timeout_ms = (int32_t)d->cfg.max_timeout_ms;
     resp.max_registrations = colld_regs_backstop(d);
-    resp.registrations = colld_regs_held(d);
-    resp.registrations_refused = colld_regs_backstop_refusals(d);
+    resp.registrations = admin ? colld_regs_held(d) : colld_tenant_used(d, s->uid, COLLD_LIMIT_REGS);
+    resp.registrations_refused = admin ? colld_regs_backstop_refusals(d) : 0;
 out:
     pthread_mutex_unlock(&d->lock);
     resp.detail = (char *)detail;

@@ -24,6 +24,10 @@
  *   victim   as matrix's start, then rank --victim exits at once after joining; the other ranks'
  *            all-reduce must fail with ncclRemoteError and ncclGetLastError naming the victim, and
  *            so must their ncclCommShrink without it (colld cannot shrink a broken communicator).
+ *   stale    2 ranks: rank 0's ncclSend to peer 5 is refused (ncclInvalidArgument, the peer named),
+ *            then rank 0 calls ncclAllReduce while rank 1 calls ncclBroadcast: both fail with
+ *            ncclRemoteError, and rank 0's ncclGetLastError must give colld's mismatch report, not
+ *            the earlier refusal (issue 26 row 6); so must ncclCommGetAsyncError's.
  *   recent   the calls of NCCL 2.20-2.28 that PyTorch 2.x links, on 3 or more ranks: every rank
  *            joins with ncclCommInitRankScalable and two unique ids (made by ranks 0 and 1);
  *            ncclGroupSimulateEnd runs nothing of its group (an all-reduce and a ring of sends
@@ -903,6 +907,33 @@ static int mode_victim(void)
     return bad;
 }
 
+/* A refusal here, then a failure the daemon reports: the texts follow the calls (mode stale). */
+static int mode_stale(void)
+{
+    ncclComm_t comm = join();
+    static float x[1024];
+    int bad = 0;
+    if (rank == 1) {
+        ncclResult_t r = ncclBroadcast(x, x, 1024, ncclFloat32, 0, comm, NULL);
+        bad += expect_error("broadcast against an all-reduce", r, ncclRemoteError, "COLLD_ERR_MISMATCH");
+        CHECK(ncclCommAbort(comm));
+        return bad;
+    }
+    bad += expect_error("send to peer 5 of 2", ncclSend(x, 1, ncclFloat32, 5, comm, NULL), ncclInvalidArgument,
+                        "peer 5 is out of range");
+    ncclResult_t r = ncclAllReduce(x, x, 1024, ncclFloat32, ncclSum, comm, NULL);
+    bad += expect_error("all-reduce against a broadcast", r, ncclRemoteError, "COLLD_ERR_MISMATCH");
+    if (strstr(ncclGetLastError(NULL), "out of range")) {
+        fprintf(stderr, "the all-reduce's text is the send's: %s\n", ncclGetLastError(NULL));
+        bad++;
+    }
+    ncclResult_t async = ncclSuccess;
+    CHECK(ncclCommGetAsyncError(comm, &async));
+    bad += expect_error("ncclCommGetAsyncError", async, ncclRemoteError, "broadcast(float32");
+    CHECK(ncclCommAbort(comm));
+    return bad;
+}
+
 /* The ncclAllReduce this program calls must be colld's. */
 static void check_library(void)
 {
@@ -941,7 +972,7 @@ int main(int argc, char **argv)
     }
     if (nranks < 1 || nranks > MAXN || rank < 0 || rank >= nranks || (!id_file && strcmp(mode, "initall") != 0)) {
         fprintf(stderr,
-                "usage: %s --nranks N (1..%d) --rank R --id-file PATH [--mode matrix|initall|errors|victim|recent "
+                "usage: %s --nranks N (1..%d) --rank R --id-file PATH [--mode matrix|initall|errors|victim|stale|recent "
                 "--victim R]\n",
                 argv[0], MAXN);
         return 2;
@@ -955,6 +986,8 @@ int main(int argc, char **argv)
         return mode_errors();
     if (strcmp(mode, "victim") == 0)
         return mode_victim();
+    if (strcmp(mode, "stale") == 0)
+        return mode_stale();
     if (strcmp(mode, "recent") == 0)
         return mode_recent();
     fprintf(stderr, "unknown mode %s\n", mode);

@@ -96,6 +96,15 @@ static void test_rank_dies(void **state)
     assert_int_equal(harness_wait_all(p, 3, 120000), 0);
 }
 
+/* A call refused here (a send to a peer out of range), then a mismatch colld reports: the
+ * all-reduce's ncclGetLastError is the mismatch, not the refusal (issue 26 row 6). */
+static void test_detail_not_stale(void **state)
+{
+    pid_t p[2];
+    spawn(*state, "stale", 2, NULL, p);
+    assert_int_equal(harness_wait_all(p, 2, 60000), 0);
+}
+
 /* NCCL 2.20-2.28 on 3 ranks: ncclCommInitRankScalable with two ids, ncclGroupSimulateEnd (nothing
  * of the group runs; the communicator is as before), ncclCommShrink without an idle rank and
  * without one that left, every result exact. */
@@ -146,6 +155,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_matrix, setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_init_all, setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_rank_dies, setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_detail_not_stale, setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_recent, setup, harness_test_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
