@@ -21,6 +21,8 @@
  */
 #include "server/observability/http.h"
 
+#include "server/observability/metrics.h" /* the request parser's declarations */
+
 #include "common/log.h"
 #include "common/util.h"
 
@@ -31,6 +33,8 @@
 #include <string.h>
 
 #define TEXT_CONTENT_TYPE "text/plain; charset=utf-8"
+
+_Static_assert(COLLD_HTTP_REQUEST_MAX == COLLD_METRICS_HTTP_REQUEST_MAX, "the parser and the reader agree");
 
 typedef enum {
     CONN_READING,
@@ -230,7 +234,6 @@ void colld_http_respond(colld_http_conn_t *c, int code, char *body, size_t body_
 
 /* Find the end of the request headers: the byte after "\r\n\r\n" (or a bare "\n\n"), 0 if not
  * there yet. Declared in metrics.h (the fuzzers call it). */
-size_t colld_metrics_http_header_end(const char *buf, size_t len);
 size_t colld_metrics_http_header_end(const char *buf, size_t len)
 {
     for (size_t i = 0; i + 1 < len; i++) {
