@@ -80,12 +80,15 @@ test-asan: deps
 
 # The engine and integration tests with ThreadSanitizer (the collectives matrix at its small
 # counts: the >= 4 MiB ones take many minutes under TSan and add no concurrency to check), and
-# the CUDA driver test double's own test (label cudafake: its streams are threads).
+# the CUDA driver test double's own test (label cudafake: its streams are threads). Not the
+# _2gpus variants (the same threads as their one-GPU tests, with a second fake device) nor
+# test_slowlink (tc-shaped links timed in network namespaces: the threads of test_multinode,
+# which runs): they run in `make test` and under ASan.
 test-tsan: deps
 	cmake -S . -B $(BUILD_TSAN) -G Ninja -DCOLLD_WERROR=ON -DCMAKE_BUILD_TYPE=Debug -DCOLLD_SANITIZE=thread
 	cmake --build $(BUILD_TSAN) -j $(JOBS)
 	COLLD_TEST_NO_BIG=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
-	  ctest --test-dir $(BUILD_TSAN) --output-on-failure --timeout 1200 -L 'integration|cudafake'
+	  ctest --test-dir $(BUILD_TSAN) --output-on-failure --timeout 1200 -L 'integration|cudafake' -E '_2gpus$$|^test_slowlink$$'
 
 # The libFuzzer harnesses (tests/fuzz, clang with ASan+UBSan): `make test-fuzz` is CI's smoke run
 # (30 s each); `make fuzz` runs each for FUZZ_SECONDS (default 600). New inputs stay in
