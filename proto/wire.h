@@ -33,8 +33,10 @@
  * captured collectives (COLLD_SQE_PLAN, colld_wire_gpu_plan_t, COLLD_MSG_PLAN_FREE); 5: the
  * premultiplied sum (COLLD_REDOP_PREMUL_SUM, its scalar in the descriptor and in the fast area's
  * slot header); 6: GPU registrations across several VMM allocations (COLLD_MSG_REG_CUDA_SEG); 7: GPU
- * stream flag values and ready slots by operation id instead of collective ordinal */
-#define COLLD_WIRE_VERSION 7
+ * stream flag values and ready slots by operation id instead of collective ordinal; 8: a REG memfd
+ * is allocated in full by the client and open to the daemon's seals (no F_SEAL_SEAL): the daemon
+ * adds F_SEAL_FUTURE_WRITE once it has mapped it and refuses a buffer with a page missing */
+#define COLLD_WIRE_VERSION 8
 #define COLLD_WIRE_TOKEN_BYTES 16
 /* A unique id (the 128 bytes of colld_unique_id_t): 16 random bytes; an id made by a daemon that
  * listens for peers (multi-node) also carries "CLN1" at byte 16 and that daemon's address
@@ -439,7 +441,7 @@ typedef enum {
 typedef enum {
     COLLD_MSG_HELLO = 1,       /* client -> daemon: version, role, process name */
     COLLD_MSG_WELCOME = 2,     /* daemon -> client: session id, token, rings; fds: shm, eventfd */
-    COLLD_MSG_REG = 3,         /* client -> daemon: register memory; fd: memfd */
+    COLLD_MSG_REG = 3,         /* client -> daemon: register memory; fd: memfd, every page written, no F_SEAL_SEAL */
     COLLD_MSG_REG_REPLY = 4,   /* daemon -> client: registration id or error */
     COLLD_MSG_DEREG = 5,       /* client -> daemon: release a registration */
     COLLD_MSG_DEREG_REPLY = 6, /* daemon -> client */

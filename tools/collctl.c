@@ -61,8 +61,8 @@ static const char USAGE[] =
     "                             one option; admin only). LIMIT is one of max-sessions-per-tenant,\n"
     "                             max-comms-per-tenant, max-joining-ranks-per-tenant, max-regs-per-tenant,\n"
     "                             max-registered-bytes-per-tenant (K/M/G/T suffixes),\n"
-    "                             max-event-followers-per-tenant, max-rpc-conns-per-tenant; 'default'\n"
-    "                             drops the override\n"
+    "                             max-event-followers-per-tenant, max-rpc-conns-per-tenant,\n"
+    "                             max-daemon-bytes-per-tenant (K/M/G/T); 'default' drops the override\n"
     "  policy clear UID           remove uid UID's policy and limit overrides (admin only)\n"
     "  abort COMM [--reason TEXT] fail every pending and later operation of COMM on every rank with\n"
     "                             COLLD_ERR_ABORTED (admin, or the communicator's own user)\n"
@@ -830,7 +830,7 @@ static int cmd_policy_show(colld_client_t *c, int json)
     return 0;
 }
 
-#define MAX_LIMIT_ARGS 7 /* one per limit */
+#define MAX_LIMIT_ARGS 8 /* one per limit */
 
 /* A limit override from the command line: --NAME VALUE. */
 typedef struct {
@@ -941,6 +941,7 @@ static int check_net_algo(const char *text)
 static const char *const limit_names[] = {
     "max-sessions-per-tenant", "max-comms-per-tenant", "max-joining-ranks-per-tenant", "max-regs-per-tenant",
     "max-registered-bytes-per-tenant", "max-event-followers-per-tenant", "max-rpc-conns-per-tenant",
+    "max-daemon-bytes-per-tenant",
 };
 
 /* A limit option: --NAME VALUE with VALUE a number (K/M/G/T suffixes, powers of 1024) or

@@ -86,6 +86,18 @@
  *       its caller did nothing wrong (the rank that left had, e.g., timed out on another
  *       communicator). Operations posted after the rank left still fail with
  *       COLLD_ERR_INVALID_USAGE.
+ *       Changed (issue 26 row 3): colld_mem_alloc(COLLD_MEM_HOST) allocates every page of the
+ *       buffer when it makes it (it was allocated page by page on first touch, by whichever
+ *       process touched it first, the daemon included): the memory is charged at once to the
+ *       caller's memory cgroup, never to the daemon's, and the call takes time in proportion to
+ *       the size (0.5-2 ms per MiB measured on a loaded 2-CPU VM: what the first touch of the
+ *       pages cost before, which is now cheap; docs/reliability.md). A buffer the caller's cgroup cannot hold fails with
+ *       COLLD_ERR_NO_MEMORY, or the kernel's OOM killer acts in the caller's cgroup. Host memory
+ *       that libcolld stages for collectives on other pointers is allocated the same way. The
+ *       daemon refuses shared memory with a page missing (COLLD_ERR_INVALID_ARGUMENT, "memory not
+ *       allocated"), and charges what it allocates itself for a tenant (rings, fast areas, GPU
+ *       flag areas, multi-node buffers, page tables) to max-daemon-bytes-per-tenant
+ *       (COLLD_ERR_QUOTA_EXCEEDED from colld_connect, colld_mem_alloc or a multi-node collective).
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -264,7 +276,10 @@ colld_status_t colld_comm_user_rank(const colld_comm_t *comm, int *rank);
  * from cuMemCreate exportable as a POSIX fd where the device supports it, else cuMemAlloc; usable
  * by kernels like any device memory. Without a CUDA driver (or in a build without CUDA support)
  * COLLD_MEM_CUDA gives COLLD_ERR_NOT_SUPPORTED and colld_last_error says why. Free memory only
- * once the collectives that use it have completed. */
+ * once the collectives that use it have completed.
+ * COLLD_MEM_HOST memory is allocated in full before the call returns (every page written, zero):
+ * it is the caller's memory, charged to its memory cgroup, and the call costs time in proportion
+ * to `bytes`; COLLD_ERR_NO_MEMORY when it cannot be had. */
 colld_status_t colld_mem_alloc(colld_client_t *c, void **ptr, size_t bytes, colld_memtype_t type);
 colld_status_t colld_mem_free(colld_client_t *c, void *ptr);
 

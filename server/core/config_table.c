@@ -51,6 +51,11 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "vm.max_map_count, keeping 4096 + 2 x max-sessions + an eighth of it for the daemon's own mappings (a larger "
       "value is capped there)",
       OPT(max_registrations), 0, 100000000 },
+    { "max-daemon-bytes", "COLLD_MAX_DAEMON_BYTES", COLLD_CFG_SIZE, "0",
+      "memory the daemon may allocate for all users together (session rings, GPU flag areas, fast areas, "
+      "multi-node collective buffers, page tables of registrations; K/M/G suffixes); 0 = 3/4 of its memory limit "
+      "(its memory cgroup's, else the host's) less 256 MiB",
+      OPT(max_daemon_bytes), 0, 0 },
     { "max-sessions-per-tenant", "COLLD_MAX_SESSIONS_PER_TENANT", COLLD_CFG_INT, "1024",
       "client connections one uid may hold (collctl policy overrides it per uid)", OPT(max_sessions_per_tenant), 1,
       1000000 },
@@ -72,6 +77,11 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "connections one uid may hold to the control socket (<socket>.rpc); every libcolld session holds one, "
       "collctl one while it runs; root and the daemon's uid are not held to it",
       OPT(max_rpc_conns_per_tenant), 1, 1000000 },
+    { "max-daemon-bytes-per-tenant", "COLLD_MAX_DAEMON_BYTES_PER_TENANT", COLLD_CFG_SIZE, "1G",
+      "memory the daemon may allocate for one uid: its sessions' rings and GPU flag areas, its communicators' fast "
+      "areas and multi-node collective buffers, the page tables of its registrations (K/M/G suffixes); a tenant's "
+      "own buffers are its memory, not counted here",
+      OPT(max_daemon_bytes_per_tenant), 0, 0 },
     { "max-rpc-conns", "COLLD_MAX_RPC_CONNS", COLLD_CFG_INT, "3072",
       "connections to the control socket from all tenants (the last few are kept for root and the daemon's uid)",
       OPT(max_rpc_conns), 1, 1000000 },

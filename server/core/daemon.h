@@ -87,6 +87,7 @@ typedef struct {
     int64_t max_plans_per_session; /* collectives captured into CUDA graphs, held at once (cuda_plan.c) */
     uint64_t max_registered_bytes; /* per session */
     int64_t max_registrations;     /* all tenants; 0: derived from vm.max_map_count (tenant.c) */
+    uint64_t max_daemon_bytes;     /* memory allocated for all tenants; 0: derived from the memory limit (tenant.c) */
     /* per-tenant limits (tenant.c); collctl policy overrides them per uid */
     int64_t max_sessions_per_tenant;
     int64_t max_comms_per_tenant;
@@ -95,6 +96,7 @@ typedef struct {
     uint64_t max_registered_bytes_per_tenant;
     int64_t max_followers_per_tenant;
     int64_t max_rpc_conns_per_tenant;
+    uint64_t max_daemon_bytes_per_tenant;
     /* descriptors and the control socket (fds.c, ctl_listen.c) */
     int64_t max_fds;           /* soft RLIMIT_NOFILE to run with; 0: the hard limit */
     int64_t max_rpc_conns;     /* connections to the control socket, all tenants */
@@ -143,6 +145,7 @@ struct colld_reg {
     colld_daemon_t *daemon;
     uid_t tenant;         /* charged to this uid (tenant.c) ... */
     uint64_t charged;     /* ... these bytes; 0: not charged */
+    uint64_t mem_charged; /* the daemon's page tables for its mapping, charged to `tenant` (colld_tenant_charge_mem) */
     struct colld_reg *next;
 };
 
@@ -158,6 +161,7 @@ struct colld_session {
     char name[48];
     bool attached;        /* the Attach RPC was made */
     bool charged;         /* holds a unit of its tenant's COLLD_LIMIT_SESSIONS */
+    uint64_t mem_charged; /* its rings' bytes, charged to its tenant (colld_tenant_charge_mem) */
     bool dead;            /* socket closed or protocol error: no new work */
     bool kill_requested;  /* engine asks the loop to drop this session */
     int refs;             /* list membership + ops in flight + executing collectives */
@@ -539,6 +543,7 @@ void colld_session_release_reg(colld_reg_t *r);
 colld_reg_t *colld_session_find_reg(colld_session_t *s, uint32_t id);
 /* Create a session's shared memory (rings) and eventfd. Returns 0 or -1. */
 int colld_session_make_rings(colld_session_t *s);
+uint64_t colld_session_rings_bytes(const colld_daemon_t *d);
 /* Send one message with up to two fds to the session's client; never blocks. Returns 0 or -1. */
 int colld_session_send(colld_session_t *s, colld_wire_msg_t *m, const int *fds, int nfds);
 /* Send an error reply of the given type with err's status and message. */

@@ -15,6 +15,7 @@
  */
 #include "server/core/counters.h"
 #include "server/core/daemon.h"
+#include "server/core/tenant.h"
 
 #include "common/log.h"
 #include "common/util.h"
@@ -58,6 +59,13 @@ static int fast_create(colld_daemon_t *d, colld_dcomm_t *c)
     char name[64];
     int fd = -1;
     void *p;
+    /* The daemon's memory, made for the communicator's tenant: charged to it; without room the
+     * communicator has no area (the engine serves its small collectives too). */
+    colld_err_t err = COLLD_ERR_INIT;
+    if (colld_tenant_charge_mem(d, c->tenant, total, &err) != COLLD_OK) {
+        LOG_INFO_RL(COLL, "communicator %llu: no fast area: %s", (unsigned long long)c->id, err.msg);
+        return 0;
+    }
     snprintf(name, sizeof(name), "colld-fast-%llu", (unsigned long long)c->id);
     /* Sealed: no member can shrink the file under the daemon's mapping (SIGBUS). */
     if (colld_shm_create(name, total, &fd, &p) < 0)
@@ -83,6 +91,7 @@ fail:
              (unsigned long long)c->id, strerror(errno));
     if (fd >= 0)
         close(fd);
+    colld_tenant_uncharge_mem(d, c->tenant, total);
     return -1;
 }
 
@@ -95,6 +104,7 @@ static void fast_free(colld_daemon_t *d, colld_dcomm_t *c)
     free(c->fast_seen);
     c->fast_seen = NULL;
     (void)SYS_CHECK(MEM, munmap(c->fast, c->fast_size));
+    colld_tenant_uncharge_mem(d, c->tenant, c->fast_size);
     close(c->fast_fd);
     c->fast = NULL;
     c->fast_fd = -1;

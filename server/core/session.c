@@ -25,6 +25,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,11 +33,15 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+/* A registration's memfd: the client seals it against shrinking (the daemon's mapping would
+ * SIGBUS); the daemon adds the rest once it has mapped it (session_on_reg). */
 #define SEALS_REQUIRED (F_SEAL_SHRINK)
+#define SEALS_DAEMON (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL)
 #ifndef SO_PEERPIDFD
 #define SO_PEERPIDFD 77 /* Linux 6.5 */
 #endif
@@ -54,6 +59,7 @@ void colld_session_release_reg(colld_reg_t *r)
         return;
     if (r->charged)
         colld_tenant_uncharge_reg(r->daemon, r->tenant, r->charged);
+    colld_tenant_uncharge_mem(r->daemon, r->tenant, r->mem_charged);
     if (r->device)
         r->backend->ops->mem_release(r->backend, r);
     else
@@ -88,6 +94,8 @@ void colld_session_unref(colld_session_t *s)
         colld_tenant_uncharge_reg(s->daemon, s->uid, s->seg_charged);
     s->seg_charged = 0;
     colld_backends_session_free(s->daemon, s);
+    colld_tenant_uncharge_mem(s->daemon, s->uid, s->mem_charged);
+    s->mem_charged = 0;
     if (s->shm)
         (void)SYS_CHECK(SESSION, munmap(s->shm, s->shm_size));
     if (s->shm_fd >= 0)
@@ -173,6 +181,14 @@ int colld_session_send_error(colld_session_t *s, uint16_t type, const colld_err_
  * Messages
  * ========================================================================================== */
 
+/* The bytes of a session's rings (its shared memory). */
+uint64_t colld_session_rings_bytes(const colld_daemon_t *d)
+{
+    uint64_t entries = (uint64_t)d->cfg.ring_entries;
+    uint64_t hdr = (sizeof(colld_wire_shm_t) + 4095) & ~(uint64_t)4095;
+    return (hdr + entries * (sizeof(colld_wire_sqe_t) + sizeof(colld_wire_cqe_t)) + 4095) & ~(uint64_t)4095;
+}
+
 /* Create the session's shared memory (sealed so the client cannot shrink it under the daemon)
  * and its eventfd. Returns 0 or -1. */
 int colld_session_make_rings(colld_session_t *s)
@@ -180,8 +196,7 @@ int colld_session_make_rings(colld_session_t *s)
     uint32_t entries = (uint32_t)s->daemon->cfg.ring_entries;
     size_t hdr = (sizeof(colld_wire_shm_t) + 4095) & ~(size_t)4095;
     size_t sq = (size_t)entries * sizeof(colld_wire_sqe_t);
-    size_t cq = (size_t)entries * sizeof(colld_wire_cqe_t);
-    size_t total = (hdr + sq + cq + 4095) & ~(size_t)4095;
+    size_t total = colld_session_rings_bytes(s->daemon);
     char name[64];
     void *p;
     snprintf(name, sizeof(name), "colld-session-%llu", (unsigned long long)s->id);
@@ -239,10 +254,24 @@ static int session_on_hello(colld_session_t *s, const colld_wire_msg_t *m)
     pthread_mutex_lock(&d->lock);
     s->role = admin ? COLLD_ROLE_ADMIN : COLLD_ROLE_CLIENT;
     colld_strlcpy(s->name, name, sizeof(s->name));
-    int rc = colld_random_bytes(s->token, sizeof(s->token)) < 0 || colld_session_make_rings(s) < 0 ? -1 : 0;
+    /* The rings are the daemon's memory, made for this tenant: charged to it (an operator's
+     * collctl session is not, so it always gets in). */
+    colld_err_t err = COLLD_ERR_INIT;
+    uint64_t rings = colld_session_rings_bytes(d);
+    if (!admin && colld_tenant_charge_mem(d, s->uid, rings, &err) == COLLD_OK)
+        s->mem_charged = rings;
+    int rc = -2;
+    if (err.status == COLLD_OK)
+        rc = colld_random_bytes(s->token, sizeof(s->token)) < 0 || colld_session_make_rings(s) < 0 ? -1 : 0;
     if (rc == 0)
         rc = colld_engine_add_session(d, s);
     pthread_mutex_unlock(&d->lock);
+    if (rc == -2) {
+        LOG_WARN_RL(SESSION, "session %llu (pid %d, uid %u) refused: %s", (unsigned long long)s->id, (int)s->pid,
+                    (unsigned)s->uid, err.msg);
+        colld_session_send_error(s, COLLD_MSG_WELCOME, &err);
+        return -1;
+    }
     if (rc < 0) {
         char detail[COLLD_WIRE_DETAIL_BYTES];
         snprintf(detail, sizeof(detail), "daemon cannot create the session rings: %s", strerror(errno));
@@ -273,7 +302,79 @@ static int session_on_hello(colld_session_t *s, const colld_wire_msg_t *m)
     return 0;
 }
 
-/* REG: map a sealed memfd the client sent and answer with its registration id. */
+/* Check a registration's memfd before anything is charged or mapped: shared memory (tmpfs, not
+ * hugetlbfs or a file on disk, whose pages the daemon's faults would allocate or read in), at
+ * least `bytes` long, sealed against shrinking, and open to the seals the daemon adds once it has
+ * mapped it (none of F_SEAL_SEAL, F_SEAL_WRITE, F_SEAL_FUTURE_WRITE: a memfd registers once).
+ * Returns 0, or -1 with err. */
+static int reg_check_fd(int fd, uint64_t bytes, colld_err_t *err)
+{
+    struct stat sb;
+    struct statfs fs;
+    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size < bytes || fstatfs(fd, &fs) < 0 ||
+        fs.f_type != TMPFS_MAGIC) {
+        colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "registration fd is not a memfd of at least %llu bytes",
+                      (unsigned long long)bytes);
+        return -1;
+    }
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || (seals & SEALS_REQUIRED) != SEALS_REQUIRED) {
+        colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                      "registration memfd must be sealed against shrinking (F_SEAL_SHRINK)");
+        return -1;
+    }
+    if (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) {
+        colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                      "registration memfd is sealed against writable mappings (a memfd can be registered once)");
+        return -1;
+    }
+    if (seals & F_SEAL_SEAL) {
+        colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                      "registration memfd must take the daemon's seals (F_SEAL_SEAL is set)");
+        return -1;
+    }
+    return 0;
+}
+
+/* Seal a registration's memfd once the daemon has mapped it, then check that every page of
+ * [0, bytes) exists. The daemon never makes a page of a tenant's buffer: the kernel charges a
+ * shared-memory page to the memory cgroup of the task that makes it, so a fault of the daemon on
+ * a page the tenant never touched would move the tenant's memory into the daemon's cgroup (issue
+ * 26 row 3: an all-reduce over untouched colld_mem_alloc memory, the daemon OOM-killed). After
+ * F_SEAL_FUTURE_WRITE no hole can be made in the file (fallocate PUNCH_HOLE and MADV_REMOVE fail
+ * with EPERM) and no new writable mapping of it, while the mappings made before (the client's,
+ * the daemon's) stay writable; F_SEAL_GROW and F_SEAL_SEAL keep it so. SEEK_HOLE then finds the
+ * first offset without a page (a page in swap counts as allocated; a page fallocate()d but never
+ * written counts as a hole, so the client writes its pages, MADV_POPULATE_WRITE). Returns 0, or
+ * -1 with err. */
+static int reg_seal_and_check(int fd, uint64_t bytes, colld_err_t *err)
+{
+    if (fcntl(fd, F_ADD_SEALS, SEALS_DAEMON) < 0) {
+        if (errno == EINVAL)
+            colld_err_set(err, COLLD_ERR_NOT_SUPPORTED,
+                          "this kernel cannot seal memory against hole punching (F_SEAL_FUTURE_WRITE, Linux 5.1)");
+        else
+            colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT, "daemon cannot seal the registration memfd: %s",
+                          strerror(errno));
+        return -1;
+    }
+    off_t hole = lseek(fd, 0, SEEK_HOLE);
+    if (hole < 0) {
+        colld_err_set(err, COLLD_ERR_SYSTEM, "daemon cannot check the registration memfd: %s", strerror(errno));
+        return -1;
+    }
+    if ((uint64_t)hole < bytes) {
+        colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                      "memory not allocated: no page at offset %llu of %llu bytes (write every page before "
+                      "registering)",
+                      (unsigned long long)hole, (unsigned long long)bytes);
+        return -1;
+    }
+    return 0;
+}
+
+/* REG: map a memfd the client sent, allocated in full and sealed by the daemon (see above), and
+ * answer with its registration id. */
 static int session_on_reg(colld_session_t *s, const colld_wire_msg_t *m)
 {
     colld_daemon_t *d = s->daemon;
@@ -282,8 +383,7 @@ static int session_on_reg(colld_session_t *s, const colld_wire_msg_t *m)
     colld_err_t err = COLLD_ERR_INIT;
     void *base = MAP_FAILED;
     uint64_t bytes = m->u.reg.bytes, charged = 0;
-    struct stat sb;
-    int seals;
+    colld_reg_t *r = NULL;
 
     if (fd < 0) {
         colld_err_set(&err, COLLD_ERR_INVALID_ARGUMENT, "registration without a file descriptor");
@@ -293,48 +393,43 @@ static int session_on_reg(colld_session_t *s, const colld_wire_msg_t *m)
         colld_err_set(&err, COLLD_ERR_INVALID_ARGUMENT, "registration of 0 bytes");
         goto reply;
     }
-    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size < bytes) {
-        colld_err_set(&err, COLLD_ERR_INVALID_ARGUMENT, "registration fd is not a memfd of at least %llu bytes",
-                      (unsigned long long)bytes);
+    if (reg_check_fd(fd, bytes, &err) < 0)
         goto reply;
-    }
-    seals = fcntl(fd, F_GET_SEALS);
-    if (seals < 0 || (seals & SEALS_REQUIRED) != SEALS_REQUIRED) {
-        colld_err_set(&err, COLLD_ERR_INVALID_ARGUMENT,
-                      "registration memfd must be sealed against shrinking (F_SEAL_SHRINK)");
-        goto reply;
-    }
-    /* The session's bytes, then the tenant's count and bytes and the daemon-wide backstop, all
-     * charged before the mapping exists (given back if it cannot be made). */
+    /* The session's bytes, then the tenant's count and bytes and the daemon-wide backstop, and the
+     * page tables of the daemon's mapping as the daemon's memory, all charged before the mapping
+     * exists (given back if it cannot be made). */
     pthread_mutex_lock(&d->lock);
     uint64_t max = d->cfg.max_registered_bytes;
     if (s->registered_bytes > max || bytes > max - s->registered_bytes)
         colld_err_set(&err, COLLD_ERR_QUOTA_EXCEEDED,
                       "this process is at its limit max-registered-bytes = %llu (holds %llu, asked for %llu more)",
                       (unsigned long long)max, (unsigned long long)s->registered_bytes, (unsigned long long)bytes);
-    else
-        colld_tenant_charge_reg(d, s->uid, bytes, &charged, &err);
+    else if (colld_tenant_charge_reg(d, s->uid, bytes, &charged, &err) == COLLD_OK &&
+             colld_tenant_charge_mem(d, s->uid, COLLD_REG_PT_BYTES(bytes), &err) != COLLD_OK)
+        colld_tenant_uncharge_reg(d, s->uid, charged);
     pthread_mutex_unlock(&d->lock);
     if (err.status != COLLD_OK)
         goto reply;
+    /* Mapped without populating: every page is the tenant's and exists (checked next); the
+     * daemon's faults only map them. No transparent huge pages here either: khugepaged would
+     * collapse the tenant's pages into a huge page charged to the daemon. */
     base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    colld_reg_t *r = base == MAP_FAILED ? NULL : calloc(1, sizeof(*r));
+    r = base == MAP_FAILED ? NULL : calloc(1, sizeof(*r));
     if (!r) {
         colld_err_set(&err, base == MAP_FAILED && errno != ENOMEM ? COLLD_ERR_SYSTEM : COLLD_ERR_NO_MEMORY,
                       "daemon cannot map the buffer: %s", base == MAP_FAILED ? strerror(errno) : "out of memory");
-        if (base != MAP_FAILED)
-            (void)SYS_CHECK(MEM, munmap(base, bytes));
-        pthread_mutex_lock(&d->lock);
-        colld_tenant_uncharge_reg(d, s->uid, charged);
-        pthread_mutex_unlock(&d->lock);
-        goto reply;
+        goto unmap;
     }
+    (void)madvise(base, bytes, MADV_NOHUGEPAGE);
+    if (reg_seal_and_check(fd, bytes, &err) < 0)
+        goto unmap;
     r->base = base;
     r->size = bytes;
     r->refs = 1;
     r->daemon = d;
     r->tenant = s->uid;
     r->charged = charged;
+    r->mem_charged = COLLD_REG_PT_BYTES(bytes);
     pthread_mutex_lock(&d->lock);
     r->id = ++s->next_reg_id;
     r->next = s->regs;
@@ -350,6 +445,14 @@ static int session_on_reg(colld_session_t *s, const colld_wire_msg_t *m)
               (unsigned long long)bytes, r->id);
     close(fd);
     return colld_session_send(s, &ok, NULL, 0);
+unmap:
+    free(r);
+    if (base != MAP_FAILED)
+        (void)SYS_CHECK(MEM, munmap(base, bytes));
+    pthread_mutex_lock(&d->lock);
+    colld_tenant_uncharge_reg(d, s->uid, charged);
+    colld_tenant_uncharge_mem(d, s->uid, COLLD_REG_PT_BYTES(bytes));
+    pthread_mutex_unlock(&d->lock);
 reply:
     if (fd >= 0)
         close(fd);

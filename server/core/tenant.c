@@ -10,6 +10,8 @@
 
 #include "server/core/daemon.h"
 
+#include "common/log.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +32,11 @@ struct colld_tenants {
     uint64_t regs_refused;
     uint64_t regs_backstop; /* 0 until first derived */
     uint64_t map_count;     /* vm.max_map_count when it was derived */
+    /* the daemon-memory backstop (all tenants together) */
+    uint64_t mem_held;
+    uint64_t mem_refused;
+    uint64_t mem_backstop; /* 0 until first derived */
+    uint64_t mem_limit;    /* the memory limit it was derived from; 0 when set by --max-daemon-bytes */
 };
 
 static const char *const limit_names[COLLD_LIMIT_COUNT] = {
@@ -40,6 +47,7 @@ static const char *const limit_names[COLLD_LIMIT_COUNT] = {
     [COLLD_LIMIT_REG_BYTES] = "max-registered-bytes-per-tenant",
     [COLLD_LIMIT_FOLLOWERS] = "max-event-followers-per-tenant",
     [COLLD_LIMIT_RPC_CONNS] = "max-rpc-conns-per-tenant",
+    [COLLD_LIMIT_DAEMON_BYTES] = "max-daemon-bytes-per-tenant",
 };
 
 const char *colld_limit_name(colld_limit_t what)
@@ -65,6 +73,8 @@ uint64_t colld_limit_default(const colld_daemon_t *d, colld_limit_t what)
         return (uint64_t)c->max_followers_per_tenant;
     case COLLD_LIMIT_RPC_CONNS:
         return (uint64_t)c->max_rpc_conns_per_tenant;
+    case COLLD_LIMIT_DAEMON_BYTES:
+        return c->max_daemon_bytes_per_tenant;
     case COLLD_LIMIT_COUNT:
         break;
     }
@@ -306,6 +316,151 @@ void colld_tenant_uncharge_reg(colld_daemon_t *d, uid_t uid, uint64_t charged)
         d->tenants->regs_held--;
     colld_tenant_uncharge(d, uid, COLLD_LIMIT_REG_BYTES, charged);
     colld_tenant_uncharge(d, uid, COLLD_LIMIT_REGS, 1);
+}
+
+/* ============================================================================================
+ * Memory the daemon allocates for tenants, and its backstop
+ * ========================================================================================== */
+
+/* A number from the first line of a file; 0 when it cannot be read or is not a number ("max"). */
+static uint64_t read_u64(const char *path)
+{
+    unsigned long long v = 0;
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (fscanf(f, "%llu", &v) != 1)
+            v = 0;
+        fclose(f);
+    }
+    return (uint64_t)v;
+}
+
+/* The smallest memory limit of the cgroup at `dir` (a path under a cgroup mount) and the ones
+ * above it, down to `root`; `file` is memory.max (v2) or memory.limit_in_bytes (v1, where "no
+ * limit" reads as a huge number). 0 when none is set. */
+static uint64_t cgroup_limit(const char *root, const char *path, const char *file)
+{
+    char dir[512];
+    uint64_t best = 0;
+    snprintf(dir, sizeof(dir), "%s%s", root, path);
+    size_t rootlen = strlen(root);
+    for (;;) {
+        char f[600];
+        snprintf(f, sizeof(f), "%s/%s", dir, file);
+        uint64_t v = read_u64(f);
+        if (v && v < (1ull << 60) && (!best || v < best))
+            best = v;
+        char *slash = strrchr(dir, '/');
+        if (!slash || (size_t)(slash - dir) < rootlen)
+            break;
+        *slash = '\0';
+    }
+    return best;
+}
+
+/* The daemon's memory limit: its memory cgroup's (v2, then v1), else the host's memory. */
+static uint64_t memory_limit(void)
+{
+    char line[512];
+    uint64_t best = 0;
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    while (f && fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\n")] = '\0';
+        char *a = strchr(line, ':'), *b = a ? strchr(a + 1, ':') : NULL;
+        if (!b)
+            continue;
+        const char *path = strcmp(b + 1, "/") == 0 ? "" : b + 1;
+        uint64_t v = 0;
+        if (b == a + 1) { /* "0::/path": cgroup v2, mounted alone or as the hybrid's unified */
+            v = cgroup_limit("/sys/fs/cgroup", path, "memory.max");
+            if (!v)
+                v = cgroup_limit("/sys/fs/cgroup/unified", path, "memory.max");
+        } else {
+            *b = '\0';
+            char *save = NULL;
+            for (char *tok = strtok_r(a + 1, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+                if (strcmp(tok, "memory") == 0)
+                    v = cgroup_limit("/sys/fs/cgroup/memory", path, "memory.limit_in_bytes");
+        }
+        if (v && (!best || v < best))
+            best = v;
+    }
+    if (f)
+        fclose(f);
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    uint64_t phys = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+    return best && (!phys || best < phys) ? best : phys;
+}
+
+uint64_t colld_mem_backstop(colld_daemon_t *d, uint64_t *limit)
+{
+    colld_tenants_t *ts = tenants(d);
+    if (!ts)
+        return 0;
+    if (!ts->mem_backstop) {
+        if (d->cfg.max_daemon_bytes > 0) {
+            ts->mem_backstop = d->cfg.max_daemon_bytes;
+            ts->mem_limit = 0;
+        } else {
+            uint64_t m = memory_limit();
+            ts->mem_limit = m;
+            ts->mem_backstop = m > (512ull << 20) ? m / 4 * 3 - (256ull << 20) : m / 2;
+            if (!ts->mem_backstop)
+                ts->mem_backstop = 1; /* nothing known: nothing allocated for tenants */
+        }
+        if (ts->mem_limit)
+            LOG_INFO(MEM,
+                     "memory the daemon may allocate for tenants: max-daemon-bytes = %llu (derived from its "
+                     "memory limit %llu)",
+                     (unsigned long long)ts->mem_backstop, (unsigned long long)ts->mem_limit);
+    }
+    if (limit)
+        *limit = ts->mem_limit;
+    return ts->mem_backstop;
+}
+
+uint64_t colld_mem_held(const colld_daemon_t *d)
+{
+    return d->tenants ? d->tenants->mem_held : 0;
+}
+
+uint64_t colld_mem_backstop_refusals(const colld_daemon_t *d)
+{
+    return d->tenants ? d->tenants->mem_refused : 0;
+}
+
+colld_status_t colld_tenant_charge_mem(colld_daemon_t *d, uid_t uid, uint64_t bytes, colld_err_t *err)
+{
+    uint64_t limit;
+    uint64_t backstop = colld_mem_backstop(d, &limit);
+    if (!d->tenants)
+        return colld_err_set(err, COLLD_ERR_NO_MEMORY, "daemon out of memory");
+    colld_tenants_t *ts = d->tenants;
+    if (ts->mem_held > backstop || bytes > backstop - ts->mem_held) {
+        ts->mem_refused++;
+        /* The limit's name early: the session socket carries only the first 111 bytes. */
+        char why[96] = "set by --max-daemon-bytes";
+        if (limit)
+            snprintf(why, sizeof(why), "%s its memory limit %llu", limit > (512ull << 20) ? "3/4 less 256 MiB of" : "half",
+                     (unsigned long long)limit);
+        return colld_err_set(err, COLLD_ERR_QUOTA_EXCEEDED,
+                             "the daemon is at its limit max-daemon-bytes = %llu (memory it allocates for all users: "
+                             "holds %llu, asked for %llu more; %s); try again later",
+                             (unsigned long long)backstop, (unsigned long long)ts->mem_held, (unsigned long long)bytes,
+                             why);
+    }
+    colld_status_t st = colld_tenant_charge(d, uid, COLLD_LIMIT_DAEMON_BYTES, bytes, err);
+    if (st == COLLD_OK)
+        ts->mem_held += bytes;
+    return st;
+}
+
+void colld_tenant_uncharge_mem(colld_daemon_t *d, uid_t uid, uint64_t bytes)
+{
+    if (!bytes || !d->tenants)
+        return;
+    d->tenants->mem_held = bytes > d->tenants->mem_held ? 0 : d->tenants->mem_held - bytes;
+    colld_tenant_uncharge(d, uid, COLLD_LIMIT_DAEMON_BYTES, bytes);
 }
 
 void colld_tenants_free(colld_daemon_t *d)

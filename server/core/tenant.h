@@ -32,6 +32,7 @@ typedef enum {
     COLLD_LIMIT_REG_BYTES,       /* bytes mapped for registrations (each charged at least a page) */
     COLLD_LIMIT_FOLLOWERS,       /* Events streams open */
     COLLD_LIMIT_RPC_CONNS,       /* connections to the gRPC control socket */
+    COLLD_LIMIT_DAEMON_BYTES,    /* memory the daemon allocates for the tenant (colld_tenant_charge_mem) */
     COLLD_LIMIT_COUNT
 } colld_limit_t;
 
@@ -101,6 +102,39 @@ uint64_t colld_regs_backstop(colld_daemon_t *d);
 /* Registrations the daemon holds now (all tenants), and backstop refusals so far. */
 uint64_t colld_regs_held(const colld_daemon_t *d);
 uint64_t colld_regs_backstop_refusals(const colld_daemon_t *d);
+
+/* ---- memory the daemon allocates for a tenant: per tenant and the daemon-wide backstop ----
+ *
+ * A tenant's own buffers are its memory: it allocates every page before it registers them, and
+ * the daemon refuses a buffer with a page missing rather than make it (session.c), since the
+ * kernel charges a shared-memory page to the memory cgroup of the task that makes it. What the
+ * daemon allocates itself on a tenant's behalf is charged to the daemon's cgroup, so it is counted
+ * here, against the tenant's max-daemon-bytes-per-tenant and, for all tenants together, against
+ * max-daemon-bytes (colld_mem_backstop): a session's rings and GPU flag area, a communicator's
+ * fast area, a multi-node collective's buffers, and the page tables the daemon's mappings of the
+ * tenant's registrations need (COLLD_REG_PT_BYTES). */
+
+/* The page tables the daemon may need to map a host registration of `bytes` (8 bytes per 4 KiB
+ * page, and a page at least). */
+#define COLLD_REG_PT_BYTES(bytes) ((((uint64_t)(bytes) >> 9) + 4095) / 4096 * 4096 + 4096)
+
+/* Charge `bytes` of the daemon's memory to `uid`: the backstop, then the tenant's limit. Returns
+ * COLLD_OK, or COLLD_ERR_QUOTA_EXCEEDED (nothing charged) with a detail naming the limit, or
+ * COLLD_ERR_NO_MEMORY. */
+colld_status_t colld_tenant_charge_mem(colld_daemon_t *d, uid_t uid, uint64_t bytes, colld_err_t *err);
+/* Give back memory charged with colld_tenant_charge_mem. */
+void colld_tenant_uncharge_mem(colld_daemon_t *d, uid_t uid, uint64_t bytes);
+
+/* The backstop: --max-daemon-bytes when set, else derived once from the daemon's memory limit
+ * (the smallest limit of its memory cgroup and the cgroups above it, cgroup v2 or v1; else the
+ * host's memory): three quarters of it less 256 MiB for the daemon's own use (what it holds that
+ * is not counted here: its code, threads, the control plane's buffers, communicator records),
+ * half of it when that is 512 MiB or less. *limit (may be NULL) gets the memory limit it was
+ * derived from (0: it was set). */
+uint64_t colld_mem_backstop(colld_daemon_t *d, uint64_t *limit);
+/* What the daemon holds for all tenants now, and backstop refusals so far. */
+uint64_t colld_mem_held(const colld_daemon_t *d);
+uint64_t colld_mem_backstop_refusals(const colld_daemon_t *d);
 
 /* Free the accounting (daemon shutdown). */
 void colld_tenants_free(colld_daemon_t *d);

@@ -55,6 +55,7 @@
 #include "transport/tcp/tcp_internal.h" /* colld__tcp_net_detached */
 #include "common/log.h"
 #include "common/util.h"
+#include "server/core/tenant.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -266,9 +267,11 @@ static int net_comm_form(colld_backend_t *b, colld_dcomm_t *c, colld_err_t *err)
     return 0;
 }
 
-/* Free a communicator's multi-node state (lock held, no collective in flight). */
-static void xcomm_free(colld_xcomm_t *x)
+/* Free a communicator's multi-node state (lock held, no collective in flight); its collective
+ * buffer goes back to the tenant's charge (xcoll_start). */
+static void xcomm_free(colld_daemon_t *d, colld_dcomm_t *c, colld_xcomm_t *x)
 {
+    colld_tenant_uncharge_mem(d, c->tenant, x->scratch_size);
     free(x->node_name);
     free(x->node_addr);
     free(x->rank_node);
@@ -1421,10 +1424,9 @@ static void net_on_faulted(colld_daemon_t *d, colld_dcomm_t *c, colld_fault_t ho
 
 static void net_on_freed(colld_daemon_t *d, colld_dcomm_t *c)
 {
-    (void)d;
     colld_xcomm_t *x = colld_xcomm(c);
     if (x) {
-        xcomm_free(x);
+        xcomm_free(d, c, x);
         c->bslot[c->former->slot] = NULL;
     }
 }

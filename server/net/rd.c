@@ -75,6 +75,16 @@ static void rd_advance(xcoll_t *xc)
     xc->rd_finished = true;
 }
 
+uint64_t colld_xrd_buf_bytes(const xcoll_t *xc)
+{
+    int k = xc->x->nnodes, p = 1, nsteps = 0;
+    while (p * 2 <= k)
+        p *= 2;
+    while ((1 << nsteps) < p)
+        nsteps++;
+    return (uint64_t)(2 * nsteps + 1) * xc->xbytes;
+}
+
 void colld_xrd_start(xcoll_t *xc)
 {
     int k = xc->x->nnodes, j = xc->x->self;

@@ -54,6 +54,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "kernels/cpu/reduce.h"
+#include "server/core/tenant.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -183,6 +184,8 @@ static void xcoll_end(xcoll_t *xc)
         x->net_coll = NULL;
     xc->k->status = xc->failed ? xc->status : COLLD_OK;
     xc->k->end_ns = colld_now_ns();
+    colld_tenant_uncharge_mem(d, xc->c->tenant, xc->rd_charged); /* its step buffers, freed below */
+    xc->rd_charged = 0;
     colld_engine_finish(d, xc->k);
     pthread_mutex_unlock(&d->lock);
     pend_free(xc);
@@ -448,8 +451,22 @@ static void xcoll_start(xcoll_t *xc)
         bytes *= (uint64_t)xc->c->nranks;
     xc->xbytes = bytes;
     if (bytes > x->scratch_size) {
+        /* The daemon's memory, for the communicator's tenant: its growth is charged to it (and
+         * the whole given back when the communicator goes, xcomm_free). */
+        colld_err_t why = COLLD_ERR_INIT;
+        uint64_t grow = bytes - x->scratch_size;
+        pthread_mutex_lock(&d->lock);
+        colld_status_t st = colld_tenant_charge_mem(d, xc->c->tenant, grow, &why);
+        pthread_mutex_unlock(&d->lock);
+        if (st != COLLD_OK) {
+            xcoll_fail(xc, st, why.msg, true);
+            goto out;
+        }
         void *p = realloc(x->scratch, bytes);
         if (!p) {
+            pthread_mutex_lock(&d->lock);
+            colld_tenant_uncharge_mem(d, xc->c->tenant, grow);
+            pthread_mutex_unlock(&d->lock);
             xcoll_fail(xc, COLLD_ERR_NO_MEMORY, "daemon out of memory for the collective's buffer", true);
             goto out;
         }
@@ -519,10 +536,24 @@ static void xcoll_run(xcoll_t *xc)
     for (int i = 0; i < k; i++) /* Ready messages that came before this collective started */
         if (i != j && x->ready[i][xc->sig.seq & 1].seq == xc->sig.seq)
             apply_ready(xc, i, &x->ready[i][xc->sig.seq & 1]);
-    if (xc->rd)
+    if (xc->rd) {
+        /* The step buffers are the daemon's memory for the tenant: charged to it until the
+         * collective ends (xcoll_end). */
+        colld_daemon_t *d = xc->d;
+        colld_err_t why = COLLD_ERR_INIT;
+        uint64_t charge = colld_xrd_buf_bytes(xc);
+        pthread_mutex_lock(&d->lock);
+        colld_status_t st = colld_tenant_charge_mem(d, xc->c->tenant, charge, &why);
+        pthread_mutex_unlock(&d->lock);
+        if (st != COLLD_OK) {
+            xcoll_fail(xc, st, why.msg, true);
+            goto out;
+        }
+        xc->rd_charged = charge;
         colld_xrd_start(xc);
-    else
+    } else {
         colld_xring_start(xc);
+    }
 out:
     xc->busy--;
     xcoll_maybe_end(xc);

@@ -79,6 +79,7 @@ struct xcoll {
     uint8_t *rd_buf;   /* [pre | steps recv | steps send], each xbytes */
     uint64_t *rd_left; /* [1 + nsteps]: bytes still to receive (0: pre) */
     bool *rd_sent;     /* [nsteps]: this node's data of the step went out */
+    uint64_t rd_charged; /* (driver) rd_buf's bytes, charged to the communicator's tenant (tenant.h) */
     xcoll_t *next;     /* in x's queue */
     xcoll_t *rnext;    /* in the cluster's running list */
     /* what the driver (xcoll.c) does for the algorithms: send one chunk to a node (or hold it
@@ -141,6 +142,8 @@ void colld_xring_waiting(const xcoll_t *xc, unsigned *phase, int *step, int *fro
 /* ---- rd.c ---- */
 /* Start: the buffers, the hand-in or the first exchange. */
 void colld_xrd_start(xcoll_t *xc);
+/* The bytes of the step buffers colld_xrd_start allocates (the driver charges them to the tenant). */
+uint64_t colld_xrd_buf_bytes(const xcoll_t *xc);
 /* Check a DATA message of a recursive doubling phase from node `from`. */
 bool colld_xrd_valid(const xcoll_t *xc, int from, const colld_net_hdr_t *h, colld_err_t *err);
 /* Take a checked DATA message of a recursive doubling phase. */

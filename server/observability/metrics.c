@@ -617,13 +617,23 @@ static void render(colld_daemon_t *d, const process_info_t *p, const peer_snapsh
     tb_family(b, "colld_registered_bytes", "gauge", "Bytes of client memory registered with the daemon now.");
     tb_printf(b, "colld_registered_bytes %llu\n", (unsigned long long)g.registered_bytes);
     tb_family(b, "colld_quota_refusals_total", "counter",
-              "Requests refused at a per-tenant limit (collctl policy) or the daemon-wide registration backstop, "
-              "by limit.");
+              "Requests refused at a per-tenant limit (collctl policy) or a daemon-wide backstop (registrations, "
+              "memory for tenants), by limit.");
     for (int i = 0; i < COLLD_LIMIT_COUNT; i++)
         tb_printf(b, "colld_quota_refusals_total{limit=\"%s\"} %llu\n", colld_limit_name((colld_limit_t)i),
                   (unsigned long long)colld_tenant_refusals(d, (colld_limit_t)i));
     tb_printf(b, "colld_quota_refusals_total{limit=\"max-registrations\"} %llu\n",
               (unsigned long long)colld_regs_backstop_refusals(d));
+    tb_printf(b, "colld_quota_refusals_total{limit=\"max-daemon-bytes\"} %llu\n",
+              (unsigned long long)colld_mem_backstop_refusals(d));
+    tb_family(b, "colld_daemon_tenant_bytes", "gauge",
+              "Memory the daemon holds for its tenants (session rings, GPU flag areas, fast areas, multi-node "
+              "collective buffers, page tables of registrations), counted against max-daemon-bytes.");
+    tb_printf(b, "colld_daemon_tenant_bytes %llu\n", (unsigned long long)colld_mem_held(d));
+    tb_family(b, "colld_daemon_tenant_bytes_limit", "gauge",
+              "max-daemon-bytes: what the daemon may hold for all tenants together (derived from its memory limit "
+              "unless set).");
+    tb_printf(b, "colld_daemon_tenant_bytes_limit %llu\n", (unsigned long long)colld_mem_backstop(d, NULL));
     tb_family(b, "colld_deadlocks_detected_total", "counter",
               "Cycles of ranks waiting for each other across communicators that lasted --deadlock-ms (each is logged "
               "and sent as a deadlock event; with --deadlock-fail its communicators failed).");

@@ -7,7 +7,8 @@
  * of uid 1000 (rings made, as after HELLO). The input is a program of messages, each with:
  *   ctl (1 byte): bits 0-1 the session (fresh, rank 0, rank 1, fresh); bits 2-3 the descriptor
  *     that comes with it (none, a memfd sealed against shrinking, an unsealed memfd, a pipe);
- *     bit 5 steers the type into the known ones; bit 6 sets the wire version; bit 7 leaves the
+ *     bit 4 leaves a memfd's pages unallocated (else every page is written, as libcolld does and
+ *     the daemon requires of a registration); bit 5 steers the type into the known ones; bit 6 sets the wire version; bit 7 leaves the
  *     magic as the input has it (else it is set)
  *   size (2 bytes): the memfd's size in units of 256 bytes
  *   the message (128 bytes, zero padded)
@@ -68,9 +69,11 @@ static colld_session_t *bare_session(fix_t *f, uid_t uid)
     return s;
 }
 
-/* The descriptor sent with a message: kind 1 a sealed memfd, 2 an unsealed one, 3 a pipe. */
-static int make_fd(unsigned kind, size_t bytes)
+/* The descriptor sent with a message: kind 1 a sealed memfd, 2 an unsealed one, 3 a pipe; a
+ * memfd's pages written unless `holes`. */
+static int make_fd(unsigned kind, size_t bytes, bool holes)
 {
+    static const char zero[1 << 16];
     if (kind == 3) {
         int p[2];
         if (pipe2(p, O_CLOEXEC) < 0)
@@ -85,6 +88,9 @@ static int make_fd(unsigned kind, size_t bytes)
         close(fd);
         return -1;
     }
+    for (size_t off = 0; !holes && off < bytes; off += sizeof(zero))
+        if (pwrite(fd, zero, bytes - off < sizeof(zero) ? bytes - off : sizeof(zero), (off_t)off) < 0)
+            break;
     return fd;
 }
 
@@ -161,7 +167,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (ctl & 0x20)
             m.type = (uint16_t)(1 + m.type % COLLD_MSG_REG_CUDA_SEG);
         unsigned kind = (ctl >> 2) & 3;
-        int fd = kind ? make_fd(kind, bytes) : -1;
+        int fd = kind ? make_fd(kind, bytes, (ctl & 0x10) != 0) : -1;
         int rc = colld_session_dispatch(x, &m, fd);
         drain(peer[(ctl & 3) == 3 ? 0 : ctl & 3]);
         if (rc < 0)

@@ -236,26 +236,37 @@ static int setup_with(void **state, const char *const *extra)
     return chmod(h->dir, 0755); /* the victim (uid 65534) must reach the sockets */
 }
 
-/* A memfd of `bytes`, sealed against shrinking as the daemon requires. */
+/* A memfd of `bytes`, sealed against shrinking and every page written, as the daemon requires. */
 static int sealed_memfd(size_t bytes)
 {
+    static char zero[1 << 16];
     int fd = memfd_create("attack", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     assert_true(fd >= 0);
     assert_int_equal(ftruncate(fd, (off_t)bytes), 0);
     assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    for (size_t off = 0; off < bytes; off += sizeof(zero)) {
+        size_t n = bytes - off < sizeof(zero) ? bytes - off : sizeof(zero);
+        assert_int_equal(pwrite(fd, zero, n, (off_t)off), (ssize_t)n);
+    }
     return fd;
 }
 
-/* One raw REG message of `bytes` of the memfd; the status of the reply, its detail in detail. */
+/* One raw REG message of `bytes` of a memfd like `fd` (its size; a memfd registers once, as the
+ * daemon seals it, so each registration sends a new one); the status of the reply, its detail in
+ * detail. */
 static colld_status_t raw_reg(colld_client_t *c, int fd, uint64_t bytes, char *detail, size_t len)
 {
     colld_wire_msg_t m, r;
+    struct stat sb;
+    assert_int_equal(fstat(fd, &sb), 0);
+    int fresh = sealed_memfd((size_t)sb.st_size);
     memset(&m, 0, sizeof(m));
     memset(&r, 0, sizeof(r));
     m.type = COLLD_MSG_REG;
     m.u.reg.bytes = bytes;
     m.u.reg.cookie = 42;
-    colld_status_t st = colld__sock_request(c, &m, fd, COLLD_MSG_REG_REPLY, &r, NULL, 0);
+    colld_status_t st = colld__sock_request(c, &m, fresh, COLLD_MSG_REG_REPLY, &r, NULL, 0);
+    close(fresh);
     detail[0] = '\0';
     if (st != COLLD_OK)
         return st;
@@ -387,7 +398,7 @@ static int setup_regs(void **state)
     return setup_with(state, extra);
 }
 
-/* max-regs-per-tenant: raw REGs of one 4 KiB memfd are refused after 64 with the limit named; the
+/* max-regs-per-tenant: raw REGs of 4 KiB memfds are refused after 64 with the limit named; the
  * library reports the same refusal from colld_mem_alloc and from staging; the other tenant works
  * throughout; an override raises the limit at run time; everything is given back at disconnect. */
 static void test_registration_count(void **state)
@@ -514,8 +525,8 @@ static long read_long(const char *path)
     return atol(buf);
 }
 
-/* #2 as reported: with the tenant's own limit out of the way, registrations of one 4 KiB memfd
- * stop at the daemon-wide backstop below vm.max_map_count (before: ~65,000 mappings, then no
+/* #2 as reported: with the tenant's own limit out of the way, registrations of 4 KiB memfds (one
+ * memfd registered again and again before it could be registered only once) stop at the daemon-wide backstop below vm.max_map_count (before: ~65,000 mappings, then no
  * tenant could attach: "cannot create the session rings"). The other tenant still attaches, forms
  * a communicator and runs an exact all-reduce. */
 static void test_registration_backstop(void **state)

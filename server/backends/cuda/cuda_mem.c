@@ -4,6 +4,7 @@
  * flag area (COLLD_MSG_GPU_FLAGS), a sealed memfd registered with CUDA by both sides.
  */
 #include "server/backends/cuda/cuda.h"
+#include "server/core/tenant.h"
 
 #include "common/log.h"
 #include "common/util.h"
@@ -297,11 +298,17 @@ void cuda_mem_release(colld_backend_t *b, colld_reg_t *r)
  * as portable and device-mapped in GPU gi's context (the home GPU's) so that every GPU's stream
  * can write `done` into it. Lock NOT held (issue 15 F4: pinning takes hundreds of microseconds on
  * hardware); the caller publishes it. Returns it, or NULL with err. */
+/* The bytes of a session's flag area. */
+static uint64_t flags_bytes(const colld_daemon_t *d)
+{
+    return COLLD_WIRE_GPU_AREA_BYTES(d->cfg.max_comms_per_session, (uint32_t)d->cfg.max_plans_per_session);
+}
+
 static gpu_session_t *flags_create(colld_gpus_t *g, colld_session_t *s, int gi, colld_err_t *err)
 {
     colld_daemon_t *d = s->daemon;
     uint32_t plans = (uint32_t)d->cfg.max_plans_per_session;
-    uint64_t bytes = COLLD_WIRE_GPU_AREA_BYTES(d->cfg.max_comms_per_session, plans);
+    uint64_t bytes = flags_bytes(d);
     gpu_session_t *gs = calloc(1, sizeof(*gs));
     struct gpu_plan_part **plan_line = calloc(plans ? plans : 1, sizeof(*plan_line));
     int fd = -1;
@@ -360,6 +367,12 @@ int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint3
             pthread_mutex_unlock(&d->lock);
             return -1;
         }
+        /* Pinned memory of the daemon's, made for this tenant: charged to it until the session
+         * ends (cuda_session_free). */
+        if (colld_tenant_charge_mem(d, s->uid, flags_bytes(d), err) != COLLD_OK) {
+            pthread_mutex_unlock(&d->lock);
+            return -1;
+        }
         unsigned resets = g->gpu[home].resets;
         g->gpu[home].opening++;
         pthread_mutex_unlock(&d->lock);
@@ -368,6 +381,7 @@ int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint3
         g->gpu[home].opening--;
         pthread_cond_broadcast(&g->recover_cv);
         if (!gs) {
+            colld_tenant_uncharge_mem(d, s->uid, flags_bytes(d));
             pthread_mutex_unlock(&d->lock);
             return -1;
         }
@@ -398,6 +412,7 @@ void cuda_session_free(colld_backend_t *b, colld_session_t *s)
     if (!gs)
         return;
     s->bslot[b->slot] = NULL;
+    colld_tenant_uncharge_mem(s->daemon, s->uid, gs->size);
     if (g) {
         cuda_track_session(g, gs, false);
         cuda_release_session(g, gs);
