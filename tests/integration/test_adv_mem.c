@@ -14,6 +14,7 @@
  * neither can, or when not root); a tenant (uid 65534) all-reduces 2 ranks x 2 buffers of
  * BUF_BYTES it never touched (3x the cgroup). Before: the daemon was OOM-killed. After: the tenant
  * gets the exact result, the daemon lives, its cgroup grew by the page tables only and saw no OOM.
+ * Under TSan the buffers are smaller and the bounds carry TSan's shadow (see BUF_BYTES).
  * test_unallocated_memory_refused: a tenant (uid 65534) that does not use colld_mem_alloc sends the
  * daemon memfds through the raw wire format: one never touched, one with its last page missing,
  * one fallocate()d but never written, one sealed with F_SEAL_SEAL, and a good one it then tries to
@@ -52,9 +53,21 @@
 #include <cmocka.h>
 
 #define NOBODY 65534
-#define BUF_BYTES (96u << 20)        /* each of a rank's two buffers */
-#define DAEMON_CG_BYTES (128u << 20) /* the daemon's memory cgroup: a third of the tenant's 384 MiB */
-#define DAEMON_CG_GROWTH (32u << 20) /* what the daemon's cgroup may grow by meanwhile (page tables: 768 KiB) */
+#if defined(__SANITIZE_THREAD__)
+/* ThreadSanitizer keeps 4 bytes of shadow for every byte the daemon touches, in the daemon's own
+ * anonymous memory, so its cgroup grows by 4x the 4 buffers whoever allocated their pages. Here the
+ * buffers are 16 MiB, the cgroup and the growth bound carry that shadow, and the bound still fails
+ * if the tenant's 64 MiB were charged to the daemon (256 + 64 > 256 + 32). */
+#define BUF_BYTES (16u << 20)
+#define SANITIZER_SHADOW_BYTES (4u * 4u * BUF_BYTES)
+#else
+#define BUF_BYTES (96u << 20) /* each of a rank's two buffers */
+#define SANITIZER_SHADOW_BYTES 0u
+#endif
+/* The daemon's memory cgroup: a third of the tenant's 384 MiB (and the shadow under TSan). */
+#define DAEMON_CG_BYTES ((128u << 20) + SANITIZER_SHADOW_BYTES)
+/* What the daemon's cgroup may grow by meanwhile (page tables: 768 KiB; the shadow under TSan). */
+#define DAEMON_CG_GROWTH ((32u << 20) + SANITIZER_SHADOW_BYTES)
 #define HOSTILE_BYTES (16u << 20)
 #define QUOTA_BYTES (512u << 10) /* --max-daemon-bytes-per-tenant of test_daemon_memory_charged */
 
