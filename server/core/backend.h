@@ -114,6 +114,9 @@ typedef struct colld_backend_ops {
      * ran, and then after_run follows under the lock. */
     bool (*run_unlocked)(colld_backend_t *b);
     void (*after_run)(colld_backend_t *b);
+    /* The engine stops (its thread, lock held; the sessions are gone): end whatever run_unlocked
+     * would still run on later rounds, posting it as after_run does. */
+    void (*drain)(colld_backend_t *b);
     /* The communicator has collectives of this backend in flight: a collective of another backend
      * waits for them (each rank's completions stay in sequence order). */
     bool (*comm_busy)(const colld_backend_t *b, const colld_dcomm_t *c);

@@ -127,9 +127,10 @@ static bool held_by_other_backend(colld_daemon_t *d, const colld_dcomm_t *c)
     const colld_op_t *next = next_op(c);
     if (!next)
         return false;
+    const colld_backend_t *claimer = colld_backend_claim(d, c, &next->d);
     for (int i = 0; i < d->nbackends; i++) {
         const colld_backend_t *b = &d->backends[i];
-        if (b->ops->comm_busy && b->ops->comm_busy(b, c) && !(b->ops->claims && b->ops->claims(b, c, &next->d)))
+        if (b != claimer && b->ops->comm_busy && b->ops->comm_busy(b, c))
             return true;
     }
     return false;
@@ -256,7 +257,10 @@ static int engine_round(colld_daemon_t *d, uint64_t *next_deadline, uint64_t *po
 {
     pthread_mutex_lock(&d->lock);
     if (!d->engine_running) {
-        pthread_mutex_unlock(&d->lock);
+        for (int i = 0; i < d->nbackends; i++)
+            if (d->backends[i].ops->drain && d->backends[i].state)
+                d->backends[i].ops->drain(&d->backends[i]);
+        colld_daemon_unlock(d);
         return -1;
     }
     int work = engine_pass(d, next_deadline);
@@ -267,6 +271,7 @@ static int engine_round(colld_daemon_t *d, uint64_t *next_deadline, uint64_t *po
         colld_backend_t *b = &d->backends[i];
         if (!b->ops->run_unlocked || !b->ops->run_unlocked(b))
             continue;
+        work++; /* a backend that still holds work (a tenant's queued jobs) keeps the engine going */
         pthread_mutex_lock(&d->lock);
         if (b->ops->after_run)
             b->ops->after_run(b);

@@ -22,6 +22,15 @@
  * buffers are safe. Every element is produced by exactly one thread in a fixed order, so results
  * do not depend on the number of workers. Small jobs run on the calling (engine) thread alone,
  * since waking workers costs more than the work.
+ *
+ * Tenants in turn (issue 26 row 5): a job of more than one turn (TURN_CHUNKS_PER_THREAD chunks per
+ * thread) is not run to its end at once. It waits in its tenant's queue, and each engine round the
+ * next tenant in the ring has one turn: that many chunks of its queue's head (and of the jobs
+ * behind it while the turn lasts). Between turns the engine admits, matches and runs the small
+ * jobs of the other tenants, so another tenant's small collective waits at most one turn, not a
+ * whole 256 MiB all-reduce. Once a tenant has jobs queued its later ones queue behind them, so
+ * each communicator's collectives and transfers still run in their order; a job whose
+ * communicator broke meanwhile ends at its next turn with the communicator's error.
  */
 #include "server/backends/host/host.h"
 
@@ -31,12 +40,14 @@
 #include "common/util.h"
 #include "kernels/cpu/reduce.h"
 
+#include <assert.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define CHUNK_BYTES (256u * 1024u) /* per task, per rank */
+#define TURN_CHUNKS_PER_THREAD 2u  /* a tenant's turn: this many chunks per pool thread */
 
 /* One collective over mapped buffers, as the pool runs it. */
 typedef struct {
@@ -66,7 +77,8 @@ struct colld_host_pool {
     const colld_host_job_t *job;
     uint64_t chunk_elems;
     uint64_t chunks_per_seg;
-    uint64_t nchunks;
+    uint64_t end_chunk; /* the run's chunks: [first, end_chunk) */
+    uint64_t nchunks;   /* how many, end_chunk - first */
     atomic_uint_fast64_t next_chunk;
     atomic_uint_fast64_t chunks_done;
     atomic_int failed; /* first error status, 0 if none */
@@ -184,7 +196,7 @@ static void take_chunks(colld_host_pool_t *p, const colld_host_job_t *job)
 {
     for (;;) {
         uint64_t c = atomic_fetch_add(&p->next_chunk, 1);
-        if (c >= p->nchunks)
+        if (c >= p->end_chunk)
             return;
         run_chunk(p, job, c);
         atomic_fetch_add(&p->chunks_done, 1);
@@ -263,23 +275,36 @@ static void colld_host_pool_destroy(colld_host_pool_t *p)
     free(p);
 }
 
-/* Run a collective; returns when every element is done. Called by the engine thread only. */
-static colld_status_t colld_host_pool_run(colld_host_pool_t *p, const colld_host_job_t *job)
+/* A job's chunks: segments of ceil(count / chunk elements) chunks each (0 for an empty job). */
+static uint64_t job_chunks(const colld_host_job_t *job, uint64_t *chunk_elems, uint64_t *per_seg)
 {
-    if (job->count == 0)
-        return COLLD_OK;
     size_t es = colld_dtype_size(job->dtype);
-    if (es == 0)
-        return COLLD_ERR_INVALID_ARGUMENT;
     uint64_t nseg = job->kind == COLLD_KIND_ALLTOALL ? (uint64_t)job->n * (uint64_t)job->n
                     : job->kind == COLLD_KIND_ALLGATHER || job->kind == COLLD_KIND_REDUCESCATTER ||
                             job->kind == COLLD_KIND_GATHER || job->kind == COLLD_KIND_SCATTER
                         ? (uint64_t)job->n
                         : 1;
-    if (p->nthreads == 0 || job->count * es * nseg < p->parallel_min_bytes) {
+    if (es == 0 || job->count == 0)
+        return 0;
+    *chunk_elems = CHUNK_BYTES / es;
+    *per_seg = (job->count + *chunk_elems - 1) / *chunk_elems;
+    return *per_seg * nseg;
+}
+
+/* Run chunks [first, first + n) of a job (job_chunks numbers them; n past the last: to the end);
+ * returns when they are done. Called by the engine thread only. */
+static colld_status_t colld_host_pool_run(colld_host_pool_t *p, const colld_host_job_t *job, uint64_t first, uint64_t n)
+{
+    uint64_t chunk_elems = 0, per_seg = 0, all = job_chunks(job, &chunk_elems, &per_seg);
+    if (all == 0 || first >= all)
+        return colld_dtype_size(job->dtype) ? COLLD_OK : COLLD_ERR_INVALID_ARGUMENT;
+    n = COLLD_MIN(n, all - first);
+    if (p->nthreads == 0 || job->count * colld_dtype_size(job->dtype) * (all / per_seg) < p->parallel_min_bytes) {
         colld_status_t st = COLLD_OK;
-        for (uint64_t seg = 0; seg < nseg && st == COLLD_OK; seg++)
-            st = run_range(job, seg, 0, job->count);
+        for (uint64_t c = first; c < first + n && st == COLLD_OK; c++) {
+            uint64_t at = (c % per_seg) * chunk_elems;
+            st = run_range(job, c / per_seg, at, COLLD_MIN(chunk_elems, job->count - at));
+        }
         return st;
     }
 
@@ -287,10 +312,11 @@ static colld_status_t colld_host_pool_run(colld_host_pool_t *p, const colld_host
     /* A worker that woke late for an earlier job may still be in it: let it leave first. */
     while (p->busy > 0)
         pthread_cond_wait(&p->done_cv, &p->mu);
-    p->chunk_elems = CHUNK_BYTES / es;
-    p->chunks_per_seg = (job->count + p->chunk_elems - 1) / p->chunk_elems;
-    p->nchunks = p->chunks_per_seg * nseg;
-    atomic_store(&p->next_chunk, 0);
+    p->chunk_elems = chunk_elems;
+    p->chunks_per_seg = per_seg;
+    p->end_chunk = first + n;
+    p->nchunks = n;
+    atomic_store(&p->next_chunk, first);
     atomic_store(&p->chunks_done, 0);
     atomic_store(&p->failed, 0);
     p->job = job;
@@ -314,15 +340,36 @@ static colld_status_t colld_host_pool_run(colld_host_pool_t *p, const colld_host
  * The backend
  * ========================================================================================== */
 
-/* The backend's state: the pool, the matched collectives and the point-to-point transfers
- * waiting to run (engine thread). */
+/* A job of more than one turn, or one behind such a job of its tenant, waiting in its tenant's
+ * queue (engine thread). */
+typedef struct host_task {
+    struct host_task *next;
+    colld_coll_t *coll;     /* a collective, or */
+    colld_xfer_t *xfer;     /* a transfer */
+    uint64_t done, nchunks; /* chunks run, of the job's (job_chunks) */
+    bool check_finite;      /* --nan-check (read under the lock when it was queued) */
+    uint64_t first_bad[];   /* with check_finite: [nranks], as colld_host_job_t.first_bad */
+} host_task_t;
+
+/* A tenant with queued jobs, in the ring of turns (engine thread). */
+typedef struct host_tenant {
+    struct host_tenant *next;
+    uid_t uid;
+    host_task_t *head, **tail;
+} host_tenant_t;
+
+/* The backend's state: the pool, the matched collectives and the point-to-point transfers to run
+ * this round, the tenants' queues of longer jobs (engine thread). */
 typedef struct {
     colld_host_pool_t *pool;
     colld_coll_t *batch;
-    colld_xfer_t *xfers, **xfers_tail; /* in matching order */
-    bool nan_check;                    /* --nan-check (the configuration, read at start) */
+    colld_xfer_t *xfers, **xfers_tail;      /* in matching order */
+    host_tenant_t *tenants;                 /* with jobs queued, in turn order */
+    host_tenant_t *turn;                    /* whose turn is next (NULL: the first's) */
+    host_task_t *finished, **finished_tail; /* queued jobs that ended, posted by after_run */
+    uint64_t turn_chunks;                   /* chunks per turn */
+    bool nan_check;                         /* --nan-check (the configuration, read at start) */
 } host_t;
-
 /* Start the pool: --workers threads, the engine's own included. */
 static int host_start(colld_backend_t *b)
 {
@@ -335,17 +382,20 @@ static int host_start(colld_backend_t *b)
     }
     h->nan_check = d->cfg.nan_check;
     h->xfers_tail = &h->xfers;
+    h->finished_tail = &h->finished;
+    h->turn_chunks = TURN_CHUNKS_PER_THREAD * (uint64_t)(h->pool->nthreads + 1);
     b->state = h;
     b->present = true;
     return 0;
 }
 
-/* Stop the pool (the engine has stopped: nothing is submitted any more). */
+/* Stop the pool (the engine has stopped and drained the queues: nothing is submitted any more). */
 static void host_stop(colld_backend_t *b)
 {
     host_t *h = b->state;
     if (!h)
         return;
+    assert(!h->tenants && !h->finished);
     colld_host_pool_destroy(h->pool);
     free(h);
     b->state = NULL;
@@ -358,22 +408,102 @@ static bool host_claims(const colld_backend_t *b, const colld_dcomm_t *c, const 
     return true;
 }
 
-/* A matched collective waits in the batch until the engine releases the lock (lock held). */
+/* The chunks of a collective and of a transfer (job_chunks). */
+static uint64_t coll_chunks(const colld_coll_t *k)
+{
+    const colld_wire_sqe_t *a = &k->ops[0]->d;
+    colld_host_job_t job = {
+        .kind = (colld_kind_t)a->kind, .dtype = (colld_dtype_t)a->dtype, .count = a->count, .n = k->comm->nranks
+    };
+    uint64_t elems, per_seg;
+    return job_chunks(&job, &elems, &per_seg);
+}
+
+static uint64_t xfer_chunks(const colld_xfer_t *x)
+{
+    colld_host_job_t job = {
+        .kind = COLLD_KIND_SEND, .dtype = (colld_dtype_t)x->send->d.dtype, .count = x->send->d.count, .n = 1
+    };
+    uint64_t elems, per_seg;
+    return job_chunks(&job, &elems, &per_seg);
+}
+
+/* The queue of a tenant, NULL when it has none. */
+static host_tenant_t *tenant_queue(const host_t *h, uid_t uid)
+{
+    for (host_tenant_t *t = h->tenants; t; t = t->next)
+        if (t->uid == uid)
+            return t;
+    return NULL;
+}
+
+static bool checks_finite(const host_t *h, const colld_coll_t *k, const colld_wire_sqe_t *a);
+
+/* Queue a job behind the tenant's others (lock held). Returns false without memory. */
+static bool enqueue(host_t *h, uid_t uid, colld_coll_t *k, colld_xfer_t *x, uint64_t nchunks)
+{
+    int n = k ? k->comm->nranks : 0;
+    bool finite = k && checks_finite(h, k, &k->ops[0]->d);
+    host_task_t *task = calloc(1, sizeof(*task) + (finite ? (size_t)n * sizeof(uint64_t) : 0));
+    host_tenant_t *t = tenant_queue(h, uid);
+    if (!task || (!t && !(t = calloc(1, sizeof(*t))))) {
+        free(task);
+        return false;
+    }
+    if (!t->tail) { /* new: its first turn comes after every tenant queued before it */
+        t->uid = uid;
+        t->tail = &t->head;
+        host_tenant_t **end = &h->tenants;
+        while (*end)
+            end = &(*end)->next;
+        *end = t;
+    }
+    task->coll = k;
+    task->xfer = x;
+    task->nchunks = nchunks;
+    task->check_finite = finite;
+    for (int r = 0; finite && r < n; r++)
+        task->first_bad[r] = UINT64_MAX;
+    *t->tail = task;
+    t->tail = &task->next;
+    return true;
+}
+
+/* A matched collective of one turn or less, from a tenant with nothing queued, waits in the batch
+ * until the engine releases the lock; a longer one, or one of a tenant with jobs queued, goes to
+ * the end of its tenant's queue (lock held). */
 static void host_submit(colld_backend_t *b, colld_coll_t *k)
 {
     host_t *h = b->state;
-    k->next = h->batch;
-    h->batch = k;
+    uint64_t n = coll_chunks(k);
+    if (!tenant_queue(h, k->comm->tenant) && n <= h->turn_chunks) {
+        k->next = h->batch;
+        h->batch = k;
+        return;
+    }
+    if (enqueue(h, k->comm->tenant, k, NULL, n))
+        return;
+    colld_comm_break(b->d, k->comm, COLLD_ERR_NO_MEMORY, -1, "the daemon is out of memory (host backend queue)");
+    k->status = COLLD_ERR_NO_MEMORY;
+    colld_engine_finish(b->d, k);
 }
 
-/* A matched send and receive wait with the collectives until the engine releases the lock (lock
- * held). */
+/* A matched send and receive: the same, in the batch's list of transfers (lock held). */
 static void host_xfer_submit(colld_backend_t *b, colld_xfer_t *x)
 {
     host_t *h = b->state;
-    x->next = NULL;
-    *h->xfers_tail = x;
-    h->xfers_tail = &x->next;
+    uint64_t n = xfer_chunks(x);
+    if (!tenant_queue(h, x->comm->tenant) && n <= h->turn_chunks) {
+        x->next = NULL;
+        *h->xfers_tail = x;
+        h->xfers_tail = &x->next;
+        return;
+    }
+    if (enqueue(h, x->comm->tenant, NULL, x, n))
+        return;
+    colld_comm_break(b->d, x->comm, COLLD_ERR_NO_MEMORY, -1, "the daemon is out of memory (host backend queue)");
+    x->status = COLLD_ERR_NO_MEMORY;
+    colld_p2p_finish(b->d, x);
 }
 
 /* Whether a collective's inputs are checked for NaN and infinities: --nan-check (the daemon's, or
@@ -406,22 +536,19 @@ static colld_status_t finite_verdict(colld_coll_t *k, const colld_host_job_t *jo
     return COLLD_ERR_NUMERIC;
 }
 
-/* Run one matched collective on the pool (lock not held). */
-static colld_status_t execute(host_t *h, colld_coll_t *k)
+/* The job of a matched collective, over arrays of nranks the caller keeps (lock not held). */
+static colld_host_job_t coll_job(const colld_coll_t *k, const void **in, void **out, uint64_t *scalars,
+                                 uint64_t *first_bad)
 {
     int n = k->comm->nranks;
-    const void *in[COLLD_MAX_RANKS];
-    void *out[COLLD_MAX_RANKS];
-    uint64_t first_bad[COLLD_MAX_RANKS], scalars[COLLD_MAX_RANKS];
     for (int r = 0; r < n; r++) {
         in[r] = k->ops[r]->send_ptr;
         out[r] = k->ops[r]->recv_ptr;
-        first_bad[r] = UINT64_MAX;
         scalars[r] = colld_wire_sqe_scalar(&k->ops[r]->d); /* each rank's own (admission checked it) */
     }
     const colld_wire_sqe_t *a = &k->ops[0]->d;
     bool premul = colld_kind_has_op(a->kind) && a->redop == COLLD_REDOP_PREMUL_SUM;
-    colld_host_job_t job = {
+    return (colld_host_job_t){
         .kind = (colld_kind_t)a->kind,
         .dtype = (colld_dtype_t)a->dtype,
         .op = (colld_redop_t)a->redop,
@@ -430,15 +557,25 @@ static colld_status_t execute(host_t *h, colld_coll_t *k)
         .n = n,
         .in = in,
         .out = out,
-        .first_bad = checks_finite(h, k, a) ? first_bad : NULL,
+        .first_bad = first_bad,
         .scalars = premul ? scalars : NULL,
     };
-    colld_status_t st = colld_host_pool_run(h->pool, &job);
-    return st == COLLD_OK && job.first_bad ? finite_verdict(k, &job) : st;
 }
 
-/* Copy one transfer on the pool (lock not held): the sender's buffer into the receiver's. */
-static colld_status_t transfer(host_t *h, const colld_xfer_t *x)
+/* Run chunks [first, first + nchunks) of a matched collective on the pool (lock not held);
+ * first_bad: NULL, or --nan-check's [nranks] kept across the calls. */
+static colld_status_t execute(host_t *h, colld_coll_t *k, uint64_t first, uint64_t nchunks, uint64_t *first_bad)
+{
+    const void *in[COLLD_MAX_RANKS];
+    void *out[COLLD_MAX_RANKS];
+    uint64_t scalars[COLLD_MAX_RANKS];
+    colld_host_job_t job = coll_job(k, in, out, scalars, first_bad);
+    return colld_host_pool_run(h->pool, &job, first, nchunks);
+}
+
+/* Copy chunks [first, first + nchunks) of one transfer on the pool (lock not held): the sender's
+ * buffer into the receiver's. */
+static colld_status_t transfer(host_t *h, const colld_xfer_t *x, uint64_t first, uint64_t nchunks)
 {
     const void *in[1] = { x->send->send_ptr };
     void *out[1] = { x->recv->recv_ptr };
@@ -450,42 +587,159 @@ static colld_status_t transfer(host_t *h, const colld_xfer_t *x)
         .in = in,
         .out = out,
     };
-    return colld_host_pool_run(h->pool, &job);
+    return colld_host_pool_run(h->pool, &job, first, nchunks);
 }
 
-/* Run the batch and the transfers (engine thread, lock not held); each keeps its status and
- * times. The lists are the engine thread's own until after_run. */
+/* Run a whole collective of the batch (lock not held). */
+static void run_whole(host_t *h, colld_coll_t *k)
+{
+    uint64_t first_bad[COLLD_MAX_RANKS];
+    bool finite = checks_finite(h, k, &k->ops[0]->d);
+    for (int r = 0; finite && r < k->comm->nranks; r++)
+        first_bad[r] = UINT64_MAX;
+    k->start_ns = colld_now_ns();
+    k->status = execute(h, k, 0, UINT64_MAX, finite ? first_bad : NULL);
+    if (k->status == COLLD_OK && finite) {
+        const void *in[COLLD_MAX_RANKS];
+        void *out[COLLD_MAX_RANKS];
+        uint64_t scalars[COLLD_MAX_RANKS];
+        colld_host_job_t job = coll_job(k, in, out, scalars, first_bad);
+        k->status = finite_verdict(k, &job);
+    }
+    k->end_ns = colld_now_ns();
+}
+
+/* A queued job ended with st: off its tenant's queue (its head) to the finished list. */
+static void task_end(host_t *h, host_tenant_t *t, colld_status_t st)
+{
+    host_task_t *task = t->head;
+    uint64_t now = colld_now_ns();
+    t->head = task->next;
+    if (!t->head)
+        t->tail = &t->head;
+    task->next = NULL;
+    *h->finished_tail = task;
+    h->finished_tail = &task->next;
+    if (task->coll) {
+        colld_coll_t *k = task->coll;
+        if (st == COLLD_OK && task->check_finite) {
+            const void *in[COLLD_MAX_RANKS];
+            void *out[COLLD_MAX_RANKS];
+            uint64_t scalars[COLLD_MAX_RANKS];
+            colld_host_job_t job = coll_job(k, in, out, scalars, task->first_bad);
+            st = finite_verdict(k, &job);
+        }
+        k->status = st;
+        k->end_ns = now;
+        if (!k->start_ns)
+            k->start_ns = now;
+    } else {
+        task->xfer->status = st;
+        task->xfer->end_ns = now;
+        if (!task->xfer->start_ns)
+            task->xfer->start_ns = now;
+    }
+}
+
+/* Take a tenant off the ring once its queue is empty. */
+static void tenant_drop_if_empty(host_t *h, host_tenant_t *t)
+{
+    if (t->head)
+        return;
+    for (host_tenant_t **p = &h->tenants; *p; p = &(*p)->next)
+        if (*p == t) {
+            *p = t->next;
+            break;
+        }
+    if (h->turn == t)
+        h->turn = t->next;
+    free(t);
+}
+
+/* The next tenant's turn: up to turn_chunks chunks of its queue, head first (lock not held). */
+static void serve_turn(host_t *h)
+{
+    host_tenant_t *t = h->turn ? h->turn : h->tenants;
+    uint64_t budget = h->turn_chunks;
+    while (budget > 0 && t->head) {
+        host_task_t *task = t->head;
+        uint64_t n = COLLD_MIN(budget, task->nchunks - task->done);
+        uint64_t now = colld_now_ns();
+        colld_status_t st;
+        if (task->coll) {
+            if (!task->coll->start_ns)
+                task->coll->start_ns = now;
+            st = execute(h, task->coll, task->done, n, task->check_finite ? task->first_bad : NULL);
+        } else {
+            if (!task->xfer->start_ns)
+                task->xfer->start_ns = now;
+            st = transfer(h, task->xfer, task->done, n);
+        }
+        task->done += n;
+        budget -= n;
+        if (st != COLLD_OK || task->done >= task->nchunks)
+            task_end(h, t, st);
+    }
+    h->turn = t->next;
+    tenant_drop_if_empty(h, t);
+}
+
+/* Run the batch and the transfers whole, then one tenant's turn (engine thread, lock not held);
+ * each keeps its status and times. The lists are the engine thread's own until after_run. */
 static bool host_run_unlocked(colld_backend_t *b)
 {
     host_t *h = b->state;
-    if (!h->batch && !h->xfers)
+    if (!h->batch && !h->xfers && !h->tenants)
         return false;
-    for (colld_coll_t *k = h->batch; k; k = k->next) {
-        k->start_ns = colld_now_ns();
-        k->status = execute(h, k);
-        k->end_ns = colld_now_ns();
-    }
+    for (colld_coll_t *k = h->batch; k; k = k->next)
+        run_whole(h, k);
     for (colld_xfer_t *x = h->xfers; x; x = x->next) {
         x->start_ns = colld_now_ns();
-        x->status = transfer(h, x);
+        x->status = transfer(h, x, 0, UINT64_MAX);
         x->end_ns = colld_now_ns();
     }
+    if (h->tenants)
+        serve_turn(h);
     return true;
 }
 
-/* Post the batch's results (lock held). A collective refused by --nan-check breaks its
- * communicator with the verdict, so that every rank (and every later operation) learns it. */
+/* Post one executed collective (lock held). One refused by --nan-check breaks its communicator
+ * with the verdict, so that every rank (and every later operation) learns it. */
+static void post_coll(colld_backend_t *b, colld_coll_t *k)
+{
+    if (k->status == COLLD_ERR_NUMERIC) {
+        LOG_WARN(ENGINE, "communicator %llu: %s", (unsigned long long)k->comm->id, k->why);
+        colld_comm_break(b->d, k->comm, k->status, -1, k->why);
+    }
+    colld_engine_finish(b->d, k);
+}
+
+/* A queued job at the head of its tenant's queue whose communicator broke ends now with the
+ * communicator's error, instead of running on for nobody (lock held). */
+static void end_broken_heads(host_t *h)
+{
+    for (host_tenant_t *t = h->tenants, *next; t; t = next) {
+        next = t->next;
+        for (;;) {
+            host_task_t *task = t->head;
+            colld_dcomm_t *c = task ? (task->coll ? task->coll->comm : task->xfer->comm) : NULL;
+            if (!c || c->state != COLLD_COMM_BROKEN)
+                break;
+            task_end(h, t, c->error);
+        }
+        tenant_drop_if_empty(h, t);
+    }
+}
+
+/* Post the results: the batch, the transfers, the queued jobs that ended (lock held). */
 static void host_after_run(colld_backend_t *b)
 {
     host_t *h = b->state;
+    end_broken_heads(h);
     while (h->batch) {
         colld_coll_t *k = h->batch;
         h->batch = k->next;
-        if (k->status == COLLD_ERR_NUMERIC) {
-            LOG_WARN(ENGINE, "communicator %llu: %s", (unsigned long long)k->comm->id, k->why);
-            colld_comm_break(b->d, k->comm, k->status, -1, k->why);
-        }
-        colld_engine_finish(b->d, k);
+        post_coll(b, k);
     }
     while (h->xfers) {
         colld_xfer_t *x = h->xfers;
@@ -493,6 +747,40 @@ static void host_after_run(colld_backend_t *b)
         colld_p2p_finish(b->d, x);
     }
     h->xfers_tail = &h->xfers;
+    while (h->finished) {
+        host_task_t *task = h->finished;
+        h->finished = task->next;
+        if (task->coll)
+            post_coll(b, task->coll);
+        else
+            colld_p2p_finish(b->d, task->xfer);
+        free(task);
+    }
+    h->finished_tail = &h->finished;
+}
+
+/* The engine stops (lock held; sessions are gone): every queued job ends, DAEMON_LOST. */
+static void host_drain(colld_backend_t *b)
+{
+    host_t *h = b->state;
+    while (h->tenants) {
+        host_tenant_t *t = h->tenants;
+        while (t->head)
+            task_end(h, t, COLLD_ERR_DAEMON_LOST);
+        tenant_drop_if_empty(h, t);
+    }
+    host_after_run(b);
+}
+
+/* The communicator has queued jobs here: a collective another backend claims waits for them. */
+static bool host_comm_busy(const colld_backend_t *b, const colld_dcomm_t *c)
+{
+    const host_t *h = b->state;
+    const host_tenant_t *t = tenant_queue(h, c->tenant);
+    for (const host_task_t *task = t ? t->head : NULL; task; task = task->next)
+        if ((task->coll ? task->coll->comm : task->xfer->comm) == c)
+            return true;
+    return false;
 }
 
 const colld_backend_ops_t colld_host_backend = {
@@ -504,4 +792,6 @@ const colld_backend_ops_t colld_host_backend = {
     .xfer_submit = host_xfer_submit,
     .run_unlocked = host_run_unlocked,
     .after_run = host_after_run,
+    .comm_busy = host_comm_busy,
+    .drain = host_drain,
 };
