@@ -62,11 +62,15 @@ for v in "${sizes[@]}"; do
   "${as_hog[@]}" "$tool" --socket "$sock" --hog "$hog_bytes" --seconds "$((seconds * 2))" >"$dir/hog.json" &
   hog=$!
   sleep 0.5
-  loaded=$("$tool" --socket "$sock" --victim "$v" --seconds "$seconds")
+  loaded=$("$tool" --socket "$sock" --victim "$v" --seconds "$seconds" || true)
   wait $hog
   beside=$(cat "$dir/hog.json")
   echo "victim $v loaded:  $loaded"
   echo "hog beside it:     $beside"
+  if [ -z "$loaded" ]; then
+    echo "victim $v: starved: not one all-reduce completed in $seconds s beside the hog"
+    continue
+  fi
   awk -v v="$v" -v i50="$(field "$idle" p50_us)" -v i99="$(field "$idle" p99_us)" \
       -v l50="$(field "$loaded" p50_us)" -v l99="$(field "$loaded" p99_us)" \
       -v ha="$(field "$alone" algbw_gbs)" -v hb="$(field "$beside" algbw_gbs)" \
