@@ -690,9 +690,10 @@ int colld_p2p_describe_rank(char *buf, size_t len, const colld_dcomm_t *c, int r
 uint64_t colld_p2p_describe_wait(char *buf, size_t len, const colld_dcomm_t *c, uint64_t now);
 
 /* ---- deadlock.c ---- */
-/* Pairs of ranks one tenant's waits may have the check look at in one look; a tenant over it is left
- * out of that look and the looks of the next second (the others are checked). */
-#define COLLD_DEADLOCK_WAITS 65536
+/* Pairs of ranks one tenant's waits may have the check look at in one look (a look at 4,000 pairs
+ * holds the lock about 1.5 ms; a 64-rank all-to-all makes 4,032); a tenant over it is left out of
+ * that look and the looks of the next second (the others are checked). */
+#define COLLD_DEADLOCK_WAITS 4096
 /* Look for wait-for cycles, across communicators or within one (at most every 100 ms); report each
  * once every wait in it has lasted --deadlock-ms (and fail its communicators with
  * --deadlock-fail). Returns when to look again (lock held). */

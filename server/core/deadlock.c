@@ -144,19 +144,20 @@ static int tally_of(graph_t *g, uid_t uid)
     return -1;
 }
 
-/* Count one wait (a pair of ranks looked at) against the current tenant's bound: false once the
- * tenant is over it (its communicators are left out of this look). */
-static bool charge(graph_t *g)
+/* Count n pairs of ranks looked at against the current tenant's bound: false once the tenant is
+ * over it (its communicators are left out of this look). */
+static bool charge(graph_t *g, uint64_t n)
 {
     if (g->cur < 0)
         return false;
     tally_t *t = &g->tally[g->cur];
     if (t->over)
         return false;
-    if (++t->waits > g->budget) {
+    if (n > (uint64_t)(g->budget - t->waits)) {
         t->over = true;
         return false;
     }
+    t->waits += (int)n;
     return true;
 }
 
@@ -216,7 +217,7 @@ static int add_waits(graph_t *g, const colld_dcomm_t *c, uint64_t seq, const boo
         if (mm->remote || arrived[m] || mm->left || !mm->session)
             continue;
         for (int i = 0; i < ngot && rc == 0; i++) {
-            if (!charge(g)) {
+            if (!charge(g, 1)) {
                 free(got);
                 return 0; /* the tenant is over its bound: left out */
             }
@@ -228,10 +229,12 @@ static int add_waits(graph_t *g, const colld_dcomm_t *c, uint64_t seq, const boo
     return rc;
 }
 
-/* The edges of c's sends and receives that wait for their peer (colld_p2p_waits). */
+/* The edges of c's sends and receives that wait for their peer (colld_p2p_waits, charged before the
+ * walk; a backend's held transfers, `each` charged as it comes). */
 typedef struct {
     graph_t *g;
     const colld_dcomm_t *c;
+    bool each;
     int rc;
 } p2p_edges_t;
 
@@ -240,7 +243,7 @@ static void add_p2p_wait(void *arg, const colld_op_t *op)
     p2p_edges_t *x = arg;
     const colld_member_t *peer = &x->c->ranks[op->d.root];
     if (x->rc == 0 && !peer->remote && !peer->left && peer->session && peer->session != op->member->session &&
-        charge(x->g))
+        (!x->each || charge(x->g, 1)))
         x->rc = add_edge(x->g, x->c, op->member->rank, op->d.root, op->id, op);
 }
 
@@ -262,9 +265,12 @@ static int add_comm(colld_daemon_t *d, graph_t *g, const colld_dcomm_t *c)
         }
     int rc = seq ? add_waits(g, c, seq, arrived) : 0;
     free(arrived);
-    if (rc == 0 && c->p2p_queued) {
+    /* The walk of c's sends and receives looks at every pair that has some: all charged before it
+     * starts, so a tenant with more pairs than its bound costs no walk. */
+    if (rc == 0 && c->p2p_queued && charge(g, c->p2p_npairs)) {
         p2p_edges_t x = { .g = g, .c = c };
         colld_p2p_waits(c, add_p2p_wait, &x);
+        x.each = true;
         for (int i = 0; i < d->nbackends; i++)
             if (d->backends[i].present && d->backends[i].ops->xfer_waits)
                 d->backends[i].ops->xfer_waits(&d->backends[i], c, add_p2p_wait, &x);

@@ -425,6 +425,32 @@ static void test_tenant_over_bound_left_out(void **state)
     assert_int_equal(w->b->error, COLLD_ERR_DEADLOCK);
 }
 
+/* The bound counts the pairs of ranks of a communicator's sends and receives too, before the walk
+ * over them: with a bound of 2, tenant 1000 holds 3 (sends 0 -> 1 and 1 -> 0 in a, a cycle of its
+ * own, and rank 0 waiting in b's all-reduce) and is left out; tenant 2000's cycle (2 pairs) fails
+ * after 500 ms, and tenant 1000's communicators stay as they are. */
+static void test_tenant_over_bound_by_sends(void **state)
+{
+    world_t *w = *state;
+    w->f.d.cfg.deadlock_fail = true;
+    w->f.d.dl_budget = 2;
+    for (int r = 0; r < 2; r++)
+        assert_non_null(fix_session(&w->f, 2000, (uint8_t)(r + 3)));
+    static const int s23[] = { 2, 3 };
+    colld_dcomm_t *c = comm_of(w, s23, 2, "victim-a"), *e = comm_of(w, s23, 2, "victim-b");
+    post_p2p(w, w->a, 0, 1, COLLD_KIND_SEND, 1);
+    post_p2p(w, w->a, 1, 1, COLLD_KIND_SEND, 0);
+    post(w, w->b, 0);
+    cross(w, c, e);
+    for (uint64_t t = 0; t <= 600; t += 100)
+        look(w, t);
+    assert_int_equal(w->f.d.deadlocks, 1);
+    assert_int_equal(c->error, COLLD_ERR_DEADLOCK);
+    assert_int_equal(e->error, COLLD_ERR_DEADLOCK);
+    assert_int_equal(w->a->state, COLLD_COMM_READY);
+    assert_int_equal(w->b->state, COLLD_COMM_READY);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -440,6 +466,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_churning_tenant_does_not_delay_another, setup, teardown),
         cmocka_unit_test_setup_teardown(test_churn_beside_a_cycle_of_the_same_processes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tenant_over_bound_left_out, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tenant_over_bound_by_sends, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
