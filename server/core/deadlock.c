@@ -37,7 +37,8 @@
  * make many), and none again while it stays (report only) or until a communicator of it moves on.
  *
  * The work is bounded per tenant (the uid owning the communicator): at most COLLD_DEADLOCK_WAITS
- * pairs of ranks looked at per look (daemon->dl_budget in tests). A tenant over it has all its
+ * pairs of ranks looked at per look (daemon->dl_budget in tests), a communicator's sends and
+ * receives charged all their pairs before they are walked. A tenant over it has all its
  * communicators left out of that look and of the looks of the next OVER_HOLD_NS (a rate-limited
  * warning names its uid); every other tenant's are checked. Cycles do not cross tenants: a
  * communicator's members are sessions of its tenant's uid (comm.c), so every edge joins two
@@ -74,7 +75,7 @@ typedef struct {
 } wkey_t;
 
 /* One edge: session `from` waits for session `to` (the wait `k`, in c; `p2p`: the send or receive).
- * `since`: the look that first saw this wait. */
+ * `since`: when a look first saw this wait. */
 typedef struct {
     int from, to;
     const colld_dcomm_t *c;
