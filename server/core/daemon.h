@@ -50,6 +50,7 @@ typedef struct colld_metrics colld_metrics_t;
 typedef struct colld_events colld_events_t;
 typedef struct colld_tenants colld_tenants_t;
 typedef struct colld_ctl colld_ctl_t;
+typedef struct colld_dl_memory colld_dl_memory_t; /* deadlock.c */
 typedef struct colld_listener colld_listener_t;
 
 /* A listening unix socket served by the loop (fds.c): accepts with SO_PEERCRED and survives
@@ -418,11 +419,10 @@ struct colld_daemon {
     colld_op_t *op_free;      /* recycled operation records (completion.c) */
     unsigned op_free_n;
     /* cross-communicator deadlock detection (deadlock.c; engine thread, lock held) */
-    uint64_t dl_next_ns; /* the next look */
-    uint64_t dl_sig;     /* the cycle seen (0: none) and since when, unchanged */
-    uint64_t dl_since_ns;
-    bool dl_reported;
-    uint64_t deadlocks; /* cycles reported */
+    uint64_t dl_next_ns;         /* the next look */
+    colld_dl_memory_t *dl_memory; /* what a look remembers for the next one (NULL: nothing) */
+    int dl_budget;                /* waits looked at per tenant and look; 0: COLLD_DEADLOCK_WAITS */
+    uint64_t deadlocks;           /* cycles reported */
     /* point-to-point matching work left to each tenant in this engine pass (p2p.c; engine
      * thread, lock held): p2p_budget units per tenant, the first COLLD_P2P_TENANTS tenants
      * counted together, any further one per communicator */
@@ -690,10 +690,16 @@ int colld_p2p_describe_rank(char *buf, size_t len, const colld_dcomm_t *c, int r
 uint64_t colld_p2p_describe_wait(char *buf, size_t len, const colld_dcomm_t *c, uint64_t now);
 
 /* ---- deadlock.c ---- */
-/* Look for a cross-communicator wait-for cycle (at most every 100 ms); report it once it has lasted
- * --deadlock-ms (and fail its communicators with --deadlock-fail). Returns when to look again (lock
- * held). */
+/* Pairs of ranks one tenant's waits may have the check look at in one look (a look at 4,000 pairs
+ * holds the lock about 1.5 ms; a 64-rank all-to-all makes 4,032); a tenant over it is left out of
+ * that look and the looks of the next second (the others are checked). */
+#define COLLD_DEADLOCK_WAITS 4096
+/* Look for wait-for cycles, across communicators or within one (at most every 100 ms); report each
+ * once every wait in it has lasted --deadlock-ms (and fail its communicators with
+ * --deadlock-fail). Returns when to look again (lock held). */
 uint64_t colld_deadlock_check(colld_daemon_t *d, uint64_t now);
+/* Forget what the check remembers between looks (the engine stopped). */
+void colld_deadlock_free(colld_daemon_t *d);
 uint64_t colld_match_timeouts(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now);
 
 /* ---- engine.c: the progress engine ---- */

@@ -353,5 +353,6 @@ void colld_engine_stop(colld_daemon_t *d)
         pthread_join(d->engine_thread, NULL);
     }
     colld_op_free_all(d);
+    colld_deadlock_free(d);
     colld_engine_wake_fini(d);
 }

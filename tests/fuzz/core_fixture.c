@@ -185,6 +185,7 @@ void fix_stop(fix_t *f)
     d->engine_running = false;
     colld_backends_stop(d);
     colld_op_free_all(d);
+    colld_deadlock_free(d);
     while (d->uids) {
         colld_issued_uid_t *u = d->uids;
         d->uids = u->next;
