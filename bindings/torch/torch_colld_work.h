@@ -14,8 +14,12 @@
 #include "torch_colld_cuda.h"
 #endif
 
+#include <sched.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <future>
 #include <memory>
@@ -26,17 +30,117 @@
 namespace torch_colld
 {
 
-/* How long a thread that hands over to another (the caller waiting for its Work, the worker
- * waiting for the next operation) looks before it blocks. */
-const std::chrono::microseconds kHandoffSpin(50);
-
-/* Look at `ready` (yielding the CPU between looks) until it holds or kHandoffSpin has passed. */
-template <typename F> void spin_until(F ready)
+/* How a thread that hands over to another (the caller waiting for its Work, the worker waiting
+ * for the next operation) waits, as libcolld's own waits do (client/spin.h): it busy-polls (a
+ * pause between looks, no system call, never a yield) for a window that follows recent hand-offs
+ * of the same kind (doubling, plus 1 us, after one that came within it, halving after one that did
+ * not; once it is nothing every 16th wait polls 2 us), at most 50 us, and at most 4 us while
+ * runnable threads outnumber the CPUs; then it blocks. On a node with more runnable threads than
+ * CPUs a longer poll only keeps the thread it waits for off a CPU, and a yield is an involuntary
+ * context switch. One per kind of hand-off of a process group; a few atomics (several callers may
+ * wait at once: a lost update only costs one wait its best way). */
+class Handoff
 {
-    auto end = std::chrono::steady_clock::now() + kHandoffSpin;
-    while (!ready() && std::chrono::steady_clock::now() < end)
-        std::this_thread::yield();
-}
+  public:
+    /* Look at `ready` as above. Returns when it holds or the window is over (the caller then
+     * blocks), with what done() needs. */
+    struct Wait {
+        std::chrono::steady_clock::time_point start;
+        int64_t window_ns;
+    };
+    template <typename F> Wait spin(F ready)
+    {
+        Wait w{ std::chrono::steady_clock::now(), window(std::chrono::steady_clock::now()) };
+        if (!w.window_ns)
+            return w;
+        auto end = w.start + std::chrono::nanoseconds(w.window_ns);
+        for (;;) {
+            for (int i = 0; i < 64; i++) {
+                if (ready())
+                    return w;
+                pause();
+            }
+            if (std::chrono::steady_clock::now() >= end)
+                return w;
+        }
+    }
+
+    /* The hand-off that spin() started is over: learn whether it came within its window. */
+    void done(const Wait &w)
+    {
+        int64_t ns =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - w.start).count();
+        int64_t cur = window_ns_.load(std::memory_order_relaxed);
+        if (ns <= std::max(w.window_ns, kMinNs)) { /* within its window, or ready at the first look */
+            window_ns_.store(std::min(2 * std::max(cur, ns) + kGrowNs, kSpinMaxNs), std::memory_order_relaxed);
+            waits_.store(0, std::memory_order_relaxed);
+        } else {
+            window_ns_.store(cur / 2, std::memory_order_relaxed);
+        }
+    }
+
+  private:
+    static constexpr int64_t kStartNs = 10000;      /* the first window */
+    static constexpr int64_t kGrowNs = 1000;        /* added when it doubles */
+    static constexpr int64_t kMinNs = 500;          /* a window below this is nothing */
+    static constexpr int64_t kProbeNs = 2000;       /* with no window, every 16th wait polls this long */
+    static constexpr int64_t kSpinMaxNs = 50000;    /* the longest poll with a CPU free */
+    static constexpr int64_t kBusyMaxNs = 4000;     /* ... and with every CPU taken */
+    static constexpr int64_t kRecheckNs = 10000000; /* /proc/loadavg is read at most this often */
+
+    int64_t window(std::chrono::steady_clock::time_point now)
+    {
+        int64_t w = window_ns_.load(std::memory_order_relaxed);
+        if (w < kMinNs)
+            w = (waits_.fetch_add(1, std::memory_order_relaxed) + 1) % 16 == 0 ? kProbeNs : 0;
+        if (!w)
+            return 0;
+        return std::min(w, cpus_busy(now) ? kBusyMaxNs : kSpinMaxNs);
+    }
+
+    static void pause()
+    {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+#endif
+    }
+
+    /* Whether runnable threads outnumber the CPUs ("running/total" in /proc/loadavg, read at most
+     * every 10 ms; the reader is one of them). */
+    bool cpus_busy(std::chrono::steady_clock::time_point now)
+    {
+        int64_t t = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+        int64_t last = checked_ns_.load(std::memory_order_relaxed);
+        if ((last && t - last < kRecheckNs) || !checked_ns_.compare_exchange_strong(last, t))
+            return busy_.load(std::memory_order_relaxed);
+        bool busy = false;
+        if (FILE *f = std::fopen("/proc/loadavg", "re")) {
+            double a, b, c;
+            int running = 0, total = 0;
+            if (std::fscanf(f, "%lf %lf %lf %d/%d", &a, &b, &c, &running, &total) == 5)
+                busy = running > cpus();
+            std::fclose(f);
+        }
+        busy_.store(busy, std::memory_order_relaxed);
+        return busy;
+    }
+
+    /* The CPUs this process may run on. */
+    static int cpus()
+    {
+        cpu_set_t set;
+        if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+            return CPU_COUNT(&set);
+        return std::max(1u, std::thread::hardware_concurrency());
+    }
+
+    std::atomic<int64_t> window_ns_{ kStartNs };
+    std::atomic<uint32_t> waits_{ 0 };
+    std::atomic<int64_t> checked_ns_{ 0 };
+    std::atomic<bool> busy_{ false };
+};
 
 /* One operation's Work. c10d::Work keeps the completion state (wait() raises its exception);
  * the future carries the output tensors, as ProcessGroupGloo's does, for DDP's communication
@@ -46,9 +150,9 @@ class WorkColld : public c10d::Work
   public:
     /* `device`: where the operation's tensors are; a CUDA operation's future is one of that
      * device (it records events on its current stream when completed, as ProcessGroupNCCL's). */
-    WorkColld(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, int source = -1,
-              c10::Device device = c10::Device(c10::kCPU))
-        : c10d::Work(rank, type), outputs_(std::move(outputs)), source_(source),
+    WorkColld(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::shared_ptr<Handoff> handoff,
+              int source = -1, c10::Device device = c10::Device(c10::kCPU))
+        : c10d::Work(rank, type), outputs_(std::move(outputs)), source_(source), handoff_(std::move(handoff)),
           future_(device.is_cuda()
                       ? c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                                  std::vector<c10::Device>{ device })
@@ -88,9 +192,9 @@ class WorkColld : public c10d::Work
         done_.store(true, std::memory_order_release);
     }
 
-    /* Wait as c10d's Work does, after looking for the completion for up to kHandoffSpin: a small
-     * operation completes within it, and a blocked thread's wake-up costs more than the
-     * operation itself. */
+    /* Wait as c10d's Work does, after looking for the completion as Handoff says (a small
+     * operation on a machine with a CPU free completes within it, and a blocked thread's wake-up
+     * costs more than the operation itself). */
     bool wait(std::chrono::milliseconds timeout) override
     {
 #ifdef COLLD_TORCH_CUDA
@@ -101,8 +205,11 @@ class WorkColld : public c10d::Work
             return true;
         }
 #endif
-        spin_until([this] { return done_.load(std::memory_order_acquire); });
-        return c10d::Work::wait(timeout);
+        auto ready = [this] { return done_.load(std::memory_order_acquire); };
+        auto look = handoff_->spin(ready);
+        bool ok = c10d::Work::wait(timeout);
+        handoff_->done(look);
+        return ok;
     }
 
 #ifdef COLLD_TORCH_CUDA
@@ -146,6 +253,7 @@ class WorkColld : public c10d::Work
   private:
     std::vector<at::Tensor> outputs_;
     int source_; /* a receive's peer, -1 for other operations */
+    std::shared_ptr<Handoff> handoff_; /* the group's, for callers waiting for their work */
     c10::intrusive_ptr<c10::ivalue::Future> future_;
     std::atomic<bool> done_{ false }; /* set after the Work and its future are completed */
     c10::Device device_;
