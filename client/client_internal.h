@@ -5,7 +5,7 @@
  *   conn.c         the connection's primitives: session socket, control calls, the communicator
  *                  table, registrations, the client's last error
  *   staging.c      staging regions for memory not from colld_mem_alloc
- *   spin.c         when a waiter may busy-poll: the machine's CPU load, estimates of how soon
+ *   spin.c         how a waiter polls before it sleeps: the machine's CPU load, estimates of how soon
  *   rings.c        posting descriptors, reaping completions, waiting for the engine's
  *   fast.c         the fast path (and its poster, colld__fast_post)
  *   cuda.c         the GPU stream path (and its poster, colld__gpu_post), GPU memory
@@ -171,8 +171,8 @@ struct colld_comm {
     uint64_t *fast_scalars;      /* [nranks] the ranks' scalar words of a premultiplied sum */
     colld_fast_op_t fop;         /* at most one in flight: a rank finishes it before its next call */
     colld_spin_est_t fast_spin;  /* how soon the peers' slots come (spin.h) */
-    bool fast_no_spin;           /* more ranks than CPUs: never busy-poll on the area */
     colld_spin_est_t ring_spin;  /* how soon the engine's completions come (rings.c) */
+    bool crowded;                /* more ranks than CPUs: waits yield between looks (spin.h) */
     bool gpu_used;               /* gpu_base is set (at the first stream-ordered collective) */
     uint32_t gpu_base;           /* flag base: operation id s has flag value gpu_base + (uint32_t)s */
     uint32_t gpu_gen;            /* its generation on the handle's flag line, set with gpu_base (client/cuda.c) */
@@ -341,8 +341,9 @@ colld_status_t colld__fast_post(colld_comm_t *comm, colld_kind_t kind, const voi
  * (also recorded as the communicator's). */
 colld_status_t colld__fast_finish(colld_comm_t *comm, bool block);
 /* A group waits for something in flight on comm (group.c): its idle-th pass without progress. The
- * first passes busy-poll briefly while a CPU is free; later ones sleep (at most 0.1 ms) until a
- * peer publishes on the area or, with no fast-path collective in flight, a completion arrives. */
+ * first passes poll (a pause while a CPU is free, else a yield; spin.h); later ones sleep (at most
+ * 0.1 ms) until a peer publishes on the area or, with no fast-path collective in flight, a
+ * completion arrives. */
 void colld__fast_nap(colld_comm_t *comm, unsigned idle);
 
 /* redop.c */

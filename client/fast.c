@@ -15,11 +15,11 @@
  * daemon, which checks it against the other ranks' records, engine descriptors and slots
  * (MISMATCH naming each call), times it out naming the ranks that never came, and records it in
  * the flight recorder. When the communicator breaks, the daemon writes the error into the area
- * and wakes the waiting ranks. A waiting rank busy-polls the slots (no system call) only while a
- * CPU is free and its peers usually come within a few microseconds (client/spin.h), then sleeps
- * on the area's futex word (a peer that publishes wakes it); after RECORD_AFTER_NS it posts its
- * record and sleeps on. It never yields. Each rank counts what it finished in its stats block of
- * the area, which the daemon's metrics read.
+ * and wakes the waiting ranks. A waiting rank polls the slots for as long as its peers usually take
+ * to come (at most 50 us; a pause between looks while a CPU is free, a yield while the CPUs are
+ * crowded; client/spin.h), then sleeps on the area's futex word (a peer that publishes wakes it);
+ * after RECORD_AFTER_NS it posts its record and sleeps on. Each rank counts what it finished in
+ * its stats block of the area, which the daemon's metrics read.
  */
 #include "client/client_internal.h"
 
@@ -36,7 +36,7 @@
 
 #define RECORD_AFTER_NS 200000ull  /* a rank that waited this long posts its record to the daemon */
 #define SLEEP_SLICE_NS 10000000ull /* a sleeper re-checks at least this often */
-#define NAP_POLLS 32               /* colld__fast_nap: busy-polls of a group before it naps... */
+#define NAP_POLLS 32               /* colld__fast_nap: polls of a group before it naps... */
 #define NAP_NS 100000ull           /* ...for at most this long each */
 #define LOCAL_GRACE_MS 2000        /* the daemon's time-out is the rule; this is the last resort */
 
@@ -137,9 +137,6 @@ void colld__fast_attach(colld_comm_t *comm)
     comm->fast_scratch = scratch;
     comm->fast_in = in;
     comm->fast_scalars = scalars;
-    /* More ranks than CPUs: a rank that busy-waits only keeps a peer it waits for off a CPU. */
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    comm->fast_no_spin = cpus > 0 && comm->nranks > cpus;
 }
 
 void colld__fast_detach(colld_comm_t *comm)
@@ -361,9 +358,12 @@ static void sleep_on_area(colld_comm_t *comm, uint32_t gen, uint64_t timeout_ns)
 void colld__fast_nap(colld_comm_t *comm, unsigned idle)
 {
     colld_client_t *c = comm->client;
-    if (idle < NAP_POLLS && !comm->fast_no_spin && !colld__cpus_busy(&c->load, colld_now_ns())) {
-        for (int i = 0; i < 64; i++)
-            colld__cpu_relax();
+    if (idle < NAP_POLLS) {
+        if (comm->crowded || colld__cpus_busy(&c->load, colld_now_ns()))
+            sched_yield();
+        else
+            for (int i = 0; i < 64; i++)
+                colld__cpu_relax();
         return;
     }
     if (comm->fast && comm->fop.active)
@@ -377,7 +377,8 @@ colld_status_t colld__fast_finish(colld_comm_t *comm, bool block)
     if (!comm->fop.active)
         return COLLD_OK;
     colld_client_t *c = comm->client;
-    uint64_t start = 0, now = 0, window = 0;
+    uint64_t start = 0, now = 0;
+    colld_spin_plan_t plan = { 0, false };
     for (unsigned iter = 0;; iter++) {
         uint32_t gen = __atomic_load_n(&comm->fast->gen, __ATOMIC_SEQ_CST);
         int ready = slots_ready(comm);
@@ -393,7 +394,7 @@ colld_status_t colld__fast_finish(colld_comm_t *comm, bool block)
             }
             /* How soon the peers came: the next waits' busy-poll follows it. */
             if (block)
-                colld__spin_record(&comm->fast_spin, window, start ? colld_now_ns() - start : 0);
+                colld__spin_record(&comm->fast_spin, plan.window_ns, start ? colld_now_ns() - start : 0);
             return COLLD_OK;
         }
         int32_t area = __atomic_load_n(&comm->fast->status, __ATOMIC_SEQ_CST);
@@ -406,16 +407,16 @@ colld_status_t colld__fast_finish(colld_comm_t *comm, bool block)
             return fail(comm, COLLD_ERR_DAEMON_LOST, colld__lost_detail(c));
         if (!block)
             return COLLD_INPROGRESS;
-        if ((iter & 31) == 0) {
+        if ((iter & 31) == 0 || plan.yield) { /* a yield may take long: the clock at every look */
             now = colld_now_ns();
             if (!start) {
                 start = now;
-                window = comm->fast_no_spin ? 0 : colld__spin_window(&comm->fast_spin, &c->load, now);
+                plan = colld__spin_plan(&comm->fast_spin, &c->load, comm->crowded, now);
             }
         }
         uint64_t waited = now - start;
-        if (ready == 0 && waited < window) {
-            colld__cpu_relax();
+        if (ready == 0 && waited < plan.window_ns) {
+            colld__spin_between(&plan);
             continue;
         }
         if (ready == 0 && waited < RECORD_AFTER_NS) {

@@ -2,8 +2,8 @@
  * rings.c - the client's side of the shared-memory rings: posting descriptors on the submission
  * ring (one head store and at most one wake-up of the daemon per batch), reaping the completion
  * ring into the communicators (staged outputs copied out first), and waiting for what was posted
- * to the engine: busy-poll the completion doorbell only while a CPU is free and the completion is
- * expected within a few microseconds (spin.h), then sleep on it. No wait calls sched_yield.
+ * to the engine: poll the completion doorbell for as long as this communicator's completions
+ * usually take to come (at most 50 us; spin.h), then sleep on it.
  */
 #include "client/client_internal.h"
 
@@ -83,30 +83,30 @@ void colld__ring_nap(colld_client_t *c, uint64_t timeout_ns)
 }
 
 /* One step of a wait for completions that started at *start (0: this is its first step; set
- * here): busy-poll the doorbell while within the wait's window (spin.h), else sleep on it.
+ * here, with *plan): poll the doorbell while within the wait's window (spin.h), else sleep on it.
  * `bell` is the doorbell's value read before the caller last reaped. */
-static void wait_step(colld_client_t *c, colld_comm_t *comm, uint32_t bell, uint64_t *start, uint64_t *window)
+static void wait_step(colld_client_t *c, colld_comm_t *comm, uint32_t bell, uint64_t *start, colld_spin_plan_t *plan)
 {
     uint64_t now = colld_now_ns();
     if (!*start) {
         *start = now;
-        *window = colld__spin_window(&comm->ring_spin, &c->load, now);
+        *plan = colld__spin_plan(&comm->ring_spin, &c->load, comm->crowded, now);
     }
-    while (now - *start < *window) {
-        for (int i = 0; i < 64; i++) {
+    while (now - *start < plan->window_ns) {
+        for (int i = 0; i < (plan->yield ? 1 : 64); i++) {
             if (COLLD_LOAD_SC(&c->shm->cq.doorbell) != bell || atomic_load(&c->lost))
                 return;
-            colld__cpu_relax();
+            colld__spin_between(plan);
         }
         now = colld_now_ns();
     }
     sleep_on_doorbell(c, WAIT_SLICE_NS);
 }
 
-/* A wait that started at `start` with `window` ended: learn how long it took. */
-static void wait_done(colld_comm_t *comm, uint64_t start, uint64_t window)
+/* A wait that started at `start` as `plan` said ended: learn how long it took. */
+static void wait_done(colld_comm_t *comm, uint64_t start, const colld_spin_plan_t *plan)
 {
-    colld__spin_record(&comm->ring_spin, window, colld_now_ns() - start);
+    colld__spin_record(&comm->ring_spin, plan->window_ns, colld_now_ns() - start);
 }
 
 /* Back off while waiting for the daemon to take descriptors (no doorbell rings for that): a few
@@ -204,7 +204,8 @@ static bool op_done(const colld_comm_t *comm, uint64_t seq)
 
 colld_status_t colld__ring_wait_op(colld_client_t *c, colld_comm_t *comm, uint64_t seq, bool block)
 {
-    uint64_t start = 0, window = 0;
+    uint64_t start = 0;
+    colld_spin_plan_t plan = { 0, false };
     for (;;) {
         uint32_t bell = COLLD_LOAD_SC(&c->shm->cq.doorbell);
         pthread_mutex_lock(&c->mu);
@@ -218,7 +219,7 @@ colld_status_t colld__ring_wait_op(colld_client_t *c, colld_comm_t *comm, uint64
             return err;
         if (done) {
             if (start)
-                wait_done(comm, start, window);
+                wait_done(comm, start, &plan);
             return COLLD_OK;
         }
         if (atomic_load(&c->lost))
@@ -231,7 +232,7 @@ colld_status_t colld__ring_wait_op(colld_client_t *c, colld_comm_t *comm, uint64
         }
         if (!block)
             return COLLD_INPROGRESS;
-        wait_step(c, comm, bell, &start, &window);
+        wait_step(c, comm, bell, &start, &plan);
     }
 }
 
@@ -239,7 +240,8 @@ colld_status_t colld__ring_wait_op(colld_client_t *c, colld_comm_t *comm, uint64
  * communicator's error (its first), or DAEMON_LOST. */
 colld_status_t colld__ring_wait(colld_client_t *c, colld_comm_t *comm)
 {
-    uint64_t start = 0, window = 0;
+    uint64_t start = 0;
+    colld_spin_plan_t plan = { 0, false };
     for (;;) {
         uint32_t bell = COLLD_LOAD_SC(&c->shm->cq.doorbell);
         pthread_mutex_lock(&c->mu);
@@ -249,11 +251,11 @@ colld_status_t colld__ring_wait(colld_client_t *c, colld_comm_t *comm)
         pthread_mutex_unlock(&c->mu);
         if (done) {
             if (start && err == COLLD_OK)
-                wait_done(comm, start, window);
+                wait_done(comm, start, &plan);
             return err;
         }
         if (atomic_load(&c->lost))
             return COLLD_ERR_DAEMON_LOST;
-        wait_step(c, comm, bell, &start, &window);
+        wait_step(c, comm, bell, &start, &plan);
     }
 }

@@ -1,5 +1,5 @@
 /*
- * spin.c - when a waiting thread may busy-poll (spin.h): the machine's CPU load as /proc/loadavg
+ * spin.c - how a waiting thread polls before it sleeps (spin.h): the machine's CPU load as /proc/loadavg
  * tells it, and per-communicator estimates of how soon a wait ends.
  */
 #include "client/spin.h"
@@ -11,12 +11,12 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#define SPIN_START_NS 10000u        /* a communicator's first window */
-#define SPIN_GROW_NS 1000u          /* added when the window doubles */
-#define SPIN_MIN_NS 500u            /* a window below this is nothing */
-#define SPIN_PROBE_EVERY 16u        /* with no window, every 16th wait polls... */
-#define SPIN_PROBE_NS 2000u         /* ...this long */
-#define LOAD_RECHECK_NS 10000000ull /* /proc/loadavg is read at most this often per client */
+#define SPIN_START_NS 10000u            /* a communicator's first window */
+#define SPIN_GROW_NS 1000u              /* added when the window doubles */
+#define SPIN_MIN_NS 500u                /* a window below this is nothing */
+#define SPIN_PROBE_EVERY 16u            /* with no window, every 16th wait polls... */
+#define SPIN_PROBE_NS COLLD_SPIN_MAX_NS /* ...this long (a shorter probe never finds a longer window) */
+#define LOAD_RECHECK_NS 10000000ull     /* /proc/loadavg is read at most this often per client */
 
 /* The CPUs this process may run on (its affinity mask), else the online ones. */
 static int cpus_allowed(void)
@@ -53,6 +53,22 @@ static int runnable_now(void)
     return end != p && *end == '/' && r >= 0 && r < 1 << 24 ? (int)r : -1;
 }
 
+/* The CPUs this process may run on, read once per client. */
+static int cpus_of(colld_cpu_load_t *load)
+{
+    int cpus = __atomic_load_n(&load->cpus, __ATOMIC_RELAXED);
+    if (!cpus) {
+        cpus = cpus_allowed();
+        __atomic_store_n(&load->cpus, cpus, __ATOMIC_RELAXED);
+    }
+    return cpus;
+}
+
+bool colld__spin_crowded(colld_cpu_load_t *load, int nranks)
+{
+    return nranks > cpus_of(load);
+}
+
 bool colld__cpus_busy(colld_cpu_load_t *load, uint64_t now)
 {
     uint64_t last = __atomic_load_n(&load->checked_ns, __ATOMIC_RELAXED);
@@ -61,18 +77,13 @@ bool colld__cpus_busy(colld_cpu_load_t *load, uint64_t now)
     /* One thread reads the file; the others keep the answer they have until it is in. */
     if (!__atomic_compare_exchange_n(&load->checked_ns, &last, now, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         return __atomic_load_n(&load->busy, __ATOMIC_RELAXED);
-    int cpus = __atomic_load_n(&load->cpus, __ATOMIC_RELAXED);
-    if (!cpus) {
-        cpus = cpus_allowed();
-        __atomic_store_n(&load->cpus, cpus, __ATOMIC_RELAXED);
-    }
     int running = runnable_now();
-    bool busy = running < 0 ? false : running > cpus;
+    bool busy = running < 0 ? false : running > cpus_of(load);
     __atomic_store_n(&load->busy, busy, __ATOMIC_RELAXED);
     return busy;
 }
 
-uint64_t colld__spin_window(colld_spin_est_t *e, colld_cpu_load_t *load, uint64_t now)
+colld_spin_plan_t colld__spin_plan(colld_spin_est_t *e, colld_cpu_load_t *load, bool crowded, uint64_t now)
 {
     if (!e->started) {
         e->started = true;
@@ -82,8 +93,8 @@ uint64_t colld__spin_window(colld_spin_est_t *e, colld_cpu_load_t *load, uint64_
     if (w < SPIN_MIN_NS)
         w = ++e->waits % SPIN_PROBE_EVERY == 0 ? SPIN_PROBE_NS : 0;
     if (!w)
-        return 0;
-    return COLLD_MIN(w, colld__cpus_busy(load, now) ? COLLD_SPIN_BUSY_MAX_NS : COLLD_SPIN_MAX_NS);
+        return (colld_spin_plan_t){ 0, false };
+    return (colld_spin_plan_t){ COLLD_MIN(w, COLLD_SPIN_MAX_NS), crowded || colld__cpus_busy(load, now) };
 }
 
 void colld__spin_record(colld_spin_est_t *e, uint64_t window_ns, uint64_t waited_ns)

@@ -1,18 +1,22 @@
 /*
- * spin.h - when a waiting thread of libcolld may busy-poll instead of sleeping (rings.c, fast.c).
+ * spin.h - how a waiting thread of libcolld polls before it sleeps (rings.c, fast.c, group.c).
  *
- * A waiter looks at what it waits for in a loop (a pause between looks, no system call) only for
- * as long as recent waits of its communicator show the completion comes (a window per
- * communicator and path, learnt from them), and for no more than a few microseconds while the
- * machine's runnable threads outnumber its CPUs (then a longer poll only keeps the thread it
- * waits for, or the daemon, off a CPU); then it sleeps on the futex its waker rings. It never
- * calls sched_yield: on a machine with more runnable threads than CPUs each yield is an
- * involuntary context switch that hands the CPU to whatever is runnable, not to the daemon or the
- * peer the waiter waits for, and burns CPU time the other processes need.
+ * A waiter looks at what it waits for in a loop (no system call between looks while a CPU is
+ * free) only for as long as recent waits of its communicator show that the completion comes
+ * within that time (a window per communicator and path, learnt from them, at most 50 us); then it
+ * sleeps on the futex its waker rings. Between looks it pauses (`pause`) while a CPU is free; while
+ * the machine's runnable threads outnumber its CPUs (or its communicator's ranks do) it calls
+ * sched_yield instead: a pausing poll would only keep the peer or the daemon it waits for off a
+ * CPU, and a futex sleep costs a wake-up that on a crowded machine takes tens of microseconds,
+ * where a yield hands the CPU straight to a runnable peer. The window bounds the yields: a waiter
+ * whose completions come later than the window (DDP's buckets, waiting for a peer's backward
+ * pass) stops polling within a few waits and sleeps at once, so a long wait costs two context
+ * switches, not thousands of yields (the 2,000-yield loop this replaces, issue 25).
  */
 #ifndef COLLD_CLIENT_SPIN_H
 #define COLLD_CLIENT_SPIN_H
 
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -25,7 +29,7 @@
 #define colld__cpu_relax() ((void)0)
 #endif
 
-/* Whether the machine's CPUs are all taken, as a waiter deciding to busy-poll sees it: one per
+/* Whether the machine's CPUs are all taken, as a waiter deciding how to poll sees it: one per
  * client, shared by its threads (atomics; a stale answer only costs one wait its best way). */
 typedef struct {
     uint64_t checked_ns; /* when busy was last read from /proc/loadavg (0: never) */
@@ -34,31 +38,47 @@ typedef struct {
 } colld_cpu_load_t;
 
 /* How long one communicator's waits on one path (the engine's completions, or the peers on the fast
- * area) may busy-poll: a window that follows recent waits, doubling (plus 1 us) after a wait that
+ * area) may poll: a window that follows recent waits, doubling (plus 1 us) after a wait that
  * ended within it and halving after one that did not, so that it settles on what the completions
  * of this communicator need, or on nothing when they come later than the cap. Once it is nothing,
- * every SPIN_PROBE_EVERY-th wait polls for SPIN_PROBE_NS to find out whether that changed. Zero
- * (calloc) is a valid start. Used by one thread at a time, as the communicator is. */
+ * every SPIN_PROBE_EVERY-th wait polls for the whole cap to find out whether that changed (a
+ * shorter probe could never find waits longer than itself again). Zero (calloc) is a valid start.
+ * Used by one thread at a time, as the communicator is. */
 typedef struct {
-    uint32_t window_ns; /* the window the last waits earned (before the load's cap) */
+    uint32_t window_ns; /* the window the last waits earned (before the cap) */
     uint32_t waits;     /* waits while it was nothing (the probe's count) */
     bool started;       /* false until the first wait: it starts from SPIN_START_NS */
 } colld_spin_est_t;
 
-/* How long (ns) a wait that starts now may busy-poll before it sleeps: the communicator's window,
- * capped at COLLD_SPIN_MAX_NS while a CPU is free and at COLLD_SPIN_BUSY_MAX_NS while runnable
- * threads outnumber the CPUs (no longer than a sleep and its wake-up cost in CPU time, so that the
- * poll never takes more CPU than sleeping would); 0: sleep at once. `now` is colld_now_ns(). */
-uint64_t colld__spin_window(colld_spin_est_t *e, colld_cpu_load_t *load, uint64_t now);
+/* How a wait that starts now polls: for window_ns (0: it sleeps at once), the communicator's window
+ * capped at COLLD_SPIN_MAX_NS, with sched_yield between looks when `yield` (the machine's runnable
+ * threads outnumber its CPUs, or `crowded`: the caller knows its ranks do), else a pause. */
+typedef struct {
+    uint64_t window_ns;
+    bool yield;
+} colld_spin_plan_t;
+colld_spin_plan_t colld__spin_plan(colld_spin_est_t *e, colld_cpu_load_t *load, bool crowded, uint64_t now);
 
-/* A wait given `window_ns` by colld__spin_window ended after `waited_ns` (from its start, however
+/* Between two looks of a wait planned so. */
+static inline void colld__spin_between(const colld_spin_plan_t *p)
+{
+    if (p->yield)
+        sched_yield();
+    else
+        colld__cpu_relax();
+}
+
+/* A wait given `window_ns` by colld__spin_plan ended after `waited_ns` (from its start, however
  * it waited; 0 when it found its completion at the first look). */
 void colld__spin_record(colld_spin_est_t *e, uint64_t window_ns, uint64_t waited_ns);
 
 /* Whether runnable threads outnumber the CPUs (/proc/loadavg, read at most every 10 ms). */
 bool colld__cpus_busy(colld_cpu_load_t *load, uint64_t now);
 
-#define COLLD_SPIN_MAX_NS 50000ull     /* the longest busy-poll of one wait, with a CPU free */
-#define COLLD_SPIN_BUSY_MAX_NS 4000ull /* ... and with every CPU taken */
+/* Whether a communicator of nranks ranks has more ranks than the CPUs this process may run on:
+ * then its waits never pause between looks (a peer it waits for may have no CPU). */
+bool colld__spin_crowded(colld_cpu_load_t *load, int nranks);
+
+#define COLLD_SPIN_MAX_NS 50000ull /* the longest poll of one wait */
 
 #endif /* COLLD_CLIENT_SPIN_H */
