@@ -31,14 +31,14 @@ namespace torch_colld
 {
 
 /* How a thread that hands over to another (the caller waiting for its Work, the worker waiting
- * for the next operation) waits, as libcolld's own waits do (client/spin.h): it busy-polls (a
- * pause between looks, no system call, never a yield) for a window that follows recent hand-offs
- * of the same kind (doubling, plus 1 us, after one that came within it, halving after one that did
- * not; once it is nothing every 16th wait polls 2 us), at most 50 us, and at most 4 us while
- * runnable threads outnumber the CPUs; then it blocks. On a node with more runnable threads than
- * CPUs a longer poll only keeps the thread it waits for off a CPU, and a yield is an involuntary
- * context switch. One per kind of hand-off of a process group; a few atomics (several callers may
- * wait at once: a lost update only costs one wait its best way). */
+ * for the next operation) waits, as libcolld's own waits do (client/spin.h): it polls for a window
+ * that follows recent hand-offs of the same kind (doubling, plus 1 us, after one that came within
+ * it, halving after one that did not; once it is nothing, every 16th wait polls the whole 50 us
+ * so that it can find a window again), at most 50 us, then blocks. Between looks it pauses while a
+ * CPU is free, and yields while runnable threads outnumber the CPUs (a pausing poll would keep
+ * the thread it waits for off a CPU; a yield hands the CPU over, and the window bounds the
+ * yields). One per kind of hand-off of a process group; a few atomics (several callers may wait
+ * at once: a lost update only costs one wait its best way). */
 class Handoff
 {
   public:
@@ -47,18 +47,24 @@ class Handoff
     struct Wait {
         std::chrono::steady_clock::time_point start;
         int64_t window_ns;
+        bool yield;
     };
     template <typename F> Wait spin(F ready)
     {
-        Wait w{ std::chrono::steady_clock::now(), window(std::chrono::steady_clock::now()) };
+        auto now = std::chrono::steady_clock::now();
+        Wait w{ now, window(), false };
         if (!w.window_ns)
             return w;
+        w.yield = cpus_busy(now);
         auto end = w.start + std::chrono::nanoseconds(w.window_ns);
         for (;;) {
-            for (int i = 0; i < 64; i++) {
+            for (int i = 0; i < (w.yield ? 1 : 64); i++) {
                 if (ready())
                     return w;
-                pause();
+                if (w.yield)
+                    std::this_thread::yield();
+                else
+                    pause();
             }
             if (std::chrono::steady_clock::now() >= end)
                 return w;
@@ -83,19 +89,16 @@ class Handoff
     static constexpr int64_t kStartNs = 10000;      /* the first window */
     static constexpr int64_t kGrowNs = 1000;        /* added when it doubles */
     static constexpr int64_t kMinNs = 500;          /* a window below this is nothing */
-    static constexpr int64_t kProbeNs = 2000;       /* with no window, every 16th wait polls this long */
-    static constexpr int64_t kSpinMaxNs = 50000;    /* the longest poll with a CPU free */
-    static constexpr int64_t kBusyMaxNs = 4000;     /* ... and with every CPU taken */
+    static constexpr int64_t kProbeNs = 50000;      /* with no window, every 16th wait polls this long (the cap) */
+    static constexpr int64_t kSpinMaxNs = 50000;    /* the longest poll */
     static constexpr int64_t kRecheckNs = 10000000; /* /proc/loadavg is read at most this often */
 
-    int64_t window(std::chrono::steady_clock::time_point now)
+    int64_t window()
     {
         int64_t w = window_ns_.load(std::memory_order_relaxed);
         if (w < kMinNs)
             w = (waits_.fetch_add(1, std::memory_order_relaxed) + 1) % 16 == 0 ? kProbeNs : 0;
-        if (!w)
-            return 0;
-        return std::min(w, cpus_busy(now) ? kBusyMaxNs : kSpinMaxNs);
+        return std::min(w, kSpinMaxNs);
     }
 
     static void pause()
