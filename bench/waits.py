@@ -5,9 +5,9 @@
                                     [--cases ddp,loop8,loop64k,perf] [--steps 100] [--iters 2000]
 
 Each --build (default `build`) is a CMake build directory with server/colld, tools/colld-perf and
-bindings/torch/python (torch_colld); give two to compare builds (before/after) in one run: per
-round every build runs every case, in alternating order (A B, then B A, ...), each with a fresh
-daemon of its own, so that the load of this shared machine falls on both. Gloo runs once per round
+bindings/torch/python (torch_colld); give two or more to compare builds (before/after) in one run,
+labelled A, B, ...: per round every build runs every case, in alternating order (A B, then B A,
+...), each with a fresh daemon of its own, so that the load of this shared machine falls on both. Gloo runs once per round
 beside them (the first build's torch_colld is imported, unused) as the reference.
 
 Cases, each with N processes (--ranks) joined by a file store, torch.set_num_threads(1):
@@ -136,7 +136,8 @@ def start_daemon(colld, tmp):
     for p in (sock,):
         if os.path.exists(p):
             os.unlink(p)
-    p = subprocess.Popen([colld, "--socket", sock, "--log-file", log])
+    p = subprocess.Popen([colld, "--socket", sock, "--log-file", log], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if p.poll() is not None:
