@@ -25,7 +25,7 @@ Per rank, around the timed part (after a barrier): getrusage(RUSAGE_SELF) (every
 process: user + system CPU, voluntary and involuntary context switches) and the wall time; rank 0
 also reads the daemon's /proc/PID/stat (CPU) and /proc/PID/task/*/status (context switches).
 Printed per case, world size and backend, the median over the rounds of: wall µs per step (the
-slowest rank), each rank's CPU µs per step, each rank's involuntary and voluntary context
+slowest rank), the median step (p50, the slowest rank's), each rank's CPU µs per step, each rank's involuntary and voluntary context
 switches per 100 steps (mean over ranks), and the daemon's CPU µs and context switches per 100
 steps. An involuntary switch is what sched_yield costs when another thread can run: the number to
 watch when ranks outnumber CPUs.
@@ -117,12 +117,17 @@ def worker(args):
         step()
     dist.barrier()
     d0, u0 = usage_daemon(daemon), usage_self()
-    for _ in range(steps):
+    times = [0.0] * steps
+    clock = time.perf_counter
+    for i in range(steps):
+        t0 = clock()
         step()
+        times[i] = clock() - t0
     u1 = usage_self()
     dist.barrier()
     d1 = usage_daemon(daemon)
-    out = {"rank": args.rank, "steps": steps, "self": delta(u0, u1), "daemon": delta(d0, d1)}
+    out = {"rank": args.rank, "steps": steps, "self": delta(u0, u1), "daemon": delta(d0, d1),
+           "p50": statistics.median(times)}
     with open(f"{args.out}.{args.rank}", "w") as f:
         json.dump(out, f)
     dist.destroy_process_group()
@@ -228,12 +233,13 @@ def summarise(res):
     if isinstance(res, dict):  # colld-perf: every rank together
         n, w = res["steps"], res["world"]
         s, d = res["self"], res["daemon"]
-        return {"wall_us": None, "cpu_us": s["cpu"] / n / w * 1e6, "invol": s["invol"] / n / w * 100,
+        return {"wall_us": None, "p50_us": None, "cpu_us": s["cpu"] / n / w * 1e6, "invol": s["invol"] / n / w * 100,
                 "vol": s["vol"] / n / w * 100, "d_cpu_us": d["cpu"] / n * 1e6 if d else None,
                 "d_csw": (d["vol"] + d["invol"]) / n * 100 if d else None, "times": res["times"]}
     n = res[0]["steps"]
     d = res[0]["daemon"]
     return {"wall_us": max(r["self"]["wall"] for r in res) / n * 1e6,
+            "p50_us": max(r["p50"] for r in res) * 1e6,
             "cpu_us": statistics.mean(r["self"]["cpu"] for r in res) / n * 1e6,
             "invol": statistics.mean(r["self"]["invol"] for r in res) / n * 100,
             "vol": statistics.mean(r["self"]["vol"] for r in res) / n * 100,
@@ -311,8 +317,8 @@ def main():
         for world in worlds:
             print(f"\n{case}, {world} ranks: median of {args.rounds} rounds [min-max]; per {steps_name[case]}, per rank "
                   f"(context switches per 100 {steps_name[case]}s)")
-            print(f"{'':6} {'wall µs':>20} {'CPU µs':>20} {'invol. csw':>22} {'vol. csw':>20} {'daemon CPU µs':>14} "
-                  f"{'daemon csw':>11}")
+            print(f"{'':6} {'wall µs':>20} {'p50 µs':>20} {'CPU µs':>20} {'invol. csw':>22} {'vol. csw':>20} "
+                  f"{'daemon CPU µs':>14} {'daemon csw':>11}")
             for label in labels + ["gloo"]:
                 rows = got.get((case, world, label))
                 if not rows:
@@ -324,7 +330,8 @@ def main():
                         return f"{'-':>{width}}"
                     return f"{fmt(statistics.median(v), spec)} [{fmt(min(v), spec)}-{fmt(max(v), spec)}]".rjust(width)
 
-                print(f"{label:6} {col('wall_us', '.1f', 20)} {col('cpu_us', '.1f', 20)} {col('invol', '.0f', 22)} "
+                print(f"{label:6} {col('wall_us', '.1f', 20)} {col('p50_us', '.1f', 20)} {col('cpu_us', '.1f', 20)} "
+                      f"{col('invol', '.0f', 22)} "
                       f"{col('vol', '.0f', 20)} {col('d_cpu_us', '.1f', 14)} {col('d_csw', '.0f', 11)}")
             if case == "perf":
                 print(f"  colld-perf time per call (µs, out of place), median [min-max] of the rounds:")
