@@ -16,10 +16,10 @@
  * (MISMATCH naming each call), times it out naming the ranks that never came, and records it in
  * the flight recorder. When the communicator breaks, the daemon writes the error into the area
  * and wakes the waiting ranks. A waiting rank polls the slots for as long as its peers usually take
- * to come (at most 50 us; a pause between looks while a CPU is free, a yield while the CPUs are
- * crowded; client/spin.h), then sleeps on the area's futex word (a peer that publishes wakes it);
- * after RECORD_AFTER_NS it posts its record and sleeps on. Each rank counts what it finished in
- * its stats block of the area, which the daemon's metrics read.
+ * to come (a pause between looks while a CPU is free, at most 50 us; a yield while the CPUs are
+ * crowded, at most 200 us; client/spin.h), then sleeps on the area's futex word (a peer that
+ * publishes wakes it); after RECORD_AFTER_NS it posts its record and sleeps on. Each rank counts
+ * what it finished in its stats block of the area, which the daemon's metrics read.
  */
 #include "client/client_internal.h"
 

@@ -11,12 +11,12 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#define SPIN_START_NS 10000u            /* a communicator's first window */
-#define SPIN_GROW_NS 1000u              /* added when the window doubles */
-#define SPIN_MIN_NS 500u                /* a window below this is nothing */
-#define SPIN_PROBE_EVERY 16u            /* with no window, every 16th wait polls... */
-#define SPIN_PROBE_NS COLLD_SPIN_MAX_NS /* ...this long (a shorter probe never finds a longer window) */
-#define LOAD_RECHECK_NS 10000000ull     /* /proc/loadavg is read at most this often per client */
+#define SPIN_START_NS 10000u                  /* a communicator's first window */
+#define SPIN_GROW_NS 1000u                    /* added when the window doubles */
+#define SPIN_MIN_NS 500u                      /* a window below this is nothing */
+#define SPIN_PROBE_EVERY 16u                  /* with no window, every 16th wait polls... */
+#define SPIN_PROBE_NS COLLD_SPIN_YIELD_MAX_NS /* ...as long as it may (a shorter probe never finds a longer window) */
+#define LOAD_RECHECK_NS 10000000ull           /* /proc/loadavg is read at most this often per client */
 
 /* The CPUs this process may run on (its affinity mask), else the online ones. */
 static int cpus_allowed(void)
@@ -94,14 +94,15 @@ colld_spin_plan_t colld__spin_plan(colld_spin_est_t *e, colld_cpu_load_t *load, 
         w = ++e->waits % SPIN_PROBE_EVERY == 0 ? SPIN_PROBE_NS : 0;
     if (!w)
         return (colld_spin_plan_t){ 0, false };
-    return (colld_spin_plan_t){ COLLD_MIN(w, COLLD_SPIN_MAX_NS), crowded || colld__cpus_busy(load, now) };
+    bool yield = crowded || colld__cpus_busy(load, now);
+    return (colld_spin_plan_t){ COLLD_MIN(w, yield ? COLLD_SPIN_YIELD_MAX_NS : COLLD_SPIN_MAX_NS), yield };
 }
 
 void colld__spin_record(colld_spin_est_t *e, uint64_t window_ns, uint64_t waited_ns)
 {
     if (waited_ns <= window_ns) { /* it came within the window: allow a little more */
         uint64_t w = 2 * COLLD_MAX((uint64_t)e->window_ns, waited_ns) + SPIN_GROW_NS;
-        e->window_ns = (uint32_t)COLLD_MIN(w, COLLD_SPIN_MAX_NS);
+        e->window_ns = (uint32_t)COLLD_MIN(w, COLLD_SPIN_YIELD_MAX_NS);
         e->waits = 0;
     } else { /* it did not: poll less next time */
         e->window_ns /= 2;

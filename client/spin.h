@@ -1,17 +1,18 @@
 /*
  * spin.h - how a waiting thread of libcolld polls before it sleeps (rings.c, fast.c, group.c).
  *
- * A waiter looks at what it waits for in a loop (no system call between looks while a CPU is
- * free) only for as long as recent waits of its communicator show that the completion comes
- * within that time (a window per communicator and path, learnt from them, at most 50 us); then it
- * sleeps on the futex its waker rings. Between looks it pauses (`pause`) while a CPU is free; while
- * the machine's runnable threads outnumber its CPUs (or its communicator's ranks do) it calls
- * sched_yield instead: a pausing poll would only keep the peer or the daemon it waits for off a
- * CPU, and a futex sleep costs a wake-up that on a crowded machine takes tens of microseconds,
- * where a yield hands the CPU straight to a runnable peer. The window bounds the yields: a waiter
- * whose completions come later than the window (DDP's buckets, waiting for a peer's backward
- * pass) stops polling within a few waits and sleeps at once, so a long wait costs two context
- * switches, not thousands of yields (the 2,000-yield loop this replaces, issue 25).
+ * A waiter looks at what it waits for in a loop only for as long as recent waits of its
+ * communicator show that the completion comes within that time (a window per communicator and
+ * path, learnt from them); then it sleeps on the futex its waker rings. Between looks it pauses
+ * (`pause`, no system call; at most 50 us in all) while a CPU is free; while the machine's
+ * runnable threads outnumber its CPUs (or its communicator's ranks do) it calls sched_yield
+ * instead (at most 200 us): a pausing poll would only keep the peer or the daemon it waits for off
+ * a CPU, and a futex sleep costs a wake-up that on a crowded machine takes tens of microseconds and
+ * more CPU than the yields, where a yield hands the CPU straight to a runnable peer. The window
+ * bounds the yields: a waiter whose completions come later than the window (DDP's buckets,
+ * waiting for a peer's backward pass) stops polling within a few waits and sleeps at once, so a
+ * long wait costs two context switches, not thousands of yields (the 2,000-yield loop this
+ * replaces, issue 25).
  */
 #ifndef COLLD_CLIENT_SPIN_H
 #define COLLD_CLIENT_SPIN_H
@@ -51,8 +52,9 @@ typedef struct {
 } colld_spin_est_t;
 
 /* How a wait that starts now polls: for window_ns (0: it sleeps at once), the communicator's window
- * capped at COLLD_SPIN_MAX_NS, with sched_yield between looks when `yield` (the machine's runnable
- * threads outnumber its CPUs, or `crowded`: the caller knows its ranks do), else a pause. */
+ * capped at COLLD_SPIN_YIELD_MAX_NS with sched_yield between looks when `yield` (the machine's
+ * runnable threads outnumber its CPUs, or `crowded`: the caller knows its ranks do), else capped at
+ * COLLD_SPIN_MAX_NS with a pause between looks. */
 typedef struct {
     uint64_t window_ns;
     bool yield;
@@ -79,6 +81,7 @@ bool colld__cpus_busy(colld_cpu_load_t *load, uint64_t now);
  * then its waits never pause between looks (a peer it waits for may have no CPU). */
 bool colld__spin_crowded(colld_cpu_load_t *load, int nranks);
 
-#define COLLD_SPIN_MAX_NS 50000ull /* the longest poll of one wait */
+#define COLLD_SPIN_MAX_NS 50000ull        /* the longest poll of one wait, pausing between looks... */
+#define COLLD_SPIN_YIELD_MAX_NS 200000ull /* ...and yielding */
 
 #endif /* COLLD_CLIENT_SPIN_H */
