@@ -14,12 +14,9 @@
 #include "torch_colld_cuda.h"
 #endif
 
-#include <sched.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <functional>
 #include <future>
 #include <memory>
@@ -31,14 +28,19 @@ namespace torch_colld
 {
 
 /* How a thread that hands over to another (the caller waiting for its Work, the worker waiting
- * for the next operation) waits, as libcolld's own waits do (client/spin.h): it polls for a window
- * that follows recent hand-offs of the same kind (doubling, plus 1 us, after one that came within
- * it, halving after one that did not; once it is nothing, every 16th wait polls the whole 50 us
- * so that it can find a window again), at most 50 us, then blocks. Between looks it pauses while a
- * CPU is free, and yields while runnable threads outnumber the CPUs (a pausing poll would keep
- * the thread it waits for off a CPU; a yield hands the CPU over, and the window bounds the
- * yields). One per kind of hand-off of a process group; a few atomics (several callers may wait
- * at once: a lost update only costs one wait its best way). */
+ * for the next operation) waits: it looks at `ready`, yielding the CPU between looks, for a
+ * window that follows recent hand-offs of the same kind, then blocks. The window doubles (plus
+ * 1 us) after a hand-off that came within it and halves after one that did not, at most 200 us;
+ * once it is nothing, every 16th wait looks for the whole 200 us so that it can find a window
+ * again (a shorter probe never finds a longer one). So a small operation's hand-offs never block
+ * (a blocked thread's wake-up costs more than the operation), and a long wait (DDP's next bucket,
+ * which comes after a layer's backward pass) blocks at once after a few such waits instead of
+ * yielding for its whole length. It yields rather than pausing between looks: the thread it waits
+ * for is of the same process, and on a machine with more runnable threads than CPUs (4 ranks of 2
+ * threads each on 2 CPUs) a pausing look keeps it off the CPU (libcolld's waits, client/spin.h,
+ * pause while a CPU is free: their sub-microsecond fast path needs it; a hand-off here costs
+ * microseconds of Python anyway). One per kind of hand-off of a process group; atomics (several
+ * callers may wait at once: a lost update only costs one wait its best way). */
 class Handoff
 {
   public:
@@ -47,28 +49,16 @@ class Handoff
     struct Wait {
         std::chrono::steady_clock::time_point start;
         int64_t window_ns;
-        bool yield;
     };
     template <typename F> Wait spin(F ready)
     {
-        auto now = std::chrono::steady_clock::now();
-        Wait w{ now, window(), false };
+        Wait w{ std::chrono::steady_clock::now(), window() };
         if (!w.window_ns)
             return w;
-        w.yield = cpus_busy(now);
         auto end = w.start + std::chrono::nanoseconds(w.window_ns);
-        for (;;) {
-            for (int i = 0; i < (w.yield ? 1 : 64); i++) {
-                if (ready())
-                    return w;
-                if (w.yield)
-                    std::this_thread::yield();
-                else
-                    pause();
-            }
-            if (std::chrono::steady_clock::now() >= end)
-                return w;
-        }
+        while (!ready() && std::chrono::steady_clock::now() < end)
+            std::this_thread::yield();
+        return w;
     }
 
     /* The hand-off that spin() started is over: learn whether it came within its window. */
@@ -78,7 +68,7 @@ class Handoff
             std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - w.start).count();
         int64_t cur = window_ns_.load(std::memory_order_relaxed);
         if (ns <= std::max(w.window_ns, kMinNs)) { /* within its window, or ready at the first look */
-            window_ns_.store(std::min(2 * std::max(cur, ns) + kGrowNs, kSpinMaxNs), std::memory_order_relaxed);
+            window_ns_.store(std::min(2 * std::max(cur, ns) + kGrowNs, kMaxNs), std::memory_order_relaxed);
             waits_.store(0, std::memory_order_relaxed);
         } else {
             window_ns_.store(cur / 2, std::memory_order_relaxed);
@@ -86,63 +76,21 @@ class Handoff
     }
 
   private:
-    static constexpr int64_t kStartNs = 10000;      /* the first window */
-    static constexpr int64_t kGrowNs = 1000;        /* added when it doubles */
-    static constexpr int64_t kMinNs = 500;          /* a window below this is nothing */
-    static constexpr int64_t kProbeNs = 50000;      /* with no window, every 16th wait polls this long (the cap) */
-    static constexpr int64_t kSpinMaxNs = 50000;    /* the longest poll */
-    static constexpr int64_t kRecheckNs = 10000000; /* /proc/loadavg is read at most this often */
+    static constexpr int64_t kStartNs = 10000; /* the first window */
+    static constexpr int64_t kGrowNs = 1000;   /* added when it doubles */
+    static constexpr int64_t kMinNs = 500;     /* a window below this is nothing */
+    static constexpr int64_t kMaxNs = 200000;  /* the longest window, and a probe's */
 
     int64_t window()
     {
         int64_t w = window_ns_.load(std::memory_order_relaxed);
         if (w < kMinNs)
-            w = (waits_.fetch_add(1, std::memory_order_relaxed) + 1) % 16 == 0 ? kProbeNs : 0;
-        return std::min(w, kSpinMaxNs);
-    }
-
-    static void pause()
-    {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#elif defined(__aarch64__)
-        __asm__ __volatile__("yield");
-#endif
-    }
-
-    /* Whether runnable threads outnumber the CPUs ("running/total" in /proc/loadavg, read at most
-     * every 10 ms; the reader is one of them). */
-    bool cpus_busy(std::chrono::steady_clock::time_point now)
-    {
-        int64_t t = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
-        int64_t last = checked_ns_.load(std::memory_order_relaxed);
-        if ((last && t - last < kRecheckNs) || !checked_ns_.compare_exchange_strong(last, t))
-            return busy_.load(std::memory_order_relaxed);
-        bool busy = false;
-        if (FILE *f = std::fopen("/proc/loadavg", "re")) {
-            double a, b, c;
-            int running = 0, total = 0;
-            if (std::fscanf(f, "%lf %lf %lf %d/%d", &a, &b, &c, &running, &total) == 5)
-                busy = running > cpus();
-            std::fclose(f);
-        }
-        busy_.store(busy, std::memory_order_relaxed);
-        return busy;
-    }
-
-    /* The CPUs this process may run on. */
-    static int cpus()
-    {
-        cpu_set_t set;
-        if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
-            return CPU_COUNT(&set);
-        return std::max(1u, std::thread::hardware_concurrency());
+            w = (waits_.fetch_add(1, std::memory_order_relaxed) + 1) % 16 == 0 ? kMaxNs : 0;
+        return std::min(w, kMaxNs);
     }
 
     std::atomic<int64_t> window_ns_{ kStartNs };
     std::atomic<uint32_t> waits_{ 0 };
-    std::atomic<int64_t> checked_ns_{ 0 };
-    std::atomic<bool> busy_{ false };
 };
 
 /* One operation's Work. c10d::Work keeps the completion state (wait() raises its exception);
