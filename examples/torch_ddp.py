@@ -6,7 +6,7 @@ built in build/, from the repository root:
 
     build/server/colld --socket /tmp/colld.sock &
     COLLD_SOCKET=/tmp/colld.sock PYTHONPATH=build/bindings/torch/python \\
-        .venv/bin/torchrun --nproc-per-node 2 examples/torch_ddp.py
+        .venv/bin/torchrun --standalone --nproc-per-node 2 examples/torch_ddp.py
 
 torchrun starts the ranks and gives each its rendezvous (MASTER_ADDR, MASTER_PORT, RANK,
 WORLD_SIZE); every rank reaches the colld daemon of its node at $COLLD_SOCKET (else colld's
