@@ -26,8 +26,19 @@
 #   mps      the stream, p2p exchange and graph groups and the bench's small and overlap sweeps
 #            again with the daemon and every rank as clients of an MPS server started for it
 #   perf     a short colld-perf --gpu sweep; nccl  nccl-tests through colld's libnccl.so.2
+#   torch    PyTorch on CUDA tensors through colld, with the GPU machine's own python3 and torch
+#            (never packed; TORCH_PYTHON to name another): test_torch's cuda scenario (torch_colld
+#            built here with -DCOLLD_TORCH_CUDA=ON) on 2 and 4 processes, a DDP step and all_reduce
+#            timings with backend "colld" and with backend "nccl" over colld's libnccl.so.2
+#            (bench/gpu_torch.py), test_pynccl --cuda; a summary to record in docs/gpu-testing.md.
+#            The packed extension is for this project's Python (3.11); for another (the lent
+#            machines' python3 is 3.12) it is compiled there first from the packed sources (g++,
+#            that Python's headers, its torch's). At most TORCH_BUDGET s (default 480) in all,
+#            every step under its own limit; run it on its own: `run info torch`.
 # Default: info kernels stream graph bench. BUDGET (seconds, default 500): a step that could run
 # past it is not started. It prints a summary line per step and the failing logs' tails.
+# Here, without a GPU, `DIR/gpu-carry.sh run info torch` dry-runs the torch phase: every GPU step
+# skips (77), TORCH_COLLD_REBUILD=1 compiles the extension as the GPU machine would.
 # docs/gpu-testing.md ("On a real GPU") says what each shows and what the first run found.
 set -u
 
@@ -56,7 +67,31 @@ pack() {
     cp -a "$build/$f" "$dir/build/$f"
   done
   mkdir -p "$dir/build/bindings/nccl"
-  cp -a "$build/bindings/nccl/lib" "$dir/build/bindings/nccl/"
+  cp -a "$build/bindings/nccl/lib" "$build/bindings/nccl/torch-path" "$dir/build/bindings/nccl/"
+  # The torch phase: torch_colld as built here (its package, the autoload module, its dist-info),
+  # its sources and libcolld's header (to compile it there for another Python), and the Python
+  # programs it runs. Never torch itself: the GPU machine's own is used.
+  if [ -d "$build/bindings/torch/python/torch_colld" ]; then
+    mkdir -p "$dir/build/bindings/torch"
+    cp -a "$build/bindings/torch/python" "$dir/build/bindings/torch/"
+    if ! grep -q "COLLD_TORCH_CUDA:BOOL=ON" "$build/CMakeCache.txt" 2>/dev/null; then
+      # Without its CUDA path it cannot serve the torch phase: that compiles one there instead.
+      rm -f "$dir"/build/bindings/torch/python/torch_colld/_torch_colld*.so
+      echo "gpu-carry.sh pack: note: $build's torch_colld has no CUDA path (-DCOLLD_TORCH_CUDA=ON): not packed; the torch phase compiles it there" >&2
+    fi
+  else
+    echo "gpu-carry.sh pack: note: $build has no torch_colld (no .venv when configured?): the torch phase will compile it there" >&2
+  fi
+  mkdir -p "$dir/src/bindings/torch/torch_colld" "$dir/src/include/colld" "$dir/src/tests/torch" "$dir/src/tests/nccl" \
+    "$dir/src/bench" "$dir/src/examples"
+  cp "$root"/bindings/torch/*.cpp "$root"/bindings/torch/*.h "$root/bindings/torch/torch_colld_autoload.py" \
+    "$dir/src/bindings/torch/"
+  cp "$root/bindings/torch/torch_colld/__init__.py" "$dir/src/bindings/torch/torch_colld/"
+  cp "$root/include/colld/colld.h" "$dir/src/include/colld/"
+  cp "$root/tests/torch/test_torch.py" "$dir/src/tests/torch/"
+  cp "$root/tests/nccl/test_pynccl.py" "$root/tests/nccl/nccl_py_common.py" "$dir/src/tests/nccl/"
+  cp "$root/bench/gpu_torch.py" "$dir/src/bench/"
+  cp "$root/examples/torch_ddp.py" "$dir/src/examples/"
   if [ -n "$nt" ]; then
     for t in all_reduce_perf sendrecv_perf; do cp "$nt/$t" "$dir/nccl-tests/"; done
   fi
@@ -64,7 +99,7 @@ pack() {
   # Every library the programs need beyond glibc, libstdc++ and libgcc (newer on the GPU machine).
   find "$dir/build" "$dir/nccl-tests" -type f -perm -u+x -exec ldd {} \; 2>/dev/null |
     awk '/=> \// { print $3 }' | sort -u |
-    grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libcuda|libnccl)\.so|^'"$build" |
+    grep -v -E '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libcuda|libnccl)\.so|/site-packages/|^'"$build" |
     while read -r l; do cp -L "$l" "$dir/lib/"; done
   find "$dir/build" -type f -perm -u+x -exec strip --strip-debug {} \; 2>/dev/null
   cp "$0" "$dir/gpu-carry.sh"
@@ -84,6 +119,12 @@ rm -rf "$O"
 mkdir -p "$O" "$OUTDIR"
 pack_logs() { tar czf "$OUTDIR/logs.tgz" -C /tmp gpulogs 2>/dev/null; }
 PHASES=${*:-"info kernels stream graph bench"}
+for p in $PHASES; do
+  case " info kernels stream graph repeat bench mps perf nccl torch " in
+    *" $p "*) ;;
+    *) echo "gpu-carry.sh run: unknown phase '$p' (info kernels stream graph repeat bench mps perf nccl torch)" >&2; exit 2 ;;
+  esac
+done
 t0=$(date +%s)
 step() { echo; echo "=== [$(($(date +%s) - t0))s] $*"; }
 has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -106,12 +147,17 @@ export LD_LIBRARY_PATH="$C/lib:$B/client${SYS_LD:+:$SYS_LD}"
 
 run() { # name timeout cmd...
   local name=$1 to=$2
-  shift 2
   if [ $(($(date +%s) - t0 + to)) -gt "${BUDGET:-500}" ]; then
     echo "--- $name: not run (would pass the ${BUDGET:-500} s budget)"
     echo "$name not-run" >>"$O/summary.txt"
     return 0
   fi
+  run_now "$@"
+}
+
+run_now() { # name timeout cmd...: run() without the budget check
+  local name=$1 to=$2
+  shift 2
   local s=$(date +%s)
   timeout -k 5 "$to" "$@" >"$O/$name.log" 2>&1
   local rc=$?
@@ -248,6 +294,101 @@ if has nccl; then
     ldd "$C/nccl-tests/all_reduce_perf" | grep -E "nccl|cudart" >"$O/nccl_ldd.log"
   kill -TERM $d
   wait $d
+fi
+
+if has torch; then
+  TB=${TORCH_BUDGET:-480}
+  step "torch: PyTorch on CUDA tensors through colld (at most $TB s, each step under its own limit)"
+  tb0=$(date +%s)
+  PY=${TORCH_PYTHON:-python3}
+  S=$C/src
+  NCCL_LIB=$B/bindings/nccl/lib/libnccl.so.2
+  TORCH_PATH=$B/bindings/nccl/torch-path
+  PYD=$B/bindings/torch/python
+  # The carried libraries libcolld needs, but not the CUDA runtime packed for colld-perf: torch
+  # brings its own, and a torch library with a RUNPATH would take the first one on the path.
+  TLIB=/tmp/gpu-torch-lib
+  rm -rf "$TLIB"
+  mkdir -p "$TLIB"
+  for l in "$C"/lib/*; do
+    case "$(basename "$l")" in libcudart*|libcublas*|libnvrtc*) ;; *) ln -s "$l" "$TLIB/" ;; esac
+  done
+  TLD="$TLIB:$B/client${SYS_LD:+:$SYS_LD}"
+  trun() { # name timeout cmd...: a step of this phase, within its budget
+    if [ $(($(date +%s) - tb0 + $2)) -gt "$TB" ]; then
+      echo "--- $1: not run (would pass the torch phase's $TB s)"
+      echo "$1 not-run" >>"$O/summary.txt"
+      return 0
+    fi
+    LD_LIBRARY_PATH=$TLD run_now "$@"
+  }
+  trun torch_env 60 "$PY" -c '
+import os, sys, sysconfig, torch
+print("python", sys.version.split()[0], sys.executable)
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("gpu", torch.cuda.get_device_name(0), "x", torch.cuda.device_count())
+print("EXT_SUFFIX", sysconfig.get_config_var("EXT_SUFFIX"), "Python.h", os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))
+'
+  cat "$O/torch_env.log"
+  # torch_colld for this python: the packed one when it was built for it, else compiled here.
+  suffix=$(LD_LIBRARY_PATH=$TLD "$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+  if [ -n "${TORCH_COLLD_REBUILD:-}" ] || [ ! -e "$PYD/torch_colld/_torch_colld$suffix" ]; then
+    echo "torch_colld: no packed extension for this python ($suffix): compiling it here"
+    rm -rf /tmp/gpu-torch-py
+    mkdir -p /tmp/gpu-torch-py
+    cp -a "$PYD"/. /tmp/gpu-torch-py/ 2>/dev/null
+    mkdir -p /tmp/gpu-torch-py/torch_colld
+    cp "$S/bindings/torch/torch_colld/__init__.py" /tmp/gpu-torch-py/torch_colld/
+    cp "$S/bindings/torch/torch_colld_autoload.py" /tmp/gpu-torch-py/
+    rm -f /tmp/gpu-torch-py/torch_colld/_torch_colld*.so
+    PYD=/tmp/gpu-torch-py
+    trun torch_build 240 bash -c 'set -e
+      eval "$("$0" -c "
+import glob, os, shlex, sysconfig, torch
+d = os.path.dirname(torch.__file__); sp = os.path.dirname(d)
+inc = [x for x in sorted(glob.glob(os.path.join(sp, \"nvidia\", \"*\", \"include\"))) if os.path.exists(os.path.join(x, \"cuda_runtime_api.h\"))]
+rt = sorted(glob.glob(os.path.join(sp, \"nvidia\", \"*\", \"lib\", \"libcudart.so.*\")))
+for k, v in dict(TI=os.path.join(d, \"include\"), TL=os.path.join(d, \"lib\"), PYI=sysconfig.get_paths()[\"include\"],
+                 SUF=sysconfig.get_config_var(\"EXT_SUFFIX\"), ABI=int(torch._C._GLIBCXX_USE_CXX11_ABI),
+                 CUI=inc[0] if inc else \"\", CUDART=rt[0] if rt else \"\", CUDA=torch.version.cuda or \"\").items():
+    print(k + \"=\" + shlex.quote(str(v)))
+")"
+      CXX=$(command -v g++ || command -v c++) || { echo "no C++ compiler here"; exit 1; }
+      [ -f "$PYI/Python.h" ] || { echo "no $PYI/Python.h here: torch_colld cannot be compiled for this python"; exit 1; }
+      src=$1/bindings/torch out=$2 b=$3
+      files="torch_colld.cpp torch_colld_convert.cpp" defs="" libs=""
+      if [ -n "$CUDA" ] && [ -n "$CUI" ] && [ -n "$CUDART" ] && [ -e "$TL/libc10_cuda.so" ]; then
+        files="$files torch_colld_cuda.cpp" defs="-DCOLLD_TORCH_CUDA -isystem $CUI" libs="-lc10_cuda $CUDART"
+      else
+        echo "torch $CUDA: no CUDA runtime headers or libc10_cuda: built for CPU tensors only"
+      fi
+      flags="-std=c++17 -O2 -fPIC -fvisibility=hidden -D_GLIBCXX_USE_CXX11_ABI=$ABI -DTORCH_EXTENSION_NAME=_torch_colld
+        -DTORCH_API_INCLUDE_EXTENSION_H -I$1/include -isystem $TI -isystem $TI/torch/csrc/api/include -isystem $PYI $defs"
+      echo "$CXX $flags"
+      objs=""
+      for f in $files; do
+        $CXX $flags -c "$src/$f" -o "/tmp/gpu-torch-$f.o" & objs="$objs /tmp/gpu-torch-$f.o"
+      done
+      for _ in $files; do wait -n; done
+      $CXX -shared -o "$out/torch_colld/_torch_colld$SUF" $objs -L"$b/client" -lcolld -L"$TL" -ltorch_python \
+        -ltorch_cpu -lc10 $libs -Wl,-rpath,"$b/client"
+      echo "built $out/torch_colld/_torch_colld$SUF"' "$PY" "$S" "$PYD" "$B"
+  fi
+  trun torch_cuda2 150 "$PY" "$S/tests/torch/test_torch.py" --colld "$B/server/colld" --pythonpath "$PYD" cuda/2
+  trun torch_ddp_colld 150 "$PY" "$S/bench/gpu_torch.py" --colld "$B/server/colld" --backend colld \
+    --pythonpath "$PYD" --ranks 2
+  trun torch_ddp_nccl 150 "$PY" "$S/bench/gpu_torch.py" --colld "$B/server/colld" --backend nccl \
+    --nccl-lib "$NCCL_LIB" --torch-path "$TORCH_PATH" --ranks 2
+  trun torch_pynccl 120 "$PY" "$S/tests/nccl/test_pynccl.py" --lib "$NCCL_LIB" --colld "$B/server/colld" \
+    --torch-path "$TORCH_PATH" --cuda --ranks 2,3
+  trun torch_cuda4 150 "$PY" "$S/tests/torch/test_torch.py" --colld "$B/server/colld" --pythonpath "$PYD" cuda/4
+  echo "##### torch summary (record in docs/gpu-testing.md), $(($(date +%s) - tb0)) s"
+  grep "^torch_" "$O/summary.txt"
+  head -n 5 "$O/torch_env.log"
+  grep -h -E "^(cuda/[0-9]|test_torch:|gpu_torch|  (ok  |FAIL)|  +[0-9]+ (B|KiB|MiB|GiB) |skip:|FAIL|ok  )" \
+    "$O"/torch_cuda2.log "$O"/torch_ddp_colld.log "$O"/torch_ddp_nccl.log "$O"/torch_pynccl.log "$O"/torch_cuda4.log \
+    2>/dev/null
 fi
 
 step "done"

@@ -1,10 +1,10 @@
-#!/usr/bin/python3
-"""torch_gloo.py: torch.distributed all_reduce through colld against Gloo, in one run (issue 16 item 5).
+#!/usr/bin/env python3
+"""torch_gloo.py: torch.distributed all_reduce through colld against Gloo, in one run (issue 16 item 5; torch 2.x).
 
     bench/torch_gloo.sh [--build DIR] [--ranks 2,4] [--sizes 8:64M] [--rounds 3]
 
-(the shell script builds colld and torch_colld, starts a private daemon and runs this driver with
---colld/--pythonpath). Per world size it starts that many processes joined by a file store; each
+(the shell script builds colld and torch_colld and runs this driver with the project's .venv
+Python, torch 2.x, and --colld/--pythonpath; the driver starts a private daemon). Per world size it starts that many processes joined by a file store; each
 makes the default group on "colld" and a second group of the same ranks on "gloo". Per size
 (powers of 8 from --sizes' low end, plus 4 KiB and 16 MiB, float32 elements, at least one) each
 round times, in turn:

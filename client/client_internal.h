@@ -5,6 +5,7 @@
  *   conn.c         the connection's primitives: session socket, control calls, the communicator
  *                  table, registrations, the client's last error
  *   staging.c      staging regions for memory not from colld_mem_alloc
+ *   spin.c         how a waiter polls before it sleeps: the machine's CPU load, estimates of how soon
  *   rings.c        posting descriptors, reaping completions, waiting for the engine's
  *   fast.c         the fast path (and its poster, colld__fast_post)
  *   cuda.c         the GPU stream path (and its poster, colld__gpu_post), GPU memory
@@ -36,6 +37,7 @@
 
 #include "common/err.h"
 #include "client/rpc/rpc_client.h"
+#include "client/spin.h"
 #include "proto/wire.h"
 
 #include <colld/colld.h>
@@ -104,6 +106,7 @@ struct colld_client {
     int wake_pipe[2];
     colld_rpc_channel_t *rpc;
 
+    colld_cpu_load_t load;                /* whether a waiter may busy-poll (spin.h) */
     colld_gpu_t *gpu;                     /* created at connect, never NULL afterwards */
     uint32_t redop_tags;                  /* the last tag given to a handle's premultiplied-sum operators (mu; redop.c) */
     struct colld_mem_handle *mem_handles; /* colld_mem_register's, not yet deregistered (mu; mem.c) */
@@ -167,8 +170,9 @@ struct colld_comm {
     const void **fast_in;        /* [nranks] input pointers for the kernels */
     uint64_t *fast_scalars;      /* [nranks] the ranks' scalar words of a premultiplied sum */
     colld_fast_op_t fop;         /* at most one in flight: a rank finishes it before its next call */
-    uint64_t spin_ns;            /* adaptive busy-wait before yielding */
-    uint64_t spin_max_ns;        /* 0 with more ranks than CPUs */
+    colld_spin_est_t fast_spin;  /* how soon the peers' slots come (spin.h) */
+    colld_spin_est_t ring_spin;  /* how soon the engine's completions come (rings.c) */
+    bool crowded;                /* more ranks than CPUs: waits yield between looks (spin.h) */
     bool gpu_used;               /* gpu_base is set (at the first stream-ordered collective) */
     uint32_t gpu_base;           /* flag base: operation id s has flag value gpu_base + (uint32_t)s */
     uint32_t gpu_gen;            /* its generation on the handle's flag line, set with gpu_base (client/cuda.c) */
@@ -266,6 +270,8 @@ colld_status_t colld__ring_wait(colld_client_t *c, colld_comm_t *comm);
  * far, and with it a reference on every registration they name: a deregistration sent after this
  * cannot overtake a collective posted before it. True when it has (or the daemon is lost). */
 bool colld__ring_wait_taken(colld_client_t *c, int timeout_ms);
+/* Sleep until a completion arrives for c, at most timeout_ns. */
+void colld__ring_nap(colld_client_t *c, uint64_t timeout_ns);
 
 /* mem.c */
 /* A communicator is being destroyed: release what colld_mem_register registered with it. */
@@ -334,6 +340,11 @@ colld_status_t colld__fast_post(colld_comm_t *comm, colld_kind_t kind, const voi
 /* Finish the one in flight, if any: COLLD_OK, COLLD_INPROGRESS (only when !block) or the error
  * (also recorded as the communicator's). */
 colld_status_t colld__fast_finish(colld_comm_t *comm, bool block);
+/* A group waits for something in flight on comm (group.c): its idle-th pass without progress. The
+ * first passes poll (a pause while a CPU is free, else a yield; spin.h); later ones sleep (at most
+ * 0.1 ms) until a peer publishes on the area or, with no fast-path collective in flight, a
+ * completion arrives. */
+void colld__fast_nap(colld_comm_t *comm, unsigned idle);
 
 /* redop.c */
 /* A collective's op as the wire has it: a built-in op as it is, an operator of

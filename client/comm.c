@@ -181,6 +181,7 @@ colld_status_t colld_comm_init_rank(colld_client_t *c, colld_comm_t **comm, int 
     cm->timeout_ms = resp->timeout_ms;
     cm->rank = rank;
     cm->nranks = nranks;
+    cm->crowded = colld__spin_crowded(&c->load, nranks);
     protobuf_c_message_free_unpacked(&resp->base, NULL);
     if (colld__client_add_comm(c, cm) < 0) {
         free(cm); /* the daemon sees this rank leave when the session ends */

@@ -46,7 +46,6 @@
 #include "common/util.h"
 
 #include <link.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -641,7 +640,8 @@ colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *
  * not land on top of this one's). Nothing is enqueued yet, so giving up costs nothing: the
  * communicator's error when it broke meanwhile, COLLD_ERR_DAEMON_LOST, or COLLD_ERR_TIMEOUT after
  * the communicator's timeout (the daemon times out a collective of its own long before; an
- * earlier communicator's stream may never get there). Polls with a growing sleep, up to 1 ms. */
+ * earlier communicator's stream may never get there). Polls (busy while a CPU is free, briefly),
+ * then with a growing sleep, up to 1 ms. */
 static colld_status_t slot_wait(colld_comm_t *comm, const uint32_t *word, const gpu_slot_t *rec, const char *what,
                                 uint64_t id, colld_err_t *err)
 {
@@ -681,8 +681,9 @@ static colld_status_t slot_wait(colld_comm_t *comm, const uint32_t *word, const 
                                  "aborted communicators drain (synchronize them) before reusing their handle",
                                  what, (unsigned long long)rec->seq, limit_ms);
         }
-        if (spins < 64) {
-            sched_yield();
+        if (spins < 64 && !colld__cpus_busy(&c->load, now)) {
+            for (int i = 0; i < 64; i++)
+                colld__cpu_relax();
             continue;
         }
         struct timespec ts = { 0, nap_ns };

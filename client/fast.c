@@ -15,9 +15,11 @@
  * daemon, which checks it against the other ranks' records, engine descriptors and slots
  * (MISMATCH naming each call), times it out naming the ranks that never came, and records it in
  * the flight recorder. When the communicator breaks, the daemon writes the error into the area
- * and wakes the waiting ranks. A waiting rank spins briefly (no system call), then yields, then
- * posts its record and sleeps on the area's futex word. Each rank counts what it finished in its
- * stats block of the area, which the daemon's metrics read.
+ * and wakes the waiting ranks. A waiting rank polls the slots for as long as its peers usually take
+ * to come (a pause between looks while a CPU is free, at most 50 us; a yield while the CPUs are
+ * crowded, at most 200 us; client/spin.h), then sleeps on the area's futex word (a peer that
+ * publishes wakes it); after RECORD_AFTER_NS it posts its record and sleeps on. Each rank counts
+ * what it finished in its stats block of the area, which the daemon's metrics read.
  */
 #include "client/client_internal.h"
 
@@ -26,27 +28,17 @@
 #include "common/util.h"
 #include "kernels/cpu/reduce.h"
 
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define SPIN_MAX_NS 50000ull /* longest busy-wait before yielding the CPU */
-#define SPIN_START_NS 20000ull
-#define YIELD_NS 200000ull         /* then yield this long before sleeping */
+#define RECORD_AFTER_NS 200000ull  /* a rank that waited this long posts its record to the daemon */
 #define SLEEP_SLICE_NS 10000000ull /* a sleeper re-checks at least this often */
+#define NAP_POLLS 32               /* colld__fast_nap: polls of a group before it naps... */
+#define NAP_NS 100000ull           /* ...for at most this long each */
 #define LOCAL_GRACE_MS 2000        /* the daemon's time-out is the rule; this is the last resort */
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define cpu_relax() _mm_pause()
-#elif defined(__aarch64__)
-#define cpu_relax() __asm__ __volatile__("yield")
-#else
-#define cpu_relax() ((void)0)
-#endif
 
 static colld_wire_fast_slot_t *slot_of(const colld_comm_t *comm, int rank, uint64_t seq)
 {
@@ -145,10 +137,6 @@ void colld__fast_attach(colld_comm_t *comm)
     comm->fast_scratch = scratch;
     comm->fast_in = in;
     comm->fast_scalars = scalars;
-    /* More ranks than CPUs: a rank that busy-waits only keeps a peer it waits for off a CPU. */
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    comm->spin_max_ns = cpus > 0 && comm->nranks > cpus ? 0 : SPIN_MAX_NS;
-    comm->spin_ns = COLLD_MIN(SPIN_START_NS, comm->spin_max_ns);
 }
 
 void colld__fast_detach(colld_comm_t *comm)
@@ -355,14 +343,33 @@ static colld_status_t local_timeout(colld_comm_t *comm)
     return fail(comm, COLLD_ERR_TIMEOUT, why);
 }
 
-/* Sleep on the area's futex word unless something changed since `gen` was read. */
-static void sleep_on_area(colld_comm_t *comm, uint32_t gen)
+/* Sleep on the area's futex word, at most timeout_ns, unless something changed since `gen` was
+ * read (a peer that publishes, and the daemon when the communicator breaks, bump it and wake the
+ * sleepers). */
+static void sleep_on_area(colld_comm_t *comm, uint32_t gen, uint64_t timeout_ns)
 {
     colld_wire_fast_t *f = comm->fast;
     __atomic_add_fetch(&f->sleepers, 1, __ATOMIC_SEQ_CST);
     if (slots_ready(comm) != 1 && !__atomic_load_n(&f->status, __ATOMIC_SEQ_CST) && !atomic_load(&comm->client->lost))
-        colld_futex_wait(&f->gen, gen, SLEEP_SLICE_NS);
+        colld_futex_wait(&f->gen, gen, timeout_ns);
     __atomic_sub_fetch(&f->sleepers, 1, __ATOMIC_SEQ_CST);
+}
+
+void colld__fast_nap(colld_comm_t *comm, unsigned idle)
+{
+    colld_client_t *c = comm->client;
+    if (idle < NAP_POLLS) {
+        if (comm->crowded || colld__cpus_busy(&c->load, colld_now_ns()))
+            sched_yield();
+        else
+            for (int i = 0; i < 64; i++)
+                colld__cpu_relax();
+        return;
+    }
+    if (comm->fast && comm->fop.active)
+        sleep_on_area(comm, __atomic_load_n(&comm->fast->gen, __ATOMIC_SEQ_CST), NAP_NS);
+    else
+        colld__ring_nap(c, NAP_NS);
 }
 
 colld_status_t colld__fast_finish(colld_comm_t *comm, bool block)
@@ -371,6 +378,7 @@ colld_status_t colld__fast_finish(colld_comm_t *comm, bool block)
         return COLLD_OK;
     colld_client_t *c = comm->client;
     uint64_t start = 0, now = 0;
+    colld_spin_plan_t plan = { 0, false };
     for (unsigned iter = 0;; iter++) {
         uint32_t gen = __atomic_load_n(&comm->fast->gen, __ATOMIC_SEQ_CST);
         int ready = slots_ready(comm);
@@ -384,12 +392,9 @@ colld_status_t colld__fast_finish(colld_comm_t *comm, bool block)
                 st->ops[k][t]++;
                 st->bytes[k][t] += comm->fop.count * colld_dtype_size((colld_dtype_t)t);
             }
-            /* Adapt the busy-wait: longer while peers come within it, shorter when they do not
-             * (oversubscribed CPUs, where spinning only delays the peer we wait for). */
-            if (start == 0 || now - start <= comm->spin_ns)
-                comm->spin_ns = COLLD_MIN(comm->spin_ns * 2 + 1000, comm->spin_max_ns);
-            else
-                comm->spin_ns /= 2;
+            /* How soon the peers came: the next waits' busy-poll follows it. */
+            if (block)
+                colld__spin_record(&comm->fast_spin, plan.window_ns, start ? colld_now_ns() - start : 0);
             return COLLD_OK;
         }
         int32_t area = __atomic_load_n(&comm->fast->status, __ATOMIC_SEQ_CST);
@@ -402,18 +407,22 @@ colld_status_t colld__fast_finish(colld_comm_t *comm, bool block)
             return fail(comm, COLLD_ERR_DAEMON_LOST, colld__lost_detail(c));
         if (!block)
             return COLLD_INPROGRESS;
-        if ((iter & 31) == 0) {
+        if ((iter & 31) == 0 || plan.yield) { /* a yield may take long: the clock at every look */
             now = colld_now_ns();
-            if (!start)
+            if (!start) {
                 start = now;
+                plan = colld__spin_plan(&comm->fast_spin, &c->load, comm->crowded, now);
+            }
         }
         uint64_t waited = now - start;
-        if (ready == 0 && waited < comm->spin_ns) {
-            cpu_relax();
+        if (ready == 0 && waited < plan.window_ns) {
+            colld__spin_between(&plan);
             continue;
         }
-        if (ready == 0 && waited < comm->spin_ns + YIELD_NS) {
-            sched_yield();
+        if (ready == 0 && waited < RECORD_AFTER_NS) {
+            /* Sleep until a peer publishes, without the daemon: most waits end here. */
+            sleep_on_area(comm, gen, RECORD_AFTER_NS - waited);
+            now = colld_now_ns();
             continue;
         }
         /* Sleep: first tell the daemon (a different call on another rank, ready == -1, is its
@@ -422,7 +431,7 @@ colld_status_t colld__fast_finish(colld_comm_t *comm, bool block)
         colld__client_poll(c);
         if (waited > ((uint64_t)comm->timeout_ms + LOCAL_GRACE_MS) * 1000000ull)
             return local_timeout(comm);
-        sleep_on_area(comm, gen);
+        sleep_on_area(comm, gen, SLEEP_SLICE_NS);
         now = colld_now_ns();
     }
 }

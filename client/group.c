@@ -28,12 +28,10 @@
  */
 #include "client/client_internal.h"
 
-#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 typedef struct {
     colld_comm_t *comm;
@@ -332,6 +330,7 @@ colld_status_t colld_group_end(void)
     colld_status_t late = COLLD_OK;
     for (unsigned idle = 0; left > 0 && st == COLLD_OK;) {
         bool progress = false;
+        colld_comm_t *waiting = NULL; /* the first communicator an op waits on */
         for (size_t i = 0; i < group.n && st == COLLD_OK; i++) {
             if (group.ops[i].done)
                 continue;
@@ -342,8 +341,11 @@ colld_status_t colld_group_end(void)
                 continue;
             size_t also = 0;
             colld_status_t r = try_start(i, batch, &k, &batch_client, &st, &late, &also);
-            if (r == COLLD_INPROGRESS)
+            if (r == COLLD_INPROGRESS) {
+                if (!waiting)
+                    waiting = group.ops[i].comm;
                 continue;
+            }
             if (r == COLLD_ERR_DAEMON_LOST)
                 st = r;
             group.ops[i].done = true;
@@ -353,12 +355,8 @@ colld_status_t colld_group_end(void)
         flush(batch_client, batch, &k, &st);
         if (progress)
             idle = 0;
-        else if (++idle < 2000)
-            sched_yield();
-        else {
-            struct timespec ts = { 0, 50000 };
-            nanosleep(&ts, NULL);
-        }
+        else if (waiting)
+            colld__fast_nap(waiting, idle++);
     }
     /* Ops never started (the daemon was lost) release what they staged. */
     for (size_t i = 0; i < group.n; i++)

@@ -2,7 +2,8 @@
  * rings.c - the client's side of the shared-memory rings: posting descriptors on the submission
  * ring (one head store and at most one wake-up of the daemon per batch), reaping the completion
  * ring into the communicators (staged outputs copied out first), and waiting for what was posted
- * to the engine: spin briefly, then sleep on the completion doorbell.
+ * to the engine: poll the completion doorbell for as long as this communicator's completions
+ * usually take to come (at most 50 us pausing, 200 us yielding; spin.h), then sleep on it.
  */
 #include "client/client_internal.h"
 
@@ -10,12 +11,12 @@
 #include "common/util.h"
 #include "transport/shm/ring.h"
 
-#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
-#define SPIN_ITERS 2000        /* polls before a waiter sleeps on the futex */
 #define WAIT_SLICE_NS 50000000 /* a sleeping waiter re-checks at least this often */
+#define NAP_MIN_NS 2000        /* a waiter for ring space naps this long first... */
+#define NAP_MAX_NS 1000000     /* ...doubling up to this */
 
 /* Reap completions into their communicators (mu held). */
 static void reap(colld_client_t *c)
@@ -65,22 +66,75 @@ void colld__client_poll(colld_client_t *c)
     pthread_mutex_unlock(&c->mu);
 }
 
-/* Sleep on the completion doorbell unless something is already there (no lost wake-up: the
- * value is read before the ring is re-checked). */
-static void sleep_on_doorbell(colld_client_t *c)
+/* Sleep on the completion doorbell, at most timeout_ns, unless something is already there (no
+ * lost wake-up: the value is read before the ring is re-checked). */
+static void sleep_on_doorbell(colld_client_t *c, uint64_t timeout_ns)
 {
     uint32_t v = COLLD_LOAD_SC(&c->shm->cq.doorbell);
     __atomic_add_fetch(&c->shm->cq.waiters, 1, __ATOMIC_SEQ_CST);
     if (colld_ring_avail(&c->shm->cq, c->cq_tail, c->entries) == 0 && !atomic_load(&c->lost))
-        colld_futex_wait(&c->shm->cq.doorbell, v, WAIT_SLICE_NS);
+        colld_futex_wait(&c->shm->cq.doorbell, v, timeout_ns);
     __atomic_sub_fetch(&c->shm->cq.waiters, 1, __ATOMIC_SEQ_CST);
+}
+
+void colld__ring_nap(colld_client_t *c, uint64_t timeout_ns)
+{
+    sleep_on_doorbell(c, timeout_ns);
+}
+
+/* One step of a wait for completions that started at *start (0: this is its first step; set
+ * here, with *plan): poll the doorbell while within the wait's window (spin.h), else sleep on it.
+ * `bell` is the doorbell's value read before the caller last reaped. */
+static void wait_step(colld_client_t *c, colld_comm_t *comm, uint32_t bell, uint64_t *start, colld_spin_plan_t *plan)
+{
+    uint64_t now = colld_now_ns();
+    if (!*start) {
+        *start = now;
+        *plan = colld__spin_plan(&comm->ring_spin, &c->load, comm->crowded, now);
+    }
+    while (now - *start < plan->window_ns) {
+        for (int i = 0; i < (plan->yield ? 1 : 64); i++) {
+            if (COLLD_LOAD_SC(&c->shm->cq.doorbell) != bell || atomic_load(&c->lost))
+                return;
+            colld__spin_between(plan);
+        }
+        now = colld_now_ns();
+    }
+    sleep_on_doorbell(c, WAIT_SLICE_NS);
+}
+
+/* A wait that started at `start` as `plan` said ended: learn how long it took. */
+static void wait_done(colld_comm_t *comm, uint64_t start, const colld_spin_plan_t *plan)
+{
+    colld__spin_record(&comm->ring_spin, plan->window_ns, colld_now_ns() - start);
+}
+
+/* Back off while waiting for the daemon to take descriptors (no doorbell rings for that): a few
+ * polls while a CPU is free, then naps of growing length. */
+static void nap(colld_client_t *c, unsigned *round)
+{
+    if (*round < 32 && !colld__cpus_busy(&c->load, colld_now_ns())) {
+        for (int i = 0; i < 64; i++)
+            colld__cpu_relax();
+        (*round)++;
+        return;
+    }
+    unsigned k = *round < 32 ? 0 : *round - 32;
+    long ns = k >= 9 ? NAP_MAX_NS : COLLD_MIN((long)NAP_MIN_NS << k, NAP_MAX_NS);
+    struct timespec ts = { 0, ns };
+    nanosleep(&ts, NULL);
+    if (*round < 32)
+        *round = 32;
+    else
+        (*round)++;
 }
 
 /* Post descriptors in order; a full ring is drained by the daemon as completions are consumed. */
 colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *sqes, size_t n)
 {
     size_t done = 0;
-    for (unsigned spins = 0; done < n; spins++) {
+    unsigned round = 0;
+    while (done < n) {
         if (atomic_load(&c->lost))
             return COLLD_ERR_DAEMON_LOST;
         pthread_mutex_lock(&c->mu);
@@ -103,18 +157,13 @@ colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *s
                 (void)rc; /* EAGAIN: the counter is saturated, the daemon is being woken anyway */
             }
             pthread_mutex_unlock(&c->mu);
-            spins = 0;
+            round = 0;
             continue;
         }
         /* Ring full: the daemon drains it as completions are consumed, so reap and retry. */
         reap(c);
         pthread_mutex_unlock(&c->mu);
-        if (spins < SPIN_ITERS)
-            sched_yield();
-        else {
-            struct timespec ts = { 0, 20000 };
-            nanosleep(&ts, NULL);
-        }
+        nap(c, &round);
     }
     return COLLD_OK;
 }
@@ -125,7 +174,8 @@ bool colld__ring_wait_taken(colld_client_t *c, int timeout_ms)
     uint64_t head = c->sq_head;
     pthread_mutex_unlock(&c->mu);
     uint64_t deadline = 0;
-    for (unsigned spins = 0;; spins++) {
+    unsigned round = 0;
+    for (;;) {
         uint64_t tail = COLLD_LOAD_ACQ(&c->shm->sq.tail);
         if ((int64_t)(tail - head) >= 0 || atomic_load(&c->lost))
             return true;
@@ -138,12 +188,7 @@ bool colld__ring_wait_taken(colld_client_t *c, int timeout_ms)
             deadline = now + (uint64_t)timeout_ms * 1000000ull;
         if (now >= deadline)
             return false;
-        if (spins < SPIN_ITERS) {
-            sched_yield();
-        } else {
-            struct timespec ts = { 0, 20000 };
-            nanosleep(&ts, NULL);
-        }
+        nap(c, &round);
     }
 }
 
@@ -159,7 +204,10 @@ static bool op_done(const colld_comm_t *comm, uint64_t seq)
 
 colld_status_t colld__ring_wait_op(colld_client_t *c, colld_comm_t *comm, uint64_t seq, bool block)
 {
-    for (unsigned spins = 0;; spins++) {
+    uint64_t start = 0;
+    colld_spin_plan_t plan = { 0, false };
+    for (;;) {
+        uint32_t bell = COLLD_LOAD_SC(&c->shm->cq.doorbell);
         pthread_mutex_lock(&c->mu);
         reap(c);
         colld_status_t err = comm->async_error;
@@ -169,8 +217,11 @@ colld_status_t colld__ring_wait_op(colld_client_t *c, colld_comm_t *comm, uint64
         pthread_mutex_unlock(&c->mu);
         if (failed)
             return err;
-        if (done)
+        if (done) {
+            if (start)
+                wait_done(comm, start, &plan);
             return COLLD_OK;
+        }
         if (atomic_load(&c->lost))
             return COLLD_ERR_DAEMON_LOST;
         if (comm->fop.active && comm->fop.seq <= seq) {
@@ -181,11 +232,7 @@ colld_status_t colld__ring_wait_op(colld_client_t *c, colld_comm_t *comm, uint64
         }
         if (!block)
             return COLLD_INPROGRESS;
-        if (spins < SPIN_ITERS) {
-            sched_yield();
-            continue;
-        }
-        sleep_on_doorbell(c);
+        wait_step(c, comm, bell, &start, &plan);
     }
 }
 
@@ -193,20 +240,22 @@ colld_status_t colld__ring_wait_op(colld_client_t *c, colld_comm_t *comm, uint64
  * communicator's error (its first), or DAEMON_LOST. */
 colld_status_t colld__ring_wait(colld_client_t *c, colld_comm_t *comm)
 {
-    for (unsigned spins = 0;; spins++) {
+    uint64_t start = 0;
+    colld_spin_plan_t plan = { 0, false };
+    for (;;) {
+        uint32_t bell = COLLD_LOAD_SC(&c->shm->cq.doorbell);
         pthread_mutex_lock(&c->mu);
         reap(c);
         bool done = comm->completed >= comm->issued;
         colld_status_t err = comm->async_error;
         pthread_mutex_unlock(&c->mu);
-        if (done)
+        if (done) {
+            if (start && err == COLLD_OK)
+                wait_done(comm, start, &plan);
             return err;
+        }
         if (atomic_load(&c->lost))
             return COLLD_ERR_DAEMON_LOST;
-        if (spins < SPIN_ITERS) {
-            sched_yield();
-            continue;
-        }
-        sleep_on_doorbell(c);
+        wait_step(c, comm, bell, &start, &plan);
     }
 }

@@ -739,7 +739,8 @@ class ProcessGroupColld : public c10d::Backend
         std::lock_guard<std::mutex> lock(mu_);
         TORCH_CHECK(!stop_, "torch_colld: _start_coalescing: the process group was shut down");
         if (coalescing_++ == 0)
-            batch_work_ = c10::make_intrusive<WorkColld>(rank_, c10d::OpType::COALESCED, std::vector<at::Tensor>{});
+            batch_work_ = c10::make_intrusive<WorkColld>(rank_, c10d::OpType::COALESCED, std::vector<at::Tensor>{},
+                                                         work_done_);
     }
 
     /* Queues the batch; returns its one Work (batch_isend_irecv's only request in torch 2.x),
@@ -1024,7 +1025,7 @@ class ProcessGroupColld : public c10d::Backend
         o.name = name;
         o.type = type;
         o.source = source;
-        o.work = c10::make_intrusive<WorkColld>(rank_, type, outputs, source);
+        o.work = c10::make_intrusive<WorkColld>(rank_, type, outputs, work_done_, source);
         return o;
     }
 
@@ -1054,7 +1055,7 @@ class ProcessGroupColld : public c10d::Backend
         if (!o.device.is_cuda())
             return;
         o.stream = torch_colld::current_stream(o.device);
-        o.work = c10::make_intrusive<WorkColld>(rank_, o.type, o.work->result(), o.source, o.device);
+        o.work = c10::make_intrusive<WorkColld>(rank_, o.type, o.work->result(), work_done_, o.source, o.device);
     }
 
     /* Wait (without the GIL) until the worker has issued a CUDA operation; its error text. */
@@ -1171,18 +1172,20 @@ class ProcessGroupColld : public c10d::Backend
     }
 
     /* The worker: issues each queued operation, waits for it with colld_comm_synchronize (which
-     * blocks in libcolld, never spins) and completes its Work. After stop, what is still queued
-     * fails. */
+     * busy-polls only briefly, while a CPU is free and the completion is expected within
+     * microseconds, then sleeps; libcolld's client/spin.h) and completes its Work. After stop,
+     * what is still queued fails. */
     void run()
     {
         for (;;) {
             Op o;
-            spin_until([this] { return queued_.load(std::memory_order_acquire) != 0; });
+            auto look = next_op_.spin([this] { return queued_.load(std::memory_order_acquire) != 0; });
             {
                 std::unique_lock<std::mutex> lock(mu_);
                 cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
                 if (queue_.empty())
                     return;
+                next_op_.done(look);
                 o = std::move(queue_.front());
                 queue_.pop_front();
                 queued_.store(queue_.size(), std::memory_order_release);
@@ -1236,6 +1239,8 @@ class ProcessGroupColld : public c10d::Backend
     std::deque<Op> queue_;                     /* guarded by mu_ */
     std::atomic<uint64_t> seq_{ 0 };           /* collectives posted (getSequenceNumberForGroup) */
     std::atomic<size_t> queued_{ 0 };          /* queue_.size(), for the worker's look before it blocks */
+    Handoff next_op_;                          /* how the worker waits for the next operation */
+    std::shared_ptr<Handoff> work_done_ = std::make_shared<Handoff>(); /* how callers wait for their Work */
     bool stop_ = false;                        /* guarded by mu_ */
     bool busy_ = false;                        /* guarded by mu_: the worker is running an operation */
     int coalescing_ = 0;                       /* guarded by mu_: startCoalescing's not yet ended (nesting) */

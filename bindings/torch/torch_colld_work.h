@@ -14,6 +14,7 @@
 #include "torch_colld_cuda.h"
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -26,17 +27,71 @@
 namespace torch_colld
 {
 
-/* How long a thread that hands over to another (the caller waiting for its Work, the worker
- * waiting for the next operation) looks before it blocks. */
-const std::chrono::microseconds kHandoffSpin(50);
-
-/* Look at `ready` (yielding the CPU between looks) until it holds or kHandoffSpin has passed. */
-template <typename F> void spin_until(F ready)
+/* How a thread that hands over to another (the caller waiting for its Work, the worker waiting
+ * for the next operation) waits: it looks at `ready`, yielding the CPU between looks, for a
+ * window that follows recent hand-offs of the same kind, then blocks. The window doubles (plus
+ * 1 us) after a hand-off that came within it and halves after one that did not, at most 200 us;
+ * once it is nothing, every 16th wait looks for the whole 200 us so that it can find a window
+ * again (a shorter probe never finds a longer one). So a small operation's hand-offs never block
+ * (a blocked thread's wake-up costs more than the operation), and a long wait (DDP's next bucket,
+ * which comes after a layer's backward pass) blocks at once after a few such waits instead of
+ * yielding for its whole length. It yields rather than pausing between looks: the thread it waits
+ * for is of the same process, and on a machine with more runnable threads than CPUs (4 ranks of 2
+ * threads each on 2 CPUs) a pausing look keeps it off the CPU (libcolld's waits, client/spin.h,
+ * pause while a CPU is free: their sub-microsecond fast path needs it; a hand-off here costs
+ * microseconds of Python anyway). One per kind of hand-off of a process group; atomics (several
+ * callers may wait at once: a lost update only costs one wait its best way). */
+class Handoff
 {
-    auto end = std::chrono::steady_clock::now() + kHandoffSpin;
-    while (!ready() && std::chrono::steady_clock::now() < end)
-        std::this_thread::yield();
-}
+  public:
+    /* Look at `ready` as above. Returns when it holds or the window is over (the caller then
+     * blocks), with what done() needs. */
+    struct Wait {
+        std::chrono::steady_clock::time_point start;
+        int64_t window_ns;
+    };
+    template <typename F> Wait spin(F ready)
+    {
+        Wait w{ std::chrono::steady_clock::now(), window() };
+        if (!w.window_ns)
+            return w;
+        auto end = w.start + std::chrono::nanoseconds(w.window_ns);
+        while (!ready() && std::chrono::steady_clock::now() < end)
+            std::this_thread::yield();
+        return w;
+    }
+
+    /* The hand-off that spin() started is over: learn whether it came within its window. */
+    void done(const Wait &w)
+    {
+        int64_t ns =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - w.start).count();
+        int64_t cur = window_ns_.load(std::memory_order_relaxed);
+        if (ns <= std::max(w.window_ns, kMinNs)) { /* within its window, or ready at the first look */
+            window_ns_.store(std::min(2 * std::max(cur, ns) + kGrowNs, kMaxNs), std::memory_order_relaxed);
+            waits_.store(0, std::memory_order_relaxed);
+        } else {
+            window_ns_.store(cur / 2, std::memory_order_relaxed);
+        }
+    }
+
+  private:
+    static constexpr int64_t kStartNs = 10000; /* the first window */
+    static constexpr int64_t kGrowNs = 1000;   /* added when it doubles */
+    static constexpr int64_t kMinNs = 500;     /* a window below this is nothing */
+    static constexpr int64_t kMaxNs = 200000;  /* the longest window, and a probe's */
+
+    int64_t window()
+    {
+        int64_t w = window_ns_.load(std::memory_order_relaxed);
+        if (w < kMinNs)
+            w = (waits_.fetch_add(1, std::memory_order_relaxed) + 1) % 16 == 0 ? kMaxNs : 0;
+        return std::min(w, kMaxNs);
+    }
+
+    std::atomic<int64_t> window_ns_{ kStartNs };
+    std::atomic<uint32_t> waits_{ 0 };
+};
 
 /* One operation's Work. c10d::Work keeps the completion state (wait() raises its exception);
  * the future carries the output tensors, as ProcessGroupGloo's does, for DDP's communication
@@ -46,9 +101,9 @@ class WorkColld : public c10d::Work
   public:
     /* `device`: where the operation's tensors are; a CUDA operation's future is one of that
      * device (it records events on its current stream when completed, as ProcessGroupNCCL's). */
-    WorkColld(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, int source = -1,
-              c10::Device device = c10::Device(c10::kCPU))
-        : c10d::Work(rank, type), outputs_(std::move(outputs)), source_(source),
+    WorkColld(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::shared_ptr<Handoff> handoff,
+              int source = -1, c10::Device device = c10::Device(c10::kCPU))
+        : c10d::Work(rank, type), outputs_(std::move(outputs)), source_(source), handoff_(std::move(handoff)),
           future_(device.is_cuda()
                       ? c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                                  std::vector<c10::Device>{ device })
@@ -88,9 +143,9 @@ class WorkColld : public c10d::Work
         done_.store(true, std::memory_order_release);
     }
 
-    /* Wait as c10d's Work does, after looking for the completion for up to kHandoffSpin: a small
-     * operation completes within it, and a blocked thread's wake-up costs more than the
-     * operation itself. */
+    /* Wait as c10d's Work does, after looking for the completion as Handoff says (a small
+     * operation on a machine with a CPU free completes within it, and a blocked thread's wake-up
+     * costs more than the operation itself). */
     bool wait(std::chrono::milliseconds timeout) override
     {
 #ifdef COLLD_TORCH_CUDA
@@ -101,8 +156,11 @@ class WorkColld : public c10d::Work
             return true;
         }
 #endif
-        spin_until([this] { return done_.load(std::memory_order_acquire); });
-        return c10d::Work::wait(timeout);
+        auto ready = [this] { return done_.load(std::memory_order_acquire); };
+        auto look = handoff_->spin(ready);
+        bool ok = c10d::Work::wait(timeout);
+        handoff_->done(look);
+        return ok;
     }
 
 #ifdef COLLD_TORCH_CUDA
@@ -146,6 +204,7 @@ class WorkColld : public c10d::Work
   private:
     std::vector<at::Tensor> outputs_;
     int source_; /* a receive's peer, -1 for other operations */
+    std::shared_ptr<Handoff> handoff_; /* the group's, for callers waiting for their work */
     c10::intrusive_ptr<c10::ivalue::Future> future_;
     std::atomic<bool> done_{ false }; /* set after the Work and its future are completed */
     c10::Device device_;

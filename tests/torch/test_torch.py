@@ -1034,6 +1034,11 @@ def main():
     if args.scenarios:
         plan = [p for p in plan if p[0] in args.scenarios] or [(s, int(w), 300) for s, w in
                                                                (a.split("/") for a in args.scenarios if "/" in a)]
+        if not torch.cuda.is_available() and any(p[0] == "cuda" for p in plan):
+            print("test_torch: no GPU (torch.cuda.is_available() is false): cuda/N is skipped", flush=True)
+            plan = [p for p in plan if p[0] != "cuda"]
+            if not plan:
+                return 77
     with tempfile.TemporaryDirectory(prefix="colld-torch-") as tmp:
         daemon, sock = start_daemon(args.colld, tmp)
         env = dict(os.environ, COLLD_SOCKET=sock,
