@@ -183,6 +183,7 @@ void fix_stop(fix_t *f)
         colld_session_unref(f->s[i]);
     pthread_mutex_unlock(&d->lock);
     d->engine_running = false;
+    colld_engine_run_once(d); /* a stopped engine's round: the backends drain what they still hold */
     colld_backends_stop(d);
     colld_op_free_all(d);
     colld_deadlock_free(d);
