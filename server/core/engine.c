@@ -127,10 +127,14 @@ static bool held_by_other_backend(colld_daemon_t *d, const colld_dcomm_t *c)
     const colld_op_t *next = next_op(c);
     if (!next)
         return false;
-    const colld_backend_t *claimer = colld_backend_claim(d, c, &next->d);
+    const colld_backend_t *claimer = NULL; /* looked up only when a backend is busy with c */
     for (int i = 0; i < d->nbackends; i++) {
         const colld_backend_t *b = &d->backends[i];
-        if (b != claimer && b->ops->comm_busy && b->ops->comm_busy(b, c))
+        if (!b->ops->comm_busy || !b->ops->comm_busy(b, c))
+            continue;
+        if (!claimer)
+            claimer = colld_backend_claim(d, c, &next->d);
+        if (b != claimer)
             return true;
     }
     return false;

@@ -590,6 +590,16 @@ static colld_status_t transfer(host_t *h, const colld_xfer_t *x, uint64_t first,
     return colld_host_pool_run(h->pool, &job, first, nchunks);
 }
 
+/* --nan-check's verdict on a collective that ran, from its first_bad (finite_verdict). */
+static colld_status_t coll_verdict(colld_coll_t *k, uint64_t *first_bad)
+{
+    const void *in[COLLD_MAX_RANKS];
+    void *out[COLLD_MAX_RANKS];
+    uint64_t scalars[COLLD_MAX_RANKS];
+    colld_host_job_t job = coll_job(k, in, out, scalars, first_bad);
+    return finite_verdict(k, &job);
+}
+
 /* Run a whole collective of the batch (lock not held). */
 static void run_whole(host_t *h, colld_coll_t *k)
 {
@@ -599,13 +609,8 @@ static void run_whole(host_t *h, colld_coll_t *k)
         first_bad[r] = UINT64_MAX;
     k->start_ns = colld_now_ns();
     k->status = execute(h, k, 0, UINT64_MAX, finite ? first_bad : NULL);
-    if (k->status == COLLD_OK && finite) {
-        const void *in[COLLD_MAX_RANKS];
-        void *out[COLLD_MAX_RANKS];
-        uint64_t scalars[COLLD_MAX_RANKS];
-        colld_host_job_t job = coll_job(k, in, out, scalars, first_bad);
-        k->status = finite_verdict(k, &job);
-    }
+    if (k->status == COLLD_OK && finite)
+        k->status = coll_verdict(k, first_bad);
     k->end_ns = colld_now_ns();
 }
 
@@ -622,13 +627,8 @@ static void task_end(host_t *h, host_tenant_t *t, colld_status_t st)
     h->finished_tail = &task->next;
     if (task->coll) {
         colld_coll_t *k = task->coll;
-        if (st == COLLD_OK && task->check_finite) {
-            const void *in[COLLD_MAX_RANKS];
-            void *out[COLLD_MAX_RANKS];
-            uint64_t scalars[COLLD_MAX_RANKS];
-            colld_host_job_t job = coll_job(k, in, out, scalars, task->first_bad);
-            st = finite_verdict(k, &job);
-        }
+        if (st == COLLD_OK && task->check_finite)
+            st = coll_verdict(k, task->first_bad);
         k->status = st;
         k->end_ns = now;
         if (!k->start_ns)
