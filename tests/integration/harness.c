@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -270,8 +271,8 @@ int harness_bg_start(harness_t *h, harness_bg_t *bg)
     static unsigned serial;
     snprintf(bg->stop, sizeof(bg->stop), "%s/bg-stop-%u", h->dir, serial);
     snprintf(bg->progress, sizeof(bg->progress), "%s/bg-progress-%u", h->dir, serial++);
-    const char *extra[] = { "--iters", "0", "--counts", "1,4096", "--name", "background", "--stop-file", bg->stop,
-                            "--progress-file", bg->progress, NULL };
+    const char *extra[] = { "--iters",     "0",      "--counts",        "1,4096",     "--name", "background",
+                            "--stop-file", bg->stop, "--progress-file", bg->progress, NULL };
     if (harness_spawn_ranks(h, 2, extra, bg->pids) < 0)
         return -1;
     double end = harness_now_ms() + 20000;
@@ -419,6 +420,54 @@ int harness_wait_file(const char *path, int timeout_ms)
         sleep_ms(2);
     }
     return -1;
+}
+
+void harness_touch(const char *dir, const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0)
+        close(fd);
+}
+
+bool harness_exists(const char *dir, const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    return access(path, F_OK) == 0;
+}
+
+bool harness_wait_for(const char *dir, const char *name, int timeout_ms)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    return harness_wait_file(path, timeout_ms) == 0;
+}
+
+pid_t harness_spawn_self(const harness_t *h, const char *argv0, const char *mode, bool nobody)
+{
+    int exe = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    if (exe < 0)
+        return -1;
+    char *argv[] = { (char *)argv0, (char *)mode, (char *)h->socket, (char *)h->dir, NULL };
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (nobody && (setgroups(0, NULL) < 0 || setgid(HARNESS_NOBODY) < 0 || setuid(HARNESS_NOBODY) < 0))
+            _exit(126);
+        fexecve(exe, argv, environ);
+        _exit(127);
+    }
+    close(exe);
+    return pid;
+}
+
+int harness_test_setup_shared(void **state, const char *const *extra)
+{
+    if (harness_test_setup_args(state, extra) < 0)
+        return -1;
+    harness_t *h = *state;
+    return chmod(h->dir, 0777);
 }
 
 /* Run argv with its stdout (and stderr if asked) into out; see harness_capture. */

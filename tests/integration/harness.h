@@ -13,10 +13,10 @@
 #include <sys/types.h>
 
 typedef struct {
-    char dir[256];    /* private temporary directory */
-    char socket[300]; /* the daemon's session socket */
-    char log[300];    /* the daemon's log file */
-    pid_t pid;        /* the daemon, 0 when not running */
+    char dir[256];          /* private temporary directory */
+    char socket[300];       /* the daemon's session socket */
+    char log[300];          /* the daemon's log file */
+    pid_t pid;              /* the daemon, 0 when not running */
     colld_client_t *client; /* the driver's own connection */
 } harness_t;
 
@@ -109,6 +109,21 @@ int harness_uid_from_hex(const char *hex, colld_unique_id_t *id);
 void harness_read_file(const char *path, char *buf, size_t len);
 /* Wait until a file exists (at most timeout_ms). Returns 0 or -1. */
 int harness_wait_file(const char *path, int timeout_ms);
+/* Files as signals between a test and the processes it spawned: create dir/name (empty), whether it
+ * exists, wait until it does (at most timeout_ms). */
+void harness_touch(const char *dir, const char *name);
+bool harness_exists(const char *dir, const char *name);
+bool harness_wait_for(const char *dir, const char *name, int timeout_ms);
+/* The uid/gid the adversarial tests give the other tenant ("nobody"). */
+#define HARNESS_NOBODY 65534
+/* Run this test program again in a mode: argv { argv0, mode, h->socket, h->dir }, as uid/gid
+ * HARNESS_NOBODY when `nobody` (from an fd opened while still root, so that no path permission
+ * stands in the way). Returns the pid, -1 on failure. */
+pid_t harness_spawn_self(const harness_t *h, const char *argv0, const char *mode, bool nobody);
+/* harness_test_setup_args with the daemon's sockets (--socket-mode 0666 is the caller's) and the
+ * test's directory open to another uid (0777), for tests whose other tenant runs as
+ * HARNESS_NOBODY. */
+int harness_test_setup_shared(void **state, const char *const *extra);
 /* Run a command and capture its stdout (at most len-1 bytes). Returns its exit code or -1. */
 int harness_capture(const char *const *argv, char *out, size_t len, int timeout_ms);
 /* The same with stderr into the same buffer. */

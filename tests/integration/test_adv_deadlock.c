@@ -40,7 +40,7 @@
 
 #include <cmocka.h>
 
-#define NOBODY 65534
+#define NOBODY HARNESS_NOBODY
 #define CHURN_MS 200             /* a fresh cycle of the attacker's this often (each lives about this long) */
 #define CHURN_MAX_MS 60000       /* the attacker stops by itself after this */
 #define VICTIM_TIMEOUT_MS "5000" /* the victim's communicators' time-out: TIMEOUT before the fix */
@@ -51,20 +51,11 @@
  * there is seen only once it blocks; through the engine its post is a wait). */
 #define CHURN_COUNT 8192
 
-extern char **environ;
-
 static double now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static bool exists(const char *dir, const char *name)
-{
-    char path[512];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    return access(path, F_OK) == 0;
 }
 
 /* ============================================================================================
@@ -155,7 +146,7 @@ static int attacker_main(const char *socket, const char *dir)
             return 1;
         }
     double t0 = now_ms();
-    while (!exists(dir, "stop") && now_ms() - t0 < CHURN_MAX_MS) {
+    while (!harness_exists(dir, "stop") && now_ms() - t0 < CHURN_MAX_MS) {
         double start = now_ms();
         round_t *rd = &rounds[n % 2], *prev = &rounds[(n + 1) % 2];
         colld_unique_id_t id[2];
@@ -273,7 +264,7 @@ static int flood_main(const char *socket, const char *dir)
     if (ready)
         fclose(ready);
     double t0 = now_ms();
-    while (!exists(dir, "stop") && now_ms() - t0 < CHURN_MAX_MS)
+    while (!harness_exists(dir, "stop") && now_ms() - t0 < CHURN_MAX_MS)
         usleep(10000);
     fflush(NULL);
     _exit(0);
@@ -297,33 +288,10 @@ static long churned(const char *dir, long *failed)
     return n;
 }
 
-/* Run this program again as an attacker (`mode`: --attacker or --flood; as uid 65534 when
- * `nobody`), from an fd opened while still root so that no path permission stands in the way.
- * Returns the pid, -1 on failure. */
-static pid_t spawn_attacker(harness_t *h, const char *mode, bool nobody)
-{
-    int exe = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
-    if (exe < 0)
-        return -1;
-    char *argv[] = { "test_adv_deadlock", (char *)mode, h->socket, h->dir, NULL };
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (nobody && (setgroups(0, NULL) < 0 || setgid(NOBODY) < 0 || setuid(NOBODY) < 0))
-            _exit(126);
-        fexecve(exe, argv, environ);
-        _exit(127);
-    }
-    close(exe);
-    return pid;
-}
-
 static int setup(void **state)
 {
     static const char *const extra[] = { "--deadlock-ms", "500", "--deadlock-fail", "--socket-mode", "0666", NULL };
-    if (harness_test_setup_args(state, extra) < 0)
-        return -1;
-    harness_t *h = *state;
-    return chmod(h->dir, 0777); /* the attacker (uid 65534) reaches the sockets and writes its files */
+    return harness_test_setup_shared(state, extra);
 }
 
 /* The victim: two ranks of colld-test-coll (as root) deadlocked across two communicators, with
@@ -377,7 +345,7 @@ static void test_churning_cycles_do_not_hide_a_deadlock(void **state)
     bool root = geteuid() == 0;
     if (!root)
         print_message("not root: the attacker runs as the same uid (communicators of its own)\n");
-    pid_t attacker = spawn_attacker(h, "--attacker", root);
+    pid_t attacker = harness_spawn_self(h, "test_adv_deadlock", "--attacker", root);
     assert_true(attacker > 0);
     /* Under attack once the attacker has made a few rounds. */
     double t0 = now_ms();
@@ -414,7 +382,7 @@ static void test_wait_flood_does_not_turn_the_check_off(void **state)
         skip();
     }
     double t0 = now_ms();
-    pid_t flood = spawn_attacker(h, "--flood", true);
+    pid_t flood = harness_spawn_self(h, "test_adv_deadlock", "--flood", true);
     assert_true(flood > 0);
     char path[512];
     snprintf(path, sizeof(path), "%s/flood-ready", h->dir);

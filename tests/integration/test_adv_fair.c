@@ -39,13 +39,11 @@
 
 #include <cmocka.h>
 
-#define NOBODY 65534
+#define NOBODY HARNESS_NOBODY
 #define HOG_ROUNDS 3       /* all-reduces; then one send/receive */
 #define VICTIM_COUNT 8192  /* floats: 32 KiB */
 #define MIN_DURING 10      /* victim all-reduces completed inside the hog's windows, at least */
 #define MAX_STAMPS 2000000 /* victim completions kept */
-
-extern char **environ;
 
 /* Bytes of each hog collective: 128 MiB in CI, less under the sanitizers (whose kernels are slower
  * anyway, so the windows stay long). */
@@ -59,29 +57,6 @@ static size_t hog_bytes(void)
     default:
         return 128u << 20;
     }
-}
-
-static void touch(const char *dir, const char *name)
-{
-    char path[512];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd >= 0)
-        close(fd);
-}
-
-static bool exists(const char *dir, const char *name)
-{
-    char path[512];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    return access(path, F_OK) == 0;
-}
-
-static bool wait_for(const char *dir, const char *name, int timeout_ms)
-{
-    char path[512];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    return harness_wait_file(path, timeout_ms) == 0;
 }
 
 /* ============================================================================================
@@ -222,7 +197,7 @@ static int hog_main(const char *socket, const char *dir)
         fprintf(f, "%.3f %.3f\n", win[k][0], win[k][1]);
     if (f)
         fclose(f);
-    touch(dir, "hog-done");
+    harness_touch(dir, "hog-done");
     for (int r = 0; r < 2; r++)
         if (buf[r])
             colld_mem_free(p[r].client, buf[r]);
@@ -268,9 +243,9 @@ static int victim_main(const char *socket, const char *dir)
     for (long i = 0; i < 100 && rc == 0; i++) /* warm */
         rc = victim_once(v, buf, i) == COLLD_OK ? 0 : 1;
     if (rc == 0)
-        touch(dir, "victim-ready");
+        harness_touch(dir, "victim-ready");
     double t0 = harness_now_ms();
-    for (long i = 0; rc == 0 && !exists(dir, "hog-done") && harness_now_ms() - t0 < 120000; i++) {
+    for (long i = 0; rc == 0 && !harness_exists(dir, "hog-done") && harness_now_ms() - t0 < 120000; i++) {
         rc = victim_once(v, buf, i) == COLLD_OK ? 0 : 1;
         if (n < MAX_STAMPS)
             stamp[n++] = harness_now_ms();
@@ -294,31 +269,10 @@ static int victim_main(const char *socket, const char *dir)
  * The driver
  * ========================================================================================== */
 
-/* Re-execute this program in a mode (as uid 65534 when `nobody`), from an fd opened as root. */
-static pid_t spawn_self(const char *mode, harness_t *h, bool nobody)
-{
-    int exe = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
-    if (exe < 0)
-        return -1;
-    char *argv[] = { "test_adv_fair", (char *)mode, h->socket, h->dir, NULL };
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (nobody && (setgroups(0, NULL) < 0 || setgid(NOBODY) < 0 || setuid(NOBODY) < 0))
-            _exit(126);
-        fexecve(exe, argv, environ);
-        _exit(127);
-    }
-    close(exe);
-    return pid;
-}
-
 static int setup(void **state)
 {
     static const char *const extra[] = { "--socket-mode", "0666", NULL };
-    if (harness_test_setup_args(state, extra) < 0)
-        return -1;
-    harness_t *h = *state;
-    return chmod(h->dir, 0777); /* the hog (uid 65534) reaches the sockets and writes its files */
+    return harness_test_setup_shared(state, extra);
 }
 
 /* The victim's all-reduces keep completing while the hog's large collectives run. */
@@ -329,13 +283,13 @@ static void test_large_collectives_do_not_stall_others(void **state)
         print_message("skipped: not root (the hog must be another tenant, uid %d)\n", NOBODY);
         skip();
     }
-    pid_t victim = spawn_self("--victim", h, false);
+    pid_t victim = harness_spawn_self(h, "test_adv_fair", "--victim", false);
     assert_true(victim > 0);
-    assert_true(wait_for(h->dir, "victim-ready", 60000));
-    pid_t hog = spawn_self("--hog", h, true);
+    assert_true(harness_wait_for(h->dir, "victim-ready", 60000));
+    pid_t hog = harness_spawn_self(h, "test_adv_fair", "--hog", true);
     assert_true(hog > 0);
     int hrc = harness_wait(hog, 300000);
-    touch(h->dir, "hog-done"); /* also when the hog failed early */
+    harness_touch(h->dir, "hog-done"); /* also when the hog failed early */
     int vrc = harness_wait(victim, 60000);
     assert_int_equal(hrc, 0);
     assert_int_equal(vrc, 0);

@@ -52,7 +52,7 @@
 
 #include <cmocka.h>
 
-#define NOBODY 65534
+#define NOBODY HARNESS_NOBODY
 #if defined(__SANITIZE_THREAD__)
 /* ThreadSanitizer keeps 4 bytes of shadow for every byte the daemon touches, in the daemon's own
  * anonymous memory, so its cgroup grows by 4x the 4 buffers whoever allocated their pages. Here the
@@ -70,24 +70,6 @@
 #define DAEMON_CG_GROWTH ((32u << 20) + SANITIZER_SHADOW_BYTES)
 #define HOSTILE_BYTES (16u << 20)
 #define QUOTA_BYTES (512u << 10) /* --max-daemon-bytes-per-tenant of test_daemon_memory_charged */
-
-extern char **environ;
-
-static void touch(const char *dir, const char *name)
-{
-    char path[512];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd >= 0)
-        close(fd);
-}
-
-static bool wait_for(const char *dir, const char *name, int timeout_ms)
-{
-    char path[512];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    return harness_wait_file(path, timeout_ms) == 0;
-}
 
 /* A number after `key` in /proc/PID/status ("RssShmem:" in kB), -1 when absent. */
 static long proc_status(pid_t pid, const char *key)
@@ -331,12 +313,12 @@ static int untouched_main(const char *socket, const char *dir)
         fclose(f);
     }
     /* Held while the driver looks at the daemon. */
-    touch(dir, "reduced");
-    if (!wait_for(dir, "release", 30000))
+    harness_touch(dir, "reduced");
+    if (!harness_wait_for(dir, "release", 30000))
         rc = 1;
 out:
     if (rc)
-        touch(dir, "reduced"); /* the driver need not wait */
+        harness_touch(dir, "reduced"); /* the driver need not wait */
     for (int r = 0; r < 2; r++) {
         if (send[r])
             colld_mem_free(t[r].client, send[r]);
@@ -474,8 +456,8 @@ static int quota_main(const char *socket, const char *dir)
         return 1;
     }
     colld_status_t st = colld_mem_alloc(c, &small, 64 << 10, COLLD_MEM_HOST);
-    touch(dir, "held");
-    if (st != COLLD_OK || !wait_for(dir, "go", 30000)) {
+    harness_touch(dir, "held");
+    if (st != COLLD_OK || !harness_wait_for(dir, "go", 30000)) {
         fprintf(stderr, "quota: %s: %s\n", colld_status_name(st), colld_last_error(c));
         return 1;
     }
@@ -498,36 +480,10 @@ static int quota_main(const char *socket, const char *dir)
  * The driver
  * ========================================================================================== */
 
-/* Re-execute this program in a mode as uid/gid 65534, from an fd opened while still root. */
-static pid_t spawn_tenant(const char *mode, harness_t *h)
-{
-    int exe = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
-    if (exe < 0)
-        return -1;
-    char *argv[] = { "test_adv_mem", (char *)mode, h->socket, h->dir, NULL };
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (setgroups(0, NULL) < 0 || setgid(NOBODY) < 0 || setuid(NOBODY) < 0)
-            _exit(126);
-        fexecve(exe, argv, environ);
-        _exit(127);
-    }
-    close(exe);
-    return pid;
-}
-
-static int setup_with(void **state, const char *const *extra)
-{
-    if (harness_test_setup_args(state, extra) < 0)
-        return -1;
-    harness_t *h = *state;
-    return chmod(h->dir, 0777); /* the tenant (uid 65534) reaches the sockets and writes its files */
-}
-
 static int setup(void **state)
 {
     static const char *const extra[] = { "--socket-mode", "0666", NULL };
-    return setup_with(state, extra);
+    return harness_test_setup_shared(state, extra);
 }
 
 static cg_t cgroup;
@@ -560,13 +516,13 @@ static void test_untouched_buffers_small_cgroup(void **state)
     long long before = cg_usage(&cgroup);
     long shmem_before = proc_status(h->pid, "RssShmem:");
     double t0 = harness_now_ms();
-    pid_t tenant = spawn_tenant("--untouched", h);
+    pid_t tenant = harness_spawn_self(h, "test_adv_mem", "--untouched", true);
     assert_true(tenant > 0);
-    bool reduced = wait_for(h->dir, "reduced", 60000);
+    bool reduced = harness_wait_for(h->dir, "reduced", 60000);
     double ms = harness_now_ms() - t0;
     long long held = cg_usage(&cgroup);
     long shmem_held = proc_status(h->pid, "RssShmem:");
-    touch(h->dir, "release");
+    harness_touch(h->dir, "release");
     int rc = harness_wait(tenant, 60000);
     long long after = cg_usage(&cgroup), peak = cg_peak(&cgroup), kills = cg_oom_kills(&cgroup);
     long shmem_after = proc_status(h->pid, "RssShmem:");
@@ -598,7 +554,7 @@ static void test_unallocated_memory_refused(void **state)
 {
     harness_t *h = *state;
     long shmem_before = proc_status(h->pid, "RssShmem:");
-    pid_t tenant = spawn_tenant("--hostile", h);
+    pid_t tenant = harness_spawn_self(h, "test_adv_mem", "--hostile", true);
     assert_true(tenant > 0);
     int rc = harness_wait(tenant, 60000);
     print_message("hostile tenant (uid %d) exit %d; daemon RssShmem %ld -> %ld kB\n", NOBODY, rc, shmem_before,
@@ -611,7 +567,7 @@ static void test_unallocated_memory_refused(void **state)
 static int setup_quota(void **state)
 {
     static const char *const extra[] = { "--socket-mode", "0666", "--max-daemon-bytes-per-tenant", "512K", NULL };
-    return setup_with(state, extra);
+    return harness_test_setup_shared(state, extra);
 }
 
 /* What collctl --json policy says uid 65534 uses of max-daemon-bytes-per-tenant; -1 if absent. */
@@ -631,9 +587,9 @@ static long long daemon_bytes_used(harness_t *h)
 static void test_daemon_memory_charged(void **state)
 {
     harness_t *h = *state;
-    pid_t tenant = spawn_tenant("--quota", h);
+    pid_t tenant = harness_spawn_self(h, "test_adv_mem", "--quota", true);
     assert_true(tenant > 0);
-    assert_true(wait_for(h->dir, "held", 30000));
+    assert_true(harness_wait_for(h->dir, "held", 30000));
     uint64_t rings = ((sizeof(colld_wire_shm_t) + 4095) / 4096 * 4096 +
                       256 * (sizeof(colld_wire_sqe_t) + sizeof(colld_wire_cqe_t)) + 4095) /
                      4096 * 4096;
@@ -642,7 +598,7 @@ static void test_daemon_memory_charged(void **state)
                   "used %lld\n",
                   NOBODY, (unsigned long long)rings, used);
     assert_int_equal(used, (long long)(rings + 8192)); /* page tables of 64 KiB: a page, and one more */
-    touch(h->dir, "go");
+    harness_touch(h->dir, "go");
     assert_int_equal(harness_wait(tenant, 30000), 0);
     char text[512] = "", path[512];
     snprintf(path, sizeof(path), "%s/quota", h->dir);

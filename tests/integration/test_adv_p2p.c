@@ -34,7 +34,7 @@
 
 #include <cmocka.h>
 
-#define NOBODY 65534
+#define NOBODY HARNESS_NOBODY
 #define HOGS 32           /* connections of the attacker that post sends that never match */
 #define HOG_SENDS 255     /* each, in one group (the rings hold 256 entries) */
 #define VICTIM_COUNT 8192 /* floats: 32 KiB, above the fast area's 16 KiB */
@@ -42,37 +42,11 @@
 #define ATTACK_FACTOR 10  /* the rate under attack may fall at most this much below the idle one */
 #define ATTACK_TIMEOUT_MS 600000
 
-extern char **environ;
-
 static double now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static void touch(const char *dir, const char *name)
-{
-    char path[512];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd >= 0)
-        close(fd);
-}
-
-static bool exists(const char *dir, const char *name)
-{
-    char path[512];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    return access(path, F_OK) == 0;
-}
-
-/* Wait until dir/name exists (at most timeout_ms). */
-static bool wait_for(const char *dir, const char *name, int timeout_ms)
-{
-    char path[512];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    return harness_wait_file(path, timeout_ms) == 0;
 }
 
 /* ============================================================================================
@@ -200,9 +174,9 @@ static int victim_main(const char *socket, const char *dir)
         if (colld_mem_alloc(v[r].client, (void **)&buf[r], VICTIM_COUNT * sizeof(float), COLLD_MEM_HOST) != COLLD_OK)
             rc = 1;
     double idle = rc == 0 ? victim_window(v, buf, MEASURE_MS) : -1;
-    touch(dir, "idle-done");
+    harness_touch(dir, "idle-done");
     double attack = -1;
-    if (idle > 0 && wait_for(dir, "attack-on", 60000))
+    if (idle > 0 && harness_wait_for(dir, "attack-on", 60000))
         attack = victim_window(v, buf, MEASURE_MS);
     char path[512];
     snprintf(path, sizeof(path), "%s/rates", dir);
@@ -266,7 +240,7 @@ static void *exchange_main(void *arg)
     int32_t *buf = NULL;
     colld_status_t st = colld_mem_alloc(p->client, (void **)&buf, 8192, COLLD_MEM_HOST);
     for (long k = 0; st == COLLD_OK; k++) {
-        if (ar->rank == a->hogs && !atomic_load(&a->last) && exists(a->dir, "stop"))
+        if (ar->rank == a->hogs && !atomic_load(&a->last) && harness_exists(a->dir, "stop"))
             atomic_store(&a->last, k + 1);
         long last = atomic_load(&a->last);
         if (last && k >= last)
@@ -326,9 +300,9 @@ static int attacker_main(const char *socket, const char *dir)
     for (int r = HOGS; r < n; r++)
         pthread_create(&t[r], NULL, exchange_main, &ar[r]);
     /* Under attack once the exchanges run. */
-    while (atomic_load(&a.exchanges) < 20 && !exists(dir, "stop"))
+    while (atomic_load(&a.exchanges) < 20 && !harness_exists(dir, "stop"))
         usleep(1000);
-    touch(dir, "attack-ready");
+    harness_touch(dir, "attack-ready");
     for (int r = HOGS; r < n; r++)
         pthread_join(t[r], NULL);
     for (int r = HOGS; r < n; r++)
@@ -342,32 +316,10 @@ static int attacker_main(const char *socket, const char *dir)
  * The driver
  * ========================================================================================== */
 
-/* Re-execute this program in a mode (as uid 65534 when `nobody`), from an fd opened while still
- * root so no path permission stands in the way. Returns the pid, -1 on failure. */
-static pid_t spawn_self(const char *mode, harness_t *h, bool nobody)
-{
-    int exe = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
-    if (exe < 0)
-        return -1;
-    char *argv[] = { "test_adv_p2p", (char *)mode, h->socket, h->dir, NULL };
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (nobody && (setgroups(0, NULL) < 0 || setgid(NOBODY) < 0 || setuid(NOBODY) < 0))
-            _exit(126);
-        fexecve(exe, argv, environ);
-        _exit(127);
-    }
-    close(exe);
-    return pid;
-}
-
 static int setup(void **state)
 {
     static const char *const extra[] = { "--socket-mode", "0666", NULL };
-    if (harness_test_setup_args(state, extra) < 0)
-        return -1;
-    harness_t *h = *state;
-    return chmod(h->dir, 0777); /* the victim (uid 65534) reaches the sockets and writes its files */
+    return harness_test_setup_shared(state, extra);
 }
 
 /* The victim's all-reduce rate while the attack runs stays within ATTACK_FACTOR of its idle rate. */
@@ -377,18 +329,18 @@ static void test_p2p_backlog_does_not_slow_others(void **state)
     bool root = geteuid() == 0;
     if (!root)
         print_message("not root: the victim runs as the same uid (a separate communicator)\n");
-    pid_t victim = spawn_self("--victim", h, root);
+    pid_t victim = harness_spawn_self(h, "test_adv_p2p", "--victim", root);
     assert_true(victim > 0);
-    assert_true(wait_for(h->dir, "idle-done", 120000));
+    assert_true(harness_wait_for(h->dir, "idle-done", 120000));
     double t0 = now_ms();
-    pid_t attacker = spawn_self("--attacker", h, false);
+    pid_t attacker = harness_spawn_self(h, "test_adv_p2p", "--attacker", false);
     assert_true(attacker > 0);
-    bool ready = wait_for(h->dir, "attack-ready", 120000);
+    bool ready = harness_wait_for(h->dir, "attack-ready", 120000);
     print_message("attack set up in %.0f ms (%d connections, %d sends that never match)\n", now_ms() - t0, HOGS + 2,
                   HOGS * HOG_SENDS);
-    touch(h->dir, "attack-on");
+    harness_touch(h->dir, "attack-on");
     int vrc = harness_wait(victim, 120000);
-    touch(h->dir, "stop");
+    harness_touch(h->dir, "stop");
     int arc = harness_wait(attacker, 60000);
     char path[512], text[256] = "";
     snprintf(path, sizeof(path), "%s/rates", h->dir);
