@@ -570,6 +570,13 @@ static colld_status_t capture_state(const colld_cu_t *cu, void *stream, bool *ca
     cuuint64_t id = 0;
     *capturing = false;
     *graph = NULL;
+    /* The legacy default stream (NULL) is the current context's: a thread with none (a worker
+     * thread of the application, torch_colld's) is not capturing it. It gets the primary context
+     * of the buffers' device below (ensure_ctx); a capture elsewhere in that context then refuses
+     * the enqueue on the legacy stream, as the driver does. */
+    CUcontext cur = NULL;
+    if ((!stream || stream == CU_STREAM_LEGACY) && CU_CHECK(cu, cuCtxGetCurrent, &cur) == CUDA_SUCCESS && !cur)
+        return COLLD_OK;
     CUresult r = CU_CHECK_EXPECT(cu, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, cuStreamIsCapturing, (CUstream)stream, &cs);
     if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
         return cu_say(cu, err, COLLD_ERR_NOT_SUPPORTED, r,

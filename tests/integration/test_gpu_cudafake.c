@@ -12,6 +12,9 @@
  *     flag_protocol   count-0 stream-ordered all-reduces: the flag area registered in both
  *                     processes, `ready` written by the client's stream, `done` by the daemon's
  *                     stream (cuStreamWriteValue32), completion by its event: end to end
+ *     legacy_stream_bare_thread  an all-reduce on the legacy default stream (NULL) from a thread
+ *                     with no current context (torch_colld's worker; failed on an H200 before the
+ *                     fix): the buffers' primary context is made current, the result exact
  *     collectives     all-reduce (out of place, in place), broadcast, reduce, all-gather and
  *                     reduce-scatter on the application's device memory, results exact: the daemon
  *                     launches its kernels through the driver API (issue 15 A1, fixed), each launch
@@ -137,6 +140,69 @@ static void test_collectives_driver_launch(void **state)
     run_ranks(*state, sc_collectives, 0, ranks);
     for (int i = 0; i < 2; i++)
         assert_int_equal(ranks[i].v[0], 6); /* six collectives, every result exact */
+    assert_int_equal(harness_wait_clean(*state, 10000), 0);
+}
+
+/* A thread of the application with no current CUDA context (torch_colld's worker, which issues
+ * the caller's operations) posts an all-reduce on the legacy default stream (NULL). Found on an
+ * H200 with torch 2.11: every such call failed with "stream (nil): cuStreamIsCapturing:
+ * CUDA_ERROR_INVALID_CONTEXT" (the capture check asked about the current context's legacy stream
+ * before libcolld made the buffers' primary context current). Now the thread gets the buffers'
+ * primary context, the collective is ordered on that context's legacy stream, the result exact. */
+typedef struct {
+    rank_t *r;
+    void *buf;
+    colld_status_t st;
+    CUcontext before, after;
+} bare_thread_t;
+
+static void *bare_thread(void *arg)
+{
+    bare_thread_t *b = arg;
+    cu->cuCtxGetCurrent(&b->before);
+    b->st = colld_allreduce(b->buf, b->buf, N_AR, COLLD_FLOAT32, COLLD_SUM, b->r->comm, NULL);
+    cu->cuCtxGetCurrent(&b->after);
+    return NULL;
+}
+
+static void sc_legacy_stream_bare_thread(rank_t *r)
+{
+    static float host[2][N_AR];
+    CUdeviceptr buf = 0;
+    CUresult cr;
+    if ((cr = cu->cuMemAlloc(&buf, N_AR * sizeof(float))) != CUDA_SUCCESS)
+        return rank_fail(r, "cuMemAlloc: %s", rname(cr));
+    bare_thread_t b = { .r = r, .buf = (void *)(uintptr_t)buf, .before = (CUcontext)1 };
+    pthread_t t;
+    if (fill(r, buf, buf, N_AR, 0, host[r->rank]) && pthread_create(&t, NULL, bare_thread, &b) == 0) {
+        pthread_join(t, NULL);
+        r->st[0] = b.st;
+        snprintf(r->detail, sizeof(r->detail), "%s", colld_comm_last_error(r->comm));
+        CUcontext mine = NULL;
+        cu->cuCtxGetCurrent(&mine);
+        if (b.before != NULL || b.after != mine)
+            rank_fail(r, "the thread's context: %p before (want none), %p after (want the primary %p)",
+                      (void *)b.before, (void *)b.after, (void *)mine);
+        /* The rank's thread holds the same primary context: its legacy stream is the one used. */
+        else if (b.st == COLLD_OK && (r->cr[0] = cu->cuStreamSynchronize(CU_STREAM_LEGACY)) == CUDA_SUCCESS &&
+                 (r->st[1] = colld_comm_synchronize(r->comm)) == COLLD_OK)
+            expect_values(r, "all-reduce on the legacy stream from a thread without a context", buf, N_AR,
+                          host[r->rank], want_sum);
+    }
+    pthread_barrier_wait(r->barrier);
+    cu->cuMemFree(buf);
+}
+
+static void test_legacy_stream_bare_thread(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_legacy_stream_bare_thread, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[0], COLLD_OK);
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS);
+        assert_int_equal(ranks[i].st[1], COLLD_OK);
+        assert_int_equal(ranks[i].v[0], 1); /* the result exact */
+    }
     assert_int_equal(harness_wait_clean(*state, 10000), 0);
 }
 
@@ -307,6 +373,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_mem_alloc_cuda, setup_on_double, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_flag_protocol, setup_on_double, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_collectives_driver_launch, setup_on_double, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_legacy_stream_bare_thread, setup_on_double, harness_test_teardown),
     };
     static const char *const basic[] = { "vmm", "legacy", NULL };
     static const char *const known[] = {
