@@ -15,6 +15,9 @@
  *     legacy_stream_bare_thread  an all-reduce on the legacy default stream (NULL) from a thread
  *                     with no current context (torch_colld's worker; failed on an H200 before the
  *                     fix): the buffers' primary context is made current, the result exact
+ *     stream_only_waits  53 collectives on 16-entry rings, each waited for by its stream alone
+ *                     (never through colld): the completion ring never fills (hung on an H200
+ *                     after 256 before the fix)
  *     collectives     all-reduce (out of place, in place), broadcast, reduce, all-gather and
  *                     reduce-scatter on the application's device memory, results exact: the daemon
  *                     launches its kernels through the driver API (issue 15 A1, fixed), each launch
@@ -206,6 +209,48 @@ static void test_legacy_stream_bare_thread(void **state)
     assert_int_equal(harness_wait_clean(*state, 10000), 0);
 }
 
+/* An application that observes its stream-ordered collectives through its stream alone, never
+ * through colld (torch_colld's CUDA path, any NCCL program that only synchronizes its streams),
+ * with the daemon's rings at 16 entries: 3 x 16 + 5 collectives, each waited for by
+ * cuStreamSynchronize only. Found on an H200 with torch 2.11: after 256 collectives (the default
+ * rings) the daemon took no more descriptors (it needs a free completion slot, and nobody reaped
+ * the completion ring), so the 257th stream waited for ever. Now every post reaps first. */
+#define SMALL_RING 16
+
+static void sc_stream_only(rank_t *r)
+{
+    for (int i = 0; i < 3 * SMALL_RING + 5; i++) {
+        r->st[0] = colld_allreduce(NULL, NULL, 0, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+        if (r->st[0] != COLLD_OK || (r->cr[0] = stream_released(r)) != CUDA_SUCCESS)
+            return;
+        r->v[0]++;
+    }
+    r->st[1] = colld_comm_synchronize(r->comm);
+}
+
+static int setup_small_rings(void **state)
+{
+    char n[16];
+    snprintf(n, sizeof(n), "%d", SMALL_RING);
+    setenv("COLLD_RING_ENTRIES", n, 1); /* the daemon's --ring-entries, for this start only */
+    int rc = setup_on_double(state);
+    unsetenv("COLLD_RING_ENTRIES");
+    return rc;
+}
+
+static void test_stream_only_waits(void **state)
+{
+    rank_t ranks[2];
+    run_ranks(*state, sc_stream_only, 0, ranks);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ranks[i].st[0], COLLD_OK);
+        assert_int_equal(ranks[i].cr[0], CUDA_SUCCESS);
+        assert_int_equal(ranks[i].v[0], 3 * SMALL_RING + 5);
+        assert_int_equal(ranks[i].st[1], COLLD_OK);
+    }
+    assert_int_equal(harness_wait_clean(*state, 10000), 0);
+}
+
 /* ============================================================================================
  * An old driver
  * ========================================================================================== */
@@ -374,6 +419,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_flag_protocol, setup_on_double, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_collectives_driver_launch, setup_on_double, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_legacy_stream_bare_thread, setup_on_double, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_stream_only_waits, setup_small_rings, harness_test_teardown),
     };
     static const char *const basic[] = { "vmm", "legacy", NULL };
     static const char *const known[] = {
