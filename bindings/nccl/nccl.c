@@ -516,6 +516,12 @@ EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
     if (!comm)
         return ncclSuccess;
+    /* As NCCL's: finalize first when the caller did not. What this rank issued completes (bounded
+     * by the communicator's timeout; a broken communicator returns at once) before the handle goes:
+     * destroyed at once, a send still queued on a stream was cancelled, and every peer's operation
+     * failed with the communicator (on an H200: a pipeline's last stage received nothing). */
+    if (comm->c)
+        (void)colld_comm_synchronize(comm->c);
     colld_status_t st = comm->c ? colld_comm_destroy(comm->c) : COLLD_OK;
     comm->c = NULL;
     free(comm);

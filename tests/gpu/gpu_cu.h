@@ -38,6 +38,8 @@
     X(cuMemcpyHtoDAsync, PFN_cuMemcpyHtoDAsync_v3020) X(cuMemcpyDtoHAsync, PFN_cuMemcpyDtoHAsync_v3020)      \
     X(cuMemsetD8, PFN_cuMemsetD8_v3020)                                                                      \
     X(cuMemHostRegister, PFN_cuMemHostRegister_v6050) X(cuMemHostUnregister, PFN_cuMemHostUnregister_v4000)  \
+    X(cuMemHostGetDevicePointer, PFN_cuMemHostGetDevicePointer_v3020)                                        \
+    X(cuStreamWaitValue32, PFN_cuStreamWaitValue32_v11070)                                                   \
     X(cuLibraryLoadData, PFN_cuLibraryLoadData_v12000) X(cuLibraryUnload, PFN_cuLibraryUnload_v12000)        \
     X(cuLibraryGetKernel, PFN_cuLibraryGetKernel_v12000) X(cuKernelGetFunction, PFN_cuKernelGetFunction_v12000) \
     X(cuLaunchKernel, PFN_cuLaunchKernel_v4000)

@@ -11,6 +11,8 @@
  *     and the results back on the stream, one host wait at the end;
  *   - PyTorch's pattern without groups: each rank in turn sends to every other in rank order, the
  *     others receive, everything on the stream;
+ *   - a pipeline (rank r receives from r - 1, sends to r + 1) whose senders call ncclCommDestroy
+ *     at once, without waiting for their streams: the last rank still gets the data;
  * every element compared exactly. Device buffers are stream-ordered as with NCCL: the calls return
  * at once and the stream waits.
  *
@@ -20,10 +22,12 @@
 #include "nccl_share_id.h" /* the tests' own: the unique id through a file */
 #include "tests/gpu/gpu_cu.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #define MAXN 8
@@ -76,6 +80,22 @@ static size_t type_size(ncclDataType_t t)
     default:
         return 8;
     }
+}
+
+/* A gate on a stream: a page of host memory the stream waits on (cuStreamWaitValue32) until a
+ * thread opens it, late: the work queued after it on the stream waits that long. */
+typedef struct {
+    volatile uint32_t *word;
+    int delay_ms;
+} gate_t;
+
+static void *gate_opener(void *arg)
+{
+    gate_t *g = arg;
+    struct timespec ts = { g->delay_ms / 1000, (long)(g->delay_ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+    __atomic_store_n(g->word, 1u, __ATOMIC_RELEASE);
+    return NULL;
 }
 
 /* Compare `bytes` received from `from` in round `salt`; the count of wrong bytes (printed). */
@@ -188,7 +208,57 @@ int main(int argc, char **argv)
     }
     /* Every rank has checked before any leaves. */
     CHECK(ncclAllReduce(hs, hs, 1, ncclInt32, ncclSum, comm, NULL));
+    /* A pipeline that ends in ncclCommDestroy (vLLM's stages, test_pynccl's pipeline): rank r > 0
+     * receives from r - 1; rank r < n - 1 sends to r + 1 and destroys its communicator at once,
+     * without waiting for its stream. NCCL's ncclCommDestroy finalizes first, and so must colld's:
+     * the send still arrives (on an H200, test_pynccl's last rank got zeros before the fix). The
+     * sender's stream is held at a gate until 300 ms after the call, so that the send is not
+     * there yet when ncclCommDestroy is called. */
+    salt = 7;
+    for (size_t j = 0; j < bytes; j++)
+        hs[j] = byte_of(rank, rank + 1, salt, j);
+    memset(hr, 0x5a, bytes);
+    CU(cu.cuMemcpyHtoDAsync(ds, hs, bytes, stream));
+    CU(cu.cuMemcpyHtoDAsync(dr, hr, bytes, stream));
+    if (rank > 0)
+        CHECK(ncclRecv((void *)(uintptr_t)dr, COUNT, ncclInt32, rank - 1, comm, stream));
+    /* The sender's stream reaches its send only 300 ms after ncclCommDestroy was called. */
+    uint32_t *word = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (word == MAP_FAILED) {
+        fprintf(stderr, "rank %d: mmap failed\n", rank);
+        return 1;
+    }
+    CU(cu.cuMemHostRegister(word, 4096, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE));
+    CUdeviceptr dword;
+    CU(cu.cuMemHostGetDevicePointer(&dword, word, 0));
+    gate_t gate = { .word = word, .delay_ms = 300 };
+    pthread_t opener;
+    bool opening = false;
+    if (rank < nranks - 1) {
+        CU(cu.cuStreamWaitValue32(stream, dword, 1, CU_STREAM_WAIT_VALUE_GEQ));
+        CHECK(ncclSend((void *)(uintptr_t)ds, COUNT, ncclInt32, rank + 1, comm, stream));
+        opening = pthread_create(&opener, NULL, gate_opener, &gate) == 0;
+        if (!opening)
+            *word = 1;
+    }
+    if (rank == nranks - 1 && rank > 0) {
+        CU(cu.cuMemcpyDtoHAsync(hr, dr, bytes, stream));
+        CU(cu.cuStreamSynchronize(stream));
+        bad += check(hr, rank - 1, salt, bytes, "a pipeline whose sender destroys its communicator at once");
+        checked++;
+        CHECK(ncclCommGetAsyncError(comm, &async));
+        if (async != ncclSuccess) {
+            fprintf(stderr, "rank %d: after the pipeline: ncclCommGetAsyncError: %s (%s)\n", rank,
+                    ncclGetErrorString(async), ncclGetLastError(comm));
+            bad++;
+        }
+    }
     CHECK(ncclCommDestroy(comm));
+    if (opening)
+        pthread_join(opener, NULL);
+    CU(cu.cuStreamSynchronize(stream)); /* released: nothing of it waits for ever */
+    CU(cu.cuMemHostUnregister(word));
+    munmap(word, 4096);
     printf("rank %d: %ld device-buffer messages checked, %ld wrong\n", rank, checked, bad);
     gpu_cu_host_free(&cu, hs, region);
     gpu_cu_host_free(&cu, hr, region);

@@ -549,7 +549,10 @@ bool cuda_comm_busy(const colld_backend_t *b, const colld_dcomm_t *c)
 }
 
 /* The communicator broke: fail its matched GPU collectives that were not launched, and release
- * every rank's stream past what it posted (deferred while a kernel runs). */
+ * every rank's stream past what it posted (deferred while a kernel runs). One that a rank closed
+ * (destroyed its handle) keeps the sends and receives between the ranks still there: a rank with
+ * one outstanding keeps its stream, which that send or receive releases when it ends (a
+ * pipeline's last stage still gets its data when an earlier stage has destroyed its handle). */
 void cuda_comm_broken(colld_daemon_t *d, colld_dcomm_t *c)
 {
     colld_backend_t *b = cuda_of(d);
@@ -579,6 +582,8 @@ void cuda_comm_broken(colld_daemon_t *d, colld_dcomm_t *c)
     gpu_comm_t *gc = gpu_comm_of(b, c);
     for (int r = 0; r < c->nranks; r++) {
         colld_member_t *m = &c->ranks[r];
+        if (c->state == COLLD_COMM_CLOSING && m->p2p_head)
+            continue;
         if (m->session && gpu_session_of(b, m->session) && gc->base_set[r])
             owe_release(b, c, r, gc->last[r], colld_comm_waiting_status(c));
     }

@@ -465,9 +465,13 @@ void cuda_p2p_comm_broken(colld_backend_t *b, colld_dcomm_t *c)
     colld_gpus_t *g = gpus_of(b);
     if (!g)
         return;
+    /* A communicator a rank closed (destroyed its handle) keeps the transfers between the ranks
+     * still there, as server/core/p2p.c keeps their sends and receives: only those with a rank
+     * that left fail. */
+    bool closing = c->state == COLLD_COMM_CLOSING;
     for (gpu_xfer_t **pp = &g->xpending; *pp;) {
         gpu_xfer_t *t = *pp;
-        if (t->x->comm != c) {
+        if (t->x->comm != c || (closing && !t->x->send->member->left && !t->x->recv->member->left)) {
             pp = &t->next;
             continue;
         }
