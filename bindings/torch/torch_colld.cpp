@@ -779,7 +779,7 @@ class ProcessGroupColld : public c10d::Backend
                 }
                 w->set_outputs(std::move(all));
                 batch.work = w;
-                if (batch.parts[0].stream) { /* the parts' works are completed by this thread below */
+                if (batch.parts[0].device.is_cuda()) { /* the parts' works are completed by this thread below */
                     batch.issued = issued = std::make_shared<std::promise<std::string>>();
                     works.push_back(w);
                     dones.push_back(nullptr);
@@ -834,6 +834,17 @@ class ProcessGroupColld : public c10d::Backend
         stop(abort);
         std::lock_guard<std::mutex> lock(join_mu_);
         if (comm_) {
+            /* As ProcessGroupNCCL's shutdown: what was issued on CUDA streams finishes first
+             * (bounded by the timeout; a broken communicator returns at once), or the peers'
+             * matching sends and receives would fail with it. Host operations are done already. */
+            if (!abort) {
+                if (Py_IsInitialized() && PyGILState_Check()) {
+                    pybind11::gil_scoped_release nogil;
+                    (void)colld_comm_synchronize(comm_);
+                } else {
+                    (void)colld_comm_synchronize(comm_);
+                }
+            }
             colld_comm_destroy(comm_);
             comm_ = nullptr;
         }
@@ -1123,7 +1134,7 @@ class ProcessGroupColld : public c10d::Backend
                 return w;
             }
             if (!stop_) {
-                if (o.stream)
+                if (o.device.is_cuda()) /* stream-ordered, also on the default stream (NULL) */
                     o.issued = issued = std::make_shared<std::promise<std::string>>();
                 queue_.push_back(std::move(o));
                 queued_.store(queue_.size(), std::memory_order_release);
@@ -1196,6 +1207,17 @@ class ProcessGroupColld : public c10d::Backend
                     continue;
                 }
             }
+#ifdef COLLD_TORCH_CUDA
+            /* A CUDA operation is issued on the caller's stream: its device's context current here. */
+            c10::Device dev = o.parts.empty() ? o.device : o.parts[0].device;
+            std::string no_ctx = dev.is_cuda() ? torch_colld::make_current(dev) : std::string();
+            if (!no_ctx.empty() && o.issued) {
+                o.issued->set_value("torch_colld: " + std::string(o.name) + ": " + no_ctx);
+                std::lock_guard<std::mutex> lock(mu_);
+                busy_ = false;
+                continue;
+            }
+#endif
             /* A batch's parts go in one colld group. */
             colld_status_t st = o.parts.empty() ? o.issue(comm_, o.stream) : grouped(o.parts.size(), [&](size_t i) {
                 return o.parts[i].issue(comm_, o.parts[i].stream);

@@ -1,13 +1,14 @@
 /*
  * torch_colld_cuda.cpp - torch_colld's CUDA stream and event calls (torch_colld_cuda.h), through
  * torch's c10::cuda (libc10_cuda) and the CUDA runtime torch loads. Built only with
- * -DCOLLD_TORCH_CUDA=ON; compiled here against the wheel's CUDA 13.0 headers, never run on a GPU
- * (docs/torch.md).
+ * -DCOLLD_TORCH_CUDA=ON; compiled here against the wheel's CUDA 13.0 headers (docs/torch.md).
  */
 #include "torch_colld_cuda.h"
 
 #include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include <cuda_runtime_api.h>
 
 namespace torch_colld
 {
@@ -49,6 +50,16 @@ class EventFence final : public StreamFence
 void *current_stream(c10::Device d)
 {
     return c10::cuda::getCurrentCUDAStream(d.index()).stream();
+}
+
+std::string make_current(c10::Device d)
+{
+    /* cudaSetDevice itself, not c10's SetDevice: that skips the call when cudaGetDevice already
+     * says d, which it does on a fresh thread that has no current context yet (CUDA >= 12 makes
+     * the primary context current in cudaSetDevice). */
+    cudaError_t e = cudaSetDevice(d.index());
+    return e == cudaSuccess ? std::string() : std::string("cudaSetDevice(") + std::to_string(d.index()) + "): " +
+                                                  cudaGetErrorString(e);
 }
 
 std::unique_ptr<StreamFence> record_fence(c10::Device d)

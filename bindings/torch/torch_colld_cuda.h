@@ -9,6 +9,7 @@
 #include <c10/core/Device.h>
 
 #include <memory>
+#include <string>
 
 namespace torch_colld
 {
@@ -28,6 +29,11 @@ class StreamFence
 
 /* The calling thread's current CUDA stream of device d (torch's), as a cudaStream_t. */
 void *current_stream(c10::Device d);
+
+/* Make device d's primary context current on the calling thread (the worker that issues the
+ * caller's operations: NULL, torch's default stream, is the legacy stream of the thread's current
+ * context, and libcolld's stream calls need one). The error text, empty if none. */
+std::string make_current(c10::Device d);
 
 /* An event recorded now on the calling thread's current stream of device d. */
 std::unique_ptr<StreamFence> record_fence(c10::Device d);
