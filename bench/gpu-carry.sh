@@ -34,7 +34,8 @@
 #            The packed extension is for this project's Python (3.11); for another (the lent
 #            machines' python3 is 3.12) it is compiled there first from the packed sources (g++,
 #            that Python's headers, its torch's). At most TORCH_BUDGET s (default 480) in all,
-#            every step under its own limit; run it on its own: `run info torch`.
+#            every step under its own limit (TORCH_SKIP names steps to leave out, e.g.
+#            "torch_ddp_nccl torch_cuda4"); run it on its own: `run info torch`.
 # Default: info kernels stream graph bench. BUDGET (seconds, default 500): a step that could run
 # past it is not started. It prints a summary line per step and the failing logs' tails.
 # Here, without a GPU, `DIR/gpu-carry.sh run info torch` dry-runs the torch phase: every GPU step
@@ -88,6 +89,12 @@ pack() {
     "$dir/src/bindings/torch/"
   cp "$root/bindings/torch/torch_colld/__init__.py" "$dir/src/bindings/torch/torch_colld/"
   cp "$root/include/colld/colld.h" "$dir/src/include/colld/"
+  # torch's CUDA headers include cuda_runtime.h, which needs crt/host_config.h: the nvidia wheels of
+  # CUDA 13 leave crt/ out, so the toolkit's (here, same major version) is carried as a fallback.
+  if [ -d /usr/local/cuda/include/crt ]; then
+    mkdir -p "$dir/src/cuda-include"
+    cp -r /usr/local/cuda/include/crt "$dir/src/cuda-include/"
+  fi
   cp "$root/tests/torch/test_torch.py" "$dir/src/tests/torch/"
   cp "$root/tests/nccl/test_pynccl.py" "$root/tests/nccl/nccl_py_common.py" "$dir/src/tests/nccl/"
   cp "$root/bench/gpu_torch.py" "$dir/src/bench/"
@@ -314,7 +321,10 @@ if has torch; then
     case "$(basename "$l")" in libcudart*|libcublas*|libnvrtc*) ;; *) ln -s "$l" "$TLIB/" ;; esac
   done
   TLD="$TLIB:$B/client${SYS_LD:+:$SYS_LD}"
-  trun() { # name timeout cmd...: a step of this phase, within its budget
+  trun() { # name timeout cmd...: a step of this phase, within its budget, unless in TORCH_SKIP
+    case " ${TORCH_SKIP:-} " in
+      *" $1 "*) echo "--- $1: skipped (TORCH_SKIP)"; echo "$1 not-run" >>"$O/summary.txt"; return 0 ;;
+    esac
     if [ $(($(date +%s) - tb0 + $2)) -gt "$TB" ]; then
       echo "--- $1: not run (would pass the torch phase's $TB s)"
       echo "$1 not-run" >>"$O/summary.txt"
@@ -364,7 +374,8 @@ for k, v in dict(TI=os.path.join(d, \"include\"), TL=os.path.join(d, \"lib\"), P
         echo "torch $CUDA: no CUDA runtime headers or libc10_cuda: built for CPU tensors only"
       fi
       flags="-std=c++17 -O2 -fPIC -fvisibility=hidden -D_GLIBCXX_USE_CXX11_ABI=$ABI -DTORCH_EXTENSION_NAME=_torch_colld
-        -DTORCH_API_INCLUDE_EXTENSION_H -I$1/include -isystem $TI -isystem $TI/torch/csrc/api/include -isystem $PYI $defs"
+        -DTORCH_API_INCLUDE_EXTENSION_H -I$1/include -isystem $TI -isystem $TI/torch/csrc/api/include -isystem $PYI $defs
+        -idirafter $1/cuda-include"
       echo "$CXX $flags"
       objs=""
       for f in $files; do
@@ -375,14 +386,16 @@ for k, v in dict(TI=os.path.join(d, \"include\"), TL=os.path.join(d, \"lib\"), P
         -ltorch_cpu -lc10 $libs -Wl,-rpath,"$b/client"
       echo "built $out/torch_colld/_torch_colld$SUF"' "$PY" "$S" "$PYD" "$B"
   fi
-  trun torch_cuda2 150 "$PY" "$S/tests/torch/test_torch.py" --colld "$B/server/colld" --pythonpath "$PYD" cuda/2
-  trun torch_ddp_colld 150 "$PY" "$S/bench/gpu_torch.py" --colld "$B/server/colld" --backend colld \
+  trun torch_ddp_colld 150 "$PY" "$S/bench/gpu_torch.py" --colld "$B/server/colld" --backend colld --timeout "${GPU_TORCH_TIMEOUT:-110}" \
     --pythonpath "$PYD" --ranks 2
-  trun torch_ddp_nccl 150 "$PY" "$S/bench/gpu_torch.py" --colld "$B/server/colld" --backend nccl \
+  trun torch_ddp_nccl 150 "$PY" "$S/bench/gpu_torch.py" --colld "$B/server/colld" --backend nccl --timeout "${GPU_TORCH_TIMEOUT:-110}" \
     --nccl-lib "$NCCL_LIB" --torch-path "$TORCH_PATH" --ranks 2
   trun torch_pynccl 120 "$PY" "$S/tests/nccl/test_pynccl.py" --lib "$NCCL_LIB" --colld "$B/server/colld" \
     --torch-path "$TORCH_PATH" --cuda --ranks 2,3
-  trun torch_cuda4 150 "$PY" "$S/tests/torch/test_torch.py" --colld "$B/server/colld" --pythonpath "$PYD" cuda/4
+  trun torch_cuda2 90 "$PY" "$S/tests/torch/test_torch.py" --colld "$B/server/colld" --pythonpath "$PYD" \
+    --timeout 70 cuda/2
+  trun torch_cuda4 90 "$PY" "$S/tests/torch/test_torch.py" --colld "$B/server/colld" --pythonpath "$PYD" \
+    --timeout 70 cuda/4
   echo "##### torch summary (record in docs/gpu-testing.md), $(($(date +%s) - tb0)) s"
   grep "^torch_" "$O/summary.txt"
   head -n 5 "$O/torch_env.log"

@@ -59,8 +59,15 @@ def fmt_size(n):
 # ---------------------------------------------------------------- one rank
 
 def worker(args):
+    import faulthandler
     import torch
     import torch.distributed as dist
+
+    # A hang shows where: every thread's Python stack on stderr before the driver kills the rank.
+    faulthandler.dump_traceback_later(max(5, args.timeout - 10), exit=False)
+
+    def step(what):
+        print(f"rank {args.rank}: {what}", file=sys.stderr, flush=True)
 
     if args.cpu:  # the script's own dry run, without a GPU
         dev, sync = torch.device("cpu"), (lambda: None)
@@ -83,6 +90,7 @@ def worker(args):
         ours = os.path.realpath(args.nccl_lib)
         check("only colld's libnccl.so.2 is mapped", ncclmaps and all(os.path.realpath(m) == ours for m in ncclmaps),
               ", ".join(ncclmaps) or "none mapped")
+    step("init_process_group")
     dist.init_process_group(args.backend, init_method=f"file://{args.store}", rank=args.rank, world_size=args.world)
     world, rank = args.world, args.rank
 
@@ -93,6 +101,7 @@ def worker(args):
                                    torch.nn.Tanh(), torch.nn.Linear(128, 4)).double()
 
     model, ref = make_model().to(dev), make_model()
+    step("DistributedDataParallel(...)")
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=None if args.cpu else [0], bucket_cap_mb=0.1)
     batches = [(torch.randn(16, 64, generator=torch.Generator().manual_seed(100 + r), dtype=torch.float64),
                 torch.randn(16, 4, generator=torch.Generator().manual_seed(200 + r), dtype=torch.float64))
@@ -100,6 +109,7 @@ def worker(args):
     x, y = (t.to(dev) for t in batches[rank])
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     opt.zero_grad()
+    step("ddp forward and backward")
     torch.nn.functional.mse_loss(ddp(x), y).backward()
     grads = torch.cat([p.grad.flatten() for p in model.parameters()])
     every = [torch.empty_like(grads) for _ in range(world)]
@@ -119,6 +129,7 @@ def worker(args):
     check("ddp: parameters bit-identical after the step", all(torch.equal(every[0], p) for p in every))
 
     # small: latency of a blocking caller.
+    step("small all_reduce timings")
     for nbytes in args.small:
         t = torch.ones(max(1, nbytes // 4), device=dev)
         times = []
@@ -130,6 +141,7 @@ def worker(args):
                 times.append(time.perf_counter() - t0)
         res["small"][nbytes] = statistics.median(times) * 1e6
     # large: back to back, one synchronize.
+    step("large all_reduce timings")
     for nbytes in args.large:
         t = torch.ones(nbytes // 4, device=dev)
         for _ in range(3):
@@ -229,7 +241,8 @@ def main():
         t0 = time.monotonic()
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--backend", args.backend,
                                    "--rank", str(r), "--world", str(args.ranks), "--store", store, "--out", out,
-                                   "--small", ",".join(map(str, args.small)), "--large", ",".join(map(str, args.large))]
+                                   "--timeout", str(args.timeout), "--small", ",".join(map(str, args.small)),
+                                   "--large", ",".join(map(str, args.large))]
                                   + (["--nccl-lib", args.nccl_lib] if args.nccl_lib else [])
                                   + (["--cpu"] if args.cpu else []), env=env)
                  for r in range(args.ranks)]
@@ -238,6 +251,11 @@ def main():
             try:
                 codes.append(p.wait(timeout=max(1, args.timeout - (time.monotonic() - t0))))
             except subprocess.TimeoutExpired:
+                ctl = os.path.join(os.path.dirname(os.path.abspath(args.colld)), "..", "tools", "collctl")
+                if os.path.exists(ctl):  # what the daemon says about the hung group, before the kill
+                    print(f"timeout after {args.timeout} s: collctl status and doctor", flush=True)
+                    for what in ("status", "doctor"):
+                        subprocess.run([ctl, "--socket", sock, what], timeout=20)
                 for q in procs:
                     q.kill()
                 codes.append(f"killed after {args.timeout} s")

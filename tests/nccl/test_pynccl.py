@@ -300,7 +300,12 @@ def main():
 
     others = common.other_nccls(args.lib)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("LD_LIBRARY_PATH", None)
+    # The library path may name the folders of the libraries colld's needs (a machine without
+    # them installed, bench/gpu-carry.sh); a folder that holds any libnccl is dropped from it.
+    keep = [d for d in env.pop("LD_LIBRARY_PATH", "").split(os.pathsep)
+            if d and not (os.path.isdir(d) and any(f.startswith("libnccl.so") for f in os.listdir(d)))]
+    if keep:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(keep)
     torch_env = None  # colld's library loaded as docs/nccl.md says, for workers that import torch
     if args.torch_path and importlib.util.find_spec("torch"):  # found, not imported: no NCCL loaded here
         torch_env = dict(env, LD_PRELOAD=os.path.abspath(args.lib),

@@ -821,7 +821,7 @@ def worker_cuda(torch, dist, rank, world, ck):
             for op in ["SUM", "AVG"]:
                 t = rank_input(torch, rank, count, dtype).to(dev)
                 dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
-                t.mul_(1)  # a kernel after the collective on the same stream
+                t = t.clone()  # a kernel after the collective on the same stream (a copy: every dtype has one)
                 ck.equal(f"cuda all_reduce {op} {dtype} x{count}", t.cpu(),
                          expected_reduce(torch, op, world, count, dtype))
         out = torch.zeros(world * 1001, dtype=getattr(torch, dtype), device=dev)
@@ -913,6 +913,9 @@ def worker_zerocopy(torch, dist, rank, world, ck):
 
 
 def worker_main(args):
+    import faulthandler
+    # A hang shows where: every thread's Python stack on stderr before the driver kills the rank.
+    faulthandler.dump_traceback_later(max(5, args.timeout - 10), exit=False)
     import torch
     import torch.distributed as dist
     import torch_colld  # noqa: F401  (registers "colld")
@@ -978,7 +981,7 @@ def run_scenario(args, tmp, env, name, world, timeout):
     store = os.path.join(tmp, f"store-{name.replace('+', '-')}-{world}")
     t0 = time.monotonic()
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", name, "--rank", str(r),
-                               "--world", str(world), "--store", store], env=env)
+                               "--world", str(world), "--store", store, "--timeout", str(timeout)], env=env)
              for r in range(world)]
     ok = True
     for r, p in enumerate(procs):
@@ -1007,6 +1010,9 @@ def main():
     ap.add_argument("--store")
     ap.add_argument("--upstream", help="instead of the scenarios: run upstream_suite.py for colld with "
                     "the tests listed in this file, all of which must pass")
+    ap.add_argument("--timeout", type=int, default=300,
+                    help="seconds for each scenario named as NAME/WORLD (each rank's Python stacks are "
+                         "printed 10 s before)")
     ap.add_argument("scenarios", nargs="*")
     args = ap.parse_args()
     if args.worker:
@@ -1032,7 +1038,7 @@ def main():
     else:
         print("test_torch: no GPU (torch.cuda.is_available() is false): the cuda scenario is skipped", flush=True)
     if args.scenarios:
-        plan = [p for p in plan if p[0] in args.scenarios] or [(s, int(w), 300) for s, w in
+        plan = [p for p in plan if p[0] in args.scenarios] or [(s, int(w), args.timeout) for s, w in
                                                                (a.split("/") for a in args.scenarios if "/" in a)]
         if not torch.cuda.is_available() and any(p[0] == "cuda" for p in plan):
             print("test_torch: no GPU (torch.cuda.is_available() is false): cuda/N is skipped", flush=True)
