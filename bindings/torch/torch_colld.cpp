@@ -22,7 +22,7 @@
  * the gathers, scatter, all-to-all, send and receive) take every dtype, as uint8. Receives from
  * any source are refused with a RuntimeError saying so (docs/torch.md). CUDA tensors too, unless
  * built with -DCOLLD_TORCH_CUDA=ON: then they are stream-ordered on the caller's current stream
- * (Op in torch_colld_work.h; never run on a GPU yet).
+ * (Op in torch_colld_work.h; run on an H200 with 2 processes: docs/gpu-testing.md).
  *
  * Files: this one is the backend; torch_colld_work.h its Work and queued operation,
  * torch_colld_convert.{h,cpp} the checks and conversions made on the caller's thread,
@@ -1300,7 +1300,7 @@ PYBIND11_MODULE(_torch_colld, m)
           "Stop every process group's worker thread (at interpreter exit; later operations fail)");
     m.attr("colld_api_version") = COLLD_API_VERSION;
 #ifdef COLLD_TORCH_CUDA
-    m.attr("cuda_built") = true; /* CUDA tensors, stream-ordered: built, never run (docs/torch.md) */
+    m.attr("cuda_built") = true; /* CUDA tensors, stream-ordered (docs/torch.md) */
 #else
     m.attr("cuda_built") = false;
 #endif

@@ -29,8 +29,9 @@ private directory, and checks their exit codes:
         manager (allgather_into_tensor_coalesced, reduce_scatter_tensor_coalesced, start/end
         coalescing), a batch's one Work and its future, Work.wait(timeout), destroy_process_group
         and _abort_process_group of subgroups.
-  cuda  (2 ranks, only where torch sees a GPU; NEVER RUN YET): CUDA tensors, stream-ordered, with a
-        torch_colld built with -DCOLLD_TORCH_CUDA=ON.
+  cuda  (2 ranks, only where torch sees a GPU; passed with 2 processes on an H200,
+        docs/gpu-testing.md): CUDA tensors, stream-ordered, with a torch_colld built with
+        -DCOLLD_TORCH_CUDA=ON.
 
 By default (make test) the scenarios that need no fault of their own run as one 4-rank group
 ("ops+premul+ddp+zerocopy+p2p+api": one start of torch per rank, which costs more than the
@@ -805,8 +806,8 @@ def worker_api(torch, dist, rank, world, ck):
 
 def worker_cuda(torch, dist, rank, world, ck):
     """CUDA tensors, stream-ordered (a torch_colld built with -DCOLLD_TORCH_CUDA=ON, on a machine
-    with a GPU; the driver skips it otherwise). NEVER RUN YET: written with the CUDA path, which
-    no machine here could run. Every reduce dtype through all_reduce (SUM, AVG), and
+    with a GPU; the driver skips it otherwise). Passed with 2 processes on an H200
+    (docs/gpu-testing.md). Every reduce dtype through all_reduce (SUM, AVG), and
     all_gather_into_tensor, reduce_scatter_tensor, broadcast, all_to_all_single and a
     batch_isend_irecv ring on CUDA tensors, exact; a kernel queued after the collective on the
     same stream sees its result; Work.wait() makes the current stream wait."""
@@ -1029,7 +1030,7 @@ def main():
             ("ddp", 2, 90), ("ddp", 4, 90), ("kill", 3, 90), ("exit", 2, 90),
             ("zerocopy", 2, 90), ("zerocopy", 3, 90), ("p2p", 2, 120), ("p2p", 3, 150), ("p2p", 4, 180),
             ("p2pfail", 2, 90), ("p2pkill", 3, 90), ("api", 2, 90), ("api", 3, 90)]
-    gpu = [("cuda", 2, 300)]  # only where torch sees a GPU (never run yet: no machine here has one)
+    gpu = [("cuda", 2, 300)]  # only where torch sees a GPU (none here; bench/gpu-carry.sh runs it on one)
     if not full:
         plan = [("ops+premul+ddp+zerocopy+p2p+api", 4, 240), ("kill", 3, 90), ("exit", 2, 90), ("p2pfail", 2, 90),
                 ("p2pkill", 3, 90)]

@@ -46,8 +46,8 @@ def _create(store, rank, world_size, timeout):
 # Importing twice (or after another registration of the name) must not fail. The plain creator
 # (store, rank, size, timeout), not extended_api: nothing here needs the group's name or global ranks.
 if BACKEND.upper() not in _dist.Backend._plugins:
-    # CUDA tensors only where the extension was built with -DCOLLD_TORCH_CUDA=ON (never run on a
-    # GPU yet, docs/torch.md): then one backend object serves both devices.
+    # CUDA tensors only where the extension was built with -DCOLLD_TORCH_CUDA=ON (docs/torch.md):
+    # then one backend object serves both devices.
     _dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"] if cuda_built else ["cpu"])
 
 # Process groups still alive at exit (no destroy_process_group) stop their worker threads before
