@@ -217,6 +217,8 @@ static void print_json(const Colld__V1__StatusResponse *r)
         printf(",\"slowest_rank\":%d,\"p2p_waited_ms\":%lld,\"p2p_wait\":", c->slowest_rank,
                (long long)c->p2p_waited_ms);
         json_str(c->p2p_wait);
+        printf(",\"coll_waited_ms\":%lld,\"coll_wait\":", (long long)c->coll_waited_ms);
+        json_str(c->coll_wait);
         printf(",\"members\":[");
         for (size_t m = 0; m < c->n_members; m++) {
             const Colld__V1__CommMemberInfo *x = c->members[m];
@@ -344,12 +346,16 @@ static void print_text(const Colld__V1__StatusResponse *r)
             printf(" %d=%s", c->members[m]->rank, where);
         }
         printf("\n");
+        /* What it waits for now comes first: the slowest rank is history (completed collectives),
+         * and a rank that stopped is not in it. */
+        if (c->coll_wait && *c->coll_wait)
+            printf("         waiting: %s\n", c->coll_wait);
         for (size_t m = 0; m < c->n_members; m++) {
             const Colld__V1__CommMemberInfo *x = c->members[m];
             fmt_member(x, where, sizeof(where));
             if (x->rank == c->slowest_rank)
-                printf("         slowest: rank %d (%s), on average %.3f ms behind the first rank, at worst "
-                       "%.3f ms, over %llu collectives\n",
+                printf("         slowest in completed collectives: rank %d (%s), on average %.3f ms behind the "
+                       "first rank, at worst %.3f ms, over %llu collectives\n",
                        x->rank, where, (double)x->mean_late_us / 1000.0, (double)x->max_late_us / 1000.0,
                        (unsigned long long)x->samples);
         }

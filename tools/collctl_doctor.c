@@ -11,12 +11,15 @@
  *     rule of common/linkhealth.h over the rates collctl status shows);
  *   - stragglers: the slowest rank of a communicator, if it lags by --straggler-ms;
  *   - recent faults from the event backlog (the last --since seconds, default 3600): time-outs,
- *     dead peers, mismatches, aborts, NaN contributors (--nan-check), deadlock cycles;
+ *     dead peers, mismatches, aborts, NaN contributors (--nan-check), deadlock cycles; a problem
+ *     while its communicator is still there, else a warning (history: a healthy job on a daemon
+ *     whose earlier job failed is still healthy);
  *   - requests refused at per-tenant limits.
  *
- * Each finding is a problem (something failed or hangs) or a warning (something is slow or was
- * refused). Exit status 0 when there is no problem, 1 when there is one (or the daemon is
- * unreachable), 2 for a bad command line. --json prints one object with every finding.
+ * Each finding is a problem (something fails or hangs now) or a warning (something is slow, was
+ * refused, or failed in a communicator that is gone). Exit status 0 when there is no problem, 1
+ * when there is one (or the daemon is unreachable), 2 for a bad command line. --json prints one
+ * object with every finding.
  */
 #include "tools/collctl.h"
 
@@ -43,7 +46,17 @@ typedef struct {
 typedef struct {
     finding_t f[MAX_FINDINGS];
     int n, problems, warnings, dropped;
+    uint64_t *live;   /* the ids of the communicators the daemon has now (Status) */
+    size_t nlive;
 } report_t;
+
+static bool comm_live(const report_t *r, uint64_t id)
+{
+    for (size_t i = 0; i < r->nlive; i++)
+        if (r->live[i] == id)
+            return true;
+    return false;
+}
 
 __attribute__((format(printf, 4, 5))) static void add(report_t *r, bool problem, const char *what, const char *fmt, ...)
 {
@@ -152,6 +165,11 @@ static int check_status(colld_client_t *c, report_t *r, int64_t stuck_ms, int64_
             "again)",
             text, p->tcp_rtt_us / 1000.0, (unsigned long long)p->retrans);
     }
+    free(r->live);
+    r->live = s->n_comms ? calloc(s->n_comms, sizeof(*r->live)) : NULL;
+    r->nlive = 0;
+    for (size_t i = 0; i < s->n_comms && r->live; i++)
+        r->live[r->nlive++] = s->comms[i]->id;
     for (size_t i = 0; i < s->n_comms; i++) {
         const Colld__V1__CommInfo *ci = s->comms[i];
         if (strcmp(ci->state, "broken") == 0)
@@ -213,8 +231,10 @@ static void check_events(colld_client_t *c, report_t *r, int64_t since_s)
             break;
         collctl_clean_message(m);
         Colld__V1__Event *e = (Colld__V1__Event *)m;
+        /* coll_waiting is in progress: a stuck collective is judged from the status above. */
         bool fault = e->status != COLLD_OK && strcmp(e->type, "comm_destroyed") != 0 &&
-                     strcmp(e->type, "session_detached") != 0 && e->unix_us >= from;
+                     strcmp(e->type, "session_detached") != 0 && strcmp(e->type, "coll_waiting") != 0 &&
+                     e->unix_us >= from;
         if (!fault) {
             protobuf_c_message_free_unpacked(m, NULL);
             continue;
@@ -229,7 +249,7 @@ static void check_events(colld_client_t *c, report_t *r, int64_t since_s)
     }
     colld_rpc_stream_close(st);
     if (more)
-        add(r, true, "faults", "%d earlier fault event(s) in the last %lld s (collctl events shows them all)", more,
+        add(r, false, "faults", "%d earlier fault event(s) in the last %lld s (collctl events shows them all)", more,
             (long long)since_s);
     for (int i = 0; i < nkept; i++) {
         const Colld__V1__Event *e = kept[i];
@@ -241,8 +261,10 @@ static void check_events(colld_client_t *c, report_t *r, int64_t since_s)
         char who[64] = "";
         if (e->rank >= 0)
             snprintf(who, sizeof(who), ", rank %d (pid %d)", e->rank, e->pid);
-        add(r, true, fault_what(e), "%s %s: communicator %llu '%s'%s: %s: %s", when, e->type,
-            (unsigned long long)e->comm_id, e->comm_name, who, colld_status_name((colld_status_t)e->status), e->detail);
+        bool live = e->comm_id && comm_live(r, e->comm_id);
+        add(r, live, fault_what(e), "%s %s: communicator %llu '%s'%s%s: %s: %s", when, e->type,
+            (unsigned long long)e->comm_id, e->comm_name, live ? "" : " (gone now)", who,
+            colld_status_name((colld_status_t)e->status), e->detail);
         protobuf_c_message_free_unpacked(&kept[i]->base, NULL);
     }
 }
@@ -278,6 +300,7 @@ int collctl_doctor(colld_client_t *c, int json, int64_t since_s, int64_t stuck_m
     if (!r)
         return 1;
     if (check_status(c, r, stuck_ms, straggler_ms, head, sizeof(head)) < 0) {
+        free(r->live);
         free(r);
         return 1;
     }
@@ -309,6 +332,7 @@ int collctl_doctor(colld_client_t *c, int json, int64_t since_s, int64_t stuck_m
             printf("%d problem(s), %d warning(s)\n", r->problems, r->warnings);
     }
     int rc = r->problems ? 1 : 0;
+    free(r->live);
     free(r);
     return rc;
 }

@@ -256,6 +256,10 @@ static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
         char wait[COLLD_DETAIL_LEN];
         i->p2p_waited_ms = (int64_t)(colld_p2p_describe_wait(wait, sizeof(wait), c, colld_now_ns()) / 1000000ull);
         i->p2p_wait = strdup(wait);
+        int absent;
+        i->coll_waited_ms = (int64_t)(colld_match_describe_wait(wait, sizeof(wait), c, colld_now_ns(), &absent) /
+                                      1000000ull);
+        i->coll_wait = strdup(wait);
         i->members = &mptr[mi];
         for (int k = 0; k < colld_comm_nslots(c); k++) {
             colld_member_t *m = colld_comm_slot(c, k);
@@ -327,6 +331,7 @@ unlock:
         free(cinfo[k].name);
         free(cinfo[k].last_error);
         free(cinfo[k].p2p_wait);
+        free(cinfo[k].coll_wait);
     }
     free(sinfo);
     free(sptr);

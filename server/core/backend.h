@@ -77,6 +77,9 @@ typedef struct colld_comm_hooks {
     int (*session_msg)(colld_session_t *s, const colld_wire_msg_t *m);
     /* The communicator is freed (nothing of it is in flight). */
     void (*freed)(colld_daemon_t *d, colld_dcomm_t *c);
+    /* Its next collective has waited --wait-event-ms since its first arrival (once per collective):
+     * `rank` is the first rank that has not posted it (-1: all have), `detail` names them. */
+    void (*waiting)(colld_daemon_t *d, colld_dcomm_t *c, int rank, uint64_t waited_ns, const char *detail);
 } colld_comm_hooks_t;
 
 /* A backend's operations. */

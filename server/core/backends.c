@@ -147,6 +147,11 @@ void colld_hooks_freed(colld_daemon_t *d, colld_dcomm_t *c)
     EACH_HOOK(d, h, freed, h->freed(d, c));
 }
 
+void colld_hooks_waiting(colld_daemon_t *d, colld_dcomm_t *c, int rank, uint64_t waited_ns, const char *detail)
+{
+    EACH_HOOK(d, h, waiting, h->waiting(d, c, rank, waited_ns, detail));
+}
+
 int colld_hooks_session_msg(colld_session_t *s, const colld_wire_msg_t *m)
 {
     colld_daemon_t *d = s->daemon;

@@ -169,6 +169,11 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "and fail every communicator of such a cycle with COLLD_ERR_DEADLOCK (a process whose other thread would "
       "still post can be taken for deadlocked: see docs/operations.md)",
       OPT(deadlock_fail), 0, 0 },
+    { "wait-event-ms", "COLLD_WAIT_EVENT_MS", COLLD_CFG_INT, "10000",
+      "a collective that some ranks have posted and others not for this long is reported once (ms; a "
+      "coll_waiting event and a log line naming the ranks that have not posted it, long before the "
+      "communicator's timeout); 0 = off",
+      OPT(wait_event_ms), 0, 86400000 },
     { "socket-mode", "COLLD_SOCKET_MODE", COLLD_CFG_STRING, "0660", "permission bits of both sockets, in octal",
       OPT(socket_mode_text), 0, 0 },
     { "drain-timeout-ms", "COLLD_DRAIN_TIMEOUT_MS", COLLD_CFG_INT, "0",

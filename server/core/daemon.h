@@ -127,6 +127,7 @@ typedef struct {
     uint64_t fast_path_bytes; /* per-rank inputs up to this run on the fast area (0: off) */
     bool nan_check;           /* --nan-check: reductions refuse NaN and infinite inputs */
     int64_t deadlock_ms;      /* --deadlock-ms: a wait-for cycle this old is reported (0: off) */
+    int64_t wait_event_ms;    /* --wait-event-ms: a collective waiting this long is an event (0: off) */
     bool deadlock_fail;       /* --deadlock-fail: and its communicators fail with COLLD_ERR_DEADLOCK */
     int64_t drain_timeout_ms; /* SIGTERM drains this long before stopping (0: stop at once) */
 } colld_daemon_config_t;
@@ -311,6 +312,7 @@ struct colld_dcomm {
     char error_detail[COLLD_DETAIL_LEN];
     uint64_t created_ns;
     uint64_t exec_seq; /* next collective (ordinal) to execute */
+    uint64_t wait_told; /* exec_seq + 1 of the last collective whose long wait was reported (match.c) */
     int colls_running; /* matched collectives not finished yet */
     /* Point-to-point (p2p.c): operations queued on the members; whether a collective completed
      * since the ranks' operations were last released; the index of the unmatched ones by pair of
@@ -701,6 +703,13 @@ uint64_t colld_deadlock_check(colld_daemon_t *d, uint64_t now);
 /* Forget what the check remembers between looks (the engine stopped). */
 void colld_deadlock_free(colld_daemon_t *d);
 uint64_t colld_match_timeouts(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now);
+/* The collective c waits for (c->exec_seq), if some local rank has posted it: how long since its
+ * first arrival, in ns (0: none waits), and into buf what it is and the ranks that have not posted
+ * it, with their pids; *absent is the first of them (-1: every rank posted it). Lock held. */
+uint64_t colld_match_describe_wait(char *buf, size_t len, const colld_dcomm_t *c, uint64_t now, int *absent);
+/* Once per collective, when it has waited --wait-event-ms: the modules learn who has not posted it
+ * (colld_comm_hooks_t.waiting: an event, a log line). Brings *deadline forward to that moment. */
+void colld_match_wait_event(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint64_t *deadline);
 
 /* ---- engine.c: the progress engine ---- */
 int colld_engine_start(colld_daemon_t *d);
@@ -739,6 +748,7 @@ bool colld_hooks_judge(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint64
 void colld_hooks_finished(colld_daemon_t *d, colld_dcomm_t *c, colld_op_t *const *ops, uint64_t first_ns,
                           uint64_t start_ns, uint64_t end_ns, colld_status_t st);
 void colld_hooks_freed(colld_daemon_t *d, colld_dcomm_t *c);
+void colld_hooks_waiting(colld_daemon_t *d, colld_dcomm_t *c, int rank, uint64_t waited_ns, const char *detail);
 /* A session message no core handler serves: the modules' session_msg (lock not held); -2 when
  * none serves it. */
 int colld_hooks_session_msg(colld_session_t *s, const colld_wire_msg_t *m);

@@ -11,6 +11,7 @@
  */
 #include "server/core/daemon.h"
 
+#include "common/log.h"
 #include "common/util.h"
 
 #include <stdio.h>
@@ -80,6 +81,72 @@ colld_coll_t *colld_match(colld_daemon_t *d, colld_dcomm_t *c)
     c->colls_running++;
     c->exec_seq = a->seq + 1;
     return k;
+}
+
+/* The first arrival of the collective c waits for (c->exec_seq) among the local ranks that posted
+ * it, or NULL when none has (lock held). */
+static const colld_op_t *first_waiting(const colld_dcomm_t *c)
+{
+    const colld_op_t *first = NULL;
+    if (c->state != COLLD_COMM_READY)
+        return NULL;
+    for (int r = 0; r < c->nranks; r++) {
+        const colld_op_t *op = c->ranks[r].head;
+        if (!c->ranks[r].remote && op && op->d.seq == c->exec_seq && (!first || op->arrival_ns < first->arrival_ns))
+            first = op;
+    }
+    return first;
+}
+
+uint64_t colld_match_describe_wait(char *buf, size_t len, const colld_dcomm_t *c, uint64_t now, int *absent)
+{
+    *absent = -1;
+    if (len)
+        buf[0] = '\0';
+    const colld_op_t *first = first_waiting(c);
+    if (!first)
+        return 0;
+    uint64_t waited = now > first->arrival_ns ? now - first->arrival_ns : 1;
+    int off = snprintf(buf, len, "collective #%llu (%s) has waited %llu ms", (unsigned long long)c->exec_seq,
+                       colld_kind_name(first->d.kind), (unsigned long long)(waited / 1000000ull));
+    int missing = 0;
+    for (int r = 0; r < c->nranks && off < (int)len - 48; r++) {
+        const colld_op_t *op = c->ranks[r].head;
+        if (c->ranks[r].remote || (op && op->d.seq == c->exec_seq))
+            continue;
+        if (*absent < 0)
+            *absent = r;
+        off += snprintf(buf + off, len - (size_t)off, "%s%d (pid %d)", missing++ ? ", " : " for rank(s) ", r,
+                        (int)colld_comm_rank_pid(c, r));
+    }
+    if (off < (int)len)
+        snprintf(buf + off, len - (size_t)off, "%s",
+                 missing == 1 ? ", which has not posted it"
+                 : missing    ? ", which have not posted it"
+                              : " (every rank here posted it; it has not run)");
+    return waited;
+}
+
+void colld_match_wait_event(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint64_t *deadline)
+{
+    uint64_t after = (uint64_t)d->cfg.wait_event_ms * 1000000ull;
+    if (!after || c->wait_told == c->exec_seq + 1)
+        return;
+    const colld_op_t *first = first_waiting(c);
+    if (!first)
+        return;
+    if (now < first->arrival_ns + after) {
+        *deadline = COLLD_MIN(*deadline, first->arrival_ns + after);
+        return;
+    }
+    char why[COLLD_DETAIL_LEN];
+    int absent;
+    uint64_t waited = colld_match_describe_wait(why, sizeof(why), c, now, &absent);
+    c->wait_told = c->exec_seq + 1;
+    /* At most a line a second (a tenant can make many communicators wait); each is an event. */
+    COLLD_LOG_RL(COLLD_LOG_WARN, COLLD_SUB_COLL, 1000, "communicator %llu (%s): %s", (unsigned long long)c->id,
+                 c->name, why);
+    colld_hooks_waiting(d, c, absent, waited, why);
 }
 
 uint64_t colld_match_timeouts(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now)

@@ -417,11 +417,25 @@ static void events_faulted(colld_daemon_t *d, colld_dcomm_t *c, colld_fault_t ho
                     detail);
 }
 
+/* Freed: a communicator its ranks closed (destroyed their handles) ends with COLLD_OK, not with
+ * the COLLD_ERR_INVALID_USAGE its later operations would get (log shippers and alerts read a
+ * status as an error); a broken one with its first fault. */
 static void events_freed(colld_daemon_t *d, colld_dcomm_t *c)
 {
-    colld_event(d, "comm_destroyed", c, -1, 0, 0, c->tenant, c->error,
-                "%s after %llu collectives completed, %llu failed", colld_comm_state_name(c->state),
+    bool closed = c->state == COLLD_COMM_CLOSING;
+    colld_event(d, "comm_destroyed", c, -1, 0, 0, c->tenant, closed ? COLLD_OK : c->error,
+                "%s after %llu collectives completed, %llu failed", closed ? "closed" : colld_comm_state_name(c->state),
                 (unsigned long long)c->ops_completed, (unsigned long long)c->ops_failed);
+}
+
+/* A collective has waited --wait-event-ms: in progress, naming the first rank that has not
+ * posted it (the detail names them all). */
+static void events_waiting(colld_daemon_t *d, colld_dcomm_t *c, int rank, uint64_t waited_ns, const char *detail)
+{
+    (void)waited_ns;
+    colld_event(d, "coll_waiting", c, rank, colld_comm_rank_pid(c, rank),
+                rank >= 0 && c->ranks[rank].session ? c->ranks[rank].session->id : 0, c->tenant, COLLD_INPROGRESS,
+                "%s", detail);
 }
 
 const colld_comm_hooks_t colld_events_hooks = {
@@ -429,4 +443,5 @@ const colld_comm_hooks_t colld_events_hooks = {
     .formed = events_formed,
     .faulted = events_faulted,
     .freed = events_freed,
+    .waiting = events_waiting,
 };
