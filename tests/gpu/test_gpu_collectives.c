@@ -414,7 +414,7 @@ static void test_fault_kill_while_streams_wait(void **state) { run_fault(*state,
 /* Two ranks run two communicators' all-reduces on their streams in crossed orders (gpu_rank.c
  * --mode crossed): the daemon must fail both with COLLD_ERR_DEADLOCK naming the cycle and release
  * every stream long before the communicators' 60 s timeout (each rank checks that), and
- * collctl doctor must name the deadlock. */
+ * collctl doctor must name the deadlock (as history once the ranks are gone: exit 0). */
 static void test_deadlock_crossed_streams(void **state)
 {
     harness_t *h = *state;
@@ -435,8 +435,9 @@ static void test_deadlock_crossed_streams(void **state)
     const char *doctor[] = { COLLCTL_BIN, "--socket", h->socket, "doctor", NULL };
     int rc = harness_capture(doctor, out, sizeof(out), 20000);
     print_message("collctl doctor (exit %d):\n%s", rc, out);
-    assert_int_equal(rc, 1);
-    assert_non_null(strstr(out, "PROBLEM deadlock"));
+    assert_int_equal(rc, 0); /* the ranks are gone: the deadlock is history, a warning */
+    assert_non_null(strstr(out, "warning deadlock"));
+    assert_non_null(strstr(out, "(gone now)"));
     assert_non_null(strstr(out, "deadlock across communicators: rank "));
     assert_non_null(strstr(out, "'crossed-b'"));
     assert_true(daemon_on_double(h->pid));
