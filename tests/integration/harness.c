@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -630,4 +631,74 @@ void harness_rank_end(colld_client_t *c, colld_comm_t *comm, bool use_malloc, un
     }
     colld_comm_destroy(comm);
     colld_disconnect(c);
+}
+
+/* ============================================================================================
+ * Ranks inside one test process
+ * ========================================================================================== */
+
+static void *join_rank(void *arg)
+{
+    harness_rank_t *p = arg;
+    colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
+    cfg.timeout_ms = p->timeout_ms;
+    cfg.name = p->name;
+    p->st = colld_comm_init_rank(p->client, &p->comm, p->nranks, p->id, p->rank, &cfg);
+    return NULL;
+}
+
+int harness_join_ranks(const char *who, const char *socket, harness_rank_t *p, int n, int timeout_ms,
+                       const char *name, colld_client_t *first)
+{
+    for (int r = 0; r < n; r++)
+        p[r] = (harness_rank_t){ .client = r == 0 ? first : NULL, .nranks = n, .rank = r, .timeout_ms = timeout_ms,
+                                 .name = name };
+    pthread_t *t = calloc((size_t)n, sizeof(*t));
+    colld_unique_id_t id;
+    int rc = 0;
+    if (!t)
+        return 1;
+    for (int r = 0; r < n; r++) {
+        colld_status_t st = p[r].client ? COLLD_OK : colld_connect(socket, &p[r].client);
+        if (st == COLLD_OK && r == 0)
+            st = colld_get_unique_id(p[0].client, &id);
+        if (st != COLLD_OK) {
+            fprintf(stderr, "%s (uid %u): connect %d: %s: %s\n", who, (unsigned)getuid(), r, colld_status_name(st),
+                    p[r].client ? colld_last_error(p[r].client) : colld_status_string(st));
+            free(t);
+            return 1;
+        }
+    }
+    int started = 0;
+    for (int r = 0; r < n; r++) {
+        p[r].id = id;
+        if (pthread_create(&t[r], NULL, join_rank, &p[r]) != 0) {
+            p[r].st = COLLD_ERR_SYSTEM;
+            break;
+        }
+        started++;
+    }
+    for (int r = 0; r < started; r++)
+        pthread_join(t[r], NULL);
+    for (int r = 0; r < n; r++)
+        if (r >= started || p[r].st != COLLD_OK) {
+            fprintf(stderr, "%s: rank %d join: %s: %s\n", who, r,
+                    colld_status_name(r < started ? p[r].st : COLLD_ERR_SYSTEM),
+                    r < started ? colld_last_error(p[r].client) : "no thread for it");
+            rc = 1;
+        }
+    free(t);
+    return rc;
+}
+
+void harness_leave_ranks(harness_rank_t *p, int n)
+{
+    for (int r = 0; r < n; r++) {
+        if (p[r].comm)
+            colld_comm_destroy(p[r].comm);
+        p[r].comm = NULL;
+        if (p[r].client)
+            colld_disconnect(p[r].client);
+        p[r].client = NULL;
+    }
 }

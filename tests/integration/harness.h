@@ -124,6 +124,25 @@ pid_t harness_spawn_self(const harness_t *h, const char *argv0, const char *mode
  * test's directory open to another uid (0777), for tests whose other tenant runs as
  * HARNESS_NOBODY. */
 int harness_test_setup_shared(void **state, const char *const *extra);
+/* A rank of a communicator made inside one test process: its own client (connection) and its
+ * communicator; st is its join's status. */
+typedef struct {
+    colld_client_t *client;
+    colld_comm_t *comm;
+    colld_status_t st;
+    /* for the joining thread */
+    colld_unique_id_t id;
+    int rank, nranks, timeout_ms;
+    const char *name;
+} harness_rank_t;
+/* Fill p[n]: connect n ranks to socket (rank 0 on `first` instead when it is not NULL: a
+ * connection made in another role), take a unique id and join them to one new communicator `name`
+ * (timeout_ms), one thread each. 0, or 1 with what failed on stderr after `who`; either way
+ * harness_leave_ranks releases what was made. */
+int harness_join_ranks(const char *who, const char *socket, harness_rank_t *p, int n, int timeout_ms,
+                       const char *name, colld_client_t *first);
+/* Destroy each rank's communicator and disconnect its client. */
+void harness_leave_ranks(harness_rank_t *p, int n);
 /* Run a command and capture its stdout (at most len-1 bytes). Returns its exit code or -1. */
 int harness_capture(const char *const *argv, char *out, size_t len, int timeout_ms);
 /* The same with stderr into the same buffer. */

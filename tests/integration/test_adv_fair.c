@@ -61,67 +61,11 @@ static size_t hog_bytes(void)
 
 /* ============================================================================================
  * Two ranks of this process on their own connections, joined to one communicator
+ * (harness_join_ranks)
  * ========================================================================================== */
 
-typedef struct {
-    colld_unique_id_t id;
-    int rank;
-    colld_client_t *client;
-    colld_comm_t *comm;
-    colld_status_t st;
-} prank_t;
-
-static void *join_main(void *arg)
-{
-    prank_t *p = arg;
-    colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
-    cfg.timeout_ms = 120000;
-    p->st = colld_comm_init_rank(p->client, &p->comm, 2, p->id, p->rank, &cfg);
-    return NULL;
-}
-
-/* Connect both ranks and join them. Returns 0, or 1 (printed). */
-static int join_two(const char *who, const char *socket, prank_t p[2])
-{
-    colld_unique_id_t id;
-    pthread_t t[2];
-    for (int r = 0; r < 2; r++) {
-        p[r] = (prank_t){ .rank = r };
-        colld_status_t st = colld_connect(socket, &p[r].client);
-        if (st == COLLD_OK && r == 0)
-            st = colld_get_unique_id(p[0].client, &id);
-        if (st != COLLD_OK) {
-            fprintf(stderr, "%s: connect %d: %s: %s\n", who, r, colld_status_name(st), colld_last_error(p[r].client));
-            return 1;
-        }
-    }
-    for (int r = 0; r < 2; r++) {
-        p[r].id = id;
-        pthread_create(&t[r], NULL, join_main, &p[r]);
-    }
-    for (int r = 0; r < 2; r++)
-        pthread_join(t[r], NULL);
-    for (int r = 0; r < 2; r++)
-        if (p[r].st != COLLD_OK) {
-            fprintf(stderr, "%s: rank %d join: %s: %s\n", who, r, colld_status_name(p[r].st),
-                    colld_last_error(p[r].client));
-            return 1;
-        }
-    return 0;
-}
-
-static void leave_two(prank_t p[2])
-{
-    for (int r = 0; r < 2; r++) {
-        if (p[r].comm)
-            colld_comm_destroy(p[r].comm);
-        if (p[r].client)
-            colld_disconnect(p[r].client);
-    }
-}
-
 /* Wait for both ranks; print and return the first error. */
-static colld_status_t sync_two(const char *who, prank_t p[2])
+static colld_status_t sync_two(const char *who, harness_rank_t p[2])
 {
     colld_status_t st = COLLD_OK;
     for (int r = 0; r < 2; r++) {
@@ -152,11 +96,11 @@ static bool all_equal(const char *what, const int32_t *buf, size_t n, int32_t wa
 /* "post_ms done_ms" per collective into dir/hog. Exit 0 when every result was exact. */
 static int hog_main(const char *socket, const char *dir)
 {
-    prank_t p[2];
+    harness_rank_t p[2];
     int32_t *buf[2] = { NULL, NULL };
     size_t bytes = hog_bytes(), n = bytes / sizeof(int32_t);
     double win[HOG_ROUNDS + 1][2];
-    int rc = join_two("hog", socket, p);
+    int rc = harness_join_ranks("hog", socket, p, 2, 120000, NULL, NULL);
     for (int r = 0; r < 2 && rc == 0; r++)
         if (colld_mem_alloc(p[r].client, (void **)&buf[r], bytes, COLLD_MEM_HOST) != COLLD_OK)
             rc = 1;
@@ -201,7 +145,7 @@ static int hog_main(const char *socket, const char *dir)
     for (int r = 0; r < 2; r++)
         if (buf[r])
             colld_mem_free(p[r].client, buf[r]);
-    leave_two(p);
+    harness_leave_ranks(p, 2);
     return rc;
 }
 
@@ -210,7 +154,7 @@ static int hog_main(const char *socket, const char *dir)
  * ========================================================================================== */
 
 /* One exact all-reduce of both ranks (iteration `iter`). */
-static colld_status_t victim_once(prank_t v[2], float *buf[2], long iter)
+static colld_status_t victim_once(harness_rank_t v[2], float *buf[2], long iter)
 {
     for (int r = 0; r < 2; r++)
         for (int i = 0; i < VICTIM_COUNT; i++)
@@ -232,11 +176,11 @@ static colld_status_t victim_once(prank_t v[2], float *buf[2], long iter)
 /* Writes each completion's time (ms) into dir/victim, one per line. Exit 0 when all were exact. */
 static int victim_main(const char *socket, const char *dir)
 {
-    prank_t v[2];
+    harness_rank_t v[2];
     float *buf[2] = { NULL, NULL };
     double *stamp = malloc(MAX_STAMPS * sizeof(double));
     long n = 0;
-    int rc = stamp ? join_two("victim", socket, v) : 1;
+    int rc = stamp ? harness_join_ranks("victim", socket, v, 2, 120000, NULL, NULL) : 1;
     for (int r = 0; r < 2 && rc == 0; r++)
         if (colld_mem_alloc(v[r].client, (void **)&buf[r], VICTIM_COUNT * sizeof(float), COLLD_MEM_HOST) != COLLD_OK)
             rc = 1;
@@ -261,7 +205,7 @@ static int victim_main(const char *socket, const char *dir)
     for (int r = 0; r < 2; r++)
         if (buf[r])
             colld_mem_free(v[r].client, buf[r]);
-    leave_two(v);
+    harness_leave_ranks(v, 2);
     return rc;
 }
 

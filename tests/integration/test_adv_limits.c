@@ -48,31 +48,11 @@ extern char **environ;
  * The other tenant (victim mode, runs as uid 65534)
  * ========================================================================================== */
 
-typedef struct {
-    const char *socket;
-    colld_unique_id_t id;
-    int rank;
-    colld_client_t *client;
-    colld_comm_t *comm;
-    colld_status_t st;
-} vrank_t;
-
-static void *victim_join(void *arg)
-{
-    vrank_t *v = arg;
-    colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
-    cfg.timeout_ms = 30000;
-    cfg.name = "victim";
-    v->st = colld_comm_init_rank(v->client, &v->comm, 2, v->id, v->rank, &cfg);
-    return NULL;
-}
-
 /* Attach twice, form a 2-rank communicator and run an exact all-reduce of small integers (on
  * ordinary memory: the fast path, so it needs no registration). Exit 0 when all of it worked. */
 static int victim_main(const char *socket, bool admin_role)
 {
-    vrank_t v[2];
-    pthread_t t[2];
+    harness_rank_t v[2];
     colld_client_t *c0 = NULL;
     colld_status_t st = admin_role ? colld__connect_role(socket, COLLD_ROLE_ADMIN, &c0) : colld_connect(socket, &c0);
     if (st != COLLD_OK) {
@@ -80,29 +60,7 @@ static int victim_main(const char *socket, bool admin_role)
                 colld_status_string(st));
         return 1;
     }
-    colld_unique_id_t id;
-    if ((st = colld_get_unique_id(c0, &id)) != COLLD_OK) {
-        fprintf(stderr, "victim: unique id: %s\n", colld_status_name(st));
-        return 1;
-    }
-    for (int r = 0; r < 2; r++) {
-        v[r] = (vrank_t){ .socket = socket, .id = id, .rank = r, .client = r == 0 ? c0 : NULL };
-        if (r == 1 && (st = colld_connect(socket, &v[r].client)) != COLLD_OK) {
-            fprintf(stderr, "victim: second connect: %s\n", colld_status_name(st));
-            return 1;
-        }
-    }
-    for (int r = 0; r < 2; r++)
-        pthread_create(&t[r], NULL, victim_join, &v[r]);
-    for (int r = 0; r < 2; r++)
-        pthread_join(t[r], NULL);
-    int rc = 0;
-    for (int r = 0; r < 2; r++)
-        if (v[r].st != COLLD_OK) {
-            fprintf(stderr, "victim: rank %d join: %s: %s\n", r, colld_status_name(v[r].st),
-                    colld_last_error(v[r].client));
-            rc = 1;
-        }
+    int rc = harness_join_ranks("victim", socket, v, 2, 30000, "victim", c0);
     /* Both ranks post, then both wait (the fast path completes when every rank has posted). */
     enum { N = 1000 };
     static float buf[2][N];
@@ -128,11 +86,7 @@ static int victim_main(const char *socket, bool admin_role)
                 rc = 1;
                 break;
             }
-    for (int r = 0; r < 2; r++) {
-        if (v[r].comm)
-            colld_comm_destroy(v[r].comm);
-        colld_disconnect(v[r].client);
-    }
+    harness_leave_ranks(v, 2);
     return rc;
 }
 

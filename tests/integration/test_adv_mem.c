@@ -228,55 +228,20 @@ static void cg_remove(cg_t *cg, pid_t daemon)
  * The tenant (uid 65534)
  * ========================================================================================== */
 
-typedef struct {
-    const char *socket;
-    colld_unique_id_t id;
-    int rank;
-    colld_client_t *client;
-    colld_comm_t *comm;
-    colld_status_t st;
-} trank_t;
-
-static void *tenant_join(void *arg)
-{
-    trank_t *t = arg;
-    colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
-    cfg.timeout_ms = 60000;
-    cfg.name = "untouched";
-    t->st = colld_comm_init_rank(t->client, &t->comm, 2, t->id, t->rank, &cfg);
-    return NULL;
-}
-
 /* Two ranks, each with a send and a receive buffer of BUF_BYTES from colld_mem_alloc that it never
  * touches but for one element; one all-reduce. Writes "alloc_ms A" (the mean time of a
  * colld_mem_alloc) to dir/untouched and holds the buffers from dir/reduced until dir/release; exit
  * 0 when the result is exact. */
 static int untouched_main(const char *socket, const char *dir)
 {
-    trank_t t[2] = { { .socket = socket, .rank = 0 }, { .socket = socket, .rank = 1 } };
-    pthread_t th[2];
+    harness_rank_t t[2];
     float *send[2] = { NULL, NULL }, *recv[2] = { NULL, NULL };
     size_t count = BUF_BYTES / sizeof(float);
     int rc = 1;
-    for (int r = 0; r < 2; r++)
-        if (colld_connect(socket, &t[r].client) != COLLD_OK) {
-            fprintf(stderr, "untouched: connect: %s\n", colld_last_error(t[r].client));
-            return 1;
-        }
-    if (colld_get_unique_id(t[0].client, &t[0].id) != COLLD_OK)
-        return 1;
-    t[1].id = t[0].id;
-    for (int r = 0; r < 2; r++)
-        pthread_create(&th[r], NULL, tenant_join, &t[r]);
-    for (int r = 0; r < 2; r++)
-        pthread_join(th[r], NULL);
+    if (harness_join_ranks("untouched", socket, t, 2, 60000, "untouched", NULL) != 0)
+        goto out;
     double alloc_ms = 0;
     for (int r = 0; r < 2; r++) {
-        if (t[r].st != COLLD_OK) {
-            fprintf(stderr, "untouched: join %d: %s: %s\n", r, colld_status_name(t[r].st),
-                    colld_last_error(t[r].client));
-            goto out;
-        }
         double t0 = harness_now_ms();
         colld_status_t st = colld_mem_alloc(t[r].client, (void **)&send[r], BUF_BYTES, COLLD_MEM_HOST);
         if (st == COLLD_OK)
@@ -324,10 +289,8 @@ out:
             colld_mem_free(t[r].client, send[r]);
         if (recv[r])
             colld_mem_free(t[r].client, recv[r]);
-        if (t[r].comm)
-            colld_comm_destroy(t[r].comm);
-        colld_disconnect(t[r].client);
     }
+    harness_leave_ranks(t, 2);
     return rc;
 }
 

@@ -50,82 +50,12 @@ static double now_ms(void)
 }
 
 /* ============================================================================================
- * Ranks of this process on their own connections, joined to one communicator
- * ========================================================================================== */
-
-typedef struct {
-    const char *socket;
-    colld_unique_id_t id;
-    int nranks, rank, timeout_ms;
-    const char *name;
-    colld_client_t *client;
-    colld_comm_t *comm;
-    colld_status_t st;
-} prank_t;
-
-static void *join_main(void *arg)
-{
-    prank_t *p = arg;
-    colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
-    cfg.timeout_ms = p->timeout_ms;
-    cfg.name = p->name;
-    p->st = colld_comm_init_rank(p->client, &p->comm, p->nranks, p->id, p->rank, &cfg);
-    return NULL;
-}
-
-/* Connect n ranks and join them to one new communicator. Returns 0, or 1 (printed). */
-static int join_all(const char *who, const char *socket, prank_t *p, int n, int timeout_ms, const char *name)
-{
-    pthread_t *t = calloc((size_t)n, sizeof(*t));
-    colld_unique_id_t id;
-    int rc = 0;
-    if (!t)
-        return 1;
-    for (int r = 0; r < n; r++) {
-        p[r] = (prank_t){ .socket = socket, .nranks = n, .rank = r, .timeout_ms = timeout_ms, .name = name };
-        colld_status_t st = colld_connect(socket, &p[r].client);
-        if (st == COLLD_OK && r == 0)
-            st = colld_get_unique_id(p[0].client, &id);
-        if (st != COLLD_OK) {
-            fprintf(stderr, "%s (uid %u): connect %d: %s: %s\n", who, (unsigned)getuid(), r, colld_status_name(st),
-                    colld_last_error(p[r].client));
-            free(t);
-            return 1;
-        }
-    }
-    for (int r = 0; r < n; r++) {
-        p[r].id = id;
-        pthread_create(&t[r], NULL, join_main, &p[r]);
-    }
-    for (int r = 0; r < n; r++)
-        pthread_join(t[r], NULL);
-    for (int r = 0; r < n; r++)
-        if (p[r].st != COLLD_OK) {
-            fprintf(stderr, "%s: rank %d join: %s: %s\n", who, r, colld_status_name(p[r].st),
-                    colld_last_error(p[r].client));
-            rc = 1;
-        }
-    free(t);
-    return rc;
-}
-
-static void leave_all(prank_t *p, int n)
-{
-    for (int r = 0; r < n; r++) {
-        if (p[r].comm)
-            colld_comm_destroy(p[r].comm);
-        if (p[r].client)
-            colld_disconnect(p[r].client);
-    }
-}
-
-/* ============================================================================================
  * The victim (uid 65534 under root): its all-reduce rate idle, then under attack
  * ========================================================================================== */
 
 /* All-reduces of 32 KiB on both ranks for ms milliseconds (after a short warm-up); returns the
  * rate per second, or -1 on an error or a wrong result (printed). */
-static double victim_window(prank_t *v, float *buf[2], int ms)
+static double victim_window(harness_rank_t *v, float *buf[2], int ms)
 {
     double t0 = now_ms(), start = 0, end = 0;
     long n = 0, iter = 0;
@@ -167,9 +97,9 @@ static double victim_window(prank_t *v, float *buf[2], int ms)
  * dir/rates. Exit 0 when both ran exactly. */
 static int victim_main(const char *socket, const char *dir)
 {
-    prank_t v[2];
+    harness_rank_t v[2];
     float *buf[2] = { NULL, NULL };
-    int rc = join_all("victim", socket, v, 2, 60000, "victim");
+    int rc = harness_join_ranks("victim", socket, v, 2, 60000, "victim", NULL);
     for (int r = 0; r < 2 && rc == 0; r++)
         if (colld_mem_alloc(v[r].client, (void **)&buf[r], VICTIM_COUNT * sizeof(float), COLLD_MEM_HOST) != COLLD_OK)
             rc = 1;
@@ -188,7 +118,7 @@ static int victim_main(const char *socket, const char *dir)
     for (int r = 0; r < 2; r++)
         if (buf[r])
             colld_mem_free(v[r].client, buf[r]);
-    leave_all(v, 2);
+    harness_leave_ranks(v, 2);
     return idle > 0 && attack >= 0 ? 0 : 1;
 }
 
@@ -198,7 +128,7 @@ static int victim_main(const char *socket, const char *dir)
  * ========================================================================================== */
 
 typedef struct {
-    prank_t *p;
+    harness_rank_t *p;
     const char *dir;
     int hogs;
     atomic_long exchanges;
@@ -215,7 +145,7 @@ typedef struct {
 static void *hog_main(void *arg)
 {
     attack_rank_t *ar = arg;
-    prank_t *p = &ar->a->p[ar->rank];
+    harness_rank_t *p = &ar->a->p[ar->rank];
     int32_t *buf = NULL;
     colld_status_t st = colld_mem_alloc(p->client, (void **)&buf, 4096, COLLD_MEM_HOST);
     if (st == COLLD_OK)
@@ -235,7 +165,7 @@ static void *exchange_main(void *arg)
 {
     attack_rank_t *ar = arg;
     attack_t *a = ar->a;
-    prank_t *p = &a->p[ar->rank];
+    harness_rank_t *p = &a->p[ar->rank];
     int peer = ar->rank == a->hogs ? a->hogs + 1 : a->hogs;
     int32_t *buf = NULL;
     colld_status_t st = colld_mem_alloc(p->client, (void **)&buf, 8192, COLLD_MEM_HOST);
@@ -278,11 +208,11 @@ static void *exchange_main(void *arg)
 static int attacker_main(const char *socket, const char *dir)
 {
     int n = HOGS + 2;
-    prank_t *p = calloc((size_t)n, sizeof(*p));
+    harness_rank_t *p = calloc((size_t)n, sizeof(*p));
     attack_rank_t *ar = calloc((size_t)n, sizeof(*ar));
     pthread_t *t = calloc((size_t)n, sizeof(*t));
     attack_t a = { .p = p, .dir = dir, .hogs = HOGS };
-    if (!p || !ar || !t || join_all("attacker", socket, p, n, ATTACK_TIMEOUT_MS, "attacker") != 0)
+    if (!p || !ar || !t || harness_join_ranks("attacker", socket, p, n, ATTACK_TIMEOUT_MS, "attacker", NULL) != 0)
         return 1;
     for (int r = 0; r < n; r++)
         ar[r] = (attack_rank_t){ .a = &a, .rank = r };

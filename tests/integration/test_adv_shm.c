@@ -37,41 +37,6 @@ static void assert_daemon_serves(harness_t *h)
     assert_int_equal(harness_wait_all(pids, 2, 60000), 0);
 }
 
-typedef struct {
-    harness_t *h;
-    colld_client_t *client;
-    colld_unique_id_t id;
-    int rank;
-    colld_comm_t *comm;
-    colld_status_t st;
-} joiner_t;
-
-static void *join_main(void *arg)
-{
-    joiner_t *j = arg;
-    colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
-    cfg.timeout_ms = 1000;
-    j->st = colld_comm_init_rank(j->client, &j->comm, 2, j->id, j->rank, &cfg);
-    return NULL;
-}
-
-/* Two ranks of one communicator in this process, each on its own connection. */
-static void join_two(harness_t *h, joiner_t j[2])
-{
-    pthread_t t[2];
-    colld_unique_id_t id;
-    assert_int_equal(colld_get_unique_id(h->client, &id), COLLD_OK);
-    for (int i = 0; i < 2; i++) {
-        j[i] = (joiner_t){ .h = h, .id = id, .rank = i };
-        assert_int_equal(colld_connect(h->socket, &j[i].client), COLLD_OK);
-        assert_int_equal(pthread_create(&t[i], NULL, join_main, &j[i]), 0);
-    }
-    for (int i = 0; i < 2; i++) {
-        pthread_join(t[i], NULL);
-        assert_int_equal(j[i].st, COLLD_OK);
-    }
-}
-
 /* The header fields a member can write, set to values that would send a daemon computing slot
  * addresses from them anywhere in its address space. */
 static void scribble_header(colld_wire_fast_t *f, uint32_t stride, uint32_t nranks)
@@ -93,8 +58,8 @@ static void test_fast_area_header_scribbled(void **state)
     harness_t *h = *state;
     static const uint32_t strides[] = { 0xffffffc0u, 0x40u, 0x0u, 0x7fffffc0u };
     for (size_t t = 0; t < COLLD_ARRAY_SIZE(strides); t++) {
-        joiner_t j[2];
-        join_two(h, j);
+        harness_rank_t j[2];
+        assert_int_equal(harness_join_ranks("scribble", h->socket, j, 2, 1000, NULL, NULL), 0);
         colld_comm_t *victim = j[0].comm, *attacker = j[1].comm;
         assert_non_null(attacker->fast); /* a single-node communicator has a fast area by default */
         scribble_header(attacker->fast, strides[t], 1000);
@@ -121,10 +86,7 @@ static void test_fast_area_header_scribbled(void **state)
         assert_int_not_equal(st, COLLD_OK);
 
         assert_int_equal(colld_mem_free(j[0].client, buf), COLLD_OK);
-        for (int i = 0; i < 2; i++) {
-            colld_comm_destroy(j[i].comm);
-            colld_disconnect(j[i].client);
-        }
+        harness_leave_ranks(j, 2);
     }
     assert_daemon_serves(h);
     assert_int_equal(harness_wait_clean(h, 5000), 0);
