@@ -475,7 +475,9 @@ static colld_status_t prepare_locked(colld_comm_t *comm, const colld_cu_t *cu, v
     /* (a) Both buffers: device memory, in bounds, registered. */
     if (send_bytes && (r = ptr_query(cu, send, &ps)) != CUDA_SUCCESS)
         return cu_say(cu, err, COLLD_ERR_INVALID_ARGUMENT, r, "sendbuf (%p): cuPointerGetAttributes", send);
-    if (recv_bytes && (r = ptr_query(cu, recv, &pr)) != CUDA_SUCCESS)
+    if (recv_bytes && send_bytes && recv == send)
+        pr = ps; /* in place: one query */
+    else if (recv_bytes && (r = ptr_query(cu, recv, &pr)) != CUDA_SUCCESS)
         return cu_say(cu, err, COLLD_ERR_INVALID_ARGUMENT, r, "recvbuf (%p): cuPointerGetAttributes", recv);
     if ((send_bytes && (st = need_device(&ps, send, "sendbuf", err)) != COLLD_OK) ||
         (recv_bytes && (st = need_device(&pr, recv, "recvbuf", err)) != COLLD_OK))

@@ -15,6 +15,8 @@
  *     legacy_stream_bare_thread  an all-reduce on the legacy default stream (NULL) from a thread
  *                     with no current context (torch_colld's worker; failed on an H200 before the
  *                     fix): the buffers' primary context is made current, the result exact
+ *     call_budget     the driver calls of a warm stream-ordered all-reduce's host call, counted
+ *                     by the double: at most 11 (13 before an in-place call queried once)
  *     stream_only_waits  53 collectives on 16-entry rings, each waited for by its stream alone
  *                     (never through colld): the completion ring never fills (hung on an H200
  *                     after 256 before the fix)
@@ -62,6 +64,7 @@
  */
 #include "tests/integration/harness_gpu.h"
 
+#include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -251,6 +254,85 @@ static void test_stream_only_waits(void **state)
     assert_int_equal(harness_wait_clean(*state, 10000), 0);
 }
 
+/* The host call's driver calls (issue 28 item 2): what libcolld asks the driver for each
+ * stream-ordered in-place all-reduce on a buffer and a stream it has used before, counted by the
+ * CUDA driver test double (colld_cudafake_calls). Both ranks are threads of this process, so the
+ * counts are summed over both and over CALLS collectives each; the application's own waits
+ * (stream_released's cuStreamQuery) are not counted. Today 11: the context (cuCtxGetCurrent x3,
+ * cuStreamGetCtx, cuCtxGetDevice), the buffer (cuPointerGetAttributes: its query, and one cached
+ * registration checked for a free per post), the flag area's registration in that context
+ * (cuMemHostGetDevicePointer), the capture check (cuStreamIsCapturing) and the two stream memory
+ * operations; an in-place call queried its buffer twice before. The test fails when a change adds
+ * a driver call to the host call; what each costs is only measured on a GPU. */
+#define CALLS 20
+static const char *const counted[] = {
+    "cuCtxGetCurrent", "cuCtxGetDevice", "cuCtxPopCurrent", "cuCtxPushCurrent", "cuCtxSetCurrent",
+    "cuDeviceGet", "cuDeviceGetAttribute", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease",
+    "cuEventQuery", "cuEventRecord", "cuIpcGetMemHandle", "cuMemGetAddressRange",
+    "cuMemHostGetDevicePointer", "cuMemRetainAllocationHandle", "cuMemRelease", "cuPointerGetAttribute",
+    "cuPointerGetAttributes", "cuStreamGetCaptureInfo", "cuStreamGetCtx", "cuStreamGetFlags",
+    "cuStreamIsCapturing", "cuStreamWaitValue32", "cuStreamWriteValue32",
+    "cuStreamBatchMemOp", "cuThreadExchangeStreamCaptureMode", "cuMemGetAllocationPropertiesFromHandle",
+};
+#define NCOUNTED (sizeof(counted) / sizeof(counted[0]))
+static unsigned long long (*calls_of)(const char *);
+static unsigned long long before[NCOUNTED], after[NCOUNTED];
+
+static void sc_call_budget(rank_t *r)
+{
+    static float host[2][N_AR];
+    CUdeviceptr buf = 0;
+    CUresult cr;
+    if ((cr = cu->cuMemAlloc(&buf, N_AR * sizeof(float))) != CUDA_SUCCESS)
+        return rank_fail(r, "cuMemAlloc: %s", rname(cr));
+    if (!fill(r, buf, buf, N_AR, 0, host[r->rank]))
+        goto out;
+    for (int i = 0; i < 2 + CALLS; i++) {
+        if (i == 2) { /* warm: the buffer registered, the flag area set up */
+            pthread_barrier_wait(r->barrier);
+            if (r->rank == 0)
+                for (size_t k = 0; k < NCOUNTED; k++)
+                    before[k] = calls_of(counted[k]);
+            pthread_barrier_wait(r->barrier);
+        }
+        r->st[0] = colld_allreduce((void *)buf, (void *)buf, N_AR, COLLD_FLOAT32, COLLD_SUM, r->comm, r->s);
+        if (r->st[0] != COLLD_OK || (r->cr[0] = stream_released(r)) != CUDA_SUCCESS)
+            goto out;
+        r->v[0]++;
+    }
+    pthread_barrier_wait(r->barrier);
+    if (r->rank == 0)
+        for (size_t k = 0; k < NCOUNTED; k++)
+            after[k] = calls_of(counted[k]);
+out:
+    pthread_barrier_wait(r->barrier);
+    cu->cuMemFree(buf);
+}
+
+static void test_call_budget(void **state)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    assert_non_null(lib);
+    calls_of = (unsigned long long (*)(const char *))dlsym(lib, "colld_cudafake_calls");
+    assert_non_null(calls_of);
+    rank_t ranks[2];
+    run_ranks(*state, sc_call_budget, 0, ranks);
+    dlclose(lib);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(ranks[i].v[0], 2 + CALLS);
+    unsigned long long total = 0;
+    for (size_t k = 0; k < NCOUNTED; k++) {
+        unsigned long long n = after[k] - before[k];
+        total += n;
+        if (n)
+            print_message("%-40s %6.2f per collective\n", counted[k], (double)n / (2.0 * CALLS));
+    }
+    print_message("%-40s %6.2f per collective\n", "all counted", (double)total / (2.0 * CALLS));
+    assert_true(total <= 11u * 2 * CALLS);
+    assert_true(after[0] > before[0]); /* the counter counts (cuCtxGetCurrent is on the path) */
+    assert_int_equal(harness_wait_clean(*state, 10000), 0);
+}
+
 /* ============================================================================================
  * An old driver
  * ========================================================================================== */
@@ -420,6 +502,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_collectives_driver_launch, setup_on_double, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_legacy_stream_bare_thread, setup_on_double, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_stream_only_waits, setup_small_rings, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_call_budget, setup_on_double, harness_test_teardown),
     };
     static const char *const basic[] = { "vmm", "legacy", NULL };
     static const char *const known[] = {
