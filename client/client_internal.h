@@ -197,12 +197,10 @@ typedef struct {
 
 /* The session's GPU flag area as cuda.c set it up (colld__gpu_area). */
 typedef struct {
-    void *base; /* host mapping */
-    size_t size;
+    void *base;     /* host mapping */
     uint64_t dptr;  /* CUdeviceptr of base */
     uint32_t lines; /* communicator lines */
     uint32_t plans; /* plan lines after them (proto/wire.h) */
-    void *ctx;      /* CUcontext of its CUDA registration */
 } colld_gpu_area_t;
 
 /* client.c */

@@ -707,9 +707,7 @@ bool colld__gpu_area(colld_client_t *c, colld_gpu_area_t *out)
     gpu_flags_t *f = atomic_load(&c->gpu->flags);
     if (!f)
         return false;
-    *out = (colld_gpu_area_t){
-        .base = f->lines, .size = f->size, .dptr = f->dptr, .lines = f->nlines, .plans = f->nplans, .ctx = f->ctx
-    };
+    *out = (colld_gpu_area_t){ .base = f->lines, .dptr = f->dptr, .lines = f->nlines, .plans = f->nplans };
     return true;
 }
 
@@ -772,12 +770,12 @@ colld_status_t colld__gpu_post_batch(colld_comm_t *comm, const colld_wire_sqe_t 
     if (n == 1 && ops[0].capture) /* a collective captured into a CUDA graph: a persistent plan (cuda_graph.c) */
         return colld__graph_post(comm, sqes, ops, err);
     const colld_gpu_op_t *op = &ops[n - 1]; /* its stream writes the batch's ready slot and waits */
+    /* (A capture inside a group was refused when its operation was prepared: capture_state.) */
     for (size_t i = 0; i + 1 < n; i++)
-        if (ops[i].ctx != op->ctx || ops[i].capture)
+        if (ops[i].ctx != op->ctx)
             return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED,
                                  "the sends and receives of a group on one communicator must use streams of one CUDA "
-                                 "context%s (nothing was posted)",
-                                 ops[i].capture ? ", none of them being captured into a CUDA graph" : "");
+                                 "context (nothing was posted)");
     colld_wire_sqe_t one, *d = n == 1 ? &one : calloc(n, sizeof(*d));
     if (!d)
         return colld_err_set(err, COLLD_ERR_NO_MEMORY, "out of memory");

@@ -8,12 +8,6 @@
 
 #include <stdlib.h>
 
-static const char *const kind_labels[COLLD_COUNT_NKIND] = { "allreduce",     "broadcast", "reduce",  "allgather",
-                                                            "reducescatter", "gather",    "scatter", "alltoall",
-                                                            "send",          "recv",      "unknown" };
-static const char *const dtype_labels[COLLD_COUNT_NDTYPE] = { "int8",    "uint8",   "int32",   "uint32",
-                                                              "int64",   "uint64",  "float16", "bfloat16",
-                                                              "float32", "float64", "unknown" };
 
 static const colld_status_t status_values[COLLD_COUNT_NSTATUS_KNOWN] = {
 #define STATUS_VALUE_(name, value, text) COLLD_##name,
@@ -48,6 +42,7 @@ static unsigned status_index(colld_status_t st)
 }
 
 _Static_assert(COLLD_COUNT_NKIND == COLLD_KIND_MAX + 1, "one label per kind and one for unknown ones");
+_Static_assert(COLLD_COUNT_NDTYPE == COLLD_DTYPE_COUNT + 1, "one label per dtype and one for unknown ones");
 
 static unsigned kind_index(unsigned kind)
 {
@@ -59,14 +54,16 @@ static unsigned dtype_index(unsigned dtype)
     return dtype < COLLD_DTYPE_COUNT ? dtype : COLLD_COUNT_NDTYPE - 1;
 }
 
+/* The labels are the names (names.c): kind index k is kind COLLD_KIND_ALLREDUCE + k, and the last
+ * index of each space is "unknown". */
 const char *colld_count_kind_label(unsigned k)
 {
-    return kind_labels[k < COLLD_COUNT_NKIND ? k : COLLD_COUNT_NKIND - 1];
+    return k < COLLD_COUNT_NKIND - 1 ? colld_kind_name(k + COLLD_KIND_ALLREDUCE) : "unknown";
 }
 
 const char *colld_count_dtype_label(unsigned t)
 {
-    return dtype_labels[t < COLLD_COUNT_NDTYPE ? t : COLLD_COUNT_NDTYPE - 1];
+    return t < COLLD_COUNT_NDTYPE - 1 ? colld_dtype_name(t) : "unknown";
 }
 
 const char *colld_count_status_label(unsigned s)

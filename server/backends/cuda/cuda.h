@@ -94,7 +94,6 @@ typedef struct colld_gpus {
     uint64_t watch_wakes; /* engine wake-ups by the watcher */
     /* Persistent plans (cuda_plan.c): while any lives, the watcher looks at their ready flags. */
     struct gpu_plan *plans;
-    unsigned nplans;
     uint64_t next_plan_id;
 } colld_gpus_t;
 

@@ -169,7 +169,6 @@ static void plan_free(colld_backend_t *b, gpu_plan_t *p)
         g->plans = p->next;
     if (p->next)
         p->next->prev = p->prev;
-    g->nplans--;
     LOG_INFO(GPU, "communicator %llu: plan %llu freed (its graphs are gone): %llu replay(s) run, %llu released unrun",
              (unsigned long long)p->comm->id, (unsigned long long)p->id, (unsigned long long)p->runs,
              (unsigned long long)p->released);
@@ -227,7 +226,6 @@ colld_status_t cuda_plan_install(colld_backend_t *b, colld_coll_t *k, colld_err_
     if (g->plans)
         g->plans->prev = p;
     g->plans = p;
-    g->nplans++;
     cuda_watch_kick(g);
     const colld_wire_sqe_t *a = &k->ops[0]->d;
     LOG_INFO(GPU, "communicator %llu: plan %llu holds captured collective #%llu (%s of %llu %s) of %d ranks",
