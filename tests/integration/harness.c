@@ -542,34 +542,66 @@ int harness_metrics_port(const harness_t *h)
     return -1;
 }
 
-double harness_metric(int port, const char *name)
+char *harness_scrape(int port)
 {
-    static const char req[] = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    static const char req[] = "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
     struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        fprintf(stderr, "scrape: cannot connect to port %d: %s\n", port, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return NULL;
+    }
     struct timeval tv = { .tv_sec = 10 };
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    size_t cap = 1 << 20, len = 0;
-    char *body = malloc(cap);
-    double v = -1;
-    if (body && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-        send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(req) - 1) {
-        ssize_t r;
-        while (len + 1 < cap && (r = recv(fd, body + len, cap - 1 - len, 0)) > 0)
-            len += (size_t)r;
-        body[len] = '\0';
-        size_t nlen = strlen(name);
-        for (const char *p = body; (p = strstr(p, name)) != NULL; p += nlen)
-            if ((p == body || p[-1] == '\n') && p[nlen] == ' ') {
-                v = strtod(p + nlen + 1, NULL);
+    size_t len = 0, cap = 1 << 16;
+    char *buf = malloc(cap);
+    int rerr = 0;
+    if (buf && send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(req) - 1) {
+        for (;;) {
+            if (len + 1 == cap) {
+                char *t = realloc(buf, cap * 2);
+                if (!t)
+                    break;
+                buf = t;
+                cap *= 2;
+            }
+            ssize_t r = recv(fd, buf + len, cap - 1 - len, 0);
+            if (r <= 0) {
+                rerr = r < 0 ? errno : 0;
                 break;
             }
+            len += (size_t)r;
+        }
     }
-    free(body);
     close(fd);
+    if (!buf)
+        return NULL;
+    buf[len] = '\0';
+    if (strncmp(buf, "HTTP/1.1 200 ", 13) != 0) { /* say why, for a failure under load */
+        fprintf(stderr, "scrape: %zu bytes (%.40s) before %s\n", len, buf, rerr ? strerror(rerr) : "the end");
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+double harness_metric_in(const char *answer, const char *name)
+{
+    size_t nlen = strlen(name);
+    for (const char *p = answer; (p = strstr(p, name)) != NULL; p += nlen)
+        if ((p == answer || p[-1] == '\n') && p[nlen] == ' ')
+            return strtod(p + nlen + 1, NULL);
+    return -1;
+}
+
+double harness_metric(int port, const char *name)
+{
+    char *ans = harness_scrape(port);
+    double v = ans ? harness_metric_in(ans, name) : -1;
+    free(ans);
     return v;
 }
 

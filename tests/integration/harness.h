@@ -160,6 +160,12 @@ harness_size_t harness_test_size(void);
 /* The port of a daemon started with --metrics 127.0.0.1:0 (from its log, waiting up to 10 s), -1
  * if none. */
 int harness_metrics_port(const harness_t *h);
+/* GET /metrics of 127.0.0.1:port (each call a new connection, 10 s at most): the whole answer,
+ * status line and headers included (malloc'd: free it), or NULL (what went wrong on stderr) when
+ * the connection failed or the answer is not a 200. */
+char *harness_scrape(int port);
+/* The value of an unlabelled metric in a scraped answer, -1 when absent. */
+double harness_metric_in(const char *answer, const char *name);
 /* The value of an unlabelled metric in a GET /metrics of 127.0.0.1:port, -1 when absent or the
  * scrape failed. */
 double harness_metric(int port, const char *name);

@@ -315,51 +315,6 @@ static int tcp_connect(int port)
     return fd;
 }
 
-/* GET /metrics; the whole answer (malloc'd) or NULL when the connection ended without one. */
-static char *scrape(int port)
-{
-    static const char req[] = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
-    int fd = tcp_connect(port);
-    if (fd < 0) {
-        fprintf(stderr, "scrape: cannot connect to port %d: %s\n", port, strerror(errno));
-        return NULL;
-    }
-    struct timeval tv = { .tv_sec = 10 };
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    ssize_t w = send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL);
-    (void)w;
-    size_t len = 0, cap = 1 << 16;
-    char *buf = malloc(cap);
-    assert_non_null(buf);
-    for (;;) {
-        if (len + 1 == cap)
-            buf = realloc(buf, cap *= 2);
-        ssize_t r = recv(fd, buf + len, cap - 1 - len, 0);
-        if (r <= 0)
-            break;
-        len += (size_t)r;
-    }
-    int rerr = errno;
-    close(fd);
-    buf[len] = '\0';
-    if (strncmp(buf, "HTTP/1.1 200 ", 13) != 0) { /* say why, for a failure under load */
-        fprintf(stderr, "scrape: %zu bytes (%.40s) before %s\n", len, buf, len ? "the end" : strerror(rerr));
-        free(buf);
-        return NULL;
-    }
-    return buf;
-}
-
-/* A metric's value in a scraped answer, -1 when absent. */
-static double metric(const char *ans, const char *name)
-{
-    size_t len = strlen(name);
-    for (const char *p = ans; (p = strstr(p, name)) != NULL; p += len)
-        if (p[-1] == '\n' && p[len] == ' ')
-            return strtod(p + len + 1, NULL);
-    return -1;
-}
-
 /* ============================================================================================
  * A raw HTTP/2 client (enough of RFC 9113 and HPACK to call a gRPC method and read the stream)
  * ========================================================================================== */
@@ -833,10 +788,10 @@ static void test_events_follower_without_window(void **state)
             h2_pump(&h2, 0); /* answer pings, take nothing */
     }
     assert_int_equal(h2.data_len, 0);
-    char *ans = scrape(port);
+    char *ans = harness_scrape(port);
     assert_non_null(ans);
-    double queued = metric(ans, "colld_rpc_stream_queued_bytes");
-    double refused = metric(ans, "colld_rpc_stream_sends_refused_total");
+    double queued = harness_metric_in(ans, "colld_rpc_stream_queued_bytes");
+    double refused = harness_metric_in(ans, "colld_rpc_stream_sends_refused_total");
     free(ans);
     long rss1 = rss_kib(h->pid);
     print_message("%d events to a follower without window: RSS %ld -> %ld KiB, %.0f bytes queued, %.0f sends held "
@@ -983,7 +938,7 @@ static void test_metrics_slowloris(void **state)
     int answered = 0;
     long reconnects = 0;
     for (int s = 0; s < SCRAPES; s++) {
-        char *ans = scrape(port);
+        char *ans = harness_scrape(port);
         answered += ans != NULL;
         free(ans);
         for (int i = 0; i < HELD; i++) { /* keep every held connection open and trickling */

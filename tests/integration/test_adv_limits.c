@@ -306,45 +306,6 @@ static void expect_contains(const char *text, const char *part)
  * #2: registrations
  * ========================================================================================== */
 
-/* The metrics port the daemon logged ("metrics on http://127.0.0.1:PORT"), 0 if none. */
-static int metrics_port(harness_t *h)
-{
-    char log[65536];
-    double end = harness_now_ms() + 5000;
-    while (harness_now_ms() < end) {
-        harness_read_file(h->log, log, sizeof(log));
-        const char *p = strstr(log, "metrics on http://127.0.0.1:");
-        if (p)
-            return atoi(p + strlen("metrics on http://127.0.0.1:"));
-        usleep(5000);
-    }
-    return 0;
-}
-
-/* GET /metrics (Connection: close) into out. Returns 0 or -1. */
-static int scrape(int port, char *out, size_t len)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-        return -1;
-    static const char req[] = "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-    if (write(fd, req, sizeof(req) - 1) != (ssize_t)(sizeof(req) - 1)) {
-        close(fd);
-        return -1;
-    }
-    struct timeval tv = { .tv_sec = 10 };
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    size_t got = 0;
-    ssize_t n;
-    while (got + 1 < len && (n = read(fd, out + got, len - 1 - got)) > 0)
-        got += (size_t)n;
-    out[got] = '\0';
-    close(fd);
-    return 0;
-}
-
 static int setup_regs(void **state)
 {
     static const char *const extra[] = { "--socket-mode", "0666", "--max-regs-per-tenant", "64", "--metrics",
@@ -393,11 +354,13 @@ static void test_registration_count(void **state)
     assert_int_equal(run_victim(h, false), 0);
 
     /* The refusals are counted, by limit. */
-    int port = metrics_port(h);
+    int port = harness_metrics_port(h);
     assert_true(port > 0);
-    assert_int_equal(scrape(port, out, sizeof(out)), 0);
-    expect_contains(out, "colld_quota_refusals_total{limit=\"max-regs-per-tenant\"} 3\n");
-    expect_contains(out, "colld_quota_refusals_total{limit=\"max-registrations\"} 0\n");
+    char *ans = harness_scrape(port);
+    assert_non_null(ans);
+    expect_contains(ans, "colld_quota_refusals_total{limit=\"max-regs-per-tenant\"} 3\n");
+    expect_contains(ans, "colld_quota_refusals_total{limit=\"max-registrations\"} 0\n");
+    free(ans);
     assert_int_equal(collctl(h, out, sizeof(out), "--json", "policy", NULL), 0);
     expect_contains(out, "{\"name\":\"max-regs-per-tenant\",\"default\":64,\"used\":64,\"refused\":3}");
 
