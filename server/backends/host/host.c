@@ -369,7 +369,15 @@ typedef struct {
     host_task_t *finished, **finished_tail; /* queued jobs that ended, posted by after_run */
     uint64_t turn_chunks;                   /* chunks per turn */
     bool nan_check;                         /* --nan-check (the configuration, read at start) */
+    int slot;                               /* colld_dcomm_t.bslot[slot]: its jobs queued here */
 } host_t;
+
+/* A communicator's jobs in the tenants' queues: a count in its backend slot (no allocation), so
+ * that host_comm_busy costs the same however long the queues are. */
+static void comm_queued(const host_t *h, colld_dcomm_t *c, int delta)
+{
+    c->bslot[h->slot] = (void *)((uintptr_t)c->bslot[h->slot] + (uintptr_t)(intptr_t)delta);
+}
 /* Start the pool: --workers threads, the engine's own included. */
 static int host_start(colld_backend_t *b)
 {
@@ -381,6 +389,7 @@ static int host_start(colld_backend_t *b)
         return -1;
     }
     h->nan_check = d->cfg.nan_check;
+    h->slot = b->slot;
     h->xfers_tail = &h->xfers;
     h->finished_tail = &h->finished;
     h->turn_chunks = TURN_CHUNKS_PER_THREAD * (uint64_t)(h->pool->nthreads + 1);
@@ -466,6 +475,7 @@ static bool enqueue(host_t *h, uid_t uid, colld_coll_t *k, colld_xfer_t *x, uint
         task->first_bad[r] = UINT64_MAX;
     *t->tail = task;
     t->tail = &task->next;
+    comm_queued(h, k ? k->comm : x->comm, +1);
     return true;
 }
 
@@ -619,6 +629,7 @@ static void task_end(host_t *h, host_tenant_t *t, colld_status_t st)
 {
     host_task_t *task = t->head;
     uint64_t now = colld_now_ns();
+    comm_queued(h, task->coll ? task->coll->comm : task->xfer->comm, -1);
     t->head = task->next;
     if (!t->head)
         t->tail = &t->head;
@@ -776,11 +787,7 @@ static void host_drain(colld_backend_t *b)
 static bool host_comm_busy(const colld_backend_t *b, const colld_dcomm_t *c)
 {
     const host_t *h = b->state;
-    const host_tenant_t *t = tenant_queue(h, c->tenant);
-    for (const host_task_t *task = t ? t->head : NULL; task; task = task->next)
-        if ((task->coll ? task->coll->comm : task->xfer->comm) == c)
-            return true;
-    return false;
+    return c->bslot[h->slot] != NULL;
 }
 
 const colld_backend_ops_t colld_host_backend = {
