@@ -833,19 +833,17 @@ class ProcessGroupColld : public c10d::Backend
      * split is all-gathered on this group and checked by every rank alike: a rank in two splits,
      * splits that differ between ranks, or a rank out of range fail on every rank with the same
      * RuntimeError, and no rank splits (none waits for a rank that will not). torch calls split
-     * once per device of the group; where one backend serves both CPU and CUDA ("cpu:colld,
-     * cuda:colld", or the CUDA build), the second call, for the same group name, gets the same
-     * new group back. */
-    c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store> & /* store */,
-                                            const std::vector<int> &ranks,
+     * once per device of the group, with one store made for that split_group; where one backend
+     * serves both CPU and CUDA ("cpu:colld,cuda:colld", or the CUDA build), the second call (the
+     * same store) gets the same new group back. */
+    c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store> &store, const std::vector<int> &ranks,
                                             const c10::intrusive_ptr<c10d::Backend::Options> &opts) override
     {
-        std::string name = opts ? opts->group_name : std::string();
         {
             std::lock_guard<std::mutex> lock(mu_);
             TORCH_CHECK(coalescing_ == 0, "torch_colld: split_group inside a coalescing block (batch_isend_irecv, "
                                           "_coalescing_manager) of the parent group: split outside it");
-            if (!name.empty() && name == split_name_)
+            if (store && split_store_.lock().get() == store.get())
                 return split_last_.lock(); /* none: this rank is in no split */
         }
         std::chrono::milliseconds timeout = opts ? opts->timeout : timeout_;
@@ -915,7 +913,7 @@ class ProcessGroupColld : public c10d::Backend
             child = c10::make_intrusive<ProcessGroupColld>(client_, *made, key, static_cast<int>(ranks.size()),
                                                            timeout);
         std::lock_guard<std::mutex> lock(mu_);
-        split_name_ = name;
+        split_store_ = c10::weak_intrusive_ptr<c10d::Store>(store);
         split_last_ = c10::weak_intrusive_ptr<c10d::Backend>(c10::intrusive_ptr<c10d::Backend>(child));
         return child;
     }
@@ -954,8 +952,9 @@ class ProcessGroupColld : public c10d::Backend
         const char *rule = " (each rank may be in one split only, and every rank must pass the same split_ranks)";
         for (int r = 0; r < size_; r++)
             if (c[r * kClaim] < 0)
-                return "torch_colld: split_group: rank " + std::to_string(r) + " of the parent group was given a "
-                       "split that is not valid" + (r == rank_ ? ": " + local : std::string(" (its error says why)"));
+                return "torch_colld: split_group: rank " + std::to_string(r) +
+                       " of the parent group was given a split that is not valid" +
+                       (r == rank_ ? ": " + local : std::string(" (its error says why)"));
         for (int r = 0; r < size_; r++) {
             const int64_t *a = c + r * kClaim;
             if (a[0] != 1)
@@ -968,14 +967,15 @@ class ProcessGroupColld : public c10d::Backend
                     continue;
                 if (b[2] != a[2] || b[3] != a[3])
                     return "torch_colld: split_group: ranks " + std::to_string(r) + " and " + std::to_string(q) +
-                           " of the parent group were given different splits starting at rank " +
-                           std::to_string(a[1]) + rule;
+                           " of the parent group were given different splits starting at rank " + std::to_string(a[1]) +
+                           rule;
                 joined += (count++ ? ", " : "") + std::to_string(q);
             }
             if (count != a[2])
-                return "torch_colld: split_group: rank " + std::to_string(r) + " of the parent group was given a "
-                       "split of " + std::to_string(a[2]) + " ranks starting at rank " + std::to_string(a[1]) +
-                       ", which only " + std::to_string(count) + " joined (" + joined + ")" + rule;
+                return "torch_colld: split_group: rank " + std::to_string(r) +
+                       " of the parent group was given a split of " + std::to_string(a[2]) +
+                       " ranks starting at rank " + std::to_string(a[1]) + ", which only " + std::to_string(count) +
+                       " joined (" + joined + ")" + rule;
         }
         return "";
     }
@@ -1466,9 +1466,11 @@ class ProcessGroupColld : public c10d::Backend
     std::vector<Op> batch_;                    /* guarded by mu_: what was posted while coalescing */
     c10::intrusive_ptr<WorkColld> batch_work_; /* guarded by mu_: the Work endCoalescing returns */
     std::chrono::milliseconds timeout_;        /* the communicator's (split's default) */
-    std::string split_name_;                   /* guarded by mu_: the group name of the last split */
-    c10::weak_intrusive_ptr<c10d::Backend> split_last_{ c10::intrusive_ptr<c10d::Backend>() }; /* its group */
     std::mutex join_mu_;                       /* one joiner at a time */
+    /* guarded by mu_: the store of the last split, and the group it made (none: this rank was in
+     * no split); weak, so that neither outlives its users */
+    c10::weak_intrusive_ptr<c10d::Store> split_store_{ c10::intrusive_ptr<c10d::Store>() };
+    c10::weak_intrusive_ptr<c10d::Backend> split_last_{ c10::intrusive_ptr<c10d::Backend>() };
     std::thread worker_;
 };
 
@@ -1481,18 +1483,18 @@ PYBIND11_MODULE(_torch_colld, m)
     m.doc() = "torch.distributed backend over libcolld (import torch_colld, then init_process_group(\"colld\"))";
     /* torch registers c10d::Backend (with its intrusive_ptr holder) in this module. */
     pybind11::module_::import("torch._C._distributed_c10d");
-    auto cls =
-        pybind11::class_<ProcessGroupColld, c10::intrusive_ptr<ProcessGroupColld>, c10d::Backend>(m, "ProcessGroupColld")
-            .def(pybind11::init<const c10::intrusive_ptr<c10d::Store> &, int, int, std::chrono::milliseconds>(),
-                 pybind11::arg("store"), pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
-                 pybind11::call_guard<pybind11::gil_scoped_release>())
-            /* What split_group reads from its parent's backend (ProcessGroupNCCL has the same). */
-            .def_property_readonly("options", &ProcessGroupColld::getBackendOptions)
-            /* new_group on a default group bound to a device (bound_device_id) calls this on the
-             * ranks left out, for backends that make subgroups by splitting (NCCL): torch_colld
-             * makes a new_group's communicator through the store, so they have nothing to do. */
-            .def(
-                "perform_nocolor_split", [](ProcessGroupColld &, const c10::Device &) {}, pybind11::arg("device"));
+    pybind11::class_<ProcessGroupColld, c10::intrusive_ptr<ProcessGroupColld>, c10d::Backend> cls(m,
+                                                                                                  "ProcessGroupColld");
+    cls.def(pybind11::init<const c10::intrusive_ptr<c10d::Store> &, int, int, std::chrono::milliseconds>(),
+            pybind11::arg("store"), pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
+            pybind11::call_guard<pybind11::gil_scoped_release>());
+    /* What split_group reads from its parent's backend (ProcessGroupNCCL has the same). */
+    cls.def_property_readonly("options", &ProcessGroupColld::getBackendOptions);
+    /* new_group on a default group bound to a device (bound_device_id) calls this on the ranks left
+     * out, for backends that make subgroups by splitting (NCCL): torch_colld makes a new_group's
+     * communicator through the store, so they have nothing to do. */
+    cls.def(
+        "perform_nocolor_split", [](ProcessGroupColld &, const c10::Device &) {}, pybind11::arg("device"));
     using Options = ProcessGroupColld::Options;
     pybind11::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(cls, "Options")
         .def("__copy__", [](const Options &o) { return c10::make_intrusive<Options>(o); })

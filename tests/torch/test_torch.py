@@ -29,12 +29,16 @@ private directory, and checks their exit codes:
         manager (allgather_into_tensor_coalesced, reduce_scatter_tensor_coalesced, start/end
         coalescing), a batch's one Work and its future, Work.wait(timeout), destroy_process_group
         and _abort_process_group of subgroups.
+  split (2, 3 and 4 ranks): torch.distributed.split_group (colld_comm_split of the parent's
+        communicator): exact results in the new groups and in the parent at the same time, their
+        ranks, sizes and timeout, None for a rank in no split, and a rank in two splits or out of
+        range refused on every rank.
   cuda  (2 ranks, only where torch sees a GPU; passed with 2 processes on an H200,
         docs/gpu-testing.md): CUDA tensors, stream-ordered, with a torch_colld built with
         -DCOLLD_TORCH_CUDA=ON.
 
 By default (make test) the scenarios that need no fault of their own run as one 4-rank group
-("ops+premul+ddp+zerocopy+p2p+api": one start of torch per rank, which costs more than the
+("ops+premul+ddp+zerocopy+p2p+api+split": one start of torch per rank, which costs more than the
 scenarios), then kill/3, exit/2, p2pfail/2 and p2pkill/3: 25 to 50 s on 2 cores. With
 COLLD_TEST_FULL=1 (make test-full) every scenario runs on its own at every world size above.
 
@@ -826,6 +830,10 @@ def worker_split(torch, dist, rank, world, ck):
         # the same parent split again, given unsorted: torch sorts each split (new ranks in rank order)
         odd = [r for r in reversed(range(world)) if r % 2 == 1]
         g2 = dist.split_group(parent_pg=parent, split_ranks=[odd])
+        # the first half again, alone: its ranks get the group name they had in the first split
+        # (torch names a split by its ranks), the others are in no split; each split_group is one
+        # colld_comm_split on every rank all the same
+        g3 = dist.split_group(parent_pg=parent, split_ranks=[splits[0]])
         bad = []
         if world >= 3:
             bad.append(("a rank in two splits", [[0, 1], list(range(1, world))], "which only"))
@@ -848,6 +856,13 @@ def worker_split(torch, dist, rank, world, ck):
     ck.true(f"the second split ({g2})", (g2 is None) == (rank % 2 == 0))
     if g2 is not None:
         ck.true("its rank and size", (g2.rank(), g2.size()) == (sorted_odd.index(rank), len(sorted_odd)))
+    ck.true(f"the first half again ({g3})", (g3 is None) == (rank >= h))
+    if g3 is not None:
+        t = torch.full((4,), rank + 1, dtype=torch.int64)
+        dist.all_reduce(t, group=g3)
+        ck.equal("all_reduce in the first half again", t, torch.full((4,), sum(r + 1 for r in splits[0]),
+                                                                     dtype=torch.int64))
+        ck.true("... its own backend", g3._get_backend(cpu) is not g._get_backend(cpu))
     for n in [1, 1001, 70001]:
         t = torch.full((n,), rank + 1, dtype=torch.int64)
         w = dist.all_reduce(t, group=g, async_op=True)
