@@ -95,7 +95,7 @@ class ProcessGroupColld : public c10d::Backend
      * every rank has joined or `timeout` expires. Raises with colld's detail on failure. */
     ProcessGroupColld(const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
                       std::chrono::milliseconds timeout)
-        : c10d::Backend(rank, size)
+        : c10d::Backend(rank, size), timeout_(timeout)
     {
         colld_client_t *client = nullptr;
         colld_status_t st = colld_connect(nullptr, &client);
@@ -119,9 +119,7 @@ class ProcessGroupColld : public c10d::Backend
                                              std::to_string(sizeof(uid)) + ")");
                 std::memcpy(&uid, v.data(), sizeof(uid));
             }
-            colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
-            cfg.name = "torch_colld";
-            cfg.timeout_ms = timeout.count() > INT_MAX ? INT_MAX : static_cast<int>(timeout.count());
+            colld_comm_config_t cfg = comm_config(timeout);
             st = colld_comm_init_rank(client, &comm_, size, uid, rank, &cfg);
             if (st != COLLD_OK)
                 throw std::runtime_error(colld_failure("colld_comm_init_rank", st, colld_last_error(client)));
@@ -129,10 +127,17 @@ class ProcessGroupColld : public c10d::Backend
             client_.reset();
             throw;
         }
-        init();
-        worker_ = std::thread([this] { run(); });
-        std::lock_guard<std::mutex> lock(g_live_mu);
-        g_live.insert(this);
+        start();
+    }
+
+    /* A group split from another (split()): it takes over `comm`, a communicator of the parent's
+     * colld client, which it shares with the parent (each group destroys its own communicator;
+     * the client disconnects when the last of them, and the tensors from empty(), are gone). */
+    ProcessGroupColld(std::shared_ptr<colld_client_t> client, colld_comm_t *comm, int rank, int size,
+                      std::chrono::milliseconds timeout)
+        : c10d::Backend(rank, size), client_(std::move(client)), comm_(comm), timeout_(timeout)
+    {
+        start();
     }
 
     /* Stop the worker (operations still queued fail), then leave the communicator and the
@@ -800,7 +805,199 @@ class ProcessGroupColld : public c10d::Backend
         return w;
     }
 
+    /* ---- split_group ---- */
+
+    /* torch.distributed.split_group (torch 2.x) asks the parent group's backend for it. */
+    bool supportsSplitting() const override
+    {
+        return true;
+    }
+
+    /* What torch's ProcessGroup::splitGroup starts from when split_group is given no pg_options,
+     * and what split_group itself copies (the Python property `options`): the group's timeout. */
+    c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override
+    {
+        return c10::make_intrusive<Options>(timeout_);
+    }
+
+    /* split_group: every rank of this group calls it (torch's split_group on each), `ranks` being
+     * the ranks of this group in its split, sorted (torch sorts them); a rank in no split gets
+     * the first split, without itself. One colld_comm_split on this group's communicator, on its
+     * worker thread after the operations posted before: color = the lowest rank of the split,
+     * key = this rank's place in `ranks`, so the new group's ranks follow `ranks`; a rank in no
+     * split passes COLLD_SPLIT_NOCOLOR and gets nullptr (torch then returns None). The new group
+     * is a ProcessGroupColld of its own (worker thread, timeout: opts' timeout, which is
+     * split_group's `timeout` or this group's) on the new communicator; the store is not needed.
+     *
+     * colld_comm_split groups ranks by color, whatever they were told, so first every rank's
+     * split is all-gathered on this group and checked by every rank alike: a rank in two splits,
+     * splits that differ between ranks, or a rank out of range fail on every rank with the same
+     * RuntimeError, and no rank splits (none waits for a rank that will not). torch calls split
+     * once per device of the group, with one store made for that split_group; where one backend
+     * serves both CPU and CUDA ("cpu:colld,cuda:colld", or the CUDA build), the second call (the
+     * same store) gets the same new group back. */
+    c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store> &store, const std::vector<int> &ranks,
+                                            const c10::intrusive_ptr<c10d::Backend::Options> &opts) override
+    {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            TORCH_CHECK(coalescing_ == 0, "torch_colld: split_group inside a coalescing block (batch_isend_irecv, "
+                                          "_coalescing_manager) of the parent group: split outside it");
+            if (store && split_store_.lock().get() == store.get())
+                return split_last_.lock(); /* none: this rank is in no split */
+        }
+        std::chrono::milliseconds timeout = opts ? opts->timeout : timeout_;
+        TORCH_CHECK(timeout.count() >= 0, "torch_colld: split_group: negative timeout");
+        std::string local; /* why `ranks` is not a split of this group, if it is not */
+        int key = -1, color = COLLD_SPLIT_NOCOLOR;
+        std::set<int> seen;
+        for (size_t i = 0; i < ranks.size() && local.empty(); i++) {
+            int r = ranks[i];
+            if (r < 0 || r >= size_)
+                local = "rank " + std::to_string(r) + " is not in [0, " + std::to_string(size_) + ")";
+            else if (!seen.insert(r).second)
+                local = "rank " + std::to_string(r) + " is in it twice";
+            if (r == rank_)
+                key = static_cast<int>(i);
+        }
+        if (ranks.empty())
+            local = "it is empty";
+        if (local.empty() && key >= 0)
+            color = *seen.begin();
+        /* This rank's claim: {state (1: in the split, 0: in none, -1: not valid), color, ranks
+         * in the split, a hash of them in order}. */
+        at::Tensor mine = at::empty({ kClaim }, at::kLong);
+        at::Tensor all = at::empty({ static_cast<int64_t>(size_) * kClaim }, at::kLong);
+        int64_t *m = mine.data_ptr<int64_t>();
+        m[0] = !local.empty() ? -1 : key >= 0 ? 1 : 0;
+        m[1] = color;
+        m[2] = static_cast<int64_t>(ranks.size());
+        m[3] = hash_ranks(ranks);
+        auto made = std::make_shared<colld_comm_t *>(nullptr);
+        Op o;
+        o.name = "split_group";
+        o.work = c10::make_intrusive<WorkColld>(rank_, c10d::OpType::UNKNOWN, std::vector<at::Tensor>{}, work_done_);
+        o.keep = { mine, all };
+        o.issue = [mine, all](colld_comm_t *c, void *st) {
+            return colld_allgather(mine.data_ptr(), all.data_ptr(), kClaim, COLLD_INT64, c, st);
+        };
+        /* On the worker, once every claim is here. */
+        o.check = [this, all, local, color, key, n = static_cast<int>(ranks.size()), timeout, made]() {
+            std::string why = check_claims(all, local);
+            if (!why.empty())
+                return why;
+            colld_comm_config_t cfg = comm_config(timeout);
+            colld_status_t st = colld_comm_split(comm_, color, key, made.get(), &cfg);
+            if (st != COLLD_OK)
+                return colld_failure("split_group (colld_comm_split)", st, colld_comm_last_error(comm_));
+            int got_n = 0, got_rank = -1;
+            if (*made && (colld_comm_count(*made, &got_n) != COLLD_OK ||
+                          colld_comm_user_rank(*made, &got_rank) != COLLD_OK || got_n != n || got_rank != key)) {
+                colld_comm_destroy(*made);
+                *made = nullptr;
+                return "torch_colld: split_group: colld_comm_split made a communicator of " + std::to_string(got_n) +
+                       " ranks with this rank as " + std::to_string(got_rank) + ", not " + std::to_string(n) +
+                       " ranks with it as " + std::to_string(key);
+            }
+            return std::string();
+        };
+        c10::intrusive_ptr<c10d::Work> w = post(std::move(o));
+        if (Py_IsInitialized() && PyGILState_Check()) {
+            pybind11::gil_scoped_release nogil;
+            w->wait();
+        } else {
+            w->wait();
+        }
+        c10::intrusive_ptr<ProcessGroupColld> child;
+        if (*made)
+            child = c10::make_intrusive<ProcessGroupColld>(client_, *made, key, static_cast<int>(ranks.size()),
+                                                           timeout);
+        std::lock_guard<std::mutex> lock(mu_);
+        split_store_ = c10::weak_intrusive_ptr<c10d::Store>(store);
+        split_last_ = c10::weak_intrusive_ptr<c10d::Backend>(c10::intrusive_ptr<c10d::Backend>(child));
+        return child;
+    }
+
+    /* The options split_group copies and hands back (Backend.Options cannot be copied by Python's
+     * copy.deepcopy; these can): the group's timeout. */
+    struct Options : c10d::Backend::Options {
+        explicit Options(std::chrono::milliseconds t) : c10d::Backend::Options("colld", t)
+        {
+        }
+    };
+
   private:
+    static constexpr int64_t kClaim = 4; /* int64s in a rank's claim (split()) */
+
+    /* FNV-1a of a split's ranks, in order. */
+    static int64_t hash_ranks(const std::vector<int> &ranks)
+    {
+        uint64_t h = 1469598103934665603ull;
+        for (int r : ranks)
+            for (int b = 0; b < 32; b += 8) {
+                h ^= (static_cast<uint32_t>(r) >> b) & 0xff;
+                h *= 1099511628211ull;
+            }
+        int64_t out;
+        std::memcpy(&out, &h, sizeof(out));
+        return out;
+    }
+
+    /* Every rank's claim (split()), the same on every rank: empty when the claims form a
+     * partition of some of the ranks (each split claimed by exactly its ranks, with one list),
+     * else why not, the same text on every rank (but for `local`, this rank's own reason). */
+    std::string check_claims(const at::Tensor &all, const std::string &local) const
+    {
+        const int64_t *c = all.data_ptr<int64_t>();
+        const char *rule = " (each rank may be in one split only, and every rank must pass the same split_ranks)";
+        for (int r = 0; r < size_; r++)
+            if (c[r * kClaim] < 0)
+                return "torch_colld: split_group: rank " + std::to_string(r) +
+                       " of the parent group was given a split that is not valid" +
+                       (r == rank_ ? ": " + local : std::string(" (its error says why)"));
+        for (int r = 0; r < size_; r++) {
+            const int64_t *a = c + r * kClaim;
+            if (a[0] != 1)
+                continue;
+            std::string joined;
+            int64_t count = 0;
+            for (int q = 0; q < size_; q++) {
+                const int64_t *b = c + q * kClaim;
+                if (b[0] != 1 || b[1] != a[1])
+                    continue;
+                if (b[2] != a[2] || b[3] != a[3])
+                    return "torch_colld: split_group: ranks " + std::to_string(r) + " and " + std::to_string(q) +
+                           " of the parent group were given different splits starting at rank " + std::to_string(a[1]) +
+                           rule;
+                joined += (count++ ? ", " : "") + std::to_string(q);
+            }
+            if (count != a[2])
+                return "torch_colld: split_group: rank " + std::to_string(r) +
+                       " of the parent group was given a split of " + std::to_string(a[2]) +
+                       " ranks starting at rank " + std::to_string(a[1]) + ", which only " + std::to_string(count) +
+                       " joined (" + joined + ")" + rule;
+        }
+        return "";
+    }
+
+    /* A communicator's configuration: named torch_colld in collctl, with the group's timeout. */
+    static colld_comm_config_t comm_config(std::chrono::milliseconds timeout)
+    {
+        colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
+        cfg.name = "torch_colld";
+        cfg.timeout_ms = timeout.count() > INT_MAX ? INT_MAX : static_cast<int>(timeout.count());
+        return cfg;
+    }
+
+    /* Once the communicator is there: start the worker, and count the group among the live ones. */
+    void start()
+    {
+        init();
+        worker_ = std::thread([this] { run(); });
+        std::lock_guard<std::mutex> lock(g_live_mu);
+        g_live.insert(this);
+    }
+
     /* stop() without the GIL. */
     void stop_worker(bool abort)
     {
@@ -1268,7 +1465,12 @@ class ProcessGroupColld : public c10d::Backend
     int coalescing_ = 0;                       /* guarded by mu_: startCoalescing's not yet ended (nesting) */
     std::vector<Op> batch_;                    /* guarded by mu_: what was posted while coalescing */
     c10::intrusive_ptr<WorkColld> batch_work_; /* guarded by mu_: the Work endCoalescing returns */
+    std::chrono::milliseconds timeout_;        /* the communicator's (split's default) */
     std::mutex join_mu_;                       /* one joiner at a time */
+    /* guarded by mu_: the store of the last split, and the group it made (none: this rank was in
+     * no split); weak, so that neither outlives its users */
+    c10::weak_intrusive_ptr<c10d::Store> split_store_{ c10::intrusive_ptr<c10d::Store>() };
+    c10::weak_intrusive_ptr<c10d::Backend> split_last_{ c10::intrusive_ptr<c10d::Backend>() };
     std::thread worker_;
 };
 
@@ -1281,10 +1483,24 @@ PYBIND11_MODULE(_torch_colld, m)
     m.doc() = "torch.distributed backend over libcolld (import torch_colld, then init_process_group(\"colld\"))";
     /* torch registers c10d::Backend (with its intrusive_ptr holder) in this module. */
     pybind11::module_::import("torch._C._distributed_c10d");
-    pybind11::class_<ProcessGroupColld, c10::intrusive_ptr<ProcessGroupColld>, c10d::Backend>(m, "ProcessGroupColld")
-        .def(pybind11::init<const c10::intrusive_ptr<c10d::Store> &, int, int, std::chrono::milliseconds>(),
-             pybind11::arg("store"), pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
-             pybind11::call_guard<pybind11::gil_scoped_release>());
+    pybind11::class_<ProcessGroupColld, c10::intrusive_ptr<ProcessGroupColld>, c10d::Backend> cls(m,
+                                                                                                  "ProcessGroupColld");
+    cls.def(pybind11::init<const c10::intrusive_ptr<c10d::Store> &, int, int, std::chrono::milliseconds>(),
+            pybind11::arg("store"), pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
+            pybind11::call_guard<pybind11::gil_scoped_release>());
+    /* What split_group reads from its parent's backend (ProcessGroupNCCL has the same). */
+    cls.def_property_readonly("options", &ProcessGroupColld::getBackendOptions);
+    /* new_group on a default group bound to a device (bound_device_id) calls this on the ranks left
+     * out, for backends that make subgroups by splitting (NCCL): torch_colld makes a new_group's
+     * communicator through the store, so they have nothing to do. */
+    cls.def(
+        "perform_nocolor_split", [](ProcessGroupColld &, const c10::Device &) {}, pybind11::arg("device"));
+    using Options = ProcessGroupColld::Options;
+    pybind11::class_<Options, c10d::Backend::Options, c10::intrusive_ptr<Options>>(cls, "Options")
+        .def("__copy__", [](const Options &o) { return c10::make_intrusive<Options>(o); })
+        .def(
+            "__deepcopy__", [](const Options &o, pybind11::dict) { return c10::make_intrusive<Options>(o); },
+            pybind11::arg("memo"));
     /* The dtype travels as a tensor of it (`like`), which needs no caster for at::ScalarType. */
     m.def(
         "_empty",

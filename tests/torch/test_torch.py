@@ -29,12 +29,16 @@ private directory, and checks their exit codes:
         manager (allgather_into_tensor_coalesced, reduce_scatter_tensor_coalesced, start/end
         coalescing), a batch's one Work and its future, Work.wait(timeout), destroy_process_group
         and _abort_process_group of subgroups.
+  split (2, 3 and 4 ranks): torch.distributed.split_group (colld_comm_split of the parent's
+        communicator): exact results in the new groups and in the parent at the same time, their
+        ranks, sizes and timeout, None for a rank in no split, and a rank in two splits or out of
+        range refused on every rank.
   cuda  (2 ranks, only where torch sees a GPU; passed with 2 processes on an H200,
         docs/gpu-testing.md): CUDA tensors, stream-ordered, with a torch_colld built with
         -DCOLLD_TORCH_CUDA=ON.
 
 By default (make test) the scenarios that need no fault of their own run as one 4-rank group
-("ops+premul+ddp+zerocopy+p2p+api": one start of torch per rank, which costs more than the
+("ops+premul+ddp+zerocopy+p2p+api+split": one start of torch per rank, which costs more than the
 scenarios), then kill/3, exit/2, p2pfail/2 and p2pkill/3: 25 to 50 s on 2 cores. With
 COLLD_TEST_FULL=1 (make test-full) every scenario runs on its own at every world size above.
 
@@ -804,6 +808,85 @@ def worker_api(torch, dist, rank, world, ck):
              torch.full((4,), world, dtype=torch.uint64))
 
 
+def worker_split(torch, dist, rank, world, ck):
+    """torch.distributed.split_group: one colld_comm_split of the parent's communicator. torch
+    2.11's split_group is written for NCCL: it needs a device bound to the default group (which
+    init_process_group only takes for an accelerator) and the parent's backend for "cuda"; so the
+    parent is a group made with "cpu:colld,cuda:colld" (one torch_colld backend for both) and the
+    default group is bound to the CPU for the split, then unbound (new_group refuses a CPU-bound
+    default group). Exact results in the new groups and the parent, their ranks, sizes and
+    timeout, a rank in no split (None), then the refusals: a rank in two splits, a rank out of
+    range (every rank raises, none hangs), after which the parent still works."""
+    import torch_colld
+    parent = dist.new_group(list(range(world)), backend="cpu:colld,cuda:colld")
+    cpu = torch.device("cpu")
+    default = dist.distributed_c10d._get_default_group()
+    default.bound_device_id = torch.device("cpu", 0)
+    try:
+        h = world // 2
+        splits = [list(range(h)), list(range(h, world))]
+        mine = splits[0] if rank < h else splits[1]
+        g = dist.split_group(parent_pg=parent, split_ranks=splits, timeout=datetime.timedelta(seconds=77))
+        # the same parent split again, given unsorted: torch sorts each split (new ranks in rank order)
+        odd = [r for r in reversed(range(world)) if r % 2 == 1]
+        g2 = dist.split_group(parent_pg=parent, split_ranks=[odd])
+        # the first half again, alone: its ranks get the group name they had in the first split
+        # (torch names a split by its ranks), the others are in no split; each split_group is one
+        # colld_comm_split on every rank all the same
+        g3 = dist.split_group(parent_pg=parent, split_ranks=[splits[0]])
+        bad = []
+        if world >= 3:
+            bad.append(("a rank in two splits", [[0, 1], list(range(1, world))], "which only"))
+        bad.append(("a rank out of range", [[0, world + 3]], "not valid"))
+        for what, sr, text in bad:
+            ck.raises(f"split_group with {what}", lambda sr=sr: dist.split_group(parent_pg=parent, split_ranks=sr),
+                      text)
+    finally:
+        default.bound_device_id = None
+    ck.true(f"split_group gave a group ({g})", g is not None)
+    ck.true(f"its rank and size ({g.rank()}, {g.size()})", (g.rank(), g.size()) == (mine.index(rank), len(mine)))
+    ck.true("its ranks", dist.get_process_group_ranks(g) == mine)
+    backend = g._get_backend(cpu)
+    ck.true("its backend is a torch_colld backend of its own", isinstance(backend, torch_colld.ProcessGroupColld)
+            and backend is not parent._get_backend(cpu))
+    ck.true(f"its timeout ({backend.options._timeout})", backend.options._timeout == datetime.timedelta(seconds=77))
+    ck.true(f"the parent's timeout unchanged ({parent._get_backend(cpu).options._timeout})",
+            parent._get_backend(cpu).options._timeout == datetime.timedelta(minutes=30))
+    sorted_odd = sorted(odd)
+    ck.true(f"the second split ({g2})", (g2 is None) == (rank % 2 == 0))
+    if g2 is not None:
+        ck.true("its rank and size", (g2.rank(), g2.size()) == (sorted_odd.index(rank), len(sorted_odd)))
+    ck.true(f"the first half again ({g3})", (g3 is None) == (rank >= h))
+    if g3 is not None:
+        t = torch.full((4,), rank + 1, dtype=torch.int64)
+        dist.all_reduce(t, group=g3)
+        ck.equal("all_reduce in the first half again", t, torch.full((4,), sum(r + 1 for r in splits[0]),
+                                                                     dtype=torch.int64))
+        ck.true("... its own backend", g3._get_backend(cpu) is not g._get_backend(cpu))
+    for n in [1, 1001, 70001]:
+        t = torch.full((n,), rank + 1, dtype=torch.int64)
+        w = dist.all_reduce(t, group=g, async_op=True)
+        p = torch.full((n,), rank + 1, dtype=torch.int64)
+        dist.all_reduce(p, group=parent)  # the parent at the same time
+        w.wait()
+        ck.equal(f"all_reduce of rank + 1 in the split x{n}", t,
+                 torch.full((n,), sum(r + 1 for r in mine), dtype=torch.int64))
+        ck.equal(f"all_reduce of rank + 1 in the parent x{n}", p,
+                 torch.full((n,), sum(r + 1 for r in range(world)), dtype=torch.int64))
+    out = torch.zeros(len(mine) * 3, dtype=torch.float32)
+    dist.all_gather_into_tensor(out, torch.full((3,), float(rank)), group=g)
+    ck.equal("all_gather_into_tensor in the split", out, torch.tensor([float(r) for r in mine]).repeat_interleave(3))
+    if g2 is not None:
+        t = torch.full((5,), rank, dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=g2)
+        ck.equal("all_reduce MAX in the second split", t, torch.full((5,), max(sorted_odd), dtype=torch.int32))
+    dist.destroy_process_group(g)
+    t = torch.ones(3, dtype=torch.float64)
+    dist.all_reduce(t, group=parent)
+    ck.equal("all_reduce in the parent after the refusals and the split's destroy", t,
+             torch.full((3,), float(world), dtype=torch.float64))
+
+
 def worker_cuda(torch, dist, rank, world, ck):
     """CUDA tensors, stream-ordered (a torch_colld built with -DCOLLD_TORCH_CUDA=ON, on a machine
     with a GPU; the driver skips it otherwise). Passed with 2 processes on an H200
@@ -932,7 +1015,7 @@ def worker_main(args):
     ck.true(f"get_backend ({dist.get_backend()!r})", dist.get_backend() == backend)
     workers = {"ops": worker_ops, "premul": worker_premul, "ddp": worker_ddp, "kill": worker_kill,
                "exit": worker_exit, "zerocopy": worker_zerocopy, "p2p": worker_p2p, "p2pfail": worker_p2pfail,
-               "p2pkill": worker_p2pkill, "api": worker_api, "cuda": worker_cuda}
+               "p2pkill": worker_p2pkill, "api": worker_api, "split": worker_split, "cuda": worker_cuda}
     kept = []
     for name in names:
         t0 = time.monotonic()
@@ -1029,10 +1112,11 @@ def main():
     plan = [("ops", 2, 120), ("ops", 4, 180), ("premul", 2, 90), ("premul", 3, 90), ("premul", 4, 120),
             ("ddp", 2, 90), ("ddp", 4, 90), ("kill", 3, 90), ("exit", 2, 90),
             ("zerocopy", 2, 90), ("zerocopy", 3, 90), ("p2p", 2, 120), ("p2p", 3, 150), ("p2p", 4, 180),
-            ("p2pfail", 2, 90), ("p2pkill", 3, 90), ("api", 2, 90), ("api", 3, 90)]
+            ("p2pfail", 2, 90), ("p2pkill", 3, 90), ("api", 2, 90), ("api", 3, 90), ("split", 2, 90),
+            ("split", 3, 90), ("split", 4, 90)]
     gpu = [("cuda", 2, 300)]  # only where torch sees a GPU (none here; bench/gpu-carry.sh runs it on one)
     if not full:
-        plan = [("ops+premul+ddp+zerocopy+p2p+api", 4, 240), ("kill", 3, 90), ("exit", 2, 90), ("p2pfail", 2, 90),
+        plan = [("ops+premul+ddp+zerocopy+p2p+api+split", 4, 240), ("kill", 3, 90), ("exit", 2, 90), ("p2pfail", 2, 90),
                 ("p2pkill", 3, 90)]
     if torch.cuda.is_available():
         plan += gpu
