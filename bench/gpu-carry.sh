@@ -97,6 +97,7 @@ pack() {
   fi
   cp "$root/tests/torch/test_torch.py" "$dir/src/tests/torch/"
   cp "$root/tests/nccl/test_pynccl.py" "$root/tests/nccl/nccl_py_common.py" "$dir/src/tests/nccl/"
+  cp "$root/tests/colld_daemon.py" "$dir/src/tests/"
   cp "$root/bench/gpu_torch.py" "$dir/src/bench/"
   cp "$root/examples/torch_ddp.py" "$dir/src/examples/"
   if [ -n "$nt" ]; then

@@ -33,12 +33,14 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from colld_daemon import start_daemon  # noqa: E402  (tests/colld_daemon.py)
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -167,26 +169,6 @@ def worker(args):
 
 
 # ---------------------------------------------------------------- the driver
-
-def start_daemon(colld, tmp):
-    sock, log = os.path.join(tmp, "colld.sock"), os.path.join(tmp, "colld.log")
-    p = subprocess.Popen([colld, "--socket", sock, "--log-file", log], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            sys.exit(f"colld exited with {p.returncode}; its log:\n" + open(log).read())
-        s = socket.socket(socket.AF_UNIX)
-        try:
-            s.connect(sock)
-            return p, sock, log
-        except OSError:
-            time.sleep(0.05)
-        finally:
-            s.close()
-    p.kill()
-    sys.exit("colld did not listen within 30 s")
-
 
 def main():
     ap = argparse.ArgumentParser(description="DDP step and all_reduce timings on CUDA tensors through colld")

@@ -22,12 +22,14 @@ targets (>= 50x at <= 4 KiB and >= 4x at >= 16 MiB on the zero-copy path).
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from colld_daemon import start_daemon  # noqa: E402  (tests/colld_daemon.py)
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -111,25 +113,6 @@ def worker(args):
     return 0
 
 
-def start_daemon(colld, tmp):
-    sock, log = os.path.join(tmp, "colld.sock"), os.path.join(tmp, "colld.log")
-    p = subprocess.Popen([colld, "--socket", sock, "--log-file", log])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            sys.exit(f"colld exited with {p.returncode}; its log:\n" + open(log).read())
-        s = socket.socket(socket.AF_UNIX)
-        try:
-            s.connect(sock)
-            return p, sock
-        except OSError:
-            time.sleep(0.05)
-        finally:
-            s.close()
-    p.kill()
-    sys.exit("colld did not listen within 60 s")
-
-
 def report(world, path, rounds):
     rows = {}
     for line in open(path):
@@ -173,7 +156,7 @@ def main():
     lo, hi = (parse_size(x) for x in args.sizes.split(":"))
     sizes = sizes_between(lo, hi)
     with tempfile.TemporaryDirectory(prefix="colld-torch-bench-") as tmp:
-        daemon, sock = start_daemon(args.colld, tmp)
+        daemon, sock, _ = start_daemon(args.colld, tmp, output=True)
         env = dict(os.environ, COLLD_SOCKET=sock, OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join([args.pythonpath] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         rc = 0

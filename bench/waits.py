@@ -34,13 +34,14 @@ import argparse
 import json
 import os
 import resource
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from colld_daemon import start_daemon, stop_daemon  # noqa: E402  (tests/colld_daemon.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -136,41 +137,9 @@ def worker(args):
 
 # ---------------------------------------------------------------- the driver
 
-def start_daemon(colld, tmp):
-    sock, log = os.path.join(tmp, "colld.sock"), os.path.join(tmp, "colld.log")
-    for p in (sock,):
-        if os.path.exists(p):
-            os.unlink(p)
-    p = subprocess.Popen([colld, "--socket", sock, "--log-file", log], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            sys.exit(f"colld exited with {p.returncode}; its log:\n" + open(log).read())
-        s = socket.socket(socket.AF_UNIX)
-        try:
-            s.connect(sock)
-            return p, sock
-        except OSError:
-            time.sleep(0.05)
-        finally:
-            s.close()
-    p.kill()
-    sys.exit("colld did not listen within 60 s")
-
-
-def stop_daemon(p):
-    p.send_signal(signal.SIGTERM)
-    try:
-        p.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
-
-
 def run_torch(build, backend, case, world, args, tmp):
     """One case with `world` ranks; returns per-rank results, or None when a rank failed."""
-    daemon, sock = start_daemon(os.path.join(build, "server", "colld"), tmp)
+    daemon, sock, _ = start_daemon(os.path.join(build, "server", "colld"), tmp)
     try:
         store, out = os.path.join(tmp, "store"), os.path.join(tmp, "out")
         if os.path.exists(store):
@@ -194,7 +163,7 @@ def run_torch(build, backend, case, world, args, tmp):
             return None
         return [json.load(open(f"{out}.{r}")) for r in range(world)]
     finally:
-        stop_daemon(daemon)
+        stop_daemon(daemon, tmp, quiet=True)
 
 
 PERF_SIZES = [8, 64, 512, 4096, 32768, 262144]
@@ -202,7 +171,7 @@ PERF_SIZES = [8, 64, 512, 4096, 32768, 262144]
 
 def run_perf(build, world, args, tmp):
     """colld-perf's C client; its ranks' usage from getrusage(RUSAGE_CHILDREN)."""
-    daemon, sock = start_daemon(os.path.join(build, "server", "colld"), tmp)
+    daemon, sock, _ = start_daemon(os.path.join(build, "server", "colld"), tmp)
     try:
         d0, u0 = usage_daemon(daemon.pid), usage_children()
         cmd = [os.path.join(build, "tools", "colld-perf"), "-p", str(world), "-b", "8", "-e", "256K", "-f", "8",
@@ -223,7 +192,7 @@ def run_perf(build, world, args, tmp):
             times[int(size)] = float(t)
         return {"steps": calls, "self": delta(u0, u1), "daemon": delta(d0, d1), "times": times, "world": world}
     finally:
-        stop_daemon(daemon)
+        stop_daemon(daemon, tmp, quiet=True)
 
 
 def summarise(res):

@@ -2,47 +2,12 @@
 test_pynccl.py): a colld daemon on a private socket, the unique id handed over through a file, and
 which libnccl files a process has mapped. Standard library only."""
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 
-
-def start_daemon(colld, tmp):
-    """colld on a private socket in tmp; returns (process, socket path) once a client can connect."""
-    sock, log = os.path.join(tmp, "colld.sock"), os.path.join(tmp, "colld.log")
-    p = subprocess.Popen([colld, "--socket", sock, "--log-level", "info", "--log-file", log],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            sys.exit(f"colld exited with {p.returncode}; its log:\n" + open(log).read())
-        if os.path.exists(sock):
-            s = socket.socket(socket.AF_UNIX)
-            try:
-                s.connect(sock)
-                return p, sock
-            except OSError:
-                pass
-            finally:
-                s.close()
-        time.sleep(0.05)
-    p.kill()
-    sys.exit("colld did not listen within 30 s")
-
-
-def stop_daemon(p, tmp):
-    """SIGTERM, then wait; False (its log printed) when it did not exit cleanly."""
-    p.send_signal(signal.SIGTERM)
-    try:
-        rc = p.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        rc = "killed after 30 s"
-    if rc != 0:
-        print(f"colld exited with {rc}; its log:\n" + open(os.path.join(tmp, "colld.log")).read())
-    return rc == 0
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from colld_daemon import start_daemon, stop_daemon  # noqa: E402,F401  (tests/colld_daemon.py)
 
 
 def run_ranks(argv_of_rank, n, env, timeout):

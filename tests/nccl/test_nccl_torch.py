@@ -321,7 +321,7 @@ def main():
             "built_with": wheel_header_version(torch_dir)}
 
     with tempfile.TemporaryDirectory(prefix="colld-nccl-torch-") as tmp:
-        daemon, sock = common.start_daemon(args.colld, tmp)
+        daemon, sock, _ = common.start_daemon(args.colld, tmp, ("--log-level", "info"))
         env = dict(os.environ, COLLD_SOCKET=sock, LD_PRELOAD=os.path.abspath(args.lib), LD_BIND_NOW="1",
                    PYTHONPATH=os.pathsep.join([os.path.abspath(args.torch_path)] +
                                               [p for p in [os.environ.get("PYTHONPATH")] if p]),

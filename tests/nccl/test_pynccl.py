@@ -333,7 +333,7 @@ def main():
         print("not run: the ranks on torch CPU tensors (no --torch-path, or no torch in this python)")
     ok = True
     with tempfile.TemporaryDirectory(prefix="colld-pynccl-") as tmp:
-        daemon, sock = common.start_daemon(args.colld, tmp)
+        daemon, sock, _ = common.start_daemon(args.colld, tmp, ("--log-level", "info"))
         try:
             for mode, world in plan:
                 d = os.path.join(tmp, f"{mode}-{world}")

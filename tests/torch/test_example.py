@@ -24,11 +24,13 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from colld_daemon import start_daemon  # noqa: E402  (tests/colld_daemon.py)
 
 AUTOLOAD = r"""
 import sys, torch, torch.distributed as dist
@@ -55,25 +57,6 @@ ok = "torch_colld" in msg and "could not be loaded" in msg and "_torch_colld" in
 print("OK" if ok else "FAILED: the error does not say torch_colld could not be loaded, and why")
 sys.exit(0 if ok else 1)
 """
-
-
-def start_daemon(colld, tmp):
-    sock, log = os.path.join(tmp, "colld.sock"), os.path.join(tmp, "colld.log")
-    p = subprocess.Popen([colld, "--socket", sock, "--log-file", log], stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            sys.exit(f"colld exited with {p.returncode}; its log:\n" + open(log).read())
-        s = socket.socket(socket.AF_UNIX)
-        try:
-            s.connect(sock)
-            return p, sock, log
-        except OSError:
-            time.sleep(0.05)
-        finally:
-            s.close()
-    p.kill()
-    sys.exit("colld did not listen within 30 s")
 
 
 def run(name, cmd, env, timeout):
@@ -108,7 +91,7 @@ def main():
         print(f"skip: {sys.executable} cannot import torch.distributed")
         return 77
     with tempfile.TemporaryDirectory(prefix="colld-torch-example-") as tmp:
-        daemon, sock, log = start_daemon(args.colld, tmp)
+        daemon, sock, log = start_daemon(args.colld, tmp, output=True)
         env = dict(os.environ, COLLD_SOCKET=sock, OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join([args.pythonpath] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)

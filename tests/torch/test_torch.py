@@ -54,11 +54,13 @@ import argparse
 import datetime
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from colld_daemon import start_daemon  # noqa: E402  (tests/colld_daemon.py)
 
 # ------------------------------------------------------------------------------------------------
 # The worker side (one rank)
@@ -1038,28 +1040,6 @@ def worker_main(args):
 # The driver
 # ------------------------------------------------------------------------------------------------
 
-def start_daemon(colld, tmp):
-    """colld on a private socket; returns (process, socket path) once a client can connect."""
-    sock, log = os.path.join(tmp, "colld.sock"), os.path.join(tmp, "colld.log")
-    p = subprocess.Popen([colld, "--socket", sock, "--log-level", "info", "--log-file", log])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            sys.exit(f"colld exited with {p.returncode}; its log:\n" + open(log).read())
-        if os.path.exists(sock):
-            s = socket.socket(socket.AF_UNIX)
-            try:
-                s.connect(sock)
-                return p, sock
-            except OSError:
-                pass
-            finally:
-                s.close()
-        time.sleep(0.05)
-    p.kill()
-    sys.exit("colld did not listen within 60 s")
-
-
 def run_scenario(args, tmp, env, name, world, timeout):
     """Run `world` ranks of one scenario; returns True when every rank did what it should."""
     store = os.path.join(tmp, f"store-{name.replace('+', '-')}-{world}")
@@ -1131,7 +1111,7 @@ def main():
             if not plan:
                 return 77
     with tempfile.TemporaryDirectory(prefix="colld-torch-") as tmp:
-        daemon, sock = start_daemon(args.colld, tmp)
+        daemon, sock, _ = start_daemon(args.colld, tmp, ("--log-level", "info"), output=True)
         env = dict(os.environ, COLLD_SOCKET=sock,
                    PYTHONPATH=os.pathsep.join([args.pythonpath] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
                    OMP_NUM_THREADS="1")
