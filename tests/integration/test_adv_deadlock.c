@@ -199,52 +199,17 @@ static int attacker_main(const char *socket, const char *dir)
  * The flood (uid 65534 under root): more waits than the check's bound
  * ========================================================================================== */
 
-typedef struct {
-    colld_client_t *client;
-    colld_comm_t *comm;
-    colld_unique_id_t id;
-    int rank;
-    colld_status_t st;
-} frank_t;
-
-static void *flood_join(void *arg)
-{
-    frank_t *f = arg;
-    colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
-    cfg.timeout_ms = 120000;
-    cfg.name = "flood";
-    f->st = colld_comm_init_rank(f->client, &f->comm, FLOOD_RANKS, f->id, f->rank, &cfg);
-    return NULL;
-}
-
 /* Join FLOOD_RANKS connections to one communicator, post each rank's group of sends, say so
  * (dir/flood-ready) and hold them until dir/stop. The process then ends without destroying its
  * handles (the sends never complete, and a destroy waits for issued work). */
 static int flood_main(const char *socket, const char *dir)
 {
-    frank_t *f = calloc(FLOOD_RANKS, sizeof(*f));
-    pthread_t *t = calloc(FLOOD_RANKS, sizeof(*t));
-    colld_unique_id_t id;
-    if (!f || !t)
+    harness_rank_t *f = calloc(FLOOD_RANKS, sizeof(*f));
+    if (!f || harness_join_ranks("flood", socket, f, FLOOD_RANKS, 120000, "flood", NULL) != 0)
         return 1;
-    for (int r = 0; r < FLOOD_RANKS; r++)
-        if (colld_connect(socket, &f[r].client) != COLLD_OK ||
-            (r == 0 && colld_get_unique_id(f[0].client, &id) != COLLD_OK)) {
-            fprintf(stderr, "flood (uid %u): connect %d: %s\n", (unsigned)getuid(), r, colld_last_error(f[r].client));
-            return 1;
-        }
-    for (int r = 0; r < FLOOD_RANKS; r++) {
-        f[r].id = id;
-        f[r].rank = r;
-        pthread_create(&t[r], NULL, flood_join, &f[r]);
-    }
-    for (int r = 0; r < FLOOD_RANKS; r++)
-        pthread_join(t[r], NULL);
     for (int r = 0; r < FLOOD_RANKS; r++) {
         int32_t *buf = NULL;
-        colld_status_t st = f[r].st;
-        if (st == COLLD_OK)
-            st = colld_mem_alloc(f[r].client, (void **)&buf, 4096, COLLD_MEM_HOST);
+        colld_status_t st = colld_mem_alloc(f[r].client, (void **)&buf, 4096, COLLD_MEM_HOST);
         if (st == COLLD_OK)
             st = colld_group_start();
         for (int i = 1; i <= FLOOD_SENDS && r + i < FLOOD_RANKS && st == COLLD_OK; i++)
@@ -258,11 +223,7 @@ static int flood_main(const char *socket, const char *dir)
             return 1;
         }
     }
-    char path[512];
-    snprintf(path, sizeof(path), "%s/flood-ready", dir);
-    FILE *ready = fopen(path, "w");
-    if (ready)
-        fclose(ready);
+    harness_touch(dir, "flood-ready");
     double t0 = now_ms();
     while (!harness_exists(dir, "stop") && now_ms() - t0 < CHURN_MAX_MS)
         usleep(10000);
