@@ -869,7 +869,13 @@ colld_status_t colld__gpu_post_batch(colld_comm_t *comm, const colld_wire_sqe_t 
                     op->stream);
         goto out;
     }
-    /* (f) Post them like any operation. */
+    /* (f) Post them like any operation. The daemon takes a descriptor only with a completion slot
+     * free for it, and a caller of stream-ordered work may never wait through colld (its CUDA
+     * streams alone observe the work, as torch and NCCL programs do): reap what has come first, or
+     * after a ring's worth of collectives the next one would sit on the submission ring for ever.
+     * (Host work needs no such step: its caller waits through colld, and a full submission ring
+     * reaps.) */
+    colld__client_poll(c);
     st = colld__client_submit(c, d, n);
     if (st != COLLD_OK) {
         release_line(&f->lines[comm->handle], v, st);

@@ -138,11 +138,6 @@ colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *s
         if (atomic_load(&c->lost))
             return COLLD_ERR_DAEMON_LOST;
         pthread_mutex_lock(&c->mu);
-        /* The daemon takes a descriptor only with a completion slot free for it: consume what has
-         * come first. A caller that never waits through colld (stream-ordered work that its CUDA
-         * stream alone observes, as torch and NCCL programs do) would otherwise fill the
-         * completion ring, and its next descriptor would sit on the submission ring for ever. */
-        reap(c);
         int64_t space = colld_ring_space(&c->shm->sq, c->sq_head, c->entries);
         if (space < 0) {
             pthread_mutex_unlock(&c->mu);
@@ -165,7 +160,8 @@ colld_status_t colld__client_submit(colld_client_t *c, const colld_wire_sqe_t *s
             round = 0;
             continue;
         }
-        /* Ring full: the daemon drains it as completions are consumed (reaped above): retry. */
+        /* Ring full: the daemon drains it as completions are consumed, so reap and retry. */
+        reap(c);
         pthread_mutex_unlock(&c->mu);
         nap(c, &round);
     }

@@ -217,7 +217,8 @@ static void test_legacy_stream_bare_thread(void **state)
  * with the daemon's rings at 16 entries: 3 x 16 + 5 collectives, each waited for by
  * cuStreamSynchronize only. Found on an H200 with torch 2.11: after 256 collectives (the default
  * rings) the daemon took no more descriptors (it needs a free completion slot, and nobody reaped
- * the completion ring), so the 257th stream waited for ever. Now every post reaps first. */
+ * the completion ring), so the 257th stream waited for ever. Now every stream-ordered post reaps
+ * first. */
 #define SMALL_RING 16
 
 static void sc_stream_only(rank_t *r)
