@@ -707,9 +707,12 @@ uint64_t colld_match_timeouts(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now)
  * first arrival, in ns (0: none waits), and into buf what it is and the ranks that have not posted
  * it, with their pids; *absent is the first of them (-1: every rank posted it). Lock held. */
 uint64_t colld_match_describe_wait(char *buf, size_t len, const colld_dcomm_t *c, uint64_t now, int *absent);
-/* Once per collective, when it has waited --wait-event-ms: the modules learn who has not posted it
- * (colld_comm_hooks_t.waiting: an event, a log line). Brings *deadline forward to that moment. */
-void colld_match_wait_event(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint64_t *deadline);
+/* Once per collective, when it has waited --wait-event-ms since first_ns (its first arrival, as the
+ * time-out check measures it: colld_match_timeouts, and the fast area's): the modules learn who has
+ * not posted it (colld_comm_hooks_t.waiting: an event, a log line). Brings *deadline forward to
+ * that moment. */
+void colld_match_wait_event(colld_daemon_t *d, colld_dcomm_t *c, uint64_t first_ns, uint64_t now,
+                            uint64_t *deadline);
 
 /* ---- engine.c: the progress engine ---- */
 int colld_engine_start(colld_daemon_t *d);

@@ -206,7 +206,6 @@ static int engine_pass(colld_daemon_t *d, uint64_t *next_deadline)
             work += colld_p2p_progress(d, c, now, &next);
         if (c->state != COLLD_COMM_READY)
             continue;
-        colld_match_wait_event(d, c, now, &next);
         if (!colld_hooks_judge(d, c, now, &next))
             continue; /* a module (the fast area) holds it this pass, time-outs included */
         if (held_by_other_backend(d, c))

@@ -402,6 +402,7 @@ static void wait_or_time_out(colld_daemon_t *d, colld_dcomm_t *c, const fast_vie
     if (now < dl) {
         uint64_t look = now + 10000000ull;
         *deadline = COLLD_MIN(COLLD_MIN(dl, look), *deadline);
+        colld_match_wait_event(d, c, v->first, now, deadline);
         return;
     }
     char why[COLLD_DETAIL_LEN];

@@ -127,21 +127,21 @@ uint64_t colld_match_describe_wait(char *buf, size_t len, const colld_dcomm_t *c
     return waited;
 }
 
-void colld_match_wait_event(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now, uint64_t *deadline)
+void colld_match_wait_event(colld_daemon_t *d, colld_dcomm_t *c, uint64_t first_ns, uint64_t now,
+                            uint64_t *deadline)
 {
     uint64_t after = (uint64_t)d->cfg.wait_event_ms * 1000000ull;
-    if (!after || c->wait_told == c->exec_seq + 1)
+    if (!after || c->wait_told == c->exec_seq + 1 || first_ns == UINT64_MAX)
         return;
-    const colld_op_t *first = first_waiting(c);
-    if (!first)
-        return;
-    if (now < first->arrival_ns + after) {
-        *deadline = COLLD_MIN(*deadline, first->arrival_ns + after);
+    if (now < first_ns + after) {
+        *deadline = COLLD_MIN(*deadline, first_ns + after);
         return;
     }
     char why[COLLD_DETAIL_LEN];
     int absent;
     uint64_t waited = colld_match_describe_wait(why, sizeof(why), c, now, &absent);
+    if (!waited)
+        return; /* the ranks that wait did so on the fast area, with no record here yet */
     c->wait_told = c->exec_seq + 1;
     /* At most a line a second (a tenant can make many communicators wait); each is an event. */
     COLLD_LOG_RL(COLLD_LOG_WARN, COLLD_SUB_COLL, 1000, "communicator %llu (%s): %s", (unsigned long long)c->id,
@@ -158,8 +158,10 @@ uint64_t colld_match_timeouts(colld_daemon_t *d, colld_dcomm_t *c, uint64_t now)
     if (first == UINT64_MAX)
         return UINT64_MAX;
     uint64_t deadline = first + (uint64_t)c->timeout_ms * 1000000ull;
-    if (now < deadline)
+    if (now < deadline) {
+        colld_match_wait_event(d, c, first, now, &deadline);
         return deadline;
+    }
     char why[COLLD_DETAIL_LEN];
     int off = snprintf(why, sizeof(why), "collective #%llu timed out after %d ms: rank(s)",
                        (unsigned long long)c->exec_seq, c->timeout_ms);
