@@ -235,9 +235,12 @@ static void walk_state(colld_daemon_t *d, state_gauges_t *g)
             if (st + 1 > g->nstates)
                 g->nstates = st + 1;
         }
-        for (int r = 0; r < c->nranks && st != COLLD_COMM_JOINING; r++) /* forming: no ops, no rank array */
+        for (int r = 0; r < c->nranks && st != COLLD_COMM_JOINING; r++) { /* forming: no ops, no rank array */
             for (colld_op_t *op = c->ranks[r].head; op; op = op->next)
                 g->ops_queued++;
+            for (colld_op_t *op = c->ranks[r].p2p_head; op; op = op->next) /* sends and receives */
+                g->ops_queued++;
+        }
     }
 }
 
@@ -609,7 +612,8 @@ static void render(colld_daemon_t *d, const process_info_t *p, const peer_snapsh
                   (unsigned long long)h->count);
     }
 
-    tb_family(b, "colld_ops_queued", "gauge", "Operations posted by ranks and waiting in the daemon for their peers.");
+    tb_family(b, "colld_ops_queued", "gauge",
+              "Operations (collectives, sends, receives) posted by ranks and waiting in the daemon for their peers.");
     tb_printf(b, "colld_ops_queued %llu\n", (unsigned long long)g.ops_queued);
     tb_family(b, "colld_descriptors_in_flight", "gauge",
               "Work descriptors accepted from the sessions' rings whose completion is not posted yet.");

@@ -35,7 +35,8 @@
  *             checked), sends-only (both ranks send to each other and never receive), hang (rank 0
  *             receives from rank 1, which then creates <--sync-dir>/ready and sleeps until killed).
  *             --expect NAME: the status rank 0 (and rank 1 where it takes part) must get; rank 0
- *             prints the communicator's error detail on stdout (--out FILE).
+ *             prints the communicator's error detail on stdout (--out FILE). --metrics-port P: in
+ *             never-sent, rank 0 says it posted only once the daemon's /metrics counts the receive.
  *   badargs   client-side refusals: peers out of range, NULL buffers, a stream on host buffers, bad
  *             alltoallv arrays and overlapping regions, a group with more sends and receives than the rings
  *             hold (COLLD_ERR_INVALID_USAGE, nothing posted); then an exchange that works.
@@ -67,6 +68,7 @@
 
 typedef struct {
     const char *socket, *uid_hex, *mode, *expect, *sync_dir, *scene;
+    int metrics_port; /* > 0: the daemon's /metrics, to see a posted operation reach it */
     int nranks, rank, timeout_ms, iters;
     bool big, use_malloc;
 } args_t;
@@ -442,6 +444,18 @@ static int mode_ops(run_t *R)
     return check_message(R, R->rreg, COLLD_INT64, 0, 1, 3, 0, count, "ops receive") ? 0 : 1;
 }
 
+/* Whether the daemon's colld_ops_queued reached `want` within 60 s. */
+static bool queued_in_daemon(int port, double want)
+{
+    double end = harness_now_ms() + 60000;
+    while (harness_metric(port, "colld_ops_queued") < want) {
+        if (harness_now_ms() > end)
+            return false;
+        usleep(5000);
+    }
+    return true;
+}
+
 /* A fault scene: every rank that takes part ends with the expected status. */
 static int mode_call(run_t *R)
 {
@@ -458,6 +472,11 @@ static int mode_call(run_t *R)
          * killed and waits for that. */
         if (me == 0) {
             st = colld_recv(R->rreg, 1024, COLLD_INT32, 1, R->comm, NULL);
+            /* The daemon times the receive from when it takes the descriptor off the ring, the
+             * fast area times the all-reduce from when rank 1 arrives: on a loaded machine the
+             * daemon may take the receive later than rank 1 arrives unless rank 0 waits for it. */
+            if (st == COLLD_OK && R->a->metrics_port > 0 && !queued_in_daemon(R->a->metrics_port, 1))
+                return fail(R, "the receive never reached the daemon (colld_ops_queued)"), 1;
             FILE *f = fopen(posted, "w");
             if (f)
                 fclose(f);
@@ -614,6 +633,8 @@ static int parse_args(int argc, char **argv, args_t *a)
             a->sync_dir = v;
         else if (ARG("--expect"))
             a->expect = v;
+        else if (ARG("--metrics-port"))
+            a->metrics_port = atoi(v);
         else if (ARG("--out")) {
             if (!freopen(v, "w", stdout))
                 return 2;

@@ -162,13 +162,15 @@ static void test_badargs(void **state)
 /* Run a fault scene on `nranks` ranks with a communicator timeout; rank 0's error detail is
  * returned in `detail` (the scene must end with `expect` on the ranks that take part). */
 static void run_scene(harness_t *h, int nranks, const char *scene, const char *expect, const char *timeout_ms,
-                      char *detail, size_t len)
+                      int metrics_port, char *detail, size_t len)
 {
-    char out[320];
+    char out[320], port[16];
     snprintf(out, sizeof(out), "%s/scene-%s.out", h->dir, scene);
+    snprintf(port, sizeof(port), "%d", metrics_port); /* -1: none */
     pid_t pids[MAX_PROCS];
     const char *extra[] = { "--mode",   "call",     "--scene",    scene,  "--expect", expect, "--timeout-ms",
-                            timeout_ms, "--no-big", "--sync-dir", h->dir, "--out",    out,    NULL };
+                            timeout_ms, "--no-big", "--sync-dir", h->dir, "--out",    out,    "--metrics-port",
+                            port,       NULL };
     assert_int_equal(spawn_p2p(h, nranks, extra, pids), 0);
     assert_int_equal(harness_wait_all(pids, nranks, RUN_LIMIT_MS), 0);
     /* Every rank printed its detail into the same file: rank 0's (the only non-empty one for
@@ -178,10 +180,19 @@ static void run_scene(harness_t *h, int nranks, const char *scene, const char *e
     assert_int_equal(harness_wait_clean(h, 10000), 0);
 }
 
+/* A daemon with /metrics: the never-sent scene waits until it counts rank 0's receive. */
+static int setup_with_metrics(void **state)
+{
+    const char *extra[] = { "--metrics", "127.0.0.1:0", NULL };
+    return harness_test_setup_args(state, extra);
+}
+
 static void test_never_sent_times_out(void **state)
 {
     char detail[1024];
-    run_scene(*state, 3, "never-sent", "COLLD_ERR_TIMEOUT", "1500", detail, sizeof(detail));
+    int port = harness_metrics_port(*state);
+    assert_true(port > 0);
+    run_scene(*state, 3, "never-sent", "COLLD_ERR_TIMEOUT", "1500", port, detail, sizeof(detail));
     assert_non_null(strstr(detail, "COLLD_ERR_TIMEOUT: point-to-point timed out after 1500 ms: rank 0 (pid "));
     assert_non_null(strstr(detail, "to receive 1024 x int32 (4096 B) from rank 1 (operation #1); rank 1 never sent "
                                    "to rank 0: it is waiting in allreduce (collective #1)"));
@@ -190,7 +201,7 @@ static void test_never_sent_times_out(void **state)
 static void test_mismatched_sizes(void **state)
 {
     char detail[1024];
-    run_scene(*state, 2, "mismatch", "COLLD_ERR_MISMATCH", "60000", detail, sizeof(detail));
+    run_scene(*state, 2, "mismatch", "COLLD_ERR_MISMATCH", "60000", -1, detail, sizeof(detail));
     assert_non_null(strstr(detail, "COLLD_ERR_MISMATCH: point-to-point from rank 0 to rank 1 differs: rank 0 sends "
                                    "100 x int32 (400 B) (operation #1), rank 1 receives 50 x int32 (200 B) "
                                    "(operation #1)"));
@@ -201,7 +212,7 @@ static void test_mismatched_sizes(void **state)
 static void test_crossed_sends_exchange(void **state)
 {
     char detail[1024];
-    run_scene(*state, 2, "crossed", "COLLD_OK", "60000", detail, sizeof(detail));
+    run_scene(*state, 2, "crossed", "COLLD_OK", "60000", -1, detail, sizeof(detail));
 }
 
 /* The ring outside groups, exact data. */
@@ -223,7 +234,7 @@ static void test_isend_ring_malloc(void **state)
 static void test_crossed_sends_time_out(void **state)
 {
     char detail[1024];
-    run_scene(*state, 2, "sends-only", "COLLD_ERR_TIMEOUT", "1000", detail, sizeof(detail));
+    run_scene(*state, 2, "sends-only", "COLLD_ERR_TIMEOUT", "1000", -1, detail, sizeof(detail));
     assert_non_null(strstr(detail, "COLLD_ERR_TIMEOUT: point-to-point timed out after 1000 ms"));
     assert_non_null(strstr(detail, "never posted the receive from rank"));
     assert_non_null(strstr(detail, "it waits in its own point-to-point operations: send to rank"));
@@ -327,7 +338,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_alltoallv_malloc, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_per_op_completion, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_badargs, harness_test_setup, harness_test_teardown),
-        cmocka_unit_test_setup_teardown(test_never_sent_times_out, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_never_sent_times_out, setup_with_metrics, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_mismatched_sizes, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_crossed_sends_exchange, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_isend_ring, harness_test_setup, harness_test_teardown),
