@@ -533,9 +533,7 @@ void colld_listener_close(colld_listener_t *l);
  * control connections. */
 unsigned colld_admin_reserve(int64_t max);
 
-/* ---- session.c: the session socket ---- */
-int colld_sessions_listen(colld_daemon_t *d);
-void colld_sessions_close_all(colld_daemon_t *d);
+/* ---- session.c: a session as the engine, completions, fast area and backends use it ---- */
 /* A session object not yet in any list (no socket, no rings), for the listener and in-process
  * tests: its descriptors are -1 and it holds one reference. NULL without memory. */
 colld_session_t *colld_session_new(colld_daemon_t *d, pid_t pid, uid_t uid, gid_t gid);
@@ -550,6 +548,14 @@ uint64_t colld_session_rings_bytes(const colld_daemon_t *d);
 int colld_session_send(colld_session_t *s, colld_wire_msg_t *m, const int *fds, int nfds);
 /* Send an error reply of the given type with err's status and message. */
 int colld_session_send_error(colld_session_t *s, uint16_t type, const colld_err_t *err);
+/* The same with a status and a detail (its first COLLD_WIRE_DETAIL_BYTES - 1 bytes). */
+int colld_session_send_status(colld_session_t *s, uint16_t type, colld_status_t st, const char *detail);
+/* Ask the loop thread to drop a session that broke the ring protocol (lock held). */
+void colld_session_kill(colld_session_t *s, const char *why);
+
+/* ---- session_socket.c: the session socket (how sessions come and go) ---- */
+int colld_sessions_listen(colld_daemon_t *d);
+void colld_sessions_close_all(colld_daemon_t *d);
 /* The daemon's side of a session ending (lock held): its ranks leave, its unique ids go, the engine
  * and the session list forget it; the caller drops the list's reference. */
 void colld_session_forget(colld_session_t *s, const char *why);
@@ -557,8 +563,6 @@ void colld_session_forget(colld_session_t *s, const char *why);
  * the descriptor that came with it (taken): the entry point of in-process tests and fuzzers
  * (lock not held; replies go to s->fd). Returns -1 when the session must be dropped. */
 int colld_session_dispatch(colld_session_t *s, const colld_wire_msg_t *m, int fd);
-/* Ask the loop thread to drop a session that broke the ring protocol (lock held). */
-void colld_session_kill(colld_session_t *s, const char *why);
 /* Drop every session the engine marked with kill_requested (loop thread). */
 void colld_sessions_reap(colld_daemon_t *d);
 
