@@ -83,19 +83,6 @@ struct xjoin {
  * The daemon's cluster and a communicator's multi-node state
  * ========================================================================================== */
 
-colld_cluster_t *colld_cluster_of(const colld_daemon_t *d)
-{
-    for (int i = 0; i < d->nbackends; i++)
-        if (d->backends[i].ops == &colld_net_backend)
-            return d->backends[i].state;
-    return NULL;
-}
-
-bool colld_cluster_running(const colld_daemon_t *d)
-{
-    return colld_cluster_of(d) != NULL;
-}
-
 /* Stamp an issued unique id with this daemon's address when it listens (a multi-node id). */
 static void net_stamp_uid(const colld_backend_t *b, uint8_t *uid)
 {
@@ -108,19 +95,8 @@ static void net_stamp_uid(const colld_backend_t *b, uint8_t *uid)
 }
 
 /* ============================================================================================
- * The inbox: work for the network thread
+ * Messages to other daemons (queued on the network thread's inbox, cluster_base.c)
  * ========================================================================================== */
-
-void colld_cluster_inbox_push(colld_daemon_t *d, cjob_t *j)
-{
-    colld_cluster_t *cl = colld_cluster_of(d);
-    if (cl->inbox_tail)
-        cl->inbox_tail->next = j;
-    else
-        cl->inbox = j;
-    cl->inbox_tail = j;
-    colld_net_wake(cl->net);
-}
 
 /* Encode and queue a message to the daemon at addr (lock held); with nodial, it goes only over a
  * link that exists ("Who is dialed"). */
@@ -153,28 +129,6 @@ static void post_msg(colld_daemon_t *d, const char *addr, const Colld__Net__V1__
 static void post_msg_nodial(colld_daemon_t *d, const char *addr, const Colld__Net__V1__Msg *m)
 {
     post_msg_how(d, addr, m, true);
-}
-
-void colld_cluster_log_bad(colld_cluster_t *cl, const char *fmt, ...)
-{
-    char text[COLLD_DETAIL_LEN];
-    uint64_t now = colld_now_ms();
-    atomic_fetch_add(&cl->bad_msgs, 1);
-    if (cl->bad_log.last_ms && now < cl->bad_log.last_ms + 10000) {
-        cl->bad_log.quiet++;
-        return;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof(text), fmt, ap);
-    va_end(ap);
-    if (cl->bad_log.quiet)
-        LOG_WARN(NET, "refused a peer message: %s (and %llu more in the last %llu s)", text,
-                 (unsigned long long)cl->bad_log.quiet, (unsigned long long)((now - cl->bad_log.last_ms) / 1000));
-    else
-        LOG_WARN(NET, "refused a peer message: %s", text);
-    cl->bad_log.last_ms = now;
-    cl->bad_log.quiet = 0;
 }
 
 /* The authenticated address of a message's sender: the peer's, or this daemon's for its own. */

@@ -62,10 +62,11 @@ struct colld_xcomm {
     bool fault_from_peer;     /* (daemon->lock) the fault being recorded came from another node: do not echo it */
 };
 
-/* The multi-node state of a communicator the net backend forms, NULL for any other. */
+/* The multi-node state of a communicator the net backend forms, NULL for any other (the net
+ * backend is the one that forms communicators: colld_backend_ops_t.comm_form). */
 static inline colld_xcomm_t *colld_xcomm(const colld_dcomm_t *c)
 {
-    return c->former && c->former->ops == &colld_net_backend ? (colld_xcomm_t *)c->bslot[c->former->slot] : NULL;
+    return c->former ? (colld_xcomm_t *)c->bslot[c->former->slot] : NULL;
 }
 
 /* A message for the network thread: a CTRL message to a daemon (this one included), or a matched
@@ -175,9 +176,15 @@ struct colld_cluster {
     void *probe_arg;
 };
 
-/* ---- cluster.c ---- */
+/* ---- cluster_base.c (what links.c, probe.c and xcoll.c reach; never cluster.c) ---- */
 /* The daemon's cluster (the net backend's state), NULL without --listen. */
 colld_cluster_t *colld_cluster_of(const colld_daemon_t *d);
+/* Queue a job for the network thread (lock held). */
+void colld_cluster_inbox_push(colld_daemon_t *d, cjob_t *j);
+/* Log a refused peer message, at most one line per 10 s with the count of the others (net). */
+void colld_cluster_log_bad(colld_cluster_t *cl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- cluster.c ---- */
 /* Stop the transport and end what runs on it (the backend's stop; also for in-process tests). */
 void colld_cluster_stop(colld_daemon_t *d);
 /* The cluster on a detached transport (no listening socket, no thread; see
@@ -185,10 +192,6 @@ void colld_cluster_stop(colld_daemon_t *d);
  * thread's passes (colld__tcp_net_step) and hands it peer messages through the transport's
  * callbacks. colld_cluster_stop ends it. Returns 0 or -1. */
 int colld__cluster_start_detached(colld_daemon_t *d, const char *self_addr, const char *node_name);
-/* Queue a job for the network thread (lock held). */
-void colld_cluster_inbox_push(colld_daemon_t *d, cjob_t *j);
-/* Log a refused peer message, at most one line per 10 s with the count of the others (net). */
-void colld_cluster_log_bad(colld_cluster_t *cl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Pin / unpin the communicator with this xid (takes the lock). NULL if unknown. */
 colld_dcomm_t *colld_cluster_pin(colld_daemon_t *d, uint64_t xid);
 void colld_cluster_unpin(colld_daemon_t *d, colld_dcomm_t *c);
