@@ -54,6 +54,7 @@
 #include "tests/gpu/gpu_cu.h"
 #include "tests/gpu/gpu_rank_kernels.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/harness_opts.h"
 
 #include <colld/colld.h>
 #include <stdarg.h>
@@ -716,43 +717,24 @@ static int mode_crossed(run_t *R)
 
 static int parse_args(int argc, char **argv, args_t *a)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *v = i + 1 < argc ? argv[i + 1] : "";
-#define ARG(name) (strcmp(argv[i], name) == 0 && ++i)
-        if (ARG("--socket"))
-            a->socket = v;
-        else if (ARG("--uid"))
-            a->uid_hex = v;
-        else if (ARG("--uid2"))
-            a->uid2_hex = v;
-        else if (ARG("--nranks"))
-            a->nranks = atoi(v);
-        else if (ARG("--rank"))
-            a->rank = atoi(v);
-        else if (ARG("--mode"))
-            a->mode = v;
-        else if (ARG("--alloc"))
-            a->alloc = v;
-        else if (ARG("--scene"))
-            a->scene = v;
-        else if (ARG("--sync-dir"))
-            a->sync_dir = v;
-        else if (ARG("--gpus"))
-            a->gpus = atoi(v);
-        else if (ARG("--timeout-ms"))
-            a->timeout_ms = atoi(v);
-        else if (ARG("--spin-ms"))
-            a->spin_ms = atof(v);
-        else if (strcmp(argv[i], "--victim-posts") == 0)
-            a->victim_posts = true;
-        else if (strcmp(argv[i], "--cudafake") == 0)
-            a->cudafake = true;
-        else {
-            fprintf(stderr, "gpu_p2p_rank: unknown argument %s\n", argv[i]);
-            return 2;
-        }
-#undef ARG
-    }
+    const harness_opt_t opts[] = {
+        HARNESS_STR("socket", &a->socket),
+        HARNESS_STR("uid", &a->uid_hex),
+        HARNESS_STR("uid2", &a->uid2_hex),
+        HARNESS_INT("nranks", &a->nranks),
+        HARNESS_INT("rank", &a->rank),
+        HARNESS_STR("mode", &a->mode),
+        HARNESS_STR("alloc", &a->alloc),
+        HARNESS_STR("scene", &a->scene),
+        HARNESS_STR("sync-dir", &a->sync_dir),
+        HARNESS_INT("gpus", &a->gpus),
+        HARNESS_INT("timeout-ms", &a->timeout_ms),
+        HARNESS_DOUBLE("spin-ms", &a->spin_ms),
+        HARNESS_SET("victim-posts", &a->victim_posts),
+        HARNESS_SET("cudafake", &a->cudafake),
+    };
+    if (HARNESS_PARSE_OPTS("gpu_p2p_rank", argc, argv, opts) != 0)
+        return 2;
     bool alloc_ok = !strcmp(a->alloc, "cumemalloc") || !strcmp(a->alloc, "colld");
     if (!a->socket || !a->uid_hex || a->nranks < 1 || a->nranks > MAX_RANKS_P2P || a->rank < 0 ||
         a->rank >= a->nranks || a->gpus < 1 || !alloc_ok || a->timeout_ms <= 0 || !(a->spin_ms >= 0)) {

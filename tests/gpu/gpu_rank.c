@@ -91,7 +91,8 @@ typedef struct {
     const char *socket, *uid_hex, *uid2_hex, *mode, *alloc, *sync_dir, *stop_file, *progress_file;
     int nranks, rank, timeout_ms, iters, rotate, max_report, victim, gpus;
     double spin_ms;
-    unsigned salt, kinds, dtypes, ops; /* bit masks */
+    int salt;
+    unsigned kinds, dtypes, ops; /* bit masks */
     bool big, big_all, big_min, host_sync, blocking_stream, victim_posts, cudafake;
 } args_t;
 
@@ -895,71 +896,38 @@ static size_t needed_bytes(const args_t *a)
 
 static int parse_args(int argc, char **argv, args_t *a)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *v = i + 1 < argc ? argv[i + 1] : "";
-#define ARG(name) (strcmp(argv[i], name) == 0 && ++i)
-        if (ARG("--socket"))
-            a->socket = v;
-        else if (ARG("--uid"))
-            a->uid_hex = v;
-        else if (ARG("--uid2"))
-            a->uid2_hex = v;
-        else if (ARG("--nranks"))
-            a->nranks = atoi(v);
-        else if (ARG("--rank"))
-            a->rank = atoi(v);
-        else if (ARG("--mode"))
-            a->mode = v;
-        else if (ARG("--alloc"))
-            a->alloc = v;
-        else if (ARG("--kinds"))
-            a->kinds = coll_parse_mask("gpu_rank", v, kind_names, K_COUNT);
-        else if (ARG("--dtypes"))
-            a->dtypes = coll_parse_mask("gpu_rank", v, dtype_names, COLLD_DTYPE_COUNT);
-        else if (ARG("--ops"))
-            a->ops = coll_parse_mask("gpu_rank", v, op_names, COLL_OPS);
-        else if (ARG("--salt"))
-            a->salt = (unsigned)strtoul(v, NULL, 10);
-        else if (ARG("--rotate"))
-            a->rotate = atoi(v);
-        else if (ARG("--iters"))
-            a->iters = atoi(v);
-        else if (ARG("--timeout-ms"))
-            a->timeout_ms = atoi(v);
-        else if (ARG("--max-report"))
-            a->max_report = atoi(v);
-        else if (ARG("--spin-ms"))
-            a->spin_ms = atof(v);
-        else if (ARG("--victim"))
-            a->victim = atoi(v);
-        else if (ARG("--gpus"))
-            a->gpus = atoi(v);
-        else if (ARG("--sync-dir"))
-            a->sync_dir = v;
-        else if (ARG("--stop-file"))
-            a->stop_file = v;
-        else if (ARG("--progress-file"))
-            a->progress_file = v;
-        else if (strcmp(argv[i], "--no-big") == 0)
-            a->big = false;
-        else if (strcmp(argv[i], "--big-all") == 0)
-            a->big_all = true;
-        else if (strcmp(argv[i], "--big-min") == 0)
-            a->big_min = true;
-        else if (strcmp(argv[i], "--host-sync") == 0)
-            a->host_sync = true;
-        else if (strcmp(argv[i], "--blocking-stream") == 0)
-            a->blocking_stream = true;
-        else if (strcmp(argv[i], "--victim-posts") == 0)
-            a->victim_posts = true;
-        else if (strcmp(argv[i], "--cudafake") == 0)
-            a->cudafake = true;
-        else {
-            fprintf(stderr, "gpu_rank: unknown argument %s\n", argv[i]);
-            return 2;
-        }
-#undef ARG
-    }
+    const harness_opt_t opts[] = {
+        HARNESS_STR("socket", &a->socket),
+        HARNESS_STR("uid", &a->uid_hex),
+        HARNESS_STR("uid2", &a->uid2_hex),
+        HARNESS_INT("nranks", &a->nranks),
+        HARNESS_INT("rank", &a->rank),
+        HARNESS_STR("mode", &a->mode),
+        HARNESS_STR("alloc", &a->alloc),
+        COLL_MASK_OPT("kinds", kind_names, K_COUNT, &a->kinds),
+        COLL_MASK_OPT("dtypes", dtype_names, COLLD_DTYPE_COUNT, &a->dtypes),
+        COLL_MASK_OPT("ops", op_names, COLL_OPS, &a->ops),
+        HARNESS_INT("salt", &a->salt),
+        HARNESS_INT("rotate", &a->rotate),
+        HARNESS_INT("iters", &a->iters),
+        HARNESS_INT("timeout-ms", &a->timeout_ms),
+        HARNESS_INT("max-report", &a->max_report),
+        HARNESS_DOUBLE("spin-ms", &a->spin_ms),
+        HARNESS_INT("victim", &a->victim),
+        HARNESS_INT("gpus", &a->gpus),
+        HARNESS_STR("sync-dir", &a->sync_dir),
+        HARNESS_STR("stop-file", &a->stop_file),
+        HARNESS_STR("progress-file", &a->progress_file),
+        HARNESS_CLEAR("no-big", &a->big),
+        HARNESS_SET("big-all", &a->big_all),
+        HARNESS_SET("big-min", &a->big_min),
+        HARNESS_SET("host-sync", &a->host_sync),
+        HARNESS_SET("blocking-stream", &a->blocking_stream),
+        HARNESS_SET("victim-posts", &a->victim_posts),
+        HARNESS_SET("cudafake", &a->cudafake),
+    };
+    if (HARNESS_PARSE_OPTS("gpu_rank", argc, argv, opts) != 0)
+        return 2;
     if (a->victim < 0)
         a->victim = a->nranks - 1;
     bool alloc_ok = !strcmp(a->alloc, "cumemalloc") || !strcmp(a->alloc, "colld") || !strcmp(a->alloc, "mixed");

@@ -438,3 +438,10 @@ unsigned coll_parse_mask(const char *prog, const char *list, const char *const *
     }
     return m;
 }
+
+int coll_opt_mask(void *ctx, const char *list)
+{
+    coll_mask_opt_t *o = ctx;
+    *o->mask = coll_parse_mask("option", list, o->names, o->n);
+    return *o->mask ? 0 : -1;
+}

@@ -11,6 +11,8 @@
 #ifndef COLLD_TESTS_COLL_DATA_H
 #define COLLD_TESTS_COLL_DATA_H
 
+#include "tests/integration/harness_opts.h"
+
 #include <colld/colld.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -157,5 +159,14 @@ int coll_lookup(const char *name, const char *const *names, int n);
 /* A comma list of names (or "all") as a bit mask; 0 on an unknown name (printed, prefixed with
  * `prog`). */
 unsigned coll_parse_mask(const char *prog, const char *list, const char *const *names, int n);
+/* A --kinds/--dtypes/--ops option for harness_parse_opts (ctx: a coll_mask_opt_t): the mask of
+ * the names listed, "all" for every one; an unknown name or an empty list is refused. */
+typedef struct {
+    const char *const *names;
+    int n;
+    unsigned *mask;
+} coll_mask_opt_t;
+int coll_opt_mask(void *ctx, const char *list);
+#define COLL_MASK_OPT(opt, nm, count, dst) HARNESS_FN(opt, coll_opt_mask, (&(coll_mask_opt_t){ (nm), (count), (dst) }))
 
 #endif

@@ -91,8 +91,8 @@ static coll_pattern_fn pattern = colld_cpu_pattern;
 typedef struct {
     const char *socket, *uid_hex, *mode, *expect, *sync_dir, *call, *checkpoints, *poison, *uid2_hex;
     int nranks, rank, timeout_ms, iters, rotate, group_size, max_report;
-    size_t chain_count;
-    unsigned salt;
+    unsigned long long chain_count;
+    int salt;
     unsigned kinds, dtypes, ops; /* bit masks */
     bool inplace, outofplace, big, big_all, big_min;
     bool use_malloc;     /* ordinary memory (staged by libcolld) instead of colld_mem_alloc */
@@ -994,76 +994,49 @@ static size_t needed_bytes(const args_t *a)
 }
 
 /* Parse the command line into `a`. Returns 0, or 2 on a bad argument. */
+/* --exact-values: values whose sums are exact in every dtype (set before any case is made). */
+static int exact_values(void *ctx, const char *unused)
+{
+    (void)ctx, (void)unused;
+    pattern = colld_cpu_pattern_small;
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, args_t *a)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *v = i + 1 < argc ? argv[i + 1] : "";
-#define ARG(name) (strcmp(argv[i], name) == 0 && ++i)
-        if (ARG("--socket"))
-            a->socket = v;
-        else if (ARG("--uid"))
-            a->uid_hex = v;
-        else if (ARG("--uid2"))
-            a->uid2_hex = v;
-        else if (ARG("--nranks"))
-            a->nranks = atoi(v);
-        else if (ARG("--rank"))
-            a->rank = atoi(v);
-        else if (ARG("--mode"))
-            a->mode = v;
-        else if (ARG("--kinds"))
-            a->kinds = coll_parse_mask("coll_rank", v, kind_names, K_COUNT);
-        else if (ARG("--dtypes"))
-            a->dtypes = coll_parse_mask("coll_rank", v, dtype_names, COLLD_DTYPE_COUNT);
-        else if (ARG("--ops"))
-            a->ops = coll_parse_mask("coll_rank", v, op_names, COLL_OPS);
-        else if (ARG("--only"))
-            a->inplace = strcmp(v, "inplace") == 0, a->outofplace = !a->inplace;
-        else if (ARG("--salt"))
-            a->salt = (unsigned)strtoul(v, NULL, 10);
-        else if (ARG("--rotate"))
-            a->rotate = atoi(v);
-        else if (ARG("--iters"))
-            a->iters = atoi(v);
-        else if (ARG("--group-size"))
-            a->group_size = atoi(v);
-        else if (ARG("--timeout-ms"))
-            a->timeout_ms = atoi(v);
-        else if (ARG("--max-report"))
-            a->max_report = atoi(v);
-        else if (ARG("--sync-dir"))
-            a->sync_dir = v;
-        else if (ARG("--checkpoints"))
-            a->checkpoints = v;
-        else if (ARG("--call"))
-            a->call = v;
-        else if (ARG("--poison"))
-            a->poison = v;
-        else if (ARG("--chain-count"))
-            a->chain_count = strtoull(v, NULL, 10);
-        else if (ARG("--expect"))
-            a->expect = v;
-        else if (ARG("--out")) {
-            if (!freopen(v, "w", stdout))
-                return 2;
-        } else if (strcmp(argv[i], "--no-big") == 0)
-            a->big = false;
-        else if (strcmp(argv[i], "--big-all") == 0)
-            a->big_all = true;
-        else if (strcmp(argv[i], "--big-min") == 0)
-            a->big_min = true;
-        else if (strcmp(argv[i], "--malloc") == 0)
-            a->use_malloc = true;
-        else if (strcmp(argv[i], "--comm-nan-check") == 0)
-            a->comm_nan_check = true;
-        else if (strcmp(argv[i], "--exact-values") == 0)
-            pattern = colld_cpu_pattern_small;
-        else {
-            fprintf(stderr, "coll_rank: unknown argument %s\n", argv[i]);
-            return 2;
-        }
-#undef ARG
-    }
+    const harness_opt_t opts[] = {
+        HARNESS_STR("socket", &a->socket),
+        HARNESS_STR("uid", &a->uid_hex),
+        HARNESS_STR("uid2", &a->uid2_hex),
+        HARNESS_INT("nranks", &a->nranks),
+        HARNESS_INT("rank", &a->rank),
+        HARNESS_STR("mode", &a->mode),
+        COLL_MASK_OPT("kinds", kind_names, K_COUNT, &a->kinds),
+        COLL_MASK_OPT("dtypes", dtype_names, COLLD_DTYPE_COUNT, &a->dtypes),
+        COLL_MASK_OPT("ops", op_names, COLL_OPS, &a->ops),
+        HARNESS_ONLY(&a->inplace, &a->outofplace),
+        HARNESS_INT("salt", &a->salt),
+        HARNESS_INT("rotate", &a->rotate),
+        HARNESS_INT("iters", &a->iters),
+        HARNESS_INT("group-size", &a->group_size),
+        HARNESS_INT("timeout-ms", &a->timeout_ms),
+        HARNESS_INT("max-report", &a->max_report),
+        HARNESS_STR("sync-dir", &a->sync_dir),
+        HARNESS_STR("checkpoints", &a->checkpoints),
+        HARNESS_STR("call", &a->call),
+        HARNESS_STR("poison", &a->poison),
+        HARNESS_U64("chain-count", &a->chain_count),
+        HARNESS_STR("expect", &a->expect),
+        HARNESS_OUT,
+        HARNESS_CLEAR("no-big", &a->big),
+        HARNESS_SET("big-all", &a->big_all),
+        HARNESS_SET("big-min", &a->big_min),
+        HARNESS_SET("malloc", &a->use_malloc),
+        HARNESS_SET("comm-nan-check", &a->comm_nan_check),
+        HARNESS_ACTION("exact-values", exact_values, NULL),
+    };
+    if (HARNESS_PARSE_OPTS("coll_rank", argc, argv, opts) != 0)
+        return 2;
     if (!a->socket || !a->uid_hex || a->nranks < 1 || a->nranks > MAX_RANKS || a->rank < 0 || a->rank >= a->nranks ||
         !a->kinds || !a->dtypes || !a->ops || a->iters < 0 || a->group_size < 1 || a->group_size > 1024) {
         fprintf(stderr, "coll_rank: need --socket, --uid, --nranks 1..%d, --rank; valid subsets\n", MAX_RANKS);

@@ -47,6 +47,7 @@
 #include "common/util.h"
 #include "tools/testdata/pattern.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/harness_opts.h"
 
 #include <colld/colld.h>
 #include <stdarg.h>
@@ -610,44 +611,24 @@ static int mode_badargs(run_t *R)
 
 static int parse_args(int argc, char **argv, args_t *a)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *v = i + 1 < argc ? argv[i + 1] : "";
-#define ARG(name) (strcmp(argv[i], name) == 0 && ++i)
-        if (ARG("--socket"))
-            a->socket = v;
-        else if (ARG("--uid"))
-            a->uid_hex = v;
-        else if (ARG("--nranks"))
-            a->nranks = atoi(v);
-        else if (ARG("--rank"))
-            a->rank = atoi(v);
-        else if (ARG("--mode"))
-            a->mode = v;
-        else if (ARG("--scene"))
-            a->scene = v;
-        else if (ARG("--iters"))
-            a->iters = atoi(v);
-        else if (ARG("--timeout-ms"))
-            a->timeout_ms = atoi(v);
-        else if (ARG("--sync-dir"))
-            a->sync_dir = v;
-        else if (ARG("--expect"))
-            a->expect = v;
-        else if (ARG("--metrics-port"))
-            a->metrics_port = atoi(v);
-        else if (ARG("--out")) {
-            if (!freopen(v, "w", stdout))
-                return 2;
-        } else if (strcmp(argv[i], "--no-big") == 0)
-            a->big = false;
-        else if (strcmp(argv[i], "--malloc") == 0)
-            a->use_malloc = true;
-        else {
-            fprintf(stderr, "p2p_rank: unknown argument %s\n", argv[i]);
-            return 2;
-        }
-#undef ARG
-    }
+    const harness_opt_t opts[] = {
+        HARNESS_STR("socket", &a->socket),
+        HARNESS_STR("uid", &a->uid_hex),
+        HARNESS_INT("nranks", &a->nranks),
+        HARNESS_INT("rank", &a->rank),
+        HARNESS_STR("mode", &a->mode),
+        HARNESS_STR("scene", &a->scene),
+        HARNESS_INT("iters", &a->iters),
+        HARNESS_INT("timeout-ms", &a->timeout_ms),
+        HARNESS_STR("sync-dir", &a->sync_dir),
+        HARNESS_STR("expect", &a->expect),
+        HARNESS_INT("metrics-port", &a->metrics_port),
+        HARNESS_CLEAR("no-big", &a->big),
+        HARNESS_SET("malloc", &a->use_malloc),
+        HARNESS_OUT,
+    };
+    if (HARNESS_PARSE_OPTS("p2p_rank", argc, argv, opts) != 0)
+        return 2;
     if (!a->socket || !a->uid_hex || a->nranks < 1 || a->nranks > MAX_RANKS_P2P || a->rank < 0 ||
         a->rank >= a->nranks || a->iters < 0) {
         fprintf(stderr, "p2p_rank: need --socket, --uid, --nranks 1..%d, --rank\n", MAX_RANKS_P2P);

@@ -22,6 +22,7 @@
  */
 #include "client/client_internal.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/harness_opts.h"
 
 #include <colld/colld.h>
 #include <inttypes.h>
@@ -34,8 +35,8 @@
 typedef struct {
     const char *socket, *uid_hex, *mode, *expect, *ready_file, *counts;
     const char *name, *done_file, *stop_file, *progress_file, *fork_file, *hand_file;
-    int nranks, rank, iters, timeout_ms, skip_post, use_malloc;
-    int inplace, outofplace, straggle_ms, warmup, abort_after_ms;
+    int nranks, rank, iters, timeout_ms, straggle_ms, warmup, abort_after_ms;
+    bool skip_post, use_malloc, inplace, outofplace;
 } args_t;
 
 static int fail(const char *what, colld_status_t st, colld_comm_t *comm)
@@ -61,7 +62,7 @@ static float expected(int nranks, size_t i)
 }
 
 /* One all-reduce of `count` floats; returns 0 when every element of the result is exact. */
-static int run_one(colld_client_t *c, colld_comm_t *comm, const args_t *a, size_t count, int inplace)
+static int run_one(colld_client_t *c, colld_comm_t *comm, const args_t *a, size_t count, bool inplace)
 {
     size_t bytes = count ? count * sizeof(float) : 1;
     float *send = NULL, *recv = NULL;
@@ -320,63 +321,34 @@ static int mode_hang(colld_client_t *c, colld_comm_t *comm, const args_t *a)
 
 int main(int argc, char **argv)
 {
-    args_t a = { .mode = "allreduce", .nranks = 1, .iters = 1, .inplace = 1, .outofplace = 1, .counts = "1000" };
-    for (int i = 1; i < argc; i++) {
-        const char *v = i + 1 < argc ? argv[i + 1] : "";
-#define ARG(name) (strcmp(argv[i], name) == 0 && ++i)
-        if (ARG("--socket"))
-            a.socket = v;
-        else if (ARG("--uid"))
-            a.uid_hex = v;
-        else if (ARG("--mode"))
-            a.mode = v;
-        else if (ARG("--expect"))
-            a.expect = v;
-        else if (ARG("--ready-file"))
-            a.ready_file = v;
-        else if (ARG("--out")) {
-            if (!freopen(v, "w", stdout))
-                return 2;
-        } else if (ARG("--counts"))
-            a.counts = v;
-        else if (ARG("--nranks"))
-            a.nranks = atoi(v);
-        else if (ARG("--rank"))
-            a.rank = atoi(v);
-        else if (ARG("--iters"))
-            a.iters = atoi(v);
-        else if (ARG("--timeout-ms"))
-            a.timeout_ms = atoi(v);
-        else if (ARG("--name"))
-            a.name = v;
-        else if (ARG("--done-file"))
-            a.done_file = v;
-        else if (ARG("--stop-file"))
-            a.stop_file = v;
-        else if (ARG("--progress-file"))
-            a.progress_file = v;
-        else if (ARG("--straggle-ms"))
-            a.straggle_ms = atoi(v);
-        else if (ARG("--warmup"))
-            a.warmup = atoi(v);
-        else if (ARG("--abort-after-ms"))
-            a.abort_after_ms = atoi(v);
-        else if (ARG("--only"))
-            a.inplace = strcmp(v, "inplace") == 0, a.outofplace = !a.inplace;
-        else if (ARG("--fork-child"))
-            a.fork_file = v;
-        else if (ARG("--hand-socket"))
-            a.hand_file = v;
-        else if (strcmp(argv[i], "--no-post") == 0)
-            a.skip_post = 1;
-        else if (strcmp(argv[i], "--malloc") == 0)
-            a.use_malloc = 1;
-        else {
-            fprintf(stderr, "rank: unknown argument %s\n", argv[i]);
-            return 2;
-        }
-#undef ARG
-    }
+    args_t a = { .mode = "allreduce", .nranks = 1, .iters = 1, .inplace = true, .outofplace = true, .counts = "1000" };
+    const harness_opt_t opts[] = {
+        HARNESS_STR("socket", &a.socket),
+        HARNESS_STR("uid", &a.uid_hex),
+        HARNESS_STR("mode", &a.mode),
+        HARNESS_STR("expect", &a.expect),
+        HARNESS_STR("ready-file", &a.ready_file),
+        HARNESS_STR("counts", &a.counts),
+        HARNESS_INT("nranks", &a.nranks),
+        HARNESS_INT("rank", &a.rank),
+        HARNESS_INT("iters", &a.iters),
+        HARNESS_INT("timeout-ms", &a.timeout_ms),
+        HARNESS_STR("name", &a.name),
+        HARNESS_STR("done-file", &a.done_file),
+        HARNESS_STR("stop-file", &a.stop_file),
+        HARNESS_STR("progress-file", &a.progress_file),
+        HARNESS_INT("straggle-ms", &a.straggle_ms),
+        HARNESS_INT("warmup", &a.warmup),
+        HARNESS_INT("abort-after-ms", &a.abort_after_ms),
+        HARNESS_ONLY(&a.inplace, &a.outofplace),
+        HARNESS_STR("fork-child", &a.fork_file),
+        HARNESS_STR("hand-socket", &a.hand_file),
+        HARNESS_SET("no-post", &a.skip_post),
+        HARNESS_SET("malloc", &a.use_malloc),
+        HARNESS_OUT,
+    };
+    if (HARNESS_PARSE_OPTS("rank", argc, argv, opts) != 0)
+        return 2;
     if (strcmp(a.mode, "attach") == 0)
         return mode_attach(&a);
 
