@@ -7,7 +7,7 @@
  *
  * The rank puts its two regions (send, receive) on GPU rank % --gpus, from cuMemAlloc (--alloc
  * cumemalloc, the default) or colld_mem_alloc(COLLD_MEM_CUDA) (--alloc colld), and keeps pinned host
- * images of them. Every step: the host images (messages, zeros, GUARD bytes of SENTINEL around
+ * images of them. Every step: the host images (messages, zeros, P2P_GUARD bytes of P2P_SENTINEL around
  * every buffer) are copied to the device on the rank's stream, the sends and receives are posted on
  * the stream, the regions are copied back on the stream, and only then does the host wait for the
  * stream. Message k of a step from rank a to rank b holds colld_cpu_pattern's values for (dtype,
@@ -54,6 +54,7 @@
 #include "tests/gpu/gpu_cu.h"
 #include "tests/gpu/gpu_rank_kernels.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/p2p_data.h"
 #include "tests/integration/harness_opts.h"
 
 #include <colld/colld.h>
@@ -66,8 +67,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define GUARD 64
-#define SENTINEL 0xA5
 #define MAX_RANKS_P2P 8
 #define WAIT_GRACE_MS 10000   /* a stream may take the communicator timeout plus this */
 #define RELEASE_GRACE_MS 5000 /* fault: a stream is released within the timeout + this */
@@ -239,50 +238,26 @@ static void *dev(const run_t *R, const void *host)
  * Messages and checks
  * ------------------------------------------------------------------------------------------- */
 
-static void message(colld_dtype_t dt, int from, int to, unsigned step, int k, size_t count, void *out)
-{
-    colld_cpu_pattern(dt, from, step * 1009u + (unsigned)to * 31u + (unsigned)k, 0, count, out);
-}
-
-/* A buffer at byte `at` of a host image: GUARD sentinel bytes, `bytes`, GUARD sentinel bytes.
- * Returns where the buffer starts. */
-static unsigned char *slot(unsigned char *image, size_t at, size_t bytes)
-{
-    memset(image + at, SENTINEL, GUARD);
-    memset(image + at + GUARD + bytes, SENTINEL, GUARD);
-    return image + at + GUARD;
-}
-
 static size_t stride_of(size_t bytes)
 {
-    return 2 * GUARD + ((bytes + 63) & ~(size_t)63);
+    return 2 * P2P_GUARD + ((bytes + 63) & ~(size_t)63);
 }
 
 static bool guards_ok(run_t *R, const unsigned char *buf, size_t bytes, const char *what)
 {
-    for (size_t i = 0; i < GUARD; i++)
-        if (buf[-(ptrdiff_t)GUARD + (ptrdiff_t)i] != SENTINEL || buf[bytes + i] != SENTINEL)
-            return fail(R, "%s: a guard byte around the buffer was overwritten on the device", what);
-    return true;
+    return p2p_guards_intact(buf, bytes) || fail(R, "%s: a guard byte around the buffer was overwritten on the device", what);
 }
 
 static bool check_message(run_t *R, const void *buf, colld_dtype_t dt, int from, int to, unsigned step, int k,
                           size_t count, const char *what)
 {
-    size_t bytes = count * colld_dtype_size(dt);
-    unsigned char *want = malloc(bytes ? bytes : 1);
-    if (!want)
+    size_t wrong = 0;
+    int ok = p2p_message_matches(buf, dt, from, to, step, k, count, &wrong);
+    if (ok < 0)
         return fail(R, "out of memory");
-    message(dt, from, to, step, k, count, want);
-    bool ok = memcmp(buf, want, bytes) == 0;
-    if (!ok) {
-        size_t i = 0;
-        while (((const unsigned char *)buf)[i] == want[i])
-            i++;
+    if (!ok)
         fail(R, "%s: %zu x dtype %d from rank %d (step %u, message %d): first wrong byte %zu of %zu", what, count,
-             (int)dt, from, step, k, i, bytes);
-    }
-    free(want);
+             (int)dt, from, step, k, wrong, count * colld_dtype_size(dt));
     return ok;
 }
 
@@ -323,9 +298,9 @@ static int ring_step(run_t *R, colld_dtype_t dt, size_t count, unsigned step, bo
     if (3 * stride > R->reg_bytes)
         return fail(R, "regions too small"), 1;
     for (int k = 0; k < m; k++) {
-        sb[k] = slot(R->hs, (size_t)k * stride, bytes);
-        rb[k] = slot(R->hr, (size_t)k * stride, bytes);
-        message(dt, me, peers[k], step, k, count, sb[k]);
+        sb[k] = p2p_slot(R->hs, (size_t)k * stride, bytes);
+        rb[k] = p2p_slot(R->hr, (size_t)k * stride, bytes);
+        p2p_message(dt, me, peers[k], step, k, count, sb[k]);
         memset(rb[k], 0, bytes);
     }
     if (!upload(R, (size_t)m * stride))
@@ -370,8 +345,8 @@ static int mode_pairs(run_t *R)
     if ((size_t)n * stride > R->reg_bytes)
         return fail(R, "regions too small"), 1;
     for (int q = 0; q < n; q++) {
-        message(dt, me, q, 7, 0, count, slot(R->hs, (size_t)q * stride, bytes));
-        memset(slot(R->hr, (size_t)q * stride, bytes), 0, bytes);
+        p2p_message(dt, me, q, 7, 0, count, p2p_slot(R->hs, (size_t)q * stride, bytes));
+        memset(p2p_slot(R->hr, (size_t)q * stride, bytes), 0, bytes);
     }
     if (!upload(R, (size_t)n * stride))
         return 1;
@@ -379,9 +354,9 @@ static int mode_pairs(run_t *R)
         for (int dst = 0; dst < n; dst++) {
             if (dst == src || (me != src && me != dst))
                 continue;
-            colld_status_t st = me == src ? colld_send(dev(R, R->hs + (size_t)dst * stride + GUARD), count, dt, dst,
+            colld_status_t st = me == src ? colld_send(dev(R, R->hs + (size_t)dst * stride + P2P_GUARD), count, dt, dst,
                                                        R->comm, R->stream)
-                                          : colld_recv(dev(R, R->hr + (size_t)src * stride + GUARD), count, dt, src,
+                                          : colld_recv(dev(R, R->hr + (size_t)src * stride + P2P_GUARD), count, dt, src,
                                                        R->comm, R->stream);
             if (!posted_ok(R, me == src ? "pairs: colld_send" : "pairs: colld_recv", st))
                 return 1;
@@ -391,7 +366,7 @@ static int mode_pairs(run_t *R)
         return 1;
     bool ok = true;
     for (int q = 0; q < n; q++) {
-        unsigned char *rb = R->hr + (size_t)q * stride + GUARD, *sb = R->hs + (size_t)q * stride + GUARD;
+        unsigned char *rb = R->hr + (size_t)q * stride + P2P_GUARD, *sb = R->hs + (size_t)q * stride + P2P_GUARD;
         if (q != me)
             ok &= check_message(R, rb, dt, q, me, 7, 0, count, "pairs receive");
         ok &= check_message(R, sb, dt, me, q, 7, 0, count, "pairs send buffer");
@@ -423,12 +398,12 @@ static int a2av_step(run_t *R, colld_dtype_t dt, unsigned step, bool null_stream
         rd[q] = roff;
         roff += rc[q];
     }
-    size_t used = 2 * GUARD + (soff > roff ? soff : roff) * es;
+    size_t used = 2 * P2P_GUARD + (soff > roff ? soff : roff) * es;
     if (used > R->reg_bytes)
         return fail(R, "regions too small"), 1;
-    unsigned char *sb = slot(R->hs, 0, soff * es), *rb = slot(R->hr, 0, roff * es);
+    unsigned char *sb = p2p_slot(R->hs, 0, soff * es), *rb = p2p_slot(R->hr, 0, roff * es);
     for (int q = 0; q < n; q++)
-        message(dt, me, q, step, 0, sc[q], sb + sd[q] * es);
+        p2p_message(dt, me, q, step, 0, sc[q], sb + sd[q] * es);
     memset(rb, 0, roff * es);
     colld_status_t st;
     if (null_stream) {

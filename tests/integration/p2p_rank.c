@@ -4,7 +4,7 @@
  *
  * Every message from rank a to rank b (the k-th of a test step) holds colld_cpu_pattern's values
  * for (dtype, rank a, salt derived from b, k and the step), so a receiver knows exactly what it
- * must get; every result is compared BITWISE (memcmp), the GUARD bytes around every buffer must
+ * must get; every result is compared BITWISE (memcmp), the P2P_GUARD bytes around every buffer must
  * stay untouched, and a send buffer must be unchanged.
  *
  * Modes (--mode):
@@ -47,6 +47,7 @@
 #include "common/util.h"
 #include "tools/testdata/pattern.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/p2p_data.h"
 #include "tests/integration/harness_opts.h"
 
 #include <colld/colld.h>
@@ -60,8 +61,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define GUARD 64
-#define SENTINEL 0xA5
 #define BIG_BYTES (4u << 20)
 #define MIXED_SMALL 16    /* int32 elements: the fast area's size */
 #define MIXED_LARGE 50000 /* int32 elements: through the engine */
@@ -88,12 +87,6 @@ typedef struct {
  * Messages and checks
  * ------------------------------------------------------------------------------------------- */
 
-/* The values of message k of a step from rank `from` to rank `to`. */
-static void message(colld_dtype_t dt, int from, int to, unsigned step, int k, size_t count, void *out)
-{
-    colld_cpu_pattern(dt, from, step * 1009u + (unsigned)to * 31u + (unsigned)k, 0, count, out);
-}
-
 static bool fail(run_t *R, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static bool fail(run_t *R, const char *fmt, ...)
 {
@@ -108,41 +101,22 @@ static bool fail(run_t *R, const char *fmt, ...)
     return false;
 }
 
-/* A slot of a region: GUARD + bytes + GUARD at byte `at`, the guards set to SENTINEL. Returns the
- * buffer's start. */
-static unsigned char *slot(unsigned char *region, size_t at, size_t bytes)
-{
-    memset(region + at, SENTINEL, GUARD);
-    memset(region + at + GUARD + bytes, SENTINEL, GUARD);
-    return region + at + GUARD;
-}
-
 static bool guards_ok(run_t *R, const unsigned char *buf, size_t bytes, const char *what)
 {
-    for (size_t i = 0; i < GUARD; i++)
-        if (buf[-(ptrdiff_t)GUARD + (ptrdiff_t)i] != SENTINEL || buf[bytes + i] != SENTINEL)
-            return fail(R, "%s: a guard byte around the buffer was overwritten", what);
-    return true;
+    return p2p_guards_intact(buf, bytes) || fail(R, "%s: a guard byte around the buffer was overwritten", what);
 }
 
 /* Whether buf holds message k of `step` from `from` to `to`. */
 static bool check_message(run_t *R, const void *buf, colld_dtype_t dt, int from, int to, unsigned step, int k,
                           size_t count, const char *what)
 {
-    size_t bytes = count * colld_dtype_size(dt);
-    unsigned char *want = malloc(bytes ? bytes : 1);
-    if (!want)
+    size_t wrong = 0;
+    int ok = p2p_message_matches(buf, dt, from, to, step, k, count, &wrong);
+    if (ok < 0)
         return fail(R, "out of memory");
-    message(dt, from, to, step, k, count, want);
-    bool ok = memcmp(buf, want, bytes) == 0;
-    if (!ok) {
-        size_t i = 0;
-        while (((const unsigned char *)buf)[i] == want[i])
-            i++;
-        fail(R, "%s: %zu elements of dtype %d from rank %d (step %u, message %d): first wrong byte %zu of %zu", what,
-             count, (int)dt, from, step, k, i, bytes);
-    }
-    free(want);
+    if (!ok)
+        fail(R, "%s: %zu x dtype %d from rank %d (step %u, message %d): first wrong byte %zu of %zu", what, count,
+             (int)dt, from, step, k, wrong, count * colld_dtype_size(dt));
     return ok;
 }
 
@@ -163,16 +137,16 @@ static colld_status_t sync_comm(run_t *R, const char *what)
 static int ring_step(run_t *R, colld_dtype_t dt, size_t count, unsigned step, bool self)
 {
     int n = R->n, me = R->rank, next = (me + 1) % n, prev = (me + n - 1) % n;
-    size_t bytes = count * colld_dtype_size(dt), stride = 2 * GUARD + ((bytes + 63) & ~(size_t)63);
+    size_t bytes = count * colld_dtype_size(dt), stride = 2 * P2P_GUARD + ((bytes + 63) & ~(size_t)63);
     int peers[3] = { next, prev, me };
     int m = self ? 3 : 2;
     unsigned char *sb[3], *rb[3];
     if (3 * stride > R->reg_bytes)
         return fail(R, "regions too small"), 1;
     for (int k = 0; k < m; k++) {
-        sb[k] = slot(R->sreg, (size_t)k * stride, bytes);
-        rb[k] = slot(R->rreg, (size_t)k * stride, bytes);
-        message(dt, me, peers[k], step, k, count, sb[k]);
+        sb[k] = p2p_slot(R->sreg, (size_t)k * stride, bytes);
+        rb[k] = p2p_slot(R->rreg, (size_t)k * stride, bytes);
+        p2p_message(dt, me, peers[k], step, k, count, sb[k]);
         memset(rb[k], 0, bytes);
     }
     colld_status_t st = colld_group_start();
@@ -221,20 +195,20 @@ static int mode_ring(run_t *R)
 static int mode_pairs(run_t *R)
 {
     int n = R->n, me = R->rank;
-    size_t count = 3000, bytes = count * sizeof(float), stride = 2 * GUARD + bytes;
+    size_t count = 3000, bytes = count * sizeof(float), stride = 2 * P2P_GUARD + bytes;
     for (int src = 0; src < n; src++) {
         if (src == me) {
             for (int dst = 0; dst < n; dst++) {
                 if (dst == me)
                     continue;
-                unsigned char *b = slot(R->sreg, (size_t)dst * stride, bytes);
-                message(COLLD_FLOAT32, me, dst, 7, 0, count, b);
+                unsigned char *b = p2p_slot(R->sreg, (size_t)dst * stride, bytes);
+                p2p_message(COLLD_FLOAT32, me, dst, 7, 0, count, b);
                 colld_status_t st = colld_send(b, count, COLLD_FLOAT32, dst, R->comm, NULL);
                 if (st != COLLD_OK)
                     return fail(R, "send to %d: %s", dst, colld_status_name(st)), 1;
             }
         } else {
-            unsigned char *b = slot(R->rreg, (size_t)src * stride, bytes);
+            unsigned char *b = p2p_slot(R->rreg, (size_t)src * stride, bytes);
             memset(b, 0, bytes);
             colld_status_t st = colld_recv(b, count, COLLD_FLOAT32, src, R->comm, NULL);
             if (st != COLLD_OK)
@@ -246,7 +220,7 @@ static int mode_pairs(run_t *R)
     bool ok = true;
     for (int src = 0; src < n; src++)
         if (src != me) {
-            unsigned char *b = R->rreg + (size_t)src * stride + GUARD;
+            unsigned char *b = R->rreg + (size_t)src * stride + P2P_GUARD;
             ok &= check_message(R, b, COLLD_FLOAT32, src, me, 7, 0, count, "pairs") && guards_ok(R, b, bytes, "pairs");
         }
     R->ops += 2 * (n - 1);
@@ -341,11 +315,11 @@ static int mode_alltoallv(run_t *R)
             rdispl[q] = r_at;
             r_at += rcount[q];
         }
-        if ((s_at + r_at) * es + 4 * GUARD > R->reg_bytes)
+        if ((s_at + r_at) * es + 4 * P2P_GUARD > R->reg_bytes)
             return fail(R, "regions too small"), 1;
-        unsigned char *sb = slot(R->sreg, 0, s_at * es), *rb = slot(R->rreg, 0, r_at * es);
+        unsigned char *sb = p2p_slot(R->sreg, 0, s_at * es), *rb = p2p_slot(R->rreg, 0, r_at * es);
         for (int q = 0; q < n; q++)
-            message(dt, me, q, step, 0, scount[q], sb + sdispl[q] * es);
+            p2p_message(dt, me, q, step, 0, scount[q], sb + sdispl[q] * es);
         memset(rb, 0, r_at * es);
         colld_status_t st = colld_alltoallv(sb, scount, sdispl, rb, rcount, rdispl, dt, R->comm, NULL);
         if (st != COLLD_OK || sync_comm(R, "alltoallv") != COLLD_OK)
@@ -376,10 +350,10 @@ static int mode_isend_ring(run_t *R)
             for (int it = 0; it < COLLD_MAX(R->a->iters / 4, 1); it++) {
                 colld_dtype_t dt = dts[d];
                 size_t count = counts[i], bytes = count * colld_dtype_size(dt);
-                if (bytes + 2 * GUARD > R->reg_bytes)
+                if (bytes + 2 * P2P_GUARD > R->reg_bytes)
                     return fail(R, "regions too small"), 1;
-                unsigned char *sb = slot(R->sreg, 0, bytes), *rb = slot(R->rreg, 0, bytes);
-                message(dt, me, right, ++step, 0, count, sb);
+                unsigned char *sb = p2p_slot(R->sreg, 0, bytes), *rb = p2p_slot(R->rreg, 0, bytes);
+                p2p_message(dt, me, right, ++step, 0, count, sb);
                 memset(rb, 0, bytes);
                 uint64_t sop = 0, rop = 0;
                 colld_status_t st = colld_send(sb, count, dt, right, R->comm, NULL);
@@ -422,7 +396,7 @@ static int mode_ops(run_t *R)
     if (R->rank == 0) {
         if (harness_wait_file(path, 60000) < 0)
             return fail(R, "rank 1 never queried"), 1;
-        message(COLLD_INT64, 0, 1, 3, 0, count, R->sreg);
+        p2p_message(COLLD_INT64, 0, 1, 3, 0, count, R->sreg);
         colld_status_t st = colld_send(R->sreg, count, COLLD_INT64, 1, R->comm, NULL);
         return st == COLLD_OK && sync_comm(R, "ops send") == COLLD_OK ? 0 : 1;
     }
@@ -500,7 +474,7 @@ static int mode_call(run_t *R)
             st = colld_recv(R->rreg, 50, COLLD_INT32, 0, R->comm, NULL);
     } else if (strcmp(scene, "crossed") == 0) {
         if (me < 2) {
-            message(COLLD_FLOAT32, me, 1 - me, 5, 0, 64, R->sreg);
+            p2p_message(COLLD_FLOAT32, me, 1 - me, 5, 0, 64, R->sreg);
             memset(R->rreg, 0, 64 * sizeof(float));
             st = colld_send(R->sreg, 64, COLLD_FLOAT32, 1 - me, R->comm, NULL);
             if (st == COLLD_OK)
