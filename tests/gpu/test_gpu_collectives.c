@@ -38,10 +38,11 @@
  *          timeout, and collctl doctor names the deadlock (issue 18).
  */
 #include "tests/gpu/gpu_cu.h"
+#include "tests/gpu/gpu_driver.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/harness_double.h"
 
 #include <dirent.h>
-#include <dlfcn.h>
 #include <limits.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -70,49 +71,8 @@
 #define ENGINE_SWITCHES_PER_S  10
 
 /* The run's settings (main): every rank gets common_args; see the file comment. */
-static struct {
-    char gpus[16];
-    bool cudafake;
-    harness_size_t size; /* the big counts' share (big_arg) */
-    const char *common_args[8];
-} cfg;
-static char double_path[4096]; /* with --cudafake: the test double's file */
-
-/* The extra arguments of a run plus cfg.common_args, into argv at n (at most 47 entries in all). */
-static int add_args(const char **argv, int n, const char *const *extra)
-{
-    for (int i = 0; extra && extra[i] && n < 47; i++)
-        argv[n++] = extra[i];
-    for (int i = 0; cfg.common_args[i] && n < 47; i++)
-        argv[n++] = cfg.common_args[i];
-    argv[n] = NULL;
-    return n;
-}
-
-/* With --cudafake: does the daemon (pid) map no libcuda but the test double, and no NCCL? */
-static bool daemon_on_double(pid_t pid)
-{
-    char path[64], line[4608];
-    bool other = false;
-    if (!cfg.cudafake)
-        return true;
-    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
-    FILE *f = fopen(path, "r");
-    bool opened = f != NULL;
-    while (f && fgets(line, sizeof(line), f)) {
-        line[strcspn(line, "\n")] = '\0';
-        const char *file = strchr(line, '/');
-        if (file && (strstr(file, "libcuda.so") || strstr(file, "libnccl")) && strcmp(file, double_path) != 0 &&
-            !other) {
-            other = true;
-            print_error("the daemon (pid %d) maps %s, not only the CUDA driver test double %s\n", (int)pid, file,
-                        double_path);
-        }
-    }
-    if (f)
-        fclose(f);
-    return opened && !other;
-}
+static gpu_driver_t drv;     /* the run's settings (main): every rank gets drv.common_args */
+static harness_size_t size; /* the big counts' share (big_arg) */
 
 /* Spawn `nranks` colld-test-gpu-rank processes joining one new communicator; extra arguments
  * (NULL-terminated) go to every rank. Pids in pids[]. Returns 0 or -1. */
@@ -124,7 +84,7 @@ static int spawn_gpu(harness_t *h, int nranks, const char *const *extra, pid_t *
     snprintf(nr, sizeof(nr), "%d", nranks);
     for (int r = 0; r < nranks; r++) {
         const char *argv[48] = { GPU_RANK_BIN, "--socket", h->socket, "--uid", hex, "--nranks", nr, "--rank", rk };
-        add_args(argv, 9, extra);
+        gpu_driver_add_args(&drv, argv, 9, extra);
         snprintf(rk, sizeof(rk), "%d", r); /* posix_spawn copies argv before rk is reused */
         pids[r] = harness_spawn(argv);
         if (pids[r] < 0)
@@ -141,7 +101,7 @@ static void run_gpu(harness_t *h, int nranks, const char *const *extra)
     assert_int_equal(spawn_gpu(h, nranks, extra, pids), 0);
     assert_int_equal(harness_wait_all(pids, nranks, RUN_LIMIT_MS), 0);
     print_message("%d GPU rank(s): %.0f ms\n", nranks, harness_now_ms() - t0);
-    assert_true(daemon_on_double(h->pid));
+    assert_true(gpu_driver_daemon_ok(&drv, h->pid));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -153,7 +113,7 @@ static void run_gpu(harness_t *h, int nranks, const char *const *extra)
  * COLLD_TEST_NO_BIG there (harness_test_size). */
 static const char *big_arg(const char *full, const char *ci)
 {
-    switch (cfg.size) {
+    switch (size) {
     case HARNESS_SIZE_NO_BIG:
         return "--no-big";
     case HARNESS_SIZE_SMALL:
@@ -184,7 +144,7 @@ static void test_matrix_4_ranks(void **state)
  * under ASan, and adds no path that 2 and 4 ranks do not take. */
 static void test_matrix_8_ranks(void **state)
 {
-    const char *extra[] = { cfg.cudafake ? "--no-big" : NULL, NULL };
+    const char *extra[] = { drv.cudafake ? "--no-big" : NULL, NULL };
     run_gpu(*state, 8, extra);
 }
 
@@ -215,7 +175,7 @@ static void test_two_comms_concurrently(void **state)
     int bad = harness_wait_all(pids[0], 4, RUN_LIMIT_MS) + harness_wait_all(pids[1], 4, RUN_LIMIT_MS);
     print_message("2 communicators x 4 GPU ranks: %.0f ms\n", harness_now_ms() - t0);
     assert_int_equal(bad, 0);
-    assert_true(daemon_on_double(h->pid));
+    assert_true(gpu_driver_daemon_ok(&drv, h->pid));
 }
 
 /* cuMemFree and cuMemAlloc again between all-reduces: the same addresses come back. */
@@ -277,7 +237,7 @@ static long engine_switches(pid_t pid)
 static void test_stream_semantics_2_ranks(void **state)
 {
     harness_t *h = *state;
-    const char *extra[] = { "--mode", "stream", cfg.cudafake ? "--spin-ms" : NULL, DOUBLE_SPIN_MS, NULL };
+    const char *extra[] = { "--mode", "stream", drv.cudafake ? "--spin-ms" : NULL, DOUBLE_SPIN_MS, NULL };
     long before = engine_switches(h->pid);
     double t0 = harness_now_ms();
     run_gpu(h, 2, extra);
@@ -292,14 +252,14 @@ static void test_stream_semantics_2_ranks(void **state)
  * library must not use that stream on the application's behalf while the application's waits. */
 static void test_stream_semantics_blocking_streams(void **state)
 {
-    const char *extra[] = { "--mode", "stream", "--blocking-stream", cfg.cudafake ? "--spin-ms" : NULL,
+    const char *extra[] = { "--mode", "stream", "--blocking-stream", drv.cudafake ? "--spin-ms" : NULL,
                             DOUBLE_SPIN_MS, NULL };
     run_gpu(*state, 2, extra);
 }
 
 static void test_stream_semantics_4_ranks_colld_mem_alloc(void **state)
 {
-    const char *extra[] = { "--mode", "stream", "--alloc", "colld", cfg.cudafake ? "--spin-ms" : NULL,
+    const char *extra[] = { "--mode", "stream", "--alloc", "colld", drv.cudafake ? "--spin-ms" : NULL,
                             DOUBLE_SPIN_MS, NULL };
     run_gpu(*state, 4, extra);
 }
@@ -350,7 +310,7 @@ static void run_fault(harness_t *h, bool victim_posts)
         const char *argv[48] = { GPU_RANK_BIN, "--socket", h->socket, "--uid", uid, "--nranks", nr, "--rank", rk[r] };
         const char *extra[] = { "--mode", "fault", "--uid2", uid2, "--victim", "2", "--sync-dir", h->dir,
                                 "--timeout-ms", timeout, victim_posts ? "--victim-posts" : NULL, NULL };
-        add_args(argv, 9, extra);
+        gpu_driver_add_args(&drv, argv, 9, extra);
         assert_true((pids[r] = harness_spawn(argv)) > 0);
     }
     const char *marks[] = { "posted-0", "posted-1", "victim-ready" };
@@ -401,7 +361,7 @@ static void run_fault(harness_t *h, bool victim_posts)
     const char *extra[] = { "--no-big", "--kinds", "allreduce,allgather", "--dtypes", "float32,int32,bfloat16", NULL };
     run_gpu(h, 2, extra);
     assert_int_equal(harness_wait_clean(h, 10000), 0);
-    assert_true(daemon_on_double(h->pid));
+    assert_true(gpu_driver_daemon_ok(&drv, h->pid));
 }
 
 static void test_fault_kill_before_post(void **state) { run_fault(*state, false); }
@@ -427,7 +387,7 @@ static void test_deadlock_crossed_streams(void **state)
         const char *argv[48] = { GPU_RANK_BIN, "--socket", h->socket, "--uid", a,        "--uid2",  b,
                                  "--nranks",   "2",        "--rank",  rk[r],   "--mode", "crossed", "--timeout-ms",
                                  "60000" };
-        add_args(argv, 15, NULL);
+        gpu_driver_add_args(&drv, argv, 15, NULL);
         pids[r] = harness_spawn(argv);
         assert_true(pids[r] > 0);
     }
@@ -440,7 +400,7 @@ static void test_deadlock_crossed_streams(void **state)
     assert_non_null(strstr(out, "(gone now)"));
     assert_non_null(strstr(out, "deadlock across communicators: rank "));
     assert_non_null(strstr(out, "'crossed-b'"));
-    assert_true(daemon_on_double(h->pid));
+    assert_true(gpu_driver_daemon_ok(&drv, h->pid));
 }
 
 static int setup_deadlock(void **state)
@@ -456,50 +416,17 @@ static int setup_deadlock(void **state)
 /* Every test gets its own daemon (harness_test_setup/teardown). */
 int main(int argc, char **argv)
 {
-    const char *group = "all";
-    int gpus = 1, nc = 0;
+    static const char *const groups[] = { "matrix", "stream", "fault", "deadlock", NULL };
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IOLBF, 0);
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--cudafake") == 0)
-            cfg.cudafake = true;
-        else if (strcmp(argv[i], "--gpus") == 0 && i + 1 < argc)
-            gpus = atoi(argv[++i]);
-        else if (argv[i][0] != '-')
-            group = argv[i];
-        else
-            gpus = 0; /* usage below */
-    }
-    gpu_cu_t cu;
-    char err[512];
-    /* Before any CUDA call: with --cudafake, the driver must be the test double. */
-    gpu_cu_result_t loaded = gpu_cu_load(&cu, cfg.cudafake, err, sizeof(err));
-    if (loaded != GPU_CU_OK) {
-        printf("%s%s\n", loaded == GPU_CU_NONE ? "SKIP: " : "", err);
-        return loaded == GPU_CU_NONE ? 77 : 1;
-    }
-    if (cfg.cudafake) {
-        Dl_info info = { 0 };
-        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-        void *ctl = lib ? dlsym(lib, "colld_cudafake_control") : NULL;
-        if (!ctl || !dladdr(ctl, &info) || !info.dli_fname || !realpath(info.dli_fname, double_path))
-            return 1;
-        dlclose(lib);
-    }
-    if (gpus > cu.ndev) {
-        printf("SKIP: --gpus %d, but %d GPU(s) visible\n", gpus, cu.ndev);
-        return cfg.cudafake ? 1 : 77;
-    }
+    int rc = gpu_driver_start(&drv, argc, argv, groups);
+    if (rc >= 0)
+        return rc;
     /* The ranks: the same GPUs, the same driver check; the big counts off where asked (TSan). */
-    cfg.size = cfg.cudafake ? harness_test_size() : HARNESS_SIZE_FULL;
-    snprintf(cfg.gpus, sizeof(cfg.gpus), "%d", gpus);
-    cfg.common_args[nc++] = "--gpus";
-    cfg.common_args[nc++] = cfg.gpus;
-    if (cfg.cudafake)
-        cfg.common_args[nc++] = "--cudafake";
-    if (cfg.size == HARNESS_SIZE_NO_BIG) { /* TSan: three dtypes (an integer, a half, a double), */
-        cfg.common_args[nc++] = "--dtypes"; /* the races do not depend on the type: a quarter of */
-        cfg.common_args[nc++] = "int32,bfloat16,float64"; /* the time; the others run in make test */
+    size = drv.cudafake ? harness_test_size() : HARNESS_SIZE_FULL;
+    if (size == HARNESS_SIZE_NO_BIG) {       /* TSan: three dtypes (an integer, a half, a double), */
+        drv.common_args[drv.ncommon++] = "--dtypes"; /* the races do not depend on the type: a */
+        drv.common_args[drv.ncommon++] = "int32,bfloat16,float64"; /* quarter of the time */
     }
     const struct CMUnitTest matrix[] = {
         cmocka_unit_test_setup_teardown(test_matrix_2_ranks, harness_test_setup, harness_test_teardown),
@@ -524,24 +451,15 @@ int main(int argc, char **argv)
     const struct CMUnitTest deadlock[] = {
         cmocka_unit_test_setup_teardown(test_deadlock_crossed_streams, setup_deadlock, harness_test_teardown),
     };
-    bool all = strcmp(group, "all") == 0;
+    gpu_driver_say(&drv);
     int failed = 0;
-    if ((!all && strcmp(group, "matrix") && strcmp(group, "stream") && strcmp(group, "fault") &&
-         strcmp(group, "deadlock")) ||
-        gpus < 1) {
-        fprintf(stderr, "usage: %s [matrix|stream|fault|deadlock|all] [--gpus N] [--cudafake]\n", argv[0]);
-        return 2;
-    }
-    printf("%d of %d GPU(s) visible used%s\n", gpus, cu.ndev,
-           cfg.cudafake ? ": the CUDA driver test double (GPU paths run against a driver test double, never on "
-                          "hardware)" : "");
-    if (all || !strcmp(group, "matrix"))
+    if (gpu_driver_runs(&drv, "matrix"))
         failed += cmocka_run_group_tests_name("gpu_matrix", matrix, NULL, NULL);
-    if (all || !strcmp(group, "stream"))
+    if (gpu_driver_runs(&drv, "stream"))
         failed += cmocka_run_group_tests_name("gpu_stream", stream, NULL, NULL);
-    if (all || !strcmp(group, "fault"))
+    if (gpu_driver_runs(&drv, "fault"))
         failed += cmocka_run_group_tests_name("gpu_fault", fault, NULL, NULL);
-    if (all || !strcmp(group, "deadlock"))
+    if (gpu_driver_runs(&drv, "deadlock"))
         failed += cmocka_run_group_tests_name("gpu_deadlock", deadlock, NULL, NULL);
     return failed ? 1 : 0;
 }

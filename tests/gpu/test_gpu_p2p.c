@@ -30,9 +30,10 @@
  *            is refused with COLLD_ERR_NOT_SUPPORTED saying so, both streams released.
  */
 #include "tests/gpu/gpu_cu.h"
+#include "tests/gpu/gpu_driver.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/harness_double.h"
 
-#include <dlfcn.h>
 #include <limits.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -51,43 +52,7 @@
 #define FAULT_TIMEOUT_MS 3000 /* the communicator timeout of the fault tests */
 #define DOUBLE_SPIN_MS "1000" /* the stream test's slow producer on the double */
 
-static struct {
-    char gpus[16];
-    bool cudafake;
-    const char *common_args[8];
-} cfg;
-static char double_path[4096]; /* with --cudafake: the test double's file */
-
-static int add_args(const char **argv, int n, const char *const *extra)
-{
-    for (int i = 0; extra && extra[i] && n < 47; i++)
-        argv[n++] = extra[i];
-    for (int i = 0; cfg.common_args[i] && n < 47; i++)
-        argv[n++] = cfg.common_args[i];
-    argv[n] = NULL;
-    return n;
-}
-
-/* With --cudafake: does the daemon (pid) map no libcuda but the test double, and no NCCL? */
-static bool daemon_on_double(pid_t pid)
-{
-    char path[64], line[4608];
-    bool other = false;
-    if (!cfg.cudafake)
-        return true;
-    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
-    FILE *f = fopen(path, "r");
-    bool opened = f != NULL;
-    while (f && fgets(line, sizeof(line), f)) {
-        line[strcspn(line, "\n")] = '\0';
-        const char *file = strchr(line, '/');
-        if (file && (strstr(file, "libcuda.so") || strstr(file, "libnccl")) && strcmp(file, double_path) != 0)
-            other = true;
-    }
-    if (f)
-        fclose(f);
-    return opened && !other;
-}
+static gpu_driver_t drv; /* the run's settings (main): every rank gets drv.common_args */
 
 /* Spawn `nranks` rank processes of one new communicator; extra arguments go to every rank. */
 static int spawn_ranks(harness_t *h, int nranks, const char *const *extra, pid_t *pids)
@@ -98,7 +63,7 @@ static int spawn_ranks(harness_t *h, int nranks, const char *const *extra, pid_t
     snprintf(nr, sizeof(nr), "%d", nranks);
     for (int r = 0; r < nranks; r++) {
         const char *argv[48] = { GPU_P2P_BIN, "--socket", h->socket, "--uid", hex, "--nranks", nr, "--rank", rk };
-        add_args(argv, 9, extra);
+        gpu_driver_add_args(&drv, argv, 9, extra);
         snprintf(rk, sizeof(rk), "%d", r);
         if ((pids[r] = harness_spawn(argv)) < 0)
             return -1;
@@ -115,7 +80,7 @@ static void run_ranks(harness_t *h, int nranks, const char *const *extra)
     assert_int_equal(harness_wait_all(pids, nranks, RUN_LIMIT_MS), 0);
     print_message("%d rank(s): %.0f ms\n", nranks, harness_now_ms() - t0);
     assert_int_equal(harness_wait_clean(h, 10000), 0);
-    assert_true(daemon_on_double(h->pid));
+    assert_true(gpu_driver_daemon_ok(&drv, h->pid));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -170,13 +135,13 @@ static void test_alltoallv_4_ranks_colld_mem_alloc(void **state)
 
 static void test_stream_semantics(void **state)
 {
-    const char *extra[] = { "--mode", "stream", cfg.cudafake ? "--spin-ms" : NULL, DOUBLE_SPIN_MS, NULL };
+    const char *extra[] = { "--mode", "stream", drv.cudafake ? "--spin-ms" : NULL, DOUBLE_SPIN_MS, NULL };
     run_ranks(*state, 2, extra);
 }
 
 static void test_stream_semantics_3_ranks_colld_mem_alloc(void **state)
 {
-    const char *extra[] = { "--mode",       "stream", "--alloc", "colld", cfg.cudafake ? "--spin-ms" : NULL,
+    const char *extra[] = { "--mode",       "stream", "--alloc", "colld", drv.cudafake ? "--spin-ms" : NULL,
                             DOUBLE_SPIN_MS, NULL };
     run_ranks(*state, 3, extra);
 }
@@ -232,7 +197,7 @@ static void run_victim(harness_t *h, bool victim_posts)
                                 timeout,
                                 victim_posts ? "--victim-posts" : NULL,
                                 NULL };
-        add_args(argv, 9, extra);
+        gpu_driver_add_args(&drv, argv, 9, extra);
         assert_true((pids[r] = harness_spawn(argv)) > 0);
     }
     const char *marks[] = { "posted-1", "victim-ready" };
@@ -258,7 +223,7 @@ static void run_victim(harness_t *h, bool victim_posts)
     print_message("rank 1's stream released %.1f ms after the kill (timeout %s ms)\n", at - killed, timeout);
     assert_true(at - killed < FAULT_TIMEOUT_MS); /* by the kill, long before the timeout */
     assert_int_equal(harness_wait_clean(h, 10000), 0);
-    assert_true(daemon_on_double(h->pid));
+    assert_true(gpu_driver_daemon_ok(&drv, h->pid));
 }
 
 static void test_fault_kill_before_send(void **state)
@@ -287,12 +252,12 @@ static void test_deadlock_send_and_collective(void **state)
         const char *argv[48] = { GPU_P2P_BIN, "--socket",     h->socket, "--uid",  a,     "--uid2",
                                  b,           "--nranks",     "2",       "--rank", rk[r], "--mode",
                                  "crossed",   "--timeout-ms", "60000" };
-        add_args(argv, 15, NULL);
+        gpu_driver_add_args(&drv, argv, 15, NULL);
         assert_true((pids[r] = harness_spawn(argv)) > 0);
     }
     assert_int_equal(harness_wait_all(pids, 2, RUN_LIMIT_MS), 0);
     assert_int_equal(harness_wait_clean(h, 10000), 0);
-    assert_true(daemon_on_double(h->pid));
+    assert_true(gpu_driver_daemon_ok(&drv, h->pid));
 }
 
 static int setup_deadlock(void **state)
@@ -307,55 +272,16 @@ static int setup_deadlock(void **state)
 
 int main(int argc, char **argv)
 {
-    const char *group = "all";
-    int gpus = 1, nc = 0;
+    static const char *const groups[] = { "exchange", "stream", "fault", "nopeer", NULL };
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IOLBF, 0);
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--cudafake") == 0)
-            cfg.cudafake = true;
-        else if (strcmp(argv[i], "--gpus") == 0 && i + 1 < argc)
-            gpus = atoi(argv[++i]);
-        else if (argv[i][0] != '-')
-            group = argv[i];
-        else
-            gpus = 0; /* usage below */
-    }
-    bool all = strcmp(group, "all") == 0;
-    if ((!all && strcmp(group, "exchange") && strcmp(group, "stream") && strcmp(group, "fault") &&
-         strcmp(group, "nopeer")) ||
-        gpus < 1) {
-        fprintf(stderr, "usage: %s [exchange|stream|fault|nopeer|all] [--gpus N] [--cudafake]\n", argv[0]);
-        return 2;
-    }
-    gpu_cu_t cu;
-    char err[512];
-    gpu_cu_result_t loaded = gpu_cu_load(&cu, cfg.cudafake, err, sizeof(err));
-    if (loaded != GPU_CU_OK) {
-        printf("%s%s\n", loaded == GPU_CU_NONE ? "SKIP: " : "", err);
-        return loaded == GPU_CU_NONE ? 77 : 1;
-    }
-    if (cfg.cudafake) {
-        Dl_info info = { 0 };
-        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-        void *ctl = lib ? dlsym(lib, "colld_cudafake_control") : NULL;
-        if (!ctl || !dladdr(ctl, &info) || !info.dli_fname || !realpath(info.dli_fname, double_path))
-            return 1;
-        dlclose(lib);
-    }
-    if (gpus > cu.ndev) {
-        printf("SKIP: --gpus %d, but %d GPU(s) visible\n", gpus, cu.ndev);
-        return cfg.cudafake ? 1 : 77;
-    }
-    if (!strcmp(group, "nopeer") && !cfg.cudafake) {
+    int rc = gpu_driver_start(&drv, argc, argv, groups);
+    if (rc >= 0)
+        return rc;
+    if (!strcmp(drv.group, "nopeer") && !drv.cudafake) {
         printf("SKIP: the nopeer group needs the CUDA driver test double's peer groups\n");
         return 77;
     }
-    snprintf(cfg.gpus, sizeof(cfg.gpus), "%d", gpus);
-    cfg.common_args[nc++] = "--gpus";
-    cfg.common_args[nc++] = cfg.gpus;
-    if (cfg.cudafake)
-        cfg.common_args[nc++] = "--cudafake";
 #define T(fn) cmocka_unit_test_setup_teardown(fn, harness_test_setup, harness_test_teardown)
     const struct CMUnitTest exchange[] = {
         T(test_ring_2_ranks),
@@ -377,18 +303,15 @@ int main(int argc, char **argv)
     };
     const struct CMUnitTest nopeer[] = { T(test_nopeer) };
 #undef T
-    printf("%d of %d GPU(s) visible used%s\n", gpus, cu.ndev,
-           cfg.cudafake ? ": the CUDA driver test double (GPU paths run against a driver test double, never on "
-                          "hardware)"
-                        : "");
+    gpu_driver_say(&drv);
     int failed = 0;
-    if (all || !strcmp(group, "exchange"))
+    if (gpu_driver_runs(&drv, "exchange"))
         failed += cmocka_run_group_tests_name("gpu_p2p_exchange", exchange, NULL, NULL);
-    if (all || !strcmp(group, "stream"))
+    if (gpu_driver_runs(&drv, "stream"))
         failed += cmocka_run_group_tests_name("gpu_p2p_stream", stream, NULL, NULL);
-    if (all || !strcmp(group, "fault"))
+    if (gpu_driver_runs(&drv, "fault"))
         failed += cmocka_run_group_tests_name("gpu_p2p_fault", fault, NULL, NULL);
-    if (!strcmp(group, "nopeer"))
+    if (!strcmp(drv.group, "nopeer")) /* only by name: it needs the double's peer groups */
         failed += cmocka_run_group_tests_name("gpu_p2p_nopeer", nopeer, NULL, NULL);
     return failed ? 1 : 0;
 }

@@ -4,6 +4,7 @@
  * application's device memory, the daemon's fault file and the waits every case bounds.
  */
 #include "tests/integration/harness_gpu.h"
+#include "tests/integration/harness_double.h"
 
 #include <dlfcn.h>
 
@@ -40,48 +41,14 @@ static char double_path[4096]; /* the libcuda.so.1 this process loaded: the test
  * double_path. Returns 1 (the double), 0 (no libcuda.so.1 at all), -1 (another libcuda.so.1). */
 int driver_is_double(void)
 {
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib)
-        return 0;
-    void *ctl = dlsym(lib, "colld_cudafake_control");
-    Dl_info info = { 0 };
-    if (ctl && dladdr(ctl, &info) && info.dli_fname && !realpath(info.dli_fname, double_path))
-        snprintf(double_path, sizeof(double_path), "%s", info.dli_fname);
-    if (!ctl) {
-        void *any = dlsym(lib, "cuGetProcAddress");
-        printf("libcuda.so.1 here is not the CUDA driver test double (%s): refusing to run GPU tests on it\n",
-               any && dladdr(any, &info) && info.dli_fname ? info.dli_fname : "unknown path");
-    }
-    dlclose(lib);
-    return ctl ? 1 : -1;
+    return harness_double_find(double_path, sizeof(double_path), false);
 }
 
 /* Does the daemon (pid) map no libcuda but the test double, and no NCCL; and, with must_map, the
  * double itself (an old driver's daemon may have let it go)? Says why not. */
 bool daemon_on_double(pid_t pid, bool must_map)
 {
-    char path[64], line[4608];
-    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
-    FILE *f = fopen(path, "r");
-    bool on_double = false, other = false;
-    while (f && fgets(line, sizeof(line), f)) {
-        line[strcspn(line, "\n")] = '\0';
-        const char *file = strchr(line, '/');
-        if (!file || (!strstr(file, "libcuda.so") && !strstr(file, "libnccl")))
-            continue;
-        if (strcmp(file, double_path) == 0) {
-            on_double = true;
-        } else if (!other) {
-            other = true;
-            print_error("the daemon (pid %d) maps %s, not only the CUDA driver test double %s\n", (int)pid, file,
-                        double_path);
-        }
-    }
-    if (f)
-        fclose(f);
-    if (must_map && !on_double && !other)
-        print_error("the daemon (pid %d) has not loaded the CUDA driver test double %s\n", (int)pid, double_path);
-    return (on_double || !must_map) && !other;
+    return harness_daemon_on_double(pid, double_path, must_map);
 }
 
 /* harness_test_setup, then the daemon must be on the test double (and on nothing else). */

@@ -38,6 +38,7 @@
 #include "common/cudadrv.h"
 #include "tests/cudafake/cudafake.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/harness_double.h"
 
 #include <cudaTypedefs.h>
 #include <dlfcn.h>
@@ -76,41 +77,13 @@ static bool hardware;
  * colld_cudafake_control)? Asked before any CUDA call: 1 yes, 0 no libcuda.so.1, -1 another one. */
 static int driver_is_double(void)
 {
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib)
-        return 0;
-    void *ctl = dlsym(lib, "colld_cudafake_control");
-    Dl_info info = { 0 };
-    if (ctl && dladdr(ctl, &info) && info.dli_fname && !realpath(info.dli_fname, double_path))
-        snprintf(double_path, sizeof(double_path), "%s", info.dli_fname);
-    if (!ctl && !hardware)
-        printf("libcuda.so.1 here is not the CUDA driver test double: refusing to run GPU tests on it\n");
-    dlclose(lib);
-    return ctl ? 1 : -1;
+    return harness_double_find(double_path, sizeof(double_path), hardware);
 }
 
 /* Does the daemon map no libcuda but the test double, and no NCCL? */
 static bool daemon_on_double(pid_t pid)
 {
-    char path[64], line[4608];
-    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
-    FILE *f = fopen(path, "r");
-    bool on_double = false, other = false;
-    while (f && fgets(line, sizeof(line), f)) {
-        line[strcspn(line, "\n")] = '\0';
-        const char *file = strchr(line, '/');
-        if (!file || (!strstr(file, "libcuda.so") && !strstr(file, "libnccl")))
-            continue;
-        if (strcmp(file, double_path) == 0)
-            on_double = true;
-        else
-            other = true;
-    }
-    if (f)
-        fclose(f);
-    if (!on_double || other)
-        print_error("the daemon (pid %d) is not on the CUDA driver test double %s alone\n", (int)pid, double_path);
-    return on_double && !other;
+    return harness_daemon_on_double(pid, double_path, true);
 }
 
 /* ============================================================================================
