@@ -267,6 +267,28 @@ int harness_spawn_ranks(harness_t *h, int nranks, const char *const *extra, pid_
     return 0;
 }
 
+int harness_spawn_crossed(harness_t *h, const char *timeout_ms, const char *expect, char (*out)[400], pid_t pids[2])
+{
+    char hex[2][HARNESS_UID_HEX_LEN];
+    for (int i = 0; i < 2; i++)
+        if (harness_new_uid_hex(h, hex[i]) < 0)
+            return -1;
+    for (int r = 0; r < 2; r++) {
+        const char *argv[24] = { COLL_BIN,   "--socket",     h->socket, "--uid",      hex[0], "--uid2",
+                                 hex[1],     "--nranks",     "2",       "--rank",     r ? "1" : "0",
+                                 "--mode",   "crossed",      "--timeout-ms", timeout_ms, "--expect",
+                                 expect,     "--sync-dir",   h->dir };
+        if (out) {
+            snprintf(out[r], sizeof(out[r]), "%s/crossed-%d", h->dir, r);
+            argv[19] = "--out";
+            argv[20] = out[r];
+        }
+        if ((pids[r] = harness_spawn(argv)) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 int harness_bg_start(harness_t *h, harness_bg_t *bg)
 {
     static unsigned serial;

@@ -47,6 +47,11 @@ int harness_wait(pid_t pid, int timeout_ms);
 /* Spawn `nranks` colld-test-rank processes joining one new communicator; extra arguments
  * (NULL-terminated) go to every rank. Pids in pids[]. Returns 0 or -1. */
 int harness_spawn_ranks(harness_t *h, int nranks, const char *const *extra, pid_t *pids);
+/* The two ranks of colld-test-coll's mode crossed (two new communicators whose collectives they
+ * call in crossed order, each rank a cycle's half), with --timeout-ms timeout_ms and --expect
+ * expect, both timing out before either leaves (--sync-dir); with out, rank r's detail goes to
+ * out[r] (<h->dir>/crossed-r). Pids in pids[]. Returns 0 or -1. */
+int harness_spawn_crossed(harness_t *h, const char *timeout_ms, const char *expect, char (*out)[400], pid_t pids[2]);
 /* Wait for all of them; returns the number that did not exit 0 in time. */
 int harness_wait_all(pid_t *pids, int n, int timeout_ms);
 

@@ -514,18 +514,9 @@ static void test_nan_check_per_comm(void **state)
  * `extra`: each rank's status must be `expect` and its detail contain `want`. */
 static void run_crossed(harness_t *h, const char *timeout_ms, const char *expect, const char *want)
 {
-    char hex[2][HARNESS_UID_HEX_LEN], out[2][400], text[2048], rk[4];
+    char out[2][400], text[2048];
     pid_t p[2];
-    for (int i = 0; i < 2; i++)
-        assert_int_equal(harness_new_uid_hex(h, hex[i]), 0);
-    for (int r = 0; r < 2; r++) {
-        snprintf(rk, sizeof(rk), "%d", r);
-        snprintf(out[r], sizeof(out[r]), "%s/crossed-%d", h->dir, r);
-        const char *argv[] = { COLL_BIN,   "--socket", h->socket, "--uid", hex[0],   "--uid2",  hex[1],
-                               "--nranks", "2",        "--rank",  rk,      "--mode", "crossed", "--timeout-ms",
-                               timeout_ms, "--expect", expect,    "--out", out[r],   "--sync-dir", h->dir, NULL };
-        assert_true((p[r] = harness_spawn(argv)) > 0);
-    }
+    assert_int_equal(harness_spawn_crossed(h, timeout_ms, expect, out, p), 0);
     double t0 = harness_now_ms();
     assert_int_equal(harness_wait_all(p, 2, RUN_LIMIT_MS), 0);
     print_message("both ranks got %s after %.0f ms\n", expect, harness_now_ms() - t0);

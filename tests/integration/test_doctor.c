@@ -178,33 +178,9 @@ static void test_nan_contributor(void **state)
 static void test_deadlock_cycle(void **state)
 {
     harness_t *h = *state;
-    char hex[2][HARNESS_UID_HEX_LEN], out[16384];
-    for (int i = 0; i < 2; i++)
-        assert_int_equal(harness_new_uid_hex(h, hex[i]), 0);
+    char out[16384];
     pid_t p[2];
-    for (int r = 0; r < 2; r++) {
-        const char *argv[] = { COLL_BIN,
-                               "--socket",
-                               h->socket,
-                               "--uid",
-                               hex[0],
-                               "--uid2",
-                               hex[1],
-                               "--nranks",
-                               "2",
-                               "--rank",
-                               r ? "1" : "0",
-                               "--mode",
-                               "crossed",
-                               "--timeout-ms",
-                               "5000",
-                               "--expect",
-                               "COLLD_ERR_TIMEOUT",
-                               "--sync-dir", /* both time out before either leaves */
-                               h->dir,
-                               NULL };
-        assert_true((p[r] = harness_spawn(argv)) > 0);
-    }
+    assert_int_equal(harness_spawn_crossed(h, "5000", "COLLD_ERR_TIMEOUT", NULL, p), 0);
     /* While the ranks wait (their 5 s time-out), the cycle (reported at 300 ms) is a problem. */
     char json[16384];
     const char *argv[] = { COLLCTL_BIN, "--socket", h->socket, "--json", "doctor", NULL };
