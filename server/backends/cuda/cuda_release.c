@@ -42,6 +42,28 @@ void cuda_mem_close(const colld_gpus_t *g, const gpu_reg_t *gr)
     CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
 }
 
+void cuda_reg_free(gpu_reg_t *gr)
+{
+    if (gr)
+        free(gr->seg);
+    free(gr);
+}
+
+void cuda_seg_free(const colld_gpus_t *g, gpu_pending_t *p)
+{
+    if (!p)
+        return;
+    if (p->got) {
+        CU_CHECK(g->cu, cuCtxPushCurrent, g->gpu[p->gpu].ctx);
+        for (unsigned i = 0; i < p->got; i++)
+            CU_CHECK(g->cu, cuMemRelease, p->h[i]);
+        CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
+    }
+    free(p->sizes);
+    free(p->h);
+    free(p);
+}
+
 void cuda_release_reg(colld_gpus_t *g, gpu_reg_t *gr)
 {
     gr->reg = NULL;
