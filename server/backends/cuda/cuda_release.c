@@ -21,6 +21,10 @@
  *
  * Bounded: each entry was a registration or a session, whose counts are bounded per tenant; the
  * entries are the freed objects themselves, so queuing needs no memory and cannot fail.
+ *
+ * The closes and frees themselves are here too, for whoever makes them with the lock dropped (a
+ * registration that could not be published, an assembly given up): cuda_mem_close, cuda_reg_free,
+ * cuda_seg_free.
  */
 #include "server/backends/cuda/cuda.h"
 
