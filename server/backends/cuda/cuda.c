@@ -11,13 +11,15 @@
  * driver and GPUs that can run its kernels serves host collectives only: the backend is then
  * absent, and GPU requests get COLLD_ERR_NOT_SUPPORTED with the reason (d->device_none).
  *
- * Registrations (cuda_mem.c): an IPC handle is opened once per session, a VMM allocation arrives
+ * The files and the one way they call are listed in cuda.h.
+ *
+ * Registrations (cuda_mem.c, cuda_seg.c): an IPC handle is opened once per session, a VMM allocation arrives
  * as a POSIX fd (both through transport/cuda_ipc); either way the daemon bounds-checks each
  * reference against the size of the allocation it really mapped (never the size the client
  * claimed), and releases the mapping on deregistration or session end once no collective uses it.
  *
  * Stream-ordered collectives (COLLD_SQE_STREAM; the flag protocol is in proto/wire.h; cuda_coll.c
- * and cuda_launch.c):
+ * and cuda_launch.c; sends and receives alike, cuda_p2p.c):
  *
  *   matched   every rank posted the descriptor; the collective waits in `pending` (FIFO)
  *   ready     every rank's `ready` slot of the collective holds its flag value (marked taken):
@@ -100,6 +102,13 @@ static CUresult take_gpu(const colld_cu_t *cu, int i, gpu_t *gpu)
     return CUDA_SUCCESS;
 }
 
+/* The watcher's question (cuda_watch.c): can cuda_progress move a collective, a plan's run or a
+ * transfer now (lock held)? */
+static bool cuda_movable(colld_backend_t *b)
+{
+    return gpus_of(b) && (cuda_coll_movable(b) || cuda_plan_movable(b) || cuda_p2p_movable(b));
+}
+
 /* Load the driver and take every visible GPU; none is fine (the backend is absent and
  * d->device_none says why). Returns -1 only without memory. */
 static int cuda_start(colld_backend_t *b)
@@ -177,7 +186,7 @@ static int cuda_start(colld_backend_t *b)
         free(g), free(gpu), free(peer);
         return 0;
     }
-    (void)cuda_watch_start(g); /* without it the engine polls (cuda_outstanding) */
+    (void)cuda_watch_start(g, cuda_movable); /* without it the engine polls (cuda_outstanding) */
     b->state = g;
     b->present = true;
     LOG_INFO(GPU, "CUDA backend: %d GPU(s), driver %d.%d, first: %s", n, cu->driver_version / 1000,
@@ -235,6 +244,42 @@ static bool cuda_claims(const colld_backend_t *b, const colld_dcomm_t *c, const 
     return sqe->flags & COLLD_SQE_STREAM;
 }
 
+/* ============================================================================================
+ * Operations
+ * ========================================================================================== */
+
+/* Poll the GPU work (lock held): the collectives whose kernels are done finish, the transfers
+ * progress, the collectives every rank's stream has reached go to the launch list (in order per
+ * communicator) and the others time out, then the plans progress. Returns the work done. */
+static int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
+{
+    colld_gpus_t *g = gpus_of(b);
+    if (!g || (!g->outstanding && !g->plans))
+        return 0;
+    g->rounds++;
+    bool broke;
+    int work = cuda_coll_fired(b);
+    work += cuda_p2p_progress(b, now, deadline); /* stream-ordered sends and receives (cuda_p2p.c) */
+    work += cuda_coll_progress(b, now, deadline, &broke);
+    if (broke) /* the lists may have changed: look again next round */
+        return work;
+    work += cuda_plan_progress(b, now, deadline);
+    /* Look again soon while GPU work is outstanding: the watcher wakes the engine when something
+     * can move, this is only in case it is slow to be scheduled; without it, poll. */
+    uint64_t soon = now + (g->watching ? 250000000ull : 1000000ull);
+    if ((g->outstanding || g->plans) && soon < *deadline)
+        *deadline = soon;
+    return work;
+}
+
+/* Work that only polling finds done: GPU work outstanding while no watcher thread wakes the
+ * engine for it (cuda_watch.c). */
+static bool cuda_outstanding(const colld_backend_t *b)
+{
+    const colld_gpus_t *g = gpus_of(b);
+    return g && (g->outstanding > 0 || g->plans) && !g->watching;
+}
+
 static bool cuda_run_unlocked(colld_backend_t *b)
 {
     bool colls = cuda_launch(b);
@@ -248,11 +293,63 @@ static void cuda_after_run(colld_backend_t *b)
     cuda_p2p_launched(b);
 }
 
+/* A GPU registration: of one allocation (cuda_mem.c), or a segment of one across several VMM
+ * allocations (cuda_seg.c). */
+static colld_status_t cuda_register(colld_backend_t *b, colld_session_t *s, const colld_wire_msg_t *m, int fd,
+                                    uint32_t *reg_id, colld_err_t *err)
+{
+    if (gpus_of(b) && m->type == COLLD_MSG_REG_CUDA_SEG)
+        return cuda_seg_register(b, s, m, fd, reg_id, err);
+    return cuda_mem_register(b, s, m, fd, reg_id, err);
+}
+
+/* The session's last reference went (lock held): a registration it was assembling, its flag area. */
+static void cuda_session_gone(colld_backend_t *b, colld_session_t *s)
+{
+    colld_gpus_t *g = gpus_of(b);
+    if (g)
+        cuda_seg_session_gone(g, s);
+    cuda_session_free(b, s);
+}
+
+/* ============================================================================================
+ * Hooks (given the daemon: they find the backend)
+ * ========================================================================================== */
+
+/* The communicator broke (lock held): its plans' replays are released from now on, its transfers
+ * and collectives not launched fail, its ranks' streams are released. */
+static void cuda_comm_broken(colld_daemon_t *d, colld_dcomm_t *c)
+{
+    colld_backend_t *b = colld_backend_find(d, &colld_cuda_backend);
+    if (!b || !gpu_comm_of(b, c))
+        return; /* it never had a stream-ordered collective */
+    cuda_plan_comm_broken(b, c);
+    /* The collectives and transfers failed below may hold the last references. */
+    c->refs++;
+    cuda_p2p_comm_broken(b, c);
+    cuda_coll_comm_broken(b, c);
+    colld_comm_unref(d, c);
+}
+
+/* The communicator is freed: no collective of it is in flight any more (each held a reference). */
+static void cuda_comm_gone(colld_daemon_t *d, colld_dcomm_t *c)
+{
+    colld_backend_t *b = colld_backend_find(d, &colld_cuda_backend);
+    if (b)
+        cuda_comm_freed(b, c);
+}
+
+/* COLLD_MSG_PLAN_FREE (cuda_plan.c). */
+static int cuda_session_msg(colld_session_t *s, const colld_wire_msg_t *m)
+{
+    return cuda_plan_session_msg(colld_backend_find(s->daemon, &colld_cuda_backend), s, m);
+}
+
 static const colld_comm_hooks_t cuda_hooks = {
     .name = "cuda",
     .broken = cuda_comm_broken,
-    .freed = cuda_comm_freed,
-    .session_msg = cuda_plan_session_msg, /* COLLD_MSG_PLAN_FREE */
+    .freed = cuda_comm_gone,
+    .session_msg = cuda_session_msg,
 };
 
 const colld_backend_ops_t colld_cuda_backend = {
@@ -273,9 +370,9 @@ const colld_backend_ops_t colld_cuda_backend = {
     .stream_failed = cuda_stream_failed,
     .waiting = cuda_waiting,
     .xfer_waits = cuda_p2p_waits,
-    .mem_register = cuda_mem_register,
+    .mem_register = cuda_register,
     .mem_release = cuda_mem_release,
     .sync_area = cuda_sync_area,
-    .session_free = cuda_session_free,
+    .session_free = cuda_session_gone,
     .hooks = &cuda_hooks,
 };

@@ -1,21 +1,33 @@
 /*
- * cuda.h - what the files of the CUDA backend share (internal to server/backends/cuda).
+ * cuda.h - what the files of the CUDA backend share (internal to server/backends/cuda): its types,
+ * the lookups of its state, and each file's functions. The files call one way, from the top down:
  *
- *   cuda.c         the backend: start and stop (the GPUs), its operations table
- *   cuda_mem.c     GPU registrations (through transport/cuda_ipc) and each session's flag area
+ *   cuda.c         the backend: start and stop (the GPUs), its operations table and hooks, and
+ *                  the composition of the collectives', transfers' and plans' progress; nothing
+ *                  calls into it
  *   cuda_coll.c    stream-ordered collectives: admission, the wait for the ranks' streams,
  *                  completion, time-outs, failure release
- *   cuda_launch.c  launching a collective's kernels and flag writes (engine thread, no lock)
- *   cuda_recover.c a GPU whose context has a sticky error: its work failed, its context reset,
- *                  the GPU brought back (the backend's recovery thread; issue 15 F3)
- *   cuda_release.c the driver calls that pin, unpin or unmap memory, made by the recovery thread
- *                  with the daemon's lock dropped (issue 15 F4)
- *   cuda_seg.c     registrations across several VMM allocations, assembled from segments
- *                  (issue 15 D2)
- *   cuda_plan.c    persistent plans: collectives captured into CUDA graphs, run once per replay
- *                  (issue 15 item 3; cuda_plan.h)
  *   cuda_p2p.c     stream-ordered sends and receives: a matched transfer waits for both ranks'
  *                  streams, is copied on a daemon stream, and completes (issue 16)
+ *   cuda_plan.c    persistent plans: collectives captured into CUDA graphs, run once per replay
+ *                  (issue 15 item 3; cuda_plan.h)
+ *   cuda_launch.c  the launch layer the three above share: a communicator's stream on a GPU, the
+ *                  drain of a failed launch, an event's poll and failure, the time-out's due time,
+ *                  whether a collective's GPUs can run it; and the launch of a collective's kernels
+ *                  and flag writes (engine thread, no lock)
+ *   cuda_recover.c a GPU whose context has a sticky error: its work failed, its context reset,
+ *                  the GPU brought back (the backend's recovery thread; issue 15 F3)
+ *   cuda_watch.c   the thread that wakes the engine when GPU work can move (issue 15 F5)
+ *   cuda_seg.c     registrations across several VMM allocations, assembled from segments
+ *                  (issue 15 D2)
+ *   cuda_mem.c     GPU registrations (through transport/cuda_ipc) and each session's flag area
+ *   cuda_release.c the driver calls that unpin or unmap memory, made by the recovery thread with
+ *                  the daemon's lock dropped (issue 15 F4)
+ *   cuda_base.c    what all of them build on: a GPU's fault detection and usability, the lists a
+ *                  reset walks, the GPUs of a registration and of a collective, the flag lines
+ *
+ * A lower file never names a higher one's function: where one must reach up (the watcher asking
+ * whether anything can move), the higher one hands it a function pointer.
  *
  * Every driver call goes through CU_CHECK (common/cudadrv.h), which logs a failure with its
  * location; what a failure means is decided where the call is made.
@@ -90,6 +102,8 @@ typedef struct colld_gpus {
     pthread_t watch_thread;
     pthread_cond_t watch_cv; /* with the daemon's lock: GPU work became outstanding, or stop */
     bool watching, watch_stop;
+    /* What the watcher asks (cuda.c's): can cuda_progress move anything now (lock held)? */
+    bool (*movable)(colld_backend_t *b);
     uint64_t rounds;      /* cuda_progress calls: the watcher wakes the engine once per round */
     uint64_t watch_wakes; /* engine wake-ups by the watcher */
     /* Persistent plans (cuda_plan.c): while any lives, the watcher looks at their ready flags. */
@@ -168,75 +182,109 @@ static inline gpu_session_t *gpu_session_of(const colld_backend_t *b, const coll
     return s->bslot[b->slot];
 }
 
-/* ---- cuda_mem.c ---- */
-colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const colld_wire_msg_t *m, int fd,
-                                 uint32_t *reg_id, colld_err_t *err);
-void cuda_mem_release(colld_backend_t *b, colld_reg_t *r);
-/* The daemon's GPU of this UUID, or -1. */
-int cuda_gpu_by_uuid(const colld_gpus_t *g, const uint8_t *uuid);
-/* The devices that may access GPU gi's memory (itself and its peers): their count. */
-int cuda_access_list(const colld_gpus_t *g, int gi, CUdevice *access, int max);
-/* Does the memory mapped at p live on GPU gi (issue 15 C5)? COLLD_OK or err. gi's context current. */
-colld_status_t cuda_check_device(const colld_gpus_t *g, int gi, CUdeviceptr p, colld_err_t *err);
-/* Make gr (its mapping open on GPU gr->gpu, counted there as `opening`) a registration of s of
- * `bytes`: its id in *reg_id. Without memory the mapping is closed and gr freed. Either way the
- * `opening` count is given back. Lock NOT held. */
-colld_status_t cuda_reg_publish(colld_backend_t *b, colld_session_t *s, gpu_reg_t *gr, uint64_t bytes, uint32_t *reg_id,
-                                colld_err_t *err);
-/* Free a gpu_reg_t (its mapping closed or lost). */
-void cuda_reg_free(gpu_reg_t *gr);
+/* The byte offset of plan line `line` in a session's flag area (proto/wire.h: after the flag lines). */
+static inline uint64_t cuda_plan_line_offset(const gpu_session_t *gs, uint32_t line)
+{
+    return (uint64_t)gs->lines * sizeof(colld_wire_gpu_flag_t) + (uint64_t)line * sizeof(colld_wire_gpu_plan_t);
+}
 
-/* ---- cuda_seg.c (issue 15 D2) ---- */
-/* COLLD_MSG_REG_CUDA_SEG: one segment of a registration across several VMM allocations; *reg_id
- * 0 until the last segment makes the registration. Lock NOT held. */
-colld_status_t cuda_seg_register(colld_backend_t *b, colld_session_t *s, const colld_wire_msg_t *m, int fd,
-                                 uint32_t *reg_id, colld_err_t *err);
-/* The session ends (lock held): its assembly, if any, is queued for release. */
-void cuda_seg_session_gone(colld_gpus_t *g, colld_session_t *s);
-/* Release an assembly's imported allocations and free it (lock NOT held). */
-void cuda_seg_free(const colld_gpus_t *g, gpu_pending_t *p);
-int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint32_t *lines, uint32_t *plans,
-                   colld_err_t *err);
-void cuda_session_free(colld_backend_t *b, colld_session_t *s);
+/* Append x to the FIFO list that starts at `head` (linked by `next`; the lists are short). */
+#define CUDA_LIST_APPEND(head, x)                                                                                      \
+    do {                                                                                                               \
+        __typeof__(x) *tail_ = &(head);                                                                                \
+        while (*tail_)                                                                                                 \
+            tail_ = &(*tail_)->next;                                                                                   \
+        (x)->next = NULL;                                                                                              \
+        *tail_ = (x);                                                                                                  \
+    } while (0)
 
-/* ---- cuda_coll.c ---- */
+/* ---- cuda_base.c ---- */
+/* Is r an error that leaves the context unusable (a sticky error)? */
+bool cuda_sticky(CUresult r);
+/* What an error message adds after a CUDA error r: that colld resets the GPU when r is sticky. */
+const char *cuda_reset_hint(CUresult r);
+/* A call in GPU gi's context (gi < 0: the calling thread's current one) returned r: if r is
+ * sticky, the GPU is marked for recovery (any thread, any lock state). */
+void cuda_gpu_fault(colld_gpus_t *g, int gi, CUresult r);
+/* NULL when GPU gi takes new work; else why not, in buf (lock held). */
+const char *cuda_gpu_unusable(const colld_gpus_t *g, int gi, char *buf, size_t len);
+/* Wake the watcher (cuda_watch.c) after GPU work became outstanding (lock held). */
+void cuda_watch_kick(colld_gpus_t *g);
+/* List membership of what a reset must drop (lock held). */
+void cuda_track_comm(colld_gpus_t *g, gpu_comm_t *gc, bool add);
+void cuda_track_session(colld_gpus_t *g, gpu_session_t *gs, bool add);
+void cuda_track_reg(colld_gpus_t *g, gpu_reg_t *gr, bool add);
+/* The GPU of a registration (its backend part), -1 for none. */
+int cuda_reg_gpu(const colld_reg_t *r);
+/* The GPUs a collective uses (used[0..n-1]): those of the ranks' buffers, GPU 0 when none. */
+void cuda_coll_gpus(const colld_coll_t *k, bool *used, int n);
+/* The ready slot of a rank's stream-ordered operation in its session's flag area, and the value its
+ * stream writes there: flag base + (uint32_t)operation id, slot id % COLLD_WIRE_GPU_READY_SLOTS
+ * (proto/wire.h); NULL when the session has no line for the handle (lock held). */
+uint32_t *cuda_ready_slot(colld_backend_t *b, const colld_op_t *op, uint32_t *want);
+/* Where a run's stream writes rank op's `done` and what: the plan line's done and 1 for a plan
+ * run, else the communicator line's done and the collective's flag value (cuda_launch.c). */
+void cuda_done_target(colld_backend_t *b, const colld_op_t *op, CUdeviceptr *addr, cuuint32_t *value);
 /* Move a flag line's `done` forward (never back) to `value`, with `status` first when st is an
  * error: a release, or (COLLD_OK) the completion of a stream-ordered send or receive (lock held). */
 void cuda_flag_release(colld_backend_t *b, colld_session_t *s, uint32_t handle, uint32_t value, colld_status_t st);
 /* Write the releases a communicator owes, once nothing of it runs on a GPU any more (lock held). */
 void cuda_pay_releases(colld_backend_t *b, colld_dcomm_t *c);
-colld_status_t cuda_admit(colld_backend_t *b, colld_op_t *op, colld_err_t *err);
-void cuda_submit(colld_backend_t *b, colld_coll_t *k);
-int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline);
-bool cuda_outstanding(const colld_backend_t *b);
-void cuda_launched(colld_backend_t *b);
-bool cuda_comm_busy(const colld_backend_t *b, const colld_dcomm_t *c);
+
+/* ---- cuda_launch.c: the launch layer ---- */
+/* The communicator's stream on GPU gi, created on first use; gi's context current. CUDA_SUCCESS
+ * or the driver's error. */
+CUresult cuda_comm_stream(const colld_gpus_t *g, gpu_comm_t *gc, int gi);
+/* A launch failed part-way: wait for what it enqueued on GPU gi's stream (a failed wait is a
+ * fault of gi: its context runs nothing more). */
+void cuda_stream_drain(colld_gpus_t *g, int gi, CUstream stream);
+/* Poll an event recorded on GPU gi: CUDA_SUCCESS (fired), CUDA_ERROR_NOT_READY or the error. */
+CUresult cuda_event_query(const colld_gpus_t *g, int gi, CUevent ev);
+/* An event of GPU gi reported r: the fault is recorded (a sticky one resets the GPU) and why says
+ * "<what> failed on GPU <gi> (<name>): <error>". */
+void cuda_event_failed(colld_gpus_t *g, int gi, CUresult r, const char *what, char *why, size_t len);
+/* Is work whose first rank arrived at `first` past the communicator's timeout_ms? When not,
+ * *deadline is brought forward to when it will be. */
+bool cuda_past_due(uint64_t first, int timeout_ms, uint64_t now, uint64_t *deadline);
+/* Append " r1 r2 ..." (at most 8, then " ...") of the nmissing ranks to buf at off: the new off. */
+int cuda_rank_list(char *buf, size_t len, int off, const int *missing, int nmissing);
 /* NULL when collective k can run: its GPUs working, its registrations mapped, its ranks' flag
  * areas registered; else why not, in buf (lock held). */
 const char *cuda_coll_unusable(colld_backend_t *b, const colld_coll_t *k, char *buf, size_t len);
-/* The ready slot of a rank's stream-ordered operation in its session's flag area, and the value its
- * stream writes there: flag base + (uint32_t)operation id, slot id % COLLD_WIRE_GPU_READY_SLOTS
- * (proto/wire.h); NULL when the session has no line for the handle (lock held). */
-uint32_t *cuda_ready_slot(colld_backend_t *b, const colld_op_t *op, uint32_t *want);
-/* Append k to the launch list (lock held). */
-void cuda_launch_append(colld_gpus_t *g, colld_coll_t *k);
+/* Launch the collectives on the launch list (engine thread, lock NOT held); true when anything was. */
+bool cuda_launch(colld_backend_t *b);
+
+/* ---- cuda_coll.c ---- */
+colld_status_t cuda_admit(colld_backend_t *b, colld_op_t *op, colld_err_t *err);
+void cuda_submit(colld_backend_t *b, colld_coll_t *k);
+/* Finish the launched collectives whose event has fired (lock held). Returns the work done. */
+int cuda_coll_fired(colld_backend_t *b);
+/* Move the matched collectives every rank's stream has reached to the launch list (in order per
+ * communicator), install plans, time out the others (lock held). Returns the work done; *broke
+ * when a break may have changed every list (the caller returns). */
+int cuda_coll_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline, bool *broke);
+/* Can cuda_coll_fired or cuda_coll_progress move a collective now: every rank's stream reached
+ * the first pending one of a communicator, or the first launched one's event fired (lock held)? */
+bool cuda_coll_movable(colld_backend_t *b);
+/* The launch list comes back (lock held). */
+void cuda_launched(colld_backend_t *b);
+bool cuda_comm_busy(const colld_backend_t *b, const colld_dcomm_t *c);
 void cuda_stream_failed(colld_backend_t *b, colld_session_t *s, const colld_wire_sqe_t *sqe, uint64_t id,
                         colld_status_t st);
-void cuda_comm_broken(colld_daemon_t *d, colld_dcomm_t *c);
-void cuda_comm_freed(colld_daemon_t *d, colld_dcomm_t *c);
-
-/* ---- cuda_launch.c ---- */
-/* Launch what cuda_progress found ready (engine thread, lock NOT held); true when anything was. */
-bool cuda_launch(colld_backend_t *b);
-/* The GPUs a collective uses (used[0..n-1]): those of the ranks' buffers, GPU 0 when none. */
-void cuda_coll_gpus(const colld_coll_t *k, bool *used, int n);
+/* backend.h `waiting`: the first pending collective of each communicator, with the ranks whose
+ * streams reached it (deadlock detection). Lock held. */
+void cuda_waiting(colld_backend_t *b, void (*fn)(void *arg, const colld_coll_t *k, const bool *arrived), void *arg);
+/* c broke: its matched collectives not launched fail, every rank's stream is released (lock held;
+ * the caller holds a reference on c). */
+void cuda_coll_comm_broken(colld_backend_t *b, colld_dcomm_t *c);
+/* c is freed: its GPU state goes (lock held). */
+void cuda_comm_freed(colld_backend_t *b, colld_dcomm_t *c);
 
 /* ---- cuda_p2p.c (issue 16: sends and receives on GPU buffers) ---- */
 /* backend.h `xfer_submit`: a matched send and receive, both stream-ordered (lock held). */
 void cuda_xfer_submit(colld_backend_t *b, colld_xfer_t *x);
 /* Progress the transfers (lock held): finish those whose copy is done, move those both ranks'
- * streams reached to the launch list, time out the others. Returns the work done; a break may
- * have changed every list (the caller returns). */
+ * streams reached to the launch list, time out the others. Returns the work done. */
 int cuda_p2p_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline);
 /* Can cuda_p2p_progress move a transfer now (lock held; no side effect)? */
 bool cuda_p2p_movable(colld_backend_t *b);
@@ -254,37 +302,47 @@ void cuda_p2p_waits(colld_backend_t *b, const colld_dcomm_t *c, void (*fn)(void 
 bool cuda_p2p_busy(const colld_gpus_t *g, int gi, bool any);
 
 /* ---- cuda_recover.c ---- */
-/* Is r an error that leaves the context unusable (a sticky error)? */
-bool cuda_sticky(CUresult r);
-/* A call in GPU gi's context (gi < 0: the calling thread's current one) returned r: if r is
- * sticky, the GPU is marked for recovery (any thread, any lock state). */
-void cuda_gpu_fault(colld_gpus_t *g, int gi, CUresult r);
-/* NULL when GPU gi takes new work; else why not, in buf (lock held). */
-const char *cuda_gpu_unusable(const colld_gpus_t *g, int gi, char *buf, size_t len);
 /* Start and stop the recovery thread (lock not held). */
 int cuda_recover_start(colld_gpus_t *g);
 void cuda_recover_stop(colld_gpus_t *g);
 
-/* cuda_watch.c: the thread that wakes the engine when a GPU collective can move (issue 15 F5).
- * Start returns 0 or -1 (then the engine polls every millisecond); kick (lock held) after GPU work
- * became outstanding. */
-int cuda_watch_start(colld_gpus_t *g);
+/* ---- cuda_watch.c (issue 15 F5) ---- */
+/* Start the thread that wakes the engine when movable(b) says GPU work can move: 0, or -1 (then
+ * the engine polls every millisecond). */
+int cuda_watch_start(colld_gpus_t *g, bool (*movable)(colld_backend_t *b));
 void cuda_watch_stop(colld_gpus_t *g);
-void cuda_watch_kick(colld_gpus_t *g);
-/* Can cuda_progress move a collective now: every rank's stream reached the first pending one of
- * a communicator, or the first launched one's event fired (lock held)? */
-bool cuda_movable(colld_backend_t *b);
-/* backend.h `waiting`: the first pending collective of each communicator, with the ranks whose
- * streams reached it (deadlock detection). Lock held. */
-void cuda_waiting(colld_backend_t *b, void (*fn)(void *arg, const colld_coll_t *k, const bool *arrived), void *arg);
-/* List membership of what a reset must drop (lock held). */
-void cuda_track_comm(colld_gpus_t *g, gpu_comm_t *gc, bool add);
-void cuda_track_session(colld_gpus_t *g, gpu_session_t *gs, bool add);
-void cuda_track_reg(colld_gpus_t *g, gpu_reg_t *gr, bool add);
+
+/* ---- cuda_seg.c (issue 15 D2) ---- */
+/* COLLD_MSG_REG_CUDA_SEG: one segment of a registration across several VMM allocations; *reg_id
+ * 0 until the last segment makes the registration. Lock NOT held. */
+colld_status_t cuda_seg_register(colld_backend_t *b, colld_session_t *s, const colld_wire_msg_t *m, int fd,
+                                 uint32_t *reg_id, colld_err_t *err);
+/* The session ends (lock held): its assembly, if any, is queued for release. */
+void cuda_seg_session_gone(colld_gpus_t *g, colld_session_t *s);
+
+/* ---- cuda_mem.c ---- */
+/* COLLD_MSG_REG_CUDA (lock NOT held). */
+colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const colld_wire_msg_t *m, int fd,
+                                 uint32_t *reg_id, colld_err_t *err);
+void cuda_mem_release(colld_backend_t *b, colld_reg_t *r);
+/* The daemon's GPU of this UUID, or -1. */
+int cuda_gpu_by_uuid(const colld_gpus_t *g, const uint8_t *uuid);
+/* The devices that may access GPU gi's memory (itself and its peers): their count. */
+int cuda_access_list(const colld_gpus_t *g, int gi, CUdevice *access, int max);
+/* Does the memory mapped at p live on GPU gi (issue 15 C5)? COLLD_OK or err. gi's context current. */
+colld_status_t cuda_check_device(const colld_gpus_t *g, int gi, CUdeviceptr p, colld_err_t *err);
+/* Make gr (its mapping open on GPU gr->gpu, counted there as `opening`) a registration of s of
+ * `bytes`: its id in *reg_id. Without memory the mapping is closed and gr freed. Either way the
+ * `opening` count is given back. Lock NOT held. */
+colld_status_t cuda_reg_publish(colld_backend_t *b, colld_session_t *s, gpu_reg_t *gr, uint64_t bytes, uint32_t *reg_id,
+                                colld_err_t *err);
 /* Register a flag area (flags, size) with CUDA in GPU gi's context, portable and device-mapped:
  * CUDA_SUCCESS with its device address in *dptr, or the error (a sticky one marks gi for
  * recovery). Lock NOT held: the caller publishes the result under it. */
 CUresult cuda_flags_register(colld_gpus_t *g, int gi, void *flags, size_t size, uint64_t *dptr);
+int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint32_t *lines, uint32_t *plans,
+                   colld_err_t *err);
+void cuda_session_free(colld_backend_t *b, colld_session_t *s);
 
 /* ---- cuda_release.c (issue 15 F4) ---- */
 /* Queue the mapping of a registration whose last reference went, untracked (lock held). */
@@ -298,5 +356,9 @@ bool cuda_release_pending(const colld_gpus_t *g);
 void cuda_release_run(colld_gpus_t *g);
 /* Close a registration's mapping now (lock NOT held, or no other thread left). */
 void cuda_mem_close(const colld_gpus_t *g, const gpu_reg_t *gr);
+/* Free a gpu_reg_t (its mapping closed or lost). */
+void cuda_reg_free(gpu_reg_t *gr);
+/* Release an assembly's imported allocations and free it (lock NOT held). */
+void cuda_seg_free(const colld_gpus_t *g, gpu_pending_t *p);
 
 #endif /* COLLD_SERVER_BACKENDS_CUDA_CUDA_H */

@@ -3,7 +3,7 @@
  * descriptor (its flag line and base), matched collectives waiting until every rank's stream
  * reached them (and their time-out), the completion of launched ones when their event fired, and
  * the release of every rank's stream when a collective fails or its communicator breaks (see
- * cuda.c for the whole protocol).
+ * cuda.c for the whole protocol). Launching them is cuda_launch.c's.
  */
 #include "server/backends/cuda/cuda.h"
 #include "server/backends/cuda/cuda_plan.h"
@@ -15,25 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* The CUDA backend of the daemon c belongs to (hooks are given the daemon, not the backend). */
-static colld_backend_t *cuda_of(colld_daemon_t *d)
-{
-    return colld_backend_find(d, &colld_cuda_backend);
-}
-
-void cuda_flag_release(colld_backend_t *b, colld_session_t *s, uint32_t handle, uint32_t value, colld_status_t st)
-{
-    gpu_session_t *gs = s ? gpu_session_of(b, s) : NULL;
-    if (!gs || handle == 0 || handle >= gs->lines)
-        return;
-    colld_wire_gpu_flag_t *f = &gs->flags[handle];
-    if (st != COLLD_OK)
-        __atomic_store_n(&f->status, (int32_t)st, __ATOMIC_RELAXED);
-    uint32_t cur = __atomic_load_n(&f->done, __ATOMIC_RELAXED);
-    if ((int32_t)(value - cur) > 0)
-        __atomic_store_n(&f->done, value, __ATOMIC_RELEASE);
-}
 
 /* A communicator's GPU state, made on first use. NULL without memory. */
 static gpu_comm_t *gpu_comm(colld_backend_t *b, colld_dcomm_t *c)
@@ -101,18 +82,6 @@ colld_status_t cuda_admit(colld_backend_t *b, colld_op_t *op, colld_err_t *err)
 /* ============================================================================================
  * Releases
  * ========================================================================================== */
-
-void cuda_pay_releases(colld_backend_t *b, colld_dcomm_t *c)
-{
-    gpu_comm_t *gc = gpu_comm_of(b, c);
-    if (!gc || gc->running)
-        return;
-    for (int r = 0; r < c->nranks; r++)
-        if (gc->owe[r]) {
-            gc->owe[r] = false;
-            cuda_flag_release(b, c->ranks[r].session, c->ranks[r].handle, gc->owed[r], gc->owed_status);
-        }
-}
 
 /* A stream-ordered collective of `rank` with flag value `value` failed: release the rank's stream
  * past it, once no kernel of the communicator runs (lock held). */
@@ -214,16 +183,6 @@ static void pending_unlink(colld_gpus_t *g, colld_coll_t *prev, colld_coll_t *k)
     k->next = NULL;
 }
 
-uint32_t *cuda_ready_slot(colld_backend_t *b, const colld_op_t *op, uint32_t *want)
-{
-    gpu_session_t *gs = gpu_session_of(b, op->session);
-    uint32_t h = op->d.comm;
-    *want = op->d.reserved + (uint32_t)op->id;
-    if (!gs || h == 0 || h >= gs->lines)
-        return NULL;
-    return &gs->flags[h].ready[(uint32_t)op->id % COLLD_WIRE_GPU_READY_SLOTS];
-}
-
 /* Has every rank's stream reached this collective? Its own slot must hold exactly its value
  * (issue 15 E1: a later collective's write, on another stream, never stands for it). Lock held. */
 static bool all_ready(colld_backend_t *b, const colld_coll_t *k, int *missing, int nmissing_max, int *nmissing)
@@ -256,9 +215,9 @@ static void mark_taken(colld_backend_t *b, const colld_coll_t *k)
     }
 }
 
-/* Progress, step 1: launched collectives whose event has fired are finished (in launch order per
- * communicator); a failed event breaks the communicator with COLLD_ERR_DEVICE. */
-static int finish_fired(colld_backend_t *b)
+/* Launched collectives whose event has fired are finished (in launch order per communicator); a
+ * failed event breaks the communicator with COLLD_ERR_DEVICE. */
+int cuda_coll_fired(colld_backend_t *b)
 {
     colld_gpus_t *g = gpus_of(b);
     int work = 0;
@@ -268,11 +227,7 @@ static int finish_fired(colld_backend_t *b)
         bool earlier = false;
         for (colld_coll_t *e = g->running; e != k; e = e->next)
             earlier |= e->comm == k->comm;
-        CUresult r = CUDA_ERROR_NOT_READY;
-        if (!earlier) {
-            CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[k->bint].ctx);
-            r = CU_CHECK_EXPECT(g->cu, CUDA_ERROR_NOT_READY, cuEventQuery, (CUevent)k->bpriv);
-        }
+        CUresult r = earlier ? CUDA_ERROR_NOT_READY : cuda_event_query(g, k->bint, (CUevent)k->bpriv);
         if (r == CUDA_ERROR_NOT_READY) {
             pp = &k->next;
             continue;
@@ -281,60 +236,15 @@ static int finish_fired(colld_backend_t *b)
         k->next = NULL;
         work++;
         if (r != CUDA_SUCCESS) {
-            char why[COLLD_DETAIL_LEN], buf[160];
+            char why[COLLD_DETAIL_LEN], what[48];
             k->status = COLLD_ERR_DEVICE;
-            cuda_gpu_fault(g, k->bint, r);
-            snprintf(why, sizeof(why), "collective #%llu failed on GPU %d (%s): %s%s",
-                     (unsigned long long)colld_coll_lead(k)->d.seq, k->bint, g->gpu[k->bint].name,
-                     colld_cu_describe(g->cu, r, buf, sizeof(buf)),
-                     cuda_sticky(r) ? "; colld resets the GPU: create a new communicator" : "");
+            snprintf(what, sizeof(what), "collective #%llu", (unsigned long long)colld_coll_lead(k)->d.seq);
+            cuda_event_failed(g, k->bint, r, what, why, sizeof(why));
             colld_comm_break(b->d, k->comm, COLLD_ERR_DEVICE, -1, why);
         }
         gpu_finish(b, k, true);
     }
     return work;
-}
-
-/* Can the collective run: are the GPUs it uses working (not faulted, being reset or given up),
- * its registrations still mapped and its ranks' flag areas registered (issue 15 F3)? NULL, or why
- * not in buf (lock held). A plan's run (cuda_plan.c) is checked the same way. */
-const char *cuda_coll_unusable(colld_backend_t *b, const colld_coll_t *k, char *buf, size_t len)
-{
-    colld_gpus_t *g = gpus_of(b);
-    unsigned long long seq = (unsigned long long)colld_coll_lead(k)->d.seq;
-    bool used[64] = { false };
-    int n = g->n < 64 ? g->n : 64;
-    char why[sizeof(g->gpu[0].why) + 128];
-    cuda_coll_gpus(k, used, n);
-    for (int i = 0; i < n; i++)
-        if (used[i] && cuda_gpu_unusable(g, i, why, sizeof(why))) {
-            snprintf(buf, len, "collective #%llu: %s", seq, why);
-            return buf;
-        }
-    for (int r = 0; r < k->comm->nranks; r++) {
-        const colld_op_t *op = k->ops[r];
-        for (int j = 0; j < 2; j++) {
-            const colld_reg_t *reg = j ? op->recv_reg : op->send_reg;
-            const gpu_reg_t *gr = reg ? reg->bpriv : NULL;
-            if (gr && gr->lost) {
-                snprintf(buf, len,
-                         "collective #%llu: the buffer of rank %d (GPU registration %u) was mapped in GPU %d's context, "
-                         "which colld reset after a CUDA error: register that memory again (a new buffer, or "
-                         "deregister and register it)",
-                         seq, r, reg->id, gr->gpu);
-                return buf;
-            }
-        }
-        const gpu_session_t *gs = gpu_session_of(b, op->session);
-        if (gs && !gs->registered) {
-            snprintf(buf, len,
-                     "collective #%llu: the GPU flag area of rank %d is not registered with CUDA (lost in a reset of GPU "
-                     "%d): reconnect the client",
-                     seq, r, g->home);
-            return buf;
-        }
-    }
-    return NULL;
 }
 
 /* A matched collective whose ranks' streams never got there within the timeout fails, naming
@@ -346,34 +256,22 @@ static bool time_out_pending(colld_backend_t *b, colld_coll_t *k, const int *mis
     uint64_t first = UINT64_MAX;
     for (int r = 0; r < c->nranks; r++)
         first = COLLD_MIN(first, k->ops[r]->arrival_ns);
-    uint64_t due = first + (uint64_t)c->timeout_ms * 1000000ull;
-    if (now < due) {
-        if (due < *deadline)
-            *deadline = due;
+    if (!cuda_past_due(first, c->timeout_ms, now, deadline))
         return false;
-    }
     char why[COLLD_DETAIL_LEN];
     int off = snprintf(why, sizeof(why), "collective #%llu timed out after %d ms: the GPU stream of rank(s)",
                        (unsigned long long)colld_coll_lead(k)->d.seq, c->timeout_ms);
-    for (int i = 0; i < nmissing && i < 8 && off < (int)sizeof(why) - 16; i++)
-        off += snprintf(why + off, sizeof(why) - (size_t)off, " %d", missing[i]);
-    snprintf(why + off, sizeof(why) - (size_t)off, "%s never reached it (its inputs were never ready)",
-             nmissing > 8 ? " ..." : "");
+    off = cuda_rank_list(why, sizeof(why), off, missing, nmissing);
+    snprintf(why + off, sizeof(why) - (size_t)off, " never reached it (its inputs were never ready)");
     colld_comm_break(b->d, c, COLLD_ERR_TIMEOUT, nmissing == 1 ? missing[0] : -1, why);
     return true;
 }
 
-/* Poll the GPU collectives (lock held): finish those whose kernels are done, move those every
- * rank's stream has reached to the launch list (in order per communicator), time out the others.
- * Returns the work done. */
-int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
+int cuda_coll_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline, bool *broke)
 {
     colld_gpus_t *g = gpus_of(b);
-    if (!g || (!g->outstanding && !g->plans))
-        return 0;
-    g->rounds++;
-    int work = finish_fired(b);
-    work += cuda_p2p_progress(b, now, deadline); /* stream-ordered sends and receives (cuda_p2p.c) */
+    int work = 0;
+    *broke = true; /* until the whole list was looked at */
     colld_coll_t **launch_tail = &g->launch;
     while (*launch_tail)
         launch_tail = &(*launch_tail)->next;
@@ -433,21 +331,8 @@ int cuda_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
         prev = k;
         k = next;
     }
-    work += cuda_plan_progress(b, now, deadline);
-    /* Look again soon while GPU work is outstanding: the watcher wakes the engine when something
-     * can move, this is only in case it is slow to be scheduled; without it, poll. */
-    uint64_t soon = now + (g->watching ? 250000000ull : 1000000ull);
-    if ((g->outstanding || g->plans) && soon < *deadline)
-        *deadline = soon;
+    *broke = false;
     return work;
-}
-
-/* Work that only polling finds done: GPU collectives outstanding while no watcher thread wakes
- * the engine for them (cuda_watch.c). */
-bool cuda_outstanding(const colld_backend_t *b)
-{
-    const colld_gpus_t *g = gpus_of(b);
-    return g && (g->outstanding > 0 || g->plans) && !g->watching;
 }
 
 /* Is c's collective k the first of c on the list that starts at `list`? */
@@ -480,22 +365,14 @@ void cuda_waiting(colld_backend_t *b, void (*fn)(void *arg, const colld_coll_t *
     }
 }
 
-bool cuda_movable(colld_backend_t *b)
+bool cuda_coll_movable(colld_backend_t *b)
 {
     colld_gpus_t *g = gpus_of(b);
-    if (!g)
-        return false;
     if (g->launch)
         return true;
-    for (colld_coll_t *k = g->running; k; k = k->next) {
-        if (!first_of_comm(g->running, k))
-            continue;
-        CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[k->bint].ctx);
-        if (CU_CHECK_EXPECT(g->cu, CUDA_ERROR_NOT_READY, cuEventQuery, (CUevent)k->bpriv) != CUDA_ERROR_NOT_READY)
+    for (colld_coll_t *k = g->running; k; k = k->next)
+        if (first_of_comm(g->running, k) && cuda_event_query(g, k->bint, (CUevent)k->bpriv) != CUDA_ERROR_NOT_READY)
             return true;
-    }
-    if (cuda_plan_movable(b) || cuda_p2p_movable(b))
-        return true;
     for (colld_coll_t *k = g->pending; k; k = k->next) {
         int missing[1], nmissing;
         if (!first_of_comm(g->pending, k))
@@ -505,15 +382,6 @@ bool cuda_movable(colld_backend_t *b)
             return true;
     }
     return false;
-}
-
-void cuda_launch_append(colld_gpus_t *g, colld_coll_t *k)
-{
-    colld_coll_t **tail = &g->launch;
-    while (*tail)
-        tail = &(*tail)->next;
-    k->next = NULL;
-    *tail = k;
 }
 
 /* The launched list comes back (lock held): those that run wait for their event; those whose
@@ -530,10 +398,7 @@ void cuda_launched(colld_backend_t *b)
         list = k->next;
         k->next = NULL;
         if (k->status == COLLD_OK) {
-            colld_coll_t **tail = &g->running; /* FIFO: launch order */
-            while (*tail)
-                tail = &(*tail)->next;
-            *tail = k;
+            CUDA_LIST_APPEND(g->running, k); /* FIFO: launch order */
             continue;
         }
         LOG_WARN(GPU, "communicator %llu: %s", (unsigned long long)k->comm->id, k->why);
@@ -553,16 +418,9 @@ bool cuda_comm_busy(const colld_backend_t *b, const colld_dcomm_t *c)
  * (destroyed its handle) keeps the sends and receives between the ranks still there: a rank with
  * one outstanding keeps its stream, which that send or receive releases when it ends (a
  * pipeline's last stage still gets its data when an earlier stage has destroyed its handle). */
-void cuda_comm_broken(colld_daemon_t *d, colld_dcomm_t *c)
+void cuda_coll_comm_broken(colld_backend_t *b, colld_dcomm_t *c)
 {
-    colld_backend_t *b = cuda_of(d);
-    if (!b || !gpu_comm_of(b, c))
-        return; /* it never had a stream-ordered collective */
     colld_gpus_t *g = gpus_of(b);
-    cuda_plan_comm_broken(b, c); /* its plans' replays are released from now on */
-    /* The collectives and transfers failed below may hold the last references. */
-    c->refs++;
-    cuda_p2p_comm_broken(b, c);
     if (g) {
         colld_coll_t *prev = NULL;
         for (colld_coll_t *k = g->pending; k;) {
@@ -587,14 +445,12 @@ void cuda_comm_broken(colld_daemon_t *d, colld_dcomm_t *c)
         if (m->session && gpu_session_of(b, m->session) && gc->base_set[r])
             owe_release(b, c, r, gc->last[r], colld_comm_waiting_status(c));
     }
-    colld_comm_unref(d, c);
 }
 
 /* The communicator is freed: no collective of it is in flight any more (each held a reference). */
-void cuda_comm_freed(colld_daemon_t *d, colld_dcomm_t *c)
+void cuda_comm_freed(colld_backend_t *b, colld_dcomm_t *c)
 {
-    colld_backend_t *b = cuda_of(d);
-    gpu_comm_t *gc = b ? gpu_comm_of(b, c) : NULL;
+    gpu_comm_t *gc = gpu_comm_of(b, c);
     if (!gc)
         return;
     colld_gpus_t *g = gpus_of(b);

@@ -1,8 +1,13 @@
 /*
- * cuda_launch.c - launching a stream-ordered collective (engine thread, daemon->lock NOT held: the
- * collective's ops and registrations stay put while it is on the backend's launch list).
+ * cuda_launch.c - the CUDA backend's launch layer, shared by the collectives (cuda_coll.c), the
+ * sends and receives (cuda_p2p.c) and the plans (cuda_plan.c): a communicator's stream on a GPU,
+ * the drain of a launch that failed part-way, the poll of a launch's event and what its failure
+ * says, the due time of work whose ranks' streams never got there, and whether a collective's
+ * GPUs can run it. Then the launch of a stream-ordered collective itself (engine thread,
+ * daemon->lock NOT held: the collective's ops and registrations stay put while it is on the
+ * backend's launch list).
  *
- * A launch, in steps: the plan (which GPUs hold the ranks' buffers, the lead GPU), the check that
+ * A collective's launch, in steps: the plan (which GPUs hold the ranks' buffers, the lead GPU), the check that
  * those GPUs reach each other's memory, the communicator's stream on each, the kernels (kernels/
  * cuda: one per GPU over its slice for all-reduce, reduce and broadcast; one per rank's piece for
  * reduce-scatter and all-gather; one copy per block for gather, scatter and all-to-all), then the
@@ -12,7 +17,6 @@
  * ranks' plan lines.
  */
 #include "server/backends/cuda/cuda.h"
-#include "server/backends/cuda/cuda_plan.h"
 
 #include "common/util.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -22,6 +26,106 @@
 
 #define MAX_GPUS 64
 
+/* ============================================================================================
+ * The launch layer
+ * ========================================================================================== */
+
+CUresult cuda_comm_stream(const colld_gpus_t *g, gpu_comm_t *gc, int gi)
+{
+    if (gc->stream[gi])
+        return CUDA_SUCCESS;
+    return CU_CHECK(g->cu, cuStreamCreate, &gc->stream[gi], CU_STREAM_NON_BLOCKING);
+}
+
+/* What a failed launch did enqueue (a kernel, the `done` writes of some ranks) still runs: waiting
+ * for it before the work fails means that its release of the ranks' streams is written after those
+ * `done` writes (never moved backwards by one) and its registrations are let go only once no
+ * kernel reads them (issue 15 F2). */
+void cuda_stream_drain(colld_gpus_t *g, int gi, CUstream stream)
+{
+    CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[gi].ctx);
+    cuda_gpu_fault(g, gi, CU_CHECK(g->cu, cuStreamSynchronize, stream)); /* sticky: recovered */
+}
+
+CUresult cuda_event_query(const colld_gpus_t *g, int gi, CUevent ev)
+{
+    CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[gi].ctx);
+    return CU_CHECK_EXPECT(g->cu, CUDA_ERROR_NOT_READY, cuEventQuery, ev);
+}
+
+void cuda_event_failed(colld_gpus_t *g, int gi, CUresult r, const char *what, char *why, size_t len)
+{
+    char buf[160];
+    cuda_gpu_fault(g, gi, r);
+    snprintf(why, len, "%s failed on GPU %d (%s): %s%s", what, gi, g->gpu[gi].name,
+             colld_cu_describe(g->cu, r, buf, sizeof(buf)), cuda_reset_hint(r));
+}
+
+bool cuda_past_due(uint64_t first, int timeout_ms, uint64_t now, uint64_t *deadline)
+{
+    uint64_t due = first + (uint64_t)timeout_ms * 1000000ull;
+    if (now >= due)
+        return true;
+    if (due < *deadline)
+        *deadline = due;
+    return false;
+}
+
+int cuda_rank_list(char *buf, size_t len, int off, const int *missing, int nmissing)
+{
+    for (int i = 0; i < nmissing && i < 8 && off < (int)len - 16; i++)
+        off += snprintf(buf + off, len - (size_t)off, " %d", missing[i]);
+    if (nmissing > 8 && off < (int)len - 16)
+        off += snprintf(buf + off, len - (size_t)off, " ...");
+    return off;
+}
+
+/* Can the collective run: are the GPUs it uses working (not faulted, being reset or given up),
+ * its registrations still mapped and its ranks' flag areas registered (issue 15 F3)? A plan's run
+ * (cuda_plan.c) is checked the same way. */
+const char *cuda_coll_unusable(colld_backend_t *b, const colld_coll_t *k, char *buf, size_t len)
+{
+    colld_gpus_t *g = gpus_of(b);
+    unsigned long long seq = (unsigned long long)colld_coll_lead(k)->d.seq;
+    bool used[64] = { false };
+    int n = g->n < 64 ? g->n : 64;
+    char why[sizeof(g->gpu[0].why) + 128];
+    cuda_coll_gpus(k, used, n);
+    for (int i = 0; i < n; i++)
+        if (used[i] && cuda_gpu_unusable(g, i, why, sizeof(why))) {
+            snprintf(buf, len, "collective #%llu: %s", seq, why);
+            return buf;
+        }
+    for (int r = 0; r < k->comm->nranks; r++) {
+        const colld_op_t *op = k->ops[r];
+        for (int j = 0; j < 2; j++) {
+            const colld_reg_t *reg = j ? op->recv_reg : op->send_reg;
+            const gpu_reg_t *gr = reg ? reg->bpriv : NULL;
+            if (gr && gr->lost) {
+                snprintf(buf, len,
+                         "collective #%llu: the buffer of rank %d (GPU registration %u) was mapped in GPU %d's context, "
+                         "which colld reset after a CUDA error: register that memory again (a new buffer, or "
+                         "deregister and register it)",
+                         seq, r, reg->id, gr->gpu);
+                return buf;
+            }
+        }
+        const gpu_session_t *gs = gpu_session_of(b, op->session);
+        if (gs && !gs->registered) {
+            snprintf(buf, len,
+                     "collective #%llu: the GPU flag area of rank %d is not registered with CUDA (lost in a reset of GPU "
+                     "%d): reconnect the client",
+                     seq, r, g->home);
+            return buf;
+        }
+    }
+    return NULL;
+}
+
+/* ============================================================================================
+ * A collective's launch
+ * ========================================================================================== */
+
 /* Which GPUs a collective uses. */
 typedef struct {
     int gpu_of[COLLD_CUDA_MAX_RANKS]; /* the GPU of each rank's (receive, else send) buffer, -1: none */
@@ -30,13 +134,6 @@ typedef struct {
     int lead;                  /* the GPU whose stream writes the done flags */
     CUstream stream[MAX_GPUS]; /* the communicator's stream on each used GPU */
 } launch_plan_t;
-
-/* The GPU of a registration (its backend part), -1 for none. */
-static int reg_gpu(const colld_reg_t *r)
-{
-    const gpu_reg_t *gr = r ? r->bpriv : NULL;
-    return gr ? gr->gpu : -1;
-}
 
 /* Launch, step 1: the GPUs involved are those holding the ranks' buffers; the lead is the first of
  * them (GPU 0 when nothing moves, count 0: only the flags are written). */
@@ -51,9 +148,9 @@ static void plan_gpus(const colld_coll_t *k, launch_plan_t *p)
     }
     for (int r = 0; r < n; r++) {
         const colld_op_t *op = k->ops[r];
-        p->gpu_of[r] = reg_gpu(op->recv_reg ? op->recv_reg : op->send_reg);
+        p->gpu_of[r] = cuda_reg_gpu(op->recv_reg ? op->recv_reg : op->send_reg);
         for (int j = 0; j < 2; j++) {
-            int x = reg_gpu(j ? op->recv_reg : op->send_reg);
+            int x = cuda_reg_gpu(j ? op->recv_reg : op->send_reg);
             if (x >= 0 && x < MAX_GPUS && !p->used[x]) {
                 p->used[x] = true;
                 p->nused++;
@@ -67,21 +164,6 @@ static void plan_gpus(const colld_coll_t *k, launch_plan_t *p)
         p->used[0] = true;
         p->nused = 1;
     }
-}
-
-void cuda_coll_gpus(const colld_coll_t *k, bool *used, int n)
-{
-    bool any = false;
-    for (int i = 0; i < n; i++)
-        used[i] = false;
-    for (int r = 0; r < k->comm->nranks; r++)
-        for (int j = 0; j < 2; j++) {
-            int x = reg_gpu(j ? k->ops[r]->recv_reg : k->ops[r]->send_reg);
-            if (x >= 0 && x < n)
-                used[x] = any = true;
-        }
-    if (!any && n > 0)
-        used[0] = true; /* plan_gpus: GPU 0 writes the flags when nothing moves */
 }
 
 /* Launch, step 2: every pair of GPUs involved must reach each other's memory (peer access). */
@@ -108,11 +190,9 @@ static CUresult get_streams(colld_backend_t *b, colld_dcomm_t *c, launch_plan_t 
         if (!p->used[i])
             continue;
         CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[i].ctx);
-        if (!gc->stream[i]) {
-            CUresult r = CU_CHECK(g->cu, cuStreamCreate, &gc->stream[i], CU_STREAM_NON_BLOCKING);
-            if (r != CUDA_SUCCESS)
-                return r;
-        }
+        CUresult r = cuda_comm_stream(g, gc, i);
+        if (r != CUDA_SUCCESS)
+            return r;
         p->stream[i] = gc->stream[i];
     }
     return CUDA_SUCCESS;
@@ -208,7 +288,7 @@ static colld_status_t copy_piece(const colld_gpus_t *g, const launch_plan_t *p, 
 {
     if (!bytes || src == dst)
         return COLLD_OK;
-    int gi = reg_gpu(src_reg);
+    int gi = cuda_reg_gpu(src_reg);
     if (gi < 0 || gi >= g->n || gi >= MAX_GPUS)
         gi = p->lead;
     CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[gi].ctx);
@@ -286,19 +366,13 @@ static CUresult signal_done(colld_backend_t *b, colld_coll_t *k, const launch_pl
     return CUDA_SUCCESS;
 }
 
-/* A launch failed part-way (issue 15 F2): what it did enqueue (a kernel on one GPU, the `done`
- * writes of some ranks) still runs. Wait for every stream it used before the collective fails, so
- * that its release of the ranks' streams is written after those `done` writes (never moved
- * backwards by one) and its registrations are let go only once no kernel reads them. A failed
- * wait (a sticky error) means the context runs nothing more. */
+/* A launch failed part-way (issue 15 F2): wait for every stream it used before the collective
+ * fails (cuda_stream_drain). */
 static void drain_streams(colld_gpus_t *g, const launch_plan_t *p)
 {
-    for (int i = 0; i < g->n && i < MAX_GPUS; i++) {
-        if (!p->used[i] || !p->stream[i])
-            continue;
-        CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[i].ctx);
-        cuda_gpu_fault(g, i, CU_CHECK(g->cu, cuStreamSynchronize, p->stream[i])); /* sticky: recovered */
-    }
+    for (int i = 0; i < g->n && i < MAX_GPUS; i++)
+        if (p->used[i] && p->stream[i])
+            cuda_stream_drain(g, i, p->stream[i]);
 }
 
 /* Launch one collective. Returns COLLD_OK or an error with what went wrong in err; on an error,
@@ -357,8 +431,7 @@ cuda_failed : {
     cuda_gpu_fault(g, gi, cr);
     colld_err_set(err, COLLD_ERR_DEVICE, "collective #%llu: CUDA refused the launch: %s on GPU %d (%s)%s",
                   (unsigned long long)a->seq, colld_cu_describe(g->cu, cr, buf, sizeof(buf)), gi,
-                  gi >= 0 ? g->gpu[gi].name : "?",
-                  cuda_sticky(cr) ? "; colld resets the GPU: create a new communicator" : "");
+                  gi >= 0 ? g->gpu[gi].name : "?", cuda_reset_hint(cr));
     drain_streams(g, &p);
     return COLLD_ERR_DEVICE;
 }

@@ -175,13 +175,6 @@ static colld_status_t open_alloc(colld_gpus_t *g, int gi, const colld_wire_msg_t
     return COLLD_OK;
 }
 
-void cuda_reg_free(gpu_reg_t *gr)
-{
-    if (gr)
-        free(gr->seg);
-    free(gr);
-}
-
 colld_status_t cuda_reg_publish(colld_backend_t *b, colld_session_t *s, gpu_reg_t *gr, uint64_t bytes, uint32_t *reg_id,
                                 colld_err_t *err)
 {
@@ -226,8 +219,6 @@ colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const c
     colld_gpus_t *g = gpus_of(b);
     if (!g)
         return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "no GPU here: %s", d->device_none);
-    if (m->type == COLLD_MSG_REG_CUDA_SEG)
-        return cuda_seg_register(b, s, m, fd, reg_id, err);
     int gi = check_request(g, m, fd, err);
     if (gi < 0)
         return err->status;
@@ -293,17 +284,32 @@ void cuda_mem_release(colld_backend_t *b, colld_reg_t *r)
  * The session's flag area
  * ========================================================================================== */
 
-/* Make the session's flag area: a sealed memfd of one line per communicator handle and the plan
- * lines of its captured collectives (--max-plans-per-session, proto/wire.h), registered with CUDA
- * as portable and device-mapped in GPU gi's context (the home GPU's) so that every GPU's stream
- * can write `done` into it. Lock NOT held (issue 15 F4: pinning takes hundreds of microseconds on
- * hardware); the caller publishes it. Returns it, or NULL with err. */
 /* The bytes of a session's flag area. */
 static uint64_t flags_bytes(const colld_daemon_t *d)
 {
     return COLLD_WIRE_GPU_AREA_BYTES(d->cfg.max_comms_per_session, (uint32_t)d->cfg.max_plans_per_session);
 }
 
+CUresult cuda_flags_register(colld_gpus_t *g, int gi, void *flags, size_t size, uint64_t *dptr)
+{
+    const colld_cu_t *cu = g->cu;
+    CUdeviceptr dp = 0;
+    CU_CHECK(cu, cuCtxPushCurrent, g->gpu[gi].ctx);
+    CUresult r = CU_CHECK(cu, cuMemHostRegister, flags, size,
+                          CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    if (r == CUDA_SUCCESS && (r = CU_CHECK(cu, cuMemHostGetDevicePointer, &dp, flags, 0)) != CUDA_SUCCESS)
+        CU_CHECK(cu, cuMemHostUnregister, flags);
+    CU_CHECK(cu, cuCtxPopCurrent, NULL);
+    cuda_gpu_fault(g, gi, r);
+    *dptr = (uint64_t)dp;
+    return r;
+}
+
+/* Make the session's flag area: a sealed memfd of one line per communicator handle and the plan
+ * lines of its captured collectives (--max-plans-per-session, proto/wire.h), registered with CUDA
+ * as portable and device-mapped in GPU gi's context (the home GPU's) so that every GPU's stream
+ * can write `done` into it. Lock NOT held (issue 15 F4: pinning takes hundreds of microseconds on
+ * hardware); the caller publishes it. Returns it, or NULL with err. */
 static gpu_session_t *flags_create(colld_gpus_t *g, colld_session_t *s, int gi, colld_err_t *err)
 {
     colld_daemon_t *d = s->daemon;
@@ -407,8 +413,6 @@ void cuda_session_free(colld_backend_t *b, colld_session_t *s)
 {
     colld_gpus_t *g = gpus_of(b);
     gpu_session_t *gs = gpu_session_of(b, s);
-    if (g)
-        cuda_seg_session_gone(g, s); /* a registration it was assembling */
     if (!gs)
         return;
     s->bslot[b->slot] = NULL;

@@ -36,7 +36,8 @@
  * the other and a rank's collectives and its sends and receives never overlap (p2p.c), so `done`
  * grows. It costs one watcher period (at most 20 us) after the copy.
  *
- * Failures use the collectives' machinery (cuda_coll.c): an operation that fails releases its
+ * Failures use the collectives' machinery (cuda_coll.c, and the launch layer of cuda_launch.c: the
+ * stream, its drain, the event's poll, the time-out): an operation that fails releases its
  * rank's stream (cuda_stream_failed); a transfer counts as running (gpu_comm_t.running) from the
  * moment it leaves `pending` until its event fired, so that a release never lets a stream go on
  * while a copy may still write its buffer; a break fails the pending transfers at once
@@ -65,22 +66,6 @@ typedef struct gpu_xfer {
 /* ============================================================================================
  * Lists and details
  * ========================================================================================== */
-
-/* Append t to a FIFO list. */
-static void list_append(gpu_xfer_t **head, gpu_xfer_t *t)
-{
-    while (*head)
-        head = &(*head)->next;
-    t->next = NULL;
-    *head = t;
-}
-
-/* The GPU of a registration (its backend part), -1 for none. */
-static int reg_gpu(const colld_reg_t *r)
-{
-    const gpu_reg_t *gr = r ? r->bpriv : NULL;
-    return gr ? gr->gpu : -1;
-}
 
 /* The bytes a transfer moves (checked at admission not to overflow). */
 static size_t xfer_bytes(const colld_xfer_t *x)
@@ -199,7 +184,7 @@ void cuda_xfer_submit(colld_backend_t *b, colld_xfer_t *x)
     }
     t->x = x;
     t->gpu = -1;
-    list_append(&g->xpending, t);
+    CUDA_LIST_APPEND(g->xpending, t);
     if (g->outstanding++ == 0)
         cuda_watch_kick(g);
 }
@@ -238,12 +223,8 @@ static bool time_out(colld_backend_t *b, gpu_xfer_t *t, uint64_t now, uint64_t *
 {
     colld_xfer_t *x = t->x;
     colld_dcomm_t *c = x->comm;
-    uint64_t due = COLLD_MIN(x->send->arrival_ns, x->recv->arrival_ns) + (uint64_t)c->timeout_ms * 1000000ull;
-    if (now < due) {
-        if (due < *deadline)
-            *deadline = due;
+    if (!cuda_past_due(COLLD_MIN(x->send->arrival_ns, x->recv->arrival_ns), c->timeout_ms, now, deadline))
         return false;
-    }
     char why[COLLD_DETAIL_LEN], what[160];
     int off = snprintf(why, sizeof(why), "point-to-point timed out after %d ms: ", c->timeout_ms);
     int missing = -1, nmissing = 0;
@@ -274,8 +255,7 @@ int cuda_p2p_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
     bool looked = g->xrunning != NULL;
     for (gpu_xfer_t **pp = &g->xrunning; *pp;) {
         gpu_xfer_t *t = *pp;
-        CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[t->gpu].ctx);
-        CUresult r = CU_CHECK_EXPECT(g->cu, CUDA_ERROR_NOT_READY, cuEventQuery, t->ev);
+        CUresult r = cuda_event_query(g, t->gpu, t->ev);
         if (r == CUDA_ERROR_NOT_READY) {
             pp = &t->next;
             continue;
@@ -283,13 +263,11 @@ int cuda_p2p_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
         *pp = t->next;
         work++;
         if (r != CUDA_SUCCESS) {
-            char why[COLLD_DETAIL_LEN], buf[160];
+            char why[COLLD_DETAIL_LEN], what[80];
             t->x->status = COLLD_ERR_DEVICE;
-            cuda_gpu_fault(g, t->gpu, r);
-            snprintf(why, sizeof(why), "point-to-point from rank %d to rank %d failed on GPU %d (%s): %s%s",
-                     t->x->send->member->rank, t->x->recv->member->rank, t->gpu, g->gpu[t->gpu].name,
-                     colld_cu_describe(g->cu, r, buf, sizeof(buf)),
-                     cuda_sticky(r) ? "; colld resets the GPU: create a new communicator" : "");
+            snprintf(what, sizeof(what), "point-to-point from rank %d to rank %d", t->x->send->member->rank,
+                     t->x->recv->member->rank);
+            cuda_event_failed(g, t->gpu, r, what, why, sizeof(why));
             colld_comm_break(b->d, t->x->comm, COLLD_ERR_DEVICE, -1, why);
             xfer_finish(b, t);
             return work; /* the break may have changed the lists: look again next round */
@@ -320,7 +298,7 @@ int cuda_p2p_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline)
         *pp = t->next;
         t->running = true; /* from now on a release waits for it (issue 15 F1, as a collective) */
         gpu_comm_of(b, x->comm)->running++;
-        list_append(&g->xlaunch, t);
+        CUDA_LIST_APPEND(g->xlaunch, t);
         work++;
     }
     return work;
@@ -331,11 +309,9 @@ bool cuda_p2p_movable(colld_backend_t *b)
     colld_gpus_t *g = gpus_of(b);
     if (g->xlaunch)
         return true;
-    for (gpu_xfer_t *t = g->xrunning; t; t = t->next) {
-        CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[t->gpu].ctx);
-        if (CU_CHECK_EXPECT(g->cu, CUDA_ERROR_NOT_READY, cuEventQuery, t->ev) != CUDA_ERROR_NOT_READY)
+    for (gpu_xfer_t *t = g->xrunning; t; t = t->next)
+        if (cuda_event_query(g, t->gpu, t->ev) != CUDA_ERROR_NOT_READY)
             return true;
-    }
     for (gpu_xfer_t *t = g->xpending; t; t = t->next)
         if (rank_reached(b, t->x->send, false) && rank_reached(b, t->x->recv, false))
             return true;
@@ -371,7 +347,7 @@ static colld_status_t launch_one(colld_backend_t *b, gpu_xfer_t *t, colld_err_t 
     char buf[160];
     if (!bytes || x->send->send_ptr == x->recv->recv_ptr)
         return COLLD_OK; /* nothing to copy: it finishes when the launch list comes back */
-    int gs = reg_gpu(x->send->send_reg), gr = reg_gpu(x->recv->recv_reg);
+    int gs = cuda_reg_gpu(x->send->send_reg), gr = cuda_reg_gpu(x->recv->recv_reg);
     if (gs < 0 || gr < 0 || gs >= g->n || gr >= g->n)
         return colld_err_set(err, COLLD_ERR_INTERNAL, "point-to-point: a buffer without its GPU");
     int gi = copy_gpu(g, gs, gr);
@@ -383,8 +359,8 @@ static colld_status_t launch_one(colld_backend_t *b, gpu_xfer_t *t, colld_err_t 
                              x->send->member->rank, x->recv->member->rank, gs, gr);
     const char *call = "cuStreamCreate";
     CUresult cr = CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[gi].ctx);
-    if (cr == CUDA_SUCCESS && !gc->stream[gi])
-        cr = CU_CHECK(g->cu, cuStreamCreate, &gc->stream[gi], CU_STREAM_NON_BLOCKING);
+    if (cr == CUDA_SUCCESS)
+        cr = cuda_comm_stream(g, gc, gi);
     if (cr != CUDA_SUCCESS)
         goto failed;
     void *out[1] = { x->recv->recv_ptr };
@@ -392,7 +368,7 @@ static colld_status_t launch_one(colld_backend_t *b, gpu_xfer_t *t, colld_err_t 
     if (st != COLLD_OK) {
         colld_err_set(err, st, "point-to-point from rank %d to rank %d: the GPU copy could not be launched: %s",
                       x->send->member->rank, x->recv->member->rank, colld_cuda_last_error());
-        cuda_gpu_fault(g, gi, CU_CHECK(g->cu, cuStreamSynchronize, gc->stream[gi]));
+        cuda_stream_drain(g, gi, gc->stream[gi]);
         return st;
     }
     t->gpu = gi;
@@ -410,9 +386,9 @@ failed:
     cuda_gpu_fault(g, gi, cr);
     colld_err_set(err, COLLD_ERR_DEVICE, "point-to-point from rank %d to rank %d: %s: %s on GPU %d (%s)%s",
                   x->send->member->rank, x->recv->member->rank, call, colld_cu_describe(g->cu, cr, buf, sizeof(buf)),
-                  gi, g->gpu[gi].name, cuda_sticky(cr) ? "; colld resets the GPU: create a new communicator" : "");
+                  gi, g->gpu[gi].name, cuda_reset_hint(cr));
     if (gc->stream[gi]) /* what the copy enqueued runs no more once the stream is idle */
-        cuda_gpu_fault(g, gi, CU_CHECK(g->cu, cuStreamSynchronize, gc->stream[gi]));
+        cuda_stream_drain(g, gi, gc->stream[gi]);
     return COLLD_ERR_DEVICE;
 }
 
@@ -445,7 +421,7 @@ void cuda_p2p_launched(colld_backend_t *b)
         list = t->next;
         t->next = NULL;
         if (t->x->status == COLLD_OK && t->ev) {
-            list_append(&g->xrunning, t);
+            CUDA_LIST_APPEND(g->xrunning, t);
             continue;
         }
         if (t->x->status != COLLD_OK) {

@@ -15,7 +15,7 @@
  * cuda_plan_progress takes the readies (0, from the host) and puts the plan's run (a colld_coll_t
  * of its own, reused) on the launch list; cuda_launch.c launches its kernels on the communicator's
  * streams as for any collective, and the lead GPU's stream writes every rank's plan `done` = 1
- * (cuda_done_target) and records the event; when the event has fired the run is over
+ * (cuda_done_target, cuda_base.c) and records the event; when the event has fired the run is over
  * (cuda_plan_run_finished). Nothing is posted to the ranks' completion rings: a replay's
  * completion is the graph's own (its wait on `done`).
  *
@@ -42,19 +42,13 @@
  * Plan lines
  * ========================================================================================== */
 
-/* The byte offset of a plan line in a session's flag area (proto/wire.h). */
-static uint64_t line_offset(const gpu_session_t *gs, uint32_t line)
-{
-    return (uint64_t)gs->lines * sizeof(colld_wire_gpu_flag_t) + (uint64_t)line * sizeof(colld_wire_gpu_plan_t);
-}
-
 /* A part's plan line as the daemon maps it; NULL once the part is dropped. */
 static colld_wire_gpu_plan_t *part_line(colld_backend_t *b, const gpu_plan_part_t *part)
 {
     const gpu_session_t *gs = part->session ? gpu_session_of(b, part->session) : NULL;
     if (!gs || part->line >= gs->plans)
         return NULL;
-    return (colld_wire_gpu_plan_t *)((char *)gs->flags + line_offset(gs, part->line));
+    return (colld_wire_gpu_plan_t *)((char *)gs->flags + cuda_plan_line_offset(gs, part->line));
 }
 
 /* Has the part's graph reached the next run (its ready holds exactly 1)? */
@@ -81,20 +75,6 @@ static void part_release(colld_backend_t *b, gpu_plan_part_t *part, colld_status
         return;
     __atomic_store_n(&l->status, (int32_t)st, __ATOMIC_RELAXED);
     __atomic_store_n(&l->done, 1, __ATOMIC_SEQ_CST);
-}
-
-void cuda_done_target(colld_backend_t *b, const colld_op_t *op, CUdeviceptr *addr, cuuint32_t *value)
-{
-    const gpu_session_t *gs = gpu_session_of(b, op->session);
-    if (op->d.flags & COLLD_SQE_PLAN) {
-        /* The plan line, validated at admission (the op is the daemon's copy). */
-        *addr = (CUdeviceptr)(gs->dptr + line_offset(gs, op->d.reserved) + offsetof(colld_wire_gpu_plan_t, done));
-        *value = 1;
-        return;
-    }
-    *addr = (CUdeviceptr)(gs->dptr + (uint64_t)op->d.comm * sizeof(colld_wire_gpu_flag_t) +
-                          offsetof(colld_wire_gpu_flag_t, done));
-    *value = op->d.reserved + (uint32_t)op->id; /* flag values follow the operation id (proto/wire.h) */
 }
 
 /* ============================================================================================
@@ -333,21 +313,15 @@ static bool time_out(colld_backend_t *b, gpu_plan_t *p, uint64_t first, const in
                      uint64_t *deadline)
 {
     colld_dcomm_t *c = p->comm;
-    uint64_t due = first + (uint64_t)c->timeout_ms * 1000000ull;
-    if (now < due) {
-        if (due < *deadline)
-            *deadline = due;
+    if (!cuda_past_due(first, c->timeout_ms, now, deadline))
         return false;
-    }
     char why[COLLD_DETAIL_LEN];
     int off = snprintf(why, sizeof(why),
                        "a replay of captured collective #%llu (plan %llu) timed out after %d ms: the CUDA graph of "
                        "rank(s)",
                        (unsigned long long)p->parts[0].op.d.seq, (unsigned long long)p->id, c->timeout_ms);
-    for (int i = 0; i < nmissing && i < 8 && off < (int)sizeof(why) - 16; i++)
-        off += snprintf(why + off, sizeof(why) - (size_t)off, " %d", missing[i]);
-    snprintf(why + off, sizeof(why) - (size_t)off, "%s never reached it (not replayed, or its inputs never ready)",
-             nmissing > 8 ? " ..." : "");
+    off = cuda_rank_list(why, sizeof(why), off, missing, nmissing);
+    snprintf(why + off, sizeof(why) - (size_t)off, " never reached it (not replayed, or its inputs never ready)");
     colld_comm_break(b->d, c, COLLD_ERR_TIMEOUT, nmissing == 1 ? missing[0] : -1, why);
     return true;
 }
@@ -395,7 +369,7 @@ static int plan_step(colld_backend_t *b, gpu_plan_t *p, uint64_t now, uint64_t *
     k->why[0] = '\0';
     k->start_ns = k->end_ns = 0;
     p->running = true;
-    cuda_launch_append(g, k);
+    CUDA_LIST_APPEND(g->launch, k);
     return 1;
 }
 
@@ -489,12 +463,11 @@ void cuda_plan_run_finished(colld_backend_t *b, colld_coll_t *k)
  * Graphs destroyed, and the daemon stopping
  * ========================================================================================== */
 
-int cuda_plan_session_msg(colld_session_t *s, const colld_wire_msg_t *m)
+int cuda_plan_session_msg(colld_backend_t *b, colld_session_t *s, const colld_wire_msg_t *m)
 {
     if (m->type != COLLD_MSG_PLAN_FREE)
         return -2;
     colld_daemon_t *d = s->daemon;
-    colld_backend_t *b = colld_backend_find(d, &colld_cuda_backend);
     colld_err_t err = COLLD_ERR_INIT;
     uint32_t line = m->u.plan_free.line;
     pthread_mutex_lock(&d->lock);

@@ -67,12 +67,10 @@ bool cuda_plan_movable(colld_backend_t *b);
 void cuda_plan_run_finished(colld_backend_t *b, colld_coll_t *k);
 /* Communicator c broke (or closed): its plans cannot run any more. */
 void cuda_plan_comm_broken(colld_backend_t *b, colld_dcomm_t *c);
-/* COLLD_MSG_PLAN_FREE (a hook's session_msg; lock NOT held): -2 for another message type. */
-int cuda_plan_session_msg(colld_session_t *s, const colld_wire_msg_t *m);
+/* COLLD_MSG_PLAN_FREE (a hook's session_msg, given the daemon's CUDA backend b, NULL when it has
+ * none; lock NOT held): -2 for another message type. */
+int cuda_plan_session_msg(colld_backend_t *b, colld_session_t *s, const colld_wire_msg_t *m);
 /* Free every plan (the backend stops; the engine and the watcher have stopped). */
 void cuda_plans_free_all(colld_backend_t *b);
-/* Where a run's stream writes rank op's `done` and what: the plan line's done and 1 for a plan
- * run, else the communicator line's done and the collective's flag value (cuda_launch.c). */
-void cuda_done_target(colld_backend_t *b, const colld_op_t *op, CUdeviceptr *addr, cuuint32_t *value);
 
 #endif /* COLLD_SERVER_BACKENDS_CUDA_CUDA_PLAN_H */

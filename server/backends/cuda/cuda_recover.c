@@ -8,7 +8,7 @@
  * GPU back while the other GPUs and all host work go on:
  *
  *   detect   a driver call of the daemon returns a sticky error (cuda_sticky) in GPU i's context:
- *            cuda_gpu_fault records the first one and wakes the recovery thread
+ *            cuda_gpu_fault records the first one and wakes the recovery thread (both cuda_base.c)
  *   fail     GPU i is marked GPU_FAULTED: registrations on it are refused (COLLD_ERR_DEVICE, "being
  *            reset: try again"); its matched collectives fail with COLLD_ERR_DEVICE naming the GPU
  *            and the CUDA error (cuda_coll.c; their communicators break and release every rank's
@@ -57,126 +57,8 @@
 #define GPU_QUIESCE_NS (10ull * 1000000000ull)
 
 /* ============================================================================================
- * Detection
- * ========================================================================================== */
-
-bool cuda_sticky(CUresult r)
-{
-    switch (r) {
-    case CUDA_ERROR_ECC_UNCORRECTABLE:
-    case CUDA_ERROR_NVLINK_UNCORRECTABLE:
-    case CUDA_ERROR_CONTAINED:
-    case CUDA_ERROR_ILLEGAL_ADDRESS:
-    case CUDA_ERROR_LAUNCH_TIMEOUT:
-    case CUDA_ERROR_ASSERT:
-    case CUDA_ERROR_HARDWARE_STACK_ERROR:
-    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
-    case CUDA_ERROR_MISALIGNED_ADDRESS:
-    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
-    case CUDA_ERROR_INVALID_PC:
-    case CUDA_ERROR_LAUNCH_FAILED:
-    case CUDA_ERROR_TENSOR_MEMORY_LEAK:
-    case CUDA_ERROR_EXTERNAL_DEVICE:
-        return true;
-    default:
-        return false;
-    }
-}
-
-void cuda_gpu_fault(colld_gpus_t *g, int gi, CUresult r)
-{
-    if (!g || !cuda_sticky(r))
-        return;
-    if (gi < 0) {
-        CUcontext cur = NULL;
-        CU_CHECK(g->cu, cuCtxGetCurrent, &cur);
-        for (int i = 0; i < g->n && gi < 0; i++)
-            if (cur && __atomic_load_n(&g->gpu[i].ctx, __ATOMIC_RELAXED) == cur)
-                gi = i;
-    }
-    if (gi < 0 || gi >= g->n)
-        return;
-    int none = 0;
-    if (__atomic_compare_exchange_n(&g->gpu[gi].fault, &none, (int)r, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
-        pthread_cond_broadcast(&g->recover_cv); /* the thread also looks once a second */
-}
-
-const char *cuda_gpu_unusable(const colld_gpus_t *g, int gi, char *buf, size_t len)
-{
-    const gpu_t *gpu = &g->gpu[gi];
-    switch (gpu->state) {
-    case GPU_OK:
-        return NULL;
-    case GPU_FAULTED:
-    case GPU_RESETTING: {
-        const char *name = NULL;
-        CUresult f = (CUresult)__atomic_load_n(&gpu->fault, __ATOMIC_ACQUIRE);
-        g->cu->cuGetErrorName(f, &name);
-        snprintf(buf, len, "GPU %d (%s) is being reset after %s in colld's context: try again shortly", gi, gpu->name,
-                 name ? name : "a CUDA error");
-        return buf;
-    }
-    case GPU_FAILED:
-    default:
-        snprintf(buf, len, "GPU %d (%s) was given up by colld: %s; restart colld once the GPU is healthy", gi,
-                 gpu->name, gpu->why);
-        return buf;
-    }
-}
-
-/* ============================================================================================
  * What a reset drops
  * ========================================================================================== */
-
-/* Doubly linked lists of the backend's objects, for a reset to find them (lock held). */
-#define TRACK(head, x, add)                                                                                            \
-    do {                                                                                                               \
-        if (add) {                                                                                                     \
-            (x)->prev = NULL;                                                                                          \
-            (x)->next = (head);                                                                                        \
-            if (head)                                                                                                  \
-                (head)->prev = (x);                                                                                    \
-            (head) = (x);                                                                                              \
-        } else {                                                                                                       \
-            if ((x)->prev)                                                                                             \
-                (x)->prev->next = (x)->next;                                                                           \
-            else if ((head) == (x))                                                                                    \
-                (head) = (x)->next;                                                                                    \
-            if ((x)->next)                                                                                             \
-                (x)->next->prev = (x)->prev;                                                                           \
-            (x)->next = (x)->prev = NULL;                                                                              \
-        }                                                                                                              \
-    } while (0)
-
-void cuda_track_comm(colld_gpus_t *g, gpu_comm_t *gc, bool add)
-{
-    TRACK(g->comms, gc, add);
-}
-
-void cuda_track_session(colld_gpus_t *g, gpu_session_t *gs, bool add)
-{
-    TRACK(g->sessions, gs, add);
-}
-
-void cuda_track_reg(colld_gpus_t *g, gpu_reg_t *gr, bool add)
-{
-    TRACK(g->regs, gr, add);
-}
-
-CUresult cuda_flags_register(colld_gpus_t *g, int gi, void *flags, size_t size, uint64_t *dptr)
-{
-    const colld_cu_t *cu = g->cu;
-    CUdeviceptr dp = 0;
-    CU_CHECK(cu, cuCtxPushCurrent, g->gpu[gi].ctx);
-    CUresult r = CU_CHECK(cu, cuMemHostRegister, flags, size,
-                          CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-    if (r == CUDA_SUCCESS && (r = CU_CHECK(cu, cuMemHostGetDevicePointer, &dp, flags, 0)) != CUDA_SUCCESS)
-        CU_CHECK(cu, cuMemHostUnregister, flags);
-    CU_CHECK(cu, cuCtxPopCurrent, NULL);
-    cuda_gpu_fault(g, gi, r);
-    *dptr = (uint64_t)dp;
-    return r;
-}
 
 /* Register again, in the home GPU's context, every flag area a reset (or a new home GPU) left
  * unregistered (lock held; dropped while the driver pins them, issue 15 F4). The areas are the

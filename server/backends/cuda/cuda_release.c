@@ -21,6 +21,10 @@
  *
  * Bounded: each entry was a registration or a session, whose counts are bounded per tenant; the
  * entries are the freed objects themselves, so queuing needs no memory and cannot fail.
+ *
+ * The closes and frees themselves are here too, for whoever makes them with the lock dropped (a
+ * registration that could not be published, an assembly given up): cuda_mem_close, cuda_reg_free,
+ * cuda_seg_free.
  */
 #include "server/backends/cuda/cuda.h"
 
@@ -40,6 +44,28 @@ void cuda_mem_close(const colld_gpus_t *g, const gpu_reg_t *gr)
     else
         colld_cuda_ipc_close(g->cu, gr->how, gr->p, gr->size);
     CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
+}
+
+void cuda_reg_free(gpu_reg_t *gr)
+{
+    if (gr)
+        free(gr->seg);
+    free(gr);
+}
+
+void cuda_seg_free(const colld_gpus_t *g, gpu_pending_t *p)
+{
+    if (!p)
+        return;
+    if (p->got) {
+        CU_CHECK(g->cu, cuCtxPushCurrent, g->gpu[p->gpu].ctx);
+        for (unsigned i = 0; i < p->got; i++)
+            CU_CHECK(g->cu, cuMemRelease, p->h[i]);
+        CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
+    }
+    free(p->sizes);
+    free(p->h);
+    free(p);
 }
 
 void cuda_release_reg(colld_gpus_t *g, gpu_reg_t *gr)

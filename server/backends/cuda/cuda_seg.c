@@ -56,21 +56,6 @@ static void put_back(colld_gpus_t *g, gpu_pending_t *p)
     pthread_mutex_unlock(&g->b->d->lock);
 }
 
-void cuda_seg_free(const colld_gpus_t *g, gpu_pending_t *p)
-{
-    if (!p)
-        return;
-    if (p->got) {
-        CU_CHECK(g->cu, cuCtxPushCurrent, g->gpu[p->gpu].ctx);
-        for (unsigned i = 0; i < p->got; i++)
-            CU_CHECK(g->cu, cuMemRelease, p->h[i]);
-        CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
-    }
-    free(p->sizes);
-    free(p->h);
-    free(p);
-}
-
 void cuda_seg_session_gone(colld_gpus_t *g, colld_session_t *s)
 {
     for (gpu_pending_t **pp = &g->assembling; *pp; pp = &(*pp)->next)

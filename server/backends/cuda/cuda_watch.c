@@ -1,8 +1,9 @@
 /*
  * cuda_watch.c - the CUDA backend's watcher (issue 15 F5): while stream-ordered collectives are
  * outstanding, a thread of its own looks every WATCH_PERIOD_NS whether one of them can move (every
- * rank's stream wrote its `ready` slot, or a launched collective's event fired; cuda_movable) and
- * wakes the engine when one can.
+ * rank's stream wrote its `ready` slot, or a launched collective's event fired: the `movable`
+ * function cuda.c hands it) and wakes the engine when one can. cuda_watch_kick (cuda_base.c) wakes
+ * it when GPU work becomes outstanding.
  *
  * Without it the engine itself polled the GPUs: it busy-waited 2 ms after its last progress, then
  * slept 1-2 ms between looks (its sleep has millisecond granularity), so when the host ran ahead
@@ -52,7 +53,7 @@ static void *watch_main(void *arg)
         }
         /* Wake the engine once per state it can act on: a collective that stays movable until
          * the engine's next round must not make the watcher write the eventfd 50 000 times. */
-        if ((!woke || g->rounds != woke_round) && cuda_movable(g->b)) {
+        if ((!woke || g->rounds != woke_round) && g->movable(g->b)) {
             woke = true;
             woke_round = g->rounds;
             g->watch_wakes++;
@@ -70,8 +71,9 @@ static void *watch_main(void *arg)
     return NULL;
 }
 
-int cuda_watch_start(colld_gpus_t *g)
+int cuda_watch_start(colld_gpus_t *g, bool (*movable)(colld_backend_t *b))
 {
+    g->movable = movable;
     int rc = pthread_cond_init(&g->watch_cv, NULL);
     if (rc == 0 && (rc = pthread_create(&g->watch_thread, NULL, watch_main, g)) != 0)
         pthread_cond_destroy(&g->watch_cv);
@@ -96,10 +98,4 @@ void cuda_watch_stop(colld_gpus_t *g)
     pthread_join(g->watch_thread, NULL);
     pthread_cond_destroy(&g->watch_cv);
     g->watching = false;
-}
-
-void cuda_watch_kick(colld_gpus_t *g)
-{
-    if (g->watching)
-        pthread_cond_signal(&g->watch_cv);
 }
