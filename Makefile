@@ -91,7 +91,8 @@ test-tsan: deps
 	  ctest --test-dir $(BUILD_TSAN) --output-on-failure --timeout 1200 -L 'integration|cudafake' -E '_2gpus$$|^test_slowlink$$'
 
 # The libFuzzer harnesses (tests/fuzz, clang with ASan+UBSan): `make test-fuzz` is CI's smoke run
-# (30 s each); `make fuzz` runs each for FUZZ_SECONDS (default 600). New inputs stay in
+# (30 s each, JOBS at once: a harness is one process on one core); `make fuzz` runs each for
+# FUZZ_SECONDS (default 600). New inputs stay in
 # $(BUILD_FUZZ)/tests/fuzz/work, crashes in $(BUILD_FUZZ)/tests/fuzz/artifacts.
 $(BUILD_FUZZ)/build.ninja:
 	CC=clang cmake -S . -B $(BUILD_FUZZ) -G Ninja -DCOLLD_WERROR=ON -DCOLLD_FUZZ=ON -DCOLLD_ENABLE_CUDA=OFF
@@ -99,12 +100,12 @@ $(BUILD_FUZZ)/build.ninja:
 test-fuzz: deps $(BUILD_FUZZ)/build.ninja
 	cmake -S . -B $(BUILD_FUZZ) -DCOLLD_FUZZ_SECONDS=30
 	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzzers
-	ctest --test-dir $(BUILD_FUZZ) --output-on-failure -L fuzz
+	ctest --test-dir $(BUILD_FUZZ) --output-on-failure -L fuzz -j $(JOBS)
 
 fuzz: deps $(BUILD_FUZZ)/build.ninja
 	cmake -S . -B $(BUILD_FUZZ) -DCOLLD_FUZZ_SECONDS=$(FUZZ_SECONDS)
 	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzzers
-	ctest --test-dir $(BUILD_FUZZ) --output-on-failure -L fuzz
+	ctest --test-dir $(BUILD_FUZZ) --output-on-failure -L fuzz -j $(JOBS)
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN) $(BUILD_FUZZ)
