@@ -1,7 +1,16 @@
 /*
- * colld_perf.h - what the two files of colld-perf share (private to tools/): colld_perf.c (options,
- * the measurement, the output, the launcher) and colld_perf_gpu.c (GPU mode, -G/--gpu: the device
- * buffers, the stream and every CUDA call; stubs that are never reached in a build without CUDA).
+ * colld_perf.h - what the files of colld-perf share (private to tools/):
+ *   colld_perf.c         the options, --make-uid and main (which part runs in this process)
+ *   colld_perf_launch.c  the launcher: a daemon if needed, the rank processes, their end
+ *   colld_perf_bench.c   one rank of the collective benchmark: the measurement and its output
+ *   colld_perf_check.c   the input generator and the reference results the check compares with
+ *   colld_perf_attach.c  one rank of the attach + join benchmark (--attach-bench)
+ *   colld_perf_gpu.c     GPU mode (-G/--gpu: the device buffers, the stream and every CUDA call;
+ *                        stubs that are never reached in a build without CUDA)
+ *   colld_perf_names.c   the names of the collectives, datatypes and operations
+ *   colld_perf_util.c    the clock, a read with a deadline, the median
+ * colld_perf.c calls the launcher and the two benchmarks; they call down into check, gpu, names
+ * and util, which call nothing of colld-perf's but the clock (now_us).
  */
 #ifndef COLLD_TOOLS_COLLD_PERF_H
 #define COLLD_TOOLS_COLLD_PERF_H
@@ -14,6 +23,11 @@
 #define PROG "colld-perf"
 #define MAX_RANKS 64
 #define SMALL_BYTES 4096 /* the registered scratch buffer: barrier, times, counts, pids, labels */
+#define ID_FD 3                  /* where a rank process finds the pipe with the unique id(s) */
+#define ID_READ_TIMEOUT_MS 30000 /* a rank waits at most this long for its id */
+
+/* The collectives: perf_kind_names names them in this order, and -t all runs them in it. */
+enum { K_ALLREDUCE, K_BROADCAST, K_REDUCE, K_ALLGATHER, K_REDUCESCATTER, K_COUNT };
 
 /* The options of the run (parse_options in colld_perf.c). */
 typedef struct {
@@ -31,6 +45,21 @@ typedef struct {
     bool join;
     colld_unique_id_t join_id;
 } opts_t;
+
+/* The shape of one row: `bytes` requested becomes whole elements (make_shape in colld_perf_bench.c).
+ * count is NCCL's count argument (per-rank for all-gather and reduce-scatter), total the "count"
+ * column (all elements of S). */
+typedef struct {
+    int kind;
+    colld_dtype_t dt;
+    colld_redop_t op;
+    int root;
+    size_t count;      /* the API's count argument */
+    size_t total;      /* elements of S */
+    size_t size;       /* S in bytes */
+    size_t send_elems; /* elements of this rank's send buffer */
+    size_t recv_elems; /* elements of this rank's receive buffer */
+} shape_t;
 
 typedef void (*pattern_fn)(colld_dtype_t dt, int rank, unsigned salt, size_t first, size_t n, void *out);
 
@@ -59,8 +88,41 @@ typedef struct {
     void *busy_stream;          /* --overlap: the rank's second stream, for the busy kernel */
 } rank_t;
 
-/* colld_perf.c: CLOCK_MONOTONIC in microseconds. */
+/* colld_perf_names.c: nccl-tests' names of the collectives (K_* order), the datatypes and the
+ * operations (colld_dtype_t and colld_redop_t order); colld's own datatype names, accepted as well. */
+extern const char *const perf_kind_names[K_COUNT];
+extern const char *const perf_dtype_names[COLLD_DTYPE_COUNT];
+extern const char *const perf_dtype_aliases[COLLD_DTYPE_COUNT];
+extern const char *const perf_op_names[COLLD_REDOP_COUNT];
+
+/* colld_perf_util.c: CLOCK_MONOTONIC in microseconds. */
 double now_us(void);
+/* Read exactly len bytes from fd, waiting at most timeout_ms in all. Returns 0 or -1. */
+int perf_read_full(int fd, void *buf, size_t len, int timeout_ms);
+/* The median of v[0..n) (sorts v); 0 when n <= 0. */
+double perf_median(double *v, int n);
+
+/* colld_perf_check.c. The reference's scratch for n ranks and the run's generator: with any_order
+ * (--join, --finite) small integers, exact in any order of reduction. 0, or -1 when out of memory;
+ * then perf_ref_free in any case. */
+int perf_ref_alloc(ref_t *f, int n, bool any_order);
+void perf_ref_free(ref_t *f);
+/* The number of elements of `got` (this rank's receive elements of a call of shape s) that differ
+ * bitwise from the reference result for inputs generated with `salt`; SIZE_MAX when the reference
+ * kernel refuses. */
+size_t perf_count_wrong(const shape_t *s, int n, int rank, unsigned salt, const unsigned char *got, ref_t *f);
+
+/* colld_perf_bench.c: a rank process of the collective benchmark (launched, or --join): connect,
+ * join the communicator `id`, allocate, benchmark, clean up. Returns the exit status. */
+int perf_rank_main(const opts_t *o, colld_unique_id_t id);
+
+/* colld_perf_attach.c: a rank process of --attach-bench (its ids from the launcher's pipe); rank 0
+ * prints the report. Returns the exit status. */
+int perf_attach_main(const opts_t *o);
+
+/* colld_perf_launch.c: the launcher (this process is no rank): a daemon if none answers, the
+ * ranks (argv again, with --internal-rank), their end. Returns the exit status. */
+int perf_launch(const opts_t *o, int argc, char **argv);
 
 /* colld_perf_gpu.c. Without CUDA, -G is refused when the options are parsed and every function
  * below except dev_ptr is a stub that is never reached. */

@@ -1,9 +1,9 @@
 /*
  * colld_perf_gpu.c - colld-perf's GPU mode (-G, --gpu): every rank's buffers on GPU 0 (cudaMalloc,
  * with pinned host images that the inputs are generated in and the results copied back to) and
- * every call on the rank's own stream. The measurement itself is in colld_perf.c; this file holds
- * every CUDA call. In a build without CUDA (no COLLD_HAVE_CUDA) -G is refused when the options are
- * parsed, and the functions here are stubs that are never reached.
+ * every call on the rank's own stream. The measurement itself is in colld_perf_bench.c; this file
+ * holds every CUDA call. In a build without CUDA (no COLLD_HAVE_CUDA) -G is refused when the
+ * options are parsed, and the functions here are stubs that are never reached.
  */
 #include "colld_perf.h"
 
