@@ -152,18 +152,6 @@ static void fork_untrack(colld_client_t *c)
     pthread_mutex_unlock(&fork_mu);
 }
 
-const char *colld__lost_detail(const colld_client_t *c)
-{
-    static __thread char buf[256];
-    if (!c->forked_from)
-        return "the connection to the colld daemon was lost";
-    snprintf(buf, sizeof(buf),
-             "this process (pid %d) is a fork of pid %d, which connected to colld: a forked child cannot use its "
-             "parent's connection (colld_connect in the child)",
-             (int)getpid(), (int)c->forked_from);
-    return buf;
-}
-
 /* ============================================================================================
  * Connect / disconnect
  * ========================================================================================== */

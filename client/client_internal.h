@@ -222,7 +222,7 @@ int colld__client_add_comm(colld_client_t *c, colld_comm_t *comm);
 void colld__client_remove_comm(colld_client_t *c, colld_comm_t *comm);
 
 /* Why c is lost: the daemon went away, or this process is a fork of the one that connected
- * (client.c). A thread-local string. */
+ * (client.c's fork handler marks such a client lost). A thread-local string. */
 const char *colld__lost_detail(const colld_client_t *c);
 
 /* Register `bytes` of new shared memory with the daemon. On error `err` says what went wrong,

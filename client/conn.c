@@ -1,8 +1,8 @@
 /*
  * conn.c - the primitives of libcolld's connection to the daemon, below everything else of the
  * library: request/reply on the session socket, unary control calls, the communicator table,
- * memory shared with the daemon (registrations and the lookup of pointers in them), and the
- * client's last error. It calls nothing else of the library.
+ * memory shared with the daemon (registrations and the lookup of pointers in them), the
+ * client's last error and why a client is lost. It calls nothing else of the library.
  */
 #include "client/client_internal.h"
 
@@ -103,6 +103,20 @@ out:
             atomic_store(&c->lost, true);
     }
     return st;
+}
+
+/* Why c is lost (see client_internal.h): the daemon went away, or this process is a fork of the
+ * one that connected (client.c marks a forked child's clients lost). */
+const char *colld__lost_detail(const colld_client_t *c)
+{
+    static __thread char buf[256];
+    if (!c->forked_from)
+        return "the connection to the colld daemon was lost";
+    snprintf(buf, sizeof(buf),
+             "this process (pid %d) is a fork of pid %d, which connected to colld: a forked child cannot use its "
+             "parent's connection (colld_connect in the child)",
+             (int)getpid(), (int)c->forked_from);
+    return buf;
 }
 
 /* Fill a request's SessionRef from the client (see client_internal.h). */
