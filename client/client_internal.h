@@ -153,7 +153,7 @@ struct colld_comm {
     uint64_t done_upto;
     uint64_t failed_seq;
     colld_status_t async_error; /* first error of this communicator; sticky */
-    /* The detail colld_comm_last_error returns (comm.c, "Error detail"): of the last failure a call
+    /* The detail colld_comm_last_error returns (errors.c, "Error detail"): of the last failure a call
      * on this handle returned, never an older one's. */
     bool detail_fetched;                        /* last_error holds async_error's detail */
     char last_error[COLLD_CLIENT_DETAIL_LEN];   /* the communicator's error (async_error) explained */
@@ -277,12 +277,10 @@ void colld__mem_comm_destroyed(colld_comm_t *comm);
 /* Disconnect: forget the handles left (their registrations go with the GPU state). */
 void colld__mem_client_free(colld_client_t *c);
 
-/* comm.c */
-/* Record a client-side error on a communicator (its detail, the group's first error); returns st. */
-colld_status_t colld__comm_error(colld_comm_t *comm, colld_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* The same without touching the group (a failure found while a group ends): the detail of the call
- * that returns st. Returns st. */
+/* errors.c */
+/* Record a client-side error on a communicator without touching the group (a failure found while
+ * a group ends; colld__comm_error, group.c, also poisons the group): the detail of the call that
+ * returns st. Returns st. */
 colld_status_t colld__comm_note(colld_comm_t *comm, colld_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* The communicator's own error as a call returns it (failing fast, or waiting for work that
@@ -292,6 +290,8 @@ colld_status_t colld__comm_fail_async(colld_comm_t *comm, colld_status_t st);
 /* The library itself found the communicator's error (fast area, GPU stream): record it with its
  * detail unless the communicator already has one. Returns the communicator's error. */
 colld_status_t colld__comm_break_here(colld_comm_t *comm, colld_status_t st, const char *detail);
+
+/* comm.c */
 /* Wait for everything this rank has in flight on comm (fast area, then engine). */
 colld_status_t colld__comm_wait(colld_comm_t *comm);
 
@@ -356,6 +356,9 @@ colld_status_t colld__redop_resolve(colld_comm_t *comm, colld_redop_t op, colld_
 bool colld__group_active(void);
 /* Record the first error of the current group (no-op outside a group). */
 void colld__group_fail(colld_status_t st);
+/* Record a client-side error on a communicator (its detail, the group's first error); returns st. */
+colld_status_t colld__comm_error(colld_comm_t *comm, colld_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Queue an engine or stream-ordered collective until the outermost colld_group_end (inside a group
  * only). Takes ownership of `pending` (NULL if nothing was staged). `gpu` (NULL for host buffers):
  * a stream-ordered collective, prepared by colld__gpu_prepare. On error `err` says what is wrong. */

@@ -28,6 +28,7 @@
  */
 #include "client/client_internal.h"
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +65,19 @@ void colld__group_fail(colld_status_t st)
 {
     if (group.depth > 0 && group.error == COLLD_OK)
         group.error = st;
+}
+
+/* Record a call's failure: its detail on the communicator (errors.c) and, inside a group, the
+ * group's first error. Returns st. */
+colld_status_t colld__comm_error(colld_comm_t *comm, colld_status_t st, const char *fmt, ...)
+{
+    char text[COLLD_CLIENT_DETAIL_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    colld__group_fail(st);
+    return colld__comm_note(comm, st, "%s", text);
 }
 
 /* Room for one more queued op; false (group poisoned) when memory is out. */
