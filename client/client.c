@@ -263,6 +263,7 @@ colld_status_t colld__connect_role(const char *socket_path, int role, colld_clie
     c->sock = c->efd = c->wake_pipe[0] = c->wake_pipe[1] = -1;
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->sock_mu, NULL);
+    c->hooks = (colld_client_hooks_t){ .fast_finish = colld__fast_finish };
     if (colld__gpu_client_init(c) != COLLD_OK) {
         client_free(c);
         return COLLD_ERR_NO_MEMORY;

@@ -73,6 +73,13 @@ typedef struct colld_pending {
 /* The GPU state of a client (cuda.c). */
 typedef struct colld_gpu colld_gpu_t;
 
+/* What the base (rings.c) asks of a feature above it: function pointers set once, at connect
+ * (client.c), so that the base never names a feature's function and calls one way only. */
+typedef struct {
+    /* Finish the communicator's fast-path collective in flight: colld__fast_finish (fast.c). */
+    colld_status_t (*fast_finish)(colld_comm_t *comm, bool block);
+} colld_client_hooks_t;
+
 struct colld_client {
     char socket_path[256];
     int sock;
@@ -108,6 +115,7 @@ struct colld_client {
 
     colld_cpu_load_t load;                /* whether a waiter may busy-poll (spin.h) */
     colld_gpu_t *gpu;                     /* created at connect, never NULL afterwards */
+    colld_client_hooks_t hooks;           /* set at connect, never changed (client.c) */
     uint32_t redop_tags;                  /* the last tag given to a handle's premultiplied-sum operators (mu; redop.c) */
     struct colld_mem_handle *mem_handles; /* colld_mem_register's, not yet deregistered (mu; mem.c) */
     char last_error[COLLD_CLIENT_DETAIL_LEN]; /* colld_last_error (mu) */
@@ -389,10 +397,11 @@ bool colld__gpu_maybe_device(colld_client_t *c);
 bool colld__gpu_is_device(colld_client_t *c, const void *p);
 /* Validate a stream-ordered collective (stream NULL: the legacy default stream): resolve both
  * buffers to registrations (registering their allocations once) into sqe->send / sqe->recv, set
- * up the flag area, check the stream's device. Nothing is enqueued on the stream yet. */
-colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *send, size_t send_bytes,
-                                  const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe, colld_gpu_op_t *op,
-                                  colld_err_t *err);
+ * up the flag area, check the stream's device. Nothing is enqueued on the stream yet. in_group:
+ * the call is inside colld_group_start / colld_group_end (a capture is refused there). */
+colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, bool in_group, const void *send,
+                                  size_t send_bytes, const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe,
+                                  colld_gpu_op_t *op, colld_err_t *err);
 /* Number a prepared collective, enqueue `ready[id % slots] = value` and the wait for `done >= value`
  * on its stream (value = flag base + operation id), and post the descriptor; if the posting
  * fails, the stream is released from here. Waits while the collective's ready slot is still in use
@@ -425,13 +434,13 @@ colld_status_t colld__gpu_mem_register(colld_client_t *c, const void *buf, size_
 colld_status_t colld__gpu_mem_deregister(colld_client_t *c, uint32_t reg_id, colld_err_t *err);
 
 /* cuda_graph.c: collectives captured into CUDA graphs (issue 15 item 3). */
-/* Post a prepared collective whose stream is being captured (op->capture): register it with the
- * daemon as a persistent plan of its communicator (numbered and matched like a collective; this
- * waits until every rank has captured it), tie the plan's life to the graph (a CUDA user object)
- * and enqueue the plan's three stream memory operations into the capture. On error nothing is
- * enqueued and err says why. */
-colld_status_t colld__graph_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op,
-                                 colld_err_t *err);
+/* Post a prepared collective whose stream is being captured (op->capture; area: the session's flag
+ * area, cuda.c's): register it with the daemon as a persistent plan of its communicator (numbered
+ * and matched like a collective; this waits until every rank has captured it), tie the plan's
+ * life to the graph (a CUDA user object) and enqueue the plan's three stream memory operations
+ * into the capture. On error nothing is enqueued and err says why. */
+colld_status_t colld__graph_post(colld_comm_t *comm, const colld_gpu_area_t *area, const colld_wire_sqe_t *sqe,
+                                 const colld_gpu_op_t *op, colld_err_t *err);
 /* The daemon is gone (monitor thread): the replays of c's captured collectives are released from
  * now on by libcolld itself. */
 void colld__graph_daemon_lost(colld_client_t *c);

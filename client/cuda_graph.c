@@ -452,22 +452,21 @@ static void daemon_told(plan_rec_t *rec)
     pthread_mutex_unlock(&keeper.mu);
 }
 
-colld_status_t colld__graph_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op,
-                                 colld_err_t *err)
+colld_status_t colld__graph_post(colld_comm_t *comm, const colld_gpu_area_t *area, const colld_wire_sqe_t *sqe,
+                                 const colld_gpu_op_t *op, colld_err_t *err)
 {
     colld_client_t *c = comm->client;
     const colld_cu_t *cu = colld_cu_load(NULL, 0);
-    colld_gpu_area_t area;
     gclient_t *gc = NULL;
     plan_rec_t *rec = NULL;
     colld_status_t st;
-    if (!cu || !colld__gpu_area(c, &area))
+    if (!cu)
         return colld_err_set(err, COLLD_ERR_INTERNAL, "captured collective posted without preparation");
-    if (area.plans == 0)
+    if (area->plans == 0)
         return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED,
                              "colld offers no plan lines for collectives captured into CUDA graphs (an older daemon?): "
                              "the collective was not captured (nothing was enqueued)");
-    if ((st = gclient_get(c, &area, &gc, err)) != COLLD_OK || (st = line_get(gc, &rec, err)) != COLLD_OK)
+    if ((st = gclient_get(c, area, &gc, err)) != COLLD_OK || (st = line_get(gc, &rec, err)) != COLLD_OK)
         return st;
     /* What a failure undoes: the line, until a graph holds it (its destructor frees it then); the
      * daemon's plan, once it holds one, until the capture holds the plan's operations. */
@@ -522,7 +521,7 @@ colld_status_t colld__graph_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe
      * in the capture: the daemon drops this rank's part (its peers' replays are released with an
      * error), and the line stays with the graph until the graph goes. */
     const char *what;
-    CUdeviceptr dline = (CUdeviceptr)(area.dptr + (uint64_t)area.lines * sizeof(colld_wire_gpu_flag_t) +
+    CUdeviceptr dline = (CUdeviceptr)(area->dptr + (uint64_t)area->lines * sizeof(colld_wire_gpu_flag_t) +
                                       (uint64_t)line * sizeof(colld_wire_gpu_plan_t));
     if ((r = enqueue_nodes(cu, op, dline, &what)) != CUDA_SUCCESS) {
         daemon_told(rec);

@@ -225,8 +225,8 @@ colld_status_t colld__ring_wait_op(colld_client_t *c, colld_comm_t *comm, uint64
         if (atomic_load(&c->lost))
             return COLLD_ERR_DAEMON_LOST;
         if (comm->fop.active && comm->fop.seq <= seq) {
-            /* its failure is the communicator's, seen on the next turn */
-            if (colld__fast_finish(comm, block) == COLLD_INPROGRESS)
+            /* its failure is the communicator's, seen on the next turn (fast.c, through the hook) */
+            if (c->hooks.fast_finish(comm, block) == COLLD_INPROGRESS)
                 return COLLD_INPROGRESS;
             continue;
         }
