@@ -36,6 +36,7 @@
 #define COLLD_CLIENT_INTERNAL_H
 
 #include "common/err.h"
+#include "common/util.h"
 #include "client/rpc/rpc_client.h"
 #include "client/spin.h"
 #include "proto/wire.h"
@@ -223,6 +224,16 @@ void colld__client_session_ref(colld_client_t *c, void *ref);
 /* One request/reply exchange on the session socket, receiving up to nfds_out fds. */
 colld_status_t colld__sock_request(colld_client_t *c, colld_wire_msg_t *m, int fd, uint16_t reply_type,
                                    colld_wire_msg_t *reply, int *fds_out, int nfds_out);
+/* The daemon's answer in a reply on the session socket: COLLD_OK, or its refusal: its status
+ * (COLLD_ERR_PROTOCOL for an answer that is no error status) with its detail, a tenant-visible
+ * string from the wire, copied printable into detail[COLLD_WIRE_DETAIL_BYTES]. */
+static inline colld_status_t colld__reply_status(const colld_wire_msg_t *reply, char *detail)
+{
+    if (reply->status == COLLD_OK)
+        return COLLD_OK;
+    colld_str_sanitize(detail, COLLD_WIRE_DETAIL_BYTES, reply->u.detail, sizeof(reply->u.detail));
+    return reply->status < 0 ? (colld_status_t)reply->status : COLLD_ERR_PROTOCOL;
+}
 /* Translate a pointer range to a registration (mu held). Returns 0, -1 when the start is in no
  * registration, -2 when the range runs past the end of the one it starts in. */
 int colld__client_lookup(colld_client_t *c, const void *p, size_t bytes, colld_wire_buf_t *out);

@@ -306,11 +306,8 @@ colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, siz
     m.u.reg.bytes = sz;
     m.u.reg.cookie = (uintptr_t)p;
     st = colld__sock_request(c, &m, fd, COLLD_MSG_REG_REPLY, &r, NULL, 0);
-    if (st == COLLD_OK && r.status != COLLD_OK) {
-        /* The daemon's detail is a tenant-visible string from the wire: bounded and checked. */
-        char detail[sizeof(r.u.detail)];
-        colld_str_sanitize(detail, sizeof(detail), r.u.detail, sizeof(r.u.detail));
-        st = r.status < 0 ? (colld_status_t)r.status : COLLD_ERR_PROTOCOL;
+    char detail[COLLD_WIRE_DETAIL_BYTES];
+    if (st == COLLD_OK && (st = colld__reply_status(&r, detail)) != COLLD_OK) {
         (void)colld_err_set(err, st, "the daemon refused to register %zu bytes: %s", bytes, detail);
         LOG_WARN(CLIENT, "registering %zu bytes with colld: %s: %s", bytes, colld_status_name(st), detail);
     } else if (st != COLLD_OK)

@@ -341,11 +341,11 @@ static colld_status_t flags_setup(colld_client_t *c, colld_gpu_t *g, const colld
     colld_status_t st = colld__sock_request(c, &m, -1, COLLD_MSG_GPU_FLAGS_REPLY, &rep, &fd, 1);
     if (st != COLLD_OK)
         return colld_err_set(err, st, "cannot get the GPU flag area from colld: %s", colld_status_string(st));
-    if (rep.status != COLLD_OK) {
+    char detail[COLLD_WIRE_DETAIL_BYTES];
+    if ((st = colld__reply_status(&rep, detail)) != COLLD_OK) {
         if (fd >= 0)
             close(fd);
-        rep.u.detail[sizeof(rep.u.detail) - 1] = '\0';
-        return colld_err_set(err, rep.status, "colld has no GPU flag area for this client: %s", rep.u.detail);
+        return colld_err_set(err, st, "colld has no GPU flag area for this client: %s", detail);
     }
     uint64_t size = rep.u.gpu_flags.size;
     uint32_t nlines = rep.u.gpu_flags.lines, nplans = rep.u.gpu_flags.plans;
@@ -1130,11 +1130,7 @@ void colld__gpu_client_free(colld_client_t *c)
             free((void *)f->posted);
             free(f);
         } else {
-            bool pushed;
-            if (ctx_enter(cu, f->ctx, &pushed) == CUDA_SUCCESS)
-                CU_CHECK(cu, cuMemHostUnregister, f->lines);
-            ctx_leave(cu, pushed);
-            munmap(f->lines, f->size);
+            flags_unmap(cu, f->lines, f->size, f->ctx);
             free((void *)f->posted);
             free(f);
         }
