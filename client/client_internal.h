@@ -1,25 +1,32 @@
 /*
  * client_internal.h - the objects of libcolld, and what its files ask of each other. The files,
- * lowest first (none calls a file above it):
+ * lowest first: none calls a file above it (tools/module_graph.py shows no cycle, issue 27).
  *
+ * The base: the connection, the rings, a communicator's errors. It knows no feature; where it
+ * needs one (rings.c: a fast-path collective in flight), it calls a hook the client holds.
  *   conn.c         the connection's primitives: session socket, control calls, the communicator
- *                  table, registrations, the client's last error
- *   staging.c      staging regions for memory not from colld_mem_alloc
+ *                  table, registrations, the client's last error, why a client is lost
  *   spin.c         how a waiter polls before it sleeps: the machine's CPU load, estimates of how soon
+ *   staging.c      staging regions for memory not from colld_mem_alloc
  *   rings.c        posting descriptors, reaping completions, waiting for the engine's
- *   fast.c         the fast path (and its poster, colld__fast_post)
- *   cuda.c         the GPU stream path (and its poster, colld__gpu_post), GPU memory
- *   cuda_reg.c     the cache of GPU registrations (cuda_internal.h: what the two share)
- *   cuda_graph.c   collectives captured into CUDA graphs: persistent plans, run once per replay
+ *   errors.c       a communicator's errors and their detail (colld_comm_last_error)
+ * The paths and the features built on it:
  *   engine_path.c  the engine path's poster
- *   group.c        group calls: queued collectives, posted at the outermost end
- *   comm.c         communicators: join, destroy, abort, errors, waiting for what is in flight
+ *   fast.c         the fast path (and its poster, colld__fast_post)
+ *   cuda_reg.c     the cache of GPU registrations (cuda_internal.h: what the CUDA files share)
+ *   cuda_graph.c   collectives captured into CUDA graphs: persistent plans, run once per replay
+ *   cuda.c         the GPU stream path (and its poster, colld__gpu_post), GPU memory
+ *   group.c        group calls: queued collectives, posted at the outermost end; colld__comm_error
  *   redop.c        premultiplied-sum operators, and a collective's op as the wire has it
+ *   mem.c          colld_mem_alloc / colld_mem_free, colld_mem_register / colld_mem_deregister
+ *   comm.c         communicators: join, destroy, abort, waiting for what is in flight
+ *   client.c       the connection's life: connect (which sets the hooks), the monitor thread,
+ *                  disconnect
+ * The calls on top:
  *   coll.c         the collectives, sends and receives: the router, which checks a call and picks
  *                  its path
  *   alltoallv.c    colld_alltoallv, a group of sends and receives
- *   mem.c          colld_mem_alloc / colld_mem_free, colld_mem_register / colld_mem_deregister
- *   client.c       the connection's life: connect, the monitor thread, disconnect
+ *   split.c        colld_comm_split
  *
  *   colld_client_t  one session with the local daemon: the session socket (identity, fds,
  *                   liveness), the shared-memory rings, the gRPC channel, the registrations.

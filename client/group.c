@@ -8,8 +8,9 @@
  * collectives (fast.c) are started as soon as their communicator has nothing else in flight, so
  * one thread can drive several ranks (one communicator handle each) in one group without waiting
  * on itself. Groups nest; only the outermost end starts anything. A call that fails validation
- * inside a group returns its error at once and poisons the group: colld_group_end then starts
- * nothing and returns that first error. Sequence numbers are given at start, so a discarded group
+ * inside a group returns its error at once and poisons the group (colld__comm_error, here, records
+ * a call's failure on its communicator and in the group): colld_group_end then starts nothing and
+ * returns that first error. Sequence numbers are given at start, so a discarded group
  * leaves every communicator exactly as it was. A stream-ordered collective (cuda.c) is validated
  * and its buffers registered when it is called; at the end it is posted on its own, in order with
  * the other ops of its communicator, once its stream operations are enqueued; if that fails,

@@ -3,7 +3,9 @@
  * ring (one head store and at most one wake-up of the daemon per batch), reaping the completion
  * ring into the communicators (staged outputs copied out first), and waiting for what was posted
  * to the engine: poll the completion doorbell for as long as this communicator's completions
- * usually take to come (at most 50 us pausing, 200 us yielding; spin.h), then sleep on it.
+ * usually take to come (at most 50 us pausing, 200 us yielding; spin.h), then sleep on it. A wait
+ * for one operation finishes a fast-path collective in flight before it through the client's hook
+ * (client->hooks): the rings sit below the fast path and never name it.
  */
 #include "client/client_internal.h"
 
