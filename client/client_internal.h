@@ -417,9 +417,9 @@ bool colld__gpu_is_device(colld_client_t *c, const void *p);
  * buffers to registrations (registering their allocations once) into sqe->send / sqe->recv, set
  * up the flag area, check the stream's device. Nothing is enqueued on the stream yet. in_group:
  * the call is inside colld_group_start / colld_group_end (a capture is refused there). */
-colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, bool in_group, const void *send,
-                                  size_t send_bytes, const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe,
-                                  colld_gpu_op_t *op, colld_err_t *err);
+colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, bool in_group, const void *send, size_t send_bytes,
+                                  const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe, colld_gpu_op_t *op,
+                                  colld_err_t *err);
 /* Number a prepared collective, enqueue `ready[id % slots] = value` and the wait for `done >= value`
  * on its stream (value = flag base + operation id), and post the descriptor; if the posting
  * fails, the stream is released from here. Waits while the collective's ready slot is still in use

@@ -102,11 +102,12 @@ bool colld__gpu_is_device(colld_client_t *c, const void *p)
     return false;
 }
 
-colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, bool in_group, const void *send,
-                                  size_t send_bytes, const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe,
-                                  colld_gpu_op_t *op, colld_err_t *err)
+colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, bool in_group, const void *send, size_t send_bytes,
+                                  const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe, colld_gpu_op_t *op,
+                                  colld_err_t *err)
 {
-    (void)comm, (void)stream, (void)in_group, (void)send, (void)send_bytes, (void)recv, (void)recv_bytes, (void)sqe, (void)op;
+    (void)comm, (void)stream, (void)in_group, (void)send, (void)send_bytes, (void)recv, (void)recv_bytes, (void)sqe,
+        (void)op;
     return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "stream-ordered (GPU) collectives: %s", NO_CUDA_BUILD);
 }
 
@@ -565,8 +566,8 @@ out:
  * the legacy default stream while another stream of the process is captured (as the driver
  * refuses it), a capture already invalidated, and a capture inside a group (in_group). *graph is
  * set while capturing. */
-static colld_status_t capture_state(const colld_cu_t *cu, void *stream, bool in_group, bool *capturing,
-                                    CUgraph *graph, colld_err_t *err)
+static colld_status_t capture_state(const colld_cu_t *cu, void *stream, bool in_group, bool *capturing, CUgraph *graph,
+                                    colld_err_t *err)
 {
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
     cuuint64_t id = 0;
@@ -608,9 +609,9 @@ static colld_status_t capture_state(const colld_cu_t *cu, void *stream, bool in_
     return COLLD_OK;
 }
 
-colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, bool in_group, const void *send,
-                                  size_t send_bytes, const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe,
-                                  colld_gpu_op_t *op, colld_err_t *err)
+colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, bool in_group, const void *send, size_t send_bytes,
+                                  const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe, colld_gpu_op_t *op,
+                                  colld_err_t *err)
 {
     char load_err[256];
     /* The stream is not looked at before the driver is known to be there. */
