@@ -152,18 +152,6 @@ static void fork_untrack(colld_client_t *c)
     pthread_mutex_unlock(&fork_mu);
 }
 
-const char *colld__lost_detail(const colld_client_t *c)
-{
-    static __thread char buf[256];
-    if (!c->forked_from)
-        return "the connection to the colld daemon was lost";
-    snprintf(buf, sizeof(buf),
-             "this process (pid %d) is a fork of pid %d, which connected to colld: a forked child cannot use its "
-             "parent's connection (colld_connect in the child)",
-             (int)getpid(), (int)c->forked_from);
-    return buf;
-}
-
 /* ============================================================================================
  * Connect / disconnect
  * ========================================================================================== */
@@ -275,6 +263,7 @@ colld_status_t colld__connect_role(const char *socket_path, int role, colld_clie
     c->sock = c->efd = c->wake_pipe[0] = c->wake_pipe[1] = -1;
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->sock_mu, NULL);
+    c->hooks = (colld_client_hooks_t){ .fast_finish = colld__fast_finish };
     if (colld__gpu_client_init(c) != COLLD_OK) {
         client_free(c);
         return COLLD_ERR_NO_MEMORY;

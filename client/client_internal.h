@@ -1,25 +1,32 @@
 /*
  * client_internal.h - the objects of libcolld, and what its files ask of each other. The files,
- * lowest first (none calls a file above it):
+ * lowest first: none calls a file above it (tools/module_graph.py shows no cycle, issue 27).
  *
+ * The base: the connection, the rings, a communicator's errors. It knows no feature; where it
+ * needs one (rings.c: a fast-path collective in flight), it calls a hook the client holds.
  *   conn.c         the connection's primitives: session socket, control calls, the communicator
- *                  table, registrations, the client's last error
- *   staging.c      staging regions for memory not from colld_mem_alloc
+ *                  table, registrations, the client's last error, why a client is lost
  *   spin.c         how a waiter polls before it sleeps: the machine's CPU load, estimates of how soon
+ *   staging.c      staging regions for memory not from colld_mem_alloc
  *   rings.c        posting descriptors, reaping completions, waiting for the engine's
- *   fast.c         the fast path (and its poster, colld__fast_post)
- *   cuda.c         the GPU stream path (and its poster, colld__gpu_post), GPU memory
- *   cuda_reg.c     the cache of GPU registrations (cuda_internal.h: what the two share)
- *   cuda_graph.c   collectives captured into CUDA graphs: persistent plans, run once per replay
+ *   errors.c       a communicator's errors and their detail (colld_comm_last_error)
+ * The paths and the features built on it:
  *   engine_path.c  the engine path's poster
- *   group.c        group calls: queued collectives, posted at the outermost end
- *   comm.c         communicators: join, destroy, abort, errors, waiting for what is in flight
+ *   fast.c         the fast path (and its poster, colld__fast_post)
+ *   cuda_reg.c     the cache of GPU registrations (cuda_internal.h: what the CUDA files share)
+ *   cuda_graph.c   collectives captured into CUDA graphs: persistent plans, run once per replay
+ *   cuda.c         the GPU stream path (and its poster, colld__gpu_post), GPU memory
+ *   group.c        group calls: queued collectives, posted at the outermost end; colld__comm_error
  *   redop.c        premultiplied-sum operators, and a collective's op as the wire has it
+ *   mem.c          colld_mem_alloc / colld_mem_free, colld_mem_register / colld_mem_deregister
+ *   comm.c         communicators: join, destroy, abort, waiting for what is in flight
+ *   client.c       the connection's life: connect (which sets the hooks), the monitor thread,
+ *                  disconnect
+ * The calls on top:
  *   coll.c         the collectives, sends and receives: the router, which checks a call and picks
  *                  its path
  *   alltoallv.c    colld_alltoallv, a group of sends and receives
- *   mem.c          colld_mem_alloc / colld_mem_free, colld_mem_register / colld_mem_deregister
- *   client.c       the connection's life: connect, the monitor thread, disconnect
+ *   split.c        colld_comm_split
  *
  *   colld_client_t  one session with the local daemon: the session socket (identity, fds,
  *                   liveness), the shared-memory rings, the gRPC channel, the registrations.
@@ -36,6 +43,7 @@
 #define COLLD_CLIENT_INTERNAL_H
 
 #include "common/err.h"
+#include "common/util.h"
 #include "client/rpc/rpc_client.h"
 #include "client/spin.h"
 #include "proto/wire.h"
@@ -73,6 +81,13 @@ typedef struct colld_pending {
 /* The GPU state of a client (cuda.c). */
 typedef struct colld_gpu colld_gpu_t;
 
+/* What the base (rings.c) asks of a feature above it: function pointers set once, at connect
+ * (client.c), so that the base never names a feature's function and calls one way only. */
+typedef struct {
+    /* Finish the communicator's fast-path collective in flight: colld__fast_finish (fast.c). */
+    colld_status_t (*fast_finish)(colld_comm_t *comm, bool block);
+} colld_client_hooks_t;
+
 struct colld_client {
     char socket_path[256];
     int sock;
@@ -108,6 +123,7 @@ struct colld_client {
 
     colld_cpu_load_t load;                /* whether a waiter may busy-poll (spin.h) */
     colld_gpu_t *gpu;                     /* created at connect, never NULL afterwards */
+    colld_client_hooks_t hooks;           /* set at connect, never changed (client.c) */
     uint32_t redop_tags;                  /* the last tag given to a handle's premultiplied-sum operators (mu; redop.c) */
     struct colld_mem_handle *mem_handles; /* colld_mem_register's, not yet deregistered (mu; mem.c) */
     char last_error[COLLD_CLIENT_DETAIL_LEN]; /* colld_last_error (mu) */
@@ -153,7 +169,7 @@ struct colld_comm {
     uint64_t done_upto;
     uint64_t failed_seq;
     colld_status_t async_error; /* first error of this communicator; sticky */
-    /* The detail colld_comm_last_error returns (comm.c, "Error detail"): of the last failure a call
+    /* The detail colld_comm_last_error returns (errors.c, "Error detail"): of the last failure a call
      * on this handle returned, never an older one's. */
     bool detail_fetched;                        /* last_error holds async_error's detail */
     char last_error[COLLD_CLIENT_DETAIL_LEN];   /* the communicator's error (async_error) explained */
@@ -215,6 +231,16 @@ void colld__client_session_ref(colld_client_t *c, void *ref);
 /* One request/reply exchange on the session socket, receiving up to nfds_out fds. */
 colld_status_t colld__sock_request(colld_client_t *c, colld_wire_msg_t *m, int fd, uint16_t reply_type,
                                    colld_wire_msg_t *reply, int *fds_out, int nfds_out);
+/* The daemon's answer in a reply on the session socket: COLLD_OK, or its refusal: its status
+ * (COLLD_ERR_PROTOCOL for an answer that is no error status) with its detail, a tenant-visible
+ * string from the wire, copied printable into detail[COLLD_WIRE_DETAIL_BYTES]. */
+static inline colld_status_t colld__reply_status(const colld_wire_msg_t *reply, char *detail)
+{
+    if (reply->status == COLLD_OK)
+        return COLLD_OK;
+    colld_str_sanitize(detail, COLLD_WIRE_DETAIL_BYTES, reply->u.detail, sizeof(reply->u.detail));
+    return reply->status < 0 ? (colld_status_t)reply->status : COLLD_ERR_PROTOCOL;
+}
 /* Translate a pointer range to a registration (mu held). Returns 0, -1 when the start is in no
  * registration, -2 when the range runs past the end of the one it starts in. */
 int colld__client_lookup(colld_client_t *c, const void *p, size_t bytes, colld_wire_buf_t *out);
@@ -222,7 +248,7 @@ int colld__client_add_comm(colld_client_t *c, colld_comm_t *comm);
 void colld__client_remove_comm(colld_client_t *c, colld_comm_t *comm);
 
 /* Why c is lost: the daemon went away, or this process is a fork of the one that connected
- * (client.c). A thread-local string. */
+ * (client.c's fork handler marks such a client lost). A thread-local string. */
 const char *colld__lost_detail(const colld_client_t *c);
 
 /* Register `bytes` of new shared memory with the daemon. On error `err` says what went wrong,
@@ -277,12 +303,10 @@ void colld__mem_comm_destroyed(colld_comm_t *comm);
 /* Disconnect: forget the handles left (their registrations go with the GPU state). */
 void colld__mem_client_free(colld_client_t *c);
 
-/* comm.c */
-/* Record a client-side error on a communicator (its detail, the group's first error); returns st. */
-colld_status_t colld__comm_error(colld_comm_t *comm, colld_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* The same without touching the group (a failure found while a group ends): the detail of the call
- * that returns st. Returns st. */
+/* errors.c */
+/* Record a client-side error on a communicator without touching the group (a failure found while
+ * a group ends; colld__comm_error, group.c, also poisons the group): the detail of the call that
+ * returns st. Returns st. */
 colld_status_t colld__comm_note(colld_comm_t *comm, colld_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* The communicator's own error as a call returns it (failing fast, or waiting for work that
@@ -292,6 +316,8 @@ colld_status_t colld__comm_fail_async(colld_comm_t *comm, colld_status_t st);
 /* The library itself found the communicator's error (fast area, GPU stream): record it with its
  * detail unless the communicator already has one. Returns the communicator's error. */
 colld_status_t colld__comm_break_here(colld_comm_t *comm, colld_status_t st, const char *detail);
+
+/* comm.c */
 /* Wait for everything this rank has in flight on comm (fast area, then engine). */
 colld_status_t colld__comm_wait(colld_comm_t *comm);
 
@@ -356,6 +382,9 @@ colld_status_t colld__redop_resolve(colld_comm_t *comm, colld_redop_t op, colld_
 bool colld__group_active(void);
 /* Record the first error of the current group (no-op outside a group). */
 void colld__group_fail(colld_status_t st);
+/* Record a client-side error on a communicator (its detail, the group's first error); returns st. */
+colld_status_t colld__comm_error(colld_comm_t *comm, colld_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Queue an engine or stream-ordered collective until the outermost colld_group_end (inside a group
  * only). Takes ownership of `pending` (NULL if nothing was staged). `gpu` (NULL for host buffers):
  * a stream-ordered collective, prepared by colld__gpu_prepare. On error `err` says what is wrong. */
@@ -386,8 +415,9 @@ bool colld__gpu_maybe_device(colld_client_t *c);
 bool colld__gpu_is_device(colld_client_t *c, const void *p);
 /* Validate a stream-ordered collective (stream NULL: the legacy default stream): resolve both
  * buffers to registrations (registering their allocations once) into sqe->send / sqe->recv, set
- * up the flag area, check the stream's device. Nothing is enqueued on the stream yet. */
-colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *send, size_t send_bytes,
+ * up the flag area, check the stream's device. Nothing is enqueued on the stream yet. in_group:
+ * the call is inside colld_group_start / colld_group_end (a capture is refused there). */
+colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, bool in_group, const void *send, size_t send_bytes,
                                   const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe, colld_gpu_op_t *op,
                                   colld_err_t *err);
 /* Number a prepared collective, enqueue `ready[id % slots] = value` and the wait for `done >= value`
@@ -422,13 +452,13 @@ colld_status_t colld__gpu_mem_register(colld_client_t *c, const void *buf, size_
 colld_status_t colld__gpu_mem_deregister(colld_client_t *c, uint32_t reg_id, colld_err_t *err);
 
 /* cuda_graph.c: collectives captured into CUDA graphs (issue 15 item 3). */
-/* Post a prepared collective whose stream is being captured (op->capture): register it with the
- * daemon as a persistent plan of its communicator (numbered and matched like a collective; this
- * waits until every rank has captured it), tie the plan's life to the graph (a CUDA user object)
- * and enqueue the plan's three stream memory operations into the capture. On error nothing is
- * enqueued and err says why. */
-colld_status_t colld__graph_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op,
-                                 colld_err_t *err);
+/* Post a prepared collective whose stream is being captured (op->capture; area: the session's flag
+ * area, cuda.c's): register it with the daemon as a persistent plan of its communicator (numbered
+ * and matched like a collective; this waits until every rank has captured it), tie the plan's
+ * life to the graph (a CUDA user object) and enqueue the plan's three stream memory operations
+ * into the capture. On error nothing is enqueued and err says why. */
+colld_status_t colld__graph_post(colld_comm_t *comm, const colld_gpu_area_t *area, const colld_wire_sqe_t *sqe,
+                                 const colld_gpu_op_t *op, colld_err_t *err);
 /* The daemon is gone (monitor thread): the replays of c's captured collectives are released from
  * now on by libcolld itself. */
 void colld__graph_daemon_lost(colld_client_t *c);

@@ -157,7 +157,8 @@ static colld_status_t go_gpu(colld_comm_t *comm, call_t *k)
     colld_gpu_op_t gop;
     colld_err_t err = COLLD_ERR_INIT;
     memset(&k->sqe, 0, sizeof(k->sqe));
-    st = colld__gpu_prepare(comm, k->stream, k->send, k->send_bytes, k->recv, k->recv_bytes, &k->sqe, &gop, &err);
+    st = colld__gpu_prepare(comm, k->stream, colld__group_active(), k->send, k->send_bytes, k->recv, k->recv_bytes,
+                            &k->sqe, &gop, &err);
     if (st != COLLD_OK)
         return colld__comm_error(comm, st, "%s", err.msg);
     if (gop.capture && colld_kind_is_p2p(k->kind))

@@ -1,8 +1,8 @@
 /*
  * conn.c - the primitives of libcolld's connection to the daemon, below everything else of the
  * library: request/reply on the session socket, unary control calls, the communicator table,
- * memory shared with the daemon (registrations and the lookup of pointers in them), and the
- * client's last error. It calls nothing else of the library.
+ * memory shared with the daemon (registrations and the lookup of pointers in them), the
+ * client's last error and why a client is lost. It calls nothing else of the library.
  */
 #include "client/client_internal.h"
 
@@ -103,6 +103,20 @@ out:
             atomic_store(&c->lost, true);
     }
     return st;
+}
+
+/* Why c is lost (see client_internal.h): the daemon went away, or this process is a fork of the
+ * one that connected (client.c marks a forked child's clients lost). */
+const char *colld__lost_detail(const colld_client_t *c)
+{
+    static __thread char buf[256];
+    if (!c->forked_from)
+        return "the connection to the colld daemon was lost";
+    snprintf(buf, sizeof(buf),
+             "this process (pid %d) is a fork of pid %d, which connected to colld: a forked child cannot use its "
+             "parent's connection (colld_connect in the child)",
+             (int)getpid(), (int)c->forked_from);
+    return buf;
 }
 
 /* Fill a request's SessionRef from the client (see client_internal.h). */
@@ -292,11 +306,8 @@ colld_status_t colld__register(colld_client_t *c, size_t bytes, void **base, siz
     m.u.reg.bytes = sz;
     m.u.reg.cookie = (uintptr_t)p;
     st = colld__sock_request(c, &m, fd, COLLD_MSG_REG_REPLY, &r, NULL, 0);
-    if (st == COLLD_OK && r.status != COLLD_OK) {
-        /* The daemon's detail is a tenant-visible string from the wire: bounded and checked. */
-        char detail[sizeof(r.u.detail)];
-        colld_str_sanitize(detail, sizeof(detail), r.u.detail, sizeof(r.u.detail));
-        st = r.status < 0 ? (colld_status_t)r.status : COLLD_ERR_PROTOCOL;
+    char detail[COLLD_WIRE_DETAIL_BYTES];
+    if (st == COLLD_OK && (st = colld__reply_status(&r, detail)) != COLLD_OK) {
         (void)colld_err_set(err, st, "the daemon refused to register %zu bytes: %s", bytes, detail);
         LOG_WARN(CLIENT, "registering %zu bytes with colld: %s: %s", bytes, colld_status_name(st), detail);
     } else if (st != COLLD_OK)

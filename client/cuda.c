@@ -102,11 +102,12 @@ bool colld__gpu_is_device(colld_client_t *c, const void *p)
     return false;
 }
 
-colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *send, size_t send_bytes,
+colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, bool in_group, const void *send, size_t send_bytes,
                                   const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe, colld_gpu_op_t *op,
                                   colld_err_t *err)
 {
-    (void)comm, (void)stream, (void)send, (void)send_bytes, (void)recv, (void)recv_bytes, (void)sqe, (void)op;
+    (void)comm, (void)stream, (void)in_group, (void)send, (void)send_bytes, (void)recv, (void)recv_bytes, (void)sqe,
+        (void)op;
     return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED, "stream-ordered (GPU) collectives: %s", NO_CUDA_BUILD);
 }
 
@@ -341,11 +342,11 @@ static colld_status_t flags_setup(colld_client_t *c, colld_gpu_t *g, const colld
     colld_status_t st = colld__sock_request(c, &m, -1, COLLD_MSG_GPU_FLAGS_REPLY, &rep, &fd, 1);
     if (st != COLLD_OK)
         return colld_err_set(err, st, "cannot get the GPU flag area from colld: %s", colld_status_string(st));
-    if (rep.status != COLLD_OK) {
+    char detail[COLLD_WIRE_DETAIL_BYTES];
+    if ((st = colld__reply_status(&rep, detail)) != COLLD_OK) {
         if (fd >= 0)
             close(fd);
-        rep.u.detail[sizeof(rep.u.detail) - 1] = '\0';
-        return colld_err_set(err, rep.status, "colld has no GPU flag area for this client: %s", rep.u.detail);
+        return colld_err_set(err, st, "colld has no GPU flag area for this client: %s", detail);
     }
     uint64_t size = rep.u.gpu_flags.size;
     uint32_t nlines = rep.u.gpu_flags.lines, nplans = rep.u.gpu_flags.plans;
@@ -563,9 +564,9 @@ out:
  * in the RELAXED capture interaction mode (cuThreadExchangeStreamCaptureMode, as NCCL does for its
  * host allocations during a capture), so that the application's capture stays valid. Refused:
  * the legacy default stream while another stream of the process is captured (as the driver
- * refuses it), a capture already invalidated, and a capture inside a group. *graph is set while
- * capturing. */
-static colld_status_t capture_state(const colld_cu_t *cu, void *stream, bool *capturing, CUgraph *graph,
+ * refuses it), a capture already invalidated, and a capture inside a group (in_group). *graph is
+ * set while capturing. */
+static colld_status_t capture_state(const colld_cu_t *cu, void *stream, bool in_group, bool *capturing, CUgraph *graph,
                                     colld_err_t *err)
 {
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -594,7 +595,7 @@ static colld_status_t capture_state(const colld_cu_t *cu, void *stream, bool *ca
                              "stream %p is in a CUDA graph capture that an earlier call invalidated: the collective "
                              "cannot be captured (nothing was enqueued)",
                              stream);
-    if (colld__group_active())
+    if (in_group)
         return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED,
                              "stream %p is being captured into a CUDA graph: capturing a collective inside "
                              "colld_group_start/colld_group_end is not supported yet (nothing was enqueued); capture "
@@ -608,7 +609,7 @@ static colld_status_t capture_state(const colld_cu_t *cu, void *stream, bool *ca
     return COLLD_OK;
 }
 
-colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *send, size_t send_bytes,
+colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, bool in_group, const void *send, size_t send_bytes,
                                   const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe, colld_gpu_op_t *op,
                                   colld_err_t *err)
 {
@@ -623,7 +624,7 @@ colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, const void *
                              send_bytes && !send ? "sendbuf" : "recvbuf");
     bool capturing;
     CUgraph graph;
-    colld_status_t st = capture_state(cu, stream, &capturing, &graph, err);
+    colld_status_t st = capture_state(cu, stream, in_group, &capturing, &graph, err);
     if (st != COLLD_OK)
         return st;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -767,8 +768,11 @@ colld_status_t colld__gpu_post_batch(colld_comm_t *comm, const colld_wire_sqe_t 
     gpu_flags_t *f = atomic_load(&c->gpu->flags);
     if (!cu || !f || n == 0) /* prepare succeeded, so neither can be missing */
         return colld_err_set(err, COLLD_ERR_INTERNAL, "stream-ordered collective posted without preparation");
-    if (n == 1 && ops[0].capture) /* a collective captured into a CUDA graph: a persistent plan (cuda_graph.c) */
-        return colld__graph_post(comm, sqes, ops, err);
+    if (n == 1 && ops[0].capture) { /* a collective captured into a CUDA graph: a persistent plan (cuda_graph.c) */
+        colld_gpu_area_t area;
+        (void)colld__gpu_area(c, &area); /* f is set: true */
+        return colld__graph_post(comm, &area, sqes, ops, err);
+    }
     const colld_gpu_op_t *op = &ops[n - 1]; /* its stream writes the batch's ready slot and waits */
     /* (A capture inside a group was refused when its operation was prepared: capture_state.) */
     for (size_t i = 0; i + 1 < n; i++)
@@ -1127,11 +1131,7 @@ void colld__gpu_client_free(colld_client_t *c)
             free((void *)f->posted);
             free(f);
         } else {
-            bool pushed;
-            if (ctx_enter(cu, f->ctx, &pushed) == CUDA_SUCCESS)
-                CU_CHECK(cu, cuMemHostUnregister, f->lines);
-            ctx_leave(cu, pushed);
-            munmap(f->lines, f->size);
+            flags_unmap(cu, f->lines, f->size, f->ctx);
             free((void *)f->posted);
             free(f);
         }

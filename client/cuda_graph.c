@@ -31,7 +31,6 @@
  */
 #include "client/client_internal.h"
 
-#include "common/cudadrv.h"
 #include "common/log.h"
 #include "common/util.h"
 
@@ -41,10 +40,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
 #ifdef COLLD_HAVE_CUDA
+
+#include "client/cuda_internal.h"
 
 /* How long a capture waits for a free plan line when none is (the destructor of a graph just
  * destroyed runs a little later, on the driver's thread, and a graph's executable graphs hold its
@@ -117,12 +117,9 @@ static colld_status_t plan_free_msg(colld_client_t *c, uint32_t line)
     m.type = COLLD_MSG_PLAN_FREE;
     m.u.plan_free.line = line;
     colld_status_t st = colld__sock_request(c, &m, -1, COLLD_MSG_PLAN_FREE_REPLY, &rep, NULL, 0);
-    if (st == COLLD_OK && rep.status != COLLD_OK) {
-        char detail[sizeof(rep.u.detail)];
-        colld_str_sanitize(detail, sizeof(detail), rep.u.detail, sizeof(rep.u.detail));
-        st = rep.status < 0 ? (colld_status_t)rep.status : COLLD_ERR_PROTOCOL;
+    char detail[COLLD_WIRE_DETAIL_BYTES];
+    if (st == COLLD_OK && (st = colld__reply_status(&rep, detail)) != COLLD_OK)
         LOG_WARN(GPU, "freeing plan line %u: colld answered %s: %s", line, colld_status_name(st), detail);
-    }
     return st;
 }
 
@@ -155,15 +152,8 @@ static int release_lines(gclient_t *gc)
 /* Unregister and unmap a flag area adopted at disconnect (keeper.mu NOT held). */
 static void area_free(gclient_t *gc)
 {
-    const colld_cu_t *cu = colld_cu_load(NULL, 0);
-    if (!gc->area)
-        return;
-    if (cu && CU_CHECK(cu, cuCtxPushCurrent, (CUcontext)gc->area_ctx) == CUDA_SUCCESS) {
-        CUcontext popped;
-        CU_CHECK(cu, cuMemHostUnregister, gc->area);
-        CU_CHECK(cu, cuCtxPopCurrent, &popped);
-    }
-    (void)SYS_CHECK(CLIENT, munmap(gc->area, gc->area_size));
+    if (gc->area)
+        flags_unmap(colld_cu_load(NULL, 0), gc->area, gc->area_size, (CUcontext)gc->area_ctx);
 }
 
 /* One pass: the lines of destroyed graphs, the replays released here, the clients whose plans are
@@ -415,11 +405,8 @@ static colld_status_t graph_cu_fail(const colld_cu_t *cu, colld_err_t *err, CUre
  * done == 1, done = 0. Returns the first failure, with *what naming the call. */
 static CUresult enqueue_nodes(const colld_cu_t *cu, const colld_gpu_op_t *op, CUdeviceptr line, const char **what)
 {
-    CUcontext cur = NULL;
-    bool pushed = false;
-    CUresult r = CU_CHECK(cu, cuCtxGetCurrent, &cur);
-    if (r == CUDA_SUCCESS && cur != (CUcontext)op->ctx)
-        pushed = (r = CU_CHECK(cu, cuCtxPushCurrent, (CUcontext)op->ctx)) == CUDA_SUCCESS;
+    bool pushed;
+    CUresult r = ctx_enter(cu, (CUcontext)op->ctx, &pushed);
     *what = "making the stream's context current";
     CUstream s = (CUstream)op->stream;
     unsigned wait = (unsigned)CU_STREAM_WAIT_VALUE_EQ | (op->wait_flags & (unsigned)CU_STREAM_WAIT_VALUE_FLUSH);
@@ -437,10 +424,7 @@ static CUresult enqueue_nodes(const colld_cu_t *cu, const colld_gpu_op_t *op, CU
         r = CU_CHECK(cu, cuStreamWriteValue32, s, line + offsetof(colld_wire_gpu_plan_t, done), 0,
                      CU_STREAM_WRITE_VALUE_DEFAULT);
     }
-    if (pushed) {
-        CUcontext popped;
-        CU_CHECK(cu, cuCtxPopCurrent, &popped);
-    }
+    ctx_leave(cu, pushed);
     return r;
 }
 
@@ -452,22 +436,21 @@ static void daemon_told(plan_rec_t *rec)
     pthread_mutex_unlock(&keeper.mu);
 }
 
-colld_status_t colld__graph_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe, const colld_gpu_op_t *op,
-                                 colld_err_t *err)
+colld_status_t colld__graph_post(colld_comm_t *comm, const colld_gpu_area_t *area, const colld_wire_sqe_t *sqe,
+                                 const colld_gpu_op_t *op, colld_err_t *err)
 {
     colld_client_t *c = comm->client;
     const colld_cu_t *cu = colld_cu_load(NULL, 0);
-    colld_gpu_area_t area;
     gclient_t *gc = NULL;
     plan_rec_t *rec = NULL;
     colld_status_t st;
-    if (!cu || !colld__gpu_area(c, &area))
+    if (!cu)
         return colld_err_set(err, COLLD_ERR_INTERNAL, "captured collective posted without preparation");
-    if (area.plans == 0)
+    if (area->plans == 0)
         return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED,
                              "colld offers no plan lines for collectives captured into CUDA graphs (an older daemon?): "
                              "the collective was not captured (nothing was enqueued)");
-    if ((st = gclient_get(c, &area, &gc, err)) != COLLD_OK || (st = line_get(gc, &rec, err)) != COLLD_OK)
+    if ((st = gclient_get(c, area, &gc, err)) != COLLD_OK || (st = line_get(gc, &rec, err)) != COLLD_OK)
         return st;
     /* What a failure undoes: the line, until a graph holds it (its destructor frees it then); the
      * daemon's plan, once it holds one, until the capture holds the plan's operations. */
@@ -522,7 +505,7 @@ colld_status_t colld__graph_post(colld_comm_t *comm, const colld_wire_sqe_t *sqe
      * in the capture: the daemon drops this rank's part (its peers' replays are released with an
      * error), and the line stays with the graph until the graph goes. */
     const char *what;
-    CUdeviceptr dline = (CUdeviceptr)(area.dptr + (uint64_t)area.lines * sizeof(colld_wire_gpu_flag_t) +
+    CUdeviceptr dline = (CUdeviceptr)(area->dptr + (uint64_t)area->lines * sizeof(colld_wire_gpu_flag_t) +
                                       (uint64_t)line * sizeof(colld_wire_gpu_plan_t));
     if ((r = enqueue_nodes(cu, op, dline, &what)) != CUDA_SUCCESS) {
         daemon_told(rec);

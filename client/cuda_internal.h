@@ -1,11 +1,13 @@
 /*
  * cuda_internal.h - what libcolld's CUDA files share (builds with the CUDA toolkit only):
  *
- *   cuda.c      contexts, the flag area, stream-ordered collectives, colld_mem_alloc(COLLD_MEM_CUDA),
- *               colld_mem_register of device memory, disconnect
- *   cuda_reg.c  the cache of GPU registrations: a buffer resolved to the allocation(s) that hold it
- *               (several VMM allocations mapped back to back: issue 15 D2), registered with the
- *               daemon on first use, dropped when the application freed it (C1/D4)
+ *   cuda.c        contexts, the flag area, stream-ordered collectives, colld_mem_alloc(COLLD_MEM_CUDA),
+ *                 colld_mem_register of device memory, disconnect
+ *   cuda_reg.c    the cache of GPU registrations: a buffer resolved to the allocation(s) that hold it
+ *                 (several VMM allocations mapped back to back: issue 15 D2), registered with the
+ *                 daemon on first use, dropped when the application freed it (C1/D4)
+ *   cuda_graph.c  collectives captured into CUDA graphs (it uses only the inline helpers below:
+ *                 contexts, the flag area's teardown)
  *
  * Locking: colld_gpu_t.mu guards the registrations, the retained contexts and the setting up of
  * the flag area (see cuda.c).
@@ -18,6 +20,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <sys/mman.h>
 
 #define MAX_DEVICES 64
 
@@ -134,6 +137,18 @@ static inline void ctx_leave(const colld_cu_t *cu, bool pushed)
     CUcontext popped;
     if (pushed)
         CU_CHECK(cu, cuCtxPopCurrent, &popped);
+}
+
+/* Unregister a GPU flag area from CUDA, in the context it was registered in (cu NULL: the driver
+ * is gone, nothing to unregister), and unmap it: at disconnect (cuda.c), or once the last CUDA
+ * graph that held plan lines of an area adopted at disconnect is gone (cuda_graph.c). */
+static inline void flags_unmap(const colld_cu_t *cu, void *area, size_t size, CUcontext ctx)
+{
+    bool pushed = false;
+    if (cu && ctx_enter(cu, ctx, &pushed) == CUDA_SUCCESS)
+        CU_CHECK(cu, cuMemHostUnregister, area);
+    ctx_leave(cu, pushed);
+    (void)SYS_CHECK(CLIENT, munmap(area, size));
 }
 
 /* ---- cuda_reg.c (g->mu held for all) ---- */

@@ -90,11 +90,10 @@ static colld_status_t reg_request(colld_client_t *c, colld_wire_msg_t *m, int fd
     if (st != COLLD_OK)
         return colld_err_set(err, st, "registering %zu bytes of GPU memory with colld: %s", size,
                              colld_status_string(st));
-    if (rep->status != COLLD_OK) {
-        rep->u.detail[sizeof(rep->u.detail) - 1] = '\0';
-        return colld_err_set(err, rep->status, "colld refused the GPU buffer at 0x%llx (%zu bytes): %s",
-                             (unsigned long long)base, size, rep->u.detail);
-    }
+    char detail[COLLD_WIRE_DETAIL_BYTES];
+    if ((st = colld__reply_status(rep, detail)) != COLLD_OK)
+        return colld_err_set(err, st, "colld refused the GPU buffer at 0x%llx (%zu bytes): %s",
+                             (unsigned long long)base, size, detail);
     if (rep->u.reg_reply.cookie != cookie)
         return colld_err_set(err, COLLD_ERR_PROTOCOL, "colld answered a GPU registration with another cookie");
     return COLLD_OK;

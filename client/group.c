@@ -8,8 +8,9 @@
  * collectives (fast.c) are started as soon as their communicator has nothing else in flight, so
  * one thread can drive several ranks (one communicator handle each) in one group without waiting
  * on itself. Groups nest; only the outermost end starts anything. A call that fails validation
- * inside a group returns its error at once and poisons the group: colld_group_end then starts
- * nothing and returns that first error. Sequence numbers are given at start, so a discarded group
+ * inside a group returns its error at once and poisons the group (colld__comm_error, here, records
+ * a call's failure on its communicator and in the group): colld_group_end then starts nothing and
+ * returns that first error. Sequence numbers are given at start, so a discarded group
  * leaves every communicator exactly as it was. A stream-ordered collective (cuda.c) is validated
  * and its buffers registered when it is called; at the end it is posted on its own, in order with
  * the other ops of its communicator, once its stream operations are enqueued; if that fails,
@@ -28,6 +29,7 @@
  */
 #include "client/client_internal.h"
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +66,19 @@ void colld__group_fail(colld_status_t st)
 {
     if (group.depth > 0 && group.error == COLLD_OK)
         group.error = st;
+}
+
+/* Record a call's failure: its detail on the communicator (errors.c) and, inside a group, the
+ * group's first error. Returns st. */
+colld_status_t colld__comm_error(colld_comm_t *comm, colld_status_t st, const char *fmt, ...)
+{
+    char text[COLLD_CLIENT_DETAIL_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    colld__group_fail(st);
+    return colld__comm_note(comm, st, "%s", text);
 }
 
 /* Room for one more queued op; false (group poisoned) when memory is out. */

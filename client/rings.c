@@ -3,7 +3,9 @@
  * ring (one head store and at most one wake-up of the daemon per batch), reaping the completion
  * ring into the communicators (staged outputs copied out first), and waiting for what was posted
  * to the engine: poll the completion doorbell for as long as this communicator's completions
- * usually take to come (at most 50 us pausing, 200 us yielding; spin.h), then sleep on it.
+ * usually take to come (at most 50 us pausing, 200 us yielding; spin.h), then sleep on it. A wait
+ * for one operation finishes a fast-path collective in flight before it through the client's hook
+ * (client->hooks): the rings sit below the fast path and never name it.
  */
 #include "client/client_internal.h"
 
@@ -225,8 +227,8 @@ colld_status_t colld__ring_wait_op(colld_client_t *c, colld_comm_t *comm, uint64
         if (atomic_load(&c->lost))
             return COLLD_ERR_DAEMON_LOST;
         if (comm->fop.active && comm->fop.seq <= seq) {
-            /* its failure is the communicator's, seen on the next turn */
-            if (colld__fast_finish(comm, block) == COLLD_INPROGRESS)
+            /* its failure is the communicator's, seen on the next turn (fast.c, through the hook) */
+            if (c->hooks.fast_finish(comm, block) == COLLD_INPROGRESS)
                 return COLLD_INPROGRESS;
             continue;
         }
