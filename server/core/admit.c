@@ -305,8 +305,7 @@ static void enqueue(colld_member_t *m, colld_op_t *op)
 static void name_op(char *buf, size_t len, const colld_wire_sqe_t *q, uint64_t id)
 {
     if (colld_kind_is_p2p(q->kind))
-        snprintf(buf, len, "%s %s rank %d (operation #%llu)", colld_kind_name(q->kind),
-                 q->kind == COLLD_KIND_SEND ? "to" : "from", q->root, (unsigned long long)id);
+        colld_p2p_op_text(buf, len, colld_kind_name(q->kind), q->kind == COLLD_KIND_SEND, NULL, q->root, id);
     else
         snprintf(buf, len, "collective #%llu", (unsigned long long)q->seq);
 }

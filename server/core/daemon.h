@@ -775,6 +775,9 @@ void colld_fast_harvest(colld_daemon_t *d, colld_dcomm_t *c);
 /* ---- names.c ---- */
 const char *colld_comm_state_name(colld_comm_state_t s);
 const char *colld_kind_name(unsigned kind);
+/* How a detail names a send or receive: "VERB[ WHAT] to|from rank PEER (operation #ID)", as in
+ * "send of 1024 x float32 to rank 1 (operation #3)". Returns what snprintf returns. */
+int colld_p2p_op_text(char *buf, size_t len, const char *verb, bool send, const char *what, int peer, uint64_t id);
 const char *colld_dtype_name(unsigned dtype);
 const char *colld_redop_name(unsigned redop);
 

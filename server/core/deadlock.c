@@ -452,10 +452,9 @@ static void describe(char *buf, size_t len, const wedge_t *const *path, int n)
         const wedge_t *e = path[i];
         const colld_dcomm_t *c = e->c;
         char in[96];
+        bool send = e->p2p && e->p2p->d.kind == COLLD_KIND_SEND;
         if (e->p2p)
-            snprintf(in, sizeof(in), "to %s %s rank %d (operation #%llu)",
-                     e->p2p->d.kind == COLLD_KIND_SEND ? "send" : "receive",
-                     e->p2p->d.kind == COLLD_KIND_SEND ? "to" : "from", e->k.missing, (unsigned long long)e->k.seq);
+            colld_p2p_op_text(in, sizeof(in), send ? "to send" : "to receive", send, NULL, e->k.missing, e->k.seq);
         else
             snprintf(in, sizeof(in), "in collective #%llu", (unsigned long long)e->k.seq);
         off += snprintf(buf + off, len - (size_t)off,

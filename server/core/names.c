@@ -1,8 +1,11 @@
 /*
  * names.c - the names of collective kinds, data types, reduction ops and communicator states, as
- * the daemon's messages, collctl and the events write them.
+ * the daemon's messages, collctl and the events write them; and how a detail names a send or
+ * receive.
  */
 #include "server/core/daemon.h"
+
+#include <stdio.h>
 
 /* "allreduce", ..., "unknown" for a value outside colld_kind_t. */
 const char *colld_kind_name(unsigned kind)
@@ -63,4 +66,10 @@ const char *colld_comm_state_name(colld_comm_state_t s)
         return "closing";
     }
     return "unknown";
+}
+
+int colld_p2p_op_text(char *buf, size_t len, const char *verb, bool send, const char *what, int peer, uint64_t id)
+{
+    return snprintf(buf, len, "%s%s%s %s rank %d (operation #%llu)", verb, what ? " " : "", what ? what : "",
+                    send ? "to" : "from", peer, (unsigned long long)id);
 }

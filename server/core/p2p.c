@@ -480,10 +480,10 @@ static int describe_op_wait(char *buf, size_t len, const colld_dcomm_t *c, const
     int a = op->member->rank, b = op->d.root;
     bool send = op->d.kind == COLLD_KIND_SEND;
     describe_size(size, sizeof(size), &op->d);
-    int off = put(buf, len, "rank %d (pid %d) waited %llu ms to %s %s %s rank %d (operation #%llu); ", a,
-                  (int)op->session->pid,
-                  (unsigned long long)(now > op->arrival_ns ? (now - op->arrival_ns) / 1000000ull : 0),
-                  send ? "send" : "receive", size, send ? "to" : "from", b, (unsigned long long)op->id);
+    char name[192];
+    colld_p2p_op_text(name, sizeof(name), send ? "send" : "receive", send, size, b, op->id);
+    int off = put(buf, len, "rank %d (pid %d) waited %llu ms to %s; ", a, (int)op->session->pid,
+                  (unsigned long long)(now > op->arrival_ns ? (now - op->arrival_ns) / 1000000ull : 0), name);
     if (!can_go(c, op)) {
         /* It never got to run: say where both ranks stand. */
         off += put(buf + off, len - (size_t)off, "rank %d ", a);

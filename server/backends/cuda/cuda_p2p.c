@@ -77,9 +77,9 @@ static size_t xfer_bytes(const colld_xfer_t *x)
 static void describe_op(char *buf, size_t len, const colld_op_t *op)
 {
     bool send = op->d.kind == COLLD_KIND_SEND;
-    snprintf(buf, len, "%s of %llu x %s %s rank %d (operation #%llu)", send ? "send" : "receive",
-             (unsigned long long)op->d.count, colld_dtype_name(op->d.dtype), send ? "to" : "from", op->d.root,
-             (unsigned long long)op->id);
+    char what[64];
+    snprintf(what, sizeof(what), "of %llu x %s", (unsigned long long)op->d.count, colld_dtype_name(op->d.dtype));
+    colld_p2p_op_text(buf, len, send ? "send" : "receive", send, what, op->d.root, op->id);
 }
 
 /* ============================================================================================
