@@ -245,7 +245,8 @@ static size_t stride_of(size_t bytes)
 
 static bool guards_ok(run_t *R, const unsigned char *buf, size_t bytes, const char *what)
 {
-    return p2p_guards_intact(buf, bytes) || fail(R, "%s: a guard byte around the buffer was overwritten on the device", what);
+    return p2p_guards_intact(buf, bytes) ||
+           fail(R, "%s: a guard byte around the buffer was overwritten on the device", what);
 }
 
 static bool check_message(run_t *R, const void *buf, colld_dtype_t dt, int from, int to, unsigned step, int k,
