@@ -132,6 +132,14 @@ static void on_comm_init(colld_rpc_call_t *call, const ProtobufCMessage *msg, vo
                  "running ones go on until they finish or the drain deadline. Create the communicator once the "
                  "daemon is back";
     }
+    char refused[256];
+    for (int i = 0; s && status == COLLD_OK && i < d->nbackends; i++) {
+        colld_backend_t *b = &d->backends[i];
+        if (b->present && b->ops->join_refused && b->ops->join_refused(b, s, refused, sizeof(refused))) {
+            status = COLLD_ERR_DEVICE;
+            detail = refused;
+        }
+    }
     if (status == COLLD_OK)
         colld_comm_join(d, s, req->unique_id.data, req->nranks, req->rank, req->timeout_ms, req->name,
                         req->nan_check, call, NULL);
