@@ -19,7 +19,8 @@
  *                  the GPU brought back (the backend's recovery thread; issue 15 F3)
  *   cuda_watch.c   the thread that wakes the engine when GPU work can move (issue 15 F5)
  *   cuda_health.c  GPU health from NVML, its own thread: events, the published records, the drain
- *                  of a GPU after a fatal event (issue 30 item 2)
+ *                  of a GPU after a fatal event (issue 30 item 2; cuda_base.c's cuda_gpu_drained
+ *                  tells the files above whether a GPU is drained)
  *   cuda_seg.c     registrations across several VMM allocations, assembled from segments
  *                  (issue 15 D2)
  *   cuda_mem.c     GPU registrations (through transport/cuda_ipc) and each session's flag area
@@ -215,6 +216,9 @@ const char *cuda_reset_hint(CUresult r);
 void cuda_gpu_fault(colld_gpus_t *g, int gi, CUresult r);
 /* NULL when GPU gi takes new work; else why not, in buf (lock held). */
 const char *cuda_gpu_unusable(const colld_gpus_t *g, int gi, char *buf, size_t len);
+/* NULL when GPU gi is not drained after a fatal health event (cuda_health.c); else why it takes
+ * no new work, in buf (lock held). */
+const char *cuda_gpu_drained(const colld_gpus_t *g, int gi, char *buf, size_t len);
 /* Wake the watcher (cuda_watch.c) after GPU work became outstanding (lock held). */
 void cuda_watch_kick(colld_gpus_t *g);
 /* List membership of what a reset must drop (lock held). */
@@ -319,8 +323,6 @@ void cuda_recover_stop(colld_gpus_t *g);
  * without memory. */
 int cuda_health_start(colld_gpus_t *g);
 void cuda_health_stop(colld_gpus_t *g);
-/* NULL when GPU gi is not drained; else why it takes no new work, in buf (lock held). */
-const char *cuda_gpu_drained(const colld_gpus_t *g, int gi, char *buf, size_t len);
 
 /* ---- cuda_watch.c (issue 15 F5) ---- */
 /* Start the thread that wakes the engine when movable(b) says GPU work can move: 0, or -1 (then

@@ -572,14 +572,3 @@ void cuda_health_stop(colld_gpus_t *g)
     d->ngpu_health = 0;
     pthread_mutex_unlock(&d->lock);
 }
-
-const char *cuda_gpu_drained(const colld_gpus_t *g, int gi, char *buf, size_t len)
-{
-    if (gi < 0 || gi >= g->n || !g->gpu[gi].drained)
-        return NULL;
-    snprintf(buf, len,
-             "GPU %d (%s) is drained after %s (NVML): colld takes no new work on it; restart the daemon once the GPU "
-             "is fixed",
-             gi, g->gpu[gi].name, g->gpu[gi].drain_why);
-    return buf;
-}
