@@ -108,8 +108,11 @@ int collctl_gpu_findings(const Colld__V1__GpuHealth *g, collctl_gpu_finding_t *o
             n++;                                                                                                       \
         }                                                                                                              \
     } while (0)
-    if (!g->nvml)
-        return 0;
+    if (!g->nvml) {
+        if (strncmp(g->status, "lost", 4) == 0)
+            FINDING(true, "gpu-lost", "%s: %s%s", who, g->status, users);
+        return n;
+    }
     if (g->ecc_uncorrected > 0)
         FINDING(true, "gpu-ecc", "%s: %lld uncorrected ECC error%s%s%s%s", who, (long long)g->ecc_uncorrected,
                 g->ecc_uncorrected == 1 ? "" : "s", *since ? " since " : "", since, users);

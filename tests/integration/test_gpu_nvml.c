@@ -277,6 +277,14 @@ static void test_health_drain(void **state)
     /* An Xid of the critical list drains GPU 1 too, named in the event. */
     assert_true(nvml_append("gpu=1 xid=79"));
     assert_true(log_says(h->log, "GPU 1 (CUDA driver test double device 1): drained after Xid 79", 10000));
+    /* GPU 1 vanishes from NVML: said, shown, a problem; nothing crashes. */
+    assert_true(nvml_append("gpu=1 lost=1"));
+    assert_true(log_says(h->log, "GPU 1 (CUDA driver test double device 1): NVML reports the GPU lost", 10000));
+    static char out[32768];
+    int rc = collctl(h, out, sizeof(out), "doctor", NULL);
+    if (rc != 1 || !strstr(out, "PROBLEM gpu-lost   GPU 1 (CUDA driver test double device 1): lost: NVML reports the "
+                                "GPU lost (GPU_IS_LOST)"))
+        fail_msg("collctl doctor (rc %d) with GPU 1 lost:\n%s", rc, out);
 }
 
 /* ============================================================================================
