@@ -513,7 +513,7 @@ int cuda_health_start(colld_gpus_t *g)
     pthread_mutex_lock(&d->lock);
     d->gpu_health = pub;
     d->ngpu_health = g->n;
-    snprintf(d->gpu_health_none, sizeof(d->gpu_health_none), "%s", nv ? "" : err);
+    colld_strlcpy(d->gpu_health_none, nv ? "" : err, sizeof(d->gpu_health_none));
     pthread_mutex_unlock(&d->lock);
     if (!nv)
         return 0;
