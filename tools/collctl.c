@@ -195,6 +195,7 @@ static void print_json(const Colld__V1__StatusResponse *r)
     }
     printf("],\"slow_links\":");
     collctl_links_json(links, nlinks);
+    collctl_gpu_json(r);
     printf(",\"sessions\":[");
     for (size_t i = 0; i < r->n_sessions; i++) {
         const Colld__V1__SessionInfo *s = r->sessions[i];
@@ -364,6 +365,7 @@ static void print_text(const Colld__V1__StatusResponse *r)
         if (c->last_error && *c->last_error)
             printf("         last error: %s\n", c->last_error);
     }
+    collctl_gpu_text(r);
 }
 
 /* ============================================================================================

@@ -41,6 +41,17 @@ void collctl_clean_message(ProtobufCMessage *m);
 void collctl_json_str(const char *s);
 
 /* collctl doctor (collctl_doctor.c): returns the exit status (0 nothing wrong, 1 a problem). */
+/* GPU health (collctl_gpu.c): the status section, its JSON fields (",\"gpus\":[...]"), and the
+ * doctor's findings of one GPU (how many, at most max). */
+void collctl_gpu_text(const Colld__V1__StatusResponse *r);
+void collctl_gpu_json(const Colld__V1__StatusResponse *r);
+typedef struct {
+    bool problem;
+    char what[24];
+    char text[640];
+} collctl_gpu_finding_t;
+int collctl_gpu_findings(const Colld__V1__GpuHealth *g, collctl_gpu_finding_t *out, int max);
+
 int collctl_doctor(colld_client_t *c, int json, int64_t since_s, int64_t stuck_ms, int64_t straggler_ms);
 
 /* collctl probe (collctl_probe.c): bytes 0 for the daemon's default; returns the exit status (0 every

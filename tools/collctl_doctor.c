@@ -14,7 +14,10 @@
  *     dead peers, mismatches, aborts, NaN contributors (--nan-check), deadlock cycles; a problem
  *     while its communicator is still there, else a warning (history: a healthy job on a daemon
  *     whose earlier job failed is still healthy);
- *   - requests refused at per-tenant limits.
+ *   - requests refused at per-tenant limits;
+ *   - GPU health (collctl_gpu.c): uncorrected ECC errors, a failed row remap, critical Xids and a
+ *     drained GPU are problems naming the communicators and ranks on the GPU; throttling, pending
+ *     remaps or retired pages, NVLink and PCIe errors are warnings.
  *
  * Each finding is a problem (something fails or hangs now) or a warning (something is slow, was
  * refused, or failed in a communicator that is gone). Exit status 0 when there is no problem, 1
@@ -165,6 +168,12 @@ static int check_status(colld_client_t *c, report_t *r, int64_t stuck_ms, int64_
             "again)",
             text, p->tcp_rtt_us / 1000.0, (unsigned long long)p->retrans);
     }
+    for (size_t i = 0; i < s->n_gpus; i++) { /* GPU health (collctl_gpu.c) */
+        collctl_gpu_finding_t gf[8];
+        int ng = collctl_gpu_findings(s->gpus[i], gf, 8);
+        for (int k = 0; k < ng; k++)
+            add(r, gf[k].problem, gf[k].what, "%s", gf[k].text);
+    }
     free(r->live);
     r->live = s->n_comms ? calloc(s->n_comms, sizeof(*r->live)) : NULL;
     r->nlive = 0;
@@ -234,6 +243,7 @@ static void check_events(colld_client_t *c, report_t *r, int64_t since_s)
         /* coll_waiting is in progress: a stuck collective is judged from the status above. */
         bool fault = e->status != COLLD_OK && strcmp(e->type, "comm_destroyed") != 0 &&
                      strcmp(e->type, "session_detached") != 0 && strcmp(e->type, "coll_waiting") != 0 &&
+                     strncmp(e->type, "gpu_", 4) != 0 && /* GPU health: judged from the status above */
                      e->unix_us >= from;
         if (!fault) {
             protobuf_c_message_free_unpacked(m, NULL);

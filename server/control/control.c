@@ -132,6 +132,14 @@ static void on_comm_init(colld_rpc_call_t *call, const ProtobufCMessage *msg, vo
                  "running ones go on until they finish or the drain deadline. Create the communicator once the "
                  "daemon is back";
     }
+    char refused[256];
+    for (int i = 0; s && status == COLLD_OK && i < d->nbackends; i++) {
+        colld_backend_t *b = &d->backends[i];
+        if (b->present && b->ops->join_refused && b->ops->join_refused(b, s, refused, sizeof(refused))) {
+            status = COLLD_ERR_DEVICE;
+            detail = refused;
+        }
+    }
     if (status == COLLD_OK)
         colld_comm_join(d, s, req->unique_id.data, req->nranks, req->rank, req->timeout_ms, req->name,
                         req->nan_check, call, NULL);
@@ -195,6 +203,9 @@ static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
     Colld__V1__CommMemberInfo *minfo = NULL, **mptr = NULL;
     const char *detail = "";
     size_t ns = 0, nc = 0, nm = 0;
+    colld_gpu_health_t *gh = NULL;
+    int ngh = 0;
+    char gh_none[sizeof(d->gpu_health_none)] = "";
 
     pthread_mutex_lock(&d->lock);
     colld_session_t *me = session_of(d, call, req->session, &resp.status, &detail);
@@ -280,6 +291,17 @@ static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
         }
         cptr[resp.n_comms++] = i;
     }
+    /* GPU health (the device backend's records, copied under the lock). */
+    ngh = d->ngpu_health < COLLD_GPU_HEALTH_MAX ? d->ngpu_health : COLLD_GPU_HEALTH_MAX;
+    gh = ngh ? calloc((size_t)ngh, sizeof(*gh)) : NULL;
+    if (gh)
+        memcpy(gh, d->gpu_health, (size_t)ngh * sizeof(*gh));
+    else
+        ngh = 0;
+    for (int k = 0; !admin && k < ngh; k++) /* other tenants' communicators: for operators only */
+        if (gh[k].users[0])
+            colld_strlcpy(gh[k].users, "(admin only)", sizeof(gh[k].users));
+    colld_strlcpy(gh_none, d->gpu_health_none, sizeof(gh_none));
     resp.sessions = sptr;
     resp.comms = cptr;
     resp.pid = getpid();
@@ -322,9 +344,47 @@ unlock:
         }
         resp.peers = pptr;
     }
+    Colld__V1__GpuHealth *ginfo = ngh ? calloc((size_t)ngh, sizeof(*ginfo)) : NULL;
+    Colld__V1__GpuHealth **gptr = ngh ? calloc((size_t)ngh, sizeof(*gptr)) : NULL;
+    for (int k = 0; ginfo && gptr && k < ngh; k++) {
+        Colld__V1__GpuHealth *x = &ginfo[k];
+        const colld_gpu_health_t *h = &gh[k];
+        colld__v1__gpu_health__init(x);
+        x->index = h->index;
+        x->name = (char *)h->name;
+        x->uuid = (char *)h->uuid;
+        x->status = (char *)h->status;
+        x->ecc_uncorrected = h->ecc_uncorrected;
+        x->ecc_uncorrected_new = h->ecc_uncorrected_new;
+        x->retired_pending = h->retired_pending;
+        x->remap_pending = h->remap_pending;
+        x->remap_failure = h->remap_failure;
+        x->pcie_replay = h->pcie_replay;
+        x->nvlink_errors = h->nvlink_errors;
+        x->xid_count = h->xid_count;
+        x->last_xid = h->last_xid;
+        x->last_xid_unix_ms = h->last_xid_ms;
+        x->throttle_reasons = h->throttle;
+        x->thermal = h->thermal;
+        x->power = h->power;
+        x->since_unix_ms = h->since_ms;
+        x->drained = h->drained;
+        x->drain_reason = (char *)h->drain_why;
+        x->drained_unix_ms = h->drained_ms;
+        x->users = (char *)h->users;
+        x->passes = h->passes;
+        x->pass_ns = h->pass_ns;
+        x->nvml = h->nvml;
+        gptr[resp.n_gpus++] = x;
+    }
+    resp.gpus = gptr;
+    resp.gpu_health_none = gh_none;
     resp.detail = (char *)detail;
     resp.daemon_version = (char *)DAEMON_VERSION;
     colld_rpc_reply(call, &resp.base);
+    free(ginfo);
+    free(gptr);
+    free(gh);
     for (size_t k = 0; k < resp.n_sessions; k++)
         free(sinfo[k].process_name);
     for (size_t k = 0; k < resp.n_comms; k++) {

@@ -164,6 +164,9 @@ typedef struct colld_backend_ops {
                      colld_err_t *err);
     /* The session's last reference went: free what the backend keeps for it. */
     void (*session_free)(colld_backend_t *b, colld_session_t *s);
+    /* May session s join a communicator (lock held)? NULL, or why not in why (a device it holds
+     * memory on is drained after a fatal health event: cuda_health.c). NULL op: always. */
+    const char *(*join_refused)(colld_backend_t *b, const colld_session_t *s, char *why, size_t len);
 
     /* What the backend is told of its communicators' lives (NULL: nothing). */
     const colld_comm_hooks_t *hooks;

@@ -176,6 +176,10 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       OPT(wait_event_ms), 0, 86400000 },
     { "socket-mode", "COLLD_SOCKET_MODE", COLLD_CFG_STRING, "0660", "permission bits of both sockets, in octal",
       OPT(socket_mode_text), 0, 0 },
+    { "gpu-health-ms", "COLLD_GPU_HEALTH_MS", COLLD_CFG_INT, "5000",
+      "how often GPU health is read from NVML (ECC, row remaps, Xid events, NVLink and PCIe errors, throttling; "
+      "docs/operations.md, \"GPU health\") (ms); 0 = off",
+      OPT(gpu_health_ms), 0, 3600000 },
     { "drain-timeout-ms", "COLLD_DRAIN_TIMEOUT_MS", COLLD_CFG_INT, "0",
       "on SIGTERM, refuse new communicators and let the running ones finish for up to this long before stopping "
       "(ms; a second SIGTERM or SIGINT stops at once); 0 = stop at once",

@@ -32,6 +32,7 @@
 #include "proto/wire.h"
 #include "server/control/rpc/rpc_server.h"
 #include "server/core/backend.h"
+#include "server/core/health.h"
 
 #include <colld/colld.h>
 #include <pthread.h>
@@ -128,6 +129,7 @@ typedef struct {
     bool nan_check;           /* --nan-check: reductions refuse NaN and infinite inputs */
     int64_t deadlock_ms;      /* --deadlock-ms: a wait-for cycle this old is reported (0: off) */
     int64_t wait_event_ms;    /* --wait-event-ms: a collective waiting this long is an event (0: off) */
+    int64_t gpu_health_ms;    /* --gpu-health-ms: period of the GPU health pass from NVML (0: off) */
     bool deadlock_fail;       /* --deadlock-fail: and its communicators fail with COLLD_ERR_DEADLOCK */
     int64_t drain_timeout_ms; /* SIGTERM drains this long before stopping (0: stop at once) */
 } colld_daemon_config_t;
@@ -440,6 +442,11 @@ struct colld_daemon {
     int nbackends;
     const colld_comm_hooks_t *const *modules;
     char device_none[256];    /* why no backend serves device memory (the device backend may overwrite it) */
+    /* GPU health (server/core/health.h): published by the device backend's health pass, read by
+     * the status RPC, the metrics and doctor; under lock. */
+    colld_gpu_health_t *gpu_health; /* [ngpu_health] */
+    int ngpu_health;
+    char gpu_health_none[192]; /* why there is no GPU health ("" before the first pass) */
 
     colld_counters_t *counters; /* operation and communicator counters (counters.c), under lock */
     colld_metrics_t *metrics; /* the metrics endpoint (metrics.c) on the loop */

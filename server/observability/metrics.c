@@ -550,6 +550,68 @@ static void render_connections(colld_daemon_t *d, textbuf_t *b)
     tb_printf(b, "colld_metrics_connections_refused_total %llu\n", (unsigned long long)(d->metrics->refused + hs.refused));
 }
 
+/* GPU health from NVML (server/core/health.h; lock held): one series per GPU, labelled by its
+ * index and name (bounded: the GPUs of this node); a counter NVML does not support is left out. */
+static void gpu_line(textbuf_t *b, const char *name, const colld_gpu_health_t *g, int64_t v)
+{
+    if (v < 0)
+        return;
+    tb_printf(b, "%s{gpu=\"%d\",name=\"", name, g->index);
+    tb_label(b, g->name);
+    tb_printf(b, "\"} %lld\n", (long long)v);
+}
+
+static void render_gpus(textbuf_t *b, const colld_daemon_t *d)
+{
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+    } fam[] = {
+        { "colld_gpu_health_read", "gauge", "1 while the GPU's health is read from NVML, 0 when not (collctl status says why).", 0 },
+        { "colld_gpu_ecc_uncorrected_volatile", "gauge",
+          "Volatile uncorrected ECC errors of the GPU (NVML, since the driver loaded).",
+          offsetof(colld_gpu_health_t, ecc_uncorrected) },
+        { "colld_gpu_retired_pages_pending", "gauge", "1 while retired pages wait for a GPU reset.",
+          offsetof(colld_gpu_health_t, retired_pending) },
+        { "colld_gpu_row_remap_pending", "gauge", "1 while a row remap waits for a GPU reset.",
+          offsetof(colld_gpu_health_t, remap_pending) },
+        { "colld_gpu_row_remap_failure", "gauge", "1 after a row remap failed (the GPU is drained).",
+          offsetof(colld_gpu_health_t, remap_failure) },
+        { "colld_gpu_pcie_replays", "gauge", "The GPU's PCIe replay counter.", offsetof(colld_gpu_health_t, pcie_replay) },
+        { "colld_gpu_nvlink_errors", "gauge", "NVLink CRC, replay and recovery error counts over the GPU's active links.",
+          offsetof(colld_gpu_health_t, nvlink_errors) },
+        { "colld_gpu_throttle_reasons", "gauge", "NVML's clock event (throttle) reasons mask of the GPU.",
+          offsetof(colld_gpu_health_t, throttle) },
+    };
+    for (size_t f = 0; f < COLLD_ARRAY_SIZE(fam); f++) {
+        tb_family(b, fam[f].name, fam[f].type, fam[f].help);
+        for (int i = 0; i < d->ngpu_health && i < COLLD_GPU_HEALTH_MAX; i++) {
+            const colld_gpu_health_t *g = &d->gpu_health[i];
+            int64_t v = f == 0 ? (int64_t)g->nvml : (g->nvml ? *(const int64_t *)((const char *)g + fam[f].off) : -1);
+            gpu_line(b, fam[f].name, g, v);
+        }
+    }
+    tb_family(b, "colld_gpu_xid_events_total", "counter", "Critical Xid events of the GPU seen since colld started.");
+    for (int i = 0; i < d->ngpu_health && i < COLLD_GPU_HEALTH_MAX; i++)
+        gpu_line(b, "colld_gpu_xid_events_total", &d->gpu_health[i], (int64_t)d->gpu_health[i].xid_count);
+    tb_family(b, "colld_gpu_throttled", "gauge", "1 while the GPU's clocks are throttled, by reason (thermal, power).");
+    for (int i = 0; i < d->ngpu_health && i < COLLD_GPU_HEALTH_MAX; i++) {
+        const colld_gpu_health_t *g = &d->gpu_health[i];
+        if (!g->nvml || g->throttle < 0)
+            continue;
+        for (int k = 0; k < 2; k++) {
+            tb_printf(b, "colld_gpu_throttled{gpu=\"%d\",name=\"", g->index);
+            tb_label(b, g->name);
+            tb_printf(b, "\",reason=\"%s\"} %d\n", k ? "power" : "thermal", k ? g->power : g->thermal);
+        }
+    }
+    tb_family(b, "colld_gpu_drained", "gauge",
+              "1 once a fatal health event (uncorrected ECC errors rising, a critical Xid, a failed row remap) drained "
+              "the GPU: colld refuses new work on it until it restarts.");
+    for (int i = 0; i < d->ngpu_health && i < COLLD_GPU_HEALTH_MAX; i++)
+        gpu_line(b, "colld_gpu_drained", &d->gpu_health[i], d->gpu_health[i].drained);
+}
+
 /* Render every metric (daemon->lock held by the caller). */
 static void render(colld_daemon_t *d, const process_info_t *p, const peer_snapshot_t *ps, textbuf_t *b)
 {
@@ -650,6 +712,7 @@ static void render(colld_daemon_t *d, const process_info_t *p, const peer_snapsh
     render_stragglers(d, b);
     render_tenants(d, b);
     render_peers(b, ps);
+    render_gpus(b, d);
 
     render_connections(d, b);
 

@@ -188,6 +188,8 @@ static int cuda_start(colld_backend_t *b)
     }
     (void)cuda_watch_start(g, cuda_movable); /* without it the engine polls (cuda_outstanding) */
     b->state = g;
+    if (cuda_health_start(g) != 0)
+        LOG_WARN(GPU, "no GPU health: out of memory");
     b->present = true;
     LOG_INFO(GPU, "CUDA backend: %d GPU(s), driver %d.%d, first: %s", n, cu->driver_version / 1000,
              cu->driver_version % 1000 / 10, gpu[0].name);
@@ -200,6 +202,7 @@ static void cuda_stop(colld_backend_t *b)
     colld_gpus_t *g = gpus_of(b);
     if (!g)
         return;
+    cuda_health_stop(g);
     cuda_watch_stop(g);
     cuda_recover_stop(g);
     pthread_mutex_lock(&b->d->lock);
@@ -312,6 +315,19 @@ static void cuda_session_gone(colld_backend_t *b, colld_session_t *s)
     cuda_session_free(b, s);
 }
 
+/* A session holding GPU memory on a drained GPU (cuda_health.c) joins no new communicator (lock
+ * held). */
+static const char *cuda_join_refused(colld_backend_t *b, const colld_session_t *s, char *why, size_t len)
+{
+    colld_gpus_t *g = gpus_of(b);
+    if (!g)
+        return NULL;
+    for (const colld_reg_t *r = s->regs; r; r = r->next)
+        if (r->device && r->backend == b && cuda_gpu_drained(g, cuda_reg_gpu(r), why, len))
+            return why;
+    return NULL;
+}
+
 /* ============================================================================================
  * Hooks (given the daemon: they find the backend)
  * ========================================================================================== */
@@ -374,5 +390,6 @@ const colld_backend_ops_t colld_cuda_backend = {
     .mem_release = cuda_mem_release,
     .sync_area = cuda_sync_area,
     .session_free = cuda_session_gone,
+    .join_refused = cuda_join_refused,
     .hooks = &cuda_hooks,
 };

@@ -18,6 +18,9 @@
  *   cuda_recover.c a GPU whose context has a sticky error: its work failed, its context reset,
  *                  the GPU brought back (the backend's recovery thread; issue 15 F3)
  *   cuda_watch.c   the thread that wakes the engine when GPU work can move (issue 15 F5)
+ *   cuda_health.c  GPU health from NVML, its own thread: events, the published records, the drain
+ *                  of a GPU after a fatal event (issue 30 item 2; cuda_base.c's cuda_gpu_drained
+ *                  tells the files above whether a GPU is drained)
  *   cuda_seg.c     registrations across several VMM allocations, assembled from segments
  *                  (issue 15 D2)
  *   cuda_mem.c     GPU registrations (through transport/cuda_ipc) and each session's flag area
@@ -64,6 +67,9 @@ typedef struct {
     unsigned resets;   /* resets since start */
     uint64_t reset_ns; /* the last reset */
     char why[192];     /* why it is not GPU_OK: the CUDA error, the reset, the give-up */
+    /* Health (cuda_health.c; under the daemon's lock): a fatal NVML event drained it: no new work. */
+    bool drained;
+    char drain_why[96];
 } gpu_t;
 
 /* The backend's state (colld_backend_t.state), NULL without a usable GPU. */
@@ -109,6 +115,8 @@ typedef struct colld_gpus {
     /* Persistent plans (cuda_plan.c): while any lives, the watcher looks at their ready flags. */
     struct gpu_plan *plans;
     uint64_t next_plan_id;
+    /* GPU health from NVML (cuda_health.c), NULL when off or without NVML. */
+    struct cuda_health *health;
 } colld_gpus_t;
 
 /* A communicator's GPU state (colld_dcomm_t.bslot), made by its first stream-ordered descriptor. */
@@ -208,6 +216,9 @@ const char *cuda_reset_hint(CUresult r);
 void cuda_gpu_fault(colld_gpus_t *g, int gi, CUresult r);
 /* NULL when GPU gi takes new work; else why not, in buf (lock held). */
 const char *cuda_gpu_unusable(const colld_gpus_t *g, int gi, char *buf, size_t len);
+/* NULL when GPU gi is not drained after a fatal health event (cuda_health.c); else why it takes
+ * no new work, in buf (lock held). */
+const char *cuda_gpu_drained(const colld_gpus_t *g, int gi, char *buf, size_t len);
 /* Wake the watcher (cuda_watch.c) after GPU work became outstanding (lock held). */
 void cuda_watch_kick(colld_gpus_t *g);
 /* List membership of what a reset must drop (lock held). */
@@ -305,6 +316,13 @@ bool cuda_p2p_busy(const colld_gpus_t *g, int gi, bool any);
 /* Start and stop the recovery thread (lock not held). */
 int cuda_recover_start(colld_gpus_t *g);
 void cuda_recover_stop(colld_gpus_t *g);
+
+/* ---- cuda_health.c (issue 30 item 2) ---- */
+/* Publish a health record per GPU (colld_daemon_t.gpu_health) and start the thread that reads them
+ * from NVML every --gpu-health-ms; without NVML the records say why (lock not held). 0, or -1
+ * without memory. */
+int cuda_health_start(colld_gpus_t *g);
+void cuda_health_stop(colld_gpus_t *g);
 
 /* ---- cuda_watch.c (issue 15 F5) ---- */
 /* Start the thread that wakes the engine when movable(b) says GPU work can move: 0, or -1 (then

@@ -82,6 +82,18 @@ const char *cuda_gpu_unusable(const colld_gpus_t *g, int gi, char *buf, size_t l
     }
 }
 
+/* A GPU drained by a fatal health event (cuda_health.c sets it) takes no new work. */
+const char *cuda_gpu_drained(const colld_gpus_t *g, int gi, char *buf, size_t len)
+{
+    if (gi < 0 || gi >= g->n || !g->gpu[gi].drained)
+        return NULL;
+    snprintf(buf, len,
+             "GPU %d (%s) is drained after %s (NVML): colld takes no new work on it; restart the daemon once the GPU "
+             "is fixed",
+             gi, g->gpu[gi].name, g->gpu[gi].drain_why);
+    return buf;
+}
+
 void cuda_watch_kick(colld_gpus_t *g)
 {
     if (g->watching)

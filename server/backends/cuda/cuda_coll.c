@@ -59,6 +59,17 @@ colld_status_t cuda_admit(colld_backend_t *b, colld_op_t *op, colld_err_t *err)
     if (colld_comm_multi_node(m->comm))
         return colld_err_set(err, COLLD_ERR_NOT_SUPPORTED,
                              "GPU collectives on a multi-node communicator are not supported yet");
+    /* A drained GPU (cuda_health.c) takes no new collective: the GPUs of its buffers (their
+     * registrations are resolved after this check: looked up by id here). */
+    bool any_drained = false;
+    for (int i = 0; i < gpus_of(b)->n; i++)
+        any_drained |= gpus_of(b)->gpu[i].drained;
+    for (const colld_reg_t *reg = any_drained ? s->regs : NULL; reg; reg = reg->next) {
+        char why[256];
+        if ((reg->id == d->send.reg_id || reg->id == d->recv.reg_id) && reg->device && reg->backend == b &&
+            cuda_gpu_drained(gpus_of(b), cuda_reg_gpu(reg), why, sizeof(why)))
+            return colld_err_set(err, COLLD_ERR_DEVICE, "%s", why);
+    }
     gpu_session_t *gs = gpu_session_of(b, s);
     if (!gs || d->comm >= gs->lines)
         return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,

@@ -230,6 +230,8 @@ colld_status_t cuda_mem_register(colld_backend_t *b, colld_session_t *s, const c
     char why[sizeof(g->gpu[0].why) + 64];
     pthread_mutex_lock(&d->lock);
     const char *unusable = cuda_gpu_unusable(g, gi, why, sizeof(why));
+    if (!unusable) /* a drained GPU (cuda_health.c) takes no new registration either */
+        unusable = cuda_gpu_drained(g, gi, why, sizeof(why));
     if (!unusable)
         g->gpu[gi].opening++;
     pthread_mutex_unlock(&d->lock);
