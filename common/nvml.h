@@ -9,9 +9,12 @@
  *
  * NVML's own header (nvml.h, shipped with the driver's development files and the CUDA toolkit's
  * cuda-nvml-dev package) is not needed to build: the few types, constants and signatures colld
- * uses are declared below with the values of NVML's public, stable ABI (nvml.h of NVML 12 and
- * 13). Each entry point is looked up by name with dlsym; those that an older driver lacks are
- * NULL, and what they read is then "not supported".
+ * uses are declared below with the values of NVML's public, stable ABI. Every value and the layout
+ * of nvmlEventData_t were checked against NVIDIA's own Python binding of that ABI, pynvml.py of
+ * nvidia-ml-py 13.615.71 (PyPI), which carries them from nvml.h; the NVML test double is built from
+ * these declarations too, so only such a check (or a real GPU) can find a wrong one. Each entry
+ * point is looked up by name with dlsym; those that an older driver lacks are NULL, and what they
+ * read is then "not supported".
  */
 #ifndef COLLD_COMMON_NVML_H
 #define COLLD_COMMON_NVML_H
@@ -48,7 +51,7 @@ typedef struct {
 #define COLLD_NVML_VOLATILE_ECC 0                  /* nvmlEccCounterType_t: since the driver loaded */
 #define COLLD_NVML_FEATURE_ENABLED 1               /* nvmlEnableState_t */
 #define COLLD_NVML_EVENT_XID_CRITICAL 0x0000000000000008ULL /* nvmlEventTypeXidCriticalError */
-#define COLLD_NVML_NVLINK_MAX_LINKS 18                      /* NVML_NVLINK_MAX_LINKS */
+#define COLLD_NVML_NVLINK_MAX_LINKS 36 /* NVML_NVLINK_MAX_LINKS (NVML 13; 18 links on an H100/H200) */
 /* nvmlNvLinkErrorCounter_t */
 #define COLLD_NVML_NVLINK_ERROR_DL_REPLAY 0
 #define COLLD_NVML_NVLINK_ERROR_DL_RECOVERY 1

@@ -13,7 +13,7 @@
  *   PCIe replays                        nvmlDeviceGetPcieReplayCounter
  *   thermal and power throttling        nvmlDeviceGetCurrentClocksEventReasons (or ...ThrottleReasons)
  *
- * A pass makes at most 6 + 4 * 18 (NVLink) NVML calls per GPU and reads at most
+ * A pass makes at most 6 + 4 * 36 (NVLink) NVML calls per GPU and reads at most
  * HEALTH_EVENTS_PER_PASS events, all with the daemon's lock dropped; then, under the lock, it compares
  * with the last pass, records an event for every value that changed for the worse (the GPU's and
  * each communicator's using it), publishes the records (colld_daemon_t.gpu_health, server/core/
