@@ -8,10 +8,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h>
+#endif
 
+/* On x86-64 libxxhash's dispatching entry picks the widest vector unit at run time (AVX2 or
+ * AVX-512; the plain entry is built for the baseline SSE2 and ran at a third of the speed here). */
 uint64_t colld_verify_sum(const void *p, size_t len)
 {
+#if defined(__x86_64__)
+    return (uint64_t)XXH3_64bits_dispatch(p, len);
+#else
     return (uint64_t)XXH3_64bits(p, len);
+#endif
 }
 
 int colld_verify_verdict(const uint64_t *sums, int n, int *ref, bool *majority)
