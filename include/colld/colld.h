@@ -233,8 +233,9 @@ typedef struct {
                             naming the rank (pid), the node and its address, and the first element
                             that differs, and breaks the communicator. Small all-reduces then go
                             through the daemon, not the fast path. Reduce and reduce-scatter are
-                            not verified (each result exists once). Any rank's 1 holds for the
-                            whole communicator. 0: the daemon's setting. Other values:
+                            not verified (each result exists once), nor are collectives on GPU
+                            buffers yet (they run unverified). Any rank's 1 holds for the whole
+                            communicator. 0: the daemon's setting. Other values:
                             COLLD_ERR_INVALID_ARGUMENT */
 } colld_comm_config_t;
 
