@@ -18,7 +18,8 @@ CMAKE_ARGS ?=
 # tc for test_slowlink (hosts in network namespaces, one link shaped).
 DEB_PACKAGES = gcc make cmake ninja-build pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
                libuv1-dev libssl-dev libcmocka-dev clang libclang-rt-14-dev libsystemd-dev \
-               systemd prometheus help2man groff-base python3-venv python3-dev g++ iproute2
+               systemd prometheus help2man groff-base python3-venv python3-dev g++ iproute2 \
+               libxxhash-dev
 
 # The project's Python environment: Debian's python3 with exactly the packages of requirements.txt
 # (pinned with their hashes; torch 2.x, the Kubernetes schemas' validator, pytest). Remade when

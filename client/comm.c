@@ -55,7 +55,7 @@ colld_status_t colld_comm_init_rank(colld_client_t *c, colld_comm_t **comm, int 
     }
     int timeout_ms = 0;
     const char *name = NULL;
-    bool nan_check = false;
+    bool nan_check = false, verify = false;
     if (cfg) {
         if (cfg->size < offsetof(colld_comm_config_t, name) + sizeof(cfg->name) || cfg->version == 0 ||
             cfg->version > COLLD_API_VERSION) {
@@ -75,6 +75,14 @@ colld_status_t colld_comm_init_rank(colld_client_t *c, colld_comm_t **comm, int 
                 return COLLD_ERR_INVALID_ARGUMENT;
             }
             nan_check = cfg->nan_check == 1;
+        }
+        /* verify_results came later still. */
+        if (cfg->size >= offsetof(colld_comm_config_t, verify_results) + sizeof(cfg->verify_results)) {
+            if (cfg->verify_results != 0 && cfg->verify_results != 1) {
+                LOG_WARN(CLIENT, "colld_comm_init_rank: verify_results %d is neither 0 nor 1", cfg->verify_results);
+                return COLLD_ERR_INVALID_ARGUMENT;
+            }
+            verify = cfg->verify_results == 1;
         }
     }
     colld_comm_t *cm = calloc(1, sizeof(*cm));
@@ -96,6 +104,7 @@ colld_status_t colld_comm_init_rank(colld_client_t *c, colld_comm_t **comm, int 
     req.timeout_ms = timeout_ms;
     req.name = cname;
     req.nan_check = nan_check;
+    req.verify_results = verify;
     int wait_ms = (timeout_ms ? timeout_ms : c->default_timeout_ms) + JOIN_RPC_MARGIN_MS;
     Colld__V1__CommInitResponse *resp = NULL;
     char detail[512] = "";

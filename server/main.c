@@ -14,6 +14,7 @@
 #include "server/core/counters.h"
 #include "server/core/daemon.h"
 #include "server/core/tenant.h"
+#include "server/core/verify.h"
 #include "server/net/net.h"
 #include "server/observability/metrics.h"
 #include "server/observability/notify.h"
@@ -121,6 +122,11 @@ static int finish_config(colld_daemon_t *d)
         fprintf(stderr, "colld: --net-algo: '%s' is not auto, ring or rd\n", c->net_algo_text ? c->net_algo_text : "");
         return -1;
     }
+    if (!colld_verify_hook_parse(c->test_corrupt_text, &c->test_corrupt_rank, &c->test_corrupt_elem)) {
+        fprintf(stderr, "colld: --test-corrupt-result: '%s' is not R:E or node:E\n", c->test_corrupt_text);
+        return -1;
+    }
+    c->test_corrupt = c->test_corrupt_rank > -2;
     if (c->net_chunk < 4096 || c->net_chunk > (1u << 20) || c->net_chunk % 64) {
         fprintf(stderr, "colld: --net-chunk: %llu must be 4K..1M and a multiple of 64\n",
                 (unsigned long long)c->net_chunk);
@@ -302,12 +308,12 @@ int main(int argc, char **argv)
         printf("# colld %s configuration (colld --print-config). Every option of colld; the lines starting with\n"
                "# '#name =' hold the default. Precedence: command line > environment (COLLD_*) > this file.\n",
                COLLD_VERSION_STRING);
-        colld_config_print_file(stdout, NULL, colld_daemon_config_table, colld_daemon_config_table_len, &d.cfg);
+        colld_config_print_file(stdout, NULL, colld_daemon_config_table, colld_daemon_config_table_shown, &d.cfg);
         rc = 0;
         goto out_cfg;
     }
     if (cr == 1) {
-        colld_config_print_help(stdout, USAGE, colld_daemon_config_table, colld_daemon_config_table_len);
+        colld_config_print_help(stdout, USAGE, colld_daemon_config_table, colld_daemon_config_table_shown);
         fputs(USAGE_TAIL, stdout);
         rc = 0;
         goto out_cfg;

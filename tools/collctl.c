@@ -220,6 +220,7 @@ static void print_json(const Colld__V1__StatusResponse *r)
         json_str(c->p2p_wait);
         printf(",\"coll_waited_ms\":%lld,\"coll_wait\":", (long long)c->coll_waited_ms);
         json_str(c->coll_wait);
+        printf(",\"verify_results\":%s", c->verify_results ? "true" : "false");
         printf(",\"members\":[");
         for (size_t m = 0; m < c->n_members; m++) {
             const Colld__V1__CommMemberInfo *x = c->members[m];
@@ -351,6 +352,8 @@ static void print_text(const Colld__V1__StatusResponse *r)
          * and a rank that stopped is not in it. */
         if (c->coll_wait && *c->coll_wait)
             printf("         waiting: %s\n", c->coll_wait);
+        if (c->verify_results)
+            printf("         result verification: on (all-reduce results checksummed and compared)\n");
         for (size_t m = 0; m < c->n_members; m++) {
             const Colld__V1__CommMemberInfo *x = c->members[m];
             fmt_member(x, where, sizeof(where));

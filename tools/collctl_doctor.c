@@ -211,6 +211,8 @@ static const char *fault_what(const Colld__V1__Event *e)
 {
     if (e->status == COLLD_ERR_NUMERIC)
         return "nan";
+    if (e->status == COLLD_ERR_CORRUPTED) /* result verification: a rank's or node's result differs */
+        return "corrupted";
     if (e->status == COLLD_ERR_DEADLOCK || strcmp(e->type, "deadlock") == 0)
         return "deadlock";
     return e->type;

@@ -110,6 +110,7 @@ static ncclResult_t to_nccl(colld_status_t st)
     case COLLD_ERR_TIMEOUT:
     case COLLD_ERR_MISMATCH:
     case COLLD_ERR_ABORTED:
+    case COLLD_ERR_CORRUPTED: /* a rank's or node's all-reduce result differs (colld's --verify-results) */
         return ncclRemoteError;
     case COLLD_ERR_DEVICE:
         return ncclUnhandledCudaError;

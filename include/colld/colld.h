@@ -98,6 +98,10 @@
  *       allocated"), and charges what it allocates itself for a tenant (rings, fast areas, GPU
  *       flag areas, multi-node buffers, page tables) to max-daemon-bytes-per-tenant
  *       (COLLD_ERR_QUOTA_EXCEEDED from colld_connect, colld_mem_alloc or a multi-node collective).
+ *       New (issue 30 item 3): result verification, colld_comm_config_t.verify_results (the struct
+ *       grew; a config of the older size, without the field, means 0) and the daemon's
+ *       --verify-results; new status COLLD_ERR_CORRUPTED: a rank's or a node's all-reduce result
+ *       differs from the others'.
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -158,14 +162,18 @@ extern "C" {
       "daemon's --nan-check); colld_comm_last_error names the rank and the element")                                   \
     X(ERR_DEADLOCK, -19,                                                                                               \
       "ranks wait for each other in different communicators (they call their collectives in different "                \
-      "orders); colld_comm_last_error names the cycle")
+      "orders); colld_comm_last_error names the cycle")                                                                \
+    X(ERR_CORRUPTED, -20,                                                                                              \
+      "a rank's or a node's all-reduce result differs from the others' (result verification: the daemon's "            \
+      "--verify-results or colld_comm_config_t.verify_results); colld_comm_last_error names the rank and its pid, "    \
+      "or the node and its address")
 
 typedef enum {
 #define COLLD_STATUS_ENUM_(name, value, text) COLLD_##name = (value),
     COLLD_STATUS_LIST(COLLD_STATUS_ENUM_)
 #undef COLLD_STATUS_ENUM_
 } colld_status_t;
-#define COLLD_ERR_LAST COLLD_ERR_DEADLOCK /* the lowest status value */
+#define COLLD_ERR_LAST COLLD_ERR_CORRUPTED /* the lowest status value */
 
 typedef enum {
     COLLD_INT8 = 0,
@@ -218,9 +226,20 @@ typedef struct {
                             collectives go through the daemon, not the fast path); any rank's 1
                             holds for the whole communicator. 0: the daemon's setting. Other
                             values: COLLD_ERR_INVALID_ARGUMENT */
+    int verify_results;  /* 1: result verification for this communicator, as the daemon's
+                            --verify-results: after each all-reduce the daemon checksums every
+                            rank's result (XXH3) and, across nodes, each node's; a result that
+                            differs fails the all-reduce on every rank with COLLD_ERR_CORRUPTED
+                            naming the rank (pid), the node and its address, and the first element
+                            that differs, and breaks the communicator. Small all-reduces then go
+                            through the daemon, not the fast path. Reduce and reduce-scatter are
+                            not verified (each result exists once), nor are collectives on GPU
+                            buffers yet (they run unverified). Any rank's 1 holds for the whole
+                            communicator. 0: the daemon's setting. Other values:
+                            COLLD_ERR_INVALID_ARGUMENT */
 } colld_comm_config_t;
 
-#define COLLD_COMM_CONFIG_INIT { sizeof(colld_comm_config_t), COLLD_API_VERSION, 0, NULL, 0 }
+#define COLLD_COMM_CONFIG_INIT { sizeof(colld_comm_config_t), COLLD_API_VERSION, 0, NULL, 0, 0 }
 
 /* Connect to the local daemon. socket_path NULL: $COLLD_SOCKET, else /run/colld/colld.sock for
  * root and $XDG_RUNTIME_DIR/colld.sock otherwise. */

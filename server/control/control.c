@@ -11,6 +11,7 @@
 
 #include "server/core/daemon.h"
 #include "server/core/tenant.h"
+#include "server/core/verify.h"
 #include "server/net/net.h"
 #include "server/observability/events.h"
 #include "server/observability/recorder.h"
@@ -142,7 +143,8 @@ static void on_comm_init(colld_rpc_call_t *call, const ProtobufCMessage *msg, vo
     }
     if (status == COLLD_OK)
         colld_comm_join(d, s, req->unique_id.data, req->nranks, req->rank, req->timeout_ms, req->name,
-                        req->nan_check, call, NULL);
+                        (req->nan_check ? COLLD_JOIN_NAN_CHECK : 0u) | (req->verify_results ? COLLD_JOIN_VERIFY : 0u),
+                        call, NULL);
     else
         colld_reply_add(d, call, status, detail);
     colld_daemon_unlock(d);
@@ -271,6 +273,7 @@ static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void 
         i->coll_waited_ms = (int64_t)(colld_match_describe_wait(wait, sizeof(wait), c, colld_now_ns(), &absent) /
                                       1000000ull);
         i->coll_wait = strdup(wait);
+        i->verify_results = colld_comm_verifies(d, c);
         i->members = &mptr[mi];
         for (int k = 0; k < colld_comm_nslots(c); k++) {
             colld_member_t *m = colld_comm_slot(c, k);

@@ -494,7 +494,7 @@ static void join_complete(colld_daemon_t *d, colld_dcomm_t *c, colld_member_t *m
  * COLLD_NAME_LEN - 1 bytes (it is shown to operators, logged, and sent in every Status and event),
  * else the join is refused with INVALID_ARGUMENT saying what is wrong. */
 colld_status_t colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, int nranks, int rank,
-                               int timeout_ms, const char *name, bool nan_check, colld_rpc_call_t *call,
+                               int timeout_ms, const char *name, unsigned checks, colld_rpc_call_t *call,
                                colld_err_t *refusal)
 {
     colld_err_t local = COLLD_ERR_INIT, *err = refusal ? refusal : &local;
@@ -537,7 +537,9 @@ colld_status_t colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint
     s->ncomms++;
     c->joined++;
     c->present++;
-    c->nan_check |= nan_check; /* any rank's request holds for the whole communicator */
+    /* any rank's request holds for the whole communicator */
+    c->nan_check |= (checks & COLLD_JOIN_NAN_CHECK) != 0;
+    c->verify |= (checks & COLLD_JOIN_VERIFY) != 0;
     join_complete(d, c, m);
     return COLLD_OK;
 fail:

@@ -161,6 +161,12 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "on some rank, on every rank, with COLLD_ERR_NUMERIC naming the rank(s) and the first element; such "
       "communicators get no fast area (their small collectives go through the daemon)",
       OPT(nan_check), 0, 0 },
+    { "verify-results", "COLLD_VERIFY_RESULTS", COLLD_CFG_BOOL, "false",
+      "result verification: after every all-reduce, checksum (XXH3) each rank's result and, across nodes, each "
+      "node's, and fail the all-reduce on every rank with COLLD_ERR_CORRUPTED naming the rank, its node and the "
+      "first element whose result differs (colld_comm_config_t.verify_results asks for it per communicator); "
+      "such communicators get no fast area",
+      OPT(verify_results), 0, 0 },
     { "deadlock-ms", "COLLD_DEADLOCK_MS", COLLD_CFG_INT, "10000",
       "report ranks that wait for each other across communicators (a cycle of collectives called in different "
       "orders) once the cycle has lasted this long (ms; a log line and a deadlock event naming it); 0 = off",
@@ -184,6 +190,18 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "on SIGTERM, refuse new communicators and let the running ones finish for up to this long before stopping "
       "(ms; a second SIGTERM or SIGINT stops at once); 0 = stop at once",
       OPT(drain_timeout_ms), 0, 86400000 },
+/* Test hooks last: --help and --print-config (the sample configuration) leave them out. */
+#ifdef COLLD_TEST_HOOKS
+    { "test-corrupt-result", "COLLD_TEST_CORRUPT_RESULT", COLLD_CFG_STRING, NULL,
+      "TEST HOOK (test builds only): R:E flips element E of rank R's all-reduce result after the reduction, "
+      "node:E element E of this node's multi-node all-reduce result, so that --verify-results has something to find",
+      OPT(test_corrupt_text), 0, 0 },
+#endif
 };
 
 const size_t colld_daemon_config_table_len = sizeof(colld_daemon_config_table) / sizeof(colld_daemon_config_table[0]);
+#ifdef COLLD_TEST_HOOKS
+const size_t colld_daemon_config_table_shown = colld_daemon_config_table_len - 1;
+#else
+const size_t colld_daemon_config_table_shown = colld_daemon_config_table_len;
+#endif

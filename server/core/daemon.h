@@ -127,6 +127,11 @@ typedef struct {
     int net_algo;           /* COLLD_NET_ALGO_* parsed from net_algo_text */
     uint64_t fast_path_bytes; /* per-rank inputs up to this run on the fast area (0: off) */
     bool nan_check;           /* --nan-check: reductions refuse NaN and infinite inputs */
+    bool verify_results;      /* --verify-results: all-reduce results are checksummed and compared */
+    char *test_corrupt_text;  /* --test-corrupt-result (test hook, COLLD_TEST_HOOKS builds): verify.h */
+    bool test_corrupt;        /* parsed from it: on, */
+    int test_corrupt_rank;    /* a rank, or -1: this node's multi-node result, */
+    uint64_t test_corrupt_elem;
     int64_t deadlock_ms;      /* --deadlock-ms: a wait-for cycle this old is reported (0: off) */
     int64_t wait_event_ms;    /* --wait-event-ms: a collective waiting this long is an event (0: off) */
     int64_t gpu_health_ms;    /* --gpu-health-ms: period of the GPU health pass from NVML (0: off) */
@@ -306,6 +311,7 @@ struct colld_dcomm {
     char name[COLLD_NAME_LEN];
     int timeout_ms;
     bool nan_check;           /* a rank asked for --nan-check's checks on this communicator */
+    bool verify;              /* a rank asked for --verify-results on this communicator */
     /* Spanning nodes: a link it runs over is slow now ("host0 → host2: 1.1 MB/s, other links
      * ..."), set each second by the net layer's link watch (server/net/links.c); "" when none. */
     char slow_link[160];
@@ -581,11 +587,14 @@ bool colld_comm_take_uid(colld_daemon_t *d, const uint8_t *uid, uid_t tenant);
 /* The root daemon's address in a multi-node unique id (into buf), or NULL for a local id. */
 const char *colld_uid_root_addr(const uint8_t *uid, char *buf, size_t len);
 /* Join rank `rank` of the communicator named by `uid`; `call` (may be NULL) is answered when
- * every rank has joined, or at once on error (colld_reply_add). `nan_check`: the rank asks for
- * --nan-check's input checks on this communicator (any rank's request holds for all). Returns COLLD_OK (the join is
- * pending or done) or the refusal, also in *refusal when given (in-process tests). */
+ * every rank has joined, or at once on error (colld_reply_add). `checks`: COLLD_JOIN_* bits, the
+ * checks the rank asks for on this communicator (any rank's request holds for all; 0 or false:
+ * none). Returns COLLD_OK (the join is pending or done) or the refusal, also in *refusal when given
+ * (in-process tests). */
+#define COLLD_JOIN_NAN_CHECK 1u /* --nan-check's input checks */
+#define COLLD_JOIN_VERIFY 2u    /* --verify-results' result verification */
 colld_status_t colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint8_t *uid, int nranks, int rank,
-                               int timeout_ms, const char *name, bool nan_check, colld_rpc_call_t *call,
+                               int timeout_ms, const char *name, unsigned checks, colld_rpc_call_t *call,
                                colld_err_t *refusal);
 /* CommDestroy: the rank of `handle` leaves. COLLD_OK, or an error with what is wrong in err. */
 colld_status_t colld_comm_leave(colld_daemon_t *d, colld_session_t *s, uint32_t handle, colld_err_t *err);
@@ -791,5 +800,6 @@ const char *colld_redop_name(unsigned redop);
 /* ---- config_table.c ---- */
 extern const colld_config_entry_t colld_daemon_config_table[];
 extern const size_t colld_daemon_config_table_len;
+extern const size_t colld_daemon_config_table_shown; /* the entries --help and --print-config show (no test hooks) */
 
 #endif /* COLLD_SERVER_DAEMON_H */

@@ -16,6 +16,7 @@
 #include "server/core/counters.h"
 #include "server/core/daemon.h"
 #include "server/core/tenant.h"
+#include "server/core/verify.h"
 
 #include "common/log.h"
 #include "common/util.h"
@@ -44,7 +45,7 @@ static uint64_t line_up(uint64_t v)
 static int fast_create(colld_daemon_t *d, colld_dcomm_t *c)
 {
     uint64_t slot = d->cfg.fast_path_bytes;
-    if (slot == 0 || colld_comm_multi_node(c) || d->cfg.nan_check || c->nan_check)
+    if (slot == 0 || colld_comm_multi_node(c) || d->cfg.nan_check || c->nan_check || colld_comm_verifies(d, c))
         return 0; /* disabled, multi-node (the network stages need the daemon), or the daemon checks inputs */
     uint64_t share = FAST_AREA_MAX / (uint64_t)c->nranks;
     if (share < sizeof(colld_wire_fast_stats_t) + COLLD_WIRE_FAST_DEPTH * 2 * COLLD_WIRE_CACHELINE)

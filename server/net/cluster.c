@@ -232,6 +232,7 @@ static void xcomm_free(colld_daemon_t *d, colld_dcomm_t *c, colld_xcomm_t *x)
     free(x->node_nranks);
     free(x->peers);
     free(x->ready);
+    free(x->verified);
     free(x->scratch);
     free(x);
 }
@@ -634,7 +635,8 @@ static int apply_formed(colld_daemon_t *d, colld_dcomm_t *c, const Colld__Net__V
     x->node_nranks = calloc((size_t)k, sizeof(int));
     x->peers = calloc((size_t)k, sizeof(*x->peers));
     x->ready = calloc((size_t)k, sizeof(*x->ready));
-    if (!x->node_name || !x->node_addr || !x->rank_node || !x->node_nranks || !x->peers || !x->ready) {
+    x->verified = calloc((size_t)k, sizeof(*x->verified));
+    if (!x->node_name || !x->node_addr || !x->rank_node || !x->node_nranks || !x->peers || !x->ready || !x->verified) {
         snprintf(why, len, "daemon out of memory");
         return -1;
     }
@@ -895,9 +897,13 @@ static void handle_fail(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net
 /* Ready arrived (network thread). */
 static void handle_ready(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net__V1__Ready *m)
 {
-    xsig_t sig = {
-        .seq = m->seq, .kind = m->kind, .dtype = m->dtype, .redop = m->redop, .root = m->root, .count = m->count
-    };
+    xsig_t sig = { .seq = m->seq,
+                   .kind = m->kind,
+                   .dtype = m->dtype,
+                   .redop = m->redop,
+                   .root = m->root,
+                   .count = m->count,
+                   .verify = m->verify };
     colld_dcomm_t *c = colld_cluster_pin(d, m->xid);
     if (!c) {
         early_keep_ready(colld_cluster_of(d), colld_net_peer_addr(p), m->xid, &sig); /* before its Formed */
@@ -910,6 +916,29 @@ static void handle_ready(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Ne
             node = i;
     if (node >= 0 && m->seq > 0)
         colld_xcoll_ready(d, c, node, &sig);
+    colld_cluster_unpin(d, c);
+}
+
+/* Verify arrived (network thread): only from a member node of a communicator formed here (a
+ * Verify comes after every node's Ready, so never before the communicator formed). */
+static void handle_verify(colld_daemon_t *d, colld_net_peer_t *p, const Colld__Net__V1__Verify *m)
+{
+    colld_dcomm_t *c = colld_cluster_pin(d, m->xid);
+    if (!c) {
+        colld_cluster_log_bad(colld_cluster_of(d), "Verify from %s for no communicator formed here",
+                              colld_net_peer_addr(p));
+        return;
+    }
+    colld_xcomm_t *x = colld_xcomm(c);
+    int node = -1;
+    for (int i = 0; i < x->nnodes; i++)
+        if (i != x->self && strcmp(x->node_addr[i], colld_net_peer_addr(p)) == 0)
+            node = i;
+    if (node < 0)
+        colld_cluster_log_bad(colld_cluster_of(d), "Verify from %s for a communicator it is not a member of",
+                              colld_net_peer_addr(p));
+    else if (m->seq > 0)
+        colld_xcoll_verified(d, c, node, m->seq, m->sum);
     colld_cluster_unpin(d, c);
 }
 
@@ -938,6 +967,10 @@ static void handle_ctrl(colld_daemon_t *d, colld_net_peer_t *p, const void *buf,
     case COLLD__NET__V1__MSG__M_READY:
         if (p)
             handle_ready(d, p, m->ready);
+        break;
+    case COLLD__NET__V1__MSG__M_VERIFY:
+        if (p)
+            handle_verify(d, p, m->verify);
         break;
     case COLLD__NET__V1__MSG__M_PROBE_REQ:
     case COLLD__NET__V1__MSG__M_PROBE_ACK:

@@ -37,7 +37,14 @@ typedef struct {
     uint32_t kind, dtype, redop;
     int32_t root;
     uint64_t count;
+    bool verify; /* the node verifies the result (Ready.verify); not part of the signature */
 } xsig_t;
+
+/* A node's result checksum for a sequence number (Verify). */
+typedef struct {
+    uint64_t seq; /* 0: empty */
+    uint64_t sum;
+} xverified_t;
 
 /* A communicator's multi-node state. Set under daemon->lock at join and at formation (then
  * fixed); the fields marked (net) belong to the network thread. */
@@ -55,6 +62,7 @@ struct colld_xcomm {
     uint64_t small_bytes, chunk_bytes;
     colld_net_peer_t **peers; /* (net) [nnodes], NULL for self */
     xsig_t (*ready)[2];       /* (net) [nnodes][seq & 1] */
+    xverified_t (*verified)[2]; /* (net) [nnodes][seq & 1] */
     xcoll_t *qhead, *qtail;   /* (net) collectives handed over, the head one running */
     void *scratch;            /* (net) the collective's buffer, kept for the next one */
     size_t scratch_size;
@@ -210,6 +218,8 @@ void colld_links_tick(colld_daemon_t *d);
 void colld_xcoll_add(colld_daemon_t *d, colld_coll_t *k);
 /* A Ready from node `node` of communicator c (pinned). */
 void colld_xcoll_ready(colld_daemon_t *d, colld_dcomm_t *c, int node, const xsig_t *sig);
+/* A Verify (result checksum `sum` of collective `seq`) from node `node` of communicator c (pinned). */
+void colld_xcoll_verified(colld_daemon_t *d, colld_dcomm_t *c, int node, uint64_t seq, uint64_t sum);
 void colld_xcoll_data(colld_daemon_t *d, colld_net_peer_t *p, const colld_net_hdr_t *h, const void *payload);
 /* Fail what must fail (broken communicators, time-outs) and start what can start. */
 void colld_xcoll_tick(colld_daemon_t *d);

@@ -25,6 +25,13 @@
  *              largest power of two p handing their data to node j-p first and getting the
  *              result back at the end.
  *   3. local:  avg divides by nranks once the sum is complete; X is copied to the local outputs.
+ *   4. verify: (all-reduce under result verification, --verify-results or a rank's config, which
+ *              any node's Ready turns on for all) each local output's checksum must be X's (else
+ *              the rank is named); then every node sends Verify(seq, checksum of X) to the others
+ *              and, once it has every node's, compares them: a node whose result differs from the
+ *              majority's (from the first node's when there is no majority) fails the collective
+ *              on every node with COLLD_ERR_CORRUPTED naming it. Every node decides from the same
+ *              checksums, so each breaks the communicator itself with the same detail.
  *
  * Determinism: each block is combined in a fixed order of nodes (and each node's partial in rank
  * order), so every rank gets bitwise the same result on every run of the same layout. The order
@@ -55,6 +62,7 @@
 #include "common/util.h"
 #include "kernels/cpu/reduce.h"
 #include "server/core/tenant.h"
+#include "server/core/verify.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -215,7 +223,14 @@ static void xcoll_pump(xcoll_t *xc);
 /* Move on when the network part is over: the copy-out stage (if it succeeded), then the end. */
 static void xcoll_maybe_end(xcoll_t *xc)
 {
-    if (xc->busy != 0 || !xcoll_complete(xc))
+    if (xc->busy != 0)
+        return;
+    if (xc->stage == STAGE_VERIFY && !xc->failed) { /* stage 4: every node's checksum compared equal */
+        if (xc->vdone && xc->inflight == 0)
+            xcoll_end(xc);
+        return;
+    }
+    if (!xcoll_complete(xc))
         return;
     if (xc->failed || xc->xbytes == 0) {
         xcoll_end(xc);
@@ -223,6 +238,10 @@ static void xcoll_maybe_end(xcoll_t *xc)
     }
     xc->stage = STAGE_OUT;
     xc->cursor = 0;
+    const colld_daemon_config_t *cfg = &xc->d->cfg;
+    if (cfg->test_corrupt && cfg->test_corrupt_rank == -1 && xc->sig.kind == COLLD_KIND_ALLREDUCE &&
+        cfg->test_corrupt_elem < xc->sig.count)
+        xc->X[cfg->test_corrupt_elem * xc->es] ^= 0x01; /* TEST HOOK --test-corrupt-result node:E */
     xcoll_pump(xc);
 }
 
@@ -389,6 +408,7 @@ static void send_ready(xcoll_t *xc)
     r.redop = xc->sig.redop;
     r.root = xc->sig.root;
     r.count = xc->sig.count;
+    r.verify = xc->verify;
     Colld__Net__V1__Msg m = COLLD__NET__V1__MSG__INIT;
     m.m_case = COLLD__NET__V1__MSG__M_READY;
     m.ready = &r;
@@ -419,11 +439,14 @@ static void apply_ready(xcoll_t *xc, int node, const xsig_t *sig)
     }
     xc->nodes[node].ready = true;
     xc->nready++;
+    if (sig->verify && xc->sig.kind == COLLD_KIND_ALLREDUCE)
+        xc->verify = true; /* before the network part ends, every node has heard every Ready */
     xc->progress_ns = colld_now_ns();
     flush_pending(xc, node);
 }
 
 static void xcoll_run(xcoll_t *xc);
+static void verify_start(xcoll_t *xc);
 
 /* Start the collective at the head of its communicator's queue: its buffer, its layout, then
  * the local stage (in slices). */
@@ -519,6 +542,8 @@ static void xcoll_pump(xcoll_t *xc)
     if (xc->stage == STAGE_IN) {
         xc->stage = STAGE_NET;
         xcoll_run(xc);
+    } else if (xc->verify) {
+        verify_start(xc);
     } else {
         xcoll_end(xc);
     }
@@ -560,6 +585,115 @@ out:
 }
 
 /* ============================================================================================
+ * Result verification (stage 4)
+ * ========================================================================================== */
+
+__attribute__((format(printf, 4, 5))) static void appendf(char *buf, size_t len, int *off, const char *fmt, ...);
+static void detail_repair(char *buf, size_t len);
+static void append_ranks(const xcoll_t *xc, int n, char *buf, size_t len, int *off);
+
+/* Every node's checksum is here: compare them. All equal: the end. Else fail naming each node
+ * that differs from the reference (the majority's, else the first node's) with its ranks; the
+ * other nodes reach the same verdict from the same checksums, so none echoes it (each breaks the
+ * communicator with the same detail, whoever decides first). */
+static void verify_try(xcoll_t *xc)
+{
+    colld_xcomm_t *x = xc->x;
+    int k = x->nnodes;
+    uint64_t sums[COLLD_MAX_RANKS] = { 0 };
+    if (xc->failed || xc->stage != STAGE_VERIFY || k > COLLD_MAX_RANKS)
+        return;
+    for (int n = 0; n < k; n++) {
+        if (n == x->self) {
+            sums[n] = xc->vsum;
+            continue;
+        }
+        if (x->verified[n][xc->sig.seq & 1].seq != xc->sig.seq)
+            return; /* not yet */
+        sums[n] = x->verified[n][xc->sig.seq & 1].sum;
+    }
+    int ref;
+    bool majority;
+    int differ = colld_verify_verdict(sums, k, &ref, &majority);
+    if (!differ) {
+        xc->vdone = true; /* xcoll_maybe_end ends it */
+        return;
+    }
+    char why[COLLD_DETAIL_LEN];
+    int off = 0, named = 0;
+    appendf(why, sizeof(why), &off, "result verification: ");
+    for (int n = 0; n < k && off < (int)sizeof(why) - 160; n++) {
+        if (sums[n] == sums[ref])
+            continue;
+        appendf(why, sizeof(why), &off, "%snode %s (%s)", named++ ? "; " : "", x->node_name[n], x->node_addr[n]);
+        append_ranks(xc, n, why, sizeof(why), &off);
+        appendf(why, sizeof(why), &off, " result differs from node %s's (%s) (XXH3 %016llx, not %016llx)",
+                x->node_name[ref], x->node_addr[ref], (unsigned long long)sums[n], (unsigned long long)sums[ref]);
+    }
+    appendf(why, sizeof(why), &off, " (%s %s collective #%llu, %d of %d nodes agree%s)", colld_kind_name(xc->sig.kind),
+            colld_dtype_name(xc->dt), (unsigned long long)xc->sig.seq, k - differ, k,
+            majority ? "" : ": no majority, either may be the corrupted one");
+    detail_repair(why, sizeof(why));
+    LOG_WARN(NET, "communicator %llu: %s", (unsigned long long)xc->c->id, why);
+    xcoll_fail(xc, COLLD_ERR_CORRUPTED, why, false);
+    colld_daemon_t *d = xc->d;
+    pthread_mutex_lock(&d->lock);
+    x->fault_from_peer = true; /* every node decides this itself: no Fail to echo */
+    colld_comm_break(d, xc->c, COLLD_ERR_CORRUPTED, -1, why);
+    x->fault_from_peer = false;
+    colld_daemon_unlock(d);
+}
+
+/* Stage 4 starts (the local ranks have the result): each local output must match X, the node's
+ * result; then X's checksum goes to every other node. */
+static void verify_start(xcoll_t *xc)
+{
+    colld_xcomm_t *x = xc->x;
+    xc->busy++;
+    xc->vsum = colld_verify_sum(xc->X, xc->xbytes);
+    for (int r = 0; r < xc->c->nranks; r++) {
+        const colld_op_t *op = xc->k->ops[r];
+        if (!op || !op->recv_ptr || op->recv_ptr == xc->X)
+            continue;
+        uint64_t s = colld_verify_sum(op->recv_ptr, xc->xbytes);
+        if (s == xc->vsum)
+            continue;
+        char why[COLLD_DETAIL_LEN];
+        uint64_t e = colld_verify_first_diff(op->recv_ptr, xc->X, xc->sig.count, xc->es);
+        snprintf(why, sizeof(why),
+                 "result verification: rank %d (pid %d) on node %s result differs from its node's from element %llu "
+                 "(XXH3 %016llx, not %016llx) (%s %s collective #%llu)",
+                 r, (int)xc->c->ranks[r].pid, x->node_name[x->self], (unsigned long long)e, (unsigned long long)s,
+                 (unsigned long long)xc->vsum, colld_kind_name(xc->sig.kind), colld_dtype_name(xc->dt),
+                 (unsigned long long)xc->sig.seq);
+        xcoll_fail(xc, COLLD_ERR_CORRUPTED, why, true);
+        goto out;
+    }
+    Colld__Net__V1__Verify v = COLLD__NET__V1__VERIFY__INIT;
+    v.xid = x->xid;
+    v.seq = xc->sig.seq;
+    v.sum = xc->vsum;
+    Colld__Net__V1__Msg m = COLLD__NET__V1__MSG__INIT;
+    m.m_case = COLLD__NET__V1__MSG__M_VERIFY;
+    m.verify = &v;
+    uint8_t buf[64];
+    size_t len = colld__net__v1__msg__pack(&m, buf);
+    for (int i = 0; i < x->nnodes; i++)
+        if (i != x->self && (!x->peers[i] || colld_net_send_ctrl(x->peers[i], buf, len) < 0)) {
+            char why[COLLD_DETAIL_LEN];
+            snprintf(why, sizeof(why), "node %s (%s) is not reachable", x->node_name[i], x->node_addr[i]);
+            xcoll_fail(xc, COLLD_ERR_NODE_LOST, why, true);
+            goto out;
+        }
+    xc->stage = STAGE_VERIFY;
+    xc->progress_ns = colld_now_ns();
+    verify_try(xc);
+out:
+    xc->busy--;
+    xcoll_maybe_end(xc);
+}
+
+/* ============================================================================================
  * Entry points (network thread)
  * ========================================================================================== */
 
@@ -592,6 +726,9 @@ void colld_xcoll_add(colld_daemon_t *d, colld_coll_t *k)
     xc->op = (colld_redop_t)lead->d.redop;
     xc->pop = xc->op == COLLD_AVG || xc->op == (colld_redop_t)COLLD_REDOP_PREMUL_SUM ? COLLD_SUM : xc->op;
     xc->es = colld_dtype_size(xc->dt);
+    pthread_mutex_lock(&d->lock);
+    xc->verify = xc->sig.kind == COLLD_KIND_ALLREDUCE && colld_comm_verifies(d, c);
+    pthread_mutex_unlock(&d->lock);
     uint64_t first = UINT64_MAX;
     for (int r = 0; r < c->nranks; r++)
         if (k->ops[r])
@@ -619,6 +756,26 @@ void colld_xcoll_ready(colld_daemon_t *d, colld_dcomm_t *c, int node, const xsig
         return;
     xc->busy++;
     apply_ready(xc, node, sig);
+    xc->busy--;
+    xcoll_maybe_end(xc);
+}
+
+void colld_xcoll_verified(colld_daemon_t *d, colld_dcomm_t *c, int node, uint64_t seq, uint64_t sum)
+{
+    colld_xcomm_t *x = colld_xcomm(c);
+    xverified_t *v = &x->verified[node][seq & 1];
+    if (v->seq == seq) {
+        colld_cluster_log_bad(colld_cluster_of(d), "second Verify of collective #%llu from %s", (unsigned long long)seq,
+                              x->node_addr[node]);
+        return;
+    }
+    *v = (xverified_t){ .seq = seq, .sum = sum };
+    xcoll_t *xc = x->qhead;
+    if (!xc || !xc->active || xc->sig.seq != seq || xc->stage != STAGE_VERIFY)
+        return;
+    xc->busy++;
+    xc->progress_ns = colld_now_ns();
+    verify_try(xc);
     xc->busy--;
     xcoll_maybe_end(xc);
 }
@@ -743,6 +900,15 @@ static void describe_wait(const xcoll_t *xc, uint64_t now, char *buf, size_t len
             append_ranks(xc, n, buf, len, off);
             return;
         }
+    if (xc->stage == STAGE_VERIFY) {
+        for (int n = 0; n < k; n++)
+            if (n != j && x->verified[n][xc->sig.seq & 1].seq != xc->sig.seq) {
+                appendf(buf, len, off, " node %s (%s) did not send its result checksum (result verification)",
+                        x->node_name[n], x->node_addr[n]);
+                append_ranks(xc, n, buf, len, off);
+                return;
+            }
+    }
     if (xc->stage != STAGE_NET) {
         appendf(buf, len, off, " the local %s stage on node %s did not advance",
                 xc->stage == STAGE_IN ? "input" : "copy-out", x->node_name[j]);

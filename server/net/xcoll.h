@@ -55,7 +55,10 @@ struct xcoll {
     colld_redop_t pop; /* the op that combines partials (avg, premultiplied sum: sum) */
     size_t es;
     bool active, failed, rd;
-    int stage;       /* STAGE_IN, STAGE_NET, STAGE_OUT */
+    bool verify;     /* result verification: this node's or another's Ready asked for it (all-reduce) */
+    uint64_t vsum;   /* with verify: this node's result checksum, sent in Verify */
+    bool vdone;      /* with verify: every node's checksum came and all were equal */
+    int stage;       /* STAGE_IN, STAGE_NET, STAGE_OUT, STAGE_VERIFY */
     uint64_t cursor; /* bytes of X the local stage has done */
     int busy;        /* > 0 while a handler runs: finishing waits for it */
     colld_status_t status;
@@ -88,7 +91,7 @@ struct xcoll {
     void (*fail)(xcoll_t *xc, colld_status_t st, const char *detail, bool break_comm);
 };
 
-enum { STAGE_IN = 0, STAGE_NET = 1, STAGE_OUT = 2 };
+enum { STAGE_IN = 0, STAGE_NET = 1, STAGE_OUT = 2, STAGE_VERIFY = 3 };
 
 /* a mod k, in [0, k). */
 static inline int xmod(int a, int k)

@@ -53,6 +53,10 @@
  *            succeed. Then an int32 all-reduce (never checked) shows the communicator's state.
  *            --comm-nan-check (any mode): the communicator's config asks for the checks
  *            (colld_comm_config_t.nan_check) where the daemon has no --nan-check.
+ *            --comm-verify (any mode): the communicator's config asks for result verification
+ *            (colld_comm_config_t.verify_results) where the daemon has no --verify-results; with
+ *            the daemon's test hook --test-corrupt-result, mode call with --expect
+ *            COLLD_ERR_CORRUPTED prints the verdict.
  *   crossed  2 ranks, a second communicator (--uid2): rank 0 all-reduces on the first and waits,
  *            rank 1 on the second and waits, so each waits for the other (a cross-communicator
  *            deadlock); the status must be --expect's, whose detail goes to stdout. Each rank then
@@ -97,6 +101,7 @@ typedef struct {
     bool inplace, outofplace, big, big_all, big_min;
     bool use_malloc;     /* ordinary memory (staged by libcolld) instead of colld_mem_alloc */
     bool comm_nan_check; /* --comm-nan-check: the communicator's config asks for --nan-check */
+    bool comm_verify;    /* --comm-verify: the communicator's config asks for --verify-results */
 } args_t;
 
 typedef struct {
@@ -1033,6 +1038,7 @@ static int parse_args(int argc, char **argv, args_t *a)
         HARNESS_SET("big-min", &a->big_min),
         HARNESS_SET("malloc", &a->use_malloc),
         HARNESS_SET("comm-nan-check", &a->comm_nan_check),
+        HARNESS_SET("comm-verify", &a->comm_verify),
         HARNESS_ACTION("exact-values", exact_values, NULL),
     };
     if (HARNESS_PARSE_OPTS("coll_rank", argc, argv, opts) != 0)
@@ -1067,6 +1073,7 @@ int main(int argc, char **argv)
     colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
     cfg.timeout_ms = a.timeout_ms;
     cfg.nan_check = a.comm_nan_check;
+    cfg.verify_results = a.comm_verify;
     cfg.name = "test-coll";
     if ((rc = harness_rank_join("coll_rank", a.socket, a.uid_hex, a.nranks, a.rank, &cfg, &R.c, &R.comm)) != 0)
         return rc;

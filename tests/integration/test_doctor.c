@@ -239,6 +239,68 @@ static void test_straggler(void **state)
     assert_int_equal(harness_wait_all(p, 2, 30000), 0);
 }
 
+/* Result verification (issue 30 item 3; the daemon's --verify-results and its test hook
+ * --test-corrupt-result 1:7000): collctl status shows it on for a live communicator (the
+ * background job's all-reduces, of 1 and 4096 elements, are left alone by the hook and complete);
+ * then rank 1's result of a 10000-element all-reduce is corrupted, the job fails, and the doctor
+ * names rank 1, its pid and the element (a 'corrupted' warning: the job is gone). */
+static void test_corrupted_result(void **state)
+{
+#ifndef COLLD_TEST_HOOKS
+    (void)state;
+    skip(); /* this build has no test hooks (-DCOLLD_TEST_HOOKS=OFF) */
+#else
+    harness_t *h = *state;
+    char hex[HARNESS_UID_HEX_LEN], out[16384], want[160];
+    harness_bg_t bg;
+    assert_int_equal(harness_bg_start(h, &bg), 0);
+    assert_int_equal(collctl(h, out, sizeof(out), "status", NULL), 0);
+    assert_non_null(strstr(out, "result verification: on"));
+    assert_int_equal(collctl(h, out, sizeof(out), "--json", "status"), 0);
+    assert_non_null(strstr(out, "\"verify_results\":true"));
+    assert_int_equal(harness_bg_stop(&bg), 0);
+    assert_int_equal(harness_new_uid_hex(h, hex), 0);
+    pid_t p[2];
+    for (int r = 0; r < 2; r++) {
+        const char *argv[] = { COLL_BIN,
+                               "--socket",
+                               h->socket,
+                               "--uid",
+                               hex,
+                               "--nranks",
+                               "2",
+                               "--rank",
+                               r ? "1" : "0",
+                               "--mode",
+                               "call",
+                               "--call",
+                               "allreduce:float32:sum:10000:0",
+                               "--expect",
+                               "COLLD_ERR_CORRUPTED",
+                               NULL };
+        assert_true((p[r] = harness_spawn(argv)) > 0);
+    }
+    assert_int_equal(harness_wait_all(p, 2, 60000), 0);
+    assert_int_equal(doctor(h, out, sizeof(out), NULL, NULL), 0); /* the job is gone: history */
+    printf("%s", out);
+    snprintf(want, sizeof(want), "result verification: rank 1 (pid %d) result differs from rank 0's from element 7000",
+             (int)p[1]);
+    assert_non_null(strstr(out, "warning corrupted"));
+    assert_non_null(strstr(out, "(gone now)"));
+    assert_non_null(strstr(out, want));
+#endif
+}
+
+static int setup_verify(void **state)
+{
+#ifdef COLLD_TEST_HOOKS
+    static const char *const extra[] = { "--verify-results", "--test-corrupt-result", "1:7000", NULL };
+#else
+    static const char *const extra[] = { "--verify-results", NULL };
+#endif
+    return harness_test_setup_args(state, extra);
+}
+
 static int setup_wait_event(void **state)
 {
     static const char *const extra[] = { "--wait-event-ms", "300", NULL };
@@ -258,6 +320,7 @@ int main(int argc, char **argv)
         cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_healthy, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_corrupted_result, setup_verify, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_stuck_job, setup_wait_event, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_clean_close, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_nan_contributor, setup_checks, harness_test_teardown),

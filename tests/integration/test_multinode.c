@@ -51,8 +51,9 @@ static int write_file(const char *path, const char *text)
     return chmod(path, 0600);
 }
 
-/* Daemons started with --nan-check (setup3_nan), with a drain timeout (setup3_drain). */
-static bool nan_check, drain;
+/* Daemons started with --nan-check (setup3_nan), with a drain timeout (setup3_drain), node-b with
+ * the test hook that corrupts its all-reduce results (setup3_corrupt). */
+static bool nan_check, drain, corrupt_b;
 
 /* Start daemon i of the cluster with a secret file. */
 static int start_node(cluster_t *cl, int i, const char *secret)
@@ -71,8 +72,21 @@ static int start_node(cluster_t *cl, int i, const char *secret)
                             "400",
                             "--drain-timeout-ms",
                             drain ? "60000" : "0",
-                            nan_check ? "--nan-check" : NULL,
+                            NULL, /* room for the options below and the end */
+                            NULL,
+                            NULL,
                             NULL };
+    int n = 0;
+    while (extra[n])
+        n++;
+    if (nan_check)
+        extra[n++] = "--nan-check";
+#ifdef COLLD_TEST_HOOKS
+    if (corrupt_b && i == 1) {
+        extra[n++] = "--test-corrupt-result";
+        extra[n++] = "node:400000";
+    }
+#endif
     return harness_daemon_start(&cl->h[i], extra);
 }
 
@@ -97,21 +111,28 @@ static int setup_n(void **state, int n)
 
 static int setup3(void **state)
 {
-    nan_check = drain = false;
+    nan_check = drain = corrupt_b = false;
     return setup_n(state, 3);
 }
 
 static int setup3_nan(void **state)
 {
     nan_check = true;
-    drain = false;
+    drain = corrupt_b = false;
     return setup_n(state, 3);
 }
 
 static int setup3_drain(void **state)
 {
-    nan_check = false;
+    nan_check = corrupt_b = false;
     drain = true;
+    return setup_n(state, 3);
+}
+
+static int setup3_corrupt(void **state)
+{
+    nan_check = drain = false;
+    corrupt_b = true;
     return setup_n(state, 3);
 }
 
@@ -209,6 +230,61 @@ static void test_nan_across_hosts(void **state)
     }
     const char *clean[] = { "--mode", "nan", "--call", call, NULL };
     run_matrix(cl, 2, place, 4, clean);
+}
+
+/* Result verification across hosts (issue 30 item 3): 4 ranks on node-a (0), node-b (1, 3) and
+ * node-c (2); only rank 0 asks for verification in its communicator's config (the daemons have no
+ * --verify-results: node-a's Ready turns it on for every node). node-b's test hook flips element
+ * 400000 of its result before its ranks get it: a float32 all-reduce of 500000 elements (the ring)
+ * fails on every rank with COLLD_ERR_CORRUPTED and one detail naming node-b, its address and its
+ * ranks; all-reduces that the hook leaves alone (counts up to 400000, the ring and recursive
+ * doubling) complete exactly with verification on. */
+static void test_verify_across_hosts(void **state)
+{
+#ifndef COLLD_TEST_HOOKS
+    (void)state;
+    skip(); /* this build has no test hooks (-DCOLLD_TEST_HOOKS=OFF) */
+#else
+    cluster_t *cl = *state;
+    char hex[HARNESS_UID_HEX_LEN], out[4][300], text[4][1024], want[300];
+    const int place[] = { 0, 1, 2, 1 };
+    harness_net_t nb;
+    assert_int_equal(harness_net_status(&cl->h[1], &nb), 0);
+    assert_int_equal(harness_new_uid_hex(&cl->h[0], hex), 0);
+    pid_t p[4];
+    for (int r = 0; r < 4; r++) {
+        snprintf(out[r], sizeof(out[r]), "%s/verify-%d", cl->tmp, r);
+        const char *x[] = { "--mode",
+                            "call",
+                            "--call",
+                            "allreduce:float32:sum:500000:0",
+                            "--exact-values",
+                            "--expect",
+                            "COLLD_ERR_CORRUPTED",
+                            "--out",
+                            out[r],
+                            r == 0 ? "--comm-verify" : NULL,
+                            NULL };
+        assert_true((p[r] = spawn_rank(cl, COLL_BIN, place[r], hex, 4, r, x)) > 0);
+    }
+    snprintf(want, sizeof(want), "result verification: node node-b (%s) (rank(s) 1 3) result differs from node node-",
+             nb.listen);
+    for (int r = 0; r < 4; r++) {
+        assert_int_equal(harness_wait(p[r], 60000), 0);
+        harness_read_file(out[r], text[r], sizeof(text[r]));
+        print_message("%s", text[r]);
+        const char *d = strstr(text[r], "result verification: ");
+        assert_non_null(d);
+        assert_int_equal(strncmp(d, want, strlen(want)), 0);
+        assert_non_null(strstr(d, ") (allreduce float32 collective #1, 2 of 3 nodes agree)\n"));
+        assert_string_equal(d, strstr(text[0], "result verification: ")); /* one detail on every rank */
+    }
+    const char *clean[] = { "--mode",         "call",          "--call", "allreduce:float32:sum:400000:0",
+                            "--exact-values", "--comm-verify", NULL };
+    run_matrix(cl, 2, place, 4, clean);
+    const char *matrix[] = { "--kinds", "allreduce", "--no-big", "--exact-values", "--comm-verify", NULL };
+    run_matrix(cl, 0, place, 4, matrix);
+#endif
 }
 
 /* A root daemon that drains (SIGTERM with --drain-timeout-ms, a communicator of its own still
@@ -660,6 +736,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_split_across_hosts, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_host_only_kinds_refused, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_nan_across_hosts, setup3_nan, teardown),
+        cmocka_unit_test_setup_teardown(test_verify_across_hosts, setup3_corrupt, teardown),
         cmocka_unit_test_setup_teardown(test_draining_root_refuses_joins, setup3_drain, teardown),
         cmocka_unit_test_setup_teardown(test_traffic_per_host, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_killed, setup3, teardown),

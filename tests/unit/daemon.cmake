@@ -11,3 +11,5 @@ colld_unit_test(test_core_comm SOURCES test_core_comm.c LIBS colld_core_fixture 
 colld_unit_test(test_core_deadlock SOURCES test_core_deadlock.c LIBS colld_core_fixture TIMEOUT 60)
 colld_unit_test(test_net_algo SOURCES test_net_algo.c LIBS colld_core TIMEOUT 30)
 colld_unit_test(test_core_p2p SOURCES test_core_p2p.c LIBS colld_core_fixture TIMEOUT 60)
+# Result verification's checksums and verdicts (issue 30 item 3).
+colld_unit_test(test_core_verify SOURCES test_core_verify.c LIBS colld_core TIMEOUT 30)

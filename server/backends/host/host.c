@@ -31,10 +31,17 @@
  * whole 256 MiB all-reduce. Once a tenant has jobs queued its later ones queue behind them, so
  * each communicator's collectives and transfers still run in their order; a job whose
  * communicator broke meanwhile ends at its next turn with the communicator's error.
+ *
+ * Result verification (--verify-results, colld_comm_config_t.verify_results; issue 30 item 3):
+ * once an all-reduce has run whole, the engine thread checksums every rank's result (XXH3,
+ * server/core/verify.c) and compares them; a rank whose result differs from the majority's (from
+ * rank 0's without one) fails it with COLLD_ERR_CORRUPTED naming the rank, its pid and the first
+ * element that differs, and breaks the communicator, as --nan-check's verdict does.
  */
 #include "server/backends/host/host.h"
 
 #include "server/core/daemon.h"
+#include "server/core/verify.h"
 
 #include "common/log.h"
 #include "common/util.h"
@@ -369,6 +376,10 @@ typedef struct {
     host_task_t *finished, **finished_tail; /* queued jobs that ended, posted by after_run */
     uint64_t turn_chunks;                   /* chunks per turn */
     bool nan_check;                         /* --nan-check (the configuration, read at start) */
+    bool verify;                            /* --verify-results (the configuration, read at start) */
+    bool corrupt;                           /* the test hook --test-corrupt-result R:E is on */
+    int corrupt_rank;                       /* its R and E */
+    uint64_t corrupt_elem;
     int slot;                               /* colld_dcomm_t.bslot[slot]: its jobs queued here */
 } host_t;
 
@@ -389,6 +400,10 @@ static int host_start(colld_backend_t *b)
         return -1;
     }
     h->nan_check = d->cfg.nan_check;
+    h->verify = d->cfg.verify_results;
+    h->corrupt = d->cfg.test_corrupt && d->cfg.test_corrupt_rank >= 0;
+    h->corrupt_rank = d->cfg.test_corrupt_rank;
+    h->corrupt_elem = d->cfg.test_corrupt_elem;
     h->slot = b->slot;
     h->xfers_tail = &h->xfers;
     h->finished_tail = &h->finished;
@@ -610,6 +625,60 @@ static colld_status_t coll_verdict(colld_coll_t *k, uint64_t *first_bad)
     return finite_verdict(k, &job);
 }
 
+/* ============================================================================================
+ * Result verification (--verify-results, colld_comm_config_t.verify_results)
+ * ========================================================================================== */
+
+/* Whether a collective's results are verified: an all-reduce of more than one rank on a
+ * communicator that asks for it (the flags are fixed once it formed). Reduce and reduce-scatter
+ * are not: each of their results exists on one rank only, and checking it would take a second
+ * reduction. */
+static bool verifies(const host_t *h, const colld_coll_t *k)
+{
+    const colld_dcomm_t *c = k->comm;
+    return k->ops[0]->d.kind == COLLD_KIND_ALLREDUCE && c->nranks > 1 && k->ops[0]->d.count > 0 &&
+           (h->verify || c->verify);
+}
+
+/* The verdict on an all-reduce that ran: the checksum of every rank's result, and
+ * COLLD_ERR_CORRUPTED naming every rank whose result differs from the reference (the result a
+ * strict majority of ranks holds, else rank 0's), its pid, its checksum and the first element that
+ * differs, in k->why; COLLD_OK when all agree (lock not held). The test hook --test-corrupt-result
+ * R:E flips element E of rank R's result first. */
+static colld_status_t verify_verdict(host_t *h, colld_coll_t *k)
+{
+    const colld_wire_sqe_t *a = &k->ops[0]->d;
+    int n = k->comm->nranks;
+    size_t es = colld_dtype_size((colld_dtype_t)a->dtype);
+    uint64_t sums[COLLD_MAX_RANKS], bytes = a->count * es;
+    if (h->corrupt && h->corrupt_rank < n && h->corrupt_elem < a->count)
+        ((unsigned char *)k->ops[h->corrupt_rank]->recv_ptr)[h->corrupt_elem * es] ^= 0x01; /* TEST HOOK */
+    for (int r = 0; r < n; r++)
+        sums[r] = colld_verify_sum(k->ops[r]->recv_ptr, bytes);
+    int ref;
+    bool majority;
+    int differ = colld_verify_verdict(sums, n, &ref, &majority);
+    if (!differ)
+        return COLLD_OK;
+    int off = snprintf(k->why, sizeof(k->why), "result verification: ");
+    int named = 0;
+    for (int r = 0; r < n && off < (int)sizeof(k->why) - 96; r++) {
+        if (sums[r] == sums[ref])
+            continue;
+        uint64_t e = colld_verify_first_diff(k->ops[r]->recv_ptr, k->ops[ref]->recv_ptr, a->count, es);
+        off += snprintf(
+            k->why + off, sizeof(k->why) - (size_t)off,
+            "%srank %d (pid %d) result differs from rank %d's from element %llu (XXH3 %016llx, not %016llx)",
+            named++ ? "; " : "", r, (int)k->comm->ranks[r].pid, ref, (unsigned long long)e, (unsigned long long)sums[r],
+            (unsigned long long)sums[ref]);
+    }
+    if (off < (int)sizeof(k->why))
+        snprintf(k->why + off, sizeof(k->why) - (size_t)off, " (%s %s, %d of %d ranks agree%s)",
+                 colld_kind_name(a->kind), colld_dtype_name((colld_dtype_t)a->dtype), n - differ, n,
+                 majority ? "" : ": no majority, either may be the corrupted one");
+    return COLLD_ERR_CORRUPTED;
+}
+
 /* Run a whole collective of the batch (lock not held). */
 static void run_whole(host_t *h, colld_coll_t *k)
 {
@@ -621,6 +690,8 @@ static void run_whole(host_t *h, colld_coll_t *k)
     k->status = execute(h, k, 0, UINT64_MAX, finite ? first_bad : NULL);
     if (k->status == COLLD_OK && finite)
         k->status = coll_verdict(k, first_bad);
+    if (k->status == COLLD_OK && verifies(h, k))
+        k->status = verify_verdict(h, k);
     k->end_ns = colld_now_ns();
 }
 
@@ -640,6 +711,8 @@ static void task_end(host_t *h, host_tenant_t *t, colld_status_t st)
         colld_coll_t *k = task->coll;
         if (st == COLLD_OK && task->check_finite)
             st = coll_verdict(k, task->first_bad);
+        if (st == COLLD_OK && verifies(h, k))
+            st = verify_verdict(h, k);
         k->status = st;
         k->end_ns = now;
         if (!k->start_ns)
@@ -714,11 +787,12 @@ static bool host_run_unlocked(colld_backend_t *b)
     return true;
 }
 
-/* Post one executed collective (lock held). One refused by --nan-check breaks its communicator
- * with the verdict, so that every rank (and every later operation) learns it. */
+/* Post one executed collective (lock held). One refused by --nan-check or by result verification
+ * breaks its communicator with the verdict, so that every rank (and every later operation) learns
+ * it. */
 static void post_coll(colld_backend_t *b, colld_coll_t *k)
 {
-    if (k->status == COLLD_ERR_NUMERIC) {
+    if (k->status == COLLD_ERR_NUMERIC || k->status == COLLD_ERR_CORRUPTED) {
         LOG_WARN(ENGINE, "communicator %llu: %s", (unsigned long long)k->comm->id, k->why);
         colld_comm_break(b->d, k->comm, k->status, -1, k->why);
     }
