@@ -554,18 +554,19 @@ static CUresult ctx_enter_from(const colld_cu_t *cu, CUcontext ctx, CUcontext cu
  * stream seen before (one driver call: the stream's id, or for the legacy default stream the
  * current context's id), else from the driver (the stream's context, that context's id and
  * device, the device's CAN_FLUSH_REMOTE_WRITES), then cached. `cur`: the thread's current context
- * (not NULL). g->mu held. */
-static colld_status_t stream_info(colld_gpu_t *g, const colld_cu_t *cu, CUstream s, CUcontext cur, gpu_stream_t *out,
-                                  colld_err_t *err)
+ * (not NULL). A stream being captured is not asked for its id (a query the driver may refuse on a
+ * capturing stream, and refusing it may invalidate the application's capture): the long way, once
+ * per capture, whose replays do not come here. g->mu held. */
+static colld_status_t stream_info(colld_gpu_t *g, const colld_cu_t *cu, CUstream s, CUcontext cur, bool capturing,
+                                  gpu_stream_t *out, colld_err_t *err)
 {
     bool by_ctx = s == CU_STREAM_LEGACY || s == NULL;
     unsigned long long key = 0;
     CUresult r;
-    if (!g->no_cache) {
-        /* A capturing stream may refuse its id (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED): then the
-         * long way, as for a stream the driver does not know (which cuStreamGetCtx then reports). */
-        r = by_ctx ? CU_CHECK(cu, cuCtxGetId, cur, &key)
-                   : CU_CHECK_EXPECT(cu, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, cuStreamGetId, s, &key);
+    if (!g->no_cache && !capturing) {
+        /* An error: the long way, as for a stream the driver does not know (which cuStreamGetCtx
+         * then reports). */
+        r = by_ctx ? CU_CHECK(cu, cuCtxGetId, cur, &key) : CU_CHECK(cu, cuStreamGetId, s, &key);
         if (r != CUDA_SUCCESS)
             key = 0;
         for (unsigned i = 0; key && i < STREAM_CACHE; i++)
@@ -605,8 +606,8 @@ static colld_status_t stream_info(colld_gpu_t *g, const colld_cu_t *cu, CUstream
 
 /* colld__gpu_prepare with g->mu held; `cur`: the thread's current context (NULL: none). */
 static colld_status_t prepare_locked(colld_comm_t *comm, const colld_cu_t *cu, void *stream, CUcontext cur,
-                                     const void *send, size_t send_bytes, const void *recv, size_t recv_bytes,
-                                     colld_wire_sqe_t *sqe, colld_gpu_op_t *op, colld_err_t *err)
+                                     bool capturing, const void *send, size_t send_bytes, const void *recv,
+                                     size_t recv_bytes, colld_wire_sqe_t *sqe, colld_gpu_op_t *op, colld_err_t *err)
 {
     colld_client_t *c = comm->client;
     colld_gpu_t *g = c->gpu;
@@ -626,7 +627,7 @@ static colld_status_t prepare_locked(colld_comm_t *comm, const colld_cu_t *cu, v
         return st;
     CUstream s = stream ? (CUstream)stream : CU_STREAM_LEGACY;
     gpu_stream_t si = { 0 };
-    if ((st = stream_info(g, cu, s, cur, &si, err)) != COLLD_OK)
+    if ((st = stream_info(g, cu, s, cur, capturing, &si, err)) != COLLD_OK)
         return st;
     /* (c) In the stream's context, only when something needs it: a registration to make, the
      * flag area to set up or to check (flags_check). */
@@ -790,7 +791,7 @@ colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, bool in_grou
     pthread_mutex_lock(&g->mu);
     g->cu = cu;
     g->post_now = ++g->posts;
-    st = prepare_locked(comm, cu, stream, cur, send, send_bytes, recv, recv_bytes, sqe, op, err);
+    st = prepare_locked(comm, cu, stream, cur, capturing, send, send_bytes, recv, recv_bytes, sqe, op, err);
     if (st == COLLD_OK)
         sweep_post(comm->client, g, cu);
     g->post_now = 0;
