@@ -209,6 +209,8 @@ typedef struct {
     uint32_t base;       /* the communicator's flag base (proto/wire.h) */
     bool capture;        /* the stream is being captured into a CUDA graph: a plan (cuda_graph.c) */
     void *graph;         /* CUgraph being captured */
+    void *cur;           /* CUcontext current on the thread when prepared, for a post in the same call
+                            (NULL: unknown, asked again; colld__group_queue clears it) */
 } colld_gpu_op_t;
 
 /* The session's GPU flag area as cuda.c set it up (colld__gpu_area). */

@@ -41,6 +41,7 @@
  */
 #include "client/client_internal.h"
 
+#include "common/config.h"
 #include "common/cudadrv.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -197,6 +198,10 @@ colld_status_t colld__gpu_client_init(colld_client_t *c)
     if (!g)
         return COLLD_ERR_NO_MEMORY;
     pthread_mutex_init(&g->mu, NULL);
+    /* For measuring the host call against the call without its caches (bench/hostcall.c): not a
+     * setting to run with. */
+    const char *v = colld_config_env("COLLD_GPU_HOST_CACHE");
+    g->no_cache = v && strcmp(v, "0") == 0;
     c->gpu = g;
     return COLLD_OK;
 }
@@ -299,6 +304,16 @@ static CUresult ptr_query(const colld_cu_t *cu, const void *p, ptr_info_t *pi)
     return CUDA_SUCCESS;
 }
 
+/* The buffer id of the allocation at p (0 for memory CUDA does not know): the one attribute a
+ * registration-cache hit needs (issue 28 item 2). */
+static CUresult ptr_buffer_id(const colld_cu_t *cu, const void *p, unsigned long long *id)
+{
+    CUpointer_attribute attr = CU_POINTER_ATTRIBUTE_BUFFER_ID;
+    void *data = id;
+    *id = 0;
+    return CU_CHECK(cu, cuPointerGetAttributes, 1, &attr, &data, (CUdeviceptr)(uintptr_t)p);
+}
+
 bool colld__gpu_is_device(colld_client_t *c, const void *p)
 {
     const colld_cu_t *cu = colld_cu_load(NULL, 0);
@@ -388,6 +403,8 @@ static colld_status_t flags_setup(colld_client_t *c, colld_gpu_t *g, const colld
     f->dptr = dptr;
     f->posted = posted;
     CU_CHECK(cu, cuCtxGetCurrent, &f->ctx);
+    if (CU_CHECK(cu, cuCtxGetId, f->ctx, &f->ctx_id) != CUDA_SUCCESS)
+        f->ctx_id = 0; /* never matched: flags_check on every call */
     atomic_store(&g->flags, f);
     LOG_DEBUG(GPU, "GPU flag area: %u lines, %llu bytes, device address 0x%llx", nlines, (unsigned long long)size,
               (unsigned long long)dptr);
@@ -397,10 +414,14 @@ static colld_status_t flags_setup(colld_client_t *c, colld_gpu_t *g, const colld
 /* The flag area's CUDA registration belongs to the context it was made in (f->ctx) and dies with
  * it: a cuDevicePrimaryCtxReset after a sticky error in the application, or the context's last
  * release. A stream memory operation on the area would then fault (CUDA_ERROR_ILLEGAL_ADDRESS,
- * sticky, in the application). So before every stream-ordered collective the registration is
- * looked up from the stream's context (portable: seen from every context while it lives) and,
- * when it is gone, made again in that context. An error other than "not registered" (the
- * application's context has a sticky error itself) fails the collective with COLLD_ERR_DEVICE.
+ * sticky, in the application). So before a stream-ordered collective whose stream is not of the
+ * very context instance the area was registered in (f->ctx with id f->ctx_id: cuCtxGetId changes
+ * when a context is reset or made again, its handle may not) the registration is looked up from
+ * the stream's context (portable: seen from every context while it lives) and, when it is gone,
+ * made again in that context. A stream of f->ctx with that id proves the registration alive
+ * without a driver call (issue 28 item 2): the common case, one context per process. An error
+ * other than "not registered" (the application's context has a sticky error itself) fails the
+ * collective with COLLD_ERR_DEVICE.
  * g->mu held, the stream's context current, the area set up. */
 static colld_status_t flags_check(colld_gpu_t *g, const colld_cu_t *cu, colld_err_t *err)
 {
@@ -424,6 +445,8 @@ static colld_status_t flags_check(colld_gpu_t *g, const colld_cu_t *cu, colld_er
                       "reset or destroyed (cuMemHostRegister)");
     f->dptr = dptr;
     CU_CHECK(cu, cuCtxGetCurrent, &f->ctx);
+    if (CU_CHECK(cu, cuCtxGetId, f->ctx, &f->ctx_id) != CUDA_SUCCESS)
+        f->ctx_id = 0;
     LOG_INFO(GPU, "the GPU flag area's CUDA registration went with its context (reset or destroyed): registered "
                   "again in the stream's context, device address 0x%llx",
              (unsigned long long)dptr);
@@ -463,42 +486,108 @@ void colld__gpu_daemon_lost(colld_client_t *c)
  * Stream-ordered collectives
  * ========================================================================================== */
 
-/* colld__gpu_prepare with g->mu held. */
-static colld_status_t prepare_locked(colld_comm_t *comm, const colld_cu_t *cu, void *stream, const void *send,
-                                     size_t send_bytes, const void *recv, size_t recv_bytes, colld_wire_sqe_t *sqe,
-                                     colld_gpu_op_t *op, colld_err_t *err)
+/* One buffer of a stream-ordered collective while it is prepared. */
+typedef struct {
+    const void *p;
+    size_t bytes;
+    const char *which;
+    bool hit;               /* a cached registration holds it: *out is set */
+    int ordinal;            /* its device (a hit) */
+    bool have_id, queried;  /* id read; pi read (every attribute) */
+    unsigned long long id;  /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
+    ptr_info_t pi;
+} gpu_buf_t;
+
+/* Find a buffer's cached registration with as few driver calls as the cache allows (issue 28
+ * item 2): none for memory whose lifetime colld knows (colld_mem_register'ed, colld_mem_alloc'ed:
+ * colld__gpu_lookup_owned); one buffer-id query for an implicit registration, which must be asked
+ * every call because the application may have freed the allocation and made another at the same
+ * address (the buffer id tells them apart: it is unique for the life of the process); and every
+ * attribute only on a miss, for the registration. A hit sets *out at once (a miss resolved later
+ * may move cache entries); its entry is marked seen by this post, so that no sweep drops it.
+ * `twin`: the other buffer when both are at the same address (in place), whose answers serve
+ * again. g->mu held. */
+static colld_status_t buf_find(colld_gpu_t *g, const colld_cu_t *cu, gpu_buf_t *b, const gpu_buf_t *twin,
+                               colld_wire_buf_t *out, colld_err_t *err)
 {
-    colld_client_t *c = comm->client;
-    colld_gpu_t *g = c->gpu;
-    ptr_info_t ps, pr;
     CUresult r;
-    colld_status_t st;
-    /* (a) Both buffers: device memory, in bounds, registered. */
-    if (send_bytes && (r = ptr_query(cu, send, &ps)) != CUDA_SUCCESS)
-        return cu_say(cu, err, COLLD_ERR_INVALID_ARGUMENT, r, "sendbuf (%p): cuPointerGetAttributes", send);
-    if (recv_bytes && send_bytes && recv == send)
-        pr = ps; /* in place: one query */
-    else if (recv_bytes && (r = ptr_query(cu, recv, &pr)) != CUDA_SUCCESS)
-        return cu_say(cu, err, COLLD_ERR_INVALID_ARGUMENT, r, "recvbuf (%p): cuPointerGetAttributes", recv);
-    if ((send_bytes && (st = need_device(&ps, send, "sendbuf", err)) != COLLD_OK) ||
-        (recv_bytes && (st = need_device(&pr, recv, "recvbuf", err)) != COLLD_OK))
-        return st;
-    CUcontext cur, sctx = NULL;
-    st = ensure_ctx(g, cu, send_bytes ? ps.ordinal : recv_bytes ? pr.ordinal : 0, &cur, err);
-    if (st != COLLD_OK)
-        return st;
-    CUstream s = stream ? (CUstream)stream : CU_STREAM_LEGACY;
-    if ((r = CU_CHECK(cu, cuStreamGetCtx, s, &sctx)) != CUDA_SUCCESS)
-        return cu_say(cu, err, COLLD_ERR_INVALID_ARGUMENT, r, "stream %p: cuStreamGetCtx (is it a live cudaStream_t?)",
-                      stream);
-    bool pushed;
-    if ((r = ctx_enter(cu, sctx, &pushed)) != CUDA_SUCCESS)
-        return cu_say(cu, err, COLLD_ERR_DEVICE, r, "making the stream's context current");
-    CUdevice dev;
-    if ((r = CU_CHECK(cu, cuCtxGetDevice, &dev)) != CUDA_SUCCESS) {
-        st = cu_say(cu, err, COLLD_ERR_DEVICE, r, "the device of stream %p", stream);
-        goto out;
+    gpu_reg_t *e = NULL;
+    if (!g->no_cache && (e = colld__gpu_lookup_owned(g, b->p, b->bytes)) != NULL)
+        goto hit;
+    if (twin && twin->have_id) {
+        b->have_id = true, b->id = twin->id;
+        if ((b->queried = twin->queried))
+            b->pi = twin->pi;
+    } else if (!g->no_cache) {
+        if ((r = ptr_buffer_id(cu, b->p, &b->id)) != CUDA_SUCCESS)
+            return cu_say(cu, err, COLLD_ERR_INVALID_ARGUMENT, r, "%s (%p): cuPointerGetAttributes", b->which, b->p);
+        b->have_id = true;
     }
+    if (!g->no_cache && b->have_id && (e = colld__gpu_lookup(g, b->p, b->bytes, b->id)) != NULL)
+        goto hit;
+    if (!b->queried) {
+        if ((r = ptr_query(cu, b->p, &b->pi)) != CUDA_SUCCESS)
+            return cu_say(cu, err, COLLD_ERR_INVALID_ARGUMENT, r, "%s (%p): cuPointerGetAttributes", b->which, b->p);
+        b->queried = b->have_id = true;
+        b->id = b->pi.buffer_id;
+    }
+    return need_device(&b->pi, b->p, b->which, err);
+hit:
+    e->seen = g->post_now;
+    b->hit = true;
+    b->ordinal = e->ordinal;
+    return colld__gpu_reg_ref(e, b->p, b->bytes, b->which, out, err);
+}
+
+/* Make ctx current if `cur` (the thread's current context, known) is not it. */
+static CUresult ctx_enter_from(const colld_cu_t *cu, CUcontext ctx, CUcontext cur, bool *pushed)
+{
+    *pushed = false;
+    if (!ctx || ctx == cur)
+        return CUDA_SUCCESS;
+    CUresult r = CU_CHECK(cu, cuCtxPushCurrent, ctx);
+    *pushed = r == CUDA_SUCCESS;
+    return r;
+}
+
+/* What the host call needs of stream s (gpu_stream_t, cuda_internal.h): from the cache for a
+ * stream seen before (one driver call: the stream's id, or for the legacy default stream the
+ * current context's id), else from the driver (the stream's context, that context's id and
+ * device, the device's CAN_FLUSH_REMOTE_WRITES), then cached. `cur`: the thread's current context
+ * (not NULL). A stream being captured is not asked for its id (a query the driver may refuse on a
+ * capturing stream, and refusing it may invalidate the application's capture): the long way, once
+ * per capture, whose replays do not come here. g->mu held. */
+static colld_status_t stream_info(colld_gpu_t *g, const colld_cu_t *cu, CUstream s, CUcontext cur, bool capturing,
+                                  gpu_stream_t *out, colld_err_t *err)
+{
+    bool by_ctx = s == CU_STREAM_LEGACY || s == NULL;
+    unsigned long long key = 0;
+    CUresult r;
+    if (!g->no_cache && !capturing) {
+        /* An error: the long way, as for a stream the driver does not know (which cuStreamGetCtx
+         * then reports). */
+        r = by_ctx ? CU_CHECK(cu, cuCtxGetId, cur, &key) : CU_CHECK(cu, cuStreamGetId, s, &key);
+        if (r != CUDA_SUCCESS)
+            key = 0;
+        for (unsigned i = 0; key && i < STREAM_CACHE; i++)
+            if (g->streams[i].key == key && g->streams[i].by_ctx == by_ctx) {
+                *out = g->streams[i];
+                return COLLD_OK;
+            }
+    }
+    gpu_stream_t e = { .key = key, .by_ctx = by_ctx };
+    if ((r = CU_CHECK(cu, cuStreamGetCtx, s, &e.ctx)) != CUDA_SUCCESS)
+        return cu_say(cu, err, COLLD_ERR_INVALID_ARGUMENT, r, "stream %p: cuStreamGetCtx (is it a live cudaStream_t?)",
+                      (void *)s);
+    if ((r = CU_CHECK(cu, cuCtxGetId, e.ctx, &e.ctx_id)) != CUDA_SUCCESS)
+        return cu_say(cu, err, COLLD_ERR_DEVICE, r, "the context of stream %p (cuCtxGetId)", (void *)s);
+    bool pushed;
+    if ((r = ctx_enter_from(cu, e.ctx, cur, &pushed)) != CUDA_SUCCESS)
+        return cu_say(cu, err, COLLD_ERR_DEVICE, r, "making the stream's context current");
+    r = CU_CHECK(cu, cuCtxGetDevice, &e.dev);
+    ctx_leave(cu, pushed);
+    if (r != CUDA_SUCCESS)
+        return cu_say(cu, err, COLLD_ERR_DEVICE, r, "the device of stream %p", (void *)s);
     /* Stream memory operations: the entry points are the V2 ones (CUDA 12.0 ABI, see
      * common/cudadrv.h), which the driver offers by default on every platform. The
      * CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1 attribute only says whether the deprecated V1
@@ -506,13 +595,59 @@ static colld_status_t prepare_locked(colld_comm_t *comm, const colld_cu_t *cu, v
      * device without them makes the calls fail with CUDA_ERROR_NOT_SUPPORTED, which
      * colld__gpu_post reports as COLLD_ERR_NOT_SUPPORTED. (The CUDA IPC event fallback for such
      * devices is not built yet.) */
-    bool flush = dev_flag(cu, g->flush, dev, CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES);
-    if ((send_bytes && (st = colld__gpu_resolve(c, g, cu, send, send_bytes, &ps, "sendbuf", &sqe->send, NULL, err))) ||
-        (recv_bytes && (st = colld__gpu_resolve(c, g, cu, recv, recv_bytes, &pr, "recvbuf", &sqe->recv, NULL, err))))
-        goto out;
-    if ((st = flags_setup(c, g, cu, err)) != COLLD_OK || (st = flags_check(g, cu, err)) != COLLD_OK)
-        goto out;
+    e.flush = dev_flag(cu, g->flush, e.dev, CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES);
+    if (key) {
+        g->streams[g->stream_next] = e;
+        g->stream_next = (g->stream_next + 1) % STREAM_CACHE;
+    }
+    *out = e;
+    return COLLD_OK;
+}
+
+/* colld__gpu_prepare with g->mu held; `cur`: the thread's current context (NULL: none). */
+static colld_status_t prepare_locked(colld_comm_t *comm, const colld_cu_t *cu, void *stream, CUcontext cur,
+                                     bool capturing, const void *send, size_t send_bytes, const void *recv,
+                                     size_t recv_bytes, colld_wire_sqe_t *sqe, colld_gpu_op_t *op, colld_err_t *err)
+{
+    colld_client_t *c = comm->client;
+    colld_gpu_t *g = c->gpu;
+    colld_status_t st;
+    CUresult r;
+    /* (a) Both buffers: device memory, their cached registrations when they have one. */
+    gpu_buf_t bs = { .p = send, .bytes = send_bytes, .which = "sendbuf" };
+    gpu_buf_t br = { .p = recv, .bytes = recv_bytes, .which = "recvbuf" };
+    if ((send_bytes && (st = buf_find(g, cu, &bs, NULL, &sqe->send, err)) != COLLD_OK) ||
+        (recv_bytes && (st = buf_find(g, cu, &br, send_bytes && recv == send ? &bs : NULL, &sqe->recv, err)) !=
+                           COLLD_OK))
+        return st;
+    /* (b) The context: the current one, else the buffers' device's primary context; the stream's. */
+    const gpu_buf_t *first = send_bytes ? &bs : recv_bytes ? &br : NULL;
+    if (!cur && (st = ensure_ctx(g, cu, !first ? 0 : first->hit ? first->ordinal : first->pi.ordinal, &cur, err)) !=
+                    COLLD_OK)
+        return st;
+    CUstream s = stream ? (CUstream)stream : CU_STREAM_LEGACY;
+    gpu_stream_t si = { 0 };
+    if ((st = stream_info(g, cu, s, cur, capturing, &si, err)) != COLLD_OK)
+        return st;
+    /* (c) In the stream's context, only when something needs it: a registration to make, the
+     * flag area to set up or to check (flags_check). */
     gpu_flags_t *f = atomic_load(&g->flags);
+    bool check = !f || g->no_cache || f->ctx != si.ctx || f->ctx_id != si.ctx_id;
+    bool pushed = false;
+    if (check || (send_bytes && !bs.hit) || (recv_bytes && !br.hit)) {
+        if ((r = ctx_enter_from(cu, si.ctx, cur, &pushed)) != CUDA_SUCCESS)
+            return cu_say(cu, err, COLLD_ERR_DEVICE, r, "making the stream's context current");
+        if ((send_bytes && !bs.hit &&
+             (st = colld__gpu_resolve(c, g, cu, send, send_bytes, &bs.pi, "sendbuf", &sqe->send, NULL, err))) ||
+            (recv_bytes && !br.hit &&
+             (st = colld__gpu_resolve(c, g, cu, recv, recv_bytes, &br.pi, "recvbuf", &sqe->recv, NULL, err))))
+            goto out;
+        if (check && ((st = flags_setup(c, g, cu, err)) != COLLD_OK || (st = flags_check(g, cu, err)) != COLLD_OK))
+            goto out;
+        ctx_leave(cu, pushed);
+        pushed = false;
+    }
+    f = atomic_load(&g->flags);
     uint32_t h = comm->handle;
     if (h == 0 || h >= f->nlines) {
         st = colld_err_set(err, COLLD_ERR_PROTOCOL, "communicator handle %u has no GPU flag line (colld gave %u lines)",
@@ -546,14 +681,34 @@ static colld_status_t prepare_locked(colld_comm_t *comm, const colld_cu_t *cu, v
     }
     op->base = comm->gpu_base;
     op->stream = s;
-    op->ctx = sctx;
+    op->ctx = si.ctx;
+    op->cur = g->no_cache ? NULL : cur;
     op->ready = f->dptr + (uint64_t)h * sizeof(colld_wire_gpu_flag_t) + offsetof(colld_wire_gpu_flag_t, ready);
     op->done = f->dptr + (uint64_t)h * sizeof(colld_wire_gpu_flag_t) + offsetof(colld_wire_gpu_flag_t, done);
-    op->wait_flags = (unsigned)CU_STREAM_WAIT_VALUE_GEQ | (flush ? (unsigned)CU_STREAM_WAIT_VALUE_FLUSH : 0u);
+    op->wait_flags = (unsigned)CU_STREAM_WAIT_VALUE_GEQ | (si.flush ? (unsigned)CU_STREAM_WAIT_VALUE_FLUSH : 0u);
     st = COLLD_OK;
 out:
     ctx_leave(cu, pushed);
     return st;
+}
+
+/* How often a post may check cached registrations for a free (colld__gpu_sweep_freed): the
+ * check costs a driver call per entry, and the host call's budget is a handful (issue 28 item 2).
+ * The buffers a post uses are checked by that post anyway (their buffer id); the sweep is only
+ * for the mappings of buffers no longer used, which a new registration and a communicator's
+ * destruction sweep in full. */
+#define SWEEP_INTERVAL_NS 10000000ull /* 10 ms */
+
+/* The per-post part of the rule for implicit registrations (issue 15 C1/D4). g->mu held. */
+static void sweep_post(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu)
+{
+    if (!g->no_cache) {
+        uint64_t now = colld_now_ns();
+        if (now - g->swept_ns < SWEEP_INTERVAL_NS)
+            return;
+        g->swept_ns = now;
+    }
+    colld__gpu_sweep_freed(c, g, cu, SWEEP_PER_POST);
 }
 
 /* Whether the stream is being captured into a CUDA graph (issue 15 item 3), and into which graph.
@@ -566,8 +721,8 @@ out:
  * the legacy default stream while another stream of the process is captured (as the driver
  * refuses it), a capture already invalidated, and a capture inside a group (in_group). *graph is
  * set while capturing. */
-static colld_status_t capture_state(const colld_cu_t *cu, void *stream, bool in_group, bool *capturing, CUgraph *graph,
-                                    colld_err_t *err)
+static colld_status_t capture_state(const colld_cu_t *cu, void *stream, CUcontext cur, bool in_group, bool *capturing,
+                                    CUgraph *graph, colld_err_t *err)
 {
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
     cuuint64_t id = 0;
@@ -577,8 +732,7 @@ static colld_status_t capture_state(const colld_cu_t *cu, void *stream, bool in_
      * thread of the application, torch_colld's) is not capturing it. It gets the primary context
      * of the buffers' device below (ensure_ctx); a capture elsewhere in that context then refuses
      * the enqueue on the legacy stream, as the driver does. */
-    CUcontext cur = NULL;
-    if ((!stream || stream == CU_STREAM_LEGACY) && CU_CHECK(cu, cuCtxGetCurrent, &cur) == CUDA_SUCCESS && !cur)
+    if ((!stream || stream == CU_STREAM_LEGACY) && !cur)
         return COLLD_OK;
     CUresult r = CU_CHECK_EXPECT(cu, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, cuStreamIsCapturing, (CUstream)stream, &cs);
     if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
@@ -624,7 +778,10 @@ colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, bool in_grou
                              send_bytes && !send ? "sendbuf" : "recvbuf");
     bool capturing;
     CUgraph graph;
-    colld_status_t st = capture_state(cu, stream, in_group, &capturing, &graph, err);
+    CUcontext cur = NULL; /* the thread's current context: asked once per call */
+    if (CU_CHECK(cu, cuCtxGetCurrent, &cur) != CUDA_SUCCESS)
+        cur = NULL;
+    colld_status_t st = capture_state(cu, stream, cur, in_group, &capturing, &graph, err);
     if (st != COLLD_OK)
         return st;
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -633,8 +790,11 @@ colld_status_t colld__gpu_prepare(colld_comm_t *comm, void *stream, bool in_grou
     colld_gpu_t *g = comm->client->gpu;
     pthread_mutex_lock(&g->mu);
     g->cu = cu;
-    colld__gpu_sweep_freed(comm->client, g, cu, SWEEP_PER_POST);
-    st = prepare_locked(comm, cu, stream, send, send_bytes, recv, recv_bytes, sqe, op, err);
+    g->post_now = ++g->posts;
+    st = prepare_locked(comm, cu, stream, cur, capturing, send, send_bytes, recv, recv_bytes, sqe, op, err);
+    if (st == COLLD_OK)
+        sweep_post(comm->client, g, cu);
+    g->post_now = 0;
     pthread_mutex_unlock(&g->mu);
     if (capturing)
         CU_CHECK(cu, cuThreadExchangeStreamCaptureMode, &mode); /* the application's mode again */
@@ -819,7 +979,8 @@ colld_status_t colld__gpu_post_batch(colld_comm_t *comm, const colld_wire_sqe_t 
      * for done >= v, and the other streams wait for that. */
     bool pushed, written = false, waited = false;
     uint64_t prev = 0;
-    CUresult r = ctx_enter(cu, (CUcontext)op->ctx, &pushed);
+    CUresult r = op->cur ? ctx_enter_from(cu, (CUcontext)op->ctx, (CUcontext)op->cur, &pushed)
+                         : ctx_enter(cu, (CUcontext)op->ctx, &pushed);
     const char *call = "making the stream's context current";
     if (r == CUDA_SUCCESS && n > 1) {
         call = "joining the group's streams (cuEventRecord, cuStreamWaitEvent)";

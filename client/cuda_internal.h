@@ -47,10 +47,12 @@ typedef struct {
     size_t limit;                 /* bytes a buffer may use from base: size, or what the user asked for */
     unsigned long long buffer_id; /* CU_POINTER_ATTRIBUTE_BUFFER_ID (of the first allocation) */
     uint32_t reg_id;
+    int ordinal;       /* the device it is on */
     int own;           /* OWN_*: colld_mem_alloc memory, freed by colld_mem_free */
     size_t own_size;   /* OWN_VMM: the reserved and mapped bytes */
     CUcontext own_ctx; /* OWN_MEMALLOC: the context it was allocated in */
     unsigned pins;     /* colld_mem_register handles on it: never swept nor dropped while > 0 */
+    uint64_t seen;     /* the post (g->post_now) that last read its buffer id from the driver */
     unsigned nseg;     /* allocations it spans: 1, or 2 .. COLLD_WIRE_CUDA_MAX_SEGMENTS */
     gpu_seg_t *seg;    /* [nseg] when nseg > 1 (owned) */
 } gpu_reg_t;
@@ -64,7 +66,8 @@ typedef struct {
     uint32_t nlines;
     uint32_t nplans; /* plan lines after the flag lines (captured collectives: cuda_graph.c) */
     CUdeviceptr dptr;
-    CUcontext ctx; /* current when it was (last) registered (for cuMemHostUnregister; flags_check) */
+    CUcontext ctx;             /* current when it was (last) registered (for cuMemHostUnregister; flags_check) */
+    unsigned long long ctx_id; /* ctx's cuCtxGetId then: the registration lives while ctx has this id */
     _Atomic uint64_t *posted;
 } gpu_flags_t;
 
@@ -75,6 +78,25 @@ typedef struct {
     uint32_t gen;
     uint64_t seq;
 } gpu_slot_t;
+
+/* What the host call knows of a stream (issue 28 item 2), so that a warm call asks the driver only
+ * for the stream's id: its context (handle and id), device and CAN_FLUSH_REMOTE_WRITES. The key
+ * is unique for the life of the process, so an entry can go stale but never be matched wrongly:
+ *  - a stream the application created: its cuStreamGetId. A stream destroyed and its handle
+ *    reused by a new stream, in any context, has a new id; and a stream dies with its context
+ *    (a reset, a destroy), so a live stream's entry names the live instance of its context;
+ *  - the legacy default stream (NULL): the current context's cuCtxGetId (the stream is the
+ *    current context's; a primary context reset keeps its handle and gets a new id).
+ * Stale entries are never looked for again and are overwritten in turn (round robin). */
+#define STREAM_CACHE 16
+typedef struct {
+    unsigned long long key; /* the stream's id, or its context's id (by_ctx); 0: empty */
+    bool by_ctx;
+    bool flush; /* the device's CAN_FLUSH_REMOTE_WRITES */
+    CUcontext ctx;
+    unsigned long long ctx_id;
+    CUdevice dev;
+} gpu_stream_t;
 
 struct colld_gpu {
     gpu_probe_t probe;
@@ -88,6 +110,12 @@ struct colld_gpu {
     uint32_t *gens;    /* [slot_lines]: the last generation given on each line */
     uint32_t slot_lines;
     bool primary[MAX_DEVICES]; /* primary context retained by us */
+    bool no_cache;             /* COLLD_GPU_HOST_CACHE=0: every call asks the driver (a baseline to measure) */
+    gpu_stream_t streams[STREAM_CACHE];
+    unsigned stream_next; /* the next entry of streams to overwrite */
+    uint64_t swept_ns;    /* when a post last swept (colld__gpu_sweep_freed) */
+    uint64_t posts;       /* stream-ordered posts prepared */
+    uint64_t post_now;    /* the number of the post being prepared, 0 outside one (gpu_reg_t.seen) */
     int8_t flush[MAX_DEVICES]; /* CAN_FLUSH_REMOTE_WRITES: 0 unknown, 1 no, 2 yes */
 };
 
@@ -163,8 +191,19 @@ static inline void flags_unmap(const colld_cu_t *cu, void *area, size_t size, CU
 colld_status_t colld__gpu_resolve(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu, const void *p, size_t bytes,
                                   const ptr_info_t *pi, const char *which, colld_wire_buf_t *out, gpu_reg_t **entry,
                                   colld_err_t *err);
+/* A cached registration that needs no driver call to be trusted (issue 28 item 2): one that
+ * colld_mem_register pinned or colld_mem_alloc made, holding [p, p + bytes) (their memory is
+ * freed only after colld_mem_deregister / colld_mem_free, by the API's contract). NULL if none. */
+gpu_reg_t *colld__gpu_lookup_owned(colld_gpu_t *g, const void *p, size_t bytes);
+/* A cached registration that holds [p, p + bytes) with the allocation of buffer id `id` at p. */
+gpu_reg_t *colld__gpu_lookup(colld_gpu_t *g, const void *p, size_t bytes, unsigned long long id);
+/* The buffer reference (registration, offset) of [p, p + bytes) in cache entry e; checks the
+ * bytes against what the registration may use. */
+colld_status_t colld__gpu_reg_ref(const gpu_reg_t *e, const void *p, size_t bytes, const char *which,
+                                  colld_wire_buf_t *out, colld_err_t *err);
 /* The rule for implicit registrations (issue 15 C1/D4): check up to `max` cached registrations
- * and deregister those whose allocation the application freed. */
+ * and deregister those whose allocation the application freed. During a post, an entry whose
+ * buffer id that post read (seen == g->post_now) is alive and not asked about again. */
 void colld__gpu_sweep_freed(colld_client_t *c, colld_gpu_t *g, const colld_cu_t *cu, size_t max);
 /* Remove cache entry i and tell the daemon (its mapping there goes once no collective uses it). */
 colld_status_t colld__gpu_reg_remove(colld_client_t *c, colld_gpu_t *g, size_t i);

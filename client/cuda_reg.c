@@ -271,7 +271,8 @@ void colld__gpu_sweep_freed(colld_client_t *c, colld_gpu_t *g, const colld_cu_t 
         if (g->sweep >= g->nregs)
             g->sweep = 0;
         const gpu_reg_t *e = &g->regs[g->sweep];
-        if (e->own != OWN_NONE || e->pins || alloc_alive(cu, e)) {
+        bool seen = !g->no_cache && g->post_now && e->seen == g->post_now;
+        if (e->own != OWN_NONE || e->pins || seen || alloc_alive(cu, e)) {
             g->sweep++;
             continue;
         }
@@ -293,12 +294,43 @@ void colld__gpu_comm_destroyed(colld_client_t *c)
 /* A cached registration that holds [a, a + bytes) with the allocation of buffer id `id` at a. */
 static gpu_reg_t *lookup(colld_gpu_t *g, CUdeviceptr a, size_t bytes, unsigned long long id)
 {
-    for (size_t i = 0; i < g->nregs; i++) {
+    for (size_t i = 0; id && i < g->nregs; i++) {
         gpu_reg_t *e = &g->regs[i];
         if (a >= e->base && a - e->base < e->size && bytes <= e->size - (a - e->base) && seg_buffer_id(e, a) == id)
             return e;
     }
     return NULL;
+}
+
+gpu_reg_t *colld__gpu_lookup(colld_gpu_t *g, const void *p, size_t bytes, unsigned long long id)
+{
+    return lookup(g, (CUdeviceptr)(uintptr_t)p, bytes, id);
+}
+
+gpu_reg_t *colld__gpu_lookup_owned(colld_gpu_t *g, const void *p, size_t bytes)
+{
+    CUdeviceptr a = (CUdeviceptr)(uintptr_t)p;
+    for (size_t i = 0; i < g->nregs; i++) {
+        gpu_reg_t *e = &g->regs[i];
+        bool known = e->pins || e->own != OWN_NONE;
+        if (known && a >= e->base && a - e->base < e->limit && bytes <= e->limit - (a - e->base))
+            return e;
+    }
+    return NULL;
+}
+
+colld_status_t colld__gpu_reg_ref(const gpu_reg_t *e, const void *p, size_t bytes, const char *which,
+                                  colld_wire_buf_t *out, colld_err_t *err)
+{
+    size_t off = (size_t)((CUdeviceptr)(uintptr_t)p - e->base);
+    memset(out, 0, sizeof(*out));
+    if (off >= e->limit || bytes > e->limit - off)
+        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
+                             "%s (%p): %zu bytes run past the end of its %zu-byte GPU buffer", which, p, bytes,
+                             e->limit);
+    out->reg_id = e->reg_id;
+    out->offset = off;
+    return COLLD_OK;
 }
 
 /* Device memory of device `ordinal` with its buffer id at a? */
@@ -427,6 +459,7 @@ colld_status_t colld__gpu_resolve(colld_client_t *c, colld_gpu_t *g, const colld
                           .limit = size,
                           .buffer_id = seg[0].buffer_id,
                           .reg_id = reg_id,
+                          .ordinal = pi->ordinal,
                           .nseg = n,
                           .seg = n > 1 ? seg : NULL };
         if (n == 1)
@@ -434,13 +467,10 @@ colld_status_t colld__gpu_resolve(colld_client_t *c, colld_gpu_t *g, const colld
         LOG_DEBUG(GPU, "registered GPU %d memory 0x%llx (%zu bytes, %s, %u allocation(s)) as %u", pi->ordinal,
                   (unsigned long long)base, size, pi->ipc ? "IPC" : "VMM fd", n, reg_id);
     }
-    size_t off = (size_t)(a - e->base);
-    if (off >= e->limit || bytes > e->limit - off)
-        return colld_err_set(err, COLLD_ERR_INVALID_ARGUMENT,
-                             "%s (%p): %zu bytes run past the end of its %zu-byte GPU buffer", which, p, bytes,
-                             e->limit);
-    out->reg_id = e->reg_id;
-    out->offset = off;
+    e->seen = g->post_now;
+    colld_status_t st = colld__gpu_reg_ref(e, p, bytes, which, out, err);
+    if (st != COLLD_OK)
+        return st;
     if (entry)
         *entry = e;
     return COLLD_OK;

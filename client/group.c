@@ -105,8 +105,10 @@ colld_status_t colld__group_queue(colld_comm_t *comm, const colld_wire_sqe_t *sq
         return colld_err_set(err, COLLD_ERR_NO_MEMORY, "cannot queue the collective: out of memory");
     }
     group.ops[group.n++] = (queued_t){ .comm = comm, .sqe = *sqe, .pending = pending, .gpu = gpu != NULL };
-    if (gpu)
+    if (gpu) {
         group.ops[group.n - 1].gop = *gpu;
+        group.ops[group.n - 1].gop.cur = NULL; /* posted later, perhaps with another context current */
+    }
     return COLLD_OK;
 }
 

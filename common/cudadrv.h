@@ -32,9 +32,10 @@
     X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                                    \
     X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetUuid) X(cuDeviceGetAttribute)         \
     X(cuDeviceCanAccessPeer) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxReset) \
-    X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxPushCurrent) X(cuCtxPopCurrent)           \
+    X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxGetId) X(cuCtxPushCurrent) X(cuCtxPopCurrent) \
     X(cuCtxEnablePeerAccess) X(cuCtxSynchronize)                                                             \
-    X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamGetCtx) X(cuStreamWaitEvent) X(cuStreamSynchronize)        \
+    X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamGetCtx) X(cuStreamGetId) X(cuStreamWaitEvent)             \
+    X(cuStreamSynchronize)                                                                                   \
     X(cuStreamQuery) X(cuStreamWriteValue32) X(cuStreamWaitValue32) X(cuStreamIsCapturing)                  \
     X(cuStreamGetCaptureInfo) X(cuThreadExchangeStreamCaptureMode) X(cuUserObjectCreate)                    \
     X(cuUserObjectRelease) X(cuGraphRetainUserObject)                                                        \

@@ -403,6 +403,24 @@ CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
+/* A context's id, unique for the life of the process as the driver's: a primary context reset or
+ * destroyed and made again gets another (its generation is part of it), its handle staying the same. */
+CUresult CUDAAPI cuCtxGetId(CUcontext ctx, unsigned long long *id)
+{
+    FK_BEGIN(cuCtxGetId);
+    if (!id)
+        return CUDA_ERROR_INVALID_VALUE;
+    fk_ctx_t *c = ctx ? ctx_of(ctx) : fk_ctx_current();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&fk.mu);
+    CUresult r = c->active ? CUDA_SUCCESS : CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (r == CUDA_SUCCESS)
+        *id = c->generation * FK_MAX_DEVICES + (unsigned long long)c->dev + 1;
+    pthread_mutex_unlock(&fk.mu);
+    return r;
+}
+
 CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
 {
     FK_BEGIN(cuCtxGetDevice);

@@ -61,6 +61,7 @@ fk_state_t fk = {
     X(cuCtxGetCurrent, 4000, cuCtxGetCurrent)                                                                \
     X(cuCtxGetDevice, 2000, cuCtxGetDevice)                                                                  \
     X(cuCtxGetDevice, 13000, cuCtxGetDevice_v2)                                                              \
+    X(cuCtxGetId, 12000, cuCtxGetId)                                                                         \
     X(cuCtxPushCurrent, 4000, cuCtxPushCurrent_v2)                                                           \
     X(cuCtxPopCurrent, 4000, cuCtxPopCurrent_v2)                                                             \
     X(cuCtxEnablePeerAccess, 4000, cuCtxEnablePeerAccess)                                                    \
@@ -72,6 +73,7 @@ fk_state_t fk = {
     X(cuStreamDestroy, 4000, cuStreamDestroy_v2)                                                             \
     X(cuStreamGetCtx, 9020, cuStreamGetCtx)                                                                  \
     X(cuStreamGetCtx, 12050, cuStreamGetCtx_v2)                                                              \
+    X(cuStreamGetId, 12000, cuStreamGetId)                                                                   \
     X(cuStreamGetFlags, 5050, cuStreamGetFlags)                                                              \
     X(cuStreamWaitEvent, 3020, cuStreamWaitEvent)                                                            \
     X(cuStreamSynchronize, 2000, cuStreamSynchronize)                                                        \

@@ -61,10 +61,11 @@
     X(cuDeviceGetAttribute, 0) X(cuDeviceTotalMem, 0) X(cuDeviceCanAccessPeer, 0)                            \
     X(cuDevicePrimaryCtxRetain, 0) X(cuDevicePrimaryCtxRelease, 0) X(cuDevicePrimaryCtxReset, 0)             \
     X(cuDevicePrimaryCtxGetState, 0) X(cuDevicePrimaryCtxSetFlags, 0)                                        \
-    X(cuCtxSetCurrent, 0) X(cuCtxGetCurrent, 0) X(cuCtxGetDevice, 0) X(cuCtxPushCurrent, 0)                  \
+    X(cuCtxSetCurrent, 0) X(cuCtxGetCurrent, 0) X(cuCtxGetDevice, 0) X(cuCtxGetId, 0) X(cuCtxPushCurrent, 0)   \
     X(cuCtxPopCurrent, 0) X(cuCtxEnablePeerAccess, 0) X(cuCtxDisablePeerAccess, 0) X(cuCtxSynchronize, 0)    \
     X(cuStreamCreate, 0) X(cuStreamCreateWithPriority, 0) X(cuStreamDestroy, 0) X(cuStreamGetCtx, 0)         \
-    X(cuStreamGetFlags, 0) X(cuStreamWaitEvent, FK_F_ASYNC) X(cuStreamSynchronize, 0) X(cuStreamQuery, 0)    \
+    X(cuStreamGetId, 0) X(cuStreamGetFlags, 0) X(cuStreamWaitEvent, FK_F_ASYNC) X(cuStreamSynchronize, 0)    \
+    X(cuStreamQuery, 0)                                                                                      \
     X(cuStreamWriteValue32, FK_F_ASYNC) X(cuStreamWaitValue32, FK_F_ASYNC)                                   \
     X(cuStreamWriteValue64, FK_F_ASYNC) X(cuStreamWaitValue64, FK_F_ASYNC)                                   \
     X(cuStreamBatchMemOp, FK_F_ASYNC) X(cuLaunchHostFunc, FK_F_ASYNC)                                        \

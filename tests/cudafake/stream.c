@@ -602,6 +602,31 @@ CUresult CUDAAPI cuStreamGetCtx_v2(CUstream hStream, CUcontext *pCtx, CUgreenCtx
     return stream_ctx(hStream, pCtx);
 }
 
+/* A stream's id, unique for the life of the process as the driver's: a user stream's creation number;
+ * the legacy stream's names its context's instance (the context's generation), so that the legacy
+ * stream of a context reset since has another. */
+CUresult CUDAAPI cuStreamGetId(CUstream hStream, unsigned long long *streamId)
+{
+    FK_BEGIN(cuStreamGetId);
+    if (!streamId)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fk.mu);
+    CUresult r = CUDA_SUCCESS;
+    if (hStream == NULL || hStream == CU_STREAM_LEGACY) {
+        fk_ctx_t *c = fk_ctx_current();
+        if (!c)
+            r = CUDA_ERROR_INVALID_CONTEXT;
+        else
+            *streamId = (1ull << 63) | (c->generation * FK_MAX_DEVICES + (unsigned long long)c->dev);
+    } else if (!fk_handle_ok(hStream, FK_K_STREAM)) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        *streamId = ((fk_stream_t *)hStream)->id;
+    }
+    pthread_mutex_unlock(&fk.mu);
+    return r;
+}
+
 CUresult CUDAAPI cuStreamGetFlags(CUstream hStream, unsigned int *flags)
 {
     FK_BEGIN(cuStreamGetFlags);

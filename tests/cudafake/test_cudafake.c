@@ -450,8 +450,22 @@ static void test_host_register(void **state)
     assert_int_equal(plain, 0);
     CUstream s;
     CU_IS(cu.cuStreamCreate(&s, 0), CUDA_ERROR_ILLEGAL_ADDRESS);
+    unsigned long long id_before, id_after, sid_before, sid_after;
+    CU_OK(cu.cuCtxGetId(NULL, &id_before));
+    CU_OK(cu.cuStreamGetId(CU_STREAM_LEGACY, &sid_before));
     CU_OK(cu.cuDevicePrimaryCtxReset(DEV_B));
+    /* A reset context keeps its handle, not its id (nor its legacy stream's): libcolld's host-call
+     * caches rely on this (issue 28 item 2). */
+    CU_OK(cu.cuCtxGetId(cf_ctx[DEV_B], &id_after));
+    CU_OK(cu.cuStreamGetId(CU_STREAM_LEGACY, &sid_after));
+    assert_true(id_after != id_before);
+    assert_true(sid_after != sid_before);
     CU_OK(cu.cuStreamCreate(&s, 0));
+    CU_OK(cu.cuStreamGetId(s, &sid_before));
+    CU_OK(cu.cuStreamDestroy(s));
+    CU_OK(cu.cuStreamCreate(&s, 0)); /* perhaps the same handle: another id */
+    CU_OK(cu.cuStreamGetId(s, &sid_after));
+    assert_true(sid_after != sid_before);
     CU_OK(cu.cuStreamDestroy(s));
     /* A registration belongs to the context it was made in, portable or not: a reset of that
      * context drops it (seen from another context too), and the memory can be registered again

@@ -32,9 +32,11 @@
     X(cuDeviceGetAttribute, 2000) X(cuDeviceCanAccessPeer, 4000) X(cuDeviceTotalMem, 3020)                   \
     X(cuDevicePrimaryCtxRetain, 7000) X(cuDevicePrimaryCtxRelease, 11000) X(cuDevicePrimaryCtxReset, 11000)  \
     X(cuDevicePrimaryCtxGetState, 7000) X(cuCtxSetCurrent, 4000) X(cuCtxGetCurrent, 4000)                    \
-    X(cuCtxGetDevice, 2000) X(cuCtxPushCurrent, 4000) X(cuCtxPopCurrent, 4000) X(cuCtxEnablePeerAccess, 4000) \
+    X(cuCtxGetDevice, 2000) X(cuCtxGetId, 12000) X(cuCtxPushCurrent, 4000) X(cuCtxPopCurrent, 4000)            \
+    X(cuCtxEnablePeerAccess, 4000)                                                                           \
     X(cuCtxDisablePeerAccess, 4000) X(cuCtxSynchronize, 2000)                                                \
-    X(cuStreamCreate, 2000) X(cuStreamDestroy, 4000) X(cuStreamGetCtx, 9020) X(cuStreamWaitEvent, 3020)     \
+    X(cuStreamCreate, 2000) X(cuStreamDestroy, 4000) X(cuStreamGetCtx, 9020) X(cuStreamGetId, 12000)        \
+    X(cuStreamWaitEvent, 3020)                                                                               \
     X(cuStreamSynchronize, 2000) X(cuStreamQuery, 2000) X(cuStreamWriteValue32, 11070)                      \
     X(cuStreamWaitValue32, 11070) X(cuStreamWriteValue64, 11070) X(cuStreamWaitValue64, 11070)               \
     X(cuStreamBatchMemOp, 11070) X(cuLaunchHostFunc, 10000)                                                  \
