@@ -325,8 +325,7 @@ bool cuda_nan_wanted(const colld_backend_t *b, const colld_coll_t *k);
 CUresult cuda_nan_arm(colld_gpus_t *g, colld_coll_t *k, int gi);
 /* The check of a reduce launch of k on GPU gi whose element 0 is the collective's element `base`,
  * filled in *out; NULL when k is not checked. */
-const colld_cuda_nan_check_t *cuda_nan_check(const colld_gpus_t *g, const colld_coll_t *k, int gi, uint64_t base,
-                                             colld_cuda_nan_check_t *out);
+const colld_cuda_nan_check_t *cuda_nan_check(const colld_coll_t *k, int gi, uint64_t base, colld_cuda_nan_check_t *out);
 /* After k's event fired: COLLD_ERR_NUMERIC with the host backend's detail in why (every rank whose
  * input held a NaN or an infinity, its first one), or COLLD_OK (also when k is not checked). */
 colld_status_t cuda_nan_verdict(const colld_gpus_t *g, const colld_coll_t *k, char *why, size_t len);

@@ -214,7 +214,7 @@ static colld_status_t launch_reduce(const colld_gpus_t *g, const colld_coll_t *k
     colld_cuda_nan_check_t check;
     return colld_cuda_reduce_checked(g->kernels, (colld_dtype_t)a->dtype, (colld_redop_t)a->redop,
                                      premul ? scalars : NULL, in, n, out, nout, count,
-                                     cuda_nan_check(g, k, gi, base, &check), stream);
+                                     cuda_nan_check(k, gi, base, &check), stream);
 }
 
 /* Launch, step 4a: all-reduce, reduce and broadcast: one kernel per GPU involved over its slice of

@@ -40,10 +40,9 @@ struct gpu_nan {
     struct gpu_nan *next; /* in the pool */
 };
 
-/* The words of GPU row gi. */
-static unsigned long long *row(const colld_gpus_t *g, unsigned long long *words, int gi)
+/* The words of GPU gi's row. */
+static unsigned long long *row(unsigned long long *words, int gi)
 {
-    (void)g;
     return words + (size_t)gi * COLLD_CUDA_MAX_RANKS;
 }
 
@@ -100,13 +99,12 @@ CUresult cuda_nan_arm(colld_gpus_t *g, colld_coll_t *k, int gi)
     return CUDA_SUCCESS;
 }
 
-const colld_cuda_nan_check_t *cuda_nan_check(const colld_gpus_t *g, const colld_coll_t *k, int gi, uint64_t base,
-                                             colld_cuda_nan_check_t *out)
+const colld_cuda_nan_check_t *cuda_nan_check(const colld_coll_t *k, int gi, uint64_t base, colld_cuda_nan_check_t *out)
 {
     const gpu_nan_t *x = k->bcheck;
     if (!x)
         return NULL;
-    out->first_bad = row(g, (unsigned long long *)(uintptr_t)x->dptr, gi);
+    out->first_bad = row((unsigned long long *)(uintptr_t)x->dptr, gi);
     out->base = base;
     return out;
 }
@@ -128,7 +126,7 @@ colld_status_t cuda_nan_verdict(const colld_gpus_t *g, const colld_coll_t *k, ch
     for (int r = 0; r < k->comm->nranks && r < COLLD_CUDA_MAX_RANKS && off < (int)len - 80; r++) {
         unsigned long long w = COLLD_CUDA_NAN_NONE;
         for (int gi = 0; gi < g->n; gi++) {
-            unsigned long long v = __atomic_load_n(&row(g, x->words, gi)[r], __ATOMIC_ACQUIRE);
+            unsigned long long v = __atomic_load_n(&row(x->words, gi)[r], __ATOMIC_ACQUIRE);
             w = v < w ? v : w;
         }
         if (w == COLLD_CUDA_NAN_NONE)
