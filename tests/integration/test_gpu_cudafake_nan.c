@@ -9,7 +9,7 @@
  *                      +Inf and a -Inf on rank 0 and two NaNs on rank 1, then a float16
  *                      reduce-scatter (one launch per rank's piece) with an infinity on each rank:
  *                      COLLD_ERR_NUMERIC on both ranks naming the first element of each rank, the
- *                      daemon's log says it; then the six exact collectives of sc_collectives
+ *                      daemon's log says it, collctl doctor reports it as `nan`; then the six exact collectives of sc_collectives
  *                      (a clean run with the check on gives exact results)
  *   nan_without_check  the same poisoned all-reduce on a daemon without the option completes: the
  *                      NaN and the infinity are data, propagated into the result
@@ -152,6 +152,13 @@ static void test_nan_check_gpu(void **state)
     run_ranks(h, sc_poisoned_allreduce, 0, ranks);
     expect_numeric(ranks, want_allreduce);
     assert_true(log_says(h->log, want_allreduce, 5000)); /* the daemon's warning, as the host's */
+    /* collctl doctor's NaN contributor finding, unchanged: it reads the failure's event. */
+    char out[16384];
+    const char *doctor[] = { COLLCTL_BIN, "--socket", h->socket, "doctor", NULL };
+    (void)harness_capture(doctor, out, sizeof(out), 20000); /* exit 1: it found a problem */
+    print_message("%s", out);
+    assert_non_null(strstr(out, "warning nan"));
+    assert_non_null(strstr(out, want_allreduce));
     run_ranks(h, sc_poisoned_rs, 0, ranks);
     expect_numeric(ranks, want_rs);
     /* A clean run with the check on: every result exact. */
