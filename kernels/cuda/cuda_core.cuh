@@ -272,26 +272,26 @@ template <typename T_, typename A_, typename U_, typename W_, int KIND> struct c
     }
 
     /* --nan-check: the class of a non-finite element x (all exponent bits set, as the CPU's
-     * colld_cpu_first_nonfinite tests them): COLLD_CUDA_NAN, COLLD_CUDA_PINF or COLLD_CUDA_NINF; -1 when x is finite
-     * (always, for integers). */
+     * colld_cpu_first_nonfinite tests them): COLLD_CUDA_NAN, COLLD_CUDA_PINF or COLLD_CUDA_NINF;
+     * -1 when x is finite (always, for integers). */
     static COLLD__HD int nonfinite(T x)
     {
         if constexpr (KIND == COLLD__CUDA_KIND_INT) {
             (void)x;
             return -1;
         } else {
-            uint64_t bits, exp, mant;
+            uint64_t bits, emask, mmask; /* the element's bits, its exponent's and its mantissa's */
             if constexpr (KIND == COLLD__CUDA_KIND_HALF)
-                bits = x, exp = 0x7c00u, mant = 0x3ffu;
+                bits = x, emask = 0x7c00u, mmask = 0x3ffu;
             else if constexpr (KIND == COLLD__CUDA_KIND_BF16)
-                bits = x, exp = 0x7f80u, mant = 0x7fu;
+                bits = x, emask = 0x7f80u, mmask = 0x7fu;
             else if constexpr (sizeof(T) == 4)
-                bits = colld__cuda_f32_bits(x), exp = 0x7f800000u, mant = 0x7fffffu;
+                bits = colld__cuda_f32_bits(x), emask = 0x7f800000u, mmask = 0x7fffffu;
             else
-                bits = colld__cuda_f64_bits(x), exp = 0x7ff0000000000000ull, mant = 0xfffffffffffffull;
-            if ((bits & exp) != exp)
+                bits = colld__cuda_f64_bits(x), emask = 0x7ff0000000000000ull, mmask = 0xfffffffffffffull;
+            if ((bits & emask) != emask)
                 return -1;
-            if (bits & mant)
+            if (bits & mmask)
                 return COLLD_CUDA_NAN;
             return (bits >> (sizeof(T) * 8 - 1)) ? COLLD_CUDA_NINF : COLLD_CUDA_PINF;
         }

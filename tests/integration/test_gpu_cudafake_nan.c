@@ -9,8 +9,9 @@
  *                      +Inf and a -Inf on rank 0 and two NaNs on rank 1, then a float16
  *                      reduce-scatter (one launch per rank's piece) with an infinity on each rank:
  *                      COLLD_ERR_NUMERIC on both ranks naming the first element of each rank, the
- *                      daemon's log says it, collctl doctor reports it as `nan`; then the six exact collectives of sc_collectives
- *                      (a clean run with the check on gives exact results)
+ *                      daemon's log says it, collctl doctor reports it as `nan`; then the six exact
+ *                      collectives of sc_collectives (a clean run with the check on gives exact
+ *                      results)
  *   nan_without_check  the same poisoned all-reduce on a daemon without the option completes: the
  *                      NaN and the infinity are data, propagated into the result
  *
