@@ -92,9 +92,10 @@ CUresult cuda_nan_arm(colld_gpus_t *g, colld_coll_t *k, int gi)
     if (!x && !(x = block_new(g, gi, &r)))
         return r;
     x->next = NULL;
+    /* Plain stores: the kernel launch that reads them comes after, on this thread (a launch sees
+     * the host's earlier writes to mapped memory). */
     for (size_t i = 0; i < x->size / sizeof(*x->words); i++)
         x->words[i] = COLLD_CUDA_NAN_NONE;
-    __atomic_thread_fence(__ATOMIC_RELEASE); /* before the launch that reads them */
     k->bcheck = x;
     return CUDA_SUCCESS;
 }
