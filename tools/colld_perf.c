@@ -85,6 +85,9 @@ static void usage(FILE *f)
             "      --json              print one JSON object instead of the table\n"
             "      --finite            inputs are small integers (never NaN or infinite), for a\n"
             "                          daemon with --nan-check\n"
+            "      --nan-check         the communicator asks for --nan-check's checks of its\n"
+            "                          reductions (colld_comm_config_t.nan_check; implies --finite):\n"
+            "                          run with and without it to measure what the checks cost\n"
             "      --overlap           with -G, after the table: all-reduce at -e beside a busy kernel\n"
             "                          on a second stream of each rank; prints how much they overlap\n"
             "Ranks on several daemons (hosts), one process per rank started by you:\n"
@@ -170,7 +173,8 @@ enum {
     OPT_JOIN_RANK,
     OPT_VERSION,
     OPT_FINITE,
-    OPT_OVERLAP
+    OPT_OVERLAP,
+    OPT_NAN_CHECK
 };
 
 /* A unique id as lowercase hex, 2 digits per byte (the integration tests' format). */
@@ -229,6 +233,7 @@ static void parse_options(int argc, char **argv, opts_t *o)
         { "version", no_argument, NULL, OPT_VERSION },
         { "finite", no_argument, NULL, OPT_FINITE },
         { "overlap", no_argument, NULL, OPT_OVERLAP },
+        { "nan-check", no_argument, NULL, OPT_NAN_CHECK },
         { "internal-rank", required_argument, NULL, OPT_RANK }, /* set by the launcher */
         { NULL, 0, NULL, 0 },
     };
@@ -274,6 +279,10 @@ static void parse_options(int argc, char **argv, opts_t *o)
             break;
         case OPT_OVERLAP:
             o->overlap = true;
+            break;
+        case OPT_NAN_CHECK:
+            o->nan_check = true;
+            o->finite = true; /* inputs the checks pass */
             break;
         case ':': die_usage("option '%s' needs a value", argv[optind - 1]);
         default: die_usage("unknown option '%s'", argv[optind - 1]);

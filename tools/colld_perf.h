@@ -38,6 +38,7 @@ typedef struct {
     bool json, make_uid, gpu;
     bool finite; /* --finite: small-integer inputs (as --join's), never NaN or infinite */
     bool overlap; /* --overlap (GPU mode): the collective beside a busy kernel (run_overlap) */
+    bool nan_check; /* --nan-check: the communicator's nan_check (its reductions' inputs checked) */
     const char *socket, *colld;
     /* this process is one rank: set by the launcher (--internal-rank, id from a pipe) or by the
      * caller (--rank with --join, id from the command line) */

@@ -335,6 +335,8 @@ static void print_header(const rank_t *R, const int64_t *pids, const char *label
         printf("# GPU 0: %s\n# time: call -> stream complete (average of back-to-back calls); p50: median of calls "
                "each waited for; d2d: cudaMemcpyAsync D2D, 2 x size / time; hbm/d2d: all-reduce 2 x nranks x size / "
                "time (out of place, in place) over d2d\n", gpu);
+    if (o->nan_check)
+        printf("# --nan-check: the communicator's reductions check every input for NaN and infinities\n");
 }
 
 static void print_table_head(int kind, bool gpu)
@@ -385,10 +387,10 @@ static void print_json(const rank_t *R, const row_t *rows, size_t nrows, uint64_
                        const int64_t *pids)
 {
     const opts_t *o = R->o;
-    printf("{\"schema_version\":1,\"colld_perf\":{%s\"nranks\":%d,\"min_bytes\":%zu,\"max_bytes\":%zu,\"step_factor\":%g,\"iters\":%d,"
-           "\"warmup_iters\":%d,\"check\":%d,\"blocking\":%d,\"pids\":[",
-           o->gpu ? "\"gpu\":true," : "", o->nranks, o->min_bytes, o->max_bytes, o->factor, o->iters, o->warmup,
-           o->check, o->blocking);
+    printf("{\"schema_version\":1,\"colld_perf\":{%s%s\"nranks\":%d,\"min_bytes\":%zu,\"max_bytes\":%zu,"
+           "\"step_factor\":%g,\"iters\":%d,\"warmup_iters\":%d,\"check\":%d,\"blocking\":%d,\"pids\":[",
+           o->gpu ? "\"gpu\":true," : "", o->nan_check ? "\"nan_check\":true," : "", o->nranks, o->min_bytes,
+           o->max_bytes, o->factor, o->iters, o->warmup, o->check, o->blocking);
     for (int r = 0; r < R->n; r++)
         printf("%s%" PRId64, r ? "," : "", pids[r]);
     printf("]},\"rows\":[");
@@ -650,6 +652,7 @@ int perf_rank_main(const opts_t *o, colld_unique_id_t id)
     colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
     cfg.name = "colld-perf";
     cfg.timeout_ms = o->timeout_ms;
+    cfg.nan_check = o->nan_check;
     if ((st = colld_comm_init_rank(R.c, &R.comm, R.n, id, R.rank, &cfg)) != COLLD_OK) {
         R.comm = NULL;
         fail(&R, "joining the communicator", st);

@@ -133,6 +133,17 @@ COLLD__HD uint32_t colld__cuda_f32_bits(float f)
 #endif
 }
 
+COLLD__HD uint64_t colld__cuda_f64_bits(double f)
+{
+#ifdef __CUDA_ARCH__
+    return (uint64_t)__double_as_longlong(f);
+#else
+    uint64_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+#endif
+}
+
 COLLD__HD float colld__cuda_f32_from_bits(uint32_t u)
 {
 #ifdef __CUDA_ARCH__
@@ -213,6 +224,8 @@ template <typename T_, typename A_, typename U_, typename W_, int KIND> struct c
     typedef A_ A;
     typedef U_ U;
     typedef W_ W;
+    /* Does --nan-check look at this dtype's inputs (the floating-point ones)? */
+    static constexpr bool CHECKED = KIND != COLLD__CUDA_KIND_INT;
 
     static COLLD__HD A load(T x)
     {
@@ -256,6 +269,32 @@ template <typename T_, typename A_, typename U_, typename W_, int KIND> struct c
             return false;
         else
             return a != a;
+    }
+
+    /* --nan-check: the class of a non-finite element x (all exponent bits set, as the CPU's
+     * colld_cpu_first_nonfinite tests them): COLLD_CUDA_NAN, COLLD_CUDA_PINF or COLLD_CUDA_NINF;
+     * -1 when x is finite (always, for integers). */
+    static COLLD__HD int nonfinite(T x)
+    {
+        if constexpr (KIND == COLLD__CUDA_KIND_INT) {
+            (void)x;
+            return -1;
+        } else {
+            uint64_t bits, emask, mmask; /* the element's bits, its exponent's and its mantissa's */
+            if constexpr (KIND == COLLD__CUDA_KIND_HALF)
+                bits = x, emask = 0x7c00u, mmask = 0x3ffu;
+            else if constexpr (KIND == COLLD__CUDA_KIND_BF16)
+                bits = x, emask = 0x7f80u, mmask = 0x7fu;
+            else if constexpr (sizeof(T) == 4)
+                bits = colld__cuda_f32_bits(x), emask = 0x7f800000u, mmask = 0x7fffffu;
+            else
+                bits = colld__cuda_f64_bits(x), emask = 0x7ff0000000000000ull, mmask = 0xfffffffffffffull;
+            if ((bits & emask) != emask)
+                return -1;
+            if (bits & mmask)
+                return COLLD_CUDA_NAN;
+            return (bits >> (sizeof(T) * 8 - 1)) ? COLLD_CUDA_NINF : COLLD_CUDA_PINF;
+        }
     }
 
     /* A premul_sum scalar word (its first bytes hold one T) in accumulator type. */
@@ -337,6 +376,35 @@ template <typename T> COLLD__HD void colld__cuda_store16(T *dst, const T *src)
  * Reduce.
  * ------------------------------------------------------------------------------------------- */
 
+/* --nan-check: lower *w to `word` (atomicMin; on the host, where the double runs the kernels, the
+ * same with a compare-and-swap loop). */
+COLLD__HD void colld__cuda_note_bad(unsigned long long *w, unsigned long long word)
+{
+#ifdef __CUDA_ARCH__
+    atomicMin(w, word);
+#else
+    unsigned long long cur = __atomic_load_n(w, __ATOMIC_RELAXED);
+    while (word < cur && !__atomic_compare_exchange_n(w, &cur, word, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        ;
+#endif
+}
+
+/* --nan-check of the N elements e[] of input r read at element `first`: the first non-finite one
+ * lowers the input's word to its collective index and class (COLLD_CUDA_NAN_WORD). Only called
+ * when p.first_bad is set (a branch uniform across the launch); compiled out for integers. */
+template <typename D, int N>
+COLLD__HD void colld__cuda_check_item(const colld__cuda_reduce_params_t &p, int r, const typename D::T *e, size_t first)
+{
+    COLLD__UNROLL
+    for (int k = 0; k < N; k++) {
+        int cls = D::nonfinite(e[k]);
+        if (cls >= 0) {
+            colld__cuda_note_bad(&p.first_bad[r], COLLD_CUDA_NAN_WORD(p.base + first + (size_t)k, cls));
+            return;
+        }
+    }
+}
+
 /* Reduce N consecutive elements starting at element `first` (N = 1: one element; N = V: one
  * 16-byte vector, `first` then being 16-byte aligned in every buffer). Reads every input completely
  * before writing any output. */
@@ -352,6 +420,9 @@ COLLD__HD void colld__cuda_reduce_item(const colld__cuda_reduce_params_t &p, siz
         e[0] = static_cast<const T *>(p.in[0])[first];
     else
         colld__cuda_load16(e, static_cast<const T *>(p.in[0]) + first);
+    if constexpr (D::CHECKED)
+        if (p.first_bad)
+            colld__cuda_check_item<D, N>(p, 0, e, first);
     if constexpr (OP == COLLD__REDOP_PREMUL_SUM) {
         const A s = D::scalar(p.scalar[0]);
         COLLD__UNROLL
@@ -369,6 +440,9 @@ COLLD__HD void colld__cuda_reduce_item(const colld__cuda_reduce_params_t &p, siz
             e[0] = static_cast<const T *>(p.in[r])[first];
         else
             colld__cuda_load16(e, static_cast<const T *>(p.in[r]) + first);
+        if constexpr (D::CHECKED)
+            if (p.first_bad)
+                colld__cuda_check_item<D, N>(p, r, e, first);
         if constexpr (OP == COLLD__REDOP_PREMUL_SUM) {
             const A s = D::scalar(p.scalar[r]);
             COLLD__UNROLL

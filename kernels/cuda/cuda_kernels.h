@@ -110,6 +110,34 @@ colld_status_t colld_cuda_reduce_premul(const colld_cuda_kernels_t *k, colld_dty
                                         const void *const *in, int n_in, void *const *out, int n_out, size_t count,
                                         void *stream);
 
+/* --nan-check (the daemon's option) of a reduce launch: before it reads element i of input r the
+ * kernel looks at its exponent bits (as the CPU's colld_cpu_first_nonfinite), and the first NaN or
+ * infinity of each input lowers that input's word with atomicMin to COLLD_CUDA_NAN_WORD(base + i,
+ * class): the word keeps the lowest index, and says NaN, +Inf or -Inf. Only floating-point dtypes
+ * are looked at (integers: compiled out); without a check (NULL) the kernels test one uniform
+ * parameter and nothing else. first_bad: n_in words the launch's GPU can write atomically (host
+ * memory mapped for the GPU, or its own memory), each COLLD_CUDA_NAN_NONE before the launch; read
+ * them once the kernel has completed. Launches of one collective over slices of it share the words
+ * when they run on the same GPU; launches on different GPUs need words of their own (atomics on
+ * mapped host memory are atomic only among one GPU's threads). */
+typedef struct {
+    unsigned long long *first_bad; /* [n_in] */
+    uint64_t base;                 /* the collective's index of the launch's element 0 */
+} colld_cuda_nan_check_t;
+
+enum { COLLD_CUDA_NAN = 0, COLLD_CUDA_PINF = 1, COLLD_CUDA_NINF = 2 };
+#define COLLD_CUDA_NAN_NONE (~0ull)
+#define COLLD_CUDA_NAN_WORD(index, cls) (((unsigned long long)(index) << 2) | (unsigned long long)(cls))
+#define COLLD_CUDA_NAN_INDEX(word) ((uint64_t)((word) >> 2))
+#define COLLD_CUDA_NAN_CLASS(word) ((int)((word)&3u))
+
+/* colld_cuda_reduce (scalars NULL) or colld_cuda_reduce_premul (scalars set; op ignored) with
+ * --nan-check: `check` NULL is the plain launch. Same arguments, errors and semantics; the
+ * results are those of the plain kernels, bitwise (the check only reads). */
+colld_status_t colld_cuda_reduce_checked(const colld_cuda_kernels_t *k, colld_dtype_t dtype, colld_redop_t op,
+                                         const uint64_t *scalars, const void *const *in, int n_in, void *const *out,
+                                         int n_out, size_t count, const colld_cuda_nan_check_t *check, void *stream);
+
 /* Copy `bytes` bytes from src to each of n_out outputs, in one kernel launched on `stream` of the
  * current context. 0 <= n_out <= COLLD_CUDA_MAX_RANKS. An output equal to src is skipped (nothing
  * to do); outputs may repeat; no other overlap is allowed. With bytes == 0 or n_out == 0 nothing is

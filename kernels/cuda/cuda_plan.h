@@ -43,6 +43,8 @@ typedef struct {
     size_t nvec;                           /* vectors of 16 bytes in the body (head + nvec * V <= count) */
     int n_in;                              /* 1 .. COLLD_CUDA_MAX_RANKS */
     int n_out;                             /* 1 .. COLLD_CUDA_MAX_RANKS */
+    unsigned long long *first_bad;         /* --nan-check: [n_in] COLLD_CUDA_NAN_WORDs; NULL: none */
+    size_t base;                           /* --nan-check: the collective's index of element 0 */
     uint64_t scalar[COLLD_CUDA_MAX_RANKS]; /* premul_sum: each input's scalar word; else zero */
 } colld__cuda_reduce_params_t;
 

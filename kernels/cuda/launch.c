@@ -331,6 +331,33 @@ colld_status_t colld_cuda_reduce_premul(const colld_cuda_kernels_t *k, colld_dty
 }
 
 /* Public: see cuda_kernels.h. */
+colld_status_t colld_cuda_reduce_checked(const colld_cuda_kernels_t *k, colld_dtype_t dtype, colld_redop_t op,
+                                         const uint64_t *scalars, const void *const *in, int n_in, void *const *out,
+                                         int n_out, size_t count, const colld_cuda_nan_check_t *check, void *stream)
+{
+    colld__cuda_reduce_params_t p;
+    size_t work;
+    int kop = scalars ? COLLD__REDOP_PREMUL_SUM : (int)op;
+    colld_status_t st = scalars || (unsigned)op < COLLD_REDOP_COUNT
+                            ? colld__cuda_reduce_plan(dtype, kop, scalars, in, n_in, out, n_out, count, &p, &work)
+                            : COLLD_ERR_INVALID_ARGUMENT;
+
+    if (!scalars && (unsigned)op >= COLLD_REDOP_COUNT)
+        colld__cuda_set_error("colld_cuda_reduce_checked: unknown op %d", (int)op);
+    if (st != COLLD_OK || work == 0)
+        return st;
+    if (check) {
+        if (!check->first_bad || (uintptr_t)check->first_bad % sizeof(unsigned long long) != 0) {
+            colld__cuda_set_error("colld_cuda_reduce_checked: first_bad is NULL or not 8-byte aligned");
+            return COLLD_ERR_INVALID_ARGUMENT;
+        }
+        p.first_bad = check->first_bad;
+        p.base = (size_t)check->base;
+    }
+    return launch(k, k ? k->reduce[dtype][kop] : NULL, &p, work, stream, "colld_cuda_reduce_checked");
+}
+
+/* Public: see cuda_kernels.h. */
 colld_status_t colld_cuda_copy(const colld_cuda_kernels_t *k, const void *src, void *const *out, int n_out,
                                size_t bytes, void *stream)
 {

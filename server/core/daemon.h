@@ -471,6 +471,7 @@ struct colld_coll {
     colld_backend_t *backend; /* the backend that claimed it */
     void *bpriv;              /* the backend's own (cuda: the event after its kernels) ... */
     int bint;                 /* ... (cuda: the GPU whose stream writes the done flags) */
+    void *bcheck;             /* ... (cuda: --nan-check's words its kernels flag, NULL: no check) */
     char why[COLLD_DETAIL_LEN / 2]; /* why its backend failed it */
     colld_op_t *ops[];        /* [nranks], by rank */
 };

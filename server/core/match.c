@@ -76,6 +76,7 @@ colld_coll_t *colld_match(colld_daemon_t *d, colld_dcomm_t *c)
     k->backend = NULL;
     k->bpriv = NULL;
     k->bint = 0;
+    k->bcheck = NULL;
     k->why[0] = '\0';
     c->refs++;
     c->colls_running++;

@@ -99,7 +99,8 @@ bool aligned(const void *p, size_t elem, size_t head_bytes, bool body, size_t un
 }
 
 /* A reduce launch: the plan's invariants (a GPU would read out of bounds without them), every input
- * readable and every output writable over count elements, and the alignment of every access. */
+ * readable and every output writable over count elements, --nan-check's words writable, and the
+ * alignment of every access. */
 template <typename D> CUresult check_reduce(const void *params, fk_access_fn access, void *cookie)
 {
     typedef typename D::T T;
@@ -119,6 +120,13 @@ template <typename D> CUresult check_reduce(const void *params, fk_access_fn acc
         if (r != CUDA_SUCCESS)
             return r;
         if (!aligned(b, sizeof(T), p.head * sizeof(T), p.nvec > 0, COLLD__CUDA_VEC_BYTES))
+            return CUDA_ERROR_MISALIGNED_ADDRESS;
+    }
+    if (p.first_bad) { /* --nan-check: one word per input, written atomically */
+        CUresult r = access(cookie, p.first_bad, (size_t)p.n_in * sizeof(*p.first_bad), true);
+        if (r != CUDA_SUCCESS)
+            return r;
+        if (!aligned(p.first_bad, sizeof(*p.first_bad), 0, false, 1))
             return CUDA_ERROR_MISALIGNED_ADDRESS;
     }
     return CUDA_SUCCESS;

@@ -304,6 +304,111 @@ static void check_api(void)
     printf("[api] %s\n", api_failures ? "FAILED" : "ok");
 }
 
+/* --nan-check in the kernels (issue 30): for every floating-point dtype, inputs at several
+ * alignments (head, 16-byte body, tail) with non-finite elements placed at random on some inputs,
+ * run with first_bad words: each input's word must name its first non-finite element, with its
+ * class (NaN, +Inf, -Inf, from the bit patterns the CPU's finite.c tests), offset by `base`;
+ * the outputs must equal, bitwise, those of the same launch without the check. An integer dtype
+ * leaves the words untouched. */
+static int nan_failures;
+
+static void check_nan(void)
+{
+    static const colld_dtype_t dts[] = { COLLD_FLOAT16, COLLD_BFLOAT16, COLLD_FLOAT32, COLLD_FLOAT64, COLLD_INT32 };
+    static const char *const dtn[] = { "float16", "bfloat16", "float32", "float64", "int32" };
+    static const char *const names[] = { "NaN", "+Inf", "-Inf" };
+    enum { N_IN = 3, COUNT = 1000, BASE = 12345 };
+    unsigned seed = 7;
+    for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++) {
+        colld_dtype_t dt = dts[d];
+        size_t es = colld__cuda_dtype_size(dt);
+        for (size_t shift = 0; shift < 16; shift += es) { /* head lengths, and no common alignment */
+            alignas(16) static unsigned char buf[N_IN + 2][COUNT * 8 + 32];
+            const void *in[N_IN];
+            void *out[2];
+            size_t count = COUNT - shift / es;
+            for (int r = 0; r < N_IN; r++) {
+                unsigned char *b = buf[r] + (r == 2 && shift ? 16 : shift); /* input 2 aligned otherwise */
+                memset(b, 0, count * es);                                   /* zeros: finite in every dtype */
+                in[r] = b;
+            }
+            out[0] = buf[N_IN] + shift;
+            out[1] = buf[N_IN + 1] + shift;
+            /* Input 0 clean, inputs 1 and 2 with two bad elements each (NaN, +Inf or -Inf, at random):
+             * want[r], the word the check must leave, follows where they went. */
+            unsigned long long want[N_IN];
+            for (int r = 0; r < N_IN; r++)
+                want[r] = COLLD_CUDA_NAN_NONE;
+            for (int r = 1; r < N_IN; r++)
+                for (int k = 0; k < 2; k++) {
+                    seed = seed * 1103515245u + 12345u;
+                    size_t at = (seed >> 8) % count;
+                    unsigned char *e = (unsigned char *)in[r] + at * es;
+                    int cls = (int)((seed >> 4) % 3);
+                    if (dt != COLLD_INT32 &&
+                        (want[r] == COLLD_CUDA_NAN_NONE || COLLD_CUDA_NAN_INDEX(want[r]) >= BASE + at))
+                        want[r] = COLLD_CUDA_NAN_WORD(BASE + at, cls);
+                    uint64_t bits;
+                    switch (dt) {
+                    case COLLD_FLOAT16:
+                        bits = cls == 0 ? 0x7e01u : cls == 1 ? 0x7c00u : 0xfc00u;
+                        break;
+                    case COLLD_BFLOAT16:
+                        bits = cls == 0 ? 0xffc1u : cls == 1 ? 0x7f80u : 0xff80u;
+                        break;
+                    case COLLD_FLOAT32:
+                        bits = cls == 0 ? 0x7fc00001u : cls == 1 ? 0x7f800000u : 0xff800000u;
+                        break;
+                    case COLLD_FLOAT64:
+                        bits = cls == 0   ? 0xfff8000000000001ull
+                               : cls == 1 ? 0x7ff0000000000000ull
+                                          : 0xfff0000000000000ull;
+                        break;
+                    default:
+                        bits = 0xffffffffu;
+                        break; /* an integer: data */
+                    }
+                    memcpy(e, &bits, es);
+                }
+            colld__cuda_reduce_params_t p;
+            size_t work;
+            unsigned long long words[N_IN];
+            unsigned char plain[2][COUNT * 8];
+            if (colld__cuda_reduce_plan(dt, COLLD_SUM, NULL, in, N_IN, out, 2, count, &p, &work) != COLLD_OK) {
+                printf("[nan] %s shift %zu: the plan failed: %s\n", dtn[d], shift, colld_cuda_last_error());
+                nan_failures++;
+                continue;
+            }
+            reduce_body_fn body = reduce_body(dt, COLLD_SUM);
+            size_t nthreads = emulated_threads(work);
+            for (size_t tid = 0; tid < nthreads; tid++)
+                body(p, tid, nthreads);
+            memcpy(plain[0], out[0], count * es);
+            memcpy(plain[1], out[1], count * es);
+            for (int r = 0; r < N_IN; r++)
+                words[r] = COLLD_CUDA_NAN_NONE;
+            p.first_bad = words;
+            p.base = BASE;
+            nthreads = emulated_threads(work);
+            for (size_t tid = 0; tid < nthreads; tid++)
+                body(p, tid, nthreads);
+            if (memcmp(plain[0], out[0], count * es) != 0 || memcmp(plain[1], out[1], count * es) != 0) {
+                printf("[nan] %s shift %zu: the results differ with the check\n", dtn[d], shift);
+                nan_failures++;
+            }
+            for (int r = 0; r < N_IN; r++) {
+                if (words[r] != want[r]) {
+                    printf("[nan] %s shift %zu input %d: word %#llx (element %llu, %s), want %#llx\n", dtn[d], shift, r,
+                           words[r], (unsigned long long)COLLD_CUDA_NAN_INDEX(words[r]),
+                           names[COLLD_CUDA_NAN_CLASS(words[r]) % 3], want[r]);
+                    nan_failures++;
+                }
+            }
+        }
+    }
+    printf("[nan] %s\n", nan_failures ? "FAILED" : "ok");
+}
+
 int main(void)
 {
     kcheck_backend_t emu;
@@ -323,6 +428,7 @@ int main(void)
     emu.copy = emu_copy;
 
     check_api();
+    check_nan();
     failures = kcheck_run(&emu);
-    return failures == 0 && api_failures == 0 ? 0 : 1;
+    return failures == 0 && api_failures == 0 && nan_failures == 0 ? 0 : 1;
 }

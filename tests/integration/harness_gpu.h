@@ -198,6 +198,7 @@ gpu_cases_t gpu_reg_cases(const char *group);
 gpu_cases_t gpu_capture_cases(const char *group);
 gpu_cases_t gpu_recovery_cases(const char *group);
 gpu_cases_t gpu_release_cases(const char *group);
+gpu_cases_t gpu_nan_cases(const char *group);
 
 /* Is group one of the names (NULL-terminated)? */
 bool group_is(const char *group, const char *const *names);

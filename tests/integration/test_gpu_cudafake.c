@@ -33,6 +33,9 @@
  *                     exact), at most 32 collectives posted and not yet launched (the post waits),
  *                     and an aborted communicator's late `ready` writes never break the next
  *                     communicator on the same handle
+ *     nan check       --nan-check on GPU buffers (issue 30): poisoned inputs fail the collective on
+ *                     both ranks naming each rank's first NaN or infinity, as on the host; without
+ *                     the option they are data; clean runs with it are exact (test_gpu_cudafake_nan.c)
  *   driver        an 11.8 driver: the daemon and the client refuse GPU work with the loader's reason
  *   kernel_driver a 12.8 driver (enough for libcolld), older than the daemon's fatbin needs, and
  *   old_gpu       GPUs of compute capability 7.5, which the fatbin has no code for: the daemon
@@ -431,7 +434,8 @@ static void test_kernels_refused(void **state)
 
 /* Every topic file's cases, in this order (harness_gpu.h). */
 static gpu_cases_t (*const topics[])(const char *group) = {
-    gpu_launch_cases, gpu_ready_cases, gpu_capture_cases, gpu_reg_cases, gpu_recovery_cases, gpu_release_cases,
+    gpu_launch_cases, gpu_ready_cases, gpu_capture_cases, gpu_reg_cases,
+    gpu_recovery_cases, gpu_release_cases, gpu_nan_cases,
 };
 
 /* Run the group's cases: `first` (this file's), then every topic's. */

@@ -137,6 +137,32 @@ static void test_json(void **state)
     free(out);
 }
 
+/* --nan-check (issue 30): the communicator asks for the checks (its inputs finite, so they pass),
+ * every result exact, the header and the JSON say so. docs/performance.md runs it with and
+ * without on a GPU to measure what the checks cost. */
+static void test_nan_check(void **state)
+{
+    harness_t *h = *state;
+    char *out = malloc(OUT_BYTES);
+    assert_non_null(out);
+    const char *argv[] = { PERF_BIN, "--socket", h->socket, "-p", "2", "-b", "8", "-e", "1M", "-f", "32", "-n", "2",
+                           "-w", "1", "--nan-check", NULL };
+    int rc = harness_capture_all(argv, out, OUT_BYTES, RUN_LIMIT_MS);
+    if (rc != 0)
+        print_message("%s", out);
+    assert_int_equal(rc, 0);
+    int rows, bad;
+    count_rows(out, &rows, &bad);
+    assert_int_equal(rows, 4); /* 8, 256, 8 Ki, 256 Ki */
+    assert_int_equal(bad, 0);
+    assert_non_null(strstr(out, "# --nan-check: the communicator's reductions check every input"));
+    const char *json[] = { PERF_BIN, "--socket", h->socket, "-p", "2", "-b", "8", "-e", "8", "-n", "1", "-w", "0",
+                           "--nan-check", "--json", NULL };
+    assert_int_equal(harness_capture(json, out, OUT_BYTES, RUN_LIMIT_MS), 0);
+    assert_non_null(strstr(out, "\"nan_check\":true,"));
+    free(out);
+}
+
 /* No daemon on the socket: colld-perf starts its own, runs, and stops it again. */
 static void test_starts_own_daemon(void **state)
 {
@@ -215,6 +241,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_every_collective_checked, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_every_dtype_and_op, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_json, harness_test_setup, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_nan_check, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_starts_own_daemon, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_attach_bench, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_bad_options, harness_test_setup, harness_test_teardown),

@@ -17,6 +17,8 @@
  *                  and flag writes (engine thread, no lock)
  *   cuda_recover.c a GPU whose context has a sticky error: its work failed, its context reset,
  *                  the GPU brought back (the backend's recovery thread; issue 15 F3)
+ *   cuda_nan.c     --nan-check on GPU buffers: the words a checked collective's kernels note each
+ *                  rank's first NaN or infinity in, and the verdict read from them (issue 30)
  *   cuda_watch.c   the thread that wakes the engine when GPU work can move (issue 15 F5)
  *   cuda_health.c  GPU health from NVML, its own thread: events, the published records, the drain
  *                  of a GPU after a fatal event (issue 30 item 2; cuda_base.c's cuda_gpu_drained
@@ -117,7 +119,15 @@ typedef struct colld_gpus {
     uint64_t next_plan_id;
     /* GPU health from NVML (cuda_health.c), NULL when off or without NVML. */
     struct cuda_health *health;
+    /* --nan-check (cuda_nan.c): registered blocks of words kept per GPU, and each GPU's epoch (one
+     * more after each reset of its context), under nan_mu (taken with or without the lock). */
+    pthread_mutex_t nan_mu;
+    struct gpu_nan **nan_pool; /* [n] */
+    uint64_t *nan_epoch;       /* [n] */
 } colld_gpus_t;
+
+/* A checked collective's words (cuda_nan.c; colld_coll_t.bcheck). */
+typedef struct gpu_nan gpu_nan_t;
 
 /* A communicator's GPU state (colld_dcomm_t.bslot), made by its first stream-ordered descriptor. */
 typedef struct gpu_comm {
@@ -323,6 +333,25 @@ void cuda_recover_stop(colld_gpus_t *g);
  * without memory. */
 int cuda_health_start(colld_gpus_t *g);
 void cuda_health_stop(colld_gpus_t *g);
+/* ---- cuda_nan.c (issue 30: --nan-check on GPU buffers) ---- */
+/* Are collective k's inputs checked: --nan-check (the daemon's, or its communicator's), a
+ * reduction, a floating-point dtype? (Any lock state: neither changes once the communicator formed.) */
+bool cuda_nan_wanted(const colld_backend_t *b, const colld_coll_t *k);
+/* Give k its words (k->bcheck), every one COLLD_CUDA_NAN_NONE, registered in GPU gi's context
+ * (its lead's): CUDA_SUCCESS, or the error of the registration. Engine thread, lock NOT held. */
+CUresult cuda_nan_arm(colld_gpus_t *g, colld_coll_t *k, int gi);
+/* The check of a reduce launch of k on GPU gi whose element 0 is the collective's element `base`,
+ * filled in *out; NULL when k is not checked. */
+const colld_cuda_nan_check_t *cuda_nan_check(const colld_coll_t *k, int gi, uint64_t base, colld_cuda_nan_check_t *out);
+/* After k's event fired: COLLD_ERR_NUMERIC with the host backend's detail in why (every rank whose
+ * input held a NaN or an infinity, its first one), or COLLD_OK (also when k is not checked). */
+colld_status_t cuda_nan_verdict(const colld_gpus_t *g, const colld_coll_t *k, char *why, size_t len);
+/* k is done with its words (lock held): back to the pool. */
+void cuda_nan_release(colld_gpus_t *g, colld_coll_t *k);
+/* GPU gi's context is about to be reset (lock held): the blocks registered in it are dropped. */
+void cuda_nan_gpu_reset(colld_gpus_t *g, int gi);
+/* Stop (no collective left): every pooled block unregistered and freed. */
+void cuda_nan_free_all(colld_gpus_t *g);
 
 /* ---- cuda_watch.c (issue 15 F5) ---- */
 /* Start the thread that wakes the engine when movable(b) says GPU work can move: 0, or -1 (then

@@ -144,6 +144,7 @@ static void gpu_finish(colld_backend_t *b, colld_coll_t *k, bool was_running)
         CU_CHECK(g->cu, cuEventDestroy, (CUevent)k->bpriv);
         k->bpriv = NULL;
     }
+    cuda_nan_release(g, k);
     k->end_ns = colld_now_ns();
     if (cuda_plan_of_run(g, k)) { /* a replay of a captured collective: the graph waits, no completion */
         cuda_plan_run_finished(b, k);
@@ -252,6 +253,12 @@ int cuda_coll_fired(colld_backend_t *b)
             snprintf(what, sizeof(what), "collective #%llu", (unsigned long long)colld_coll_lead(k)->d.seq);
             cuda_event_failed(g, k->bint, r, what, why, sizeof(why));
             colld_comm_break(b->d, k->comm, COLLD_ERR_DEVICE, -1, why);
+        } else if (cuda_nan_verdict(g, k, k->why, sizeof(k->why)) != COLLD_OK) {
+            /* --nan-check: as the host backend, the communicator breaks with the verdict, so that
+             * every rank (and every later operation) learns it. */
+            k->status = COLLD_ERR_NUMERIC;
+            LOG_WARN(GPU, "communicator %llu: %s", (unsigned long long)k->comm->id, k->why);
+            colld_comm_break(b->d, k->comm, COLLD_ERR_NUMERIC, -1, k->why);
         }
         gpu_finish(b, k, true);
     }

@@ -198,21 +198,23 @@ static CUresult get_streams(colld_backend_t *b, colld_dcomm_t *c, launch_plan_t 
     return CUDA_SUCCESS;
 }
 
-/* One reduce launch of a collective on `stream` (its GPU's context current): its op, or the
- * premultiplied sum with each rank's own scalar word (from its descriptor, checked at admission). */
-static colld_status_t launch_reduce(const colld_gpus_t *g, const colld_coll_t *k, const void *const *in,
-                                    void *const *out, int nout, size_t count, void *stream)
+/* One reduce launch of a collective on `stream` of GPU gi (its context current) over elements
+ * [base, base + count) of the collective: its op, or the premultiplied sum with each rank's own
+ * scalar word (from its descriptor, checked at admission); with --nan-check's words when it is
+ * checked (cuda_nan.c). */
+static colld_status_t launch_reduce(const colld_gpus_t *g, const colld_coll_t *k, int gi, uint64_t base,
+                                    const void *const *in, void *const *out, int nout, size_t count, void *stream)
 {
     const colld_wire_sqe_t *a = &colld_coll_lead(k)->d;
     int n = k->comm->nranks;
-    if (a->redop == COLLD_REDOP_PREMUL_SUM) {
-        uint64_t scalars[COLLD_CUDA_MAX_RANKS];
-        for (int r = 0; r < n && r < COLLD_CUDA_MAX_RANKS; r++)
-            scalars[r] = colld_wire_sqe_scalar(&k->ops[r]->d);
-        return colld_cuda_reduce_premul(g->kernels, (colld_dtype_t)a->dtype, scalars, in, n, out, nout, count, stream);
-    }
-    return colld_cuda_reduce(g->kernels, (colld_dtype_t)a->dtype, (colld_redop_t)a->redop, in, n, out, nout, count,
-                             stream);
+    uint64_t scalars[COLLD_CUDA_MAX_RANKS];
+    bool premul = a->redop == COLLD_REDOP_PREMUL_SUM;
+    for (int r = 0; premul && r < n && r < COLLD_CUDA_MAX_RANKS; r++)
+        scalars[r] = colld_wire_sqe_scalar(&k->ops[r]->d);
+    colld_cuda_nan_check_t check;
+    return colld_cuda_reduce_checked(g->kernels, (colld_dtype_t)a->dtype, (colld_redop_t)a->redop,
+                                     premul ? scalars : NULL, in, n, out, nout, count,
+                                     cuda_nan_check(k, gi, base, &check), stream);
 }
 
 /* Launch, step 4a: all-reduce, reduce and broadcast: one kernel per GPU involved over its slice of
@@ -246,7 +248,7 @@ static colld_status_t launch_sliced(const colld_gpus_t *g, const colld_coll_t *k
             st = colld_cuda_copy(g->kernels, (const char *)k->ops[a->root]->send_ptr + off, out, nout,
                                  (size_t)(hi - lo) * es, p->stream[i]);
         else
-            st = launch_reduce(g, k, in, out, nout, (size_t)(hi - lo), p->stream[i]);
+            st = launch_reduce(g, k, i, lo, in, out, nout, (size_t)(hi - lo), p->stream[i]);
         lo = hi;
     }
     return st;
@@ -271,7 +273,7 @@ static colld_status_t launch_pieces(const colld_gpus_t *g, const colld_coll_t *k
             for (int r = 0; r < n; r++)
                 in[r] = (const char *)k->ops[r]->send_ptr + off;
             out[0] = k->ops[q]->recv_ptr;
-            st = launch_reduce(g, k, in, out, 1, (size_t)count, p->stream[gi]);
+            st = launch_reduce(g, k, gi, (uint64_t)q * count, in, out, 1, (size_t)count, p->stream[gi]);
         } else {
             for (int r = 0; r < n; r++)
                 out[r] = (char *)k->ops[r]->recv_ptr + off;
@@ -393,6 +395,8 @@ static colld_status_t launch_one(colld_backend_t *b, colld_coll_t *k, colld_err_
         return st;
     CUresult cr = get_streams(b, k->comm, &p);
     if (cr != CUDA_SUCCESS)
+        goto cuda_failed;
+    if (cuda_nan_wanted(b, k) && (cr = cuda_nan_arm(g, k, p.lead)) != CUDA_SUCCESS)
         goto cuda_failed;
     switch (a->kind) {
     case COLLD_KIND_ALLREDUCE:
