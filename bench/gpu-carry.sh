@@ -57,7 +57,7 @@ pack() {
   done
   build=$(cd "$build" && pwd) || exit 1
   local files="server/colld client/libcolld.so client/libcolld.so.0 client/libcolld.so.0.1.0
-    tools/colld-perf tools/collctl tests/gpu/test_cuda_kernels tests/gpu/test_gpu_collectives
+    tools/colld-perf tools/colld-hostcall tools/collctl tests/gpu/test_cuda_kernels tests/gpu/test_gpu_collectives
     tests/gpu/colld-test-gpu-rank tests/gpu/test_gpu_p2p tests/gpu/colld-test-gpu-p2p
     tests/integration/colld-test-rank tests/integration/test_gpu_cudafake_graph"
   rm -rf "$dir"
@@ -282,6 +282,13 @@ if has perf; then
   done
   run perf_p2_all 60 $B/tools/colld-perf --socket $sock --gpu -p 2 -t all -d float -o sum \
     -b 1K -e 16M -f 16 -n 20 -w 3 -c 1
+  # --nan-check's cost on GPU buffers (issue 30 item 1): the same rows with the communicator's check.
+  run perf_p2_small_nan 45 $B/tools/colld-perf --socket $sock --gpu -p 2 -t allreduce -d float -o sum \
+    -b 8 -e 64K -f 4 -n 300 -w 30 -c 1 --nan-check
+  run perf_p2_large_nan 60 $B/tools/colld-perf --socket $sock --gpu -p 2 -t allreduce -d float -o sum \
+    -b 64M -e 256M -f 2 -n 10 -w 2 -c 1 --nan-check
+  # The stream-ordered host call alone, with and without libcolld's caches (issue 28 item 2).
+  run hostcall 45 $B/tools/colld-hostcall --socket $sock --ranks 2 --calls 1000 --rounds 10
   kill -TERM $d
   wait $d
 fi
