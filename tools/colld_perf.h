@@ -6,7 +6,7 @@
  *   colld_perf_check.c   the input generator and the reference results the check compares with
  *   colld_perf_attach.c  one rank of the attach + join benchmark (--attach-bench)
  *   colld_perf_gpu.c     GPU mode (-G/--gpu: the device buffers, the stream and every CUDA call;
- *                        stubs that are never reached in a build without CUDA)
+ *                        empty bodies nothing calls in a build without CUDA, where -G is refused)
  *   colld_perf_names.c   the names of the collectives, datatypes and operations
  *   colld_perf_util.c    the clock, a read with a deadline, the median
  * colld_perf.c calls the launcher and the two benchmarks; they call down into check, gpu, names
@@ -126,7 +126,7 @@ int perf_attach_main(const opts_t *o);
 int perf_launch(const opts_t *o, int argc, char **argv);
 
 /* colld_perf_gpu.c. Without CUDA, -G is refused when the options are parsed and every function
- * below except dev_ptr is a stub that is never reached. */
+ * below except dev_ptr has an empty body that nothing calls. */
 
 /* The device address of a byte of the host images (GPU mode), or the host address itself. */
 void *dev_ptr(const rank_t *R, const void *host);

@@ -3,7 +3,7 @@
  * with pinned host images that the inputs are generated in and the results copied back to) and
  * every call on the rank's own stream. The measurement itself is in colld_perf_bench.c; this file
  * holds every CUDA call. In a build without CUDA (no COLLD_HAVE_CUDA) -G is refused when the
- * options are parsed, and the functions here are stubs that are never reached.
+ * options are parsed, and the functions here compile to empty bodies that nothing calls.
  */
 #include "colld_perf.h"
 
