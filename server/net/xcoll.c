@@ -396,6 +396,26 @@ static int phase_in(xcoll_t *xc, uint64_t a, uint64_t b)
     return st == COLLD_OK ? 0 : -1;
 }
 
+/* Send a small control message (a Ready or a Verify) to every other node of the collective's
+ * communicator. False after failing the collective with NODE_LOST naming the first node it could
+ * not reach. */
+static bool send_to_nodes(xcoll_t *xc, const Colld__Net__V1__Msg *m)
+{
+    colld_xcomm_t *x = xc->x;
+    uint8_t buf[128];
+    if (colld__net__v1__msg__get_packed_size(m) > sizeof(buf))
+        return xcoll_fail(xc, COLLD_ERR_INTERNAL, "a control message outgrew its buffer", true), false;
+    size_t len = colld__net__v1__msg__pack(m, buf);
+    for (int i = 0; i < x->nnodes; i++)
+        if (i != x->self && (!x->peers[i] || colld_net_send_ctrl(x->peers[i], buf, len) < 0)) {
+            char why[COLLD_DETAIL_LEN];
+            snprintf(why, sizeof(why), "node %s (%s) is not reachable", x->node_name[i], x->node_addr[i]);
+            xcoll_fail(xc, COLLD_ERR_NODE_LOST, why, true);
+            return false;
+        }
+    return true;
+}
+
 /* Send Ready to every other member daemon. */
 static void send_ready(xcoll_t *xc)
 {
@@ -412,15 +432,8 @@ static void send_ready(xcoll_t *xc)
     Colld__Net__V1__Msg m = COLLD__NET__V1__MSG__INIT;
     m.m_case = COLLD__NET__V1__MSG__M_READY;
     m.ready = &r;
-    uint8_t buf[128];
-    size_t len = colld__net__v1__msg__pack(&m, buf);
-    for (int i = 0; i < x->nnodes; i++)
-        if (i != x->self && (!x->peers[i] || colld_net_send_ctrl(x->peers[i], buf, len) < 0)) {
-            char why[COLLD_DETAIL_LEN];
-            snprintf(why, sizeof(why), "node %s (%s) is not reachable", x->node_name[i], x->node_addr[i]);
-            xcoll_fail(xc, COLLD_ERR_NODE_LOST, why, true);
-            return;
-        }
+    if (!send_to_nodes(xc, &m))
+        return;
 }
 
 /* A node announced this collective: check its signature, release the sends held for it. */
@@ -676,15 +689,8 @@ static void verify_start(xcoll_t *xc)
     Colld__Net__V1__Msg m = COLLD__NET__V1__MSG__INIT;
     m.m_case = COLLD__NET__V1__MSG__M_VERIFY;
     m.verify = &v;
-    uint8_t buf[64];
-    size_t len = colld__net__v1__msg__pack(&m, buf);
-    for (int i = 0; i < x->nnodes; i++)
-        if (i != x->self && (!x->peers[i] || colld_net_send_ctrl(x->peers[i], buf, len) < 0)) {
-            char why[COLLD_DETAIL_LEN];
-            snprintf(why, sizeof(why), "node %s (%s) is not reachable", x->node_name[i], x->node_addr[i]);
-            xcoll_fail(xc, COLLD_ERR_NODE_LOST, why, true);
-            goto out;
-        }
+    if (!send_to_nodes(xc, &m))
+        goto out;
     xc->stage = STAGE_VERIFY;
     xc->progress_ns = colld_now_ns();
     verify_try(xc);

@@ -247,24 +247,36 @@ int harness_new_uid_hex(harness_t *h, char *hex)
     return 0;
 }
 
-int harness_spawn_ranks(harness_t *h, int nranks, const char *const *extra, pid_t *pids)
+/* nranks processes of program bin joining one new communicator, extra arguments after
+ * "--socket S --uid HEX --nranks N --rank R". Returns 0 or -1. */
+static int spawn_ranks_of(harness_t *h, const char *bin, int nranks, const char *const *extra, pid_t *pids)
 {
     char hex[HARNESS_UID_HEX_LEN], nr[16], rk[16];
     if (harness_new_uid_hex(h, hex) < 0)
         return -1;
     snprintf(nr, sizeof(nr), "%d", nranks);
     for (int r = 0; r < nranks; r++) {
-        const char *argv[48] = { RANK_BIN, "--socket", h->socket, "--uid", hex, "--nranks", nr, "--rank", rk };
+        const char *argv[48] = { bin, "--socket", h->socket, "--uid", hex, "--nranks", nr, "--rank", rk };
         int n = 9;
         for (int i = 0; extra && extra[i] && n < 47; i++)
             argv[n++] = extra[i];
         argv[n] = NULL;
-        snprintf(rk, sizeof(rk), "%d", r);
+        snprintf(rk, sizeof(rk), "%d", r); /* posix_spawn copies argv before rk is reused */
         pids[r] = harness_spawn(argv);
         if (pids[r] < 0)
             return -1;
     }
     return 0;
+}
+
+int harness_spawn_ranks(harness_t *h, int nranks, const char *const *extra, pid_t *pids)
+{
+    return spawn_ranks_of(h, RANK_BIN, nranks, extra, pids);
+}
+
+int harness_spawn_coll(harness_t *h, int nranks, const char *const *extra, pid_t *pids)
+{
+    return spawn_ranks_of(h, COLL_BIN, nranks, extra, pids);
 }
 
 int harness_spawn_crossed(harness_t *h, const char *timeout_ms, const char *expect, char (*out)[400], pid_t pids[2])

@@ -47,6 +47,8 @@ int harness_wait(pid_t pid, int timeout_ms);
 /* Spawn `nranks` colld-test-rank processes joining one new communicator; extra arguments
  * (NULL-terminated) go to every rank. Pids in pids[]. Returns 0 or -1. */
 int harness_spawn_ranks(harness_t *h, int nranks, const char *const *extra, pid_t *pids);
+/* The same with colld-test-coll (COLL_BIN), the collective matrix's and scenes' rank program. */
+int harness_spawn_coll(harness_t *h, int nranks, const char *const *extra, pid_t *pids);
 /* The two ranks of colld-test-coll's mode crossed (two new communicators whose collectives they
  * call in crossed order, each rank a cycle's half), with --timeout-ms timeout_ms and --expect
  * expect, both timing out before either leaves (--sync-dir); with out, rank r's detail goes to

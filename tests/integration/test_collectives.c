@@ -38,34 +38,12 @@
 #define RUN_LIMIT_MS 600000      /* per group of rank processes; generous for sanitizer builds */
 #define RSS_GROWTH_LIMIT_KB 2048 /* the daemon may grow at most 2 MiB over 9,000 all-reduces */
 
-/* Spawn `nranks` colld-test-coll processes joining one new communicator; extra arguments
- * (NULL-terminated) go to every rank. Pids in pids[]. Returns 0 or -1. */
-static int spawn_coll(harness_t *h, int nranks, const char *const *extra, pid_t *pids)
-{
-    char hex[HARNESS_UID_HEX_LEN], nr[16], rk[16];
-    if (harness_new_uid_hex(h, hex) < 0)
-        return -1;
-    snprintf(nr, sizeof(nr), "%d", nranks);
-    for (int r = 0; r < nranks; r++) {
-        const char *argv[48] = { COLL_BIN, "--socket", h->socket, "--uid", hex, "--nranks", nr, "--rank", rk };
-        int n = 9;
-        for (int i = 0; extra && extra[i] && n < 47; i++)
-            argv[n++] = extra[i];
-        argv[n] = NULL;
-        snprintf(rk, sizeof(rk), "%d", r); /* posix_spawn copies argv before we reuse rk */
-        pids[r] = harness_spawn(argv);
-        if (pids[r] < 0)
-            return -1;
-    }
-    return 0;
-}
-
 /* Run one communicator of colld-test-coll processes to the end; every rank must exit 0. */
 static void run_coll(harness_t *h, int nranks, const char *const *extra)
 {
     pid_t pids[MAX_PROCS];
     double t0 = harness_now_ms();
-    assert_int_equal(spawn_coll(h, nranks, extra, pids), 0);
+    assert_int_equal(harness_spawn_coll(h, nranks, extra, pids), 0);
     assert_int_equal(harness_wait_all(pids, nranks, RUN_LIMIT_MS), 0);
     print_message("%d rank(s): %.0f ms\n", nranks, harness_now_ms() - t0);
 }
@@ -148,7 +126,7 @@ static void test_four_comms_concurrently(void **state)
         bool tsan = harness_test_size() == HARNESS_SIZE_NO_BIG;
         const char *extra[] = { "--no-big", "--salt",   salt[c], "--rotate", rot[c], "--iters", tsan ? "1" : "2",
                                 tsan ? "--dtypes" : NULL, "int32,bfloat16,float64", NULL };
-        assert_int_equal(spawn_coll(h, 8, extra, pids[c]), 0);
+        assert_int_equal(harness_spawn_coll(h, 8, extra, pids[c]), 0);
     }
     int bad = 0;
     for (int c = 0; c < 4; c++)
@@ -234,7 +212,7 @@ static void test_10000_small_allreduces_memory_flat(void **state)
                             "1000,10000", "--sync-dir", h->dir,    NULL };
     long before = rss_kb(h->pid);
     double t0 = harness_now_ms();
-    assert_int_equal(spawn_coll(h, 2, extra, pids), 0);
+    assert_int_equal(harness_spawn_coll(h, 2, extra, pids), 0);
     long warm = measure_at(h, 1000);
     double t1 = harness_now_ms();
     long end = measure_at(h, 10000);

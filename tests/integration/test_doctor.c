@@ -156,15 +156,10 @@ static void test_clean_close(void **state)
 static void test_nan_contributor(void **state)
 {
     harness_t *h = *state;
-    char hex[HARNESS_UID_HEX_LEN], out[16384];
-    assert_int_equal(harness_new_uid_hex(h, hex), 0);
+    char out[16384];
     pid_t p[2];
-    for (int r = 0; r < 2; r++) {
-        const char *argv[] = { COLL_BIN,  "--socket", h->socket,           "--uid",  hex,   "--nranks",
-                               "2",       "--rank",   r ? "1" : "0",       "--mode", "nan", "--poison",
-                               "1:7:nan", "--expect", "COLLD_ERR_NUMERIC", NULL };
-        assert_true((p[r] = harness_spawn(argv)) > 0);
-    }
+    const char *nan[] = { "--mode", "nan", "--poison", "1:7:nan", "--expect", "COLLD_ERR_NUMERIC", NULL };
+    assert_int_equal(harness_spawn_coll(h, 2, nan, p), 0);
     assert_int_equal(harness_wait_all(p, 2, 60000), 0);
     assert_int_equal(doctor(h, out, sizeof(out), NULL, NULL), 0); /* the job is gone: history */
     printf("%s", out);
@@ -251,7 +246,7 @@ static void test_corrupted_result(void **state)
     skip(); /* this build has no test hooks (-DCOLLD_TEST_HOOKS=OFF) */
 #else
     harness_t *h = *state;
-    char hex[HARNESS_UID_HEX_LEN], out[16384], want[160];
+    char out[16384], want[160];
     harness_bg_t bg;
     assert_int_equal(harness_bg_start(h, &bg), 0);
     assert_int_equal(collctl(h, out, sizeof(out), "status", NULL), 0);
@@ -259,27 +254,10 @@ static void test_corrupted_result(void **state)
     assert_int_equal(collctl(h, out, sizeof(out), "--json", "status"), 0);
     assert_non_null(strstr(out, "\"verify_results\":true"));
     assert_int_equal(harness_bg_stop(&bg), 0);
-    assert_int_equal(harness_new_uid_hex(h, hex), 0);
     pid_t p[2];
-    for (int r = 0; r < 2; r++) {
-        const char *argv[] = { COLL_BIN,
-                               "--socket",
-                               h->socket,
-                               "--uid",
-                               hex,
-                               "--nranks",
-                               "2",
-                               "--rank",
-                               r ? "1" : "0",
-                               "--mode",
-                               "call",
-                               "--call",
-                               "allreduce:float32:sum:10000:0",
-                               "--expect",
-                               "COLLD_ERR_CORRUPTED",
-                               NULL };
-        assert_true((p[r] = harness_spawn(argv)) > 0);
-    }
+    const char *call[] = { "--mode", "call", "--call", "allreduce:float32:sum:10000:0", "--expect", "COLLD_ERR_CORRUPTED",
+                           NULL };
+    assert_int_equal(harness_spawn_coll(h, 2, call, p), 0);
     assert_int_equal(harness_wait_all(p, 2, 60000), 0);
     assert_int_equal(doctor(h, out, sizeof(out), NULL, NULL), 0); /* the job is gone: history */
     printf("%s", out);

@@ -28,24 +28,6 @@
 
 #define RUN_LIMIT_MS 300000
 
-/* Spawn n colld-test-coll ranks of one new communicator with extra arguments. */
-static void spawn_coll(harness_t *h, int n, const char *const *extra, pid_t *pids)
-{
-    char hex[HARNESS_UID_HEX_LEN], nr[16], rk[16];
-    assert_int_equal(harness_new_uid_hex(h, hex), 0);
-    snprintf(nr, sizeof(nr), "%d", n);
-    for (int r = 0; r < n; r++) {
-        const char *argv[48] = { COLL_BIN, "--socket", h->socket, "--uid", hex, "--nranks", nr, "--rank", rk };
-        int k = 9;
-        for (int i = 0; extra && extra[i] && k < 40; i++)
-            argv[k++] = extra[i];
-        argv[k] = NULL;
-        snprintf(rk, sizeof(rk), "%d", r);
-        pids[r] = harness_spawn(argv);
-        assert_true(pids[r] > 0);
-    }
-}
-
 static int collctl_json_trace(harness_t *h, uint64_t id, char *out, size_t len)
 {
     char idtext[32];
@@ -80,7 +62,7 @@ static void run_chain(harness_t *h, int n, const char *count, bool want_fast)
     const char *extra[] = { "--mode", "chain", "--chain-count", count, "--iters", it, "--checkpoints", it,
                             "--sync-dir", h->dir, NULL };
     pid_t pids[8];
-    spawn_coll(h, n, extra, pids);
+    assert_int_equal(harness_spawn_coll(h, n, extra, pids), 0);
     char at[512], go[512];
     snprintf(at, sizeof(at), "%s/at-%d", h->dir, iters);
     snprintf(go, sizeof(go), "%s/go-%d", h->dir, iters);
