@@ -565,24 +565,33 @@ CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream)
     return r;
 }
 
+/* A stream handle resolved (fk.mu held): its context (the current one for the legacy stream) and
+ * the stream itself (NULL for the legacy stream). */
+static CUresult stream_lookup(CUstream hStream, fk_ctx_t **ctx, fk_stream_t **st)
+{
+    if (hStream == NULL || hStream == CU_STREAM_LEGACY) {
+        *st = NULL;
+        *ctx = fk_ctx_current();
+        return *ctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    }
+    if (!fk_handle_ok(hStream, FK_K_STREAM))
+        return CUDA_ERROR_INVALID_HANDLE;
+    *st = (fk_stream_t *)hStream;
+    *ctx = (*st)->ctx;
+    return CUDA_SUCCESS;
+}
+
 /* The context of a stream (the current one for the legacy stream). */
 static CUresult stream_ctx(CUstream hStream, CUcontext *pctx)
 {
     if (!pctx)
         return CUDA_ERROR_INVALID_VALUE;
+    fk_ctx_t *c;
+    fk_stream_t *st;
     pthread_mutex_lock(&fk.mu);
-    CUresult r = CUDA_SUCCESS;
-    if (hStream == NULL || hStream == CU_STREAM_LEGACY) {
-        fk_ctx_t *c = fk_ctx_current();
-        if (!c)
-            r = CUDA_ERROR_INVALID_CONTEXT;
-        else
-            *pctx = (CUcontext)c;
-    } else if (!fk_handle_ok(hStream, FK_K_STREAM)) {
-        r = CUDA_ERROR_INVALID_HANDLE;
-    } else {
-        *pctx = (CUcontext)((fk_stream_t *)hStream)->ctx;
-    }
+    CUresult r = stream_lookup(hStream, &c, &st);
+    if (r == CUDA_SUCCESS)
+        *pctx = (CUcontext)c;
     pthread_mutex_unlock(&fk.mu);
     return r;
 }
@@ -610,19 +619,12 @@ CUresult CUDAAPI cuStreamGetId(CUstream hStream, unsigned long long *streamId)
     FK_BEGIN(cuStreamGetId);
     if (!streamId)
         return CUDA_ERROR_INVALID_VALUE;
+    fk_ctx_t *c;
+    fk_stream_t *st;
     pthread_mutex_lock(&fk.mu);
-    CUresult r = CUDA_SUCCESS;
-    if (hStream == NULL || hStream == CU_STREAM_LEGACY) {
-        fk_ctx_t *c = fk_ctx_current();
-        if (!c)
-            r = CUDA_ERROR_INVALID_CONTEXT;
-        else
-            *streamId = (1ull << 63) | (c->generation * FK_MAX_DEVICES + (unsigned long long)c->dev);
-    } else if (!fk_handle_ok(hStream, FK_K_STREAM)) {
-        r = CUDA_ERROR_INVALID_HANDLE;
-    } else {
-        *streamId = ((fk_stream_t *)hStream)->id;
-    }
+    CUresult r = stream_lookup(hStream, &c, &st);
+    if (r == CUDA_SUCCESS)
+        *streamId = st ? st->id : (1ull << 63) | (c->generation * FK_MAX_DEVICES + (unsigned long long)c->dev);
     pthread_mutex_unlock(&fk.mu);
     return r;
 }
