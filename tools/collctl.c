@@ -4,12 +4,14 @@
  *   collctl [--socket PATH] [--json] status
  *   collctl [--socket PATH] [--json] trace COMM
  *   collctl [--socket PATH] [--json] events [--follow] [--backlog N] [--new]
- *   collctl [--socket PATH] [--json] policy [set UID [--max-timeout-ms MS] [--net-algo ALGO] [--LIMIT N]
+ *   collctl [--socket PATH] [--json] policy [set UID [--max-timeout-ms MS] [--net-algo ALGO]
+ *                                           [--verify-results on|off] [--LIMIT N]
  *                                           | clear UID]
  *   collctl [--socket PATH] abort COMM [--reason TEXT]
  *   collctl [--socket PATH] peer disconnect NAME
  *   collctl [--socket PATH] [--json] probe [--bytes SIZE]
- *   collctl [--socket PATH] [--json] doctor [--since S] [--stuck-ms MS] [--straggler-ms MS]
+ *   collctl [--socket PATH] [--json] doctor [--since S] [--stuck-ms MS] [--straggler-ms MS] [--local]
+ *                                           [--node-timeout-ms MS]
  *
  * status lists sessions and communicators (with each one's slowest rank) and, on a multi-node
  * daemon (started with --listen), its node and peer daemons; trace prints a communicator's flight
@@ -55,9 +57,11 @@ static const char USAGE[] =
     "  policy                     per-tenant policy: limits with their defaults, use and refusals, and\n"
     "                             per uid its timeout cap, algorithm and limits with what it holds (an\n"
     "                             ordinary user sees the limits and its own use only)\n"
-    "  policy set UID [--max-timeout-ms MS] [--net-algo auto|ring|rd] [--LIMIT N|default ...]\n"
+    "  policy set UID [--max-timeout-ms MS] [--net-algo auto|ring|rd] [--verify-results on|off]\n"
+    "                 [--LIMIT N|default ...]\n"
     "                             cap the timeout of uid UID's new communicators, choose their\n"
-    "                             multi-node all-reduce algorithm, and/or override its limits (at least\n"
+    "                             multi-node all-reduce algorithm, verify their results (all-reduce,\n"
+    "                             broadcast, all-gather), and/or override its limits (at least\n"
     "                             one option; admin only). LIMIT is one of max-sessions-per-tenant,\n"
     "                             max-comms-per-tenant, max-joining-ranks-per-tenant, max-regs-per-tenant,\n"
     "                             max-registered-bytes-per-tenant (K/M/G/T suffixes),\n"
@@ -72,7 +76,7 @@ static const char USAGE[] =
     "                             each way to and from each peer daemon, one after the other, and the\n"
     "                             round trip; names a link below 1/4 of the median of the other links;\n"
     "                             exit status 1 when a link is slow or unmeasured (admin only)\n"
-    "  doctor [--since S] [--stuck-ms MS] [--straggler-ms MS]\n"
+    "  doctor [--since S] [--stuck-ms MS] [--straggler-ms MS] [--local] [--node-timeout-ms MS]\n"
     "                             what is wrong, on one screen: communicators stuck longer than MS\n"
     "                             (default 1000) and the ranks they wait for, broken ones, peers not\n"
     "                             up, stragglers lagging by MS (default 10), the faults of the last S\n"
@@ -789,6 +793,8 @@ static int cmd_policy_show(colld_client_t *c, int json)
             const Colld__V1__TenantPolicy *t = resp->tenants[i];
             printf("%s{\"uid\":%u,\"max_timeout_ms\":%d,\"net_algo\":", i ? "," : "", t->uid, t->max_timeout_ms);
             json_str(t->net_algo);
+            printf(",\"verify_results\":");
+            json_str(t->verify_results);
             printf(",\"limits\":[");
             for (size_t k = 0; k < t->n_limits; k++) {
                 const Colld__V1__TenantLimit *l = t->limits[k];
@@ -826,8 +832,9 @@ static int cmd_policy_show(colld_client_t *c, int json)
             char cap[32] = "-"; /* 0: no tenant cap, only the daemon-wide one */
             if (t->max_timeout_ms > 0)
                 snprintf(cap, sizeof(cap), "%d ms", t->max_timeout_ms);
-            printf("\nuid %u: max timeout %s, multi-node all-reduce %s\n", t->uid, cap,
-                   t->net_algo && *t->net_algo ? t->net_algo : "(daemon default)");
+            printf("\nuid %u: max timeout %s, multi-node all-reduce %s, result verification %s\n", t->uid, cap,
+                   t->net_algo && *t->net_algo ? t->net_algo : "(daemon default)",
+                   t->verify_results && *t->verify_results ? t->verify_results : "off");
             for (size_t k = 0; k < t->n_limits; k++) {
                 const Colld__V1__TenantLimit *l = t->limits[k];
                 printf("  %-32s %14llu / %-14llu%s\n", l->name, (unsigned long long)l->used,
@@ -853,7 +860,7 @@ typedef struct {
 /* Set uid's policy (max_timeout_ms 0: keep the timeout cap; net_algo NULL: keep the algorithm;
  * limits: overrides to change), or clear it. */
 static int cmd_policy_set(colld_client_t *c, uint32_t uid, int max_timeout_ms, const char *net_algo,
-                          const limit_arg_t *limits, size_t nlimits, int clear)
+                          const char *verify, const limit_arg_t *limits, size_t nlimits, int clear)
 {
     Colld__V1__SetPolicyRequest req = COLLD__V1__SET_POLICY_REQUEST__INIT;
     Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
@@ -864,6 +871,7 @@ static int cmd_policy_set(colld_client_t *c, uint32_t uid, int max_timeout_ms, c
     pol.uid = uid;
     pol.max_timeout_ms = max_timeout_ms;
     pol.net_algo = (char *)(net_algo ? net_algo : "");
+    pol.verify_results = (char *)(verify ? verify : "");
     for (size_t i = 0; i < nlimits; i++) {
         colld__v1__tenant_limit__init(&lim[i]);
         lim[i].name = (char *)limits[i].name;
@@ -1000,6 +1008,9 @@ int main(int argc, char **argv)
     size_t nlimits = 0;
     int nargs = 0, json = 0, follow = 0, only_new = 0, watch = 0;
     long long backlog = 0, max_timeout = -1, interval = 2, count = 0, since = 3600, stuck_ms = 1000, straggler_ms = 10;
+    long long node_timeout_ms = 2000;
+    bool doctor_local = false;
+    const char *verify = NULL;
     uint64_t probe_bytes = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -1064,6 +1075,21 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--straggler-ms") == 0) {
             if (parse_uint(a, i + 1 < argc ? argv[++i] : NULL, 86400000, &straggler_ms) < 0)
                 return 2;
+        } else if (strcmp(a, "--local") == 0) {
+            doctor_local = true;
+        } else if (strcmp(a, "--node-timeout-ms") == 0) {
+            if (parse_uint(a, i + 1 < argc ? argv[++i] : NULL, 30000, &node_timeout_ms) < 0)
+                return 2;
+            if (node_timeout_ms < 50) {
+                fprintf(stderr, "collctl: --node-timeout-ms must be 50..30000\n");
+                return 2;
+            }
+        } else if (strcmp(a, "--verify-results") == 0) {
+            verify = i + 1 < argc ? argv[++i] : "";
+            if (strcmp(verify, "on") != 0 && strcmp(verify, "off") != 0) {
+                fprintf(stderr, "collctl: --verify-results expects on or off, got '%s'\n", verify);
+                return 2;
+            }
         } else if (strcmp(a, "--bytes") == 0) {
             const char *v = i + 1 < argc ? argv[++i] : "";
             char *end;
@@ -1114,9 +1140,9 @@ int main(int argc, char **argv)
             policy_mode = strcmp(args[1], "set") == 0 ? 1 : 2;
             if (parse_uint("UID", args[2], UINT32_MAX - 1, &uid) < 0)
                 return 2;
-            if (policy_mode == 1 && max_timeout < 0 && !net_algo && !nlimits) {
-                fprintf(stderr, "collctl: policy set UID needs --max-timeout-ms MS, --net-algo ALGO and/or a limit "
-                                "(--max-regs-per-tenant N, ...)\n");
+            if (policy_mode == 1 && max_timeout < 0 && !net_algo && !verify && !nlimits) {
+                fprintf(stderr, "collctl: policy set UID needs --max-timeout-ms MS, --net-algo ALGO, --verify-results "
+                                "on|off and/or a limit (--max-regs-per-tenant N, ...)\n");
                 return 2;
             }
             if (policy_mode == 1 && max_timeout == 0) {
@@ -1153,14 +1179,19 @@ int main(int argc, char **argv)
     else if (strcmp(cmd, "peer") == 0)
         rc = cmd_peer_disconnect(c, args[2]);
     else if (strcmp(cmd, "doctor") == 0)
-        rc = collctl_doctor(c, json, since, stuck_ms, straggler_ms);
+        rc = collctl_doctor(c, &(collctl_doctor_opts_t){ .json = json,
+                                                          .since_s = since,
+                                                          .stuck_ms = stuck_ms,
+                                                          .straggler_ms = straggler_ms,
+                                                          .local = doctor_local,
+                                                          .node_timeout_ms = node_timeout_ms });
     else if (strcmp(cmd, "probe") == 0)
         rc = collctl_probe(c, json, probe_bytes);
     else if (policy_mode == 0)
         rc = cmd_policy_show(c, json);
     else
-        rc = cmd_policy_set(c, (uint32_t)uid, max_timeout > 0 ? (int)max_timeout : 0, net_algo, limits, nlimits,
-                            policy_mode == 2);
+        rc = cmd_policy_set(c, (uint32_t)uid, max_timeout > 0 ? (int)max_timeout : 0, net_algo, verify, limits,
+                            nlimits, policy_mode == 2);
     colld_disconnect(c);
     return rc;
 usage:

@@ -50,9 +50,17 @@ typedef struct {
     char what[24];
     char text[640];
 } collctl_gpu_finding_t;
-int collctl_gpu_findings(const Colld__V1__GpuHealth *g, collctl_gpu_finding_t *out, int max);
+/* node: the node the GPU is on, named in each finding's text ("GPU 3 (...) on node 31"); NULL or
+ * "" for none. */
+int collctl_gpu_findings(const Colld__V1__GpuHealth *g, const char *node, collctl_gpu_finding_t *out, int max);
 
-int collctl_doctor(colld_client_t *c, int json, int64_t since_s, int64_t stuck_ms, int64_t straggler_ms);
+typedef struct {
+    int json;
+    int64_t since_s, stuck_ms, straggler_ms;
+    bool local;              /* --local: this node only, no other node's report */
+    int64_t node_timeout_ms; /* --node-timeout-ms: how long the other nodes' reports are waited for */
+} collctl_doctor_opts_t;
+int collctl_doctor(colld_client_t *c, const collctl_doctor_opts_t *o);
 
 /* collctl probe (collctl_probe.c): bytes 0 for the daemon's default; returns the exit status (0 every
  * link measured and none slow, 1 otherwise). */

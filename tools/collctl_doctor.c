@@ -19,8 +19,17 @@
  *     drained GPU are problems naming the communicators and ranks on the GPU; throttling, pending
  *     remaps or retired pages, NVLink and PCIe errors are warnings.
  *
+ *   - across nodes (issue 30 item 5): when this daemon has peers (--listen), every other node's
+ *     report, gathered by this daemon over the daemon-to-daemon channel (the NodeReports RPC):
+ *     the same findings from each node's status and fault events (stuck collectives from the
+ *     wait its status shows), each naming its node; a node that did not answer within
+ *     --node-timeout-ms (default 2000) is itself a problem. A GPU finding of another node names
+ *     the communicators of this node that its communicators are (the same cluster-wide id).
+ *     --local: this node only.
+ *
  * Each finding is a problem (something fails or hangs now) or a warning (something is slow, was
- * refused, or failed in a communicator that is gone). Exit status 0 when there is no problem, 1
+ * refused, or failed in a communicator that is gone), and names its node when the daemon has
+ * peers. Exit status 0 when there is no problem, 1
  * when there is one (or the daemon is unreachable), 2 for a bad command line. --json prints one
  * object with every finding.
  */
@@ -43,14 +52,25 @@
 typedef struct {
     bool problem; /* else a warning */
     char what[24];
-    char text[768];
+    char node[64]; /* "" when the daemon has no peers */
+    char text[1024];
 } finding_t;
+
+/* A communicator of this node, to name it beside another node's (the same xid). */
+typedef struct {
+    uint64_t id, xid;
+    char name[64];
+} local_comm_t;
 
 typedef struct {
     finding_t f[MAX_FINDINGS];
     int n, problems, warnings, dropped;
-    uint64_t *live;   /* the ids of the communicators the daemon has now (Status) */
+    uint64_t *live;   /* the ids of the communicators of the node being looked at (its Status) */
     size_t nlive;
+    char node[64];    /* the node being looked at ("" without peers) */
+    char self[64];    /* this node */
+    local_comm_t *here; /* this node's multi-node communicators */
+    size_t nhere;
 } report_t;
 
 static bool comm_live(const report_t *r, uint64_t id)
@@ -69,6 +89,7 @@ __attribute__((format(printf, 4, 5))) static void add(report_t *r, bool problem,
     }
     finding_t *f = &r->f[r->n++];
     f->problem = problem;
+    colld_strlcpy(f->node, r->node, sizeof(f->node));
     colld_strlcpy(f->what, what, sizeof(f->what)); /* copied: it may be an event's, freed next */
     va_list ap;
     va_start(ap, fmt);
@@ -134,21 +155,35 @@ static void check_stuck(colld_client_t *c, report_t *r, const Colld__V1__CommInf
     protobuf_c_message_free_unpacked(&t->base, NULL);
 }
 
-/* Communicators, peers, stragglers (the Status RPC). */
-static int check_status(colld_client_t *c, report_t *r, int64_t stuck_ms, int64_t straggler_ms, char *head,
-                        size_t head_len)
+/* Another node's GPU users ("communicator 7 ranks 24-31, ...", that node's ids) with, for each of
+ * its communicators that is also one of this node's (the same cluster-wide id), this node's. */
+static void users_here(const report_t *r, const Colld__V1__StatusResponse *s, const char *users, char *out, size_t len)
 {
-    Colld__V1__StatusRequest req = COLLD__V1__STATUS_REQUEST__INIT;
-    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
-    colld__client_session_ref(c, &ref);
-    req.session = &ref;
-    Colld__V1__StatusResponse *s = NULL;
-    if (collctl_call(c, "status", "/colld.v1.Colld/Status", &req.base, &colld__v1__status_response__descriptor,
-                     (ProtobufCMessage **)&s))
-        return -1;
-    snprintf(head, head_len, "colld %s, pid %d, up %lld s: %zu session(s), %zu communicator(s)%s%s%s",
-             s->daemon_version, s->pid, (long long)((now_unix_us() / 1000 - s->started_unix_ms) / 1000), s->n_sessions,
-             s->n_comms, *s->node_name ? ", node " : "", s->node_name, s->n_peers ? " with peers" : "");
+    size_t off = 0;
+    out[0] = '\0';
+    for (const char *p = strstr(users, "communicator "); p; p = strstr(p + 1, "communicator ")) {
+        unsigned long long id = strtoull(p + 13, NULL, 10);
+        for (size_t i = 0; i < s->n_comms; i++) {
+            if (s->comms[i]->id != id || !s->comms[i]->xid)
+                continue;
+            for (size_t k = 0; k < r->nhere && off < len; k++)
+                if (r->here[k].xid == s->comms[i]->xid) {
+                    int w = snprintf(out + off, len - off, "%s%llu on node %s is communicator %llu '%s' on node %s",
+                                     off ? "; " : " (communicator ", id, r->node, (unsigned long long)r->here[k].id,
+                                     r->here[k].name, r->self);
+                    off += w > 0 ? (size_t)w : 0;
+                }
+        }
+    }
+    if (off && off < len)
+        snprintf(out + off, len - off, ")");
+}
+
+/* Communicators, peers, stragglers, GPUs of one node's status. local: this node's (its stuck
+ * collectives from the flight recorder); else another node's (from the wait its status shows). */
+static void analyze_status(colld_client_t *c, report_t *r, const Colld__V1__StatusResponse *s, bool local,
+                           int64_t stuck_ms, int64_t straggler_ms)
+{
     for (size_t i = 0; i < s->n_peers; i++) {
         const Colld__V1__PeerInfo *p = s->peers[i];
         if (strcmp(p->state, "up") != 0)
@@ -170,9 +205,12 @@ static int check_status(colld_client_t *c, report_t *r, int64_t stuck_ms, int64_
     }
     for (size_t i = 0; i < s->n_gpus; i++) { /* GPU health (collctl_gpu.c) */
         collctl_gpu_finding_t gf[8];
-        int ng = collctl_gpu_findings(s->gpus[i], gf, 8);
+        int ng = collctl_gpu_findings(s->gpus[i], r->node, gf, 8);
+        char here[320] = "";
+        if (!local)
+            users_here(r, s, s->gpus[i]->users, here, sizeof(here));
         for (int k = 0; k < ng; k++)
-            add(r, gf[k].problem, gf[k].what, "%s", gf[k].text);
+            add(r, gf[k].problem, gf[k].what, "%s%s", gf[k].text, here);
     }
     free(r->live);
     r->live = s->n_comms ? calloc(s->n_comms, sizeof(*r->live)) : NULL;
@@ -187,8 +225,11 @@ static int check_status(colld_client_t *c, report_t *r, int64_t stuck_ms, int64_
         else if (strcmp(ci->state, "joining") == 0)
             add(r, false, "joining", "communicator %llu '%s': %d of %d ranks joined so far", (unsigned long long)ci->id,
                 ci->name, ci->joined, ci->nranks);
-        else if (strcmp(ci->state, "ready") == 0)
+        else if (strcmp(ci->state, "ready") == 0 && local)
             check_stuck(c, r, ci, stuck_ms);
+        else if (strcmp(ci->state, "ready") == 0 && *ci->coll_wait && ci->coll_waited_ms >= stuck_ms)
+            add(r, true, "stuck", "communicator %llu '%s' (%d ranks) has waited %lld ms: %s", (unsigned long long)ci->id,
+                ci->name, ci->nranks, (long long)ci->coll_waited_ms, ci->coll_wait);
         if (*ci->p2p_wait && ci->p2p_waited_ms >= stuck_ms)
             add(r, true, "stuck", "communicator %llu '%s' (%d ranks), point-to-point: %s", (unsigned long long)ci->id,
                 ci->name, ci->nranks, ci->p2p_wait);
@@ -202,8 +243,37 @@ static int check_status(colld_client_t *c, report_t *r, int64_t stuck_ms, int64_
                     (double)mi->mean_late_us / 1000, (double)mi->max_late_us / 1000, (unsigned long long)mi->samples);
         }
     }
+}
+
+/* This node (the Status RPC). */
+static int check_status(colld_client_t *c, report_t *r, int64_t stuck_ms, int64_t straggler_ms, char *head,
+                        size_t head_len)
+{
+    Colld__V1__StatusRequest req = COLLD__V1__STATUS_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    colld__client_session_ref(c, &ref);
+    req.session = &ref;
+    Colld__V1__StatusResponse *s = NULL;
+    if (collctl_call(c, "status", "/colld.v1.Colld/Status", &req.base, &colld__v1__status_response__descriptor,
+                     (ProtobufCMessage **)&s))
+        return -1;
+    snprintf(head, head_len, "colld %s, pid %d, up %lld s: %zu session(s), %zu communicator(s)%s%s%s",
+             s->daemon_version, s->pid, (long long)((now_unix_us() / 1000 - s->started_unix_ms) / 1000), s->n_sessions,
+             s->n_comms, *s->node_name ? ", node " : "", s->node_name, s->n_peers ? " with peers" : "");
+    colld_strlcpy(r->self, s->node_name, sizeof(r->self));
+    colld_strlcpy(r->node, s->node_name, sizeof(r->node));
+    r->here = s->n_comms ? calloc(s->n_comms, sizeof(*r->here)) : NULL;
+    for (size_t i = 0; r->here && i < s->n_comms; i++)
+        if (s->comms[i]->xid) {
+            local_comm_t *h = &r->here[r->nhere++];
+            h->id = s->comms[i]->id;
+            h->xid = s->comms[i]->xid;
+            colld_strlcpy(h->name, s->comms[i]->name, sizeof(h->name));
+        }
+    analyze_status(c, r, s, true, stuck_ms, straggler_ms);
+    int rc = *s->node_name ? 1 : 0; /* 1: the daemon has peers */
     protobuf_c_message_free_unpacked(&s->base, NULL);
-    return 0;
+    return rc;
 }
 
 /* What an event with a failed status says about the culprit. */
@@ -216,6 +286,38 @@ static const char *fault_what(const Colld__V1__Event *e)
     if (e->status == COLLD_ERR_DEADLOCK || strcmp(e->type, "deadlock") == 0)
         return "deadlock";
     return e->type;
+}
+
+/* Whether an event is a fault doctor reports. */
+static bool is_fault(const Colld__V1__Event *e, int64_t from)
+{
+    /* coll_waiting is in progress: a stuck collective is judged from the status above. */
+    return e->status != COLLD_OK && strcmp(e->type, "comm_destroyed") != 0 && strcmp(e->type, "session_detached") != 0 &&
+           strcmp(e->type, "coll_waiting") != 0 && strncmp(e->type, "gpu_", 4) != 0 && /* GPU health: from the status */
+           e->unix_us >= from;
+}
+
+/* The findings of fault events (most recent last; more: the earlier ones left out). */
+static void add_faults(report_t *r, Colld__V1__Event *const *kept, int nkept, int more, int64_t since_s)
+{
+    if (more)
+        add(r, false, "faults", "%d earlier fault event(s) in the last %lld s (collctl events shows them all)", more,
+            (long long)since_s);
+    for (int i = 0; i < nkept; i++) {
+        const Colld__V1__Event *e = kept[i];
+        char when[32];
+        time_t t = (time_t)(e->unix_us / 1000000);
+        struct tm tm;
+        localtime_r(&t, &tm);
+        strftime(when, sizeof(when), "%H:%M:%S", &tm);
+        char who[64] = "";
+        if (e->rank >= 0)
+            snprintf(who, sizeof(who), ", rank %d (pid %d)", e->rank, e->pid);
+        bool live = e->comm_id && comm_live(r, e->comm_id);
+        add(r, live, fault_what(e), "%s %s: communicator %llu '%s'%s%s: %s: %s", when, e->type,
+            (unsigned long long)e->comm_id, e->comm_name, live ? "" : " (gone now)", who,
+            colld_status_name((colld_status_t)e->status), e->detail);
+    }
 }
 
 /* Recent faults from the event backlog (the last since_s seconds), most recent last. */
@@ -242,12 +344,7 @@ static void check_events(colld_client_t *c, report_t *r, int64_t since_s)
             break;
         collctl_clean_message(m);
         Colld__V1__Event *e = (Colld__V1__Event *)m;
-        /* coll_waiting is in progress: a stuck collective is judged from the status above. */
-        bool fault = e->status != COLLD_OK && strcmp(e->type, "comm_destroyed") != 0 &&
-                     strcmp(e->type, "session_detached") != 0 && strcmp(e->type, "coll_waiting") != 0 &&
-                     strncmp(e->type, "gpu_", 4) != 0 && /* GPU health: judged from the status above */
-                     e->unix_us >= from;
-        if (!fault) {
+        if (!is_fault(e, from)) {
             protobuf_c_message_free_unpacked(m, NULL);
             continue;
         }
@@ -260,25 +357,55 @@ static void check_events(colld_client_t *c, report_t *r, int64_t since_s)
         kept[nkept++] = e;
     }
     colld_rpc_stream_close(st);
-    if (more)
-        add(r, false, "faults", "%d earlier fault event(s) in the last %lld s (collctl events shows them all)", more,
-            (long long)since_s);
-    for (int i = 0; i < nkept; i++) {
-        const Colld__V1__Event *e = kept[i];
-        char when[32];
-        time_t t = (time_t)(e->unix_us / 1000000);
-        struct tm tm;
-        localtime_r(&t, &tm);
-        strftime(when, sizeof(when), "%H:%M:%S", &tm);
-        char who[64] = "";
-        if (e->rank >= 0)
-            snprintf(who, sizeof(who), ", rank %d (pid %d)", e->rank, e->pid);
-        bool live = e->comm_id && comm_live(r, e->comm_id);
-        add(r, live, fault_what(e), "%s %s: communicator %llu '%s'%s%s: %s: %s", when, e->type,
-            (unsigned long long)e->comm_id, e->comm_name, live ? "" : " (gone now)", who,
-            colld_status_name((colld_status_t)e->status), e->detail);
+    add_faults(r, kept, nkept, more, since_s);
+    for (int i = 0; i < nkept; i++)
         protobuf_c_message_free_unpacked(&kept[i]->base, NULL);
+}
+
+/* Every other node (the NodeReports RPC): what it did not answer, then its findings. */
+static void check_nodes(colld_client_t *c, report_t *r, const collctl_doctor_opts_t *o)
+{
+    Colld__V1__NodeReportsRequest req = COLLD__V1__NODE_REPORTS_REQUEST__INIT;
+    Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
+    colld__client_session_ref(c, &ref);
+    req.session = &ref;
+    req.timeout_ms = (uint32_t)o->node_timeout_ms;
+    req.since_s = o->since_s ? o->since_s : 1;
+    Colld__V1__NodeReportsResponse *resp = NULL;
+    if (collctl_call(c, "node reports", "/colld.v1.Colld/NodeReports", &req.base,
+                     &colld__v1__node_reports_response__descriptor, (ProtobufCMessage **)&resp)) {
+        add(r, true, "nodes", "the other nodes' reports could not be gathered (see above)");
+        return;
     }
+    int64_t from = now_unix_us() - o->since_s * 1000000;
+    for (size_t i = 0; i < resp->n_nodes; i++) {
+        const Colld__V1__NodeReportEntry *e = resp->nodes[i];
+        colld_strlcpy(r->node, e->node, sizeof(r->node));
+        if (!e->answered || !e->report || !e->report->status) {
+            add(r, true, "node", "node %s (%s): %s", e->node, e->addr, *e->error ? e->error : "no report");
+            continue;
+        }
+        const Colld__V1__NodeReport *nr = e->report;
+        analyze_status(c, r, nr->status, false, o->stuck_ms, o->straggler_ms);
+        Colld__V1__Event *kept[MAX_FAULT_EVENTS];
+        int nkept = 0, more = (int)nr->events_dropped;
+        for (size_t k = 0; k < nr->n_events; k++) {
+            if (!is_fault(nr->events[k], from))
+                continue;
+            if (nkept == MAX_FAULT_EVENTS) {
+                memmove(kept, kept + 1, (MAX_FAULT_EVENTS - 1) * sizeof(kept[0]));
+                nkept--;
+                more++;
+            }
+            kept[nkept++] = nr->events[k];
+        }
+        add_faults(r, kept, nkept, more, o->since_s);
+        if (nr->truncated)
+            add(r, false, "node", "node %s (%s): its report was cut to fit (collctl status on that node shows all)",
+                e->node, e->addr);
+    }
+    colld_strlcpy(r->node, r->self, sizeof(r->node));
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
 }
 
 /* Requests refused at per-tenant limits since the daemon started. */
@@ -305,26 +432,32 @@ static void check_limits(colld_client_t *c, report_t *r)
     protobuf_c_message_free_unpacked(&p->base, NULL);
 }
 
-int collctl_doctor(colld_client_t *c, int json, int64_t since_s, int64_t stuck_ms, int64_t straggler_ms)
+int collctl_doctor(colld_client_t *c, const collctl_doctor_opts_t *o)
 {
     report_t *r = calloc(1, sizeof(*r));
     char head[512] = "";
     if (!r)
         return 1;
-    if (check_status(c, r, stuck_ms, straggler_ms, head, sizeof(head)) < 0) {
+    int peers = check_status(c, r, o->stuck_ms, o->straggler_ms, head, sizeof(head));
+    if (peers < 0) {
         free(r->live);
+        free(r->here);
         free(r);
         return 1;
     }
-    check_events(c, r, since_s);
+    check_events(c, r, o->since_s);
     check_limits(c, r);
-    if (json) {
+    if (peers && !o->local)
+        check_nodes(c, r, o);
+    if (o->json) {
         printf("{\"schema_version\":%d,\"daemon\":", COLLCTL_JSON_SCHEMA_VERSION);
         collctl_json_str(head);
         printf(",\"problems\":%d,\"warnings\":%d,\"findings\":[", r->problems, r->warnings);
         for (int i = 0; i < r->n; i++) {
             printf("%s{\"severity\":\"%s\",\"what\":", i ? "," : "", r->f[i].problem ? "problem" : "warning");
             collctl_json_str(r->f[i].what);
+            printf(",\"node\":");
+            collctl_json_str(r->f[i].node);
             printf(",\"text\":");
             collctl_json_str(r->f[i].text);
             printf("}");
@@ -337,7 +470,8 @@ int collctl_doctor(colld_client_t *c, int json, int64_t since_s, int64_t stuck_m
         for (int pass = 0; pass < 2; pass++) /* problems first */
             for (int i = 0; i < r->n; i++)
                 if (r->f[i].problem == (pass == 0))
-                    printf("%-7s %-10s %s\n", r->f[i].problem ? "PROBLEM" : "warning", r->f[i].what, r->f[i].text);
+                    printf("%-7s %-10s %s%s%s%s\n", r->f[i].problem ? "PROBLEM" : "warning", r->f[i].what,
+                           *r->f[i].node ? "[" : "", r->f[i].node, *r->f[i].node ? "] " : "", r->f[i].text);
         if (r->dropped)
             printf("(%d more findings not shown)\n", r->dropped);
         if (r->n)
@@ -345,6 +479,7 @@ int collctl_doctor(colld_client_t *c, int json, int64_t since_s, int64_t stuck_m
     }
     int rc = r->problems ? 1 : 0;
     free(r->live);
+    free(r->here);
     free(r);
     return rc;
 }

@@ -90,11 +90,12 @@ void collctl_gpu_json(const Colld__V1__StatusResponse *r)
     printf("]");
 }
 
-int collctl_gpu_findings(const Colld__V1__GpuHealth *g, collctl_gpu_finding_t *out, int max)
+int collctl_gpu_findings(const Colld__V1__GpuHealth *g, const char *node, collctl_gpu_finding_t *out, int max)
 {
     int n = 0;
     char who[160], since[16] = "", users[240] = "";
-    snprintf(who, sizeof(who), "GPU %d (%s)", g->index, g->name);
+    snprintf(who, sizeof(who), "GPU %d (%s)%s%s", g->index, g->name, node && *node ? " on node " : "",
+             node && *node ? node : "");
     if (g->since_unix_ms)
         hhmm(g->since_unix_ms, since, sizeof(since));
     if (*g->users)

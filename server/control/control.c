@@ -8,6 +8,7 @@
  * the gRPC thread and take daemon->lock; CommInit is answered later, when all ranks have joined.
  */
 #include "server/control/control.h"
+#include "server/control/status.h"
 
 #include "server/core/daemon.h"
 #include "server/core/tenant.h"
@@ -194,214 +195,32 @@ static void on_comm_error(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
 }
 
 /* Status: sessions and communicators. An admin (root or the daemon's own uid) sees all of them,
- * anyone else only their own tenant's. */
+ * anyone else only their own tenant's (status.c builds it). */
 static void on_status(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *ctx)
 {
     colld_daemon_t *d = ctx;
     const Colld__V1__StatusRequest *req = (const Colld__V1__StatusRequest *)msg;
     Colld__V1__StatusResponse resp = COLLD__V1__STATUS_RESPONSE__INIT;
-    Colld__V1__SessionInfo *sinfo = NULL, **sptr = NULL;
-    Colld__V1__CommInfo *cinfo = NULL, **cptr = NULL;
-    Colld__V1__CommMemberInfo *minfo = NULL, **mptr = NULL;
     const char *detail = "";
-    size_t ns = 0, nc = 0, nm = 0;
-    colld_gpu_health_t *gh = NULL;
-    int ngh = 0;
-    char gh_none[sizeof(d->gpu_health_none)] = "";
-
     pthread_mutex_lock(&d->lock);
     colld_session_t *me = session_of(d, call, req->session, &resp.status, &detail);
-    if (!me)
-        goto unlock;
-    bool admin = is_admin(me);
-    for (colld_session_t *s = d->sessions; s; s = s->next)
-        ns++;
-    for (colld_dcomm_t *c = d->comms; c; c = c->next) {
-        nc++;
-        nm += (size_t)colld_comm_nslots(c); /* a forming communicator: only the ranks that joined */
-    }
-    sinfo = calloc(ns + 1, sizeof(*sinfo));
-    sptr = calloc(ns + 1, sizeof(*sptr));
-    cinfo = calloc(nc + 1, sizeof(*cinfo));
-    cptr = calloc(nc + 1, sizeof(*cptr));
-    minfo = calloc(nm + 1, sizeof(*minfo));
-    mptr = calloc(nm + 1, sizeof(*mptr));
-    if (!sinfo || !sptr || !cinfo || !cptr || !minfo || !mptr) {
+    bool admin = me && is_admin(me);
+    uid_t uid = me ? me->uid : 0;
+    pthread_mutex_unlock(&d->lock);
+    colld_status_buf_t *b = me ? calloc(1, sizeof(*b)) : NULL;
+    if (me && !b) {
         resp.status = COLLD_ERR_NO_MEMORY;
         detail = "daemon out of memory";
-        goto unlock;
     }
-    for (colld_session_t *s = d->sessions; s; s = s->next) {
-        if (!admin && s->uid != me->uid)
-            continue;
-        Colld__V1__SessionInfo *i = &sinfo[resp.n_sessions];
-        colld__v1__session_info__init(i);
-        i->id = s->id;
-        i->pid = s->pid;
-        i->uid = s->uid;
-        i->gid = s->gid;
-        i->attached_unix_ms = s->attached_ms;
-        i->process_name = strdup(s->name);
-        i->comms = s->ncomms;
-        i->registered_bytes = s->registered_bytes;
-        i->admin = s->role == COLLD_ROLE_ADMIN;
-        sptr[resp.n_sessions++] = i;
+    if (!b) {
+        resp.detail = (char *)detail;
+        resp.daemon_version = (char *)DAEMON_VERSION;
+        colld_rpc_reply(call, &resp.base);
+        return;
     }
-    size_t mi = 0;
-    for (colld_dcomm_t *c = d->comms; c; c = c->next) {
-        if (!admin && c->tenant != me->uid)
-            continue;
-        Colld__V1__CommInfo *i = &cinfo[resp.n_comms];
-        colld__v1__comm_info__init(i);
-        i->id = c->id;
-        i->name = strdup(c->name);
-        i->nranks = c->nranks;
-        i->joined = c->present; /* ranks here, plus (multi-node) those on other nodes */
-        for (int k = 0; k < colld_comm_nslots(c); k++)
-            i->joined += colld_comm_slot(c, k)->remote;
-        i->state = (char *)colld_comm_state_name(c->state);
-        i->ops_completed = c->ops_completed;
-        i->ops_failed = c->ops_failed;
-        i->uid = c->tenant;
-        i->timeout_ms = c->timeout_ms;
-        i->last_error = strdup(c->error_detail);
-        i->slowest_rank = colld_recorder_slowest(c);
-        char wait[COLLD_DETAIL_LEN];
-        i->p2p_waited_ms = (int64_t)(colld_p2p_describe_wait(wait, sizeof(wait), c, colld_now_ns()) / 1000000ull);
-        i->p2p_wait = strdup(wait);
-        int absent;
-        i->coll_waited_ms = (int64_t)(colld_match_describe_wait(wait, sizeof(wait), c, colld_now_ns(), &absent) /
-                                      1000000ull);
-        i->coll_wait = strdup(wait);
-        i->verify_results = colld_comm_verifies(d, c);
-        i->members = &mptr[mi];
-        for (int k = 0; k < colld_comm_nslots(c); k++) {
-            colld_member_t *m = colld_comm_slot(c, k);
-            int r = m->rank;
-            if (!m->session && !m->remote)
-                continue;
-            Colld__V1__CommMemberInfo *x = &minfo[mi];
-            colld__v1__comm_member_info__init(x);
-            x->rank = r;
-            x->session_id = m->session ? m->session->id : 0;
-            x->pid = m->pid;
-            x->node = (char *)colld_cluster_rank_node(c, r);
-            x->samples = m->late_samples;
-            x->mean_late_us = m->late_samples ? m->late_sum_ns / m->late_samples / 1000 : 0;
-            x->max_late_us = m->late_max_ns / 1000;
-            mptr[mi++] = x;
-            i->n_members++;
-        }
-        cptr[resp.n_comms++] = i;
-    }
-    /* GPU health (the device backend's records, copied under the lock). */
-    ngh = d->ngpu_health < COLLD_GPU_HEALTH_MAX ? d->ngpu_health : COLLD_GPU_HEALTH_MAX;
-    gh = ngh ? calloc((size_t)ngh, sizeof(*gh)) : NULL;
-    if (gh)
-        memcpy(gh, d->gpu_health, (size_t)ngh * sizeof(*gh));
-    else
-        ngh = 0;
-    for (int k = 0; !admin && k < ngh; k++) /* other tenants' communicators: for operators only */
-        if (gh[k].users[0])
-            colld_strlcpy(gh[k].users, "(admin only)", sizeof(gh[k].users));
-    colld_strlcpy(gh_none, d->gpu_health_none, sizeof(gh_none));
-    resp.sessions = sptr;
-    resp.comms = cptr;
-    resp.pid = getpid();
-    resp.started_unix_ms = d->started_ms;
-    resp.socket = d->cfg.socket;
-unlock:
-    pthread_mutex_unlock(&d->lock);
-    /* peer daemons: the transport's own snapshot, taken without daemon->lock */
-    colld_net_peer_info_t peers[64];
-    Colld__V1__PeerInfo pinfo[64], *pptr[64];
-    if (me && colld_cluster_running(d)) {
-        size_t np = colld_cluster_peers(d, peers, 64, &resp.net_payload_sent, &resp.net_payload_received,
-                                        &resp.net_refused);
-        resp.node_name = (char *)colld_cluster_node_name(d);
-        resp.listen = (char *)colld_cluster_listen_addr(d);
-        for (size_t k = 0; k < np && k < 64; k++) {
-            Colld__V1__PeerInfo *x = &pinfo[k];
-            colld__v1__peer_info__init(x);
-            x->name = peers[k].name;
-            x->addr = peers[k].addr;
-            x->state = (char *)peers[k].state;
-            x->conns = peers[k].conns;
-            x->bytes_sent = peers[k].bytes_sent;
-            x->bytes_received = peers[k].bytes_received;
-            x->send_rate = peers[k].send_rate;
-            x->recv_rate = peers[k].recv_rate;
-            /* Why a link failed (refused, silent, not colld) tells whether a port is open: for
-             * operators only, as a tenant names the roots this daemon dials. */
-            x->last_error = admin ? peers[k].last_error : (char *)(peers[k].last_error[0] ? "(admin only)" : "");
-            x->tx_rate = peers[k].tx_rate;
-            x->rx_rate = peers[k].rx_rate;
-            x->rtt_ms = peers[k].rtt_ms;
-            x->tcp_rtt_us = peers[k].tcp_rtt_us;
-            x->tcp_lost = peers[k].tcp_lost;
-            x->retrans = peers[k].retrans;
-            x->losses = peers[k].losses;
-            x->rx_bytes = peers[k].rx_bytes;
-            x->rx_busy_us = peers[k].rx_busy_ns / 1000;
-            pptr[resp.n_peers++] = x;
-        }
-        resp.peers = pptr;
-    }
-    Colld__V1__GpuHealth *ginfo = ngh ? calloc((size_t)ngh, sizeof(*ginfo)) : NULL;
-    Colld__V1__GpuHealth **gptr = ngh ? calloc((size_t)ngh, sizeof(*gptr)) : NULL;
-    for (int k = 0; ginfo && gptr && k < ngh; k++) {
-        Colld__V1__GpuHealth *x = &ginfo[k];
-        const colld_gpu_health_t *h = &gh[k];
-        colld__v1__gpu_health__init(x);
-        x->index = h->index;
-        x->name = (char *)h->name;
-        x->uuid = (char *)h->uuid;
-        x->status = (char *)h->status;
-        x->ecc_uncorrected = h->ecc_uncorrected;
-        x->ecc_uncorrected_new = h->ecc_uncorrected_new;
-        x->retired_pending = h->retired_pending;
-        x->remap_pending = h->remap_pending;
-        x->remap_failure = h->remap_failure;
-        x->pcie_replay = h->pcie_replay;
-        x->nvlink_errors = h->nvlink_errors;
-        x->xid_count = h->xid_count;
-        x->last_xid = h->last_xid;
-        x->last_xid_unix_ms = h->last_xid_ms;
-        x->throttle_reasons = h->throttle;
-        x->thermal = h->thermal;
-        x->power = h->power;
-        x->since_unix_ms = h->since_ms;
-        x->drained = h->drained;
-        x->drain_reason = (char *)h->drain_why;
-        x->drained_unix_ms = h->drained_ms;
-        x->users = (char *)h->users;
-        x->passes = h->passes;
-        x->pass_ns = h->pass_ns;
-        x->nvml = h->nvml;
-        gptr[resp.n_gpus++] = x;
-    }
-    resp.gpus = gptr;
-    resp.gpu_health_none = gh_none;
-    resp.detail = (char *)detail;
-    resp.daemon_version = (char *)DAEMON_VERSION;
-    colld_rpc_reply(call, &resp.base);
-    free(ginfo);
-    free(gptr);
-    free(gh);
-    for (size_t k = 0; k < resp.n_sessions; k++)
-        free(sinfo[k].process_name);
-    for (size_t k = 0; k < resp.n_comms; k++) {
-        free(cinfo[k].name);
-        free(cinfo[k].last_error);
-        free(cinfo[k].p2p_wait);
-        free(cinfo[k].coll_wait);
-    }
-    free(sinfo);
-    free(sptr);
-    free(cinfo);
-    free(cptr);
-    free(minfo);
-    free(mptr);
+    colld_status_build(d, admin, uid, true, b);
+    colld_rpc_reply(call, &b->resp.base);
+    colld_status_buf_free(b);
 }
 
 /* CommAbort: by a rank (handle) or by an operator (comm_id). */
@@ -489,6 +308,13 @@ static void on_set_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
         snprintf(detail, sizeof(detail), "net_algo '%.32s' is not auto, ring or rd", algo_text);
         goto out;
     }
+    const char *vtext = pol->verify_results ? pol->verify_results : "";
+    int verify = !*vtext ? -1 : strcmp(vtext, "on") == 0 ? 1 : strcmp(vtext, "off") == 0 ? 0 : -2;
+    if (verify == -2) {
+        resp.status = COLLD_ERR_INVALID_ARGUMENT;
+        snprintf(detail, sizeof(detail), "verify_results '%.32s' is not on or off", vtext);
+        goto out;
+    }
     int cap = pol->max_timeout_ms;
     if (cap < 0 || cap > d->cfg.max_timeout_ms) {
         resp.status = COLLD_ERR_INVALID_ARGUMENT;
@@ -520,19 +346,25 @@ static void on_set_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
         }
         which[i] = w;
     }
-    if (cap == 0 && algo == -2 && pol->n_limits == 0) {
+    if (cap == 0 && algo == -2 && verify < 0 && pol->n_limits == 0) {
         resp.status = COLLD_ERR_INVALID_ARGUMENT;
-        snprintf(detail, sizeof(detail), "nothing to set: give max_timeout_ms, net_algo or a limit");
+        snprintf(detail, sizeof(detail), "nothing to set: give max_timeout_ms, net_algo, verify_results or a limit");
         goto out;
     }
-    if (cap > 0 || algo >= 0) {
+    if (cap > 0 || algo >= 0 || verify >= 0) {
         if (colld_policy_set(d, uid, cap ? cap : colld_policy_cap(d, uid)) < 0)
             goto nomem;
-        for (colld_policy_t *p = d->policies; p && algo >= 0; p = p->next)
-            if (p->uid == uid)
-                p->net_algo = algo;
-        LOG_INFO(RPC, "policy of uid %u: max timeout %d ms, multi-node all-reduce %s (set by pid %d)", (unsigned)uid,
-                 colld_policy_cap(d, uid), algo >= 0 ? colld_net_algo_name(algo) : "unchanged", (int)s->pid);
+        for (colld_policy_t *p = d->policies; p; p = p->next)
+            if (p->uid == uid) {
+                if (algo >= 0)
+                    p->net_algo = algo;
+                if (verify >= 0)
+                    p->verify = verify == 1;
+            }
+        LOG_INFO(RPC,
+                 "policy of uid %u: max timeout %d ms, multi-node all-reduce %s, result verification %s (set by pid %d)",
+                 (unsigned)uid, colld_policy_cap(d, uid), algo >= 0 ? colld_net_algo_name(algo) : "unchanged",
+                 colld_policy_verify(d, uid) ? "on" : "off", (int)s->pid);
     }
     for (size_t i = 0; i < pol->n_limits; i++) {
         const Colld__V1__TenantLimit *l = pol->limits[i];
@@ -625,10 +457,12 @@ static void on_get_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
         colld__v1__tenant_policy__init(x);
         x->uid = uids[k];
         x->net_algo = "";
+        x->verify_results = (char *)"off";
         for (colld_policy_t *p = d->policies; p; p = p->next)
             if (p->uid == uids[k]) {
                 x->max_timeout_ms = p->max_timeout_ms;
                 x->net_algo = p->net_algo >= 0 ? (char *)colld_net_algo_name(p->net_algo) : "";
+                x->verify_results = (char *)(p->verify ? "on" : "off");
             }
         x->limits = &lptr[(k + 1) * COLLD_LIMIT_COUNT];
         x->n_limits = COLLD_LIMIT_COUNT;
@@ -942,6 +776,27 @@ static void on_probe(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *
     colld_rpc_reply(call, &resp.base);
 }
 
+/* NodeReports: every peer daemon's report for collctl doctor (node_report.c); answered when
+ * gathered. */
+static void on_node_reports(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *ctx)
+{
+    colld_daemon_t *d = ctx;
+    const Colld__V1__NodeReportsRequest *req = (const Colld__V1__NodeReportsRequest *)msg;
+    Colld__V1__NodeReportsResponse resp = COLLD__V1__NODE_REPORTS_RESPONSE__INIT;
+    const char *sdetail = "";
+    pthread_mutex_lock(&d->lock);
+    colld_session_t *s = session_of(d, call, req->session, &resp.status, &sdetail);
+    bool admin = s && is_admin(s);
+    uid_t uid = s ? s->uid : 0;
+    pthread_mutex_unlock(&d->lock);
+    if (s) {
+        colld_node_reports_rpc(call, msg, ctx, admin, uid);
+        return;
+    }
+    resp.detail = (char *)sdetail;
+    colld_rpc_reply(call, &resp.base);
+}
+
 static const colld_rpc_method_t methods[] = {
     { .path = "/colld.v1.Colld/Attach", .request = &colld__v1__attach_request__descriptor, .handler = on_attach },
     { .path = "/colld.v1.Colld/GetUniqueId",
@@ -965,6 +820,9 @@ static const colld_rpc_method_t methods[] = {
       .request = &colld__v1__peer_disconnect_request__descriptor,
       .handler = on_peer_disconnect },
     { .path = "/colld.v1.Colld/Probe", .request = &colld__v1__probe_request__descriptor, .handler = on_probe },
+    { .path = "/colld.v1.Colld/NodeReports",
+      .request = &colld__v1__node_reports_request__descriptor,
+      .handler = on_node_reports },
 };
 
 /* The method table (the fuzzers run its handlers through colld_rpc_server_inject). */
@@ -993,6 +851,7 @@ int colld_control_start(colld_daemon_t *d)
         LOG_ERROR(RPC, "cannot serve the control plane on %s: %s", d->rpc_addr, err);
         return -1;
     }
+    colld_node_report_start(d);
     return 0;
 }
 
@@ -1000,7 +859,9 @@ int colld_control_start(colld_daemon_t *d)
 void colld_control_stop(colld_daemon_t *d)
 {
     colld_events_stop(d); /* streams end before the server that carries them */
+    colld_node_report_stop(d);
     colld_cluster_probe_abandon(d); /* an owed probe is answered while its call is valid */
+    colld_cluster_gather_abandon(d); /* and an owed gather */
     colld_rpc_server_destroy(d->rpc);
     d->rpc = NULL;
     pthread_mutex_lock(&d->lock);

@@ -7,7 +7,9 @@
 
 #include "server/control/rpc/rpc_server.h"
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 #include <stdint.h>
 
 typedef struct colld_daemon colld_daemon_t;
@@ -17,6 +19,13 @@ int colld_control_start(colld_daemon_t *d);
 void colld_control_stop(colld_daemon_t *d);
 /* The control-plane methods (for colld_rpc_server_inject). */
 const colld_rpc_method_t *colld_control_methods(size_t *n);
+
+/* ---- node_report.c: collctl doctor across nodes ---- */
+/* Make this node's reports for peers (d->node_report) from now on / no more. */
+void colld_node_report_start(colld_daemon_t *d);
+void colld_node_report_stop(colld_daemon_t *d);
+/* Serve a NodeReports call of a session (admin or of tenant uid) that control.c authenticated. */
+void colld_node_reports_rpc(colld_rpc_call_t *call, const ProtobufCMessage *msg, void *ctx, bool admin, uid_t uid);
 
 /* ---- ctl_listen.c: connections to the control socket ---- */
 /* Accept <socket>.rpc on the loop and hand the connections to the gRPC server (which must exist),

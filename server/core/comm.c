@@ -539,7 +539,7 @@ colld_status_t colld_comm_join(colld_daemon_t *d, colld_session_t *s, const uint
     c->present++;
     /* any rank's request holds for the whole communicator */
     c->nan_check |= (checks & COLLD_JOIN_NAN_CHECK) != 0;
-    c->verify |= (checks & COLLD_JOIN_VERIFY) != 0;
+    c->verify |= (checks & COLLD_JOIN_VERIFY) != 0 || colld_policy_verify(d, c->tenant); /* collctl policy */
     join_complete(d, c, m);
     return COLLD_OK;
 fail:

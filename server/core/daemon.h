@@ -377,6 +377,7 @@ typedef struct colld_policy {
     uid_t uid;
     int max_timeout_ms;       /* > 0: cap of this tenant's communicator timeouts */
     int net_algo;             /* -1: the daemon's --net-algo; else COLLD_NET_ALGO_* */
+    bool verify;              /* result verification of this tenant's communicators (collctl policy) */
     struct colld_policy *next;
 } colld_policy_t;
 
@@ -459,6 +460,12 @@ struct colld_daemon {
     colld_events_t *events;   /* event backlog and streams (events.c); NULL once stopped */
     colld_policy_t *policies; /* per tenant */
     colld_tenants_t *tenants; /* what each tenant holds, against its limits (tenant.c) */
+    /* collctl doctor across nodes: this node's report for a peer's DoctorReq (server/net/gather.c),
+     * made by the control plane (server/control/node_report.c), which sets it while it runs; under
+     * lock (read there, called without it). Returns 0 with a packed colld.v1.NodeReport of at most
+     * cap bytes in *out (malloc'd), or -1 with the reason in err. */
+    int (*node_report)(struct colld_daemon *d, uid_t uid, bool admin, int64_t since_unix_us, size_t cap, uint8_t **out,
+                       size_t *len, char *err, size_t err_len);
 };
 
 /* A matched collective, taken out of the members' queues while it executes. ops[] is by rank;
@@ -623,6 +630,8 @@ void colld_policy_clear(colld_daemon_t *d, uid_t uid);
 void colld_policy_free(colld_daemon_t *d);
 /* The inter-node algorithm of a tenant: its policy's, else --net-algo. */
 int colld_policy_net_algo(const colld_daemon_t *d, uid_t uid);
+/* Whether a tenant's policy turns result verification on for its communicators. */
+bool colld_policy_verify(const colld_daemon_t *d, uid_t uid);
 /* "auto", "ring", "rd" -> COLLD_NET_ALGO_*, -1 if unknown; and back. */
 int colld_net_algo_parse(const char *text);
 const char *colld_net_algo_name(int algo);

@@ -1,6 +1,6 @@
 /*
  * policy.c - per-tenant policy (collctl policy, --tenant-timeout-caps): a tenant's cap on its
- * communicators' time-outs and its inter-node all-reduce algorithm. The limits on what a tenant may
+ * communicators' time-outs, its inter-node all-reduce algorithm and result verification. The limits on what a tenant may
  * hold are tenant.c's. Every function runs with daemon->lock held.
  */
 #include "server/core/daemon.h"
@@ -100,6 +100,14 @@ int colld_policy_net_algo(const colld_daemon_t *d, uid_t uid)
         if (p->uid == uid && p->net_algo >= 0)
             algo = p->net_algo;
     return algo;
+}
+
+bool colld_policy_verify(const colld_daemon_t *d, uid_t uid)
+{
+    for (const colld_policy_t *p = d->policies; p; p = p->next)
+        if (p->uid == uid)
+            return p->verify;
+    return false;
 }
 
 /* "auto", "ring", "rd" (empty: auto) -> COLLD_NET_ALGO_*, -1 when unknown. */

@@ -31,6 +31,14 @@ uint64_t colld_verify_first_diff(const void *a, const void *b, uint64_t count, s
  * text is malformed. */
 bool colld_verify_hook_parse(const char *text, int *rank, uint64_t *elem);
 
+/* Whether a collective of this kind is verified: those whose result must be bitwise the same on
+ * every rank (all-reduce, broadcast, all-gather). Reduce and reduce-scatter are not: each of their
+ * results exists on one rank only (docs/operations.md, "Result verification"). */
+static inline bool colld_verify_kind(uint32_t kind)
+{
+    return kind == COLLD_KIND_ALLREDUCE || kind == COLLD_KIND_BROADCAST || kind == COLLD_KIND_ALLGATHER;
+}
+
 /* Whether a communicator's all-reduces are verified: the daemon's --verify-results or a rank's
  * colld_comm_config_t.verify_results (lock held, or fixed once formed). */
 static inline bool colld_comm_verifies(const colld_daemon_t *d, const colld_dcomm_t *c)

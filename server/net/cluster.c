@@ -977,6 +977,11 @@ static void handle_ctrl(colld_daemon_t *d, colld_net_peer_t *p, const void *buf,
     case COLLD__NET__V1__MSG__M_PROBE_RESULT:
         colld_probe_ctrl(d, p, m);
         break;
+    case COLLD__NET__V1__MSG__M_DOCTOR_REQ:
+    case COLLD__NET__V1__MSG__M_DOCTOR_REPORT:
+        if (p)
+            colld_gather_ctrl(d, p, m);
+        break;
     default:
         break;
     }
@@ -1119,6 +1124,8 @@ static void on_tick(void *arg)
             colld_xcoll_add(d, j->coll);
         } else if (j->probe_bytes) {
             colld_probe_begin(d, j->probe_bytes);
+        } else if (j->gather > 0) {
+            colld_gather_begin(d, j->gather - 1);
         } else if (strcmp(j->addr, cl->self_addr) == 0) {
             handle_ctrl(d, NULL, j->buf, j->len);
         } else if (j->nodial) { /* a node known from its Join: over the link it opened, if still there */
@@ -1139,6 +1146,7 @@ static void on_tick(void *arg)
     }
     colld_xcoll_tick(d);
     colld_probe_tick(d);
+    colld_gather_tick(d);
     colld_links_tick(d);
 }
 
@@ -1312,6 +1320,8 @@ void colld_cluster_stop(colld_daemon_t *d)
     colld_net_stop(cl->net); /* no callback runs after this */
     colld_xcoll_abort_all(d);
     colld_cluster_probe_abandon(d);
+    colld_cluster_gather_abandon(d);
+    colld_gather_free(cl);
     free(cl->probe.links);
     pthread_mutex_lock(&d->lock);
     while (cl->inbox) {
@@ -1366,6 +1376,12 @@ int colld_cluster_disconnect(colld_daemon_t *d, const char *peer)
     if (!colld_cluster_of(d))
         return -1;
     return colld_net_disconnect(colld_cluster_of(d)->net, peer);
+}
+
+uint64_t colld_cluster_comm_xid(const colld_dcomm_t *c)
+{
+    const colld_xcomm_t *x = colld_xcomm(c);
+    return x ? x->xid : 0;
 }
 
 /* This daemon's node name ("" without --listen). */

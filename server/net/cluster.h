@@ -82,6 +82,7 @@ static inline colld_xcomm_t *colld_xcomm(const colld_dcomm_t *c)
 typedef struct cjob {
     colld_coll_t *coll;
     uint64_t probe_bytes; /* > 0: start a probe (probe.c) */
+    int gather;           /* > 0: start gather slot gather - 1 (gather.c) */
     char addr[COLLD_NET_ADDR_LEN];
     bool nodial;  /* send only over a link that exists: never connect to addr for it */
     uint8_t *buf;
@@ -151,6 +152,23 @@ typedef struct {
     cprobe_rx_t rx;
 } cprobe_serve_t;
 
+/* A doctor gather this daemon runs (gather.c): the owed answer (cl->probe_lock) and the run (net). */
+#define COLLD_GATHER_MAX 4           /* gathers at once */
+#define COLLD_GATHER_SERVE_PER_S 16  /* peers' DoctorReqs served per second, all peers together */
+typedef struct {
+    colld_gather_done_fn done; /* (probe_lock) non-NULL while the slot is owed an answer */
+    void *arg;
+    bool active;               /* (net) started */
+    uid_t uid;
+    bool admin;
+    int64_t since_us;
+    uint32_t timeout_ms;
+    uint64_t id, deadline_ns;
+    colld_gather_node_t *nodes; /* (net) */
+    bool *waiting;              /* (net) [n]: asked, not answered */
+    size_t n;
+} cgather_t;
+
 /* Daemons that proved the cluster secret to this one (either side dialed), remembered so that a
  * tenant may name them as the root of a unique id (cluster.c, "Who is dialed"): at most this many,
  * the oldest forgotten first. */
@@ -179,7 +197,9 @@ struct colld_cluster {
     cprobe_serve_t serve[COLLD_PROBE_SERVE_MAX]; /* (net) */
     cwatch_t slow[COLLD_LINKS_WATCH_MAX];        /* (net) links reported slow */
     uint64_t links_next_ms;                      /* (net) the watch's next pass */
-    pthread_mutex_t probe_lock;                  /* guards the owed answer: */
+    cgather_t gather[COLLD_GATHER_MAX];          /* doctor gathers (gather.c) */
+    uint64_t gather_serve_sec, gather_served;    /* (net) DoctorReqs served in the current second */
+    pthread_mutex_t probe_lock;                  /* guards the owed answers (probe, gathers): */
     colld_probe_done_fn probe_done;              /* non-NULL while a probe is owed */
     void *probe_arg;
 };
@@ -203,6 +223,14 @@ int colld__cluster_start_detached(colld_daemon_t *d, const char *self_addr, cons
 /* Pin / unpin the communicator with this xid (takes the lock). NULL if unknown. */
 colld_dcomm_t *colld_cluster_pin(colld_daemon_t *d, uint64_t xid);
 void colld_cluster_unpin(colld_daemon_t *d, colld_dcomm_t *c);
+
+/* ---- gather.c (network thread) ---- */
+struct Colld__Net__V1__Msg;
+void colld_gather_begin(colld_daemon_t *d, int slot);
+void colld_gather_tick(colld_daemon_t *d);
+void colld_gather_ctrl(colld_daemon_t *d, colld_net_peer_t *p, const struct Colld__Net__V1__Msg *m);
+/* The transport stopped: free what the gathers hold (after colld_cluster_gather_abandon). */
+void colld_gather_free(colld_cluster_t *cl);
 
 /* ---- probe.c (network thread) ---- */
 struct Colld__Net__V1__Msg;

@@ -24,6 +24,9 @@ int colld_cluster_disconnect(colld_daemon_t *d, const char *peer);
 /* This daemon's node name and peer address (cluster running). */
 const char *colld_cluster_node_name(const colld_daemon_t *d);
 const char *colld_cluster_listen_addr(const colld_daemon_t *d);
+/* The cluster-wide id of a multi-node communicator (the same on every node), 0 for any other
+ * (lock held). */
+uint64_t colld_cluster_comm_xid(const colld_dcomm_t *c);
 /* The node name of a rank's daemon for display ("" when local or unknown) (lock held). */
 const char *colld_cluster_rank_node(const colld_dcomm_t *c, int rank);
 /* The collective a multi-node communicator is running among the nodes, as collctl trace shows
@@ -53,5 +56,29 @@ int colld_cluster_probe(colld_daemon_t *d, uint64_t bytes, colld_probe_done_fn d
                         size_t err_len);
 /* Answer an owed probe now with nothing (the control plane stops before the net backend). */
 void colld_cluster_probe_abandon(colld_daemon_t *d);
+
+/* collctl doctor across nodes (gather.c): one peer daemon's answer. */
+#define COLLD_GATHER_REPORT_MAX (512u << 10) /* a report's packed size, at most */
+#define COLLD_GATHER_PEERS_MAX 64            /* peers asked per gather, at most */
+typedef struct {
+    char name[64], addr[128];
+    bool answered;       /* report holds what the peer sent (not yet validated: the caller does) */
+    char error[256];     /* why there is no report */
+    uint8_t *report;     /* a packed colld.v1.NodeReport, at most COLLD_GATHER_REPORT_MAX bytes */
+    size_t report_len;
+} colld_gather_node_t;
+/* The answer of a gather: nodes[n] (NULL, 0 when the daemon stops first); the reports are freed
+ * after it returns. Runs on the network thread (or the one stopping the control plane) under the
+ * gather's lock: it must not call back into the net backend. */
+typedef void (*colld_gather_done_fn)(void *arg, const colld_gather_node_t *nodes, size_t n);
+/* Ask every peer daemon for its report (DoctorReq, for a caller of uid `uid`, admin or not, with
+ * the fault events since since_unix_us): done(arg, ...) runs exactly once, when every peer that
+ * is up answered or timeout_ms passed (a peer that did not is an entry saying so; a peer that is
+ * not up, one saying what it is). Returns 0, or -1 with the reason in err (no cluster, too many
+ * gathers at once): then done never runs. */
+int colld_cluster_gather(colld_daemon_t *d, uid_t uid, bool admin, int64_t since_unix_us, uint32_t timeout_ms,
+                         colld_gather_done_fn done, void *arg, char *err, size_t err_len);
+/* Answer every owed gather now with nothing (the control plane stops before the net backend). */
+void colld_cluster_gather_abandon(colld_daemon_t *d);
 
 #endif /* COLLD_SERVER_NET_NET_H */

@@ -25,7 +25,8 @@
  *              largest power of two p handing their data to node j-p first and getting the
  *              result back at the end.
  *   3. local:  avg divides by nranks once the sum is complete; X is copied to the local outputs.
- *   4. verify: (all-reduce under result verification, --verify-results or a rank's config, which
+ *   4. verify: (all-reduce, broadcast, all-gather under result verification, --verify-results, a
+ *              rank's config or its tenant's policy, which
  *              any node's Ready turns on for all) each local output's checksum must be X's (else
  *              the rank is named); then every node sends Verify(seq, checksum of X) to the others
  *              and, once it has every node's, compares them: a node whose result differs from the
@@ -452,7 +453,7 @@ static void apply_ready(xcoll_t *xc, int node, const xsig_t *sig)
     }
     xc->nodes[node].ready = true;
     xc->nready++;
-    if (sig->verify && xc->sig.kind == COLLD_KIND_ALLREDUCE)
+    if (sig->verify && colld_verify_kind(xc->sig.kind))
         xc->verify = true; /* before the network part ends, every node has heard every Ready */
     xc->progress_ns = colld_now_ns();
     flush_pending(xc, node);
@@ -672,7 +673,7 @@ static void verify_start(xcoll_t *xc)
         if (s == xc->vsum)
             continue;
         char why[COLLD_DETAIL_LEN];
-        uint64_t e = colld_verify_first_diff(op->recv_ptr, xc->X, xc->sig.count, xc->es);
+        uint64_t e = colld_verify_first_diff(op->recv_ptr, xc->X, xc->xbytes / xc->es, xc->es);
         snprintf(why, sizeof(why),
                  "result verification: rank %d (pid %d) on node %s result differs from its node's from element %llu "
                  "(XXH3 %016llx, not %016llx) (%s %s collective #%llu)",
@@ -733,7 +734,7 @@ void colld_xcoll_add(colld_daemon_t *d, colld_coll_t *k)
     xc->pop = xc->op == COLLD_AVG || xc->op == (colld_redop_t)COLLD_REDOP_PREMUL_SUM ? COLLD_SUM : xc->op;
     xc->es = colld_dtype_size(xc->dt);
     pthread_mutex_lock(&d->lock);
-    xc->verify = xc->sig.kind == COLLD_KIND_ALLREDUCE && colld_comm_verifies(d, c);
+    xc->verify = colld_verify_kind(xc->sig.kind) && colld_comm_verifies(d, c);
     pthread_mutex_unlock(&d->lock);
     uint64_t first = UINT64_MAX;
     for (int r = 0; r < c->nranks; r++)

@@ -139,6 +139,63 @@ static size_t collect(colld_events_t *ev, sub_t *sub, event_rec_t *out, size_t m
     return n;
 }
 
+struct colld_event_copy {
+    event_rec_t rec;
+};
+
+/* Whether an event is a fault doctor reports (collctl_doctor.c judges the rest from the status). */
+static bool is_fault(const event_rec_t *e)
+{
+    return e->status != COLLD_OK && strcmp(e->type, "comm_destroyed") != 0 && strcmp(e->type, "session_detached") != 0 &&
+           strcmp(e->type, "coll_waiting") != 0 && strncmp(e->type, "gpu_", 4) != 0;
+}
+
+size_t colld_events_faults(colld_daemon_t *d, bool admin, uid_t uid, int64_t since_unix_us, size_t max,
+                           Colld__V1__Event *out, colld_event_copy_t **recs, uint32_t *dropped)
+{
+    colld_events_t *ev = d->events;
+    *recs = NULL;
+    *dropped = 0;
+    if (!ev || !max)
+        return 0;
+    colld_event_copy_t *r = calloc(max, sizeof(*r));
+    if (!r)
+        return 0;
+    size_t n = 0, match = 0;
+    pthread_mutex_lock(&ev->mu);
+    uint64_t oldest = ev->next_seq > ev->cap ? ev->next_seq - ev->cap : 1;
+    for (int pass = 0; pass < 2; pass++) /* count, then copy the most recent max */
+        for (uint64_t q = oldest, k = 0; q < ev->next_seq; q++) {
+            const event_rec_t *e = &ev->ring[q % ev->cap];
+            if ((!admin && e->uid != uid) || e->unix_us < since_unix_us || !is_fault(e))
+                continue;
+            if (pass == 0)
+                match++;
+            else if (k++ >= match - COLLD_MIN(match, max))
+                r[n++].rec = *e;
+        }
+    *dropped = (uint32_t)COLLD_MIN(match - n, UINT32_MAX);
+    pthread_mutex_unlock(&ev->mu);
+    for (size_t i = 0; i < n; i++) {
+        const event_rec_t *e = &r[i].rec;
+        Colld__V1__Event *m = &out[i];
+        colld__v1__event__init(m);
+        m->seq = e->seq;
+        m->unix_us = e->unix_us;
+        m->type = (char *)e->type;
+        m->comm_id = e->comm_id;
+        m->comm_name = (char *)e->comm_name;
+        m->rank = e->rank;
+        m->pid = e->pid;
+        m->session_id = e->session_id;
+        m->uid = e->uid;
+        m->status = e->status;
+        m->detail = (char *)e->detail;
+    }
+    *recs = r;
+    return n;
+}
+
 /* Send one event. Returns 0, COLLD_RPC_SEND_FULL when the stream's queue is full, or -1 when the
  * subscriber is gone. */
 static int send_event(colld_rpc_call_t *call, const event_rec_t *e)

@@ -27,6 +27,14 @@ void colld_event(colld_daemon_t *d, const char *type, const colld_dcomm_t *c, in
 /* Serve an Events call: backlog, then live events if follow. Takes the call. */
 void colld_events_subscribe(colld_daemon_t *d, colld_rpc_call_t *call, bool follow, uint32_t backlog, bool only_new,
                             bool admin, uid_t uid);
+/* The most recent fault events (a failed status; not a destroy, a detach, a wait or GPU health)
+ * since since_unix_us that a caller may see (admin: all, else uid's tenant's), at most max, oldest
+ * first: copied into out[max] (Colld__V1__Event whose strings point into recs[max]). Returns how
+ * many; *dropped counts the older ones left out. Takes the events' lock (daemon->lock may be held). */
+typedef struct colld_event_copy colld_event_copy_t;
+struct Colld__V1__Event;
+size_t colld_events_faults(colld_daemon_t *d, bool admin, uid_t uid, int64_t since_unix_us, size_t max,
+                           struct Colld__V1__Event *out, colld_event_copy_t **recs, uint32_t *dropped);
 /* The event type of a communicator fault. */
 const char *colld_event_type_of(colld_status_t st);
 

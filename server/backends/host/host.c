@@ -33,7 +33,8 @@
  * communicator broke meanwhile ends at its next turn with the communicator's error.
  *
  * Result verification (--verify-results, colld_comm_config_t.verify_results; issue 30 item 3):
- * once an all-reduce has run whole, the engine thread checksums every rank's result (XXH3,
+ * once an all-reduce, a broadcast or an all-gather has run whole (collctl policy can turn it on
+ * for a tenant too), the engine thread checksums every rank's result (XXH3,
  * server/core/verify.c) and compares them; a rank whose result differs from the majority's (from
  * rank 0's without one) fails it with COLLD_ERR_CORRUPTED naming the rank, its pid and the first
  * element that differs, and breaks the communicator, as --nan-check's verdict does.
@@ -629,14 +630,14 @@ static colld_status_t coll_verdict(colld_coll_t *k, uint64_t *first_bad)
  * Result verification (--verify-results, colld_comm_config_t.verify_results)
  * ========================================================================================== */
 
-/* Whether a collective's results are verified: an all-reduce of more than one rank on a
- * communicator that asks for it (the flags are fixed once it formed). Reduce and reduce-scatter
- * are not: each of their results exists on one rank only, and checking it would take a second
- * reduction. */
+/* Whether a collective's results are verified: an all-reduce, broadcast or all-gather (whose
+ * result must be the same on every rank) of more than one rank on a communicator that asks for it
+ * (the flags are fixed once it formed). Reduce and reduce-scatter are not: each of their results
+ * exists on one rank only, and checking it would take a second reduction. */
 static bool verifies(const host_t *h, const colld_coll_t *k)
 {
     const colld_dcomm_t *c = k->comm;
-    return k->ops[0]->d.kind == COLLD_KIND_ALLREDUCE && c->nranks > 1 && k->ops[0]->d.count > 0 &&
+    return colld_verify_kind(k->ops[0]->d.kind) && c->nranks > 1 && k->ops[0]->d.count > 0 &&
            (h->verify || c->verify);
 }
 
@@ -650,8 +651,10 @@ static colld_status_t verify_verdict(host_t *h, colld_coll_t *k)
     const colld_wire_sqe_t *a = &k->ops[0]->d;
     int n = k->comm->nranks;
     size_t es = colld_dtype_size((colld_dtype_t)a->dtype);
-    uint64_t sums[COLLD_MAX_RANKS], bytes = a->count * es;
-    if (h->corrupt && h->corrupt_rank < n && h->corrupt_elem < a->count)
+    /* the result's elements: an all-gather's are every rank's count */
+    uint64_t count = a->kind == COLLD_KIND_ALLGATHER ? a->count * (uint64_t)n : a->count;
+    uint64_t sums[COLLD_MAX_RANKS], bytes = count * es;
+    if (h->corrupt && h->corrupt_rank < n && h->corrupt_elem < count)
         ((unsigned char *)k->ops[h->corrupt_rank]->recv_ptr)[h->corrupt_elem * es] ^= 0x01; /* TEST HOOK */
     for (int r = 0; r < n; r++)
         sums[r] = colld_verify_sum(k->ops[r]->recv_ptr, bytes);
@@ -665,7 +668,7 @@ static colld_status_t verify_verdict(host_t *h, colld_coll_t *k)
     for (int r = 0; r < n && off < (int)sizeof(k->why) - 96; r++) {
         if (sums[r] == sums[ref])
             continue;
-        uint64_t e = colld_verify_first_diff(k->ops[r]->recv_ptr, k->ops[ref]->recv_ptr, a->count, es);
+        uint64_t e = colld_verify_first_diff(k->ops[r]->recv_ptr, k->ops[ref]->recv_ptr, count, es);
         off += snprintf(
             k->why + off, sizeof(k->why) - (size_t)off,
             "%srank %d (pid %d) result differs from rank %d's from element %llu (XXH3 %016llx, not %016llx)",
