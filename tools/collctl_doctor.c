@@ -62,8 +62,24 @@ typedef struct {
     char name[64];
 } local_comm_t;
 
+/* A stuck collective of a multi-node communicator of this node: the ranks on other nodes that it
+ * has not heard from are looked up in their nodes' reports before it is told (resolve_stuck). */
+#define MAX_STUCK 16
+#define MAX_ABSENT 64
+typedef struct {
+    uint64_t xid, seq;
+    char head[512];  /* "communicator 1 'x' (3 ranks) has waited 420 ms in collective #1 allreduce(...)" */
+    char local[512]; /* this node's ranks that did not post it: "0 (pid 12), 3 (pid 14)" */
+    int nlocal, nremote;
+    int rrank[MAX_ABSENT];
+    char rnode[MAX_ABSENT][64];
+} stuck_t;
+
 typedef struct {
     finding_t f[MAX_FINDINGS];
+    stuck_t stuck[MAX_STUCK];
+    int nstuck;
+    Colld__V1__NodeReportsResponse *nodes; /* the other nodes' reports (check_nodes), or NULL */
     int n, problems, warnings, dropped;
     uint64_t *live;   /* the ids of the communicators of the node being looked at (its Status) */
     size_t nlive;
@@ -133,24 +149,36 @@ static void check_stuck(colld_client_t *c, report_t *r, const Colld__V1__CommInf
     const Colld__V1__TraceEntry *e = t->n_entries ? t->entries[t->n_entries - 1] : NULL;
     int64_t waited_ms = e ? (now_unix_us() - e->first_arrival_unix_us) / 1000 : 0;
     if (e && e->status == COLLD_INPROGRESS && waited_ms >= stuck_ms) {
-        char absent[512] = "";
-        int off = 0, missing = 0;
-        for (size_t k = 0; k < e->n_arrival_us && off < (int)sizeof(absent) - 64; k++) {
+        stuck_t one, *st = r->nstuck < MAX_STUCK ? &r->stuck[r->nstuck] : &one;
+        memset(st, 0, sizeof(*st));
+        st->xid = ci->xid;
+        st->seq = e->seq;
+        snprintf(st->head, sizeof(st->head),
+                 "communicator %llu '%s' (%d ranks) has waited %lld ms in collective #%llu %s(%s, count %llu)",
+                 (unsigned long long)ci->id, ci->name, ci->nranks, (long long)waited_ms, (unsigned long long)e->seq,
+                 e->kind, e->dtype, (unsigned long long)e->count);
+        int off = 0;
+        for (size_t k = 0; k < e->n_arrival_us && off < (int)sizeof(st->local) - 64; k++) {
             if (e->arrival_us[k] >= 0)
                 continue;
+            const char *node = node_of(ci, (int)k);
+            if (*node && st->nremote < MAX_ABSENT) { /* on another node: its report says (resolve_stuck) */
+                st->rrank[st->nremote] = (int)k;
+                colld_strlcpy(st->rnode[st->nremote++], node, sizeof(st->rnode[0]));
+                continue;
+            }
             int pid = 0;
             for (size_t s = 0; s < t->n_ranks; s++)
                 if (t->ranks[s]->rank == (int)k)
                     pid = t->ranks[s]->pid;
-            const char *node = node_of(ci, (int)k);
-            off += snprintf(absent + off, sizeof(absent) - (size_t)off, "%s%zu (pid %d%s%s)", missing++ ? ", " : "", k,
-                            pid, *node ? ", node " : "", node);
+            off += snprintf(st->local + off, sizeof(st->local) - (size_t)off, "%s%zu (pid %d)",
+                            st->nlocal++ ? ", " : "", k, pid);
         }
-        add(r, true, "stuck",
-            "communicator %llu '%s' (%d ranks) has waited %lld ms in collective #%llu %s(%s, count %llu)%s%s%s",
-            (unsigned long long)ci->id, ci->name, ci->nranks, (long long)waited_ms, (unsigned long long)e->seq, e->kind,
-            e->dtype, (unsigned long long)e->count, missing ? ": rank(s) " : "", absent,
-            missing ? " never posted it" : " (every rank posted it; it has not completed)");
+        if (st != &one)
+            r->nstuck++;
+        else
+            add(r, true, "stuck", "%s: rank(s) %s%s never posted it", st->head, st->local,
+                st->nremote ? " and ranks on other nodes" : "");
     }
     protobuf_c_message_free_unpacked(&t->base, NULL);
 }
@@ -405,7 +433,7 @@ static void check_nodes(colld_client_t *c, report_t *r, const collctl_doctor_opt
                 e->node, e->addr);
     }
     colld_strlcpy(r->node, r->self, sizeof(r->node));
-    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    r->nodes = resp; /* resolve_stuck reads it */
 }
 
 /* Requests refused at per-tenant limits since the daemon started. */
@@ -432,6 +460,55 @@ static void check_limits(colld_client_t *c, report_t *r)
     protobuf_c_message_free_unpacked(&p->base, NULL);
 }
 
+/* Whether rank `rank` of the communicator xid posted collective seq, as node `node`'s report says:
+ * 1 yes, 0 no (*pid its pid), -1 the report does not say (none, or the communicator is not in it). */
+static int remote_posted(const report_t *r, const char *node, uint64_t xid, int rank, uint64_t seq, int *pid)
+{
+    for (size_t i = 0; r->nodes && i < r->nodes->n_nodes; i++) {
+        const Colld__V1__NodeReportEntry *e = r->nodes->nodes[i];
+        if (strcmp(e->node, node) != 0 || !e->report || !e->report->status)
+            continue;
+        const Colld__V1__StatusResponse *s = e->report->status;
+        for (size_t k = 0; k < s->n_comms; k++) {
+            const Colld__V1__CommInfo *ci = s->comms[k];
+            if (ci->xid != xid)
+                continue;
+            for (size_t m = 0; m < ci->n_members && m < ci->n_member_posted; m++)
+                if (ci->members[m]->rank == rank && !*ci->members[m]->node) {
+                    *pid = ci->members[m]->pid;
+                    return ci->member_posted[m] >= seq;
+                }
+        }
+    }
+    return -1;
+}
+
+/* Tell the stuck collectives of multi-node communicators: a rank on another node is named when its
+ * node's report says it has not posted the collective (with its pid), or when there is no report
+ * to say (with "no report from its node"). */
+static void resolve_stuck(report_t *r)
+{
+    colld_strlcpy(r->node, r->self, sizeof(r->node));
+    for (int i = 0; i < r->nstuck; i++) {
+        const stuck_t *st = &r->stuck[i];
+        char absent[1024];
+        int off = snprintf(absent, sizeof(absent), "%s", st->local), missing = st->nlocal;
+        for (int k = 0; k < st->nremote && off < (int)sizeof(absent) - 96; k++) {
+            int pid = 0, posted = remote_posted(r, st->rnode[k], st->xid, st->rrank[k], st->seq, &pid);
+            if (posted == 1)
+                continue;
+            if (posted == 0)
+                off += snprintf(absent + off, sizeof(absent) - (size_t)off, "%s%d (pid %d, node %s)",
+                                missing++ ? ", " : "", st->rrank[k], pid, st->rnode[k]);
+            else
+                off += snprintf(absent + off, sizeof(absent) - (size_t)off, "%s%d (node %s%s)", missing++ ? ", " : "",
+                                st->rrank[k], st->rnode[k], r->nodes ? ": no report from it" : "");
+        }
+        add(r, true, "stuck", "%s%s%s%s", st->head, missing ? ": rank(s) " : "", missing ? absent : "",
+            missing ? " never posted it" : " (every rank posted it; it has not completed)");
+    }
+}
+
 int collctl_doctor(colld_client_t *c, const collctl_doctor_opts_t *o)
 {
     report_t *r = calloc(1, sizeof(*r));
@@ -449,6 +526,7 @@ int collctl_doctor(colld_client_t *c, const collctl_doctor_opts_t *o)
     check_limits(c, r);
     if (peers && !o->local)
         check_nodes(c, r, o);
+    resolve_stuck(r);
     if (o->json) {
         printf("{\"schema_version\":%d,\"daemon\":", COLLCTL_JSON_SCHEMA_VERSION);
         collctl_json_str(head);
@@ -478,6 +556,8 @@ int collctl_doctor(colld_client_t *c, const collctl_doctor_opts_t *o)
             printf("%d problem(s), %d warning(s)\n", r->problems, r->warnings);
     }
     int rc = r->problems ? 1 : 0;
+    if (r->nodes)
+        protobuf_c_message_free_unpacked(&r->nodes->base, NULL);
     free(r->live);
     free(r->here);
     free(r);

@@ -165,7 +165,7 @@ static Colld__V1__NodeReport *check_report(const colld_gather_node_t *x, char *e
     else if (r->n_events > NODE_REPORT_EVENTS)
         bad = "too many events";
     for (size_t i = 0; !bad && i < s->n_comms; i++)
-        if (s->comms[i]->n_members > COLLD_MAX_RANKS)
+        if (s->comms[i]->n_members > COLLD_MAX_RANKS || s->comms[i]->n_member_posted > s->comms[i]->n_members)
             bad = "a communicator with too many members";
     if (bad) {
         snprintf(err, err_len, "its report is refused: %s", bad);

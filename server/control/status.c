@@ -42,7 +42,9 @@ void colld_status_build(colld_daemon_t *d, bool admin, uid_t uid, bool sessions,
     cptr = calloc(nc + 1, sizeof(*cptr));
     minfo = calloc(nm + 1, sizeof(*minfo));
     mptr = calloc(nm + 1, sizeof(*mptr));
-    if (!sinfo || !sptr || !cinfo || !cptr || !minfo || !mptr) {
+    uint64_t *posted = calloc(nm + 1, sizeof(*posted));
+    b->posted = posted;
+    if (!sinfo || !sptr || !cinfo || !cptr || !minfo || !mptr || !posted) {
         resp.status = COLLD_ERR_NO_MEMORY;
         detail = "daemon out of memory";
         goto unlock;
@@ -92,6 +94,7 @@ void colld_status_build(colld_daemon_t *d, bool admin, uid_t uid, bool sessions,
         i->verify_results = colld_comm_verifies(d, c);
         i->xid = colld_cluster_comm_xid(c);
         i->members = &mptr[mi];
+        i->member_posted = &posted[mi];
         for (int k = 0; k < colld_comm_nslots(c); k++) {
             colld_member_t *m = colld_comm_slot(c, k);
             int r = m->rank;
@@ -106,8 +109,10 @@ void colld_status_build(colld_daemon_t *d, bool admin, uid_t uid, bool sessions,
             x->samples = m->late_samples;
             x->mean_late_us = m->late_samples ? m->late_sum_ns / m->late_samples / 1000 : 0;
             x->max_late_us = m->late_max_ns / 1000;
+            posted[mi] = m->remote ? 0 : m->tail ? m->tail->d.seq : c->exec_seq - 1;
             mptr[mi++] = x;
             i->n_members++;
+            i->n_member_posted++;
         }
         cptr[resp.n_comms++] = i;
     }
@@ -234,5 +239,6 @@ void colld_status_buf_free(colld_status_buf_t *b)
     free(b->cptr);
     free(b->minfo);
     free(b->mptr);
+    free(b->posted);
     free(b);
 }

@@ -19,6 +19,7 @@ typedef struct {
     Colld__V1__SessionInfo *sinfo, **sptr;
     Colld__V1__CommInfo *cinfo, **cptr;
     Colld__V1__CommMemberInfo *minfo, **mptr;
+    uint64_t *posted; /* CommInfo.member_posted */
     colld_gpu_health_t *gh;
     Colld__V1__GpuHealth *ginfo, **gptr;
     colld_net_peer_info_t peers[COLLD_STATUS_PEERS_MAX];

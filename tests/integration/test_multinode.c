@@ -11,7 +11,9 @@
  *     communicator not spanning that host keeps running;
  *   - faults crossing hosts: a rank killed on another host, a rank missing on another host, ranks
  *     on two hosts calling different collectives;
- *   - a stranger (another secret, or garbage on the port) is refused and logged.
+ *   - a stranger (another secret, or garbage on the port) is refused and logged;
+ *   - collctl doctor across nodes, run on node-a: a stopped rank on node-b named, node-b's fault
+ *     events named with their node, a node that does not answer (a stopped daemon) named as one.
  */
 #include "tests/integration/harness.h"
 
@@ -726,6 +728,73 @@ static void test_single_node_daemon_refuses(void **state)
     assert_non_null(strstr(text, "--listen"));
 }
 
+/* Run collctl doctor on daemon h with up to three options; its output in out, its exit status. */
+static int doctor_on(harness_t *h, char *out, size_t len, const char *o1, const char *o2, const char *o3)
+{
+    const char *argv[] = { COLLCTL_BIN, "--socket", h->socket, "doctor", o1, o2, o3, NULL };
+    return harness_capture(argv, out, len, 20000);
+}
+
+/* collctl doctor across nodes (issue 30 item 5), always run on node-a: a 3-rank communicator over
+ * node-a (rank 0), node-b (rank 1) and node-c (rank 2) whose rank 1 never posts its all-reduce and
+ * is stopped (SIGSTOP): the doctor names rank 1 and node-b, each finding with its node ("[node-a]"
+ * text, "node" in JSON). Rank 1 is killed: once the others failed with COLLD_ERR_PEER_LOST, the
+ * doctor shows node-b's own fault event, named "[node-b]", gathered from node-b. node-c's daemon
+ * is stopped: the doctor (--node-timeout-ms 300) answers within seconds that node-c did not
+ * answer, a problem, instead of waiting for it. */
+static void test_doctor_across_nodes(void **state)
+{
+    cluster_t *cl = *state;
+    char hex[HARNESS_UID_HEX_LEN], ready[2][300], out[32768], want[300];
+    harness_net_t nc;
+    assert_int_equal(harness_new_uid_hex(&cl->h[0], hex), 0);
+    pid_t p[3];
+    for (int r = 0; r < 3; r++) {
+        const char *x[] = { "--mode", "hang", "--expect", "COLLD_ERR_PEER_LOST", "--timeout-ms", "60000",
+                            r == 1 ? "--no-post" : "--ready-file", r == 1 ? NULL : ready[r / 2], NULL };
+        if (r != 1) {
+            snprintf(ready[r / 2], sizeof(ready[r / 2]), "%s/ready-%d", cl->tmp, r);
+            unlink(ready[r / 2]);
+        }
+        assert_true((p[r] = spawn_rank(cl, RANK_BIN, r, hex, 3, r, x)) > 0);
+    }
+    assert_int_equal(harness_wait_file(ready[0], 30000), 0);
+    assert_int_equal(harness_wait_file(ready[1], 30000), 0);
+    kill(p[1], SIGSTOP); /* a stopped rank, as in a torch job under a debugger */
+    usleep(400000);
+    assert_int_equal(doctor_on(&cl->h[0], out, sizeof(out), "--stuck-ms", "200", NULL), 1);
+    print_message("%s", out);
+    snprintf(want, sizeof(want), "rank(s) 1 (pid %d, node node-b) never posted it", (int)p[1]);
+    assert_non_null(strstr(out, "PROBLEM stuck      [node-a] communicator "));
+    assert_non_null(strstr(out, want));
+    assert_int_equal(doctor_on(&cl->h[0], out, sizeof(out), "--json", "--stuck-ms", "200"), 1);
+    assert_non_null(strstr(out, "\"what\":\"stuck\",\"node\":\"node-a\""));
+    /* rank 1 dies: the others fail, and node-b's own event of it is in node-a's doctor */
+    kill(p[1], SIGKILL);
+    assert_int_equal(harness_wait(p[0], 20000), 0);
+    assert_int_equal(harness_wait(p[2], 20000), 0);
+    harness_wait(p[1], 5000);
+    assert_int_equal(harness_wait_clean(&cl->h[1], 10000), 0);
+    assert_int_equal(doctor_on(&cl->h[0], out, sizeof(out), NULL, NULL, NULL), 0); /* history: warnings */
+    print_message("%s", out);
+    const char *b = strstr(out, "[node-b] ");
+    assert_non_null(b);
+    assert_non_null(strstr(b, "COLLD_ERR_PEER_LOST"));
+    assert_non_null(strstr(b, "(gone now)"));
+    /* node-c's daemon stops answering: named, within the time asked, not waited for */
+    assert_int_equal(harness_net_status(&cl->h[2], &nc), 0);
+    kill(cl->h[2].pid, SIGSTOP);
+    double t0 = harness_now_ms();
+    int rc = doctor_on(&cl->h[0], out, sizeof(out), "--node-timeout-ms", "300", NULL);
+    double took = harness_now_ms() - t0;
+    kill(cl->h[2].pid, SIGCONT);
+    print_message("after %.0f ms: %s", took, out);
+    assert_int_equal(rc, 1);
+    snprintf(want, sizeof(want), "PROBLEM node       [node-c] node node-c (%s): did not answer within 300 ms", nc.listen);
+    assert_non_null(strstr(out, want));
+    assert_true(took < 5000);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1) /* only the tests whose names match (cmocka's filter, * as a wildcard) */
@@ -748,6 +817,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_stranger_refused, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_join_times_out, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_single_node_daemon_refuses, setup3, teardown),
+        cmocka_unit_test_setup_teardown(test_doctor_across_nodes, setup3, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
