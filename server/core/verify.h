@@ -25,9 +25,9 @@ int colld_verify_verdict(const uint64_t *sums, int n, int *ref, bool *majority);
 uint64_t colld_verify_first_diff(const void *a, const void *b, uint64_t count, size_t es);
 
 /* The test hook --test-corrupt-result (builds with COLLD_TEST_HOOKS only; never in a release
- * build): "R:E" flips the bits of element E of rank R's all-reduce result on this daemon after
- * the reduction, before verification; "node:E" flips element E of this node's multi-node result
- * before its ranks get it. Parsed into *rank (-1 for node, -2 when off) and *elem; false when the
+ * build): "R:E" flips the bits of element E of rank R's verified result (all-reduce, broadcast,
+ * all-gather) on this daemon after the collective, before verification; "node:E" flips element E
+ * of this node's multi-node result (of those kinds) before its ranks get it. Parsed into *rank (-1 for node, -2 when off) and *elem; false when the
  * text is malformed. */
 bool colld_verify_hook_parse(const char *text, int *rank, uint64_t *elem);
 

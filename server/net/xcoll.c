@@ -240,8 +240,9 @@ static void xcoll_maybe_end(xcoll_t *xc)
     xc->stage = STAGE_OUT;
     xc->cursor = 0;
     const colld_daemon_config_t *cfg = &xc->d->cfg;
-    if (cfg->test_corrupt && cfg->test_corrupt_rank == -1 && xc->sig.kind == COLLD_KIND_ALLREDUCE &&
-        cfg->test_corrupt_elem < xc->sig.count)
+    /* (never a rank's own buffer: a broadcast root's node sends from it) */
+    if (cfg->test_corrupt && cfg->test_corrupt_rank == -1 && colld_verify_kind(xc->sig.kind) &&
+        xc->X == xc->x->scratch && cfg->test_corrupt_elem < xc->xbytes / xc->es)
         xc->X[cfg->test_corrupt_elem * xc->es] ^= 0x01; /* TEST HOOK --test-corrupt-result node:E */
     xcoll_pump(xc);
 }

@@ -269,6 +269,67 @@ static void test_corrupted_result(void **state)
 #endif
 }
 
+/* Run one collective on 2 ranks (colld-test-coll --mode call --call CALL), expecting `expect` (NULL:
+ * success with exact results). */
+static void verified_call(harness_t *h, const char *call, const char *expect)
+{
+    pid_t p[2];
+    const char *x[] = { "--mode", "call", "--call", call, expect ? "--expect" : NULL, expect, NULL };
+    assert_int_equal(harness_spawn_coll(h, 2, x, p), 0);
+    assert_int_equal(harness_wait_all(p, 2, 60000), 0);
+}
+
+/* Result verification by policy (issue 30 item 3): a daemon with the test hook
+ * --test-corrupt-result 1:7000 and no --verify-results. `collctl policy set UID --verify-results
+ * on` turns verification on for the tenant's new communicators (collctl policy shows it): a
+ * broadcast of 10000 float32 and an all-gather of 2 x 5000 int32, whose rank 1 result the hook
+ * corrupts at element 7000, fail with COLLD_ERR_CORRUPTED, and the doctor names rank 1, the
+ * element and the kind; a reduce and a reduce-scatter (whose results are not compared) complete
+ * exactly. `--verify-results off`: an all-reduce of 10000 completes (the hook acts only where
+ * results are verified). */
+static void test_verify_by_policy(void **state)
+{
+#ifndef COLLD_TEST_HOOKS
+    (void)state;
+    skip(); /* this build has no test hooks (-DCOLLD_TEST_HOOKS=OFF) */
+#else
+    harness_t *h = *state;
+    char out[16384], uid[16];
+    snprintf(uid, sizeof(uid), "%u", (unsigned)getuid());
+    const char *on[] = { COLLCTL_BIN, "--socket", h->socket, "policy", "set", uid, "--verify-results", "on", NULL };
+    assert_int_equal(harness_capture(on, out, sizeof(out), 20000), 0);
+    assert_int_equal(collctl(h, out, sizeof(out), "policy", NULL), 0);
+    assert_non_null(strstr(out, "result verification on"));
+    assert_int_equal(collctl(h, out, sizeof(out), "--json", "policy"), 0);
+    assert_non_null(strstr(out, "\"verify_results\":\"on\""));
+    verified_call(h, "broadcast:float32:sum:10000:0", "COLLD_ERR_CORRUPTED");
+    verified_call(h, "allgather:int32:sum:5000:0", "COLLD_ERR_CORRUPTED");
+    verified_call(h, "reduce:float32:sum:10000:1", NULL);
+    verified_call(h, "reducescatter:float32:sum:5000:0", NULL);
+    assert_int_equal(doctor(h, out, sizeof(out), NULL, NULL), 0); /* the jobs are gone: history */
+    printf("%s", out);
+    assert_non_null(strstr(out, "result differs from rank 0's from element 7000"));
+    assert_non_null(strstr(out, "(broadcast float32, 1 of 2 ranks agree"));
+    assert_non_null(strstr(out, "(allgather int32, 1 of 2 ranks agree"));
+    const char *off[] = { COLLCTL_BIN, "--socket", h->socket, "policy", "set", uid, "--verify-results", "off", NULL };
+    assert_int_equal(harness_capture(off, out, sizeof(out), 20000), 0);
+    verified_call(h, "allreduce:float32:sum:10000:0", NULL);
+    const char *bad[] = { COLLCTL_BIN, "--socket", h->socket, "policy", "set", uid, "--verify-results", "maybe", NULL };
+    assert_int_equal(harness_capture_all(bad, out, sizeof(out), 20000), 2);
+    assert_non_null(strstr(out, "--verify-results expects on or off, got 'maybe'"));
+#endif
+}
+
+static int setup_corrupt(void **state)
+{
+#ifdef COLLD_TEST_HOOKS
+    static const char *const extra[] = { "--test-corrupt-result", "1:7000", NULL };
+#else
+    static const char *const extra[] = { NULL };
+#endif
+    return harness_test_setup_args(state, extra);
+}
+
 static int setup_verify(void **state)
 {
 #ifdef COLLD_TEST_HOOKS
@@ -299,6 +360,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_healthy, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_corrupted_result, setup_verify, harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_verify_by_policy, setup_corrupt, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_stuck_job, setup_wait_event, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_clean_close, harness_test_setup, harness_test_teardown),
         cmocka_unit_test_setup_teardown(test_nan_contributor, setup_checks, harness_test_teardown),

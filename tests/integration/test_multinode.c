@@ -237,19 +237,18 @@ static void test_nan_across_hosts(void **state)
 /* Result verification across hosts (issue 30 item 3): 4 ranks on node-a (0), node-b (1, 3) and
  * node-c (2); only rank 0 asks for verification in its communicator's config (the daemons have no
  * --verify-results: node-a's Ready turns it on for every node). node-b's test hook flips element
- * 400000 of its result before its ranks get it: a float32 all-reduce of 500000 elements (the ring)
- * fails on every rank with COLLD_ERR_CORRUPTED and one detail naming node-b, its address and its
- * ranks; all-reduces that the hook leaves alone (counts up to 400000, the ring and recursive
- * doubling) complete exactly with verification on. */
-static void test_verify_across_hosts(void **state)
+ * 400000 of its result before its ranks get it: a float32 all-reduce of 500000 elements (the ring),
+ * a broadcast of as many from rank 2 (node-c) and an int32 all-gather of 4 x 125000 each fail on
+ * every rank with COLLD_ERR_CORRUPTED and one detail naming node-b, its address and its ranks;
+ * all-reduces, broadcasts and all-gathers that the hook leaves alone (counts up to 400000, the
+ * ring and recursive doubling) complete exactly with verification on. */
+#ifdef COLLD_TEST_HOOKS
+/* One collective `call` on ranks placed by place[] (node-a's rank 0 asks for verification) that
+ * node-b's hook corrupts: every rank fails with one detail naming node-b, its address and its
+ * ranks, and `what` ("allreduce float32"). */
+static void corrupted_across_hosts(cluster_t *cl, const int *place, const char *call, const char *what)
 {
-#ifndef COLLD_TEST_HOOKS
-    (void)state;
-    skip(); /* this build has no test hooks (-DCOLLD_TEST_HOOKS=OFF) */
-#else
-    cluster_t *cl = *state;
-    char hex[HARNESS_UID_HEX_LEN], out[4][300], text[4][1024], want[300];
-    const int place[] = { 0, 1, 2, 1 };
+    char hex[HARNESS_UID_HEX_LEN], out[4][300], text[4][1024], want[300], tail[160];
     harness_net_t nb;
     assert_int_equal(harness_net_status(&cl->h[1], &nb), 0);
     assert_int_equal(harness_new_uid_hex(&cl->h[0], hex), 0);
@@ -259,7 +258,7 @@ static void test_verify_across_hosts(void **state)
         const char *x[] = { "--mode",
                             "call",
                             "--call",
-                            "allreduce:float32:sum:500000:0",
+                            call,
                             "--exact-values",
                             "--expect",
                             "COLLD_ERR_CORRUPTED",
@@ -271,6 +270,7 @@ static void test_verify_across_hosts(void **state)
     }
     snprintf(want, sizeof(want), "result verification: node node-b (%s) (rank(s) 1 3) result differs from node node-",
              nb.listen);
+    snprintf(tail, sizeof(tail), ") (%s collective #1, 2 of 3 nodes agree)\n", what);
     for (int r = 0; r < 4; r++) {
         assert_int_equal(harness_wait(p[r], 60000), 0);
         harness_read_file(out[r], text[r], sizeof(text[r]));
@@ -278,13 +278,28 @@ static void test_verify_across_hosts(void **state)
         const char *d = strstr(text[r], "result verification: ");
         assert_non_null(d);
         assert_int_equal(strncmp(d, want, strlen(want)), 0);
-        assert_non_null(strstr(d, ") (allreduce float32 collective #1, 2 of 3 nodes agree)\n"));
+        assert_non_null(strstr(d, tail));
         assert_string_equal(d, strstr(text[0], "result verification: ")); /* one detail on every rank */
     }
+}
+#endif
+
+static void test_verify_across_hosts(void **state)
+{
+#ifndef COLLD_TEST_HOOKS
+    (void)state;
+    skip(); /* this build has no test hooks (-DCOLLD_TEST_HOOKS=OFF) */
+#else
+    cluster_t *cl = *state;
+    const int place[] = { 0, 1, 2, 1 };
+    corrupted_across_hosts(cl, place, "allreduce:float32:sum:500000:0", "allreduce float32");
+    corrupted_across_hosts(cl, place, "broadcast:float32:sum:500000:2", "broadcast float32");
+    corrupted_across_hosts(cl, place, "allgather:int32:sum:125000:0", "allgather int32");
     const char *clean[] = { "--mode",         "call",          "--call", "allreduce:float32:sum:400000:0",
                             "--exact-values", "--comm-verify", NULL };
     run_matrix(cl, 2, place, 4, clean);
-    const char *matrix[] = { "--kinds", "allreduce", "--no-big", "--exact-values", "--comm-verify", NULL };
+    const char *matrix[] = { "--kinds",        "allreduce,broadcast,allgather", "--no-big", "--dtypes", "float32,int32",
+                             "--exact-values", "--comm-verify",                 NULL };
     run_matrix(cl, 0, place, 4, matrix);
 #endif
 }
