@@ -10,6 +10,12 @@
  *                 with COLLD_ERR_DEVICE and the exact message; the drain alone tears nothing down
  *   no_nvml       a daemon that finds no NVML (or whose nvmlInit fails): no health, said once,
  *                 no error, the collectives run, doctor finds nothing
+ *   across_nodes  two daemons (node-a, node-b, --listen on this host), each with its own NVML
+ *                 double control file, and a communicator over both (rank 0 on node-a, rank 1 on
+ *                 node-b, whose session holds memory on GPU 0): 2 uncorrected ECC errors on
+ *                 node-b's GPU 0 drain it there, and `collctl doctor` run on node-a names node-b's
+ *                 GPU, the communicator and rank 1 by node-b's ids and node-a's (issue 30 items 2
+ *                 and 5); `--local` leaves node-b out
  *
  * Only ever the doubles: the libnvidia-ml.so.1 this process finds must export colld_nvmlfake_control
  * (checked before the daemon starts), and the daemon must map no other libnvidia-ml.
@@ -17,6 +23,7 @@
 #include "tests/integration/harness_gpu.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -345,6 +352,148 @@ static void test_nvml_init_fails(void **state)
     no_health(*state, "nvmlInit failed: NVML error 9 (Driver Not Loaded)");
 }
 
+/* ============================================================================================
+ * across_nodes
+ * ========================================================================================== */
+
+typedef struct {
+    harness_t h[2];
+    char ctl[2][64], secret[64];
+} pair_t;
+
+static int setup_across_nodes(void **state)
+{
+    pair_t *pr = calloc(1, sizeof(*pr));
+    if (!pr)
+        return -1;
+    snprintf(pr->secret, sizeof(pr->secret), "/tmp/colld-nvml-secret-XXXXXX");
+    int fd = mkstemp(pr->secret);
+    if (fd < 0 || write(fd, "nvml-across-nodes-test-secret\n", 30) != 30)
+        return -1;
+    close(fd);
+    static const char *const names[2] = { "node-a", "node-b" };
+    for (int i = 0; i < 2; i++) {
+        snprintf(pr->ctl[i], sizeof(pr->ctl[i]), "/tmp/colld-nvmlfake-XXXXXX");
+        if ((fd = mkstemp(pr->ctl[i])) < 0)
+            return -1;
+        close(fd);
+        setenv("COLLD_NVMLFAKE_CONTROL", pr->ctl[i], 1);
+        const char *extra[] = { "--gpu-health-ms", "50",         "--listen",     "127.0.0.1:0", "--node-name",
+                                names[i],          "--peers",    "127.0.0.1:*",  "--cluster-secret-file",
+                                pr->secret,        "--heartbeat-ms", "400",      NULL };
+        int rc = harness_daemon_start(&pr->h[i], extra);
+        unsetenv("COLLD_NVMLFAKE_CONTROL");
+        if (rc != 0 || !daemon_on_double(pr->h[i].pid, true) || !daemon_on_nvml_double(pr->h[i].pid, true))
+            return -1;
+    }
+    *state = pr;
+    return 0;
+}
+
+static int teardown_across_nodes(void **state)
+{
+    pair_t *pr = *state;
+    int rc = 0;
+    for (int i = 0; i < 2; i++) {
+        if (pr->h[i].dir[0] && harness_cleanup(&pr->h[i]) < 0)
+            rc = -1;
+        unlink(pr->ctl[i]);
+    }
+    unlink(pr->secret);
+    free(pr);
+    return rc;
+}
+
+typedef struct {
+    colld_client_t *c;
+    colld_comm_t *comm;
+    colld_unique_id_t id;
+    int rank;
+    colld_status_t st;
+} join_t;
+
+static void *join_main(void *arg)
+{
+    join_t *j = arg;
+    colld_comm_config_t cfg = COLLD_COMM_CONFIG_INIT;
+    cfg.name = "gpu-users";
+    j->st = colld_comm_init_rank(j->c, &j->comm, 2, j->id, j->rank, &cfg);
+    return NULL;
+}
+
+static void *leave_main(void *arg)
+{
+    join_t *j = arg;
+    if (j->comm)
+        colld_comm_destroy(j->comm);
+    return NULL;
+}
+
+static void test_health_across_nodes(void **state)
+{
+    pair_t *pr = *state;
+    join_t j[2] = { { .rank = 0 }, { .rank = 1 } };
+    void *mem = NULL;
+    static char out[65536];
+    assert_int_equal(colld_connect(pr->h[0].socket, &j[0].c), COLLD_OK);
+    assert_int_equal(colld_connect(pr->h[1].socket, &j[1].c), COLLD_OK);
+    /* a communicator of node-a alone first: the two nodes' ids of the shared one then differ */
+    colld_comm_t *pad = NULL;
+    assert_int_equal(colld_get_unique_id(j[0].c, &j[0].id), COLLD_OK);
+    assert_int_equal(colld_comm_init_rank(j[0].c, &pad, 1, j[0].id, 0, NULL), COLLD_OK);
+    assert_int_equal(colld_get_unique_id(j[0].c, &j[0].id), COLLD_OK);
+    j[1].id = j[0].id;
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, join_main, &j[i]), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    assert_int_equal(j[0].st, COLLD_OK);
+    assert_int_equal(j[1].st, COLLD_OK);
+    /* rank 1's session holds memory on GPU 0 of node-b */
+    assert_int_equal(colld_mem_alloc(j[1].c, &mem, 1 << 20, COLLD_MEM_CUDA), COLLD_OK);
+    unsigned long long ida = harness_comm_id(&pr->h[0], "gpu-users"), idb = harness_comm_id(&pr->h[1], "gpu-users");
+    assert_true(ida && idb && ida != idb);
+    FILE *f = fopen(pr->ctl[1], "a");
+    assert_non_null(f);
+    fprintf(f, "gpu=0 ecc_uncorrected=2\n");
+    fclose(f);
+    assert_true(log_says(pr->h[1].log, "drained after 2 uncorrected ECC errors", 10000));
+    const char *argv[] = { COLLCTL_BIN, "--socket", pr->h[0].socket, "doctor", NULL, NULL };
+    int rc = harness_capture(argv, out, sizeof(out), 20000);
+    printf("%s", out);
+    char want[512];
+    snprintf(want, sizeof(want),
+             "PROBLEM gpu-ecc    [node-b] GPU 0 (CUDA driver test double device 0) on node node-b: 2 uncorrected "
+             "ECC errors since ");
+    const char *e = strstr(out, want);
+    const char *eol = e ? strchr(e, '\n') : NULL;
+    snprintf(want, sizeof(want),
+             ", used by communicator %llu rank 1 (communicator %llu on node node-b is communicator %llu 'gpu-users' on "
+             "node node-a)\n",
+             idb, idb, ida);
+    assert_int_equal(rc, 1);
+    assert_non_null(e);
+    assert_non_null(eol);
+    assert_non_null(strstr(e, want));
+    assert_true(strstr(e, want) < eol + 1);
+    assert_non_null(strstr(out, "PROBLEM gpu-drained [node-b] GPU 0 (CUDA driver test double device 0) on node "
+                                "node-b is drained after 2 uncorrected ECC errors"));
+    /* --local: node-a alone, whose GPUs are well */
+    argv[4] = "--local";
+    rc = harness_capture(argv, out, sizeof(out), 20000);
+    if (rc != 0 || strstr(out, "node-b]"))
+        fail_msg("collctl doctor --local (rc %d):\n%s", rc, out);
+    assert_int_equal(colld_mem_free(j[1].c, mem), COLLD_OK);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, leave_main, &j[i]), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    colld_comm_destroy(pad);
+    for (int i = 0; i < 2; i++)
+        colld_disconnect(j[i].c);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -370,6 +519,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_health_drain, setup_drain, teardown_health),
         cmocka_unit_test_setup_teardown(test_nvml_init_fails, setup_nvml_init_fails, teardown_health),
+        cmocka_unit_test_setup_teardown(test_health_across_nodes, setup_across_nodes, teardown_across_nodes),
         cmocka_unit_test_setup_teardown(test_no_nvml, setup_no_nvml, teardown_health),
     };
     size_t ntests = sizeof(tests) / sizeof(tests[0]);
