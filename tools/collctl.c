@@ -859,8 +859,8 @@ typedef struct {
 
 /* Set uid's policy (max_timeout_ms 0: keep the timeout cap; net_algo NULL: keep the algorithm;
  * limits: overrides to change), or clear it. */
-static int cmd_policy_set(colld_client_t *c, uint32_t uid, int max_timeout_ms, const char *net_algo,
-                          const char *verify, const limit_arg_t *limits, size_t nlimits, int clear)
+static int cmd_policy_set(colld_client_t *c, uint32_t uid, int max_timeout_ms, const char *net_algo, const char *verify,
+                          const limit_arg_t *limits, size_t nlimits, int clear)
 {
     Colld__V1__SetPolicyRequest req = COLLD__V1__SET_POLICY_REQUEST__INIT;
     Colld__V1__SessionRef ref = COLLD__V1__SESSION_REF__INIT;
@@ -1180,18 +1180,18 @@ int main(int argc, char **argv)
         rc = cmd_peer_disconnect(c, args[2]);
     else if (strcmp(cmd, "doctor") == 0)
         rc = collctl_doctor(c, &(collctl_doctor_opts_t){ .json = json,
-                                                          .since_s = since,
-                                                          .stuck_ms = stuck_ms,
-                                                          .straggler_ms = straggler_ms,
-                                                          .local = doctor_local,
-                                                          .node_timeout_ms = node_timeout_ms });
+                                                         .since_s = since,
+                                                         .stuck_ms = stuck_ms,
+                                                         .straggler_ms = straggler_ms,
+                                                         .local = doctor_local,
+                                                         .node_timeout_ms = node_timeout_ms });
     else if (strcmp(cmd, "probe") == 0)
         rc = collctl_probe(c, json, probe_bytes);
     else if (policy_mode == 0)
         rc = cmd_policy_show(c, json);
     else
-        rc = cmd_policy_set(c, (uint32_t)uid, max_timeout > 0 ? (int)max_timeout : 0, net_algo, verify, limits,
-                            nlimits, policy_mode == 2);
+        rc = cmd_policy_set(c, (uint32_t)uid, max_timeout > 0 ? (int)max_timeout : 0, net_algo, verify, limits, nlimits,
+                            policy_mode == 2);
     colld_disconnect(c);
     return rc;
 usage:

@@ -81,10 +81,10 @@ typedef struct {
     int nstuck;
     Colld__V1__NodeReportsResponse *nodes; /* the other nodes' reports (check_nodes), or NULL */
     int n, problems, warnings, dropped;
-    uint64_t *live;   /* the ids of the communicators of the node being looked at (its Status) */
+    uint64_t *live; /* the ids of the communicators of the node being looked at (its Status) */
     size_t nlive;
-    char node[64];    /* the node being looked at ("" without peers) */
-    char self[64];    /* this node */
+    char node[64];      /* the node being looked at ("" without peers) */
+    char self[64];      /* this node */
     local_comm_t *here; /* this node's multi-node communicators */
     size_t nhere;
 } report_t;
@@ -256,8 +256,8 @@ static void analyze_status(colld_client_t *c, report_t *r, const Colld__V1__Stat
         else if (strcmp(ci->state, "ready") == 0 && local)
             check_stuck(c, r, ci, stuck_ms);
         else if (strcmp(ci->state, "ready") == 0 && *ci->coll_wait && ci->coll_waited_ms >= stuck_ms)
-            add(r, true, "stuck", "communicator %llu '%s' (%d ranks) has waited %lld ms: %s", (unsigned long long)ci->id,
-                ci->name, ci->nranks, (long long)ci->coll_waited_ms, ci->coll_wait);
+            add(r, true, "stuck", "communicator %llu '%s' (%d ranks) has waited %lld ms: %s",
+                (unsigned long long)ci->id, ci->name, ci->nranks, (long long)ci->coll_waited_ms, ci->coll_wait);
         if (*ci->p2p_wait && ci->p2p_waited_ms >= stuck_ms)
             add(r, true, "stuck", "communicator %llu '%s' (%d ranks), point-to-point: %s", (unsigned long long)ci->id,
                 ci->name, ci->nranks, ci->p2p_wait);
@@ -320,8 +320,9 @@ static const char *fault_what(const Colld__V1__Event *e)
 static bool is_fault(const Colld__V1__Event *e, int64_t from)
 {
     /* coll_waiting is in progress: a stuck collective is judged from the status above. */
-    return e->status != COLLD_OK && strcmp(e->type, "comm_destroyed") != 0 && strcmp(e->type, "session_detached") != 0 &&
-           strcmp(e->type, "coll_waiting") != 0 && strncmp(e->type, "gpu_", 4) != 0 && /* GPU health: from the status */
+    return e->status != COLLD_OK && strcmp(e->type, "comm_destroyed") != 0 &&
+           strcmp(e->type, "session_detached") != 0 && strcmp(e->type, "coll_waiting") != 0 &&
+           strncmp(e->type, "gpu_", 4) != 0 && /* GPU health: from the status */
            e->unix_us >= from;
 }
 

@@ -361,10 +361,11 @@ static void on_set_policy(colld_rpc_call_t *call, const ProtobufCMessage *msg, v
                 if (verify >= 0)
                     p->verify = verify == 1;
             }
-        LOG_INFO(RPC,
-                 "policy of uid %u: max timeout %d ms, multi-node all-reduce %s, result verification %s (set by pid %d)",
-                 (unsigned)uid, colld_policy_cap(d, uid), algo >= 0 ? colld_net_algo_name(algo) : "unchanged",
-                 colld_policy_verify(d, uid) ? "on" : "off", (int)s->pid);
+        LOG_INFO(
+            RPC,
+            "policy of uid %u: max timeout %d ms, multi-node all-reduce %s, result verification %s (set by pid %d)",
+            (unsigned)uid, colld_policy_cap(d, uid), algo >= 0 ? colld_net_algo_name(algo) : "unchanged",
+            colld_policy_verify(d, uid) ? "on" : "off", (int)s->pid);
     }
     for (size_t i = 0; i < pol->n_limits; i++) {
         const Colld__V1__TenantLimit *l = pol->limits[i];

@@ -28,8 +28,8 @@
 #include <string.h>
 #include <time.h>
 
-#define NODE_REPORT_EVENTS 32       /* fault events per report */
-#define NODE_REPORT_COMMS_MAX 4096  /* what a peer's report may hold */
+#define NODE_REPORT_EVENTS 32      /* fault events per report */
+#define NODE_REPORT_COMMS_MAX 4096 /* what a peer's report may hold */
 #define NODE_REPORT_GPUS_MAX 64
 #define NODE_REPORT_STR_MAX 1024
 #define NODE_REPORTS_TIMEOUT_MS 2000 /* the default wait for the peers */

@@ -153,12 +153,12 @@ typedef struct {
 } cprobe_serve_t;
 
 /* A doctor gather this daemon runs (gather.c): the owed answer (cl->probe_lock) and the run (net). */
-#define COLLD_GATHER_MAX 4           /* gathers at once */
-#define COLLD_GATHER_SERVE_PER_S 16  /* peers' DoctorReqs served per second, all peers together */
+#define COLLD_GATHER_MAX 4          /* gathers at once */
+#define COLLD_GATHER_SERVE_PER_S 16 /* peers' DoctorReqs served per second, all peers together */
 typedef struct {
     colld_gather_done_fn done; /* (probe_lock) non-NULL while the slot is owed an answer */
     void *arg;
-    bool active;               /* (net) started */
+    bool active; /* (net) started */
     uid_t uid;
     bool admin;
     int64_t since_us;

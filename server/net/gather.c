@@ -119,8 +119,7 @@ void colld_gather_tick(colld_daemon_t *d)
         for (size_t i = 0; i < g->n; i++)
             if (g->waiting[i]) {
                 g->waiting[i] = false;
-                snprintf(g->nodes[i].error, sizeof(g->nodes[i].error), "did not answer within %u ms",
-                         g->timeout_ms);
+                snprintf(g->nodes[i].error, sizeof(g->nodes[i].error), "did not answer within %u ms", g->timeout_ms);
             }
         gather_finish(cl, g);
     }

@@ -62,9 +62,9 @@ void colld_cluster_probe_abandon(colld_daemon_t *d);
 #define COLLD_GATHER_PEERS_MAX 64            /* peers asked per gather, at most */
 typedef struct {
     char name[64], addr[128];
-    bool answered;       /* report holds what the peer sent (not yet validated: the caller does) */
-    char error[256];     /* why there is no report */
-    uint8_t *report;     /* a packed colld.v1.NodeReport, at most COLLD_GATHER_REPORT_MAX bytes */
+    bool answered;   /* report holds what the peer sent (not yet validated: the caller does) */
+    char error[256]; /* why there is no report */
+    uint8_t *report; /* a packed colld.v1.NodeReport, at most COLLD_GATHER_REPORT_MAX bytes */
     size_t report_len;
 } colld_gather_node_t;
 /* The answer of a gather: nodes[n] (NULL, 0 when the daemon stops first); the reports are freed

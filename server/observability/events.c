@@ -146,8 +146,9 @@ struct colld_event_copy {
 /* Whether an event is a fault doctor reports (collctl_doctor.c judges the rest from the status). */
 static bool is_fault(const event_rec_t *e)
 {
-    return e->status != COLLD_OK && strcmp(e->type, "comm_destroyed") != 0 && strcmp(e->type, "session_detached") != 0 &&
-           strcmp(e->type, "coll_waiting") != 0 && strncmp(e->type, "gpu_", 4) != 0;
+    return e->status != COLLD_OK && strcmp(e->type, "comm_destroyed") != 0 &&
+           strcmp(e->type, "session_detached") != 0 && strcmp(e->type, "coll_waiting") != 0 &&
+           strncmp(e->type, "gpu_", 4) != 0;
 }
 
 size_t colld_events_faults(colld_daemon_t *d, bool admin, uid_t uid, int64_t since_unix_us, size_t max,

@@ -378,9 +378,9 @@ static int setup_across_nodes(void **state)
             return -1;
         close(fd);
         setenv("COLLD_NVMLFAKE_CONTROL", pr->ctl[i], 1);
-        const char *extra[] = { "--gpu-health-ms", "50",         "--listen",     "127.0.0.1:0", "--node-name",
-                                names[i],          "--peers",    "127.0.0.1:*",  "--cluster-secret-file",
-                                pr->secret,        "--heartbeat-ms", "400",      NULL };
+        const char *extra[] = { "--gpu-health-ms", "50",      "--listen",    "127.0.0.1:0",           "--node-name",
+                                names[i],          "--peers", "127.0.0.1:*", "--cluster-secret-file", pr->secret,
+                                "--heartbeat-ms",  "400",     NULL };
         int rc = harness_daemon_start(&pr->h[i], extra);
         unsetenv("COLLD_NVMLFAKE_CONTROL");
         if (rc != 0 || !daemon_on_double(pr->h[i].pid, true) || !daemon_on_nvml_double(pr->h[i].pid, true))

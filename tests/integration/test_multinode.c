@@ -298,8 +298,10 @@ static void test_verify_across_hosts(void **state)
     const char *clean[] = { "--mode",         "call",          "--call", "allreduce:float32:sum:400000:0",
                             "--exact-values", "--comm-verify", NULL };
     run_matrix(cl, 2, place, 4, clean);
-    const char *matrix[] = { "--kinds",        "allreduce,broadcast,allgather", "--no-big", "--dtypes", "float32,int32",
-                             "--exact-values", "--comm-verify",                 NULL };
+    const char *matrix[] = { "--kinds",       "allreduce,broadcast,allgather",
+                             "--no-big",      "--dtypes",
+                             "float32,int32", "--exact-values",
+                             "--comm-verify", NULL };
     run_matrix(cl, 0, place, 4, matrix);
 #endif
 }
@@ -765,8 +767,15 @@ static void test_doctor_across_nodes(void **state)
     assert_int_equal(harness_new_uid_hex(&cl->h[0], hex), 0);
     pid_t p[3];
     for (int r = 0; r < 3; r++) {
-        const char *x[] = { "--mode", "hang", "--expect", "COLLD_ERR_PEER_LOST", "--timeout-ms", "60000",
-                            r == 1 ? "--no-post" : "--ready-file", r == 1 ? NULL : ready[r / 2], NULL };
+        const char *x[] = { "--mode",
+                            "hang",
+                            "--expect",
+                            "COLLD_ERR_PEER_LOST",
+                            "--timeout-ms",
+                            "60000",
+                            r == 1 ? "--no-post" : "--ready-file",
+                            r == 1 ? NULL : ready[r / 2],
+                            NULL };
         if (r != 1) {
             snprintf(ready[r / 2], sizeof(ready[r / 2]), "%s/ready-%d", cl->tmp, r);
             unlink(ready[r / 2]);
@@ -805,7 +814,8 @@ static void test_doctor_across_nodes(void **state)
     kill(cl->h[2].pid, SIGCONT);
     print_message("after %.0f ms: %s", took, out);
     assert_int_equal(rc, 1);
-    snprintf(want, sizeof(want), "PROBLEM node       [node-c] node node-c (%s): did not answer within 300 ms", nc.listen);
+    snprintf(want, sizeof(want), "PROBLEM node       [node-c] node node-c (%s): did not answer within 300 ms",
+             nc.listen);
     assert_non_null(strstr(out, want));
     assert_true(took < 5000);
 }

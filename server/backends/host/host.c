@@ -637,8 +637,7 @@ static colld_status_t coll_verdict(colld_coll_t *k, uint64_t *first_bad)
 static bool verifies(const host_t *h, const colld_coll_t *k)
 {
     const colld_dcomm_t *c = k->comm;
-    return colld_verify_kind(k->ops[0]->d.kind) && c->nranks > 1 && k->ops[0]->d.count > 0 &&
-           (h->verify || c->verify);
+    return colld_verify_kind(k->ops[0]->d.kind) && c->nranks > 1 && k->ops[0]->d.count > 0 && (h->verify || c->verify);
 }
 
 /* The verdict on an all-reduce that ran: the checksum of every rank's result, and
