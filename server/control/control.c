@@ -859,8 +859,8 @@ int colld_control_start(colld_daemon_t *d)
 /* Stop the gRPC server; deferred CommInit calls are released by the wrapper. */
 void colld_control_stop(colld_daemon_t *d)
 {
+    colld_node_report_stop(d); /* no report for a peer from now on */
     colld_events_stop(d); /* streams end before the server that carries them */
-    colld_node_report_stop(d);
     colld_cluster_probe_abandon(d); /* an owed probe is answered while its call is valid */
     colld_cluster_gather_abandon(d); /* and an owed gather */
     colld_rpc_server_destroy(d->rpc);

@@ -58,7 +58,9 @@ static int make_report(colld_daemon_t *d, uid_t uid, bool admin, int64_t since_u
     }
     Colld__V1__NodeReport r = COLLD__V1__NODE_REPORT__INIT;
     r.status = &b->resp;
+    pthread_mutex_lock(&d->lock); /* the backlog stays while it is read (colld_events_stop clears it under the lock) */
     r.n_events = colld_events_faults(d, admin, uid, since_unix_us, NODE_REPORT_EVENTS, ev, &recs, &r.events_dropped);
+    pthread_mutex_unlock(&d->lock);
     for (size_t i = 0; i < r.n_events; i++)
         evp[i] = &ev[i];
     r.events = evp;

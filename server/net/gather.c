@@ -53,6 +53,15 @@ void colld_gather_begin(colld_daemon_t *d, int slot)
 {
     colld_cluster_t *cl = colld_cluster_of(d);
     cgather_t *g = &cl->gather[slot];
+    if (g->active) { /* a run whose answer was abandoned (the control plane stopping): forget it */
+        for (size_t i = 0; g->nodes && i < g->n; i++)
+            free(g->nodes[i].report);
+        free(g->nodes);
+        free(g->waiting);
+        g->nodes = NULL;
+        g->waiting = NULL;
+        g->n = 0;
+    }
     size_t max = colld_net_peers(cl->net, NULL, 0); /* the count; only this thread adds peers */
     max = COLLD_MIN(max, (size_t)COLLD_GATHER_PEERS_MAX);
     colld_net_peer_info_t *info = calloc(max + 1, sizeof(*info));

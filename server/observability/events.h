@@ -30,7 +30,8 @@ void colld_events_subscribe(colld_daemon_t *d, colld_rpc_call_t *call, bool foll
 /* The most recent fault events (a failed status; not a destroy, a detach, a wait or GPU health)
  * since since_unix_us that a caller may see (admin: all, else uid's tenant's), at most max, oldest
  * first: copied into out[max] (Colld__V1__Event whose strings point into recs[max]). Returns how
- * many; *dropped counts the older ones left out. Takes the events' lock (daemon->lock may be held). */
+ * many; *dropped counts the older ones left out. daemon->lock held (the backlog is freed under
+ * it); takes the events' lock. */
 typedef struct colld_event_copy colld_event_copy_t;
 struct Colld__V1__Event;
 size_t colld_events_faults(colld_daemon_t *d, bool admin, uid_t uid, int64_t since_unix_us, size_t max,

@@ -745,6 +745,28 @@ static void test_single_node_daemon_refuses(void **state)
     assert_non_null(strstr(text, "--listen"));
 }
 
+/* Wait (at most 2 s) until every thread of process pid is stopped (SIGSTOP takes effect
+ * asynchronously). */
+static bool wait_stopped(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    for (int i = 0; i < 200; i++) {
+        char cmd[128], out[4096];
+        snprintf(cmd, sizeof(cmd), "cat %s/*/stat", path);
+        const char *argv[] = { "/bin/sh", "-c", cmd, NULL };
+        harness_capture(argv, out, sizeof(out), 2000);
+        bool all = out[0] != '\0';
+        for (const char *p = strstr(out, ") "); p; p = strstr(p + 2, ") "))
+            if (p[2] != 'T' && p[2] != 't')
+                all = false;
+        if (all)
+            return true;
+        usleep(10000);
+    }
+    return false;
+}
+
 /* Run collctl doctor on daemon h with up to three options; its output in out, its exit status. */
 static int doctor_on(harness_t *h, char *out, size_t len, const char *o1, const char *o2, const char *o3)
 {
@@ -808,6 +830,7 @@ static void test_doctor_across_nodes(void **state)
     /* node-c's daemon stops answering: named, within the time asked, not waited for */
     assert_int_equal(harness_net_status(&cl->h[2], &nc), 0);
     kill(cl->h[2].pid, SIGSTOP);
+    assert_true(wait_stopped(cl->h[2].pid));
     double t0 = harness_now_ms();
     int rc = doctor_on(&cl->h[0], out, sizeof(out), "--node-timeout-ms", "300", NULL);
     double took = harness_now_ms() - t0;
