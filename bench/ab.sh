@@ -2,8 +2,9 @@
 # Two builds of colld against each other, alternating, on this machine (issue 14: the daemon's
 # restructuring may not cost latency or bandwidth).
 #
-#   bench/ab.sh [--rounds R] [--nranks N] [--b-daemon-arg ARG]... BUILD_A BUILD_B
+#   bench/ab.sh [--rounds R] [--nranks N] [--coll KIND] [--b-daemon-arg ARG]... BUILD_A BUILD_B
 #
+# --coll: the collective timed (colld-perf -t: allreduce, the default, broadcast, allgather, ...).
 # With --b-daemon-arg (repeatable), B's daemons get that option too: one build against itself with
 # an option on and off (e.g. --b-daemon-arg --nan-check build build; issue 18); colld-perf then
 # runs with --finite and max instead of sum on both sides (inputs never NaN or infinite, and the
@@ -11,7 +12,7 @@
 # BUILD_A and BUILD_B are CMake build directories of the same configuration (server/colld and
 # tools/colld-perf built in each; e.g. main's in /tmp/build-main and this branch's in build/).
 # Each round runs both builds, in alternating order (A B, then B A, ...), so that drift of a
-# noisy machine falls on both; per build and round a fresh daemon, then colld-perf all-reduce
+# noisy machine falls on both; per build and round a fresh daemon, then colld-perf --coll (all-reduce)
 # float32 sum, N ranks (default 2), each call waited for (-z 1):
 #   small  8 B on the fast path (the default --fast-path-bytes): 2000 timed calls after 200;
 #   engine 8 B through the engine (a daemon with --fast-path-bytes 0): 2000 after 200;
@@ -26,12 +27,14 @@ set -euo pipefail
 
 rounds=15
 nranks=2
+coll=allreduce
 b_args=()
 
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
     --nranks) nranks=$2; shift 2 ;;
+    --coll) coll=$2; shift 2 ;;
     --b-daemon-arg) b_args+=("$2"); shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "ab.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -68,7 +71,7 @@ start_daemon() {
 # perf BUILD CASE BYTES ITERS WARMUP: appends "CASE time_us busbw_gbs" to $run/<A|B>.txt
 perf() {
   local b=$1 tag=$2 case=$3 bytes=$4 n=$5 w=$6 out
-  out=$("$b/tools/colld-perf" --socket "$run/s.sock" -p "$nranks" -t allreduce -d float -z 1 -c 0 "${perf_args[@]}" \
+  out=$("$b/tools/colld-perf" --socket "$run/s.sock" -p "$nranks" -t "$coll" -d float -z 1 -c 0 "${perf_args[@]}" \
     -b "$bytes" -e "$bytes" -n "$n" -w "$w" --json)
   python3 -c 'import json, sys
 r = json.loads(sys.stdin.read())["rows"][0]["out_of_place"]
