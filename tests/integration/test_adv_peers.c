@@ -21,7 +21,13 @@
  * - test_peer_log_flood: a peer with the secret reconnects under 20 identities, each sending a
  *   frame of an unknown type. Before the fix every loss was two WARN lines (13,650 lines, 1.9 MB
  *   in 25 s); now each call site logs once per 5 s and then says how many it suppressed.
+ * - test_hostile_doctor_reports (issue 30 item 5): a peer with the secret answers `collctl
+ *   doctor`'s DoctorReq with a report that does not decode, one naming a communicator with a
+ *   terminal escape sequence, one of too many communicators: the doctor names the peer and why
+ *   its report was refused, prints the name sanitized, never waits beyond its time; and a burst
+ *   of 40 DoctorReqs from the peer is served at most 16 a second, the rest refused with a reason.
  */
+#include "colld.pb-c.h"
 #include "colld_net.pb-c.h"
 #include "common/util.h"
 #include "tests/integration/harness.h"
@@ -580,6 +586,153 @@ static void test_peer_log_flood(void **state)
     assert_int_equal(harness_cleanup(h), 0);
 }
 
+/* ============================================================================================
+ * Issue 30 item 5: a peer's doctor report is hostile input
+ * ========================================================================================== */
+
+typedef struct {
+    harness_t *h;
+    char out[65536];
+    int rc;
+} doc_t;
+
+static void *doctor_main(void *arg)
+{
+    doc_t *d = arg;
+    const char *argv[] = { COLLCTL_BIN, "--socket", d->h->socket, "doctor", "--node-timeout-ms", "3000", NULL };
+    d->rc = harness_capture(argv, d->out, sizeof(d->out), 20000);
+    return NULL;
+}
+
+/* Run collctl doctor on h while the raw peer answers its DoctorReq with `report` (len bytes);
+ * the doctor's output in d. */
+static void doctor_answered(harness_t *h, raw_t *r, const uint8_t *report, size_t len, doc_t *d)
+{
+    d->h = h;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, doctor_main, d), 0);
+    Colld__Net__V1__Msg *q = raw_wait_msg(r, COLLD__NET__V1__MSG__M_DOCTOR_REQ);
+    assert_non_null(q);
+    Colld__Net__V1__DoctorReport a = COLLD__NET__V1__DOCTOR_REPORT__INIT;
+    a.id = q->doctor_req->id;
+    a.report.data = (uint8_t *)report;
+    a.report.len = len;
+    Colld__Net__V1__Msg m = COLLD__NET__V1__MSG__INIT;
+    m.m_case = COLLD__NET__V1__MSG__M_DOCTOR_REPORT;
+    m.doctor_report = &a;
+    size_t plen = colld__net__v1__msg__get_packed_size(&m);
+    uint8_t *buf = malloc(plen);
+    assert_non_null(buf);
+    colld__net__v1__msg__pack(&m, buf);
+    assert_true(raw_send(r, 4, buf, (uint32_t)plen));
+    free(buf);
+    colld__net__v1__msg__free_unpacked(q, NULL);
+    pthread_join(t, NULL);
+    print_message("%s", d->out);
+}
+
+/* A packed NodeReport of ncomms broken communicators named `name`. */
+static uint8_t *node_report(const char *name, size_t ncomms, size_t *len)
+{
+    Colld__V1__StatusResponse st = COLLD__V1__STATUS_RESPONSE__INIT;
+    Colld__V1__CommInfo *ci = calloc(ncomms, sizeof(*ci)), **cp = calloc(ncomms, sizeof(*cp));
+    assert_true(ci && cp);
+    for (size_t i = 0; i < ncomms; i++) {
+        colld__v1__comm_info__init(&ci[i]);
+        ci[i].id = i + 1;
+        ci[i].name = (char *)name;
+        ci[i].state = (char *)"broken";
+        ci[i].last_error = (char *)"COLLD_ERR_TIMEOUT: made up";
+        ci[i].nranks = 2;
+        ci[i].slowest_rank = -1;
+        cp[i] = &ci[i];
+    }
+    st.comms = cp;
+    st.n_comms = ncomms;
+    st.node_name = (char *)"evil";
+    Colld__V1__NodeReport r = COLLD__V1__NODE_REPORT__INIT;
+    r.status = &st;
+    *len = colld__v1__node_report__get_packed_size(&r);
+    uint8_t *buf = malloc(*len);
+    assert_non_null(buf);
+    colld__v1__node_report__pack(&r, buf);
+    free(ci);
+    free(cp);
+    return buf;
+}
+
+static void test_hostile_doctor_reports(void **state)
+{
+    (void)state;
+    harness_t *h = &live_h;
+    char listen[128];
+    start(h, NULL, listen, sizeof(listen));
+    raw_t r;
+    snprintf(r.addr, sizeof(r.addr), "127.0.0.1:61000");
+    assert_true(raw_connect(&r, listen, "evil"));
+    harness_net_t net;
+    for (int i = 0; i < 100 && (harness_net_status(h, &net) != 0 || net.peers_up < 1); i++)
+        usleep(20000);
+    assert_int_equal(net.peers_up, 1);
+    static doc_t d;
+    /* a report that does not decode */
+    const uint8_t junk[] = { 0xff, 0xff, 0xff, 0xff, 0x0f, 0x12, 0x34 };
+    doctor_answered(h, &r, junk, sizeof(junk), &d);
+    assert_int_equal(d.rc, 1);
+    assert_non_null(strstr(d.out, "PROBLEM node       [evil] node evil (127.0.0.1:61000): its report does not decode"));
+    /* a communicator named with a terminal escape sequence: shown, sanitized */
+    size_t len;
+    uint8_t *rep = node_report("x\x1b]0;pwned\x07y", 1, &len);
+    doctor_answered(h, &r, rep, len, &d);
+    free(rep);
+    assert_int_equal(d.rc, 1);
+    assert_non_null(strstr(d.out, "PROBLEM broken     [evil] communicator 1 'x?]0;pwned?y' (2 ranks) is broken: "
+                                  "COLLD_ERR_TIMEOUT: made up"));
+    assert_null(strchr(d.out, 0x1b));
+    /* too many communicators */
+    rep = node_report("c", 4097, &len);
+    doctor_answered(h, &r, rep, len, &d);
+    free(rep);
+    assert_int_equal(d.rc, 1);
+    assert_non_null(strstr(d.out, "[evil] node evil (127.0.0.1:61000): its report is refused: too many communicators"));
+    /* 40 DoctorReqs at once: at most 16 a second are served, the others refused with the reason */
+    for (int i = 0; i < 40; i++) {
+        Colld__Net__V1__DoctorReq q = COLLD__NET__V1__DOCTOR_REQ__INIT;
+        q.id = 1000 + (uint64_t)i;
+        q.admin = true;
+        Colld__Net__V1__Msg m = COLLD__NET__V1__MSG__INIT;
+        m.m_case = COLLD__NET__V1__MSG__M_DOCTOR_REQ;
+        m.doctor_req = &q;
+        uint8_t buf[64];
+        size_t plen = colld__net__v1__msg__get_packed_size(&m);
+        colld__net__v1__msg__pack(&m, buf);
+        assert_true(raw_send(&r, 4, buf, (uint32_t)plen));
+    }
+    int served = 0, refused = 0;
+    for (int i = 0; i < 40; i++) {
+        Colld__Net__V1__Msg *a = raw_wait_msg(&r, COLLD__NET__V1__MSG__M_DOCTOR_REPORT);
+        assert_non_null(a);
+        if (a->doctor_report->report.len) {
+            Colld__V1__NodeReport *nr =
+                colld__v1__node_report__unpack(NULL, a->doctor_report->report.len, a->doctor_report->report.data);
+            assert_non_null(nr);
+            assert_non_null(nr->status);
+            assert_string_equal(nr->status->node_name, "node-a");
+            colld__v1__node_report__free_unpacked(nr, NULL);
+            served++;
+        } else {
+            assert_non_null(strstr(a->doctor_report->error, "node node-a serves at most 16 doctor requests a second"));
+            refused++;
+        }
+        colld__net__v1__msg__free_unpacked(a, NULL);
+    }
+    print_message("40 DoctorReqs at once: %d served, %d refused\n", served, refused);
+    assert_true(served >= 16 && served <= 32);
+    assert_int_equal(served + refused, 40);
+    close(r.fd);
+    assert_int_equal(harness_cleanup(h), 0);
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -594,6 +747,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_id_names_known_peer, teardown),
         cmocka_unit_test_teardown(test_allowed_roots_fail_alike, teardown),
         cmocka_unit_test_teardown(test_peer_log_flood, teardown),
+        cmocka_unit_test_teardown(test_hostile_doctor_reports, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
