@@ -889,8 +889,10 @@ int colld_net_start(const colld_net_config_t *cfg, colld_net_t **out, char *err,
     *out = NULL;
     if (net_create(cfg, true, &n, err, err_len) < 0)
         return -1;
+    *out = n; /* before the thread: its first tick's callbacks may reach the transport through it */
     int rc = pthread_create(&n->thread, NULL, net_thread, n);
     if (rc != 0) {
+        *out = NULL;
         colld__tcp_sys_msg(err, err_len, "cannot start the network thread", rc);
         net_free(n);
         return -1;
@@ -898,7 +900,6 @@ int colld_net_start(const colld_net_config_t *cfg, colld_net_t **out, char *err,
     n->thread_started = true;
     pthread_setname_np(n->thread, "colld-net");
     LOG_INFO(NET, "listening for peers on %s as %s", n->addr, n->name);
-    *out = n;
     return 0;
 }
 
