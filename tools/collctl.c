@@ -16,8 +16,8 @@
  * status lists sessions and communicators (with each one's slowest rank) and, on a multi-node
  * daemon (started with --listen), its node and peer daemons; trace prints a communicator's flight
  * recorder; events prints the daemon's events (and keeps printing them with --follow); policy shows
- * or changes per-tenant timeout caps, multi-node all-reduce algorithms and resource limits (admin,
- * shown with each tenant's use); abort fails a
+ * or changes per-tenant timeout caps, multi-node all-reduce algorithms, result verification and
+ * resource limits (admin, shown with each tenant's use); abort fails a
  * communicator for every rank; peer disconnect closes the connections to a peer daemon (admin).
  * --json prints one JSON object (events: one per line), each starting with "schema_version"
  * (JSON_SCHEMA_VERSION): it goes up whenever a field changes meaning or disappears, not when one
@@ -81,8 +81,11 @@ static const char USAGE[] =
     "                             (default 1000) and the ranks they wait for, broken ones, peers not\n"
     "                             up, stragglers lagging by MS (default 10), the faults of the last S\n"
     "                             seconds (default 3600: time-outs, dead ranks, NaN contributors,\n"
-    "                             deadlock cycles), slow links, requests refused at limits; exit status 1 when a\n"
-    "                             problem was found\n"
+    "                             deadlock cycles), slow links, requests refused at limits, GPU health;\n"
+    "                             on a daemon with peers the same for every other node too (each line\n"
+    "                             names its node; a node not answering within --node-timeout-ms,\n"
+    "                             default 2000, is a problem; --local: this node only); exit status 1\n"
+    "                             when a problem was found\n"
     "\n"
     "Options:\n"
     "  --socket PATH  the daemon's socket (env COLLD_SOCKET; default /run/colld/colld.sock for root,\n"

@@ -101,7 +101,8 @@
  *       New (issue 30 item 3): result verification, colld_comm_config_t.verify_results (the struct
  *       grew; a config of the older size, without the field, means 0) and the daemon's
  *       --verify-results; new status COLLD_ERR_CORRUPTED: a rank's or a node's all-reduce result
- *       differs from the others'.
+ *       differs from the others'. Later (issue 30): broadcast and all-gather results are verified
+ *       too, and a tenant's policy (collctl policy --verify-results on) turns it on.
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -164,9 +165,9 @@ extern "C" {
       "ranks wait for each other in different communicators (they call their collectives in different "                \
       "orders); colld_comm_last_error names the cycle")                                                                \
     X(ERR_CORRUPTED, -20,                                                                                              \
-      "a rank's or a node's all-reduce result differs from the others' (result verification: the daemon's "            \
-      "--verify-results or colld_comm_config_t.verify_results); colld_comm_last_error names the rank and its pid, "    \
-      "or the node and its address")
+      "a rank's or a node's all-reduce, broadcast or all-gather result differs from the others' (result "            \
+      "verification: the daemon's --verify-results, colld_comm_config_t.verify_results or the tenant's policy); "     \
+      "colld_comm_last_error names the rank and its pid, or the node and its address")
 
 typedef enum {
 #define COLLD_STATUS_ENUM_(name, value, text) COLLD_##name = (value),
@@ -227,11 +228,12 @@ typedef struct {
                             holds for the whole communicator. 0: the daemon's setting. Other
                             values: COLLD_ERR_INVALID_ARGUMENT */
     int verify_results;  /* 1: result verification for this communicator, as the daemon's
-                            --verify-results: after each all-reduce the daemon checksums every
-                            rank's result (XXH3) and, across nodes, each node's; a result that
-                            differs fails the all-reduce on every rank with COLLD_ERR_CORRUPTED
-                            naming the rank (pid), the node and its address, and the first element
-                            that differs, and breaks the communicator. Small all-reduces then go
+                            --verify-results or the tenant's policy (collctl policy): after each
+                            all-reduce, broadcast and all-gather the daemon checksums every rank's
+                            result (XXH3) and, across nodes, each node's; a result that differs
+                            fails the collective on every rank with COLLD_ERR_CORRUPTED naming the
+                            rank (pid), the node and its address, and the first element that
+                            differs, and breaks the communicator. Small collectives then go
                             through the daemon, not the fast path. Reduce and reduce-scatter are
                             not verified (each result exists once), nor are collectives on GPU
                             buffers yet (they run unverified). Any rank's 1 holds for the whole
