@@ -15,8 +15,9 @@
 #   - host0 recorded one slow_link event naming it;
 #   - host0's Prometheus metrics say colld_peer_link_slow{peer="host2",direction="send"} 1 and
 #     no other link is slow;
-#   - collctl doctor on host0 exits 1 naming "host0 → host2" (text and --json), and on host1
-#     finds no slow link;
+#   - collctl doctor --local on host0 exits 1 naming "host0 → host2" (text and --json), and on
+#     host1 finds no slow link of its own; collctl doctor on host1 (across nodes) shows host0's
+#     finding, named [host0];
 #   - collctl probe on host0 and on host2 exits 1 naming host0 -> host2 (and only it), and on
 #     host1 exits 0;
 #   - a collective that finishes while the link is slow notes it in its communicator's flight
@@ -192,26 +193,33 @@ echo "metrics: colld_peer_link_slow names host2/send on host0"
 
 # doctor
 set +e
-out=$(on 0 "$collctl" --socket "$run/h0.sock" doctor)
+# (--local: each node's own measurements; without it a node's doctor also shows the others')
+out=$(on 0 "$collctl" --socket "$run/h0.sock" doctor --local)
 rc=$?
 set -e
 echo "$out"
 [ "$rc" = 1 ] || fail "doctor on host0 exited $rc, expected 1"
-printf '%s\n' "$out" | grep -q "slow-link  host0 → host2: " || fail "doctor on host0 does not name host0 → host2"
+printf '%s\n' "$out" | grep -q "slow-link  \[host0\] host0 → host2: " || fail "doctor on host0 does not name host0 → host2"
 [ "$(printf '%s\n' "$out" | grep -c slow-link)" = 1 ] || fail "doctor on host0 names more than one slow link"
 set +e
-json=$(on 0 "$collctl" --socket "$run/h0.sock" --json doctor)
+json=$(on 0 "$collctl" --socket "$run/h0.sock" --json doctor --local)
 set -e
 printf '%s\n' "$json" | python3 -c 'import json,sys
 d = json.load(sys.stdin)
 s = [f for f in d["findings"] if f["what"] == "slow-link"]
-assert len(s) == 1 and s[0]["severity"] == "problem" and s[0]["text"].startswith("host0 \u2192 host2: "), s' ||
+assert len(s) == 1 and s[0]["severity"] == "problem" and s[0]["node"] == "host0" and s[0]["text"].startswith("host0 \u2192 host2: "), s' ||
   fail "doctor --json on host0 does not name host0 → host2"
+set +e
+out=$(on 1 "$collctl" --socket "$run/h1.sock" doctor --local)
+set -e
+printf '%s\n' "$out" | grep -q slow-link && fail "doctor --local on host1 names a slow link: $out"
+# across nodes: doctor on host1 shows host0's finding, named as host0's
 set +e
 out=$(on 1 "$collctl" --socket "$run/h1.sock" doctor)
 set -e
-printf '%s\n' "$out" | grep -q slow-link && fail "doctor on host1 names a slow link: $out"
-echo "doctor: names host0 → host2 on host0, nothing on host1"
+printf '%s\n' "$out" | grep -q "slow-link  \[host0\] host0 → host2: " ||
+  fail "doctor on host1 does not show host0's slow link host0 → host2: $out"
+echo "doctor: names host0 → host2 on host0, nothing of its own on host1, host0's finding from host1"
 
 # probe
 if "$collctl" --help 2>&1 | grep -q '^  probe'; then
