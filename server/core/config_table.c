@@ -162,10 +162,10 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "communicators get no fast area (their small collectives go through the daemon)",
       OPT(nan_check), 0, 0 },
     { "verify-results", "COLLD_VERIFY_RESULTS", COLLD_CFG_BOOL, "false",
-      "result verification: after every all-reduce, checksum (XXH3) each rank's result and, across nodes, each "
-      "node's, and fail the all-reduce on every rank with COLLD_ERR_CORRUPTED naming the rank, its node and the "
-      "first element whose result differs (colld_comm_config_t.verify_results asks for it per communicator); "
-      "such communicators get no fast area",
+      "result verification: after every all-reduce, broadcast and all-gather, checksum (XXH3) each rank's result "
+      "and, across nodes, each node's, and fail the collective on every rank with COLLD_ERR_CORRUPTED naming the "
+      "rank, its node and the first element whose result differs (colld_comm_config_t.verify_results asks for it "
+      "per communicator, collctl policy --verify-results per tenant); such communicators get no fast area",
       OPT(verify_results), 0, 0 },
     { "deadlock-ms", "COLLD_DEADLOCK_MS", COLLD_CFG_INT, "10000",
       "report ranks that wait for each other across communicators (a cycle of collectives called in different "
@@ -193,8 +193,9 @@ const colld_config_entry_t colld_daemon_config_table[] = {
 /* Test hooks last: --help and --print-config (the sample configuration) leave them out. */
 #ifdef COLLD_TEST_HOOKS
     { "test-corrupt-result", "COLLD_TEST_CORRUPT_RESULT", COLLD_CFG_STRING, NULL,
-      "TEST HOOK (test builds only): R:E flips element E of rank R's all-reduce result after the reduction, "
-      "node:E element E of this node's multi-node all-reduce result, so that --verify-results has something to find",
+      "TEST HOOK (test builds only): R:E flips element E of rank R's verified result (all-reduce, broadcast, "
+      "all-gather) after the collective, node:E element E of this node's multi-node result, so that "
+      "--verify-results has something to find",
       OPT(test_corrupt_text), 0, 0 },
 #endif
 };
