@@ -9,8 +9,9 @@
  * bytes, kept as sent: the control plane unpacks, caps and sanitizes it); once every asked peer
  * answered, or timeout_ms passed, the answer goes to the caller's done callback, and a peer that
  * did not answer is an entry "did not answer within N ms", never a wait. At most COLLD_GATHER_MAX
- * gathers run at once (another is refused), each asks at most COLLD_GATHER_PEERS_MAX peers, and
- * an answer that comes late, twice, from a peer not asked or with an unknown id is dropped.
+ * gathers run at once (another is refused; a tenant that is not an administrator has one at a
+ * time, and never the last free slot), each asks at most COLLD_GATHER_PEERS_MAX peers, and an
+ * answer that comes late, twice, from a peer not asked or with an unknown id is dropped.
  *
  * The answerer: a DoctorReq from an authenticated peer is served at once on the network thread
  * by the control plane's report maker (d->node_report: the Status a caller of that uid would get,
@@ -241,11 +242,21 @@ int colld_cluster_gather(colld_daemon_t *d, uid_t uid, bool admin, int64_t since
         colld_set_err(err, err_len, "daemon out of memory");
         return -1;
     }
-    int slot = -1;
+    int slot = -1, nfree = 0, mine = 0;
     pthread_mutex_lock(&cl->probe_lock);
-    for (int s = 0; s < COLLD_GATHER_MAX && slot < 0; s++)
-        if (!cl->gather[s].done)
-            slot = s;
+    for (int s = 0; s < COLLD_GATHER_MAX; s++) {
+        if (!cl->gather[s].done) {
+            nfree++;
+            if (slot < 0)
+                slot = s;
+        } else if (!cl->gather[s].admin && cl->gather[s].uid == uid) {
+            mine++;
+        }
+    }
+    /* a tenant has one gather at a time, and the last free slot is kept for administrators */
+    bool tenant_refused = !admin && (mine > 0 || nfree < 2);
+    if (tenant_refused)
+        slot = -1;
     if (slot >= 0) {
         cgather_t *g = &cl->gather[slot];
         g->done = done;
@@ -259,8 +270,14 @@ int colld_cluster_gather(colld_daemon_t *d, uid_t uid, bool admin, int64_t since
     pthread_mutex_unlock(&cl->probe_lock);
     if (slot < 0) {
         free(j);
-        colld_set_err(err, err_len, "%d doctor gathers are running already (try again when one has answered)",
-                      COLLD_GATHER_MAX);
+        if (tenant_refused && mine)
+            colld_set_err(err, err_len, "a doctor across nodes of uid %u is running already: one at a time",
+                          (unsigned)uid);
+        else
+            colld_set_err(err, err_len,
+                          "%d doctor gathers are running already, or all but the one kept for administrators "
+                          "(try again when one has answered)",
+                          COLLD_GATHER_MAX);
         return -1;
     }
     j->gather = slot + 1;

@@ -24,8 +24,9 @@
  * - test_hostile_doctor_reports (issue 30 item 5): a peer with the secret answers `collctl
  *   doctor`'s DoctorReq with a report that does not decode, one naming a communicator with a
  *   terminal escape sequence, one of too many communicators: the doctor names the peer and why
- *   its report was refused, prints the name sanitized, never waits beyond its time; and a burst
- *   of 40 DoctorReqs from the peer is served at most 16 a second, the rest refused with a reason.
+ *   its report was refused, prints the name sanitized, never waits beyond its time; a burst
+ *   of 40 DoctorReqs from the peer is served at most 16 a second, the rest refused with a reason;
+ *   a tenant (uid 65534) has one doctor across nodes at a time, an administrator's runs beside it.
  */
 #include "colld.pb-c.h"
 #include "colld_net.pb-c.h"
@@ -631,6 +632,25 @@ static void doctor_answered(harness_t *h, raw_t *r, const uint8_t *report, size_
     print_message("%s", d->out);
 }
 
+/* collctl doctor --node-timeout-ms ms on h as uid TENANT, its stdout and stderr into `path`; its pid. */
+static pid_t tenant_doctor(harness_t *h, const char *ms, const char *path)
+{
+    const char *argv[] = { COLLCTL_BIN, "--socket", h->socket, "doctor", "--node-timeout-ms", ms, NULL };
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    assert_true(fd >= 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* only async-signal-safe calls until exec */
+        if (dup2(fd, STDERR_FILENO) < 0 || dup2(fd, STDOUT_FILENO) < 0 || setgroups(0, NULL) < 0 ||
+            setgid(TENANT) < 0 || setuid(TENANT) < 0)
+            _exit(126);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(fd);
+    return pid;
+}
+
 /* A packed NodeReport of ncomms broken communicators named `name`. */
 static uint8_t *node_report(const char *name, size_t ncomms, size_t *len)
 {
@@ -729,6 +749,27 @@ static void test_hostile_doctor_reports(void **state)
     print_message("40 DoctorReqs at once: %d served, %d refused\n", served, refused);
     assert_true(served >= 16 && served <= 32);
     assert_int_equal(served + refused, 40);
+    /* A tenant has one doctor across nodes at a time (the peer does not answer this one), and an
+     * administrator's still gets a slot meanwhile. */
+    char path[2][1024], text[4096];
+    for (int i = 0; i < 2; i++)
+        snprintf(path[i], sizeof(path[i]), "%s/tenant-doctor-%d", h->dir, i);
+    pid_t first = tenant_doctor(h, "3000", path[0]);
+    Colld__Net__V1__Msg *q = raw_wait_msg(&r, COLLD__NET__V1__MSG__M_DOCTOR_REQ);
+    assert_non_null(q);
+    assert_false(q->doctor_req->admin);
+    assert_int_equal(q->doctor_req->uid, TENANT);
+    colld__net__v1__msg__free_unpacked(q, NULL);
+    assert_int_equal(harness_wait(tenant_doctor(h, "3000", path[1]), 20000), 1);
+    harness_read_file(path[1], text, sizeof(text));
+    print_message("%s", text);
+    assert_non_null(strstr(text, "a doctor across nodes of uid 65534 is running already: one at a time"));
+    const char *admin[] = { COLLCTL_BIN, "--socket", h->socket, "doctor", "--node-timeout-ms", "200", NULL };
+    assert_int_equal(harness_capture(admin, d.out, sizeof(d.out), 20000), 1);
+    assert_non_null(strstr(d.out, "[evil] node evil (127.0.0.1:61000): did not answer within 200 ms"));
+    assert_int_equal(harness_wait(first, 20000), 1);
+    harness_read_file(path[0], text, sizeof(text));
+    assert_non_null(strstr(text, "[evil] node evil (127.0.0.1:61000): did not answer within 3000 ms"));
     close(r.fd);
     assert_int_equal(harness_cleanup(h), 0);
 }
