@@ -754,7 +754,7 @@ static void test_hostile_doctor_reports(void **state)
     char path[2][1024], text[4096];
     for (int i = 0; i < 2; i++)
         snprintf(path[i], sizeof(path[i]), "%s/tenant-doctor-%d", h->dir, i);
-    pid_t first = tenant_doctor(h, "3000", path[0]);
+    pid_t first = tenant_doctor(h, "1500", path[0]);
     Colld__Net__V1__Msg *q = raw_wait_msg(&r, COLLD__NET__V1__MSG__M_DOCTOR_REQ);
     assert_non_null(q);
     assert_false(q->doctor_req->admin);
@@ -769,7 +769,7 @@ static void test_hostile_doctor_reports(void **state)
     assert_non_null(strstr(d.out, "[evil] node evil (127.0.0.1:61000): did not answer within 200 ms"));
     assert_int_equal(harness_wait(first, 20000), 1);
     harness_read_file(path[0], text, sizeof(text));
-    assert_non_null(strstr(text, "[evil] node evil (127.0.0.1:61000): did not answer within 3000 ms"));
+    assert_non_null(strstr(text, "[evil] node evil (127.0.0.1:61000): did not answer within 1500 ms"));
     close(r.fd);
     assert_int_equal(harness_cleanup(h), 0);
 }
