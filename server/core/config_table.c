@@ -152,6 +152,14 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "multi-node all-reduce algorithm: auto (by size), ring or rd (recursive doubling, for buffers up to "
       "--net-chunk); collctl policy overrides it per tenant",
       OPT(net_algo_text), 0, 0 },
+    { "net-transport", "COLLD_NET_TRANSPORT", COLLD_CFG_STRING, "auto",
+      "transport of collective data between daemons: auto (InfiniBand/RoCE verbs when both daemons have an active "
+      "RDMA port and say so in their authenticated handshake, else TCP), ib (verbs or the link fails, naming why) "
+      "or tcp (docs/ib.md)",
+      OPT(net_transport_text), 0, 0 },
+    { "ib-device", "COLLD_IB_DEVICE", COLLD_CFG_STRING, NULL,
+      "RDMA device for --net-transport auto|ib, e.g. mlx5_0 or rxe0 (default: the first with an active port)",
+      OPT(ib_device), 0, 0 },
     { "fast-path-bytes", "COLLD_FAST_PATH_BYTES", COLLD_CFG_SIZE, "16K",
       "collectives of a single-node communicator whose input per rank is at most this are run by the ranks "
       "themselves on shared memory (no hand-off to the engine; the daemon still checks and records them); 0 = off",
