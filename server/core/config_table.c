@@ -204,6 +204,10 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "TEST HOOK (test builds only): R:E flips element E of rank R's all-reduce result after the reduction, "
       "node:E element E of this node's multi-node all-reduce result, so that --verify-results has something to find",
       OPT(test_corrupt_text), 0, 0 },
+    { "test-ib-fault-file", "COLLD_TEST_IB_FAULT_FILE", COLLD_CFG_STRING, NULL,
+      "TEST HOOK (test builds only): when this file appears, it is removed and every IB link's queue pair is moved "
+      "to the error state (the Soft-RoCE test's QP error injection, tests/softroce)",
+      OPT(test_ib_fault_file), 0, 0 },
 #endif
 };
 

@@ -131,6 +131,7 @@ typedef struct {
     uint64_t fast_path_bytes; /* per-rank inputs up to this run on the fast area (0: off) */
     bool nan_check;           /* --nan-check: reductions refuse NaN and infinite inputs */
     bool verify_results;      /* --verify-results: all-reduce results are checksummed and compared */
+    char *test_ib_fault_file; /* --test-ib-fault-file (test hook): server/net/iblink.c */
     char *test_corrupt_text;  /* --test-corrupt-result (test hook, COLLD_TEST_HOOKS builds): verify.h */
     bool test_corrupt;        /* parsed from it: on, */
     int test_corrupt_rank;    /* a rank, or -1: this node's multi-node result, */

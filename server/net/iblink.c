@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define IBLINK_ANSWER_MS 5000
 
@@ -352,9 +353,29 @@ void colld_iblink_ctrl(colld_cluster_t *cl, colld_net_peer_t *p, const Colld__Ne
         on_ready(cl, p, m->ib_ready);
 }
 
+/* The test hook --test-ib-fault-file: every IB link's QP to the error state when the file appears
+ * (its flushed receives then fail the link as a real QP error would). */
+static void fault_hook(colld_cluster_t *cl)
+{
+    const char *path = cl->d->cfg.test_ib_fault_file;
+    if (!path || !*path || unlink(path) < 0)
+        return;
+    colld_net_peer_info_t info[16];
+    size_t n = colld_net_peers(cl->net, info, 16);
+    for (size_t i = 0; i < n && i < 16; i++) {
+        colld_net_peer_t *p = colld_net_peer_find(cl->net, info[i].addr);
+        ciblink_t *b = p ? colld_net_peer_path(p) : NULL;
+        if (b) {
+            LOG_WARN(NET, "test hook: the QP to %s moved to the error state", info[i].addr);
+            colld_ib_link_inject_error(b->link);
+        }
+    }
+}
+
 void colld_iblink_tick(colld_cluster_t *cl)
 {
     uint64_t now = colld_now_ms();
+    fault_hook(cl);
     ciblink_t *b = cl->ib_pending;
     while (b) {
         ciblink_t *following = b->next;
