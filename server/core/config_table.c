@@ -213,7 +213,7 @@ const colld_config_entry_t colld_daemon_config_table[] = {
 
 const size_t colld_daemon_config_table_len = sizeof(colld_daemon_config_table) / sizeof(colld_daemon_config_table[0]);
 #ifdef COLLD_TEST_HOOKS
-const size_t colld_daemon_config_table_shown = colld_daemon_config_table_len - 1;
+const size_t colld_daemon_config_table_shown = colld_daemon_config_table_len - 2; /* the hooks above */
 #else
 const size_t colld_daemon_config_table_shown = colld_daemon_config_table_len;
 #endif
