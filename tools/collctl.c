@@ -196,8 +196,8 @@ static void print_json(const Colld__V1__StatusResponse *r)
         printf(",\"tx_rate\":%.0f,\"rx_rate\":%.0f,\"tx_slow\":%s,\"rx_slow\":%s,\"rtt_ms\":%.3f,\"tcp_rtt_us\":%u,"
                "\"tcp_lost\":%u,\"retrans\":%llu,\"losses\":%llu,\"rx_bytes\":%llu,\"rx_busy_us\":%llu,"
                "\"transport\":",
-               p->tx_rate, p->rx_rate, tx_slow ? "true" : "false", rx_slow ? "true" : "false", p->rtt_ms,
-               p->tcp_rtt_us, p->tcp_lost, (unsigned long long)p->retrans, (unsigned long long)p->losses,
+               p->tx_rate, p->rx_rate, tx_slow ? "true" : "false", rx_slow ? "true" : "false", p->rtt_ms, p->tcp_rtt_us,
+               p->tcp_lost, (unsigned long long)p->retrans, (unsigned long long)p->losses,
                (unsigned long long)p->rx_bytes, (unsigned long long)p->rx_busy_us);
         json_str(*p->transport ? p->transport : "tcp");
         printf(",\"transport_note\":");

@@ -182,10 +182,10 @@ struct colld_cluster {
     pthread_mutex_t probe_lock;                  /* guards the owed answer: */
     colld_probe_done_fn probe_done;              /* non-NULL while a probe is owed */
     void *probe_arg;
-    struct colld_ib *ib;                         /* (fixed) the RDMA device, NULL: none */
-    char ib_name[64];                            /* (fixed) its "DEVICE:PORT" */
-    char ib_none[192];                           /* (fixed) why there is none */
-    struct ciblink *ib_pending;                  /* (net) links negotiating (iblink.c) */
+    struct colld_ib *ib;        /* (fixed) the RDMA device, NULL: none */
+    char ib_name[64];           /* (fixed) its "DEVICE:PORT" */
+    char ib_none[192];          /* (fixed) why there is none */
+    struct ciblink *ib_pending; /* (net) links negotiating (iblink.c) */
 };
 
 /* ---- cluster_base.c (what links.c, probe.c and xcoll.c reach; never cluster.c) ---- */

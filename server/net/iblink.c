@@ -127,8 +127,7 @@ static void path_event(void *arg)
     colld_ib_link_event(((ciblink_t *)arg)->link);
 }
 
-static int path_send(void *arg, const colld_net_hdr_t *h, const void *payload, void (*done)(void *, bool),
-                     void *cookie)
+static int path_send(void *arg, const colld_net_hdr_t *h, const void *payload, void (*done)(void *, bool), void *cookie)
 {
     return colld_ib_link_send(((ciblink_t *)arg)->link, h, payload, done, cookie);
 }

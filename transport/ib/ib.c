@@ -112,8 +112,8 @@ struct colld_ib_link {
 static int ib_fail(char *err, size_t len, const char *what, int e)
 {
     if (e == ENOSYS)
-        colld_set_err(err, len, "%s: %s (ENOSYS: this kernel has no RDMA verbs; use --net-transport tcp or auto)",
-                      what, strerror(e));
+        colld_set_err(err, len, "%s: %s (ENOSYS: this kernel has no RDMA verbs; use --net-transport tcp or auto)", what,
+                      strerror(e));
     else
         colld_set_err(err, len, "%s: %s", what, strerror(e ? e : EIO));
     return -1;
@@ -160,8 +160,9 @@ int colld_ib_open(const char *dev, int port, colld_ib_t **out, char *err, size_t
         goto out;
     }
     if (num == 0)
-        colld_set_err(err, err_len, "no RDMA device (ibv_get_device_list found none; for Soft-RoCE: rdma link add "
-                                    "rxe0 type rxe netdev eth0)");
+        colld_set_err(err, err_len,
+                      "no RDMA device (ibv_get_device_list found none; for Soft-RoCE: rdma link add "
+                      "rxe0 type rxe netdev eth0)");
     else
         colld_set_err(err, err_len, "no RDMA device%s%s has an active port", dev && *dev ? " named " : "",
                       dev && *dev ? dev : "");
@@ -241,8 +242,8 @@ static int post_recv(colld_ib_link_t *l)
     return ibv_post_recv(l->qp, &wr, &bad);
 }
 
-int colld_ib_link_new(colld_ib_t *ib, uint32_t slot_payload, const colld_ib_link_callbacks_t *cb,
-                      colld_ib_link_t **out, colld_ib_endpoint_t *local, char *err, size_t err_len)
+int colld_ib_link_new(colld_ib_t *ib, uint32_t slot_payload, const colld_ib_link_callbacks_t *cb, colld_ib_link_t **out,
+                      colld_ib_endpoint_t *local, char *err, size_t err_len)
 {
     *out = NULL;
     if (ib->nlinks >= IB_MAX_LINKS) {
@@ -264,8 +265,7 @@ int colld_ib_link_new(colld_ib_t *ib, uint32_t slot_payload, const colld_ib_link
     l->slot_bytes = IB_SLOT_HDR + (size_t)slot_payload;
     l->credits = IB_SLOTS;
     size_t ring = l->slot_bytes * IB_SLOTS;
-    if (!(l->send_ring = aligned_alloc(4096, ALIGN4K(ring))) ||
-        !(l->recv_ring = aligned_alloc(4096, ALIGN4K(ring)))) {
+    if (!(l->send_ring = aligned_alloc(4096, ALIGN4K(ring))) || !(l->recv_ring = aligned_alloc(4096, ALIGN4K(ring)))) {
         colld_set_err(err, err_len, "out of memory for the IB rings");
         goto fail;
     }
@@ -305,10 +305,9 @@ int colld_ib_link_new(colld_ib_t *ib, uint32_t slot_payload, const colld_ib_link
         ib_fail(err, err_len, "ibv_create_qp", errno);
         goto fail;
     }
-    struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT,
-                             .pkey_index = 0,
-                             .port_num = ib->port,
-                             .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
+    struct ibv_qp_attr a = {
+        .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = ib->port, .qp_access_flags = IBV_ACCESS_REMOTE_WRITE
+    };
     int e = ibv_modify_qp(l->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
     if (e) {
         ib_fail(err, err_len, "ibv_modify_qp(INIT)", e);
@@ -385,12 +384,9 @@ int colld_ib_link_connect(colld_ib_link_t *l, const colld_ib_endpoint_t *r, char
                               IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
     if (e)
         return ib_fail(err, err_len, "ibv_modify_qp(RTR)", e);
-    struct ibv_qp_attr s = { .qp_state = IBV_QPS_RTS,
-                             .timeout = 14,
-                             .retry_cnt = 7,
-                             .rnr_retry = 7,
-                             .sq_psn = 0,
-                             .max_rd_atomic = 1 };
+    struct ibv_qp_attr s = {
+        .qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7, .sq_psn = 0, .max_rd_atomic = 1
+    };
     /* This side sends from the PSN it advertised (the peer's rq_psn). */
     s.sq_psn = l->psn;
     e = ibv_modify_qp(l->qp, &s,
@@ -534,8 +530,8 @@ static void on_recv(colld_ib_link_t *l, const struct ibv_wc *wc)
                               .seq = get64(w + 16),
                               .offset = get64(w + 24) };
         if (k >= IB_SLOTS || h.len > l->slot_payload || wc->byte_len != IB_SLOT_HDR + h.len) {
-            link_failed(l, "protocol error: DATA write of %u bytes into slot %u (header length %u)", wc->byte_len,
-                        k, h.len);
+            link_failed(l, "protocol error: DATA write of %u bytes into slot %u (header length %u)", wc->byte_len, k,
+                        h.len);
             return;
         }
         if (l->cb.deliver)
@@ -665,8 +661,8 @@ int colld_ib_endpoint_check(const colld_ib_endpoint_t *e, uint32_t slot_payload,
     colld_set_err(err, err_len, "built without libibverbs");
     return -1;
 }
-int colld_ib_link_new(colld_ib_t *ib, uint32_t slot_payload, const colld_ib_link_callbacks_t *cb,
-                      colld_ib_link_t **out, colld_ib_endpoint_t *local, char *err, size_t err_len)
+int colld_ib_link_new(colld_ib_t *ib, uint32_t slot_payload, const colld_ib_link_callbacks_t *cb, colld_ib_link_t **out,
+                      colld_ib_endpoint_t *local, char *err, size_t err_len)
 {
     (void)ib, (void)slot_payload, (void)cb, (void)local;
     *out = NULL;

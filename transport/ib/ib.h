@@ -33,9 +33,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define IB_SLOTS 8                 /* ring slots per direction per link (the credits) */
-#define IB_SLOT_HDR 32             /* colld_net_hdr_t at the start of each slot */
-#define IB_MAX_LINKS 64            /* links per daemon: peers beyond this use TCP */
+#define IB_SLOTS 8      /* ring slots per direction per link (the credits) */
+#define IB_SLOT_HDR 32  /* colld_net_hdr_t at the start of each slot */
+#define IB_MAX_LINKS 64 /* links per daemon: peers beyond this use TCP */
 #define IB_MAX_SLOT_PAYLOAD (1u << 20)
 
 typedef struct colld_ib colld_ib_t;
@@ -44,13 +44,13 @@ typedef struct colld_ib_link colld_ib_link_t;
 /* What one side of a link tells the other (over the authenticated CTRL channel). */
 typedef struct {
     uint8_t gid[16];
-    uint32_t qpn;         /* 24 bits */
-    uint32_t psn;         /* 24 bits */
-    uint32_t lid;         /* 16 bits; 0 on RoCE */
-    uint32_t mtu;         /* enum ibv_mtu, 1..5 */
-    uint64_t ring_addr;   /* the receive ring */
+    uint32_t qpn;       /* 24 bits */
+    uint32_t psn;       /* 24 bits */
+    uint32_t lid;       /* 16 bits; 0 on RoCE */
+    uint32_t mtu;       /* enum ibv_mtu, 1..5 */
+    uint64_t ring_addr; /* the receive ring */
     uint32_t ring_rkey;
-    uint32_t slots;       /* IB_SLOTS */
+    uint32_t slots;        /* IB_SLOTS */
     uint32_t slot_payload; /* payload bytes per slot */
 } colld_ib_endpoint_t;
 
@@ -80,8 +80,8 @@ int colld_ib_endpoint_check(const colld_ib_endpoint_t *e, uint32_t slot_payload,
 
 /* Make a link: a QP in INIT with its receives posted and its rings registered, and this side's
  * endpoint in *local. Returns 0, or -1 with the reason in err (nothing to close). */
-int colld_ib_link_new(colld_ib_t *ib, uint32_t slot_payload, const colld_ib_link_callbacks_t *cb,
-                      colld_ib_link_t **out, colld_ib_endpoint_t *local, char *err, size_t err_len);
+int colld_ib_link_new(colld_ib_t *ib, uint32_t slot_payload, const colld_ib_link_callbacks_t *cb, colld_ib_link_t **out,
+                      colld_ib_endpoint_t *local, char *err, size_t err_len);
 /* Connect it to the peer's endpoint (checked): RTR, then RTS. Returns 0, or -1 with the reason. */
 int colld_ib_link_connect(colld_ib_link_t *l, const colld_ib_endpoint_t *remote, char *err, size_t err_len);
 /* Move the QP to the error state (a test's fault injection: collctl ib-fault); the completions

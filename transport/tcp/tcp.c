@@ -1163,8 +1163,7 @@ bool colld_net_peer_is_lost(const colld_net_peer_t *p)
     return p->state == PEER_LOST;
 }
 
-int colld_net_peer_set_path(colld_net_peer_t *p, const colld_net_path_ops_t *ops, void *link, char *err,
-                            size_t err_len)
+int colld_net_peer_set_path(colld_net_peer_t *p, const colld_net_path_ops_t *ops, void *link, char *err, size_t err_len)
 {
     if (p->state != PEER_UP || p->path.ops) {
         colld_set_err(err, err_len, "peer %s is %s", p->addr, p->path.ops ? "on a path already" : "not up");
