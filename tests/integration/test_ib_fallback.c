@@ -4,7 +4,8 @@
  *
  *   - auto (the default): the daemons' authenticated handshake says neither has IB, a multi-node
  *     all-reduce is exact over TCP, and collctl status names each link's transport (tcp) and why
- *     (this node's reason: ENOSYS or no RDMA device), in text and JSON, with the device "none";
+ *     (this node's reason: ENOSYS or no RDMA device), in text and JSON, with the device "none",
+ *     and collctl probe names it too;
  *   - --net-transport tcp on one side: the same, the reason "--net-transport tcp";
  *   - the handshake with a peer of the real transport holding the secret (this process): it hears
  *     the daemon's IbHello saying it has no IB and why; its own IB offer, valid or garbage, leaves
@@ -156,6 +157,10 @@ static void test_auto_falls_back_to_tcp(void **state)
         snprintf(line, sizeof(line), "  %-16s tcp  ", names[1 - i]);
         if (!strstr(out, line) || !no_ib_reason(strstr(out, line)))
             fail_msg("status of %s: the link to %s is not tcp with a reason:\n%s", names[i], names[1 - i], out);
+        const char *probe[] = { COLLCTL_BIN, "--socket", p->h[i].socket, "--json", "probe", "--bytes", "256K", NULL };
+        assert_int_equal(harness_capture(probe, out, sizeof(out), 30000), 0);
+        if (!strstr(out, "\"transport\":\"tcp\""))
+            fail_msg("collctl probe on %s does not name the link's transport:\n%s", names[i], out);
         status_of(p, i, true, out, sizeof(out));
         if (!strstr(out, "\"net_transport\":\"auto\",\"ib_device\":\"\",\"ib_none\":\"") ||
             !strstr(out, "\"transport\":\"tcp\",\"transport_note\":\""))

@@ -85,6 +85,8 @@ UID1=$(uid_for 1)
 $COLL --uid "$UID1" --kinds allreduce --dtypes float32,int32 --exact-values --big-min >/tmp/coll1 2>&1
 say "coll1 rc=$? $(tail -1 /tmp/coll1)"
 say "transport $(status_line) "
+collctl --socket $SOCK probe --bytes 256K >/tmp/probe 2>&1
+say "probe rc=$? $(grep -m1 "guest$OTHER" /tmp/probe)"
 
 # 2. a QP error injected on guest 1 while a communicator is formed: its next collective fails
 UID2=$(uid_for 2)

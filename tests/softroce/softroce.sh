@@ -153,6 +153,7 @@ for n in 1 2; do
     want guest$n.log "SR node$n rxe0 active" "rxe0 ACTIVE"
     want guest$n.log "^SR node$n coll1 rc=0" "the first all-reduce exact"
     want guest$n.log "^SR node$n transport .* ib " "collctl status naming ib"
+    want guest$n.log "^SR node$n probe rc=0 .* ib " "collctl probe over the link naming ib"
     want guest$n.log "^SR node$n coll2 rc=[1-9].*COLLD_ERR_NODE_LOST" "the collective after the QP error failing"
     want guest$n.log "^SR node$n coll3 rc=0" "an exact all-reduce after IB was negotiated again"
 done
