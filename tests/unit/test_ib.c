@@ -15,6 +15,7 @@
 
 #define PAYLOAD (1u << 20)
 
+#if COLLD_HAVE_IB
 static colld_ib_endpoint_t good(void)
 {
     colld_ib_endpoint_t e = { .qpn = 0x11,
@@ -39,7 +40,6 @@ static void expect_refused(const colld_ib_endpoint_t *e, const char *words)
         fail_msg("reason '%s' does not say '%s'", err, words);
 }
 
-#if COLLD_HAVE_IB
 static void test_offer_checks(void **state)
 {
     (void)state;
