@@ -45,6 +45,8 @@ for b in tools/collctl server/colld tests/integration/colld-test-coll tests/soft
     [ -x "$BUILD/$b" ] || die "$BUILD/$b not built"
 done
 
+ldd "$BUILD/server/colld" | grep -q libibverbs || skip "colld was built without libibverbs (libibverbs-dev)"
+
 # ---- the kernel: Debian's, cached ---------------------------------------------------------------
 mkdir -p "$CACHE/debs"
 KPKG=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
