@@ -911,16 +911,19 @@ int colld_net_start(const colld_net_config_t *cfg, colld_net_t **out, char *err,
     *out = NULL;
     if (net_create(cfg, true, &n, err, err_len) < 0)
         return -1;
+    /* *out before the thread starts: its first tick may read the caller's pointer (links.c). */
+    *out = n;
+    n->thread_started = true;
     int rc = pthread_create(&n->thread, NULL, net_thread, n);
     if (rc != 0) {
         colld__tcp_sys_msg(err, err_len, "cannot start the network thread", rc);
+        *out = NULL;
+        n->thread_started = false;
         net_free(n);
         return -1;
     }
-    n->thread_started = true;
     pthread_setname_np(n->thread, "colld-net");
     LOG_INFO(NET, "listening for peers on %s as %s", n->addr, n->name);
-    *out = n;
     return 0;
 }
 
