@@ -117,7 +117,7 @@ if [ $N = 2 ]; then
     fetch kill >/dev/null
     kill -9 $COLLD
     say "colld killed"
-    sleep 8
+    sleep 3 # guest 1 sees the connection reset, then this guest powers off
 else
     touch /tmp/www/kill
     i=0
