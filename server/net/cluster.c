@@ -977,6 +977,10 @@ static void handle_ctrl(colld_daemon_t *d, colld_net_peer_t *p, const void *buf,
     case COLLD__NET__V1__MSG__M_PROBE_RESULT:
         colld_probe_ctrl(d, p, m);
         break;
+    case COLLD__NET__V1__MSG__M_IB_HELLO:
+    case COLLD__NET__V1__MSG__M_IB_READY:
+        colld_iblink_ctrl(colld_cluster_of(d), p, m);
+        break;
     default:
         break;
     }
@@ -994,6 +998,7 @@ static void on_peer_up(void *arg, colld_net_peer_t *p)
     pthread_mutex_lock(&d->lock);
     remember_known(colld_cluster_of(d), colld_net_peer_addr(p));
     pthread_mutex_unlock(&d->lock);
+    colld_iblink_peer_up(colld_cluster_of(d), p);
 }
 
 static void on_peer_lost(void *arg, colld_net_peer_t *p, const char *why)
@@ -1003,6 +1008,7 @@ static void on_peer_lost(void *arg, colld_net_peer_t *p, const char *why)
     const char *addr = colld_net_peer_addr(p);
     char detail[COLLD_DETAIL_LEN];
     LOG_WARN_RL(NET, "peer %s (%s) lost: %s", colld_net_peer_name(p), addr, why); /* as the transport's line */
+    colld_iblink_peer_lost(cl, p);
     pthread_mutex_lock(&d->lock);
     cl->lost_addr = addr; /* the other nodes hear of it; the lost one is not called back */
     colld_dcomm_t *c = d->comms;
@@ -1137,6 +1143,7 @@ static void on_tick(void *arg)
         free(j->buf);
         free(j);
     }
+    colld_iblink_tick(cl);
     colld_xcoll_tick(d);
     colld_probe_tick(d);
     colld_links_tick(d);
@@ -1257,6 +1264,11 @@ static int net_start(colld_backend_t *b)
         colld_strlcpy(cl->node_name, d->cfg.node_name, sizeof(cl->node_name));
     else if (gethostname(cl->node_name, sizeof(cl->node_name) - 1) < 0)
         colld_strlcpy(cl->node_name, "node", sizeof(cl->node_name));
+    if (colld_iblink_start(cl) < 0) {
+        cluster_free(cl);
+        memset(secret, 0, sizeof(secret));
+        return -1;
+    }
     colld_net_config_t nc = net_config(d, cl);
     nc.secret = secret;
     nc.secret_len = (size_t)slen;
@@ -1264,6 +1276,7 @@ static int net_start(colld_backend_t *b)
     b->present = true;
     if (colld_net_start(&nc, &cl->net, err, sizeof(err)) < 0) {
         LOG_ERROR(NET, "cannot listen for peer daemons on %s: %s", d->cfg.listen, err);
+        colld_iblink_stop(cl);
         b->state = NULL;
         b->present = false;
         cluster_free(cl);
@@ -1310,6 +1323,7 @@ void colld_cluster_stop(colld_daemon_t *d)
     if (!cl)
         return;
     colld_net_stop(cl->net); /* no callback runs after this */
+    colld_iblink_stop(cl);
     colld_xcoll_abort_all(d);
     colld_cluster_probe_abandon(d);
     free(cl->probe.links);

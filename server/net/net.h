@@ -24,6 +24,10 @@ int colld_cluster_disconnect(colld_daemon_t *d, const char *peer);
 /* This daemon's node name and peer address (cluster running). */
 const char *colld_cluster_node_name(const colld_daemon_t *d);
 const char *colld_cluster_listen_addr(const colld_daemon_t *d);
+/* The RDMA device peer links may use ("" none) and why there is none ("" when there is one)
+ * (fixed once the cluster runs; docs/ib.md). */
+const char *colld_cluster_ib_device(const colld_daemon_t *d);
+const char *colld_cluster_ib_none(const colld_daemon_t *d);
 /* The node name of a rank's daemon for display ("" when local or unknown) (lock held). */
 const char *colld_cluster_rank_node(const colld_dcomm_t *c, int rank);
 /* The collective a multi-node communicator is running among the nodes, as collctl trace shows
