@@ -10,8 +10,10 @@
  * ".entry <name>" lines of PTX. A launch of a kernel runs the host build of the same kernel source
  * with that symbol name (kernels.cpp); a kernel with no host build fails to launch with
  * CUDA_ERROR_NOT_SUPPORTED and a message saying so. The parameters are copied at the launch, as
- * the driver does; the grid's threads then run one after another on the stream's worker, after
- * every buffer they name passed the access check (a fault is CUDA_ERROR_ILLEGAL_ADDRESS or
+ * the driver does; the grid's blocks then run concurrently, FK_BLOCK_WORKERS at a time (the stream's
+ * worker and helper threads of its own, each taking the next block in order, as a GPU fills its
+ * resident slots), each block's threads one after another, after every buffer they name passed the
+ * access check (a fault is CUDA_ERROR_ILLEGAL_ADDRESS or
  * CUDA_ERROR_MISALIGNED_ADDRESS, sticky).
  *
  * A CUkernel may be passed to cuLaunchKernel as a CUfunction (CUDA 12): it then runs in the
@@ -20,6 +22,8 @@
 #include "tests/cudafake/fake.h"
 
 #include <elf.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -464,6 +468,7 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned in
         op->u.kernel.params = params;
         params = NULL;
         op->u.kernel.nthreads = (size_t)gridDimX * gridDimY * gridDimZ * blockDimX * blockDimY * blockDimZ;
+        op->u.kernel.block_threads = (size_t)blockDimX * blockDimY * blockDimZ;
         op->u.kernel.name = k->hk->name;
         r = fk_enqueue(s, op);
     }
@@ -487,6 +492,42 @@ static CUresult access_cb(void *cookie, const void *p, size_t len, bool write)
     return r;
 }
 
+/* One launch's blocks, shared by the host threads that run them. */
+typedef struct {
+    const fk_op_t *op;
+    size_t nblocks;
+    atomic_size_t next; /* the next block to start */
+} blocks_t;
+
+/* Run blocks, the next one not started each time, until none is left. */
+static void *block_worker(void *arg)
+{
+    blocks_t *bl = arg;
+    const fk_op_t *op = bl->op;
+    size_t bs = op->u.kernel.block_threads;
+    for (size_t b; (b = atomic_fetch_add(&bl->next, 1)) < bl->nblocks;)
+        op->u.kernel.k->run(op->u.kernel.params, b * bs, (b + 1) * bs, op->u.kernel.nthreads);
+    return NULL;
+}
+
+/* Run a launch's grid: its blocks concurrently on the calling worker and up to FK_BLOCK_WORKERS - 1
+ * helper threads (fewer when the grid has fewer blocks, or a thread cannot be started: the blocks
+ * then run on fewer threads, later ones after earlier ones end, as in a GPU's waves). */
+static void run_blocks(const fk_op_t *op)
+{
+    size_t bs = op->u.kernel.block_threads ? op->u.kernel.block_threads : op->u.kernel.nthreads;
+    blocks_t bl = { .op = op, .nblocks = bs ? op->u.kernel.nthreads / bs : 0 };
+    atomic_init(&bl.next, 0);
+    pthread_t helper[FK_BLOCK_WORKERS - 1];
+    int nh = 0;
+    for (size_t i = 1; i < FK_BLOCK_WORKERS && i < bl.nblocks; i++)
+        if (pthread_create(&helper[nh], NULL, block_worker, &bl) == 0)
+            nh++;
+    block_worker(&bl);
+    for (int i = 0; i < nh; i++)
+        pthread_join(helper[i], NULL);
+}
+
 /* Run a launch on s's worker: check its buffers, then run its grid (lock not held). */
 CUresult fk_kernel_run(fk_stream_t *s, fk_op_t *op)
 {
@@ -498,6 +539,6 @@ CUresult fk_kernel_run(fk_stream_t *s, fk_op_t *op)
     else if (r != CUDA_SUCCESS)
         fk_log("kernel %s on %s: its parameters name memory it may not access", hk->name, s->label);
     if (r == CUDA_SUCCESS)
-        hk->run(op->u.kernel.params, op->u.kernel.nthreads);
+        run_blocks(op);
     return r;
 }
