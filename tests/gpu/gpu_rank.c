@@ -61,7 +61,7 @@
  *            release the stream, within half the communicators' timeout.
  *   hofault  the faults of a collective whose ranks' streams are waited for on the GPU (issue 28's
  *            hand-off without the host; 2 ranks, --case): after exact warm-up all-reduces, rank 1's
- *            all-reduce is posted behind a spin (timeout: twice --timeout-ms; abort: 3 s) or with a
+ *            all-reduce is posted behind a spin (timeout: twice --timeout-ms; abort: 2 s) or with a
  *            different count (mismatch); in the abort case rank 0 calls colld_comm_abort 300 ms after
  *            posting. Every rank's stream must be released (rank 0 within the timeout + grace) with
  *            the case's status as the async error: COLLD_ERR_TIMEOUT naming rank 1 ("rank(s) 1
@@ -795,7 +795,7 @@ static int mode_hofault(run_t *R)
                  cu.cuMemcpyHtoDAsync(DPTR(R->dr + GUARD), img, count * sizeof(float), R->stream)) ||
         wait_stream(R, "the sentinel", a->timeout_ms + WAIT_GRACE_MS) < 0)
         return 1;
-    double spin = timeout ? 2.0 * a->timeout_ms : abort_case ? 3000.0 : 0.0;
+    double spin = timeout ? 2.0 * a->timeout_ms : abort_case ? 2000.0 : 0.0;
     if (R->rank == 1 && spin > 0 && !cuda_ok(R, "spin launch", launch_spin(R, spin)))
         return 1;
     size_t n = mismatch && R->rank == 1 ? count - 1 : count;

@@ -373,13 +373,13 @@ static void test_fault_kill_while_streams_wait(void **state) { run_fault(*state,
 
 /* 2 rank processes (gpu_rank --mode hofault --case <c>) on a daemon whose collectives wait for the
  * ranks' streams on the GPU (the default; with COLLD_GPU_HOST_HANDOFF=1 in the environment the
- * same cases run on the host's hand-off): a stream that never gets there within the 3 s timeout,
+ * same cases run on the host's hand-off): a stream that never gets there within the 2 s timeout,
  * an abort, a mismatch. Each rank checks its status, its release and that its output stayed
  * untouched; the daemon is left clean. On the double: the wait kernel polls on host threads, on
  * the host's memory model, not the GPU's. */
 static void run_hofault(harness_t *h, const char *fcase)
 {
-    const char *extra[] = { "--mode", "hofault", "--case", fcase, "--timeout-ms", "3000", NULL };
+    const char *extra[] = { "--mode", "hofault", "--case", fcase, "--timeout-ms", "2000", NULL };
     run_gpu(h, 2, extra);
     assert_int_equal(harness_wait_clean(h, 10000), 0);
     assert_true(gpu_driver_daemon_ok(&drv, h->pid));
