@@ -783,6 +783,7 @@ static void test_launch(void **state)
         if (strstr(name, "handoff")) {
             CU_OK(cu.cuMemAlloc(&hw, 64));
             CU_OK(cu.cuMemsetD8(hw, 0, 64));
+            CU_OK(cu.cuCtxSynchronize()); /* s is non-blocking: it does not wait for the legacy stream */
         }
         if (strcmp(name, COLLD__CUDA_STR(COLLD__CUDA_WAIT_KERNEL)) == 0) {
             p.w = (colld__cuda_wait_params_t){ .n = 1, .words = (unsigned *)hw, .timeout_ns = 1000000000ull };
