@@ -42,8 +42,9 @@
 /* While hand-offs without the host (issue 28, cuda_handoff.c) are on the GPU, the watcher
  * busy-polls (sched_yield between looks) for up to this long after each change it sees (a hand-off
  * launched or finished, an engine woken), then goes back to its period: bounded, so that a
- * collective whose ranks' streams are far behind costs no CPU beyond it. */
-#define WATCH_SPIN_NS 2000000ull
+ * collective whose ranks' streams are far behind costs no CPU beyond it. 200 us: several times a
+ * small collective's time on a GPU once its ranks are there (to be measured: docs/performance.md). */
+#define WATCH_SPIN_NS 200000ull
 
 static void *watch_main(void *arg)
 {
