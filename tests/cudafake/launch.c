@@ -11,8 +11,8 @@
  * with that symbol name (kernels.cpp); a kernel with no host build fails to launch with
  * CUDA_ERROR_NOT_SUPPORTED and a message saying so. The parameters are copied at the launch, as
  * the driver does; the grid's blocks then run concurrently, FK_BLOCK_WORKERS at a time (the stream's
- * worker and helper threads of its own, each taking the next block in order, as a GPU fills its
- * resident slots), each block's threads one after another, after every buffer they name passed the
+ * worker and helper threads from a pool the streams share, each taking the next block in order, as
+ * a GPU fills its resident slots), each block's threads one after another, after every buffer they name passed the
  * access check (a fault is CUDA_ERROR_ILLEGAL_ADDRESS or
  * CUDA_ERROR_MISALIGNED_ADDRESS, sticky).
  *
@@ -493,20 +493,58 @@ static CUresult access_cb(void *cookie, const void *p, size_t len, bool write)
 }
 
 /* One launch's blocks, shared by the host threads that run them. */
-typedef struct {
+typedef struct blocks {
     const fk_op_t *op;
     size_t nblocks;
     atomic_size_t next; /* the next block to start */
+    int wanted;         /* helpers it asks for (under helpers.mu, as the rest below) */
+    int joined;         /* helpers that took it */
+    int active;         /* helpers running its blocks now */
+    struct blocks *next_job;
 } blocks_t;
 
+/* The helper threads, shared by every stream: started when a launch asks for one and none is idle,
+ * then parked between launches (detached: they never hold up the process's exit). Their number is
+ * the most ever busy at once, so a launch never pays a thread's start once the pool is warm. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* a job came, for idle helpers */
+    pthread_cond_t left_cv; /* a helper left a job */
+    blocks_t *jobs;         /* launches that still want helpers */
+    int idle;
+} helpers = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0 };
+
 /* Run blocks, the next one not started each time, until none is left. */
-static void *block_worker(void *arg)
+static void block_worker(blocks_t *bl)
 {
-    blocks_t *bl = arg;
     const fk_op_t *op = bl->op;
     size_t bs = op->u.kernel.block_threads;
     for (size_t b; (b = atomic_fetch_add(&bl->next, 1)) < bl->nblocks;)
         op->u.kernel.k->run(op->u.kernel.params, b * bs, (b + 1) * bs, op->u.kernel.nthreads);
+}
+
+static void *helper_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&helpers.mu);
+    for (;;) {
+        blocks_t *j = helpers.jobs;
+        while (j && j->joined >= j->wanted)
+            j = j->next_job;
+        if (!j) {
+            helpers.idle++;
+            pthread_cond_wait(&helpers.cv, &helpers.mu);
+            helpers.idle--;
+            continue;
+        }
+        j->joined++;
+        j->active++;
+        pthread_mutex_unlock(&helpers.mu);
+        block_worker(j);
+        pthread_mutex_lock(&helpers.mu);
+        j->active--;
+        pthread_cond_broadcast(&helpers.left_cv);
+    }
     return NULL;
 }
 
@@ -518,14 +556,35 @@ static void run_blocks(const fk_op_t *op)
     size_t bs = op->u.kernel.block_threads ? op->u.kernel.block_threads : op->u.kernel.nthreads;
     blocks_t bl = { .op = op, .nblocks = bs ? op->u.kernel.nthreads / bs : 0 };
     atomic_init(&bl.next, 0);
-    pthread_t helper[FK_BLOCK_WORKERS - 1];
-    int nh = 0;
-    for (size_t i = 1; i < FK_BLOCK_WORKERS && i < bl.nblocks; i++)
-        if (pthread_create(&helper[nh], NULL, block_worker, &bl) == 0)
-            nh++;
+    bl.wanted = bl.nblocks > FK_BLOCK_WORKERS ? FK_BLOCK_WORKERS - 1 : bl.nblocks > 0 ? (int)bl.nblocks - 1 : 0;
+    if (bl.wanted) {
+        pthread_mutex_lock(&helpers.mu);
+        bl.next_job = helpers.jobs;
+        helpers.jobs = &bl;
+        int start = bl.wanted - helpers.idle;
+        pthread_cond_broadcast(&helpers.cv);
+        pthread_mutex_unlock(&helpers.mu);
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        for (int i = 0; i < start; i++) {
+            pthread_t t;
+            (void)pthread_create(&t, &attr, helper_main, NULL); /* none: fewer threads run the blocks */
+        }
+        pthread_attr_destroy(&attr);
+    }
     block_worker(&bl);
-    for (int i = 0; i < nh; i++)
-        pthread_join(helper[i], NULL);
+    if (bl.wanted) {
+        pthread_mutex_lock(&helpers.mu);
+        for (blocks_t **pp = &helpers.jobs; *pp; pp = &(*pp)->next_job)
+            if (*pp == &bl) {
+                *pp = bl.next_job;
+                break;
+            }
+        while (bl.active)
+            pthread_cond_wait(&helpers.left_cv, &helpers.mu);
+        pthread_mutex_unlock(&helpers.mu);
+    }
 }
 
 /* Run a launch on s's worker: check its buffers, then run its grid (lock not held). */
