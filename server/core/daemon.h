@@ -130,6 +130,7 @@ typedef struct {
     char *ib_device;          /* RDMA device name, NULL: the first active one */
     uint64_t fast_path_bytes; /* per-rank inputs up to this run on the fast area (0: off) */
     bool nan_check;           /* --nan-check: reductions refuse NaN and infinite inputs */
+    bool gpu_host_handoff;    /* --gpu-host-handoff: GPU collectives start from the daemon's host thread */
     bool verify_results;      /* --verify-results: all-reduce results are checksummed and compared */
     char *test_ib_fault_file; /* --test-ib-fault-file (test hook): server/net/iblink.c */
     char *test_corrupt_text;  /* --test-corrupt-result (test hook, COLLD_TEST_HOOKS builds): verify.h */
@@ -478,6 +479,7 @@ struct colld_coll {
     void *bpriv;              /* the backend's own (cuda: the event after its kernels) ... */
     int bint;                 /* ... (cuda: the GPU whose stream writes the done flags) */
     void *bcheck;             /* ... (cuda: --nan-check's words its kernels flag, NULL: no check) */
+    void *bhand;              /* ... (cuda: its hand-off without the host, NULL: the host's; issue 28) */
     char why[COLLD_DETAIL_LEN / 2]; /* why its backend failed it */
     colld_op_t *ops[];        /* [nranks], by rank */
 };
