@@ -14,7 +14,11 @@ private directory, and checks their exit codes:
         coalesced, every dtype, exact; averaging by 1 / world in the float types.
   ddp   (2 and 4 ranks): one DistributedDataParallel training step: every rank's gradients are
         bit-identical, and equal to a single-process reference's; after an optimizer step the
-        parameters are identical too.
+        parameters are identical too. Then DDP's buckets in colld memory (torch_colld's
+        allocateTensor): the all-reduces zero copy (colld_client_stats), the gradients still
+        right; with DDP_DISABLE_COMM_MEM=1 staged; torch_colld.colld_memory and its cap.
+  inline (2 and 3 ranks): small operations issued on the caller's thread when the worker is
+        idle: in call order with queued ones, Work.wait(timeout) with late peers, colld's error.
   kill  (3 ranks): rank 1 is killed with SIGKILL after a first all-reduce; the others' next
         all-reduce (wait() and its future) raises a RuntimeError naming rank 1.
   exit, zerocopy: a rank leaving with an operation in flight; torch_colld.empty's tensors.
@@ -38,8 +42,8 @@ private directory, and checks their exit codes:
         -DCOLLD_TORCH_CUDA=ON.
 
 By default (make test) the scenarios that need no fault of their own run as one 4-rank group
-("ops+premul+ddp+zerocopy+p2p+api+split": one start of torch per rank, which costs more than the
-scenarios), then kill/3, exit/2, p2pfail/2 and p2pkill/3: 25 to 50 s on 2 cores. With
+("ops+premul+ddp+zerocopy+p2p+api+split+inline": one start of torch per rank, which costs more
+than the scenarios), then kill/3, exit/2, p2pfail/2 and p2pkill/3: 25 to 50 s on 2 cores. With
 COLLD_TEST_FULL=1 (make test-full) every scenario runs on its own at every world size above.
 
 Usage: .venv/bin/python test_torch.py --colld BUILD/server/colld --pythonpath BUILD/bindings/torch/python
@@ -1240,8 +1244,8 @@ def main():
             ("split", 3, 90), ("split", 4, 90), ("inline", 2, 90), ("inline", 3, 90)]
     gpu = [("cuda", 2, 300)]  # only where torch sees a GPU (none here; bench/gpu-carry.sh runs it on one)
     if not full:
-        plan = [("ops+premul+ddp+zerocopy+p2p+api+split+inline", 4, 240), ("kill", 3, 90), ("exit", 2, 90), ("p2pfail", 2, 90),
-                ("p2pkill", 3, 90)]
+        plan = [("ops+premul+ddp+zerocopy+p2p+api+split+inline", 4, 240), ("kill", 3, 90), ("exit", 2, 90),
+                ("p2pfail", 2, 90), ("p2pkill", 3, 90)]
     if torch.cuda.is_available():
         plan += gpu
     else:
