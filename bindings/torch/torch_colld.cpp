@@ -9,11 +9,16 @@
  *
  * One process group is one colld client and one colld communicator. Its unique id travels through
  * the c10d store given to the creator (a PrefixStore per group, so subgroups get ids of their own).
- * A colld_comm_t is used by one thread at a time, so every colld call of a group runs on the
+ * A colld_comm_t is used by one thread at a time, so the colld calls of a group run on the
  * group's own worker thread: an operation is checked and staged on the caller's thread, queued,
  * issued by the worker, completed there with colld_comm_synchronize, and its Work (and the Work's
  * future, which DDP waits on) is marked done there. Operations of one group run in the order they
- * were called, as c10d requires; the caller never blocks on the daemon.
+ * were called, as c10d requires; the caller never blocks on the daemon. The exception: a small
+ * host operation posted while the worker is idle is issued by the caller's thread, which looks
+ * briefly for its completion and otherwise hands it, issued, to the worker (run_inline).
+ *
+ * DDP's gradient buckets are allocated in colld memory (supportsTensorAlloc / allocateTensor, over
+ * torch_colld_alloc.h's allocator), so DDP's all-reduces are zero copy.
  *
  * Buffers: CPU tensors. A contiguous tensor's own memory goes to libcolld (it stages host memory
  * that is not colld's, see colld.h); a non-contiguous one is copied into a contiguous tensor and
@@ -25,6 +30,7 @@
  * (Op in torch_colld_work.h; run on an H200 with 2 processes: docs/gpu-testing.md).
  *
  * Files: this one is the backend; torch_colld_work.h its Work and queued operation,
+ * torch_colld_alloc.{h,cpp} the CPU allocator of colld memory,
  * torch_colld_convert.{h,cpp} the checks and conversions made on the caller's thread,
  * torch_colld_cuda.{h,cpp} the CUDA stream and event calls (CUDA build only).
  *

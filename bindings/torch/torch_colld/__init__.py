@@ -6,7 +6,9 @@
     # or "cpu:colld" (e.g. "cpu:colld,cuda:nccl")
 
 Every process reaches the local colld daemon at $COLLD_SOCKET (else colld's default socket).
-torch 2.x, CPU tensors only; see docs/torch.md for what is supported.
+torch 2.x, CPU tensors only; see docs/torch.md for what is supported. DDP's gradient buckets are
+allocated in colld memory (zero copy; DDP_DISABLE_COMM_MEM=1 or TORCH_COLLD_DDP_BUCKETS=0 turn it
+off); colld_memory() does the same for any CPU tensor made within it; memory_stats() shows it.
 """
 import atexit as _atexit
 import contextlib as _contextlib
@@ -50,9 +52,11 @@ def colld_memory(group=None, min_bytes=16384):
 def memory_stats(group=None):
     """What went zero copy: the group's colld client's counters (`zero_copy`: host collectives
     whose buffers all lay in colld memory; `staged`, `staged_bytes`: those libcolld staged, and the
-    bytes it copied; the fast path's small calls are in neither) and this process's colld
-    allocators' (`colld_allocs`, `colld_bytes` still allocated, `fallbacks` to torch's allocator
-    and why the last one happened, `small` allocations left to torch's allocator)."""
+    bytes it copied; the fast path's small calls are in neither), the group's small operations
+    issued on the caller's thread (`inline`: completed there, `inline_handed_off`: handed to the
+    worker, docs/torch.md), and this process's colld allocators' (`colld_allocs`, `colld_bytes`
+    still allocated, `fallbacks` to torch's allocator and why the last one happened
+    (`last_fallback`), `small` allocations left to torch's allocator)."""
     stats = dict(_client_stats(_cpu_backend(group, "memory_stats")))
     stats.update(_alloc_stats())
     return stats
