@@ -291,6 +291,28 @@ if has perf; then
   run hostcall 45 $B/tools/colld-hostcall --socket $sock --ranks 2 --calls 1000 --rounds 10
   kill -TERM $d
   wait $d
+  # The hand-off without the host (issue 28 item 1) against the host's hand-off, in the same run:
+  # the daemon above ran the new path (the default); the same small and 64 MiB rows (2 and 8 ranks)
+  # on a daemon with --gpu-host-handoff, then once more on the default one, so that each pair is
+  # measured back to back (perf_handoff{1,2}_* / perf_hosthandoff{1,2}_*; docs/performance.md says
+  # what to read).
+  for round in hosthandoff1 handoff1 hosthandoff2 handoff2; do
+    mode=${round%?}
+    rm -f $sock
+    opt=""
+    [ $mode = hosthandoff ] && opt="--gpu-host-handoff"
+    $B/server/colld --socket $sock $opt --log-file "$O/perf-$round-colld.log" >/dev/null 2>&1 &
+    d=$!
+    for _ in $(seq 200); do [ -S $sock ] && break; sleep 0.05; done
+    for p in 2 8; do
+      run perf_${round}_p${p}_small 45 $B/tools/colld-perf --socket $sock --gpu -p $p -t allreduce -d float -o sum \
+        -b 8 -e 64K -f 8 -n 300 -w 30 -c 1
+      run perf_${round}_p${p}_64M 45 $B/tools/colld-perf --socket $sock --gpu -p $p -t allreduce -d float -o sum \
+        -b 64M -e 64M -n 10 -w 2 -c 1
+    done
+    kill -TERM $d
+    wait $d
+  done
 fi
 
 if has nccl; then
@@ -424,7 +446,7 @@ for f in "$O"/*.log; do
   fi
 done
 if [ -z "${BRIEF:-}" ]; then
-  for f in "$O"/perf_p*.log "$O"/nccl_*perf.log; do
+  for f in "$O"/perf_p*.log "$O"/perf_*handoff*.log "$O"/nccl_*perf.log; do
     [ -f "$f" ] && { echo "##### $(basename "$f")"; grep -v "^#  *[A-Za-z]" "$f" | tail -n 14; }
   done
 fi

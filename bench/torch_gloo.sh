@@ -4,7 +4,7 @@
 # --build), then runs bench/torch_gloo.py with the project's Python (.venv/bin/python, torch 2.11,
 # made by `make deps`; COLLD_TORCH_PYTHON to name another) against a private daemon; see that
 # file for what is timed and how.
-#   bench/torch_gloo.sh [--build DIR] [--ranks 2,4] [--sizes 8:64M] [--rounds 3]
+#   bench/torch_gloo.sh [--build DIR] [--ranks 2,4] [--sizes 8:64M] [--rounds 3] [--ddp STEPS]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=build
@@ -13,8 +13,8 @@ args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
-    --ranks|--sizes|--rounds) args+=("$1" "$2"); shift 2 ;;
-    *) echo "usage: $0 [--build DIR] [--ranks 2,4] [--sizes 8:64M] [--rounds 3]" >&2; exit 2 ;;
+    --ranks|--sizes|--rounds|--ddp) args+=("$1" "$2"); shift 2 ;;
+    *) echo "usage: $0 [--build DIR] [--ranks 2,4] [--sizes 8:64M] [--rounds 3] [--ddp STEPS]" >&2; exit 2 ;;
   esac
 done
 "$python" -c 'import torch.distributed' 2>/dev/null ||

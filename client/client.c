@@ -380,6 +380,21 @@ colld_status_t colld_disconnect(colld_client_t *c)
     return COLLD_OK;
 }
 
+/* The client's zero-copy and staging counters (staging.c counts them), up to stats->size. */
+colld_status_t colld_client_stats(colld_client_t *c, colld_client_stats_t *stats)
+{
+    if (!c || !stats || stats->size < offsetof(colld_client_stats_t, zero_copy) + sizeof(uint64_t))
+        return COLLD_ERR_INVALID_ARGUMENT;
+    colld_client_stats_t all = {
+        .size = stats->size < sizeof(all) ? stats->size : sizeof(all),
+        .zero_copy = atomic_load_explicit(&c->zero_copy_ops, memory_order_relaxed),
+        .staged = atomic_load_explicit(&c->staged_ops, memory_order_relaxed),
+        .staged_bytes = atomic_load_explicit(&c->staged_bytes, memory_order_relaxed),
+    };
+    memcpy(stats, &all, all.size);
+    return COLLD_OK;
+}
+
 /* The detail of the last error of a client, or of this thread's last failed connect (c NULL). */
 const char *colld_last_error(colld_client_t *c)
 {

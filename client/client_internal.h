@@ -114,6 +114,9 @@ struct colld_client {
     colld_stage_t *stage_cache; /* free staging regions (mu) */
     size_t stage_cached;
     colld_stage_t *stage_trash; /* regions to unregister outside mu */
+    /* colld_client_stats: engine-path host collectives with every buffer in colld memory, those
+     * with a buffer staged, and the bytes staged (copied in, or to copy out) for them */
+    _Atomic uint64_t zero_copy_ops, staged_ops, staged_bytes;
 
     atomic_bool lost;
     pthread_t monitor;

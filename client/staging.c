@@ -191,20 +191,24 @@ colld_status_t colld__stage(colld_comm_t *comm, const void *send, size_t send_by
     colld_pending_t *p = NULL;
     colld_err_t reg_err = COLLD_ERR_INIT;
     *pending = NULL;
-    if (ls == 0 && lr == 0)
+    if (ls == 0 && lr == 0) {
+        atomic_fetch_add_explicit(&c->zero_copy_ops, 1, memory_order_relaxed);
         return COLLD_OK; /* zero copy */
+    }
     colld__stage_trim(c);
     p = calloc(1, sizeof(*p));
     if (!p)
         return COLLD_ERR_NO_MEMORY;
     uintptr_t s0 = (uintptr_t)send, s1 = s0 + send_bytes, r0 = (uintptr_t)recv, r1 = r0 + recv_bytes;
     bool overlap = send_bytes && recv_bytes && s0 < r1 && r0 < s1;
+    size_t copied = 0; /* into staging regions now (what is copied out later is p->bytes) */
     if (overlap) {
         /* One region covering both ranges keeps the collective in place for the daemon. */
         uintptr_t u0 = s0 < r0 ? s0 : r0, u1 = s1 > r1 ? s1 : r1;
         if ((st = stage_get(c, u1 - u0, &p->stage[0], &reg_err)) != COLLD_OK)
             goto fail;
         memcpy(p->stage[0]->base, (const void *)u0, u1 - u0);
+        copied = u1 - u0;
         *wsend = (colld_wire_buf_t){ .reg_id = p->stage[0]->reg_id, .offset = s0 - u0 };
         *wrecv = (colld_wire_buf_t){ .reg_id = p->stage[0]->reg_id, .offset = r0 - u0 };
         p->from = (char *)p->stage[0]->base + (r0 - u0);
@@ -213,6 +217,7 @@ colld_status_t colld__stage(colld_comm_t *comm, const void *send, size_t send_by
             if ((st = stage_get(c, send_bytes, &p->stage[0], &reg_err)) != COLLD_OK)
                 goto fail;
             memcpy(p->stage[0]->base, send, send_bytes);
+            copied = send_bytes;
             *wsend = (colld_wire_buf_t){ .reg_id = p->stage[0]->reg_id, .offset = 0 };
         }
         if (lr == -1) {
@@ -226,6 +231,8 @@ colld_status_t colld__stage(colld_comm_t *comm, const void *send, size_t send_by
         p->user = recv;
         p->bytes = recv_bytes;
     }
+    atomic_fetch_add_explicit(&c->staged_ops, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->staged_bytes, copied + p->bytes, memory_order_relaxed);
     *pending = p;
     return COLLD_OK;
 fail:

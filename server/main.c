@@ -122,6 +122,15 @@ static int finish_config(colld_daemon_t *d)
         fprintf(stderr, "colld: --net-algo: '%s' is not auto, ring or rd\n", c->net_algo_text ? c->net_algo_text : "");
         return -1;
     }
+    const char *tr = c->net_transport_text ? c->net_transport_text : "auto";
+    c->net_transport = strcmp(tr, "auto") == 0  ? COLLD_NET_TRANSPORT_AUTO
+                       : strcmp(tr, "ib") == 0  ? COLLD_NET_TRANSPORT_IB
+                       : strcmp(tr, "tcp") == 0 ? COLLD_NET_TRANSPORT_TCP
+                                                : -1;
+    if (c->net_transport < 0) {
+        fprintf(stderr, "colld: --net-transport: '%s' is not auto, ib or tcp\n", tr);
+        return -1;
+    }
     if (!colld_verify_hook_parse(c->test_corrupt_text, &c->test_corrupt_rank, &c->test_corrupt_elem)) {
         fprintf(stderr, "colld: --test-corrupt-result: '%s' is not R:E or node:E\n", c->test_corrupt_text);
         return -1;

@@ -174,6 +174,12 @@ static void print_json(const Colld__V1__StatusResponse *r)
     json_str(r->node_name);
     printf(",\"listen\":");
     json_str(r->listen);
+    printf(",\"net_transport\":");
+    json_str(r->net_transport);
+    printf(",\"ib_device\":");
+    json_str(r->ib_device);
+    printf(",\"ib_none\":");
+    json_str(r->ib_none);
     printf(",\"net_payload_sent\":%llu,\"net_payload_received\":%llu,\"net_refused\":%llu,\"peers\":[",
            (unsigned long long)r->net_payload_sent, (unsigned long long)r->net_payload_received,
            (unsigned long long)r->net_refused);
@@ -195,10 +201,15 @@ static void print_json(const Colld__V1__StatusResponse *r)
             if (links[k].peer == i && links[k].l.slow)
                 *(links[k].tx ? &tx_slow : &rx_slow) = true;
         printf(",\"tx_rate\":%.0f,\"rx_rate\":%.0f,\"tx_slow\":%s,\"rx_slow\":%s,\"rtt_ms\":%.3f,\"tcp_rtt_us\":%u,"
-               "\"tcp_lost\":%u,\"retrans\":%llu,\"losses\":%llu,\"rx_bytes\":%llu,\"rx_busy_us\":%llu}",
-               p->tx_rate, p->rx_rate, tx_slow ? "true" : "false", rx_slow ? "true" : "false", p->rtt_ms,
-               p->tcp_rtt_us, p->tcp_lost, (unsigned long long)p->retrans, (unsigned long long)p->losses,
+               "\"tcp_lost\":%u,\"retrans\":%llu,\"losses\":%llu,\"rx_bytes\":%llu,\"rx_busy_us\":%llu,"
+               "\"transport\":",
+               p->tx_rate, p->rx_rate, tx_slow ? "true" : "false", rx_slow ? "true" : "false", p->rtt_ms, p->tcp_rtt_us,
+               p->tcp_lost, (unsigned long long)p->retrans, (unsigned long long)p->losses,
                (unsigned long long)p->rx_bytes, (unsigned long long)p->rx_busy_us);
+        json_str(*p->transport ? p->transport : "tcp");
+        printf(",\"transport_note\":");
+        json_str(p->transport_note);
+        printf("}");
     }
     printf("],\"slow_links\":");
     collctl_links_json(links, nlinks);
@@ -292,6 +303,11 @@ static void print_peers(const Colld__V1__StatusResponse *r)
         printf("  %-16s %-21s %-10s %5d %10s %10s %10s %10s  %s\n", p->name, p->addr, p->state, p->conns, sent,
                received, rate_s, rate_r, p->last_error && *p->last_error ? p->last_error : "-");
     }
+    printf("\nTRANSPORT of collective data (--net-transport %s; RDMA device: %s%s)\n", r->net_transport,
+           *r->ib_device ? r->ib_device : "none, ", *r->ib_device ? "" : r->ib_none);
+    for (size_t i = 0; i < r->n_peers; i++)
+        printf("  %-16s %-4s %s\n", *r->peers[i]->name ? r->peers[i]->name : r->peers[i]->addr,
+               *r->peers[i]->transport ? r->peers[i]->transport : "tcp", r->peers[i]->transport_note);
     printf("\n");
     collctl_link_t links[COLLCTL_MAX_LINKS];
     size_t nlinks = collctl_links(r, links, COLLCTL_MAX_LINKS);

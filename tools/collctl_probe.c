@@ -51,6 +51,13 @@ int collctl_probe(colld_client_t *c, int json, uint64_t bytes)
         *s->node_name)
         self = s->node_name;
     size_t n = COLLD_MIN(r->n_links, (size_t)COLLCTL_MAX_LINKS / 2);
+    const char *via[COLLCTL_MAX_LINKS / 2]; /* each link's transport, from status */
+    for (size_t i = 0; i < n; i++) {
+        via[i] = "tcp";
+        for (size_t k = 0; s && k < s->n_peers; k++)
+            if (strcmp(s->peers[k]->addr, r->links[i]->addr) == 0 && *s->peers[k]->transport)
+                via[i] = s->peers[k]->transport;
+    }
     collctl_link_t links[COLLCTL_MAX_LINKS];
     colld_link_rate_t rates[COLLCTL_MAX_LINKS];
     int errors = 0;
@@ -76,6 +83,8 @@ int collctl_probe(colld_client_t *c, int json, uint64_t bytes)
             collctl_json_str(p->name);
             printf(",\"addr\":");
             collctl_json_str(p->addr);
+            printf(",\"transport\":");
+            collctl_json_str(via[i]);
             printf(",\"tx_rate\":%.0f,\"rx_rate\":%.0f,\"tx_slow\":%s,\"rx_slow\":%s,\"rtt_ms\":%.3f,\"error\":",
                    rates[2 * i].rate, rates[2 * i + 1].rate, rates[2 * i].slow ? "true" : "false",
                    rates[2 * i + 1].slow ? "true" : "false", (double)p->rtt_ns / 1e6);
@@ -88,7 +97,7 @@ int collctl_probe(colld_client_t *c, int json, uint64_t bytes)
     } else {
         printf("links of %s (%zu peer(s)); slow: below 1/%.0f of the median of the other links\n", self, n,
                COLLD_LINK_SLOW_RATIO);
-        printf("  %-16s %14s %14s %10s  %s\n", "PEER", "TO-PEER", "FROM-PEER", "RTT", "ERROR");
+        printf("  %-16s %14s %14s %10s %4s  %s\n", "PEER", "TO-PEER", "FROM-PEER", "RTT", "VIA", "ERROR");
         for (size_t i = 0; i < n; i++) {
             const Colld__V1__LinkProbe *p = r->links[i];
             char tx[40], rx[40];
@@ -98,7 +107,7 @@ int collctl_probe(colld_client_t *c, int json, uint64_t bytes)
                 strcat(tx, " SLOW");
             if (rates[2 * i + 1].slow)
                 strcat(rx, " SLOW");
-            printf("  %-16s %14s %14s %7.2f ms  %s\n", links[2 * i].to, tx, rx, (double)p->rtt_ns / 1e6,
+            printf("  %-16s %14s %14s %7.2f ms %4s  %s\n", links[2 * i].to, tx, rx, (double)p->rtt_ns / 1e6, via[i],
                    *p->error ? p->error : "-");
         }
         for (size_t i = 0; i < 2 * n; i++)

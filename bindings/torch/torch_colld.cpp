@@ -9,11 +9,16 @@
  *
  * One process group is one colld client and one colld communicator. Its unique id travels through
  * the c10d store given to the creator (a PrefixStore per group, so subgroups get ids of their own).
- * A colld_comm_t is used by one thread at a time, so every colld call of a group runs on the
+ * A colld_comm_t is used by one thread at a time, so the colld calls of a group run on the
  * group's own worker thread: an operation is checked and staged on the caller's thread, queued,
  * issued by the worker, completed there with colld_comm_synchronize, and its Work (and the Work's
  * future, which DDP waits on) is marked done there. Operations of one group run in the order they
- * were called, as c10d requires; the caller never blocks on the daemon.
+ * were called, as c10d requires; the caller never blocks on the daemon. The exception: a small
+ * host operation posted while the worker is idle is issued by the caller's thread, which looks
+ * briefly for its completion and otherwise hands it, issued, to the worker (run_inline).
+ *
+ * DDP's gradient buckets are allocated in colld memory (supportsTensorAlloc / allocateTensor, over
+ * torch_colld_alloc.h's allocator), so DDP's all-reduces are zero copy.
  *
  * Buffers: CPU tensors. A contiguous tensor's own memory goes to libcolld (it stages host memory
  * that is not colld's, see colld.h); a non-contiguous one is copied into a contiguous tensor and
@@ -25,6 +30,7 @@
  * (Op in torch_colld_work.h; run on an H200 with 2 processes: docs/gpu-testing.md).
  *
  * Files: this one is the backend; torch_colld_work.h its Work and queued operation,
+ * torch_colld_alloc.{h,cpp} the CPU allocator of colld memory,
  * torch_colld_convert.{h,cpp} the checks and conversions made on the caller's thread,
  * torch_colld_cuda.{h,cpp} the CUDA stream and event calls (CUDA build only).
  *
@@ -45,12 +51,16 @@
 
 #include <colld/colld.h>
 
+#include "torch_colld_alloc.h"
 #include "torch_colld_convert.h"
 #include "torch_colld_work.h"
+
+#include <ATen/EmptyTensor.h>
 
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -237,6 +247,61 @@ class ProcessGroupColld : public c10d::Backend
             throw std::runtime_error(colld_failure("empty (colld_mem_alloc)", st, colld_last_error(client.get())));
         return at::from_blob(
             p, sizes, [client](void *q) { colld_mem_free(client.get(), q); }, options);
+    }
+
+    /* ---- colld memory for torch's own allocations ---- */
+
+    /* torch's DDP reducer asks the group's default backend for each gradient bucket
+     * (Reducer::initialize_buckets, when DDP_DISABLE_COMM_MEM is "0", which torch_colld sets
+     * where the user has not: torch_colld/__init__.py): CPU buckets are then allocated in colld
+     * memory and DDP's all-reduces of them are zero copy. Off with TORCH_COLLD_DDP_BUCKETS=0. A
+     * CUDA device (the CUDA build serves both) gets torch's own allocation. */
+    bool supportsTensorAlloc(c10::DeviceIndex idx) override
+    {
+#ifdef COLLD_TORCH_CUDA
+        if (idx >= 0)
+            return false; /* a CUDA device's index; the CPU's is -1 */
+#else
+        (void)idx;
+#endif
+        return ddp_buckets_;
+    }
+
+    /* A flat tensor of `size` elements of options' dtype in colld memory (torch's allocator's
+     * memory where colld memory cannot be had: ColldAllocator). */
+    at::Tensor allocateTensor(long size, at::TensorOptions options) override
+    {
+        if (options.has_device() && !options.device().is_cpu())
+            return at::empty({ size }, options);
+        return at::detail::empty_generic({ size }, allocator_, c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                         c10::typeMetaToScalarType(options.dtype()), options.memory_format_opt());
+    }
+
+    /* The allocator allocateTensor uses (it lives as long as the process; the pointer is not owned). */
+    std::shared_ptr<c10::Allocator> getMemAllocator() override
+    {
+        return std::shared_ptr<c10::Allocator>(allocator_, [](c10::Allocator *) {});
+    }
+
+    /* torch_colld.colld_memory(): this group's allocator for every CPU allocation until pop. */
+    c10::Allocator *cpu_allocator(size_t min_bytes)
+    {
+        return ColldAllocator::for_client(client_, min_bytes);
+    }
+
+    /* run_inline's counters: {completed on the caller's thread, handed to the worker}. */
+    std::pair<uint64_t, uint64_t> inline_stats() const
+    {
+        return { inline_done_.load(std::memory_order_relaxed), inline_handed_.load(std::memory_order_relaxed) };
+    }
+
+    /* The colld client's zero-copy and staging counters (colld_client_stats). */
+    colld_client_stats_t client_stats()
+    {
+        colld_client_stats_t st{};
+        st.size = sizeof(st);
+        (void)colld_client_stats(client_.get(), &st);
+        return st;
     }
 
     /* ---- collectives ---- */
@@ -876,6 +941,7 @@ class ProcessGroupColld : public c10d::Backend
         auto made = std::make_shared<colld_comm_t *>(nullptr);
         Op o;
         o.name = "split_group";
+        o.may_inline = false; /* its check splits the communicator: on the worker, as documented */
         o.work = c10::make_intrusive<WorkColld>(rank_, c10d::OpType::UNKNOWN, std::vector<at::Tensor>{}, work_done_);
         o.keep = { mine, all };
         o.issue = [mine, all](colld_comm_t *c, void *st) {
@@ -992,6 +1058,15 @@ class ProcessGroupColld : public c10d::Backend
     /* Once the communicator is there: start the worker, and count the group among the live ones. */
     void start()
     {
+        const char *b = std::getenv("TORCH_COLLD_DDP_BUCKETS");
+        ddp_buckets_ = !(b && std::strcmp(b, "0") == 0);
+        allocator_ = ColldAllocator::for_client(client_, 0);
+        const char *ib = std::getenv("TORCH_COLLD_INLINE_BYTES");
+        char *end = nullptr;
+        unsigned long long n = ib ? std::strtoull(ib, &end, 10) : 0;
+        if (ib && end != ib && *end == '\0')
+            inline_bytes_ = static_cast<size_t>(n);
+
         init();
         worker_ = std::thread([this] { run(); });
         std::lock_guard<std::mutex> lock(g_live_mu);
@@ -1007,7 +1082,8 @@ class ProcessGroupColld : public c10d::Backend
         {
             std::lock_guard<std::mutex> lock(mu_);
             stop_ = true;
-            busy = busy_;
+            /* running: on the worker, on a caller's thread, or issued there and queued for the worker */
+            busy = busy_ || inline_ || (!queue_.empty() && queue_.front().issued_inline);
             held.swap(batch_); /* posted inside a batch_isend_irecv that never ended */
             held_work.swap(batch_work_);
             coalescing_ = 0;
@@ -1022,6 +1098,8 @@ class ProcessGroupColld : public c10d::Backend
         std::lock_guard<std::mutex> lock(join_mu_);
         if (worker_.joinable())
             worker_.join();
+        std::unique_lock<std::mutex> inl(mu_); /* a caller's thread may still have the communicator */
+        cv_.wait(inl, [this] { return !inline_; });
     }
 
     /* Stop the worker and destroy the communicator, once (shutdown, abort, the destructor). The
@@ -1323,7 +1401,7 @@ class ProcessGroupColld : public c10d::Backend
 #endif
         c10::intrusive_ptr<WorkColld> w = o.work;
         std::shared_ptr<std::promise<std::string>> issued;
-        bool queued = false;
+        bool queued = false, here = false;
         {
             std::lock_guard<std::mutex> lock(mu_);
             if (!stop_ && coalescing_ > 0) {
@@ -1333,10 +1411,18 @@ class ProcessGroupColld : public c10d::Backend
             if (!stop_) {
                 if (o.device.is_cuda()) /* stream-ordered, also on the default stream (NULL) */
                     o.issued = issued = std::make_shared<std::promise<std::string>>();
-                queue_.push_back(std::move(o));
-                queued_.store(queue_.size(), std::memory_order_release);
-                queued = true;
+                else if (queue_.empty() && !busy_ && inline_ok(o))
+                    here = busy_ = inline_ = true; /* the worker is idle: this thread has the communicator */
+                if (!here) {
+                    queue_.push_back(std::move(o));
+                    queued_.store(queue_.size(), std::memory_order_release);
+                    queued = true;
+                }
             }
+        }
+        if (here) {
+            run_inline(o);
+            return w;
         }
         if (!queued)
             fail(o, "the process group was shut down (destroy_process_group, abort or interpreter exit)");
@@ -1346,6 +1432,65 @@ class ProcessGroupColld : public c10d::Backend
             finish_on_stream(wait_issued(issued), dones, works);
 #endif
         return w;
+    }
+
+    /* Whether a host operation may be issued on the caller's thread: small (the bytes the daemon
+     * reads and writes at most TORCH_COLLD_INLINE_BYTES), one colld call (not a batch) and not a
+     * split. */
+    bool inline_ok(const Op &o) const
+    {
+        if (!inline_bytes_ || !o.may_inline || !o.parts.empty() || !o.issue)
+            return false;
+        size_t bytes = 0;
+        for (const at::Tensor &t : o.keep)
+            if (t.defined())
+                bytes += nbytes(t);
+        return bytes <= inline_bytes_;
+    }
+
+    /* A small host operation, posted while the worker had nothing to do, runs on the caller's
+     * thread instead of the worker's (saving the two thread hand-offs, caller to worker and back,
+     * that a blocking call otherwise pays): this thread issues it (busy_ and inline_ keep the
+     * worker off the communicator meanwhile; operations posted by other threads queue behind it),
+     * then looks for its completion for as long as recent ones took (Handoff, inline_wait_), and
+     * completes its Work here. When it is not done by then (a peer is late), it goes to the front
+     * of the worker's queue, issued, and the worker waits for it and completes it as any other:
+     * the caller never waits for its peers here, so an async operation stays async and
+     * Work.wait(timeout) keeps its meaning. Errors carry colld's detail as on the worker. */
+    void run_inline(Op &o)
+    {
+        colld_status_t st = o.issue(comm_, nullptr);
+        Handoff::Wait look{};
+        if (st == COLLD_OK) {
+            colld_status_t q = COLLD_INPROGRESS;
+            look = inline_wait_.spin([&] { return (q = colld_comm_query(comm_)) != COLLD_INPROGRESS; });
+            if (q == COLLD_INPROGRESS) {
+                std::unique_lock<std::mutex> lock(mu_);
+                if (!stop_) { /* to the worker, issued */
+                    o.issued_inline = true;
+                    o.look = look;
+                    queue_.push_front(std::move(o));
+                    queued_.store(queue_.size(), std::memory_order_release);
+                    busy_ = inline_ = false;
+                    lock.unlock();
+                    inline_handed_.fetch_add(1, std::memory_order_relaxed);
+                    cv_.notify_all();
+                    return;
+                }
+                lock.unlock(); /* stopping: the worker may be gone; wait here (an abort ends it) */
+                q = colld_comm_synchronize(comm_);
+            }
+            inline_wait_.done(look);
+            st = q;
+        }
+        inline_done_.fetch_add(1, std::memory_order_relaxed);
+        std::string error = settle(o, st == COLLD_OK ? std::string() : failure(o, st));
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            busy_ = inline_ = false;
+        }
+        cv_.notify_all(); /* the worker, for what queued meanwhile; stop_worker, waiting for inline_ */
+        o.work->complete(error);
     }
 
     /* The text of a failed colld call of operation o: colld's detail, and for a point-to-point
@@ -1390,15 +1535,24 @@ class ProcessGroupColld : public c10d::Backend
             auto look = next_op_.spin([this] { return queued_.load(std::memory_order_acquire) != 0; });
             {
                 std::unique_lock<std::mutex> lock(mu_);
-                cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+                /* Not while the caller's thread has the communicator (run_inline). */
+                cv_.wait(lock, [this] { return stop_ || (!queue_.empty() && !inline_); });
                 if (queue_.empty())
                     return;
+                if (inline_) { /* stopping: what is queued behind the caller's operation fails */
+                    o = std::move(queue_.back());
+                    queue_.pop_back();
+                    queued_.store(queue_.size(), std::memory_order_release);
+                    lock.unlock();
+                    fail(o, "the process group was destroyed before it ran");
+                    continue;
+                }
                 next_op_.done(look);
                 o = std::move(queue_.front());
                 queue_.pop_front();
                 queued_.store(queue_.size(), std::memory_order_release);
-                busy_ = !stop_;
-                if (stop_) {
+                busy_ = !stop_ || o.issued_inline;
+                if (stop_ && !o.issued_inline) {
                     lock.unlock();
                     fail(o, "the process group was destroyed before it ran");
                     continue;
@@ -1415,10 +1569,13 @@ class ProcessGroupColld : public c10d::Backend
                 continue;
             }
 #endif
-            /* A batch's parts go in one colld group. */
-            colld_status_t st = o.parts.empty() ? o.issue(comm_, o.stream) : grouped(o.parts.size(), [&](size_t i) {
-                return o.parts[i].issue(comm_, o.parts[i].stream);
-            });
+            /* A batch's parts go in one colld group; an operation its caller issued (run_inline)
+             * is only waited for. */
+            colld_status_t st = o.issued_inline   ? COLLD_OK
+                                : o.parts.empty() ? o.issue(comm_, o.stream)
+                                                  : grouped(o.parts.size(), [&](size_t i) {
+                                                        return o.parts[i].issue(comm_, o.parts[i].stream);
+                                                    });
             if (o.issued) { /* stream-ordered: issued, the caller completes it */
                 o.issued->set_value(st == COLLD_OK ? std::string() : failure(o, st));
                 std::lock_guard<std::mutex> lock(mu_);
@@ -1427,6 +1584,8 @@ class ProcessGroupColld : public c10d::Backend
             }
             if (st == COLLD_OK)
                 st = colld_comm_synchronize(comm_);
+            if (o.issued_inline)
+                inline_wait_.done(o.look); /* how long the caller would have had to look */
             std::string error = st == COLLD_OK ? std::string() : failure(o, st);
             std::vector<std::string> errors;
             if (o.parts.empty())
@@ -1461,7 +1620,12 @@ class ProcessGroupColld : public c10d::Backend
     Handoff next_op_;                          /* how the worker waits for the next operation */
     std::shared_ptr<Handoff> work_done_ = std::make_shared<Handoff>(); /* how callers wait for their Work */
     bool stop_ = false;                        /* guarded by mu_ */
-    bool busy_ = false;                        /* guarded by mu_: the worker is running an operation */
+    bool busy_ = false;                        /* guarded by mu_: the worker, or a caller, runs an operation */
+    bool inline_ = false;                      /* guarded by mu_: a caller's thread has the communicator */
+    Handoff inline_wait_;                      /* how long run_inline looks for its completion */
+    size_t inline_bytes_ = 65536;              /* run_inline's limit: TORCH_COLLD_INLINE_BYTES (0: off) */
+    std::atomic<uint64_t> inline_done_{ 0 };   /* operations run_inline completed on the caller's thread */
+    std::atomic<uint64_t> inline_handed_{ 0 }; /* ... and those it issued and handed to the worker */
     int coalescing_ = 0;                       /* guarded by mu_: startCoalescing's not yet ended (nesting) */
     std::vector<Op> batch_;                    /* guarded by mu_: what was posted while coalescing */
     c10::intrusive_ptr<WorkColld> batch_work_; /* guarded by mu_: the Work endCoalescing returns */
@@ -1472,6 +1636,8 @@ class ProcessGroupColld : public c10d::Backend
     c10::weak_intrusive_ptr<c10d::Store> split_store_{ c10::intrusive_ptr<c10d::Store>() };
     c10::weak_intrusive_ptr<c10d::Backend> split_last_{ c10::intrusive_ptr<c10d::Backend>() };
     std::thread worker_;
+    ColldAllocator *allocator_ = nullptr; /* for DDP's buckets (allocateTensor); never freed */
+    bool ddp_buckets_ = true;             /* supportsTensorAlloc: TORCH_COLLD_DDP_BUCKETS is not "0" */
 };
 
 } // namespace
@@ -1512,6 +1678,46 @@ PYBIND11_MODULE(_torch_colld, m)
         },
         pybind11::arg("backend"), pybind11::arg("sizes"), pybind11::arg("like"),
         "A CPU tensor in memory shared with the backend's colld daemon (zero copy in that group's operations)");
+    m.def(
+        "_push_allocator",
+        [](c10d::Backend &backend, size_t min_bytes) {
+            auto *colld = dynamic_cast<ProcessGroupColld *>(&backend);
+            TORCH_CHECK(colld, "torch_colld.colld_memory: the group's CPU backend is ", backend.getBackendName(),
+                        ", not colld");
+            torch_colld::push_cpu_allocator(colld->cpu_allocator(min_bytes));
+        },
+        pybind11::arg("backend"), pybind11::arg("min_bytes"),
+        "Put the backend's colld-memory allocator in force for every CPU allocation (process-wide)");
+    m.def("_pop_allocator", &torch_colld::pop_cpu_allocator,
+          "Put back the CPU allocator _push_allocator replaced; False when none was pushed");
+    m.def(
+        "_client_stats",
+        [](c10d::Backend &backend) {
+            auto *colld = dynamic_cast<ProcessGroupColld *>(&backend);
+            TORCH_CHECK(colld, "torch_colld.memory_stats: the group's CPU backend is ", backend.getBackendName(),
+                        ", not colld");
+            colld_client_stats_t st = colld->client_stats();
+            pybind11::dict d;
+            d["zero_copy"] = st.zero_copy;
+            d["staged"] = st.staged;
+            d["staged_bytes"] = st.staged_bytes;
+            auto in = colld->inline_stats();
+            d["inline"] = in.first;
+            d["inline_handed_off"] = in.second;
+            return d;
+        },
+        pybind11::arg("backend"));
+    m.def("_alloc_stats", [] {
+        torch_colld::AllocStats a = torch_colld::ColldAllocator::stats();
+        pybind11::dict d;
+        d["colld_allocs"] = a.colld_allocs;
+        d["colld_bytes"] = a.colld_bytes;
+        d["fallbacks"] = a.fallbacks;
+        d["small"] = a.small;
+        d["max_bytes"] = a.max_bytes;
+        d["last_fallback"] = std::string(a.last_reason);
+        return d;
+    });
     m.def("_stop_all", &ProcessGroupColld::stop_all, pybind11::call_guard<pybind11::gil_scoped_release>(),
           "Stop every process group's worker thread (at interpreter exit; later operations fail)");
     m.attr("colld_api_version") = COLLD_API_VERSION;

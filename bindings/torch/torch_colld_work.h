@@ -239,6 +239,9 @@ struct Op {
     c10::Device device = c10::Device(c10::kCPU);
     void *stream = nullptr;
     std::shared_ptr<std::promise<std::string>> issued; /* CUDA: the error text, empty if none */
+    bool may_inline = true;     /* may be issued on the caller's thread (ProcessGroupColld::run_inline) */
+    bool issued_inline = false; /* issued there already: the worker only waits for it and completes it */
+    Handoff::Wait look{};       /* issued_inline: the caller's look, which the worker's completion ends */
 };
 
 } // namespace torch_colld

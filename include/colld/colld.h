@@ -101,8 +101,12 @@
  *       New (issue 30 item 3): result verification, colld_comm_config_t.verify_results (the struct
  *       grew; a config of the older size, without the field, means 0) and the daemon's
  *       --verify-results; new status COLLD_ERR_CORRUPTED: a rank's or a node's all-reduce result
- *       differs from the others'. Later (issue 30): broadcast and all-gather results are verified
- *       too, and a tenant's policy (collctl policy --verify-results on) turns it on.
+ *       differs from the others'.
+ *       New (issue 25): colld_client_stats, how many host collectives of a client went zero copy
+ *       and how many were staged (with the bytes staged), so that a framework can show that its
+ *       buffers land in colld memory.
+ *       Later (issue 30): broadcast and all-gather results are verified too, and a tenant's policy
+ *       (collctl policy --verify-results on) turns verification on.
  */
 #ifndef COLLD_COLLD_H
 #define COLLD_COLLD_H
@@ -487,6 +491,23 @@ colld_status_t colld_op_wait(colld_comm_t *comm, uint64_t op);
 
 const char *colld_status_name(colld_status_t s);   /* "COLLD_ERR_TIMEOUT" */
 const char *colld_status_string(colld_status_t s); /* what it means and what to do next */
+
+/* What libcolld did with a client's host buffers since colld_connect (issue 25): collectives on
+ * the engine path (host buffers larger than the fast path takes; not sends and receives) whose
+ * buffers all lay in colld_mem_alloc memory (zero_copy), those with a buffer libcolld staged
+ * (staged), and the bytes it copied into staging regions or out of them for those (staged_bytes,
+ * counting copy-outs when the collective is posted). The fast path always copies through its
+ * area and is counted in neither. `size` is set by the caller to sizeof(colld_client_stats_t)
+ * (the struct may grow; a smaller size gets the fields it holds). Counters only grow; read them
+ * before and after what is measured. COLLD_ERR_INVALID_ARGUMENT for NULL or a size below the
+ * first counter's end. */
+typedef struct {
+    size_t size;
+    uint64_t zero_copy;
+    uint64_t staged;
+    uint64_t staged_bytes;
+} colld_client_stats_t;
+colld_status_t colld_client_stats(colld_client_t *c, colld_client_stats_t *stats);
 
 /* Size in bytes of one element of dtype, 0 for an unknown dtype. */
 size_t colld_dtype_size(colld_dtype_t dtype);

@@ -24,6 +24,7 @@
 #define COLLD_KERNELS_CUDA_CUDA_CORE_CUH
 
 #include "kernels/cuda/cuda_plan.h"
+#include "kernels/cuda/handoff.cuh"
 
 #include "kernels/cpu/reduce_internal.h"
 
@@ -476,6 +477,8 @@ COLLD__HD void colld__cuda_reduce_body(const colld__cuda_reduce_params_t &p, siz
 {
     constexpr int V = COLLD__CUDA_VEC_BYTES / sizeof(typename D::T);
     const size_t body = p.nvec * V;
+    if (colld__cuda_gate_shut(p.gate)) /* a hand-off the daemon abandoned (handoff.cuh) */
+        return;
 
     for (size_t v = tid; v < p.nvec; v += nthreads)
         colld__cuda_reduce_item<D, OP, V>(p, p.head + v * V);
@@ -494,6 +497,8 @@ COLLD__HD void colld__cuda_copy_body(const colld__cuda_copy_params_t &p, size_t 
 {
     const unsigned char *src = static_cast<const unsigned char *>(p.src);
     const size_t body = p.nunits * sizeof(Unit);
+    if (colld__cuda_gate_shut(p.gate))
+        return;
 
     for (size_t u = tid; u < p.nunits; u += nthreads) {
         const size_t at = p.head + u * sizeof(Unit);

@@ -146,6 +146,42 @@ colld_status_t colld_cuda_reduce_checked(const colld_cuda_kernels_t *k, colld_dt
 colld_status_t colld_cuda_copy(const colld_cuda_kernels_t *k, const void *src, void *const *out, int n_out,
                                size_t bytes, void *stream);
 
+/* The hand-off without the host (issue 28 item 1): a collective's kernels are queued as soon as it
+ * matches, behind a wait kernel that polls every rank's ready slot, and followed by a kernel that
+ * writes every rank's done word; the daemon's host threads stay out of the path.
+ *
+ * words: COLLD_CUDA_HANDOFF_WORDS words the GPU can read and write (host memory mapped for it, so
+ * that the daemon reads the gate and writes the cancel word), zero before the wait is launched:
+ *   [COLLD_CUDA_HANDOFF_CANCEL]  the daemon writes non-zero to abandon the collective
+ *   [COLLD_CUDA_HANDOFF_ARRIVED] ranks whose slot held its value (the wait's blocks count them)
+ *   [COLLD_CUDA_HANDOFF_GATE]    COLLD_CUDA_GATE_GO once every rank arrived and no cancel was seen
+ * colld_cuda_handoff_wait launches n blocks of one thread: block r polls ready[r] for want[r] and the
+ * cancel word (and gives up after timeout_ns: a bound for a daemon that died); the block that counts
+ * the last arrival looks at the cancel word once more, marks every slot taken (~want) and opens the
+ * gate (a system-scope fence, then a release store). The launches this thread makes after
+ * colld_cuda_set_gate(gate) (until colld_cuda_set_gate(NULL)) do nothing unless the gate is GO.
+ * colld_cuda_handoff_done launches one block of one thread: if the gate is GO, a system-scope fence,
+ * then every rank's done word (a system-scope release store each). A cancelled collective (gate not
+ * GO once the stream passed the done kernel) wrote nothing: the daemon releases the ranks' streams
+ * with an error status. Device addresses throughout; n <= COLLD_CUDA_MAX_RANKS. */
+enum { COLLD_CUDA_HANDOFF_CANCEL = 0, COLLD_CUDA_HANDOFF_ARRIVED = 1, COLLD_CUDA_HANDOFF_GATE = 2 };
+#define COLLD_CUDA_HANDOFF_WORDS 4
+#define COLLD_CUDA_GATE_GO 1u
+typedef struct {
+    uint32_t *ready[COLLD_CUDA_MAX_RANKS];
+    uint32_t want[COLLD_CUDA_MAX_RANKS];
+    uint32_t *done[COLLD_CUDA_MAX_RANKS];
+    uint32_t done_value[COLLD_CUDA_MAX_RANKS];
+    int n;
+    uint32_t *words;
+    uint64_t timeout_ns;
+} colld_cuda_handoff_t;
+
+colld_status_t colld_cuda_handoff_wait(const colld_cuda_kernels_t *k, const colld_cuda_handoff_t *h, void *stream);
+colld_status_t colld_cuda_handoff_done(const colld_cuda_kernels_t *k, const colld_cuda_handoff_t *h, void *stream);
+/* The gate the reduce and copy launches of this thread check from now on (NULL: none). */
+void colld_cuda_set_gate(const uint32_t *gate);
+
 /* What the last failing call of this module on this thread went wrong with, in words (which
  * argument, or the CUDA error name and message with what to do next); "" when none failed yet.
  * Valid until the next call of this module on the same thread. */

@@ -46,6 +46,7 @@ typedef struct {
     unsigned long long *first_bad;         /* --nan-check: [n_in] COLLD_CUDA_NAN_WORDs; NULL: none */
     size_t base;                           /* --nan-check: the collective's index of element 0 */
     uint64_t scalar[COLLD_CUDA_MAX_RANKS]; /* premul_sum: each input's scalar word; else zero */
+    const unsigned *gate;                  /* the hand-off's gate: nothing done unless it is GO; NULL: none */
 } colld__cuda_reduce_params_t;
 
 /* Parameters of one copy kernel. */
@@ -57,7 +58,25 @@ typedef struct {
     size_t nunits; /* units of `unit` bytes in the body */
     int unit;      /* 16, 8, 4, 2 or 1 */
     int n_out;     /* 1 .. COLLD_CUDA_MAX_RANKS: the outputs other than src */
+    const unsigned *gate; /* the hand-off's gate: nothing done unless it is GO; NULL: none */
 } colld__cuda_copy_params_t;
+
+/* The hand-off kernels (issue 28 item 1, handoff.cuh): the wait, one block of one thread per rank,
+ * and the done writes, one block of one thread. Words: COLLD_CUDA_HANDOFF_WORDS (cuda_kernels.h). */
+typedef struct {
+    unsigned *ready[COLLD_CUDA_MAX_RANKS]; /* each rank's ready slot, written by its stream */
+    unsigned want[COLLD_CUDA_MAX_RANKS];   /* the value it waits for there (then marks it taken: ~want) */
+    unsigned *words;                       /* cancel, arrived, gate */
+    int n;
+    unsigned long long timeout_ns; /* a block gives up after this long (the daemon died) */
+} colld__cuda_wait_params_t;
+
+typedef struct {
+    unsigned *done[COLLD_CUDA_MAX_RANKS]; /* each rank's done word */
+    unsigned value[COLLD_CUDA_MAX_RANKS];
+    const unsigned *words; /* the wait's: written only when its gate is GO */
+    int n;
+} colld__cuda_done_params_t;
 
 /* Size in bytes of one element of dtype; 0 for an unknown dtype. */
 size_t colld__cuda_dtype_size(colld_dtype_t dtype);
@@ -80,6 +99,8 @@ colld_status_t colld__cuda_copy_plan(const void *src, void *const *out, int n_ou
  * (cuLibraryGetKernel), and the CUDA driver test double's host builds carry the same names. */
 #define COLLD__CUDA_REDUCE_KERNEL(name, opname) colld__cuda_reduce_##name##_##opname
 #define COLLD__CUDA_COPY_KERNEL(bytes) colld__cuda_copy_##bytes
+#define COLLD__CUDA_WAIT_KERNEL colld__cuda_handoff_wait
+#define COLLD__CUDA_DONE_KERNEL colld__cuda_handoff_done
 /* X(Unit, bytes): the copy units, widest first (Unit is a CUDA vector or integer type). */
 #define COLLD__CUDA_COPY_UNITS(X) X(uint4, 16) X(uint2, 8) X(unsigned int, 4) X(unsigned short, 2) X(unsigned char, 1)
 #define COLLD__CUDA_STR_(x) #x

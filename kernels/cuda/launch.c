@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/reduce_internal.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,7 @@ struct colld_cuda_kernels {
     CUlibrary lib;
     CUkernel reduce[COLLD_DTYPE_COUNT][COLLD__REDOPS];
     CUkernel copy[N_COPY];
+    CUkernel wait, done; /* the hand-off's (handoff.cu) */
     int n;         /* GPUs */
     CUdevice *dev; /* [n] */
     int *sms;      /* [n]: multiprocessors of dev[i] */
@@ -53,6 +55,11 @@ static const char *const reduce_names[COLLD_DTYPE_COUNT][COLLD__REDOPS] = { COLL
 #define NAME_COPY(Unit, bytes) COLLD__CUDA_STR(COLLD__CUDA_COPY_KERNEL(bytes)),
 static const char *const copy_names[N_COPY] = { COLLD__CUDA_COPY_UNITS(NAME_COPY) };
 #undef NAME_COPY
+static const char wait_name[] = COLLD__CUDA_STR(COLLD__CUDA_WAIT_KERNEL);
+static const char done_name[] = COLLD__CUDA_STR(COLLD__CUDA_DONE_KERNEL);
+
+/* The gate this thread's reduce and copy launches check (colld_cuda_set_gate). */
+static _Thread_local const uint32_t *launch_gate;
 
 /* The copy kernel's index for a unit width (the order of COLLD__CUDA_COPY_UNITS), -1 for none. */
 static int copy_index(int unit)
@@ -165,6 +172,10 @@ colld_status_t colld_cuda_kernels_load(const colld_cu_t *cu, const CUcontext *ct
         snprintf(where, sizeof(where), "kernel %s: ", copy_names[c]);
         LOAD_CU(cuLibraryGetKernel, &k->copy[c], k->lib, copy_names[c]);
     }
+    snprintf(where, sizeof(where), "kernel %s: ", wait_name);
+    LOAD_CU(cuLibraryGetKernel, &k->wait, k->lib, wait_name);
+    snprintf(where, sizeof(where), "kernel %s: ", done_name);
+    LOAD_CU(cuLibraryGetKernel, &k->done, k->lib, done_name);
     /* Every GPU: can it run them, its multiprocessors, and the kernels in its context now (with lazy
      * loading a kernel reaches a context at its first use: a GPU without code for it would
      * otherwise fail at its first collective). */
@@ -219,6 +230,11 @@ colld_status_t colld_cuda_kernels_attach(const colld_cuda_kernels_t *k, CUcontex
         CUfunction f;
         snprintf(where, sizeof(where), "GPU %d (%s), kernel %s: ", i, name, copy_names[c]);
         LOAD_CU(cuKernelGetFunction, &f, k->copy[c]);
+    }
+    for (int h = 0; h < 2; h++) {
+        CUfunction f;
+        snprintf(where, sizeof(where), "GPU %d (%s), kernel %s: ", i, name, h ? done_name : wait_name);
+        LOAD_CU(cuKernelGetFunction, &f, h ? k->done : k->wait);
     }
 out:
     if (pushed) {
@@ -311,6 +327,7 @@ colld_status_t colld_cuda_reduce(const colld_cuda_kernels_t *k, colld_dtype_t dt
         colld__cuda_set_error("colld_cuda_reduce: unknown op %d", (int)op);
     if (st != COLLD_OK || work == 0)
         return st;
+    p.gate = launch_gate;
     return launch(k, k ? k->reduce[dtype][op] : NULL, &p, work, stream, "colld_cuda_reduce");
 }
 
@@ -326,6 +343,7 @@ colld_status_t colld_cuda_reduce_premul(const colld_cuda_kernels_t *k, colld_dty
 
     if (st != COLLD_OK || work == 0)
         return st;
+    p.gate = launch_gate;
     return launch(k, k ? k->reduce[dtype][COLLD__REDOP_PREMUL_SUM] : NULL, &p, work, stream,
                   "colld_cuda_reduce_premul");
 }
@@ -354,6 +372,7 @@ colld_status_t colld_cuda_reduce_checked(const colld_cuda_kernels_t *k, colld_dt
         p.first_bad = check->first_bad;
         p.base = (size_t)check->base;
     }
+    p.gate = launch_gate;
     return launch(k, k ? k->reduce[dtype][kop] : NULL, &p, work, stream, "colld_cuda_reduce_checked");
 }
 
@@ -372,5 +391,73 @@ colld_status_t colld_cuda_copy(const colld_cuda_kernels_t *k, const void *src, v
         colld__cuda_set_error("colld_cuda_copy: no kernel for a unit of %d bytes", p.unit);
         return COLLD_ERR_INVALID_ARGUMENT;
     }
+    p.gate = launch_gate;
     return launch(k, k ? k->copy[c] : NULL, &p, work, stream, "colld_cuda_copy");
+}
+
+/* Public: see cuda_kernels.h. */
+void colld_cuda_set_gate(const uint32_t *gate)
+{
+    launch_gate = gate;
+}
+
+/* The hand-off's arguments: a rank count in range, every pointer set and 4-byte aligned. */
+static bool handoff_ok(const colld_cuda_handoff_t *h, const char *what)
+{
+    bool ok = h && h->n >= 1 && h->n <= COLLD_CUDA_MAX_RANKS && h->words && (uintptr_t)h->words % 4 == 0;
+    for (int r = 0; ok && r < h->n; r++)
+        ok = h->ready[r] && h->done[r] && (uintptr_t)h->ready[r] % 4 == 0 && (uintptr_t)h->done[r] % 4 == 0;
+    if (!ok)
+        colld__cuda_set_error("%s: a rank count out of 1..%d, or a NULL or misaligned word", what,
+                              COLLD_CUDA_MAX_RANKS);
+    return ok;
+}
+
+/* Launch a hand-off kernel of `blocks` blocks of one thread (launch() sizes grids for grid-stride
+ * kernels: not these). */
+static colld_status_t launch_blocks(const colld_cuda_kernels_t *k, CUkernel kernel, void *params, unsigned blocks,
+                                    void *stream, const char *what)
+{
+    CUfunction f;
+    void *args[1] = { params };
+    if (!k) {
+        colld__cuda_set_error("%s: colld's GPU kernels are not loaded (no CUDA backend)", what);
+        return COLLD_ERR_DEVICE;
+    }
+    LAUNCH_CU(cuKernelGetFunction, &f, kernel);
+    LAUNCH_CU(cuLaunchKernel, f, blocks, 1, 1, 1, 1, 1, 0, (CUstream)stream, args, NULL);
+    return COLLD_OK;
+}
+
+/* Public: see cuda_kernels.h. */
+colld_status_t colld_cuda_handoff_wait(const colld_cuda_kernels_t *k, const colld_cuda_handoff_t *h, void *stream)
+{
+    if (!handoff_ok(h, "colld_cuda_handoff_wait"))
+        return COLLD_ERR_INVALID_ARGUMENT;
+    colld__cuda_wait_params_t p;
+    memset(&p, 0, sizeof(p));
+    for (int r = 0; r < h->n; r++) {
+        p.ready[r] = h->ready[r];
+        p.want[r] = h->want[r];
+    }
+    p.words = h->words;
+    p.n = h->n;
+    p.timeout_ns = h->timeout_ns;
+    return launch_blocks(k, k ? k->wait : NULL, &p, (unsigned)h->n, stream, "colld_cuda_handoff_wait");
+}
+
+/* Public: see cuda_kernels.h. */
+colld_status_t colld_cuda_handoff_done(const colld_cuda_kernels_t *k, const colld_cuda_handoff_t *h, void *stream)
+{
+    if (!handoff_ok(h, "colld_cuda_handoff_done"))
+        return COLLD_ERR_INVALID_ARGUMENT;
+    colld__cuda_done_params_t p;
+    memset(&p, 0, sizeof(p));
+    for (int r = 0; r < h->n; r++) {
+        p.done[r] = h->done[r];
+        p.value[r] = h->done_value[r];
+    }
+    p.words = h->words;
+    p.n = h->n;
+    return launch_blocks(k, k ? k->done : NULL, &p, 1, stream, "colld_cuda_handoff_done");
 }

@@ -165,6 +165,8 @@ unlock:
             x->losses = peers[k].losses;
             x->rx_bytes = peers[k].rx_bytes;
             x->rx_busy_us = peers[k].rx_busy_ns / 1000;
+            x->transport = peers[k].transport;
+            x->transport_note = peers[k].transport_note;
             pptr[resp.n_peers++] = x;
         }
         resp.peers = pptr;
@@ -203,6 +205,9 @@ unlock:
         gptr[resp.n_gpus++] = x;
     }
     resp.gpus = gptr;
+    resp.net_transport = d->cfg.net_transport_text ? d->cfg.net_transport_text : (char *)"auto";
+    resp.ib_device = (char *)colld_cluster_ib_device(d);
+    resp.ib_none = (char *)colld_cluster_ib_none(d);
     resp.detail = (char *)detail;
     resp.daemon_version = (char *)DAEMON_VERSION;
     b->resp = resp;

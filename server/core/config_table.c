@@ -152,6 +152,14 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "multi-node all-reduce algorithm: auto (by size), ring or rd (recursive doubling, for buffers up to "
       "--net-chunk); collctl policy overrides it per tenant",
       OPT(net_algo_text), 0, 0 },
+    { "net-transport", "COLLD_NET_TRANSPORT", COLLD_CFG_STRING, "auto",
+      "transport of collective data between daemons: auto (InfiniBand/RoCE verbs when both daemons have an active "
+      "RDMA port and say so in their authenticated handshake, else TCP), ib (verbs or the link fails, naming why) "
+      "or tcp (docs/ib.md)",
+      OPT(net_transport_text), 0, 0 },
+    { "ib-device", "COLLD_IB_DEVICE", COLLD_CFG_STRING, NULL,
+      "RDMA device for --net-transport auto|ib, e.g. mlx5_0 or rxe0 (default: the first with an active port)",
+      OPT(ib_device), 0, 0 },
     { "fast-path-bytes", "COLLD_FAST_PATH_BYTES", COLLD_CFG_SIZE, "16K",
       "collectives of a single-node communicator whose input per rank is at most this are run by the ranks "
       "themselves on shared memory (no hand-off to the engine; the daemon still checks and records them); 0 = off",
@@ -182,6 +190,11 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       OPT(wait_event_ms), 0, 86400000 },
     { "socket-mode", "COLLD_SOCKET_MODE", COLLD_CFG_STRING, "0660", "permission bits of both sockets, in octal",
       OPT(socket_mode_text), 0, 0 },
+    { "gpu-host-handoff", "COLLD_GPU_HOST_HANDOFF", COLLD_CFG_BOOL, "false",
+      "start each GPU collective from the daemon's host thread once every rank's stream reached it (the path "
+      "before issue 28) instead of queueing it on the GPU as soon as it matches, behind a kernel that waits for "
+      "the ranks' streams (collectives over several GPUs and graph replays always take the host's path)",
+      OPT(gpu_host_handoff), 0, 0 },
     { "gpu-health-ms", "COLLD_GPU_HEALTH_MS", COLLD_CFG_INT, "5000",
       "how often GPU health is read from NVML (ECC, row remaps, Xid events, NVLink and PCIe errors, throttling; "
       "docs/operations.md, \"GPU health\") (ms); 0 = off",
@@ -197,12 +210,16 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       "all-gather) after the collective, node:E element E of this node's multi-node result, so that "
       "--verify-results has something to find",
       OPT(test_corrupt_text), 0, 0 },
+    { "test-ib-fault-file", "COLLD_TEST_IB_FAULT_FILE", COLLD_CFG_STRING, NULL,
+      "TEST HOOK (test builds only): when this file appears, it is removed and every IB link's queue pair is moved "
+      "to the error state (the Soft-RoCE test's QP error injection, tests/softroce)",
+      OPT(test_ib_fault_file), 0, 0 },
 #endif
 };
 
 const size_t colld_daemon_config_table_len = sizeof(colld_daemon_config_table) / sizeof(colld_daemon_config_table[0]);
 #ifdef COLLD_TEST_HOOKS
-const size_t colld_daemon_config_table_shown = colld_daemon_config_table_len - 1;
+const size_t colld_daemon_config_table_shown = colld_daemon_config_table_len - 2; /* the hooks above */
 #else
 const size_t colld_daemon_config_table_shown = colld_daemon_config_table_len;
 #endif

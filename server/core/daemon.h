@@ -125,9 +125,14 @@ typedef struct {
     uint64_t net_small_bytes; /* all-reduces up to this size use recursive doubling */
     char *net_algo_text;    /* auto, ring or rd */
     int net_algo;           /* COLLD_NET_ALGO_* parsed from net_algo_text */
+    char *net_transport_text; /* auto, ib or tcp (server/net/iblink.c) */
+    int net_transport;        /* COLLD_NET_TRANSPORT_* parsed from it */
+    char *ib_device;          /* RDMA device name, NULL: the first active one */
     uint64_t fast_path_bytes; /* per-rank inputs up to this run on the fast area (0: off) */
     bool nan_check;           /* --nan-check: reductions refuse NaN and infinite inputs */
+    bool gpu_host_handoff;    /* --gpu-host-handoff: GPU collectives start from the daemon's host thread */
     bool verify_results;      /* --verify-results: all-reduce results are checksummed and compared */
+    char *test_ib_fault_file; /* --test-ib-fault-file (test hook): server/net/iblink.c */
     char *test_corrupt_text;  /* --test-corrupt-result (test hook, COLLD_TEST_HOOKS builds): verify.h */
     bool test_corrupt;        /* parsed from it: on, */
     int test_corrupt_rank;    /* a rank, or -1: this node's multi-node result, */
@@ -141,6 +146,8 @@ typedef struct {
 
 /* Inter-node all-reduce algorithm (policy override; auto chooses by size). */
 enum { COLLD_NET_ALGO_AUTO = 0, COLLD_NET_ALGO_RING = 1, COLLD_NET_ALGO_RD = 2 };
+/* --net-transport (server/net/iblink.c). */
+enum { COLLD_NET_TRANSPORT_AUTO = 0, COLLD_NET_TRANSPORT_IB = 1, COLLD_NET_TRANSPORT_TCP = 2 };
 
 struct colld_reg {
     uint32_t id;
@@ -479,6 +486,7 @@ struct colld_coll {
     void *bpriv;              /* the backend's own (cuda: the event after its kernels) ... */
     int bint;                 /* ... (cuda: the GPU whose stream writes the done flags) */
     void *bcheck;             /* ... (cuda: --nan-check's words its kernels flag, NULL: no check) */
+    void *bhand;              /* ... (cuda: its hand-off without the host, NULL: the host's; issue 28) */
     char why[COLLD_DETAIL_LEN / 2]; /* why its backend failed it */
     colld_op_t *ops[];        /* [nranks], by rank */
 };

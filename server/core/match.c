@@ -77,6 +77,7 @@ colld_coll_t *colld_match(colld_daemon_t *d, colld_dcomm_t *c)
     k->bpriv = NULL;
     k->bint = 0;
     k->bcheck = NULL;
+    k->bhand = NULL;
     k->why[0] = '\0';
     c->refs++;
     c->colls_running++;

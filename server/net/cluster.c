@@ -982,6 +982,10 @@ static void handle_ctrl(colld_daemon_t *d, colld_net_peer_t *p, const void *buf,
         if (p)
             colld_gather_ctrl(d, p, m);
         break;
+    case COLLD__NET__V1__MSG__M_IB_HELLO:
+    case COLLD__NET__V1__MSG__M_IB_READY:
+        colld_iblink_ctrl(colld_cluster_of(d), p, m);
+        break;
     default:
         break;
     }
@@ -999,6 +1003,7 @@ static void on_peer_up(void *arg, colld_net_peer_t *p)
     pthread_mutex_lock(&d->lock);
     remember_known(colld_cluster_of(d), colld_net_peer_addr(p));
     pthread_mutex_unlock(&d->lock);
+    colld_iblink_peer_up(colld_cluster_of(d), p);
 }
 
 static void on_peer_lost(void *arg, colld_net_peer_t *p, const char *why)
@@ -1008,6 +1013,7 @@ static void on_peer_lost(void *arg, colld_net_peer_t *p, const char *why)
     const char *addr = colld_net_peer_addr(p);
     char detail[COLLD_DETAIL_LEN];
     LOG_WARN_RL(NET, "peer %s (%s) lost: %s", colld_net_peer_name(p), addr, why); /* as the transport's line */
+    colld_iblink_peer_lost(cl, p);
     pthread_mutex_lock(&d->lock);
     cl->lost_addr = addr; /* the other nodes hear of it; the lost one is not called back */
     colld_dcomm_t *c = d->comms;
@@ -1144,6 +1150,7 @@ static void on_tick(void *arg)
         free(j->buf);
         free(j);
     }
+    colld_iblink_tick(cl);
     colld_xcoll_tick(d);
     colld_probe_tick(d);
     colld_gather_tick(d);
@@ -1265,6 +1272,11 @@ static int net_start(colld_backend_t *b)
         colld_strlcpy(cl->node_name, d->cfg.node_name, sizeof(cl->node_name));
     else if (gethostname(cl->node_name, sizeof(cl->node_name) - 1) < 0)
         colld_strlcpy(cl->node_name, "node", sizeof(cl->node_name));
+    if (colld_iblink_start(cl) < 0) {
+        cluster_free(cl);
+        memset(secret, 0, sizeof(secret));
+        return -1;
+    }
     colld_net_config_t nc = net_config(d, cl);
     nc.secret = secret;
     nc.secret_len = (size_t)slen;
@@ -1272,6 +1284,7 @@ static int net_start(colld_backend_t *b)
     b->present = true;
     if (colld_net_start(&nc, &cl->net, err, sizeof(err)) < 0) {
         LOG_ERROR(NET, "cannot listen for peer daemons on %s: %s", d->cfg.listen, err);
+        colld_iblink_stop(cl);
         b->state = NULL;
         b->present = false;
         cluster_free(cl);
@@ -1318,6 +1331,7 @@ void colld_cluster_stop(colld_daemon_t *d)
     if (!cl)
         return;
     colld_net_stop(cl->net); /* no callback runs after this */
+    colld_iblink_stop(cl);
     colld_xcoll_abort_all(d);
     colld_cluster_probe_abandon(d);
     colld_cluster_gather_abandon(d);

@@ -202,6 +202,10 @@ struct colld_cluster {
     pthread_mutex_t probe_lock;                  /* guards the owed answers (probe, gathers): */
     colld_probe_done_fn probe_done;              /* non-NULL while a probe is owed */
     void *probe_arg;
+    struct colld_ib *ib;        /* (fixed) the RDMA device, NULL: none */
+    char ib_name[64];           /* (fixed) its "DEVICE:PORT" */
+    char ib_none[192];          /* (fixed) why there is none */
+    struct ciblink *ib_pending; /* (net) links negotiating (iblink.c) */
 };
 
 /* ---- cluster_base.c (what links.c, probe.c and xcoll.c reach; never cluster.c) ---- */
@@ -238,6 +242,21 @@ void colld_probe_begin(colld_daemon_t *d, uint64_t bytes);
 void colld_probe_tick(colld_daemon_t *d);
 void colld_probe_ctrl(colld_daemon_t *d, colld_net_peer_t *p, const struct Colld__Net__V1__Msg *m);
 void colld_probe_data(colld_daemon_t *d, colld_net_peer_t *p, const colld_net_hdr_t *h);
+
+/* ---- iblink.c: --net-transport, the IB offer over the authenticated CTRL channel ---- */
+/* Open the RDMA device as --net-transport asks (net_start). Returns 0, or -1 when `ib` is
+ * required and there is none (the reason logged). */
+int colld_iblink_start(colld_cluster_t *cl);
+/* Close every negotiating link and the device (after the transport stopped). */
+void colld_iblink_stop(colld_cluster_t *cl);
+/* A peer came up: offer IB (or say why not) (net thread). */
+void colld_iblink_peer_up(colld_cluster_t *cl, colld_net_peer_t *p);
+/* A peer was lost: drop its negotiation (the transport closed its path) (net thread). */
+void colld_iblink_peer_lost(colld_cluster_t *cl, colld_net_peer_t *p);
+/* An IbHello or IbReady from p (net thread). */
+void colld_iblink_ctrl(colld_cluster_t *cl, colld_net_peer_t *p, const struct Colld__Net__V1__Msg *m);
+/* Offers unanswered too long fall back (net thread). */
+void colld_iblink_tick(colld_cluster_t *cl);
 
 /* ---- links.c (network thread): the slow-link watch, at most once a second ---- */
 void colld_links_tick(colld_daemon_t *d);

@@ -28,6 +28,18 @@ bool colld_cluster_running(const colld_daemon_t *d)
     return colld_cluster_of(d) != NULL;
 }
 
+const char *colld_cluster_ib_device(const colld_daemon_t *d)
+{
+    const colld_cluster_t *cl = colld_cluster_of(d);
+    return cl ? cl->ib_name : "";
+}
+
+const char *colld_cluster_ib_none(const colld_daemon_t *d)
+{
+    const colld_cluster_t *cl = colld_cluster_of(d);
+    return cl ? cl->ib_none : "";
+}
+
 /* ============================================================================================
  * The inbox: work for the network thread
  * ========================================================================================== */

@@ -27,6 +27,10 @@ const char *colld_cluster_listen_addr(const colld_daemon_t *d);
 /* The cluster-wide id of a multi-node communicator (the same on every node), 0 for any other
  * (lock held). */
 uint64_t colld_cluster_comm_xid(const colld_dcomm_t *c);
+/* The RDMA device peer links may use ("" none) and why there is none ("" when there is one)
+ * (fixed once the cluster runs; docs/ib.md). */
+const char *colld_cluster_ib_device(const colld_daemon_t *d);
+const char *colld_cluster_ib_none(const colld_daemon_t *d);
 /* The node name of a rank's daemon for display ("" when local or unknown) (lock held). */
 const char *colld_cluster_rank_node(const colld_dcomm_t *c, int rank);
 /* The collective a multi-node communicator is running among the nodes, as collctl trace shows

@@ -343,6 +343,15 @@ static void render_links(textbuf_t *b, const peer_snapshot_t *ps)
               "Times this peer daemon was lost (a connection failed or went silent, or an operator disconnected it).");
     for (size_t i = 0; i < ps->n; i++)
         peer_line(b, "colld_peer_lost_total", &ps->peers[i], 0, (double)ps->peers[i].losses);
+    tb_family(b, "colld_peer_transport", "gauge",
+              "1 for the transport carrying this peer daemon's collective data: tcp or ib (docs/ib.md).");
+    for (size_t i = 0; i < ps->n; i++) {
+        tb_printf(b, "colld_peer_transport{peer=\"");
+        tb_label(b, ps->peers[i].name[0] ? ps->peers[i].name : ps->peers[i].addr);
+        tb_printf(b, "\",transport=\"");
+        tb_label(b, ps->peers[i].transport[0] ? ps->peers[i].transport : "tcp");
+        tb_printf(b, "\"} 1\n");
+    }
 }
 
 /* Peer daemons and the links to them. HELP/TYPE lines are always written, so the families exist

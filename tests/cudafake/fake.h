@@ -45,6 +45,12 @@
 #define FK_MAX_NODES 65536      /* nodes of one graph */
 #define FK_MAX_FAULTS 64        /* fault specifications */
 #define FK_MAX_PARAMS 4096      /* bytes of one kernel's parameters */
+/* Host threads that run one launch's blocks at once (the stream's worker and FK_BLOCK_WORKERS - 1
+ * helpers): a block that waits on a word another block writes can run while that block runs, as
+ * on a GPU whose resident blocks run together. A grid of more blocks runs in waves, as a grid larger
+ * than the GPU's resident capacity does: a kernel that needs more co-resident blocks than this
+ * waits forever here (and would on a GPU with too few resident slots). Few, for TSan's cost. */
+#define FK_BLOCK_WORKERS 4
 
 /* ============================================================================================
  * Entry points: X(base name, flags). The base name is what cuGetProcAddress is asked for and what
@@ -228,7 +234,8 @@ struct fk_op {
         struct {
             const fk_hkernel_t *k;
             unsigned char *params; /* a copy, k's parameter bytes */
-            size_t nthreads;
+            size_t nthreads;       /* the grid's threads ... */
+            size_t block_threads;  /* ... in blocks of this many */
             const char *name;
         } kernel;
         struct {

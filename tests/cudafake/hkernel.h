@@ -4,8 +4,8 @@
  *
  * A library loaded from a fatbin names its kernels by their symbol names (colld's are extern "C");
  * the double maps each name to a host build of the very same kernel source
- * (kernels/cuda/cuda_core.cuh), compiled for the CPU, and runs it thread by thread on the stream's
- * worker. Before it runs, `check` hands
+ * (kernels/cuda/cuda_core.cuh), compiled for the CPU, and runs its blocks concurrently on a few host
+ * threads (launch.c), each block's threads one after another. Before it runs, `check` hands
  * every buffer the parameters name to the double's access check, so that a kernel that would
  * fault on a GPU (memory of another device without peer access, unmapped, freed) fails with
  * CUDA_ERROR_ILLEGAL_ADDRESS instead of touching it.
@@ -28,8 +28,9 @@ typedef CUresult (*fk_access_fn)(void *cookie, const void *p, size_t len, bool w
 typedef struct fk_hkernel {
     const char *name;  /* the symbol name, as in the fatbin (found with dladdr at first use) */
     size_t param_size; /* bytes of its one parameter block */
-    /* Run the emulated threads 0 .. nthreads-1 of the launch's grid, one after another. */
-    void (*run)(const void *params, size_t nthreads);
+    /* Run the emulated threads lo .. hi-1 of a launch's grid of nthreads threads, one after another
+     * (launch.c runs a launch's blocks concurrently, each a [lo, hi) of its own). */
+    void (*run)(const void *params, size_t lo, size_t hi, size_t nthreads);
     /* Check the parameter block and every buffer it names; CUDA_SUCCESS or the fault. */
     CUresult (*check)(const void *params, fk_access_fn access, void *cookie);
 } fk_hkernel_t;

@@ -12,8 +12,9 @@
  * test (test_cudafake) enumerates the kernels of colld's real fatbin and fails for any that has no
  * host build.
  *
- * A launch runs the grid's threads one after another on the stream's worker thread, each with its
- * own (tid, nthreads), exactly the indexing of the device grid-stride loops.
+ * A launch runs the grid's blocks concurrently on a few host threads (launch.c), each block's threads
+ * one after another, each with its own (tid, nthreads), exactly the indexing of the device
+ * grid-stride loops.
  */
 #include "tests/cudafake/hkernel.h"
 
@@ -32,8 +33,9 @@
 
 namespace {
 
-/* The emulated grid of the launch this thread is running (a stream worker runs one at a time). */
-thread_local size_t fk_grid_threads;
+/* The emulated grid of the launch this thread is running, and the threads [lo, hi) of it this host
+ * thread runs (one block: launch.c runs a launch's blocks concurrently on a few host threads). */
+thread_local size_t fk_grid_threads, fk_tid_lo, fk_tid_hi;
 
 } // namespace
 
@@ -43,37 +45,52 @@ thread_local size_t fk_grid_threads;
  * The wrappers: the names and signatures of kernels/cuda/reduce.cu and copy.cu.
  * ------------------------------------------------------------------------------------------- */
 
-#define FK_REDUCE_WRAPPER(name, E_OP, opname)                                                                \
-    extern "C" FK_KERNEL_EXPORT void COLLD__CUDA_REDUCE_KERNEL(name, opname)(const colld__cuda_reduce_params_t p) \
-    {                                                                                                        \
-        const size_t n = fk_grid_threads;                                                                    \
-        for (size_t tid = 0; tid < n; tid++)                                                                 \
-            colld__cuda_reduce_body<colld__cuda_t_##name, E_OP>(p, tid, n);                                  \
+#define FK_REDUCE_WRAPPER(name, E_OP, opname)                                                                          \
+    extern "C" FK_KERNEL_EXPORT void COLLD__CUDA_REDUCE_KERNEL(name, opname)(const colld__cuda_reduce_params_t p)      \
+    {                                                                                                                  \
+        const size_t n = fk_grid_threads;                                                                              \
+        for (size_t tid = fk_tid_lo; tid < fk_tid_hi; tid++)                                                           \
+            colld__cuda_reduce_body<colld__cuda_t_##name, E_OP>(p, tid, n);                                            \
     }
 #define FK_REDUCE_WRAPPERS(E, name, T, A, U, W, K) COLLD_REDUCE_OPS(FK_REDUCE_WRAPPER, name)
 COLLD_REDUCE_DTYPES(FK_REDUCE_WRAPPERS)
 
-#define FK_COPY_WRAPPER(Unit, bytes)                                                                         \
-    extern "C" FK_KERNEL_EXPORT void COLLD__CUDA_COPY_KERNEL(bytes)(const colld__cuda_copy_params_t p)        \
-    {                                                                                                        \
-        const size_t n = fk_grid_threads;                                                                    \
-        for (size_t tid = 0; tid < n; tid++)                                                                 \
-            colld__cuda_copy_body<Unit>(p, tid, n);                                                          \
+#define FK_COPY_WRAPPER(Unit, bytes)                                                                                   \
+    extern "C" FK_KERNEL_EXPORT void COLLD__CUDA_COPY_KERNEL(bytes)(const colld__cuda_copy_params_t p)                 \
+    {                                                                                                                  \
+        const size_t n = fk_grid_threads;                                                                              \
+        for (size_t tid = fk_tid_lo; tid < fk_tid_hi; tid++)                                                           \
+            colld__cuda_copy_body<Unit>(p, tid, n);                                                                    \
     }
 COLLD__CUDA_COPY_UNITS(FK_COPY_WRAPPER)
 
+/* The hand-off's kernels (kernels/cuda/handoff.cu): the wait is one block of one thread per rank, so
+ * a thread index is a block index there. */
+extern "C" FK_KERNEL_EXPORT void COLLD__CUDA_WAIT_KERNEL(const colld__cuda_wait_params_t p)
+{
+    for (size_t tid = fk_tid_lo; tid < fk_tid_hi; tid++)
+        colld__cuda_wait_body(p, tid);
+}
+
+extern "C" FK_KERNEL_EXPORT void COLLD__CUDA_DONE_KERNEL(const colld__cuda_done_params_t p)
+{
+    for (size_t tid = fk_tid_lo; tid < fk_tid_hi; tid++)
+        colld__cuda_done_body(p, tid);
+}
+
 /* The GPU tests' application kernels (tests/gpu/gpu_rank_kernels.cuh: a slow producer, a producer,
  * a consumer), which colld-test-gpu-rank loads from a fatbin of its own. */
-#define FK_RANK_WRAPPER(kernel, P, body)                                                                     \
-    extern "C" FK_KERNEL_EXPORT void kernel(const P p)                                                       \
-    {                                                                                                        \
-        const size_t n = fk_grid_threads;                                                                    \
-        for (size_t tid = 0; tid < n; tid++)                                                                 \
-            body(p, tid, n);                                                                                 \
+#define FK_RANK_WRAPPER(kernel, P, body)                                                                               \
+    extern "C" FK_KERNEL_EXPORT void kernel(const P p)                                                                 \
+    {                                                                                                                  \
+        const size_t n = fk_grid_threads;                                                                              \
+        for (size_t tid = fk_tid_lo; tid < fk_tid_hi; tid++)                                                           \
+            body(p, tid, n);                                                                                           \
     }
 FK_RANK_WRAPPER(GPU_RANK_SPIN_KERNEL, gpu_rank_spin_params_t, gpu_rank_spin_body)
 FK_RANK_WRAPPER(GPU_RANK_PRODUCE_KERNEL, gpu_rank_produce_params_t, gpu_rank_produce_body)
 FK_RANK_WRAPPER(GPU_RANK_CONSUME_KERNEL, gpu_rank_consume_params_t, gpu_rank_consume_body)
+FK_RANK_WRAPPER(GPU_RANK_CHAIN_KERNEL, gpu_rank_chain_params_t, gpu_rank_chain_body)
 
 namespace {
 
@@ -81,12 +98,15 @@ namespace {
  * Running and checking one kernel.
  * ------------------------------------------------------------------------------------------- */
 
-/* Run a wrapper over a launch's grid of nthreads threads, with a copy of its parameter block. */
-template <typename P, void (*F)(const P)> void run(const void *params, size_t nthreads)
+/* Run a wrapper over threads [lo, hi) of a launch's grid of nthreads threads, with a copy of its
+ * parameter block. */
+template <typename P, void (*F)(const P)> void run(const void *params, size_t lo, size_t hi, size_t nthreads)
 {
     P p;
     memcpy(&p, params, sizeof p);
     fk_grid_threads = nthreads;
+    fk_tid_lo = lo;
+    fk_tid_hi = hi;
     F(p);
 }
 
@@ -122,6 +142,13 @@ template <typename D> CUresult check_reduce(const void *params, fk_access_fn acc
         if (!aligned(b, sizeof(T), p.head * sizeof(T), p.nvec > 0, COLLD__CUDA_VEC_BYTES))
             return CUDA_ERROR_MISALIGNED_ADDRESS;
     }
+    if (p.gate) { /* the hand-off's gate, read */
+        CUresult r = access(cookie, p.gate, sizeof(*p.gate), false);
+        if (r != CUDA_SUCCESS)
+            return r;
+        if (!aligned(p.gate, sizeof(*p.gate), 0, false, 1))
+            return CUDA_ERROR_MISALIGNED_ADDRESS;
+    }
     if (p.first_bad) { /* --nan-check: one word per input, written atomically */
         CUresult r = access(cookie, p.first_bad, (size_t)p.n_in * sizeof(*p.first_bad), true);
         if (r != CUDA_SUCCESS)
@@ -142,6 +169,13 @@ template <typename Unit> CUresult check_copy(const void *params, fk_access_fn ac
         return CUDA_ERROR_ILLEGAL_ADDRESS;
     if (p.bytes == 0)
         return CUDA_SUCCESS;
+    if (p.gate) {
+        CUresult r = access(cookie, p.gate, sizeof(*p.gate), false);
+        if (r != CUDA_SUCCESS)
+            return r;
+        if (!aligned(p.gate, sizeof(*p.gate), 0, false, 1))
+            return CUDA_ERROR_MISALIGNED_ADDRESS;
+    }
     for (int i = 0; i <= p.n_out; i++) {
         const void *b = i == 0 ? p.src : p.out[i - 1];
         CUresult r = access(cookie, b, p.bytes, i > 0);
@@ -186,6 +220,63 @@ CUresult check_consume(const void *params, fk_access_fn access, void *cookie)
     return r == CUDA_SUCCESS ? check_floats(p.z, p.n, true, access, cookie) : r;
 }
 
+/* A word the kernel reads and writes: accessible and 4-byte aligned. */
+CUresult check_word(const void *w, fk_access_fn access, void *cookie)
+{
+    CUresult r = access(cookie, w, sizeof(unsigned), true);
+    if (r == CUDA_SUCCESS && !aligned(w, sizeof(unsigned), 0, false, 1))
+        r = CUDA_ERROR_MISALIGNED_ADDRESS;
+    return r;
+}
+
+/* The hand-off's wait: every rank's ready slot and the three words. */
+CUresult check_wait(const void *params, fk_access_fn access, void *cookie)
+{
+    colld__cuda_wait_params_t p;
+    memcpy(&p, params, sizeof p);
+    if (p.n < 1 || p.n > COLLD_CUDA_MAX_RANKS)
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    CUresult r = access(cookie, p.words, COLLD_CUDA_HANDOFF_WORDS * sizeof(unsigned), true);
+    if (r == CUDA_SUCCESS && !aligned(p.words, sizeof(unsigned), 0, false, 1))
+        r = CUDA_ERROR_MISALIGNED_ADDRESS;
+    for (int i = 0; i < p.n && r == CUDA_SUCCESS; i++)
+        r = check_word(p.ready[i], access, cookie);
+    return r;
+}
+
+/* The hand-off's done writes: every rank's done word and the gate. */
+CUresult check_done(const void *params, fk_access_fn access, void *cookie)
+{
+    colld__cuda_done_params_t p;
+    memcpy(&p, params, sizeof p);
+    if (p.n < 1 || p.n > COLLD_CUDA_MAX_RANKS)
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    CUresult r = access(cookie, p.words, COLLD_CUDA_HANDOFF_WORDS * sizeof(unsigned), false);
+    if (r == CUDA_SUCCESS && !aligned(p.words, sizeof(unsigned), 0, false, 1))
+        r = CUDA_ERROR_MISALIGNED_ADDRESS;
+    for (int i = 0; i < p.n && r == CUDA_SUCCESS; i++)
+        r = check_word(p.done[i], access, cookie);
+    return r;
+}
+
+/* The chain: n words and n results, written. */
+CUresult check_chain(const void *params, fk_access_fn access, void *cookie)
+{
+    gpu_rank_chain_params_t p;
+    memcpy(&p, params, sizeof p);
+    if (p.n < 1)
+        return CUDA_SUCCESS;
+    unsigned *const bufs[] = { p.word, p.result };
+    for (unsigned *b : bufs) {
+        CUresult r = access(cookie, b, (size_t)p.n * sizeof(unsigned), true);
+        if (r == CUDA_SUCCESS && !aligned(b, sizeof(unsigned), 0, false, 1))
+            r = CUDA_ERROR_MISALIGNED_ADDRESS;
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    return CUDA_SUCCESS;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * The table: one entry per kernel of kernels/cuda, from the same dtype x op lists.
  * ------------------------------------------------------------------------------------------- */
@@ -213,10 +304,13 @@ template <typename F> void *sym_of(F *f)
 
 #define FK_RANK_ENTRY(kernel, P, check) {{nullptr, sizeof(P), run<P, kernel>, check}, sym_of(&kernel)},
 
-entry table[] = {COLLD_REDUCE_DTYPES(FK_REDUCE_DTYPE) COLLD__CUDA_COPY_UNITS(FK_COPY_ENTRY)
-                 FK_RANK_ENTRY(GPU_RANK_SPIN_KERNEL, gpu_rank_spin_params_t, check_spin)
-                 FK_RANK_ENTRY(GPU_RANK_PRODUCE_KERNEL, gpu_rank_produce_params_t, check_produce)
-                 FK_RANK_ENTRY(GPU_RANK_CONSUME_KERNEL, gpu_rank_consume_params_t, check_consume)};
+entry table[] = { COLLD_REDUCE_DTYPES(FK_REDUCE_DTYPE) COLLD__CUDA_COPY_UNITS(FK_COPY_ENTRY)
+                      FK_RANK_ENTRY(GPU_RANK_SPIN_KERNEL, gpu_rank_spin_params_t, check_spin) FK_RANK_ENTRY(
+                          GPU_RANK_PRODUCE_KERNEL, gpu_rank_produce_params_t, check_produce)
+                          FK_RANK_ENTRY(GPU_RANK_CONSUME_KERNEL, gpu_rank_consume_params_t, check_consume)
+                              FK_RANK_ENTRY(GPU_RANK_CHAIN_KERNEL, gpu_rank_chain_params_t, check_chain)
+                                  FK_RANK_ENTRY(COLLD__CUDA_WAIT_KERNEL, colld__cuda_wait_params_t, check_wait)
+                                      FK_RANK_ENTRY(COLLD__CUDA_DONE_KERNEL, colld__cuda_done_params_t, check_done) };
 const size_t table_len = sizeof(table) / sizeof(table[0]);
 fk_hkernel_t list[sizeof(table) / sizeof(table[0])];
 

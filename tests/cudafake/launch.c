@@ -10,8 +10,10 @@
  * ".entry <name>" lines of PTX. A launch of a kernel runs the host build of the same kernel source
  * with that symbol name (kernels.cpp); a kernel with no host build fails to launch with
  * CUDA_ERROR_NOT_SUPPORTED and a message saying so. The parameters are copied at the launch, as
- * the driver does; the grid's threads then run one after another on the stream's worker, after
- * every buffer they name passed the access check (a fault is CUDA_ERROR_ILLEGAL_ADDRESS or
+ * the driver does; the grid's blocks then run concurrently, FK_BLOCK_WORKERS at a time (the stream's
+ * worker and helper threads from a pool the streams share, each taking the next block in order, as
+ * a GPU fills its resident slots), each block's threads one after another, after every buffer they name passed the
+ * access check (a fault is CUDA_ERROR_ILLEGAL_ADDRESS or
  * CUDA_ERROR_MISALIGNED_ADDRESS, sticky).
  *
  * A CUkernel may be passed to cuLaunchKernel as a CUfunction (CUDA 12): it then runs in the
@@ -20,6 +22,8 @@
 #include "tests/cudafake/fake.h"
 
 #include <elf.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -464,6 +468,7 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned in
         op->u.kernel.params = params;
         params = NULL;
         op->u.kernel.nthreads = (size_t)gridDimX * gridDimY * gridDimZ * blockDimX * blockDimY * blockDimZ;
+        op->u.kernel.block_threads = (size_t)blockDimX * blockDimY * blockDimZ;
         op->u.kernel.name = k->hk->name;
         r = fk_enqueue(s, op);
     }
@@ -487,6 +492,101 @@ static CUresult access_cb(void *cookie, const void *p, size_t len, bool write)
     return r;
 }
 
+/* One launch's blocks, shared by the host threads that run them. */
+typedef struct blocks {
+    const fk_op_t *op;
+    size_t nblocks;
+    atomic_size_t next; /* the next block to start */
+    int wanted;         /* helpers it asks for (under helpers.mu, as the rest below) */
+    int joined;         /* helpers that took it */
+    int active;         /* helpers running its blocks now */
+    struct blocks *next_job;
+} blocks_t;
+
+/* The helper threads, shared by every stream: started when a launch asks for one and none is idle,
+ * then parked between launches (detached: they never hold up the process's exit). Their number is
+ * the most ever busy at once, so a launch never pays a thread's start once the pool is warm. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* a job came, for idle helpers */
+    pthread_cond_t left_cv; /* a helper left a job */
+    blocks_t *jobs;         /* launches that still want helpers */
+    int idle;
+} helpers = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0 };
+
+/* Run blocks, the next one not started each time, until none is left. */
+static void block_worker(blocks_t *bl)
+{
+    const fk_op_t *op = bl->op;
+    size_t bs = op->u.kernel.block_threads;
+    for (size_t b; (b = atomic_fetch_add(&bl->next, 1)) < bl->nblocks;)
+        op->u.kernel.k->run(op->u.kernel.params, b * bs, (b + 1) * bs, op->u.kernel.nthreads);
+}
+
+static void *helper_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&helpers.mu);
+    for (;;) {
+        blocks_t *j = helpers.jobs;
+        while (j && j->joined >= j->wanted)
+            j = j->next_job;
+        if (!j) {
+            helpers.idle++;
+            pthread_cond_wait(&helpers.cv, &helpers.mu);
+            helpers.idle--;
+            continue;
+        }
+        j->joined++;
+        j->active++;
+        pthread_mutex_unlock(&helpers.mu);
+        block_worker(j);
+        pthread_mutex_lock(&helpers.mu);
+        j->active--;
+        pthread_cond_broadcast(&helpers.left_cv);
+    }
+    return NULL;
+}
+
+/* Run a launch's grid: its blocks concurrently on the calling worker and up to FK_BLOCK_WORKERS - 1
+ * helper threads (fewer when the grid has fewer blocks, or a thread cannot be started: the blocks
+ * then run on fewer threads, later ones after earlier ones end, as in a GPU's waves). */
+static void run_blocks(const fk_op_t *op)
+{
+    size_t bs = op->u.kernel.block_threads ? op->u.kernel.block_threads : op->u.kernel.nthreads;
+    blocks_t bl = { .op = op, .nblocks = bs ? op->u.kernel.nthreads / bs : 0 };
+    atomic_init(&bl.next, 0);
+    bl.wanted = bl.nblocks > FK_BLOCK_WORKERS ? FK_BLOCK_WORKERS - 1 : bl.nblocks > 0 ? (int)bl.nblocks - 1 : 0;
+    if (bl.wanted) {
+        pthread_mutex_lock(&helpers.mu);
+        bl.next_job = helpers.jobs;
+        helpers.jobs = &bl;
+        int start = bl.wanted - helpers.idle;
+        pthread_cond_broadcast(&helpers.cv);
+        pthread_mutex_unlock(&helpers.mu);
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        for (int i = 0; i < start; i++) {
+            pthread_t t;
+            (void)pthread_create(&t, &attr, helper_main, NULL); /* none: fewer threads run the blocks */
+        }
+        pthread_attr_destroy(&attr);
+    }
+    block_worker(&bl);
+    if (bl.wanted) {
+        pthread_mutex_lock(&helpers.mu);
+        for (blocks_t **pp = &helpers.jobs; *pp; pp = &(*pp)->next_job)
+            if (*pp == &bl) {
+                *pp = bl.next_job;
+                break;
+            }
+        while (bl.active)
+            pthread_cond_wait(&helpers.left_cv, &helpers.mu);
+        pthread_mutex_unlock(&helpers.mu);
+    }
+}
+
 /* Run a launch on s's worker: check its buffers, then run its grid (lock not held). */
 CUresult fk_kernel_run(fk_stream_t *s, fk_op_t *op)
 {
@@ -498,6 +598,6 @@ CUresult fk_kernel_run(fk_stream_t *s, fk_op_t *op)
     else if (r != CUDA_SUCCESS)
         fk_log("kernel %s on %s: its parameters name memory it may not access", hk->name, s->label);
     if (r == CUDA_SUCCESS)
-        hk->run(op->u.kernel.params, op->u.kernel.nthreads);
+        run_blocks(op);
     return r;
 }

@@ -14,6 +14,7 @@
 
 #include "common/cudadrv.h"
 #include "kernels/cuda/cuda_plan.h"
+#include "tests/gpu/gpu_rank_kernels.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -760,7 +761,8 @@ static void test_launch(void **state)
     free(image); /* the driver keeps what it needs */
     unsigned n = 0;
     CU_OK(cu.cuLibraryGetKernelCount(&n, lib));
-    assert_int_equal(n, 65); /* 10 dtypes x 6 ops (the premultiplied sum included) + 5 copy widths */
+    assert_int_equal(n, 67); /* 10 dtypes x 6 ops (the premultiplied sum included) + 5 copy widths + the
+                                hand-off's wait and done */
     CUkernel ks[80];
     CU_OK(cu.cuLibraryEnumerateKernels(ks, 80, lib));
     cf_use(DEV_A);
@@ -773,9 +775,23 @@ static void test_launch(void **state)
         union {
             colld__cuda_reduce_params_t r;
             colld__cuda_copy_params_t c;
+            colld__cuda_wait_params_t w;
+            colld__cuda_done_params_t d;
         } p;
         memset(&p, 0, sizeof(p));
-        if (strstr(name, "reduce")) {
+        CUdeviceptr hw = 0; /* the hand-off's words, a slot (0: ready at once) and a done word */
+        if (strstr(name, "handoff")) {
+            CU_OK(cu.cuMemAlloc(&hw, 64));
+            CU_OK(cu.cuMemsetD8(hw, 0, 64));
+            CU_OK(cu.cuCtxSynchronize()); /* s is non-blocking: it does not wait for the legacy stream */
+        }
+        if (strcmp(name, COLLD__CUDA_STR(COLLD__CUDA_WAIT_KERNEL)) == 0) {
+            p.w = (colld__cuda_wait_params_t){ .n = 1, .words = (unsigned *)hw, .timeout_ns = 1000000000ull };
+            p.w.ready[0] = (unsigned *)(hw + 32);
+        } else if (strcmp(name, COLLD__CUDA_STR(COLLD__CUDA_DONE_KERNEL)) == 0) {
+            p.d = (colld__cuda_done_params_t){ .n = 1, .words = (unsigned *)hw };
+            p.d.done[0] = (unsigned *)(hw + 48);
+        } else if (strstr(name, "reduce")) {
             p.r.n_in = 1;
         } else {
             p.c.n_out = 1;
@@ -785,6 +801,10 @@ static void test_launch(void **state)
         CUresult r = cu.cuLaunchKernel((CUfunction)ks[i], 1, 1, 1, 32, 1, 1, 0, s, args, NULL);
         if (r != CUDA_SUCCESS)
             fail_msg("launch of %s: %s", name, rname(r));
+        if (hw) {
+            CU_OK(cu.cuStreamSynchronize(s));
+            CU_OK(cu.cuMemFree(hw));
+        }
     }
     CU_OK(cu.cuStreamSynchronize(s));
     /* float32 sum of three inputs, through a CUfunction, with the plan the daemon computes. */
@@ -861,6 +881,143 @@ static void test_launch(void **state)
     CU_IS(cu.cuModuleLoadData(&mod, "garbage"), CUDA_ERROR_INVALID_IMAGE);
     CU_OK(cu.cuLibraryUnload(lib));
     CU_IS(cu.cuKernelGetName(&(const char *){ NULL }, k), CUDA_ERROR_INVALID_HANDLE);
+}
+
+/* A launch's blocks run concurrently (issue 28 item 4), up to the double's FK_BLOCK_WORKERS (4) at
+ * once: a chain of 4 blocks each waiting on the next one's word ends at once, where blocks run one
+ * after another would have block 0 time out. A chain of 5 runs in waves: the first 4 wait for block
+ * 4, which starts only when one of them has given up (timed out). This shows
+ * that flag-polling kernels make progress on the double, NOT the GPU memory model: the blocks are
+ * host threads on the host's memory model (x86-TSO here), so a missing fence or a store a GPU would
+ * not make visible in time passes here. */
+static void test_launch_blocks_concurrent_host_memory_model(void **state)
+{
+    (void)state;
+    cf_use(DEV_A);
+    CUstream s;
+    CU_OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    static const char ptx[] = "//\n.version 8.0\n.target sm_90\n.visible .entry " COLLD__CUDA_STR(
+        GPU_RANK_CHAIN_KERNEL) "(\n.param .u64 p)\n{\n}\n";
+    CUmodule mod;
+    CUfunction fn;
+    CU_OK(cu.cuModuleLoadData(&mod, ptx));
+    CU_OK(cu.cuModuleGetFunction(&fn, mod, COLLD__CUDA_STR(GPU_RANK_CHAIN_KERNEL)));
+    CUdeviceptr words;
+    CU_OK(cu.cuMemAlloc(&words, 64));
+    for (int n = 4; n <= 5; n++) {
+        CU_OK(cu.cuMemsetD8(words, 0, 64));
+        CU_OK(cu.cuCtxSynchronize());
+        gpu_rank_chain_params_t p = { .word = (unsigned *)words,
+                                      .result = (unsigned *)words + 8,
+                                      .n = n,
+                                      .timeout_ns = n == 4 ? 20000000000ull : 200000000ull };
+        void *args[] = { &p };
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        CU_OK(cu.cuLaunchKernel(fn, (unsigned)n, 1, 1, 1, 1, 1, 0, s, args, NULL));
+        CU_OK(cu.cuStreamSynchronize(s));
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+        unsigned result[8];
+        CU_OK(cu.cuMemcpyDtoH(result, words + 32, sizeof(result)));
+        int timed_out = 0;
+        for (int b = 0; b < n; b++) {
+            assert_true(result[b] == 1u || (n == 5 && b < 4 && result[b] == 2u));
+            timed_out += result[b] == 2u;
+        }
+        if (n == 4) {
+            assert_true(secs < 10.0); /* far below the 20 s a waiting block would give up after */
+        } else {
+            /* Block 4 started only once a block of the first wave had given up (the others may then
+             * have seen the chain complete). */
+            assert_true(timed_out >= 1 && result[4] == 1u);
+            assert_true(secs >= 0.2);
+        }
+    }
+    CU_OK(cu.cuMemFree(words));
+    CU_OK(cu.cuModuleUnload(mod));
+    CU_OK(cu.cuStreamDestroy(s));
+}
+
+/* The hand-off's kernels (issue 28 item 1) on their host builds, a flag-polling kernel whose blocks
+ * run concurrently here: the wait's blocks poll three ranks' slots, written by this thread later
+ * (the ranks' streams, in the daemon); the gated reduce and the done writes run behind it. Then a
+ * cancel: the gate stays shut, the reduce and the done writes do nothing. What this cannot show: the
+ * GPU memory model (the fences and system-scope releases are host atomics here) and %globaltimer. */
+static void test_handoff_kernels_host_memory_model(void **state)
+{
+    (void)state;
+    void *image = read_file(CUDAFAKE_FATBIN);
+    CUlibrary lib;
+    CU_OK(cu.cuLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0));
+    free(image);
+    CUkernel kw, kd, kr;
+    CU_OK(cu.cuLibraryGetKernel(&kw, lib, COLLD__CUDA_STR(COLLD__CUDA_WAIT_KERNEL)));
+    CU_OK(cu.cuLibraryGetKernel(&kd, lib, COLLD__CUDA_STR(COLLD__CUDA_DONE_KERNEL)));
+    CU_OK(cu.cuLibraryGetKernel(&kr, lib, REDUCE_F32_SUM));
+    cf_use(DEV_A);
+    CUstream s;
+    CU_OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    enum { N = 3, COUNT = 100 };
+    CUdeviceptr flags, buf;
+    CU_OK(cu.cuMemAlloc(&flags, 256)); /* words at 0, slots at 64, done words at 128 */
+    CU_OK(cu.cuMemAlloc(&buf, (N + 1) * COUNT * sizeof(float)));
+    unsigned *host_flags = (unsigned *)flags; /* the double's device memory is host memory */
+    for (int cancel = 0; cancel <= 1; cancel++) {
+        CU_OK(cu.cuMemsetD8(flags, 0, 256));
+        float in[COUNT];
+        for (int r = 0; r < N; r++) {
+            for (int i = 0; i < COUNT; i++)
+                in[i] = (float)(r + i);
+            CU_OK(cu.cuMemcpyHtoD(buf + (size_t)r * sizeof(in), in, sizeof(in)));
+        }
+        CU_OK(cu.cuMemsetD8(buf + N * sizeof(in), 0, sizeof(in)));
+        CU_OK(cu.cuCtxSynchronize());
+        colld__cuda_wait_params_t w = { .words = (unsigned *)flags, .n = N, .timeout_ns = 20000000000ull };
+        colld__cuda_done_params_t d = { .words = (unsigned *)flags, .n = N };
+        for (int r = 0; r < N; r++) {
+            w.ready[r] = (unsigned *)(flags + 64) + r;
+            w.want[r] = 100u + (unsigned)r;
+            d.done[r] = (unsigned *)(flags + 128) + r;
+            d.value[r] = 200u + (unsigned)r;
+        }
+        const void *ins[N];
+        for (int r = 0; r < N; r++)
+            ins[r] = (const char *)buf + (size_t)r * COUNT * sizeof(float);
+        void *outs[1] = { (char *)buf + (size_t)N * COUNT * sizeof(float) };
+        colld__cuda_reduce_params_t rp;
+        size_t work;
+        assert_int_equal(colld__cuda_reduce_plan(COLLD_FLOAT32, COLLD_SUM, NULL, ins, N, outs, 1, COUNT, &rp, &work),
+                         COLLD_OK);
+        rp.gate = (const unsigned *)flags + COLLD_CUDA_HANDOFF_GATE;
+        void *wa[] = { &w }, *ra[] = { &rp }, *da[] = { &d };
+        CU_OK(cu.cuLaunchKernel((CUfunction)kw, N, 1, 1, 1, 1, 1, 0, s, wa, NULL));
+        CU_OK(cu.cuLaunchKernel((CUfunction)kr, 1, 1, 1, 32, 1, 1, 0, s, ra, NULL));
+        CU_OK(cu.cuLaunchKernel((CUfunction)kd, 1, 1, 1, 1, 1, 1, 0, s, da, NULL));
+        usleep(20000);
+        assert_int_equal(cu.cuStreamQuery(s), CUDA_ERROR_NOT_READY); /* the wait polls */
+        for (int r = 0; r < N - 1; r++)
+            __atomic_store_n(&host_flags[16 + r], 100u + (unsigned)r, __ATOMIC_RELEASE);
+        if (cancel)
+            __atomic_store_n(&host_flags[COLLD_CUDA_HANDOFF_CANCEL], 1u, __ATOMIC_RELEASE);
+        else
+            __atomic_store_n(&host_flags[16 + N - 1], 100u + N - 1, __ATOMIC_RELEASE);
+        CU_OK(cu.cuStreamSynchronize(s));
+        float got[COUNT];
+        CU_OK(cu.cuMemcpyDtoH(got, buf + N * sizeof(got), sizeof(got)));
+        for (int r = 0; r < N; r++) {
+            assert_int_equal(host_flags[32 + r], cancel ? 0u : 200u + (unsigned)r); /* done */
+            assert_int_equal(host_flags[16 + r],
+                             cancel ? (r < N - 1 ? 100u + (unsigned)r : 0u) : ~(100u + (unsigned)r)); /* taken */
+        }
+        assert_int_equal(host_flags[COLLD_CUDA_HANDOFF_GATE], cancel ? 0u : COLLD_CUDA_GATE_GO);
+        for (int i = 0; i < COUNT; i++)
+            assert_true(got[i] == (cancel ? 0.0f : (float)(3 * i + 3)));
+    }
+    CU_OK(cu.cuMemFree(buf));
+    CU_OK(cu.cuMemFree(flags));
+    CU_OK(cu.cuStreamDestroy(s));
+    CU_OK(cu.cuLibraryUnload(lib));
 }
 
 /* ============================================================================================
@@ -1213,6 +1370,8 @@ int main(void)
         cmocka_unit_test_teardown(test_async_copies, faults_reset),
         cmocka_unit_test_teardown(test_events, faults_reset),
         cmocka_unit_test_teardown(test_launch, faults_reset),
+        cmocka_unit_test_teardown(test_launch_blocks_concurrent_host_memory_model, faults_reset),
+        cmocka_unit_test_teardown(test_handoff_kernels_host_memory_model, faults_reset),
         cmocka_unit_test_teardown(test_ipc, faults_reset),
         cmocka_unit_test_teardown(test_vmm, faults_reset),
         cmocka_unit_test_teardown(test_faults, faults_reset),

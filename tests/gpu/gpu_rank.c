@@ -59,6 +59,14 @@
  *            the other: nothing moves. The daemon (driven with --deadlock-ms and --deadlock-fail)
  *            must see the cycle, fail both communicators with COLLD_ERR_DEADLOCK naming it and
  *            release the stream, within half the communicators' timeout.
+ *   hofault  the faults of a collective whose ranks' streams are waited for on the GPU (issue 28's
+ *            hand-off without the host; 2 ranks, --case): after exact warm-up all-reduces, rank 1's
+ *            all-reduce is posted behind a spin (timeout: twice --timeout-ms; abort: 2 s) or with a
+ *            different count (mismatch); in the abort case rank 0 calls colld_comm_abort 300 ms after
+ *            posting. Every rank's stream must be released (rank 0 within the timeout + grace) with
+ *            the case's status as the async error: COLLD_ERR_TIMEOUT naming rank 1 ("rank(s) 1
+ *            never reached it"), COLLD_ERR_ABORTED, COLLD_ERR_MISMATCH; and the output buffer of
+ *            rank 0 must be untouched (the kernels behind the wait did nothing).
  *
  * Exit code: 0 everything exact (or the expected failure came); 1 a mismatch, an unexpected status,
  * a CUDA error or a stream that was not released; 2 bad arguments; 77 no GPU visible (never with
@@ -88,7 +96,7 @@
 #define FAULT_COUNT (((size_t)1 << 20) + 1)  /* fault: elements of the all-reduce that breaks */
 
 typedef struct {
-    const char *socket, *uid_hex, *uid2_hex, *mode, *alloc, *sync_dir, *stop_file, *progress_file;
+    const char *socket, *uid_hex, *uid2_hex, *mode, *alloc, *sync_dir, *stop_file, *progress_file, *fcase;
     int nranks, rank, timeout_ms, iters, rotate, max_report, victim, gpus;
     double spin_ms;
     int salt;
@@ -766,6 +774,82 @@ static int mode_fault(run_t *R)
     return R->rank == a->victim ? fault_victim(R) : fault_survivor(R);
 }
 
+/* --mode hofault: see the top of the file. */
+static int mode_hofault(run_t *R)
+{
+    const args_t *a = R->a;
+    const char *c = a->fcase ? a->fcase : "";
+    bool timeout = !strcmp(c, "timeout"), abort_case = !strcmp(c, "abort"), mismatch = !strcmp(c, "mismatch");
+    if (R->n != 2 || !(timeout || abort_case || mismatch)) {
+        fprintf(stderr, "rank %d: --mode hofault needs 2 ranks and --case timeout|abort|mismatch\n", R->rank);
+        return 2;
+    }
+    if (exact_allreduces(R, a->salt) != 0) /* warm-up: registered, the path works */
+        return 1;
+    /* The output's sentinel: the kernels of an abandoned collective must not write it. */
+    const size_t count = 1001;
+    float *img = (float *)R->hs;
+    for (size_t i = 0; i < count; i++)
+        img[i] = -7.0f;
+    if (!cuda_ok(R, "cuMemcpyHtoDAsync (sentinel)",
+                 cu.cuMemcpyHtoDAsync(DPTR(R->dr + GUARD), img, count * sizeof(float), R->stream)) ||
+        wait_stream(R, "the sentinel", a->timeout_ms + WAIT_GRACE_MS) < 0)
+        return 1;
+    double spin = timeout ? 2.0 * a->timeout_ms : abort_case ? 2000.0 : 0.0;
+    if (R->rank == 1 && spin > 0 && !cuda_ok(R, "spin launch", launch_spin(R, spin)))
+        return 1;
+    size_t n = mismatch && R->rank == 1 ? count - 1 : count;
+    colld_status_t st = colld_allreduce(R->ds + GUARD, R->dr + GUARD, n, COLLD_FLOAT32, COLLD_SUM, R->comm, R->stream);
+    double posted = harness_now_ms();
+    if (st != COLLD_OK && !(mismatch && st == COLLD_ERR_MISMATCH))
+        return status_fail(R, NULL, "colld_allreduce (the faulty one)", st) ? 1 : 0;
+    if (abort_case && R->rank == 0) {
+        usleep(300 * 1000);
+        colld_status_t ab = colld_comm_abort(R->comm);
+        fprintf(stderr, "rank 0: colld_comm_abort: %s\n", colld_status_name(ab));
+    }
+    int limit = (int)spin + a->timeout_ms + RELEASE_GRACE_MS;
+    if (wait_stream(R, "the faulty all-reduce", limit) < 0) {
+        fflush(stderr);
+        _exit(1);
+    }
+    double released = harness_now_ms();
+    colld_status_t err = st != COLLD_OK ? st : async_error(R);
+    while (err == COLLD_OK && harness_now_ms() < released + 2000) {
+        usleep(1000);
+        err = async_error(R);
+    }
+    const char *detail = colld_comm_last_error(R->comm);
+    fprintf(stderr, "rank %d: case %s: stream released %.1f ms after the post; %s: %s\n", R->rank, c, released - posted,
+            colld_status_name(err), detail);
+    colld_status_t want = timeout ? COLLD_ERR_TIMEOUT : abort_case ? COLLD_ERR_ABORTED : COLLD_ERR_MISMATCH;
+    int rc = 0;
+    if (err != want) {
+        fprintf(stderr, "rank %d: FAILED: expected %s\n", R->rank, colld_status_name(want));
+        rc = 1;
+    }
+    if (timeout && R->rank == 0 && !strstr(detail, "rank(s) 1 never reached it")) {
+        fprintf(stderr, "rank 0: FAILED: the time-out does not name rank 1\n");
+        rc = 1;
+    }
+    if (timeout && R->rank == 0 && released - posted > a->timeout_ms + RELEASE_GRACE_MS) {
+        fprintf(stderr, "rank 0: FAILED: released after the timeout + %d ms\n", RELEASE_GRACE_MS);
+        rc = 1;
+    }
+    if (!cuda_ok(R, "cuMemcpyDtoHAsync (output)",
+                 cu.cuMemcpyDtoHAsync(img, DPTR(R->dr + GUARD), count * sizeof(float), R->stream)) ||
+        wait_stream(R, "the output", WAIT_GRACE_MS) < 0)
+        return 1;
+    for (size_t i = 0; i < count && !(mismatch && R->rank == 1); i++)
+        if (img[i] != -7.0f) {
+            fprintf(stderr, "rank %d: FAILED: element %zu of the output is %g: the abandoned collective wrote it\n",
+                    R->rank, i, (double)img[i]);
+            rc = 1;
+            break;
+        }
+    return rc;
+}
+
 /* Whether the ranks stop: an all-reduce (max) of "the stop file exists" on the device, so that
  * every rank leaves after the same iteration. 1 stop, 0 go on, -1 failed (printed). */
 static int stop_agreed(run_t *R)
@@ -918,6 +1002,7 @@ static int parse_args(int argc, char **argv, args_t *a)
         HARNESS_STR("sync-dir", &a->sync_dir),
         HARNESS_STR("stop-file", &a->stop_file),
         HARNESS_STR("progress-file", &a->progress_file),
+        HARNESS_STR("case", &a->fcase),
         HARNESS_CLEAR("no-big", &a->big),
         HARNESS_SET("big-all", &a->big_all),
         HARNESS_SET("big-min", &a->big_min),
@@ -1022,6 +1107,8 @@ int main(int argc, char **argv)
         rc = mode_loop(&R);
     else if (strcmp(a.mode, "crossed") == 0)
         rc = mode_crossed(&R);
+    else if (strcmp(a.mode, "hofault") == 0)
+        rc = mode_hofault(&R);
     else {
         fprintf(stderr, "gpu_rank: unknown mode %s\n", a.mode);
         rc = 2;

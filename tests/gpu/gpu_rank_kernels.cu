@@ -23,3 +23,8 @@ extern "C" __global__ void GPU_RANK_CONSUME_KERNEL(const gpu_rank_consume_params
 {
     gpu_rank_consume_body(p, GPU_RANK_TID(), GPU_RANK_NTHREADS());
 }
+
+extern "C" __global__ void GPU_RANK_CHAIN_KERNEL(const gpu_rank_chain_params_t p)
+{
+    gpu_rank_chain_body(p, blockIdx.x, gridDim.x); /* one thread per block */
+}

@@ -368,6 +368,45 @@ static void test_fault_kill_before_post(void **state) { run_fault(*state, false)
 static void test_fault_kill_while_streams_wait(void **state) { run_fault(*state, true); }
 
 /* ---------------------------------------------------------------------------------------------
+ * Faults of the hand-off without the host (issue 28 item 1)
+ * ------------------------------------------------------------------------------------------- */
+
+/* 2 rank processes (gpu_rank --mode hofault --case <c>) on a daemon whose collectives wait for the
+ * ranks' streams on the GPU (the default; with COLLD_GPU_HOST_HANDOFF=1 in the environment the
+ * same cases run on the host's hand-off): a stream that never gets there within the 2 s timeout,
+ * an abort, a mismatch. Each rank checks its status, its release and that its output stayed
+ * untouched; the daemon is left clean. On the double: the wait kernel polls on host threads, on
+ * the host's memory model, not the GPU's. */
+static void run_hofault(harness_t *h, const char *fcase)
+{
+    const char *extra[] = { "--mode", "hofault", "--case", fcase, "--timeout-ms", "2000", NULL };
+    run_gpu(h, 2, extra);
+    assert_int_equal(harness_wait_clean(h, 10000), 0);
+    assert_true(gpu_driver_daemon_ok(&drv, h->pid));
+    /* The path the daemon took: it logs its first hand-off without the host per communicator. */
+    static char log[1 << 16];
+    harness_read_file(h->log, log, sizeof(log));
+    const char *host = getenv("COLLD_GPU_HOST_HANDOFF");
+    bool on_host = host && strcmp(host, "true") == 0;
+    bool said = strstr(log, "wait for the ranks' streams on the GPU") != NULL;
+    print_message("the daemon took the %s hand-off\n", said ? "GPU's (without the host)" : "host's");
+    assert_true(said == !on_host); /* the warm-up all-reduces took it (a mismatch is refused before any) */
+}
+
+static void test_handoff_timeout_host_memory_model(void **state)
+{
+    run_hofault(*state, "timeout");
+}
+static void test_handoff_abort_host_memory_model(void **state)
+{
+    run_hofault(*state, "abort");
+}
+static void test_handoff_mismatch_host_memory_model(void **state)
+{
+    run_hofault(*state, "mismatch");
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Deadlock of GPU streams (issue 18)
  * ------------------------------------------------------------------------------------------- */
 
@@ -416,7 +455,7 @@ static int setup_deadlock(void **state)
 /* Every test gets its own daemon (harness_test_setup/teardown). */
 int main(int argc, char **argv)
 {
-    static const char *const groups[] = { "matrix", "stream", "fault", "deadlock", NULL };
+    static const char *const groups[] = { "matrix", "stream", "fault", "deadlock", "hofault", NULL };
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IOLBF, 0);
     int rc = gpu_driver_start(&drv, argc, argv, groups);
@@ -451,6 +490,14 @@ int main(int argc, char **argv)
     const struct CMUnitTest deadlock[] = {
         cmocka_unit_test_setup_teardown(test_deadlock_crossed_streams, setup_deadlock, harness_test_teardown),
     };
+    const struct CMUnitTest hofault[] = {
+        cmocka_unit_test_setup_teardown(test_handoff_timeout_host_memory_model, harness_test_setup,
+                                        harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_handoff_abort_host_memory_model, harness_test_setup,
+                                        harness_test_teardown),
+        cmocka_unit_test_setup_teardown(test_handoff_mismatch_host_memory_model, harness_test_setup,
+                                        harness_test_teardown),
+    };
     gpu_driver_say(&drv);
     int failed = 0;
     if (gpu_driver_runs(&drv, "matrix"))
@@ -461,5 +508,7 @@ int main(int argc, char **argv)
         failed += cmocka_run_group_tests_name("gpu_fault", fault, NULL, NULL);
     if (gpu_driver_runs(&drv, "deadlock"))
         failed += cmocka_run_group_tests_name("gpu_deadlock", deadlock, NULL, NULL);
+    if (gpu_driver_runs(&drv, "hofault"))
+        failed += cmocka_run_group_tests_name("gpu_hofault", hofault, NULL, NULL);
     return failed ? 1 : 0;
 }

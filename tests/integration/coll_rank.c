@@ -1052,6 +1052,30 @@ static int parse_args(int argc, char **argv, args_t *a)
 }
 
 /* Join the communicator, share the buffers, run the mode, leave. */
+/* After the matrix: colld_client_stats counted its engine-path collectives (gather, scatter and
+ * all-to-all always take it; where gather is among the kinds) as staged with --malloc, and none
+ * staged (and, with gather, some zero copy) on colld_mem_alloc buffers; it refuses what it must. */
+static int check_stats(run_t *R)
+{
+    colld_client_stats_t st = { .size = sizeof(st) };
+    if (colld_client_stats(R->c, &st) != COLLD_OK) {
+        fprintf(stderr, "rank %d: colld_client_stats failed\n", R->rank);
+        return 1;
+    }
+    bool engine = (R->a->kinds & (1u << K_GATHER)) != 0; /* else perhaps fast path only */
+    bool ok = R->a->use_malloc ? !engine || (st.staged > 0 && st.staged_bytes > 0)
+                               : st.staged == 0 && (!engine || st.zero_copy > 0);
+    colld_client_stats_t small = { .size = sizeof(size_t) };
+    ok = ok && colld_client_stats(R->c, &small) == COLLD_ERR_INVALID_ARGUMENT &&
+         colld_client_stats(NULL, &st) == COLLD_ERR_INVALID_ARGUMENT &&
+         colld_client_stats(R->c, NULL) == COLLD_ERR_INVALID_ARGUMENT;
+    if (!ok)
+        fprintf(stderr, "rank %d: colld_client_stats on %s buffers: %llu zero copy, %llu staged (%llu bytes)\n", R->rank,
+                R->a->use_malloc ? "malloc" : "colld_mem_alloc", (unsigned long long)st.zero_copy,
+                (unsigned long long)st.staged, (unsigned long long)st.staged_bytes);
+    return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     args_t a = { .mode = "matrix",
@@ -1111,6 +1135,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "coll_rank: unknown mode %s\n", a.mode);
         rc = 2;
     }
+    if (rc == 0 && strcmp(a.mode, "matrix") == 0)
+        rc = check_stats(&R);
     if (rc != 0 && R.reported > a.max_report)
         fprintf(stderr, "rank %d: %d more failures not shown\n", a.rank, R.reported - a.max_report);
     if (a.rank == 0 && strcmp(a.mode, "call") != 0)

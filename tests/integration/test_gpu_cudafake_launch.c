@@ -173,11 +173,16 @@ static int setup_launch_hold(void **state)
 }
 
 /* A daemon whose double stalls its first stream and fails its 2nd cuStreamWriteValue32, and
- * reads gpu_control for the case's later instructions. */
+ * reads gpu_control for the case's later instructions. The daemon takes the host's hand-off
+ * (--gpu-host-handoff, issue 28): these cases fail one of its per-rank `done` writes, which the
+ * hand-off without the host (its done kernel writes them) does not make. */
 static int setup_launch_fault(void **state)
 {
     static const char *const lines[] = { "stall:1", "fail:cuStreamWriteValue32:2:CUDA_ERROR_INVALID_VALUE", NULL };
-    return setup_with_control(state, lines);
+    setenv("COLLD_GPU_HOST_HANDOFF", "true", 1);
+    int rc = setup_with_control(state, lines);
+    unsetenv("COLLD_GPU_HOST_HANDOFF");
+    return rc;
 }
 
 gpu_cases_t gpu_launch_cases(const char *group)

@@ -204,6 +204,22 @@ static void remember_dead_session(colld_net_peer_t *p, uint64_t session)
     p->dead_sessions[p->ndead++ % TCP_DEAD_SESSIONS] = session;
 }
 
+/* Close p's DATA path, if it has one (DATA over TCP from now on). */
+static void path_close(colld_net_peer_t *p, bool notify)
+{
+    path_t *pa = &p->path;
+    if (!pa->ops)
+        return;
+    const colld_net_path_ops_t *ops = pa->ops;
+    void *link = pa->link;
+    if (pa->fd >= 0)
+        epoll_ctl(p->net->epfd, EPOLL_CTL_DEL, pa->fd, NULL);
+    pthread_mutex_lock(&p->net->lock);
+    *pa = (path_t){ .ev_kind = EV_PATH, .fd = -1 };
+    pthread_mutex_unlock(&p->net->lock);
+    ops->close(link, notify);
+}
+
 /* Close every connection of p, fail its queued DATA (done(ok = false)), then report
  * peer_lost(why) once. Call it only where no caller holds on to p's connections' buffers. */
 void colld__tcp_peer_lose(colld_net_peer_t *p, const char *why_in)
@@ -222,6 +238,7 @@ void colld__tcp_peer_lose(colld_net_peer_t *p, const char *why_in)
         colld__tcp_conn_close(c, &failed);
     }
     colld__tcp_q_concat(&failed, &p->pending);
+    path_close(p, true);
     p->loss_pending = false;
     memset(p->conns, 0, sizeof(p->conns));
     pthread_mutex_lock(&n->lock);
@@ -325,6 +342,7 @@ colld_net_peer_t *colld__tcp_peer_new(colld_net_t *n, const char *addr)
         return NULL;
     n->npeers++;
     p->net = n;
+    p->path = (path_t){ .ev_kind = EV_PATH, .fd = -1 };
     colld_strlcpy(p->addr, addr, sizeof(p->addr));
     p->state = PEER_CONNECTING;
     p->rate_t0_ms = colld_now_ms();
@@ -688,6 +706,9 @@ static void *net_thread(void *arg)
             } else if (ptr == &n->wfd) {
                 uint64_t v;
                 woken = read(n->wfd, &v, sizeof(v)) >= 0 || woken;
+            } else if (*(unsigned *)ptr == EV_PATH) {
+                path_t *pa = ptr;
+                pa->ops->event(pa->link);
             } else {
                 colld__tcp_conn_event(ptr, ev[i].events);
             }
@@ -729,6 +750,7 @@ static void net_free(colld_net_t *n)
         colld_net_peer_t *p = n->peers;
         n->peers = p->next;
         colld__tcp_q_release(&p->pending, false, false);
+        path_close(p, false);
         free(p);
     }
     while (n->inbox) {
@@ -889,15 +911,17 @@ int colld_net_start(const colld_net_config_t *cfg, colld_net_t **out, char *err,
     *out = NULL;
     if (net_create(cfg, true, &n, err, err_len) < 0)
         return -1;
-    *out = n; /* before the thread: its first tick's callbacks may reach the transport through it */
+    /* *out before the thread starts: its first tick may read the caller's pointer (links.c). */
+    *out = n;
+    n->thread_started = true;
     int rc = pthread_create(&n->thread, NULL, net_thread, n);
     if (rc != 0) {
-        *out = NULL;
         colld__tcp_sys_msg(err, err_len, "cannot start the network thread", rc);
+        *out = NULL;
+        n->thread_started = false;
         net_free(n);
         return -1;
     }
-    n->thread_started = true;
     pthread_setname_np(n->thread, "colld-net");
     LOG_INFO(NET, "listening for peers on %s as %s", n->addr, n->name);
     return 0;
@@ -1033,6 +1057,8 @@ size_t colld_net_peers(colld_net_t *n, colld_net_peer_info_t *out, size_t max)
         i->tcp_lost = p->tcp_lost;
         i->retrans = p->retrans;
         i->losses = p->losses;
+        colld_strlcpy(i->transport, p->path.ops ? p->path.ops->name : "tcp", sizeof(i->transport));
+        colld_strlcpy(i->transport_note, p->transport_note, sizeof(i->transport_note));
     }
     pthread_mutex_unlock(&n->lock);
     return count;
@@ -1102,6 +1128,14 @@ int colld_net_send_data(colld_net_peer_t *p, const colld_net_hdr_t *h, const voi
 {
     if (!p || !h || h->len > p->net->cfg.chunk_bytes || (h->len && !payload) || p->state == PEER_LOST)
         return -1;
+    if (p->path.ops && p->state == PEER_UP) {
+        if (p->path.ops->send(p->path.link, h, payload, done, cookie) < 0)
+            return -1;
+        pthread_mutex_lock(&p->net->lock);
+        p->bytes_sent += h->len + TCP_HDR_LEN;
+        pthread_mutex_unlock(&p->net->lock);
+        return 0;
+    }
     msg_t *m = colld__tcp_msg_new(TCP_DATA, h, payload, h->len, false);
     if (!m)
         return -1;
@@ -1130,6 +1164,53 @@ bool colld_net_peer_is_up(const colld_net_peer_t *p)
 bool colld_net_peer_is_lost(const colld_net_peer_t *p)
 {
     return p->state == PEER_LOST;
+}
+
+int colld_net_peer_set_path(colld_net_peer_t *p, const colld_net_path_ops_t *ops, void *link, char *err, size_t err_len)
+{
+    if (p->state != PEER_UP || p->path.ops) {
+        colld_set_err(err, err_len, "peer %s is %s", p->addr, p->path.ops ? "on a path already" : "not up");
+        return -1;
+    }
+    int fd = ops->fd(link);
+    path_t *pa = &p->path;
+    struct epoll_event ev = { .events = EPOLLIN, .data.ptr = pa };
+    if (fd < 0 || epoll_ctl(p->net->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        colld_set_err(err, err_len, "cannot poll the %s path's fd: %s", ops->name, strerror(errno));
+        return -1;
+    }
+    pthread_mutex_lock(&p->net->lock);
+    *pa = (path_t){ .ev_kind = EV_PATH, .peer = p, .ops = ops, .link = link, .fd = fd };
+    p->transport_note[0] = '\0';
+    pthread_mutex_unlock(&p->net->lock);
+    return 0;
+}
+
+void *colld_net_peer_path(const colld_net_peer_t *p)
+{
+    return p->path.ops ? p->path.link : NULL;
+}
+
+void colld_net_peer_set_note(colld_net_peer_t *p, const char *note)
+{
+    pthread_mutex_lock(&p->net->lock);
+    colld_strlcpy(p->transport_note, note, sizeof(p->transport_note));
+    pthread_mutex_unlock(&p->net->lock);
+}
+
+void colld_net_deliver(colld_net_peer_t *p, const colld_net_hdr_t *h, void *payload)
+{
+    const colld_net_callbacks_t *cb = &p->net->cfg.cb;
+    pthread_mutex_lock(&p->net->lock);
+    p->bytes_received += h->len + TCP_HDR_LEN;
+    pthread_mutex_unlock(&p->net->lock);
+    void *dest = cb->data_dest ? cb->data_dest(cb->arg, p, h) : NULL;
+    if (dest && h->len) {
+        memcpy(dest, payload, h->len);
+        payload = dest;
+    }
+    if (cb->data)
+        cb->data(cb->arg, p, h, payload);
 }
 
 void colld_net_peer_set_user(colld_net_peer_t *p, void *user)

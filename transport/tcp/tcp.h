@@ -88,6 +88,22 @@ typedef struct {
     uint64_t offset; /* byte offset in the collective's buffer */
 } colld_net_hdr_t;
 
+/* Another way for a peer's DATA messages (transport/ib behind server/net/iblink.c): the peer's
+ * authentication, CTRL messages and heartbeats stay on its TCP connections; once a path is set,
+ * its DATA goes through the path's send, and what arrives on the path is handed to the same
+ * data_dest/data callbacks with colld_net_deliver. The path's fd is polled by the network thread
+ * (readable: event). All calls on the network thread. */
+typedef struct {
+    const char *name; /* the transport's name in collctl status and the metrics: "ib" */
+    int (*fd)(void *link);
+    void (*event)(void *link);
+    /* As colld_net_send_data (done once the bytes left, or with ok false). */
+    int (*send)(void *link, const colld_net_hdr_t *h, const void *payload, void (*done)(void *cookie, bool ok),
+                void *cookie);
+    /* Free the link; with notify, queued DATA done(false) first (without, no callback runs). */
+    void (*close)(void *link, bool notify);
+} colld_net_path_ops_t;
+
 typedef struct {
     /* A peer finished its handshake (its first connection is up): its name is known. */
     void (*peer_up)(void *arg, colld_net_peer_t *p);
@@ -151,6 +167,8 @@ typedef struct colld_net_peer_info {
     uint32_t tcp_lost;      /* TCP_INFO tcpi_lost (segments now presumed lost), summed */
     uint64_t retrans;       /* TCP_INFO tcpi_total_retrans, summed over every connection it ever had */
     uint64_t losses;        /* times it was lost (connection errors, silence, operator) */
+    char transport[8];      /* of its DATA: "tcp", or a path's name ("ib") */
+    char transport_note[160]; /* why it is not the path asked for ("" if it is, or nothing was asked) */
 } colld_net_peer_info_t;
 
 /* Bind the listening socket and start the network thread. Returns 0, or -1 with a message in
@@ -207,6 +225,18 @@ const char *colld_net_peer_name(const colld_net_peer_t *p);
 bool colld_net_peer_is_up(const colld_net_peer_t *p);
 /* Lost (not connecting, not up) (net thread). */
 bool colld_net_peer_is_lost(const colld_net_peer_t *p);
+/* Send p's DATA through a path from now on (ops and link kept until the peer is lost or the path
+ * cleared, then ops->close(link)); its fd joins the network thread's poll. Returns 0, or -1 with
+ * the reason in err (peer not up, epoll refused the fd): then the caller still owns link. */
+int colld_net_peer_set_path(colld_net_peer_t *p, const colld_net_path_ops_t *ops, void *link, char *err,
+                            size_t err_len);
+/* The link of p's path (NULL when its DATA goes over TCP) (net thread). */
+void *colld_net_peer_path(const colld_net_peer_t *p);
+/* Why p's DATA goes over TCP although another transport was considered (collctl status), "" to
+ * clear (net thread). */
+void colld_net_peer_set_note(colld_net_peer_t *p, const char *note);
+/* A DATA message arrived on p's path: data_dest, then data, as for one read from TCP (net thread). */
+void colld_net_deliver(colld_net_peer_t *p, const colld_net_hdr_t *h, void *payload);
 /* A caller-owned pointer kept with the peer (net thread). */
 void colld_net_peer_set_user(colld_net_peer_t *p, void *user);
 void *colld_net_peer_user(const colld_net_peer_t *p);

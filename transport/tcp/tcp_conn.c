@@ -79,6 +79,7 @@ conn_t *colld__tcp_conn_new(colld_net_t *n, int fd, colld_net_peer_t *p, conn_st
     conn_t *c = calloc(1, sizeof(*c));
     if (!c || !(c->ibuf = malloc(IBUF_LEN)))
         goto fail;
+    c->ev_kind = EV_CONN;
     c->net = n;
     c->fd = fd;
     c->peer = p;

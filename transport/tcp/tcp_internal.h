@@ -99,6 +99,19 @@ typedef enum { PEER_CONNECTING, PEER_UP, PEER_LOST } peer_state_t;
 
 typedef struct tcp_conn conn_t;
 
+/* What an epoll event's pointer leads to, when it is not the listener or the wake fd: the first
+ * member of a connection and of a path. */
+enum { EV_CONN = 1, EV_PATH = 2 };
+
+/* A peer's DATA path (colld_net_peer_set_path). */
+typedef struct {
+    unsigned ev_kind; /* EV_PATH */
+    colld_net_peer_t *peer;
+    const colld_net_path_ops_t *ops;
+    void *link;
+    int fd;
+} path_t;
+
 struct colld_net_peer {
     colld_net_t *net;
     colld_net_peer_t *next;        /* net->peers, linked under net->lock */
@@ -127,6 +140,8 @@ struct colld_net_peer {
     char loss_why[TCP_WHY_LEN];
     uint64_t lost_ms;          /* when it was last lost */
     uint64_t unused_check_ms;  /* when peer_unused was last asked (once a second at most) */
+    path_t path;               /* ops NULL: DATA over TCP */
+    char transport_note[160];  /* written under net->lock */
     unsigned rx_active;        /* connections inside a timed DATA frame */
     uint64_t rx_t0_ns;         /* when the first of them began */
     void *user;
@@ -142,6 +157,7 @@ typedef enum {
 
 /* A connection; net thread only. */
 struct tcp_conn {
+    unsigned ev_kind; /* EV_CONN */
     colld_net_t *net;
     conn_t *next;
     colld_net_peer_t *peer; /* NULL for a stranger */

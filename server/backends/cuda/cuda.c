@@ -136,8 +136,9 @@ static int cuda_start(colld_backend_t *b)
     bool *peer = calloc((size_t)n * (size_t)n, sizeof(*peer));
     gpu_nan_t **nan_pool = calloc((size_t)n, sizeof(*nan_pool));
     uint64_t *nan_epoch = calloc((size_t)n, sizeof(*nan_epoch));
-    if (!g || !gpu || !peer || !nan_pool || !nan_epoch) {
-        free(g), free(gpu), free(peer), free(nan_pool), free(nan_epoch);
+    struct gpu_ho_block **ho_pool = calloc((size_t)n, sizeof(*ho_pool));
+    if (!g || !gpu || !peer || !nan_pool || !nan_epoch || !ho_pool) {
+        free(g), free(gpu), free(peer), free(nan_pool), free(nan_epoch), free(ho_pool);
         colld_strlcpy(d->device_none, "out of memory", sizeof(d->device_none));
         return -1;
     }
@@ -147,6 +148,7 @@ static int cuda_start(colld_backend_t *b)
     g->peer = peer;
     g->nan_pool = nan_pool;
     g->nan_epoch = nan_epoch;
+    g->ho_pool = ho_pool;
     pthread_mutex_init(&g->nan_mu, NULL);
     for (int i = 0; i < n; i++) {
         if ((r = take_gpu(cu, i, &gpu[i])) != CUDA_SUCCESS) {
@@ -156,7 +158,7 @@ static int cuda_start(colld_backend_t *b)
             LOG_ERROR(GPU, "no CUDA backend: %s", d->device_none);
             for (int j = 0; j < i; j++)
                 CU_CHECK(cu, cuDevicePrimaryCtxRelease, gpu[j].dev);
-            free(g->nan_pool), free(g->nan_epoch), free(g), free(gpu), free(peer);
+            free(g->nan_pool), free(g->nan_epoch), free(g->ho_pool), free(g), free(gpu), free(peer);
             return 0;
         }
         g->n = i + 1;
@@ -180,7 +182,7 @@ static int cuda_start(colld_backend_t *b)
         LOG_ERROR(GPU, "no CUDA backend: %s", d->device_none);
         for (int i = 0; i < n; i++)
             CU_CHECK(cu, cuDevicePrimaryCtxRelease, gpu[i].dev);
-        free(g->nan_pool), free(g->nan_epoch), free(g), free(gpu), free(peer);
+        free(g->nan_pool), free(g->nan_epoch), free(g->ho_pool), free(g), free(gpu), free(peer);
         return 0;
     }
     if (cuda_recover_start(g) != 0) {
@@ -188,7 +190,7 @@ static int cuda_start(colld_backend_t *b)
         colld_cuda_kernels_unload(g->kernels);
         for (int i = 0; i < n; i++)
             CU_CHECK(cu, cuDevicePrimaryCtxRelease, gpu[i].dev);
-        free(g->nan_pool), free(g->nan_epoch), free(g), free(gpu), free(peer);
+        free(g->nan_pool), free(g->nan_epoch), free(g->ho_pool), free(g), free(gpu), free(peer);
         return 0;
     }
     (void)cuda_watch_start(g, cuda_movable); /* without it the engine polls (cuda_outstanding) */
@@ -218,6 +220,11 @@ static void cuda_stop(colld_backend_t *b)
         g->dead_pending = p;
     }
     cuda_release_run(g); /* what was let go since the recovery thread's last round */
+    /* A hand-off still waiting for a rank's stream (issue 28) would keep the GPU busy: abandoned. */
+    for (colld_coll_t *k = g->running; k; k = k->next)
+        cuda_handoff_cancel(k);
+    for (colld_coll_t *k = g->launch; k; k = k->next)
+        cuda_handoff_cancel(k);
     pthread_mutex_unlock(&b->d->lock);
     for (int i = 0; i < g->n; i++) {
         CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[i].ctx);
@@ -225,6 +232,7 @@ static void cuda_stop(colld_backend_t *b)
     }
     cuda_plans_free_all(b); /* what they hold (sessions, registrations) goes before the contexts */
     cuda_nan_free_all(g);
+    cuda_handoff_free_all(g);
     CU_CHECK(g->cu, cuCtxSetCurrent, NULL);
     colld_cuda_kernels_unload(g->kernels);
     for (int i = 0; i < g->n; i++)
@@ -232,6 +240,7 @@ static void cuda_stop(colld_backend_t *b)
     pthread_mutex_destroy(&g->nan_mu);
     free(g->nan_pool);
     free(g->nan_epoch);
+    free(g->ho_pool);
     free(g->gpu);
     free(g->peer);
     free(g);

@@ -17,6 +17,9 @@
  *                  and flag writes (engine thread, no lock)
  *   cuda_recover.c a GPU whose context has a sticky error: its work failed, its context reset,
  *                  the GPU brought back (the backend's recovery thread; issue 15 F3)
+ *   cuda_handoff.c the hand-off without the host (issue 28 item 1): which collectives are queued on
+ *                  the GPU as soon as they match, their words (cancel, arrived, gate), the cancel
+ *                  and the verdict
  *   cuda_nan.c     --nan-check on GPU buffers: the words a checked collective's kernels note each
  *                  rank's first NaN or infinity in, and the verdict read from them (issue 30)
  *   cuda_watch.c   the thread that wakes the engine when GPU work can move (issue 15 F5)
@@ -124,6 +127,9 @@ typedef struct colld_gpus {
     pthread_mutex_t nan_mu;
     struct gpu_nan **nan_pool; /* [n] */
     uint64_t *nan_epoch;       /* [n] */
+    /* The hand-offs' words (cuda_handoff.c), pooled per GPU under nan_mu, with nan_epoch. */
+    struct gpu_ho_block **ho_pool; /* [n] */
+    unsigned handoffs;             /* hand-offs launched, not finished: the watcher busy-polls (lock held) */
 } colld_gpus_t;
 
 /* A checked collective's words (cuda_nan.c; colld_coll_t.bcheck). */
@@ -140,6 +146,7 @@ typedef struct gpu_comm {
     bool *base_set;               /* [nranks]: the rank posted a stream-ordered collective: base[] is its flag base */
     uint32_t *base;               /* [nranks] */
     uint32_t *last;               /* [nranks]: flag value of its last stream-ordered collective */
+    bool handoff_said;            /* its first hand-off without the host was logged (issue 28) */
     struct gpu_comm *next, *prev; /* colld_gpus_t.comms */
 } gpu_comm_t;
 
@@ -352,6 +359,36 @@ void cuda_nan_release(colld_gpus_t *g, colld_coll_t *k);
 void cuda_nan_gpu_reset(colld_gpus_t *g, int gi);
 /* Stop (no collective left): every pooled block unregistered and freed. */
 void cuda_nan_free_all(colld_gpus_t *g);
+
+/* ---- cuda_handoff.c (issue 28 item 1) ---- */
+/* Does collective k (matched, lock held) take the hand-off without the host: not
+ * --gpu-host-handoff, its buffers on one GPU, every rank's flag line there? */
+bool cuda_handoff_wanted(colld_backend_t *b, const colld_coll_t *k);
+/* Give k its hand-off (k->bhand): the addresses of every rank's ready slot and done word (lock
+ * held). COLLD_OK or COLLD_ERR_NO_MEMORY. */
+colld_status_t cuda_handoff_prepare(colld_backend_t *b, colld_coll_t *k);
+/* Give k's hand-off its words, zero, registered in GPU gi's context; *h what the kernels get.
+ * Engine thread, lock NOT held. CUDA_SUCCESS or the registration's error. */
+CUresult cuda_handoff_arm(colld_gpus_t *g, colld_coll_t *k, int gi, const colld_cuda_handoff_t **h);
+/* The device address of k's gate (NULL: k has no armed hand-off). */
+const uint32_t *cuda_handoff_gate(const colld_coll_t *k);
+/* Its launch failed part-way (engine thread, lock NOT held): the cancel word is written, so that
+ * the wait enqueued ends before the launch drains its stream. */
+void cuda_handoff_abandon(colld_coll_t *k);
+/* k is back from its launch (lock held): a cancel asked for meanwhile is written now. */
+void cuda_handoff_launched(colld_coll_t *k);
+/* Abandon k's hand-off (lock held; nothing when k has none): its cancel word is written. */
+void cuda_handoff_cancel(colld_coll_t *k);
+/* Did k's wait open the gate (every rank arrived before any cancel)? */
+bool cuda_handoff_open(const colld_coll_t *k);
+/* Does k's hand-off still wait for the ranks' streams (not open, not abandoned)? */
+bool cuda_handoff_waits(const colld_coll_t *k);
+/* k is finished (lock held): its words back to the pool, its hand-off freed. */
+void cuda_handoff_release(colld_gpus_t *g, colld_coll_t *k);
+/* GPU gi's context is about to be reset (lock held): the pooled blocks registered in it go. */
+void cuda_handoff_gpu_reset(colld_gpus_t *g, int gi);
+/* Stop: every pooled block unregistered and freed. */
+void cuda_handoff_free_all(colld_gpus_t *g);
 
 /* ---- cuda_watch.c (issue 15 F5) ---- */
 /* Start the thread that wakes the engine when movable(b) says GPU work can move: 0, or -1 (then

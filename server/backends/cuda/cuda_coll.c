@@ -145,6 +145,10 @@ static void gpu_finish(colld_backend_t *b, colld_coll_t *k, bool was_running)
         k->bpriv = NULL;
     }
     cuda_nan_release(g, k);
+    if (k->bhand) {
+        g->handoffs--;
+        cuda_handoff_release(g, k);
+    }
     k->end_ns = colld_now_ns();
     if (cuda_plan_of_run(g, k)) { /* a replay of a captured collective: the graph waits, no completion */
         cuda_plan_run_finished(b, k);
@@ -253,6 +257,17 @@ int cuda_coll_fired(colld_backend_t *b)
             snprintf(what, sizeof(what), "collective #%llu", (unsigned long long)colld_coll_lead(k)->d.seq);
             cuda_event_failed(g, k->bint, r, what, why, sizeof(why));
             colld_comm_break(b->d, k->comm, COLLD_ERR_DEVICE, -1, why);
+        } else if (k->bhand && !cuda_handoff_open(k)) {
+            /* A hand-off abandoned (issue 28): its kernels did nothing, its communicator broke (or
+             * the wait's own bound ran out, a daemon too slow to time it out: it breaks now). */
+            colld_dcomm_t *c = k->comm;
+            if (c->state != COLLD_COMM_BROKEN && c->state != COLLD_COMM_CLOSING) {
+                snprintf(k->why, sizeof(k->why),
+                         "collective #%llu timed out on the GPU: the ranks' streams never all reached it",
+                         (unsigned long long)colld_coll_lead(k)->d.seq);
+                colld_comm_break(b->d, c, COLLD_ERR_TIMEOUT, -1, k->why);
+            }
+            k->status = colld_comm_waiting_status(c);
         } else if (cuda_nan_verdict(g, k, k->why, sizeof(k->why)) != COLLD_OK) {
             /* --nan-check: as the host backend, the communicator breaks with the verdict, so that
              * every rank (and every later operation) learns it. */
@@ -283,6 +298,34 @@ static bool time_out_pending(colld_backend_t *b, colld_coll_t *k, const int *mis
     snprintf(why + off, sizeof(why) - (size_t)off, " never reached it (its inputs were never ready)");
     colld_comm_break(b->d, c, COLLD_ERR_TIMEOUT, nmissing == 1 ? missing[0] : -1, why);
     return true;
+}
+
+/* The first hand-off of each communicator still waiting on the GPU for the ranks' streams (issue
+ * 28): past the timeout, or on a GPU that faulted, its communicator breaks (which cancels it:
+ * cuda_coll_comm_broken). Returns true after a break (lock held). */
+static bool handoff_due(colld_backend_t *b, uint64_t now, uint64_t *deadline)
+{
+    colld_gpus_t *g = gpus_of(b);
+    if (!g->handoffs)
+        return false;
+    for (colld_coll_t *k = g->running; k; k = k->next) {
+        bool first = true;
+        for (colld_coll_t *e = g->running; e != k && first; e = e->next)
+            first = !(e->comm == k->comm && cuda_handoff_waits(e));
+        if (!first || !cuda_handoff_waits(k))
+            continue;
+        char why[COLLD_DETAIL_LEN];
+        if (cuda_coll_unusable(b, k, why, sizeof(why))) {
+            LOG_WARN(GPU, "communicator %llu: %s", (unsigned long long)k->comm->id, why);
+            colld_comm_break(b->d, k->comm, COLLD_ERR_DEVICE, -1, why);
+            return true;
+        }
+        int missing[8], nmissing;
+        if (!all_ready(b, k, missing, 8, &nmissing) && !cuda_handoff_open(k) &&
+            time_out_pending(b, k, missing, nmissing, now, deadline))
+            return true;
+    }
+    return false;
 }
 
 int cuda_coll_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline, bool *broke)
@@ -332,6 +375,18 @@ int cuda_coll_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline, boo
             k = next;
             continue;
         }
+        if (!earlier && !g->hold && cuda_handoff_wanted(b, k) && cuda_handoff_prepare(b, k) == COLLD_OK) {
+            /* The hand-off without the host (issue 28, cuda_handoff.c): launched now, its kernels
+             * wait on the GPU for the ranks' streams; running (and its slots taken by its wait). */
+            pending_unlink(g, prev, k);
+            gpu_comm_of(b, k->comm)->running++;
+            g->handoffs++;
+            *launch_tail = k;
+            launch_tail = &k->next;
+            work++;
+            k = next;
+            continue;
+        }
         if (!earlier && !g->hold && all_ready(b, k, missing, 8, &nmissing)) {
             pending_unlink(g, prev, k);
             mark_taken(b, k);
@@ -349,6 +404,8 @@ int cuda_coll_progress(colld_backend_t *b, uint64_t now, uint64_t *deadline, boo
         prev = k;
         k = next;
     }
+    if (handoff_due(b, now, deadline))
+        return work + 1;
     *broke = false;
     return work;
 }
@@ -379,6 +436,25 @@ void cuda_waiting(colld_backend_t *b, void (*fn)(void *arg, const colld_coll_t *
             arrived[r] = slot && __atomic_load_n(slot, __ATOMIC_ACQUIRE) == want;
         }
         fn(arg, k, arrived);
+        free(arrived);
+    }
+    /* The hand-offs waiting on the GPU (issue 28): the first of each communicator, as pending ones. */
+    for (colld_coll_t *k = g->handoffs ? g->running : NULL; k; k = k->next) {
+        bool first = true;
+        for (colld_coll_t *e = g->running; e != k && first; e = e->next)
+            first = !(e->comm == k->comm && cuda_handoff_waits(e));
+        if (!first || !cuda_handoff_waits(k))
+            continue;
+        bool *arrived = calloc((size_t)k->comm->nranks, sizeof(*arrived));
+        if (!arrived)
+            return;
+        for (int r = 0; r < k->comm->nranks; r++) {
+            uint32_t want;
+            const uint32_t *slot = cuda_ready_slot(b, k->ops[r], &want);
+            arrived[r] = slot && __atomic_load_n(slot, __ATOMIC_ACQUIRE) == want;
+        }
+        if (!cuda_handoff_open(k))
+            fn(arg, k, arrived);
         free(arrived);
     }
 }
@@ -415,6 +491,7 @@ void cuda_launched(colld_backend_t *b)
         colld_coll_t *k = list;
         list = k->next;
         k->next = NULL;
+        cuda_handoff_launched(k); /* a cancel asked for while it was being launched is written */
         if (k->status == COLLD_OK) {
             CUDA_LIST_APPEND(g->running, k); /* FIFO: launch order */
             continue;
@@ -454,6 +531,14 @@ void cuda_coll_comm_broken(colld_backend_t *b, colld_dcomm_t *c)
             gpu_finish(b, k, false);
             k = next;
         }
+    }
+    if (g) { /* its hand-offs still waiting on the GPU are abandoned (issue 28) */
+        for (colld_coll_t *k = g->running; k; k = k->next)
+            if (k->comm == c)
+                cuda_handoff_cancel(k);
+        for (colld_coll_t *k = g->launch; k; k = k->next)
+            if (k->comm == c)
+                cuda_handoff_cancel(k);
     }
     gpu_comm_t *gc = gpu_comm_of(b, c);
     for (int r = 0; r < c->nranks; r++) {

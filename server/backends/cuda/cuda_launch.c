@@ -12,7 +12,9 @@
  * cuda: one per GPU over its slice for all-reduce, reduce and broadcast; one per rank's piece for
  * reduce-scatter and all-gather; one copy per block for gather, scatter and all-to-all), then the
  * lead GPU's stream waits for the others, writes every
- * rank's `done` flag and records the event the engine polls. A plan's run (cuda_plan.c, a
+ * rank's `done` flag and records the event the engine polls. A hand-off without the host (issue 28,
+ * cuda_handoff.c: one GPU) puts its wait kernel first, gates the kernels on it, and writes the done
+ * flags with its done kernel instead. A plan's run (cuda_plan.c, a
  * collective captured into a CUDA graph) is launched the same way; only its `done` flags are the
  * ranks' plan lines.
  */
@@ -349,7 +351,7 @@ static CUresult signal_done(colld_backend_t *b, colld_coll_t *k, const launch_pl
         if (cr != CUDA_SUCCESS)
             return cr;
     }
-    for (int r = 0; r < k->comm->nranks; r++) {
+    for (int r = 0; r < k->comm->nranks && !k->bhand; r++) { /* a hand-off's done kernel wrote them */
         CUdeviceptr f;
         cuuint32_t value;
         cuda_done_target(b, k->ops[r], &f, &value); /* a plan's run: its plan line, 1 */
@@ -398,6 +400,18 @@ static colld_status_t launch_one(colld_backend_t *b, colld_coll_t *k, colld_err_
         goto cuda_failed;
     if (cuda_nan_wanted(b, k) && (cr = cuda_nan_arm(g, k, p.lead)) != CUDA_SUCCESS)
         goto cuda_failed;
+    const colld_cuda_handoff_t *ho = NULL;
+    if (k->bhand) {
+        /* The hand-off without the host (issue 28, cuda_handoff.c; one GPU): the wait first, the
+         * kernels behind its gate, then the done writes. */
+        if ((cr = cuda_handoff_arm(g, k, p.lead, &ho)) != CUDA_SUCCESS)
+            goto cuda_failed;
+        CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[p.lead].ctx);
+        st = colld_cuda_handoff_wait(g->kernels, ho, p.stream[p.lead]);
+        if (st != COLLD_OK)
+            goto launch_failed;
+        colld_cuda_set_gate(cuda_handoff_gate(k));
+    }
     switch (a->kind) {
     case COLLD_KIND_ALLREDUCE:
     case COLLD_KIND_REDUCE:
@@ -416,9 +430,16 @@ static colld_status_t launch_one(colld_backend_t *b, colld_coll_t *k, colld_err_
     default:
         st = COLLD_ERR_INVALID_ARGUMENT;
     }
+    colld_cuda_set_gate(NULL);
+    if (st == COLLD_OK && ho) {
+        CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[p.lead].ctx);
+        st = colld_cuda_handoff_done(g->kernels, ho, p.stream[p.lead]);
+    }
+launch_failed:
     if (st != COLLD_OK) {
         colld_err_set(err, st, "collective #%llu: the GPU kernel could not be launched: %s", (unsigned long long)a->seq,
                       colld_cuda_last_error());
+        cuda_handoff_abandon(k); /* its wait ends: the drain does not wait for the ranks */
         drain_streams(g, &p);
         return st;
     }
@@ -436,6 +457,7 @@ cuda_failed : {
     colld_err_set(err, COLLD_ERR_DEVICE, "collective #%llu: CUDA refused the launch: %s on GPU %d (%s)%s",
                   (unsigned long long)a->seq, colld_cu_describe(g->cu, cr, buf, sizeof(buf)), gi,
                   gi >= 0 ? g->gpu[gi].name : "?", cuda_reset_hint(cr));
+    cuda_handoff_abandon(k);
     drain_streams(g, &p);
     return COLLD_ERR_DEVICE;
 }

@@ -13,6 +13,8 @@
  * communicator with a launched collective, under the daemon's lock, 50 000 times a second at most
  * while GPU work is outstanding; none while there is none (it waits on a condition variable).
  *
+ * While hand-offs without the host (issue 28) are on the GPU it busy-polls, bounded (WATCH_SPIN_NS).
+ *
  * While persistent plans (collectives captured into CUDA graphs, cuda_plan.c) exist it looks too,
  * since a graph may be replayed at any time: a plan's ready flags are read like a collective's.
  *
@@ -28,6 +30,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <time.h>
@@ -36,13 +39,20 @@
  * default 50 us slack would stretch each sleep to about 70 us). */
 #define WATCH_PERIOD_NS 20000L
 #define WATCH_SLACK_NS 2000L
+/* While hand-offs without the host (issue 28, cuda_handoff.c) are on the GPU, the watcher
+ * busy-polls (sched_yield between looks) for up to this long after each change it sees (a hand-off
+ * launched or finished, an engine woken), then goes back to its period: bounded, so that a
+ * collective whose ranks' streams are far behind costs no CPU beyond it. 200 us: several times a
+ * small collective's time on a GPU once its ranks are there (to be measured: docs/performance.md). */
+#define WATCH_SPIN_NS 200000ull
 
 static void *watch_main(void *arg)
 {
     colld_gpus_t *g = arg;
     colld_daemon_t *d = g->b->d;
     (void)SYS_CHECK(GPU, prctl(PR_SET_TIMERSLACK, WATCH_SLACK_NS, 0, 0, 0));
-    uint64_t woke_round = 0;
+    uint64_t woke_round = 0, spin_until = 0;
+    unsigned seen_handoffs = 0;
     bool woke = false;
     pthread_mutex_lock(&d->lock);
     while (!g->watch_stop) {
@@ -61,10 +71,20 @@ static void *watch_main(void *arg)
              * it says under the lock (colld_engine_stop). */
             if (d->engine_running)
                 colld_engine_wake(d);
+            spin_until = colld_now_ns() + WATCH_SPIN_NS;
         }
+        if (g->handoffs != seen_handoffs) {
+            seen_handoffs = g->handoffs;
+            spin_until = colld_now_ns() + WATCH_SPIN_NS;
+        }
+        bool spin = g->handoffs && colld_now_ns() < spin_until;
         pthread_mutex_unlock(&d->lock);
-        struct timespec ts = { .tv_sec = 0, .tv_nsec = WATCH_PERIOD_NS };
-        nanosleep(&ts, NULL);
+        if (spin) {
+            sched_yield();
+        } else {
+            struct timespec ts = { .tv_sec = 0, .tv_nsec = WATCH_PERIOD_NS };
+            nanosleep(&ts, NULL);
+        }
         pthread_mutex_lock(&d->lock);
     }
     pthread_mutex_unlock(&d->lock);

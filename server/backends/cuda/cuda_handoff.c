@@ -1,0 +1,252 @@
+/*
+ * cuda_handoff.c - the hand-off without the host (issue 28 item 1): a matched collective whose
+ * buffers are all on one GPU is launched at once, behind a wait kernel that polls every rank's
+ * ready slot, and followed by a kernel that writes every rank's done word (kernels/cuda/handoff.cu;
+ * cuda_kernels.h says what each does). The daemon's host threads then only see the collective
+ * finish (its event), or abandon it: a time-out, a peer lost, an abort or a faulted GPU writes the
+ * collective's cancel word, its kernels do nothing, and the ranks' streams are released with the
+ * error status as in the host's hand-off (cuda_coll.c).
+ *
+ * Here: which collectives take it, their descriptor (the addresses, filled under the lock when
+ * the collective matches), their words (cancel, arrived, gate) in host memory registered for the
+ * GPUs, pooled per GPU as --nan-check's words are (cuda_nan.c: registering costs hundreds of
+ * microseconds on hardware; a GPU's reset drops its blocks), the cancel, and the verdict read once
+ * the collective's event fired.
+ *
+ * The old path, the host's hand-off (the watcher sees every rank's ready slot, then the engine
+ * launches), still serves: collectives over buffers on several GPUs (their other GPUs' kernels
+ * would need the gate across GPUs), plans' replays (cuda_plan.c), and every collective with
+ * --gpu-host-handoff.
+ */
+#include "server/backends/cuda/cuda.h"
+
+#include "common/log.h"
+#include "common/util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define HO_PAGE 4096u
+
+/* One collective's words: a page of host memory of its own, registered in one GPU's context. */
+typedef struct gpu_ho_block {
+    uint32_t *words; /* host address: COLLD_CUDA_HANDOFF_WORDS words */
+    uint64_t dptr;   /* the same memory as the GPUs address it */
+    int gpu;
+    uint64_t epoch; /* of g->nan_epoch[gpu] when registered */
+    struct gpu_ho_block *next;
+} gpu_ho_block_t;
+
+/* A collective's hand-off (colld_coll_t.bhand). */
+struct gpu_handoff {
+    colld_cuda_handoff_t h; /* the addresses (h.words: the block's, once armed) */
+    gpu_ho_block_t *block;  /* NULL until armed */
+    bool launched;          /* back from its launch (lock held) */
+    bool cancel;            /* the daemon abandons it (lock held): written to the words once launched */
+};
+
+bool cuda_handoff_wanted(colld_backend_t *b, const colld_coll_t *k)
+{
+    colld_gpus_t *g = gpus_of(b);
+    if (b->d->cfg.gpu_host_handoff || k->comm->nranks > COLLD_CUDA_MAX_RANKS) /* a plan's run never asks */
+        return false;
+    bool used[64] = { false };
+    int n = g->n < 64 ? g->n : 64, nused = 0;
+    cuda_coll_gpus(k, used, n);
+    for (int i = 0; i < n; i++)
+        nused += used[i];
+    if (nused != 1)
+        return false;
+    for (int r = 0; r < k->comm->nranks; r++) {
+        uint32_t want;
+        const gpu_session_t *gs = gpu_session_of(b, k->ops[r]->session);
+        if (!gs || !gs->registered || !cuda_ready_slot(b, k->ops[r], &want))
+            return false;
+    }
+    return true;
+}
+
+colld_status_t cuda_handoff_prepare(colld_backend_t *b, colld_coll_t *k)
+{
+    struct gpu_handoff *x = calloc(1, sizeof(*x));
+    if (!x)
+        return COLLD_ERR_NO_MEMORY;
+    int n = k->comm->nranks;
+    x->h.n = n;
+    /* The kernels give up this long after the daemon's own time-out would have abandoned it: a
+     * bound for a daemon that died, not the time-out itself. */
+    x->h.timeout_ns = ((uint64_t)k->comm->timeout_ms + 10000ull) * 1000000ull;
+    for (int r = 0; r < n; r++) {
+        const colld_op_t *op = k->ops[r];
+        const gpu_session_t *gs = gpu_session_of(b, op->session);
+        uint32_t want;
+        uint32_t *slot = cuda_ready_slot(b, op, &want);
+        CUdeviceptr done;
+        cuuint32_t value;
+        x->h.ready[r] = (uint32_t *)(uintptr_t)(gs->dptr + (uint64_t)((char *)slot - (char *)gs->flags));
+        x->h.want[r] = want;
+        cuda_done_target(b, op, &done, &value);
+        x->h.done[r] = (uint32_t *)(uintptr_t)done;
+        x->h.done_value[r] = value;
+    }
+    k->bhand = x;
+    gpu_comm_t *gc = gpu_comm_of(b, k->comm);
+    if (!gc->handoff_said) {
+        gc->handoff_said = true;
+        LOG_INFO(GPU,
+                 "communicator %llu: its collectives on one GPU wait for the ranks' streams on the GPU (the "
+                 "hand-off without the host; --gpu-host-handoff turns it off)",
+                 (unsigned long long)k->comm->id);
+    }
+    return COLLD_OK;
+}
+
+/* A new block registered in GPU gi's context; NULL with *r the error. */
+static gpu_ho_block_t *block_new(colld_gpus_t *g, int gi, CUresult *r)
+{
+    gpu_ho_block_t *x = calloc(1, sizeof(*x));
+    void *p = NULL;
+    *r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (!x || posix_memalign(&p, HO_PAGE, HO_PAGE) != 0) {
+        free(x);
+        return NULL;
+    }
+    x->words = p;
+    x->gpu = gi;
+    pthread_mutex_lock(&g->nan_mu);
+    x->epoch = g->nan_epoch[gi];
+    pthread_mutex_unlock(&g->nan_mu);
+    if ((*r = cuda_flags_register(g, gi, x->words, HO_PAGE, &x->dptr)) != CUDA_SUCCESS) {
+        free(x->words);
+        free(x);
+        return NULL;
+    }
+    return x;
+}
+
+CUresult cuda_handoff_arm(colld_gpus_t *g, colld_coll_t *k, int gi, const colld_cuda_handoff_t **h)
+{
+    struct gpu_handoff *x = k->bhand;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&g->nan_mu);
+    gpu_ho_block_t *blk = g->ho_pool[gi];
+    if (blk)
+        g->ho_pool[gi] = blk->next;
+    pthread_mutex_unlock(&g->nan_mu);
+    if (!blk && !(blk = block_new(g, gi, &r)))
+        return r;
+    blk->next = NULL;
+    /* Plain stores: the wait kernel that reads them is launched after, on this thread. */
+    memset(blk->words, 0, COLLD_CUDA_HANDOFF_WORDS * sizeof(uint32_t));
+    x->block = blk;
+    x->h.words = (uint32_t *)(uintptr_t)blk->dptr;
+    *h = &x->h;
+    return CUDA_SUCCESS;
+}
+
+const uint32_t *cuda_handoff_gate(const colld_coll_t *k)
+{
+    const struct gpu_handoff *x = k->bhand;
+    return x && x->block ? x->h.words + COLLD_CUDA_HANDOFF_GATE : NULL;
+}
+
+/* Write the cancel word of a launched hand-off. */
+static void write_cancel(struct gpu_handoff *x)
+{
+    if (x->block)
+        __atomic_store_n(&x->block->words[COLLD_CUDA_HANDOFF_CANCEL], 1u, __ATOMIC_RELEASE);
+}
+
+void cuda_handoff_abandon(colld_coll_t *k)
+{
+    struct gpu_handoff *x = k->bhand;
+    if (x)
+        write_cancel(x);
+}
+
+void cuda_handoff_launched(colld_coll_t *k)
+{
+    struct gpu_handoff *x = k->bhand;
+    if (!x)
+        return;
+    x->launched = true;
+    if (x->cancel)
+        write_cancel(x);
+}
+
+void cuda_handoff_cancel(colld_coll_t *k)
+{
+    struct gpu_handoff *x = k->bhand;
+    if (!x || x->cancel)
+        return;
+    x->cancel = true;
+    if (x->launched)
+        write_cancel(x);
+}
+
+bool cuda_handoff_open(const colld_coll_t *k)
+{
+    const struct gpu_handoff *x = k->bhand;
+    return x && x->block &&
+           __atomic_load_n(&x->block->words[COLLD_CUDA_HANDOFF_GATE], __ATOMIC_ACQUIRE) == COLLD_CUDA_GATE_GO;
+}
+
+bool cuda_handoff_waits(const colld_coll_t *k)
+{
+    const struct gpu_handoff *x = k->bhand;
+    return x && !x->cancel && !cuda_handoff_open(k);
+}
+
+void cuda_handoff_release(colld_gpus_t *g, colld_coll_t *k)
+{
+    struct gpu_handoff *x = k->bhand;
+    if (!x)
+        return;
+    k->bhand = NULL;
+    gpu_ho_block_t *blk = x->block;
+    free(x);
+    if (!blk)
+        return;
+    pthread_mutex_lock(&g->nan_mu);
+    bool valid = blk->epoch == g->nan_epoch[blk->gpu];
+    if (valid) {
+        blk->next = g->ho_pool[blk->gpu];
+        g->ho_pool[blk->gpu] = blk;
+    }
+    pthread_mutex_unlock(&g->nan_mu);
+    if (!valid) { /* its registration went with a reset of its GPU's context */
+        free(blk->words);
+        free(blk);
+    }
+}
+
+void cuda_handoff_gpu_reset(colld_gpus_t *g, int gi)
+{
+    pthread_mutex_lock(&g->nan_mu);
+    gpu_ho_block_t *x = g->ho_pool[gi];
+    g->ho_pool[gi] = NULL;
+    pthread_mutex_unlock(&g->nan_mu);
+    while (x) {
+        gpu_ho_block_t *next = x->next;
+        free(x->words);
+        free(x);
+        x = next;
+    }
+}
+
+void cuda_handoff_free_all(colld_gpus_t *g)
+{
+    for (int gi = 0; gi < g->n; gi++) {
+        gpu_ho_block_t *x = g->ho_pool[gi];
+        g->ho_pool[gi] = NULL;
+        while (x) {
+            gpu_ho_block_t *next = x->next;
+            CU_CHECK(g->cu, cuCtxPushCurrent, g->gpu[gi].ctx);
+            CU_CHECK(g->cu, cuMemHostUnregister, x->words);
+            CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
+            free(x->words);
+            free(x);
+            x = next;
+        }
+    }
+}
