@@ -362,7 +362,7 @@ void cuda_nan_free_all(colld_gpus_t *g);
 
 /* ---- cuda_handoff.c (issue 28 item 1) ---- */
 /* Does collective k (matched, lock held) take the hand-off without the host: not
- * --gpu-host-handoff, its buffers on one GPU, every rank's flag line there? */
+ * --gpu-early-launch, its buffers on one GPU, every rank's flag line there? */
 bool cuda_handoff_wanted(colld_backend_t *b, const colld_coll_t *k);
 /* Give k its hand-off (k->bhand): the addresses of every rank's ready slot and done word (lock
  * held). COLLD_OK or COLLD_ERR_NO_MEMORY. */

@@ -13,10 +13,12 @@
  * microseconds on hardware; a GPU's reset drops its blocks), the cancel, and the verdict read once
  * the collective's event fired.
  *
- * The old path, the host's hand-off (the watcher sees every rank's ready slot, then the engine
- * launches), still serves: collectives over buffers on several GPUs (their other GPUs' kernels
- * would need the gate across GPUs), plans' replays (cuda_plan.c), and every collective with
- * --gpu-host-handoff.
+ * It is opt-in (--gpu-early-launch, default off) until measured on a GPU: without MPS the wait
+ * kernel, resident in the daemon's context while the ranks' streams are behind, may take time
+ * slices from the application's kernels (contexts time-slice). The host's hand-off (the watcher
+ * sees every rank's ready slot, then the engine launches) is the default, and also serves, with
+ * the option on, collectives over buffers on several GPUs (their other GPUs' kernels would need
+ * the gate across GPUs) and plans' replays (cuda_plan.c).
  */
 #include "server/backends/cuda/cuda.h"
 
@@ -48,7 +50,7 @@ struct gpu_handoff {
 bool cuda_handoff_wanted(colld_backend_t *b, const colld_coll_t *k)
 {
     colld_gpus_t *g = gpus_of(b);
-    if (b->d->cfg.gpu_host_handoff || k->comm->nranks > COLLD_CUDA_MAX_RANKS) /* a plan's run never asks */
+    if (!b->d->cfg.gpu_early_launch || k->comm->nranks > COLLD_CUDA_MAX_RANKS) /* a plan's run never asks */
         return false;
     bool used[64] = { false };
     int n = g->n < 64 ? g->n : 64, nused = 0;
@@ -95,7 +97,7 @@ colld_status_t cuda_handoff_prepare(colld_backend_t *b, colld_coll_t *k)
         gc->handoff_said = true;
         LOG_INFO(GPU,
                  "communicator %llu: its collectives on one GPU wait for the ranks' streams on the GPU (the "
-                 "hand-off without the host; --gpu-host-handoff turns it off)",
+                 "hand-off without the host, --gpu-early-launch)",
                  (unsigned long long)k->comm->id);
     }
     return COLLD_OK;
