@@ -296,7 +296,7 @@ if has perf; then
   # rows (2 and 8 ranks) on a default daemon, then on one with --gpu-early-launch, twice, so that
   # each pair is measured back to back (perf_hosthandoff{1,2}_* / perf_handoff{1,2}_*), and the
   # 64 MiB overlap with a busy kernel of the ranks' own (--overlap, 2 ranks): without MPS the
-  # early launch's wait kernel sits in the daemon's context while the ranks' streams are behind,
+  # early launch queues work in the daemon's context while the ranks' streams are behind,
   # which may take time slices from the application's kernels, what these rows size
   # (docs/performance.md says what to read).
   for round in hosthandoff1 handoff1 hosthandoff2 handoff2; do

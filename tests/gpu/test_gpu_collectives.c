@@ -390,7 +390,7 @@ static void test_fault_kill_while_streams_wait(void **state) { run_fault(*state,
  * its host thread (the default) or, with COLLD_GPU_EARLY_LAUNCH=true in the environment (ctest's
  * gpu_collectives_hofault), wait for the ranks' streams on the GPU: a stream that never gets there
  * within the 2 s timeout, an abort, a mismatch. Each rank checks its status, its release and that
- * its output stayed untouched; the daemon is left clean. On the double: the wait kernel polls on
+ * its output stayed untouched; the daemon is left clean. On the double: the stream waits poll on
  * host threads, on the host's memory model, not the GPU's. */
 static void run_hofault(harness_t *h, const char *fcase)
 {

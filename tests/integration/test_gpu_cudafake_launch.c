@@ -165,7 +165,7 @@ static void test_break_during_launch_releases_streams(void **state)
 }
 
 /* The same with --gpu-early-launch: the double holds the cuEventRecord after the collective's
- * kernels (the wait kernel first) were queued as it matched; the break cancels it. */
+ * kernels (behind the stream waits and the gate) were queued as it matched; the break cancels it. */
 static void test_break_during_early_launch_releases_streams(void **state)
 {
     test_break_during_launch_releases_streams(state);
@@ -180,7 +180,8 @@ static int setup_launch_hold(void **state)
 }
 
 /* The same with --gpu-early-launch (issue 28 item 1, through the daemon's environment): the
- * collective is queued as it matches, behind the wait kernel, and the break must cancel it. */
+ * collective is queued as it matches, behind stream waits on the ranks' ready words, and the break
+ * must cancel it. */
 static int setup_launch_hold_early(void **state)
 {
     setenv("COLLD_GPU_EARLY_LAUNCH", "true", 1);
