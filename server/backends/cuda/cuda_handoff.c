@@ -17,10 +17,10 @@
  * It is opt-in (--gpu-early-launch, default off) until measured on a GPU. The waits hold no
  * multiprocessor (a wait kernel did before: without MPS, resident in the daemon's context while the
  * ranks' streams were behind, it could take time slices from the application's kernels); whether
- * the daemon's context, with only stream waits queued, still takes time slices is to be measured. The host's hand-off (the watcher
- * sees every rank's ready slot, then the engine launches) is the default, and also serves, with
- * the option on, collectives over buffers on several GPUs (their other GPUs' kernels would need
- * the gate across GPUs) and plans' replays (cuda_plan.c).
+ * the daemon's context, with only stream waits queued, still takes time slices is to be measured.
+ * The host's hand-off (the watcher sees every rank's ready slot, then the engine launches) is the
+ * default, and also serves, with the option on, collectives over buffers on several GPUs (their
+ * other GPUs' kernels would need the gate across GPUs) and plans' replays (cuda_plan.c).
  */
 #include "server/backends/cuda/cuda.h"
 
