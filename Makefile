@@ -91,12 +91,14 @@ test-asan: deps
 # _2gpus variants (the same threads as their one-GPU tests, with a second fake device) nor
 # test_slowlink (tc-shaped links timed in network namespaces: the threads of test_multinode,
 # which runs), nor gpu_collectives_hofault_host (the host's hand-off's faults: the threads of
-# gpu_collectives_hofault, about 20 s more): they run in `make test` and under ASan.
+# gpu_collectives_hofault, about 20 s more) nor gpu_collectives_fault_early (the kill -9 cases of
+# gpu_collectives_fault with --gpu-early-launch: the early launch's threads are gpu_collectives_hofault's):
+# they run in `make test` and under ASan.
 test-tsan: deps
 	cmake -S . -B $(BUILD_TSAN) -G Ninja -DCOLLD_WERROR=ON -DCMAKE_BUILD_TYPE=Debug -DCOLLD_SANITIZE=thread
 	cmake --build $(BUILD_TSAN) -j $(JOBS)
 	COLLD_TEST_NO_BIG=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
-	  ctest --test-dir $(BUILD_TSAN) --output-on-failure --timeout 1200 -L 'integration|cudafake' -E '_2gpus$$|^test_slowlink$$|_hofault_host$$'
+	  ctest --test-dir $(BUILD_TSAN) --output-on-failure --timeout 1200 -L 'integration|cudafake' -E '_2gpus$$|^test_slowlink$$|_hofault_host$$|_fault_early$$'
 
 # The libFuzzer harnesses (tests/fuzz, clang with ASan+UBSan): `make test-fuzz` is CI's smoke run
 # (30 s each, JOBS at once: a harness is one process on one core); `make fuzz` runs each for

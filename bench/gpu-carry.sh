@@ -291,16 +291,19 @@ if has perf; then
   run hostcall 45 $B/tools/colld-hostcall --socket $sock --ranks 2 --calls 1000 --rounds 10
   kill -TERM $d
   wait $d
-  # The hand-off without the host (issue 28 item 1) against the host's hand-off, in the same run:
-  # the daemon above ran the new path (the default); the same small and 64 MiB rows (2 and 8 ranks)
-  # on a daemon with --gpu-host-handoff, then once more on the default one, so that each pair is
-  # measured back to back (perf_handoff{1,2}_* / perf_hosthandoff{1,2}_*; docs/performance.md says
-  # what to read).
+  # The hand-off without the host (issue 28 item 1, opt-in: --gpu-early-launch) against the host's
+  # hand-off (the default, which the daemon above ran), in the same run: the same small and 64 MiB
+  # rows (2 and 8 ranks) on a default daemon, then on one with --gpu-early-launch, twice, so that
+  # each pair is measured back to back (perf_hosthandoff{1,2}_* / perf_handoff{1,2}_*), and the
+  # 64 MiB overlap with a busy kernel of the ranks' own (--overlap, 2 ranks): without MPS the
+  # early launch queues work in the daemon's context while the ranks' streams are behind,
+  # which may take time slices from the application's kernels, what these rows size
+  # (docs/performance.md says what to read).
   for round in hosthandoff1 handoff1 hosthandoff2 handoff2; do
     mode=${round%?}
     rm -f $sock
     opt=""
-    [ $mode = hosthandoff ] && opt="--gpu-host-handoff"
+    [ $mode = handoff ] && opt="--gpu-early-launch"
     $B/server/colld --socket $sock $opt --log-file "$O/perf-$round-colld.log" >/dev/null 2>&1 &
     d=$!
     for _ in $(seq 200); do [ -S $sock ] && break; sleep 0.05; done
@@ -310,6 +313,8 @@ if has perf; then
       run perf_${round}_p${p}_64M 45 $B/tools/colld-perf --socket $sock --gpu -p $p -t allreduce -d float -o sum \
         -b 64M -e 64M -n 10 -w 2 -c 1
     done
+    run perf_${round}_p2_overlap 45 $B/tools/colld-perf --socket $sock --gpu -p 2 -t allreduce -d float -o sum \
+      -b 64M -e 64M -n 20 -w 1 -c 0 --overlap
     kill -TERM $d
     wait $d
   done

@@ -147,18 +147,22 @@ colld_status_t colld_cuda_copy(const colld_cuda_kernels_t *k, const void *src, v
                                size_t bytes, void *stream);
 
 /* The hand-off without the host (issue 28 item 1): a collective's kernels are queued as soon as it
- * matches, behind a wait kernel that polls every rank's ready slot, and followed by a kernel that
- * writes every rank's done word; the daemon's host threads stay out of the path.
+ * matches, behind a stream memory wait on every rank's ready slot and a gate kernel, and followed
+ * by a kernel that writes every rank's done word; the daemon's host threads stay out of the path.
  *
  * words: COLLD_CUDA_HANDOFF_WORDS words the GPU can read and write (host memory mapped for it, so
- * that the daemon reads the gate and writes the cancel word), zero before the wait is launched:
+ * that the daemon reads the gate and writes the cancel word), zero before the waits are queued:
  *   [COLLD_CUDA_HANDOFF_CANCEL]  the daemon writes non-zero to abandon the collective
- *   [COLLD_CUDA_HANDOFF_ARRIVED] ranks whose slot held its value (the wait's blocks count them)
+ *   [COLLD_CUDA_HANDOFF_ARRIVED] unused (the wait kernel's count before the stream waits)
  *   [COLLD_CUDA_HANDOFF_GATE]    COLLD_CUDA_GATE_GO once every rank arrived and no cancel was seen
- * colld_cuda_handoff_wait launches n blocks of one thread: block r polls ready[r] for want[r] and the
- * cancel word (and gives up after timeout_ns: a bound for a daemon that died); the block that counts
- * the last arrival looks at the cancel word once more, marks every slot taken (~want) and opens the
- * gate (a system-scope fence, then a release store). The launches this thread makes after
+ * colld_cuda_handoff_wait queues, on the stream (in the current context), one cuStreamWaitValue32
+ * per rank (ready[r] == want[r]: not >=, since a slot marked taken holds ~want) and then a gate
+ * kernel of one thread: unless the cancel word is set, it marks every slot taken (~want) and opens
+ * the gate (a system-scope fence, then a release store). Nothing polls on the GPU while the ranks'
+ * streams are behind: the waits sit in the stream's front-end, holding no multiprocessor. To
+ * abandon the collective the daemon writes the cancel word, then each rank's awaited value into its
+ * slot (unless it holds it already or is taken), so that the waits end and the gate stays shut
+ * (cuda_handoff.c). The launches this thread makes after
  * colld_cuda_set_gate(gate) (until colld_cuda_set_gate(NULL)) do nothing unless the gate is GO.
  * colld_cuda_handoff_done launches one block of one thread: if the gate is GO, a system-scope fence,
  * then every rank's done word (a system-scope release store each). A cancelled collective (gate not
@@ -174,9 +178,10 @@ typedef struct {
     uint32_t done_value[COLLD_CUDA_MAX_RANKS];
     int n;
     uint32_t *words;
-    uint64_t timeout_ns;
 } colld_cuda_handoff_t;
 
+/* The waits and the gate; the done writes. COLLD_OK, COLLD_ERR_INVALID_ARGUMENT or COLLD_ERR_DEVICE
+ * (colld_cuda_last_error says what). */
 colld_status_t colld_cuda_handoff_wait(const colld_cuda_kernels_t *k, const colld_cuda_handoff_t *h, void *stream);
 colld_status_t colld_cuda_handoff_done(const colld_cuda_kernels_t *k, const colld_cuda_handoff_t *h, void *stream);
 /* The gate the reduce and copy launches of this thread check from now on (NULL: none). */

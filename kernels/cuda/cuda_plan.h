@@ -61,15 +61,14 @@ typedef struct {
     const unsigned *gate; /* the hand-off's gate: nothing done unless it is GO; NULL: none */
 } colld__cuda_copy_params_t;
 
-/* The hand-off kernels (issue 28 item 1, handoff.cuh): the wait, one block of one thread per rank,
- * and the done writes, one block of one thread. Words: COLLD_CUDA_HANDOFF_WORDS (cuda_kernels.h). */
+/* The hand-off kernels (issue 28 item 1, handoff.cuh): the gate (behind the stream waits) and the
+ * done writes, one block of one thread each. Words: COLLD_CUDA_HANDOFF_WORDS (cuda_kernels.h). */
 typedef struct {
     unsigned *ready[COLLD_CUDA_MAX_RANKS]; /* each rank's ready slot, written by its stream */
-    unsigned want[COLLD_CUDA_MAX_RANKS];   /* the value it waits for there (then marks it taken: ~want) */
-    unsigned *words;                       /* cancel, arrived, gate */
+    unsigned want[COLLD_CUDA_MAX_RANKS];   /* the value the waits waited for there (marked taken: ~want) */
+    unsigned *words;                       /* cancel, (unused), gate */
     int n;
-    unsigned long long timeout_ns; /* a block gives up after this long (the daemon died) */
-} colld__cuda_wait_params_t;
+} colld__cuda_gate_params_t;
 
 typedef struct {
     unsigned *done[COLLD_CUDA_MAX_RANKS]; /* each rank's done word */
@@ -99,7 +98,7 @@ colld_status_t colld__cuda_copy_plan(const void *src, void *const *out, int n_ou
  * (cuLibraryGetKernel), and the CUDA driver test double's host builds carry the same names. */
 #define COLLD__CUDA_REDUCE_KERNEL(name, opname) colld__cuda_reduce_##name##_##opname
 #define COLLD__CUDA_COPY_KERNEL(bytes) colld__cuda_copy_##bytes
-#define COLLD__CUDA_WAIT_KERNEL colld__cuda_handoff_wait
+#define COLLD__CUDA_GATE_KERNEL colld__cuda_handoff_gate
 #define COLLD__CUDA_DONE_KERNEL colld__cuda_handoff_done
 /* X(Unit, bytes): the copy units, widest first (Unit is a CUDA vector or integer type). */
 #define COLLD__CUDA_COPY_UNITS(X) X(uint4, 16) X(uint2, 8) X(unsigned int, 4) X(unsigned short, 2) X(unsigned char, 1)

@@ -40,7 +40,7 @@ struct colld_cuda_kernels {
     CUlibrary lib;
     CUkernel reduce[COLLD_DTYPE_COUNT][COLLD__REDOPS];
     CUkernel copy[N_COPY];
-    CUkernel wait, done; /* the hand-off's (handoff.cu) */
+    CUkernel gate, done; /* the hand-off's (handoff.cu) */
     int n;         /* GPUs */
     CUdevice *dev; /* [n] */
     int *sms;      /* [n]: multiprocessors of dev[i] */
@@ -55,7 +55,7 @@ static const char *const reduce_names[COLLD_DTYPE_COUNT][COLLD__REDOPS] = { COLL
 #define NAME_COPY(Unit, bytes) COLLD__CUDA_STR(COLLD__CUDA_COPY_KERNEL(bytes)),
 static const char *const copy_names[N_COPY] = { COLLD__CUDA_COPY_UNITS(NAME_COPY) };
 #undef NAME_COPY
-static const char wait_name[] = COLLD__CUDA_STR(COLLD__CUDA_WAIT_KERNEL);
+static const char gate_name[] = COLLD__CUDA_STR(COLLD__CUDA_GATE_KERNEL);
 static const char done_name[] = COLLD__CUDA_STR(COLLD__CUDA_DONE_KERNEL);
 
 /* The gate this thread's reduce and copy launches check (colld_cuda_set_gate). */
@@ -172,8 +172,8 @@ colld_status_t colld_cuda_kernels_load(const colld_cu_t *cu, const CUcontext *ct
         snprintf(where, sizeof(where), "kernel %s: ", copy_names[c]);
         LOAD_CU(cuLibraryGetKernel, &k->copy[c], k->lib, copy_names[c]);
     }
-    snprintf(where, sizeof(where), "kernel %s: ", wait_name);
-    LOAD_CU(cuLibraryGetKernel, &k->wait, k->lib, wait_name);
+    snprintf(where, sizeof(where), "kernel %s: ", gate_name);
+    LOAD_CU(cuLibraryGetKernel, &k->gate, k->lib, gate_name);
     snprintf(where, sizeof(where), "kernel %s: ", done_name);
     LOAD_CU(cuLibraryGetKernel, &k->done, k->lib, done_name);
     /* Every GPU: can it run them, its multiprocessors, and the kernels in its context now (with lazy
@@ -233,8 +233,8 @@ colld_status_t colld_cuda_kernels_attach(const colld_cuda_kernels_t *k, CUcontex
     }
     for (int h = 0; h < 2; h++) {
         CUfunction f;
-        snprintf(where, sizeof(where), "GPU %d (%s), kernel %s: ", i, name, h ? done_name : wait_name);
-        LOAD_CU(cuKernelGetFunction, &f, h ? k->done : k->wait);
+        snprintf(where, sizeof(where), "GPU %d (%s), kernel %s: ", i, name, h ? done_name : gate_name);
+        LOAD_CU(cuKernelGetFunction, &f, h ? k->done : k->gate);
     }
 out:
     if (pushed) {
@@ -434,16 +434,23 @@ colld_status_t colld_cuda_handoff_wait(const colld_cuda_kernels_t *k, const coll
 {
     if (!handoff_ok(h, "colld_cuda_handoff_wait"))
         return COLLD_ERR_INVALID_ARGUMENT;
-    colld__cuda_wait_params_t p;
+    const char *what = "colld_cuda_handoff_wait";
+    if (!k) {
+        colld__cuda_set_error("%s: colld's GPU kernels are not loaded (no CUDA backend)", what);
+        return COLLD_ERR_DEVICE;
+    }
+    colld__cuda_gate_params_t p;
     memset(&p, 0, sizeof(p));
     for (int r = 0; r < h->n; r++) {
         p.ready[r] = h->ready[r];
         p.want[r] = h->want[r];
+        /* In the stream's front-end: no multiprocessor held while rank r's stream is behind. */
+        LAUNCH_CU(cuStreamWaitValue32, (CUstream)stream, (CUdeviceptr)(uintptr_t)h->ready[r], h->want[r],
+                  CU_STREAM_WAIT_VALUE_EQ);
     }
     p.words = h->words;
     p.n = h->n;
-    p.timeout_ns = h->timeout_ns;
-    return launch_blocks(k, k ? k->wait : NULL, &p, (unsigned)h->n, stream, "colld_cuda_handoff_wait");
+    return launch_blocks(k, k->gate, &p, 1, stream, what);
 }
 
 /* Public: see cuda_kernels.h. */

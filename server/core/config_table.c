@@ -190,11 +190,13 @@ const colld_config_entry_t colld_daemon_config_table[] = {
       OPT(wait_event_ms), 0, 86400000 },
     { "socket-mode", "COLLD_SOCKET_MODE", COLLD_CFG_STRING, "0660", "permission bits of both sockets, in octal",
       OPT(socket_mode_text), 0, 0 },
-    { "gpu-host-handoff", "COLLD_GPU_HOST_HANDOFF", COLLD_CFG_BOOL, "false",
-      "start each GPU collective from the daemon's host thread once every rank's stream reached it (the path "
-      "before issue 28) instead of queueing it on the GPU as soon as it matches, behind a kernel that waits for "
-      "the ranks' streams (collectives over several GPUs and graph replays always take the host's path)",
-      OPT(gpu_host_handoff), 0, 0 },
+    { "gpu-early-launch", "COLLD_GPU_EARLY_LAUNCH", COLLD_CFG_BOOL, "false",
+      "queue each GPU collective on its GPU as soon as it matches, behind stream waits on the ranks' streams' "
+      "ready words, instead of launching it from the daemon's host thread once every rank's stream reached it "
+      "(issue 28; only collectives on one GPU, never graph replays). Opt-in: not yet measured on a GPU; without "
+      "MPS the daemon's context, with work queued while the ranks' streams are behind, may take time slices "
+      "from the application's kernels",
+      OPT(gpu_early_launch), 0, 0 },
     { "gpu-health-ms", "COLLD_GPU_HEALTH_MS", COLLD_CFG_INT, "5000",
       "how often GPU health is read from NVML (ECC, row remaps, Xid events, NVLink and PCIe errors, throttling; "
       "docs/operations.md, \"GPU health\") (ms); 0 = off",

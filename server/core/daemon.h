@@ -130,7 +130,7 @@ typedef struct {
     char *ib_device;          /* RDMA device name, NULL: the first active one */
     uint64_t fast_path_bytes; /* per-rank inputs up to this run on the fast area (0: off) */
     bool nan_check;           /* --nan-check: reductions refuse NaN and infinite inputs */
-    bool gpu_host_handoff;    /* --gpu-host-handoff: GPU collectives start from the daemon's host thread */
+    bool gpu_early_launch;    /* --gpu-early-launch: GPU collectives queued as they match (opt-in, issue 28) */
     bool verify_results;      /* --verify-results: all-reduce results are checksummed and compared */
     char *test_ib_fault_file; /* --test-ib-fault-file (test hook): server/net/iblink.c */
     char *test_corrupt_text;  /* --test-corrupt-result (test hook, COLLD_TEST_HOOKS builds): verify.h */

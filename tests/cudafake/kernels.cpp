@@ -64,12 +64,11 @@ COLLD_REDUCE_DTYPES(FK_REDUCE_WRAPPERS)
     }
 COLLD__CUDA_COPY_UNITS(FK_COPY_WRAPPER)
 
-/* The hand-off's kernels (kernels/cuda/handoff.cu): the wait is one block of one thread per rank, so
- * a thread index is a block index there. */
-extern "C" FK_KERNEL_EXPORT void COLLD__CUDA_WAIT_KERNEL(const colld__cuda_wait_params_t p)
+/* The hand-off's kernels (kernels/cuda/handoff.cu): the gate and the done writes, one thread each. */
+extern "C" FK_KERNEL_EXPORT void COLLD__CUDA_GATE_KERNEL(const colld__cuda_gate_params_t p)
 {
     for (size_t tid = fk_tid_lo; tid < fk_tid_hi; tid++)
-        colld__cuda_wait_body(p, tid);
+        colld__cuda_gate_body(p, tid);
 }
 
 extern "C" FK_KERNEL_EXPORT void COLLD__CUDA_DONE_KERNEL(const colld__cuda_done_params_t p)
@@ -229,10 +228,10 @@ CUresult check_word(const void *w, fk_access_fn access, void *cookie)
     return r;
 }
 
-/* The hand-off's wait: every rank's ready slot and the three words. */
-CUresult check_wait(const void *params, fk_access_fn access, void *cookie)
+/* The hand-off's gate: every rank's ready slot (marked taken) and the three words. */
+CUresult check_gate(const void *params, fk_access_fn access, void *cookie)
 {
-    colld__cuda_wait_params_t p;
+    colld__cuda_gate_params_t p;
     memcpy(&p, params, sizeof p);
     if (p.n < 1 || p.n > COLLD_CUDA_MAX_RANKS)
         return CUDA_ERROR_ILLEGAL_ADDRESS;
@@ -309,7 +308,7 @@ entry table[] = { COLLD_REDUCE_DTYPES(FK_REDUCE_DTYPE) COLLD__CUDA_COPY_UNITS(FK
                           GPU_RANK_PRODUCE_KERNEL, gpu_rank_produce_params_t, check_produce)
                           FK_RANK_ENTRY(GPU_RANK_CONSUME_KERNEL, gpu_rank_consume_params_t, check_consume)
                               FK_RANK_ENTRY(GPU_RANK_CHAIN_KERNEL, gpu_rank_chain_params_t, check_chain)
-                                  FK_RANK_ENTRY(COLLD__CUDA_WAIT_KERNEL, colld__cuda_wait_params_t, check_wait)
+                                  FK_RANK_ENTRY(COLLD__CUDA_GATE_KERNEL, colld__cuda_gate_params_t, check_gate)
                                       FK_RANK_ENTRY(COLLD__CUDA_DONE_KERNEL, colld__cuda_done_params_t, check_done) };
 const size_t table_len = sizeof(table) / sizeof(table[0]);
 fk_hkernel_t list[sizeof(table) / sizeof(table[0])];

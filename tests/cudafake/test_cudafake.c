@@ -775,7 +775,7 @@ static void test_launch(void **state)
         union {
             colld__cuda_reduce_params_t r;
             colld__cuda_copy_params_t c;
-            colld__cuda_wait_params_t w;
+            colld__cuda_gate_params_t w;
             colld__cuda_done_params_t d;
         } p;
         memset(&p, 0, sizeof(p));
@@ -785,8 +785,8 @@ static void test_launch(void **state)
             CU_OK(cu.cuMemsetD8(hw, 0, 64));
             CU_OK(cu.cuCtxSynchronize()); /* s is non-blocking: it does not wait for the legacy stream */
         }
-        if (strcmp(name, COLLD__CUDA_STR(COLLD__CUDA_WAIT_KERNEL)) == 0) {
-            p.w = (colld__cuda_wait_params_t){ .n = 1, .words = (unsigned *)hw, .timeout_ns = 1000000000ull };
+        if (strcmp(name, COLLD__CUDA_STR(COLLD__CUDA_GATE_KERNEL)) == 0) {
+            p.w = (colld__cuda_gate_params_t){ .n = 1, .words = (unsigned *)hw };
             p.w.ready[0] = (unsigned *)(hw + 32);
         } else if (strcmp(name, COLLD__CUDA_STR(COLLD__CUDA_DONE_KERNEL)) == 0) {
             p.d = (colld__cuda_done_params_t){ .n = 1, .words = (unsigned *)hw };
@@ -939,11 +939,13 @@ static void test_launch_blocks_concurrent_host_memory_model(void **state)
     CU_OK(cu.cuStreamDestroy(s));
 }
 
-/* The hand-off's kernels (issue 28 item 1) on their host builds, a flag-polling kernel whose blocks
- * run concurrently here: the wait's blocks poll three ranks' slots, written by this thread later
- * (the ranks' streams, in the daemon); the gated reduce and the done writes run behind it. Then a
- * cancel: the gate stays shut, the reduce and the done writes do nothing. What this cannot show: the
- * GPU memory model (the fences and system-scope releases are host atomics here) and %globaltimer. */
+/* The hand-off (issue 28 item 1) as the daemon queues it (colld_cuda_handoff_wait's sequence): a
+ * stream wait on each of three ranks' slots, written by this thread later (the ranks' streams, in
+ * the daemon), the gate kernel, the gated reduce and the done writes on their host builds. Then a
+ * cancel as the daemon makes it: the cancel word, then the awaited value in the slot still short
+ * of it (the waits end), the gate stays shut, the reduce and the done writes do nothing. What this
+ * cannot show: the GPU memory model (the fences and system-scope releases are host atomics here)
+ * and whether the GPU's front-end sees the slot and the cancel word in that order. */
 static void test_handoff_kernels_host_memory_model(void **state)
 {
     (void)state;
@@ -952,7 +954,7 @@ static void test_handoff_kernels_host_memory_model(void **state)
     CU_OK(cu.cuLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0));
     free(image);
     CUkernel kw, kd, kr;
-    CU_OK(cu.cuLibraryGetKernel(&kw, lib, COLLD__CUDA_STR(COLLD__CUDA_WAIT_KERNEL)));
+    CU_OK(cu.cuLibraryGetKernel(&kw, lib, COLLD__CUDA_STR(COLLD__CUDA_GATE_KERNEL)));
     CU_OK(cu.cuLibraryGetKernel(&kd, lib, COLLD__CUDA_STR(COLLD__CUDA_DONE_KERNEL)));
     CU_OK(cu.cuLibraryGetKernel(&kr, lib, REDUCE_F32_SUM));
     cf_use(DEV_A);
@@ -973,7 +975,7 @@ static void test_handoff_kernels_host_memory_model(void **state)
         }
         CU_OK(cu.cuMemsetD8(buf + N * sizeof(in), 0, sizeof(in)));
         CU_OK(cu.cuCtxSynchronize());
-        colld__cuda_wait_params_t w = { .words = (unsigned *)flags, .n = N, .timeout_ns = 20000000000ull };
+        colld__cuda_gate_params_t w = { .words = (unsigned *)flags, .n = N };
         colld__cuda_done_params_t d = { .words = (unsigned *)flags, .n = N };
         for (int r = 0; r < N; r++) {
             w.ready[r] = (unsigned *)(flags + 64) + r;
@@ -991,24 +993,26 @@ static void test_handoff_kernels_host_memory_model(void **state)
                          COLLD_OK);
         rp.gate = (const unsigned *)flags + COLLD_CUDA_HANDOFF_GATE;
         void *wa[] = { &w }, *ra[] = { &rp }, *da[] = { &d };
-        CU_OK(cu.cuLaunchKernel((CUfunction)kw, N, 1, 1, 1, 1, 1, 0, s, wa, NULL));
+        for (int r = 0; r < N; r++)
+            CU_OK(cu.cuStreamWaitValue32(s, (CUdeviceptr)w.ready[r], w.want[r], CU_STREAM_WAIT_VALUE_EQ));
+        CU_OK(cu.cuLaunchKernel((CUfunction)kw, 1, 1, 1, 1, 1, 1, 0, s, wa, NULL));
         CU_OK(cu.cuLaunchKernel((CUfunction)kr, 1, 1, 1, 32, 1, 1, 0, s, ra, NULL));
         CU_OK(cu.cuLaunchKernel((CUfunction)kd, 1, 1, 1, 1, 1, 1, 0, s, da, NULL));
         usleep(20000);
-        assert_int_equal(cu.cuStreamQuery(s), CUDA_ERROR_NOT_READY); /* the wait polls */
+        assert_int_equal(cu.cuStreamQuery(s), CUDA_ERROR_NOT_READY); /* the waits wait */
         for (int r = 0; r < N - 1; r++)
             __atomic_store_n(&host_flags[16 + r], 100u + (unsigned)r, __ATOMIC_RELEASE);
+        usleep(20000);
+        assert_int_equal(cu.cuStreamQuery(s), CUDA_ERROR_NOT_READY); /* the last rank's wait */
         if (cancel)
             __atomic_store_n(&host_flags[COLLD_CUDA_HANDOFF_CANCEL], 1u, __ATOMIC_RELEASE);
-        else
-            __atomic_store_n(&host_flags[16 + N - 1], 100u + N - 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&host_flags[16 + N - 1], 100u + N - 1, __ATOMIC_RELEASE); /* cancel: the daemon's */
         CU_OK(cu.cuStreamSynchronize(s));
         float got[COUNT];
         CU_OK(cu.cuMemcpyDtoH(got, buf + N * sizeof(got), sizeof(got)));
         for (int r = 0; r < N; r++) {
             assert_int_equal(host_flags[32 + r], cancel ? 0u : 200u + (unsigned)r); /* done */
-            assert_int_equal(host_flags[16 + r],
-                             cancel ? (r < N - 1 ? 100u + (unsigned)r : 0u) : ~(100u + (unsigned)r)); /* taken */
+            assert_int_equal(host_flags[16 + r], cancel ? 100u + (unsigned)r : ~(100u + (unsigned)r)); /* taken */
         }
         assert_int_equal(host_flags[COLLD_CUDA_HANDOFF_GATE], cancel ? 0u : COLLD_CUDA_GATE_GO);
         for (int i = 0; i < COUNT; i++)

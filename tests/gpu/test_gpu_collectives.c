@@ -293,6 +293,19 @@ static int read_release(harness_t *h, int rank, double *at, char *status, size_t
     return 0;
 }
 
+/* The path the daemon's GPU collectives took, as its environment asked (COLLD_GPU_EARLY_LAUNCH,
+ * which the daemon inherits): it logs its first hand-off without the host per communicator. */
+static void assert_handoff_path(harness_t *h)
+{
+    static char log[1 << 16];
+    harness_read_file(h->log, log, sizeof(log));
+    const char *early = getenv("COLLD_GPU_EARLY_LAUNCH");
+    bool asked = early && strcmp(early, "true") == 0;
+    bool said = strstr(log, "wait for the ranks' streams on the GPU") != NULL;
+    print_message("the daemon took the %s hand-off\n", said ? "GPU's (without the host)" : "host's");
+    assert_true(said == asked);
+}
+
 /* Three ranks post an all-reduce; the last one is killed (-9) before posting (victim_posts false)
  * or while every stream waits on it (true). See the file comment for what must follow. */
 static void run_fault(harness_t *h, bool victim_posts)
@@ -362,6 +375,8 @@ static void run_fault(harness_t *h, bool victim_posts)
     run_gpu(h, 2, extra);
     assert_int_equal(harness_wait_clean(h, 10000), 0);
     assert_true(gpu_driver_daemon_ok(&drv, h->pid));
+    if (drv.gpus == 1) /* over two GPUs every collective takes the host's hand-off */
+        assert_handoff_path(h);
 }
 
 static void test_fault_kill_before_post(void **state) { run_fault(*state, false); }
@@ -371,26 +386,19 @@ static void test_fault_kill_while_streams_wait(void **state) { run_fault(*state,
  * Faults of the hand-off without the host (issue 28 item 1)
  * ------------------------------------------------------------------------------------------- */
 
-/* 2 rank processes (gpu_rank --mode hofault --case <c>) on a daemon whose collectives wait for the
- * ranks' streams on the GPU (the default; with COLLD_GPU_HOST_HANDOFF=1 in the environment the
- * same cases run on the host's hand-off): a stream that never gets there within the 2 s timeout,
- * an abort, a mismatch. Each rank checks its status, its release and that its output stayed
- * untouched; the daemon is left clean. On the double: the wait kernel polls on host threads, on
- * the host's memory model, not the GPU's. */
+/* 2 rank processes (gpu_rank --mode hofault --case <c>) on a daemon whose collectives start from
+ * its host thread (the default) or, with COLLD_GPU_EARLY_LAUNCH=true in the environment (ctest's
+ * gpu_collectives_hofault), wait for the ranks' streams on the GPU: a stream that never gets there
+ * within the 2 s timeout, an abort, a mismatch. Each rank checks its status, its release and that
+ * its output stayed untouched; the daemon is left clean. On the double: the stream waits poll on
+ * host threads, on the host's memory model, not the GPU's. */
 static void run_hofault(harness_t *h, const char *fcase)
 {
     const char *extra[] = { "--mode", "hofault", "--case", fcase, "--timeout-ms", "2000", NULL };
     run_gpu(h, 2, extra);
     assert_int_equal(harness_wait_clean(h, 10000), 0);
     assert_true(gpu_driver_daemon_ok(&drv, h->pid));
-    /* The path the daemon took: it logs its first hand-off without the host per communicator. */
-    static char log[1 << 16];
-    harness_read_file(h->log, log, sizeof(log));
-    const char *host = getenv("COLLD_GPU_HOST_HANDOFF");
-    bool on_host = host && strcmp(host, "true") == 0;
-    bool said = strstr(log, "wait for the ranks' streams on the GPU") != NULL;
-    print_message("the daemon took the %s hand-off\n", said ? "GPU's (without the host)" : "host's");
-    assert_true(said == !on_host); /* the warm-up all-reduces took it (a mismatch is refused before any) */
+    assert_handoff_path(h); /* the warm-up all-reduces took it (a mismatch is refused before any) */
 }
 
 static void test_handoff_timeout_host_memory_model(void **state)

@@ -164,6 +164,13 @@ static void test_break_during_launch_releases_streams(void **state)
     assert_aborted_during_launch(*state, ranks);
 }
 
+/* The same with --gpu-early-launch: the double holds the cuEventRecord after the collective's
+ * kernels (behind the stream waits and the gate) were queued as it matched; the break cancels it. */
+static void test_break_during_early_launch_releases_streams(void **state)
+{
+    test_break_during_launch_releases_streams(state);
+}
+
 /* A daemon whose double stalls its first stream and holds its first cuEventRecord (the end of
  * the first launch), and reads gpu_control for the case's later instructions. */
 static int setup_launch_hold(void **state)
@@ -172,17 +179,25 @@ static int setup_launch_hold(void **state)
     return setup_with_control(state, lines);
 }
 
+/* The same with --gpu-early-launch (issue 28 item 1, through the daemon's environment): the
+ * collective is queued as it matches, behind stream waits on the ranks' ready words, and the break
+ * must cancel it. */
+static int setup_launch_hold_early(void **state)
+{
+    setenv("COLLD_GPU_EARLY_LAUNCH", "true", 1);
+    int rc = setup_launch_hold(state);
+    unsetenv("COLLD_GPU_EARLY_LAUNCH");
+    return rc;
+}
+
 /* A daemon whose double stalls its first stream and fails its 2nd cuStreamWriteValue32, and
- * reads gpu_control for the case's later instructions. The daemon takes the host's hand-off
- * (--gpu-host-handoff, issue 28): these cases fail one of its per-rank `done` writes, which the
- * hand-off without the host (its done kernel writes them) does not make. */
+ * reads gpu_control for the case's later instructions. The daemon takes the host's hand-off (the
+ * default; issue 28): these cases fail one of its per-rank `done` writes, which the hand-off
+ * without the host (--gpu-early-launch: its done kernel writes them) does not make. */
 static int setup_launch_fault(void **state)
 {
     static const char *const lines[] = { "stall:1", "fail:cuStreamWriteValue32:2:CUDA_ERROR_INVALID_VALUE", NULL };
-    setenv("COLLD_GPU_HOST_HANDOFF", "true", 1);
-    int rc = setup_with_control(state, lines);
-    unsetenv("COLLD_GPU_HOST_HANDOFF");
-    return rc;
+    return setup_with_control(state, lines);
 }
 
 gpu_cases_t gpu_launch_cases(const char *group)
@@ -193,6 +208,8 @@ gpu_cases_t gpu_launch_cases(const char *group)
         cmocka_unit_test_setup_teardown(test_break_during_failed_launch_releases_streams, setup_launch_fault,
                                         teardown_control),
         cmocka_unit_test_setup_teardown(test_break_during_launch_releases_streams, setup_launch_hold, teardown_control),
+        cmocka_unit_test_setup_teardown(test_break_during_early_launch_releases_streams, setup_launch_hold_early,
+                                        teardown_control),
     };
     static const char *const groups[] = { "vmm", "legacy", NULL };
     return group_is(group, groups) ? GPU_CASES(tests) : GPU_NO_CASES;

@@ -362,7 +362,7 @@ void cuda_nan_free_all(colld_gpus_t *g);
 
 /* ---- cuda_handoff.c (issue 28 item 1) ---- */
 /* Does collective k (matched, lock held) take the hand-off without the host: not
- * --gpu-host-handoff, its buffers on one GPU, every rank's flag line there? */
+ * --gpu-early-launch, its buffers on one GPU, every rank's flag line there? */
 bool cuda_handoff_wanted(colld_backend_t *b, const colld_coll_t *k);
 /* Give k its hand-off (k->bhand): the addresses of every rank's ready slot and done word (lock
  * held). COLLD_OK or COLLD_ERR_NO_MEMORY. */
@@ -372,12 +372,14 @@ colld_status_t cuda_handoff_prepare(colld_backend_t *b, colld_coll_t *k);
 CUresult cuda_handoff_arm(colld_gpus_t *g, colld_coll_t *k, int gi, const colld_cuda_handoff_t **h);
 /* The device address of k's gate (NULL: k has no armed hand-off). */
 const uint32_t *cuda_handoff_gate(const colld_coll_t *k);
-/* Its launch failed part-way (engine thread, lock NOT held): the cancel word is written, so that
- * the wait enqueued ends before the launch drains its stream. */
+/* Its launch failed part-way (engine thread, lock NOT held): the cancel word is written, then the
+ * awaited values into the slots short of them, so that the waits enqueued end before the launch
+ * drains its stream. */
 void cuda_handoff_abandon(colld_coll_t *k);
 /* k is back from its launch (lock held): a cancel asked for meanwhile is written now. */
 void cuda_handoff_launched(colld_coll_t *k);
-/* Abandon k's hand-off (lock held; nothing when k has none): its cancel word is written. */
+/* Abandon k's hand-off (lock held; nothing when k has none): its cancel word is written, then the
+ * awaited values into the slots short of them (its stream waits end; the gate stays shut). */
 void cuda_handoff_cancel(colld_coll_t *k);
 /* Did k's wait open the gate (every rank arrived before any cancel)? */
 bool cuda_handoff_open(const colld_coll_t *k);

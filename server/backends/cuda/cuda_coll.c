@@ -258,8 +258,8 @@ int cuda_coll_fired(colld_backend_t *b)
             cuda_event_failed(g, k->bint, r, what, why, sizeof(why));
             colld_comm_break(b->d, k->comm, COLLD_ERR_DEVICE, -1, why);
         } else if (k->bhand && !cuda_handoff_open(k)) {
-            /* A hand-off abandoned (issue 28): its kernels did nothing, its communicator broke (or
-             * the wait's own bound ran out, a daemon too slow to time it out: it breaks now). */
+            /* A hand-off abandoned (issue 28): its kernels did nothing, its communicator broke (the
+             * gate stays shut only after a cancel; should one come without a break, it breaks now). */
             colld_dcomm_t *c = k->comm;
             if (c->state != COLLD_COMM_BROKEN && c->state != COLLD_COMM_CLOSING) {
                 snprintf(k->why, sizeof(k->why),

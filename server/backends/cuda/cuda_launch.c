@@ -13,8 +13,8 @@
  * reduce-scatter and all-gather; one copy per block for gather, scatter and all-to-all), then the
  * lead GPU's stream waits for the others, writes every
  * rank's `done` flag and records the event the engine polls. A hand-off without the host (issue 28,
- * cuda_handoff.c: one GPU) puts its wait kernel first, gates the kernels on it, and writes the done
- * flags with its done kernel instead. A plan's run (cuda_plan.c, a
+ * cuda_handoff.c: one GPU) puts its stream waits on the ranks' ready slots and its gate kernel
+ * first, gates the kernels on it, and writes the done flags with its done kernel instead. A plan's run (cuda_plan.c, a
  * collective captured into a CUDA graph) is launched the same way; only its `done` flags are the
  * ranks' plan lines.
  */
@@ -402,8 +402,8 @@ static colld_status_t launch_one(colld_backend_t *b, colld_coll_t *k, colld_err_
         goto cuda_failed;
     const colld_cuda_handoff_t *ho = NULL;
     if (k->bhand) {
-        /* The hand-off without the host (issue 28, cuda_handoff.c; one GPU): the wait first, the
-         * kernels behind its gate, then the done writes. */
+        /* The hand-off without the host (issue 28, cuda_handoff.c; one GPU): the waits and the
+         * gate first, the kernels behind the gate, then the done writes. */
         if ((cr = cuda_handoff_arm(g, k, p.lead, &ho)) != CUDA_SUCCESS)
             goto cuda_failed;
         CU_CHECK(g->cu, cuCtxSetCurrent, g->gpu[p.lead].ctx);
