@@ -92,13 +92,17 @@ test-asan: deps
 # test_slowlink (tc-shaped links timed in network namespaces: the threads of test_multinode,
 # which runs), nor gpu_collectives_hofault_host (the host's hand-off's faults: the threads of
 # gpu_collectives_hofault, about 20 s more) nor gpu_collectives_fault_early (the kill -9 cases of
-# gpu_collectives_fault with --gpu-early-launch: the early launch's threads are gpu_collectives_hofault's):
-# they run in `make test` and under ASan.
+# gpu_collectives_fault with --gpu-early-launch: the early launch's threads are gpu_collectives_hofault's),
+# nor the value matrices gpu_kernels (every dtype x op x length of the kernels' arithmetic on one
+# stream) and gpu_collectives_matrix (the daemon's threads of gpu_collectives_stream, which runs),
+# nor the _legacy variants test_gpu_cudafake_legacy and gpu_p2p_exchange_legacy (IPC handles in place
+# of VMM fds: a different registration call on the same threads as test_gpu_cudafake_vmm and
+# gpu_p2p_exchange, which run): they run in `make test` and under ASan.
 test-tsan: deps
 	cmake -S . -B $(BUILD_TSAN) -G Ninja -DCOLLD_WERROR=ON -DCMAKE_BUILD_TYPE=Debug -DCOLLD_SANITIZE=thread
 	cmake --build $(BUILD_TSAN) -j $(JOBS)
 	COLLD_TEST_NO_BIG=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
-	  ctest --test-dir $(BUILD_TSAN) --output-on-failure --timeout 1200 -L 'integration|cudafake' -E '_2gpus$$|^test_slowlink$$|_hofault_host$$|_fault_early$$'
+	  ctest --test-dir $(BUILD_TSAN) --output-on-failure --timeout 1200 -L 'integration|cudafake' -E '_2gpus$$|^test_slowlink$$|_hofault_host$$|_fault_early$$|^gpu_kernels$$|^gpu_collectives_matrix$$|^test_gpu_cudafake_legacy$$|^gpu_p2p_exchange_legacy$$'
 
 # The libFuzzer harnesses (tests/fuzz, clang with ASan+UBSan): `make test-fuzz` is CI's smoke run
 # (30 s each, JOBS at once: a harness is one process on one core); `make fuzz` runs each for
