@@ -134,11 +134,13 @@ static int cuda_start(colld_backend_t *b)
     colld_gpus_t *g = calloc(1, sizeof(*g));
     gpu_t *gpu = calloc((size_t)n, sizeof(*gpu));
     bool *peer = calloc((size_t)n * (size_t)n, sizeof(*peer));
-    gpu_nan_t **nan_pool = calloc((size_t)n, sizeof(*nan_pool));
-    uint64_t *nan_epoch = calloc((size_t)n, sizeof(*nan_epoch));
-    struct gpu_ho_block **ho_pool = calloc((size_t)n, sizeof(*ho_pool));
-    if (!g || !gpu || !peer || !nan_pool || !nan_epoch || !ho_pool) {
-        free(g), free(gpu), free(peer), free(nan_pool), free(nan_epoch), free(ho_pool);
+    uint64_t *hostblk_epoch = calloc((size_t)n, sizeof(*hostblk_epoch));
+    if (!g || !gpu || !peer || !hostblk_epoch ||
+        cuda_hostpool_init(&g->nan_blocks, n, (size_t)n * COLLD_CUDA_MAX_RANKS * sizeof(unsigned long long)) != 0 ||
+        cuda_hostpool_init(&g->ho_blocks, n, COLLD_CUDA_HANDOFF_WORDS * sizeof(uint32_t)) != 0) {
+        if (g)
+            free(g->nan_blocks.free), free(g->ho_blocks.free);
+        free(g), free(gpu), free(peer), free(hostblk_epoch);
         colld_strlcpy(d->device_none, "out of memory", sizeof(d->device_none));
         return -1;
     }
@@ -146,10 +148,8 @@ static int cuda_start(colld_backend_t *b)
     g->cu = cu;
     g->gpu = gpu;
     g->peer = peer;
-    g->nan_pool = nan_pool;
-    g->nan_epoch = nan_epoch;
-    g->ho_pool = ho_pool;
-    pthread_mutex_init(&g->nan_mu, NULL);
+    g->hostblk_epoch = hostblk_epoch;
+    pthread_mutex_init(&g->hostblk_mu, NULL);
     for (int i = 0; i < n; i++) {
         if ((r = take_gpu(cu, i, &gpu[i])) != CUDA_SUCCESS) {
             char buf[160];
@@ -158,7 +158,7 @@ static int cuda_start(colld_backend_t *b)
             LOG_ERROR(GPU, "no CUDA backend: %s", d->device_none);
             for (int j = 0; j < i; j++)
                 CU_CHECK(cu, cuDevicePrimaryCtxRelease, gpu[j].dev);
-            free(g->nan_pool), free(g->nan_epoch), free(g->ho_pool), free(g), free(gpu), free(peer);
+            free(g->nan_blocks.free), free(g->ho_blocks.free), free(g->hostblk_epoch), free(g), free(gpu), free(peer);
             return 0;
         }
         g->n = i + 1;
@@ -182,7 +182,7 @@ static int cuda_start(colld_backend_t *b)
         LOG_ERROR(GPU, "no CUDA backend: %s", d->device_none);
         for (int i = 0; i < n; i++)
             CU_CHECK(cu, cuDevicePrimaryCtxRelease, gpu[i].dev);
-        free(g->nan_pool), free(g->nan_epoch), free(g->ho_pool), free(g), free(gpu), free(peer);
+        free(g->nan_blocks.free), free(g->ho_blocks.free), free(g->hostblk_epoch), free(g), free(gpu), free(peer);
         return 0;
     }
     if (cuda_recover_start(g) != 0) {
@@ -190,7 +190,7 @@ static int cuda_start(colld_backend_t *b)
         colld_cuda_kernels_unload(g->kernels);
         for (int i = 0; i < n; i++)
             CU_CHECK(cu, cuDevicePrimaryCtxRelease, gpu[i].dev);
-        free(g->nan_pool), free(g->nan_epoch), free(g->ho_pool), free(g), free(gpu), free(peer);
+        free(g->nan_blocks.free), free(g->ho_blocks.free), free(g->hostblk_epoch), free(g), free(gpu), free(peer);
         return 0;
     }
     (void)cuda_watch_start(g, cuda_movable); /* without it the engine polls (cuda_outstanding) */
@@ -231,16 +231,13 @@ static void cuda_stop(colld_backend_t *b)
         CU_CHECK(g->cu, cuCtxSynchronize);
     }
     cuda_plans_free_all(b); /* what they hold (sessions, registrations) goes before the contexts */
-    cuda_nan_free_all(g);
-    cuda_handoff_free_all(g);
+    cuda_hostblk_free_all(g); /* --nan-check's and the hand-offs' blocks */
     CU_CHECK(g->cu, cuCtxSetCurrent, NULL);
     colld_cuda_kernels_unload(g->kernels);
     for (int i = 0; i < g->n; i++)
         CU_CHECK(g->cu, cuDevicePrimaryCtxRelease, g->gpu[i].dev);
-    pthread_mutex_destroy(&g->nan_mu);
-    free(g->nan_pool);
-    free(g->nan_epoch);
-    free(g->ho_pool);
+    pthread_mutex_destroy(&g->hostblk_mu);
+    free(g->hostblk_epoch);
     free(g->gpu);
     free(g->peer);
     free(g);

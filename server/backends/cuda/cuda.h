@@ -28,7 +28,8 @@
  *                  tells the files above whether a GPU is drained)
  *   cuda_seg.c     registrations across several VMM allocations, assembled from segments
  *                  (issue 15 D2)
- *   cuda_mem.c     GPU registrations (through transport/cuda_ipc) and each session's flag area
+ *   cuda_mem.c     GPU registrations (through transport/cuda_ipc), each session's flag area, and
+ *                  the pooled host blocks of the words kernels write (--nan-check's, hand-offs')
  *   cuda_release.c the driver calls that unpin or unmap memory, made by the recovery thread with
  *                  the daemon's lock dropped (issue 15 F4)
  *   cuda_base.c    what all of them build on: a GPU's fault detection and usability, the lists a
@@ -78,6 +79,24 @@ typedef struct {
 } gpu_t;
 
 /* The backend's state (colld_backend_t.state), NULL without a usable GPU. */
+/* A block of host memory registered in one GPU's context for words the kernels write (cuda_mem.c):
+ * --nan-check's (colld_coll_t.bcheck) and a hand-off's. */
+typedef struct cuda_hostblk {
+    void *mem;     /* host address, page aligned: registrations never overlap */
+    uint64_t dptr; /* the same memory as the GPUs address it */
+    size_t size;
+    int gpu;        /* registered in this GPU's context ... */
+    uint64_t epoch; /* ... in this epoch of it (hostblk_epoch) */
+    struct cuda_hostblk *next;
+} cuda_hostblk_t;
+
+/* Released blocks of one size kept per GPU (registering costs hundreds of microseconds on
+ * hardware): each pool keeps its high-water mark, bounded by the collectives in flight. */
+typedef struct {
+    cuda_hostblk_t **free; /* [n GPUs] */
+    size_t size;           /* bytes of each block, a multiple of the page */
+} cuda_hostpool_t;
+
 typedef struct colld_gpus {
     colld_backend_t *b;
     const colld_cu_t *cu;
@@ -122,18 +141,15 @@ typedef struct colld_gpus {
     uint64_t next_plan_id;
     /* GPU health from NVML (cuda_health.c), NULL when off or without NVML. */
     struct cuda_health *health;
-    /* --nan-check (cuda_nan.c): registered blocks of words kept per GPU, and each GPU's epoch (one
-     * more after each reset of its context), under nan_mu (taken with or without the lock). */
-    pthread_mutex_t nan_mu;
-    struct gpu_nan **nan_pool; /* [n] */
-    uint64_t *nan_epoch;       /* [n] */
-    /* The hand-offs' words (cuda_handoff.c), pooled per GPU under nan_mu, with nan_epoch. */
-    struct gpu_ho_block **ho_pool; /* [n] */
+    /* Host blocks registered for the kernels' words (cuda_mem.c): --nan-check's (cuda_nan.c) and
+     * the hand-offs' (cuda_handoff.c), pooled per GPU, and each GPU's epoch (one more after each
+     * reset of its context), under hostblk_mu (taken with or without the lock). */
+    pthread_mutex_t hostblk_mu;
+    uint64_t *hostblk_epoch; /* [n] */
+    cuda_hostpool_t nan_blocks, ho_blocks;
     unsigned handoffs;             /* hand-offs launched, not finished: the watcher busy-polls (lock held) */
 } colld_gpus_t;
 
-/* A checked collective's words (cuda_nan.c; colld_coll_t.bcheck). */
-typedef struct gpu_nan gpu_nan_t;
 
 /* A communicator's GPU state (colld_dcomm_t.bslot), made by its first stream-ordered descriptor. */
 typedef struct gpu_comm {
@@ -355,10 +371,6 @@ const colld_cuda_nan_check_t *cuda_nan_check(const colld_coll_t *k, int gi, uint
 colld_status_t cuda_nan_verdict(const colld_gpus_t *g, const colld_coll_t *k, char *why, size_t len);
 /* k is done with its words (lock held): back to the pool. */
 void cuda_nan_release(colld_gpus_t *g, colld_coll_t *k);
-/* GPU gi's context is about to be reset (lock held): the blocks registered in it are dropped. */
-void cuda_nan_gpu_reset(colld_gpus_t *g, int gi);
-/* Stop (no collective left): every pooled block unregistered and freed. */
-void cuda_nan_free_all(colld_gpus_t *g);
 
 /* ---- cuda_handoff.c (issue 28 item 1) ---- */
 /* Does collective k (matched, lock held) take the hand-off without the host: not
@@ -387,10 +399,6 @@ bool cuda_handoff_open(const colld_coll_t *k);
 bool cuda_handoff_waits(const colld_coll_t *k);
 /* k is finished (lock held): its words back to the pool, its hand-off freed. */
 void cuda_handoff_release(colld_gpus_t *g, colld_coll_t *k);
-/* GPU gi's context is about to be reset (lock held): the pooled blocks registered in it go. */
-void cuda_handoff_gpu_reset(colld_gpus_t *g, int gi);
-/* Stop: every pooled block unregistered and freed. */
-void cuda_handoff_free_all(colld_gpus_t *g);
 
 /* ---- cuda_watch.c (issue 15 F5) ---- */
 /* Start the thread that wakes the engine when movable(b) says GPU work can move: 0, or -1 (then
@@ -426,6 +434,18 @@ colld_status_t cuda_reg_publish(colld_backend_t *b, colld_session_t *s, gpu_reg_
  * CUDA_SUCCESS with its device address in *dptr, or the error (a sticky one marks gi for
  * recovery). Lock NOT held: the caller publishes the result under it. */
 CUresult cuda_flags_register(colld_gpus_t *g, int gi, void *flags, size_t size, uint64_t *dptr);
+/* Pool p of blocks of `bytes` (rounded up to pages) for each of ngpus GPUs: 0, or -1 without memory. */
+int cuda_hostpool_init(cuda_hostpool_t *p, int ngpus, size_t bytes);
+/* A block of p registered in GPU gi's context (a pooled one, or a new one: registered with the
+ * lock NOT held). NULL with *r the error. Its contents are what the last user left. */
+cuda_hostblk_t *cuda_hostblk_get(colld_gpus_t *g, cuda_hostpool_t *p, int gi, CUresult *r);
+/* Back to p, or freed when its GPU's context was reset since it was registered (any lock state). */
+void cuda_hostblk_put(colld_gpus_t *g, cuda_hostpool_t *p, cuda_hostblk_t *x);
+/* GPU gi's context is about to be reset (lock held): the pooled blocks registered in it go, and
+ * blocks in use are freed when they come back. */
+void cuda_hostblk_gpu_reset(colld_gpus_t *g, int gi);
+/* Stop (no collective left): every pooled block unregistered and freed, the pools too. */
+void cuda_hostblk_free_all(colld_gpus_t *g);
 int cuda_sync_area(colld_backend_t *b, colld_session_t *s, uint64_t *size, uint32_t *lines, uint32_t *plans,
                    colld_err_t *err);
 void cuda_session_free(colld_backend_t *b, colld_session_t *s);

@@ -10,8 +10,7 @@
  *
  * Here: which collectives take it, their descriptor (the addresses, filled under the lock when
  * the collective matches), their words (cancel, arrived, gate) in host memory registered for the
- * GPUs, pooled per GPU as --nan-check's words are (cuda_nan.c: registering costs hundreds of
- * microseconds on hardware; a GPU's reset drops its blocks), the cancel, and the verdict read once
+ * GPUs (a block of the GPUs' pool g->ho_blocks, cuda_mem.c), the cancel, and the verdict read once
  * the collective's event fired.
  *
  * It is opt-in (--gpu-early-launch, default off) until measured on a GPU. The waits hold no
@@ -30,22 +29,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define HO_PAGE 4096u
-
-/* One collective's words: a page of host memory of its own, registered in one GPU's context. */
-typedef struct gpu_ho_block {
-    uint32_t *words; /* host address: COLLD_CUDA_HANDOFF_WORDS words */
-    uint64_t dptr;   /* the same memory as the GPUs address it */
-    int gpu;
-    uint64_t epoch; /* of g->nan_epoch[gpu] when registered */
-    struct gpu_ho_block *next;
-} gpu_ho_block_t;
-
 /* A collective's hand-off (colld_coll_t.bhand). */
 struct gpu_handoff {
     colld_cuda_handoff_t h;               /* the addresses (h.words: the block's, once armed) */
     uint32_t *slot[COLLD_CUDA_MAX_RANKS]; /* each rank's ready slot as the daemon addresses it */
-    gpu_ho_block_t *block;  /* NULL until armed */
+    cuda_hostblk_t *block;  /* NULL until armed: COLLD_CUDA_HANDOFF_WORDS words */
     bool launched;          /* back from its launch (lock held) */
     bool cancel;            /* the daemon abandons it (lock held): written to the words once launched */
 };
@@ -104,43 +92,15 @@ colld_status_t cuda_handoff_prepare(colld_backend_t *b, colld_coll_t *k)
     return COLLD_OK;
 }
 
-/* A new block registered in GPU gi's context; NULL with *r the error. */
-static gpu_ho_block_t *block_new(colld_gpus_t *g, int gi, CUresult *r)
-{
-    gpu_ho_block_t *x = calloc(1, sizeof(*x));
-    void *p = NULL;
-    *r = CUDA_ERROR_OUT_OF_MEMORY;
-    if (!x || posix_memalign(&p, HO_PAGE, HO_PAGE) != 0) {
-        free(x);
-        return NULL;
-    }
-    x->words = p;
-    x->gpu = gi;
-    pthread_mutex_lock(&g->nan_mu);
-    x->epoch = g->nan_epoch[gi];
-    pthread_mutex_unlock(&g->nan_mu);
-    if ((*r = cuda_flags_register(g, gi, x->words, HO_PAGE, &x->dptr)) != CUDA_SUCCESS) {
-        free(x->words);
-        free(x);
-        return NULL;
-    }
-    return x;
-}
-
 CUresult cuda_handoff_arm(colld_gpus_t *g, colld_coll_t *k, int gi, const colld_cuda_handoff_t **h)
 {
     struct gpu_handoff *x = k->bhand;
     CUresult r = CUDA_SUCCESS;
-    pthread_mutex_lock(&g->nan_mu);
-    gpu_ho_block_t *blk = g->ho_pool[gi];
-    if (blk)
-        g->ho_pool[gi] = blk->next;
-    pthread_mutex_unlock(&g->nan_mu);
-    if (!blk && !(blk = block_new(g, gi, &r)))
+    cuda_hostblk_t *blk = cuda_hostblk_get(g, &g->ho_blocks, gi, &r);
+    if (!blk)
         return r;
-    blk->next = NULL;
     /* Plain stores: the gate kernel that reads them is launched after, on this thread. */
-    memset(blk->words, 0, COLLD_CUDA_HANDOFF_WORDS * sizeof(uint32_t));
+    memset(blk->mem, 0, COLLD_CUDA_HANDOFF_WORDS * sizeof(uint32_t));
     x->block = blk;
     x->h.words = (uint32_t *)(uintptr_t)blk->dptr;
     *h = &x->h;
@@ -162,7 +122,7 @@ static void write_cancel(struct gpu_handoff *x)
 {
     if (!x->block)
         return;
-    __atomic_store_n(&x->block->words[COLLD_CUDA_HANDOFF_CANCEL], 1u, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&((uint32_t *)x->block->mem)[COLLD_CUDA_HANDOFF_CANCEL], 1u, __ATOMIC_SEQ_CST);
     for (int r = 0; r < x->h.n; r++) {
         uint32_t want = x->h.want[r], v = __atomic_load_n(x->slot[r], __ATOMIC_ACQUIRE);
         while (v != want && v != ~want &&
@@ -202,7 +162,7 @@ bool cuda_handoff_open(const colld_coll_t *k)
 {
     const struct gpu_handoff *x = k->bhand;
     return x && x->block &&
-           __atomic_load_n(&x->block->words[COLLD_CUDA_HANDOFF_GATE], __ATOMIC_ACQUIRE) == COLLD_CUDA_GATE_GO;
+           __atomic_load_n(&((uint32_t *)x->block->mem)[COLLD_CUDA_HANDOFF_GATE], __ATOMIC_ACQUIRE) == COLLD_CUDA_GATE_GO;
 }
 
 bool cuda_handoff_waits(const colld_coll_t *k)
@@ -217,50 +177,7 @@ void cuda_handoff_release(colld_gpus_t *g, colld_coll_t *k)
     if (!x)
         return;
     k->bhand = NULL;
-    gpu_ho_block_t *blk = x->block;
+    if (x->block)
+        cuda_hostblk_put(g, &g->ho_blocks, x->block);
     free(x);
-    if (!blk)
-        return;
-    pthread_mutex_lock(&g->nan_mu);
-    bool valid = blk->epoch == g->nan_epoch[blk->gpu];
-    if (valid) {
-        blk->next = g->ho_pool[blk->gpu];
-        g->ho_pool[blk->gpu] = blk;
-    }
-    pthread_mutex_unlock(&g->nan_mu);
-    if (!valid) { /* its registration went with a reset of its GPU's context */
-        free(blk->words);
-        free(blk);
-    }
-}
-
-void cuda_handoff_gpu_reset(colld_gpus_t *g, int gi)
-{
-    pthread_mutex_lock(&g->nan_mu);
-    gpu_ho_block_t *x = g->ho_pool[gi];
-    g->ho_pool[gi] = NULL;
-    pthread_mutex_unlock(&g->nan_mu);
-    while (x) {
-        gpu_ho_block_t *next = x->next;
-        free(x->words);
-        free(x);
-        x = next;
-    }
-}
-
-void cuda_handoff_free_all(colld_gpus_t *g)
-{
-    for (int gi = 0; gi < g->n; gi++) {
-        gpu_ho_block_t *x = g->ho_pool[gi];
-        g->ho_pool[gi] = NULL;
-        while (x) {
-            gpu_ho_block_t *next = x->next;
-            CU_CHECK(g->cu, cuCtxPushCurrent, g->gpu[gi].ctx);
-            CU_CHECK(g->cu, cuMemHostUnregister, x->words);
-            CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
-            free(x->words);
-            free(x);
-            x = next;
-        }
-    }
 }

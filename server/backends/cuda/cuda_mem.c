@@ -1,7 +1,8 @@
 /*
  * cuda_mem.c - the CUDA backend's memory: GPU registrations (COLLD_MSG_REG_CUDA), opened through
- * transport/cuda_ipc and bounded by what the driver really mapped, and each session's GPU stream
- * flag area (COLLD_MSG_GPU_FLAGS), a sealed memfd registered with CUDA by both sides.
+ * transport/cuda_ipc and bounded by what the driver really mapped, each session's GPU stream flag
+ * area (COLLD_MSG_GPU_FLAGS), a sealed memfd registered with CUDA by both sides, and the pools of
+ * host blocks registered for the words the kernels write (--nan-check's, the hand-offs').
  */
 #include "server/backends/cuda/cuda.h"
 #include "server/core/tenant.h"
@@ -305,6 +306,115 @@ CUresult cuda_flags_register(colld_gpus_t *g, int gi, void *flags, size_t size, 
     cuda_gpu_fault(g, gi, r);
     *dptr = (uint64_t)dp;
     return r;
+}
+
+/* ============================================================================================
+ * Host blocks for the kernels' words (--nan-check's, the hand-offs'), pooled per GPU
+ * ========================================================================================== */
+
+#define HOSTBLK_PAGE 4096u
+
+int cuda_hostpool_init(cuda_hostpool_t *p, int ngpus, size_t bytes)
+{
+    p->size = (bytes + HOSTBLK_PAGE - 1) / HOSTBLK_PAGE * HOSTBLK_PAGE;
+    p->free = calloc((size_t)ngpus, sizeof(*p->free));
+    return p->free ? 0 : -1;
+}
+
+/* A new block of p's size, registered in GPU gi's context; NULL with *r the error. */
+static cuda_hostblk_t *hostblk_new(colld_gpus_t *g, const cuda_hostpool_t *p, int gi, CUresult *r)
+{
+    cuda_hostblk_t *x = calloc(1, sizeof(*x));
+    *r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (!x || posix_memalign(&x->mem, HOSTBLK_PAGE, p->size) != 0) {
+        free(x);
+        return NULL;
+    }
+    x->size = p->size;
+    x->gpu = gi;
+    pthread_mutex_lock(&g->hostblk_mu);
+    x->epoch = g->hostblk_epoch[gi];
+    pthread_mutex_unlock(&g->hostblk_mu);
+    if ((*r = cuda_flags_register(g, gi, x->mem, x->size, &x->dptr)) != CUDA_SUCCESS) {
+        free(x->mem);
+        free(x);
+        return NULL;
+    }
+    return x;
+}
+
+cuda_hostblk_t *cuda_hostblk_get(colld_gpus_t *g, cuda_hostpool_t *p, int gi, CUresult *r)
+{
+    pthread_mutex_lock(&g->hostblk_mu);
+    cuda_hostblk_t *x = p->free[gi];
+    if (x)
+        p->free[gi] = x->next;
+    pthread_mutex_unlock(&g->hostblk_mu);
+    if (!x && !(x = hostblk_new(g, p, gi, r)))
+        return NULL;
+    x->next = NULL;
+    return x;
+}
+
+void cuda_hostblk_put(colld_gpus_t *g, cuda_hostpool_t *p, cuda_hostblk_t *x)
+{
+    pthread_mutex_lock(&g->hostblk_mu);
+    bool valid = x->epoch == g->hostblk_epoch[x->gpu];
+    if (valid) {
+        x->next = p->free[x->gpu];
+        p->free[x->gpu] = x;
+    }
+    pthread_mutex_unlock(&g->hostblk_mu);
+    if (!valid) { /* its registration went with a reset of its GPU's context */
+        free(x->mem);
+        free(x);
+    }
+}
+
+/* Free a list of blocks, unregistering each first (unregister: its context is still there). */
+static void hostblk_free_list(colld_gpus_t *g, cuda_hostblk_t *x, bool unregister)
+{
+    while (x) {
+        cuda_hostblk_t *next = x->next;
+        if (unregister) {
+            CU_CHECK(g->cu, cuCtxPushCurrent, g->gpu[x->gpu].ctx);
+            CU_CHECK(g->cu, cuMemHostUnregister, x->mem);
+            CU_CHECK(g->cu, cuCtxPopCurrent, NULL);
+        }
+        free(x->mem);
+        free(x);
+        x = next;
+    }
+}
+
+void cuda_hostblk_gpu_reset(colld_gpus_t *g, int gi)
+{
+    cuda_hostpool_t *pools[] = { &g->nan_blocks, &g->ho_blocks };
+    cuda_hostblk_t *drop[2];
+    pthread_mutex_lock(&g->hostblk_mu);
+    for (int i = 0; i < 2; i++) {
+        drop[i] = pools[i]->free[gi];
+        pools[i]->free[gi] = NULL;
+    }
+    g->hostblk_epoch[gi]++;
+    pthread_mutex_unlock(&g->hostblk_mu);
+    for (int i = 0; i < 2; i++)
+        hostblk_free_list(g, drop[i], false);
+}
+
+void cuda_hostblk_free_all(colld_gpus_t *g)
+{
+    cuda_hostpool_t *pools[] = { &g->nan_blocks, &g->ho_blocks };
+    for (int i = 0; i < 2; i++) {
+        if (!pools[i]->free)
+            continue;
+        for (int gi = 0; gi < g->n; gi++) {
+            hostblk_free_list(g, pools[i]->free[gi], true);
+            pools[i]->free[gi] = NULL;
+        }
+        free(pools[i]->free);
+        pools[i]->free = NULL;
+    }
 }
 
 /* Make the session's flag area: a sealed memfd of one line per communicator handle and the plan

@@ -333,8 +333,7 @@ static void recover_gpu(colld_gpus_t *g, int gi)
         for (gpu_session_t *gs = dead ? g->dead_sessions : g->sessions; gs; gs = gs->next)
             if (gs->registered && gs->reg_gpu == gi)
                 gs->registered = false;
-    cuda_nan_gpu_reset(g, gi);     /* --nan-check's blocks registered in it go too ... */
-    cuda_handoff_gpu_reset(g, gi); /* ... and the hand-offs' (the epoch is one more: cuda_nan_gpu_reset) */
+    cuda_hostblk_gpu_reset(g, gi); /* --nan-check's and the hand-offs' blocks registered in it go too */
     gpu->state = GPU_RESETTING;
     pthread_mutex_unlock(&d->lock);
     CUcontext ctx = NULL;
