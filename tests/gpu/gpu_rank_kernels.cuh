@@ -10,6 +10,9 @@
 #define COLLD_TESTS_GPU_GPU_RANK_KERNELS_CUH
 
 #include "tests/gpu/gpu_rank_kernels.h"
+/* colld__ho_load and colld__ho_store: an acquire load and a release store of a word another block
+ * writes or reads (system scope on the device; the host's atomics in the double's host build). */
+#include "kernels/cuda/handoff.cuh"
 
 #include <vector_types.h> /* __host__, __device__ (as kernels/cuda/cuda_core.cuh; no runtime call) */
 
@@ -55,28 +58,6 @@ GPU_RANK_HD void gpu_rank_consume_body(const gpu_rank_consume_params_t p, size_t
         p.z[i] = GPU_RANK_CONSUME(p.y[i]);
 }
 
-/* An acquire load and a release store of a word another block writes or reads (system scope on the
- * device; the host's atomics in the double's host build). */
-GPU_RANK_HD unsigned gpu_rank_load_acquire(const unsigned *p)
-{
-#ifdef __CUDA_ARCH__
-    unsigned v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-#else
-    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
-#endif
-}
-
-GPU_RANK_HD void gpu_rank_store_release(unsigned *p, unsigned v)
-{
-#ifdef __CUDA_ARCH__
-    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-#else
-    __atomic_store_n(p, v, __ATOMIC_RELEASE);
-#endif
-}
-
 /* One thread per block: tid is the block (gpu_rank_kernels.h). */
 GPU_RANK_HD void gpu_rank_chain_body(const gpu_rank_chain_params_t p, size_t tid, size_t nthreads)
 {
@@ -86,14 +67,14 @@ GPU_RANK_HD void gpu_rank_chain_body(const gpu_rank_chain_params_t p, size_t tid
         return;
     if (b < p.n - 1) {
         unsigned long long t0 = gpu_rank_now_ns();
-        while (!gpu_rank_load_acquire(&p.word[b + 1]))
+        while (!colld__ho_load(&p.word[b + 1]))
             if (gpu_rank_now_ns() - t0 > p.timeout_ns) {
-                gpu_rank_store_release(&p.result[b], 2);
+                colld__ho_store(&p.result[b], 2);
                 return;
             }
     }
-    gpu_rank_store_release(&p.word[b], 1);
-    gpu_rank_store_release(&p.result[b], 1);
+    colld__ho_store(&p.word[b], 1);
+    colld__ho_store(&p.result[b], 1);
 }
 
 #endif /* COLLD_TESTS_GPU_GPU_RANK_KERNELS_CUH */
