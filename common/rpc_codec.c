@@ -4,9 +4,12 @@
 #include "common/rpc_codec.h"
 
 #include "common/log.h"
+#include "common/util.h"
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/slice.h>
+#include <stdint.h>
+#include <string.h>
 
 /* Pack a protobuf-c message into a new gRPC byte buffer. Returns NULL when out of memory. */
 grpc_byte_buffer *colld_rpc_pack(const ProtobufCMessage *msg)
@@ -50,4 +53,32 @@ grpc_call_error colld_grpc_checked(grpc_call_error e, const char *call, const ch
         colld__log_rl(COLLD_LOG_WARN, COLLD_SUB_RPC, file, line, &rl, COLLD_LOG_RL_DEFAULT_MS, "%s refused: %s (%d)",
                       call, grpc_call_error_to_string(e), (int)e);
     return e;
+}
+
+void colld_rpc_clean_strings(ProtobufCMessage *m, size_t max_len)
+{
+    const ProtobufCMessageDescriptor *desc = m->descriptor;
+    for (unsigned i = 0; i < desc->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &desc->fields[i];
+        char *base = (char *)m + f->offset;
+        size_t n = 1;
+        void *items = base;
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            n = *(size_t *)((char *)m + f->quantifier_offset);
+            items = *(void **)base;
+        }
+        for (size_t k = 0; k < n && items; k++) {
+            if (f->type == PROTOBUF_C_TYPE_STRING) {
+                char *str = ((char **)items)[k];
+                if (str && *str) { /* an unset string is protobuf-c's read-only "" */
+                    size_t l = strlen(str) + 1;
+                    colld_str_sanitize(str, l < max_len ? l : max_len, str, SIZE_MAX);
+                }
+            } else if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+                ProtobufCMessage *sub = ((ProtobufCMessage **)items)[k];
+                if (sub)
+                    colld_rpc_clean_strings(sub, max_len);
+            }
+        }
+    }
 }

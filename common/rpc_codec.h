@@ -17,6 +17,12 @@ grpc_byte_buffer *colld_rpc_pack(const ProtobufCMessage *msg);
  * protobuf_c_message_free_unpacked). NULL if bb is NULL or does not parse. */
 ProtobufCMessage *colld_rpc_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc);
 
+/* Make every string of a message (and of the messages inside it) safe to print on a terminal and
+ * to put into JSON, each cut to at most max_len - 1 bytes (SIZE_MAX: uncut): a control character,
+ * a bidirectional override or invalid UTF-8 becomes '?' (colld_str_sanitize). For what a peer
+ * daemon (server/control/node_report.c) or the daemon (collctl) sent, whoever validated it. */
+void colld_rpc_clean_strings(ProtobufCMessage *m, size_t max_len);
+
 /* Every gRPC call that answers with a grpc_call_error (grpc_call_start_batch,
  * grpc_server_request_registered_call, ...) goes through GRPC_CHECK, which returns the result
  * unchanged for the caller to act on and logs one other than GRPC_CALL_OK with the call's name,

@@ -26,6 +26,7 @@
  */
 #include "tools/collctl.h"
 
+#include "common/rpc_codec.h"
 #include "common/util.h"
 #include "colld.pb-c.h"
 
@@ -398,34 +399,6 @@ static void print_text(const Colld__V1__StatusResponse *r)
  * Calls
  * ========================================================================================== */
 
-/* Make every string of a message (and of the messages inside it) safe to print on a terminal and
- * to put into JSON: the daemon validates what tenants and peers send it, and collctl does not
- * rely on that; a control character, a bidirectional override or invalid UTF-8 becomes '?'. */
-static void clean_message(ProtobufCMessage *m)
-{
-    const ProtobufCMessageDescriptor *desc = m->descriptor;
-    for (unsigned i = 0; i < desc->n_fields; i++) {
-        const ProtobufCFieldDescriptor *f = &desc->fields[i];
-        char *base = (char *)m + f->offset;
-        size_t n = 1;
-        void *items = base;
-        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
-            n = *(size_t *)((char *)m + f->quantifier_offset);
-            items = *(void **)base;
-        }
-        for (size_t k = 0; k < n && items; k++) {
-            if (f->type == PROTOBUF_C_TYPE_STRING) {
-                char *str = ((char **)items)[k];
-                if (str && *str) /* an unset string is protobuf-c's read-only "" */
-                    colld_str_sanitize(str, strlen(str) + 1, str, SIZE_MAX);
-            } else if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
-                ProtobufCMessage *sub = ((ProtobufCMessage **)items)[k];
-                if (sub)
-                    clean_message(sub);
-            }
-        }
-    }
-}
 
 int collctl_call(colld_client_t *c, const char *what, const char *method, ProtobufCMessage *req,
                  const ProtobufCMessageDescriptor *desc, ProtobufCMessage **resp)
@@ -438,13 +411,13 @@ int collctl_call(colld_client_t *c, const char *what, const char *method, Protob
         fprintf(stderr, "collctl: %s failed: %s: %s\n", what, colld_status_name(st), *detail ? detail : colld_status_string(st));
         return 1;
     }
-    clean_message(*resp);
+    colld_rpc_clean_strings(*resp, SIZE_MAX);
     return 0;
 }
 
 void collctl_clean_message(ProtobufCMessage *m)
 {
-    clean_message(m);
+    colld_rpc_clean_strings(m, SIZE_MAX);
 }
 
 void collctl_json_str(const char *s)
@@ -764,7 +737,7 @@ static int cmd_events(colld_client_t *c, int follow, uint32_t backlog, int only_
         char details[256] = "";
         int r = colld_rpc_stream_next(st, &m, &final, details, sizeof(details));
         if (r == 0) {
-            clean_message(m);
+            colld_rpc_clean_strings(m, SIZE_MAX);
             event_print((const Colld__V1__Event *)m, json);
             protobuf_c_message_free_unpacked(m, NULL);
             continue;

@@ -21,6 +21,7 @@
 
 #include "colld.pb-c.h"
 #include "common/log.h"
+#include "common/rpc_codec.h"
 #include "common/util.h"
 
 #include <stdio.h>
@@ -117,34 +118,6 @@ void colld_node_report_stop(colld_daemon_t *d)
  * Other nodes' reports (the NodeReports RPC)
  * ========================================================================================== */
 
-/* Sanitize and cut every string of a message a peer sent. */
-static void clean_message(ProtobufCMessage *m)
-{
-    const ProtobufCMessageDescriptor *desc = m->descriptor;
-    for (unsigned i = 0; i < desc->n_fields; i++) {
-        const ProtobufCFieldDescriptor *f = &desc->fields[i];
-        char *base = (char *)m + f->offset;
-        size_t n = 1;
-        void *items = base;
-        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
-            n = *(size_t *)((char *)m + f->quantifier_offset);
-            items = *(void **)base;
-        }
-        for (size_t k = 0; k < n && items; k++) {
-            if (f->type == PROTOBUF_C_TYPE_STRING) {
-                char *str = ((char **)items)[k];
-                if (str && *str) { /* an unset string is protobuf-c's read-only "" */
-                    size_t l = strlen(str) + 1;
-                    colld_str_sanitize(str, l < NODE_REPORT_STR_MAX ? l : NODE_REPORT_STR_MAX, str, SIZE_MAX);
-                }
-            } else if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
-                ProtobufCMessage *sub = ((ProtobufCMessage **)items)[k];
-                if (sub)
-                    clean_message(sub);
-            }
-        }
-    }
-}
 
 /* A peer's report, unpacked and checked; NULL with the reason in err. */
 static Colld__V1__NodeReport *check_report(const colld_gather_node_t *x, char *err, size_t err_len)
@@ -174,7 +147,7 @@ static Colld__V1__NodeReport *check_report(const colld_gather_node_t *x, char *e
         protobuf_c_message_free_unpacked(&r->base, NULL);
         return NULL;
     }
-    clean_message(&r->base);
+    colld_rpc_clean_strings(&r->base, NODE_REPORT_STR_MAX);
     return r;
 }
 
