@@ -31,6 +31,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Forget what run g gathered (its nodes' reports, who it waits for). */
+static void gather_clear(cgather_t *g)
+{
+    for (size_t i = 0; g->nodes && i < g->n; i++)
+        free(g->nodes[i].report);
+    free(g->nodes);
+    free(g->waiting);
+    g->nodes = NULL;
+    g->waiting = NULL;
+    g->n = 0;
+}
+
 /* Hand slot g's answer to whoever is owed it and forget the run (net thread). */
 static void gather_finish(colld_cluster_t *cl, cgather_t *g)
 {
@@ -40,13 +52,7 @@ static void gather_finish(colld_cluster_t *cl, cgather_t *g)
     g->done = NULL;
     g->arg = NULL;
     pthread_mutex_unlock(&cl->probe_lock);
-    for (size_t i = 0; g->nodes && i < g->n; i++)
-        free(g->nodes[i].report);
-    free(g->nodes);
-    free(g->waiting);
-    g->nodes = NULL;
-    g->waiting = NULL;
-    g->n = 0;
+    gather_clear(g);
     g->active = false;
 }
 
@@ -54,15 +60,8 @@ void colld_gather_begin(colld_daemon_t *d, int slot)
 {
     colld_cluster_t *cl = colld_cluster_of(d);
     cgather_t *g = &cl->gather[slot];
-    if (g->active) { /* a run whose answer was abandoned (the control plane stopping): forget it */
-        for (size_t i = 0; g->nodes && i < g->n; i++)
-            free(g->nodes[i].report);
-        free(g->nodes);
-        free(g->waiting);
-        g->nodes = NULL;
-        g->waiting = NULL;
-        g->n = 0;
-    }
+    if (g->active) /* a run whose answer was abandoned (the control plane stopping): forget it */
+        gather_clear(g);
     size_t max = colld_net_peers(cl->net, NULL, 0); /* the count; only this thread adds peers */
     max = COLLD_MIN(max, (size_t)COLLD_GATHER_PEERS_MAX);
     colld_net_peer_info_t *info = calloc(max + 1, sizeof(*info));

@@ -419,6 +419,18 @@ static bool first_of_comm(const colld_coll_t *list, const colld_coll_t *k)
     return true;
 }
 
+/* Which of k's ranks' streams reached it (their ready slots): a new array, NULL without memory. */
+static bool *arrivals(colld_backend_t *b, const colld_coll_t *k)
+{
+    bool *arrived = calloc((size_t)k->comm->nranks, sizeof(*arrived));
+    for (int r = 0; arrived && r < k->comm->nranks; r++) {
+        uint32_t want;
+        const uint32_t *slot = cuda_ready_slot(b, k->ops[r], &want);
+        arrived[r] = slot && __atomic_load_n(slot, __ATOMIC_ACQUIRE) == want;
+    }
+    return arrived;
+}
+
 void cuda_waiting(colld_backend_t *b, void (*fn)(void *arg, const colld_coll_t *k, const bool *arrived), void *arg)
 {
     colld_gpus_t *g = gpus_of(b);
@@ -427,14 +439,9 @@ void cuda_waiting(colld_backend_t *b, void (*fn)(void *arg, const colld_coll_t *
     for (colld_coll_t *k = g->pending; k; k = k->next) {
         if (!first_of_comm(g->pending, k) || cuda_is_plan_reg(k)) /* a registration waits for no stream */
             continue;
-        bool *arrived = calloc((size_t)k->comm->nranks, sizeof(*arrived));
+        bool *arrived = arrivals(b, k);
         if (!arrived)
             return;
-        for (int r = 0; r < k->comm->nranks; r++) {
-            uint32_t want;
-            const uint32_t *slot = cuda_ready_slot(b, k->ops[r], &want);
-            arrived[r] = slot && __atomic_load_n(slot, __ATOMIC_ACQUIRE) == want;
-        }
         fn(arg, k, arrived);
         free(arrived);
     }
@@ -445,14 +452,9 @@ void cuda_waiting(colld_backend_t *b, void (*fn)(void *arg, const colld_coll_t *
             first = !(e->comm == k->comm && cuda_handoff_waits(e));
         if (!first || !cuda_handoff_waits(k))
             continue;
-        bool *arrived = calloc((size_t)k->comm->nranks, sizeof(*arrived));
+        bool *arrived = arrivals(b, k);
         if (!arrived)
             return;
-        for (int r = 0; r < k->comm->nranks; r++) {
-            uint32_t want;
-            const uint32_t *slot = cuda_ready_slot(b, k->ops[r], &want);
-            arrived[r] = slot && __atomic_load_n(slot, __ATOMIC_ACQUIRE) == want;
-        }
         if (!cuda_handoff_open(k))
             fn(arg, k, arrived);
         free(arrived);
