@@ -6,6 +6,7 @@
 /bin/busybox --install -s /bin
 echo # the console's escape codes end their line, not ours
 export PATH=/bin:/sbin:/usr/bin
+export LD_LIBRARY_PATH=/usr/local/lib/colld # libcolld (softroce.sh's copy_libs)
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
@@ -65,8 +66,17 @@ fetch() {
 }
 uid_for() { # phase: guest 1 makes a unique id and publishes it, guest 2 fetches it
     if [ $N = 1 ]; then
-        colld-softroce-uid $SOCK 600 >/tmp/uid$1 &
-        until [ -s /tmp/uid$1 ]; do sleep 0.05; done
+        colld-softroce-uid $SOCK 600 >/tmp/uid$1 2>/tmp/uid$1.err &
+        p=$!
+        i=0
+        until [ -s /tmp/uid$1 ]; do # (inside $(...): what it says goes to the console on stderr)
+            i=$((i + 1))
+            if ! kill -0 $p 2>/dev/null || [ $i -gt 600 ]; then
+                say "no unique id $1: $(cat /tmp/uid$1.err)" >&2
+                finish >&2
+            fi
+            sleep 0.05
+        done
         cp /tmp/uid$1 /tmp/www/uid$1
         cat /tmp/uid$1
     else

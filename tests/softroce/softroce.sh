@@ -95,12 +95,18 @@ for m in virtio virtio_ring virtio_pci virtio_net crc32_generic configfs udp_tun
 done
 printf '%s\n' "${ORDER[@]}" >"$ROOT/mods/order"
 
-# Binaries and their libraries.
+# Binaries and their libraries: the system's at their paths, colld's own (libcolld, found through
+# the build tree's RUNPATH, which may lie under /tmp: the guest mounts a tmpfs there) in
+# /usr/local/lib/colld, on the guests' LD_LIBRARY_PATH (guest-init.sh).
 copy_libs() {
     ldd "$1" | awk '/=> \// {print $3} /^\t\/lib/ {print $1}' | while read -r lib; do
-        [ -e "$ROOT$lib" ] && continue
-        mkdir -p "$ROOT$(dirname "$lib")"
-        cp -L "$lib" "$ROOT$lib"
+        case "$lib" in
+        /lib/* | /lib64/* | /usr/lib/* | /usr/lib64/*) dst=$ROOT$lib ;;
+        *) dst=$ROOT/usr/local/lib/colld/$(basename "$lib") ;;
+        esac
+        [ -e "$dst" ] && continue
+        mkdir -p "$(dirname "$dst")"
+        cp -L "$lib" "$dst"
     done
 }
 for b in "$BUILD/server/colld" "$BUILD/tools/collctl" "$BUILD/tests/integration/colld-test-coll" \
@@ -140,6 +146,17 @@ sleep 0.5
 boot 2 "connect=127.0.0.1:$PORT"
 G2=$!
 step "guests booting (qemu $G1, $G2; consoles in $RUN)"
+# Once one guest has ended, the other gets 60 s more, then is stopped: a guest left waiting for its
+# peer (a step that failed on the other side) ends the test then, not at GUEST_TIMEOUT.
+alive() { kill -0 "$1" 2>/dev/null; }
+while alive "$G1" && alive "$G2"; do sleep 0.5; done
+for _ in $(seq 120); do
+    alive "$G1" || alive "$G2" || break
+    sleep 0.5
+done
+for g in "$G1" "$G2"; do
+    alive "$g" && kill "$g" 2>/dev/null
+done
 rc1=0 rc2=0
 wait "$G1" || rc1=$?
 wait "$G2" || rc2=$?
