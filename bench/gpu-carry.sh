@@ -315,6 +315,12 @@ if has perf; then
     done
     run perf_${round}_p2_overlap 45 $B/tools/colld-perf --socket $sock --gpu -p 2 -t allreduce -d float -o sum \
       -b 64M -e 64M -n 20 -w 1 -c 0 --overlap
+    # "Host runs ahead" (issue 28 item 5): each all-reduce behind a ~200 us kernel on the rank's
+    # own stream, CUDA events, the kernel alone subtracted; about 1-3 s each on a GPU.
+    for p in 2 8; do
+      run perf_${round}_p${p}_ahead 20 $B/tools/colld-perf --socket $sock --gpu -p $p -t allreduce -d float -o sum \
+        -b 64 -e 64M -f 1024 -n 50 -w 5 -c 0 --host-ahead
+    done
     kill -TERM $d
     wait $d
   done
@@ -456,6 +462,7 @@ if [ -z "${BRIEF:-}" ]; then
   done
 fi
 grep -H "Overlap" "$O"/*overlap*.log 2>/dev/null
+grep -H -A4 "^# Host runs ahead" "$O"/*_ahead.log 2>/dev/null
 grep -h "^\[  \(PASSED\|FAILED\)\|^\[  FAILED  \] test" "$O"/*.log 2>/dev/null | sort | uniq -c
 # 0: every step ran and passed; 1: one failed, was skipped (77) or not run.
 ! grep -q "rc=[1-9]\|not-run" "$O/summary.txt"

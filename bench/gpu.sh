@@ -17,6 +17,11 @@
 #   overlap 64 MiB, colld-perf --overlap: the all-reduces alone, a busy kernel alone on a second
 #          stream of each rank (half the SMs in all), both at once; how much they overlapped (no
 #          target: without MPS the GPU time-slices the daemon's context and the ranks').
+#   ahead  64 B, 64 KiB and 64 MiB, colld-perf --host-ahead ("host runs ahead", as in training and
+#          graph replay): each all-reduce queued behind a ~200 us kernel on the rank's own stream,
+#          timed with CUDA events, minus that kernel alone in the same run (no target: record it).
+#          This daemon runs the default hand-off; for --gpu-early-launch's, run bench/gpu-carry.sh's
+#          perf phase (both, back to back).
 # Every result element of every size is checked against the CPU oracle (-c 1). Prints the tables,
 # then each target as MET or MISSED with the worst value (as bench/compare.sh does). Raw outputs
 # and targets.txt go to the results directory (default BUILD/bench-gpu-results).
@@ -31,7 +36,7 @@ build="$root/build"
 results=""
 ranks="2 4"
 quick=0
-small_iters=1000 small_warmup=100 large_iters=20 large_warmup=5 large_max=1G large_check=1
+small_iters=1000 small_warmup=100 large_iters=20 large_warmup=5 large_max=1G large_check=1 ahead_iters=200
 
 usage() {
   sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
@@ -50,7 +55,7 @@ for p in $ranks; do
   case "$p" in ''|*[!0-9]*|0) echo "gpu.sh: --ranks needs positive integers, got '$ranks'" >&2; exit 2 ;; esac
 done
 if [ "$quick" = 1 ]; then
-  small_iters=50 small_warmup=5 large_iters=3 large_warmup=1 large_max=256M large_check=0
+  small_iters=50 small_warmup=5 large_iters=3 large_warmup=1 large_max=256M large_check=0 ahead_iters=20
 fi
 build=$(mkdir -p "$build" && cd "$build" && pwd)
 results=${results:-$build/bench-gpu-results}
@@ -117,6 +122,9 @@ for p in $ranks; do
   log "== $p ranks on GPU 0, overlap: 64 MiB all-reduces beside a busy kernel (--overlap)"
   "$perf" --socket "$sock" --gpu -p "$p" -t allreduce -d float -o sum -b 64M -e 64M \
     -n "$large_iters" -w 1 -c 0 --overlap | tee "$results/raw/gpu_p${p}_overlap.txt" >&2
+  log "== $p ranks on GPU 0, host runs ahead: all-reduce behind a ~200 us kernel on each stream (--host-ahead)"
+  "$perf" --socket "$sock" --gpu -p "$p" -t allreduce -d float -o sum -b 64 -e 64M -f 1024 \
+    -n "$ahead_iters" -w 5 -c 0 --host-ahead | tee "$results/raw/gpu_p${p}_ahead.txt" >&2
 done
 kill -TERM "$daemon"; wait "$daemon" || true; daemon=
 
@@ -158,6 +166,11 @@ verdict() { # name, "value where", op, limit, unit
   echo "overlap with the application's compute (no target: record it; without MPS expect little, docs/operations.md):"
   for p in $ranks; do
     printf "  %s ranks: %s\n" "$p" "$(grep -m1 '^# Overlap:' "$results/raw/gpu_p${p}_overlap.txt" | sed 's/^# Overlap: //' || echo 'not measured')"
+  done
+  echo "host runs ahead (--host-ahead; no target: record it): all-reduce behind a ~200 us kernel, us:"
+  for p in $ranks; do
+    echo "  $p ranks:"
+    grep -A4 '^# Host runs ahead' "$results/raw/gpu_p${p}_ahead.txt" | tail -n +2 | sed 's/^/    /' || echo '    not measured'
   done
 } | tee "$results/targets.txt"
 echo "results: $results (targets.txt, machine.txt, raw/)"

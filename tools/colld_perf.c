@@ -3,7 +3,7 @@
  *
  *   colld-perf [-t allreduce|broadcast|reduce|allgather|reducescatter|all] [-p NRANKS]
  *              [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1] [-z 0|1]
- *              [-d DTYPE|all] [-o OP|all] [-r ROOT] [-G] [--socket PATH] [--json]
+ *              [-d DTYPE|all] [-o OP|all] [-r ROOT] [-G [--overlap] [--host-ahead]] [--socket PATH] [--json]
  *   colld-perf --attach-bench REPS [-p NRANKS] [--socket PATH] [--json]
  *   colld-perf --make-uid [--socket PATH]
  *   colld-perf --join HEX -p NRANKS --rank R [benchmark options] [--socket PATH]
@@ -90,6 +90,14 @@ static void usage(FILE *f)
             "                          run with and without it to measure what the checks cost\n"
             "      --overlap           with -G, after the table: all-reduce at -e beside a busy kernel\n"
             "                          on a second stream of each rank; prints how much they overlap\n"
+            "      --host-ahead        with -G, after the table: \"host runs ahead\" (as in training and\n"
+            "                          graph replay): for each size, all-reduce queued behind a ~200 us\n"
+            "                          kernel on each rank's own stream, so the host call returns long\n"
+            "                          before the stream reaches it; timed with CUDA events from before\n"
+            "                          the kernel to after the collective, minus the kernel alone (same\n"
+            "                          run). --overlap and --host-ahead time the daemon's hand-off as it\n"
+            "                          runs: for both paths run them against two daemons, one started\n"
+            "                          with --gpu-early-launch (docs/performance.md)\n"
             "Ranks on several daemons (hosts), one process per rank started by you:\n"
             "      --make-uid          print a new unique id (hex) of the daemon at --socket (one\n"
             "                          started with --listen) and hold it: the daemon forgets it when\n"
@@ -174,6 +182,7 @@ enum {
     OPT_VERSION,
     OPT_FINITE,
     OPT_OVERLAP,
+    OPT_HOST_AHEAD,
     OPT_NAN_CHECK
 };
 
@@ -233,6 +242,7 @@ static void parse_options(int argc, char **argv, opts_t *o)
         { "version", no_argument, NULL, OPT_VERSION },
         { "finite", no_argument, NULL, OPT_FINITE },
         { "overlap", no_argument, NULL, OPT_OVERLAP },
+        { "host-ahead", no_argument, NULL, OPT_HOST_AHEAD },
         { "nan-check", no_argument, NULL, OPT_NAN_CHECK },
         { "internal-rank", required_argument, NULL, OPT_RANK }, /* set by the launcher */
         { NULL, 0, NULL, 0 },
@@ -280,6 +290,9 @@ static void parse_options(int argc, char **argv, opts_t *o)
         case OPT_OVERLAP:
             o->overlap = true;
             break;
+        case OPT_HOST_AHEAD:
+            o->host_ahead = true;
+            break;
         case OPT_NAN_CHECK:
             o->nan_check = true;
             o->finite = true; /* inputs the checks pass */
@@ -304,6 +317,9 @@ static void parse_options(int argc, char **argv, opts_t *o)
         die_usage("--attach-bench makes its own communicators; it does not take --join");
     if (o->overlap && !o->gpu)
         die_usage("--overlap measures a GPU collective beside a GPU kernel: it needs -G/--gpu");
+    if (o->host_ahead && !o->gpu)
+        die_usage("--host-ahead times GPU collectives queued behind a GPU kernel on the rank's stream: it needs "
+                  "-G/--gpu");
     if (o->gpu && (o->attach_reps || o->make_uid))
         die_usage("-G/--gpu is for the collective benchmark; --attach-bench and --make-uid use no buffers");
 #ifndef COLLD_HAVE_CUDA

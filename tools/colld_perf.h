@@ -38,6 +38,7 @@ typedef struct {
     bool json, make_uid, gpu;
     bool finite; /* --finite: small-integer inputs (as --join's), never NaN or infinite */
     bool overlap; /* --overlap (GPU mode): the collective beside a busy kernel (run_overlap) */
+    bool host_ahead; /* --host-ahead (GPU mode): each collective behind a busy kernel (run_host_ahead) */
     bool nan_check; /* --nan-check: the communicator's nan_check (its reductions' inputs checked) */
     const char *socket, *colld;
     /* this process is one rank: set by the launcher (--internal-rank, id from a pipe) or by the
@@ -87,6 +88,7 @@ typedef struct {
     void *stream;
     double *lat;                /* GPU mode: ITERS latency samples */
     void *busy_stream;          /* --overlap: the rank's second stream, for the busy kernel */
+    void *ev[2];                /* --host-ahead: two timing events on the rank's stream */
 } rank_t;
 
 /* colld_perf_names.c: nccl-tests' names of the collectives (K_* order), the datatypes and the
@@ -145,6 +147,12 @@ void gpu_teardown(rank_t *R);
 colld_status_t gpu_busy(rank_t *R, int blocks, long long cycles);
 colld_status_t gpu_busy_wait(rank_t *R);
 int gpu_sm_count(void);
+/* --host-ahead: the busy kernel on the rank's own stream (queued ahead of what is posted next);
+ * record timing event `which` (0 or 1) on the rank's stream; after the stream has completed, the
+ * time from event 0 to event 1 in us (CUDA events), or -1 (printed). */
+colld_status_t gpu_busy_here(rank_t *R, int blocks, long long cycles);
+colld_status_t gpu_mark(rank_t *R, int which);
+double gpu_marks_us(rank_t *R);
 /* The device name of GPU 0 for the header. */
 void gpu_name(char *buf, size_t len);
 /* The launcher's check before anything starts: is a GPU visible? 0, or -1 (printed). */

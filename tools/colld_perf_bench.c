@@ -2,7 +2,8 @@
  * colld_perf_bench.c - one rank of colld-perf's collective benchmark (rank_t: colld_perf.h): it
  * measures every selected collective x datatype x operation x size in both modes (out of place,
  * in place), checks the results (colld_perf_check.c), combines the ranks' results and, on rank 0,
- * prints the table or --json; then, with --overlap, the all-reduce beside a busy kernel.
+ * prints the table or --json; then, with --overlap, the all-reduce beside a busy kernel, and with
+ * --host-ahead, the all-reduce queued behind one on the rank's own stream.
  *
  * Measurement, as nccl-tests: for each size, after the warm-up iterations and a barrier (a one
  * element all-reduce), each rank times ITERS back-to-back collectives (-z 1: each one waited for
@@ -629,6 +630,125 @@ static int run_overlap(rank_t *R)
     return 0;
 }
 
+/* --host-ahead (GPU mode): "the host runs ahead", as in training and graph replay, where the host
+ * call returns long before the stream reaches the collective. For each size of the sweep (-b to -e
+ * by -f), all-reduce of the run's first dtype and op; each rank, after a barrier per sample, times
+ * with CUDA events on its own stream
+ *   alone   event, the busy kernel (~AHEAD_US, calibrated with events), event;
+ *   behind  event, the busy kernel, the collective (posted at once: the host call returns while the
+ *           kernel still runs), event;
+ * ITERS samples of each (after -w warm-up samples of the second). collective = median(behind) -
+ * median(alone), per rank; rank 0 prints the slowest rank's medians and the median host call (CPU
+ * time of the posting call). The busy kernel runs on max(1, SMs / ranks) blocks, so every rank's
+ * kernel together fills the GPU once; the ranks' kernels run at once in both measurements (without
+ * MPS their contexts take turns, in both), so "alone" is the same contention without the
+ * collective. On the CUDA driver test double nothing here is a timing. */
+#define AHEAD_US 200.0
+
+static int run_host_ahead(rank_t *R)
+{
+    const opts_t *o = R->o;
+    int sms = gpu_sm_count(), blocks = sms / R->n > 1 ? sms / R->n : 1;
+    long long cycles = 1000000;
+    double *alone = calloc((size_t)o->iters, sizeof(double)), *behind = calloc((size_t)o->iters, sizeof(double));
+    double *host = calloc((size_t)o->iters, sizeof(double));
+    colld_status_t st = COLLD_OK;
+    const char *what = "host-ahead: calibrating the busy kernel";
+    int rc = 0;
+    if (!alone || !behind || !host) {
+        fprintf(stderr, PROG ": rank %d: out of memory\n", R->rank);
+        rc = 1;
+        goto out;
+    }
+    /* calibration: 10^6 cycles timed with events (twice: the first launch loads the module) */
+    for (int i = 0; i < 2 && st == COLLD_OK; i++) {
+        if ((st = gpu_mark(R, 0)) == COLLD_OK && (st = gpu_busy_here(R, blocks, 1000000)) == COLLD_OK &&
+            (st = gpu_mark(R, 1)) == COLLD_OK && (st = gpu_wait(R)) == COLLD_OK) {
+            double us = gpu_marks_us(R);
+            if (us < 0)
+                st = COLLD_ERR_DEVICE;
+            else if (us > 0)
+                cycles = (long long)(1e6 * AHEAD_US / us);
+        }
+    }
+    if (cycles < 1000)
+        cycles = 1000;
+    if (cycles > 1000000000LL) /* a driver that times nothing (the test double): keep it short */
+        cycles = 1000000;
+    /* every rank uses rank 0's calibration, so the kernels are alike */
+    if (st == COLLD_OK) {
+        double c = R->rank == 0 ? (double)cycles : 0;
+        memcpy(R->small + 8, &c, sizeof(c));
+        if ((st = small_allreduce(R, 8, 1, COLLD_FLOAT64, COLLD_MAX)) == COLLD_OK) {
+            memcpy(&c, R->small + 8, sizeof(c));
+            cycles = (long long)c;
+        }
+    }
+    if (st == COLLD_OK && R->rank == 0) {
+        printf("# Host runs ahead (--host-ahead): all-reduce %s %s queued behind a busy kernel of ~%.0f us (%lld "
+               "cycles, %d of %d SMs per rank) on each rank's stream; CUDA events; slowest rank's medians over %d\n"
+               "# %10s  %14s  %14s  %14s  %14s\n",
+               perf_dtype_names[__builtin_ctz(o->dtypes)], perf_op_names[__builtin_ctz(o->ops)], AHEAD_US, cycles,
+               blocks, sms, o->iters, "size (B)", "kernel+coll", "kernel alone", "collective", "host call");
+        fflush(stdout);
+    }
+    for (size_t b = o->min_bytes; b <= o->max_bytes && st == COLLD_OK; b = next_size(b, o->factor)) {
+        shape_t s = make_shape(K_ALLREDUCE, (colld_dtype_t)__builtin_ctz(o->dtypes),
+                               (colld_redop_t)__builtin_ctz(o->ops), 0, b, R->n);
+        what = "host-ahead: inputs";
+        st = fill_inputs(R, &s, false, 1);
+        for (int i = -o->warmup; i < 2 * o->iters && st == COLLD_OK; i++) {
+            bool with = i < 0 || i % 2 == 1; /* warm-up, then alone and behind in turn */
+            what = with ? "host-ahead: collective behind the busy kernel" : "host-ahead: the busy kernel alone";
+            if ((st = barrier(R)) != COLLD_OK || (st = gpu_mark(R, 0)) != COLLD_OK ||
+                (st = gpu_busy_here(R, blocks, cycles)) != COLLD_OK)
+                break;
+            double t = now_us();
+            if (with && (st = post(R, &s, false)) != COLLD_OK)
+                break;
+            t = now_us() - t;
+            if ((st = gpu_mark(R, 1)) != COLLD_OK || (st = wait_issued(R)) != COLLD_OK)
+                break;
+            if (i < 0)
+                continue;
+            double us = gpu_marks_us(R);
+            if (us < 0) {
+                st = COLLD_ERR_DEVICE;
+                break;
+            }
+            if (with) {
+                behind[i / 2] = us;
+                host[i / 2] = t;
+            } else {
+                alone[i / 2] = us;
+            }
+        }
+        if (st != COLLD_OK)
+            break;
+        double t[4];
+        t[1] = perf_median(behind, o->iters);
+        t[2] = perf_median(alone, o->iters);
+        t[0] = t[1] - t[2];
+        t[3] = perf_median(host, o->iters);
+        what = "host-ahead: gathering the times";
+        memcpy(R->small + 8, t, sizeof(t));
+        if ((st = small_allreduce(R, 8, 4, COLLD_FLOAT64, COLLD_MAX)) != COLLD_OK)
+            break;
+        memcpy(t, R->small + 8, sizeof(t));
+        if (R->rank == 0) {
+            printf("  %10zu  %14.2f  %14.2f  %14.2f  %14.2f\n", s.size, t[1], t[2], t[0], t[3]);
+            fflush(stdout);
+        }
+    }
+    if (st != COLLD_OK)
+        rc = fail(R, what, st);
+out:
+    free(alone);
+    free(behind);
+    free(host);
+    return rc;
+}
+
 /* A rank process (launched, or --join): connect, join the communicator `id`, allocate,
  * benchmark, clean up. */
 int perf_rank_main(const opts_t *o, colld_unique_id_t id)
@@ -673,6 +793,8 @@ int perf_rank_main(const opts_t *o, colld_unique_id_t id)
     rc = run_bench(&R);
     if (!rc && o->overlap)
         rc = run_overlap(&R);
+    if (!rc && o->host_ahead)
+        rc = run_host_ahead(&R);
 out_comm:
     perf_ref_free(&R.ref);
     if (!o->gpu) {

@@ -131,6 +131,9 @@ void gpu_teardown(rank_t *R)
         cudaStreamSynchronize(R->busy_stream);
         cudaStreamDestroy(R->busy_stream);
     }
+    for (int i = 0; i < 2; i++)
+        if (R->ev[i])
+            cudaEventDestroy((cudaEvent_t)R->ev[i]);
     free(R->lat);
 }
 
@@ -153,6 +156,33 @@ colld_status_t gpu_busy(rank_t *R, int blocks, long long cycles)
 colld_status_t gpu_busy_wait(rank_t *R)
 {
     return cuda_status(R, "cudaStreamSynchronize (busy)", cudaStreamSynchronize(R->busy_stream));
+}
+
+colld_status_t gpu_busy_here(rank_t *R, int blocks, long long cycles)
+{
+    return cuda_status(R, "the busy kernel's launch (rank's stream)",
+                       colld_perf_busy_launch(R->stream, blocks, cycles));
+}
+
+colld_status_t gpu_mark(rank_t *R, int which)
+{
+    if (!R->ev[which]) {
+        cudaEvent_t e = NULL;
+        colld_status_t s = cuda_status(R, "cudaEventCreate", cudaEventCreate(&e));
+        if (s != COLLD_OK)
+            return s;
+        R->ev[which] = e;
+    }
+    return cuda_status(R, "cudaEventRecord", cudaEventRecord((cudaEvent_t)R->ev[which], R->stream));
+}
+
+double gpu_marks_us(rank_t *R)
+{
+    float ms = 0;
+    if (cuda_status(R, "cudaEventElapsedTime",
+                    cudaEventElapsedTime(&ms, (cudaEvent_t)R->ev[0], (cudaEvent_t)R->ev[1])) != COLLD_OK)
+        return -1;
+    return ms * 1e3;
 }
 
 int gpu_sm_count(void)
@@ -231,5 +261,20 @@ colld_status_t gpu_busy_wait(rank_t *R)
 int gpu_sm_count(void)
 {
     return 0;
+}
+colld_status_t gpu_busy_here(rank_t *R, int blocks, long long cycles)
+{
+    (void)R, (void)blocks, (void)cycles;
+    return COLLD_ERR_NOT_SUPPORTED;
+}
+colld_status_t gpu_mark(rank_t *R, int which)
+{
+    (void)R, (void)which;
+    return COLLD_ERR_NOT_SUPPORTED;
+}
+double gpu_marks_us(rank_t *R)
+{
+    (void)R;
+    return -1;
 }
 #endif

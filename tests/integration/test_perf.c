@@ -217,6 +217,8 @@ static void test_bad_options(void **state)
         { { "-f", "1", NULL }, "-f: '1' is not a step factor" },
         { { "-n", NULL }, "option '-n' needs a value" },
         { { "stray", NULL }, "unexpected argument 'stray'" },
+        { { "--overlap", NULL }, "--overlap measures a GPU collective beside a GPU kernel: it needs -G/--gpu" },
+        { { "--host-ahead", NULL }, "--host-ahead times GPU collectives queued behind a GPU kernel" },
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const char *argv[12] = { PERF_BIN, "--socket", h->socket };
