@@ -12,9 +12,11 @@ round times, in turn:
   gloo      dist.all_reduce(t, group=gloo) on a torch.empty tensor
   colld     dist.all_reduce(t) on a torch.empty tensor (libcolld stages it)
   colld-zc  dist.all_reduce(t) on a torch_colld.empty tensor (zero copy)
-  zc-worker the same on a third group, of "colld" made with TORCH_COLLD_INLINE_BYTES=0: every call
-            through the group's worker thread, as before small calls were issued on the caller's
-            thread (docs/torch.md), on that group's own torch_colld.empty tensor
+            (the default group is made with TORCH_COLLD_INLINE_BYTES=65536: small calls issued on
+            the caller's thread, an opt-in, docs/torch.md)
+  zc-worker the same on a third group, of "colld" made with TORCH_COLLD_INLINE_BYTES=0 (the
+            default): every call through the group's worker thread, on that group's own
+            torch_colld.empty tensor
 
 blocking, in place, SUM: `iters` calls after up to 10 warm-up calls (all ranks agree on the count), the mean
 time per call on the slowest rank. The backends alternate within each round so that the
@@ -77,6 +79,7 @@ def worker(args):
     import torch_colld
 
     torch.set_num_threads(1)
+    os.environ["TORCH_COLLD_INLINE_BYTES"] = "65536"  # read when a group's backend starts
     dist.init_process_group("colld", init_method=f"file://{args.store}", rank=args.rank, world_size=args.world)
     gloo = dist.new_group(list(range(args.world)), backend="gloo")
     os.environ["TORCH_COLLD_INLINE_BYTES"] = "0"  # read when a group's backend starts

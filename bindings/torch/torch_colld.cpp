@@ -1623,7 +1623,7 @@ class ProcessGroupColld : public c10d::Backend
     bool busy_ = false;                        /* guarded by mu_: the worker, or a caller, runs an operation */
     bool inline_ = false;                      /* guarded by mu_: a caller's thread has the communicator */
     Handoff inline_wait_;                      /* how long run_inline looks for its completion */
-    size_t inline_bytes_ = 65536;              /* run_inline's limit: TORCH_COLLD_INLINE_BYTES (0: off) */
+    size_t inline_bytes_ = 0; /* run_inline's limit: TORCH_COLLD_INLINE_BYTES (0, the default: off) */
     std::atomic<uint64_t> inline_done_{ 0 };   /* operations run_inline completed on the caller's thread */
     std::atomic<uint64_t> inline_handed_{ 0 }; /* ... and those it issued and handed to the worker */
     int coalescing_ = 0;                       /* guarded by mu_: startCoalescing's not yet ended (nesting) */

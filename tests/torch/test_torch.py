@@ -1274,7 +1274,10 @@ def main():
                                     timeout=1700).returncode
                 results.append(rc == 0)
             else:
-                results += [run_scenario(args, tmp, env, *p) for p in plan]
+                for p in plan:  # the caller-thread path is opt-in: on for the scenarios that test it
+                    on = "inline" in p[0].split("+")
+                    results.append(run_scenario(args, tmp, dict(env, TORCH_COLLD_INLINE_BYTES="65536") if on else env,
+                                                *p))
         finally:
             daemon.send_signal(signal.SIGTERM)
             try:
