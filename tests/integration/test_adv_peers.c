@@ -716,6 +716,7 @@ static void test_hostile_doctor_reports(void **state)
     assert_int_equal(d.rc, 1);
     assert_non_null(strstr(d.out, "[evil] node evil (127.0.0.1:61000): its report is refused: too many communicators"));
     /* 40 DoctorReqs at once: at most 16 a second are served, the others refused with the reason */
+    double burst0 = harness_now_ms();
     for (int i = 0; i < 40; i++) {
         Colld__Net__V1__DoctorReq q = COLLD__NET__V1__DOCTOR_REQ__INIT;
         q.id = 1000 + (uint64_t)i;
@@ -746,8 +747,13 @@ static void test_hostile_doctor_reports(void **state)
         }
         colld__net__v1__msg__free_unpacked(a, NULL);
     }
-    print_message("40 DoctorReqs at once: %d served, %d refused\n", served, refused);
-    assert_true(served >= 16 && served <= 32);
+    /* The daemon counts per wall-clock second: the burst meets at least 16 of them in its first
+     * second, and at most 16 in each second it spans (two when it crosses one boundary; more on a
+     * machine so loaded that serving the burst outlasts a second). */
+    int windows = 2 + (int)((harness_now_ms() - burst0) / 1000);
+    print_message("40 DoctorReqs at once: %d served, %d refused (in %d wall-clock seconds at most)\n", served, refused,
+                  windows);
+    assert_true(served >= 16 && served <= 16 * windows);
     assert_int_equal(served + refused, 40);
     /* A tenant has one doctor across nodes at a time (the peer does not answer this one), and an
      * administrator's still gets a slot meanwhile. */
